@@ -1,0 +1,919 @@
+//! The decision engine: a pure function from (state, input, time, policy) to a new state
+//! and a list of actions. No clock, no I/O, no environment: the supervisor feeds it, tests
+//! script it, and `gpu-medic policy simulate` replays a recorded stream through it.
+//!
+//! What it enforces:
+//! - debounce (`confirm`) and escalation (`escalate`) windows per rule and GPU;
+//! - the MPS restart budget, then the policy's fallback (`[mps] on_failed`);
+//! - one node remediation (quarantine, drain, replace) at a time: later verdicts join it;
+//! - a deadline on every order: an overrun escalates to the next step instead of hanging;
+//! - retries of retryable failures, and deferrals (fleet budget full) without giving up;
+//! - observe-only: every decision is journaled, no order is ever emitted.
+
+mod state;
+
+pub use state::{
+    GpuHealth, GpuStatus, Goal, MpsPhase, MpsState, NodePhase, OpenIncident, Remediation,
+    Scheduled, State, Step,
+};
+
+use std::time::Duration;
+
+use crate::model::{
+    Action, ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Input,
+    LifecycleHook, LifecycleResult, LifecycleState, Observation, Order, Outcome, OutcomeStatus,
+    Record, Signal, SignalKind, Timestamp, Verdict,
+};
+use crate::policy::Policy;
+
+/// The rule name recorded when the MPS restart budget runs out.
+pub const RULE_MPS_BUDGET: &str = "mps-restart-budget";
+/// The rule name recorded for Auto Scaling terminating the instance.
+pub const RULE_LIFECYCLE_TERMINATE: &str = "lifecycle-terminate";
+/// The rule name recorded for a signal kind the policy has no rule for.
+pub const RULE_NONE: &str = "no-rule";
+
+/// Advances the engine by one input.
+pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (State, Vec<Action>) {
+    let mut cx = Cx {
+        st: state.clone(),
+        out: Vec::new(),
+        now,
+        policy,
+    };
+    match input {
+        Input::Observation(obs) => cx.observe(obs),
+        Input::Outcome(outcome) => cx.outcome(outcome),
+        Input::Tick => cx.tick(),
+    }
+    (cx.st, cx.out)
+}
+
+struct Cx<'p> {
+    st: State,
+    out: Vec<Action>,
+    now: Timestamp,
+    policy: &'p Policy,
+}
+
+impl Cx<'_> {
+    // ---- journal helpers ----
+
+    fn record(&mut self, incident: IncidentId, event: IncidentEvent) {
+        self.out.push(Action::Log(Record {
+            at: self.now,
+            incident,
+            event,
+        }));
+    }
+
+    fn open(&mut self, obs: &Observation, rule: &str, reason: &str, verdict: Verdict) -> IncidentId {
+        self.st.next_incident += 1;
+        let id = IncidentId(self.st.next_incident);
+        self.st.open.insert(
+            id,
+            OpenIncident {
+                opened_at: self.now,
+                verdict,
+                rule: rule.to_string(),
+                gpu: obs.gpu.as_ref().map(|g| g.index),
+            },
+        );
+        self.record(
+            id,
+            IncidentEvent::Opened {
+                observation: obs.clone(),
+                rule: rule.to_string(),
+                reason: reason.to_string(),
+                verdict,
+            },
+        );
+        id
+    }
+
+    fn close(&mut self, id: IncidentId, state: IncidentState, summary: impl Into<String>) {
+        if self.st.open.remove(&id).is_some() {
+            self.record(
+                id,
+                IncidentEvent::Closed {
+                    state,
+                    summary: summary.into(),
+                },
+            );
+        }
+    }
+
+    fn note(&mut self, id: IncidentId, text: impl Into<String>) {
+        self.record(id, IncidentEvent::Note { text: text.into() });
+    }
+
+    fn escalated(&mut self, id: IncidentId, verdict: Verdict, rule: &str, reason: String) {
+        if let Some(o) = self.st.open.get_mut(&id) {
+            o.verdict = o.verdict.max(verdict);
+        }
+        self.record(
+            id,
+            IncidentEvent::Escalated {
+                verdict,
+                rule: rule.to_string(),
+                reason,
+            },
+        );
+    }
+
+    fn deadline_for(&self, command: &Command) -> Duration {
+        let d = &self.policy.deadlines;
+        match command {
+            Command::RestartMps => d.restart_mps,
+            Command::StopTasks { .. } => d.stop_tasks,
+            Command::Quarantine => d.quarantine,
+            Command::Drain => d.drain,
+            Command::Replace => d.replace,
+            Command::CompleteLifecycle { .. } => d.lifecycle,
+        }
+    }
+
+    /// Hands an order to a remedy, or in observe-only mode records what would have been done.
+    /// Returns whether an executable order was emitted.
+    fn issue(&mut self, incident: IncidentId, command: Command, attempt: u32) -> bool {
+        self.st.next_action += 1;
+        let order = Order {
+            id: ActionId(self.st.next_action),
+            incident,
+            deadline: self.now.plus(self.deadline_for(&command)),
+            command,
+            attempt,
+        };
+        let dry_run = self.policy.observe_only;
+        self.record(
+            incident,
+            IncidentEvent::ActionStarted {
+                order: order.clone(),
+                dry_run,
+            },
+        );
+        if dry_run {
+            return false;
+        }
+        self.st.in_flight.insert(order.id, order.clone());
+        self.out.push(Action::Execute(order));
+        true
+    }
+
+    fn schedule(&mut self, incident: IncidentId, command: Command, attempt: u32, after: Duration) {
+        let at = self.now.plus(after);
+        self.note(
+            incident,
+            format!("{} attempt {} scheduled for {}", command.name(), attempt, at),
+        );
+        self.st.scheduled.push(Scheduled {
+            at,
+            incident,
+            command,
+            attempt,
+        });
+    }
+
+    // ---- observations ----
+
+    fn observe(&mut self, obs: Observation) {
+        match &obs.signal {
+            Signal::MpsUp => self.mps_up(&obs),
+            Signal::Lifecycle { state } => {
+                let state = *state;
+                self.lifecycle(&obs, state)
+            }
+            _ => self.judge(obs),
+        }
+    }
+
+    fn judge(&mut self, obs: Observation) {
+        let kind = obs.signal.kind();
+        let Some(rule) = self.policy.rule_for(&obs.signal, obs.value) else {
+            if self.policy.rules.iter().any(|r| r.signal == kind) {
+                return; // below every threshold: not a finding
+            }
+            let reason = format!("no rule judges `{}`; recorded only", kind.as_str());
+            let id = self.open(&obs, RULE_NONE, &reason, Verdict::Log);
+            self.close(id, IncidentState::Logged, reason);
+            return;
+        };
+        if rule.action == Verdict::Ignore {
+            return;
+        }
+        if kind == SignalKind::MpsUnresponsive || kind == SignalKind::MpsDown {
+            if self.st.mps.phase == MpsPhase::Up {
+                self.st.mps.phase = MpsPhase::Unresponsive;
+            }
+        }
+        let target = target_key(&obs);
+        let key = format!("{}@{}", rule.name, target);
+        let keep = rule
+            .confirm
+            .map(|c| c.window)
+            .into_iter()
+            .chain(rule.escalate.map(|e| e.window))
+            .max()
+            .unwrap_or_default();
+        let now = self.now;
+        let seen = self.st.sightings.entry(key.clone()).or_default();
+        seen.push(now);
+        seen.retain(|t| now.since(*t) <= keep);
+        let count_within = |seen: &Vec<Timestamp>, w: Duration| {
+            seen.iter().filter(|t| now.since(**t) <= w).count() as u32
+        };
+        if let Some(c) = rule.confirm
+            && count_within(seen, c.window) < c.count
+        {
+            if let Some(gpu) = &obs.gpu {
+                self.mark_gpu(gpu, GpuStatus::Suspect, &rule.name, rule.action, None);
+            }
+            return;
+        }
+        let mut verdict = rule.action;
+        let mut reason = rule.reason.clone();
+        let mut rule_name = rule.name.clone();
+        if let Some(e) = rule.escalate {
+            let n = count_within(seen, e.window);
+            if n >= e.count {
+                verdict = e.action;
+                reason = format!(
+                    "{} seen {} times on {} within {} (escalation of rule `{}`: {})",
+                    obs.signal,
+                    n,
+                    target,
+                    humantime::format_duration(e.window),
+                    rule.name,
+                    rule.reason
+                );
+                rule_name = format!("{}/escalated", rule.name);
+                self.st.sightings.remove(&key);
+            }
+        }
+        if !self.st.sightings.get(&key).is_some_and(|v| !v.is_empty()) {
+            self.st.sightings.remove(&key);
+        }
+        self.dispatch(obs, verdict, &rule_name, &reason);
+    }
+
+    fn dispatch(&mut self, obs: Observation, verdict: Verdict, rule: &str, reason: &str) {
+        // A GPU already judged at least this severely: the signal joins its incident.
+        if let Some(gpu) = &obs.gpu
+            && let Some(h) = self.st.gpus.get(&gpu.index)
+            && h.status == GpuStatus::Faulted
+            && h.verdict >= verdict
+            && let Some(id) = h.incident
+        {
+            self.record(id, IncidentEvent::Signal { observation: obs });
+            return;
+        }
+        match verdict {
+            Verdict::Ignore => {}
+            Verdict::Log => {
+                let id = self.open(&obs, rule, reason, verdict);
+                self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
+            }
+            Verdict::RestartMps => self.mps_request(&obs, rule, reason),
+            Verdict::StopTasks => self.stop_tasks(obs, rule, reason),
+            Verdict::Drain | Verdict::Replace => self.node_remediate(obs, verdict, rule, reason),
+        }
+    }
+
+    fn mark_gpu(
+        &mut self,
+        gpu: &GpuId,
+        status: GpuStatus,
+        rule: &str,
+        verdict: Verdict,
+        incident: Option<IncidentId>,
+    ) {
+        let now = self.now;
+        let entry = self.st.gpus.entry(gpu.index).or_insert_with(|| GpuHealth {
+            gpu: gpu.clone(),
+            status: GpuStatus::Healthy,
+            rule: String::new(),
+            verdict: Verdict::Ignore,
+            incident: None,
+            since: now,
+        });
+        if entry.status == GpuStatus::Faulted && status != GpuStatus::Faulted {
+            return; // faults are sticky
+        }
+        if !gpu.uuid.is_empty() {
+            entry.gpu = gpu.clone();
+        }
+        if entry.status != status {
+            entry.since = now;
+        }
+        entry.status = status;
+        entry.rule = rule.to_string();
+        entry.verdict = entry.verdict.max(verdict);
+        if incident.is_some() {
+            entry.incident = incident;
+        }
+    }
+
+    // ---- stop-tasks (MPS server faults) ----
+
+    fn stop_tasks(&mut self, obs: Observation, rule: &str, reason: &str) {
+        let Some(gpu) = obs.gpu.clone() else {
+            let id = self.open(&obs, rule, reason, Verdict::Log);
+            self.close(
+                id,
+                IncidentState::Logged,
+                "stop-tasks needs a GPU and the signal named none; recorded only",
+            );
+            return;
+        };
+        if let Some(id) = self.st.gpu_jobs.get(&gpu.index).copied() {
+            self.record(id, IncidentEvent::Signal { observation: obs });
+            return;
+        }
+        let id = self.open(&obs, rule, reason, Verdict::StopTasks);
+        let command = Command::StopTasks {
+            gpu: gpu.clone(),
+            pids: obs.pids.clone(),
+            tasks: obs.tasks.clone(),
+        };
+        if self.issue(id, command, 1) {
+            self.st.gpu_jobs.insert(gpu.index, id);
+        } else {
+            self.close(
+                id,
+                IncidentState::Observed,
+                format!("observe-only: would have stopped the tasks on {gpu}"),
+            );
+        }
+    }
+
+    // ---- MPS daemon ----
+
+    fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
+        if let Some(id) = self.st.mps.incident {
+            // Already being handled (restart in flight or scheduled, failed, or observed).
+            self.record(
+                id,
+                IncidentEvent::Signal {
+                    observation: obs.clone(),
+                },
+            );
+            return;
+        }
+        let id = self.open(obs, rule, reason, Verdict::RestartMps);
+        self.st.mps.incident = Some(id);
+        self.mps_try_restart(id);
+    }
+
+    /// Restarts the daemon if the budget allows; otherwise declares it failed.
+    fn mps_try_restart(&mut self, incident: IncidentId) {
+        let window = self.policy.mps.restart_window;
+        let now = self.now;
+        self.st.mps.restarts.retain(|t| now.since(*t) < window);
+        let used = self.st.mps.restarts.len() as u32;
+        if used < self.policy.mps.restart_budget {
+            if self.issue(incident, Command::RestartMps, used + 1) {
+                self.st.mps.restarts.push(now);
+                self.st.mps.phase = MpsPhase::Restarting;
+            } else {
+                self.close(
+                    incident,
+                    IncidentState::Observed,
+                    "observe-only: would have restarted the MPS control daemon",
+                );
+            }
+            return;
+        }
+        self.st.mps.phase = MpsPhase::Failed;
+        let fallback = self.policy.mps.on_failed;
+        let reason = format!(
+            "MPS daemon restarted {} times within {} without recovering; declared failed; policy fallback: {}",
+            used,
+            humantime::format_duration(window),
+            fallback
+        );
+        self.escalated(incident, fallback, RULE_MPS_BUDGET, reason.clone());
+        if fallback.is_node_remediation() {
+            self.remediate_in(incident, fallback);
+        } else {
+            self.close(incident, IncidentState::Failed, reason);
+        }
+    }
+
+    fn mps_up(&mut self, obs: &Observation) {
+        self.st.sightings.retain(|k, _| !k.ends_with("@mps"));
+        let restart_in_flight = self
+            .st
+            .in_flight
+            .values()
+            .any(|o| o.command == Command::RestartMps);
+        if restart_in_flight {
+            return; // the restart's own outcome closes the incident
+        }
+        self.st
+            .scheduled
+            .retain(|s| s.command != Command::RestartMps);
+        let was = self.st.mps.phase;
+        self.st.mps.phase = MpsPhase::Up;
+        if let Some(id) = self.st.mps.incident.take() {
+            let node_owned = self.st.remediation.is_some_and(|r| r.incident == id);
+            if node_owned {
+                self.note(id, "MPS daemon answers again; the node remediation continues");
+            } else if self.st.open.contains_key(&id) {
+                self.record(
+                    id,
+                    IncidentEvent::Signal {
+                        observation: obs.clone(),
+                    },
+                );
+                self.close(
+                    id,
+                    IncidentState::Resolved,
+                    format!("MPS daemon answers again (was {})", was.as_str()),
+                );
+            }
+        }
+    }
+
+    // ---- node remediation ----
+
+    fn node_remediate(&mut self, obs: Observation, verdict: Verdict, rule: &str, reason: &str) {
+        if let Some(rem) = self.st.remediation {
+            self.record(
+                rem.incident,
+                IncidentEvent::Signal {
+                    observation: obs.clone(),
+                },
+            );
+            if let Some(gpu) = &obs.gpu {
+                self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(rem.incident));
+            }
+            if verdict == Verdict::Replace && rem.goal == Goal::Drain {
+                if let Some(r) = self.st.remediation.as_mut() {
+                    r.goal = Goal::Replace;
+                }
+                self.escalated(
+                    rem.incident,
+                    Verdict::Replace,
+                    rule,
+                    format!("upgraded from drain to replace: {reason}"),
+                );
+            }
+            return;
+        }
+        match self.st.node {
+            NodePhase::Replaced | NodePhase::Terminating | NodePhase::Terminated => {
+                let id = self.open(&obs, rule, reason, verdict);
+                let phase = self.st.node.as_str();
+                self.close(
+                    id,
+                    IncidentState::Logged,
+                    format!("node is already {phase}; nothing more to do"),
+                );
+                return;
+            }
+            NodePhase::Drained if verdict == Verdict::Drain => {
+                let id = self.open(&obs, rule, reason, verdict);
+                self.close(id, IncidentState::Logged, "node is already drained");
+                return;
+            }
+            _ => {}
+        }
+        let id = self.open(&obs, rule, reason, verdict);
+        if let Some(gpu) = &obs.gpu {
+            self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
+        }
+        self.remediate_in(id, verdict);
+    }
+
+    /// Starts a node remediation within an existing incident.
+    fn remediate_in(&mut self, incident: IncidentId, verdict: Verdict) {
+        let Some(goal) = Goal::from_verdict(verdict) else {
+            return;
+        };
+        if let Some(rem) = self.st.remediation {
+            if rem.incident != incident {
+                self.note(
+                    incident,
+                    format!("joins node remediation of incident {}", rem.incident),
+                );
+            }
+            if goal > rem.goal && rem.goal != Goal::Terminate {
+                if let Some(r) = self.st.remediation.as_mut() {
+                    r.goal = goal;
+                }
+            }
+            return;
+        }
+        if self.policy.observe_only {
+            let steps = match goal {
+                Goal::Drain => vec![Command::Quarantine, Command::Drain],
+                _ => vec![Command::Quarantine, Command::Drain, Command::Replace],
+            };
+            for c in steps {
+                self.issue(incident, c, 1);
+            }
+            let what = if goal == Goal::Drain {
+                "quarantined and drained the instance"
+            } else {
+                "quarantined, drained and replaced the instance"
+            };
+            self.close(
+                incident,
+                IncidentState::Observed,
+                format!("observe-only: would have {what}"),
+            );
+            return;
+        }
+        let step = if self.st.node == NodePhase::Drained {
+            Step::Replace
+        } else {
+            Step::Quarantine
+        };
+        self.st.remediation = Some(Remediation {
+            incident,
+            goal,
+            step,
+        });
+        self.start_step(incident, step, 1);
+    }
+
+    fn start_step(&mut self, incident: IncidentId, step: Step, attempt: u32) {
+        if let Some(r) = self.st.remediation.as_mut() {
+            r.step = step;
+        }
+        let (command, phase) = match step {
+            Step::Quarantine => (Command::Quarantine, NodePhase::Quarantined),
+            Step::Drain => (Command::Drain, NodePhase::Draining),
+            Step::Replace => (Command::Replace, NodePhase::Replacing),
+            Step::CompleteLifecycle => (
+                Command::CompleteLifecycle {
+                    hook: LifecycleHook::Terminate,
+                    result: LifecycleResult::Continue,
+                },
+                NodePhase::Terminating,
+            ),
+        };
+        if self.st.node != NodePhase::Terminating || step == Step::CompleteLifecycle {
+            self.st.node = phase;
+        }
+        self.issue(incident, command, attempt);
+    }
+
+    /// The step after `done` for the current goal, or the end of the remediation.
+    fn advance(&mut self, done: Step) {
+        let Some(rem) = self.st.remediation else {
+            return;
+        };
+        let next = match (done, rem.goal) {
+            (Step::Quarantine, _) => Some(Step::Drain),
+            (Step::Drain, Goal::Drain) => None,
+            (Step::Drain, Goal::Replace) => Some(Step::Replace),
+            (Step::Drain | Step::Replace, Goal::Terminate) => Some(Step::CompleteLifecycle),
+            (Step::Replace, _) | (Step::CompleteLifecycle, _) => None,
+        };
+        match next {
+            Some(step) => self.start_step(rem.incident, step, 1),
+            None => {
+                self.st.remediation = None;
+                let (phase, state, summary) = match (done, rem.goal) {
+                    (Step::Drain, _) => (
+                        NodePhase::Drained,
+                        IncidentState::Drained,
+                        "instance quarantined and drained; left for an operator",
+                    ),
+                    (Step::Replace, _) => (
+                        NodePhase::Replaced,
+                        IncidentState::Replaced,
+                        "instance drained and marked Unhealthy; Auto Scaling replaces it",
+                    ),
+                    _ => (
+                        NodePhase::Terminated,
+                        IncidentState::Terminated,
+                        "instance drained; lifecycle hook completed with CONTINUE",
+                    ),
+                };
+                self.st.node = phase;
+                self.close(rem.incident, state, summary);
+            }
+        }
+    }
+
+    /// A step failed for good (or overran its deadline): move on or give up.
+    fn step_failed(&mut self, step: Step, why: &str) {
+        let Some(rem) = self.st.remediation else {
+            return;
+        };
+        let id = rem.incident;
+        match (step, rem.goal) {
+            (Step::Quarantine, _) => {
+                self.note(id, format!("quarantine failed ({why}); draining anyway"));
+                self.start_step(id, Step::Drain, 1);
+            }
+            (Step::Drain, Goal::Replace) => {
+                self.note(
+                    id,
+                    format!("drain did not finish ({why}); replacing anyway, ECS reschedules what is left"),
+                );
+                self.start_step(id, Step::Replace, 1);
+            }
+            (Step::Drain, Goal::Terminate) => {
+                self.note(
+                    id,
+                    format!("drain did not finish ({why}); completing the lifecycle hook anyway"),
+                );
+                self.start_step(id, Step::CompleteLifecycle, 1);
+            }
+            (Step::Drain, Goal::Drain) => {
+                self.st.remediation = None;
+                self.st.node = NodePhase::Quarantined;
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("drain did not finish ({why}); instance left quarantined; operator needed"),
+                );
+            }
+            (Step::Replace, Goal::Terminate) => {
+                self.start_step(id, Step::CompleteLifecycle, 1);
+            }
+            (Step::Replace, _) => {
+                self.st.remediation = None;
+                self.st.node = NodePhase::Drained;
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("could not have Auto Scaling replace the instance ({why}); it stays drained; operator needed"),
+                );
+            }
+            (Step::CompleteLifecycle, _) => {
+                self.st.remediation = None;
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("could not complete the lifecycle hook ({why}); Auto Scaling's hook timeout applies"),
+                );
+            }
+        }
+    }
+
+    // ---- lifecycle ----
+
+    fn lifecycle(&mut self, obs: &Observation, state: LifecycleState) {
+        if state != LifecycleState::Terminating
+            || matches!(self.st.node, NodePhase::Terminating | NodePhase::Terminated)
+        {
+            return;
+        }
+        let previous = self.st.node;
+        self.st.node = NodePhase::Terminating;
+        if let Some(rem) = self.st.remediation {
+            self.record(
+                rem.incident,
+                IncidentEvent::Signal {
+                    observation: obs.clone(),
+                },
+            );
+            self.note(
+                rem.incident,
+                "Auto Scaling is terminating the instance: finish draining, then complete the hook",
+            );
+            if let Some(r) = self.st.remediation.as_mut() {
+                r.goal = Goal::Terminate;
+            }
+            return;
+        }
+        let reason = "Auto Scaling is terminating the instance: drain it, then complete our lifecycle hook";
+        let id = self.open(obs, RULE_LIFECYCLE_TERMINATE, reason, Verdict::Drain);
+        if self.policy.observe_only {
+            self.issue(id, Command::Drain, 1);
+            self.close(
+                id,
+                IncidentState::Observed,
+                "observe-only: would have drained and completed the lifecycle hook",
+            );
+            return;
+        }
+        let step = if matches!(previous, NodePhase::Drained | NodePhase::Replaced) {
+            Step::CompleteLifecycle
+        } else {
+            Step::Drain
+        };
+        self.st.remediation = Some(Remediation {
+            incident: id,
+            goal: Goal::Terminate,
+            step,
+        });
+        self.start_step(id, step, 1);
+    }
+
+    // ---- outcomes, deadlines, retries ----
+
+    fn outcome(&mut self, outcome: Outcome) {
+        let Some(order) = self.st.in_flight.remove(&outcome.action) else {
+            return; // late outcome of an order already escalated past its deadline
+        };
+        self.record(
+            order.incident,
+            IncidentEvent::ActionFinished {
+                outcome: outcome.clone(),
+            },
+        );
+        match outcome.status {
+            OutcomeStatus::Done => self.order_done(&order),
+            OutcomeStatus::Deferred { retry_after } => {
+                self.schedule(order.incident, order.command.clone(), order.attempt, retry_after)
+            }
+            OutcomeStatus::Failed { retryable } => {
+                let why = if outcome.detail.is_empty() {
+                    "failed".to_string()
+                } else {
+                    outcome.detail.clone()
+                };
+                if retryable
+                    && order.attempt < self.policy.retry.max_attempts
+                    && order.command != Command::RestartMps
+                {
+                    let delay = self.policy.retry.delay;
+                    self.schedule(order.incident, order.command.clone(), order.attempt + 1, delay);
+                } else {
+                    self.order_failed(&order, &why);
+                }
+            }
+        }
+    }
+
+    fn order_done(&mut self, order: &Order) {
+        match &order.command {
+            Command::RestartMps => {
+                self.st.mps.phase = MpsPhase::Up;
+                self.st.sightings.retain(|k, _| !k.ends_with("@mps"));
+                if self.st.mps.incident == Some(order.incident) {
+                    self.st.mps.incident = None;
+                }
+                self.close(
+                    order.incident,
+                    IncidentState::Resolved,
+                    "MPS control daemon restarted and answering",
+                );
+            }
+            Command::StopTasks { gpu, .. } => {
+                self.st.gpu_jobs.remove(&gpu.index);
+                self.close(
+                    order.incident,
+                    IncidentState::Resolved,
+                    format!("tasks on {gpu} stopped; the MPS server can recover"),
+                );
+            }
+            Command::Quarantine => self.advance(Step::Quarantine),
+            Command::Drain => self.advance(Step::Drain),
+            Command::Replace => self.advance(Step::Replace),
+            Command::CompleteLifecycle { .. } => self.advance(Step::CompleteLifecycle),
+        }
+    }
+
+    fn order_failed(&mut self, order: &Order, why: &str) {
+        match &order.command {
+            Command::RestartMps => {
+                self.st.mps.phase = MpsPhase::Unresponsive;
+                self.note(order.incident, format!("MPS restart failed: {why}"));
+                let used = self.st.mps.restarts.len() as u32;
+                if used < self.policy.mps.restart_budget {
+                    self.schedule(
+                        order.incident,
+                        Command::RestartMps,
+                        used + 1,
+                        self.policy.retry.delay,
+                    );
+                } else {
+                    self.mps_try_restart(order.incident);
+                }
+            }
+            Command::StopTasks { gpu, .. } => {
+                self.st.gpu_jobs.remove(&gpu.index);
+                let reason = format!(
+                    "could not stop the tasks on {gpu} ({why}); restarting the MPS daemon clears its servers"
+                );
+                self.escalated(order.incident, Verdict::RestartMps, "stop-tasks-failed", reason);
+                if self.st.mps.incident.is_none() {
+                    self.st.mps.incident = Some(order.incident);
+                    self.mps_try_restart(order.incident);
+                } else {
+                    self.close(
+                        order.incident,
+                        IncidentState::Failed,
+                        "an MPS restart is already under way",
+                    );
+                }
+            }
+            Command::Quarantine => self.step_failed(Step::Quarantine, why),
+            Command::Drain => self.step_failed(Step::Drain, why),
+            Command::Replace => self.step_failed(Step::Replace, why),
+            Command::CompleteLifecycle { .. } => self.step_failed(Step::CompleteLifecycle, why),
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = self.now;
+        let overdue: Vec<Order> = self
+            .st
+            .in_flight
+            .values()
+            .filter(|o| o.deadline <= now)
+            .cloned()
+            .collect();
+        for order in overdue {
+            self.st.in_flight.remove(&order.id);
+            let escalation = match &order.command {
+                Command::RestartMps => "counted as a failed restart",
+                Command::StopTasks { .. } => "escalating to an MPS restart",
+                Command::Quarantine => "moving on to the drain",
+                Command::Drain => "moving on without a finished drain",
+                Command::Replace => "giving up on the replacement",
+                Command::CompleteLifecycle { .. } => "leaving the hook to its timeout",
+            };
+            self.record(
+                order.incident,
+                IncidentEvent::DeadlineMissed {
+                    action: order.id,
+                    escalation: escalation.to_string(),
+                },
+            );
+            let why = format!("{} overran its deadline", order.command.name());
+            self.order_failed(&order, &why);
+        }
+        let (due, later): (Vec<Scheduled>, Vec<Scheduled>) = std::mem::take(&mut self.st.scheduled)
+            .into_iter()
+            .partition(|s| s.at <= now);
+        self.st.scheduled = later;
+        for s in due {
+            self.reissue(s);
+        }
+        let longest = self.longest_window();
+        self.st.sightings.retain(|_, seen| {
+            seen.retain(|t| now.since(*t) <= longest);
+            !seen.is_empty()
+        });
+    }
+
+    fn reissue(&mut self, s: Scheduled) {
+        match &s.command {
+            Command::RestartMps => {
+                if self.st.mps.phase != MpsPhase::Up && self.st.mps.incident == Some(s.incident) {
+                    self.mps_try_restart(s.incident);
+                }
+            }
+            Command::StopTasks { gpu, .. } => {
+                if self.st.gpu_jobs.get(&gpu.index) == Some(&s.incident) {
+                    self.issue(s.incident, s.command.clone(), s.attempt);
+                }
+            }
+            _ => {
+                let Some(rem) = self.st.remediation else {
+                    return;
+                };
+                if rem.incident == s.incident {
+                    let step = match s.command {
+                        Command::Quarantine => Step::Quarantine,
+                        Command::Drain => Step::Drain,
+                        Command::Replace => Step::Replace,
+                        _ => Step::CompleteLifecycle,
+                    };
+                    self.start_step(s.incident, step, s.attempt);
+                }
+            }
+        }
+    }
+
+    fn longest_window(&self) -> Duration {
+        self.policy
+            .rules
+            .iter()
+            .flat_map(|r| {
+                r.confirm
+                    .map(|c| c.window)
+                    .into_iter()
+                    .chain(r.escalate.map(|e| e.window))
+            })
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// What a sighting counts against: a GPU, the MPS daemon, or the node.
+fn target_key(obs: &Observation) -> String {
+    if obs.signal.kind().is_mps() && obs.signal.kind() != SignalKind::MpsServerFault {
+        return "mps".to_string();
+    }
+    let target = match &obs.gpu {
+        Some(g) => format!("gpu{}", g.index),
+        None => "node".to_string(),
+    };
+    // "The same XID repeating on a GPU": each code counts on its own, even when one rule
+    // names several.
+    match obs.signal {
+        Signal::Xid { code } => format!("{target}/xid{code}"),
+        _ => target,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,182 @@
+//! What the engine remembers between inputs. It is persisted as `state.json` before any
+//! order is handed to a remedy, so a restarted supervisor resumes where it stopped.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ActionId, Command, GpuId, IncidentId, Order, Timestamp, Verdict};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct State {
+    pub next_incident: u64,
+    pub next_action: u64,
+    pub node: NodePhase,
+    /// GPUs that have been judged (healthy GPUs never seen in a signal are absent).
+    pub gpus: BTreeMap<u32, GpuHealth>,
+    pub mps: MpsState,
+    /// The one node-level remediation (drain, replace, terminate) in progress.
+    pub remediation: Option<Remediation>,
+    /// Stop-tasks work per GPU index, by incident.
+    pub gpu_jobs: BTreeMap<u32, IncidentId>,
+    /// Orders handed to remedies, awaiting an outcome.
+    pub in_flight: BTreeMap<ActionId, Order>,
+    /// Orders to issue later (retries, deferrals).
+    pub scheduled: Vec<Scheduled>,
+    /// Recent sightings per `rule@target`, for confirmation and escalation windows.
+    pub sightings: BTreeMap<String, Vec<Timestamp>>,
+    /// Incidents not yet closed.
+    pub open: BTreeMap<IncidentId, OpenIncident>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodePhase {
+    #[default]
+    InService,
+    Quarantined,
+    Draining,
+    /// Drained and left for an operator.
+    Drained,
+    Replacing,
+    /// Auto Scaling has been told to replace the instance.
+    Replaced,
+    /// Auto Scaling is terminating the instance (lifecycle hook pending).
+    Terminating,
+    Terminated,
+}
+
+impl NodePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodePhase::InService => "in-service",
+            NodePhase::Quarantined => "quarantined",
+            NodePhase::Draining => "draining",
+            NodePhase::Drained => "drained",
+            NodePhase::Replacing => "replacing",
+            NodePhase::Replaced => "replaced",
+            NodePhase::Terminating => "terminating",
+            NodePhase::Terminated => "terminated",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHealth {
+    pub gpu: GpuId,
+    pub status: GpuStatus,
+    /// The rule behind the status and its verdict.
+    pub rule: String,
+    pub verdict: Verdict,
+    pub incident: Option<IncidentId>,
+    pub since: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuStatus {
+    Healthy,
+    /// A signal was seen and awaits confirmation.
+    Suspect,
+    /// Judged faulty; sticky until the instance is replaced.
+    Faulted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MpsState {
+    pub phase: MpsPhase,
+    /// When each restart was issued (pruned to the budget window).
+    pub restarts: Vec<Timestamp>,
+    pub incident: Option<IncidentId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum MpsPhase {
+    #[default]
+    Up,
+    Unresponsive,
+    Restarting,
+    /// The restart budget is spent; the policy's fallback applies.
+    Failed,
+}
+
+impl MpsPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MpsPhase::Up => "up",
+            MpsPhase::Unresponsive => "unresponsive",
+            MpsPhase::Restarting => "restarting",
+            MpsPhase::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remediation {
+    pub incident: IncidentId,
+    pub goal: Goal,
+    pub step: Step,
+}
+
+/// Where a node remediation is headed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Goal {
+    /// Drain and leave the instance for an operator.
+    Drain,
+    /// Drain, then have Auto Scaling replace it.
+    Replace,
+    /// Auto Scaling is terminating it: drain, then complete our lifecycle hook.
+    Terminate,
+}
+
+impl Goal {
+    pub fn from_verdict(v: Verdict) -> Option<Goal> {
+        match v {
+            Verdict::Drain => Some(Goal::Drain),
+            Verdict::Replace => Some(Goal::Replace),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    Quarantine,
+    Drain,
+    Replace,
+    CompleteLifecycle,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scheduled {
+    pub at: Timestamp,
+    pub incident: IncidentId,
+    pub command: Command,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenIncident {
+    pub opened_at: Timestamp,
+    pub verdict: Verdict,
+    pub rule: String,
+    #[serde(default)]
+    pub gpu: Option<u32>,
+}
+
+impl State {
+    /// Orders that take the node out of service and are in flight or scheduled.
+    pub fn node_orders_pending(&self) -> usize {
+        let is_node = |c: &Command| {
+            matches!(
+                c,
+                Command::Quarantine | Command::Drain | Command::Replace
+            )
+        };
+        self.in_flight.values().filter(|o| is_node(&o.command)).count()
+            + self.scheduled.iter().filter(|s| is_node(&s.command)).count()
+    }
+}

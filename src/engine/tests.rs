@@ -1,0 +1,563 @@
+//! Scenario tests and property tests of the engine, driven with an explicit clock.
+
+use std::path::Path;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::model::{GpuId, Observation, Outcome, OutcomeStatus};
+
+fn default_policy() -> Policy {
+    Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"))
+        .expect("default policy loads")
+}
+
+fn observe_only() -> Policy {
+    Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/observe-only.toml"))
+        .expect("observe-only policy loads")
+}
+
+fn gpu(i: u32) -> GpuId {
+    GpuId {
+        index: i,
+        uuid: format!("GPU-{i:08x}"),
+        pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
+        serial: None,
+    }
+}
+
+fn xid(g: u32, code: u32) -> Input {
+    Input::Observation(Observation::new(Signal::Xid { code }).on_gpu(gpu(g)))
+}
+
+fn obs(signal: Signal) -> Input {
+    Input::Observation(Observation::new(signal))
+}
+
+fn done(id: ActionId) -> Input {
+    Input::Outcome(Outcome {
+        action: id,
+        status: OutcomeStatus::Done,
+        detail: String::new(),
+        request_ids: vec!["req-1".into()],
+    })
+}
+
+fn failed(id: ActionId, retryable: bool) -> Input {
+    Input::Outcome(Outcome {
+        action: id,
+        status: OutcomeStatus::Failed { retryable },
+        detail: "boom".into(),
+        request_ids: vec![],
+    })
+}
+
+/// Drives the engine and keeps everything it emitted.
+struct Run {
+    st: State,
+    policy: Policy,
+    now: Timestamp,
+    actions: Vec<Action>,
+}
+
+impl Run {
+    fn new(policy: Policy) -> Self {
+        Run {
+            st: State::default(),
+            policy,
+            now: Timestamp(1_700_000_000_000),
+            actions: vec![],
+        }
+    }
+
+    fn feed(&mut self, input: Input) -> Vec<Action> {
+        let (st, out) = step(&self.st, input, self.now, &self.policy);
+        self.st = st;
+        self.actions.extend(out.clone());
+        out
+    }
+
+    fn advance(&mut self, d: Duration) -> Vec<Action> {
+        self.now = self.now.plus(d);
+        self.feed(Input::Tick)
+    }
+
+    fn orders(out: &[Action]) -> Vec<Order> {
+        out.iter()
+            .filter_map(|a| match a {
+                Action::Execute(o) => Some(o.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn only_order(out: &[Action]) -> Order {
+        let o = Self::orders(out);
+        assert_eq!(o.len(), 1, "expected one order, got {o:?}");
+        o[0].clone()
+    }
+
+    fn closed(&self) -> Vec<(IncidentId, IncidentState)> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Log(Record {
+                    incident,
+                    event: IncidentEvent::Closed { state, .. },
+                    ..
+                }) => Some((*incident, *state)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_single_application_xid_is_logged_not_acted_on() {
+    let mut r = Run::new(default_policy());
+    let out = r.feed(xid(0, 13));
+    assert!(Run::orders(&out).is_empty());
+    assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Logged)]);
+    assert_eq!(r.st.node, NodePhase::InService);
+}
+
+#[test]
+fn a_repeating_application_xid_on_one_gpu_escalates_to_drain() {
+    let mut r = Run::new(default_policy());
+    for _ in 0..4 {
+        assert!(Run::orders(&r.feed(xid(2, 13))).is_empty());
+        r.advance(Duration::from_secs(60));
+    }
+    // Spread over other GPUs or other XIDs does not count.
+    assert!(Run::orders(&r.feed(xid(3, 13))).is_empty());
+    assert!(Run::orders(&r.feed(xid(2, 31))).is_empty());
+    let o = Run::only_order(&r.feed(xid(2, 13)));
+    assert_eq!(o.command, Command::Quarantine);
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+}
+
+#[test]
+fn repeats_outside_the_window_do_not_escalate() {
+    let mut r = Run::new(default_policy());
+    for _ in 0..10 {
+        assert!(Run::orders(&r.feed(xid(1, 13))).is_empty());
+        r.advance(Duration::from_secs(20 * 60));
+    }
+}
+
+#[test]
+fn a_fatal_xid_quarantines_drains_and_replaces() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    assert_eq!(q.command, Command::Quarantine);
+    assert_eq!(r.st.gpus[&0].status, GpuStatus::Faulted);
+    let d = Run::only_order(&r.feed(done(q.id)));
+    assert_eq!(d.command, Command::Drain);
+    assert_eq!(r.st.node, NodePhase::Draining);
+    let rep = Run::only_order(&r.feed(done(d.id)));
+    assert_eq!(rep.command, Command::Replace);
+    assert!(Run::orders(&r.feed(done(rep.id))).is_empty());
+    assert_eq!(r.st.node, NodePhase::Replaced);
+    assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Replaced)]);
+    assert!(r.st.open.is_empty() && r.st.in_flight.is_empty());
+}
+
+#[test]
+fn a_second_fault_joins_the_remediation_in_flight() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    assert!(Run::orders(&r.feed(xid(1, 48))).is_empty());
+    assert!(Run::orders(&r.feed(xid(0, 79))).is_empty());
+    assert_eq!(r.st.open.len(), 1);
+    assert_eq!(r.st.gpus[&1].incident, Some(q.incident));
+}
+
+#[test]
+fn a_drain_verdict_is_upgraded_when_a_fatal_fault_follows() {
+    let mut r = Run::new(default_policy());
+    for _ in 0..5 {
+        r.feed(xid(2, 13));
+    }
+    let q = r.st.in_flight.values().next().unwrap().clone();
+    r.feed(xid(2, 79));
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    let d = Run::only_order(&r.feed(done(q.id)));
+    let rep = Run::only_order(&r.feed(done(d.id)));
+    assert_eq!(rep.command, Command::Replace);
+}
+
+#[test]
+fn a_drain_that_overruns_its_deadline_moves_on_to_replace() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(q.id)));
+    assert!(Run::orders(&r.advance(Duration::from_secs(29 * 60))).is_empty());
+    let rep = Run::only_order(&r.advance(Duration::from_secs(2 * 60)));
+    assert_eq!(rep.command, Command::Replace);
+    assert!(!r.st.in_flight.contains_key(&d.id));
+    // A late outcome for the escalated drain changes nothing.
+    assert!(Run::orders(&r.feed(done(d.id))).is_empty());
+    assert_eq!(r.st.node, NodePhase::Replacing);
+}
+
+#[test]
+fn retryable_failures_are_retried_then_give_up() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(q.id)));
+    let mut rep = Run::only_order(&r.feed(done(d.id)));
+    for attempt in 2..=5 {
+        assert!(Run::orders(&r.feed(failed(rep.id, true))).is_empty());
+        rep = Run::only_order(&r.advance(Duration::from_secs(31)));
+        assert_eq!(rep.attempt, attempt);
+    }
+    r.feed(failed(rep.id, true));
+    assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Failed)]);
+    assert!(r.st.remediation.is_none());
+    assert!(Run::orders(&r.advance(Duration::from_secs(3600))).is_empty());
+}
+
+#[test]
+fn a_deferred_order_waits_without_spending_attempts() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(q.id)));
+    for _ in 0..10 {
+        r.feed(Input::Outcome(Outcome {
+            action: r.st.in_flight.keys().next().copied().unwrap_or(d.id),
+            status: OutcomeStatus::Deferred {
+                retry_after: Duration::from_secs(60),
+            },
+            detail: "fleet budget full".into(),
+            request_ids: vec![],
+        }));
+        let again = Run::only_order(&r.advance(Duration::from_secs(61)));
+        assert_eq!(again.command, Command::Drain);
+        assert_eq!(again.attempt, 1);
+    }
+}
+
+#[test]
+fn mps_down_restarts_until_the_budget_is_spent_then_replaces() {
+    let mut r = Run::new(default_policy());
+    assert!(Run::orders(&r.feed(obs(Signal::MpsDown))).is_empty(), "debounced");
+    let first = Run::only_order(&r.feed(obs(Signal::MpsDown)));
+    assert_eq!(first.command, Command::RestartMps);
+    assert_eq!(r.st.mps.phase, MpsPhase::Restarting);
+    // More signals while restarting join the incident.
+    assert!(Run::orders(&r.feed(obs(Signal::MpsDown))).is_empty());
+    let mut restarts = 1;
+    let mut last = first;
+    loop {
+        let mut out = r.feed(failed(last.id, true));
+        out.extend(r.advance(Duration::from_secs(31)));
+        let o = Run::only_order(&out);
+        if o.command != Command::RestartMps {
+            assert_eq!(o.command, Command::Quarantine);
+            break;
+        }
+        restarts += 1;
+        last = o;
+    }
+    assert_eq!(restarts, 3);
+    assert_eq!(r.st.mps.phase, MpsPhase::Failed);
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+}
+
+#[test]
+fn a_healed_mps_daemon_closes_its_incident() {
+    let mut r = Run::new(default_policy());
+    r.feed(obs(Signal::MpsDown));
+    let o = Run::only_order(&r.feed(obs(Signal::MpsDown)));
+    r.feed(done(o.id));
+    assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Resolved)]);
+    assert_eq!(r.st.mps.phase, MpsPhase::Up);
+    // A later outage is a new incident with a new restart.
+    r.advance(Duration::from_secs(5));
+    r.feed(obs(Signal::MpsDown));
+    let o2 = Run::only_order(&r.feed(obs(Signal::MpsDown)));
+    assert_eq!(o2.incident, IncidentId(2));
+}
+
+#[test]
+fn one_unanswered_probe_is_not_enough_to_restart() {
+    let mut r = Run::new(default_policy());
+    let once = Observation::new(Signal::MpsUnresponsive).with_value(1);
+    assert!(Run::orders(&r.feed(Input::Observation(once))).is_empty());
+    let twice = Observation::new(Signal::MpsUnresponsive).with_value(2);
+    let o = Run::only_order(&r.feed(Input::Observation(twice)));
+    assert_eq!(o.command, Command::RestartMps);
+}
+
+#[test]
+fn a_server_fault_stops_the_tasks_on_that_gpu() {
+    let mut r = Run::new(default_policy());
+    let fault = Observation::new(Signal::MpsServerFault)
+        .on_gpu(gpu(1))
+        .with_pids(vec![4242, 4343]);
+    let o = Run::only_order(&r.feed(Input::Observation(fault)));
+    match &o.command {
+        Command::StopTasks { gpu, pids, .. } => {
+            assert_eq!(gpu.index, 1);
+            assert_eq!(pids, &vec![4242, 4343]);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    r.feed(done(o.id));
+    assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Resolved)]);
+}
+
+#[test]
+fn terminating_drains_then_completes_the_hook() {
+    let mut r = Run::new(default_policy());
+    let d = Run::only_order(&r.feed(obs(Signal::Lifecycle {
+        state: LifecycleState::Terminating,
+    })));
+    assert_eq!(d.command, Command::Drain);
+    let c = Run::only_order(&r.feed(done(d.id)));
+    assert_eq!(
+        c.command,
+        Command::CompleteLifecycle {
+            hook: LifecycleHook::Terminate,
+            result: LifecycleResult::Continue
+        }
+    );
+    r.feed(done(c.id));
+    assert_eq!(r.st.node, NodePhase::Terminated);
+    // Repeated lifecycle observations do nothing more.
+    assert!(
+        Run::orders(&r.feed(obs(Signal::Lifecycle {
+            state: LifecycleState::Terminating
+        })))
+        .is_empty()
+    );
+}
+
+#[test]
+fn terminating_during_a_replacement_completes_the_hook_after_it() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(q.id)));
+    let rep = Run::only_order(&r.feed(done(d.id)));
+    r.feed(obs(Signal::Lifecycle {
+        state: LifecycleState::Terminating,
+    }));
+    let c = Run::only_order(&r.feed(done(rep.id)));
+    assert!(matches!(c.command, Command::CompleteLifecycle { .. }));
+}
+
+#[test]
+fn observe_only_records_the_decision_and_executes_nothing() {
+    let mut r = Run::new(observe_only());
+    assert!(Run::orders(&r.feed(xid(0, 79))).is_empty());
+    assert!(Run::orders(&r.feed(obs(Signal::MpsDown))).is_empty());
+    assert!(Run::orders(&r.feed(obs(Signal::MpsDown))).is_empty());
+    assert_eq!(
+        r.closed(),
+        vec![
+            (IncidentId(1), IncidentState::Observed),
+            (IncidentId(2), IncidentState::Observed)
+        ]
+    );
+    let would: Vec<_> = r
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Log(Record {
+                event: IncidentEvent::ActionStarted { order, dry_run },
+                ..
+            }) => Some((order.command.name(), *dry_run)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        would,
+        vec![
+            ("quarantine", true),
+            ("drain", true),
+            ("replace", true),
+            ("restart-mps", true)
+        ]
+    );
+    assert_eq!(r.st.node, NodePhase::InService);
+}
+
+#[test]
+fn below_threshold_counters_are_not_findings() {
+    let mut r = Run::new(default_policy());
+    let input = Input::Observation(
+        Observation::new(Signal::RowRemapUncorrectable)
+            .on_gpu(gpu(0))
+            .with_value(3),
+    );
+    let out = r.feed(input);
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn state_survives_a_json_round_trip_mid_remediation() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let json = serde_json::to_string(&r.st).unwrap();
+    let back: State = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, r.st);
+    r.st = back;
+    let d = Run::only_order(&r.feed(done(q.id)));
+    assert_eq!(d.command, Command::Drain);
+}
+
+// ---- properties ----
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Xid(u32, u32),
+    Mps(u8),
+    /// Outcome for the n-th in-flight order: 0 done, 1 retryable, 2 fatal, 3 deferred.
+    Outcome(usize, u8),
+    Wait(u32),
+    Terminating,
+}
+
+const APP_XIDS: [u32; 6] = [8, 13, 31, 32, 43, 69];
+const ALL_XIDS: [u32; 12] = [8, 13, 31, 43, 45, 48, 63, 79, 94, 119, 154, 999];
+
+fn ev(xids: &'static [u32]) -> impl Strategy<Value = Ev> {
+    prop_oneof![
+        4 => (0u32..4, prop::sample::select(xids)).prop_map(|(g, x)| Ev::Xid(g, x)),
+        2 => (0u8..4).prop_map(Ev::Mps),
+        3 => (0usize..4, 0u8..4).prop_map(|(i, s)| Ev::Outcome(i, s)),
+        3 => (1u32..4000).prop_map(Ev::Wait),
+        1 => Just(Ev::Terminating),
+    ]
+}
+
+fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
+    Some(match e {
+        Ev::Xid(g, x) => (xid(*g, *x), Duration::ZERO),
+        Ev::Mps(k) => {
+            let s = match k {
+                0 => Signal::MpsDown,
+                1 => Signal::MpsUp,
+                2 => Signal::MpsCrashLoop,
+                _ => Signal::MpsUnresponsive,
+            };
+            (
+                Input::Observation(Observation::new(s).with_value(2)),
+                Duration::ZERO,
+            )
+        }
+        Ev::Outcome(i, s) => {
+            let ids: Vec<ActionId> = st.in_flight.keys().copied().collect();
+            let id = *ids.get(i % ids.len().max(1))?;
+            let status = match s {
+                0 => OutcomeStatus::Done,
+                1 => OutcomeStatus::Failed { retryable: true },
+                2 => OutcomeStatus::Failed { retryable: false },
+                _ => OutcomeStatus::Deferred {
+                    retry_after: Duration::from_secs(45),
+                },
+            };
+            (
+                Input::Outcome(Outcome {
+                    action: id,
+                    status,
+                    detail: String::new(),
+                    request_ids: vec![],
+                }),
+                Duration::ZERO,
+            )
+        }
+        Ev::Wait(s) => (Input::Tick, Duration::from_secs(*s as u64)),
+        Ev::Terminating => (
+            obs(Signal::Lifecycle {
+                state: LifecycleState::Terminating,
+            }),
+            Duration::ZERO,
+        ),
+    })
+}
+
+fn node_order(o: &Order) -> bool {
+    matches!(
+        o.command,
+        Command::Quarantine | Command::Drain | Command::Replace
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn at_most_one_node_remediation_and_restart_budget_holds(events in prop::collection::vec(ev(&ALL_XIDS), 1..120)) {
+        let policy = default_policy();
+        let mut r = Run::new(policy.clone());
+        let mut restarts: Vec<Timestamp> = vec![];
+        for e in &events {
+            let Some((input, wait)) = to_input(e, &r.st) else { continue };
+            r.now = r.now.plus(wait);
+            let out = r.feed(input);
+            for o in Run::orders(&out) {
+                if o.command == Command::RestartMps {
+                    restarts.push(r.now);
+                }
+            }
+            let node_in_flight = r.st.in_flight.values().filter(|o| node_order(o)).count();
+            prop_assert!(r.st.node_orders_pending() <= 1, "{:?}", r.st);
+            prop_assert!(node_in_flight <= 1);
+            let window = policy.mps.restart_window;
+            let recent = restarts.iter().filter(|t| r.now.since(**t) < window).count() as u32;
+            prop_assert!(recent <= policy.mps.restart_budget, "restarts {restarts:?}");
+        }
+    }
+
+    #[test]
+    fn application_xids_below_the_threshold_never_drain(events in prop::collection::vec(
+        (0u32..4, prop::sample::select(&APP_XIDS[..]), 0u32..600), 1..200)) {
+        let mut r = Run::new(default_policy());
+        // Each (gpu, xid) pair may appear at most 4 times: below the escalation count of 5.
+        let mut seen = std::collections::BTreeMap::new();
+        for (g, x, wait) in events {
+            let n = seen.entry((g, x)).or_insert(0);
+            if *n >= 4 { continue; }
+            *n += 1;
+            r.now = r.now.plus(Duration::from_secs(wait as u64));
+            let out = r.feed(xid(g, x));
+            prop_assert!(Run::orders(&out).is_empty(), "{out:?}");
+            r.feed(Input::Tick);
+        }
+        prop_assert_eq!(r.st.node, NodePhase::InService);
+    }
+
+    #[test]
+    fn observe_only_emits_no_executable_action(events in prop::collection::vec(ev(&ALL_XIDS), 1..120)) {
+        let mut r = Run::new(observe_only());
+        for e in &events {
+            let Some((input, wait)) = to_input(e, &r.st) else { continue };
+            r.now = r.now.plus(wait);
+            let out = r.feed(input);
+            prop_assert!(out.iter().all(|a| !a.is_executable()), "{out:?}");
+        }
+        prop_assert!(r.st.in_flight.is_empty());
+    }
+
+    #[test]
+    fn replay_is_deterministic(events in prop::collection::vec(ev(&ALL_XIDS), 1..60)) {
+        let policy = default_policy();
+        let mut a = Run::new(policy.clone());
+        let mut inputs = vec![];
+        for e in &events {
+            let Some((input, wait)) = to_input(e, &a.st) else { continue };
+            a.now = a.now.plus(wait);
+            inputs.push((a.now, input.clone()));
+            a.feed(input);
+        }
+        let mut b = Run::new(policy);
+        for (t, input) in inputs {
+            b.now = t;
+            b.feed(input);
+        }
+        prop_assert_eq!(a.actions, b.actions);
+        prop_assert_eq!(a.st, b.st);
+    }
+}

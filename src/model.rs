@@ -1,0 +1,624 @@
+//! The shared vocabulary: what the probes see (`Observation`), what the engine orders
+//! (`Action`), what the remedies report back (`Outcome`), and what the journal keeps
+//! (`Record`, `Incident`). Everything here is plain data that serializes to stable JSON,
+//! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
+/// the supervisor stamps every input, and replays reuse the recorded stamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    pub fn now() -> Self {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Timestamp(ms)
+    }
+
+    pub fn plus(self, d: Duration) -> Self {
+        Timestamp(self.0.saturating_add(d.as_millis() as u64))
+    }
+
+    pub fn minus(self, d: Duration) -> Self {
+        Timestamp(self.0.saturating_sub(d.as_millis() as u64))
+    }
+
+    /// Time from `earlier` to `self`, zero if `earlier` is later.
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+
+    pub fn to_system_time(self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.0)
+    }
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad timestamp {s:?}: {e}"))?;
+        let ms = t
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| format!("timestamp {s:?} is before 1970"))?
+            .as_millis() as u64;
+        Ok(Timestamp(ms))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_millis(self.to_system_time()))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Timestamp::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Which GPU, in every form an operator or a tool may search for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GpuId {
+    pub index: u32,
+    #[serde(default)]
+    pub uuid: String,
+    #[serde(default)]
+    pub pci_bus_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+}
+
+impl GpuId {
+    pub fn index_only(index: u32) -> Self {
+        GpuId {
+            index,
+            ..GpuId::default()
+        }
+    }
+}
+
+impl fmt::Display for GpuId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GPU {}", self.index)?;
+        if !self.uuid.is_empty() {
+            write!(f, " ({}", self.uuid)?;
+            if !self.pci_bus_id.is_empty() {
+                write!(f, ", {}", self.pci_bus_id)?;
+            }
+            write!(f, ")")?;
+        }
+        Ok(())
+    }
+}
+
+/// The driver's own verdict (NVML field 230, event 0x8000, XID 154).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecoveryAction {
+    None,
+    GpuReset,
+    NodeReboot,
+    DrainP2p,
+    DrainAndReset,
+}
+
+impl RecoveryAction {
+    /// Maps NVML's `nvmlDeviceGpuRecoveryAction_t` value.
+    pub fn from_nvml(v: u64) -> Option<Self> {
+        Some(match v {
+            0 => RecoveryAction::None,
+            1 => RecoveryAction::GpuReset,
+            2 => RecoveryAction::NodeReboot,
+            3 => RecoveryAction::DrainP2p,
+            4 => RecoveryAction::DrainAndReset,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoveryAction::None => "none",
+            RecoveryAction::GpuReset => "gpu-reset",
+            RecoveryAction::NodeReboot => "node-reboot",
+            RecoveryAction::DrainP2p => "drain-p2p",
+            RecoveryAction::DrainAndReset => "drain-and-reset",
+        }
+    }
+}
+
+/// Auto Scaling lifecycle states gpu-medic reacts to (IMDS `target-lifecycle-state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LifecycleState {
+    InService,
+    Terminating,
+    Pending,
+}
+
+/// What a probe saw. One signal per observation; the engine judges it against the policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Signal {
+    /// An XID from NVML's event set or the kernel log.
+    Xid { code: u32 },
+    RecoveryAction { action: RecoveryAction },
+    EccUncorrected,
+    EccCorrected,
+    RowRemapPending,
+    RowRemapFailure,
+    RowRemapUncorrectable,
+    RetiredPagesPending,
+    RetiredPages,
+    GpuLost,
+    DeviceCountMismatch,
+    DriverNotLoaded,
+    NvmlEventUnknown,
+    Thermal,
+    HwSlowdown,
+    MpsUnresponsive,
+    MpsDown,
+    MpsServerFault,
+    MpsCrashLoop,
+    /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
+    MpsUp,
+    Lifecycle { state: LifecycleState },
+}
+
+/// The fieldless name of a signal, as written in policy files (`signal = "xid"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SignalKind {
+    Xid,
+    RecoveryAction,
+    EccUncorrected,
+    EccCorrected,
+    RowRemapPending,
+    RowRemapFailure,
+    RowRemapUncorrectable,
+    RetiredPagesPending,
+    RetiredPages,
+    GpuLost,
+    DeviceCountMismatch,
+    DriverNotLoaded,
+    NvmlEventUnknown,
+    Thermal,
+    HwSlowdown,
+    MpsUnresponsive,
+    MpsDown,
+    MpsServerFault,
+    MpsCrashLoop,
+    MpsUp,
+    Lifecycle,
+}
+
+impl SignalKind {
+    /// The kinds a policy judges (the others are handled by the engine itself).
+    pub const JUDGED: [SignalKind; 19] = [
+        SignalKind::Xid,
+        SignalKind::RecoveryAction,
+        SignalKind::EccUncorrected,
+        SignalKind::EccCorrected,
+        SignalKind::RowRemapPending,
+        SignalKind::RowRemapFailure,
+        SignalKind::RowRemapUncorrectable,
+        SignalKind::RetiredPagesPending,
+        SignalKind::RetiredPages,
+        SignalKind::GpuLost,
+        SignalKind::DeviceCountMismatch,
+        SignalKind::DriverNotLoaded,
+        SignalKind::NvmlEventUnknown,
+        SignalKind::Thermal,
+        SignalKind::HwSlowdown,
+        SignalKind::MpsUnresponsive,
+        SignalKind::MpsDown,
+        SignalKind::MpsServerFault,
+        SignalKind::MpsCrashLoop,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignalKind::Xid => "xid",
+            SignalKind::RecoveryAction => "recovery-action",
+            SignalKind::EccUncorrected => "ecc-uncorrected",
+            SignalKind::EccCorrected => "ecc-corrected",
+            SignalKind::RowRemapPending => "row-remap-pending",
+            SignalKind::RowRemapFailure => "row-remap-failure",
+            SignalKind::RowRemapUncorrectable => "row-remap-uncorrectable",
+            SignalKind::RetiredPagesPending => "retired-pages-pending",
+            SignalKind::RetiredPages => "retired-pages",
+            SignalKind::GpuLost => "gpu-lost",
+            SignalKind::DeviceCountMismatch => "device-count-mismatch",
+            SignalKind::DriverNotLoaded => "driver-not-loaded",
+            SignalKind::NvmlEventUnknown => "nvml-event-unknown",
+            SignalKind::Thermal => "thermal",
+            SignalKind::HwSlowdown => "hw-slowdown",
+            SignalKind::MpsUnresponsive => "mps-unresponsive",
+            SignalKind::MpsDown => "mps-down",
+            SignalKind::MpsServerFault => "mps-server-fault",
+            SignalKind::MpsCrashLoop => "mps-crash-loop",
+            SignalKind::MpsUp => "mps-up",
+            SignalKind::Lifecycle => "lifecycle",
+        }
+    }
+
+    /// Whether the signal is about the MPS daemon rather than a GPU.
+    pub fn is_mps(self) -> bool {
+        matches!(
+            self,
+            SignalKind::MpsUnresponsive
+                | SignalKind::MpsDown
+                | SignalKind::MpsServerFault
+                | SignalKind::MpsCrashLoop
+                | SignalKind::MpsUp
+        )
+    }
+}
+
+impl Signal {
+    pub fn kind(&self) -> SignalKind {
+        match self {
+            Signal::Xid { .. } => SignalKind::Xid,
+            Signal::RecoveryAction { .. } => SignalKind::RecoveryAction,
+            Signal::EccUncorrected => SignalKind::EccUncorrected,
+            Signal::EccCorrected => SignalKind::EccCorrected,
+            Signal::RowRemapPending => SignalKind::RowRemapPending,
+            Signal::RowRemapFailure => SignalKind::RowRemapFailure,
+            Signal::RowRemapUncorrectable => SignalKind::RowRemapUncorrectable,
+            Signal::RetiredPagesPending => SignalKind::RetiredPagesPending,
+            Signal::RetiredPages => SignalKind::RetiredPages,
+            Signal::GpuLost => SignalKind::GpuLost,
+            Signal::DeviceCountMismatch => SignalKind::DeviceCountMismatch,
+            Signal::DriverNotLoaded => SignalKind::DriverNotLoaded,
+            Signal::NvmlEventUnknown => SignalKind::NvmlEventUnknown,
+            Signal::Thermal => SignalKind::Thermal,
+            Signal::HwSlowdown => SignalKind::HwSlowdown,
+            Signal::MpsUnresponsive => SignalKind::MpsUnresponsive,
+            Signal::MpsDown => SignalKind::MpsDown,
+            Signal::MpsServerFault => SignalKind::MpsServerFault,
+            Signal::MpsCrashLoop => SignalKind::MpsCrashLoop,
+            Signal::MpsUp => SignalKind::MpsUp,
+            Signal::Lifecycle { .. } => SignalKind::Lifecycle,
+        }
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Signal::Xid { code } => write!(f, "xid {code}"),
+            Signal::RecoveryAction { action } => write!(f, "recovery-action {}", action.as_str()),
+            Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
+            other => f.write_str(other.kind().as_str()),
+        }
+    }
+}
+
+/// One thing a probe saw, with the context an incident needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    pub signal: Signal,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuId>,
+    /// The signal's magnitude where it has one (new ECC errors, remapped rows, °C,
+    /// consecutive failed probes); compared with a rule's `threshold`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub value: u64,
+    /// Processes involved (the XID's pid, MPS clients on a faulted GPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
+    /// ECS task ids of the processes on the GPU at the time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<String>,
+    /// Free text from the source (the driver's XID message, a log line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Which probe produced it (`nvml`, `kmsg`, `mps`, `imds`, ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl Observation {
+    pub fn new(signal: Signal) -> Self {
+        Observation {
+            signal,
+            gpu: None,
+            value: 0,
+            pids: Vec::new(),
+            tasks: Vec::new(),
+            detail: None,
+            source: String::new(),
+        }
+    }
+
+    pub fn on_gpu(mut self, gpu: GpuId) -> Self {
+        self.gpu = Some(gpu);
+        self
+    }
+
+    pub fn with_value(mut self, value: u64) -> Self {
+        self.value = value;
+        self
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    pub fn with_pids(mut self, pids: Vec<u32>) -> Self {
+        self.pids = pids;
+        self
+    }
+
+    pub fn from_source(mut self, source: &str) -> Self {
+        self.source = source.to_string();
+        self
+    }
+}
+
+/// What a policy may decide for a signal, in increasing order of severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    Ignore,
+    Log,
+    /// Stops the tasks on one GPU.
+    StopTasks,
+    /// Restarts the daemon: every MPS client on the instance is affected.
+    RestartMps,
+    Drain,
+    Replace,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ignore => "ignore",
+            Verdict::Log => "log",
+            Verdict::RestartMps => "restart-mps",
+            Verdict::StopTasks => "stop-tasks",
+            Verdict::Drain => "drain",
+            Verdict::Replace => "replace",
+        }
+    }
+
+    /// Drain and replace take the node out of service; only one may be in flight.
+    pub fn is_node_remediation(self) -> bool {
+        matches!(self, Verdict::Drain | Verdict::Replace)
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct IncidentId(pub u64);
+
+impl fmt::Display for IncidentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ActionId(pub u64);
+
+impl fmt::Display for ActionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LifecycleHook {
+    Launch,
+    Terminate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum LifecycleResult {
+    Continue,
+    Abandon,
+}
+
+/// Something a remedy does to the world.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Command {
+    RestartMps,
+    StopTasks {
+        gpu: GpuId,
+        #[serde(default)]
+        pids: Vec<u32>,
+        #[serde(default)]
+        tasks: Vec<String>,
+    },
+    Quarantine,
+    Drain,
+    Replace,
+    CompleteLifecycle {
+        hook: LifecycleHook,
+        result: LifecycleResult,
+    },
+}
+
+impl Command {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::RestartMps => "restart-mps",
+            Command::StopTasks { .. } => "stop-tasks",
+            Command::Quarantine => "quarantine",
+            Command::Drain => "drain",
+            Command::Replace => "replace",
+            Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
+        }
+    }
+}
+
+/// An executable order: the command plus what the engine needs to match its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Order {
+    pub id: ActionId,
+    pub incident: IncidentId,
+    pub command: Command,
+    /// 1 for the first try.
+    pub attempt: u32,
+    /// The phase deadline; past it the engine escalates whether or not an outcome came.
+    pub deadline: Timestamp,
+}
+
+/// What the engine emits. `Log` entries go to the journal; `Execute` orders go to remedies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Action {
+    Log(Record),
+    Execute(Order),
+}
+
+impl Action {
+    pub fn is_executable(&self) -> bool {
+        matches!(self, Action::Execute(_))
+    }
+}
+
+/// How an order ended, as reported by its remedy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum OutcomeStatus {
+    Done,
+    Failed {
+        retryable: bool,
+    },
+    /// Not attempted yet for a reason that will pass (the fleet budget is full).
+    Deferred {
+        #[serde(with = "humantime_serde")]
+        retry_after: Duration,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub action: ActionId,
+    #[serde(flatten)]
+    pub status: OutcomeStatus,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    /// AWS request ids of the calls made, for support cases and CloudTrail.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_ids: Vec<String>,
+}
+
+/// Everything the engine consumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "input", rename_all = "kebab-case")]
+pub enum Input {
+    Observation(Observation),
+    Outcome(Outcome),
+    /// Time passes: deadlines and scheduled retries are checked.
+    Tick,
+}
+
+/// One line of `inputs.jsonl`: an input with the time the supervisor saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StampedInput {
+    pub at: Timestamp,
+    #[serde(flatten)]
+    pub input: Input,
+}
+
+/// Where an incident ended up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IncidentState {
+    /// Being handled: an action is in flight or scheduled.
+    Open,
+    /// Recorded only; the policy asked for no action.
+    Logged,
+    /// The fault cleared (the MPS daemon answers again, tasks were stopped).
+    Resolved,
+    /// The node was drained and is left for an operator.
+    Drained,
+    /// Auto Scaling was told to replace the node.
+    Replaced,
+    /// The node was handed back to Auto Scaling for termination.
+    Terminated,
+    /// Observe-only: the decision was recorded and nothing was done.
+    Observed,
+    /// gpu-medic gave up; an operator is needed.
+    Failed,
+}
+
+impl IncidentState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IncidentState::Open => "open",
+            IncidentState::Logged => "logged",
+            IncidentState::Resolved => "resolved",
+            IncidentState::Drained => "drained",
+            IncidentState::Replaced => "replaced",
+            IncidentState::Terminated => "terminated",
+            IncidentState::Observed => "observed",
+            IncidentState::Failed => "failed",
+        }
+    }
+}
+
+/// One journal line: something that happened to one incident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub at: Timestamp,
+    pub incident: IncidentId,
+    #[serde(flatten)]
+    pub event: IncidentEvent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+pub enum IncidentEvent {
+    /// The first signal, the rule that fired, and the verdict.
+    Opened {
+        observation: Observation,
+        rule: String,
+        reason: String,
+        verdict: Verdict,
+    },
+    /// A later signal that belongs to the same incident.
+    Signal { observation: Observation },
+    /// The verdict changed (escalation, budget exhausted, upgrade from drain to replace).
+    Escalated {
+        verdict: Verdict,
+        rule: String,
+        reason: String,
+    },
+    /// An order was handed to a remedy (or, observe-only, would have been).
+    ActionStarted { order: Order, dry_run: bool },
+    ActionFinished { outcome: Outcome },
+    /// A phase overran its deadline; what the engine does instead.
+    DeadlineMissed { action: ActionId, escalation: String },
+    /// A note for the operator (budget waits, skipped steps).
+    Note { text: String },
+    Closed { state: IncidentState, summary: String },
+}

@@ -1,0 +1,777 @@
+//! The policy file: which signal leads to which verdict, with debounce, escalation,
+//! deadlines and the MPS restart budget. Loading reads files (and `extends` chains);
+//! the resulting `Policy` is plain data that the pure engine consults.
+//!
+//! Errors name the file, line and key, because an operator edits this file by hand.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::error::{FileError, line_of};
+use crate::model::{RecoveryAction, Signal, SignalKind, Verdict};
+
+/// A rule: how one signal (or a set of XIDs) is judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub name: String,
+    pub signal: SignalKind,
+    /// For `xid` rules: the codes; `None` is the catch-all for XIDs no other rule names.
+    pub xids: Option<Vec<u32>>,
+    /// For `recovery-action` rules: the driver verdicts; `None` matches any.
+    pub recovery: Option<Vec<RecoveryAction>>,
+    /// Counter signals: the observation's value must reach this.
+    pub threshold: Option<u64>,
+    pub action: Verdict,
+    pub confirm: Option<Window>,
+    pub escalate: Option<Escalation>,
+    pub reason: String,
+    pub source: String,
+    /// Where the rule was written, for messages.
+    pub origin: String,
+}
+
+/// `count` sightings within `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub count: u32,
+    pub window: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Escalation {
+    pub count: u32,
+    pub window: Duration,
+    pub action: Verdict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    pub restart_mps: Duration,
+    pub stop_tasks: Duration,
+    pub quarantine: Duration,
+    pub drain: Duration,
+    pub replace: Duration,
+    pub lifecycle: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    pub max_attempts: u32,
+    pub delay: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpsPolicy {
+    pub restart_budget: u32,
+    pub restart_window: Duration,
+    pub on_failed: Verdict,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The file it came from (or a label for built-in policies).
+    pub origin: String,
+    pub observe_only: bool,
+    pub deadlines: Deadlines,
+    pub retry: Retry,
+    pub mps: MpsPolicy,
+    pub rules: Vec<Rule>,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            restart_mps: Duration::from_secs(120),
+            stop_tasks: Duration::from_secs(300),
+            quarantine: Duration::from_secs(120),
+            drain: Duration::from_secs(1800),
+            replace: Duration::from_secs(900),
+            lifecycle: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            max_attempts: 5,
+            delay: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for MpsPolicy {
+    fn default() -> Self {
+        MpsPolicy {
+            restart_budget: 3,
+            restart_window: Duration::from_secs(1800),
+            on_failed: Verdict::Replace,
+        }
+    }
+}
+
+impl Policy {
+    /// The rule that judges `signal` with magnitude `value`, if any.
+    ///
+    /// XIDs: a rule naming the code wins over the catch-all. Recovery actions: a rule naming
+    /// the verdict wins over one without a list. Other signals: among the rules whose
+    /// threshold the value reaches, the one with the highest threshold.
+    pub fn rule_for(&self, signal: &Signal, value: u64) -> Option<&Rule> {
+        let kind = signal.kind();
+        let candidates = self.rules.iter().filter(|r| r.signal == kind);
+        match signal {
+            Signal::Xid { code } => {
+                let mut fallback = None;
+                for r in candidates {
+                    match &r.xids {
+                        Some(list) if list.contains(code) => return Some(r),
+                        None => fallback = Some(r),
+                        _ => {}
+                    }
+                }
+                fallback.filter(|r| r.threshold.unwrap_or(0) <= value)
+            }
+            Signal::RecoveryAction { action } => {
+                let mut fallback = None;
+                for r in candidates {
+                    match &r.recovery {
+                        Some(list) if list.contains(action) => return Some(r),
+                        None => fallback = Some(r),
+                        _ => {}
+                    }
+                }
+                fallback
+            }
+            _ => candidates
+                .filter(|r| r.threshold.unwrap_or(0) <= value)
+                .max_by_key(|r| r.threshold.unwrap_or(0)),
+        }
+    }
+
+    pub fn rule_named(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name == name)
+    }
+
+    /// Signal kinds that no rule judges (the engine then only logs them).
+    pub fn uncovered_signals(&self) -> Vec<SignalKind> {
+        SignalKind::JUDGED
+            .iter()
+            .copied()
+            .filter(|k| !self.rules.iter().any(|r| r.signal == *k))
+            .collect()
+    }
+
+    /// Loads a policy file, following `extends`.
+    pub fn load(path: &Path) -> Result<Policy, FileError> {
+        let raw = load_raw(path, 0)?;
+        build(path, raw)
+    }
+
+    /// Parses a policy from text that has no `extends` (used by tests and built-ins).
+    pub fn parse(label: &Path, text: &str) -> Result<Policy, FileError> {
+        let raw = parse_raw(label, text)?;
+        if let Some(ext) = &raw.extends {
+            return Err(FileError::new(
+                label,
+                Some(ext.line),
+                "`extends` needs a file on disk; load the policy with Policy::load",
+            ));
+        }
+        build(label, raw)
+    }
+}
+
+// ---- raw schema (what the file says) ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePolicy {
+    version: Option<Spanned<u32>>,
+    extends: Option<Spanned<String>>,
+    engine: Option<FileEngine>,
+    deadlines: Option<FileDeadlines>,
+    retry: Option<FileRetry>,
+    mps: Option<FileMps>,
+    #[serde(default)]
+    rule: Vec<Spanned<FileRule>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileEngine {
+    observe_only: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileDeadlines {
+    #[serde(default, with = "humantime_serde")]
+    restart_mps: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    stop_tasks: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    quarantine: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    drain: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    replace: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    lifecycle: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileRetry {
+    max_attempts: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    delay: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileMps {
+    restart_budget: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    restart_window: Option<Duration>,
+    on_failed: Option<Spanned<Verdict>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRule {
+    name: Spanned<String>,
+    signal: Spanned<SignalKind>,
+    xids: Option<Spanned<Vec<u32>>>,
+    recovery: Option<Spanned<Vec<RecoveryAction>>>,
+    threshold: Option<u64>,
+    action: Spanned<Verdict>,
+    confirm: Option<Spanned<FileWindow>>,
+    escalate: Option<Spanned<FileEscalation>>,
+    reason: String,
+    #[serde(default)]
+    source: String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileWindow {
+    count: u32,
+    #[serde(with = "humantime_serde")]
+    window: Duration,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileEscalation {
+    count: u32,
+    #[serde(with = "humantime_serde")]
+    window: Duration,
+    action: Verdict,
+}
+
+/// A parsed file with positions turned into lines, and its rules tagged with their origin.
+struct RawPolicy {
+    file: FilePolicy,
+    extends: Option<LineValue<String>>,
+    rules: Vec<RawRule>,
+}
+
+struct LineValue<T> {
+    value: T,
+    line: usize,
+}
+
+#[derive(Clone)]
+struct RawRule {
+    rule: FileRule,
+    path: PathBuf,
+    text_line: usize,
+    /// Lines of individual keys, for precise messages.
+    lines: RuleLines,
+}
+
+#[derive(Clone, Copy)]
+struct RuleLines {
+    name: usize,
+    signal: usize,
+    xids: usize,
+    recovery: usize,
+    action: usize,
+    confirm: usize,
+    escalate: usize,
+}
+
+const MAX_EXTENDS_DEPTH: usize = 8;
+
+fn load_raw(path: &Path, depth: usize) -> Result<RawPolicy, FileError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| FileError::new(path, None, format!("cannot read policy: {e}")))?;
+    let mut raw = parse_raw(path, &text)?;
+    if let Some(ext) = raw.extends.take() {
+        if depth >= MAX_EXTENDS_DEPTH {
+            return Err(FileError::new(
+                path,
+                Some(ext.line),
+                format!("`extends` chain deeper than {MAX_EXTENDS_DEPTH} (a cycle?)"),
+            ));
+        }
+        let base_path = path
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .join(&ext.value);
+        if !base_path.exists() {
+            return Err(FileError::new(
+                path,
+                Some(ext.line),
+                format!("`extends`: {} does not exist", base_path.display()),
+            ));
+        }
+        let base = load_raw(&base_path, depth + 1)?;
+        raw = merge(base, raw);
+    }
+    Ok(raw)
+}
+
+fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
+    let file: FilePolicy =
+        toml::from_str(text).map_err(|e| FileError::from_toml(path, text, &e))?;
+    if let Some(v) = &file.version
+        && *v.get_ref() != 1
+    {
+        return Err(FileError::at_offset(
+            path,
+            text,
+            v.span().start,
+            format!(
+                "version: this gpu-medic reads policy version 1, not {}",
+                v.get_ref()
+            ),
+        ));
+    }
+    let extends = file.extends.as_ref().map(|e| LineValue {
+        value: e.get_ref().clone(),
+        line: line_of(text, e.span().start),
+    });
+    let at = |s: std::ops::Range<usize>| line_of(text, s.start);
+    let rules = file
+        .rule
+        .iter()
+        .map(|spanned| {
+            let r = spanned.get_ref();
+            RawRule {
+                rule: r.clone(),
+                path: path.to_path_buf(),
+                text_line: at(spanned.span()),
+                lines: RuleLines {
+                    name: at(r.name.span()),
+                    signal: at(r.signal.span()),
+                    xids: r.xids.as_ref().map_or(0, |x| at(x.span())),
+                    recovery: r.recovery.as_ref().map_or(0, |x| at(x.span())),
+                    action: at(r.action.span()),
+                    confirm: r.confirm.as_ref().map_or(0, |x| at(x.span())),
+                    escalate: r.escalate.as_ref().map_or(0, |x| at(x.span())),
+                },
+            }
+        })
+        .collect();
+    Ok(RawPolicy {
+        file,
+        extends,
+        rules,
+    })
+}
+
+/// Overlay wins key by key; a rule with the same name replaces the base's in place.
+fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
+    let b = base.file;
+    let o = overlay.file;
+    let engine = FileEngine {
+        observe_only: pick(
+            o.engine.as_ref().and_then(|e| e.observe_only),
+            b.engine.as_ref().and_then(|e| e.observe_only),
+        ),
+    };
+    let (bd, od) = (b.deadlines.unwrap_or_default(), o.deadlines.unwrap_or_default());
+    let deadlines = FileDeadlines {
+        restart_mps: pick(od.restart_mps, bd.restart_mps),
+        stop_tasks: pick(od.stop_tasks, bd.stop_tasks),
+        quarantine: pick(od.quarantine, bd.quarantine),
+        drain: pick(od.drain, bd.drain),
+        replace: pick(od.replace, bd.replace),
+        lifecycle: pick(od.lifecycle, bd.lifecycle),
+    };
+    let (br, or) = (b.retry.unwrap_or_default(), o.retry.unwrap_or_default());
+    let retry = FileRetry {
+        max_attempts: pick(or.max_attempts, br.max_attempts),
+        delay: pick(or.delay, br.delay),
+    };
+    let (bm, om) = (b.mps.unwrap_or_default(), o.mps.unwrap_or_default());
+    let mps = FileMps {
+        restart_budget: pick(om.restart_budget, bm.restart_budget),
+        restart_window: pick(om.restart_window, bm.restart_window),
+        on_failed: pick(om.on_failed, bm.on_failed),
+    };
+    let mut rules = base.rules;
+    for r in overlay.rules {
+        match rules
+            .iter_mut()
+            .find(|x| x.rule.name.get_ref() == r.rule.name.get_ref())
+        {
+            Some(slot) => *slot = r,
+            None => rules.push(r),
+        }
+    }
+    RawPolicy {
+        file: FilePolicy {
+            version: o.version.or(b.version),
+            extends: None,
+            engine: Some(engine),
+            deadlines: Some(deadlines),
+            retry: Some(retry),
+            mps: Some(mps),
+            rule: Vec::new(),
+        },
+        extends: None,
+        rules,
+    }
+}
+
+fn pick<T>(overlay: Option<T>, base: Option<T>) -> Option<T> {
+    overlay.or(base)
+}
+
+fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
+    let f = raw.file;
+    let d = f.deadlines.unwrap_or_default();
+    let dd = Deadlines::default();
+    let deadlines = Deadlines {
+        restart_mps: d.restart_mps.unwrap_or(dd.restart_mps),
+        stop_tasks: d.stop_tasks.unwrap_or(dd.stop_tasks),
+        quarantine: d.quarantine.unwrap_or(dd.quarantine),
+        drain: d.drain.unwrap_or(dd.drain),
+        replace: d.replace.unwrap_or(dd.replace),
+        lifecycle: d.lifecycle.unwrap_or(dd.lifecycle),
+    };
+    let r = f.retry.unwrap_or_default();
+    let retry = Retry {
+        max_attempts: r.max_attempts.unwrap_or(Retry::default().max_attempts).max(1),
+        delay: r.delay.unwrap_or(Retry::default().delay),
+    };
+    let m = f.mps.unwrap_or_default();
+    let on_failed = match m.on_failed {
+        Some(v) if *v.get_ref() == Verdict::RestartMps || *v.get_ref() == Verdict::StopTasks => {
+            return Err(FileError::new(
+                path,
+                None,
+                format!(
+                    "[mps] on_failed: `{}` cannot follow a failed daemon; use log, drain or replace",
+                    v.get_ref()
+                ),
+            ));
+        }
+        Some(v) => v.into_inner(),
+        None => MpsPolicy::default().on_failed,
+    };
+    let mps = MpsPolicy {
+        restart_budget: m
+            .restart_budget
+            .unwrap_or(MpsPolicy::default().restart_budget),
+        restart_window: m
+            .restart_window
+            .unwrap_or(MpsPolicy::default().restart_window),
+        on_failed,
+    };
+    let rules = validate_rules(&raw.rules)?;
+    Ok(Policy {
+        origin: path.display().to_string(),
+        observe_only: f.engine.and_then(|e| e.observe_only).unwrap_or(false),
+        deadlines,
+        retry,
+        mps,
+        rules,
+    })
+}
+
+fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
+    let mut names = BTreeSet::new();
+    let mut xid_owner: std::collections::BTreeMap<u32, String> = Default::default();
+    let mut out: Vec<Rule> = Vec::with_capacity(raw.len());
+    for rr in raw {
+        let r = &rr.rule;
+        let err = |line: usize, msg: String| {
+            let name = r.name.get_ref();
+            FileError::new(&rr.path, Some(line), format!("rule `{name}`: {msg}"))
+        };
+        let name = r.name.get_ref().clone();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(err(
+                rr.lines.name,
+                "name must be non-empty kebab-case (letters, digits, -)".into(),
+            ));
+        }
+        if !names.insert(name.clone()) {
+            return Err(err(rr.lines.name, "name: defined twice".into()));
+        }
+        let signal = *r.signal.get_ref();
+        if matches!(signal, SignalKind::MpsUp | SignalKind::Lifecycle) {
+            return Err(err(
+                rr.lines.signal,
+                format!(
+                    "signal: `{}` is handled by gpu-medic itself, not by rules",
+                    signal.as_str()
+                ),
+            ));
+        }
+        if r.xids.is_some() && signal != SignalKind::Xid {
+            return Err(err(
+                rr.lines.xids,
+                "xids: only for signal = \"xid\"".into(),
+            ));
+        }
+        if r.recovery.is_some() && signal != SignalKind::RecoveryAction {
+            return Err(err(
+                rr.lines.recovery,
+                "recovery: only for signal = \"recovery-action\"".into(),
+            ));
+        }
+        if let Some(xids) = &r.xids {
+            if xids.get_ref().is_empty() {
+                return Err(err(rr.lines.xids, "xids: empty list (omit the key for the catch-all)".into()));
+            }
+            for x in xids.get_ref() {
+                if let Some(owner) = xid_owner.insert(*x, name.clone()) {
+                    return Err(err(
+                        rr.lines.xids,
+                        format!("xids: XID {x} is already judged by rule `{owner}`"),
+                    ));
+                }
+            }
+        }
+        let confirm = match &r.confirm {
+            Some(c) => {
+                let c = c.get_ref();
+                if c.count == 0 || c.window.is_zero() {
+                    return Err(err(rr.lines.confirm, "confirm: count and window must be > 0".into()));
+                }
+                Some(Window {
+                    count: c.count,
+                    window: c.window,
+                })
+            }
+            None => None,
+        };
+        let action = *r.action.get_ref();
+        let escalate = match &r.escalate {
+            Some(e) => {
+                let e = e.get_ref();
+                if e.count < 2 || e.window.is_zero() {
+                    return Err(err(
+                        rr.lines.escalate,
+                        "escalate: count must be >= 2 and window > 0".into(),
+                    ));
+                }
+                if e.action <= action {
+                    return Err(err(
+                        rr.lines.escalate,
+                        format!(
+                            "escalate: action `{}` is not more severe than `{}`",
+                            e.action, action
+                        ),
+                    ));
+                }
+                Some(Escalation {
+                    count: e.count,
+                    window: e.window,
+                    action: e.action,
+                })
+            }
+            None => None,
+        };
+        if action == Verdict::Ignore && (confirm.is_some() || escalate.is_some()) {
+            return Err(err(
+                rr.lines.action,
+                "action `ignore` drops the signal; confirm/escalate would never count it".into(),
+            ));
+        }
+        // Two rules for the same non-XID signal must differ (threshold or recovery list).
+        for prev in &out {
+            if prev.signal != signal {
+                continue;
+            }
+            let clash = match signal {
+                SignalKind::Xid => prev.xids.is_none() && r.xids.is_none(),
+                SignalKind::RecoveryAction => {
+                    let theirs = prev.recovery.clone().unwrap_or_default();
+                    match &r.recovery {
+                        None => prev.recovery.is_none(),
+                        Some(list) => list.get_ref().iter().any(|a| theirs.contains(a)),
+                    }
+                }
+                _ => prev.threshold.unwrap_or(0) == r.threshold.unwrap_or(0),
+            };
+            if clash {
+                return Err(err(
+                    rr.lines.signal,
+                    format!(
+                        "overlaps rule `{}` (same signal `{}`); give them different xids, recovery lists or thresholds",
+                        prev.name,
+                        signal.as_str()
+                    ),
+                ));
+            }
+        }
+        out.push(Rule {
+            name,
+            signal,
+            xids: r.xids.as_ref().map(|x| x.get_ref().clone()),
+            recovery: r.recovery.as_ref().map(|x| x.get_ref().clone()),
+            threshold: r.threshold,
+            action,
+            confirm,
+            escalate,
+            reason: r.reason.trim().to_string(),
+            source: r.source.trim().to_string(),
+            origin: format!("{}:{}", rr.path.display(), rr.text_line),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Policy, FileError> {
+        Policy::parse(Path::new("p.toml"), text)
+    }
+
+    const BASIC: &str = r#"
+version = 1
+[[rule]]
+name = "fatal"
+signal = "xid"
+xids = [79, 48]
+action = "replace"
+reason = "bus"
+
+[[rule]]
+name = "other-xid"
+signal = "xid"
+action = "log"
+reason = "unknown"
+
+[[rule]]
+name = "hot"
+signal = "thermal"
+threshold = 85
+action = "log"
+reason = "warm"
+
+[[rule]]
+name = "very-hot"
+signal = "thermal"
+threshold = 95
+action = "drain"
+reason = "too hot"
+"#;
+
+    #[test]
+    fn xid_specific_beats_catch_all() {
+        let p = parse(BASIC).unwrap();
+        assert_eq!(p.rule_for(&Signal::Xid { code: 79 }, 0).unwrap().name, "fatal");
+        assert_eq!(p.rule_for(&Signal::Xid { code: 13 }, 0).unwrap().name, "other-xid");
+    }
+
+    #[test]
+    fn highest_reached_threshold_wins() {
+        let p = parse(BASIC).unwrap();
+        assert!(p.rule_for(&Signal::Thermal, 80).is_none());
+        assert_eq!(p.rule_for(&Signal::Thermal, 90).unwrap().name, "hot");
+        assert_eq!(p.rule_for(&Signal::Thermal, 99).unwrap().name, "very-hot");
+    }
+
+    #[test]
+    fn defaults_apply_when_sections_missing() {
+        let p = parse(BASIC).unwrap();
+        assert_eq!(p.mps, MpsPolicy::default());
+        assert_eq!(p.deadlines, Deadlines::default());
+        assert!(!p.observe_only);
+    }
+
+    #[test]
+    fn unknown_key_names_line() {
+        let e = parse("version = 1\n[engine]\nobserv_only = true\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("observ_only"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_xid_names_both_rules() {
+        let text = format!(
+            "{BASIC}\n[[rule]]\nname = \"again\"\nsignal = \"xid\"\nxids = [48]\naction = \"log\"\nreason = \"x\"\n"
+        );
+        let e = parse(&text).unwrap_err();
+        assert!(e.message.contains("XID 48") && e.message.contains("`fatal`"), "{e}");
+        assert_eq!(e.line, Some(text.lines().count()-2));
+    }
+
+    #[test]
+    fn bad_duration_and_bad_action() {
+        let e = parse("[deadlines]\ndrain = \"soon\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"reboot\"\nreason=\"r\"\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("reboot"), "{e}");
+    }
+
+    #[test]
+    fn escalation_must_be_more_severe() {
+        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"drain\"\nreason=\"r\"\nescalate={count=3, window=\"1h\", action=\"log\"}\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+    }
+
+    #[test]
+    fn rules_judging_mps_up_are_rejected() {
+        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"mps-up\"\naction=\"log\"\nreason=\"r\"\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn version_two_is_rejected() {
+        let e = parse("version = 2\n").unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+    }
+
+    #[test]
+    fn extends_overrides_and_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("base.toml"), BASIC).unwrap();
+        std::fs::write(
+            dir.path().join("over.toml"),
+            "extends = \"base.toml\"\n[engine]\nobserve_only = true\n[[rule]]\nname = \"other-xid\"\nsignal = \"xid\"\naction = \"ignore\"\nreason = \"quiet\"\n",
+        )
+        .unwrap();
+        let p = Policy::load(&dir.path().join("over.toml")).unwrap();
+        assert!(p.observe_only);
+        assert_eq!(p.rules.len(), 4);
+        let r = p.rule_for(&Signal::Xid { code: 13 }, 0).unwrap();
+        assert_eq!(r.action, Verdict::Ignore);
+        assert!(r.origin.contains("over.toml:4"), "{}", r.origin);
+    }
+
+    #[test]
+    fn extends_cycle_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.toml"), "extends = \"b.toml\"\n").unwrap();
+        std::fs::write(dir.path().join("b.toml"), "extends = \"a.toml\"\n").unwrap();
+        let e = Policy::load(&dir.path().join("a.toml")).unwrap_err();
+        assert!(e.message.contains("deeper"), "{e}");
+    }
+}
