@@ -37,7 +37,11 @@ impl FileError {
 /// 1-based line number of a byte offset.
 pub fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
 }
 
 impl fmt::Display for FileError {

@@ -1,1 +1,19 @@
-fn main() {}
+//! Thin entry point: parse the command line, run the command, map errors to exit codes.
+
+use clap::Parser;
+
+fn main() {
+    let cli = gpu_medic::cli::Cli::parse();
+    let code = match gpu_medic::cli::dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            let e = anyhow::Error::new(e);
+            let code = e
+                .downcast_ref::<gpu_medic::cli::CliError>()
+                .map_or(1, |c| c.exit_code());
+            eprintln!("gpu-medic: {e:#}");
+            code
+        }
+    };
+    std::process::exit(code);
+}

@@ -40,7 +40,8 @@ impl Timestamp {
     }
 
     pub fn parse(s: &str) -> Result<Self, String> {
-        let t = humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad timestamp {s:?}: {e}"))?;
+        let t =
+            humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad timestamp {s:?}: {e}"))?;
         let ms = t
             .duration_since(UNIX_EPOCH)
             .map_err(|_| format!("timestamp {s:?} is before 1970"))?
@@ -51,7 +52,11 @@ impl Timestamp {
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_rfc3339_millis(self.to_system_time()))
+        write!(
+            f,
+            "{}",
+            humantime::format_rfc3339_millis(self.to_system_time())
+        )
     }
 }
 
@@ -152,8 +157,12 @@ pub enum LifecycleState {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Signal {
     /// An XID from NVML's event set or the kernel log.
-    Xid { code: u32 },
-    RecoveryAction { action: RecoveryAction },
+    Xid {
+        code: u32,
+    },
+    RecoveryAction {
+        action: RecoveryAction,
+    },
     EccUncorrected,
     EccCorrected,
     RowRemapPending,
@@ -173,7 +182,9 @@ pub enum Signal {
     MpsCrashLoop,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
-    Lifecycle { state: LifecycleState },
+    Lifecycle {
+        state: LifecycleState,
+    },
 }
 
 /// The fieldless name of a signal, as written in policy files (`signal = "xid"`).
@@ -606,7 +617,9 @@ pub enum IncidentEvent {
         verdict: Verdict,
     },
     /// A later signal that belongs to the same incident.
-    Signal { observation: Observation },
+    Signal {
+        observation: Observation,
+    },
     /// The verdict changed (escalation, budget exhausted, upgrade from drain to replace).
     Escalated {
         verdict: Verdict,
@@ -614,11 +627,118 @@ pub enum IncidentEvent {
         reason: String,
     },
     /// An order was handed to a remedy (or, observe-only, would have been).
-    ActionStarted { order: Order, dry_run: bool },
-    ActionFinished { outcome: Outcome },
+    ActionStarted {
+        order: Order,
+        dry_run: bool,
+    },
+    ActionFinished {
+        outcome: Outcome,
+    },
     /// A phase overran its deadline; what the engine does instead.
-    DeadlineMissed { action: ActionId, escalation: String },
+    DeadlineMissed {
+        action: ActionId,
+        escalation: String,
+    },
     /// A note for the operator (budget waits, skipped steps).
-    Note { text: String },
-    Closed { state: IncidentState, summary: String },
+    Note {
+        text: String,
+    },
+    Closed {
+        state: IncidentState,
+        summary: String,
+    },
+}
+
+/// An incident as the journal tells it: folded from its records, first signal to outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incident {
+    pub id: IncidentId,
+    pub opened_at: Timestamp,
+    /// The first signal, e.g. `xid 79`.
+    pub signal: String,
+    pub gpu: Option<GpuId>,
+    pub rule: String,
+    pub reason: String,
+    /// The verdict in force (after escalations), e.g. `replace`.
+    pub action: Verdict,
+    pub state: IncidentState,
+    pub closed_at: Option<Timestamp>,
+    pub summary: String,
+    /// ECS tasks and processes named by the incident's signals.
+    pub tasks: Vec<String>,
+    pub pids: Vec<u32>,
+    pub request_ids: Vec<String>,
+    pub records: Vec<Record>,
+}
+
+impl Incident {
+    /// Folds journal records (in file order) into incidents, oldest first. Records of an
+    /// incident whose `opened` line is missing (a rotated or torn journal) start a stub.
+    pub fn fold(records: impl IntoIterator<Item = Record>) -> Vec<Incident> {
+        let mut out: std::collections::BTreeMap<IncidentId, Incident> = Default::default();
+        for rec in records {
+            let inc = out.entry(rec.incident).or_insert_with(|| Incident {
+                id: rec.incident,
+                opened_at: rec.at,
+                signal: "(unknown: opening record missing)".into(),
+                gpu: None,
+                rule: String::new(),
+                reason: String::new(),
+                action: Verdict::Log,
+                state: IncidentState::Open,
+                closed_at: None,
+                summary: String::new(),
+                tasks: Vec::new(),
+                pids: Vec::new(),
+                request_ids: Vec::new(),
+                records: Vec::new(),
+            });
+            match &rec.event {
+                IncidentEvent::Opened {
+                    observation,
+                    rule,
+                    reason,
+                    verdict,
+                } => {
+                    inc.opened_at = rec.at;
+                    inc.signal = observation.signal.to_string();
+                    inc.gpu = observation.gpu.clone();
+                    inc.rule = rule.clone();
+                    inc.reason = reason.clone();
+                    inc.action = *verdict;
+                    inc.absorb(observation);
+                }
+                IncidentEvent::Signal { observation } => inc.absorb(observation),
+                IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
+                IncidentEvent::ActionFinished { outcome } => {
+                    for r in &outcome.request_ids {
+                        if !inc.request_ids.contains(r) {
+                            inc.request_ids.push(r.clone());
+                        }
+                    }
+                }
+                IncidentEvent::Closed { state, summary } => {
+                    inc.state = *state;
+                    inc.closed_at = Some(rec.at);
+                    inc.summary = summary.clone();
+                }
+                _ => {}
+            }
+            inc.records.push(rec);
+        }
+        out.into_values().collect()
+    }
+
+    fn absorb(&mut self, obs: &Observation) {
+        for t in &obs.tasks {
+            if !self.tasks.contains(t) {
+                self.tasks.push(t.clone());
+            }
+        }
+        for p in &obs.pids {
+            if !self.pids.contains(p) {
+                self.pids.push(*p);
+            }
+        }
+    }
 }

@@ -395,7 +395,10 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
             b.engine.as_ref().and_then(|e| e.observe_only),
         ),
     };
-    let (bd, od) = (b.deadlines.unwrap_or_default(), o.deadlines.unwrap_or_default());
+    let (bd, od) = (
+        b.deadlines.unwrap_or_default(),
+        o.deadlines.unwrap_or_default(),
+    );
     let deadlines = FileDeadlines {
         restart_mps: pick(od.restart_mps, bd.restart_mps),
         stop_tasks: pick(od.stop_tasks, bd.stop_tasks),
@@ -458,7 +461,10 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
     };
     let r = f.retry.unwrap_or_default();
     let retry = Retry {
-        max_attempts: r.max_attempts.unwrap_or(Retry::default().max_attempts).max(1),
+        max_attempts: r
+            .max_attempts
+            .unwrap_or(Retry::default().max_attempts)
+            .max(1),
         delay: r.delay.unwrap_or(Retry::default().delay),
     };
     let m = f.mps.unwrap_or_default();
@@ -527,10 +533,7 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             ));
         }
         if r.xids.is_some() && signal != SignalKind::Xid {
-            return Err(err(
-                rr.lines.xids,
-                "xids: only for signal = \"xid\"".into(),
-            ));
+            return Err(err(rr.lines.xids, "xids: only for signal = \"xid\"".into()));
         }
         if r.recovery.is_some() && signal != SignalKind::RecoveryAction {
             return Err(err(
@@ -540,7 +543,10 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
         }
         if let Some(xids) = &r.xids {
             if xids.get_ref().is_empty() {
-                return Err(err(rr.lines.xids, "xids: empty list (omit the key for the catch-all)".into()));
+                return Err(err(
+                    rr.lines.xids,
+                    "xids: empty list (omit the key for the catch-all)".into(),
+                ));
             }
             for x in xids.get_ref() {
                 if let Some(owner) = xid_owner.insert(*x, name.clone()) {
@@ -555,7 +561,10 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             Some(c) => {
                 let c = c.get_ref();
                 if c.count == 0 || c.window.is_zero() {
-                    return Err(err(rr.lines.confirm, "confirm: count and window must be > 0".into()));
+                    return Err(err(
+                        rr.lines.confirm,
+                        "confirm: count and window must be > 0".into(),
+                    ));
                 }
                 Some(Window {
                     count: c.count,
@@ -682,8 +691,14 @@ reason = "too hot"
     #[test]
     fn xid_specific_beats_catch_all() {
         let p = parse(BASIC).unwrap();
-        assert_eq!(p.rule_for(&Signal::Xid { code: 79 }, 0).unwrap().name, "fatal");
-        assert_eq!(p.rule_for(&Signal::Xid { code: 13 }, 0).unwrap().name, "other-xid");
+        assert_eq!(
+            p.rule_for(&Signal::Xid { code: 79 }, 0).unwrap().name,
+            "fatal"
+        );
+        assert_eq!(
+            p.rule_for(&Signal::Xid { code: 13 }, 0).unwrap().name,
+            "other-xid"
+        );
     }
 
     #[test]
@@ -715,8 +730,11 @@ reason = "too hot"
             "{BASIC}\n[[rule]]\nname = \"again\"\nsignal = \"xid\"\nxids = [48]\naction = \"log\"\nreason = \"x\"\n"
         );
         let e = parse(&text).unwrap_err();
-        assert!(e.message.contains("XID 48") && e.message.contains("`fatal`"), "{e}");
-        assert_eq!(e.line, Some(text.lines().count()-2));
+        assert!(
+            e.message.contains("XID 48") && e.message.contains("`fatal`"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(text.lines().count() - 2));
     }
 
     #[test]

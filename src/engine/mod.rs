@@ -13,7 +13,7 @@
 mod state;
 
 pub use state::{
-    GpuHealth, GpuStatus, Goal, MpsPhase, MpsState, NodePhase, OpenIncident, Remediation,
+    Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, Remediation,
     Scheduled, State, Step,
 };
 
@@ -67,7 +67,13 @@ impl Cx<'_> {
         }));
     }
 
-    fn open(&mut self, obs: &Observation, rule: &str, reason: &str, verdict: Verdict) -> IncidentId {
+    fn open(
+        &mut self,
+        obs: &Observation,
+        rule: &str,
+        reason: &str,
+        verdict: Verdict,
+    ) -> IncidentId {
         self.st.next_incident += 1;
         let id = IncidentId(self.st.next_incident);
         self.st.open.insert(
@@ -164,7 +170,12 @@ impl Cx<'_> {
         let at = self.now.plus(after);
         self.note(
             incident,
-            format!("{} attempt {} scheduled for {}", command.name(), attempt, at),
+            format!(
+                "{} attempt {} scheduled for {}",
+                command.name(),
+                attempt,
+                at
+            ),
         );
         self.st.scheduled.push(Scheduled {
             at,
@@ -201,10 +212,10 @@ impl Cx<'_> {
         if rule.action == Verdict::Ignore {
             return;
         }
-        if kind == SignalKind::MpsUnresponsive || kind == SignalKind::MpsDown {
-            if self.st.mps.phase == MpsPhase::Up {
-                self.st.mps.phase = MpsPhase::Unresponsive;
-            }
+        if matches!(kind, SignalKind::MpsUnresponsive | SignalKind::MpsDown)
+            && self.st.mps.phase == MpsPhase::Up
+        {
+            self.st.mps.phase = MpsPhase::Unresponsive;
         }
         let target = target_key(&obs);
         let key = format!("{}@{}", rule.name, target);
@@ -250,7 +261,7 @@ impl Cx<'_> {
                 self.st.sightings.remove(&key);
             }
         }
-        if !self.st.sightings.get(&key).is_some_and(|v| !v.is_empty()) {
+        if self.st.sightings.get(&key).is_none_or(|v| v.is_empty()) {
             self.st.sightings.remove(&key);
         }
         self.dispatch(obs, verdict, &rule_name, &reason);
@@ -417,7 +428,10 @@ impl Cx<'_> {
         if let Some(id) = self.st.mps.incident.take() {
             let node_owned = self.st.remediation.is_some_and(|r| r.incident == id);
             if node_owned {
-                self.note(id, "MPS daemon answers again; the node remediation continues");
+                self.note(
+                    id,
+                    "MPS daemon answers again; the node remediation continues",
+                );
             } else if self.st.open.contains_key(&id) {
                 self.record(
                     id,
@@ -497,10 +511,11 @@ impl Cx<'_> {
                     format!("joins node remediation of incident {}", rem.incident),
                 );
             }
-            if goal > rem.goal && rem.goal != Goal::Terminate {
-                if let Some(r) = self.st.remediation.as_mut() {
-                    r.goal = goal;
-                }
+            if goal > rem.goal
+                && rem.goal != Goal::Terminate
+                && let Some(r) = self.st.remediation.as_mut()
+            {
+                r.goal = goal;
             }
             return;
         }
@@ -629,7 +644,9 @@ impl Cx<'_> {
                 self.close(
                     id,
                     IncidentState::Failed,
-                    format!("drain did not finish ({why}); instance left quarantined; operator needed"),
+                    format!(
+                        "drain did not finish ({why}); instance left quarantined; operator needed"
+                    ),
                 );
             }
             (Step::Replace, Goal::Terminate) => {
@@ -681,7 +698,8 @@ impl Cx<'_> {
             }
             return;
         }
-        let reason = "Auto Scaling is terminating the instance: drain it, then complete our lifecycle hook";
+        let reason =
+            "Auto Scaling is terminating the instance: drain it, then complete our lifecycle hook";
         let id = self.open(obs, RULE_LIFECYCLE_TERMINATE, reason, Verdict::Drain);
         if self.policy.observe_only {
             self.issue(id, Command::Drain, 1);
@@ -719,9 +737,12 @@ impl Cx<'_> {
         );
         match outcome.status {
             OutcomeStatus::Done => self.order_done(&order),
-            OutcomeStatus::Deferred { retry_after } => {
-                self.schedule(order.incident, order.command.clone(), order.attempt, retry_after)
-            }
+            OutcomeStatus::Deferred { retry_after } => self.schedule(
+                order.incident,
+                order.command.clone(),
+                order.attempt,
+                retry_after,
+            ),
             OutcomeStatus::Failed { retryable } => {
                 let why = if outcome.detail.is_empty() {
                     "failed".to_string()
@@ -733,7 +754,12 @@ impl Cx<'_> {
                     && order.command != Command::RestartMps
                 {
                     let delay = self.policy.retry.delay;
-                    self.schedule(order.incident, order.command.clone(), order.attempt + 1, delay);
+                    self.schedule(
+                        order.incident,
+                        order.command.clone(),
+                        order.attempt + 1,
+                        delay,
+                    );
                 } else {
                     self.order_failed(&order, &why);
                 }
@@ -792,7 +818,12 @@ impl Cx<'_> {
                 let reason = format!(
                     "could not stop the tasks on {gpu} ({why}); restarting the MPS daemon clears its servers"
                 );
-                self.escalated(order.incident, Verdict::RestartMps, "stop-tasks-failed", reason);
+                self.escalated(
+                    order.incident,
+                    Verdict::RestartMps,
+                    "stop-tasks-failed",
+                    reason,
+                );
                 if self.st.mps.incident.is_none() {
                     self.st.mps.incident = Some(order.incident);
                     self.mps_try_restart(order.incident);

@@ -170,13 +170,16 @@ pub struct OpenIncident {
 impl State {
     /// Orders that take the node out of service and are in flight or scheduled.
     pub fn node_orders_pending(&self) -> usize {
-        let is_node = |c: &Command| {
-            matches!(
-                c,
-                Command::Quarantine | Command::Drain | Command::Replace
-            )
-        };
-        self.in_flight.values().filter(|o| is_node(&o.command)).count()
-            + self.scheduled.iter().filter(|s| is_node(&s.command)).count()
+        let is_node =
+            |c: &Command| matches!(c, Command::Quarantine | Command::Drain | Command::Replace);
+        self.in_flight
+            .values()
+            .filter(|o| is_node(&o.command))
+            .count()
+            + self
+                .scheduled
+                .iter()
+                .filter(|s| is_node(&s.command))
+                .count()
     }
 }

@@ -241,7 +241,10 @@ fn a_deferred_order_waits_without_spending_attempts() {
 #[test]
 fn mps_down_restarts_until_the_budget_is_spent_then_replaces() {
     let mut r = Run::new(default_policy());
-    assert!(Run::orders(&r.feed(obs(Signal::MpsDown))).is_empty(), "debounced");
+    assert!(
+        Run::orders(&r.feed(obs(Signal::MpsDown))).is_empty(),
+        "debounced"
+    );
     let first = Run::only_order(&r.feed(obs(Signal::MpsDown)));
     assert_eq!(first.command, Command::RestartMps);
     assert_eq!(r.st.mps.phase, MpsPhase::Restarting);

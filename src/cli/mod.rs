@@ -1,0 +1,146 @@
+//! The command line: one module per command. `main.rs` only parses and maps errors to exit
+//! codes; everything a command prints is built here.
+
+pub mod check;
+pub mod incidents;
+pub mod policy;
+pub mod run;
+pub mod status;
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, DEFAULT_CONFIG_PATH};
+use crate::error::FileError;
+use crate::policy::Policy;
+
+/// Exit codes, documented in README.md.
+pub mod exit {
+    /// Success; `check`: healthy.
+    pub const OK: i32 = 0;
+    /// `check`: unhealthy. Other commands: a runtime failure.
+    pub const UNHEALTHY: i32 = 1;
+    /// `check`: could not tell. Also clap's code for a usage error.
+    pub const UNKNOWN: i32 = 2;
+    /// The incident (or other named thing) does not exist.
+    pub const NOT_FOUND: i32 = 3;
+    /// A configuration or policy error (`file:line: message`), like sysexits' EX_CONFIG.
+    pub const CONFIG: i32 = 78;
+    /// A second SIGTERM/SIGINT forced the daemon out without its graceful stop.
+    pub const FORCED: i32 = 130;
+}
+
+/// The default policy, built in so `policy explain` works on any machine.
+pub const BUILTIN_DEFAULT_POLICY: &str = include_str!("../../policies/default.toml");
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpu-medic",
+    version,
+    about = "Self-healing supervisor for GPU container instances in Amazon ECS that share GPUs through NVIDIA MPS",
+    long_about = "gpu-medic watches every GPU through NVML and the MPS control daemon through its control pipe, \
+judges each signal with a policy file, and heals the node: it restarts the MPS daemon, stops poisoned tasks, \
+or quarantines, drains and has Auto Scaling replace the instance, never taking more of the fleet out than the \
+budget allows. Every decision is an incident in the journal (`gpu-medic incidents`).\n\n\
+Exit codes: 0 ok/healthy; 1 unhealthy (check) or runtime failure; 2 could not tell (check) or usage error; \
+3 not found; 78 configuration or policy error (printed as file:line: message); 130 forced stop."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the supervisor daemon.
+    Run(run::RunArgs),
+    /// One-shot health verdict: exit 0 healthy, 1 unhealthy, 2 could not tell.
+    Check(check::CheckArgs),
+    /// Read the incident journal.
+    #[command(subcommand)]
+    Incidents(incidents::IncidentsCommand),
+    /// Review a policy: check it, explain a signal, replay recorded inputs through it.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+    /// The live state of the daemon on this node.
+    Status(status::StatusArgs),
+}
+
+/// `--config PATH`, shared by the commands that read the daemon's files.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArg {
+    /// Configuration file.
+    #[arg(long, short = 'c', value_name = "PATH", default_value = DEFAULT_CONFIG_PATH, env = "GPU_MEDIC_CONFIG")]
+    pub config: PathBuf,
+}
+
+impl ConfigArg {
+    pub fn load(&self) -> Result<Config, FileError> {
+        Config::load(&self.config)
+    }
+}
+
+/// Loads `--policy FILE` if given, else the config's policy if the config exists, else the
+/// built-in default.
+pub fn resolve_policy(explicit: Option<&Path>, config: Option<&Path>) -> Result<Policy, FileError> {
+    if let Some(p) = explicit {
+        return Policy::load(p);
+    }
+    if let Some(c) = config
+        && c.exists()
+    {
+        let cfg = Config::load(c)?;
+        return Policy::load(&cfg.policy);
+    }
+    Policy::parse(Path::new("(built-in default.toml)"), BUILTIN_DEFAULT_POLICY)
+}
+
+/// Prints a value as one JSON line.
+pub fn print_json<T: serde::Serialize>(v: &T) {
+    match serde_json::to_string(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("gpu-medic: cannot encode JSON: {e}"),
+    }
+}
+
+/// What a command can fail with; each maps to a documented exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] FileError),
+    #[error(transparent)]
+    Journal(#[from] crate::error::JournalError),
+    #[error(transparent)]
+    Supervisor(#[from] crate::supervisor::SupervisorError),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Config(_) => exit::CONFIG,
+            CliError::NotFound(_) => exit::NOT_FOUND,
+            CliError::Usage(_) => exit::UNKNOWN,
+            CliError::Journal(_) | CliError::Supervisor(_) | CliError::Runtime(_) => {
+                exit::UNHEALTHY
+            }
+        }
+    }
+}
+
+/// Runs a parsed command; returns the exit code.
+pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
+    match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Incidents(c) => incidents::run(c),
+        Command::Policy(c) => policy::run(c),
+        Command::Status(a) => status::run(a),
+    }
+}

@@ -1,0 +1,369 @@
+//! `gpu-medic policy check|explain|simulate`: make a policy reviewable like code.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use serde::Serialize;
+
+use super::{CliError, exit, print_json, resolve_policy};
+use crate::engine::{self, State};
+use crate::journal::read_jsonl;
+use crate::model::{Action, IncidentEvent, RecoveryAction, Signal, SignalKind, StampedInput};
+use crate::policy::{Policy, Rule};
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Parse and validate a policy file (following `extends`); print a summary.
+    Check {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Say which rule judges a signal, what it decides and why.
+    Explain {
+        /// An XID code.
+        #[arg(long, conflicts_with = "signal")]
+        xid: Option<u32>,
+        /// A signal kind (e.g. mps-down, gpu-lost, recovery-action).
+        #[arg(long)]
+        signal: Option<String>,
+        /// For recovery-action: the driver's verdict (none, gpu-reset, node-reboot, drain-p2p, drain-and-reset).
+        #[arg(long)]
+        recovery: Option<String>,
+        /// The signal's value, for threshold rules.
+        #[arg(long, default_value_t = u64::MAX)]
+        value: u64,
+        /// Policy file (default: the config's policy, else the built-in default).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        #[arg(long, value_name = "PATH", env = "GPU_MEDIC_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay recorded inputs (the daemon's inputs.jsonl) through the engine; print the decisions.
+    Simulate {
+        inputs: PathBuf,
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        #[arg(long, value_name = "PATH", env = "GPU_MEDIC_CONFIG")]
+        config: Option<PathBuf>,
+        /// Replay as observe-only (what a dry-run daemon recorded).
+        #[arg(long)]
+        observe_only: bool,
+        /// One JSON action per line: journal records and orders, as the engine emitted them.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(cmd: PolicyCommand) -> Result<i32, CliError> {
+    match cmd {
+        PolicyCommand::Check { file, json } => check(file, json),
+        PolicyCommand::Explain {
+            xid,
+            signal,
+            recovery,
+            value,
+            policy,
+            config,
+            json,
+        } => {
+            let p = resolve_policy(policy.as_deref(), config.as_deref())?;
+            explain(&p, xid, signal, recovery, value, json)
+        }
+        PolicyCommand::Simulate {
+            inputs,
+            policy,
+            config,
+            observe_only,
+            json,
+        } => {
+            let mut p = resolve_policy(policy.as_deref(), config.as_deref())?;
+            p.observe_only |= observe_only;
+            simulate(&p, inputs, json)
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct CheckSummary<'a> {
+    file: String,
+    ok: bool,
+    observe_only: bool,
+    rules: usize,
+    xids_named: usize,
+    uncovered_signals: Vec<&'a str>,
+}
+
+fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
+    let p = Policy::load(&file)?;
+    let uncovered: Vec<&str> = p.uncovered_signals().iter().map(|k| k.as_str()).collect();
+    let xids: usize = p
+        .rules
+        .iter()
+        .filter_map(|r| r.xids.as_ref())
+        .map(|x| x.len())
+        .sum();
+    let s = CheckSummary {
+        file: file.display().to_string(),
+        ok: true,
+        observe_only: p.observe_only,
+        rules: p.rules.len(),
+        xids_named: xids,
+        uncovered_signals: uncovered.clone(),
+    };
+    if json {
+        print_json(&s);
+    } else {
+        println!(
+            "{}: ok: {} rules, {} XIDs named{}",
+            s.file,
+            s.rules,
+            s.xids_named,
+            if p.observe_only { ", observe-only" } else { "" }
+        );
+        if !uncovered.is_empty() {
+            println!(
+                "warning: no rule judges {}; such signals are only logged",
+                uncovered.join(", ")
+            );
+        }
+    }
+    Ok(exit::OK)
+}
+
+#[derive(Serialize)]
+struct Explanation {
+    signal: String,
+    action: String,
+    rule: String,
+    reason: String,
+    source: String,
+    origin: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    threshold: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confirm: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    escalate: Option<String>,
+}
+
+fn explain(
+    p: &Policy,
+    xid: Option<u32>,
+    signal: Option<String>,
+    recovery: Option<String>,
+    value: u64,
+    json: bool,
+) -> Result<i32, CliError> {
+    let sig = match (xid, signal.as_deref()) {
+        (Some(code), _) => Signal::Xid { code },
+        (None, Some(s)) => parse_signal(s, recovery.as_deref())?,
+        (None, None) => return Err(CliError::Usage("give --xid N or --signal KIND".into())),
+    };
+    let e = match p.rule_for(&sig, value) {
+        Some(r) => explanation(&sig, r),
+        None => Explanation {
+            signal: sig.to_string(),
+            action: "log".into(),
+            rule: engine::RULE_NONE.into(),
+            reason: format!("no rule judges `{sig}`; gpu-medic records it only"),
+            source: String::new(),
+            origin: p.origin.clone(),
+            threshold: None,
+            confirm: None,
+            escalate: None,
+        },
+    };
+    if json {
+        print_json(&e);
+    } else {
+        println!(
+            "{} -> {}  (rule `{}`, {})",
+            e.signal, e.action, e.rule, e.origin
+        );
+        println!("  why:      {}", e.reason);
+        if !e.source.is_empty() {
+            println!("  source:   {}", e.source);
+        }
+        if let Some(t) = e.threshold {
+            println!("  when:     value >= {t}");
+        }
+        if let Some(c) = &e.confirm {
+            println!("  confirm:  {c}");
+        }
+        if let Some(x) = &e.escalate {
+            println!("  escalate: {x}");
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn explanation(sig: &Signal, r: &Rule) -> Explanation {
+    Explanation {
+        signal: sig.to_string(),
+        action: r.action.as_str().into(),
+        rule: r.name.clone(),
+        reason: r.reason.clone(),
+        source: r.source.clone(),
+        origin: r.origin.clone(),
+        threshold: r.threshold,
+        confirm: r.confirm.map(|c| {
+            format!(
+                "act only when seen {} times within {}",
+                c.count,
+                humantime::format_duration(c.window)
+            )
+        }),
+        escalate: r.escalate.map(|e| {
+            format!(
+                "{} times on one GPU within {} -> {}",
+                e.count,
+                humantime::format_duration(e.window),
+                e.action
+            )
+        }),
+    }
+}
+
+fn parse_signal(s: &str, recovery: Option<&str>) -> Result<Signal, CliError> {
+    let kind: SignalKind = serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| CliError::Usage(format!("unknown signal `{s}`")))?;
+    let plain = |k: SignalKind| -> Option<Signal> {
+        let v = serde_json::json!({ "kind": k.as_str() });
+        serde_json::from_value(v).ok()
+    };
+    match kind {
+        SignalKind::Xid => Err(CliError::Usage("use --xid N for XIDs".into())),
+        SignalKind::RecoveryAction => {
+            let r = recovery.ok_or_else(|| {
+                CliError::Usage("--signal recovery-action needs --recovery VALUE".into())
+            })?;
+            let action: RecoveryAction =
+                serde_json::from_value(serde_json::Value::String(r.to_string()))
+                    .map_err(|_| CliError::Usage(format!("unknown recovery action `{r}`")))?;
+            Ok(Signal::RecoveryAction { action })
+        }
+        SignalKind::Lifecycle | SignalKind::MpsUp => Err(CliError::Usage(format!(
+            "`{s}` is handled by gpu-medic itself, not by policy rules"
+        ))),
+        k => plain(k).ok_or_else(|| CliError::Usage(format!("unknown signal `{s}`"))),
+    }
+}
+
+fn simulate(p: &Policy, inputs: PathBuf, json: bool) -> Result<i32, CliError> {
+    if !inputs.exists() {
+        return Err(CliError::NotFound(format!(
+            "{}: no such inputs file",
+            inputs.display()
+        )));
+    }
+    let (stream, skipped) = read_jsonl::<StampedInput>(&inputs)?;
+    for s in &skipped {
+        eprintln!("warning: {}: {s}", inputs.display());
+    }
+    let mut state = State::default();
+    for s in stream {
+        let (next, actions) = engine::step(&state, s.input, s.at, p);
+        state = next;
+        for a in actions {
+            if json {
+                print_json(&a);
+            } else {
+                println!("{}", describe(&a));
+            }
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// One readable line for an engine action.
+pub fn describe(a: &Action) -> String {
+    match a {
+        Action::Execute(o) => format!(
+            "execute {} ({}, incident {}, attempt {}, deadline {})",
+            o.command.name(),
+            o.id,
+            o.incident,
+            o.attempt,
+            o.deadline
+        ),
+        Action::Log(r) => format!(
+            "{}  incident {}  {}",
+            r.at,
+            r.incident,
+            event_line(&r.event)
+        ),
+    }
+}
+
+/// One readable line for a journal event.
+pub fn event_line(e: &IncidentEvent) -> String {
+    match e {
+        IncidentEvent::Opened {
+            observation,
+            rule,
+            verdict,
+            ..
+        } => {
+            let on = observation
+                .gpu
+                .as_ref()
+                .map(|g| format!(" on {g}"))
+                .unwrap_or_default();
+            format!(
+                "opened: {}{on} -> {verdict} (rule `{rule}`)",
+                observation.signal
+            )
+        }
+        IncidentEvent::Signal { observation } => {
+            let on = observation
+                .gpu
+                .as_ref()
+                .map(|g| format!(" on GPU {}", g.index))
+                .unwrap_or_default();
+            format!("signal: {}{on}", observation.signal)
+        }
+        IncidentEvent::Escalated {
+            verdict,
+            rule,
+            reason,
+        } => format!("escalated -> {verdict} (rule `{rule}`): {reason}"),
+        IncidentEvent::ActionStarted { order, dry_run } => format!(
+            "{} {} ({}, attempt {})",
+            if *dry_run { "would start" } else { "started" },
+            order.command.name(),
+            order.id,
+            order.attempt
+        ),
+        IncidentEvent::ActionFinished { outcome } => {
+            let ids = if outcome.request_ids.is_empty() {
+                String::new()
+            } else {
+                format!(" [requests {}]", outcome.request_ids.join(", "))
+            };
+            let status = match &outcome.status {
+                crate::model::OutcomeStatus::Done => "done".to_string(),
+                crate::model::OutcomeStatus::Failed { retryable: true } => {
+                    "failed (retryable)".into()
+                }
+                crate::model::OutcomeStatus::Failed { retryable: false } => "failed".into(),
+                crate::model::OutcomeStatus::Deferred { retry_after } => {
+                    format!("deferred {}", humantime::format_duration(*retry_after))
+                }
+            };
+            let detail = if outcome.detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", outcome.detail)
+            };
+            format!("{} {status}{detail}{ids}", outcome.action)
+        }
+        IncidentEvent::DeadlineMissed { action, escalation } => {
+            format!("deadline missed by {action}: {escalation}")
+        }
+        IncidentEvent::Note { text } => format!("note: {text}"),
+        IncidentEvent::Closed { state, summary } => format!("closed {}: {summary}", state.as_str()),
+    }
+}

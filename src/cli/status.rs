@@ -1,0 +1,101 @@
+//! `gpu-medic status`: the live state of the daemon on this node, from its `state.json`.
+
+use serde::Serialize;
+
+use super::{CliError, ConfigArg, exit, print_json};
+use crate::engine::State;
+use crate::journal::load_state;
+use crate::model::Timestamp;
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct StatusView<'a> {
+    /// When the daemon last saved its state.
+    updated_at: Option<Timestamp>,
+    node_phase: &'a str,
+    mps: &'a str,
+    #[serde(flatten)]
+    state: &'a State,
+}
+
+pub fn run(a: StatusArgs) -> Result<i32, CliError> {
+    let cfg = a.config.load()?;
+    let path = cfg.state_path();
+    let Some(state) = load_state(&path)? else {
+        return Err(CliError::NotFound(format!(
+            "{}: no state yet; is `gpu-medic run` running with this config?",
+            path.display()
+        )));
+    };
+    let updated_at = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| Timestamp(d.as_millis() as u64));
+    if a.json {
+        print_json(&StatusView {
+            updated_at,
+            node_phase: state.node.as_str(),
+            mps: state.mps.phase.as_str(),
+            state: &state,
+        });
+        return Ok(exit::OK);
+    }
+    println!("node:        {}", state.node.as_str());
+    if let Some(t) = updated_at {
+        println!("updated:     {t}");
+    }
+    println!(
+        "mps daemon:  {} ({} restarts in the budget window)",
+        state.mps.phase.as_str(),
+        state.mps.restarts.len()
+    );
+    match &state.remediation {
+        Some(r) => println!(
+            "remediation: incident {} heading to {:?}, at step {:?}",
+            r.incident, r.goal, r.step
+        ),
+        None => println!("remediation: none"),
+    }
+    if state.gpus.is_empty() {
+        println!("gpus:        no GPU has raised a signal");
+    }
+    for (i, g) in &state.gpus {
+        println!(
+            "gpu {i}:       {:?} since {} (rule `{}`{})",
+            g.status,
+            g.since,
+            g.rule,
+            g.incident
+                .map(|x| format!(", incident {x}"))
+                .unwrap_or_default()
+        );
+    }
+    for o in state.in_flight.values() {
+        println!(
+            "in flight:   {} {} for incident {} (attempt {}, deadline {})",
+            o.id,
+            o.command.name(),
+            o.incident,
+            o.attempt,
+            o.deadline
+        );
+    }
+    for s in &state.scheduled {
+        println!(
+            "scheduled:   {} for incident {} at {}",
+            s.command.name(),
+            s.incident,
+            s.at
+        );
+    }
+    println!("open incidents: {}", state.open.len());
+    Ok(exit::OK)
+}

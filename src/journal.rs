@@ -1,0 +1,240 @@
+//! The files under `state_dir`:
+//! - `incidents.jsonl`: every incident record, append-only, fsynced per record;
+//! - `inputs.jsonl`: every input the engine consumed, with its time, so that
+//!   `gpu-medic policy simulate` can replay exactly what the daemon saw;
+//! - `state.json`: the engine's state, written atomically (temp file, fsync, rename).
+//!
+//! A crash mid-write leaves at most a torn last line. Readers skip it with a warning; writers
+//! start the next record on a fresh line. Nothing here is fatal to the reader.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::engine::State;
+use crate::error::JournalError;
+
+/// An append-only JSON-lines file.
+pub struct JsonlWriter<T> {
+    path: PathBuf,
+    file: File,
+    _t: PhantomData<fn(&T)>,
+}
+
+impl<T: Serialize> JsonlWriter<T> {
+    pub fn open(path: &Path) -> Result<Self, JournalError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| JournalError::io(path, e))?;
+        // A torn last line (crash mid-write) must not swallow the next record.
+        let len = file
+            .metadata()
+            .map_err(|e| JournalError::io(path, e))?
+            .len();
+        if len > 0 {
+            let mut last = [0u8; 1];
+            file.seek(SeekFrom::Start(len - 1))
+                .and_then(|_| file.read_exact(&mut last))
+                .map_err(|e| JournalError::io(path, e))?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n")
+                    .map_err(|e| JournalError::io(path, e))?;
+            }
+        }
+        Ok(JsonlWriter {
+            path: path.to_path_buf(),
+            file,
+            _t: PhantomData,
+        })
+    }
+
+    /// Appends one record and waits until it is on disk.
+    pub fn append(&mut self, item: &T) -> Result<(), JournalError> {
+        let mut line = serde_json::to_vec(item).map_err(|e| JournalError::Corrupt {
+            path: self.path.clone(),
+            line: 0,
+            message: format!("cannot encode record: {e}"),
+        })?;
+        line.push(b'\n');
+        self.file
+            .write_all(&line)
+            .and_then(|_| self.file.sync_data())
+            .map_err(|e| JournalError::io(&self.path, e))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A line that could not be read, kept for the warning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedLine {
+    pub line: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for SkippedLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+/// Reads a JSON-lines file. A missing file is empty. Unreadable lines (a torn tail, a
+/// hand-edited line) are skipped and reported, never fatal.
+pub fn read_jsonl<T: DeserializeOwned>(
+    path: &Path,
+) -> Result<(Vec<T>, Vec<SkippedLine>), JournalError> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
+        Err(e) => return Err(JournalError::io(path, e)),
+    };
+    let mut items = Vec::new();
+    let mut skipped = Vec::new();
+    let mut reader = BufReader::new(file);
+    let mut buf = Vec::new();
+    let mut n = 0;
+    loop {
+        buf.clear();
+        let read = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| JournalError::io(path, e))?;
+        if read == 0 {
+            break;
+        }
+        n += 1;
+        let complete = buf.last() == Some(&b'\n');
+        let text = String::from_utf8_lossy(&buf);
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<T>(text) {
+            Ok(v) => items.push(v),
+            Err(e) => skipped.push(SkippedLine {
+                line: n,
+                message: if complete {
+                    format!("unreadable record skipped: {e}")
+                } else {
+                    "torn last record (interrupted write) skipped".to_string()
+                },
+            }),
+        }
+    }
+    Ok((items, skipped))
+}
+
+/// Writes the engine state atomically: readers see the old or the new file, never half.
+pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
+    let tmp = path.with_extension("json.tmp");
+    let body = serde_json::to_vec_pretty(state).map_err(|e| JournalError::Corrupt {
+        path: path.to_path_buf(),
+        line: 0,
+        message: format!("cannot encode state: {e}"),
+    })?;
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| JournalError::io(path, e))
+}
+
+/// Reads `state.json`; `None` when there is none yet (first start).
+pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(JournalError::io(path, e)),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| JournalError::Corrupt {
+            path: path.to_path_buf(),
+            line: e.line(),
+            message: format!("state file unreadable: {e}"),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{IncidentEvent, IncidentId, IncidentState, Record, Timestamp};
+
+    fn rec(i: u64) -> Record {
+        Record {
+            at: Timestamp(1_700_000_000_000 + i),
+            incident: IncidentId(i),
+            event: IncidentEvent::Closed {
+                state: IncidentState::Logged,
+                summary: format!("r{i}"),
+            },
+        }
+    }
+
+    #[test]
+    fn appends_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/incidents.jsonl");
+        let mut w = JsonlWriter::open(&p).unwrap();
+        w.append(&rec(1)).unwrap();
+        w.append(&rec(2)).unwrap();
+        let (items, skipped) = read_jsonl::<Record>(&p).unwrap();
+        assert_eq!(items, vec![rec(1), rec(2)]);
+        assert!(skipped.is_empty());
+    }
+
+    #[test]
+    fn a_torn_last_line_is_skipped_and_the_next_record_is_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        let mut w = JsonlWriter::open(&p).unwrap();
+        w.append(&rec(1)).unwrap();
+        drop(w);
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(br#"{"at":"2026-11-30T00:00:00.000Z","incid"#)
+            .unwrap();
+        drop(f);
+        let (items, skipped) = read_jsonl::<Record>(&p).unwrap();
+        assert_eq!(items, vec![rec(1)]);
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].message.contains("torn"), "{}", skipped[0]);
+        let mut w = JsonlWriter::open(&p).unwrap();
+        w.append(&rec(3)).unwrap();
+        let (items, skipped) = read_jsonl::<Record>(&p).unwrap();
+        assert_eq!(items, vec![rec(1), rec(3)]);
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].message.contains("unreadable"));
+    }
+
+    #[test]
+    fn state_is_written_atomically_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        assert_eq!(load_state(&p).unwrap(), None);
+        let s = State {
+            next_incident: 7,
+            ..State::default()
+        };
+        save_state(&p, &s).unwrap();
+        assert_eq!(load_state(&p).unwrap(), Some(s));
+        assert!(!p.with_extension("json.tmp").exists());
+        std::fs::write(&p, "{ not json").unwrap();
+        assert!(!load_state(&p).unwrap_err().is_retryable());
+    }
+}

@@ -1,0 +1,300 @@
+//! Wiring: probes feed observations into one channel; one task owns the engine state, stamps
+//! each input with the clock, persists it, steps the engine, journals the records and hands
+//! orders to the executor; outcomes come back as inputs. One shutdown token fans out to every
+//! task; orders in flight get a grace period to reach a safe point, then state is saved.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::engine::{self, State};
+use crate::error::JournalError;
+use crate::journal::{self, JsonlWriter};
+use crate::model::{
+    Action, IncidentEvent, Input, Observation, Order, Outcome, OutcomeStatus, Record, StampedInput,
+    Timestamp,
+};
+use crate::policy::Policy;
+
+/// A sense: turns the world into observations until shutdown.
+pub trait Source: Send + 'static {
+    fn name(&self) -> &'static str;
+    fn run(
+        self: Box<Self>,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// The hands: carries out one order and reports how it ended. Must be idempotent: an order
+/// in flight when the supervisor stopped is handed over again on the next start.
+pub trait Executor: Send + Sync + 'static {
+    fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
+}
+
+/// The executor when no remedy is configured for an order: it says so, once per order.
+pub struct NoRemedy;
+
+impl Executor for NoRemedy {
+    fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>> {
+        Box::pin(async move {
+            Outcome {
+                action: order.id,
+                status: OutcomeStatus::Failed { retryable: false },
+                detail: format!(
+                    "no remedy is configured for {} on this node",
+                    order.command.name()
+                ),
+                request_ids: vec![],
+            }
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// How long in-flight orders get to finish after a shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+pub struct Supervisor {
+    cfg: Config,
+    policy: Policy,
+    executor: Arc<dyn Executor>,
+    sources: Vec<Box<dyn Source>>,
+}
+
+struct Engine {
+    state: State,
+    policy: Policy,
+    cfg: Config,
+    incidents: JsonlWriter<Record>,
+    inputs: JsonlWriter<StampedInput>,
+}
+
+impl Supervisor {
+    pub fn new(cfg: Config, mut policy: Policy, executor: Arc<dyn Executor>) -> Self {
+        if cfg.dry_run {
+            policy.observe_only = true;
+        }
+        Supervisor {
+            cfg,
+            policy,
+            executor,
+            sources: Vec::new(),
+        }
+    }
+
+    pub fn add_source(&mut self, source: Box<dyn Source>) {
+        self.sources.push(source);
+    }
+
+    /// Runs until `shutdown` is cancelled. `ready` is called once the first state is saved.
+    pub async fn run(
+        self,
+        shutdown: CancellationToken,
+        ready: impl FnOnce(),
+    ) -> Result<(), SupervisorError> {
+        let cfg = self.cfg;
+        let state = journal::load_state(&cfg.state_path())?.unwrap_or_default();
+        let mut engine = Engine {
+            incidents: JsonlWriter::open(&cfg.incidents_path())?,
+            inputs: JsonlWriter::open(&cfg.inputs_path())?,
+            state,
+            policy: self.policy,
+            cfg: cfg.clone(),
+        };
+        journal::save_state(&cfg.state_path(), &engine.state)?;
+        tracing::info!(
+            policy = %engine.policy.origin,
+            observe_only = engine.policy.observe_only,
+            state_dir = %cfg.state_dir.display(),
+            node_phase = engine.state.node.as_str(),
+            "gpu-medic supervisor started"
+        );
+
+        let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(1024);
+        let (out_tx, mut out_rx) = mpsc::channel::<Outcome>(64);
+        let mut sources = JoinSet::new();
+        for s in self.sources {
+            tracing::info!(source = s.name(), "starting probe");
+            sources.spawn(s.run(obs_tx.clone(), shutdown.child_token()));
+        }
+        drop(obs_tx);
+
+        let mut orders = JoinSet::new();
+        // Orders in flight when the supervisor last stopped: hand them over again.
+        let resumed: Vec<Order> = engine.state.in_flight.values().cloned().collect();
+        for order in resumed {
+            tracing::warn!(action_id = %order.id, incident_id = %order.incident, action = order.command.name(), "resuming order left in flight");
+            dispatch(&mut orders, &self.executor, &out_tx, order);
+        }
+        ready();
+
+        let mut tick = tokio::time::interval(cfg.tick_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probes_open = true;
+        loop {
+            let input = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                o = obs_rx.recv(), if probes_open => match o {
+                    Some(o) => Input::Observation(o),
+                    None => { probes_open = false; continue; }
+                },
+                Some(outcome) = out_rx.recv() => Input::Outcome(outcome),
+                _ = tick.tick() => {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                    Input::Tick
+                }
+                Some(_) = orders.join_next(), if !orders.is_empty() => continue,
+            };
+            for order in engine.handle(input)? {
+                dispatch(&mut orders, &self.executor, &out_tx, order);
+            }
+        }
+
+        tracing::info!(
+            in_flight = orders.len(),
+            "shutting down: letting orders in flight reach a safe point"
+        );
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        while !orders.is_empty() {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(in_flight = orders.len(), "orders still in flight at shutdown; they resume on next start");
+                    orders.abort_all();
+                    break;
+                }
+                Some(outcome) = out_rx.recv() => {
+                    for order in engine.handle(Input::Outcome(outcome))? {
+                        // Follow-up steps wait for the next start; they are in state.json.
+                        tracing::info!(action_id = %order.id, action = order.command.name(), "follow-up order deferred to next start");
+                    }
+                }
+                _ = orders.join_next() => {}
+            }
+        }
+        while let Ok(outcome) = out_rx.try_recv() {
+            engine.handle(Input::Outcome(outcome))?;
+        }
+        sources.shutdown().await;
+        journal::save_state(&cfg.state_path(), &engine.state)?;
+        tracing::info!("gpu-medic supervisor stopped; state saved");
+        Ok(())
+    }
+}
+
+fn dispatch(
+    orders: &mut JoinSet<()>,
+    executor: &Arc<dyn Executor>,
+    out_tx: &mpsc::Sender<Outcome>,
+    order: Order,
+) {
+    let executor = executor.clone();
+    let out_tx = out_tx.clone();
+    orders.spawn(async move {
+        let outcome = executor.execute(order).await;
+        let _ = out_tx.send(outcome).await;
+    });
+}
+
+impl Engine {
+    /// Records the input, steps the engine, persists state, journals; returns orders to run.
+    fn handle(&mut self, input: Input) -> Result<Vec<Order>, SupervisorError> {
+        let now = Timestamp::now();
+        let (state, actions) = engine::step(&self.state, input.clone(), now, &self.policy);
+        let quiet = matches!(input, Input::Tick) && actions.is_empty() && state == self.state;
+        if quiet {
+            return Ok(vec![]);
+        }
+        self.inputs.append(&StampedInput { at: now, input })?;
+        self.state = state;
+        // State first: an order is never started that a restart would not know about.
+        journal::save_state(&self.cfg.state_path(), &self.state)?;
+        let mut orders = Vec::new();
+        for action in actions {
+            match action {
+                Action::Log(record) => {
+                    trace_record(&record);
+                    self.incidents.append(&record)?;
+                }
+                Action::Execute(order) => orders.push(order),
+            }
+        }
+        Ok(orders)
+    }
+}
+
+/// Emits a journal record as a structured log event with stable field names.
+fn trace_record(r: &Record) {
+    let incident_id = r.incident.0;
+    match &r.event {
+        IncidentEvent::Opened {
+            observation,
+            rule,
+            verdict,
+            reason,
+        } => tracing::warn!(
+            incident_id,
+            signal = %observation.signal,
+            gpu_index = observation.gpu.as_ref().map(|g| g.index),
+            gpu_uuid = observation.gpu.as_ref().map(|g| g.uuid.as_str()),
+            rule = rule.as_str(),
+            action = verdict.as_str(),
+            "incident opened: {reason}"
+        ),
+        IncidentEvent::Signal { observation } => tracing::info!(
+            incident_id,
+            signal = %observation.signal,
+            gpu_index = observation.gpu.as_ref().map(|g| g.index),
+            "signal joins incident"
+        ),
+        IncidentEvent::Escalated {
+            verdict,
+            rule,
+            reason,
+        } => tracing::warn!(
+            incident_id,
+            action = verdict.as_str(),
+            rule = rule.as_str(),
+            "incident escalated: {reason}"
+        ),
+        IncidentEvent::ActionStarted { order, dry_run } => tracing::warn!(
+            incident_id,
+            action_id = order.id.0,
+            action = order.command.name(),
+            attempt = order.attempt,
+            dry_run,
+            "action started"
+        ),
+        IncidentEvent::ActionFinished { outcome } => tracing::info!(
+            incident_id,
+            action_id = outcome.action.0,
+            status = ?outcome.status,
+            request_ids = ?outcome.request_ids,
+            "action finished: {}",
+            outcome.detail
+        ),
+        IncidentEvent::DeadlineMissed { action, escalation } => tracing::error!(
+            incident_id,
+            action_id = action.0,
+            "deadline missed: {escalation}"
+        ),
+        IncidentEvent::Note { text } => tracing::info!(incident_id, "{text}"),
+        IncidentEvent::Closed { state, summary } => tracing::warn!(
+            incident_id,
+            state = state.as_str(),
+            "incident closed: {summary}"
+        ),
+    }
+}
