@@ -20,7 +20,7 @@ struct StatusView<'a> {
     /// When the daemon last saved its state.
     updated_at: Option<Timestamp>,
     node_phase: &'a str,
-    mps: &'a str,
+    mps_phase: &'a str,
     #[serde(flatten)]
     state: &'a State,
 }
@@ -43,7 +43,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         print_json(&StatusView {
             updated_at,
             node_phase: state.node.as_str(),
-            mps: state.mps.phase.as_str(),
+            mps_phase: state.mps.phase.as_str(),
             state: &state,
         });
         return Ok(exit::OK);

@@ -1,0 +1,472 @@
+//! The command-line contract, through the real binary: every command, its JSON, its exit
+//! codes, and every bad-input path (malformed config, unknown key, bad duration, bad policy,
+//! torn journal line, unknown incident id).
+
+use std::path::{Path, PathBuf};
+use std::process::Command as StdCommand;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn default_policy() -> PathBuf {
+    repo().join("policies/default.toml")
+}
+
+fn gm() -> Command {
+    let mut c = Command::cargo_bin("gpu-medic").unwrap();
+    c.env_remove("GPU_MEDIC_CONFIG");
+    c
+}
+
+/// A config in a temp dir with its own state dir; probes that need hardware are off.
+fn config(dir: &Path, extra: &str) -> PathBuf {
+    let p = dir.join("config.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n{extra}",
+            default_policy().display()
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn json_lines(out: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+#[test]
+fn version_and_help_name_the_exit_codes() {
+    gm().arg("--version")
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with("gpu-medic "));
+    gm().arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("78 configuration or policy error"));
+}
+
+#[test]
+fn explain_xid_79_says_replace() {
+    let out = gm()
+        .args(["policy", "explain", "--xid", "79", "--json", "--policy"])
+        .arg(default_policy())
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["action"], "replace");
+    assert_eq!(v["signal"], "xid 79");
+    assert!(v["rule"].as_str().unwrap().len() > 3);
+    assert!(v["reason"].as_str().unwrap().len() > 10);
+}
+
+#[test]
+fn explain_xid_13_is_not_a_drain_and_works_with_the_built_in_policy() {
+    let out = gm()
+        .args(["policy", "explain", "--xid", "13", "--json"])
+        .current_dir(std::env::temp_dir())
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v = &json_lines(&out)[0];
+    let action = v["action"].as_str().unwrap();
+    assert!(action != "drain" && action != "replace", "{v}");
+}
+
+/// Every XID in research/gpu-health.md §1 (table and bucket lists) has a deliberate rule,
+/// never the catch-all.
+#[test]
+fn every_catalog_xid_has_a_deliberate_rule() {
+    let catalog: Vec<u32> = [
+        8, 13, 31, 32, 38, 43, 45, 46, 48, 54, 56, 57, 58, 61, 62, 63, 64, 68, 69, 73, 74, 79, 92,
+        94, 95, 109, 110, 119, 120, 121, 122, 123, 136, 137, 140, 143, 144, 145, 146, 147, 148,
+        149, 150, 151, 154, 155, 156, 157, 158, 159, // table
+        37, 44, 66, 67, 93, 106, 107, 141, 152, 153, 160, 161, // IGNORE bucket
+        11, 25, 39, 40, 41, 60, 70, 71, 72, 75, 76, 77, 80, 82, 83, 84, 85, 86, 88, 89, 96, 97,
+        98, 99, 100, 101, 102, 103, 104, 105, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135,
+        139, // RESTART_APP bucket
+        78, // UPDATE_SWFW
+    ]
+    .to_vec();
+    let catch_all = {
+        let out = gm()
+            .args(["policy", "explain", "--xid", "999999", "--json", "--policy"])
+            .arg(default_policy())
+            .output()
+            .unwrap();
+        json_lines(&out.stdout)[0]["rule"].as_str().unwrap().to_string()
+    };
+    let mut missing = vec![];
+    for x in catalog {
+        let out = gm()
+            .args(["policy", "explain", "--xid", &x.to_string(), "--json", "--policy"])
+            .arg(default_policy())
+            .output()
+            .unwrap();
+        let v = &json_lines(&out.stdout)[0];
+        if v["rule"] == catch_all.as_str() {
+            missing.push(x);
+        }
+    }
+    assert!(missing.is_empty(), "XIDs left to the catch-all: {missing:?}");
+}
+
+#[test]
+fn explain_a_named_signal_and_reject_unknown_ones() {
+    gm().args(["policy", "explain", "--signal", "mps-down", "--policy"])
+        .arg(default_policy())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("mps-down -> restart-mps"));
+    gm().args(["policy", "explain", "--signal", "gpu-melted", "--policy"])
+        .arg(default_policy())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("unknown signal `gpu-melted`"));
+}
+
+#[test]
+fn policy_check_accepts_the_shipped_policies() {
+    for f in ["default.toml", "observe-only.toml"] {
+        gm().args(["policy", "check"])
+            .arg(repo().join("policies").join(f))
+            .assert()
+            .success()
+            .stdout(predicate::str::contains(": ok:"));
+    }
+}
+
+#[test]
+fn a_bad_policy_exits_78_with_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.toml");
+    std::fs::write(
+        &p,
+        "version = 1\n\n[[rule]]\nname = \"x\"\nsignal = \"xid\"\nxids = [79]\naction = \"explode\"\nreason = \"r\"\n",
+    )
+    .unwrap();
+    gm().args(["policy", "check"])
+        .arg(&p)
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains(format!("{}:7:", p.display())))
+        .stderr(predicate::str::contains("explode"));
+    // A semantic error (an XID judged twice) also names the line.
+    std::fs::write(
+        &p,
+        "[[rule]]\nname = \"a\"\nsignal = \"xid\"\nxids = [79]\naction = \"log\"\nreason = \"r\"\n[[rule]]\nname = \"b\"\nsignal = \"xid\"\nxids = [48, 79]\naction = \"log\"\nreason = \"r\"\n",
+    )
+    .unwrap();
+    gm().args(["policy", "check"])
+        .arg(&p)
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains(format!("{}:10:", p.display())))
+        .stderr(predicate::str::contains("XID 79 is already judged by rule `a`"));
+}
+
+#[test]
+fn config_errors_exit_78_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("dry_run = true\n[mps\n", 2, "malformed"),
+        ("dry_run = true\n[mps]\nprobe_intervl = \"5s\"\n", 3, "probe_intervl"),
+        ("[nvml]\npoll_interval = \"ten seconds\"\n", 2, "ten seconds"),
+        ("state_dir = 5\n", 1, "string"),
+    ];
+    for (text, line, needle) in cases {
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, text).unwrap();
+        let assert = gm().args(["status", "--config"]).arg(&p).assert().code(78);
+        let err = String::from_utf8_lossy(&assert.get_output().stderr).to_string();
+        assert!(
+            err.contains(&format!("{}:{line}:", p.display())),
+            "{text:?}: {err}"
+        );
+        if needle != "malformed" {
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+    }
+    gm().args(["check", "--config", "/nonexistent/gpu-medic.toml"])
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("/nonexistent/gpu-medic.toml: cannot read config"));
+}
+
+#[test]
+fn the_shipped_config_reference_parses() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("packaging/config.toml"))
+        .unwrap()
+        .replace(
+            "/etc/gpu-medic/policies/default.toml",
+            &default_policy().display().to_string(),
+        )
+        .replace("/var/lib/gpu-medic", &dir.path().join("s").display().to_string());
+    let p = dir.path().join("config.toml");
+    std::fs::write(&p, text).unwrap();
+    // Parses (a missing state.json is "not found", not a config error).
+    gm().args(["status", "--config"]).arg(&p).assert().code(3);
+}
+
+const INPUTS: &str = r#"{"at":"2026-11-30T03:00:00.000Z","input":"observation","signal":{"kind":"xid","code":13},"gpu":{"index":2,"uuid":"GPU-2","pci_bus_id":"00000000:12:00.0"}}
+{"at":"2026-11-30T03:00:01.000Z","input":"observation","signal":{"kind":"xid","code":79},"gpu":{"index":0,"uuid":"GPU-0","pci_bus_id":"00000000:10:00.0"}}
+{"at":"2026-11-30T03:00:02.000Z","input":"outcome","action":1,"status":"done","request_ids":["r-q"]}
+{"at":"2026-11-30T03:00:03.000Z","input":"tick"}
+"#;
+
+#[test]
+fn simulate_replays_a_recorded_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("inputs.jsonl");
+    std::fs::write(&p, INPUTS).unwrap();
+    let out = gm()
+        .args(["policy", "simulate", "--json", "--policy"])
+        .arg(default_policy())
+        .arg(&p)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let lines = json_lines(&out);
+    let executes: Vec<&str> = lines
+        .iter()
+        .filter(|v| v["type"] == "execute")
+        .map(|v| v["command"]["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(executes, vec!["quarantine", "drain"]);
+    let opened: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|v| v["event"] == "opened")
+        .map(|v| (v["verdict"].as_str().unwrap(), v["observation"]["signal"]["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(opened, vec![("log", "xid"), ("replace", "xid")]);
+    // Human form, and observe-only replays execute nothing.
+    gm().args(["policy", "simulate", "--observe-only", "--policy"])
+        .arg(default_policy())
+        .arg(&p)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("would start quarantine"))
+        .stdout(predicate::str::contains("execute").not());
+    gm().args(["policy", "simulate"])
+        .arg(dir.path().join("missing.jsonl"))
+        .assert()
+        .code(3);
+}
+
+fn write_journal(state_dir: &Path, body: &str) {
+    std::fs::create_dir_all(state_dir).unwrap();
+    std::fs::write(state_dir.join("incidents.jsonl"), body).unwrap();
+}
+
+/// Records as the engine writes them, produced by replaying INPUTS.
+fn recorded_journal() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("inputs.jsonl");
+    std::fs::write(&p, INPUTS).unwrap();
+    let out = gm()
+        .args(["policy", "simulate", "--json", "--policy"])
+        .arg(default_policy())
+        .arg(&p)
+        .output()
+        .unwrap();
+    let mut body = String::new();
+    for v in json_lines(&out.stdout) {
+        if v["type"] == "log" {
+            let mut v = v.clone();
+            v.as_object_mut().unwrap().remove("type");
+            body.push_str(&v.to_string());
+            body.push('\n');
+        }
+    }
+    body
+}
+
+#[test]
+fn incidents_list_show_and_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    write_journal(&dir.path().join("state"), &recorded_journal());
+    let out = gm()
+        .args(["incidents", "list", "--json", "--config"])
+        .arg(&cfg)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let list = json_lines(&out);
+    assert_eq!(list.len(), 2);
+    for key in ["id", "opened_at", "signal", "gpu", "action", "state"] {
+        assert!(list[1].get(key).is_some(), "missing {key}: {}", list[1]);
+    }
+    assert_eq!(list[0]["state"], "logged");
+    assert_eq!(list[1]["action"], "replace");
+    assert_eq!(list[1]["state"], "open");
+    assert_eq!(list[1]["gpu"]["uuid"], "GPU-0");
+    // Filters.
+    let open = gm()
+        .args(["incidents", "list", "--json", "--open", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(json_lines(&open.stdout).len(), 1);
+    let gpu2 = gm()
+        .args(["incidents", "list", "--json", "--gpu", "2", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(json_lines(&gpu2.stdout)[0]["signal"], "xid 13");
+    let recent = gm()
+        .args(["incidents", "list", "--json", "--since", "1h", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(json_lines(&recent.stdout).is_empty(), "recorded in the past");
+    gm().args(["incidents", "list", "--since", "yesterday-ish", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(2);
+    // Table and timeline for people.
+    gm().args(["incidents", "list", "--config"])
+        .arg(&cfg)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("xid-fallen-off-bus"));
+    gm().args(["incidents", "show", "2", "--config"])
+        .arg(&cfg)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("GPU 0 (GPU-0, 00000000:10:00.0)"))
+        .stdout(predicate::str::contains("started quarantine"))
+        .stdout(predicate::str::contains("requests: r-q"));
+    let show = gm()
+        .args(["incidents", "show", "2", "--json", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(json_lines(&show.stdout)[0]["id"], 2);
+}
+
+#[test]
+fn unknown_incident_id_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    gm().args(["incidents", "show", "42", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("no incident 42"));
+}
+
+#[test]
+fn a_torn_journal_line_is_skipped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let mut body = recorded_journal();
+    body.push_str(r#"{"at":"2026-11-30T03:00:09.000Z","incident":3,"event":"ope"#);
+    write_journal(&dir.path().join("state"), &body);
+    let out = gm()
+        .args(["incidents", "list", "--json", "--config"])
+        .arg(&cfg)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("torn last record"))
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(json_lines(&out).len(), 2);
+}
+
+#[test]
+fn check_without_probes_cannot_tell() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let out = gm()
+        .args(["check", "--json", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(2)
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(json_lines(&out)[0]["verdict"], "unknown");
+}
+
+#[test]
+fn status_without_a_daemon_is_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    gm().args(["status", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("no state yet"));
+}
+
+#[test]
+fn run_stops_gracefully_on_sigterm_and_leaves_state_for_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let bin = assert_cmd::cargo::cargo_bin("gpu-medic");
+    let child = StdCommand::new(bin)
+        .args(["run", "--log-format", "json", "--config"])
+        .arg(&cfg)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state = dir.path().join("state/state.json");
+    let start = std::time::Instant::now();
+    while !state.exists() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(state.exists(), "daemon wrote no state");
+    // SAFETY: sending a signal to our own child process by its pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("state saved"), "{log}");
+    assert!(log.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()), "{log}");
+    let st = gm()
+        .args(["status", "--json", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let v = &json_lines(&st.stdout)[0];
+    assert_eq!(v["node_phase"], "in-service");
+    assert_eq!(v["mps_phase"], "up");
+}
+
+#[test]
+fn run_refuses_a_bad_policy_before_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("p.toml");
+    std::fs::write(&bad, "[engine]\nobserve_only = \"yes\"\n").unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, format!("policy = \"{}\"\nstate_dir = \"s\"\n", bad.display())).unwrap();
+    gm().args(["run", "--config"])
+        .arg(&cfg)
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains(format!("{}:2:", bad.display())));
+}
