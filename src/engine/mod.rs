@@ -13,8 +13,8 @@
 mod state;
 
 pub use state::{
-    Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, Remediation,
-    Scheduled, State, Step,
+    Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
+    Remediation, Scheduled, State, Step,
 };
 
 use std::time::Duration;
@@ -32,6 +32,11 @@ pub const RULE_MPS_BUDGET: &str = "mps-restart-budget";
 pub const RULE_LIFECYCLE_TERMINATE: &str = "lifecycle-terminate";
 /// The rule name recorded for a signal kind the policy has no rule for.
 pub const RULE_NONE: &str = "no-rule";
+/// A log-only finding that repeats within this window (same rule, same GPU, same XID) opens
+/// no new incident; the next incident says how many repeats there were.
+pub const LOG_REPEAT_WINDOW: Duration = Duration::from_secs(600);
+/// Bound on the distinct signals kept in one incident's timeline.
+const MAX_ATTACHED_PER_INCIDENT: usize = 64;
 
 /// Advances the engine by one input.
 pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (State, Vec<Action>) {
@@ -85,6 +90,11 @@ impl Cx<'_> {
                 gpu: obs.gpu.as_ref().map(|g| g.index),
             },
         );
+        self.st
+            .attached
+            .entry(id)
+            .or_default()
+            .insert(attach_key(obs));
         self.record(
             id,
             IncidentEvent::Opened {
@@ -107,6 +117,22 @@ impl Cx<'_> {
                 },
             );
         }
+    }
+
+    /// Adds a signal to an incident's timeline, once per distinct signal and GPU: a fault
+    /// that a probe reports on every poll does not flood the journal.
+    fn attach(&mut self, id: IncidentId, obs: &Observation) {
+        let key = attach_key(obs);
+        let seen = self.st.attached.entry(id).or_default();
+        if seen.len() >= MAX_ATTACHED_PER_INCIDENT || !seen.insert(key) {
+            return;
+        }
+        self.record(
+            id,
+            IncidentEvent::Signal {
+                observation: obs.clone(),
+            },
+        );
     }
 
     fn note(&mut self, id: IncidentId, text: impl Into<String>) {
@@ -264,10 +290,33 @@ impl Cx<'_> {
         if self.st.sightings.get(&key).is_none_or(|v| v.is_empty()) {
             self.st.sightings.remove(&key);
         }
-        self.dispatch(obs, verdict, &rule_name, &reason);
+        if verdict == Verdict::Log && self.log_is_repeat(&key) {
+            return;
+        }
+        self.dispatch(obs, verdict, &rule_name, &reason, &key);
     }
 
-    fn dispatch(&mut self, obs: Observation, verdict: Verdict, rule: &str, reason: &str) {
+    /// Whether a log-only finding repeats one recorded within `LOG_REPEAT_WINDOW`; repeats
+    /// are counted and mentioned by the next incident of that rule and target.
+    fn log_is_repeat(&mut self, key: &str) -> bool {
+        let now = self.now;
+        match self.st.recent_logs.get_mut(key) {
+            Some(r) if now.since(r.at) < LOG_REPEAT_WINDOW => {
+                r.repeats += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        obs: Observation,
+        verdict: Verdict,
+        rule: &str,
+        reason: &str,
+        key: &str,
+    ) {
         // A GPU already judged at least this severely: the signal joins its incident.
         if let Some(gpu) = &obs.gpu
             && let Some(h) = self.st.gpus.get(&gpu.index)
@@ -275,13 +324,32 @@ impl Cx<'_> {
             && h.verdict >= verdict
             && let Some(id) = h.incident
         {
-            self.record(id, IncidentEvent::Signal { observation: obs });
+            self.attach(id, &obs);
             return;
         }
         match verdict {
             Verdict::Ignore => {}
             Verdict::Log => {
                 let id = self.open(&obs, rule, reason, verdict);
+                if let Some(prev) = self.st.recent_logs.remove(key)
+                    && prev.repeats > 0
+                {
+                    self.note(
+                        id,
+                        format!(
+                            "{} repeats after incident {} were recorded only as inputs",
+                            prev.repeats, prev.incident
+                        ),
+                    );
+                }
+                self.st.recent_logs.insert(
+                    key.to_string(),
+                    RecentLog {
+                        incident: id,
+                        at: self.now,
+                        repeats: 0,
+                    },
+                );
                 self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
             }
             Verdict::RestartMps => self.mps_request(&obs, rule, reason),
@@ -337,7 +405,7 @@ impl Cx<'_> {
             return;
         };
         if let Some(id) = self.st.gpu_jobs.get(&gpu.index).copied() {
-            self.record(id, IncidentEvent::Signal { observation: obs });
+            self.attach(id, &obs);
             return;
         }
         let id = self.open(&obs, rule, reason, Verdict::StopTasks);
@@ -362,12 +430,7 @@ impl Cx<'_> {
     fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
         if let Some(id) = self.st.mps.incident {
             // Already being handled (restart in flight or scheduled, failed, or observed).
-            self.record(
-                id,
-                IncidentEvent::Signal {
-                    observation: obs.clone(),
-                },
-            );
+            self.attach(id, obs);
             return;
         }
         let id = self.open(obs, rule, reason, Verdict::RestartMps);
@@ -433,12 +496,7 @@ impl Cx<'_> {
                     "MPS daemon answers again; the node remediation continues",
                 );
             } else if self.st.open.contains_key(&id) {
-                self.record(
-                    id,
-                    IncidentEvent::Signal {
-                        observation: obs.clone(),
-                    },
-                );
+                self.attach(id, obs);
                 self.close(
                     id,
                     IncidentState::Resolved,
@@ -452,12 +510,7 @@ impl Cx<'_> {
 
     fn node_remediate(&mut self, obs: Observation, verdict: Verdict, rule: &str, reason: &str) {
         if let Some(rem) = self.st.remediation {
-            self.record(
-                rem.incident,
-                IncidentEvent::Signal {
-                    observation: obs.clone(),
-                },
-            );
+            self.attach(rem.incident, &obs);
             if let Some(gpu) = &obs.gpu {
                 self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(rem.incident));
             }
@@ -474,23 +527,32 @@ impl Cx<'_> {
             }
             return;
         }
-        match self.st.node {
-            NodePhase::Replaced | NodePhase::Terminating | NodePhase::Terminated => {
-                let id = self.open(&obs, rule, reason, verdict);
-                let phase = self.st.node.as_str();
-                self.close(
-                    id,
-                    IncidentState::Logged,
-                    format!("node is already {phase}; nothing more to do"),
-                );
-                return;
+        let finished = match self.st.node {
+            NodePhase::Replaced | NodePhase::Terminating | NodePhase::Terminated => true,
+            NodePhase::Drained => verdict == Verdict::Drain,
+            _ => false,
+        };
+        if finished {
+            // The node is already out of service: the signal joins the last node incident.
+            match self.st.node_incident {
+                Some(last) => {
+                    self.attach(last, &obs);
+                    if let Some(gpu) = &obs.gpu {
+                        self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(last));
+                    }
+                }
+                None => {
+                    let id = self.open(&obs, rule, reason, verdict);
+                    let phase = self.st.node.as_str();
+                    self.close(
+                        id,
+                        IncidentState::Logged,
+                        format!("node is already {phase}; nothing more to do"),
+                    );
+                    self.st.node_incident = Some(id);
+                }
             }
-            NodePhase::Drained if verdict == Verdict::Drain => {
-                let id = self.open(&obs, rule, reason, verdict);
-                self.close(id, IncidentState::Logged, "node is already drained");
-                return;
-            }
-            _ => {}
+            return;
         }
         let id = self.open(&obs, rule, reason, verdict);
         if let Some(gpu) = &obs.gpu {
@@ -549,6 +611,7 @@ impl Cx<'_> {
             goal,
             step,
         });
+        self.st.node_incident = Some(incident);
         self.start_step(incident, step, 1);
     }
 
@@ -683,12 +746,7 @@ impl Cx<'_> {
         let previous = self.st.node;
         self.st.node = NodePhase::Terminating;
         if let Some(rem) = self.st.remediation {
-            self.record(
-                rem.incident,
-                IncidentEvent::Signal {
-                    observation: obs.clone(),
-                },
-            );
+            self.attach(rem.incident, obs);
             self.note(
                 rem.incident,
                 "Auto Scaling is terminating the instance: finish draining, then complete the hook",
@@ -720,6 +778,7 @@ impl Cx<'_> {
             goal: Goal::Terminate,
             step,
         });
+        self.st.node_incident = Some(id);
         self.start_step(id, step, 1);
     }
 
@@ -878,6 +937,18 @@ impl Cx<'_> {
         for s in due {
             self.reissue(s);
         }
+        self.st
+            .recent_logs
+            .retain(|_, r| now.since(r.at) < LOG_REPEAT_WINDOW || r.repeats > 0);
+        let keep: std::collections::BTreeSet<IncidentId> = self
+            .st
+            .open
+            .keys()
+            .copied()
+            .chain(self.st.gpus.values().filter_map(|g| g.incident))
+            .chain(self.st.node_incident)
+            .collect();
+        self.st.attached.retain(|id, _| keep.contains(id));
         let longest = self.longest_window();
         self.st.sightings.retain(|_, seen| {
             seen.retain(|t| now.since(*t) <= longest);
@@ -927,6 +998,14 @@ impl Cx<'_> {
             .max()
             .unwrap_or_default()
     }
+}
+
+fn attach_key(obs: &Observation) -> String {
+    let gpu = obs
+        .gpu
+        .as_ref()
+        .map_or("node".to_string(), |g| g.index.to_string());
+    format!("{}@{gpu}", obs.signal)
 }
 
 /// What a sighting counts against: a GPU, the MPS daemon, or the node.

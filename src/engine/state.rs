@@ -27,6 +27,22 @@ pub struct State {
     pub sightings: BTreeMap<String, Vec<Timestamp>>,
     /// Incidents not yet closed.
     pub open: BTreeMap<IncidentId, OpenIncident>,
+    /// The last node remediation's incident; signals after it joins it.
+    #[serde(default)]
+    pub node_incident: Option<IncidentId>,
+    /// Signals already in each incident's timeline (see `attach`).
+    #[serde(default)]
+    pub attached: BTreeMap<IncidentId, std::collections::BTreeSet<String>>,
+    /// The last log-only incident per `rule@target`, for repeat suppression.
+    #[serde(default)]
+    pub recent_logs: BTreeMap<String, RecentLog>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecentLog {
+    pub incident: IncidentId,
+    pub at: Timestamp,
+    pub repeats: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

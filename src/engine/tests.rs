@@ -410,6 +410,60 @@ fn state_survives_a_json_round_trip_mid_remediation() {
     assert_eq!(d.command, Command::Drain);
 }
 
+#[test]
+fn repeats_of_a_logged_finding_do_not_flood_the_journal() {
+    let mut r = Run::new(default_policy());
+    for _ in 0..3 {
+        r.feed(xid(0, 13));
+        r.advance(Duration::from_secs(60));
+    }
+    assert_eq!(r.closed().len(), 1);
+    r.advance(LOG_REPEAT_WINDOW);
+    r.feed(xid(0, 13));
+    assert_eq!(r.closed().len(), 2);
+    assert!(r.actions.iter().any(|a| matches!(
+        a,
+        Action::Log(Record { event: IncidentEvent::Note { text }, .. }) if text.starts_with("2 repeats")
+    )));
+}
+
+#[test]
+fn a_fault_reported_on_every_poll_appears_once_in_its_incident() {
+    let mut r = Run::new(default_policy());
+    let lost = || Input::Observation(Observation::new(Signal::GpuLost).on_gpu(gpu(1)));
+    let mut orders = 0;
+    for _ in 0..5 {
+        orders += Run::orders(&r.feed(lost())).len();
+        r.advance(Duration::from_secs(10));
+    }
+    assert_eq!(orders, 1);
+    let signals = r
+        .actions
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::Log(Record {
+                    event: IncidentEvent::Signal { .. },
+                    ..
+                })
+            )
+        })
+        .count();
+    assert_eq!(signals, 0, "the opening record already names the signal");
+    // Once the node is replaced, later signals join that incident instead of opening new ones.
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(q.id)));
+    let rep = Run::only_order(&r.feed(done(d.id)));
+    r.feed(done(rep.id));
+    for _ in 0..3 {
+        assert!(Run::orders(&r.feed(lost())).is_empty());
+    }
+    assert_eq!(r.st.next_incident, 1);
+    assert_eq!(r.st.gpus[&1].incident, Some(IncidentId(1)));
+}
+
 // ---- properties ----
 
 #[derive(Debug, Clone)]
