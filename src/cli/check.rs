@@ -1,10 +1,14 @@
 //! `gpu-medic check`: a one-shot health verdict from every enabled probe, judged by the
 //! policy. Exit 0 healthy, 1 unhealthy, 2 could not tell. `--json` is for the launch gate.
+//!
+//! A finding fails the check when the policy would restart MPS or take the node out of
+//! service for it; debounce windows do not apply to a one-shot look.
 
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json, resolve_policy};
-use crate::model::{Observation, Verdict};
+use crate::model::{GpuId, Observation, Verdict};
+use crate::policy::Policy;
 use crate::probe;
 
 #[derive(Debug, clap::Args)]
@@ -19,17 +23,18 @@ pub struct CheckArgs {
 pub struct Finding {
     pub signal: String,
     pub gpu: Option<u32>,
+    pub value: u64,
     pub action: String,
     pub rule: String,
     pub detail: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct CheckReport {
-    /// `healthy`, `unhealthy` or `unknown`.
-    pub verdict: &'static str,
-    pub probes: Vec<ProbeResult>,
-    pub findings: Vec<Finding>,
+pub struct GpuHealthLine {
+    #[serde(flatten)]
+    pub gpu: GpuId,
+    /// `ok` or `faulty`.
+    pub health: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -38,82 +43,150 @@ pub struct ProbeResult {
     pub ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CheckReport {
+    /// `healthy`, `unhealthy` or `unknown`.
+    pub verdict: &'static str,
+    pub gpus: Vec<GpuHealthLine>,
+    pub findings: Vec<Finding>,
+    pub probes: Vec<ProbeResult>,
+}
+
+/// Runs every enabled snapshot probe and judges what they saw.
+pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
+    let mut probes = Vec::new();
+    let mut seen: Vec<Observation> = Vec::new();
+    let mut gpus: Vec<GpuId> = Vec::new();
+    for p in probe::snapshot_probes(cfg).iter_mut() {
+        match p.snapshot() {
+            Ok(r) => {
+                probes.push(ProbeResult {
+                    probe: p.name(),
+                    ok: r.problems.is_empty(),
+                    error: None,
+                    problems: r.problems,
+                });
+                seen.extend(r.observations);
+                gpus.extend(r.gpus);
+            }
+            Err(e) => probes.push(ProbeResult {
+                probe: p.name(),
+                ok: false,
+                error: Some(e.to_string()),
+                problems: vec![],
+            }),
+        }
+    }
+    let mut findings = Vec::new();
+    for o in &seen {
+        let Some(rule) = policy.rule_for(&o.signal, o.value) else {
+            continue;
+        };
+        if rule.action == Verdict::Ignore {
+            continue;
+        }
+        findings.push(Finding {
+            signal: o.signal.to_string(),
+            gpu: o.gpu.as_ref().map(|g| g.index),
+            value: o.value,
+            action: rule.action.as_str().to_string(),
+            rule: rule.name.clone(),
+            detail: o.detail.clone(),
+        });
+        if let Some(g) = &o.gpu
+            && !gpus.iter().any(|x| x.index == g.index)
+        {
+            gpus.push(g.clone());
+        }
+    }
+    let fails = |f: &Finding| {
+        matches!(
+            f.action.as_str(),
+            "restart-mps" | "stop-tasks" | "drain" | "replace"
+        )
+    };
+    let unhealthy = findings.iter().any(fails);
+    let could_not_look = probes.is_empty() || probes.iter().any(|r| !r.ok);
+    let verdict = if unhealthy {
+        "unhealthy"
+    } else if could_not_look {
+        "unknown"
+    } else {
+        "healthy"
+    };
+    gpus.sort_by_key(|g| g.index);
+    let gpus = gpus
+        .into_iter()
+        .map(|g| {
+            let bad = findings.iter().any(|f| f.gpu == Some(g.index) && fails(f));
+            GpuHealthLine {
+                gpu: g,
+                health: if bad { "faulty" } else { "ok" },
+            }
+        })
+        .collect();
+    CheckReport {
+        verdict,
+        gpus,
+        findings,
+        probes,
+    }
 }
 
 pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     let cfg = a.config.load()?;
     let policy = resolve_policy(Some(&cfg.policy), None)?;
-    let mut probes = probe::snapshot_probes(&cfg);
-    let mut results = Vec::new();
-    let mut seen: Vec<Observation> = Vec::new();
-    for p in probes.iter_mut() {
-        match p.snapshot() {
-            Ok(obs) => {
-                results.push(ProbeResult {
-                    probe: p.name(),
-                    ok: true,
-                    error: None,
-                });
-                seen.extend(obs);
-            }
-            Err(e) => results.push(ProbeResult {
-                probe: p.name(),
-                ok: false,
-                error: Some(e.to_string()),
-            }),
-        }
-    }
-    let mut findings = Vec::new();
-    let mut unhealthy = false;
-    for o in &seen {
-        let Some(rule) = policy.rule_for(&o.signal, o.value) else {
-            continue;
-        };
-        if rule.action <= Verdict::Ignore {
-            continue;
-        }
-        // Anything that would take the node out of service, or restart MPS, fails the check.
-        unhealthy |= rule.action >= Verdict::RestartMps;
-        findings.push(Finding {
-            signal: o.signal.to_string(),
-            gpu: o.gpu.as_ref().map(|g| g.index),
-            action: rule.action.as_str().to_string(),
-            rule: rule.name.clone(),
-            detail: o.detail.clone(),
-        });
-    }
-    let could_not_look = results.is_empty() || results.iter().any(|r| !r.ok);
-    let (verdict, code) = if unhealthy {
-        ("unhealthy", exit::UNHEALTHY)
-    } else if could_not_look {
-        ("unknown", exit::UNKNOWN)
-    } else {
-        ("healthy", exit::OK)
-    };
-    let report = CheckReport {
-        verdict,
-        probes: results,
-        findings,
+    let report = examine(&cfg, &policy);
+    let code = match report.verdict {
+        "healthy" => exit::OK,
+        "unhealthy" => exit::UNHEALTHY,
+        _ => exit::UNKNOWN,
     };
     if a.json {
         print_json(&report);
-    } else {
-        println!("verdict: {}", report.verdict);
-        if report.probes.is_empty() {
+        return Ok(code);
+    }
+    println!("verdict: {}", report.verdict);
+    if !report.gpus.is_empty() {
+        println!("{:>3}  {:<42}  {:<16}  HEALTH", "GPU", "UUID", "PCI");
+        for g in &report.gpus {
             println!(
-                "  no probe is enabled in {}: nothing was checked",
-                a.config.config.display()
+                "{:>3}  {:<42}  {:<16}  {}",
+                g.gpu.index, g.gpu.uuid, g.gpu.pci_bus_id, g.health
             );
         }
-        for p in &report.probes {
-            match &p.error {
-                None => println!("  probe {}: ok", p.probe),
-                Some(e) => println!("  probe {}: could not look: {e}", p.probe),
+    }
+    for f in &report.findings {
+        let gpu = f.gpu.map(|g| format!("GPU {g}: ")).unwrap_or_default();
+        let detail = f
+            .detail
+            .as_deref()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default();
+        println!(
+            "  {gpu}{}{detail} -> {} (rule `{}`)",
+            f.signal, f.action, f.rule
+        );
+    }
+    if report.probes.is_empty() {
+        println!(
+            "  no probe is enabled in {}: nothing was checked",
+            a.config.config.display()
+        );
+    }
+    for p in &report.probes {
+        match &p.error {
+            Some(e) => println!("  probe {}: could not look: {e}", p.probe),
+            None if p.problems.is_empty() => println!("  probe {}: ok", p.probe),
+            None => {
+                for problem in &p.problems {
+                    println!("  probe {}: {problem}", p.probe);
+                }
             }
-        }
-        for f in &report.findings {
-            let gpu = f.gpu.map(|g| format!(" on GPU {g}")).unwrap_or_default();
-            println!("  {}{gpu}: {} (rule `{}`)", f.signal, f.action, f.rule);
         }
     }
     Ok(code)

@@ -66,7 +66,11 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone())?;
-        let supervisor = Supervisor::new(cfg, policy, Arc::new(NoRemedy));
+        let sources = crate::probe::sources(&cfg);
+        let mut supervisor = Supervisor::new(cfg, policy, Arc::new(NoRemedy));
+        for s in sources {
+            supervisor.add_source(s);
+        }
         supervisor
             .run(shutdown, || {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);

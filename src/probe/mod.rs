@@ -1,15 +1,31 @@
 //! Senses: each probe turns part of the world into `Observation`s. A probe never decides
 //! anything; it reports what it saw, and degrades to an observation or a warning (never a
 //! panic) when its source is missing.
+//!
+//! - [`nvml`]: the GPUs (events and counters).
+//! - [`tasks`]: which ECS task a process belongs to.
+
+pub mod nvml;
+pub mod tasks;
 
 use crate::config::Config;
-use crate::model::Observation;
+use crate::model::{GpuId, Observation};
+use crate::supervisor::Source;
 
 /// A probe that can also answer once, for `gpu-medic check` and the launch gate.
 pub trait Snapshot {
     fn name(&self) -> &'static str;
-    /// What the probe sees right now. `Err` means it could not look.
-    fn snapshot(&mut self) -> Result<Vec<Observation>, ProbeError>;
+    /// What the probe sees right now. `Err` means it could not look at all.
+    fn snapshot(&mut self) -> Result<SnapshotReport, ProbeError>;
+}
+
+#[derive(Debug, Default)]
+pub struct SnapshotReport {
+    pub observations: Vec<Observation>,
+    /// Parts it could not read (a counter that failed unexpectedly).
+    pub problems: Vec<String>,
+    /// The GPUs it saw.
+    pub gpus: Vec<GpuId>,
 }
 
 /// Why a probe could not look. `retryable` says whether looking again may succeed.
@@ -23,6 +39,18 @@ pub struct ProbeError {
 
 /// The one-shot probes enabled by `cfg`.
 pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
-    let _ = cfg;
-    Vec::new()
+    let mut out: Vec<Box<dyn Snapshot>> = Vec::new();
+    if cfg.nvml.enabled {
+        out.push(Box::new(nvml::NvmlSnapshot::new(cfg.nvml.clone())));
+    }
+    out
+}
+
+/// The continuous probes enabled by `cfg`, for `gpu-medic run`.
+pub fn sources(cfg: &Config) -> Vec<Box<dyn Source>> {
+    let mut out: Vec<Box<dyn Source>> = Vec::new();
+    if cfg.nvml.enabled {
+        out.push(Box::new(nvml::NvmlSource::new(cfg.nvml.clone())));
+    }
+    out
 }

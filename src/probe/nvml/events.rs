@@ -1,0 +1,280 @@
+//! The event watcher: a dedicated blocking thread waiting on an NVML event set for critical
+//! XIDs, double-bit ECC errors and the driver's recovery action, forwarding each as an
+//! observation within milliseconds. It waits with a timeout so it notices shutdown, names the
+//! GPU that was lost when a wait says GPU_IS_LOST, recreates the set after UNKNOWN, and
+//! backs off instead of busy-looping when NVML keeps failing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::error::NvmlError;
+use tokio::sync::mpsc;
+
+use super::poll::{SharedState, lock};
+use super::raw::{self, EVENT_DOUBLE_BIT_ECC, EVENT_RECOVERY_ACTION, EVENT_XID, EventSet, Wait};
+use crate::model::{Observation, RecoveryAction, Signal};
+
+/// How long one wait blocks before checking for shutdown.
+pub const WAIT_MS: u32 = 1000;
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+pub struct Watcher {
+    pub nvml: Arc<Nvml>,
+    pub shared: SharedState,
+    pub tx: mpsc::Sender<Observation>,
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Watcher {
+    fn send(&self, obs: Observation) -> bool {
+        self.tx.blocking_send(obs).is_ok()
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Sleeps up to `d`, waking early on shutdown.
+    fn pause(&self, d: Duration) {
+        let step = Duration::from_millis(100);
+        let mut left = d;
+        while !self.stopped() && !left.is_zero() {
+            let s = left.min(step);
+            std::thread::sleep(s);
+            left -= s;
+        }
+    }
+
+    /// Runs until `stop` is set or the receiver is gone.
+    pub fn run(self) {
+        let mut lost: BTreeSet<u32> = BTreeSet::new();
+        let mut unknown_in_a_row: u64 = 0;
+        let mut warned: BTreeSet<String> = BTreeSet::new();
+        while !self.stopped() {
+            let set = match self.build_set(&lost, &mut warned) {
+                Ok(Some(s)) => s,
+                Ok(None) => {
+                    // Nothing to watch (no GPU supports events, or all are lost): poll only.
+                    self.pause(MAX_BACKOFF);
+                    continue;
+                }
+                Err(e) => {
+                    if warned.insert(format!("create:{e}")) {
+                        tracing::warn!(probe = "nvml", "cannot create an NVML event set: {e}");
+                    }
+                    self.pause(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            loop {
+                if self.stopped() {
+                    return;
+                }
+                match set.wait(WAIT_MS) {
+                    Wait::Timeout => {}
+                    Wait::Event(ev) => {
+                        unknown_in_a_row = 0;
+                        if !self.forward(ev) {
+                            return;
+                        }
+                    }
+                    Wait::Error(NvmlError::GpuLost) => {
+                        let newly = self.find_lost(&mut lost);
+                        if newly == 0 {
+                            // NVML says lost but every GPU answers: do not spin.
+                            self.pause(Duration::from_secs(1));
+                        }
+                        break; // rebuild without the lost GPUs
+                    }
+                    Wait::Error(NvmlError::Unknown) => {
+                        unknown_in_a_row += 1;
+                        let obs = Observation::new(Signal::NvmlEventUnknown)
+                            .with_value(unknown_in_a_row)
+                            .with_detail(
+                                "NVML event wait returned UNKNOWN; the event set was recreated",
+                            )
+                            .from_source("nvml");
+                        if !self.send(obs) {
+                            return;
+                        }
+                        let backoff = Duration::from_secs(unknown_in_a_row.min(30));
+                        self.pause(backoff);
+                        break;
+                    }
+                    Wait::Error(e) => {
+                        if warned.insert(format!("wait:{e}")) {
+                            tracing::warn!(probe = "nvml", "NVML event wait failed: {e}");
+                        }
+                        self.pause(Duration::from_secs(1));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates a set registered on every GPU that is not lost, for the supported types.
+    fn build_set(
+        &self,
+        lost: &BTreeSet<u32>,
+        warned: &mut BTreeSet<String>,
+    ) -> Result<Option<EventSet<'_>>, NvmlError> {
+        let set = EventSet::create(&self.nvml)?;
+        let count = self.nvml.device_count()?;
+        let wanted = EVENT_XID | EVENT_DOUBLE_BIT_ECC | EVENT_RECOVERY_ACTION;
+        let mut registered = 0;
+        for index in (0..count).filter(|i| !lost.contains(i)) {
+            let device = match self.nvml.device_by_index(index) {
+                Ok(d) => d,
+                Err(e) => {
+                    if warned.insert(format!("handle:{index}:{e}")) {
+                        tracing::warn!(
+                            probe = "nvml",
+                            gpu_index = index,
+                            "no handle for events: {e}"
+                        );
+                    }
+                    continue;
+                }
+            };
+            let types = match set.supported(&device, wanted) {
+                Ok(t) => t,
+                Err(e) => {
+                    if warned.insert(format!("supported:{index}:{e}")) {
+                        tracing::warn!(
+                            probe = "nvml",
+                            gpu_index = index,
+                            "event types unknown ({e}); assuming XIDs only"
+                        );
+                    }
+                    EVENT_XID
+                }
+            };
+            if types == 0 {
+                if warned.insert(format!("none:{index}")) {
+                    tracing::warn!(
+                        probe = "nvml",
+                        gpu_index = index,
+                        "GPU supports none of the watched events; counters are still polled"
+                    );
+                }
+                continue;
+            }
+            match set.register(&device, types) {
+                Ok(()) => registered += 1,
+                Err(e) => {
+                    if warned.insert(format!("register:{index}:{e}")) {
+                        tracing::warn!(
+                            probe = "nvml",
+                            gpu_index = index,
+                            "cannot register events: {e}"
+                        );
+                    }
+                }
+            }
+        }
+        Ok((registered > 0).then_some(set))
+    }
+
+    /// Turns one event into an observation. Returns false when the receiver is gone.
+    fn forward(&self, ev: raw::Event) -> bool {
+        let Some(index) = self.index_of(ev.device) else {
+            tracing::warn!(
+                probe = "nvml",
+                event_type = ev.event_type,
+                "event from an unknown device"
+            );
+            return true;
+        };
+        let mut out = Vec::new();
+        if ev.event_type & EVENT_XID != 0 {
+            out.push(Observation::new(Signal::Xid {
+                code: ev.data as u32,
+            }));
+        }
+        if ev.event_type & EVENT_RECOVERY_ACTION != 0 {
+            match RecoveryAction::from_nvml(ev.data) {
+                Some(action) => out.push(Observation::new(Signal::RecoveryAction { action })),
+                None => tracing::warn!(
+                    probe = "nvml",
+                    gpu_index = index,
+                    value = ev.data,
+                    "unknown recovery action"
+                ),
+            }
+        }
+        if ev.event_type & EVENT_DOUBLE_BIT_ECC != 0
+            && let Some(obs) = self.ecc_delta(index)
+        {
+            out.push(obs);
+        }
+        let s = lock(&self.shared);
+        let annotated: Vec<Observation> = out.into_iter().map(|o| s.annotate(o, index)).collect();
+        drop(s);
+        annotated.into_iter().all(|o| self.send(o))
+    }
+
+    /// Reads the uncorrected counter right away so the error is reported now, once.
+    fn ecc_delta(&self, index: u32) -> Option<Observation> {
+        let device = self.nvml.device_by_index(index).ok()?;
+        let now = device
+            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .ok();
+        let mut s = lock(&self.shared);
+        let delta = match now {
+            Some(now) => now.saturating_sub(s.ecc_uncorrected.insert(index, now).unwrap_or(0)),
+            // The counter cannot be read: the event itself is the evidence of one error.
+            None => 1,
+        };
+        (delta > 0).then(|| {
+            Observation::new(Signal::EccUncorrected)
+                .with_value(delta)
+                .with_detail("double-bit ECC event")
+        })
+    }
+
+    fn index_of(&self, handle: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Option<u32> {
+        let count = self.nvml.device_count().ok()?;
+        (0..count).find(|i| {
+            self.nvml
+                .device_by_index(*i)
+                // SAFETY: comparing handle values only; nothing is dereferenced.
+                .map(|d| unsafe { d.handle() } == handle)
+                .unwrap_or(false)
+        })
+    }
+
+    /// Finds the GPUs that answer GPU_IS_LOST, reports each once. Returns how many are new.
+    fn find_lost(&self, lost: &mut BTreeSet<u32>) -> usize {
+        let count = self.nvml.device_count().unwrap_or(0);
+        let known: Vec<u32> = lock(&self.shared).gpus.keys().copied().collect();
+        let mut newly = 0;
+        for index in (0..count).chain(known) {
+            if lost.contains(&index) {
+                continue;
+            }
+            let gone = match self.nvml.device_by_index(index) {
+                Err(NvmlError::GpuLost) => true,
+                Ok(d) => matches!(d.uuid(), Err(NvmlError::GpuLost)),
+                Err(_) => false,
+            };
+            if gone {
+                lost.insert(index);
+                newly += 1;
+                let obs = lock(&self.shared).annotate(
+                    Observation::new(Signal::GpuLost)
+                        .with_detail("event wait returned GPU_IS_LOST"),
+                    index,
+                );
+                if !self.send(obs) {
+                    break;
+                }
+            }
+        }
+        newly
+    }
+}

@@ -1,0 +1,242 @@
+//! The GPUs, through NVML (`nvml-wrapper`, loaded from `[nvml] library`): an event watcher
+//! thread for XIDs, double-bit ECC and the driver's recovery action, and a poller for
+//! counters. Degrades, never crashes: a missing library or an unloaded driver becomes a
+//! `driver-not-loaded` observation (retried every poll), a missing symbol or NOT_SUPPORTED
+//! counter a one-time warning, an unexpected counter error a reported problem.
+
+mod events;
+mod poll;
+mod raw;
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use poll::{FIELD_RECOVERY_ACTION, PollReport, Poller, Shared, SharedState};
+
+use super::{ProbeError, Snapshot, SnapshotReport};
+use crate::config::NvmlConfig;
+use crate::model::{Observation, Signal};
+use crate::supervisor::Source;
+
+/// Why NVML could not be opened.
+pub enum OpenError {
+    /// The node cannot serve GPU tasks: the driver is not loaded, or its library is missing.
+    NoDriver(String),
+    /// Anything else (reported; the probe tries again).
+    Other(String),
+}
+
+/// Opens NVML from a library name or path.
+pub fn open(library: &str) -> Result<Nvml, OpenError> {
+    match Nvml::builder().lib_path(OsStr::new(library)).init() {
+        Ok(n) => Ok(n),
+        Err(NvmlError::DriverNotLoaded) => Err(OpenError::NoDriver(format!(
+            "NVML ({library}) says the NVIDIA driver is not loaded"
+        ))),
+        Err(NvmlError::LibloadingError(e)) => {
+            Err(OpenError::NoDriver(format!("cannot load {library}: {e}")))
+        }
+        Err(NvmlError::FailedToLoadSymbol(e)) => Err(OpenError::NoDriver(format!(
+            "{library} is not a usable NVML library: {e}"
+        ))),
+        Err(e) => Err(OpenError::Other(format!(
+            "NVML init ({library}) failed: {e}"
+        ))),
+    }
+}
+
+fn no_driver(detail: String) -> Observation {
+    Observation::new(Signal::DriverNotLoaded)
+        .with_detail(detail)
+        .from_source("nvml")
+}
+
+/// The continuous NVML probe for `gpu-medic run`.
+pub struct NvmlSource {
+    cfg: NvmlConfig,
+    proc_root: PathBuf,
+}
+
+impl NvmlSource {
+    pub fn new(cfg: NvmlConfig) -> Self {
+        NvmlSource {
+            cfg,
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl Source for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn run(
+        self: Box<Self>,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move { self.watch(tx, shutdown).await })
+    }
+}
+
+impl NvmlSource {
+    async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
+        let interval = self.cfg.poll_interval;
+        // One NVML call may hang on a broken GPU: a poll gets this long before it is abandoned.
+        let poll_deadline = interval.max(Duration::from_secs(5)) * 3;
+        let mut warned_other = false;
+        'open: loop {
+            let library = self.cfg.library.clone();
+            let opened = tokio::task::spawn_blocking(move || open(&library)).await;
+            let nvml = match opened {
+                Ok(Ok(n)) => Arc::new(n),
+                Ok(Err(OpenError::NoDriver(detail))) => {
+                    if tx.send(no_driver(detail)).await.is_err() {
+                        return;
+                    }
+                    if sleep_or_stop(&shutdown, interval).await {
+                        return;
+                    }
+                    continue 'open;
+                }
+                Ok(Err(OpenError::Other(msg))) => {
+                    if !warned_other {
+                        tracing::warn!(probe = "nvml", "{msg}; retrying");
+                        warned_other = true;
+                    }
+                    if sleep_or_stop(&shutdown, interval).await {
+                        return;
+                    }
+                    continue 'open;
+                }
+                Err(e) => {
+                    tracing::error!(probe = "nvml", "NVML open task failed: {e}");
+                    return;
+                }
+            };
+            tracing::info!(probe = "nvml", library = %self.cfg.library, "NVML opened");
+            let shared = SharedState::default();
+            let stop = Arc::new(AtomicBool::new(false));
+            let watcher = events::Watcher {
+                nvml: nvml.clone(),
+                shared: shared.clone(),
+                tx: tx.clone(),
+                stop: stop.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name("nvml-events".into())
+                .spawn(move || watcher.run());
+            if let Err(e) = &thread {
+                tracing::error!(
+                    probe = "nvml",
+                    "cannot start the event thread: {e}; polling only"
+                );
+            }
+            let mut poller = Some(Poller::new(self.cfg.expected_gpus, self.proc_root.clone()));
+            while let Some(mut p) = poller.take() {
+                let (n, s) = (nvml.clone(), shared.clone());
+                let job = tokio::task::spawn_blocking(move || {
+                    let report = p.poll(&n, &s);
+                    (p, report)
+                });
+                match tokio::time::timeout(poll_deadline, job).await {
+                    Ok(Ok((p, report))) => {
+                        poller = Some(p);
+                        for obs in report.observations {
+                            if tx.send(obs).await.is_err() {
+                                stop.store(true, Ordering::Relaxed);
+                                return;
+                            }
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(probe = "nvml", "poll task failed: {e}");
+                        poller = Some(Poller::new(self.cfg.expected_gpus, self.proc_root.clone()));
+                    }
+                    Err(_) => {
+                        // The blocked call keeps its thread; NVML is reopened with a new poller.
+                        tracing::error!(
+                            probe = "nvml",
+                            "an NVML poll did not return within {:?}; reopening NVML",
+                            poll_deadline
+                        );
+                        break;
+                    }
+                }
+                if sleep_or_stop(&shutdown, interval).await {
+                    break;
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            if let Ok(t) = thread {
+                let _ = tokio::task::spawn_blocking(move || t.join()).await;
+            }
+            if shutdown.is_cancelled() {
+                return;
+            }
+        }
+    }
+}
+
+/// Sleeps `d`; returns true if shutdown came first.
+async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => true,
+        _ = tokio::time::sleep(d) => false,
+    }
+}
+
+/// The one-shot NVML probe for `gpu-medic check`.
+pub struct NvmlSnapshot {
+    cfg: NvmlConfig,
+}
+
+impl NvmlSnapshot {
+    pub fn new(cfg: NvmlConfig) -> Self {
+        NvmlSnapshot { cfg }
+    }
+}
+
+impl Snapshot for NvmlSnapshot {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn snapshot(&mut self) -> Result<SnapshotReport, ProbeError> {
+        let nvml = match open(&self.cfg.library) {
+            Ok(n) => n,
+            Err(OpenError::NoDriver(detail)) => {
+                return Ok(SnapshotReport {
+                    observations: vec![no_driver(detail)],
+                    ..SnapshotReport::default()
+                });
+            }
+            Err(OpenError::Other(message)) => {
+                return Err(ProbeError {
+                    probe: "nvml",
+                    message,
+                    retryable: true,
+                });
+            }
+        };
+        let shared = SharedState::default();
+        let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
+        let report = poller.poll(&nvml, &shared);
+        Ok(SnapshotReport {
+            observations: report.observations,
+            problems: report.problems,
+            gpus: report.gpus,
+        })
+    }
+}

@@ -1,0 +1,341 @@
+//! The counter poller: ECC, row remapping, retired pages, the driver's recovery action,
+//! temperature, hardware slowdown, device count and MPS clients, read every poll interval.
+//!
+//! Contract with the engine: an abnormal *state* (a pending remap, a lost GPU, a hot GPU) is
+//! reported on every poll, so debounce windows can count it; a *counter* is reported as the
+//! increase since the last poll. The engine keeps repeats out of the journal.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::structs::device::FieldId;
+
+use super::raw;
+use crate::model::{GpuId, Observation, RecoveryAction, Signal};
+use crate::probe::tasks;
+
+/// NVML field id of the driver's recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
+pub const FIELD_RECOVERY_ACTION: u32 = 230;
+/// Temperatures at or above this are reported; the policy's thresholds decide.
+pub const HOT_CELSIUS: u64 = 80;
+/// `HW_SLOWDOWN | HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN` clock event reasons.
+pub const HW_SLOWDOWN_MASK: u64 = 0x8 | 0x40 | 0x80;
+
+/// State shared between the poller and the event watcher.
+#[derive(Default)]
+pub struct Shared {
+    /// Last seen volatile uncorrected ECC count per GPU: whoever sees an increase first
+    /// reports it, so an event and a poll do not count one error twice.
+    pub ecc_uncorrected: BTreeMap<u32, u64>,
+    /// MPS clients per GPU at the last poll (pids, ECS task ids).
+    pub clients: BTreeMap<u32, (Vec<u32>, Vec<String>)>,
+    /// Identities of the GPUs, by index.
+    pub gpus: BTreeMap<u32, GpuId>,
+}
+
+pub type SharedState = Arc<Mutex<Shared>>;
+
+/// Locks the shared state; a poisoned lock (a panic elsewhere) still holds usable data.
+pub fn lock(s: &SharedState) -> std::sync::MutexGuard<'_, Shared> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Adds the GPU's identity and its current MPS clients to an observation.
+    pub fn annotate(&self, mut obs: Observation, index: u32) -> Observation {
+        let gpu = self
+            .gpus
+            .get(&index)
+            .cloned()
+            .unwrap_or_else(|| GpuId::index_only(index));
+        if let Some((pids, tasks)) = self.clients.get(&index) {
+            if obs.pids.is_empty() {
+                obs.pids = pids.clone();
+            }
+            if obs.tasks.is_empty() {
+                obs.tasks = tasks.clone();
+            }
+        }
+        obs.source = "nvml".into();
+        obs.on_gpu(gpu)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct PollReport {
+    pub observations: Vec<Observation>,
+    /// Unexpected errors (a counter that stopped answering): reported, never fatal.
+    pub problems: Vec<String>,
+    pub gpus: Vec<GpuId>,
+}
+
+pub struct Poller {
+    expected_gpus: Option<u32>,
+    proc_root: PathBuf,
+    corrected: BTreeMap<u32, u64>,
+    warned: BTreeSet<String>,
+}
+
+impl Poller {
+    pub fn new(expected_gpus: Option<u32>, proc_root: PathBuf) -> Self {
+        Poller {
+            expected_gpus,
+            proc_root,
+            corrected: BTreeMap::new(),
+            warned: BTreeSet::new(),
+        }
+    }
+
+    /// Logs a warning once per key (NOT_SUPPORTED counters, missing symbols).
+    fn warn_once(&mut self, key: String, msg: String) {
+        if self.warned.insert(key) {
+            tracing::warn!(probe = "nvml", "{msg}");
+        }
+    }
+
+    /// Sorts an error into "not available here" (warned once) or a problem.
+    fn failed(&mut self, report: &mut PollReport, gpu: u32, what: &str, e: &NvmlError) {
+        match e {
+            NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) => self.warn_once(
+                format!("{what}@{gpu}"),
+                format!("GPU {gpu}: {what} is not available ({e}); not watched"),
+            ),
+            _ => {
+                let msg = format!("GPU {gpu}: {what} failed: {e}");
+                self.warn_once(format!("{what}@{gpu}:{e}"), msg.clone());
+                report.problems.push(msg);
+            }
+        }
+    }
+
+    pub fn poll(&mut self, nvml: &Nvml, shared: &SharedState) -> PollReport {
+        let mut report = PollReport::default();
+        let count = match nvml.device_count() {
+            Ok(n) => n,
+            Err(e) => {
+                report.problems.push(format!("device count failed: {e}"));
+                return report;
+            }
+        };
+        if let Some(expected) = self.expected_gpus
+            && count < expected
+        {
+            report.observations.push(
+                Observation::new(Signal::DeviceCountMismatch)
+                    .with_value(count as u64)
+                    .with_detail(format!("expected {expected} GPUs, NVML sees {count}"))
+                    .from_source("nvml"),
+            );
+        }
+        let known: Vec<u32> = lock(shared).gpus.keys().copied().collect();
+        let indices: BTreeSet<u32> = (0..count).chain(known).collect();
+        for index in indices {
+            self.poll_gpu(nvml, shared, index, count, &mut report);
+        }
+        report
+    }
+
+    fn poll_gpu(
+        &mut self,
+        nvml: &Nvml,
+        shared: &SharedState,
+        index: u32,
+        count: u32,
+        report: &mut PollReport,
+    ) {
+        let mut found = Vec::new();
+        let device = match nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(NvmlError::GpuLost) => {
+                let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
+                report.observations.push(obs);
+                return;
+            }
+            Err(_) if index >= count => return, // gone from the count: device-count-mismatch says so
+            Err(e) => {
+                self.failed(report, index, "device handle", &e);
+                return;
+            }
+        };
+        // Identity, refreshed each poll (cheap, and a lost GPU keeps its last known one).
+        let gpu = identity(&device, index);
+        match &gpu {
+            Ok(g) => {
+                lock(shared).gpus.insert(index, g.clone());
+                report.gpus.push(g.clone());
+            }
+            Err(NvmlError::GpuLost) => {
+                let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
+                report.observations.push(obs);
+                return;
+            }
+            Err(e) => self.failed(report, index, "identity", e),
+        }
+
+        // MPS clients first: every observation of this GPU names them.
+        match device.mps_running_compute_processes() {
+            Ok(procs) => {
+                let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
+                let tasks = tasks::task_ids(&self.proc_root, &pids);
+                lock(shared).clients.insert(index, (pids, tasks));
+            }
+            Err(e) => self.failed(report, index, "MPS client list", &e),
+        }
+
+        // ECC: uncorrected volatile (shared with the event watcher), corrected volatile.
+        match device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
+            Ok(now) => {
+                let mut s = lock(shared);
+                let before = s.ecc_uncorrected.insert(index, now);
+                let delta = now.saturating_sub(before.unwrap_or(0));
+                if delta > 0 {
+                    found.push(
+                        Observation::new(Signal::EccUncorrected)
+                            .with_value(delta)
+                            .with_detail(format!("volatile uncorrected ECC errors: {now}")),
+                    );
+                }
+            }
+            Err(e) => self.failed(report, index, "uncorrected ECC count", &e),
+        }
+        match device.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile) {
+            Ok(now) => {
+                if let Some(before) = self.corrected.insert(index, now)
+                    && now > before
+                {
+                    found.push(
+                        Observation::new(Signal::EccCorrected)
+                            .with_value(now - before)
+                            .with_detail(format!("volatile corrected ECC errors: {now}")),
+                    );
+                }
+            }
+            Err(e) => self.failed(report, index, "corrected ECC count", &e),
+        }
+
+        // Row remapping (Ampere and later), through raw calls: the wrapper has none.
+        match raw::remapped_rows(nvml, &device) {
+            Ok(r) => {
+                if r.pending {
+                    found.push(
+                        Observation::new(Signal::RowRemapPending)
+                            .with_detail("a row remap waits for a GPU reset"),
+                    );
+                }
+                if r.failure {
+                    found.push(
+                        Observation::new(Signal::RowRemapFailure)
+                            .with_detail("the row remapper reported a failure"),
+                    );
+                }
+                if r.uncorrectable > 0 {
+                    found.push(
+                        Observation::new(Signal::RowRemapUncorrectable)
+                            .with_value(r.uncorrectable)
+                            .with_detail(format!(
+                                "rows remapped for uncorrectable errors: {}, correctable: {}",
+                                r.uncorrectable, r.correctable
+                            )),
+                    );
+                }
+            }
+            Err(e) => self.failed(report, index, "remapped rows", &e),
+        }
+        match raw::remapper_banks_exhausted(nvml, &device) {
+            Ok(0) => {}
+            Ok(n) => found.push(
+                Observation::new(Signal::RowRemapFailure)
+                    .with_value(n)
+                    .with_detail(format!("{n} memory banks have no spare rows left")),
+            ),
+            Err(e) => self.failed(report, index, "row remapper histogram", &e),
+        }
+
+        // Retired pages (before Ampere).
+        match device.are_pages_pending_retired() {
+            Ok(true) => found.push(
+                Observation::new(Signal::RetiredPagesPending)
+                    .with_detail("a page retirement waits for a GPU reset"),
+            ),
+            Ok(false) => {}
+            Err(e) => self.failed(report, index, "retired pages pending", &e),
+        }
+        match retired_total(&device) {
+            Ok(0) => {}
+            Ok(n) => found.push(
+                Observation::new(Signal::RetiredPages)
+                    .with_value(n)
+                    .with_detail(format!("retired pages (SBE + DBE): {n}")),
+            ),
+            Err(e) => self.failed(report, index, "retired pages", &e),
+        }
+
+        // The driver's own verdict.
+        match recovery_action(&device) {
+            Ok(Some(action)) if action != RecoveryAction::None => {
+                found.push(Observation::new(Signal::RecoveryAction { action }))
+            }
+            Ok(_) => {}
+            Err(e) => self.failed(report, index, "recovery action field", &e),
+        }
+
+        match device.temperature(TemperatureSensor::Gpu) {
+            Ok(t) if t as u64 >= HOT_CELSIUS => found.push(
+                Observation::new(Signal::Thermal)
+                    .with_value(t as u64)
+                    .with_detail(format!("GPU temperature {t} °C")),
+            ),
+            Ok(_) => {}
+            Err(e) => self.failed(report, index, "temperature", &e),
+        }
+        match device.current_throttle_reasons() {
+            Ok(r) if r.bits() & HW_SLOWDOWN_MASK != 0 => found.push(
+                Observation::new(Signal::HwSlowdown)
+                    .with_value(r.bits())
+                    .with_detail(format!("hardware slowdown reasons {:?}", r)),
+            ),
+            Ok(_) => {}
+            Err(e) => self.failed(report, index, "clock event reasons", &e),
+        }
+
+        let s = lock(shared);
+        for obs in found {
+            report.observations.push(s.annotate(obs, index));
+        }
+    }
+}
+
+fn identity(device: &nvml_wrapper::Device<'_>, index: u32) -> Result<GpuId, NvmlError> {
+    Ok(GpuId {
+        index,
+        uuid: device.uuid()?,
+        pci_bus_id: device.pci_info()?.bus_id,
+        serial: device.serial().ok(),
+    })
+}
+
+fn retired_total(device: &nvml_wrapper::Device<'_>) -> Result<u64, NvmlError> {
+    use nvml_wrapper::enum_wrappers::device::RetirementCause;
+    let sbe = device.retired_pages(RetirementCause::MultipleSingleBitEccErrors)?;
+    let dbe = device.retired_pages(RetirementCause::DoubleBitEccError)?;
+    Ok((sbe.len() + dbe.len()) as u64)
+}
+
+fn recovery_action(device: &nvml_wrapper::Device<'_>) -> Result<Option<RecoveryAction>, NvmlError> {
+    use nvml_wrapper::enums::device::SampleValue;
+    let values = device.field_values_for(&[FieldId(FIELD_RECOVERY_ACTION)])?;
+    let Some(sample) = values.into_iter().next() else {
+        return Ok(None);
+    };
+    let v = match sample?.value? {
+        SampleValue::U32(v) => v as u64,
+        SampleValue::U64(v) => v,
+        SampleValue::I64(v) => v.max(0) as u64,
+        SampleValue::F64(v) => v.max(0.0) as u64,
+    };
+    Ok(RecoveryAction::from_nvml(v))
+}
