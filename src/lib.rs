@@ -16,4 +16,5 @@ pub mod journal;
 pub mod model;
 pub mod policy;
 pub mod probe;
+pub mod remedy;
 pub mod supervisor;

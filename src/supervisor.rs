@@ -17,8 +17,7 @@ use crate::engine::{self, State};
 use crate::error::JournalError;
 use crate::journal::{self, JsonlWriter};
 use crate::model::{
-    Action, IncidentEvent, Input, Observation, Order, Outcome, OutcomeStatus, Record, StampedInput,
-    Timestamp,
+    Action, IncidentEvent, Input, Observation, Order, Outcome, Record, StampedInput, Timestamp,
 };
 use crate::policy::Policy;
 
@@ -36,25 +35,6 @@ pub trait Source: Send + 'static {
 /// in flight when the supervisor stopped is handed over again on the next start.
 pub trait Executor: Send + Sync + 'static {
     fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
-}
-
-/// The executor when no remedy is configured for an order: it says so, once per order.
-pub struct NoRemedy;
-
-impl Executor for NoRemedy {
-    fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>> {
-        Box::pin(async move {
-            Outcome {
-                action: order.id,
-                status: OutcomeStatus::Failed { retryable: false },
-                detail: format!(
-                    "no remedy is configured for {} on this node",
-                    order.command.name()
-                ),
-                request_ids: vec![],
-            }
-        })
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use super::{CliError, ConfigArg, exit};
 use crate::policy::Policy;
-use crate::supervisor::{NoRemedy, Supervisor};
+use crate::remedy::Remedies;
+use crate::supervisor::Supervisor;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -67,7 +68,8 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone())?;
         let sources = crate::probe::sources(&cfg);
-        let mut supervisor = Supervisor::new(cfg, policy, Arc::new(NoRemedy));
+        let remedies = Remedies::default();
+        let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
         for s in sources {
             supervisor.add_source(s);
         }

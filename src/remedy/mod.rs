@@ -1,0 +1,176 @@
+//! Hands: each remedy carries out one kind of order and reports how it went. They sit behind
+//! narrow traits so tests can put the real thing (NVIDIA's MPS daemon, moto) or a double
+//! behind them, and the router below turns an `Order` into a call and the result into an
+//! `Outcome` for the engine.
+//!
+//! Every remedy must be idempotent: an order in flight when gpu-medic stopped is handed over
+//! again on the next start.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::{Command, LifecycleHook, LifecycleResult, Order, Outcome, OutcomeStatus};
+use crate::supervisor::Executor;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a remedy did, for the journal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Done {
+    pub detail: String,
+    /// AWS request ids of the calls made.
+    pub request_ids: Vec<String>,
+}
+
+impl Done {
+    pub fn new(detail: impl Into<String>) -> Self {
+        Done {
+            detail: detail.into(),
+            request_ids: Vec::new(),
+        }
+    }
+}
+
+/// Why a remedy did not succeed, and whether trying again may help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemedyError {
+    /// Throttling, a timeout, a busy daemon: the engine retries after its delay.
+    #[error("{message}")]
+    Retryable {
+        message: String,
+        request_ids: Vec<String>,
+    },
+    /// A bad request, missing permission, nothing to act on: retrying will not help.
+    #[error("{message}")]
+    Fatal {
+        message: String,
+        request_ids: Vec<String>,
+    },
+    /// Not attempted for a reason that will pass (the fleet budget is full).
+    #[error("{message}")]
+    Deferred {
+        message: String,
+        retry_after: Duration,
+    },
+}
+
+impl RemedyError {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        RemedyError::Retryable {
+            message: message.into(),
+            request_ids: Vec::new(),
+        }
+    }
+
+    pub fn fatal(message: impl Into<String>) -> Self {
+        RemedyError::Fatal {
+            message: message.into(),
+            request_ids: Vec::new(),
+        }
+    }
+}
+
+/// The MPS control daemon's hands (src/remedy/mps.rs).
+pub trait MpsRemedy: Send + Sync + 'static {
+    /// Restarts the daemon and returns once it answers a probe again (or fails).
+    fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+}
+
+/// The control plane's hands: ECS and Auto Scaling (src/remedy/ecs.rs, asg.rs, fleet.rs).
+pub trait ControlPlane: Send + Sync + 'static {
+    /// Marks the container instance so placement constraints keep new tasks off.
+    fn quarantine(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Stops the ECS tasks using one GPU (by MPS client pid, task id or the task's gpuIds).
+    fn stop_tasks(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Drains the container instance; returns when drained or at `order.deadline`.
+    fn drain(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Has Auto Scaling replace the instance (never decrementing desired capacity).
+    fn replace(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Completes our own lifecycle hook.
+    fn complete_lifecycle(
+        &self,
+        order: &Order,
+        hook: LifecycleHook,
+        result: LifecycleResult,
+    ) -> BoxFuture<'_, Result<Done, RemedyError>>;
+}
+
+/// Routes orders to the configured remedies; an order with no remedy fails with a clear note.
+#[derive(Default, Clone)]
+pub struct Remedies {
+    pub mps: Option<Arc<dyn MpsRemedy>>,
+    pub control_plane: Option<Arc<dyn ControlPlane>>,
+}
+
+impl Executor for Remedies {
+    fn execute(&self, order: Order) -> BoxFuture<'_, Outcome> {
+        Box::pin(async move {
+            let result = match &order.command {
+                Command::RestartMps => match &self.mps {
+                    Some(m) => m.restart(&order).await,
+                    None => Err(RemedyError::fatal(
+                        "MPS remediation is disabled ([mps] enabled = false)",
+                    )),
+                },
+                other => match &self.control_plane {
+                    None => Err(RemedyError::fatal(
+                        "AWS remediation is disabled ([aws] enabled = false)",
+                    )),
+                    Some(cp) => match other {
+                        Command::Quarantine => cp.quarantine(&order).await,
+                        Command::StopTasks { .. } => cp.stop_tasks(&order).await,
+                        Command::Drain => cp.drain(&order).await,
+                        Command::Replace => cp.replace(&order).await,
+                        Command::CompleteLifecycle { hook, result } => {
+                            cp.complete_lifecycle(&order, *hook, *result).await
+                        }
+                        Command::RestartMps => unreachable_restart(),
+                    },
+                },
+            };
+            outcome(&order, result)
+        })
+    }
+}
+
+/// `RestartMps` is routed above; kept as a value so no panic path exists.
+fn unreachable_restart() -> Result<Done, RemedyError> {
+    Err(RemedyError::fatal(
+        "internal: restart-mps routed to the control plane",
+    ))
+}
+
+/// Converts a remedy result into the engine's `Outcome`.
+pub fn outcome(order: &Order, result: Result<Done, RemedyError>) -> Outcome {
+    let (status, detail, request_ids) = match result {
+        Ok(d) => (OutcomeStatus::Done, d.detail, d.request_ids),
+        Err(RemedyError::Retryable {
+            message,
+            request_ids,
+        }) => (
+            OutcomeStatus::Failed { retryable: true },
+            message,
+            request_ids,
+        ),
+        Err(RemedyError::Fatal {
+            message,
+            request_ids,
+        }) => (
+            OutcomeStatus::Failed { retryable: false },
+            message,
+            request_ids,
+        ),
+        Err(RemedyError::Deferred {
+            message,
+            retry_after,
+        }) => (OutcomeStatus::Deferred { retry_after }, message, vec![]),
+    };
+    Outcome {
+        action: order.id,
+        status,
+        detail,
+        request_ids,
+    }
+}
