@@ -1,5 +1,5 @@
 //! Marks the cdylib `DF_1_NODELETE`: nvml-wrapper `dlclose`s the library when
-//! `Nvml` drops, and unloading code that a control-file watcher thread may
+//! `Nvml` drops, and unloading code that the injection-directory watcher thread may
 //! still be running (or whose statics a later `nvmlInit` expects) would crash.
 
 fn main() {

@@ -1,4 +1,4 @@
-//! The exported C ABI (`nvml*` symbols plus `fakenvml_command`).
+//! The exported C ABI (`nvml*` symbols).
 //!
 //! Common safety contract (NVML's own): every pointer argument is either NULL
 //! or valid for the access the NVML documentation describes (one element for
@@ -16,6 +16,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 
+use crate::config::GpuSpec;
 use crate::identity;
 use crate::state::{self, Global};
 use crate::types::{self, *};
@@ -140,16 +141,16 @@ fn cbuf<const N: usize>(s: &str) -> [c_char; N] {
     out
 }
 
-fn pci_info(arch: identity::Arch, index: u32) -> PciInfo {
-    let (domain, bus, device) = identity::pci_location(index);
+fn pci_info(spec: &GpuSpec) -> PciInfo {
+    let (domain, bus, device, _) = spec.pci;
     PciInfo {
-        bus_id_legacy: cbuf(&identity::pci_bus_id_legacy(index)),
+        bus_id_legacy: cbuf(&spec.bus_id_legacy()),
         domain,
         bus,
         device,
-        pci_device_id: arch.pci_device_id(),
-        pci_sub_system_id: arch.pci_sub_system_id(),
-        bus_id: cbuf(&identity::pci_bus_id(index)),
+        pci_device_id: spec.arch.pci_device_id(),
+        pci_sub_system_id: spec.arch.pci_sub_system_id(),
+        bus_id: cbuf(&spec.bus_id()),
     }
 }
 
@@ -171,14 +172,14 @@ fn decode_set(set: NvmlEventSet) -> Option<usize> {
 unsafe fn handle_by(
     name: &str,
     device: *mut NvmlDevice,
-    matches: impl Fn(identity::Arch, u32) -> bool,
+    matches: impl Fn(&GpuSpec) -> bool,
 ) -> NvmlReturn {
     if device.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
     let r = state::with_global(|g| {
         let idx = (0..g.hw.visible)
-            .find(|&i| matches(g.hw.arch, i))
+            .find(|&i| matches(&g.hw.gpus[i as usize].spec))
             .ok_or(ERROR_NOT_FOUND)?;
         g.check_gpu(name, idx as usize)?;
         Ok(state::device_handle(idx))
@@ -192,7 +193,7 @@ unsafe fn handle_by(
 
 // ------------------------------------------------------- tier 0: lifecycle
 
-/// `nvmlInit_v2`: reads the scenario from the environment (see README.md).
+/// `nvmlInit_v2`: reads `FAKE_NVML_CONFIG` and `FAKE_NVML_INJECT_DIR` (see README.md).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
     state::init()
@@ -337,7 +338,7 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
 
 // ------------------------------------------------------ tier 1: enumeration
 
-/// `nvmlDeviceGetCount_v2`: `FAKE_NVML_GPUS`, or what `count N` set.
+/// `nvmlDeviceGetCount_v2`: the configured GPUs, or what a `count` injection set.
 ///
 /// # Safety
 /// `device_count` must be NULL or valid for writing one `unsigned int`.
@@ -417,8 +418,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     };
     // SAFETY: forwarded contract for `device`.
     unsafe {
-        handle_by("nvmlDeviceGetHandleByUUID", device, |_, i| {
-            identity::uuid(i) == want
+        handle_by("nvmlDeviceGetHandleByUUID", device, |spec| {
+            spec.uuid == want
         })
     }
 }
@@ -436,13 +437,13 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     let Some(text) = (unsafe { get_str(pci_bus_id) }) else {
         return ERROR_INVALID_ARGUMENT;
     };
-    let Some((domain, bus, dev, _)) = identity::parse_pci_bus_id(text) else {
+    let Some(want) = identity::parse_pci_bus_id(text) else {
         return ERROR_INVALID_ARGUMENT;
     };
     // SAFETY: forwarded contract for `device`.
     unsafe {
-        handle_by("nvmlDeviceGetHandleByPciBusId_v2", device, |_, i| {
-            identity::pci_location(i) == (domain, bus, dev)
+        handle_by("nvmlDeviceGetHandleByPciBusId_v2", device, |spec| {
+            spec.pci == want
         })
     }
 }
@@ -475,8 +476,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
     };
     // SAFETY: forwarded contract for `device`.
     unsafe {
-        handle_by("nvmlDeviceGetHandleBySerial", device, |_, i| {
-            identity::serial(i) == want
+        handle_by("nvmlDeviceGetHandleBySerial", device, |spec| {
+            spec.serial == want
         })
     }
 }
@@ -522,8 +523,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_str("nvmlDeviceGetUUID", device, uuid, length, |_, i| {
-            identity::uuid(i as u32)
+        dev_str("nvmlDeviceGetUUID", device, uuid, length, |g, i| {
+            g.hw.gpus[i].spec.uuid.clone()
         })
     }
 }
@@ -540,8 +541,8 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_str("nvmlDeviceGetSerial", device, serial, length, |_, i| {
-            identity::serial(i as u32)
+        dev_str("nvmlDeviceGetSerial", device, serial, length, |g, i| {
+            g.hw.gpus[i].spec.serial.clone()
         })
     }
 }
@@ -558,8 +559,8 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_str("nvmlDeviceGetName", device, name, length, |g, _| {
-            g.hw.arch.product_name().to_string()
+        dev_str("nvmlDeviceGetName", device, name, length, |g, i| {
+            g.hw.gpus[i].spec.name.clone()
         })
     }
 }
@@ -576,7 +577,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetPciInfo_v3", device, pci, |g, i| {
-            Ok(pci_info(g.hw.arch, i as u32))
+            Ok(pci_info(&g.hw.gpus[i].spec))
         })
     }
 }
@@ -605,8 +606,8 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_get("nvmlDeviceGetArchitecture", device, arch, |g, _| {
-            Ok(g.hw.arch.nvml_arch())
+        dev_get("nvmlDeviceGetArchitecture", device, arch, |g, i| {
+            Ok(g.hw.gpus[i].spec.arch.nvml_arch())
         })
     }
 }
@@ -619,8 +620,8 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
 pub unsafe extern "C" fn nvmlDeviceGetBrand(device: NvmlDevice, brand: *mut c_uint) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_get("nvmlDeviceGetBrand", device, brand, |g, _| {
-            Ok(g.hw.arch.brand())
+        dev_get("nvmlDeviceGetBrand", device, brand, |g, i| {
+            Ok(g.hw.gpus[i].spec.arch.brand())
         })
     }
 }
@@ -688,8 +689,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     if current.is_null() || pending.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
-    let r = state::device_call("nvmlDeviceGetMigMode", device, |g, _| {
-        if g.hw.arch.mig_capable() {
+    let r = state::device_call("nvmlDeviceGetMigMode", device, |g, i| {
+        if g.hw.gpus[i].spec.arch.mig_capable() {
             Ok(())
         } else {
             Err(ERROR_NOT_SUPPORTED)
@@ -706,10 +707,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     SUCCESS
 }
 
+/// (total, reserved, used) bytes: 512 MiB reserved (at most a quarter of
+/// the memory), 4 MiB + 1 GiB per MPS client used.
 fn memory_numbers(g: &Global, i: usize) -> (u64, u64, u64) {
-    let total = g.hw.arch.memory_mib() << 20;
-    let reserved = 512u64 << 20;
-    let used = (4u64 << 20) + (g.hw.gpus[i].procs.len() as u64) * (1 << 30);
+    let gpu = &g.hw.gpus[i];
+    let total = gpu.spec.memory_mib.saturating_mul(1 << 20);
+    let reserved = (512u64 << 20).min(total / 4);
+    let used = (4u64 << 20).saturating_add((gpu.procs.len() as u64).saturating_mul(1 << 30));
     (total, reserved, used.min(total - reserved))
 }
 
@@ -827,7 +831,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
             "nvmlDeviceGetSupportedEventTypes",
             device,
             event_types,
-            |g, _| Ok(g.hw.supported_events()),
+            |g, i| Ok(g.hw.supported_events(i)),
         )
     }
 }
@@ -866,7 +870,35 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 
 // ------------------------------------------------------ tier 3: ECC & memory
 
-/// `nvmlDeviceGetEccMode`: enabled/enabled.
+fn ecc_mode(spec: &GpuSpec) -> c_uint {
+    if spec.ecc {
+        FEATURE_ENABLED
+    } else {
+        FEATURE_DISABLED
+    }
+}
+
+/// ECC counter `[error_type][counter_type]` of GPU `i`; NOT_SUPPORTED with
+/// ECC disabled.
+fn ecc_counter(
+    g: &Global,
+    i: usize,
+    error_type: c_uint,
+    counter_type: c_uint,
+) -> Result<u64, NvmlReturn> {
+    let gpu = &g.hw.gpus[i];
+    if !gpu.spec.ecc {
+        return Err(ERROR_NOT_SUPPORTED);
+    }
+    gpu.ecc
+        .get(error_type as usize)
+        .and_then(|row| row.get(counter_type as usize))
+        .copied()
+        .ok_or(ERROR_INVALID_ARGUMENT)
+}
+
+/// `nvmlDeviceGetEccMode`: enabled/enabled, or disabled/disabled for a GPU
+/// configured with `"ecc": false`.
 ///
 /// # Safety
 /// `current` and `pending` must each be NULL or valid for one write.
@@ -879,13 +911,16 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
     if current.is_null() || pending.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
-    if let Err(e) = state::device_call("nvmlDeviceGetEccMode", device, |_, _| Ok(())) {
-        return e;
-    }
+    let mode = match state::device_call("nvmlDeviceGetEccMode", device, |g, i| {
+        Ok(ecc_mode(&g.hw.gpus[i].spec))
+    }) {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
     // SAFETY: both non-null and valid by contract.
     unsafe {
-        current.write(FEATURE_ENABLED);
-        pending.write(FEATURE_ENABLED);
+        current.write(mode);
+        pending.write(mode);
     }
     SUCCESS
 }
@@ -904,12 +939,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetTotalEccErrors", device, ecc_counts, |g, i| {
-            g.hw.gpus[i]
-                .ecc
-                .get(error_type as usize)
-                .and_then(|row| row.get(counter_type as usize))
-                .copied()
-                .ok_or(ERROR_INVALID_ARGUMENT)
+            ecc_counter(g, i, error_type, counter_type)
         })
     }
 }
@@ -930,12 +960,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetMemoryErrorCounter", device, count, |g, i| {
-            let total = g.hw.gpus[i]
-                .ecc
-                .get(error_type as usize)
-                .and_then(|row| row.get(counter_type as usize))
-                .copied()
-                .ok_or(ERROR_INVALID_ARGUMENT)?;
+            let total = ecc_counter(g, i, error_type, counter_type)?;
             match location_type {
                 2 => Ok(total),
                 0..=7 => Ok(0),
@@ -956,6 +981,9 @@ pub extern "C" fn nvmlDeviceClearEccErrorCounts(
         device,
         |g, i| {
             let c = counter_type as usize;
+            if !g.hw.gpus[i].spec.ecc {
+                return Err(ERROR_NOT_SUPPORTED);
+            }
             if c > 1 {
                 return Err(ERROR_INVALID_ARGUMENT);
             }
@@ -984,7 +1012,7 @@ unsafe fn retired_pages(
         return ERROR_INVALID_ARGUMENT;
     }
     let pages = match state::device_call(name, device, |g, i| {
-        if !g.hw.arch.has_page_retirement() {
+        if !g.hw.gpus[i].spec.arch.has_page_retirement() {
             return Err(ERROR_NOT_SUPPORTED);
         }
         if cause > 1 {
@@ -1087,7 +1115,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
             device,
             is_pending,
             |g, i| {
-                if !g.hw.arch.has_page_retirement() {
+                if !g.hw.gpus[i].spec.arch.has_page_retirement() {
                     return Err(ERROR_NOT_SUPPORTED);
                 }
                 Ok(c_uint::from(g.hw.gpus[i].retired_pending))
@@ -1116,10 +1144,10 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
         return ERROR_INVALID_ARGUMENT;
     }
     let r = state::device_call("nvmlDeviceGetRemappedRows", device, |g, i| {
-        if !g.hw.arch.has_row_remapping() {
+        let gpu = &g.hw.gpus[i];
+        if !gpu.spec.arch.has_row_remapping() {
             return Err(ERROR_NOT_SUPPORTED);
         }
-        let gpu = &g.hw.gpus[i];
         Ok((
             gpu.remap_corr,
             gpu.remap_unc,
@@ -1158,10 +1186,11 @@ pub unsafe extern "C" fn nvmlDeviceGetRowRemapperHistogram(
             device,
             values,
             |g, i| {
-                if !g.hw.arch.has_row_remapping() {
+                let gpu = &g.hw.gpus[i];
+                if !gpu.spec.arch.has_row_remapping() {
                     return Err(ERROR_NOT_SUPPORTED);
                 }
-                Ok(g.hw.gpus[i].histogram(g.hw.arch))
+                Ok(gpu.histogram())
             },
         )
     }
@@ -1311,8 +1340,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_get("nvmlDeviceGetPowerUsage", device, power, |g, _| {
-            Ok(g.hw.arch.power_limit_mw() / 8)
+        dev_get("nvmlDeviceGetPowerUsage", device, power, |g, i| {
+            Ok(g.hw.gpus[i].spec.arch.power_limit_mw() / 8)
         })
     }
 }
@@ -1328,8 +1357,8 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_get("nvmlDeviceGetEnforcedPowerLimit", device, limit, |g, _| {
-            Ok(g.hw.arch.power_limit_mw())
+        dev_get("nvmlDeviceGetEnforcedPowerLimit", device, limit, |g, i| {
+            Ok(g.hw.gpus[i].spec.arch.power_limit_mw())
         })
     }
 }
@@ -1440,7 +1469,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
             "nvmlDeviceGetMaxPcieLinkGeneration",
             device,
             link_gen,
-            |g, _| Ok(g.hw.arch.pcie_gen()),
+            |g, i| Ok(g.hw.gpus[i].spec.arch.pcie_gen()),
         )
     }
 }
@@ -1462,8 +1491,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
     }
 }
 
-fn check_link(g: &Global, link: c_uint) -> Result<(), NvmlReturn> {
-    match g.hw.arch.nvlink_count() {
+fn check_link(g: &Global, i: usize, link: c_uint) -> Result<(), NvmlReturn> {
+    match g.hw.gpus[i].spec.arch.nvlink_count() {
         0 => Err(ERROR_NOT_SUPPORTED),
         n if link >= n => Err(ERROR_INVALID_ARGUMENT),
         _ => Ok(()),
@@ -1483,8 +1512,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_get("nvmlDeviceGetNvLinkState", device, is_active, |g, _| {
-            check_link(g, link).map(|()| FEATURE_ENABLED)
+        dev_get("nvmlDeviceGetNvLinkState", device, is_active, |g, i| {
+            check_link(g, i, link).map(|()| FEATURE_ENABLED)
         })
     }
 }
@@ -1506,8 +1535,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
             "nvmlDeviceGetNvLinkErrorCounter",
             device,
             counter_value,
-            |g, _| {
-                check_link(g, link)?;
+            |g, i| {
+                check_link(g, i, link)?;
                 if counter > 4 {
                     return Err(ERROR_INVALID_ARGUMENT);
                 }
@@ -1564,7 +1593,7 @@ unsafe fn processes(
     SUCCESS
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses_v3`: the `mps-procs` PIDs, 1 GiB each.
+/// `nvmlDeviceGetComputeRunningProcesses_v3`: the `mps_clients` PIDs, 1 GiB each.
 ///
 /// # Safety
 /// `info_count` NULL or valid for read+write; `infos` NULL or valid for
@@ -1587,7 +1616,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     }
 }
 
-/// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: the `mps-procs` PIDs,
+/// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: the `mps_clients` PIDs,
 /// usedGpuMemory = NVML_VALUE_NOT_AVAILABLE.
 ///
 /// # Safety
@@ -1614,9 +1643,16 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
 /// One field for `nvmlDeviceGetFieldValues`: (valueType, value) or a per-entry error.
 fn field_value(g: &Global, i: usize, field_id: u32) -> Result<(u32, Value), NvmlReturn> {
     let gpu = &g.hw.gpus[i];
-    let arch = g.hw.arch;
+    let arch = gpu.spec.arch;
     let ull = |v: u64| Ok((value_type::ULL, Value { ull_val: v }));
     let uint = |v: u32| Ok((value_type::UINT, Value { ui_val: v }));
+    let ecc = |v: u64| {
+        if gpu.spec.ecc {
+            ull(v)
+        } else {
+            Err(ERROR_NOT_SUPPORTED)
+        }
+    };
     let retire = |v: u64| {
         if arch.has_page_retirement() {
             ull(v)
@@ -1632,11 +1668,11 @@ fn field_value(g: &Global, i: usize, field_id: u32) -> Result<(u32, Value), Nvml
         }
     };
     match field_id {
-        field::ECC_CURRENT | field::ECC_PENDING => uint(FEATURE_ENABLED),
-        field::ECC_SBE_VOL_TOTAL => ull(gpu.ecc[0][0]),
-        field::ECC_DBE_VOL_TOTAL => ull(gpu.ecc[1][0]),
-        field::ECC_SBE_AGG_TOTAL => ull(gpu.ecc[0][1]),
-        field::ECC_DBE_AGG_TOTAL => ull(gpu.ecc[1][1]),
+        field::ECC_CURRENT | field::ECC_PENDING => uint(ecc_mode(&gpu.spec)),
+        field::ECC_SBE_VOL_TOTAL => ecc(gpu.ecc[0][0]),
+        field::ECC_DBE_VOL_TOTAL => ecc(gpu.ecc[1][0]),
+        field::ECC_SBE_AGG_TOTAL => ecc(gpu.ecc[0][1]),
+        field::ECC_DBE_AGG_TOTAL => ecc(gpu.ecc[1][1]),
         field::RETIRED_SBE => retire(u64::from(gpu.retired[0])),
         field::RETIRED_DBE => retire(u64::from(gpu.retired[1])),
         field::RETIRED_PENDING => retire(u64::from(gpu.retired_pending)),
@@ -1693,24 +1729,6 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             Ok(())
         },
     ))
-}
-
-// ------------------------------------------------------ fault-injection API
-
-/// Applies one injection command synchronously (same language as the control
-/// file). Returns SUCCESS, INVALID_ARGUMENT for a bad command, or
-/// UNINITIALIZED before the first `nvmlInit`. Reach it with
-/// `dlopen(same path, RTLD_NOLOAD)` + `dlsym`.
-///
-/// # Safety
-/// `line` must be NULL or a NUL-terminated string.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fakenvml_command(line: *const c_char) -> NvmlReturn {
-    // SAFETY: forwarded contract.
-    match unsafe { get_str(line) } {
-        Some(text) => state::apply_external(text),
-        None => ERROR_INVALID_ARGUMENT,
-    }
 }
 
 #[cfg(test)]

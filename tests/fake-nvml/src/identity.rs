@@ -1,8 +1,9 @@
-//! Per-architecture constants and per-GPU identity. Everything here is a pure
-//! function of (architecture, GPU index), so tests can compute the identity the
-//! fake will report without loading it.
+//! Per-architecture constants and the default per-GPU identity. Everything
+//! here is a pure function of (architecture, GPU index), so tests can compute
+//! the identity the fake will report without loading it. The configuration
+//! file (`crate::config`) may override any of it per GPU.
 
-/// GPU architecture selected with `FAKE_NVML_ARCH`.
+/// GPU architecture (`architecture` in the configuration).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Arch {
     Volta,
@@ -14,7 +15,7 @@ pub enum Arch {
 }
 
 impl Arch {
-    /// Parses a `FAKE_NVML_ARCH` value (case-insensitive).
+    /// Parses an `architecture` value (case-insensitive).
     pub fn parse(s: &str) -> Option<Arch> {
         match s.trim().to_ascii_lowercase().as_str() {
             "volta" => Some(Arch::Volta),
@@ -156,7 +157,7 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, stable for a given index.
+/// Default UUID `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, stable for a given index.
 pub fn uuid(index: u32) -> String {
     let hi = mix(0x6770_752d_6d65_6469 ^ u64::from(index));
     let lo = mix(hi ^ u64::from(index).rotate_left(32));
@@ -178,16 +179,29 @@ pub fn pci_location(index: u32) -> (u32, u32, u32) {
     (index / 8, BUSES[(index % 8) as usize], 0)
 }
 
-/// `busId`: `00000000:1B:00.0`.
+/// `busId` of the default GPU `index`: `00000000:1B:00.0`.
 pub fn pci_bus_id(index: u32) -> String {
     let (domain, bus, device) = pci_location(index);
-    format!("{domain:08X}:{bus:02X}:{device:02X}.0")
+    format_bus_id(domain, bus, device, 0)
 }
 
-/// `busIdLegacy`: `0000:1B:00.0`.
+/// `busIdLegacy` of the default GPU `index`: `0000:1B:00.0`.
 pub fn pci_bus_id_legacy(index: u32) -> String {
     let (domain, bus, device) = pci_location(index);
-    format!("{domain:04X}:{bus:02X}:{device:02X}.0")
+    format_bus_id_legacy(domain, bus, device, 0)
+}
+
+/// `busId` form: `00000000:1B:00.0`.
+pub fn format_bus_id(domain: u32, bus: u32, device: u32, function: u32) -> String {
+    format!("{domain:08X}:{bus:02X}:{device:02X}.{function:X}")
+}
+
+/// `busIdLegacy` form: `0000:1B:00.0` (the domain is cropped to 16 bits).
+pub fn format_bus_id_legacy(domain: u32, bus: u32, device: u32, function: u32) -> String {
+    format!(
+        "{:04X}:{bus:02X}:{device:02X}.{function:X}",
+        domain & 0xFFFF
+    )
 }
 
 /// Parses `[domain:]bus:device.function` (hex, any case, any zero padding)
@@ -205,7 +219,7 @@ pub fn parse_pci_bus_id(s: &str) -> Option<(u32, u32, u32, u32)> {
     Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
 }
 
-/// Board serial number (13 digits).
+/// Board serial number of the default GPU `index` (13 digits).
 pub fn serial(index: u32) -> String {
     format!("165492300{:04}", index + 1)
 }

@@ -1,30 +1,30 @@
-//! Global fake-GPU state: scenario (from the environment), per-GPU health,
-//! event sets, the control-file cursor and the watcher thread.
+//! Global fake-GPU state: the configuration (`FAKE_NVML_CONFIG`), per-GPU
+//! health, event sets, the injection directory (`FAKE_NVML_INJECT_DIR`) and
+//! the watcher thread that polls it.
 //!
 //! Everything lives behind one `Mutex<Global>`; every event set has its own
 //! condvar, all used with that one mutex, so there is a single lock and no
 //! lock-ordering hazard.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::command::{self, Command, GpuSel};
-use crate::identity::Arch;
+use crate::config::{self, Config, ConfigKey, GpuSpec, MAX_GPUS};
+use crate::inject::{self, Command, GpuSel};
 use crate::types::{self, NvmlDevice, NvmlReturn, event_type as ev};
 
-/// Most GPUs a scenario may have.
-pub const MAX_GPUS: usize = 64;
-/// Default `FAKE_NVML_GPUS`.
-pub const DEFAULT_GPUS: u32 = 4;
-/// Default `FAKE_NVML_DRIVER_VERSION`.
-pub const DEFAULT_DRIVER_VERSION: &str = "570.172.08";
-/// Control-file poll interval of the watcher thread.
-pub const CONTROL_POLL: Duration = Duration::from_millis(20);
+/// Environment variable naming the injection directory.
+pub const INJECT_DIR_ENV: &str = "FAKE_NVML_INJECT_DIR";
+/// Environment variable making `nvmlInit` fail with that `nvmlReturn_t`.
+pub const INIT_ERROR_ENV: &str = "FAKE_NVML_INIT_ERROR";
+/// Injection-directory poll interval of the watcher thread.
+pub const INJECT_POLL: Duration = Duration::from_millis(2);
+/// A `*.json` file that ends mid-document is retried for this long (from
+/// its mtime) before it is declared bad: it may still be being written.
+pub const TRUNCATED_GRACE: Duration = Duration::from_secs(1);
 /// Events kept per GPU while nobody has registered for them.
 const BACKLOG_CAP: usize = 64;
 /// Event types that are kept in the backlog when no set is registered for them.
@@ -67,6 +67,8 @@ pub struct Event {
 /// Health state of one GPU.
 #[derive(Clone, Debug)]
 pub struct Gpu {
+    /// Identity and capabilities from the configuration (kept by `reset`).
+    pub spec: GpuSpec,
     pub lost: bool,
     pub temp_c: u32,
     pub throttle: u64,
@@ -91,8 +93,10 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    fn healthy(arch: Arch) -> Gpu {
+    fn healthy(spec: GpuSpec) -> Gpu {
+        let arch = spec.arch;
         Gpu {
+            spec,
             lost: false,
             temp_c: 34,
             throttle: 0x1,
@@ -115,9 +119,9 @@ impl Gpu {
     }
 
     /// Row-remapper histogram derived from the remap state.
-    pub fn histogram(&self, arch: Arch) -> types::RowRemapperHistogram {
+    pub fn histogram(&self) -> types::RowRemapperHistogram {
         let mut h = types::RowRemapperHistogram {
-            max: arch.remap_banks(),
+            max: self.spec.arch.remap_banks(),
             ..Default::default()
         };
         let used = self.remap_corr.saturating_add(self.remap_unc).min(h.max);
@@ -146,77 +150,25 @@ impl Gpu {
     }
 }
 
-/// The scenario read from the environment at `nvmlInit`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Scenario {
-    pub gpus: u32,
-    pub arch: Arch,
-    pub driver_version: String,
-    pub script: Option<String>,
-    pub control: Option<PathBuf>,
-    pub backlog: bool,
-}
-
 fn env_nonempty(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-impl Scenario {
-    pub fn from_env() -> Scenario {
-        let gpus = match env_nonempty("FAKE_NVML_GPUS").map(|v| v.trim().parse::<u32>()) {
-            None => DEFAULT_GPUS,
-            Some(Ok(n)) if n as usize <= MAX_GPUS => n,
-            Some(Ok(n)) => {
-                eprintln!("fake-nvml: FAKE_NVML_GPUS={n} is above {MAX_GPUS}; using {MAX_GPUS}");
-                MAX_GPUS as u32
-            }
-            Some(Err(_)) => {
-                eprintln!("fake-nvml: FAKE_NVML_GPUS is not a number; using {DEFAULT_GPUS}");
-                DEFAULT_GPUS
-            }
-        };
-        let arch = match env_nonempty("FAKE_NVML_ARCH") {
-            None => Arch::Hopper,
-            Some(v) => Arch::parse(&v).unwrap_or_else(|| {
-                eprintln!("fake-nvml: unknown FAKE_NVML_ARCH {v:?}; using hopper");
-                Arch::Hopper
-            }),
-        };
-        let driver_version = env_nonempty("FAKE_NVML_DRIVER_VERSION")
-            .map(|v| v.trim().to_string())
-            .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.to_string());
-        let backlog = !matches!(
-            env_nonempty("FAKE_NVML_EVENT_BACKLOG")
-                .map(|v| v.trim().to_ascii_lowercase())
-                .as_deref(),
-            Some("0" | "false" | "off" | "no")
-        );
-        Scenario {
-            gpus,
-            arch,
-            driver_version,
-            script: env_nonempty("FAKE_NVML_SCRIPT"),
-            control: env_nonempty("FAKE_NVML_CONTROL").map(PathBuf::from),
-            backlog,
-        }
-    }
-}
-
 /// `FAKE_NVML_INIT_ERROR`, if set to a non-zero number.
 fn env_init_error() -> Option<NvmlReturn> {
-    let v = env_nonempty("FAKE_NVML_INIT_ERROR")?;
+    let v = env_nonempty(INIT_ERROR_ENV)?;
     match v.trim().parse::<NvmlReturn>() {
         Ok(0) => None,
         Ok(code) => Some(code),
         Err(_) => {
-            eprintln!("fake-nvml: FAKE_NVML_INIT_ERROR={v:?} is not a number; ignored");
+            eprintln!("fake-nvml: {INIT_ERROR_ENV}={v:?} is not a number; ignored");
             None
         }
     }
 }
 
 /// A `fail` rule: `function` on `gpu` returns `code`, `remaining` more times
-/// (`None`: until `unfail`/`reset`).
+/// (`None`: until removed or `reset`).
 #[derive(Clone, Debug)]
 struct FailRule {
     function: String,
@@ -226,14 +178,14 @@ struct FailRule {
 }
 
 /// Simulated hardware; persists across `nvmlShutdown`/`nvmlInit` while the
-/// scenario environment is unchanged (like real GPUs).
+/// configuration (path and content) is unchanged, like real GPUs.
 #[derive(Debug)]
 pub struct Hardware {
-    pub scenario: Option<Scenario>,
-    pub arch: Arch,
+    pub key: Option<ConfigKey>,
     pub driver_version: String,
+    pub event_backlog: bool,
     pub gpus: Vec<Gpu>,
-    /// What `nvmlDeviceGetCount_v2` reports (`count N`).
+    /// What `nvmlDeviceGetCount_v2` reports (`count`).
     pub visible: u32,
     pub unknown_once: bool,
     fails: Vec<FailRule>,
@@ -242,9 +194,9 @@ pub struct Hardware {
 impl Hardware {
     const fn empty() -> Hardware {
         Hardware {
-            scenario: None,
-            arch: Arch::Hopper,
+            key: None,
             driver_version: String::new(),
+            event_backlog: true,
             gpus: Vec::new(),
             visible: 0,
             unknown_once: false,
@@ -252,22 +204,22 @@ impl Hardware {
         }
     }
 
-    fn build(s: &Scenario) -> Hardware {
+    fn build(key: ConfigKey, config: Config) -> Hardware {
+        let visible = config.gpus.len() as u32;
         Hardware {
-            scenario: Some(s.clone()),
-            arch: s.arch,
-            driver_version: s.driver_version.clone(),
-            gpus: (0..s.gpus).map(|_| Gpu::healthy(s.arch)).collect(),
-            visible: s.gpus,
+            key: Some(key),
+            driver_version: config.driver_version,
+            event_backlog: config.event_backlog,
+            gpus: config.gpus.into_iter().map(Gpu::healthy).collect(),
+            visible,
             unknown_once: false,
             fails: Vec::new(),
         }
     }
 
     fn reset(&mut self) {
-        let arch = self.arch;
         for g in &mut self.gpus {
-            *g = Gpu::healthy(arch);
+            *g = Gpu::healthy(g.spec.clone());
         }
         self.visible = self.gpus.len() as u32;
         self.unknown_once = false;
@@ -303,17 +255,19 @@ impl Hardware {
         }
     }
 
-    /// Event types `nvmlDeviceGetSupportedEventTypes` reports.
-    pub fn supported_events(&self) -> u64 {
-        let mut m = ev::SINGLE_BIT_ECC_ERROR
-            | ev::DOUBLE_BIT_ECC_ERROR
-            | ev::PSTATE
-            | ev::XID_CRITICAL_ERROR
-            | ev::CLOCK;
-        if self.arch.mig_capable() {
+    /// Event types `nvmlDeviceGetSupportedEventTypes` reports for GPU `i`.
+    pub fn supported_events(&self, i: usize) -> u64 {
+        let Some(spec) = self.gpus.get(i).map(|g| &g.spec) else {
+            return 0;
+        };
+        let mut m = ev::PSTATE | ev::XID_CRITICAL_ERROR | ev::CLOCK;
+        if spec.ecc {
+            m |= ev::SINGLE_BIT_ECC_ERROR | ev::DOUBLE_BIT_ECC_ERROR;
+        }
+        if spec.arch.mig_capable() {
             m |= ev::MIG_CONFIG_CHANGE;
         }
-        if self.driver_major() >= 570 {
+        if self.has_recovery_action() {
             m |= ev::GPU_RECOVERY_ACTION;
         }
         m
@@ -354,58 +308,132 @@ pub struct EventSetState {
     cv: Arc<Condvar>,
 }
 
-/// Reads appended lines from the control file.
+/// One `*.json` file found in the injection directory.
 #[derive(Debug)]
-struct ControlCursor {
-    path: PathBuf,
-    offset: u64,
-    partial: Vec<u8>,
-    file_id: Option<(u64, u64)>,
+pub struct InjectFile {
+    pub path: PathBuf,
+    /// Parsed commands, or why the file is bad.
+    pub result: Result<Vec<Command>, String>,
+    id: (u64, u64),
 }
 
-impl ControlCursor {
-    fn new(path: PathBuf) -> ControlCursor {
-        ControlCursor {
+/// The injection directory: `*.json` files, taken in name order, each applied
+/// and then deleted (bad ones renamed to `*.json.bad`).
+#[derive(Debug)]
+pub struct InjectDir {
+    pub path: PathBuf,
+    /// (dev, inode) of files that could be neither deleted nor renamed, so
+    /// they are not applied again.
+    stuck: HashSet<(u64, u64)>,
+    /// (dev, inode) of the configuration file, never taken as an injection.
+    config_id: Option<(u64, u64)>,
+}
+
+impl InjectDir {
+    pub fn new(path: PathBuf) -> InjectDir {
+        InjectDir {
             path,
-            offset: 0,
-            partial: Vec::new(),
-            file_id: None,
+            stuck: HashSet::new(),
+            config_id: None,
         }
     }
 
-    /// Complete lines appended since the last call. A replaced (new inode) or
-    /// truncated file is read again from the start.
-    fn read_lines(&mut self) -> Vec<String> {
-        let Ok(mut file) = File::open(&self.path) else {
+    /// Reads and parses the `*.json` files present now, in name order. A
+    /// missing directory is empty. A file that ends mid-document and was
+    /// modified within [`TRUNCATED_GRACE`] is left for a later call.
+    pub fn collect(&self) -> Vec<InjectFile> {
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
             return Vec::new();
         };
-        let Ok(meta) = file.metadata() else {
-            return Vec::new();
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+            .collect();
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            let path = self.path.join(&name);
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            let id = (meta.dev(), meta.ino());
+            if !meta.is_file() || self.stuck.contains(&id) || self.config_id == Some(id) {
+                continue;
+            }
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    out.push(InjectFile {
+                        path,
+                        result: Err(e.to_string()),
+                        id,
+                    });
+                    continue;
+                }
+            };
+            let result = match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(v) => inject::from_value(v),
+                Err(e) => {
+                    let young = meta
+                        .modified()
+                        .ok()
+                        .and_then(|m| m.elapsed().ok())
+                        .is_none_or(|age| age < TRUNCATED_GRACE);
+                    if e.is_eof() && young {
+                        continue;
+                    }
+                    Err(e.to_string())
+                }
+            };
+            out.push(InjectFile { path, result, id });
+        }
+        out
+    }
+
+    /// Removes an applied file, or renames a bad one to `*.bad` after
+    /// reporting `error` on stderr.
+    pub fn finish(&mut self, file: &InjectFile, error: Option<&str>) {
+        let gone = |r: std::io::Result<()>| match r {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
         };
-        let id = (meta.dev(), meta.ino());
-        if self.file_id != Some(id) || meta.len() < self.offset {
-            self.file_id = Some(id);
-            self.offset = 0;
-            self.partial.clear();
+        let path = &file.path;
+        match error {
+            None => {
+                if !gone(std::fs::remove_file(path)) {
+                    eprintln!(
+                        "fake-nvml: cannot delete applied injection file {}; \
+                         it will not be applied again",
+                        path.display()
+                    );
+                    self.stuck.insert(file.id);
+                }
+            }
+            Some(e) => {
+                let mut bad = path.clone().into_os_string();
+                bad.push(".bad");
+                let bad = PathBuf::from(bad);
+                if gone(std::fs::rename(path, &bad)) {
+                    eprintln!(
+                        "fake-nvml: bad injection file {} (renamed to {}): {e}",
+                        path.display(),
+                        bad.display()
+                    );
+                } else if gone(std::fs::remove_file(path)) {
+                    eprintln!(
+                        "fake-nvml: bad injection file {} (deleted): {e}",
+                        path.display()
+                    );
+                } else {
+                    eprintln!(
+                        "fake-nvml: bad injection file {} (ignored): {e}",
+                        path.display()
+                    );
+                    self.stuck.insert(file.id);
+                }
+            }
         }
-        if meta.len() == self.offset {
-            return Vec::new();
-        }
-        let mut buf = Vec::new();
-        if file.seek(SeekFrom::Start(self.offset)).is_err() || file.read_to_end(&mut buf).is_err() {
-            return Vec::new();
-        }
-        self.offset += buf.len() as u64;
-        self.partial.extend_from_slice(&buf);
-        let Some(last_nl) = self.partial.iter().rposition(|&b| b == b'\n') else {
-            return Vec::new();
-        };
-        let rest = self.partial.split_off(last_nl + 1);
-        let complete = std::mem::replace(&mut self.partial, rest);
-        String::from_utf8_lossy(&complete)
-            .lines()
-            .map(str::to_string)
-            .collect()
     }
 }
 
@@ -416,7 +444,7 @@ pub struct Global {
     pub hw: Hardware,
     sets: BTreeMap<usize, EventSetState>,
     next_set: usize,
-    control: Option<ControlCursor>,
+    inject: Option<InjectDir>,
     watcher_gen: u64,
 }
 
@@ -425,23 +453,23 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
     hw: Hardware::empty(),
     sets: BTreeMap::new(),
     next_set: 1,
-    control: None,
+    inject: None,
     watcher_gen: 0,
 });
 
-/// Locks the global state without reading the control file. A panic while
-/// the lock was held cannot leave the state torn in a way that matters for a
-/// test double, so poisoning is ignored.
+/// Locks the global state without looking at the injection directory. A
+/// panic while the lock was held cannot leave the state torn in a way that
+/// matters for a test double, so poisoning is ignored.
 fn lock_raw() -> MutexGuard<'static, Global> {
     GLOBAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Locks the global state and applies control-file lines appended so far, so
-/// any NVML call made after a line was written observes it.
+/// Locks the global state and applies the injection files present, so any
+/// NVML call made after a file was renamed into place observes it.
 pub fn lock() -> MutexGuard<'static, Global> {
     let mut g = lock_raw();
     if g.init_count > 0 {
-        g.sync_control();
+        g.sync_inject();
     }
     g
 }
@@ -492,32 +520,44 @@ pub fn init() -> NvmlReturn {
     if let Some(code) = env_init_error() {
         return code;
     }
-    let scenario = Scenario::from_env();
     let mut g = lock_raw();
-    g.init_count += 1;
-    if g.init_count > 1 {
+    if g.init_count > 0 {
+        g.init_count += 1;
         return types::SUCCESS;
     }
-    if g.control.as_ref().map(|c| &c.path) != scenario.control.as_ref() {
-        g.control = scenario.control.clone().map(ControlCursor::new);
-    }
-    if g.hw.scenario.as_ref() != Some(&scenario) {
-        g.hw = Hardware::build(&scenario);
-        if let Some(script) = &scenario.script {
-            for line in script.split(';') {
-                g.apply_line(line, "FAKE_NVML_SCRIPT");
-            }
+    let (key, config) = match config::load_from_env() {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("fake-nvml: nvmlInit fails with NVML_ERROR_UNKNOWN: {e}");
+            return types::ERROR_UNKNOWN;
         }
+    };
+    if g.hw.key.as_ref() != Some(&key) {
+        g.hw = Hardware::build(key, config);
     }
-    g.sync_control();
+    let inject_path = env_nonempty(INJECT_DIR_ENV).map(PathBuf::from);
+    if g.inject.as_ref().map(|d| &d.path) != inject_path.as_ref() {
+        g.inject = inject_path.map(InjectDir::new);
+    }
+    let config_id =
+        g.hw.key
+            .as_ref()
+            .and_then(|k| k.path.as_ref())
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| (m.dev(), m.ino()));
+    if let Some(dir) = g.inject.as_mut() {
+        dir.config_id = config_id;
+    }
+    g.init_count = 1;
+    g.sync_inject();
     g.watcher_gen += 1;
-    if g.control.is_some() {
+    if g.inject.is_some() {
         let generation = g.watcher_gen;
         let spawned = std::thread::Builder::new()
-            .name("fake-nvml-control".into())
-            .spawn(move || watch_control(generation));
+            .name("fake-nvml-inject".into())
+            .spawn(move || watch_inject(generation));
         if let Err(e) = spawned {
-            eprintln!("fake-nvml: cannot start the control-file watcher: {e}");
+            eprintln!("fake-nvml: cannot start the injection-directory watcher: {e}");
         }
     }
     types::SUCCESS
@@ -540,37 +580,15 @@ pub fn shutdown() -> NvmlReturn {
     types::SUCCESS
 }
 
-/// Watcher thread body: polls the control file until its generation ends.
-fn watch_control(generation: u64) {
+/// Watcher thread body: polls the injection directory until its generation ends.
+fn watch_inject(generation: u64) {
     loop {
-        std::thread::sleep(CONTROL_POLL);
+        std::thread::sleep(INJECT_POLL);
         let mut g = lock_raw();
         if g.watcher_gen != generation || g.init_count == 0 {
             return;
         }
-        g.sync_control();
-    }
-}
-
-/// Applies one command line from outside any NVML session (`fakenvml_command`).
-pub fn apply_external(line: &str) -> NvmlReturn {
-    let mut g = lock();
-    if g.hw.scenario.is_none() {
-        return types::ERROR_UNINITIALIZED;
-    }
-    match command::parse(line) {
-        Ok(None) => types::SUCCESS,
-        Ok(Some(cmd)) => match g.apply(cmd) {
-            Ok(()) => types::SUCCESS,
-            Err(e) => {
-                eprintln!("fake-nvml: ignoring command {line:?}: {e}");
-                types::ERROR_INVALID_ARGUMENT
-            }
-        },
-        Err(e) => {
-            eprintln!("fake-nvml: ignoring command {line:?}: {e}");
-            types::ERROR_INVALID_ARGUMENT
-        }
+        g.sync_inject();
     }
 }
 
@@ -641,24 +659,48 @@ impl Global {
         Ok(())
     }
 
-    fn sync_control(&mut self) {
-        let lines = match self.control.as_mut() {
-            Some(c) => c.read_lines(),
-            None => return,
+    /// Applies (then deletes) the injection files present, in name order.
+    fn sync_inject(&mut self) {
+        let Some(mut dir) = self.inject.take() else {
+            return;
         };
-        for line in lines {
-            self.apply_line(&line, "control file");
+        for file in dir.collect() {
+            let checked = match &file.result {
+                Ok(cmds) => self.validate(cmds),
+                Err(e) => Err(e.clone()),
+            };
+            match checked {
+                Ok(()) => {
+                    for cmd in file.result.iter().flatten() {
+                        self.apply(cmd.clone());
+                    }
+                    dir.finish(&file, None);
+                }
+                Err(e) => dir.finish(&file, Some(&e)),
+            }
         }
+        self.inject = Some(dir);
     }
 
-    fn apply_line(&mut self, line: &str, source: &str) {
-        let result = command::parse(line).and_then(|cmd| match cmd {
-            Some(cmd) => self.apply(cmd),
-            None => Ok(()),
-        });
-        if let Err(e) = result {
-            eprintln!("fake-nvml: ignoring {source} line {:?}: {e}", line.trim());
+    /// Checks GPU indices and `count` against the configuration, so a file
+    /// is applied entirely or not at all.
+    pub fn validate(&self, cmds: &[Command]) -> Result<(), String> {
+        let n = self.hw.gpus.len();
+        for cmd in cmds {
+            if let Some(gpu) = cmd.gpu()
+                && gpu as usize >= n
+            {
+                return Err(format!(
+                    "GPU {gpu} out of range (the configuration has {n})"
+                ));
+            }
+            if let Command::Count { n: want } = cmd
+                && *want as usize > n
+            {
+                return Err(format!("count {want} is above the {n} configured GPUs"));
+            }
         }
+        Ok(())
     }
 
     fn notify_all_sets(&self) {
@@ -683,9 +725,8 @@ impl Global {
                 delivered = true;
             }
         }
-        let backlog_on = self.hw.scenario.as_ref().is_some_and(|s| s.backlog);
         if !delivered
-            && backlog_on
+            && self.hw.event_backlog
             && event_type & BACKLOG_TYPES != 0
             && let Some(g) = self.hw.gpus.get_mut(gpu as usize)
         {
@@ -721,7 +762,7 @@ impl Global {
     /// `nvmlDeviceRegisterEvents`: all-or-nothing like NVML; hands over any
     /// backlogged events that match.
     pub fn register(&mut self, id: usize, gpu: usize, mask: u64) -> Result<(), NvmlReturn> {
-        if mask & !self.hw.supported_events() != 0 {
+        if mask & !self.hw.supported_events(gpu) != 0 {
             return Err(types::ERROR_NOT_SUPPORTED);
         }
         let set = self
@@ -741,95 +782,56 @@ impl Global {
         Ok(())
     }
 
-    /// Applies one injection command.
-    pub fn apply(&mut self, cmd: Command) -> Result<(), String> {
-        let n = self.hw.gpus.len();
-        let check = |gpu: u32| -> Result<usize, String> {
-            let i = gpu as usize;
-            if i < n {
-                Ok(i)
-            } else {
-                Err(format!("GPU {gpu} out of range (scenario has {n})"))
-            }
-        };
+    /// Applies one command whose GPU index passed [`Global::validate`].
+    pub fn apply(&mut self, cmd: Command) {
+        let gpu_idx = cmd.gpu().map_or(0, |i| i as usize);
+        if cmd.gpu().is_some() && gpu_idx >= self.hw.gpus.len() {
+            return;
+        }
         match cmd {
-            Command::Xid { gpu, code } => {
-                check(gpu)?;
-                self.raise(gpu, ev::XID_CRITICAL_ERROR, code);
+            Command::Reset => self.hw.reset(),
+            Command::Count { n } => self.hw.visible = n.min(self.hw.gpus.len() as u32),
+            Command::ComputeMode { mode, .. } => self.hw.gpus[gpu_idx].compute_mode = mode,
+            Command::Temp { celsius, .. } => self.hw.gpus[gpu_idx].temp_c = celsius,
+            Command::Throttle { mask, .. } => self.hw.gpus[gpu_idx].throttle = mask,
+            Command::PcieReplay { n, .. } => self.hw.gpus[gpu_idx].pcie_replay = n,
+            Command::PcieLink {
+                generation, width, ..
+            } => {
+                let g = &mut self.hw.gpus[gpu_idx];
+                g.pcie_gen = generation.unwrap_or(g.pcie_gen);
+                g.pcie_width = width.unwrap_or(g.pcie_width);
             }
-            Command::EccDbe { gpu } => {
-                let g = &mut self.hw.gpus[check(gpu)?];
-                for c in &mut g.ecc[1] {
-                    *c = c.saturating_add(1);
+            Command::MpsClients { pids, .. } => self.hw.gpus[gpu_idx].procs = pids,
+            Command::Ecc { gpu, delta } => {
+                let ecc = &mut self.hw.gpus[gpu_idx].ecc;
+                let add = |c: &mut u64, d: u64| *c = c.saturating_add(d);
+                add(&mut ecc[0][0], delta.corrected_volatile);
+                add(&mut ecc[0][1], delta.corrected_aggregate);
+                add(&mut ecc[1][0], delta.uncorrected_volatile);
+                add(&mut ecc[1][1], delta.uncorrected_aggregate);
+                if delta.uncorrected_volatile > 0 {
+                    self.raise(gpu, ev::DOUBLE_BIT_ECC_ERROR, 0);
                 }
-                self.raise(gpu, ev::DOUBLE_BIT_ECC_ERROR, 0);
-            }
-            Command::EccSbe { gpu, n } => {
-                let g = &mut self.hw.gpus[check(gpu)?];
-                for c in &mut g.ecc[0] {
-                    *c = c.saturating_add(n);
+                if delta.corrected_volatile > 0 {
+                    self.raise(gpu, ev::SINGLE_BIT_ECC_ERROR, 0);
                 }
-                self.raise(gpu, ev::SINGLE_BIT_ECC_ERROR, 0);
             }
-            Command::Lost { gpu } => {
-                self.hw.gpus[check(gpu)?].lost = true;
-                self.notify_all_sets();
+            Command::RemappedRows { rows, .. } => {
+                let g = &mut self.hw.gpus[gpu_idx];
+                g.remap_corr = rows.correctable.unwrap_or(g.remap_corr);
+                g.remap_unc = rows.uncorrectable.unwrap_or(g.remap_unc);
+                g.remap_pending = rows.pending.unwrap_or(g.remap_pending);
+                g.remap_failure = rows.failure.unwrap_or(g.remap_failure);
             }
-            Command::Unknown => {
-                self.hw.unknown_once = true;
-                self.notify_all_sets();
-            }
-            Command::RemapPending { gpu } => self.hw.gpus[check(gpu)?].remap_pending = true,
-            Command::RemapFailure { gpu } => self.hw.gpus[check(gpu)?].remap_failure = true,
-            Command::Remap { gpu, corr, unc } => {
-                let g = &mut self.hw.gpus[check(gpu)?];
-                g.remap_corr = corr;
-                g.remap_unc = unc;
-            }
-            Command::RetiredPending { gpu } => self.hw.gpus[check(gpu)?].retired_pending = true,
-            Command::Retired { gpu, sbe, dbe } => {
-                let g = &mut self.hw.gpus[check(gpu)?];
-                g.retired = [sbe, dbe];
+            Command::RetiredPages { sbe, dbe, .. } => {
+                let g = &mut self.hw.gpus[gpu_idx];
+                g.retired[0] = sbe.unwrap_or(g.retired[0]);
+                g.retired[1] = dbe.unwrap_or(g.retired[1]);
                 g.retired_ts = now_secs();
             }
-            Command::Recovery { gpu, action } => {
-                self.hw.gpus[check(gpu)?].recovery_action = action;
-                self.raise(gpu, ev::GPU_RECOVERY_ACTION, u64::from(action));
-            }
-            Command::Temp { gpu, celsius } => self.hw.gpus[check(gpu)?].temp_c = celsius,
-            Command::Throttle { gpu, mask } => self.hw.gpus[check(gpu)?].throttle = mask,
-            Command::MpsProcs { gpu, pids } => self.hw.gpus[check(gpu)?].procs = pids,
-            Command::Count { n: want } => {
-                if want as usize > n {
-                    self.hw.visible = n as u32;
-                    return Err(format!("count {want} is above the {n} GPUs; using {n}"));
-                }
-                self.hw.visible = want;
-            }
-            Command::Reset => self.hw.reset(),
-            Command::Event {
-                gpu,
-                event_type,
-                data,
-            } => {
-                check(gpu)?;
-                self.raise(gpu, event_type, data);
-            }
-            Command::PcieReplay { gpu, n } => self.hw.gpus[check(gpu)?].pcie_replay = n,
-            Command::PcieLink {
-                gpu,
-                generation,
-                width,
-            } => {
-                let g = &mut self.hw.gpus[check(gpu)?];
-                g.pcie_gen = generation;
-                g.pcie_width = width;
-            }
-            Command::ComputeMode { gpu, mode } => {
-                if mode > 3 {
-                    return Err(format!("compute mode {mode} is not 0..=3"));
-                }
-                self.hw.gpus[check(gpu)?].compute_mode = mode;
+            Command::RetiredPending { pending, .. } => {
+                self.hw.gpus[gpu_idx].retired_pending = pending;
             }
             Command::Fail {
                 function,
@@ -837,33 +839,47 @@ impl Global {
                 code,
                 times,
             } => {
-                if let GpuSel::One(i) = gpu {
-                    check(i)?;
-                }
                 self.hw
                     .fails
                     .retain(|r| !(r.function == function && r.gpu == gpu));
-                if times != Some(0) {
-                    self.hw.fails.push(FailRule {
-                        function,
-                        gpu,
-                        code,
-                        remaining: times,
-                    });
-                }
+                self.hw.fails.push(FailRule {
+                    function,
+                    gpu,
+                    code,
+                    remaining: times,
+                });
             }
             Command::Unfail { function, gpu } => self
                 .hw
                 .fails
                 .retain(|r| !(r.function == function && r.gpu == gpu)),
+            Command::Recovery { gpu, action } => {
+                self.hw.gpus[gpu_idx].recovery_action = action;
+                self.raise(gpu, ev::GPU_RECOVERY_ACTION, u64::from(action));
+            }
+            Command::Xid { gpu, code } => self.raise(gpu, ev::XID_CRITICAL_ERROR, code),
+            Command::Event {
+                gpu,
+                event_type,
+                data,
+            } => self.raise(gpu, event_type, data),
+            Command::Unknown => {
+                self.hw.unknown_once = true;
+                self.notify_all_sets();
+            }
+            Command::Lost { lost, .. } => {
+                self.hw.gpus[gpu_idx].lost = lost;
+                self.notify_all_sets();
+            }
         }
-        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::Arch;
+    use std::path::Path;
 
     #[test]
     fn device_handles_round_trip() {
@@ -877,9 +893,11 @@ mod tests {
 
     #[test]
     fn histogram_model() {
-        let mut g = Gpu::healthy(Arch::Ampere);
+        let mut spec = GpuSpec::default_for(0);
+        spec.arch = Arch::Ampere;
+        let mut g = Gpu::healthy(spec);
         assert_eq!(
-            g.histogram(Arch::Ampere),
+            g.histogram(),
             types::RowRemapperHistogram {
                 max: 640,
                 ..Default::default()
@@ -888,28 +906,97 @@ mod tests {
         g.remap_corr = 2;
         g.remap_unc = 1;
         g.remap_failure = true;
-        let h = g.histogram(Arch::Ampere);
+        let h = g.histogram();
         assert_eq!((h.max, h.high, h.none), (636, 3, 1));
     }
 
-    #[test]
-    fn control_cursor_reads_appended_complete_lines() {
-        use std::io::Write;
-        let dir = std::env::temp_dir().join(format!("fake-nvml-cursor-{}", std::process::id()));
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("ctl");
-        let mut f = File::create(&path).unwrap();
-        let mut c = ControlCursor::new(path.clone());
-        assert!(c.read_lines().is_empty());
-        write!(f, "xid 0 79\nlost").unwrap();
-        assert_eq!(c.read_lines(), ["xid 0 79"]);
-        writeln!(f, " 1").unwrap();
-        assert_eq!(c.read_lines(), ["lost 1"]);
-        assert!(c.read_lines().is_empty());
-        // Truncation restarts at the beginning.
-        let mut f = File::create(&path).unwrap();
-        writeln!(f, "reset").unwrap();
-        assert_eq!(c.read_lines(), ["reset"]);
+        dir
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn inject_dir_takes_json_files_in_name_order() {
+        let dir = scratch("inject-order");
+        let mut d = InjectDir::new(dir.clone());
+        assert!(d.collect().is_empty());
+        std::fs::write(dir.join("b.json"), r#"{"gpu": 1, "xid": 48}"#).unwrap();
+        std::fs::write(dir.join("a.json"), r#"{"gpu": 0, "xid": 79}"#).unwrap();
+        std::fs::write(dir.join("c.json.tmp"), r#"{"gpu": 0, "xid": 1}"#).unwrap();
+        std::fs::write(dir.join("d.json"), r#"{"gpu": 0, "bogus": 1}"#).unwrap();
+        std::fs::write(dir.join("e.json"), "{\"gpu\": 0, ").unwrap();
+        let files = d.collect();
+        let got: Vec<_> = files
+            .iter()
+            .map(|f| {
+                (
+                    f.path.file_name().unwrap().to_str().unwrap().to_string(),
+                    f.result.is_ok(),
+                )
+            })
+            .collect();
+        // e.json ends mid-document and is fresh: left for later.
+        assert_eq!(
+            got,
+            [
+                ("a.json".to_string(), true),
+                ("b.json".to_string(), true),
+                ("d.json".to_string(), false)
+            ]
+        );
+        assert_eq!(
+            files[0].result.as_ref().unwrap(),
+            &[Command::Xid { gpu: 0, code: 79 }]
+        );
+        for f in &files {
+            let err = f.result.as_ref().err().cloned();
+            d.finish(f, err.as_deref());
+        }
+        assert_eq!(names(&dir), ["c.json.tmp", "d.json.bad", "e.json"]);
         std::fs::remove_dir_all(&dir).unwrap();
+        assert!(d.collect().is_empty(), "missing directory");
+    }
+
+    #[test]
+    fn missing_gpu_fails_validation() {
+        let mut g = Global {
+            init_count: 1,
+            hw: Hardware::build(
+                ConfigKey {
+                    path: None,
+                    content: None,
+                },
+                Config::default(),
+            ),
+            sets: BTreeMap::new(),
+            next_set: 1,
+            inject: None,
+            watcher_gen: 0,
+        };
+        assert!(g.validate(&[Command::Xid { gpu: 4, code: 1 }]).is_err());
+        assert!(g.validate(&[Command::Count { n: 5 }]).is_err());
+        assert!(g.validate(&[Command::Count { n: 4 }]).is_ok());
+        g.apply(Command::Ecc {
+            gpu: 1,
+            delta: inject::EccDelta {
+                uncorrected_volatile: 2,
+                corrected_aggregate: 3,
+                ..Default::default()
+            },
+        });
+        assert_eq!(g.hw.gpus[1].ecc, [[0, 3], [2, 0]]);
+        // No set registered: the DBE event is backlogged, the SBE one is not.
+        assert_eq!(g.hw.gpus[1].backlog.len(), 1);
     }
 }

@@ -1,42 +1,40 @@
 //! Drives `libfake_nvml.so` through the real `nvml-wrapper` 0.13, the way
-//! gpu-medic will.
+//! gpu-medic will, using the documented contract: a JSON configuration file
+//! (`FAKE_NVML_CONFIG`) and JSON injection files dropped into
+//! `FAKE_NVML_INJECT_DIR`.
 //!
-//! The fake reads its scenario from the environment at `nvmlInit` and keeps
-//! process-global state, so all scenarios run sequentially inside the single
-//! `#[test]` below (this binary must contain no other test).
+//! The fake reads its environment at `nvmlInit` and keeps process-global
+//! state, so all scenarios run sequentially inside the single `#[test]` below
+//! (this binary must contain no other test).
 //!
 //! The library is found at `$FAKE_NVML_LIB`, else in this test binary's
 //! directory (`target/debug/deps/libfake_nvml.so`, which `cargo test -p
 //! fake-nvml` always rebuilds), else `target/debug/libfake_nvml.so` (from
 //! `cargo build -p fake-nvml`); a clear panic says so when none exists.
 
-use std::ffi::CString;
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
-    Brand, EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+    Brand, EccCounter, MemoryError, MemoryLocation, RetirementCause, TemperatureSensor,
 };
 use nvml_wrapper::enums::device::{DeviceArchitecture, SampleValue, UsedGpuMemory};
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::event::EventData;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{EventSet, FieldIdScheme};
 
 use fake_nvml::identity;
 
-const SCENARIO_VARS: [&str; 7] = [
-    "FAKE_NVML_GPUS",
-    "FAKE_NVML_ARCH",
+const ENV_VARS: [&str; 3] = [
+    "FAKE_NVML_CONFIG",
+    "FAKE_NVML_INJECT_DIR",
     "FAKE_NVML_INIT_ERROR",
-    "FAKE_NVML_DRIVER_VERSION",
-    "FAKE_NVML_CONTROL",
-    "FAKE_NVML_SCRIPT",
-    "FAKE_NVML_EVENT_BACKLOG",
 ];
 
 fn lib_path() -> PathBuf {
@@ -69,9 +67,9 @@ fn lib_path() -> PathBuf {
         })
 }
 
-/// Replaces every `FAKE_NVML_*` scenario variable.
-fn set_scenario(vars: &[(&str, &str)]) {
-    for k in SCENARIO_VARS {
+/// Replaces every `FAKE_NVML_*` variable the fake reads.
+fn set_env(vars: &[(&str, &Path)]) {
+    for k in ENV_VARS {
         // SAFETY: this binary has a single test; the harness runs it while
         // no other thread reads or writes the environment (the fake's
         // watcher thread never touches it).
@@ -95,53 +93,86 @@ fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Appends lines to a control file.
-struct Control(PathBuf);
+/// Writes `json` as the configuration file in `dir`.
+fn write_config(dir: &Path, json: &str) -> PathBuf {
+    let path = dir.join("config.json");
+    std::fs::write(&path, json).unwrap();
+    path
+}
 
-impl Control {
-    fn new(dir: &Path) -> Control {
-        let path = dir.join("control");
-        std::fs::File::create(&path).unwrap();
-        Control(path)
+/// Writes injection files the way the contract asks: `NNNNNN.json.tmp`,
+/// then an atomic rename to `NNNNNN.json`.
+struct Injector {
+    dir: PathBuf,
+    seq: AtomicU32,
+}
+
+impl Injector {
+    fn new(dir: PathBuf) -> Injector {
+        std::fs::create_dir_all(&dir).unwrap();
+        Injector {
+            dir,
+            seq: AtomicU32::new(0),
+        }
     }
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
+
+    /// Drops one injection file; returns its final path.
+    fn send(&self, json: &str) -> PathBuf {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let path = self.dir.join(format!("{n:06}.json"));
+        let tmp = self.dir.join(format!("{n:06}.json.tmp"));
+        std::fs::write(&tmp, json).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path
     }
-    fn send(&self, line: &str) {
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.0)
-            .unwrap();
-        writeln!(f, "{line}").unwrap();
+
+    /// Drops a file and waits, without any NVML call, until the fake's
+    /// watcher has taken it; returns how long that took.
+    fn send_and_wait(&self, json: &str) -> Duration {
+        let path = self.send(json);
+        wait_gone(&path)
+    }
+
+    fn entries(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
     }
 }
 
-fn wait_event<'n>(
-    set: &EventSet<'n>,
-    ms: u32,
-) -> Result<nvml_wrapper::struct_wrappers::event::EventData<'n>, NvmlError> {
+/// Polls until `path` no longer exists (panics after 5 s).
+fn wait_gone(path: &Path) -> Duration {
+    let t0 = Instant::now();
+    while path.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{} was not picked up",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    t0.elapsed()
+}
+
+fn wait_event<'n>(set: &EventSet<'n>, ms: u32) -> Result<EventData<'n>, NvmlError> {
     set.wait(ms)
 }
 
-/// Calls `fakenvml_command` in the already-loaded library.
-fn fakenvml_command(line: &str) -> u32 {
-    let path = CString::new(lib_path().into_os_string().into_encoded_bytes()).unwrap();
-    // SAFETY: `path` is a valid C string; RTLD_NOLOAD only returns a handle
-    // to the copy nvml-wrapper already loaded.
-    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    assert!(!handle.is_null(), "fake library is not loaded");
-    // SAFETY: valid handle and symbol name.
-    let sym = unsafe { libc::dlsym(handle, c"fakenvml_command".as_ptr()) };
-    assert!(!sym.is_null(), "fakenvml_command missing");
-    // SAFETY: the symbol has this exact signature (see src/ffi.rs).
-    let f: unsafe extern "C" fn(*const libc::c_char) -> u32 = unsafe { std::mem::transmute(sym) };
-    let line = CString::new(line).unwrap();
-    // SAFETY: NUL-terminated argument; then drop the extra reference.
-    unsafe {
-        let r = f(line.as_ptr());
-        libc::dlclose(handle);
-        r
-    }
+fn remapped_rows(nvml: &Nvml, index: u32) -> (u32, [u32; 4]) {
+    let d = nvml.device_by_index(index).unwrap();
+    let mut v = [0u32; 4];
+    let [a, b, c, e] = &mut v;
+    // SAFETY: valid handle and four valid out-pointers.
+    let r = unsafe { nvml.lib().nvmlDeviceGetRemappedRows(d.handle(), a, b, c, e) };
+    (r, v)
+}
+
+fn field(d: &nvml_wrapper::Device<'_>, id: u32) -> Result<SampleValue, NvmlError> {
+    let mut f = d.field_values_for(&[FieldId(id)]).unwrap();
+    f.remove(0).unwrap().value
 }
 
 fn layouts_match_nvml_wrapper_sys() {
@@ -170,16 +201,15 @@ fn layouts_match_nvml_wrapper_sys() {
     );
 }
 
-fn scenario_identity() {
-    set_scenario(&[]);
+fn scenario_defaults() {
+    // No FAKE_NVML_CONFIG: four default Hopper GPUs.
+    set_env(&[]);
     let nvml = init().expect("init");
     assert_eq!(nvml.device_count().unwrap(), 4);
     assert_eq!(nvml.sys_driver_version().unwrap(), "570.172.08");
     assert_eq!(nvml.sys_nvml_version().unwrap(), "12.570.172.08");
     assert_eq!(nvml.sys_cuda_driver_version().unwrap(), 12080);
     assert_eq!(nvml.field_id_scheme(), FieldIdScheme::V12);
-    let mut uuids = Vec::new();
-    let mut bus_ids = Vec::new();
     for i in 0..4u32 {
         let d = nvml.device_by_index(i).unwrap();
         let uuid = d.uuid().unwrap();
@@ -210,14 +240,7 @@ fn scenario_identity() {
             .device_by_pci_bus_id(identity::pci_bus_id_legacy(i))
             .unwrap();
         assert_eq!(by_pci.index().unwrap(), i);
-        uuids.push(uuid);
-        bus_ids.push(pci.bus_id);
     }
-    uuids.sort();
-    uuids.dedup();
-    bus_ids.sort();
-    bus_ids.dedup();
-    assert_eq!((uuids.len(), bus_ids.len()), (4, 4));
     assert!(matches!(
         nvml.device_by_uuid("GPU-00000000-0000-0000-0000-000000000000"),
         Err(NvmlError::NotFound)
@@ -254,19 +277,93 @@ fn scenario_identity() {
     ));
 }
 
-fn remapped_rows(nvml: &Nvml, index: u32) -> (u32, [u32; 4]) {
-    let d = nvml.device_by_index(index).unwrap();
-    let mut v = [0u32; 4];
-    let [a, b, c, e] = &mut v;
-    // SAFETY: valid handle and four valid out-pointers.
-    let r = unsafe { nvml.lib().nvmlDeviceGetRemappedRows(d.handle(), a, b, c, e) };
-    (r, v)
+fn scenario_custom_config() {
+    let dir = scratch_dir("custom");
+    let config = write_config(
+        &dir,
+        r#"{"driver_version": "575.51.03",
+            "gpus": [
+              {"uuid": "GPU-11111111-2222-3333-4444-555555555555",
+               "pci_bus_id": "00000000:3B:00.0", "serial": "1320000000001",
+               "name": "NVIDIA A10G", "memory_mib": 23028, "architecture": "ampere"},
+              {"uuid": "GPU-66666666-7777-8888-9999-000000000000",
+               "pci_bus_id": "0000:5e:00.0", "ecc": false}
+            ]}"#,
+    );
+    set_env(&[("FAKE_NVML_CONFIG", &config)]);
+    let nvml = init().expect("init");
+    assert_eq!(nvml.device_count().unwrap(), 2);
+    assert_eq!(nvml.sys_driver_version().unwrap(), "575.51.03");
+    let d0 = nvml.device_by_index(0).unwrap();
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(
+        d0.uuid().unwrap(),
+        "GPU-11111111-2222-3333-4444-555555555555"
+    );
+    assert_eq!(
+        d1.uuid().unwrap(),
+        "GPU-66666666-7777-8888-9999-000000000000"
+    );
+    assert_eq!(d0.pci_info().unwrap().bus_id, "00000000:3B:00.0");
+    assert_eq!(d1.pci_info().unwrap().bus_id, "00000000:5E:00.0");
+    assert_eq!(d0.serial().unwrap(), "1320000000001");
+    assert_eq!(d1.serial().unwrap(), identity::serial(1), "index default");
+    assert_eq!(d0.name().unwrap(), "NVIDIA A10G");
+    assert_eq!(d1.name().unwrap(), "NVIDIA H200", "architecture default");
+    assert_eq!(d0.architecture().unwrap(), DeviceArchitecture::Ampere);
+    assert_eq!(d0.memory_info().unwrap().total, 23_028 << 20);
+    let by_uuid = nvml
+        .device_by_uuid("GPU-66666666-7777-8888-9999-000000000000")
+        .unwrap();
+    assert_eq!(by_uuid.index().unwrap(), 1);
+    let by_pci = nvml.device_by_pci_bus_id("0000:3B:00.0").unwrap();
+    assert_eq!(by_pci.index().unwrap(), 0);
+    // nvml-wrapper deprecates the by-serial lookup (dual-GPU boards).
+    #[allow(deprecated)]
+    let by_serial = nvml.device_by_serial("1320000000001").unwrap();
+    assert_eq!(by_serial.index().unwrap(), 0);
+    assert!(matches!(
+        nvml.device_by_uuid(identity::uuid(0).as_str()),
+        Err(NvmlError::NotFound)
+    ));
+
+    // `"ecc": false`: mode disabled, counters and ECC events not supported.
+    assert!(d0.is_ecc_enabled().unwrap().currently_enabled);
+    assert!(!d1.is_ecc_enabled().unwrap().currently_enabled);
+    assert!(matches!(
+        d1.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(field(&d1, 4), Err(NvmlError::NotSupported)));
+    assert!(
+        !d1.supported_event_types()
+            .unwrap()
+            .intersects(EventTypes::DOUBLE_BIT_ECC_ERROR | EventTypes::SINGLE_BIT_ECC_ERROR)
+    );
+    assert_eq!(
+        d0.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .unwrap(),
+        0
+    );
+    drop(nvml);
+
+    // A configuration that does not parse makes nvmlInit fail (stderr says why).
+    let bad = write_config(&dir, r#"{"gpus": [{"architecture": "pascal"}]}"#);
+    set_env(&[("FAKE_NVML_CONFIG", &bad)]);
+    assert!(matches!(init(), Err(NvmlError::Unknown)));
+    set_env(&[("FAKE_NVML_CONFIG", &dir.join("missing.json"))]);
+    assert!(matches!(init(), Err(NvmlError::Unknown)));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
-fn scenario_live_faults() {
+fn scenario_injections() {
     let dir = scratch_dir("live");
-    let ctl = Control::new(&dir);
-    set_scenario(&[("FAKE_NVML_CONTROL", ctl.path())]);
+    let config = write_config(&dir, "{}");
+    let inj = Injector::new(dir.join("inject"));
+    set_env(&[
+        ("FAKE_NVML_CONFIG", &config),
+        ("FAKE_NVML_INJECT_DIR", &inj.dir),
+    ]);
     let nvml = init().expect("init");
     let devices: Vec<_> = (0..4).map(|i| nvml.device_by_index(i).unwrap()).collect();
 
@@ -280,79 +377,87 @@ fn scenario_live_faults() {
     }
     assert!(matches!(wait_event(&set, 30), Err(NvmlError::Timeout)));
 
-    // XID through the control file, delivered by the watcher while blocked.
+    // XID through an injection file, delivered by the watcher while blocked.
     let t0 = Instant::now();
-    std::thread::scope(|s| {
-        s.spawn(|| {
+    let written = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
             std::thread::sleep(Duration::from_millis(100));
-            ctl.send("xid 2 79");
+            let path = inj.send(r#"{"gpu": 2, "xid": 79}"#);
+            (path, Instant::now())
         });
         let ev = wait_event(&set, 5000).expect("xid event");
+        let arrived = Instant::now();
         assert_eq!(ev.device.index().unwrap(), 2);
         assert_eq!(ev.device.uuid().unwrap(), identity::uuid(2));
         assert_eq!(ev.event_type, EventTypes::CRITICAL_XID_ERROR);
         assert_eq!(ev.event_data, Some(XidError::Value(79)));
+        let (path, sent) = writer.join().unwrap();
+        eprintln!("xid event arrived {:?} after the rename", arrived - sent);
+        path
     });
     assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(!written.exists(), "injection file deleted after pickup");
 
-    ctl.send("xid 0 999");
-    let ev = wait_event(&set, 2000).unwrap();
+    // Pickup by the watcher alone, no NVML call in between (contract: 10 ms;
+    // generous bound here against a loaded CI machine).
+    let took = inj.send_and_wait(r#"{"gpu": 0, "xid": 999}"#);
+    eprintln!("watcher picked up an injection file in {took:?}");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    let ev = wait_event(&set, 0).unwrap();
     assert_eq!(ev.event_data, Some(XidError::Unknown));
 
-    // ECC: counters and events.
+    // Files are also applied synchronously by the next NVML call.
+    inj.send(r#"{"gpu": 3, "temperature": 95}"#);
+    assert_eq!(devices[3].temperature(TemperatureSensor::Gpu).unwrap(), 95);
+
+    // ECC: each key adds to its own counter; uncorrected_volatile raises
+    // the DBE event, corrected_volatile the SBE event.
     let d1 = &devices[1];
-    assert_eq!(
-        d1.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-            .unwrap(),
-        0
-    );
-    ctl.send("ecc-dbe 1");
+    inj.send(r#"{"gpu": 1, "ecc": {"uncorrected_volatile": 1}}"#);
     let ev = wait_event(&set, 2000).unwrap();
     assert_eq!(ev.event_type, EventTypes::DOUBLE_BIT_ECC_ERROR);
     assert_eq!(ev.device.index().unwrap(), 1);
     assert_eq!(ev.event_data, None);
-    for counter in [EccCounter::Volatile, EccCounter::Aggregate] {
-        assert_eq!(
-            d1.total_ecc_errors(MemoryError::Uncorrected, counter)
-                .unwrap(),
-            1
-        );
-    }
-    ctl.send("ecc-sbe 1 5");
+    let count = |e, c| d1.total_ecc_errors(e, c).unwrap();
+    assert_eq!(count(MemoryError::Uncorrected, EccCounter::Volatile), 1);
+    assert_eq!(count(MemoryError::Uncorrected, EccCounter::Aggregate), 0);
+    inj.send(
+        r#"{"gpu": 1, "ecc": {"uncorrected_volatile": 2, "uncorrected_aggregate": 3,
+                               "corrected_volatile": 5, "corrected_aggregate": 6}}"#,
+    );
+    let ev = wait_event(&set, 2000).unwrap();
+    assert_eq!(ev.event_type, EventTypes::DOUBLE_BIT_ECC_ERROR);
     let ev = wait_event(&set, 2000).unwrap();
     assert_eq!(ev.event_type, EventTypes::SINGLE_BIT_ECC_ERROR);
-    assert_eq!(
-        d1.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)
-            .unwrap(),
-        5
-    );
+    assert_eq!(count(MemoryError::Uncorrected, EccCounter::Volatile), 3);
+    assert_eq!(count(MemoryError::Uncorrected, EccCounter::Aggregate), 3);
+    assert_eq!(count(MemoryError::Corrected, EccCounter::Volatile), 5);
+    assert_eq!(count(MemoryError::Corrected, EccCounter::Aggregate), 6);
     assert_eq!(
         d1.memory_error_counter(
             MemoryError::Corrected,
             EccCounter::Volatile,
-            nvml_wrapper::enum_wrappers::device::MemoryLocation::Device
+            MemoryLocation::Device
         )
         .unwrap(),
         5
     );
-    let fields = d1
-        .field_values_for(&[FieldId(3), FieldId(4), FieldId(6)])
-        .unwrap();
-    let values: Vec<SampleValue> = fields
-        .into_iter()
-        .map(|f| f.unwrap().value.unwrap())
-        .collect();
+    let values: Vec<SampleValue> = [3, 4, 5, 6].map(|id| field(d1, id).unwrap()).into();
     assert_eq!(
         values,
         [
             SampleValue::U64(5),
-            SampleValue::U64(1),
-            SampleValue::U64(1)
+            SampleValue::U64(3),
+            SampleValue::U64(6),
+            SampleValue::U64(3)
         ]
     );
+    // An aggregate-only change raises nothing.
+    inj.send(r#"{"gpu": 1, "ecc": {"uncorrected_aggregate": 1}}"#);
+    assert!(matches!(wait_event(&set, 30), Err(NvmlError::Timeout)));
 
     // UNKNOWN exactly once.
-    ctl.send("unknown");
+    inj.send(r#"{"unknown": true}"#);
     assert!(matches!(wait_event(&set, 2000), Err(NvmlError::Unknown)));
     assert!(matches!(wait_event(&set, 30), Err(NvmlError::Timeout)));
 
@@ -362,7 +467,7 @@ fn scenario_live_faults() {
     let raw_set = devices[0]
         .register_events(EventTypes::from_bits_retain(0x8000), raw_set)
         .unwrap();
-    ctl.send("recovery 0 node-reboot");
+    inj.send(r#"{"gpu": 0, "recovery_action": 2}"#);
     let mut data: nvml_wrapper_sys::bindings::nvmlEventData_t =
         // SAFETY: plain C struct; all-zero is a valid value.
         unsafe { std::mem::zeroed() };
@@ -379,11 +484,7 @@ fn scenario_live_faults() {
         (data.gpuInstanceId, data.computeInstanceId),
         (u32::MAX, u32::MAX)
     );
-    let f = devices[0].field_values_for(&[FieldId(230)]).unwrap();
-    assert_eq!(
-        f[0].as_ref().unwrap().value.as_ref().unwrap(),
-        &SampleValue::U32(2)
-    );
+    assert_eq!(field(&devices[0], 230).unwrap(), SampleValue::U32(2));
     // The XID set is not registered for 0x8000: nothing arrives there.
     assert!(matches!(wait_event(&set, 50), Err(NvmlError::Timeout)));
     drop(raw_set);
@@ -396,12 +497,18 @@ fn scenario_live_faults() {
             .is_err()
     );
 
-    // Row remapping (Hopper), raw call plus histogram and field values.
+    // Row remapping (Hopper): raw call, histogram, field values.
     assert_eq!(remapped_rows(&nvml, 0), (0, [0, 0, 0, 0]));
-    ctl.send("remap 0 2 1");
-    ctl.send("remap-pending 0");
-    ctl.send("remap-failure 0");
-    assert_eq!(remapped_rows(&nvml, 0), (0, [2, 1, 1, 1]));
+    inj.send(
+        r#"{"gpu": 0, "remapped_rows": {"pending": true, "failure": true, "uncorrectable": 3}}"#,
+    );
+    assert_eq!(remapped_rows(&nvml, 0), (0, [0, 3, 1, 1]));
+    inj.send(r#"{"gpu": 0, "remapped_rows": {"correctable": 2}}"#);
+    assert_eq!(
+        remapped_rows(&nvml, 0),
+        (0, [2, 3, 1, 1]),
+        "absent keys kept"
+    );
     let mut hist: nvml_wrapper_sys::bindings::nvmlRowRemapperHistogramValues_t =
         // SAFETY: plain C struct; all-zero is a valid value.
         unsafe { std::mem::zeroed() };
@@ -412,28 +519,29 @@ fn scenario_live_faults() {
     };
     assert_eq!(r, 0);
     assert_eq!(hist.none, 1);
-    let f: Vec<SampleValue> = devices[0]
-        .field_values_for(&[FieldId(142), FieldId(143), FieldId(144), FieldId(145)])
-        .unwrap()
-        .into_iter()
-        .map(|f| f.unwrap().value.unwrap())
-        .collect();
+    let f: Vec<SampleValue> = [142, 143, 144, 145]
+        .map(|id| field(&devices[0], id).unwrap())
+        .into();
     assert_eq!(
         f,
         [
             SampleValue::U32(2),
-            SampleValue::U32(1),
+            SampleValue::U32(3),
             SampleValue::U32(1),
             SampleValue::U32(1)
         ]
     );
+    // Pre-Ampere only.
+    inj.send(r#"{"gpu": 0, "retired_pages_pending": true}"#);
+    assert!(matches!(
+        devices[0].are_pages_pending_retired(),
+        Err(NvmlError::NotSupported)
+    ));
 
-    // Temperature, throttle reasons, processes.
-    ctl.send("temp 3 91");
-    ctl.send("throttle 3 0x48");
-    ctl.send("mps-procs 3 4242,4343");
+    // Throttle reasons, MPS clients.
+    inj.send(r#"{"gpu": 3, "throttle": 72}"#);
+    inj.send(r#"{"gpu": 3, "mps_clients": [4242, 4343]}"#);
     let d3 = &devices[3];
-    assert_eq!(d3.temperature(TemperatureSensor::Gpu).unwrap(), 91);
     assert_eq!(
         d3.current_throttle_reasons().unwrap(),
         ThrottleReasons::HW_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN
@@ -447,22 +555,71 @@ fn scenario_live_faults() {
         compute.iter().map(|p| p.pid).collect::<Vec<_>>(),
         [4242, 4343]
     );
+    inj.send(r#"{"gpu": 3, "mps_clients": []}"#);
+    assert!(d3.mps_running_compute_processes().unwrap().is_empty());
 
-    // Per-function failure injection.
-    ctl.send("fail nvmlDeviceGetTemperature 3 999 1");
+    // Per-function failure: that function on that GPU returns the code
+    // until removed ("code": 0) or reset; "times" limits it.
+    inj.send(r#"{"gpu": 1, "fail": {"function": "nvmlDeviceGetTotalEccErrors", "code": 999}}"#);
+    for _ in 0..3 {
+        assert!(matches!(
+            d1.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
+            Err(NvmlError::Unknown)
+        ));
+    }
+    assert_eq!(
+        devices[2]
+            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .unwrap(),
+        0,
+        "other GPUs unaffected"
+    );
+    assert!(d1.temperature(TemperatureSensor::Gpu).is_ok());
+    inj.send(r#"{"gpu": 1, "fail": {"function": "nvmlDeviceGetTotalEccErrors", "code": 0}}"#);
+    assert_eq!(count(MemoryError::Uncorrected, EccCounter::Volatile), 3);
+    inj.send(r#"{"fail": {"function": "nvmlDeviceGetTemperature", "code": 15, "times": 1}}"#);
     assert!(matches!(
         d3.temperature(TemperatureSensor::Gpu),
-        Err(NvmlError::Unknown)
+        Err(NvmlError::GpuLost)
     ));
-    assert_eq!(d3.temperature(TemperatureSensor::Gpu).unwrap(), 91);
+    assert_eq!(d3.temperature(TemperatureSensor::Gpu).unwrap(), 95);
 
-    // Synchronous injection through the exported function.
-    assert_eq!(fakenvml_command("temp 2 77"), 0);
+    // A bad file is reported on stderr and renamed to *.bad; later files
+    // still apply and nothing else is disturbed. Non-*.json names are ignored.
+    let bad = inj.send(r#"{"gpu": 0, "xid": "#);
+    let bad_key = inj.send(r#"{"gpu": 0, "exploded": true}"#);
+    let bad_gpu = inj.send(r#"{"gpu": 9, "xid": 79}"#);
+    std::fs::write(inj.dir.join("notes.txt"), "{}").unwrap();
+    std::fs::write(inj.dir.join("later.json.tmp"), r#"{"gpu": 0, "xid": 1}"#).unwrap();
+    let good = inj.send(r#"{"gpu": 2, "temperature": 77}"#);
+    for p in [&bad_key, &bad_gpu, &good] {
+        wait_gone(p);
+    }
     assert_eq!(devices[2].temperature(TemperatureSensor::Gpu).unwrap(), 77);
-    assert_eq!(fakenvml_command("bogus"), 2);
+    assert!(matches!(wait_event(&set, 30), Err(NvmlError::Timeout)));
+    let name = |p: &Path| p.file_name().unwrap().to_str().unwrap().to_string();
+    let mut left = vec![
+        format!("{}.bad", name(&bad_key)),
+        format!("{}.bad", name(&bad_gpu)),
+        "later.json.tmp".to_string(),
+        "notes.txt".to_string(),
+    ];
+    // The truncated file is retried for 1 s (it might still be being
+    // written), then renamed too.
+    wait_gone(&bad);
+    left.push(format!("{}.bad", name(&bad)));
+    left.sort();
+    assert_eq!(inj.entries(), left);
+    for l in &left {
+        std::fs::remove_file(inj.dir.join(l)).unwrap();
+    }
 
-    // Missing GPU.
-    ctl.send("count 3");
+    // Several injections in one file: an array, applied in order.
+    inj.send(r#"[{"gpu": 0, "temperature": 50}, {"gpu": 0, "temperature": 51}]"#);
+    assert_eq!(devices[0].temperature(TemperatureSensor::Gpu).unwrap(), 51);
+
+    // Hidden GPU.
+    inj.send(r#"{"count": 3}"#);
     assert_eq!(nvml.device_count().unwrap(), 3);
     assert!(matches!(
         nvml.device_by_index(3),
@@ -474,8 +631,7 @@ fn scenario_live_faults() {
     ));
 
     // Lost GPU: queued events drain first, then waits report GpuLost.
-    ctl.send("xid 3 79");
-    ctl.send("lost 3");
+    inj.send(r#"[{"gpu": 3, "xid": 79}, {"gpu": 3, "lost": true}]"#);
     let ev = wait_event(&set, 2000).unwrap();
     assert_eq!(ev.event_data, Some(XidError::Value(79)));
     assert!(matches!(wait_event(&set, 2000), Err(NvmlError::GpuLost)));
@@ -484,50 +640,90 @@ fn scenario_live_faults() {
         d3.temperature(TemperatureSensor::Gpu),
         Err(NvmlError::GpuLost)
     ));
-    ctl.send("count 4");
+    inj.send(r#"{"count": 4}"#);
     assert_eq!(nvml.device_count().unwrap(), 4, "lost GPUs stay counted");
     assert!(matches!(nvml.device_by_index(3), Err(NvmlError::GpuLost)));
     assert_eq!(devices[0].uuid().unwrap(), identity::uuid(0));
 
     // Reset heals everything.
-    ctl.send("reset");
+    inj.send(r#"{"reset": true}"#);
     assert_eq!(d3.uuid().unwrap(), identity::uuid(3));
     assert_eq!(d3.temperature(TemperatureSensor::Gpu).unwrap(), 34);
     assert_eq!(remapped_rows(&nvml, 0), (0, [0, 0, 0, 0]));
     assert!(matches!(wait_event(&set, 30), Err(NvmlError::Timeout)));
 
     // Hardware state survives nvmlShutdown + dlclose + nvmlInit with an
-    // unchanged scenario, and control lines are not applied twice.
-    ctl.send("lost 2");
+    // unchanged configuration; files dropped while NVML is shut down wait
+    // for the next nvmlInit.
+    inj.send_and_wait(r#"{"gpu": 2, "lost": true}"#);
     drop(set);
     drop(devices);
     drop(nvml);
+    let waiting = inj.send(r#"{"gpu": 1, "temperature": 66}"#);
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(waiting.exists(), "not applied while shut down");
     let nvml = init().expect("re-init");
+    assert!(!waiting.exists());
     assert!(matches!(nvml.device_by_index(2), Err(NvmlError::GpuLost)));
-    let set = nvml
-        .device_by_index(0)
-        .unwrap()
-        .register_events(
-            EventTypes::CRITICAL_XID_ERROR,
-            nvml.create_event_set().unwrap(),
-        )
-        .unwrap();
-    assert!(matches!(wait_event(&set, 100), Err(NvmlError::Timeout)));
-    drop(set);
+    assert_eq!(
+        nvml.device_by_index(1)
+            .unwrap()
+            .temperature(TemperatureSensor::Gpu)
+            .unwrap(),
+        66
+    );
+    drop(nvml);
+
+    // A changed configuration (same path, new content) rebuilds healthy GPUs.
+    write_config(&dir, r#"{"driver_version": "570.172.08"}"#);
+    let nvml = init().expect("re-init with a new config");
+    assert_eq!(
+        nvml.device_by_index(2).unwrap().uuid().unwrap(),
+        identity::uuid(2)
+    );
+    drop(nvml);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn scenario_config_inside_inject_dir() {
+    // The configuration file is never taken as an injection, even when it
+    // sits in the injection directory under a *.json name.
+    let dir = scratch_dir("shared");
+    let config = write_config(&dir, r#"{"gpus": [{}]}"#);
+    set_env(&[
+        ("FAKE_NVML_CONFIG", &config),
+        ("FAKE_NVML_INJECT_DIR", &dir),
+    ]);
+    let nvml = init().expect("init");
+    let inj = Injector::new(dir.clone());
+    inj.send_and_wait(r#"{"gpu": 0, "temperature": 40}"#);
+    let d = nvml.device_by_index(0).unwrap();
+    assert_eq!(d.temperature(TemperatureSensor::Gpu).unwrap(), 40);
+    assert_eq!(inj.entries(), ["config.json"]);
     drop(nvml);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn scenario_backlog() {
-    // Events raised before anyone registered are handed to the first set
-    // registering for them (default), or dropped with BACKLOG=0.
-    for (backlog, expect) in [("1", true), ("0", false)] {
-        set_scenario(&[
-            ("FAKE_NVML_GPUS", "2"),
-            ("FAKE_NVML_SCRIPT", "xid 1 48; ecc-sbe 1 2"),
-            ("FAKE_NVML_EVENT_BACKLOG", backlog),
+    // Events injected before anyone registered are handed to the first set
+    // registering for them (default), or dropped with "event_backlog": false.
+    // Files already in the directory are applied at nvmlInit.
+    for (backlog, expect) in [(true, true), (false, false)] {
+        let dir = scratch_dir("backlog");
+        let config = write_config(
+            &dir,
+            &format!(r#"{{"event_backlog": {backlog}, "gpus": [{{}}, {{}}]}}"#),
+        );
+        let inj = Injector::new(dir.join("inject"));
+        inj.send(r#"{"gpu": 1, "xid": 48}"#);
+        inj.send(r#"{"gpu": 1, "ecc": {"corrected_volatile": 2}}"#);
+        set_env(&[
+            ("FAKE_NVML_CONFIG", &config),
+            ("FAKE_NVML_INJECT_DIR", &inj.dir),
         ]);
         let nvml = init().expect("init");
+        assert_eq!(nvml.device_count().unwrap(), 2);
+        assert!(inj.entries().is_empty(), "applied at init");
         let d = nvml.device_by_index(1).unwrap();
         let set = d
             .register_events(
@@ -543,29 +739,42 @@ fn scenario_backlog() {
         }
         // SBE events are never backlogged.
         assert!(matches!(wait_event(&set, 30), Err(NvmlError::Timeout)));
+        drop(set);
+        drop(nvml);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
 fn scenario_init_errors() {
-    set_scenario(&[("FAKE_NVML_INIT_ERROR", "9")]);
+    let nine = Path::new("9");
+    let eighteen = Path::new("18");
+    set_env(&[("FAKE_NVML_INIT_ERROR", nine)]);
     assert!(matches!(init(), Err(NvmlError::DriverNotLoaded)));
-    set_scenario(&[("FAKE_NVML_INIT_ERROR", "18")]);
+    set_env(&[("FAKE_NVML_INIT_ERROR", eighteen)]);
     assert!(matches!(init(), Err(NvmlError::LibRmVersionMismatch)));
-    set_scenario(&[]);
+    set_env(&[]);
     assert!(init().is_ok());
 }
 
-fn scenario_volta() {
-    set_scenario(&[
-        ("FAKE_NVML_GPUS", "2"),
-        ("FAKE_NVML_ARCH", "volta"),
-        (
-            "FAKE_NVML_SCRIPT",
-            "retired 0 3 1; retired-pending 0; ecc-sbe 1 7",
-        ),
+fn scenario_volta_and_mixed() {
+    let dir = scratch_dir("volta");
+    let config = write_config(
+        &dir,
+        r#"{"gpus": [{"architecture": "volta"}, {"architecture": "volta"},
+                     {"architecture": "ampere"}]}"#,
+    );
+    let inj = Injector::new(dir.join("inject"));
+    set_env(&[
+        ("FAKE_NVML_CONFIG", &config),
+        ("FAKE_NVML_INJECT_DIR", &inj.dir),
     ]);
     let nvml = init().expect("init");
-    assert_eq!(nvml.device_count().unwrap(), 2);
+    inj.send(
+        r#"[{"gpu": 0, "retired_pages": {"sbe": 3, "dbe": 1}},
+            {"gpu": 0, "retired_pages_pending": true},
+            {"gpu": 1, "ecc": {"corrected_volatile": 7}}]"#,
+    );
+    assert_eq!(nvml.device_count().unwrap(), 3);
     let d0 = nvml.device_by_index(0).unwrap();
     assert_eq!(d0.name().unwrap(), "Tesla V100-SXM2-32GB");
     assert_eq!(d0.architecture().unwrap(), DeviceArchitecture::Volta);
@@ -596,34 +805,37 @@ fn scenario_volta() {
             .unwrap(),
         7
     );
-    let f = d0
-        .field_values_for(&[FieldId(29), FieldId(30), FieldId(142)])
-        .unwrap();
-    assert_eq!(
-        f[0].as_ref().unwrap().value.as_ref().unwrap(),
-        &SampleValue::U64(3)
-    );
-    assert_eq!(
-        f[1].as_ref().unwrap().value.as_ref().unwrap(),
-        &SampleValue::U64(1)
-    );
+    assert_eq!(field(&d0, 29).unwrap(), SampleValue::U64(3));
+    assert_eq!(field(&d0, 30).unwrap(), SampleValue::U64(1));
+    assert!(matches!(field(&d0, 142), Err(NvmlError::NotSupported)));
+    // GPU 2 is an Ampere in the same machine: remapped rows, no retired pages.
+    let d2 = nvml.device_by_index(2).unwrap();
+    assert_eq!(d2.name().unwrap(), "NVIDIA A100-SXM4-80GB");
+    assert_eq!(remapped_rows(&nvml, 2), (0, [0, 0, 0, 0]));
     assert!(matches!(
-        f[2].as_ref().unwrap().value,
+        d2.retired_pages(RetirementCause::DoubleBitEccError),
         Err(NvmlError::NotSupported)
     ));
+    assert_eq!(d2.mig_mode().unwrap().current, 0);
+    drop(nvml);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn scenario_driver_580() {
-    set_scenario(&[
-        ("FAKE_NVML_ARCH", "ampere"),
-        ("FAKE_NVML_DRIVER_VERSION", "580.82.07"),
-    ]);
+    let dir = scratch_dir("580");
+    let config = write_config(
+        &dir,
+        r#"{"driver_version": "580.82.07", "gpus": [{"architecture": "ampere"}]}"#,
+    );
+    set_env(&[("FAKE_NVML_CONFIG", &config)]);
     let nvml = init().expect("init");
     assert_eq!(nvml.field_id_scheme(), FieldIdScheme::V13Update1);
     assert_eq!(nvml.sys_cuda_driver_version().unwrap(), 13000);
     let d = nvml.device_by_index(0).unwrap();
     assert_eq!(d.name().unwrap(), "NVIDIA A100-SXM4-80GB");
     assert_eq!(remapped_rows(&nvml, 0), (0, [0, 0, 0, 0]));
+    drop(nvml);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -631,10 +843,12 @@ fn fake_nvml_through_nvml_wrapper() {
     let path = lib_path();
     eprintln!("using {}", path.display());
     layouts_match_nvml_wrapper_sys();
-    scenario_identity();
-    scenario_live_faults();
+    scenario_defaults();
+    scenario_custom_config();
+    scenario_injections();
+    scenario_config_inside_inject_dir();
     scenario_backlog();
     scenario_init_errors();
-    scenario_volta();
+    scenario_volta_and_mixed();
     scenario_driver_580();
 }
