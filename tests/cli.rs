@@ -98,10 +98,10 @@ fn every_catalog_xid_has_a_deliberate_rule() {
         94, 95, 109, 110, 119, 120, 121, 122, 123, 136, 137, 140, 143, 144, 145, 146, 147, 148,
         149, 150, 151, 154, 155, 156, 157, 158, 159, // table
         37, 44, 66, 67, 93, 106, 107, 141, 152, 153, 160, 161, // IGNORE bucket
-        11, 25, 39, 40, 41, 60, 70, 71, 72, 75, 76, 77, 80, 82, 83, 84, 85, 86, 88, 89, 96, 97,
-        98, 99, 100, 101, 102, 103, 104, 105, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135,
+        11, 25, 39, 40, 41, 60, 70, 71, 72, 75, 76, 77, 80, 82, 83, 84, 85, 86, 88, 89, 96, 97, 98,
+        99, 100, 101, 102, 103, 104, 105, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135,
         139, // RESTART_APP bucket
-        78, // UPDATE_SWFW
+        78,  // UPDATE_SWFW
     ]
     .to_vec();
     let catch_all = {
@@ -110,12 +110,22 @@ fn every_catalog_xid_has_a_deliberate_rule() {
             .arg(default_policy())
             .output()
             .unwrap();
-        json_lines(&out.stdout)[0]["rule"].as_str().unwrap().to_string()
+        json_lines(&out.stdout)[0]["rule"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     let mut missing = vec![];
     for x in catalog {
         let out = gm()
-            .args(["policy", "explain", "--xid", &x.to_string(), "--json", "--policy"])
+            .args([
+                "policy",
+                "explain",
+                "--xid",
+                &x.to_string(),
+                "--json",
+                "--policy",
+            ])
             .arg(default_policy())
             .output()
             .unwrap();
@@ -124,7 +134,10 @@ fn every_catalog_xid_has_a_deliberate_rule() {
             missing.push(x);
         }
     }
-    assert!(missing.is_empty(), "XIDs left to the catch-all: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "XIDs left to the catch-all: {missing:?}"
+    );
 }
 
 #[test]
@@ -178,7 +191,9 @@ fn a_bad_policy_exits_78_with_file_line_and_key() {
         .assert()
         .code(78)
         .stderr(predicate::str::contains(format!("{}:10:", p.display())))
-        .stderr(predicate::str::contains("XID 79 is already judged by rule `a`"));
+        .stderr(predicate::str::contains(
+            "XID 79 is already judged by rule `a`",
+        ));
 }
 
 #[test]
@@ -186,8 +201,16 @@ fn config_errors_exit_78_with_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("dry_run = true\n[mps\n", 2, "malformed"),
-        ("dry_run = true\n[mps]\nprobe_intervl = \"5s\"\n", 3, "probe_intervl"),
-        ("[nvml]\npoll_interval = \"ten seconds\"\n", 2, "ten seconds"),
+        (
+            "dry_run = true\n[mps]\nprobe_intervl = \"5s\"\n",
+            3,
+            "probe_intervl",
+        ),
+        (
+            "[nvml]\npoll_interval = \"ten seconds\"\n",
+            2,
+            "ten seconds",
+        ),
         ("state_dir = 5\n", 1, "string"),
     ];
     for (text, line, needle) in cases {
@@ -206,7 +229,9 @@ fn config_errors_exit_78_with_file_and_line() {
     gm().args(["check", "--config", "/nonexistent/gpu-medic.toml"])
         .assert()
         .code(78)
-        .stderr(predicate::str::contains("/nonexistent/gpu-medic.toml: cannot read config"));
+        .stderr(predicate::str::contains(
+            "/nonexistent/gpu-medic.toml: cannot read config",
+        ));
 }
 
 #[test]
@@ -218,7 +243,10 @@ fn the_shipped_config_reference_parses() {
             "/etc/gpu-medic/policies/default.toml",
             &default_policy().display().to_string(),
         )
-        .replace("/var/lib/gpu-medic", &dir.path().join("s").display().to_string());
+        .replace(
+            "/var/lib/gpu-medic",
+            &dir.path().join("s").display().to_string(),
+        );
     let p = dir.path().join("config.toml");
     std::fs::write(&p, text).unwrap();
     // Parses (a missing state.json is "not found", not a config error).
@@ -255,7 +283,12 @@ fn simulate_replays_a_recorded_stream() {
     let opened: Vec<(&str, &str)> = lines
         .iter()
         .filter(|v| v["event"] == "opened")
-        .map(|v| (v["verdict"].as_str().unwrap(), v["observation"]["signal"]["kind"].as_str().unwrap()))
+        .map(|v| {
+            (
+                v["verdict"].as_str().unwrap(),
+                v["observation"]["signal"]["kind"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(opened, vec![("log", "xid"), ("replace", "xid")]);
     // Human form, and observe-only replays execute nothing.
@@ -340,7 +373,10 @@ fn incidents_list_show_and_filters() {
         .arg(&cfg)
         .output()
         .unwrap();
-    assert!(json_lines(&recent.stdout).is_empty(), "recorded in the past");
+    assert!(
+        json_lines(&recent.stdout).is_empty(),
+        "recorded in the past"
+    );
     gm().args(["incidents", "list", "--since", "yesterday-ish", "--config"])
         .arg(&cfg)
         .assert()
@@ -445,7 +481,11 @@ fn run_stops_gracefully_on_sigterm_and_leaves_state_for_status() {
     assert!(out.status.success(), "{:?}", out);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("state saved"), "{log}");
-    assert!(log.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()), "{log}");
+    assert!(
+        log.lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok()),
+        "{log}"
+    );
     let st = gm()
         .args(["status", "--json", "--config"])
         .arg(&cfg)
@@ -462,7 +502,11 @@ fn run_refuses_a_bad_policy_before_starting() {
     let bad = dir.path().join("p.toml");
     std::fs::write(&bad, "[engine]\nobserve_only = \"yes\"\n").unwrap();
     let cfg = dir.path().join("config.toml");
-    std::fs::write(&cfg, format!("policy = \"{}\"\nstate_dir = \"s\"\n", bad.display())).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("policy = \"{}\"\nstate_dir = \"s\"\n", bad.display()),
+    )
+    .unwrap();
     gm().args(["run", "--config"])
         .arg(&cfg)
         .timeout(Duration::from_secs(20))
