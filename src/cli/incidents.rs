@@ -142,7 +142,7 @@ fn gpu_short(g: Option<&GpuId>) -> String {
     g.map(|g| g.index.to_string()).unwrap_or_else(|| "-".into())
 }
 
-fn print_table<'a>(incidents: impl Iterator<Item = &'a Incident>) {
+pub fn print_table<'a>(incidents: impl Iterator<Item = &'a Incident>) {
     let rows: Vec<&Incident> = incidents.collect();
     if rows.is_empty() {
         println!("no incidents");
@@ -166,7 +166,7 @@ fn print_table<'a>(incidents: impl Iterator<Item = &'a Incident>) {
     }
 }
 
-fn print_timeline(i: &Incident) {
+pub fn print_timeline(i: &Incident) {
     println!(
         "Incident {}: {} -> {} ({})",
         i.id,

@@ -2,6 +2,7 @@
 //! codes; everything a command prints is built here.
 
 pub mod check;
+pub mod demo;
 pub mod incidents;
 pub mod policy;
 pub mod run;
@@ -55,6 +56,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the supervisor daemon.
     Run(run::RunArgs),
+    /// Play three faults on a simulated node (no GPU, no AWS, no root) and show the incidents.
+    Demo(demo::DemoArgs),
     /// One-shot health verdict: exit 0 healthy, 1 unhealthy, 2 could not tell.
     Check(check::CheckArgs),
     /// Read the incident journal.
@@ -138,6 +141,7 @@ impl CliError {
 pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
     match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Demo(a) => demo::run(a),
         Command::Check(a) => check::run(a),
         Command::Incidents(c) => incidents::run(c),
         Command::Policy(c) => policy::run(c),

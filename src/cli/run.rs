@@ -54,6 +54,16 @@ pub fn init_logging(format: &str) {
     }
 }
 
+/// Warnings and errors only, as text on stderr (for `demo`, whose stdout is the show).
+pub fn init_logging_quiet() {
+    let filter =
+        EnvFilter::try_from_env("GPU_MEDIC_LOG").unwrap_or_else(|_| EnvFilter::new("error"));
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .try_init();
+}
+
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
     let cfg = a.config.load()?;
     let policy = Policy::load(&cfg.policy)?;

@@ -6,6 +6,8 @@
 //! Every remedy must be idempotent: an order in flight when gpu-medic stopped is handed over
 //! again on the next start.
 
+pub mod recorder;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

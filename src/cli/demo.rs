@@ -1,0 +1,239 @@
+//! `gpu-medic demo`: the real supervisor on a simulated node, on any machine (no GPU, no
+//! AWS, no root). Four GPUs come from the fake libnvidia-ml built with this repository; the
+//! MPS daemon is NVIDIA's real one when it is installed; the control plane records the ECS
+//! and Auto Scaling calls it would make. A short script plays three faults and the demo ends
+//! by printing the incidents as on-call would read them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::incidents::{print_table, print_timeline};
+use super::{BUILTIN_DEFAULT_POLICY, CliError, exit};
+use crate::config::Config;
+use crate::journal::read_jsonl;
+use crate::model::{Incident, IncidentState, Record};
+use crate::policy::Policy;
+use crate::remedy::Remedies;
+use crate::remedy::recorder::RecordingControlPlane;
+use crate::supervisor::Supervisor;
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Keep the demo's state folder (config, journal) instead of deleting it.
+    #[arg(long)]
+    keep: bool,
+    /// The fake NVML library (default: libfake_nvml.so next to this binary).
+    #[arg(long, env = "GPU_MEDIC_DEMO_NVML")]
+    nvml: Option<PathBuf>,
+}
+
+/// Finds the fake NVML library built by `cargo build --workspace`.
+fn find_fake_nvml(explicit: Option<PathBuf>) -> Option<PathBuf> {
+    if let Some(p) = explicit {
+        return p.exists().then_some(p);
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("libfake_nvml.so"),
+        dir.join("deps/libfake_nvml.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
+struct Stage {
+    dir: PathBuf,
+    inject: PathBuf,
+    n: u32,
+}
+
+impl Stage {
+    /// Drops one injection into the fake library's folder (written, then renamed, so it is
+    /// never read half-written).
+    fn inject(&mut self, json: &str) -> Result<(), CliError> {
+        self.n += 1;
+        let tmp = self.inject.join(format!("{:04}.json.tmp", self.n));
+        let dst = self.inject.join(format!("{:04}.json", self.n));
+        std::fs::write(&tmp, json)
+            .and_then(|_| std::fs::rename(&tmp, &dst))
+            .map_err(|e| CliError::Runtime(format!("demo: cannot inject a fault: {e}")))
+    }
+
+    fn incidents(&self) -> Vec<Incident> {
+        let (records, _) =
+            read_jsonl::<Record>(&self.dir.join("state/incidents.jsonl")).unwrap_or_default();
+        Incident::fold(records)
+    }
+
+    /// Waits until an incident matches `pred` (or the timeout passes).
+    async fn wait_for(&self, what: &str, pred: impl Fn(&Incident) -> bool) -> Option<Incident> {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if let Some(i) = self.incidents().into_iter().find(|i| pred(i)) {
+                return Some(i);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("   (gave up waiting for {what})");
+        None
+    }
+}
+
+pub fn run(a: DemoArgs) -> Result<i32, CliError> {
+    let Some(lib) = find_fake_nvml(a.nvml) else {
+        eprintln!(
+            "gpu-medic demo needs the fake libnvidia-ml built with this repository:\n  cargo build --workspace && target/debug/gpu-medic demo"
+        );
+        return Ok(exit::UNKNOWN);
+    };
+    let dir = std::env::temp_dir().join(format!("gpu-medic-demo-{}", std::process::id()));
+    let inject = dir.join("inject");
+    std::fs::create_dir_all(&inject)
+        .map_err(|e| CliError::Runtime(format!("demo: cannot create {}: {e}", dir.display())))?;
+    let policy_path = dir.join("default.toml");
+    let config_path = dir.join("config.toml");
+    let write = |p: &Path, text: &str| {
+        std::fs::write(p, text)
+            .map_err(|e| CliError::Runtime(format!("demo: cannot write {}: {e}", p.display())))
+    };
+    write(&policy_path, BUILTIN_DEFAULT_POLICY)?;
+    write(
+        &config_path,
+        &format!(
+            "state_dir = \"state\"\npolicy = \"default.toml\"\ntick_interval = \"200ms\"\n\
+             [nvml]\nlibrary = \"{}\"\npoll_interval = \"1s\"\nexpected_gpus = 4\n\
+             [mps]\nenabled = false\n[aws]\nenabled = false\n",
+            lib.display()
+        ),
+    )?;
+    // SAFETY: set before any thread is started (the runtime is built below); the fake NVML
+    // library reads these when gpu-medic opens it.
+    unsafe {
+        std::env::set_var("FAKE_NVML_INJECT_DIR", &inject);
+        std::env::remove_var("FAKE_NVML_CONFIG");
+    }
+    let cfg = Config::load(&config_path)?;
+    let policy = Policy::load(&cfg.policy)?;
+    crate::cli::run::init_logging_quiet();
+
+    println!("gpu-medic demo: the real supervisor on a simulated node");
+    println!(
+        "  GPUs:          4 x NVIDIA H200 from the fake libnvidia-ml ({})",
+        lib.display()
+    );
+    println!("  MPS daemon:    not part of this demo build (see README)");
+    println!("  control plane: simulated (records the ECS and Auto Scaling calls it would make)");
+    println!("  policy:        the default policy (policies/default.toml)");
+    println!("  state:         {}", dir.join("state").display());
+    println!();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
+    let control_plane = RecordingControlPlane::default();
+    let result = rt.block_on(play(
+        cfg,
+        policy,
+        control_plane.clone(),
+        Stage {
+            dir: dir.clone(),
+            inject,
+            n: 0,
+        },
+    ));
+    drop(rt);
+    if a.keep {
+        println!(
+            "\nkept: {} (try: gpu-medic incidents list --config {})",
+            dir.display(),
+            config_path.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+async fn play(
+    cfg: Config,
+    policy: Policy,
+    control_plane: RecordingControlPlane,
+    mut stage: Stage,
+) -> Result<i32, CliError> {
+    let shutdown = CancellationToken::new();
+    let sources = crate::probe::sources(&cfg);
+    let remedies = Remedies {
+        mps: None,
+        control_plane: Some(Arc::new(control_plane.clone())),
+    };
+    let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
+    for s in sources {
+        supervisor.add_source(s);
+    }
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let token = shutdown.clone();
+    let daemon = tokio::spawn(async move {
+        supervisor
+            .run(token, move || {
+                let _ = ready_tx.send(());
+            })
+            .await
+    });
+    let _ = ready_rx.await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // first NVML poll
+
+    println!("1. An application bug on GPU 2 raises XID 13 (graphics engine exception).");
+    stage.inject(r#"{"gpu": 2, "xid": 13}"#)?;
+    if let Some(i) = stage
+        .wait_for("the XID 13 incident", |i| i.signal == "xid 13")
+        .await
+    {
+        println!(
+            "   -> incident {}: {} (rule `{}`): tolerated, nothing done.\n",
+            i.id,
+            i.state.as_str(),
+            i.rule
+        );
+    }
+
+    println!("2. GPU 0 falls off the PCIe bus: XID 79.");
+    stage.inject(r#"{"gpu": 0, "xid": 79}"#)?;
+    if let Some(i) = stage
+        .wait_for("the XID 79 incident to finish", |i| {
+            i.signal == "xid 79" && i.state != IncidentState::Open
+        })
+        .await
+    {
+        println!(
+            "   -> incident {}: {} (rule `{}`): quarantined, drained and handed to Auto Scaling.\n",
+            i.id,
+            i.state.as_str(),
+            i.rule
+        );
+    }
+
+    shutdown.cancel();
+    match daemon.await {
+        Ok(r) => r?,
+        Err(e) => return Err(CliError::Runtime(format!("demo supervisor failed: {e}"))),
+    }
+
+    println!("What on-call sees: gpu-medic incidents list");
+    let incidents = stage.incidents();
+    print_table(incidents.iter());
+    if let Some(i) = incidents.iter().find(|i| i.signal == "xid 79") {
+        println!("\ngpu-medic incidents show {}", i.id);
+        print_timeline(i);
+    }
+    println!("\nCalls the control plane would have made:");
+    for c in control_plane.calls() {
+        println!("  {}  {}({})", c.request_id, c.api, c.detail);
+    }
+    Ok(exit::OK)
+}
