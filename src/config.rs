@@ -34,6 +34,12 @@ pub struct Config {
     pub aws: AwsConfig,
     #[serde(default)]
     pub identity: IdentityConfig,
+    #[serde(default)]
+    pub ecs: EcsConfig,
+    #[serde(default)]
+    pub fleet: FleetConfig,
+    #[serde(default)]
+    pub lifecycle: LifecycleConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -80,6 +86,13 @@ pub struct AwsConfig {
     /// `AWS_ENDPOINT_URL*` variables work when this is unset.
     #[serde(default)]
     pub endpoint_url: Option<String>,
+    /// After SetInstanceHealth Unhealthy, terminate the instance through Auto Scaling
+    /// (never decrementing desired capacity) if it has not started terminating within
+    /// `replace_fallback_after`. Off by default: it bypasses the instance maintenance policy.
+    #[serde(default)]
+    pub replace_fallback_terminate: bool,
+    #[serde(default = "default_replace_fallback_after", with = "humantime_serde")]
+    pub replace_fallback_after: Duration,
 }
 
 /// Optional overrides of identity discovery (IMDS, the ECS agent, Auto Scaling).
@@ -94,6 +107,145 @@ pub struct IdentityConfig {
     pub container_instance_arn: Option<String>,
     #[serde(default)]
     pub auto_scaling_group: Option<String>,
+}
+
+/// The ECS side: the agent, our attribute names, how a drain is driven.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EcsConfig {
+    /// The ECS agent's introspection API (cluster and container instance ARN).
+    #[serde(default = "default_agent_url")]
+    pub agent_url: String,
+    /// How long identity discovery waits for the agent before falling back to `ecs_config`.
+    #[serde(default = "default_agent_wait", with = "humantime_serde")]
+    pub agent_wait: Duration,
+    /// The agent's config file (`ECS_CLUSTER=`), the fallback when the agent does not answer.
+    #[serde(default = "default_ecs_config_file")]
+    pub ecs_config_file: PathBuf,
+    /// Prefix of our container-instance attributes: `<prefix>.health`, `<prefix>.claim.<ms>`.
+    #[serde(default = "default_attribute_prefix")]
+    pub attribute_prefix: String,
+    /// Standalone tasks (not started by a service) are stopped this long after the drain began.
+    #[serde(default = "default_standalone_grace", with = "humantime_serde")]
+    pub standalone_grace: Duration,
+    /// How often a drain re-reads the instance and its tasks.
+    #[serde(default = "default_drain_poll_interval", with = "humantime_serde")]
+    pub drain_poll_interval: Duration,
+    /// How long before the drain deadline every task still running is stopped.
+    #[serde(default = "default_force_stop_lead", with = "humantime_serde")]
+    pub force_stop_lead: Duration,
+    /// How long a drain waits on an agent that ECS reports disconnected before giving up.
+    #[serde(default = "default_agent_disconnected_wait", with = "humantime_serde")]
+    pub agent_disconnected_wait: Duration,
+}
+
+/// The fleet budget: how much of the Auto Scaling group may be in remediation at once.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// Most instances in remediation at once: a count (`2`) or a share of desired capacity
+    /// (`"20%"`); never less than 1.
+    #[serde(default = "default_fleet_share")]
+    pub max_parallel: FleetLimit,
+    /// Circuit breaker: with more unhealthy instances than this (fleets over 5 instances), no
+    /// drain or replace starts; instances stay quarantined.
+    #[serde(default = "default_fleet_share")]
+    pub max_unhealthy: FleetLimit,
+    /// An instance registered with ECS less recently than this counts as in remediation.
+    #[serde(default = "default_warmup", with = "humantime_serde")]
+    pub warmup: Duration,
+    /// An Auto Scaling group tag that pauses drains and replacements (value `true`).
+    #[serde(default = "default_pause_tag")]
+    pub pause_tag: String,
+    /// How long a new claim settles before the claims are re-read and ranked.
+    #[serde(default = "default_claim_settle", with = "humantime_serde")]
+    pub claim_settle: Duration,
+    /// A claim on an instance that never started draining expires after this.
+    #[serde(default = "default_claim_ttl", with = "humantime_serde")]
+    pub claim_ttl: Duration,
+    /// When a full budget, the breaker or a kill switch defers a step, retry after about this
+    /// long (with jitter).
+    #[serde(default = "default_fleet_retry_after", with = "humantime_serde")]
+    pub retry_after: Duration,
+}
+
+/// Our Auto Scaling lifecycle hooks (never anyone else's).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleConfig {
+    #[serde(default = "default_terminate_hook")]
+    pub terminate_hook: String,
+    #[serde(default = "default_launch_hook")]
+    pub launch_hook: String,
+}
+
+/// A number of instances, or a share of the Auto Scaling group's desired capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FleetLimit {
+    Count(u32),
+    Percent(f64),
+}
+
+impl FleetLimit {
+    /// The limit for a group of `desired` instances (shares round down).
+    pub fn of(self, desired: u32) -> u32 {
+        match self {
+            FleetLimit::Count(c) => c,
+            FleetLimit::Percent(p) => ((p / 100.0) * f64::from(desired)).floor() as u32,
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<FleetLimit, String> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad share {s:?}: expected e.g. \"20%\""))?;
+            if !(0.0..=100.0).contains(&v) {
+                return Err(format!("bad share {s:?}: must be between 0% and 100%"));
+            }
+            return Ok(FleetLimit::Percent(v));
+        }
+        t.parse()
+            .map(FleetLimit::Count)
+            .map_err(|_| format!("bad limit {s:?}: expected a count (2) or a share (\"20%\")"))
+    }
+}
+
+impl std::fmt::Display for FleetLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FleetLimit::Count(c) => write!(f, "{c}"),
+            FleetLimit::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FleetLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = FleetLimit;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a count (2) or a share of desired capacity (\"20%\")")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<FleetLimit, E> {
+                u32::try_from(v)
+                    .map(FleetLimit::Count)
+                    .map_err(|_| E::custom(format!("bad limit {v}: must be 0 or more")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<FleetLimit, E> {
+                u32::try_from(v)
+                    .map(FleetLimit::Count)
+                    .map_err(|_| E::custom(format!("bad limit {v}: too large")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<FleetLimit, E> {
+                FleetLimit::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 fn yes() -> bool {
@@ -129,6 +281,57 @@ fn default_probe_interval() -> Duration {
 fn default_probe_timeout() -> Duration {
     Duration::from_secs(3)
 }
+fn default_replace_fallback_after() -> Duration {
+    Duration::from_secs(600)
+}
+fn default_agent_url() -> String {
+    "http://127.0.0.1:51678".to_string()
+}
+fn default_agent_wait() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_ecs_config_file() -> PathBuf {
+    PathBuf::from("/etc/ecs/ecs.config")
+}
+fn default_attribute_prefix() -> String {
+    "gpu-medic".to_string()
+}
+fn default_standalone_grace() -> Duration {
+    Duration::from_secs(120)
+}
+fn default_drain_poll_interval() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_force_stop_lead() -> Duration {
+    Duration::from_secs(90)
+}
+fn default_agent_disconnected_wait() -> Duration {
+    Duration::from_secs(120)
+}
+fn default_fleet_share() -> FleetLimit {
+    FleetLimit::Percent(20.0)
+}
+fn default_warmup() -> Duration {
+    Duration::from_secs(900)
+}
+fn default_pause_tag() -> String {
+    "gpu-medic/paused".to_string()
+}
+fn default_claim_settle() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_claim_ttl() -> Duration {
+    Duration::from_secs(900)
+}
+fn default_fleet_retry_after() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_terminate_hook() -> String {
+    "gpu-medic-terminate".to_string()
+}
+fn default_launch_hook() -> String {
+    "gpu-medic-launch".to_string()
+}
 
 impl Default for NvmlConfig {
     fn default() -> Self {
@@ -160,6 +363,46 @@ impl Default for AwsConfig {
             enabled: true,
             region: None,
             endpoint_url: None,
+            replace_fallback_terminate: false,
+            replace_fallback_after: default_replace_fallback_after(),
+        }
+    }
+}
+
+impl Default for EcsConfig {
+    fn default() -> Self {
+        EcsConfig {
+            agent_url: default_agent_url(),
+            agent_wait: default_agent_wait(),
+            ecs_config_file: default_ecs_config_file(),
+            attribute_prefix: default_attribute_prefix(),
+            standalone_grace: default_standalone_grace(),
+            drain_poll_interval: default_drain_poll_interval(),
+            force_stop_lead: default_force_stop_lead(),
+            agent_disconnected_wait: default_agent_disconnected_wait(),
+        }
+    }
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            max_parallel: default_fleet_share(),
+            max_unhealthy: default_fleet_share(),
+            warmup: default_warmup(),
+            pause_tag: default_pause_tag(),
+            claim_settle: default_claim_settle(),
+            claim_ttl: default_claim_ttl(),
+            retry_after: default_fleet_retry_after(),
+        }
+    }
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            terminate_hook: default_terminate_hook(),
+            launch_hook: default_launch_hook(),
         }
     }
 }
@@ -196,6 +439,8 @@ impl Config {
             ("poll_interval", self.nvml.poll_interval),
             ("probe_interval", self.mps.probe_interval),
             ("probe_timeout", self.mps.probe_timeout),
+            ("drain_poll_interval", self.ecs.drain_poll_interval),
+            ("retry_after", self.fleet.retry_after),
         ];
         for (key, d) in positive {
             if d.is_zero() {
@@ -213,11 +458,56 @@ impl Config {
                 "probe_timeout: must be shorter than probe_interval",
             ));
         }
+        self.check_aws(path, &line_of_key)?;
         if self.nvml.expected_gpus == Some(0) {
             return Err(FileError::new(
                 path,
                 line_of_key("expected_gpus"),
                 "expected_gpus: must be at least 1 (omit it to skip the check)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `[ecs]`, `[fleet]` and `[lifecycle]` values AWS would reject or misread.
+    fn check_aws(
+        &self,
+        path: &Path,
+        line_of_key: &dyn Fn(&str) -> Option<usize>,
+    ) -> Result<(), FileError> {
+        let err = |key: &str, msg: String| FileError::new(path, line_of_key(key), msg);
+        if !self.ecs.agent_url.starts_with("http://") {
+            return Err(err(
+                "agent_url",
+                format!("agent_url: {:?} must be an http:// URL", self.ecs.agent_url),
+            ));
+        }
+        // ECS attribute names: 1-128 letters, digits, `- _ / \\ .`; ours add ".claim.<ms>".
+        let p = &self.ecs.attribute_prefix;
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_/\\.".contains(c);
+        if p.is_empty() || p.len() > 100 || !p.chars().all(ok_char) {
+            return Err(err(
+                "attribute_prefix",
+                format!(
+                    "attribute_prefix: {p:?} must be 1-100 letters, digits, '-', '_', '/', '\\' or '.'"
+                ),
+            ));
+        }
+        if self.fleet.pause_tag.trim().is_empty() {
+            return Err(err("pause_tag", "pause_tag: must not be empty".into()));
+        }
+        for (key, hook) in [
+            ("terminate_hook", &self.lifecycle.terminate_hook),
+            ("launch_hook", &self.lifecycle.launch_hook),
+        ] {
+            if hook.is_empty() || hook.len() > 255 {
+                return Err(err(key, format!("{key}: must be 1-255 characters")));
+            }
+        }
+        if self.lifecycle.terminate_hook == "ecs-managed-draining-termination-hook" {
+            return Err(err(
+                "terminate_hook",
+                "terminate_hook: that is ECS's own hook; gpu-medic never completes it".into(),
             ));
         }
         Ok(())
@@ -285,6 +575,32 @@ mod tests {
     fn timeout_must_be_shorter_than_interval() {
         let e = parse("[mps]\nprobe_interval = \"2s\"\nprobe_timeout = \"3s\"\n").unwrap_err();
         assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn aws_sections_have_documented_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.ecs.agent_url, "http://127.0.0.1:51678");
+        assert_eq!(c.ecs.attribute_prefix, "gpu-medic");
+        assert_eq!(c.fleet.max_parallel, FleetLimit::Percent(20.0));
+        assert_eq!(c.fleet.pause_tag, "gpu-medic/paused");
+        assert_eq!(c.lifecycle.terminate_hook, "gpu-medic-terminate");
+        assert!(!c.aws.replace_fallback_terminate);
+    }
+
+    #[test]
+    fn fleet_limits_take_counts_and_shares() {
+        let c = parse("[fleet]\nmax_parallel = 2\nmax_unhealthy = \"50%\"\n").unwrap();
+        assert_eq!(c.fleet.max_parallel, FleetLimit::Count(2));
+        assert_eq!(c.fleet.max_unhealthy.of(10), 5);
+        assert_eq!(FleetLimit::Percent(20.0).of(9), 1);
+        assert_eq!(FleetLimit::Percent(20.0).of(8), 1);
+        let e = parse("[fleet]\nmax_parallel = \"120%\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        let e = parse("[ecs]\nattribute_prefix = \"gpu medic\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        let e = parse("[fleet]\nmax_paralel = 2\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
     }
 
     #[test]
