@@ -55,6 +55,9 @@ pub struct NvmlConfig {
     /// How many GPUs this instance type has; fewer is a fault. Unset: not checked.
     #[serde(default)]
     pub expected_gpus: Option<u32>,
+    /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off.
+    #[serde(default = "default_kmsg")]
+    pub kmsg: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -72,6 +75,104 @@ pub struct MpsConfig {
     pub probe_interval: Duration,
     #[serde(default = "default_probe_timeout", with = "humantime_serde")]
     pub probe_timeout: Duration,
+    /// Who (re)starts the daemon: systemd (`systemctl restart <unit>`) or gpu-medic itself
+    /// (`control_binary -d`).
+    #[serde(default)]
+    pub manage: MpsManage,
+    /// The systemd unit that runs the daemon (`manage = "systemd"`).
+    #[serde(default = "default_mps_unit")]
+    pub unit: String,
+    /// Re-applied after every restart (`set_default_active_thread_percentage`), 1-100.
+    #[serde(default, deserialize_with = "de_percentage")]
+    pub default_active_thread_percentage: Option<u32>,
+    /// Re-applied after every restart (`set_default_device_pinned_mem_limit`), in the
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` format: `"0=2G,1=512M"` (device ordinal or UUID,
+    /// size in G or M).
+    #[serde(default, deserialize_with = "de_pinned_limits")]
+    pub default_pinned_device_mem_limit: Option<String>,
+    /// How long a graceful `quit` may take before the daemon is signalled.
+    #[serde(default = "default_quit_timeout", with = "humantime_serde")]
+    pub quit_timeout: Duration,
+    /// How long a started daemon may take to answer a probe.
+    #[serde(
+        default = "default_start_timeout",
+        deserialize_with = "de_positive_duration"
+    )]
+    pub start_timeout: Duration,
+}
+
+/// How the MPS control daemon is run on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpsManage {
+    /// A systemd unit runs it (the ECS GPU AMI's `nvidia-mps.service`).
+    #[default]
+    Systemd,
+    /// gpu-medic starts it with `control_binary -d`.
+    Direct,
+}
+
+impl MpsConfig {
+    /// `default_pinned_device_mem_limit` as `(device, size)` pairs, e.g. `("0", "2G")`.
+    pub fn pinned_limits(&self) -> Vec<(String, String)> {
+        self.default_pinned_device_mem_limit
+            .as_deref()
+            .and_then(|s| parse_pinned_limits(s).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// Parses `"0=2G,1=512M"`: device ordinal or UUID, size as digits plus `G` or `M`.
+pub fn parse_pinned_limits(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (dev, size) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected <device>=<size>, e.g. 0=2G"))?;
+        let (dev, size) = (dev.trim(), size.trim());
+        if dev.is_empty() || !dev.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(format!("{part:?}: device must be an ordinal or a GPU UUID"));
+        }
+        let digits = size.strip_suffix(['G', 'M']).unwrap_or("");
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "{part:?}: size must be digits then G or M, e.g. 512M"
+            ));
+        }
+        out.push((dev.to_string(), size.to_string()));
+    }
+    if out.is_empty() {
+        return Err("empty limit list; omit the key instead".into());
+    }
+    Ok(out)
+}
+
+fn de_percentage<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let v = Option::<u32>::deserialize(d)?;
+    match v {
+        Some(p) if !(1..=100).contains(&p) => Err(serde::de::Error::custom(format!(
+            "default_active_thread_percentage: {p} is not in 1..=100"
+        ))),
+        v => Ok(v),
+    }
+}
+
+fn de_pinned_limits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v = Option::<String>::deserialize(d)?;
+    if let Some(s) = &v {
+        parse_pinned_limits(s).map_err(|e| {
+            serde::de::Error::custom(format!("default_pinned_device_mem_limit: {e}"))
+        })?;
+    }
+    Ok(v)
+}
+
+fn de_positive_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let v: Duration = humantime_serde::deserialize(d)?;
+    if v.is_zero() {
+        return Err(serde::de::Error::custom("must be greater than zero"));
+    }
+    Ok(v)
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -263,6 +364,9 @@ fn default_tick() -> Duration {
 fn default_nvml_library() -> String {
     "libnvidia-ml.so.1".to_string()
 }
+fn default_kmsg() -> Option<PathBuf> {
+    Some(PathBuf::from("/dev/kmsg"))
+}
 fn default_poll() -> Duration {
     Duration::from_secs(10)
 }
@@ -280,6 +384,15 @@ fn default_probe_interval() -> Duration {
 }
 fn default_probe_timeout() -> Duration {
     Duration::from_secs(3)
+}
+fn default_mps_unit() -> String {
+    "nvidia-mps.service".to_string()
+}
+fn default_quit_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_start_timeout() -> Duration {
+    Duration::from_secs(10)
 }
 fn default_replace_fallback_after() -> Duration {
     Duration::from_secs(600)
@@ -340,6 +453,7 @@ impl Default for NvmlConfig {
             library: default_nvml_library(),
             poll_interval: default_poll(),
             expected_gpus: None,
+            kmsg: default_kmsg(),
         }
     }
 }
@@ -353,6 +467,12 @@ impl Default for MpsConfig {
             log_directory: default_log_directory(),
             probe_interval: default_probe_interval(),
             probe_timeout: default_probe_timeout(),
+            manage: MpsManage::default(),
+            unit: default_mps_unit(),
+            default_active_thread_percentage: None,
+            default_pinned_device_mem_limit: None,
+            quit_timeout: default_quit_timeout(),
+            start_timeout: default_start_timeout(),
         }
     }
 }
@@ -601,6 +721,51 @@ mod tests {
         assert_eq!(e.line, Some(2), "{e}");
         let e = parse("[fleet]\nmax_paralel = 2\n").unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn mps_restart_keys_default_and_parse() {
+        let c = parse("").unwrap();
+        assert_eq!(c.mps.manage, MpsManage::Systemd);
+        assert_eq!(c.mps.unit, "nvidia-mps.service");
+        assert_eq!(c.mps.quit_timeout, Duration::from_secs(5));
+        assert_eq!(c.mps.start_timeout, Duration::from_secs(10));
+        assert_eq!(c.mps.default_active_thread_percentage, None);
+        assert!(c.mps.pinned_limits().is_empty());
+        assert_eq!(c.mps, MpsConfig::default());
+        let c = parse(
+            "[mps]\nmanage = \"direct\"\nunit = \"mps.service\"\n\
+             default_active_thread_percentage = 25\n\
+             default_pinned_device_mem_limit = \"0=2G, GPU-0a1b=512M\"\n\
+             quit_timeout = \"1s\"\nstart_timeout = \"3s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.mps.manage, MpsManage::Direct);
+        assert_eq!(c.mps.default_active_thread_percentage, Some(25));
+        assert_eq!(
+            c.mps.pinned_limits(),
+            vec![
+                ("0".to_string(), "2G".to_string()),
+                ("GPU-0a1b".to_string(), "512M".to_string())
+            ]
+        );
+        assert_eq!(c.mps.start_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn bad_mps_restart_keys_name_their_line() {
+        for (text, line) in [
+            ("[mps]\nmanage = \"docker\"\n", 2),
+            ("[mps]\n\ndefault_active_thread_percentage = 0\n", 3),
+            ("[mps]\ndefault_active_thread_percentage = 101\n", 2),
+            ("[mps]\ndefault_pinned_device_mem_limit = \"0=2T\"\n", 2),
+            ("[mps]\ndefault_pinned_device_mem_limit = \"2G\"\n", 2),
+            ("[mps]\ndefault_pinned_device_mem_limit = \"\"\n", 2),
+            ("[mps]\nstart_timeout = \"0s\"\n", 2),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.line, Some(line), "{text:?}: {e}");
+        }
     }
 
     #[test]

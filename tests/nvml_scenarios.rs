@@ -50,14 +50,16 @@ impl Node {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("inject")).unwrap();
         std::fs::write(dir.path().join("gpus.json"), GPUS).unwrap();
+        std::fs::write(dir.path().join("kmsg"), "").unwrap();
         std::fs::write(
             dir.path().join("config.toml"),
             format!(
                 "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-                 [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\n{extra_nvml}\n\
+                 [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n{extra_nvml}\n\
                  [mps]\nenabled = false\n[aws]\nenabled = false\n",
                 repo().join("policies/default.toml").display(),
-                fake_nvml().display()
+                fake_nvml().display(),
+                dir.path().join("kmsg").display(),
             ),
         )
         .unwrap();
@@ -408,4 +410,64 @@ fn simulate_reproduces_the_decisions_the_daemon_made() {
     let recorded = node.records();
     assert!(recorded.len() >= 4, "{recorded:?}");
     assert_eq!(replayed, recorded);
+}
+
+fn kmsg_append(node: &Node, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(node.path("kmsg"))
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+fn xid_inputs(node: &Node, code: u64) -> usize {
+    std::fs::read_to_string(node.path("state/inputs.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["signal"]["kind"] == "xid" && v["signal"]["code"] == code)
+        .count()
+}
+
+#[test]
+fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
+    let mut node = Node::new("");
+    node.start();
+    kmsg_append(
+        &node,
+        "4,100,5000000,-;NVRM: Xid (PCI:0000:20:00): 79, pid=4242, name=train, GPU has fallen off the bus.",
+    );
+    let r = node.wait_opened("the kernel-log XID", |r| is_xid(r, 79));
+    assert_eq!(r["observation"]["source"], "kmsg");
+    assert_eq!(r["observation"]["gpu"]["index"], 1);
+    assert_eq!(r["observation"]["pids"][0], 4242);
+    assert!(
+        r["observation"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("GPU has fallen off the bus. (process train)"),
+        "{r}"
+    );
+    // The same XID from NVML's event and the kernel log is one observation.
+    node.inject(r#"{"gpu": 2, "xid": 13}"#);
+    wait_until("the event XID", || xid_inputs(&node, 13) == 1);
+    kmsg_append(
+        &node,
+        "4,101,5100000,-;NVRM: Xid (PCI:0000:30:00): 13, pid=77, name=app, Graphics Exception",
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(xid_inputs(&node, 13), 1);
+    node.stop();
+    // After a restart the old lines are not reported again.
+    let before = xid_inputs(&node, 79);
+    node.start();
+    std::thread::sleep(Duration::from_millis(800));
+    kmsg_append(
+        &node,
+        "4,102,5200000,-;NVRM: Xid (PCI:0000:40:00): 31, pid=78, name=app, MMU Fault",
+    );
+    wait_until("the new line", || xid_inputs(&node, 31) == 1);
+    assert_eq!(xid_inputs(&node, 79), before);
+    node.stop();
 }

@@ -50,7 +50,10 @@ pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
 pub fn sources(cfg: &Config) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
-        out.push(Box::new(nvml::NvmlSource::new(cfg.nvml.clone())));
+        out.push(Box::new(nvml::NvmlSource::new(
+            cfg.nvml.clone(),
+            cfg.state_dir.clone(),
+        )));
     }
     out
 }

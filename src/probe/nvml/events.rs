@@ -191,7 +191,9 @@ impl Watcher {
             return true;
         };
         let mut out = Vec::new();
-        if ev.event_type & EVENT_XID != 0 {
+        if ev.event_type & EVENT_XID != 0
+            && lock(&self.shared).claim_xid(index, ev.data as u32, "nvml")
+        {
             out.push(Observation::new(Signal::Xid {
                 code: ev.data as u32,
             }));

@@ -5,6 +5,7 @@
 //! counter a one-time warning, an unexpected counter error a reported problem.
 
 mod events;
+pub mod kmsg;
 mod poll;
 mod raw;
 
@@ -65,13 +66,15 @@ fn no_driver(detail: String) -> Observation {
 pub struct NvmlSource {
     cfg: NvmlConfig,
     proc_root: PathBuf,
+    state_dir: PathBuf,
 }
 
 impl NvmlSource {
-    pub fn new(cfg: NvmlConfig) -> Self {
+    pub fn new(cfg: NvmlConfig, state_dir: PathBuf) -> Self {
         NvmlSource {
             cfg,
             proc_root: PathBuf::from("/proc"),
+            state_dir,
         }
     }
 }
@@ -143,6 +146,19 @@ impl NvmlSource {
                     "cannot start the event thread: {e}; polling only"
                 );
             }
+            // The kernel log maps PCI ids through the GPU list the first poll fills in.
+            let mut kmsg = self
+                .cfg
+                .kmsg
+                .clone()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|path| kmsg::KmsgReader {
+                    path,
+                    cursor_file: kmsg::cursor_path(&self.state_dir),
+                    shared: shared.clone(),
+                    tx: tx.clone(),
+                    stop: stop.clone(),
+                });
             let mut poller = Some(Poller::new(self.cfg.expected_gpus, self.proc_root.clone()));
             while let Some(mut p) = poller.take() {
                 let (n, s) = (nvml.clone(), shared.clone());
@@ -153,6 +169,17 @@ impl NvmlSource {
                 match tokio::time::timeout(poll_deadline, job).await {
                     Ok(Ok((p, report))) => {
                         poller = Some(p);
+                        if let Some(reader) = kmsg.take() {
+                            let spawned = std::thread::Builder::new()
+                                .name("kmsg".into())
+                                .spawn(move || reader.run());
+                            if let Err(e) = spawned {
+                                tracing::warn!(
+                                    probe = "kmsg",
+                                    "cannot start the kernel log reader: {e}"
+                                );
+                            }
+                        }
                         for obs in report.observations {
                             if tx.send(obs).await.is_err() {
                                 stop.store(true, Ordering::Relaxed);

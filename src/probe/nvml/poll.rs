@@ -35,7 +35,13 @@ pub struct Shared {
     pub clients: BTreeMap<u32, (Vec<u32>, Vec<String>)>,
     /// Identities of the GPUs, by index.
     pub gpus: BTreeMap<u32, GpuId>,
+    /// XIDs reported recently, by (GPU, code): the event watcher and the kernel log see the
+    /// same XID; the first to claim it reports it.
+    pub recent_xids: Vec<(u32, u32, &'static str, std::time::Instant)>,
 }
+
+/// An XID seen by both sources within this window is one XID.
+pub const XID_DEDUPE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub type SharedState = Arc<Mutex<Shared>>;
 
@@ -45,6 +51,26 @@ pub fn lock(s: &SharedState) -> std::sync::MutexGuard<'_, Shared> {
 }
 
 impl Shared {
+    /// Claims an XID seen by `source` (`nvml` or `kmsg`) for reporting. The event watcher
+    /// and the kernel log each see every XID: one seen by the other source within
+    /// `XID_DEDUPE_WINDOW` is the same XID and is not reported again. Repeats from one source
+    /// are distinct XIDs.
+    pub fn claim_xid(&mut self, index: u32, code: u32, source: &'static str) -> bool {
+        let now = std::time::Instant::now();
+        self.recent_xids
+            .retain(|x| now.duration_since(x.3) < XID_DEDUPE_WINDOW);
+        if let Some(pos) = self
+            .recent_xids
+            .iter()
+            .position(|x| x.0 == index && x.1 == code && x.2 != source)
+        {
+            self.recent_xids.remove(pos);
+            return false;
+        }
+        self.recent_xids.push((index, code, source, now));
+        true
+    }
+
     /// Adds the GPU's identity and its current MPS clients to an observation.
     pub fn annotate(&self, mut obs: Observation, index: u32) -> Observation {
         let gpu = self
@@ -62,6 +88,21 @@ impl Shared {
         }
         obs.source = "nvml".into();
         obs.on_gpu(gpu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_xid_seen_by_both_sources_is_claimed_once_but_repeats_are_not_merged() {
+        let mut s = Shared::default();
+        assert!(s.claim_xid(1, 79, "nvml"));
+        assert!(!s.claim_xid(1, 79, "kmsg"), "same XID from the kernel log");
+        assert!(s.claim_xid(1, 79, "nvml"), "a second event is a second XID");
+        assert!(s.claim_xid(1, 13, "kmsg"));
+        assert!(s.claim_xid(2, 79, "kmsg"), "another GPU");
     }
 }
 

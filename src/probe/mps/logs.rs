@@ -1,0 +1,666 @@
+//! The daemon's logs: `control.log` and `server.log` in `CUDA_MPS_LOG_DIRECTORY`, tailed for
+//! what the control pipe cannot tell: servers that keep dying (a crash loop), servers that
+//! hit a fatal exception, and the Volta+ fatal-fault block naming the poisoned GPUs and the
+//! clients with sticky errors (research/mps.md §1.5, §3.2).
+//!
+//! Line format: `[YYYY-MM-DD HH:MM:SS.mmm <Tag> <pid>] <message>`, tag `Control`, `Server`,
+//! `Other` or `Legacy Server`, pid right-aligned. Lines that do not parse are skipped; the
+//! parser never panics on garbage. Offsets live in memory: the first look at a file starts
+//! at its end (old lines are not replayed after a gpu-medic restart), a file that shrank was
+//! truncated (read from 0), a new inode was rotated in (read from 0). Under `-f` (ECS's
+//! unit) the daemon logs to stdout, not to these files: then there is nothing to tail.
+
+use std::collections::VecDeque;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::model::{GpuId, Observation, Signal};
+
+/// This many failed server starts or exits ...
+pub const CRASH_LOOP_COUNT: usize = 3;
+/// ... within this window (by the log's own timestamps) is a crash loop.
+pub const CRASH_LOOP_WINDOW: Duration = Duration::from_secs(60);
+/// At most this much is read from one file per poll; the rest waits for the next poll.
+const MAX_READ: u64 = 1024 * 1024;
+/// A line longer than this is dropped.
+const MAX_LINE: usize = 16 * 1024;
+
+/// One parsed log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine<'a> {
+    /// Milliseconds of the (local, zone-less) timestamp since 1970-01-01 00:00 of that zone;
+    /// only differences are meaningful.
+    pub at_ms: i64,
+    pub tag: &'a str,
+    pub pid: u32,
+    pub msg: &'a str,
+}
+
+/// Parses `[2026-11-30 05:39:57.503 Control 13020] message`; `None` for anything else.
+pub fn parse_line(line: &str) -> Option<LogLine<'_>> {
+    let rest = line.strip_prefix('[')?;
+    let close = rest.find(']')?;
+    let (head, tail) = (rest.get(..close)?, rest.get(close + 1..)?);
+    let msg = tail.strip_prefix(' ').unwrap_or(tail).trim_end_matches('\r');
+    let date = head.get(..10)?;
+    let time = head.get(11..23)?;
+    if head.as_bytes().get(10) != Some(&b' ') {
+        return None;
+    }
+    let who = head.get(23..)?.trim();
+    let (tag, pid) = who.rsplit_once(' ')?;
+    let tag = tag.trim();
+    if tag.is_empty() {
+        return None;
+    }
+    let pid: u32 = pid.parse().ok()?;
+    Some(LogLine {
+        at_ms: parse_stamp(date, time)?,
+        tag,
+        pid,
+        msg,
+    })
+}
+
+fn num(s: &str) -> Option<i64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// `2026-11-30`, `05:39:57.503` to milliseconds since the epoch of the same (unknown) zone.
+fn parse_stamp(date: &str, time: &str) -> Option<i64> {
+    let mut d = date.split('-');
+    let (y, mo, da) = (num(d.next()?)?, num(d.next()?)?, num(d.next()?)?);
+    let (hms, ms) = time.split_once('.')?;
+    let mut t = hms.split(':');
+    let (h, mi, s) = (num(t.next()?)?, num(t.next()?)?, num(t.next()?)?);
+    let ms = num(ms)?;
+    if d.next().is_some()
+        || t.next().is_some()
+        || !(1..=12).contains(&mo)
+        || !(1..=31).contains(&da)
+        || h > 23
+        || mi > 59
+        || s > 60
+        || ms > 999
+    {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + da - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + h) * 60 + mi) * 60_000 + s * 1000 + ms)
+}
+
+/// What a log line (or a block of them) means for the supervisor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogEvent {
+    /// `Server <pid> exited with status <n>`.
+    ServerExited { at_ms: i64, pid: u32, status: i64 },
+    /// A server could not start (`Failed to start`, `MPS server failed to start`, ...).
+    StartFailed { at_ms: i64, pid: u32, line: String },
+    /// `Server encountered a fatal exception. Shutting down`.
+    FatalException { line: String },
+    /// The Volta+ fatal-fault block: devices whose clients are all poisoned.
+    Fault { devices: Vec<u32>, clients: Vec<u32> },
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+enum Block {
+    #[default]
+    Idle,
+    Devices(Vec<u32>),
+    Clients(Vec<u32>, Vec<u32>),
+}
+
+/// Turns lines into events; holds the state of a fault block spanning several lines.
+#[derive(Debug, Default)]
+pub struct Parser {
+    block: Block,
+}
+
+impl Parser {
+    /// Feeds one raw line. Garbage is skipped.
+    pub fn feed(&mut self, raw: &str, out: &mut Vec<LogEvent>) {
+        let Some(line) = parse_line(raw) else {
+            return;
+        };
+        let msg = line.msg.trim();
+        let bare_number = || -> Option<u32> {
+            if msg.is_empty() || !msg.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            msg.parse().ok()
+        };
+        match &mut self.block {
+            Block::Devices(devs) => {
+                if let Some(n) = bare_number() {
+                    devs.push(n);
+                    return;
+                }
+                if msg.contains("following clients have a sticky error") {
+                    let devs = std::mem::take(devs);
+                    self.block = Block::Clients(devs, Vec::new());
+                    return;
+                }
+                self.flush(out);
+            }
+            Block::Clients(_, pids) => {
+                if let Some(n) = bare_number() {
+                    pids.push(n);
+                    return;
+                }
+                self.flush(out);
+            }
+            Block::Idle => {}
+        }
+        if msg.contains("The following devices") {
+            self.block = Block::Devices(Vec::new());
+        } else if let Some(ev) = single_line_event(&line, msg) {
+            out.push(ev);
+        }
+    }
+
+    /// Ends a block in progress (the file went quiet).
+    pub fn flush(&mut self, out: &mut Vec<LogEvent>) {
+        match std::mem::take(&mut self.block) {
+            Block::Idle => {}
+            Block::Devices(devices) if devices.is_empty() => {}
+            Block::Devices(devices) => out.push(LogEvent::Fault {
+                devices,
+                clients: Vec::new(),
+            }),
+            Block::Clients(devices, _) if devices.is_empty() => {}
+            Block::Clients(devices, clients) => out.push(LogEvent::Fault { devices, clients }),
+        }
+    }
+
+    /// Whether a block is waiting for more lines.
+    pub fn in_block(&self) -> bool {
+        self.block != Block::Idle
+    }
+}
+
+fn single_line_event(line: &LogLine<'_>, msg: &str) -> Option<LogEvent> {
+    if let Some(rest) = msg.strip_prefix("Server ")
+        && let Some((pid, status)) = rest.split_once(" exited with status ")
+    {
+        let pid = pid.trim().parse().ok()?;
+        let status = status.trim().parse().ok()?;
+        return Some(LogEvent::ServerExited {
+            at_ms: line.at_ms,
+            pid,
+            status,
+        });
+    }
+    if msg.starts_with("Server encountered a fatal exception") {
+        return Some(LogEvent::FatalException {
+            line: msg.to_string(),
+        });
+    }
+    let lower = msg.to_ascii_lowercase();
+    if lower.starts_with("failed to start")
+        || lower.contains("server failed to start")
+        || lower.contains("failed to create/open shm")
+    {
+        return Some(LogEvent::StartFailed {
+            at_ms: line.at_ms,
+            pid: line.pid,
+            line: msg.to_string(),
+        });
+    }
+    None
+}
+
+/// Counts server failures in a sliding window; one event per server pid.
+#[derive(Debug, Default)]
+pub struct CrashWindow {
+    seen: VecDeque<(i64, u32)>,
+    last: String,
+}
+
+impl CrashWindow {
+    /// Records a failure; returns a crash-loop observation when the window fills.
+    pub fn record(&mut self, at_ms: i64, pid: u32, what: String) -> Option<Observation> {
+        let window = CRASH_LOOP_WINDOW.as_millis() as i64;
+        self.seen.retain(|(t, _)| at_ms - *t < window && *t <= at_ms);
+        if self.seen.iter().any(|(_, p)| *p == pid) {
+            return None; // the exit line and the server's own failure line: one failure
+        }
+        self.seen.push_back((at_ms, pid));
+        self.last = what;
+        if self.seen.len() < CRASH_LOOP_COUNT {
+            return None;
+        }
+        let n = self.seen.len();
+        let pids: Vec<u32> = self.seen.iter().map(|(_, p)| *p).collect();
+        self.seen.clear();
+        Some(
+            Observation::new(Signal::MpsCrashLoop)
+                .with_value(n as u64)
+                .with_detail(format!(
+                    "{n} MPS servers failed within {}s (server pids {pids:?}); last: {}",
+                    CRASH_LOOP_WINDOW.as_secs(),
+                    self.last
+                ))
+                .from_source("mps"),
+        )
+    }
+}
+
+/// Turns events into observations.
+pub fn observe(events: Vec<LogEvent>, crashes: &mut CrashWindow) -> Vec<Observation> {
+    let mut out = Vec::new();
+    for ev in events {
+        match ev {
+            LogEvent::ServerExited { status: 0, .. } => {}
+            LogEvent::ServerExited { at_ms, pid, status } => out.extend(crashes.record(
+                at_ms,
+                pid,
+                format!("server {pid} exited with status {status}"),
+            )),
+            LogEvent::StartFailed { at_ms, pid, line } => {
+                out.extend(crashes.record(at_ms, pid, format!("server {pid}: {line}")))
+            }
+            LogEvent::FatalException { line } => out.push(
+                Observation::new(Signal::MpsServerFault)
+                    .with_detail(format!("MPS control daemon: {line}"))
+                    .from_source("mps"),
+            ),
+            LogEvent::Fault { devices, clients } => {
+                for d in &devices {
+                    out.push(
+                        Observation::new(Signal::MpsServerFault)
+                            .on_gpu(GpuId::index_only(*d))
+                            .with_pids(clients.clone())
+                            .with_detail(format!(
+                                "MPS server fatal GPU fault on devices {devices:?}; clients with a sticky error: {clients:?}"
+                            ))
+                            .from_source("mps"),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Follows one file by offset.
+#[derive(Debug)]
+pub struct Tail {
+    path: PathBuf,
+    /// `None` before the first look.
+    pos: Option<Pos>,
+    partial: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pos {
+    ino: u64,
+    dev: u64,
+    offset: u64,
+}
+
+impl Tail {
+    pub fn new(path: PathBuf) -> Self {
+        Tail {
+            path,
+            pos: None,
+            partial: Vec::new(),
+        }
+    }
+
+    /// New complete lines since the last call.
+    pub fn read_new(&mut self) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        let first_look = self.pos.is_none();
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            // Missing (not yet created, or rotated away): whatever appears next is new.
+            self.pos = Some(Pos {
+                ino: 0,
+                dev: 0,
+                offset: 0,
+            });
+            self.partial.clear();
+            return Vec::new();
+        };
+        let Ok(meta) = f.metadata() else {
+            return Vec::new();
+        };
+        let (ino, dev, len) = (meta.ino(), meta.dev(), meta.len());
+        let offset = match self.pos {
+            None => len, // first look: start at the end, do not replay history
+            Some(p) if p.ino != ino || p.dev != dev => {
+                self.partial.clear();
+                0 // rotated: a new file
+            }
+            Some(p) if len < p.offset => {
+                self.partial.clear();
+                0 // truncated
+            }
+            Some(p) => p.offset,
+        };
+        self.pos = Some(Pos { ino, dev, offset });
+        if first_look || len == offset {
+            return Vec::new();
+        }
+        if f.seek(SeekFrom::Start(offset)).is_err() {
+            return Vec::new();
+        }
+        let mut buf = Vec::new();
+        let n = match f.take(MAX_READ).read_to_end(&mut buf) {
+            Ok(n) => n as u64,
+            Err(_) => return Vec::new(),
+        };
+        self.pos = Some(Pos {
+            ino,
+            dev,
+            offset: offset + n,
+        });
+        self.split(&buf)
+    }
+
+    fn split(&mut self, buf: &[u8]) -> Vec<String> {
+        let mut lines = Vec::new();
+        let mut rest = buf;
+        while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+            self.partial.extend_from_slice(&rest[..i]);
+            if self.partial.len() <= MAX_LINE {
+                lines.push(String::from_utf8_lossy(&self.partial).into_owned());
+            }
+            self.partial.clear();
+            rest = &rest[i + 1..];
+        }
+        self.partial.extend_from_slice(rest);
+        if self.partial.len() > MAX_LINE {
+            // An endless line: drop what we have; its tail becomes a garbage line, skipped.
+            self.partial.clear();
+        }
+        lines
+    }
+}
+
+/// Both log files with their parsers.
+pub struct LogWatch {
+    files: Vec<(Tail, Parser)>,
+    crashes: CrashWindow,
+}
+
+impl LogWatch {
+    pub fn new(log_dir: &Path) -> Self {
+        LogWatch {
+            files: ["control.log", "server.log"]
+                .into_iter()
+                .map(|n| (Tail::new(log_dir.join(n)), Parser::default()))
+                .collect(),
+            crashes: CrashWindow::default(),
+        }
+    }
+
+    /// Reads what is new; a fault block whose file went quiet for a poll is finished.
+    pub fn poll(&mut self) -> Vec<Observation> {
+        let mut events = Vec::new();
+        for (tail, parser) in &mut self.files {
+            let lines = tail.read_new();
+            if lines.is_empty() {
+                parser.flush(&mut events);
+            }
+            for l in &lines {
+                parser.feed(l, &mut events);
+            }
+        }
+        observe(events, &mut self.crashes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn events(lines: &[&str]) -> Vec<LogEvent> {
+        let mut p = Parser::default();
+        let mut out = Vec::new();
+        for l in lines {
+            p.feed(l, &mut out);
+        }
+        p.flush(&mut out);
+        out
+    }
+
+    #[test]
+    fn parses_real_line_formats() {
+        let l = parse_line("[2026-11-30 05:39:57.503 Control 13020] Starting control daemon using socket /tmp/p/control").unwrap();
+        assert_eq!((l.tag, l.pid), ("Control", 13020));
+        assert!(l.msg.starts_with("Starting control daemon"));
+        let l = parse_line("[2021-12-19 16:22:21.847 Control     1] NEW UI").unwrap();
+        assert_eq!((l.tag, l.pid, l.msg), ("Control", 1, "NEW UI"));
+        let l = parse_line("[2024-04-23 06:04:59.389 Legacy Server   425] Failed to start : invalid argument").unwrap();
+        assert_eq!((l.tag, l.pid), ("Legacy Server", 425));
+        let l = parse_line("[2026-11-30 05:40:29.883 Control 13020] Removed Shm file at ").unwrap();
+        assert_eq!(l.msg, "Removed Shm file at ");
+        let a = parse_line("[2026-11-30 05:40:29.883 Control 1] x").unwrap();
+        let b = parse_line("[2026-12-01 00:00:00.000 Control 1] x").unwrap();
+        assert_eq!(b.at_ms - a.at_ms, ((18 * 60 + 19) * 60 + 30) * 1000 + 117);
+    }
+
+    #[test]
+    fn garbage_is_skipped_never_panics() {
+        for bad in [
+            "",
+            "[",
+            "]",
+            "[]",
+            "[2026-11-30 05:39:57.503 Control] no pid",
+            "[2026-11-30 05:39:57.503 13020] no tag",
+            "[2026-13-30 05:39:57.503 Control 1] bad month",
+            "[2026-11-30 25:39:57.503 Control 1] bad hour",
+            "[2026-11-30T05:39:57.503 Control 1] wrong separator",
+            "[2026-11-30 05:39:57 Control 1] no millis",
+            "[x026-11-30 05:39:57.503 Control 1] letters",
+            "[2026-11-30 05:39:57.503 Control 99999999999] pid overflow",
+            "no prefix at all: Server 12 exited with status 1",
+            "[2026-11-30 05:39:5\u{fffd}\u{fffd}\u{fffd} Control 1] mojibake",
+            "[\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}] emoji",
+        ] {
+            assert_eq!(parse_line(bad), None, "{bad:?}");
+            assert!(events(&[bad]).is_empty(), "{bad:?}");
+        }
+        // Every prefix of a valid line, cut at any char boundary.
+        let good = "[2026-11-30 05:40:29.883 Control 13020] Server 21014 exited with status 1";
+        for (i, _) in good.char_indices() {
+            let _ = events(&[&good[..i]]);
+        }
+    }
+
+    /// The Volta fault block from NVIDIA's documentation (research/mps.md §1.5), with the
+    /// normal prefix on every line as the server writes it.
+    const FAULT_BLOCK: &[&str] = &[
+        "[2026-11-30 06:00:00.001 Server  4428] Volta MPS: status of client {11661, 1} is ACTIVE",
+        "[2026-11-30 06:00:00.002 Server  4428] Volta MPS: Server is handling a fatal GPU error.",
+        "[2026-11-30 06:00:00.003 Server  4428] Volta MPS: status of client {11641, 1} is INACTIVE",
+        "[2026-11-30 06:00:00.004 Server  4428] Volta MPS: The following devices",
+        "[2026-11-30 06:00:00.004 Server  4428] 0",
+        "[2026-11-30 06:00:00.004 Server  4428] 1",
+        "[2026-11-30 06:00:00.005 Server  4428] Volta MPS: The following clients have a sticky error set:",
+        "[2026-11-30 06:00:00.005 Server  4428] 11641",
+        "[2026-11-30 06:00:00.005 Server  4428] 11643",
+        "[2026-11-30 06:00:00.006 Server  4428] Client {11641, 1} exit",
+        "[2026-11-30 06:00:00.010 Server  4428] Volta MPS: Destroy server context on device 0",
+        "[2026-11-30 06:00:00.020 Server  4428] Volta MPS: Creating server context on device 0",
+    ];
+
+    #[test]
+    fn fault_block_gives_one_fault_per_gpu_with_the_sticky_clients() {
+        let ev = events(FAULT_BLOCK);
+        assert_eq!(
+            ev,
+            vec![LogEvent::Fault {
+                devices: vec![0, 1],
+                clients: vec![11641, 11643]
+            }]
+        );
+        let obs = observe(ev, &mut CrashWindow::default());
+        assert_eq!(obs.len(), 2);
+        for (o, gpu) in obs.iter().zip([0, 1]) {
+            assert_eq!(o.signal, Signal::MpsServerFault);
+            assert_eq!(o.gpu, Some(GpuId::index_only(gpu)));
+            assert_eq!(o.pids, vec![11641, 11643]);
+            assert_eq!(o.source, "mps");
+        }
+    }
+
+    #[test]
+    fn fault_block_survives_garbage_and_ends_at_the_file_end() {
+        let mut lines = FAULT_BLOCK[..9].to_vec();
+        lines.insert(5, "garbled \u{fffd} line");
+        lines.insert(8, "");
+        // The block is the last thing in the file: flushed when the file goes quiet.
+        assert_eq!(
+            events(&lines),
+            vec![LogEvent::Fault {
+                devices: vec![0, 1],
+                clients: vec![11641, 11643]
+            }]
+        );
+        // Devices without a client list still name the GPUs.
+        let ev = events(&[FAULT_BLOCK[3], FAULT_BLOCK[4], FAULT_BLOCK[9]]);
+        assert_eq!(
+            ev,
+            vec![LogEvent::Fault {
+                devices: vec![0],
+                clients: vec![]
+            }]
+        );
+        // A header with no devices is nothing.
+        assert!(events(&[FAULT_BLOCK[3], FAULT_BLOCK[9]]).is_empty());
+    }
+
+    /// The server start-failure loop (k8s-device-plugin #685, #762) in control.log.
+    const CRASH_LOOP: &[&str] = &[
+        "[2024-04-23 06:04:59.100 Control    72] Starting new server 95 for user 0",
+        "[2024-04-23 06:04:59.200 Control    72] Accepting connection...",
+        "[2024-04-23 06:04:59.300 Control    72] Server encountered a fatal exception. Shutting down",
+        "[2024-04-23 06:04:59.400 Control    72] Server 95 exited with status 1",
+        "[2024-04-23 06:04:59.500 Control    72] Starting new server 98 for user 0",
+        "[2024-04-23 06:04:59.600 Control    72] Server encountered a fatal exception. Shutting down",
+        "[2024-04-23 06:04:59.700 Control    72] Server 98 exited with status 1",
+        "[2024-04-23 06:04:59.800 Control    72] Starting new server 101 for user 0",
+        "[2024-04-23 06:04:59.900 Control    72] Server encountered a fatal exception. Shutting down",
+        "[2024-04-23 06:05:00.000 Control    72] Server 101 exited with status 1",
+    ];
+
+    #[test]
+    fn crash_loop_fires_once_per_window_fill() {
+        let mut crashes = CrashWindow::default();
+        let obs = observe(events(CRASH_LOOP), &mut crashes);
+        let loops: Vec<_> = obs
+            .iter()
+            .filter(|o| o.signal == Signal::MpsCrashLoop)
+            .collect();
+        assert_eq!(loops.len(), 1, "{obs:?}");
+        assert_eq!(loops[0].value, 3);
+        assert!(
+            loops[0].detail.as_deref().unwrap_or("").contains("[95, 98, 101]"),
+            "{:?}",
+            loops[0].detail
+        );
+        // Each fatal exception is also reported (without a GPU: the engine records it).
+        let faults = obs
+            .iter()
+            .filter(|o| o.signal == Signal::MpsServerFault)
+            .count();
+        assert_eq!(faults, 3);
+    }
+
+    #[test]
+    fn slow_or_clean_exits_are_not_a_loop() {
+        // Clean exits (status 0) never count.
+        let clean: Vec<String> = (0..5)
+            .map(|i| format!("[2026-11-30 06:00:0{i}.000 Control 7] Server {} exited with status 0", 100 + i))
+            .collect();
+        let clean: Vec<&str> = clean.iter().map(String::as_str).collect();
+        assert!(observe(events(&clean), &mut CrashWindow::default()).is_empty());
+        // Three failures spread over more than the window do not count.
+        let slow = [
+            "[2026-11-30 06:00:00.000 Control 7] Server 1 exited with status 1",
+            "[2026-11-30 06:00:50.000 Control 7] Server 2 exited with status 1",
+            "[2026-11-30 06:01:40.000 Control 7] Server 3 exited with status 1",
+        ];
+        assert!(observe(events(&slow), &mut CrashWindow::default()).is_empty());
+        // A server's own failure line and its exit line are one failure.
+        let dup = [
+            "[2026-11-30 06:00:00.000 Legacy Server 425] Failed to start : invalid argument",
+            "[2026-11-30 06:00:00.100 Control 7] Server 425 exited with status 1",
+            "[2026-11-30 06:00:01.000 Other 426] MPS server failed to start",
+        ];
+        assert!(observe(events(&dup), &mut CrashWindow::default()).is_empty());
+    }
+
+    #[test]
+    fn tail_starts_at_the_end_and_follows_truncation_and_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.log");
+        let line = |n: u32| format!("[2026-11-30 06:00:00.000 Control 7] Server {n} exited with status 1\n");
+        std::fs::write(&path, line(1)).unwrap();
+        let mut t = Tail::new(path.clone());
+        assert!(t.read_new().is_empty(), "history is not replayed");
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(line(2).as_bytes()).unwrap();
+        f.write_all(b"[2026-11-30 06:00:00.000 Control 7] Server 3 exi").unwrap();
+        let got = t.read_new();
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains("Server 2 "));
+        f.write_all(b"ted with status 1\n").unwrap();
+        let got = t.read_new();
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains("Server 3 exited"), "{got:?}");
+        // Truncated (copytruncate rotation): read from the start.
+        std::fs::write(&path, line(4)).unwrap();
+        let got = t.read_new();
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains("Server 4 "));
+        // Rotated (rename + new file).
+        std::fs::rename(&path, dir.path().join("control.log.1")).unwrap();
+        std::fs::write(&path, format!("{}{}", line(5), line(6))).unwrap();
+        let got = t.read_new();
+        assert_eq!(got.len(), 2, "{got:?}");
+        // Missing, then created: everything in it is new.
+        std::fs::remove_file(&path).unwrap();
+        assert!(t.read_new().is_empty());
+        std::fs::write(&path, line(7)).unwrap();
+        assert_eq!(t.read_new().len(), 1);
+        // A file that did not exist at the first look is read from its start.
+        let other = dir.path().join("server.log");
+        let mut t2 = Tail::new(other.clone());
+        assert!(t2.read_new().is_empty());
+        std::fs::write(&other, line(8)).unwrap();
+        assert_eq!(t2.read_new().len(), 1);
+    }
+
+    #[test]
+    fn log_watch_reports_a_fault_written_after_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("server.log"), FAULT_BLOCK.join("\n") + "\n").unwrap();
+        let mut w = LogWatch::new(dir.path());
+        assert!(w.poll().is_empty(), "old faults are not replayed");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("server.log"))
+            .unwrap();
+        f.write_all((FAULT_BLOCK[3..9].join("\n") + "\n").as_bytes())
+            .unwrap();
+        assert!(w.poll().is_empty(), "the block may continue");
+        let obs = w.poll();
+        assert_eq!(obs.len(), 2, "{obs:?}");
+        assert!(obs.iter().all(|o| o.signal == Signal::MpsServerFault));
+    }
+}

@@ -1,0 +1,389 @@
+//! The MPS control daemon, through its own control client and its logs.
+//!
+//! Every `probe_interval` the probe runs `control_binary` in client mode against the
+//! configured pipe directory and sends `get_default_active_thread_percentage` and
+//! `get_server_list` in one session, with `probe_timeout` as the deadline. The reply must
+//! parse: exit 0 with empty output is what a busy daemon gives a second client. Then:
+//!
+//! - answered: `mps-up` (value = latency in ms); the engine closes MPS incidents on it.
+//! - no answer, but a daemon process serves the pipe directory (hung, stopped, busy,
+//!   garbage): `mps-unresponsive` (value = consecutive failed probes; the policy's
+//!   threshold counts them).
+//! - no daemon process ("Cannot find MPS control daemon process", stale sockets after a
+//!   crash): `mps-down` (value = consecutive failed probes).
+//!
+//! While a restart holds the control lock the probe skips its turn: the restart's outcome
+//! speaks for the daemon. `control.log` and `server.log` are tailed each turn for server
+//! crash loops and fatal faults ([`logs`]). Process identity: [`procs`]. The control client
+//! and its lock are shared with the remedy ([`control`]).
+
+pub mod control;
+pub mod logs;
+pub mod procs;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use self::control::{ControlClient, ControlError};
+use self::logs::LogWatch;
+use self::procs::Scanner;
+use super::{ProbeError, Snapshot, SnapshotReport};
+use crate::config::MpsConfig;
+use crate::model::{Observation, Signal};
+use crate::supervisor::Source;
+
+/// The probe's liveness command; the reply is the default active thread percentage.
+pub const PROBE_COMMAND: &str = "get_default_active_thread_percentage";
+/// Sent in the same session: the running servers' pids.
+pub const SERVER_LIST_COMMAND: &str = "get_server_list";
+
+/// A parsed probe reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The default active thread percentage (`100.0` unless set).
+    pub percentage: f64,
+    /// Pids of the running MPS servers.
+    pub servers: Vec<u32>,
+    /// Reply lines that were neither (kept for the detail, never fatal).
+    pub noise: Vec<String>,
+}
+
+/// Parses the reply to `get_default_active_thread_percentage` followed by
+/// `get_server_list`. The percentage is printed as `%.1f`; anything else first is an error.
+pub fn parse_reply(stdout: &str) -> Result<Answer, String> {
+    let mut lines = stdout.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else {
+        return Err("empty reply (exit 0): the daemon did not answer".into());
+    };
+    let percentage = parse_percentage(first)
+        .ok_or_else(|| format!("unexpected reply {:?}", control::clip(first, 80)))?;
+    let mut servers = Vec::new();
+    let mut noise = Vec::new();
+    for l in lines {
+        match l.parse::<u32>() {
+            Ok(pid) => servers.push(pid),
+            Err(_) => noise.push(control::clip(l, 80)),
+        }
+    }
+    Ok(Answer {
+        percentage,
+        servers,
+        noise,
+    })
+}
+
+/// `100.0` → 100.0; integers, words and out-of-range values are not a percentage reply.
+pub fn parse_percentage(s: &str) -> Option<f64> {
+    let s = s.trim();
+    if !s.contains('.') {
+        return None;
+    }
+    let v: f64 = s.parse().ok()?;
+    (v.is_finite() && v > 0.0 && v <= 100.0).then_some(v)
+}
+
+/// The probe's state between turns: the client, consecutive failures, the log tails.
+pub struct MpsProbe {
+    cfg: MpsConfig,
+    client: ControlClient,
+    scanner: Scanner,
+    logs: LogWatch,
+    failures: u64,
+    was_up: Option<bool>,
+}
+
+impl MpsProbe {
+    pub fn new(cfg: MpsConfig) -> Self {
+        MpsProbe {
+            client: ControlClient::new(&cfg),
+            scanner: Scanner::new(&cfg.control_binary, &cfg.pipe_directory),
+            logs: LogWatch::new(&cfg.log_directory),
+            failures: 0,
+            was_up: None,
+            cfg,
+        }
+    }
+
+    pub fn client(&self) -> &ControlClient {
+        &self.client
+    }
+
+    /// Consecutive failed probes so far.
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// One turn: the daemon probe, then the logs.
+    pub async fn tick(&mut self) -> Vec<Observation> {
+        let mut out: Vec<Observation> = self.probe().await.into_iter().collect();
+        out.extend(self.logs.poll());
+        out
+    }
+
+    /// Probes the daemon once. `None`: a restart holds the control lock, no verdict.
+    pub async fn probe(&mut self) -> Option<Observation> {
+        let timeout = self.cfg.probe_timeout;
+        let guard = self.client.lock_within(timeout).await?;
+        let sent = self
+            .client
+            .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)
+            .await;
+        drop(guard);
+        let failure = match sent {
+            Ok(reply) => match parse_reply(&reply.stdout) {
+                Ok(answer) => return Some(self.up(&answer, reply.elapsed)),
+                Err(why) => Failure::Reply(why),
+            },
+            Err(e) => Failure::Control(e),
+        };
+        Some(self.down_or_unresponsive(failure).await)
+    }
+
+    fn up(&mut self, answer: &Answer, latency: Duration) -> Observation {
+        if self.was_up == Some(false) {
+            tracing::info!(
+                probe = "mps",
+                failures = self.failures,
+                "MPS control daemon answers again"
+            );
+        }
+        self.was_up = Some(true);
+        self.failures = 0;
+        let mut detail = format!(
+            "answered {:.1} in {} ms; servers: {:?}",
+            answer.percentage,
+            latency.as_millis(),
+            answer.servers
+        );
+        if !answer.noise.is_empty() {
+            detail.push_str(&format!("; unexpected lines: {:?}", answer.noise));
+        }
+        Observation::new(Signal::MpsUp)
+            .with_value(latency.as_millis() as u64)
+            .with_detail(detail)
+            .from_source("mps")
+    }
+
+    async fn down_or_unresponsive(&mut self, failure: Failure) -> Observation {
+        self.failures += 1;
+        let why = failure.to_string();
+        let scanned = self.scanner.scan().await;
+        let pipe = self.cfg.pipe_directory.display();
+        let (signal, detail) = match &scanned {
+            Ok(found) if !found.daemons.is_empty() => {
+                let states: Vec<String> = found
+                    .daemons
+                    .iter()
+                    .map(|d| {
+                        let stopped = if d.is_stopped() { ", stopped" } else { "" };
+                        format!("{} (state {}{stopped})", d.pid, d.state)
+                    })
+                    .collect();
+                (
+                    Signal::MpsUnresponsive,
+                    format!(
+                        "{why}; daemon for {pipe} is running: pid {}",
+                        states.join(", ")
+                    ),
+                )
+            }
+            Ok(_) => {
+                let stale = if self.cfg.pipe_directory.join("control").exists() {
+                    " (stale control socket left behind)"
+                } else {
+                    ""
+                };
+                (
+                    Signal::MpsDown,
+                    format!("{why}; no MPS control daemon serves {pipe}{stale}"),
+                )
+            }
+            Err(e) => {
+                let signal = if matches!(failure, Failure::Control(ControlError::NotFound)) {
+                    Signal::MpsDown
+                } else {
+                    Signal::MpsUnresponsive
+                };
+                (signal, format!("{why}; {e}"))
+            }
+        };
+        if self.was_up != Some(false) {
+            tracing::warn!(probe = "mps", signal = %signal, "MPS control daemon probe failed: {detail}");
+        } else {
+            tracing::debug!(probe = "mps", signal = %signal, failures = self.failures, "{detail}");
+        }
+        self.was_up = Some(false);
+        Observation::new(signal)
+            .with_value(self.failures)
+            .with_detail(detail)
+            .from_source("mps")
+    }
+}
+
+/// Why a probe failed.
+#[derive(Debug)]
+enum Failure {
+    Control(ControlError),
+    Reply(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Control(e) => write!(f, "{e}"),
+            Failure::Reply(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The continuous MPS probe for `gpu-medic run`.
+pub struct MpsSource {
+    cfg: MpsConfig,
+}
+
+impl MpsSource {
+    pub fn new(cfg: MpsConfig) -> Self {
+        MpsSource { cfg }
+    }
+}
+
+impl Source for MpsSource {
+    fn name(&self) -> &'static str {
+        "mps"
+    }
+
+    fn run(
+        self: Box<Self>,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let mut probe = MpsProbe::new(self.cfg.clone());
+            let mut every = tokio::time::interval(self.cfg.probe_interval);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                // A probe cut short by shutdown kills its client (see control.rs).
+                let seen = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    seen = probe.tick() => seen,
+                };
+                for obs in seen {
+                    if tx.send(obs).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// The one-shot MPS probe for `gpu-medic check`. A failure is probed once more at once, so
+/// the value (consecutive failures) reaches the policy's confirmation threshold only when
+/// the daemon fails twice in a row.
+pub struct MpsSnapshot {
+    cfg: MpsConfig,
+}
+
+impl MpsSnapshot {
+    pub fn new(cfg: MpsConfig) -> Self {
+        MpsSnapshot { cfg }
+    }
+}
+
+impl Snapshot for MpsSnapshot {
+    fn name(&self) -> &'static str {
+        "mps"
+    }
+
+    fn snapshot(&mut self) -> Result<SnapshotReport, ProbeError> {
+        let cfg = self.cfg.clone();
+        // Own thread and runtime: works whether or not the caller is inside a runtime.
+        let joined = std::thread::scope(|s| {
+            s.spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(rt.block_on(async move {
+                    let mut probe = MpsProbe::new(cfg);
+                    let mut last = None;
+                    for _ in 0..2 {
+                        last = probe.probe().await;
+                        match &last {
+                            Some(o) if o.signal == Signal::MpsUnresponsive => {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                            _ => break,
+                        }
+                    }
+                    last
+                }))
+            })
+            .join()
+        });
+        let obs = match joined {
+            Ok(Ok(obs)) => obs,
+            Ok(Err(message)) => {
+                return Err(ProbeError {
+                    probe: "mps",
+                    message,
+                    retryable: true,
+                });
+            }
+            Err(_) => {
+                return Err(ProbeError {
+                    probe: "mps",
+                    message: "the MPS probe thread panicked".into(),
+                    retryable: true,
+                });
+            }
+        };
+        Ok(SnapshotReport {
+            // mps-up is the all-clear, not a finding.
+            observations: obs
+                .into_iter()
+                .filter(|o| o.signal != Signal::MpsUp)
+                .collect(),
+            ..SnapshotReport::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_parse_or_fail_clearly() {
+        let a = parse_reply("100.0\n").unwrap();
+        assert_eq!((a.percentage, a.servers.len()), (100.0, 0));
+        let a = parse_reply("33.3\n4242\n4243\n").unwrap();
+        assert_eq!(a.percentage, 33.3);
+        assert_eq!(a.servers, vec![4242, 4243]);
+        let a = parse_reply("  50.0  \n\nUnknown command \"get_server_list\"\n").unwrap();
+        assert_eq!(a.noise.len(), 1);
+        for bad in [
+            "",
+            "\n\n",
+            "garbage",
+            "17",
+            "-1.0",
+            "150.0",
+            "NaN",
+            "inf",
+            "Unknown command \"get_default_active_thread_percentage\"",
+            "\u{fffd}\u{fffd}",
+        ] {
+            assert!(parse_reply(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_reply("").unwrap_err().contains("empty reply"));
+    }
+}

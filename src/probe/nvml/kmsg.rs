@@ -1,0 +1,276 @@
+//! XIDs from the kernel log (`/dev/kmsg`): the driver prints
+//! `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.`
+//! for every XID, including those raised while no NVML event set was registered (at boot,
+//! while gpu-medic restarted). Reading it means such XIDs are not lost, and incidents carry
+//! the driver's own text. A cursor (boot id + sequence number) in `state_dir` keeps a restart
+//! from reporting the same line twice; XIDs already reported by the event watcher are skipped.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::poll::{SharedState, lock};
+use crate::model::{Observation, Signal};
+
+/// One parsed `NVRM: Xid` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelXid {
+    /// Sequence number of the kmsg record (0 for plain text lines).
+    pub seq: u64,
+    /// PCI address as the driver prints it, e.g. `0000:3b:00`.
+    pub pci: String,
+    pub code: u32,
+    pub pid: Option<u32>,
+    pub process: Option<String>,
+    pub text: String,
+}
+
+/// Parses one kmsg record (`prio,seq,usec,flags;message`) or a plain log line.
+pub fn parse_line(line: &str) -> Option<KernelXid> {
+    let (seq, message) = match line.split_once(';') {
+        Some((header, msg)) if header.split(',').count() >= 3 => {
+            (header.split(',').nth(1)?.trim().parse().unwrap_or(0), msg)
+        }
+        _ => (0, line),
+    };
+    let at = message.find("NVRM: Xid (PCI:")?;
+    let rest = &message[at + "NVRM: Xid (PCI:".len()..];
+    let (pci, rest) = rest.split_once("):")?;
+    let mut fields = rest.splitn(2, ',');
+    let code: u32 = fields.next()?.trim().parse().ok()?;
+    let mut rest = fields.next().unwrap_or("").trim_start();
+    let mut pid = None;
+    let mut process = None;
+    loop {
+        if let Some(r) = rest.strip_prefix("pid=") {
+            let (v, tail) = r.split_once(',').unwrap_or((r, ""));
+            pid = v.trim().trim_matches('\'').parse().ok();
+            rest = tail.trim_start();
+        } else if let Some(r) = rest.strip_prefix("name=") {
+            let (v, tail) = r.split_once(',').unwrap_or((r, ""));
+            let v = v.trim();
+            if !v.is_empty() && v != "<unknown>" {
+                process = Some(v.to_string());
+            }
+            rest = tail.trim_start();
+        } else {
+            break;
+        }
+    }
+    Some(KernelXid {
+        seq,
+        pci: pci.trim().to_string(),
+        code,
+        pid,
+        process,
+        text: rest.trim().to_string(),
+    })
+}
+
+/// Whether the driver's `0000:3b:00` names the same device as NVML's `00000000:3B:00.0`.
+pub fn same_pci(kernel: &str, nvml: &str) -> bool {
+    fn parts(s: &str) -> Option<(u32, u32, u32)> {
+        let s = s.split('.').next()?;
+        let mut it = s.split(':').map(|p| u32::from_str_radix(p.trim(), 16));
+        let (a, b, c) = (it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?);
+        Some((a, b, c))
+    }
+    match (parts(kernel), parts(nvml)) {
+        (Some(k), Some(n)) => k == n,
+        _ => false,
+    }
+}
+
+/// The kmsg reader thread.
+pub struct KmsgReader {
+    pub path: PathBuf,
+    pub cursor_file: PathBuf,
+    pub shared: SharedState,
+    pub tx: mpsc::Sender<Observation>,
+    pub stop: Arc<AtomicBool>,
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+impl KmsgReader {
+    fn load_cursor(&self) -> u64 {
+        let Ok(text) = std::fs::read_to_string(&self.cursor_file) else {
+            return 0;
+        };
+        let mut it = text.split_whitespace();
+        match (it.next(), it.next()) {
+            (Some(boot), Some(seq)) if boot == boot_id() => seq.parse().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    fn save_cursor(&self, seq: u64) {
+        let tmp = self.cursor_file.with_extension("tmp");
+        let body = format!("{} {}\n", boot_id(), seq);
+        if std::fs::write(&tmp, body)
+            .and_then(|_| std::fs::rename(&tmp, &self.cursor_file))
+            .is_err()
+        {
+            tracing::warn!(probe = "kmsg", path = %self.cursor_file.display(), "cannot save the kmsg cursor");
+        }
+    }
+
+    /// Reads until `stop`. A regular file (tests, a copied log) is followed like `tail -f`.
+    pub fn run(self) {
+        let file = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(probe = "kmsg", path = %self.path.display(), "cannot read the kernel log ({e}); XIDs come from NVML events only");
+                return;
+            }
+        };
+        let is_device = !self.path.is_file();
+        if is_device {
+            // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
+            // and forward lines through a channel, so `stop` is still noticed.
+            let (ltx, lrx) = std::sync::mpsc::channel::<String>();
+            let _ = std::thread::Builder::new()
+                .name("kmsg-read".into())
+                .spawn(move || {
+                    let mut r = BufReader::new(file);
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        match r.read_line(&mut line) {
+                            Ok(0) => return,
+                            Ok(_) => {
+                                if ltx.send(line.clone()).is_err() {
+                                    return;
+                                }
+                            }
+                            // EPIPE: records were overwritten before we read them; go on.
+                            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                            Err(_) => return,
+                        }
+                    }
+                });
+            let mut last = self.load_cursor();
+            while !self.stop.load(Ordering::Relaxed) {
+                match lrx.recv_timeout(Duration::from_millis(500)) {
+                    Ok(line) => last = self.handle(&line, last),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(_) => return,
+                }
+            }
+        } else {
+            let mut r = BufReader::new(file);
+            let mut last = self.load_cursor();
+            let mut line = String::new();
+            while !self.stop.load(Ordering::Relaxed) {
+                line.clear();
+                match r.read_line(&mut line) {
+                    Ok(0) => std::thread::sleep(Duration::from_millis(100)),
+                    Ok(_) if line.ends_with('\n') => last = self.handle(&line, last),
+                    Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+                    Err(_) => std::thread::sleep(Duration::from_millis(500)),
+                }
+            }
+        }
+    }
+
+    /// Handles one line; returns the new cursor.
+    fn handle(&self, line: &str, last: u64) -> u64 {
+        let Some(x) = parse_line(line) else {
+            return last;
+        };
+        if x.seq != 0 && x.seq <= last {
+            return last; // reported before gpu-medic restarted
+        }
+        let index = {
+            let s = lock(&self.shared);
+            s.gpus
+                .values()
+                .find(|g| same_pci(&x.pci, &g.pci_bus_id))
+                .map(|g| g.index)
+        };
+        let Some(index) = index else {
+            tracing::warn!(probe = "kmsg", pci = %x.pci, xid = x.code, "XID for a device NVML does not list");
+            return last;
+        };
+        let seq = x.seq.max(last);
+        if !lock(&self.shared).claim_xid(index, x.code, "kmsg") {
+            self.save_cursor(seq);
+            return seq; // the event watcher reported it already
+        }
+        let mut obs =
+            Observation::new(Signal::Xid { code: x.code }).with_detail(match &x.process {
+                Some(p) => format!("{} (process {p})", x.text),
+                None => x.text.clone(),
+            });
+        if let Some(pid) = x.pid {
+            obs = obs.with_pids(vec![pid]);
+        }
+        let obs = lock(&self.shared).annotate(obs, index);
+        let obs = Observation {
+            source: "kmsg".into(),
+            ..obs
+        };
+        if self.tx.blocking_send(obs).is_ok() && x.seq != 0 {
+            self.save_cursor(seq);
+        }
+        seq
+    }
+}
+
+/// Where the cursor lives.
+pub fn cursor_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("kmsg.cursor")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kmsg_records_and_plain_lines() {
+        let x = parse_line("4,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n").unwrap();
+        assert_eq!(x.seq, 1234);
+        assert_eq!(x.pci, "0000:3b:00");
+        assert_eq!(x.code, 79);
+        assert_eq!(x.pid, Some(1234));
+        assert_eq!(x.process.as_deref(), Some("python3"));
+        assert_eq!(x.text, "GPU has fallen off the bus.");
+        let y = parse_line("[  12.3] NVRM: Xid (PCI:0000:3b:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x404600=0x80000002").unwrap();
+        assert_eq!(
+            (y.seq, y.code, y.pid, y.process.clone()),
+            (0, 13, None, None)
+        );
+        assert!(y.text.starts_with("Graphics Exception"));
+        let z = parse_line("NVRM: Xid (PCI:0000:10:00): 48, An uncorrectable double bit error")
+            .unwrap();
+        assert_eq!((z.code, z.pid), (48, None));
+    }
+
+    #[test]
+    fn ignores_other_and_garbled_lines() {
+        for l in [
+            "",
+            "6,1,2,-;usb 1-1: new device",
+            "NVRM: Xid (PCI:0000:3b:00): not-a-number, text",
+            "NVRM: Xid (PCI:0000:3b:00",
+            "NVRM: loading NVIDIA UNIX x86_64 Kernel Module",
+        ] {
+            assert_eq!(parse_line(l), None, "{l}");
+        }
+    }
+
+    #[test]
+    fn kernel_and_nvml_pci_ids_match() {
+        assert!(same_pci("0000:3b:00", "00000000:3B:00.0"));
+        assert!(!same_pci("0000:3b:00", "00000000:3C:00.0"));
+        assert!(!same_pci("garbage", "00000000:3B:00.0"));
+    }
+}
