@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod identity;
 pub mod journal;
 pub mod model;
 pub mod policy;

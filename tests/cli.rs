@@ -362,6 +362,23 @@ fn incidents_list_show_and_filters() {
         .output()
         .unwrap();
     assert_eq!(json_lines(&open.stdout).len(), 1);
+    let logged = gm()
+        .args([
+            "incidents",
+            "list",
+            "--json",
+            "--state",
+            "logged",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(json_lines(&logged.stdout)[0]["id"], 1);
+    gm().args(["incidents", "list", "--state", "exploded", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(2);
     let gpu2 = gm()
         .args(["incidents", "list", "--json", "--gpu", "2", "--config"])
         .arg(&cfg)

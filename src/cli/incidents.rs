@@ -22,6 +22,10 @@ pub enum IncidentsCommand {
         /// Only incidents still open.
         #[arg(long)]
         open: bool,
+        /// Only incidents in this state (open, logged, resolved, drained, replaced, terminated,
+        /// observed, failed).
+        #[arg(long)]
+        state: Option<String>,
         /// Only incidents on this GPU index.
         #[arg(long)]
         gpu: Option<u32>,
@@ -79,13 +83,22 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             config,
             json,
             open,
+            state,
             gpu,
             since,
         } => {
             let since = since.as_deref().map(parse_since).transpose()?;
+            let state: Option<IncidentState> = state
+                .map(|s| {
+                    serde_json::from_value(serde_json::Value::String(s.clone())).map_err(|_| {
+                        CliError::Usage(format!("--state {s:?}: not an incident state"))
+                    })
+                })
+                .transpose()?;
             let incidents = load(&config)?;
             let shown = incidents.iter().filter(|i| {
                 (!open || i.state == IncidentState::Open)
+                    && state.is_none_or(|s| i.state == s)
                     && gpu.is_none_or(|g| i.gpu.as_ref().is_some_and(|x| x.index == g))
                     && since.is_none_or(|t| i.opened_at >= t)
             });

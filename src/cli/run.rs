@@ -12,6 +12,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use super::{CliError, ConfigArg, exit};
 use crate::policy::Policy;
 use crate::remedy::Remedies;
+use crate::remedy::aws::AwsControlPlane;
 use crate::supervisor::Supervisor;
 
 #[derive(Debug, clap::Args)]
@@ -78,7 +79,11 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone())?;
         let sources = crate::probe::sources(&cfg);
-        let remedies = Remedies::default();
+        let mut remedies = Remedies::default();
+        if cfg.aws.enabled {
+            // Identity discovery waits for the first order: the ECS agent may not be up yet.
+            remedies.control_plane = Some(Arc::new(AwsControlPlane::from_config(&cfg).await));
+        }
         let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
         for s in sources {
             supervisor.add_source(s);

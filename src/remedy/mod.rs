@@ -6,6 +6,7 @@
 //! Every remedy must be idempotent: an order in flight when gpu-medic stopped is handed over
 //! again on the next start.
 
+pub mod aws;
 pub mod recorder;
 
 use std::future::Future;

@@ -1,0 +1,270 @@
+//! Who this instance is, to ECS and Auto Scaling: its EC2 instance id, its cluster and
+//! container instance ARN, and its Auto Scaling group. Every step can be overridden in
+//! `[identity]` (for hosts where discovery cannot work, and for tests):
+//!
+//! 1. cluster and container instance ARN from the ECS agent's introspection API
+//!    (`[ecs] agent_url`, `/v1/metadata`), retried for `[ecs] agent_wait` because the agent
+//!    only answers once it has registered;
+//! 2. the instance id from IMDSv2 (aws-config's client, which honours
+//!    `AWS_EC2_METADATA_SERVICE_ENDPOINT`), or from the container instance when IMDS fails;
+//! 3. when the agent did not answer: `ECS_CLUSTER` from `[ecs] ecs_config_file` (the agent's
+//!    own default is `default`) and the container instance with this EC2 id, found through
+//!    ListContainerInstances and DescribeContainerInstances (moto ignores `filter`);
+//! 4. the group from DescribeAutoScalingInstances; none when the instance is in no group.
+
+use std::time::Duration;
+
+use aws_config::imds;
+use aws_config::provider_config::ProviderConfig;
+use aws_sdk_ecs::config::SharedHttpClient;
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::Config;
+use crate::remedy::aws::asg::Asg;
+use crate::remedy::aws::calls::{CallError, Calls};
+use crate::remedy::aws::ecs::Ecs;
+
+/// This instance, as the control plane knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub instance_id: String,
+    pub cluster: String,
+    pub container_instance_arn: String,
+    /// None: the instance is in no Auto Scaling group (replace is then impossible).
+    pub auto_scaling_group: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("cannot find this instance's EC2 id: {0}")]
+    InstanceId(String),
+    #[error("cannot find this instance's ECS container instance: {0}")]
+    NotRegistered(String),
+    #[error(transparent)]
+    Call(#[from] CallError),
+}
+
+impl IdentityError {
+    /// IMDS and the agent come up after us at boot, and registration takes a while: all of
+    /// these may clear, except a terminal AWS error (permissions, a cluster that is not there).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            IdentityError::Call(c) => c.retryable,
+            _ => true,
+        }
+    }
+}
+
+/// What the ECS agent's `/v1/metadata` returns.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct AgentMetadata {
+    #[serde(rename = "Cluster", default)]
+    pub cluster: Option<String>,
+    #[serde(rename = "ContainerInstanceArn", default)]
+    pub container_instance_arn: Option<String>,
+}
+
+/// Discovers the identity; `calls` collects the request ids of the AWS calls made.
+pub async fn discover(
+    cfg: &Config,
+    http: SharedHttpClient,
+    ecs_client: &aws_sdk_ecs::Client,
+    asg: &Asg,
+    calls: &mut Calls,
+) -> Result<Identity, IdentityError> {
+    let ov = &cfg.identity;
+    let mut cluster = ov.cluster.clone();
+    let mut ci_arn = ov.container_instance_arn.clone();
+    let mut agent_note = String::new();
+    if cluster.is_none() || ci_arn.is_none() {
+        match agent_metadata_retrying(&cfg.ecs.agent_url, cfg.ecs.agent_wait).await {
+            Ok(m) => {
+                cluster = cluster.or(m.cluster);
+                ci_arn = ci_arn.or(m.container_instance_arn);
+            }
+            Err(e) => {
+                tracing::warn!(agent_url = %cfg.ecs.agent_url, "ECS agent introspection: {e}; falling back to {}", cfg.ecs.ecs_config_file.display());
+                agent_note = e;
+            }
+        }
+    }
+    let cluster = match cluster {
+        Some(c) => c,
+        None => cluster_from_ecs_config(&cfg.ecs.ecs_config_file),
+    };
+    let ecs = Ecs::new(ecs_client.clone(), cluster.clone());
+
+    let instance_id = match &ov.instance_id {
+        Some(i) => i.clone(),
+        None => match imds_instance_id(http).await {
+            Ok(i) => i,
+            Err(imds_err) => match &ci_arn {
+                Some(arn) => ecs
+                    .describe_one(calls, arn, false)
+                    .await?
+                    .ec2_instance_id
+                    .ok_or_else(|| {
+                        IdentityError::InstanceId(format!(
+                            "IMDS: {imds_err}; {arn} names no EC2 instance"
+                        ))
+                    })?,
+                None => return Err(IdentityError::InstanceId(format!("IMDS: {imds_err}"))),
+            },
+        },
+    };
+
+    let container_instance_arn = match ci_arn {
+        Some(a) => a,
+        None => {
+            let arns = ecs.list_instances(calls).await?;
+            ecs.describe(calls, &arns, false)
+                .await?
+                .into_iter()
+                .find(|s| s.ec2_instance_id.as_deref() == Some(instance_id.as_str()))
+                .map(|s| s.arn)
+                .ok_or_else(|| {
+                    IdentityError::NotRegistered(format!(
+                        "{instance_id} is not registered in cluster {cluster}{}",
+                        if agent_note.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (agent: {agent_note})")
+                        }
+                    ))
+                })?
+        }
+    };
+
+    let auto_scaling_group = match &ov.auto_scaling_group {
+        Some(g) => Some(g.clone()),
+        None => asg.instance(calls, &instance_id).await?.map(|(g, _)| g),
+    };
+    let id = Identity {
+        instance_id,
+        cluster,
+        container_instance_arn,
+        auto_scaling_group,
+    };
+    tracing::info!(
+        instance_id = %id.instance_id,
+        cluster = %id.cluster,
+        container_instance = %id.container_instance_arn,
+        auto_scaling_group = id.auto_scaling_group.as_deref().unwrap_or("(none)"),
+        "identity discovered"
+    );
+    Ok(id)
+}
+
+/// The instance id from IMDSv2.
+async fn imds_instance_id(http: SharedHttpClient) -> Result<String, String> {
+    let client = imds::Client::builder()
+        .configure(&ProviderConfig::without_region().with_http_client(http))
+        .max_attempts(2)
+        .build();
+    client
+        .get("/latest/meta-data/instance-id")
+        .await
+        .map(String::from)
+        .map_err(|e| e.to_string())
+}
+
+/// `ECS_CLUSTER` from the agent's config file; the agent's own default is `default`.
+pub fn cluster_from_ecs_config(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| parse_ecs_cluster(&text))
+        .unwrap_or_else(|| "default".to_string())
+}
+
+fn parse_ecs_cluster(text: &str) -> Option<String> {
+    text.lines().rev().find_map(|l| {
+        let v = l.trim().strip_prefix("ECS_CLUSTER=")?;
+        let v = v.trim().trim_matches('"').trim_matches('\'');
+        (!v.is_empty()).then(|| v.to_string())
+    })
+}
+
+/// Asks the agent until it answers with a container instance ARN, or `wait` passes.
+pub async fn agent_metadata_retrying(url: &str, wait: Duration) -> Result<AgentMetadata, String> {
+    let until = tokio::time::Instant::now() + wait;
+    let mut delay = Duration::from_millis(250);
+    loop {
+        let err = match agent_metadata(url).await {
+            Ok(m)
+                if m.container_instance_arn
+                    .as_deref()
+                    .is_some_and(|a| !a.is_empty()) =>
+            {
+                return Ok(m);
+            }
+            Ok(_) => "the agent has not registered yet".to_string(),
+            Err(e) => e,
+        };
+        let now = tokio::time::Instant::now();
+        if now + delay > until {
+            return Err(err);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One `GET <agent_url>/v1/metadata`. A plain HTTP/1.0 request: the introspection API is
+/// local, unencrypted and tiny, which does not warrant an HTTP client of its own.
+pub async fn agent_metadata(url: &str) -> Result<AgentMetadata, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
+    let (authority, base) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    let addr = if authority.contains(':') {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(&addr).await?;
+        let req = format!(
+            "GET {base}/v1/metadata HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::new();
+        s.take(1 << 20).read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(buf)
+    };
+    let buf = tokio::time::timeout(Duration::from_secs(3), io)
+        .await
+        .map_err(|_| format!("{url}: no answer within 3s"))?
+        .map_err(|e| format!("{url}: {e}"))?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{url}: malformed HTTP response"))?;
+    let status = head.split_whitespace().nth(1).unwrap_or("?");
+    if status != "200" {
+        return Err(format!("{url}/v1/metadata: HTTP {status}"));
+    }
+    serde_json::from_str(body).map_err(|e| format!("{url}/v1/metadata: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ecs_config_names_the_cluster() {
+        assert_eq!(
+            parse_ecs_cluster("ECS_ENABLE_GPU_SUPPORT=true\nECS_CLUSTER=gpu-prod\n"),
+            Some("gpu-prod".into())
+        );
+        assert_eq!(parse_ecs_cluster("ECS_CLUSTER=\"q\"\n"), Some("q".into()));
+        assert_eq!(parse_ecs_cluster("ECS_LOGLEVEL=info\n"), None);
+        assert_eq!(
+            cluster_from_ecs_config(std::path::Path::new("/nonexistent/ecs.config")),
+            "default"
+        );
+    }
+}

@@ -1,0 +1,392 @@
+//! The fleet budget: may this instance start a drain or a replacement now? Decided from ECS
+//! and Auto Scaling state only (no coordinator, no extra infrastructure), so that every
+//! gpu-medic in a group reaches the same answer from the same facts.
+//!
+//! This module is pure: `Member`s in, a `Gate` out. The rule (research/aws-flows.md (b)):
+//! - an instance is *in remediation* when it is DRAINING in ECS, holds a live claim, is
+//!   Unhealthy or Pending/Terminating/Standby in Auto Scaling, is not (yet) registered with
+//!   ECS, or registered less than `warmup` ago;
+//! - kill switches (suspended ReplaceUnhealthy/HealthCheck/Launch/Terminate, the pause tag)
+//!   stop everything but quarantine;
+//! - the circuit breaker: in a group of more than 5, more unhealthy instances (in remediation,
+//!   quarantined, agent disconnected) than `max_unhealthy` stops new remediation;
+//! - the budget: at most max(1, `max_parallel`) in remediation, ourselves included;
+//! - two instances deciding at once both write a claim (`<prefix>.claim.<unix ms>`), wait, and
+//!   re-read: claims rank by (time, instance id) and only those within the budget go ahead.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::FleetConfig;
+
+/// Groups of this size or smaller never trip the breaker (EKS managed node groups' rule).
+pub const BREAKER_MIN_FLEET: u32 = 6;
+
+/// Auto Scaling processes whose suspension means "hands off".
+pub const KILL_SWITCH_PROCESSES: [&str; 4] =
+    ["ReplaceUnhealthy", "HealthCheck", "Launch", "Terminate"];
+
+/// One instance of the group, as ECS and Auto Scaling see it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Member {
+    pub instance_id: String,
+    /// ECS container instance status (ACTIVE, DRAINING, ...); None: not registered.
+    pub ecs_status: Option<String>,
+    /// Our `<prefix>.health` attribute.
+    pub health: Option<String>,
+    /// Our claim's time (unix ms), from the `<prefix>.claim.<ms>` attribute.
+    pub claim_ms: Option<u64>,
+    /// When the container instance registered with ECS (unix ms).
+    pub registered_ms: Option<u64>,
+    pub agent_connected: bool,
+    /// Auto Scaling lifecycle state and health; None: not in the group (ECS-only view).
+    pub lifecycle: Option<String>,
+    pub asg_health: Option<String>,
+}
+
+/// The group and its kill switches.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FleetView {
+    /// The Auto Scaling group (or the cluster, for an instance outside any group).
+    pub group: String,
+    pub desired: u32,
+    pub members: Vec<Member>,
+    /// Kill-switch processes found suspended.
+    pub suspended: Vec<String>,
+    /// The pause tag is set.
+    pub paused: bool,
+}
+
+/// Why a step may not start now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    KillSwitch(String),
+    Breaker {
+        unhealthy: u32,
+        desired: u32,
+        limit: u32,
+    },
+    Budget {
+        busy: Vec<String>,
+        budget: u32,
+    },
+    /// Claims were written at once and ours ranks outside the budget.
+    Outranked {
+        ahead: Vec<String>,
+        budget: u32,
+    },
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::KillSwitch(why) => write!(f, "kill switch: {why}; staying quarantined"),
+            Denial::Breaker {
+                unhealthy,
+                desired,
+                limit,
+            } => write!(
+                f,
+                "circuit breaker open: {unhealthy} of {desired} instances unhealthy (limit {limit}); staying quarantined"
+            ),
+            Denial::Budget { busy, budget } => write!(
+                f,
+                "fleet budget full: {} of {budget} in remediation ({}); staying quarantined",
+                busy.len(),
+                busy.join(", ")
+            ),
+            Denial::Outranked { ahead, budget } => write!(
+                f,
+                "fleet budget full: claims ahead of ours ({}) fill the {budget} slot(s); staying quarantined",
+                ahead.join(", ")
+            ),
+        }
+    }
+}
+
+/// The instances in a group that a rule counts, with why.
+fn in_remediation(m: &Member, now_ms: u64, cfg: &FleetConfig) -> Option<&'static str> {
+    if m.ecs_status.as_deref() == Some("DRAINING") {
+        return Some("draining");
+    }
+    if m.asg_health.as_deref() == Some("Unhealthy") {
+        return Some("unhealthy");
+    }
+    if let Some(state) = m.lifecycle.as_deref()
+        && [
+            "Pending",
+            "Terminating",
+            "EnteringStandby",
+            "Standby",
+            "Detaching",
+        ]
+        .iter()
+        .any(|p| state.starts_with(p))
+    {
+        return Some("lifecycle");
+    }
+    match m.ecs_status.as_deref() {
+        None => return Some("not registered with ECS"),
+        Some("REGISTERING" | "DEREGISTERING") => return Some("registering"),
+        _ => {}
+    }
+    if let Some(r) = m.registered_ms
+        && now_ms.saturating_sub(r) < ms(cfg.warmup)
+    {
+        return Some("warming up");
+    }
+    None
+}
+
+fn claim_live(m: &Member, now_ms: u64, cfg: &FleetConfig) -> bool {
+    m.claim_ms
+        .is_some_and(|c| now_ms.saturating_sub(c) < ms(cfg.claim_ttl))
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl FleetView {
+    /// The budget for this group: max(1, `max_parallel` of desired capacity).
+    pub fn budget(&self, cfg: &FleetConfig) -> u32 {
+        cfg.max_parallel.of(self.desired).max(1)
+    }
+
+    /// Whether `me` already holds a slot (a resumed step needs no new one).
+    pub fn holds_slot(&self, me: &str, now_ms: u64, cfg: &FleetConfig) -> bool {
+        self.members.iter().any(|m| {
+            m.instance_id == me
+                && (matches!(
+                    in_remediation(m, now_ms, cfg),
+                    Some("draining" | "unhealthy")
+                ) || claim_live(m, now_ms, cfg))
+        })
+    }
+
+    pub fn kill_switch(&self) -> Option<Denial> {
+        if self.paused {
+            return Some(Denial::KillSwitch(format!(
+                "{} is paused by its tag",
+                self.group
+            )));
+        }
+        if !self.suspended.is_empty() {
+            return Some(Denial::KillSwitch(format!(
+                "{} has {} suspended",
+                self.group,
+                self.suspended.join(", ")
+            )));
+        }
+        None
+    }
+
+    /// Before claiming: kill switches, the breaker, then the budget (ourselves not counted).
+    pub fn admit(&self, me: &str, now_ms: u64, cfg: &FleetConfig) -> Result<(), Denial> {
+        if let Some(d) = self.kill_switch() {
+            return Err(d);
+        }
+        let unhealthy = self
+            .members
+            .iter()
+            .filter(|m| {
+                m.instance_id == me
+                    || in_remediation(m, now_ms, cfg).is_some()
+                    || claim_live(m, now_ms, cfg)
+                    || m.health.as_deref() == Some("faulted")
+                    || (m.ecs_status.is_some() && !m.agent_connected)
+            })
+            .count() as u32;
+        let limit = cfg.max_unhealthy.of(self.desired);
+        if self.desired >= BREAKER_MIN_FLEET && unhealthy > limit {
+            return Err(Denial::Breaker {
+                unhealthy,
+                desired: self.desired,
+                limit,
+            });
+        }
+        let budget = self.budget(cfg);
+        let busy: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.instance_id != me)
+            .filter_map(|m| {
+                let why = in_remediation(m, now_ms, cfg)
+                    .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
+                Some(format!("{} {why}", m.instance_id))
+            })
+            .collect();
+        if busy.len() as u32 >= budget {
+            return Err(Denial::Budget { busy, budget });
+        }
+        Ok(())
+    }
+
+    /// After our claim settled: do we rank within the budget? Instances in remediation for
+    /// other reasons take slots first; claims then rank by (time, instance id).
+    pub fn rank(
+        &self,
+        me: &str,
+        my_claim_ms: u64,
+        now_ms: u64,
+        cfg: &FleetConfig,
+    ) -> Result<(), Denial> {
+        let budget = self.budget(cfg);
+        let mut ahead = Vec::new();
+        for m in self.members.iter().filter(|m| m.instance_id != me) {
+            if let Some(why) = in_remediation(m, now_ms, cfg) {
+                ahead.push(format!("{} {why}", m.instance_id));
+            } else if let Some(c) = m.claim_ms
+                && claim_live(m, now_ms, cfg)
+                && (c, m.instance_id.as_str()) < (my_claim_ms, me)
+            {
+                ahead.push(format!("{} claimed", m.instance_id));
+            }
+        }
+        if ahead.len() as u32 >= budget {
+            return Err(Denial::Outranked { ahead, budget });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FleetLimit;
+
+    const NOW: u64 = 10_000_000;
+
+    fn cfg(parallel: u32) -> FleetConfig {
+        FleetConfig {
+            max_parallel: FleetLimit::Count(parallel),
+            max_unhealthy: FleetLimit::Percent(50.0),
+            warmup: Duration::from_secs(60),
+            claim_ttl: Duration::from_secs(600),
+            ..FleetConfig::default()
+        }
+    }
+
+    fn healthy(id: &str) -> Member {
+        Member {
+            instance_id: id.into(),
+            ecs_status: Some("ACTIVE".into()),
+            registered_ms: Some(0),
+            agent_connected: true,
+            lifecycle: Some("InService".into()),
+            asg_health: Some("Healthy".into()),
+            ..Member::default()
+        }
+    }
+
+    fn fleet(n: usize) -> FleetView {
+        FleetView {
+            group: "g".into(),
+            desired: n as u32,
+            members: (0..n).map(|i| healthy(&format!("i-{i}"))).collect(),
+            ..FleetView::default()
+        }
+    }
+
+    #[test]
+    fn budget_counts_draining_unhealthy_claimed_and_young_instances() {
+        let mut f = fleet(10);
+        assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
+        f.members[1].ecs_status = Some("DRAINING".into());
+        assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
+        f.members[2].registered_ms = Some(NOW - 1000);
+        let Err(Denial::Budget { busy, budget: 2 }) = f.admit("i-0", NOW, &cfg(2)) else {
+            panic!("two in flight fill a budget of 2")
+        };
+        assert_eq!(busy, ["i-1 draining", "i-2 warming up"]);
+        f.members[2].registered_ms = Some(0);
+        f.members[3].claim_ms = Some(NOW - 1000);
+        assert!(f.admit("i-0", NOW, &cfg(2)).is_err());
+        // An expired claim on an instance that never drained does not count.
+        f.members[3].claim_ms = Some(NOW - 700_000);
+        assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
+        f.members[4].asg_health = Some("Unhealthy".into());
+        assert!(f.admit("i-0", NOW, &cfg(2)).is_err());
+    }
+
+    #[test]
+    fn percent_budget_is_at_least_one() {
+        let mut f = fleet(4);
+        let c = FleetConfig {
+            warmup: Duration::ZERO,
+            ..FleetConfig::default()
+        };
+        assert_eq!(f.budget(&c), 1);
+        f.members[1].ecs_status = Some("DRAINING".into());
+        assert!(matches!(
+            f.admit("i-0", NOW, &c),
+            Err(Denial::Budget { .. })
+        ));
+        assert_eq!(fleet(10).budget(&c), 2);
+    }
+
+    #[test]
+    fn breaker_trips_above_the_unhealthy_share() {
+        let mut f = fleet(10);
+        let mut c = cfg(5);
+        c.max_unhealthy = FleetLimit::Percent(20.0);
+        f.members[1].health = Some("faulted".into());
+        assert!(f.admit("i-0", NOW, &c).is_ok(), "2 of 10 is not above 20%");
+        f.members[2].agent_connected = false;
+        assert!(matches!(
+            f.admit("i-0", NOW, &c),
+            Err(Denial::Breaker {
+                unhealthy: 3,
+                limit: 2,
+                ..
+            })
+        ));
+        // Small groups never trip it.
+        let mut small = fleet(5);
+        small.members[1].health = Some("faulted".into());
+        small.members[2].health = Some("faulted".into());
+        assert!(small.admit("i-0", NOW, &c).is_ok());
+    }
+
+    #[test]
+    fn kill_switches_come_first() {
+        let mut f = fleet(10);
+        f.suspended = vec!["ReplaceUnhealthy".into()];
+        assert!(matches!(
+            f.admit("i-0", NOW, &cfg(2)),
+            Err(Denial::KillSwitch(_))
+        ));
+        f.suspended.clear();
+        f.paused = true;
+        let e = f.admit("i-0", NOW, &cfg(2)).unwrap_err();
+        assert!(e.to_string().contains("paused"), "{e}");
+    }
+
+    #[test]
+    fn simultaneous_claims_rank_by_time_then_instance_id() {
+        let mut f = fleet(10);
+        let c = cfg(1);
+        f.members[3].claim_ms = Some(NOW);
+        f.members[5].claim_ms = Some(NOW);
+        f.members[7].claim_ms = Some(NOW - 5);
+        // i-7 claimed first: it goes, both others withdraw.
+        assert!(f.rank("i-7", NOW - 5, NOW, &c).is_ok());
+        assert!(f.rank("i-3", NOW, NOW, &c).is_err());
+        assert!(f.rank("i-5", NOW, NOW, &c).is_err());
+        // With two slots the tie between i-3 and i-5 goes to the lower id.
+        assert!(f.rank("i-3", NOW, NOW, &cfg(2)).is_ok());
+        assert!(f.rank("i-5", NOW, NOW, &cfg(2)).is_err());
+    }
+
+    #[test]
+    fn resumed_instances_hold_their_slot() {
+        let mut f = fleet(3);
+        let c = cfg(1);
+        assert!(!f.holds_slot("i-0", NOW, &c));
+        f.members[0].ecs_status = Some("DRAINING".into());
+        assert!(f.holds_slot("i-0", NOW, &c));
+        f.members[0].ecs_status = Some("ACTIVE".into());
+        f.members[0].claim_ms = Some(NOW - 10);
+        assert!(f.holds_slot("i-0", NOW, &c));
+    }
+}

@@ -1,0 +1,682 @@
+//! The control plane's hands: `AwsControlPlane` carries out quarantine, stop-tasks, drain,
+//! replace and complete-lifecycle orders through ECS and Auto Scaling
+//! (research/aws-flows.md (a)), behind the fleet budget ((b), `fleet.rs`).
+//!
+//! Every step is idempotent and reconciles from what ECS and Auto Scaling say rather than from
+//! memory, so an order handed over again after a crash resumes where the last one stopped: an
+//! instance already DRAINING keeps its slot and skips the claim and the drain call; one
+//! already Unhealthy is not marked again. Each order's `Done` or error lists the calls made
+//! with their request ids (drain polls excepted: they would flood the journal).
+//!
+//! The SDK is set up the standard way (region, credentials and `AWS_ENDPOINT_URL*` from the
+//! environment and profiles), with rustls on ring as the only TLS stack, a pinned behaviour
+//! version, and timeouts so a hung endpoint cannot outlive an order's deadline.
+
+pub mod asg;
+pub mod calls;
+pub mod ecs;
+pub mod fleet;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, ConfigLoader, Region, SdkConfig};
+use aws_sdk_ecs::config::SharedHttpClient;
+use aws_smithy_http_client::tls;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use self::asg::Asg;
+use self::calls::{CallError, Calls};
+use self::ecs::{Ecs, InstanceState};
+use self::fleet::{FleetView, KILL_SWITCH_PROCESSES, Member};
+use super::{BoxFuture, ControlPlane, Done, RemedyError};
+use crate::config::{AwsConfig, Config};
+use crate::identity::{self, Identity};
+use crate::model::{Command, LifecycleHook, LifecycleResult, Order, Timestamp};
+
+/// The HTTPS client every AWS call uses: hyper with rustls on ring (no aws-lc, no OpenSSL).
+pub fn http_client() -> SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
+/// The SDK configuration loader: the standard environment and profile chain, plus what
+/// `[aws]` overrides. Tests add their own credentials before `load()`.
+pub fn loader(aws: &AwsConfig) -> ConfigLoader {
+    let mut l = aws_config::defaults(BehaviorVersion::v2026_01_12())
+        .http_client(http_client())
+        .retry_config(RetryConfig::standard().with_max_attempts(3))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .operation_attempt_timeout(Duration::from_secs(20))
+                .operation_timeout(Duration::from_secs(60))
+                .build(),
+        );
+    if let Some(r) = &aws.region {
+        l = l.region(Region::new(r.clone()));
+    }
+    if let Some(u) = &aws.endpoint_url {
+        l = l.endpoint_url(u);
+    }
+    l
+}
+
+/// ECS and Auto Scaling, for this instance.
+pub struct AwsControlPlane {
+    cfg: Config,
+    ecs: aws_sdk_ecs::Client,
+    asg: Asg,
+    http: SharedHttpClient,
+    identity: OnceCell<Identity>,
+}
+
+impl AwsControlPlane {
+    /// Loads the SDK configuration from the environment and `[aws]`. Identity discovery waits
+    /// for the first order (the ECS agent may not be up yet at boot).
+    pub async fn from_config(cfg: &Config) -> Self {
+        let sdk = loader(&cfg.aws).load().await;
+        AwsControlPlane::new(&sdk, cfg)
+    }
+
+    pub fn new(sdk: &SdkConfig, cfg: &Config) -> Self {
+        AwsControlPlane {
+            cfg: cfg.clone(),
+            ecs: aws_sdk_ecs::Client::new(sdk),
+            asg: Asg::new(aws_sdk_autoscaling::Client::new(sdk)),
+            http: sdk.http_client().unwrap_or_else(http_client),
+            identity: OnceCell::new(),
+        }
+    }
+
+    /// This instance's identity, discovered once (a failure is retried by the next order).
+    pub async fn identity(&self) -> Result<&Identity, RemedyError> {
+        self.identity
+            .get_or_try_init(|| async {
+                let mut calls = Calls::new();
+                identity::discover(
+                    &self.cfg,
+                    self.http.clone(),
+                    &self.ecs,
+                    &self.asg,
+                    &mut calls,
+                )
+                .await
+                .map_err(|e| {
+                    let message = format!("identity discovery: {e}");
+                    if e.is_retryable() {
+                        RemedyError::Retryable {
+                            message,
+                            request_ids: calls.entries,
+                        }
+                    } else {
+                        RemedyError::Fatal {
+                            message,
+                            request_ids: calls.entries,
+                        }
+                    }
+                })
+            })
+            .await
+    }
+
+    fn ecs_for(&self, id: &Identity) -> Ecs {
+        Ecs::new(self.ecs.clone(), id.cluster.clone())
+    }
+
+    fn prefix(&self) -> &str {
+        &self.cfg.ecs.attribute_prefix
+    }
+
+    fn health_attr(&self) -> String {
+        format!("{}.health", self.prefix())
+    }
+
+    /// A deferral with jitter, so a fleet of waiting instances does not re-read in lockstep.
+    fn defer(&self, message: String) -> RemedyError {
+        tracing::info!("{message}");
+        RemedyError::Deferred {
+            message,
+            retry_after: jittered(self.cfg.fleet.retry_after),
+        }
+    }
+
+    fn member(&self, s: &InstanceState) -> Member {
+        Member {
+            instance_id: s.ec2_instance_id.clone().unwrap_or_default(),
+            ecs_status: Some(s.status.clone()),
+            health: s
+                .attribute(&self.health_attr())
+                .and_then(|(_, v)| v.clone()),
+            claim_ms: s.claim(self.prefix()).map(|(_, ms)| ms),
+            registered_ms: s.registered_ms,
+            agent_connected: s.agent_connected,
+            lifecycle: None,
+            asg_health: None,
+        }
+    }
+
+    /// The group as the fleet rule sees it: the Auto Scaling group's instances joined with
+    /// their container instances (or, outside any group, the cluster's instances).
+    async fn fleet_view(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+    ) -> Result<FleetView, CallError> {
+        let group = match &id.auto_scaling_group {
+            Some(g) => Some(self.asg.group(calls, g).await?),
+            None => None,
+        };
+        let arns = ecs.list_instances(calls).await?;
+        let states = ecs.describe(calls, &arns, false).await?;
+        let Some(g) = group else {
+            let members: Vec<Member> = states.iter().map(|s| self.member(s)).collect();
+            return Ok(FleetView {
+                group: format!("cluster {}", id.cluster),
+                desired: members.len() as u32,
+                members,
+                ..FleetView::default()
+            });
+        };
+        let members = g
+            .instances
+            .iter()
+            .map(|i| {
+                let mut m = states
+                    .iter()
+                    .find(|s| s.ec2_instance_id.as_deref() == Some(i.instance_id.as_str()))
+                    .map(|s| self.member(s))
+                    .unwrap_or_default();
+                m.instance_id = i.instance_id.clone();
+                m.lifecycle = i.lifecycle.clone();
+                m.asg_health = i.health.clone();
+                m
+            })
+            .collect();
+        let pause = &self.cfg.fleet.pause_tag;
+        Ok(FleetView {
+            group: format!("Auto Scaling group {}", g.name),
+            desired: g.desired,
+            members,
+            suspended: g
+                .suspended
+                .iter()
+                .filter(|p| KILL_SWITCH_PROCESSES.contains(&p.as_str()))
+                .cloned()
+                .collect(),
+            paused: g
+                .tags
+                .iter()
+                .any(|(k, v)| k == pause && v.trim().eq_ignore_ascii_case("true")),
+        })
+    }
+
+    /// Takes a slot in the fleet budget for this instance, or explains why not (Deferred).
+    /// Returns the claim's time. An instance that already holds a slot (DRAINING, Unhealthy,
+    /// or a live claim from before a restart) keeps it without a new claim.
+    async fn acquire_slot(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+    ) -> Result<Option<u64>, RemedyError> {
+        let fleet = &self.cfg.fleet;
+        let me = id.instance_id.as_str();
+        let view = match self.fleet_view(calls, id, ecs).await {
+            Ok(v) => v,
+            Err(e) => return Err(std::mem::take(calls).fail(e)),
+        };
+        let now = now_ms();
+        if let Some(d) = view.kill_switch() {
+            return Err(self.defer(d.to_string()));
+        }
+        let mine = ecs
+            .describe_one(calls, &id.container_instance_arn, true)
+            .await
+            .map_err(|e| std::mem::take(calls).fail(e))?;
+        let own_claim = mine.claim(self.prefix());
+        if view.holds_slot(me, now, fleet) {
+            match own_claim {
+                Some((name, ms)) if mine.status == "ACTIVE" => {
+                    // A claim from before a restart: rank it again, do not claim twice.
+                    if let Err(d) = view.rank(me, ms, now, fleet) {
+                        let _ = ecs
+                            .delete_attribute(calls, &id.container_instance_arn, &name)
+                            .await;
+                        return Err(self.defer(d.to_string()));
+                    }
+                    return Ok(Some(ms));
+                }
+                Some((_, ms)) => return Ok(Some(ms)),
+                None => return Ok(None),
+            }
+        }
+        if let Some((name, _)) = own_claim {
+            // Expired: it no longer counts for anyone; remove it before claiming anew.
+            let _ = ecs
+                .delete_attribute(calls, &id.container_instance_arn, &name)
+                .await;
+        }
+        if let Err(d) = view.admit(me, now, fleet) {
+            return Err(self.defer(d.to_string()));
+        }
+        let claim_ms = now_ms();
+        let claim = format!("{}.claim.{claim_ms}", self.prefix());
+        if let Err(e) = ecs
+            .put_attribute(calls, &id.container_instance_arn, &claim, None)
+            .await
+        {
+            return Err(std::mem::take(calls).fail(e));
+        }
+        tokio::time::sleep(fleet.claim_settle).await;
+        let view = match self.fleet_view(calls, id, ecs).await {
+            Ok(v) => v,
+            Err(e) => return Err(std::mem::take(calls).fail(e)),
+        };
+        if let Err(d) = view.rank(me, claim_ms, now_ms(), fleet) {
+            let _ = ecs
+                .delete_attribute(calls, &id.container_instance_arn, &claim)
+                .await;
+            return Err(self.defer(d.to_string()));
+        }
+        tracing::info!(instance_id = me, claim = %claim, "fleet budget: slot taken");
+        Ok(Some(claim_ms))
+    }
+
+    async fn do_quarantine(&self, order: &Order) -> Result<Done, RemedyError> {
+        let id = self.identity().await?;
+        let ecs = self.ecs_for(id);
+        let mut calls = Calls::new();
+        let attr = self.health_attr();
+        match ecs
+            .put_attribute(&mut calls, &id.container_instance_arn, &attr, Some("faulted"))
+            .await
+        {
+            Ok(()) => Ok(calls.done(format!(
+                "{attr}=faulted on {} (incident {}): placements with memberOf \"attribute:{attr} != faulted\" avoid it",
+                id.container_instance_arn, order.incident
+            ))),
+            Err(e) => Err(calls.fail(e)),
+        }
+    }
+
+    async fn do_stop_tasks(&self, order: &Order) -> Result<Done, RemedyError> {
+        let Command::StopTasks { gpu, pids, tasks } = &order.command else {
+            return Err(RemedyError::fatal("internal: not a stop-tasks order"));
+        };
+        let id = self.identity().await?;
+        let ecs = self.ecs_for(id);
+        let mut calls = Calls::new();
+        let targets: Vec<String> = if !tasks.is_empty() {
+            tasks.clone()
+        } else {
+            match ecs
+                .running_tasks(&mut calls, &id.container_instance_arn, false)
+                .await
+            {
+                Ok(running) => running
+                    .iter()
+                    .filter(|t| t.uses_gpu(gpu.index, &gpu.uuid))
+                    .map(|t| t.arn.clone())
+                    .collect(),
+                Err(e) => return Err(calls.fail(e)),
+            }
+        };
+        if targets.is_empty() {
+            if pids.is_empty() {
+                return Ok(calls.done(format!("no ECS task holds {gpu}; nothing to stop")));
+            }
+            return Err(calls.fatal(format!(
+                "no ECS task found for pids {pids:?} on {gpu} (no task ids, no matching gpuIds)"
+            )));
+        }
+        let reason = format!(
+            "gpu-medic: fault on {gpu} (incident {}), stopping its tasks so MPS can recover",
+            order.incident
+        );
+        for t in &targets {
+            if let Err(e) = ecs.stop_task(&mut calls, t, &reason).await {
+                return Err(calls.fail(e));
+            }
+        }
+        let ids: Vec<&str> = targets
+            .iter()
+            .map(|t| t.rsplit('/').next().unwrap_or(t))
+            .collect();
+        Ok(calls.done(format!(
+            "stopped {} task(s) on {gpu}: {}",
+            targets.len(),
+            ids.join(", ")
+        )))
+    }
+
+    async fn do_drain(&self, order: &Order) -> Result<Done, RemedyError> {
+        let id = self.identity().await?;
+        let ecs = self.ecs_for(id);
+        let mut calls = Calls::new();
+        let arn = &id.container_instance_arn;
+        let me = match ecs.describe_one(&mut calls, arn, false).await {
+            Ok(m) => m,
+            Err(e) => return Err(calls.fail(e)),
+        };
+        let (started_ms, resumed) = match me.status.as_str() {
+            "DRAINING" => (me.claim(self.prefix()).map(|(_, ms)| ms), true),
+            "ACTIVE" => {
+                let claim = self.acquire_slot(&mut calls, id, &ecs).await?;
+                if let Err(e) = ecs.set_draining(&mut calls, arn).await {
+                    return Err(calls.fail(e));
+                }
+                tracing::warn!(container_instance = %arn, incident_id = order.incident.0, "container instance set to DRAINING");
+                (claim, false)
+            }
+            other => {
+                return Ok(calls.done(format!("container instance is {other}; nothing to drain")));
+            }
+        };
+        self.wait_drained(
+            calls,
+            order,
+            &ecs,
+            arn,
+            started_ms.unwrap_or_else(now_ms),
+            resumed,
+        )
+        .await
+    }
+
+    /// Waits for the instance to run no task, stopping standalone tasks after the grace and
+    /// everything left `force_stop_lead` before the deadline; returns just before the deadline.
+    async fn wait_drained(
+        &self,
+        mut calls: Calls,
+        order: &Order,
+        ecs: &Ecs,
+        arn: &str,
+        started_ms: u64,
+        resumed: bool,
+    ) -> Result<Done, RemedyError> {
+        let e = &self.cfg.ecs;
+        let t0 = Instant::now();
+        let remaining = order.deadline.since(Timestamp::now());
+        let margin = (remaining / 10).min(Duration::from_secs(5));
+        let end = t0 + remaining.saturating_sub(margin);
+        let force_at = t0 + remaining.saturating_sub(e.force_stop_lead.max(margin));
+        let since_start = Duration::from_millis(now_ms().saturating_sub(started_ms));
+        let grace_at = t0 + e.standalone_grace.saturating_sub(since_start);
+        let mut stopped_standalone = 0usize;
+        let mut stopped_forced = 0usize;
+        let mut forced = false;
+        let mut stopped: HashSet<String> = HashSet::new();
+        let mut disconnected_since: Option<Instant> = None;
+        let mut polls = 0u32;
+        let mut transient = 0u32;
+        let reason_standalone = format!(
+            "gpu-medic: instance draining (incident {}); standalone task stopped after the grace",
+            order.incident
+        );
+        let reason_forced = format!(
+            "gpu-medic: drain deadline reached (incident {}); stopping what is left",
+            order.incident
+        );
+        let prefix = if resumed { "resumed drain: " } else { "" };
+        loop {
+            polls += 1;
+            let poll = async {
+                let me = ecs.describe_one(&mut calls, arn, true).await?;
+                let tasks = ecs.running_tasks(&mut calls, arn, true).await?;
+                Ok::<_, CallError>((me, tasks))
+            }
+            .await;
+            let now = Instant::now();
+            match poll {
+                Err(err) if err.retryable => {
+                    transient += 1;
+                    tracing::warn!(container_instance = %arn, "drain poll failed, will retry: {err}");
+                }
+                Err(err) => return Err(calls.fail(err)),
+                Ok((me, tasks)) => {
+                    if tasks.is_empty() && me.running == 0 && me.pending == 0 {
+                        return Ok(calls.done(format!(
+                            "{prefix}drained: no task left; {stopped_standalone} standalone task(s) stopped after the grace, {stopped_forced} stopped at the deadline; {polls} poll(s){}",
+                            if transient > 0 { format!(", {transient} failed") } else { String::new() }
+                        )));
+                    }
+                    if me.agent_connected {
+                        disconnected_since = None;
+                    } else {
+                        let since = *disconnected_since.get_or_insert(now);
+                        if now.duration_since(since) >= e.agent_disconnected_wait {
+                            return Err(calls.fatal(format!(
+                                "ECS agent disconnected for {}: ECS cannot stop the {} task(s) left; giving up the drain",
+                                humantime::format_duration(e.agent_disconnected_wait),
+                                tasks.len().max(me.running as usize)
+                            )));
+                        }
+                    }
+                    if now >= grace_at {
+                        for t in tasks.iter().filter(|t| !t.is_service()) {
+                            if stopped.insert(t.arn.clone()) {
+                                match ecs.stop_task(&mut calls, &t.arn, &reason_standalone).await {
+                                    Ok(()) => stopped_standalone += 1,
+                                    Err(err) if err.retryable => {
+                                        stopped.remove(&t.arn);
+                                    }
+                                    Err(err) => return Err(calls.fail(err)),
+                                }
+                            }
+                        }
+                    }
+                    if now >= force_at && !forced {
+                        forced = true;
+                        let left: Vec<&ecs::TaskInfo> =
+                            tasks.iter().filter(|t| !stopped.contains(&t.arn)).collect();
+                        for t in left {
+                            match ecs.stop_task(&mut calls, &t.arn, &reason_forced).await {
+                                Ok(()) => {
+                                    stopped_forced += 1;
+                                    stopped.insert(t.arn.clone());
+                                }
+                                Err(err) if err.retryable => forced = false,
+                                Err(err) => return Err(calls.fail(err)),
+                            }
+                        }
+                    }
+                    if now >= end {
+                        let left: Vec<&str> = tasks.iter().map(|t| t.id()).collect();
+                        return Err(calls.fatal(format!(
+                            "{prefix}drain incomplete at the deadline: {} task(s) still running ({})",
+                            left.len().max(me.running as usize),
+                            left.join(", ")
+                        )));
+                    }
+                }
+            }
+            if Instant::now() >= end {
+                return Err(calls.fatal(format!(
+                    "{prefix}drain incomplete at the deadline: the instance could not be read ({transient} failed poll(s))"
+                )));
+            }
+            let next = (Instant::now() + e.drain_poll_interval).min(end);
+            tokio::time::sleep_until(next).await;
+        }
+    }
+
+    async fn do_replace(&self, order: &Order) -> Result<Done, RemedyError> {
+        let id = self.identity().await?;
+        let Some(group) = id.auto_scaling_group.clone() else {
+            return Err(RemedyError::fatal(format!(
+                "{} is in no Auto Scaling group: nothing can replace it",
+                id.instance_id
+            )));
+        };
+        let ecs = self.ecs_for(id);
+        let mut calls = Calls::new();
+        let me = match self.asg.instance(&mut calls, &id.instance_id).await {
+            Ok(Some((_, i))) => i,
+            Ok(None) => {
+                return Ok(calls.done(format!(
+                    "{} is no longer in {group}; nothing to replace",
+                    id.instance_id
+                )));
+            }
+            Err(e) => return Err(calls.fail(e)),
+        };
+        let already = me.health.as_deref() == Some("Unhealthy");
+        if already {
+            tracing::info!(instance_id = %id.instance_id, "already Unhealthy in Auto Scaling; not marking again");
+        } else {
+            // Kill switches and, for an instance that holds no slot yet, the budget.
+            self.acquire_slot(&mut calls, id, &ecs).await?;
+            if let Err(e) = self.asg.set_unhealthy(&mut calls, &id.instance_id).await {
+                return Err(calls.fail(e));
+            }
+            tracing::warn!(instance_id = %id.instance_id, auto_scaling_group = %group, incident_id = order.incident.0, "instance marked Unhealthy");
+        }
+        let mut detail = format!(
+            "{}{} marked Unhealthy in {group} (grace period skipped); Auto Scaling replaces it, desired capacity unchanged",
+            if already { "already " } else { "" },
+            id.instance_id
+        );
+        if self.cfg.aws.replace_fallback_terminate {
+            detail = self
+                .fallback_terminate(&mut calls, order, id, detail)
+                .await?;
+        }
+        Ok(calls.done(detail))
+    }
+
+    /// The flagged fallback: if Auto Scaling has not started terminating the instance within
+    /// `replace_fallback_after` (bounded by the deadline), terminate it, keeping capacity.
+    async fn fallback_terminate(
+        &self,
+        calls: &mut Calls,
+        order: &Order,
+        id: &Identity,
+        detail: String,
+    ) -> Result<String, RemedyError> {
+        let remaining = order.deadline.since(Timestamp::now());
+        let margin = (remaining / 10).min(Duration::from_secs(5));
+        let wait = self
+            .cfg
+            .aws
+            .replace_fallback_after
+            .min(remaining.saturating_sub(margin));
+        let until = Instant::now() + wait;
+        loop {
+            match self.asg.instance(calls, &id.instance_id).await {
+                Ok(None) => return Ok(format!("{detail}; it has left the group")),
+                Ok(Some((_, i)))
+                    if i.lifecycle
+                        .as_deref()
+                        .is_some_and(|l| l.starts_with("Terminat")) =>
+                {
+                    return Ok(format!("{detail}; Auto Scaling is terminating it"));
+                }
+                Ok(Some(_)) => {}
+                Err(e) if e.retryable => {}
+                Err(e) => return Err(std::mem::take(calls).fail(e)),
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            let next = (Instant::now() + self.cfg.ecs.drain_poll_interval).min(until);
+            tokio::time::sleep_until(next).await;
+        }
+        match self
+            .asg
+            .terminate_keep_capacity(calls, &id.instance_id)
+            .await
+        {
+            Ok(()) => Ok(format!(
+                "{detail}; not replaced within {}, so terminated through Auto Scaling (replace_fallback_terminate, desired capacity kept)",
+                humantime::format_duration(wait)
+            )),
+            Err(e) => Err(std::mem::take(calls).fail(e)),
+        }
+    }
+
+    async fn do_complete_lifecycle(
+        &self,
+        hook: LifecycleHook,
+        result: LifecycleResult,
+    ) -> Result<Done, RemedyError> {
+        let id = self.identity().await?;
+        let Some(group) = id.auto_scaling_group.as_deref() else {
+            return Err(RemedyError::fatal(format!(
+                "{} is in no Auto Scaling group: no lifecycle hook to complete",
+                id.instance_id
+            )));
+        };
+        let name = match hook {
+            LifecycleHook::Terminate => &self.cfg.lifecycle.terminate_hook,
+            LifecycleHook::Launch => &self.cfg.lifecycle.launch_hook,
+        };
+        let r = match result {
+            LifecycleResult::Continue => "CONTINUE",
+            LifecycleResult::Abandon => "ABANDON",
+        };
+        let mut calls = Calls::new();
+        match self
+            .asg
+            .complete_lifecycle(&mut calls, group, name, &id.instance_id, result)
+            .await
+        {
+            Ok(true) => Ok(calls.done(format!("lifecycle hook {name} completed with {r}"))),
+            Ok(false) => Ok(calls.done(format!(
+                "no active lifecycle action for hook {name}: already completed or timed out"
+            ))),
+            Err(e) => Err(calls.fail(e)),
+        }
+    }
+}
+
+impl ControlPlane for AwsControlPlane {
+    fn quarantine(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
+        let order = order.clone();
+        Box::pin(async move { self.do_quarantine(&order).await })
+    }
+
+    fn stop_tasks(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
+        let order = order.clone();
+        Box::pin(async move { self.do_stop_tasks(&order).await })
+    }
+
+    fn drain(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
+        let order = order.clone();
+        Box::pin(async move { self.do_drain(&order).await })
+    }
+
+    fn replace(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
+        let order = order.clone();
+        Box::pin(async move { self.do_replace(&order).await })
+    }
+
+    fn complete_lifecycle(
+        &self,
+        _order: &Order,
+        hook: LifecycleHook,
+        result: LifecycleResult,
+    ) -> BoxFuture<'_, Result<Done, RemedyError>> {
+        Box::pin(async move { self.do_complete_lifecycle(hook, result).await })
+    }
+}
+
+fn now_ms() -> u64 {
+    Timestamp::now().0
+}
+
+/// `d` scaled by a factor in [0.5, 1.5), from the clock's nanoseconds (no RNG needed for this).
+fn jittered(d: Duration) -> Duration {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    d.mul_f64(0.5 + f64::from(n % 1000) / 1000.0)
+}
