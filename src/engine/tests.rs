@@ -8,14 +8,20 @@ use proptest::prelude::*;
 use super::*;
 use crate::model::{GpuId, Observation, Outcome, OutcomeStatus};
 
+fn load(name: &str) -> Policy {
+    Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies").join(name))
+        .unwrap_or_else(|e| panic!("{name} loads: {e}"))
+}
+
+/// Loaded once: property tests run hundreds of cases.
 fn default_policy() -> Policy {
-    Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"))
-        .expect("default policy loads")
+    static P: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
+    P.get_or_init(|| load("default.toml")).clone()
 }
 
 fn observe_only() -> Policy {
-    Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/observe-only.toml"))
-        .expect("observe-only policy loads")
+    static P: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
+    P.get_or_init(|| load("observe-only.toml")).clone()
 }
 
 fn gpu(i: u32) -> GpuId {
