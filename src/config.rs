@@ -40,6 +40,32 @@ pub struct Config {
     pub fleet: FleetConfig,
     #[serde(default)]
     pub lifecycle: LifecycleConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// The optional Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    #[serde(default)]
+    pub enabled: bool,
+    /// A loopback address; others are refused (the endpoint has no authentication).
+    #[serde(default = "default_metrics_listen")]
+    pub listen: std::net::SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: false,
+            listen: default_metrics_listen(),
+        }
+    }
+}
+
+fn default_metrics_listen() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 9400))
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -579,6 +605,16 @@ impl Config {
             ));
         }
         self.check_aws(path, &line_of_key)?;
+        if !self.metrics.listen.ip().is_loopback() {
+            return Err(FileError::new(
+                path,
+                line_of_key("listen"),
+                format!(
+                    "listen: {} is not a loopback address; the metrics endpoint has no authentication",
+                    self.metrics.listen
+                ),
+            ));
+        }
         if self.nvml.expected_gpus == Some(0) {
             return Err(FileError::new(
                 path,

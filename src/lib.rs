@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod identity;
 pub mod journal;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod probe;

@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::engine::{self, State};
 use crate::error::JournalError;
 use crate::journal::{self, JsonlWriter};
+use crate::metrics::Metrics;
 use crate::model::{
     Action, IncidentEvent, Input, Observation, Order, Outcome, Record, StampedInput, Timestamp,
 };
@@ -51,12 +52,14 @@ pub struct Supervisor {
     policy: Policy,
     executor: Arc<dyn Executor>,
     sources: Vec<Box<dyn Source>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 struct Engine {
     state: State,
     policy: Policy,
     cfg: Config,
+    metrics: Option<Arc<Metrics>>,
     incidents: JsonlWriter<Record>,
     inputs: JsonlWriter<StampedInput>,
 }
@@ -71,7 +74,13 @@ impl Supervisor {
             policy,
             executor,
             sources: Vec::new(),
+            metrics: None,
         }
+    }
+
+    /// Keeps `metrics` up to date with every engine step.
+    pub fn with_metrics(&mut self, metrics: Arc<Metrics>) {
+        self.metrics = Some(metrics);
     }
 
     pub fn add_source(&mut self, source: Box<dyn Source>) {
@@ -92,6 +101,7 @@ impl Supervisor {
             state,
             policy: self.policy,
             cfg: cfg.clone(),
+            metrics: self.metrics,
         };
         journal::save_state(&cfg.state_path(), &engine.state)?;
         tracing::info!(
@@ -196,6 +206,9 @@ impl Engine {
         let quiet = matches!(input, Input::Tick) && actions.is_empty() && state == self.state;
         if quiet {
             return Ok(vec![]);
+        }
+        if let Some(m) = &self.metrics {
+            m.record(&input, &actions, &state);
         }
         self.inputs.append(&StampedInput { at: now, input })?;
         self.state = state;

@@ -63,6 +63,17 @@ pub enum NodePhase {
 }
 
 impl NodePhase {
+    pub const ALL: [NodePhase; 8] = [
+        NodePhase::InService,
+        NodePhase::Quarantined,
+        NodePhase::Draining,
+        NodePhase::Drained,
+        NodePhase::Replacing,
+        NodePhase::Replaced,
+        NodePhase::Terminating,
+        NodePhase::Terminated,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             NodePhase::InService => "in-service",

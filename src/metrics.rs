@@ -1,0 +1,370 @@
+//! Prometheus metrics, off by default (`[metrics] enabled`), served on a loopback address.
+//! They are derived from what the engine consumes and emits, in the supervisor's one
+//! engine task, so they can never disagree with the journal.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{GpuStatus, State};
+use crate::model::{Action, ActionId, Command, IncidentEvent, Input, OutcomeStatus, Signal};
+
+type Labels = Vec<(String, String)>;
+
+/// Every metric gpu-medic exports.
+pub struct Metrics {
+    registry: Registry,
+    gpu_health: Family<Labels, Gauge>,
+    xids: Family<Labels, Counter>,
+    signals: Family<Labels, Counter>,
+    mps_probe_latency: Histogram,
+    mps_restarts: Counter,
+    remediations: Family<Labels, Counter>,
+    aws_call_errors: Family<Labels, Counter>,
+    incidents_open: Gauge,
+    node_phase: Family<Labels, Gauge>,
+    /// Commands of orders started, to label their outcomes.
+    started: Mutex<BTreeMap<ActionId, &'static str>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gpu_medic");
+        let gpu_health = Family::<Labels, Gauge>::default();
+        registry.register(
+            "gpu_health",
+            "GPU health: 0 healthy, 1 suspect (awaiting confirmation), 2 faulted",
+            gpu_health.clone(),
+        );
+        let xids = Family::<Labels, Counter>::default();
+        registry.register("xids", "XIDs seen, by GPU and code", xids.clone());
+        let signals = Family::<Labels, Counter>::default();
+        registry.register(
+            "signals",
+            "Observations judged, by signal kind",
+            signals.clone(),
+        );
+        let mps_probe_latency =
+            Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0].into_iter());
+        registry.register(
+            "mps_probe_latency_seconds",
+            "Time the MPS control daemon took to answer a probe",
+            mps_probe_latency.clone(),
+        );
+        let mps_restarts = Counter::default();
+        registry.register(
+            "mps_restarts",
+            "MPS daemon restarts started",
+            mps_restarts.clone(),
+        );
+        let remediations = Family::<Labels, Counter>::default();
+        registry.register(
+            "remediations",
+            "Remediation actions finished, by action and outcome (done, failed, retryable, deferred)",
+            remediations.clone(),
+        );
+        let aws_call_errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "aws_call_errors",
+            "Control-plane (ECS, Auto Scaling) actions that failed, by action",
+            aws_call_errors.clone(),
+        );
+        let incidents_open = Gauge::default();
+        registry.register(
+            "incidents_open",
+            "Incidents not yet closed",
+            incidents_open.clone(),
+        );
+        let node_phase = Family::<Labels, Gauge>::default();
+        registry.register(
+            "node_phase",
+            "1 for the node's current phase (in-service, quarantined, draining, ...)",
+            node_phase.clone(),
+        );
+        Metrics {
+            registry,
+            gpu_health,
+            xids,
+            signals,
+            mps_probe_latency,
+            mps_restarts,
+            remediations,
+            aws_call_errors,
+            incidents_open,
+            node_phase,
+            started: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Updates the metrics from one engine step.
+    pub fn record(&self, input: &Input, actions: &[Action], state: &State) {
+        if let Input::Observation(o) = input {
+            self.signals
+                .get_or_create(&vec![("signal".into(), o.signal.kind().as_str().into())])
+                .inc();
+            match &o.signal {
+                Signal::Xid { code } => {
+                    let gpu = o
+                        .gpu
+                        .as_ref()
+                        .map_or("-".to_string(), |g| g.index.to_string());
+                    self.xids
+                        .get_or_create(&vec![
+                            ("gpu".into(), gpu),
+                            ("code".into(), code.to_string()),
+                        ])
+                        .inc();
+                }
+                Signal::MpsUp => self.mps_probe_latency.observe(o.value as f64 / 1000.0),
+                _ => {}
+            }
+        }
+        let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
+        for a in actions {
+            let Action::Log(r) = a else { continue };
+            match &r.event {
+                IncidentEvent::ActionStarted { order, dry_run } => {
+                    if !dry_run {
+                        started.insert(order.id, order.command.name());
+                        if order.command == Command::RestartMps {
+                            self.mps_restarts.inc();
+                        }
+                    }
+                }
+                IncidentEvent::ActionFinished { outcome } => {
+                    let action = started.remove(&outcome.action).unwrap_or("unknown");
+                    let result = match outcome.status {
+                        OutcomeStatus::Done => "done",
+                        OutcomeStatus::Failed { retryable: true } => "retryable",
+                        OutcomeStatus::Failed { retryable: false } => "failed",
+                        OutcomeStatus::Deferred { .. } => "deferred",
+                    };
+                    self.remediations
+                        .get_or_create(&vec![
+                            ("action".into(), action.into()),
+                            ("outcome".into(), result.into()),
+                        ])
+                        .inc();
+                    let aws = !matches!(action, "restart-mps" | "unknown");
+                    if aws && matches!(outcome.status, OutcomeStatus::Failed { .. }) {
+                        self.aws_call_errors
+                            .get_or_create(&vec![("action".into(), action.into())])
+                            .inc();
+                    }
+                }
+                IncidentEvent::DeadlineMissed { action, .. } => {
+                    started.remove(action);
+                }
+                _ => {}
+            }
+        }
+        drop(started);
+        for h in state.gpus.values() {
+            let v = match h.status {
+                GpuStatus::Healthy => 0,
+                GpuStatus::Suspect => 1,
+                GpuStatus::Faulted => 2,
+            };
+            self.gpu_health
+                .get_or_create(&vec![
+                    ("gpu".into(), h.gpu.index.to_string()),
+                    ("uuid".into(), h.gpu.uuid.clone()),
+                ])
+                .set(v);
+        }
+        self.incidents_open.set(state.open.len() as i64);
+        for phase in crate::engine::NodePhase::ALL {
+            self.node_phase
+                .get_or_create(&vec![("phase".into(), phase.as_str().into())])
+                .set(i64::from(state.node == phase));
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until shutdown. Loopback addresses only: the config
+/// check refuses others.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "metrics endpoint listening");
+    }
+    loop {
+        let (mut sock, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => { tracing::warn!("metrics accept failed: {e}"); continue; }
+            },
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n =
+                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
+                    .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => return,
+                };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("");
+            let (status, body, ctype) = if path == "/metrics" {
+                (
+                    "200 OK",
+                    metrics.render(),
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )
+            } else {
+                ("404 Not Found", "try /metrics\n".to_string(), "text/plain")
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::engine::step;
+    use crate::model::{GpuId, Observation, Outcome, Timestamp};
+    use crate::policy::Policy;
+
+    fn value(text: &str, name_and_labels: &str) -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(name_and_labels))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Drives the real engine and checks that every declared metric moves.
+    #[test]
+    fn every_metric_is_fed_by_the_engine() {
+        let policy = Policy::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+        )
+        .unwrap();
+        let m = Metrics::new();
+        let mut st = State::default();
+        let mut now = Timestamp(1_700_000_000_000);
+        let feed = |input: Input, st: &mut State, now: Timestamp| {
+            let (next, actions) = step(st, input.clone(), now, &policy);
+            m.record(&input, &actions, &next);
+            *st = next;
+            actions
+        };
+        let gpu = GpuId {
+            index: 1,
+            uuid: "GPU-1".into(),
+            ..GpuId::default()
+        };
+        feed(
+            Input::Observation(Observation::new(Signal::MpsUp).with_value(12)),
+            &mut st,
+            now,
+        );
+        feed(
+            Input::Observation(Observation::new(Signal::MpsDown)),
+            &mut st,
+            now,
+        );
+        let actions = feed(
+            Input::Observation(Observation::new(Signal::MpsDown)),
+            &mut st,
+            now,
+        );
+        let restart = actions.iter().find_map(|a| match a {
+            Action::Execute(o) => Some(o.id),
+            _ => None,
+        });
+        feed(
+            Input::Outcome(Outcome {
+                action: restart.unwrap(),
+                status: OutcomeStatus::Done,
+                detail: String::new(),
+                request_ids: vec![],
+            }),
+            &mut st,
+            now,
+        );
+        now = now.plus(Duration::from_secs(1));
+        let actions = feed(
+            Input::Observation(Observation::new(Signal::Xid { code: 79 }).on_gpu(gpu)),
+            &mut st,
+            now,
+        );
+        let quarantine = actions.iter().find_map(|a| match a {
+            Action::Execute(o) => Some(o.id),
+            _ => None,
+        });
+        feed(
+            Input::Outcome(Outcome {
+                action: quarantine.unwrap(),
+                status: OutcomeStatus::Failed { retryable: false },
+                detail: "AccessDenied".into(),
+                request_ids: vec!["r-1".into()],
+            }),
+            &mut st,
+            now,
+        );
+        let text = m.render();
+        let expect = [
+            ("gpu_medic_gpu_health{gpu=\"1\",uuid=\"GPU-1\"}", 2.0),
+            ("gpu_medic_xids_total{gpu=\"1\",code=\"79\"}", 1.0),
+            ("gpu_medic_signals_total{signal=\"mps-down\"}", 2.0),
+            ("gpu_medic_mps_probe_latency_seconds_count", 1.0),
+            ("gpu_medic_mps_restarts_total", 1.0),
+            (
+                "gpu_medic_remediations_total{action=\"restart-mps\",outcome=\"done\"}",
+                1.0,
+            ),
+            (
+                "gpu_medic_remediations_total{action=\"quarantine\",outcome=\"failed\"}",
+                1.0,
+            ),
+            (
+                "gpu_medic_aws_call_errors_total{action=\"quarantine\"}",
+                1.0,
+            ),
+            ("gpu_medic_incidents_open", 1.0),
+            ("gpu_medic_node_phase{phase=\"draining\"}", 1.0),
+            ("gpu_medic_node_phase{phase=\"in-service\"}", 0.0),
+        ];
+        for (name, want) in expect {
+            assert_eq!(value(&text, name), Some(want), "{name} in\n{text}");
+        }
+    }
+}
