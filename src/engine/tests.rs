@@ -9,8 +9,12 @@ use super::*;
 use crate::model::{GpuId, Observation, Outcome, OutcomeStatus};
 
 fn load(name: &str) -> Policy {
-    Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies").join(name))
-        .unwrap_or_else(|e| panic!("{name} loads: {e}"))
+    Policy::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("policies")
+            .join(name),
+    )
+    .unwrap_or_else(|e| panic!("{name} loads: {e}"))
 }
 
 /// Loaded once: property tests run hundreds of cases.
