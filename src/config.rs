@@ -638,7 +638,7 @@ impl Config {
                 format!("agent_url: {:?} must be an http:// URL", self.ecs.agent_url),
             ));
         }
-        // ECS attribute names: 1-128 letters, digits, `- _ / \\ .`; ours add ".claim.<ms>".
+        // ECS attribute names: 1-128 letters, digits, `- _ / \ .`; ours add ".claim.<ms>".
         let p = &self.ecs.attribute_prefix;
         let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_/\\.".contains(c);
         if p.is_empty() || p.len() > 100 || !p.chars().all(ok_char) {
