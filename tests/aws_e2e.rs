@@ -38,6 +38,11 @@ struct Daemon {
 
 impl Daemon {
     fn new(s: &Seeded, endpoint: &str, ecs: &str) -> Daemon {
+        Daemon::with_top(s, endpoint, ecs, "")
+    }
+
+    /// `top`: top-level keys (`dry_run = true`).
+    fn with_top(s: &Seeded, endpoint: &str, ecs: &str, top: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("inject")).unwrap();
         std::fs::write(dir.path().join("kmsg"), "").unwrap();
@@ -45,7 +50,7 @@ impl Daemon {
         std::fs::write(
             dir.path().join("config.toml"),
             format!(
-                "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
+                "{top}\nstate_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
                  [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
                  [mps]\nenabled = false\n\
                  {}\
@@ -335,5 +340,32 @@ async fn sigkill_mid_drain_and_restart_resumes_without_repeating_a_step() {
             .unwrap()
             .starts_with("resumed drain: drained"),
         "{drain:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_records_the_plan_and_makes_no_call() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "e2e-dry", 3).await;
+    let mut d = Daemon::with_top(&s, &proxy.url, "", "dry_run = true");
+    let seeded = proxy.calls().len();
+    d.start().await;
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_for("the incident", Duration::from_secs(20), || async {
+        d.path("state/incidents.jsonl").exists() && d.incident(1).await["state"] == "observed"
+    })
+    .await;
+    d.signal(libc::SIGTERM);
+    let inc = d.incident(1).await;
+    assert_eq!(
+        started_commands(&inc),
+        ["quarantine", "drain", "replace"],
+        "{inc:#}"
+    );
+    assert_eq!(proxy.calls().len(), seeded, "{:?}", &proxy.ops()[seeded..]);
+    assert_eq!(
+        aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
+        "ACTIVE"
     );
 }
