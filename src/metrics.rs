@@ -59,7 +59,7 @@ impl Metrics {
             signals.clone(),
         );
         let mps_probe_latency =
-            Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0].into_iter());
+            Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]);
         registry.register(
             "mps_probe_latency_seconds",
             "Time the MPS control daemon took to answer a probe",
@@ -137,12 +137,13 @@ impl Metrics {
         for a in actions {
             let Action::Log(r) = a else { continue };
             match &r.event {
-                IncidentEvent::ActionStarted { order, dry_run } => {
-                    if !dry_run {
-                        started.insert(order.id, order.command.name());
-                        if order.command == Command::RestartMps {
-                            self.mps_restarts.inc();
-                        }
+                IncidentEvent::ActionStarted {
+                    order,
+                    dry_run: false,
+                } => {
+                    started.insert(order.id, order.command.name());
+                    if order.command == Command::RestartMps {
+                        self.mps_restarts.inc();
                     }
                 }
                 IncidentEvent::ActionFinished { outcome } => {
