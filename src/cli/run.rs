@@ -13,6 +13,7 @@ use super::{CliError, ConfigArg, exit};
 use crate::policy::Policy;
 use crate::remedy::Remedies;
 use crate::remedy::aws::AwsControlPlane;
+use crate::remedy::mps::MpsDaemon;
 use crate::supervisor::Supervisor;
 
 #[derive(Debug, clap::Args)]
@@ -83,6 +84,9 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         if cfg.aws.enabled {
             // Identity discovery waits for the first order: the ECS agent may not be up yet.
             remedies.control_plane = Some(Arc::new(AwsControlPlane::from_config(&cfg).await));
+        }
+        if cfg.mps.enabled {
+            remedies.mps = Some(Arc::new(MpsDaemon::new(cfg.mps.clone())));
         }
         let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
         for s in sources {

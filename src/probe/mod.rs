@@ -3,8 +3,10 @@
 //! panic) when its source is missing.
 //!
 //! - [`nvml`]: the GPUs (events and counters).
+//! - [`mps`]: the MPS control daemon (control pipe probe, process identity, log tail).
 //! - [`tasks`]: which ECS task a process belongs to.
 
+pub mod mps;
 pub mod nvml;
 pub mod tasks;
 
@@ -43,6 +45,9 @@ pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
     if cfg.nvml.enabled {
         out.push(Box::new(nvml::NvmlSnapshot::new(cfg.nvml.clone())));
     }
+    if cfg.mps.enabled {
+        out.push(Box::new(mps::MpsSnapshot::new(cfg.mps.clone())));
+    }
     out
 }
 
@@ -54,6 +59,9 @@ pub fn sources(cfg: &Config) -> Vec<Box<dyn Source>> {
             cfg.nvml.clone(),
             cfg.state_dir.clone(),
         )));
+    }
+    if cfg.mps.enabled {
+        out.push(Box::new(mps::MpsSource::new(cfg.mps.clone())));
     }
     out
 }

@@ -7,6 +7,7 @@
 //! again on the next start.
 
 pub mod aws;
+pub mod mps;
 pub mod recorder;
 
 use std::future::Future;

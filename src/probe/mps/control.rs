@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -67,10 +68,18 @@ pub enum ControlError {
     Io(String),
 }
 
+/// What the probe and the remedy of one pipe directory share.
+#[derive(Debug, Default)]
+struct Gate {
+    lock: Arc<Mutex<()>>,
+    /// Bumped by every restart: the probe's count of consecutive failures starts over.
+    restarts: AtomicU64,
+}
+
 /// One control lock per pipe directory, for the whole process: the probe and the remedy
 /// are built separately from the config, and must still never talk to the daemon at once.
-fn gate_for(pipe_dir: &Path) -> Arc<Mutex<()>> {
-    static GATES: OnceLock<StdMutex<HashMap<PathBuf, Weak<Mutex<()>>>>> = OnceLock::new();
+fn gate_for(pipe_dir: &Path) -> Arc<Gate> {
+    static GATES: OnceLock<StdMutex<HashMap<PathBuf, Weak<Gate>>>> = OnceLock::new();
     let gates = GATES.get_or_init(Default::default);
     // A poisoned registry still holds valid weak pointers.
     let mut map = gates.lock().unwrap_or_else(|p| p.into_inner());
@@ -79,7 +88,7 @@ fn gate_for(pipe_dir: &Path) -> Arc<Mutex<()>> {
     if let Some(g) = map.get(&key).and_then(Weak::upgrade) {
         return g;
     }
-    let g = Arc::new(Mutex::new(()));
+    let g = Arc::new(Gate::default());
     map.insert(key, Arc::downgrade(&g));
     g
 }
@@ -95,7 +104,7 @@ pub struct ControlClient {
     binary: PathBuf,
     pipe_dir: PathBuf,
     log_dir: PathBuf,
-    gate: Arc<Mutex<()>>,
+    gate: Arc<Gate>,
 }
 
 impl ControlClient {
@@ -132,7 +141,7 @@ impl ControlClient {
 
     /// Waits for the control lock.
     pub async fn lock(&self) -> ControlGuard {
-        self.gate.clone().lock_owned().await
+        self.gate.lock.clone().lock_owned().await
     }
 
     /// Waits at most `wait` for the control lock.
@@ -142,7 +151,17 @@ impl ControlClient {
 
     /// Whether someone (a restart) holds the control lock right now.
     pub fn is_busy(&self) -> bool {
-        self.gate.try_lock().is_err()
+        self.gate.lock.try_lock().is_err()
+    }
+
+    /// Records that the daemon was (re)started.
+    pub fn mark_restarted(&self) {
+        self.gate.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many restarts were recorded for this pipe directory.
+    pub fn restarts(&self) -> u64 {
+        self.gate.restarts.load(Ordering::Relaxed)
     }
 
     /// Sends `commands` (one per line) in one session and returns the reply, or kills the
@@ -154,7 +173,7 @@ impl ControlClient {
         timeout: Duration,
     ) -> Result<Reply, ControlError> {
         debug_assert!(
-            Arc::ptr_eq(OwnedMutexGuard::mutex(guard), &self.gate),
+            Arc::ptr_eq(OwnedMutexGuard::mutex(guard), &self.gate.lock),
             "control guard of another pipe directory"
         );
         let started = Instant::now();
@@ -188,11 +207,8 @@ impl ControlClient {
                 let _ = s.write_all(input.as_bytes()).await;
                 drop(s);
             }
-            let (out, err, status) = tokio::join!(
-                read_capped(stdout),
-                read_capped(stderr),
-                child.wait()
-            );
+            let (out, err, status) =
+                tokio::join!(read_capped(stdout), read_capped(stderr), child.wait());
             (out, err, status)
         };
         let (out, err, status) = match tokio::time::timeout(timeout, talk).await {

@@ -42,7 +42,10 @@ pub fn parse_line(line: &str) -> Option<LogLine<'_>> {
     let rest = line.strip_prefix('[')?;
     let close = rest.find(']')?;
     let (head, tail) = (rest.get(..close)?, rest.get(close + 1..)?);
-    let msg = tail.strip_prefix(' ').unwrap_or(tail).trim_end_matches('\r');
+    let msg = tail
+        .strip_prefix(' ')
+        .unwrap_or(tail)
+        .trim_end_matches('\r');
     let date = head.get(..10)?;
     let time = head.get(11..23)?;
     if head.as_bytes().get(10) != Some(&b' ') {
@@ -110,7 +113,10 @@ pub enum LogEvent {
     /// `Server encountered a fatal exception. Shutting down`.
     FatalException { line: String },
     /// The Volta+ fatal-fault block: devices whose clients are all poisoned.
-    Fault { devices: Vec<u32>, clients: Vec<u32> },
+    Fault {
+        devices: Vec<u32>,
+        clients: Vec<u32>,
+    },
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -231,7 +237,8 @@ impl CrashWindow {
     /// Records a failure; returns a crash-loop observation when the window fills.
     pub fn record(&mut self, at_ms: i64, pid: u32, what: String) -> Option<Observation> {
         let window = CRASH_LOOP_WINDOW.as_millis() as i64;
-        self.seen.retain(|(t, _)| at_ms - *t < window && *t <= at_ms);
+        self.seen
+            .retain(|(t, _)| at_ms - *t < window && *t <= at_ms);
         if self.seen.iter().any(|(_, p)| *p == pid) {
             return None; // the exit line and the server's own failure line: one failure
         }
@@ -443,7 +450,10 @@ mod tests {
         assert!(l.msg.starts_with("Starting control daemon"));
         let l = parse_line("[2021-12-19 16:22:21.847 Control     1] NEW UI").unwrap();
         assert_eq!((l.tag, l.pid, l.msg), ("Control", 1, "NEW UI"));
-        let l = parse_line("[2024-04-23 06:04:59.389 Legacy Server   425] Failed to start : invalid argument").unwrap();
+        let l = parse_line(
+            "[2024-04-23 06:04:59.389 Legacy Server   425] Failed to start : invalid argument",
+        )
+        .unwrap();
         assert_eq!((l.tag, l.pid), ("Legacy Server", 425));
         let l = parse_line("[2026-11-30 05:40:29.883 Control 13020] Removed Shm file at ").unwrap();
         assert_eq!(l.msg, "Removed Shm file at ");
@@ -569,7 +579,11 @@ mod tests {
         assert_eq!(loops.len(), 1, "{obs:?}");
         assert_eq!(loops[0].value, 3);
         assert!(
-            loops[0].detail.as_deref().unwrap_or("").contains("[95, 98, 101]"),
+            loops[0]
+                .detail
+                .as_deref()
+                .unwrap_or("")
+                .contains("[95, 98, 101]"),
             "{:?}",
             loops[0].detail
         );
@@ -585,7 +599,12 @@ mod tests {
     fn slow_or_clean_exits_are_not_a_loop() {
         // Clean exits (status 0) never count.
         let clean: Vec<String> = (0..5)
-            .map(|i| format!("[2026-11-30 06:00:0{i}.000 Control 7] Server {} exited with status 0", 100 + i))
+            .map(|i| {
+                format!(
+                    "[2026-11-30 06:00:0{i}.000 Control 7] Server {} exited with status 0",
+                    100 + i
+                )
+            })
             .collect();
         let clean: Vec<&str> = clean.iter().map(String::as_str).collect();
         assert!(observe(events(&clean), &mut CrashWindow::default()).is_empty());
@@ -609,13 +628,19 @@ mod tests {
     fn tail_starts_at_the_end_and_follows_truncation_and_rotation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("control.log");
-        let line = |n: u32| format!("[2026-11-30 06:00:00.000 Control 7] Server {n} exited with status 1\n");
+        let line = |n: u32| {
+            format!("[2026-11-30 06:00:00.000 Control 7] Server {n} exited with status 1\n")
+        };
         std::fs::write(&path, line(1)).unwrap();
         let mut t = Tail::new(path.clone());
         assert!(t.read_new().is_empty(), "history is not replayed");
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(line(2).as_bytes()).unwrap();
-        f.write_all(b"[2026-11-30 06:00:00.000 Control 7] Server 3 exi").unwrap();
+        f.write_all(b"[2026-11-30 06:00:00.000 Control 7] Server 3 exi")
+            .unwrap();
         let got = t.read_new();
         assert_eq!(got.len(), 1);
         assert!(got[0].contains("Server 2 "));

@@ -94,6 +94,8 @@ pub struct MpsProbe {
     logs: LogWatch,
     failures: u64,
     was_up: Option<bool>,
+    /// The restart count last seen: a restart starts the failure count over.
+    restarts_seen: u64,
 }
 
 impl MpsProbe {
@@ -104,6 +106,7 @@ impl MpsProbe {
             logs: LogWatch::new(&cfg.log_directory),
             failures: 0,
             was_up: None,
+            restarts_seen: 0,
             cfg,
         }
     }
@@ -128,6 +131,11 @@ impl MpsProbe {
     pub async fn probe(&mut self) -> Option<Observation> {
         let timeout = self.cfg.probe_timeout;
         let guard = self.client.lock_within(timeout).await?;
+        let restarts = self.client.restarts();
+        if restarts != self.restarts_seen {
+            self.restarts_seen = restarts;
+            self.failures = 0;
+        }
         let sent = self
             .client
             .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)

@@ -310,7 +310,10 @@ mod tests {
         let want = normalize(Path::new("/run/mps-ecs"));
         assert!(serves(&env("CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs"), &want));
         assert!(serves(&env("CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs/"), &want));
-        assert!(!serves(&env("CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs2"), &want));
+        assert!(!serves(
+            &env("CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs2"),
+            &want
+        ));
         assert!(!serves(&env("X=1"), &want));
         let default = normalize(Path::new(DEFAULT_PIPE_DIR));
         assert!(serves(&env("X=1"), &default));

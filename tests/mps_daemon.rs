@@ -1,0 +1,777 @@
+//! MPS supervision against NVIDIA's real control daemon (`nvidia-cuda-mps-control` from
+//! Debian's `nvidia-cuda-mps`, which runs without a GPU). Every test starts its own daemon
+//! in its own short pipe directory (`/tmp/gm-mps-XXXXXX/p`; a unix socket path must stay
+//! under 107 bytes) and log directory, and a guard stops everything it started, even when
+//! the test fails. Facts relied on: tests/support/MPS-FACTS.md.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpu_medic::config::{MpsConfig, MpsManage};
+use gpu_medic::model::Signal;
+use gpu_medic::probe::mps::control::ControlClient;
+use gpu_medic::probe::mps::procs::Scanner;
+use gpu_medic::probe::mps::{MpsProbe, PROBE_COMMAND};
+use gpu_medic::remedy::RemedyError;
+use gpu_medic::remedy::mps::MpsDaemon;
+
+const BIN: &str = "/usr/bin/nvidia-cuda-mps-control";
+
+/// A pipe and log directory of our own, and whatever runs in them.
+struct Mps {
+    root: tempfile::TempDir,
+    pipe: PathBuf,
+    log: PathBuf,
+}
+
+impl Mps {
+    fn new() -> Self {
+        assert!(
+            Path::new(BIN).exists(),
+            "{BIN} missing: install Debian's non-free nvidia-cuda-mps (see .ci)"
+        );
+        let root = tempfile::Builder::new()
+            .prefix("gm-mps-")
+            .tempdir_in("/tmp")
+            .expect("temp dir");
+        let pipe = root.path().join("p");
+        let log = root.path().join("l");
+        assert!(pipe.join("control").as_os_str().len() < 107);
+        Mps { root, pipe, log }
+    }
+
+    fn cfg(&self) -> MpsConfig {
+        MpsConfig {
+            control_binary: PathBuf::from(BIN),
+            pipe_directory: self.pipe.clone(),
+            log_directory: self.log.clone(),
+            probe_interval: Duration::from_millis(500),
+            probe_timeout: Duration::from_millis(300),
+            manage: MpsManage::Direct,
+            quit_timeout: Duration::from_secs(1),
+            start_timeout: Duration::from_secs(5),
+            ..MpsConfig::default()
+        }
+    }
+
+    /// Starts a daemon the way an operator would; returns its pid.
+    fn start(&self) -> u32 {
+        std::fs::create_dir_all(&self.pipe).unwrap();
+        let out = Command::new(BIN)
+            .arg("-d")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run nvidia-cuda-mps-control -d");
+        assert!(out.status.success(), "-d failed: {out:?}");
+        let pids = self.daemons();
+        assert_eq!(pids.len(), 1, "one daemon expected: {pids:?}");
+        pids[0]
+    }
+
+    fn daemons(&self) -> Vec<u32> {
+        Scanner::new(Path::new(BIN), &self.pipe)
+            .scan_blocking()
+            .expect("scan")
+            .daemon_pids()
+    }
+
+    /// One control session, as an operator would type it.
+    fn ask(&self, cmd: &str) -> String {
+        let mut child = Command::new(BIN)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{cmd}\n").as_bytes())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("`{cmd}` got no answer in 3 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Every live process whose environment names our pipe directory (daemon, servers,
+    /// control clients, wrapper scripts and their children).
+    fn processes(&self) -> Vec<u32> {
+        processes_with_pipe(&self.pipe)
+    }
+
+    fn script(&self, name: &str, body: &str) -> PathBuf {
+        let p = self.root.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A fork elsewhere in this test process may briefly hold the write descriptor
+        // (ETXTBSY); let those children reach exec.
+        std::thread::sleep(Duration::from_millis(50));
+        p
+    }
+}
+
+impl Drop for Mps {
+    fn drop(&mut self) {
+        for pid in self.processes() {
+            signal(pid, libc::SIGCONT);
+        }
+        if !self.daemons().is_empty() && self.pipe.join("control").exists() {
+            let _ = Command::new("timeout")
+                .args(["1", BIN])
+                .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .and_then(|mut c| {
+                    c.stdin.take().map(|mut s| s.write_all(b"quit\n"));
+                    c.wait()
+                });
+        }
+        for pid in self.processes() {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+}
+
+fn processes_with_pipe(pipe: &Path) -> Vec<u32> {
+    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()).into_bytes();
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|v| v == want.as_slice()) && alive(pid) {
+            out.push(pid);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    !s.lines()
+        .any(|l| l.starts_with("State:") && l.contains('Z'))
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is a process this test
+    // started (found by its pipe directory), never 0 or -1.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+fn wait_dead(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "pid {pid} did not die");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGSTOP takes effect when the process next runs; wait for it.
+fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if s.lines()
+            .any(|l| l.starts_with("State:") && l.contains('T'))
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+async fn probe_once(cfg: MpsConfig) -> gpu_medic::model::Observation {
+    MpsProbe::new(cfg).probe().await.expect("a verdict")
+}
+
+#[tokio::test]
+async fn healthy_daemon_is_up_with_its_latency() {
+    let mps = Mps::new();
+    mps.start();
+    let obs = probe_once(mps.cfg()).await;
+    assert_eq!(obs.signal, Signal::MpsUp, "{obs:?}");
+    assert!(obs.value < 300, "latency {} ms", obs.value);
+    let detail = obs.detail.unwrap_or_default();
+    assert!(detail.contains("answered 100.0"), "{detail}");
+    assert!(detail.contains("servers: []"), "{detail}");
+    assert_eq!(obs.source, "mps");
+}
+
+#[tokio::test]
+async fn stopped_daemon_times_out_as_unresponsive_and_no_client_is_left() {
+    let mps = Mps::new();
+    let pid = mps.start();
+    signal(pid, libc::SIGSTOP);
+    wait_stopped(pid);
+    let cfg = mps.cfg();
+    let mut probe = MpsProbe::new(cfg.clone());
+    for n in 1..=2u64 {
+        let t0 = Instant::now();
+        let obs = probe.probe().await.expect("a verdict");
+        let took = t0.elapsed();
+        assert_eq!(obs.signal, Signal::MpsUnresponsive, "{obs:?}");
+        assert_eq!(obs.value, n, "consecutive failures");
+        assert!(
+            took >= cfg.probe_timeout && took < cfg.probe_timeout + Duration::from_millis(700),
+            "probe took {took:?}"
+        );
+        let detail = obs.detail.unwrap_or_default();
+        assert!(detail.contains("no reply within"), "{detail}");
+        assert!(
+            detail.contains(&format!("pid {pid} (state T, stopped)")),
+            "{detail}"
+        );
+        assert_eq!(
+            mps.processes(),
+            vec![pid],
+            "the timed-out client was killed and reaped"
+        );
+    }
+    signal(pid, libc::SIGCONT);
+    let obs = probe.probe().await.expect("a verdict");
+    assert_eq!(obs.signal, Signal::MpsUp, "{obs:?}");
+    assert_eq!(probe.failures(), 0);
+}
+
+#[tokio::test]
+async fn killed_daemon_is_down_and_leaves_a_stale_pipe_directory() {
+    let mps = Mps::new();
+    let pid = mps.start();
+    signal(pid, libc::SIGKILL);
+    wait_dead(pid); // a zombie until PID 1 reaps it: dead to us
+    assert!(
+        mps.pipe.join("control").exists(),
+        "stale socket after SIGKILL"
+    );
+    let mut probe = MpsProbe::new(mps.cfg());
+    let obs = probe.probe().await.expect("a verdict");
+    assert_eq!(obs.signal, Signal::MpsDown, "{obs:?}");
+    assert_eq!(obs.value, 1);
+    let detail = obs.detail.unwrap_or_default();
+    assert!(
+        detail.contains("Cannot find MPS control daemon process"),
+        "{detail}"
+    );
+    assert!(detail.contains("stale control socket"), "{detail}");
+    assert_eq!(probe.probe().await.map(|o| o.value), Some(2));
+}
+
+#[tokio::test]
+async fn restart_replaces_a_killed_daemon_cleans_the_stale_dir_and_reapplies_defaults() {
+    let mps = Mps::new();
+    let old = mps.start();
+    signal(old, libc::SIGKILL);
+    wait_dead(old);
+    let cfg = MpsConfig {
+        default_active_thread_percentage: Some(25),
+        default_pinned_device_mem_limit: Some("0=2G,1=512M".into()),
+        ..mps.cfg()
+    };
+    let t0 = Instant::now();
+    let done = MpsDaemon::new(cfg.clone())
+        .restart_now()
+        .await
+        .expect("restart");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(
+        done.detail.contains("no daemon was running"),
+        "{}",
+        done.detail
+    );
+    assert!(
+        done.detail
+            .contains("stale control, control_privileged, control_lock, log removed"),
+        "{}",
+        done.detail
+    );
+    assert!(
+        done.detail
+            .contains("active thread percentage 25, pinned memory 0=2G, pinned memory 1=512M"),
+        "{}",
+        done.detail
+    );
+    let now = mps.daemons();
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0], old);
+    assert_eq!(mps.ask(PROBE_COMMAND), "25.0");
+    assert_eq!(mps.ask("get_default_device_pinned_mem_limit 0"), "2G");
+    assert_eq!(mps.ask("get_default_device_pinned_mem_limit 1"), "512M");
+    assert_eq!(probe_once(cfg).await.signal, Signal::MpsUp);
+}
+
+#[tokio::test]
+async fn restart_kills_a_hung_daemon_and_leaves_no_hung_process() {
+    let mps = Mps::new();
+    let old = mps.start();
+    signal(old, libc::SIGSTOP);
+    wait_stopped(old);
+    let t0 = Instant::now();
+    let done = MpsDaemon::new(mps.cfg())
+        .restart_now()
+        .await
+        .expect("restart");
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    assert!(done.detail.contains("quit skipped"), "{}", done.detail);
+    assert!(
+        done.detail.contains(&format!("pid {old} ended by SIGTERM")),
+        "{}",
+        done.detail
+    );
+    assert!(!alive(old), "the hung daemon is gone");
+    let now = mps.daemons();
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0], old);
+    assert_eq!(
+        mps.processes(),
+        now,
+        "nothing else runs for the pipe directory"
+    );
+    assert_eq!(mps.ask(PROBE_COMMAND), "100.0");
+}
+
+#[tokio::test]
+async fn restart_of_a_healthy_daemon_quits_it_gracefully() {
+    let mps = Mps::new();
+    let old = mps.start();
+    let done = MpsDaemon::new(mps.cfg())
+        .restart_now()
+        .await
+        .expect("restart");
+    assert!(done.detail.contains("quit"), "{}", done.detail);
+    assert!(!done.detail.contains("SIGTERM"), "{}", done.detail);
+    assert!(!alive(old));
+    assert_eq!(mps.daemons().len(), 1);
+}
+
+#[tokio::test]
+async fn restart_creates_a_missing_pipe_dir_and_removes_junk_left_in_it() {
+    let mps = Mps::new();
+    // Never started: the pipe directory does not exist (the daemon would not create it).
+    assert!(!mps.pipe.exists());
+    MpsDaemon::new(mps.cfg())
+        .restart_now()
+        .await
+        .expect("restart from nothing");
+    assert_eq!(mps.ask(PROBE_COMMAND), "100.0");
+    // Stale entries that are not even sockets, with no daemon holding the lock.
+    for pid in mps.daemons() {
+        signal(pid, libc::SIGKILL);
+        wait_dead(pid);
+    }
+    for name in ["control", "control_privileged", "log"] {
+        let _ = std::fs::remove_file(mps.pipe.join(name));
+        std::fs::write(mps.pipe.join(name), b"junk").unwrap();
+    }
+    let done = MpsDaemon::new(mps.cfg())
+        .restart_now()
+        .await
+        .expect("restart over junk");
+    assert!(done.detail.contains("removed"), "{}", done.detail);
+    assert_eq!(mps.ask(PROBE_COMMAND), "100.0");
+}
+
+#[tokio::test]
+async fn daemon_that_cannot_start_fails_with_a_clear_fatal_error() {
+    let mps = Mps::new();
+    // A binary that does not exist.
+    let cfg = MpsConfig {
+        control_binary: PathBuf::from("/nonexistent/nvidia-cuda-mps-control"),
+        ..mps.cfg()
+    };
+    let e = MpsDaemon::new(cfg).restart_now().await.unwrap_err();
+    assert!(matches!(e, RemedyError::Fatal { .. }), "{e:?}");
+    assert!(e.to_string().contains("cannot run"), "{e}");
+    assert!(e.to_string().contains("1 attempt(s)"), "{e}");
+    // A pipe directory that cannot be created (its parent is a file).
+    std::fs::write(mps.root.path().join("f"), b"").unwrap();
+    let cfg = MpsConfig {
+        pipe_directory: mps.root.path().join("f/p"),
+        ..mps.cfg()
+    };
+    let e = MpsDaemon::new(cfg).restart_now().await.unwrap_err();
+    assert!(matches!(e, RemedyError::Fatal { .. }), "{e:?}");
+    assert!(e.to_string().contains("cannot create"), "{e}");
+    // A daemon that starts but never answers (a wrapper that only sleeps) is retried once,
+    // then reported as retryable: the engine's budget decides.
+    let sleeper = mps.script("sleeper", "sleep 0.2; exit 0");
+    let cfg = MpsConfig {
+        control_binary: sleeper,
+        start_timeout: Duration::from_millis(400),
+        ..mps.cfg()
+    };
+    let t0 = Instant::now();
+    let e = MpsDaemon::new(cfg)
+        .with_attempts(2, Duration::from_millis(50))
+        .restart_now()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, RemedyError::Retryable { .. }), "{e:?}");
+    assert!(e.to_string().contains("2 attempt(s)"), "{e}");
+    assert!(e.to_string().contains("did not answer"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    assert!(mps.processes().is_empty(), "{:?}", mps.processes());
+}
+
+#[tokio::test]
+async fn garbage_empty_and_hanging_replies_are_reported_not_crashed_on() {
+    let mps = Mps::new();
+    let pid = mps.start();
+    let cases = [
+        (
+            "garbage",
+            "cat >/dev/null; echo 'garbage reply'",
+            "unexpected reply",
+        ),
+        ("empty", "cat >/dev/null; exit 0", "empty reply"),
+        (
+            "fails",
+            "echo 'Cannot send command to MPS control daemon process' >&2; exit 1",
+            "exit status: 1",
+        ),
+        // The wrapper's child must die with it: the whole process group is killed.
+        ("hangs", "sleep 30", "no reply within"),
+    ];
+    for (name, body, expect) in cases {
+        let cfg = MpsConfig {
+            control_binary: mps.script(name, body),
+            ..mps.cfg()
+        };
+        let obs = probe_once(cfg).await;
+        assert_eq!(obs.signal, Signal::MpsUnresponsive, "{name}: {obs:?}");
+        let detail = obs.detail.unwrap_or_default();
+        assert!(detail.contains(expect), "{name}: {detail}");
+        assert!(detail.contains(&format!("pid {pid}")), "{name}: {detail}");
+        // The wrapper's own child dies with its group a moment after the wrapper.
+        let t0 = Instant::now();
+        while mps.processes() != vec![pid] && t0.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            mps.processes(),
+            vec![pid],
+            "{name}: a client process was left"
+        );
+    }
+    // A control binary that does not exist: reported the same way.
+    let cfg = MpsConfig {
+        control_binary: PathBuf::from("/nonexistent/mps"),
+        ..mps.cfg()
+    };
+    let obs = probe_once(cfg).await;
+    assert_eq!(obs.signal, Signal::MpsUnresponsive);
+    assert!(obs.detail.unwrap_or_default().contains("cannot run"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_calls_are_serialized_between_probes_and_a_restart() {
+    let mps = Mps::new();
+    mps.start();
+    let cfg = mps.cfg();
+    // Unserialized, 8 parallel clients fail most of the time (MPS-FACTS §3).
+    let client = ControlClient::new(&cfg);
+    let mut calls = Vec::new();
+    for _ in 0..8 {
+        let c = client.clone();
+        calls.push(tokio::spawn(async move {
+            c.send_locked(&[PROBE_COMMAND], Duration::from_secs(2))
+                .await
+        }));
+    }
+    for c in calls {
+        let reply = c.await.unwrap().expect("serialized call");
+        assert_eq!(reply.stdout.trim(), "100.0");
+    }
+    // A restart holds the lock: a probe built separately from the same config waits its
+    // turn and then gives no verdict instead of a false failure. (A slow unit start makes
+    // the restart outlast the probe's timeout.)
+    let systemctl = mps.script(
+        "systemctl",
+        &format!(
+            "[ \"$1\" = restart ] || exit 0\nsleep 0.8\n\
+             CUDA_MPS_PIPE_DIRECTORY={} CUDA_MPS_LOG_DIRECTORY={} exec {BIN} -d",
+            mps.pipe.display(),
+            mps.log.display()
+        ),
+    );
+    let remedy = std::sync::Arc::new(
+        MpsDaemon::new(MpsConfig {
+            default_active_thread_percentage: Some(50),
+            manage: MpsManage::Systemd,
+            ..cfg.clone()
+        })
+        .with_systemctl(systemctl),
+    );
+    let r = remedy.clone();
+    let restart = tokio::spawn(async move { r.restart_now().await });
+    let t0 = Instant::now();
+    while !remedy.client().is_busy() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "restart never took the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut probe = MpsProbe::new(cfg.clone());
+    assert_eq!(probe.probe().await, None, "no verdict while restarting");
+    restart.await.unwrap().expect("restart");
+    let obs = probe.probe().await.expect("a verdict");
+    assert_eq!(obs.signal, Signal::MpsUp, "{obs:?}");
+    assert!(obs.detail.unwrap_or_default().contains("answered 50.0"));
+}
+
+#[tokio::test]
+async fn started_daemon_inherits_none_of_our_descriptors() {
+    let mps = Mps::new();
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe(2) writes two descriptors into the 2-element array it is given.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // Neither end is close-on-exec: a careless spawn would hand them to the daemon.
+    let inode = std::fs::metadata(format!("/proc/self/fd/{}", fds[1]))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap();
+    MpsDaemon::new(mps.cfg())
+        .restart_now()
+        .await
+        .expect("restart");
+    let pid = mps.daemons()[0];
+    let leaked: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .filter(|l| l == &format!("pipe:[{inode}]"))
+        .collect();
+    for fd in fds {
+        // SAFETY: closing the two descriptors pipe(2) gave this test.
+        unsafe {
+            libc::close(fd);
+        }
+    }
+    assert!(leaked.is_empty(), "daemon {pid} holds our pipe");
+}
+
+#[tokio::test]
+async fn systemd_mode_restarts_the_unit_through_systemctl() {
+    let mps = Mps::new();
+    let old = mps.start();
+    signal(old, libc::SIGKILL);
+    wait_dead(old);
+    let log = mps.root.path().join("systemctl.log");
+    // Stands in for systemctl + nvidia-mps.service: the unit runs the daemon with -d.
+    let systemctl = mps.script(
+        "systemctl",
+        &format!(
+            "echo \"$@\" >> {log}\n\
+             case \"$1 $2\" in\n\
+               'reset-failed mps-test.service') exit 0 ;;\n\
+               'restart mps-test.service') \
+                 CUDA_MPS_PIPE_DIRECTORY={pipe} CUDA_MPS_LOG_DIRECTORY={logdir} exec {BIN} -d ;;\n\
+               *) echo \"Failed to restart $2: Unit $2 not found.\" >&2; exit 5 ;;\n\
+             esac",
+            log = log.display(),
+            pipe = mps.pipe.display(),
+            logdir = mps.log.display(),
+        ),
+    );
+    let cfg = MpsConfig {
+        manage: MpsManage::Systemd,
+        unit: "mps-test.service".into(),
+        default_active_thread_percentage: Some(75),
+        ..mps.cfg()
+    };
+    let done = MpsDaemon::new(cfg.clone())
+        .with_systemctl(&systemctl)
+        .restart_now()
+        .await
+        .expect("systemd restart");
+    assert!(
+        done.detail.contains("`systemctl restart mps-test.service`"),
+        "{}",
+        done.detail
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "reset-failed mps-test.service\nrestart mps-test.service\n"
+    );
+    assert_eq!(mps.ask(PROBE_COMMAND), "75.0");
+    // An unknown unit is a configuration error: fatal, one attempt.
+    let e = MpsDaemon::new(MpsConfig {
+        unit: "nope.service".into(),
+        ..cfg
+    })
+    .with_systemctl(&systemctl)
+    .restart_now()
+    .await
+    .unwrap_err();
+    assert!(matches!(e, RemedyError::Fatal { .. }), "{e:?}");
+    assert!(e.to_string().contains("not found"), "{e}");
+}
+
+/// The whole loop through the real binary: a daemon killed with SIGKILL, then one frozen
+/// with SIGSTOP, each detected, restarted and journaled as a resolved incident.
+#[test]
+fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
+    let mps = Mps::new();
+    let first = mps.start();
+    let state = mps.root.path().join("state");
+    let config = mps.root.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = \"{state}\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
+             [nvml]\nenabled = false\n[aws]\nenabled = false\n\
+             [mps]\ncontrol_binary = \"{BIN}\"\npipe_directory = \"{pipe}\"\n\
+             log_directory = \"{log}\"\nmanage = \"direct\"\nprobe_interval = \"500ms\"\n\
+             probe_timeout = \"300ms\"\nquit_timeout = \"1s\"\nstart_timeout = \"5s\"\n\
+             default_active_thread_percentage = 40\n",
+            state = state.display(),
+            policy = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("policies/default.toml")
+                .display(),
+            pipe = mps.pipe.display(),
+            log = mps.log.display(),
+        ),
+    )
+    .unwrap();
+    let bin = assert_cmd::cargo::cargo_bin("gpu-medic");
+    let stderr = std::fs::File::create(mps.root.path().join("gpu-medic.log")).unwrap();
+    let mut medic = Command::new(&bin)
+        .args(["run", "--log-format", "text", "--config"])
+        .arg(&config)
+        .env("GPU_MEDIC_LOG", "info")
+        .env_remove("GPU_MEDIC_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("gpu-medic run");
+    let medic_log =
+        || std::fs::read_to_string(mps.root.path().join("gpu-medic.log")).unwrap_or_default();
+    let incidents = || std::fs::read_to_string(state.join("incidents.jsonl")).unwrap_or_default();
+    let wait_for = |what: &str, ok: &dyn Fn() -> bool, within: Duration| {
+        let t0 = Instant::now();
+        while !ok() {
+            if t0.elapsed() > within {
+                panic!(
+                    "{what}: not within {within:?}\nincidents:\n{}\ngpu-medic log:\n{}",
+                    incidents(),
+                    medic_log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        t0.elapsed()
+    };
+    let inputs = || std::fs::read_to_string(state.join("inputs.jsonl")).unwrap_or_default();
+    wait_for(
+        "first mps-up",
+        &|| inputs().contains("mps-up"),
+        Duration::from_secs(10),
+    );
+
+    // 1. Crash: SIGKILL. Two down probes confirm, the remedy restarts, the incident closes.
+    signal(first, libc::SIGKILL);
+    let healed = wait_for(
+        "crash healed",
+        &|| incidents().matches("\"resolved\"").count() >= 1,
+        Duration::from_secs(15),
+    );
+    let second = mps.daemons();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second[0], first);
+    assert_eq!(mps.ask(PROBE_COMMAND), "40.0", "defaults re-applied");
+    eprintln!("crash detected and healed in {healed:?}");
+
+    // 2. Hang: SIGSTOP. Two unanswered probes, the frozen daemon is killed and replaced.
+    signal(second[0], libc::SIGSTOP);
+    let healed = wait_for(
+        "hang healed",
+        &|| incidents().matches("\"resolved\"").count() >= 2,
+        Duration::from_secs(15),
+    );
+    eprintln!("hang detected and healed in {healed:?}");
+    assert!(!alive(second[0]), "the frozen daemon is gone");
+    let third = mps.daemons();
+    assert_eq!(third.len(), 1, "{third:?}");
+    assert_eq!(mps.ask(PROBE_COMMAND), "40.0");
+
+    // Stop gpu-medic gracefully.
+    signal(medic.id(), libc::SIGTERM);
+    let t0 = Instant::now();
+    while medic.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = medic.kill();
+            panic!("gpu-medic did not stop on SIGTERM:\n{}", medic_log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let out = Command::new(&bin)
+        .args(["incidents", "list", "--json", "--config"])
+        .arg(&config)
+        .env_remove("GPU_MEDIC_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mps_incidents: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v["action"] == "restart-mps")
+        .collect();
+    assert_eq!(mps_incidents.len(), 2, "{lines:#?}");
+    assert_eq!(mps_incidents[0]["signal"], "mps-down");
+    assert_eq!(mps_incidents[1]["signal"], "mps-unresponsive");
+    // The restart started the probe's count over: the hang needed two failures of its own.
+    let journal = incidents();
+    let opened: Vec<serde_json::Value> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "opened")
+        .collect();
+    assert_eq!(opened[1]["observation"]["value"], 2, "{journal}");
+    for i in &mps_incidents {
+        assert_eq!(i["state"], "resolved", "{i}");
+        assert!(i["closed_at"].is_string(), "{i}");
+    }
+
+    let pipe = mps.pipe.clone();
+    drop(mps);
+    assert_eq!(
+        processes_with_pipe(&pipe),
+        Vec::<u32>::new(),
+        "nothing left running"
+    );
+}
