@@ -9,6 +9,11 @@
 //! at its end (old lines are not replayed after a gpu-medic restart), a file that shrank was
 //! truncated (read from 0), a new inode was rotated in (read from 0). Under `-f` (ECS's
 //! unit) the daemon logs to stdout, not to these files: then there is nothing to tail.
+//!
+//! The devices of a fault block are the daemon's CUDA ordinals. They are reported as
+//! `GpuId::index_only(n)`, which is the NVML index when the daemon runs without
+//! `CUDA_VISIBLE_DEVICES` (as ECS's unit does) on an instance with identical GPUs (CUDA's
+//! fastest-first order then falls back to PCI order, NVML's order).
 
 use std::collections::VecDeque;
 use std::io::{Read, Seek, SeekFrom};
