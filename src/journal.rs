@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::engine::State;
 use crate::error::JournalError;
+use crate::model::OperatorRequest;
 
 /// An append-only JSON-lines file.
 pub struct JsonlWriter<T> {
@@ -171,6 +172,71 @@ pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
         })
 }
 
+/// Where operator requests wait for the daemon (`gpu-medic incidents abort`).
+pub fn requests_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("requests")
+}
+
+/// Drops a request for the running daemon, written whole (temp file, then rename).
+pub fn submit_request(
+    state_dir: &Path,
+    request: &OperatorRequest,
+) -> Result<PathBuf, JournalError> {
+    let dir = requests_dir(state_dir);
+    std::fs::create_dir_all(&dir).map_err(|e| JournalError::io(&dir, e))?;
+    let name = format!(
+        "{}-{}.json",
+        crate::model::Timestamp::now().0,
+        std::process::id()
+    );
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let dst = dir.join(name);
+    let body = serde_json::to_vec(request).map_err(|e| JournalError::Corrupt {
+        path: dst.clone(),
+        line: 0,
+        message: format!("cannot encode request: {e}"),
+    })?;
+    std::fs::write(&tmp, body)
+        .and_then(|_| std::fs::rename(&tmp, &dst))
+        .map_err(|e| JournalError::io(&dst, e))?;
+    Ok(dst)
+}
+
+/// Takes the waiting requests, oldest first, deleting each. An unreadable one is renamed
+/// `*.bad` and reported, so it is neither lost nor retried forever.
+pub fn take_requests(state_dir: &Path) -> Vec<OperatorRequest> {
+    let dir = requests_dir(state_dir);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for p in names {
+        match std::fs::read(&p)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<OperatorRequest>(&b).ok())
+        {
+            Some(r) => {
+                let _ = std::fs::remove_file(&p);
+                out.push(r);
+            }
+            None => {
+                tracing::warn!(path = %p.display(), "unreadable operator request; renamed to .bad");
+                let _ = std::fs::rename(&p, p.with_extension("bad"));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +286,20 @@ mod tests {
         assert_eq!(items, vec![rec(1), rec(3)]);
         assert_eq!(skipped.len(), 1);
         assert!(skipped[0].message.contains("unreadable"));
+    }
+
+    #[test]
+    fn requests_are_taken_once_in_order_and_bad_ones_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = OperatorRequest::Abort {
+            incident: IncidentId(3),
+            by: "alice".into(),
+        };
+        submit_request(dir.path(), &a).unwrap();
+        std::fs::write(requests_dir(dir.path()).join("zzz.json"), "{nope").unwrap();
+        assert_eq!(take_requests(dir.path()), vec![a]);
+        assert!(take_requests(dir.path()).is_empty());
+        assert!(requests_dir(dir.path()).join("zzz.bad").exists());
     }
 
     #[test]

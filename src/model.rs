@@ -470,6 +470,8 @@ pub enum Command {
     Quarantine,
     Drain,
     Replace,
+    /// Undoes quarantine and drain: the instance takes tasks again (operator abort).
+    Restore,
     CompleteLifecycle {
         hook: LifecycleHook,
         result: LifecycleResult,
@@ -484,6 +486,7 @@ impl Command {
             Command::Quarantine => "quarantine",
             Command::Drain => "drain",
             Command::Replace => "replace",
+            Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
         }
     }
@@ -550,6 +553,21 @@ pub enum Input {
     Outcome(Outcome),
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
+    /// A person asked for something (`gpu-medic incidents abort`).
+    Operator(OperatorRequest),
+}
+
+/// Requests from an operator, delivered through `state_dir/requests/`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "kebab-case")]
+pub enum OperatorRequest {
+    /// Stop a node remediation that has not reached Auto Scaling and return the instance
+    /// to service (the fault was a false alarm, or was fixed by hand).
+    Abort {
+        incident: IncidentId,
+        #[serde(default)]
+        by: String,
+    },
 }
 
 /// One line of `inputs.jsonl`: an input with the time the supervisor saw it.
@@ -578,6 +596,8 @@ pub enum IncidentState {
     Terminated,
     /// Observe-only: the decision was recorded and nothing was done.
     Observed,
+    /// An operator stopped the remediation and the instance was returned to service.
+    Aborted,
     /// gpu-medic gave up; an operator is needed.
     Failed,
 }
@@ -592,6 +612,7 @@ impl IncidentState {
             IncidentState::Replaced => "replaced",
             IncidentState::Terminated => "terminated",
             IncidentState::Observed => "observed",
+            IncidentState::Aborted => "aborted",
             IncidentState::Failed => "failed",
         }
     }

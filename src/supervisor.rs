@@ -143,6 +143,12 @@ impl Supervisor {
                 Some(outcome) = out_rx.recv() => Input::Outcome(outcome),
                 _ = tick.tick() => {
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                    for request in journal::take_requests(&cfg.state_dir) {
+                        tracing::warn!(request = ?request, "operator request");
+                        for order in engine.handle(Input::Operator(request))? {
+                            dispatch(&mut orders, &self.executor, &out_tx, order);
+                        }
+                    }
                     Input::Tick
                 }
                 Some(_) = orders.join_next(), if !orders.is_empty() => continue,
@@ -203,12 +209,14 @@ impl Engine {
     fn handle(&mut self, input: Input) -> Result<Vec<Order>, SupervisorError> {
         let now = Timestamp::now();
         let (state, actions) = engine::step(&self.state, input.clone(), now, &self.policy);
-        let quiet = matches!(input, Input::Tick) && actions.is_empty() && state == self.state;
-        if quiet {
-            return Ok(vec![]);
-        }
         if let Some(m) = &self.metrics {
             m.record(&input, &actions, &state);
+        }
+        // An input that changes nothing (an MPS probe that answered, a quiet tick) is not
+        // recorded: the engine is a pure function of state and input, so leaving it out of
+        // inputs.jsonl changes no replay.
+        if actions.is_empty() && state == self.state {
+            return Ok(vec![]);
         }
         self.inputs.append(&StampedInput { at: now, input })?;
         self.state = state;

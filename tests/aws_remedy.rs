@@ -622,3 +622,57 @@ async fn our_lifecycle_hook_is_completed_and_a_gone_action_is_fine() {
         1
     );
 }
+
+/// An operator abort mid-drain: restore makes the instance ACTIVE with health=ok and its
+/// claim released, and the drain still running notices and stops instead of stopping tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_undoes_quarantine_and_drain_and_stops_a_running_drain() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "restore", 3).await;
+    let me = &s.nodes[0];
+    let service = aws::start_task(&sdk, &s, &me.arn, Some("service:web")).await;
+    let cp = std::sync::Arc::new(AwsControlPlane::new(
+        &sdk,
+        &aws::config(&s, 0, "drain_poll_interval = \"200ms\"", ""),
+    ));
+    cp.quarantine(&aws::order(Command::Quarantine, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let drain_order = aws::order(Command::Drain, Duration::from_secs(60));
+    let draining = {
+        let cp = cp.clone();
+        tokio::spawn(async move { cp.drain(&drain_order).await })
+    };
+    let t = std::time::Instant::now();
+    while aws::instance(&sdk, &s.cluster, &me.arn).await.0 != "DRAINING" {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let done = cp
+        .restore(&aws::order(Command::Restore, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(done.detail.contains("now ACTIVE"), "{done:?}");
+    assert!(
+        done.detail.contains("1 fleet-budget claim(s) released"),
+        "{done:?}"
+    );
+    let (status, _, attrs) = aws::instance(&sdk, &s.cluster, &me.arn).await;
+    assert_eq!(status, "ACTIVE");
+    assert!(
+        attrs.contains(&("gpu-medic.health".to_string(), Some("ok".to_string()))),
+        "{attrs:?}"
+    );
+    assert!(
+        !attrs.iter().any(|(n, _)| n.starts_with("gpu-medic.claim.")),
+        "{attrs:?}"
+    );
+    let stopped = draining.await.unwrap().unwrap_err();
+    assert!(stopped.to_string().contains("ACTIVE again"), "{stopped}");
+    assert_eq!(
+        aws::task_desired(&sdk, &s.cluster, &service).await,
+        "RUNNING",
+        "the aborted drain stopped nothing"
+    );
+}

@@ -16,7 +16,9 @@ use crate::config::Config;
 use crate::journal::read_jsonl;
 use crate::model::{Incident, IncidentState, Record};
 use crate::policy::Policy;
+use crate::probe::mps::procs::{self, Scanner};
 use crate::remedy::Remedies;
+use crate::remedy::mps::MpsDaemon;
 use crate::remedy::recorder::RecordingControlPlane;
 use crate::supervisor::Supervisor;
 
@@ -83,6 +85,29 @@ impl Stage {
     }
 }
 
+/// The real MPS control daemon, if installed.
+fn find_mps_control() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("nvidia-cuda-mps-control"))
+        .find(|p| p.is_file())
+}
+
+/// Kills every MPS process serving the demo's pipe directory.
+async fn kill_mps(cfg: &crate::config::MpsConfig) -> usize {
+    let mut scanner = Scanner::new(&cfg.control_binary, &cfg.pipe_directory);
+    let Ok(found) = scanner.scan().await else {
+        return 0;
+    };
+    let mut n = 0;
+    for p in found.daemons.iter().chain(found.servers.iter()) {
+        if procs::signal(p, libc::SIGKILL) {
+            n += 1;
+        }
+    }
+    n
+}
+
 pub fn run(a: DemoArgs) -> Result<i32, CliError> {
     let Some(lib) = find_fake_nvml(a.nvml) else {
         eprintln!(
@@ -90,7 +115,9 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
         );
         return Ok(exit::UNKNOWN);
     };
-    let dir = std::env::temp_dir().join(format!("gpu-medic-demo-{}", std::process::id()));
+    // Short: the MPS pipe path must stay under the socket path limit (107 bytes).
+    let dir = PathBuf::from(format!("/tmp/gpu-medic-demo-{}", std::process::id()));
+    let mps_binary = find_mps_control();
     let inject = dir.join("inject");
     std::fs::create_dir_all(&inject)
         .map_err(|e| CliError::Runtime(format!("demo: cannot create {}: {e}", dir.display())))?;
@@ -106,8 +133,18 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
         &format!(
             "state_dir = \"state\"\npolicy = \"default.toml\"\ntick_interval = \"200ms\"\n\
              [nvml]\nlibrary = \"{}\"\npoll_interval = \"1s\"\nexpected_gpus = 4\n\
-             [mps]\nenabled = false\n[aws]\nenabled = false\n",
-            lib.display()
+             {}[aws]\nenabled = false\n",
+            lib.display(),
+            match &mps_binary {
+                Some(b) => format!(
+                    "[mps]\ncontrol_binary = \"{}\"\nmanage = \"direct\"\npipe_directory = \"{}\"\n\
+                     log_directory = \"{}\"\nprobe_interval = \"500ms\"\nprobe_timeout = \"300ms\"\n",
+                    b.display(),
+                    dir.join("mps").display(),
+                    dir.join("mps-log").display()
+                ),
+                None => "[mps]\nenabled = false\n".to_string(),
+            }
         ),
     )?;
     // SAFETY: set before any thread is started (the runtime is built below); the fake NVML
@@ -125,7 +162,15 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
         "  GPUs:          4 x NVIDIA H200 from the fake libnvidia-ml ({})",
         lib.display()
     );
-    println!("  MPS daemon:    not part of this demo build (see README)");
+    match &mps_binary {
+        Some(b) => println!(
+            "  MPS daemon:    NVIDIA's real control daemon ({})",
+            b.display()
+        ),
+        None => println!(
+            "  MPS daemon:    not installed here (Debian non-free: nvidia-cuda-mps); that part is skipped"
+        ),
+    }
     println!("  control plane: simulated (records the ECS and Auto Scaling calls it would make)");
     println!("  policy:        the default policy (policies/default.toml)");
     println!("  state:         {}", dir.join("state").display());
@@ -168,10 +213,19 @@ async fn play(
 ) -> Result<i32, CliError> {
     let shutdown = CancellationToken::new();
     let sources = crate::probe::sources(&cfg);
-    let remedies = Remedies {
+    let mps_cfg = cfg.mps.enabled.then(|| cfg.mps.clone());
+    let mut remedies = Remedies {
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
     };
+    if let Some(m) = &mps_cfg {
+        let daemon = MpsDaemon::new(m.clone());
+        // The demo node's daemon is started the way gpu-medic restarts one.
+        if let Err(e) = daemon.restart_now().await {
+            println!("   (could not start the MPS daemon: {e}; that part is skipped)");
+        }
+        remedies.mps = Some(Arc::new(daemon));
+    }
     let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
     for s in sources {
         supervisor.add_source(s);
@@ -202,7 +256,28 @@ async fn play(
         );
     }
 
-    println!("2. GPU 0 falls off the PCIe bus: XID 79.");
+    if let Some(m) = &mps_cfg {
+        println!("2. The MPS control daemon crashes (SIGKILL), leaving a stale pipe directory.");
+        kill_mps(m).await;
+        if let Some(i) = stage
+            .wait_for("the MPS incident to heal", |i| {
+                i.signal == "mps-down" && i.state != IncidentState::Open
+            })
+            .await
+        {
+            println!(
+                "   -> incident {}: {} (rule `{}`): daemon restarted and answering; tasks can use MPS again.\n",
+                i.id,
+                i.state.as_str(),
+                i.rule
+            );
+        }
+    }
+
+    println!(
+        "{}. GPU 0 falls off the PCIe bus: XID 79.",
+        if mps_cfg.is_some() { 3 } else { 2 }
+    );
     stage.inject(r#"{"gpu": 0, "xid": 79}"#)?;
     if let Some(i) = stage
         .wait_for("the XID 79 incident to finish", |i| {
@@ -219,7 +294,11 @@ async fn play(
     }
 
     shutdown.cancel();
-    match daemon.await {
+    let stopped = daemon.await;
+    if let Some(m) = &mps_cfg {
+        kill_mps(m).await;
+    }
+    match stopped {
         Ok(r) => r?,
         Err(e) => return Err(CliError::Runtime(format!("demo supervisor failed: {e}"))),
     }

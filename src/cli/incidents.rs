@@ -7,8 +7,10 @@ use serde::Serialize;
 
 use super::policy::event_line;
 use super::{CliError, ConfigArg, exit, print_json};
-use crate::journal::read_jsonl;
-use crate::model::{GpuId, Incident, IncidentState, Record, Timestamp};
+use crate::journal::{read_jsonl, submit_request};
+use crate::model::{
+    GpuId, Incident, IncidentEvent, IncidentId, IncidentState, OperatorRequest, Record, Timestamp,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum IncidentsCommand {
@@ -32,6 +34,19 @@ pub enum IncidentsCommand {
         /// Only incidents opened since this long ago (e.g. 2h) or this time (RFC 3339).
         #[arg(long)]
         since: Option<String>,
+    },
+    /// Stop a quarantine or drain that has not reached Auto Scaling and return the
+    /// instance to service (asks the running daemon through state_dir/requests/).
+    Abort {
+        id: u64,
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Who asks, for the journal.
+        #[arg(long, default_value_t = whoami())]
+        by: String,
+        /// How long to wait for the daemon's answer.
+        #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+        wait: Duration,
     },
     /// One incident's timeline.
     Show {
@@ -111,6 +126,12 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             }
             Ok(exit::OK)
         }
+        IncidentsCommand::Abort {
+            id,
+            config,
+            by,
+            wait,
+        } => abort(id, &config, by, wait),
         IncidentsCommand::Show { id, config, json } => {
             let incidents = load(&config)?;
             let Some(i) = incidents.iter().find(|i| i.id.0 == id) else {
@@ -127,6 +148,65 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             Ok(exit::OK)
         }
     }
+}
+
+fn whoami() -> String {
+    std::env::var("SUDO_USER")
+        .or_else(|_| std::env::var("USER"))
+        .unwrap_or_else(|_| "operator".into())
+}
+
+fn abort(id: u64, config: &ConfigArg, by: String, wait: Duration) -> Result<i32, CliError> {
+    let cfg = config.load()?;
+    let incidents = load(config)?;
+    let Some(before) = incidents.iter().find(|i| i.id.0 == id) else {
+        return Err(CliError::NotFound(format!("no incident {id}")));
+    };
+    if before.state != IncidentState::Open {
+        println!(
+            "incident {id} is already {}: nothing to abort",
+            before.state.as_str()
+        );
+        return Ok(exit::OK);
+    }
+    let seen = before.records.len();
+    let request = OperatorRequest::Abort {
+        incident: IncidentId(id),
+        by: by.clone(),
+    };
+    let path = submit_request(&cfg.state_dir, &request)?;
+    println!(
+        "abort of incident {id} requested by {by} ({})",
+        path.display()
+    );
+    let start = std::time::Instant::now();
+    while start.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = load(config)?;
+        let Some(i) = now.into_iter().find(|i| i.id.0 == id) else {
+            continue;
+        };
+        let answered = i.records[seen.min(i.records.len())..].iter().any(|r| {
+            matches!(&r.event, IncidentEvent::Note { text } if text.starts_with("abort requested"))
+                || matches!(&r.event, IncidentEvent::Escalated { rule, .. } if rule == "operator-abort")
+        });
+        if i.state != IncidentState::Open || answered {
+            for r in &i.records[seen.min(i.records.len())..] {
+                println!("  {}  {}", r.at, event_line(&r.event));
+            }
+            if i.state == IncidentState::Open {
+                println!(
+                    "(the instance is being returned to service; follow with `gpu-medic incidents show {id}`)"
+                );
+            }
+            return Ok(exit::OK);
+        }
+    }
+    println!(
+        "the daemon has not answered yet (is `gpu-medic run` running?); the request waits in {}",
+        path.display()
+    );
+    Ok(exit::UNKNOWN)
 }
 
 /// Reads and folds the journal, warning (never failing) on unreadable lines.

@@ -88,9 +88,23 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         if cfg.mps.enabled {
             remedies.mps = Some(Arc::new(MpsDaemon::new(cfg.mps.clone())));
         }
+        let metrics_cfg = cfg.metrics.clone();
         let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
         for s in sources {
             supervisor.add_source(s);
+        }
+        if metrics_cfg.enabled {
+            let metrics = Arc::new(crate::metrics::Metrics::new());
+            supervisor.with_metrics(metrics.clone());
+            let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
+                .await
+                .map_err(|e| {
+                    CliError::Runtime(format!(
+                        "metrics: cannot listen on {}: {e}",
+                        metrics_cfg.listen
+                    ))
+                })?;
+            tokio::spawn(crate::metrics::serve(listener, metrics, shutdown.clone()));
         }
         supervisor
             .run(shutdown, || {

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use crate::model::{
     Action, ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Input,
-    LifecycleHook, LifecycleResult, LifecycleState, Observation, Order, Outcome, OutcomeStatus,
-    Record, Signal, SignalKind, Timestamp, Verdict,
+    LifecycleHook, LifecycleResult, LifecycleState, Observation, OperatorRequest, Order, Outcome,
+    OutcomeStatus, Record, Signal, SignalKind, Timestamp, Verdict,
 };
 use crate::policy::Policy;
 
@@ -50,6 +50,7 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         Input::Observation(obs) => cx.observe(obs),
         Input::Outcome(outcome) => cx.outcome(outcome),
         Input::Tick => cx.tick(),
+        Input::Operator(OperatorRequest::Abort { incident, by }) => cx.abort(incident, &by),
     }
     (cx.st, cx.out)
 }
@@ -160,7 +161,7 @@ impl Cx<'_> {
             Command::StopTasks { .. } => d.stop_tasks,
             Command::Quarantine => d.quarantine,
             Command::Drain => d.drain,
-            Command::Replace => d.replace,
+            Command::Replace | Command::Restore => d.replace,
             Command::CompleteLifecycle { .. } => d.lifecycle,
         }
     }
@@ -630,6 +631,7 @@ impl Cx<'_> {
                 },
                 NodePhase::Terminating,
             ),
+            Step::Restore => (Command::Restore, self.st.node),
         };
         if self.st.node != NodePhase::Terminating || step == Step::CompleteLifecycle {
             self.st.node = phase;
@@ -647,7 +649,7 @@ impl Cx<'_> {
             (Step::Drain, Goal::Drain) => None,
             (Step::Drain, Goal::Replace) => Some(Step::Replace),
             (Step::Drain | Step::Replace, Goal::Terminate) => Some(Step::CompleteLifecycle),
-            (Step::Replace, _) | (Step::CompleteLifecycle, _) => None,
+            (Step::Replace, _) | (Step::CompleteLifecycle, _) | (Step::Restore, _) => None,
         };
         match next {
             Some(step) => self.start_step(rem.incident, step, 1),
@@ -730,6 +732,14 @@ impl Cx<'_> {
                     id,
                     IncidentState::Failed,
                     format!("could not complete the lifecycle hook ({why}); Auto Scaling's hook timeout applies"),
+                );
+            }
+            (Step::Restore, _) => {
+                self.st.remediation = None;
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("could not return the instance to service ({why}); it may still be quarantined or draining; operator needed"),
                 );
             }
         }
@@ -852,6 +862,17 @@ impl Cx<'_> {
             Command::Drain => self.advance(Step::Drain),
             Command::Replace => self.advance(Step::Replace),
             Command::CompleteLifecycle { .. } => self.advance(Step::CompleteLifecycle),
+            Command::Restore => {
+                self.st.remediation = None;
+                self.st.node = NodePhase::InService;
+                let incident = order.incident;
+                self.st.gpus.retain(|_, g| g.incident != Some(incident));
+                self.close(
+                    incident,
+                    IncidentState::Aborted,
+                    "aborted by an operator: the instance is ACTIVE and takes tasks again",
+                );
+            }
         }
     }
 
@@ -898,7 +919,60 @@ impl Cx<'_> {
             Command::Drain => self.step_failed(Step::Drain, why),
             Command::Replace => self.step_failed(Step::Replace, why),
             Command::CompleteLifecycle { .. } => self.step_failed(Step::CompleteLifecycle, why),
+            Command::Restore => self.step_failed(Step::Restore, why),
         }
+    }
+
+    // ---- operator requests ----
+
+    /// Stops a node remediation that has not reached Auto Scaling yet and returns the
+    /// instance to service. Later steps are refused: once Auto Scaling was told to replace
+    /// the instance, undoing it is Auto Scaling's business.
+    fn abort(&mut self, incident: IncidentId, by: &str) {
+        let who = if by.is_empty() { "an operator" } else { by };
+        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
+            if self.st.open.contains_key(&incident) || self.st.node_incident == Some(incident) {
+                self.note(
+                    incident,
+                    format!("abort requested by {who}: no quarantine or drain of this incident is in progress; nothing to undo"),
+                );
+            }
+            return;
+        };
+        let refuse = match (rem.goal, rem.step) {
+            (Goal::Terminate, _) => Some("Auto Scaling is terminating the instance"),
+            (_, Step::Replace | Step::CompleteLifecycle) => {
+                Some("Auto Scaling has already been asked to replace the instance")
+            }
+            _ => None,
+        };
+        if let Some(why) = refuse {
+            self.note(incident, format!("abort requested by {who} refused: {why}"));
+            return;
+        }
+        let cancelled: Vec<ActionId> = self
+            .st
+            .in_flight
+            .values()
+            .filter(|o| o.incident == incident)
+            .map(|o| o.id)
+            .collect();
+        for id in &cancelled {
+            self.st.in_flight.remove(id);
+        }
+        self.st.scheduled.retain(|s| s.incident != incident);
+        self.escalated(
+            incident,
+            Verdict::Log,
+            "operator-abort",
+            format!("abort requested by {who}: returning the instance to service"),
+        );
+        self.st.remediation = Some(Remediation {
+            incident,
+            goal: rem.goal,
+            step: Step::Restore,
+        });
+        self.issue(incident, Command::Restore, 1);
     }
 
     fn tick(&mut self) {
@@ -918,6 +992,7 @@ impl Cx<'_> {
                 Command::Quarantine => "moving on to the drain",
                 Command::Drain => "moving on without a finished drain",
                 Command::Replace => "giving up on the replacement",
+                Command::Restore => "giving up on returning the instance to service",
                 Command::CompleteLifecycle { .. } => "leaving the hook to its timeout",
             };
             self.record(
@@ -977,6 +1052,7 @@ impl Cx<'_> {
                         Command::Quarantine => Step::Quarantine,
                         Command::Drain => Step::Drain,
                         Command::Replace => Step::Replace,
+                        Command::Restore => Step::Restore,
                         _ => Step::CompleteLifecycle,
                     };
                     self.start_step(s.incident, step, s.attempt);

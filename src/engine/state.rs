@@ -175,6 +175,8 @@ pub enum Step {
     Drain,
     Replace,
     CompleteLifecycle,
+    /// Undoing quarantine and drain after an operator abort.
+    Restore,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,8 +199,12 @@ pub struct OpenIncident {
 impl State {
     /// Orders that take the node out of service and are in flight or scheduled.
     pub fn node_orders_pending(&self) -> usize {
-        let is_node =
-            |c: &Command| matches!(c, Command::Quarantine | Command::Drain | Command::Replace);
+        let is_node = |c: &Command| {
+            matches!(
+                c,
+                Command::Quarantine | Command::Drain | Command::Replace | Command::Restore
+            )
+        };
         self.in_flight
             .values()
             .filter(|o| is_node(&o.command))

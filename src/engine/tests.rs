@@ -6,7 +6,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::{GpuId, Observation, Outcome, OutcomeStatus};
+use crate::model::{GpuId, Observation, OperatorRequest, Outcome, OutcomeStatus};
 
 fn load(name: &str) -> Policy {
     Policy::load(
@@ -474,6 +474,55 @@ fn a_fault_reported_on_every_poll_appears_once_in_its_incident() {
     assert_eq!(r.st.gpus[&1].incident, Some(IncidentId(1)));
 }
 
+fn abort(id: IncidentId) -> Input {
+    Input::Operator(OperatorRequest::Abort {
+        incident: id,
+        by: "alice".into(),
+    })
+}
+
+#[test]
+fn an_operator_abort_during_the_drain_returns_the_instance_to_service() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(q.id)));
+    let restore = Run::only_order(&r.feed(abort(q.incident)));
+    assert_eq!(restore.command, Command::Restore);
+    assert!(
+        !r.st.in_flight.contains_key(&d.id),
+        "the drain is no longer awaited"
+    );
+    // The drain's late outcome changes nothing; the restore finishes the incident.
+    assert!(Run::orders(&r.feed(failed(d.id, false))).is_empty());
+    r.feed(done(restore.id));
+    assert_eq!(r.st.node, NodePhase::InService);
+    assert!(r.st.remediation.is_none());
+    assert!(
+        !r.st.gpus.contains_key(&0),
+        "the GPU is no longer held faulty"
+    );
+    assert_eq!(r.closed(), vec![(q.incident, IncidentState::Aborted)]);
+    // A new fault starts a new remediation.
+    let q2 = Run::only_order(&r.feed(xid(1, 79)));
+    assert_eq!(q2.command, Command::Quarantine);
+}
+
+#[test]
+fn an_abort_after_auto_scaling_was_asked_is_refused() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(q.id)));
+    let rep = Run::only_order(&r.feed(done(d.id)));
+    assert!(Run::orders(&r.feed(abort(q.incident))).is_empty());
+    assert!(r.st.in_flight.contains_key(&rep.id));
+    assert!(r.actions.iter().any(|a| matches!(
+        a,
+        Action::Log(Record { event: IncidentEvent::Note { text }, .. }) if text.contains("refused")
+    )));
+    // Aborting an unknown incident does nothing.
+    assert!(r.feed(abort(IncidentId(99))).is_empty());
+}
+
 // ---- properties ----
 
 #[derive(Debug, Clone)]
@@ -484,6 +533,8 @@ enum Ev {
     Outcome(usize, u8),
     Wait(u32),
     Terminating,
+    /// An operator aborts the node remediation in progress (or incident 1).
+    Abort,
 }
 
 const APP_XIDS: [u32; 6] = [8, 13, 31, 32, 43, 69];
@@ -496,6 +547,7 @@ fn ev(xids: &'static [u32]) -> impl Strategy<Value = Ev> {
         3 => (0usize..4, 0u8..4).prop_map(|(i, s)| Ev::Outcome(i, s)),
         3 => (1u32..4000).prop_map(Ev::Wait),
         1 => Just(Ev::Terminating),
+        1 => Just(Ev::Abort),
     ]
 }
 
@@ -540,6 +592,10 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
             obs(Signal::Lifecycle {
                 state: LifecycleState::Terminating,
             }),
+            Duration::ZERO,
+        ),
+        Ev::Abort => (
+            abort(st.remediation.map_or(IncidentId(1), |r| r.incident)),
             Duration::ZERO,
         ),
     })

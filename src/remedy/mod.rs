@@ -92,6 +92,9 @@ pub trait ControlPlane: Send + Sync + 'static {
     fn drain(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
     /// Has Auto Scaling replace the instance (never decrementing desired capacity).
     fn replace(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Undoes quarantine and drain (an operator abort): the instance is ACTIVE again, marked
+    /// healthy, and its fleet-budget claim is released.
+    fn restore(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
     /// Completes our own lifecycle hook.
     fn complete_lifecycle(
         &self,
@@ -127,6 +130,7 @@ impl Executor for Remedies {
                         Command::StopTasks { .. } => cp.stop_tasks(&order).await,
                         Command::Drain => cp.drain(&order).await,
                         Command::Replace => cp.replace(&order).await,
+                        Command::Restore => cp.restore(&order).await,
                         Command::CompleteLifecycle { hook, result } => {
                             cp.complete_lifecycle(&order, *hook, *result).await
                         }

@@ -83,6 +83,18 @@ impl ControlPlane for RecordingControlPlane {
         })
     }
 
+    fn restore(&self, _order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
+        Box::pin(async move {
+            self.record(&[
+                (
+                    "ecs:UpdateContainerInstancesState",
+                    "status=ACTIVE".to_string(),
+                ),
+                ("ecs:PutAttributes", "gpu-medic.health=ok".to_string()),
+            ])
+        })
+    }
+
     fn complete_lifecycle(
         &self,
         _order: &Order,

@@ -230,13 +230,29 @@ impl Ecs {
 
     /// UpdateContainerInstancesState DRAINING. Repeating it is harmless.
     pub async fn set_draining(&self, calls: &mut Calls, arn: &str) -> Result<(), CallError> {
+        self.set_status(calls, arn, ContainerInstanceStatus::Draining)
+            .await
+    }
+
+    /// UpdateContainerInstancesState ACTIVE (an aborted drain). Repeating it is harmless.
+    pub async fn set_active(&self, calls: &mut Calls, arn: &str) -> Result<(), CallError> {
+        self.set_status(calls, arn, ContainerInstanceStatus::Active)
+            .await
+    }
+
+    async fn set_status(
+        &self,
+        calls: &mut Calls,
+        arn: &str,
+        status: ContainerInstanceStatus,
+    ) -> Result<(), CallError> {
         const OP: &str = "UpdateContainerInstancesState";
         let r = self
             .client
             .update_container_instances_state()
             .cluster(&self.cluster)
             .container_instances(arn)
-            .status(ContainerInstanceStatus::Draining)
+            .status(status)
             .send()
             .await;
         let r = calls.track(OP, r)?;

@@ -357,6 +357,45 @@ impl AwsControlPlane {
         )))
     }
 
+    /// Undoes quarantine and drain: ACTIVE again, `<prefix>.health=ok`, claim released.
+    async fn do_restore(&self, order: &Order) -> Result<Done, RemedyError> {
+        let id = self.identity().await?;
+        let ecs = self.ecs_for(id);
+        let mut calls = Calls::new();
+        let arn = &id.container_instance_arn;
+        let me = match ecs.describe_one(&mut calls, arn, false).await {
+            Ok(m) => m,
+            Err(e) => return Err(calls.fail(e)),
+        };
+        if me.status == "DRAINING"
+            && let Err(e) = ecs.set_active(&mut calls, arn).await
+        {
+            return Err(calls.fail(e));
+        }
+        let attr = self.health_attr();
+        if let Err(e) = ecs.put_attribute(&mut calls, arn, &attr, Some("ok")).await {
+            return Err(calls.fail(e));
+        }
+        let mut released = 0;
+        let head = format!("{}.claim.", self.prefix());
+        let claims: Vec<String> = me
+            .attributes
+            .iter()
+            .filter(|(n, _)| n.starts_with(&head))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in claims {
+            match ecs.delete_attribute(&mut calls, arn, &name).await {
+                Ok(()) => released += 1,
+                Err(e) => return Err(calls.fail(e)),
+            }
+        }
+        Ok(calls.done(format!(
+            "{arn} was {}, now ACTIVE with {attr}=ok (incident {}); {released} fleet-budget claim(s) released",
+            me.status, order.incident
+        )))
+    }
+
     async fn do_drain(&self, order: &Order) -> Result<Done, RemedyError> {
         let id = self.identity().await?;
         let ecs = self.ecs_for(id);
@@ -442,6 +481,11 @@ impl AwsControlPlane {
                 }
                 Err(err) => return Err(calls.fail(err)),
                 Ok((me, tasks)) => {
+                    if me.status == "ACTIVE" {
+                        return Err(calls.fatal(format!(
+                            "{prefix}drain stopped: the container instance is ACTIVE again (an operator, or `gpu-medic incidents abort`, restored it)"
+                        )));
+                    }
                     if tasks.is_empty() && me.running == 0 && me.pending == 0 {
                         return Ok(calls.done(format!(
                             "{prefix}drained: no task left; {stopped_standalone} standalone task(s) stopped after the grace, {stopped_forced} stopped at the deadline; {polls} poll(s){}",
@@ -656,6 +700,11 @@ impl ControlPlane for AwsControlPlane {
     fn replace(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
         let order = order.clone();
         Box::pin(async move { self.do_replace(&order).await })
+    }
+
+    fn restore(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
+        let order = order.clone();
+        Box::pin(async move { self.do_restore(&order).await })
     }
 
     fn complete_lifecycle(
