@@ -517,11 +517,21 @@ async fn crash_mid_drain_resumes_without_repeating_or_skipping() {
     let ecs = "standalone_grace = \"3s\"";
     let order = aws::order(Command::Drain, Duration::from_secs(60));
 
-    let first = AwsControlPlane::new(&sdk, &aws::config(&s, 0, ecs, ""));
-    let crashed = tokio::time::timeout(Duration::from_secs(1), first.drain(&order)).await;
-    assert!(crashed.is_err(), "still draining when it 'crashes'");
+    let first = std::sync::Arc::new(AwsControlPlane::new(&sdk, &aws::config(&s, 0, ecs, "")));
+    let running = {
+        let (first, order) = (first.clone(), order.clone());
+        tokio::spawn(async move { first.drain(&order).await })
+    };
+    // "Crash" as soon as the instance is DRAINING (however long the claim took on a busy
+    // machine), well before the standalone grace.
+    let t = std::time::Instant::now();
+    while aws::instance(&sdk, &s.cluster, &me.arn).await.0 != "DRAINING" {
+        assert!(t.elapsed() < Duration::from_secs(20), "never reached DRAINING");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled(), "still draining when it 'crashes'");
     drop(first);
-    assert_eq!(aws::instance(&sdk, &s.cluster, &me.arn).await.0, "DRAINING");
     assert_eq!(
         aws::task_desired(&sdk, &s.cluster, &standalone).await,
         "RUNNING"
