@@ -17,6 +17,11 @@ pub struct CheckArgs {
     config: ConfigArg,
     #[arg(long)]
     json: bool,
+    /// Launch gate: heartbeat and complete our Auto Scaling launch hook with the verdict
+    /// (CONTINUE, ABANDON, or CONTINUE quarantined by the launch-failure breaker). Exit 0
+    /// continued healthy, 1 abandoned or quarantined, 2 the hook could not be completed.
+    #[arg(long)]
+    lifecycle: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -140,6 +145,9 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
 pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     let cfg = a.config.load()?;
     let policy = resolve_policy(Some(&cfg.policy), None)?;
+    if a.lifecycle {
+        return launch_gate(cfg, policy, a.json);
+    }
     let report = examine(&cfg, &policy);
     let code = match report.verdict {
         "healthy" => exit::OK,
@@ -190,4 +198,80 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
         }
     }
     Ok(code)
+}
+
+/// `check --lifecycle`: the launch gate (src/remedy/aws/launch.rs) around `examine`.
+fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result<i32, CliError> {
+    use crate::remedy::aws::launch::{self, Health};
+    if !cfg.aws.enabled {
+        return Err(CliError::Usage(
+            "check --lifecycle completes an Auto Scaling lifecycle hook: it needs [aws] enabled = true"
+                .into(),
+        ));
+    }
+    super::run::init_logging("auto");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
+    let check_cfg = cfg.clone();
+    let report = rt.block_on(launch::gate(&cfg, move || {
+        let r = examine(&check_cfg, &policy);
+        (Health::from_verdict(r.verdict), r)
+    }));
+    let saved = cfg.state_dir.join("launch-gate.json");
+    if let Err(e) = std::fs::create_dir_all(&cfg.state_dir).and_then(|_| {
+        std::fs::write(
+            &saved,
+            serde_json::to_vec_pretty(&report).unwrap_or_default(),
+        )
+    }) {
+        tracing::warn!(path = %saved.display(), "cannot keep the launch gate report: {e}");
+    }
+    if json {
+        print_json(&report);
+        return Ok(report.exit_code);
+    }
+    let result = report.result.unwrap_or("(no lifecycle action completed)");
+    println!(
+        "launch gate: {:?} -> {:?}, hook {} {result}",
+        report.health, report.decision, report.hook
+    );
+    if let Some(a) = &report.attribute {
+        println!("  attribute: {a}");
+    }
+    if let Some(b) = &report.breaker {
+        println!(
+            "  launch-failure breaker: {} abandoned within {} (limit {}){}",
+            b.recent,
+            b.window,
+            b.limit,
+            if b.tripped { ": TRIPPED" } else { "" }
+        );
+    }
+    println!(
+        "  {} check attempt(s), {} heartbeat(s)",
+        report.attempts, report.heartbeats
+    );
+    for n in &report.notes {
+        println!("  {n}");
+    }
+    if let Some(c) = &report.check {
+        for f in &c.findings {
+            let gpu = f.gpu.map(|g| format!("GPU {g}: ")).unwrap_or_default();
+            println!(
+                "  finding: {gpu}{} -> {} (rule `{}`)",
+                f.signal, f.action, f.rule
+            );
+        }
+        for p in c.probes.iter().filter(|p| !p.ok) {
+            println!(
+                "  probe {}: {}",
+                p.probe,
+                p.error.clone().unwrap_or_else(|| p.problems.join("; "))
+            );
+        }
+    }
+    Ok(report.exit_code)
 }

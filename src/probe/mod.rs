@@ -5,7 +5,9 @@
 //! - [`nvml`]: the GPUs (events and counters).
 //! - [`mps`]: the MPS control daemon (control pipe probe, process identity, log tail).
 //! - [`tasks`]: which ECS task a process belongs to.
+//! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 
+pub mod lifecycle;
 pub mod mps;
 pub mod nvml;
 pub mod tasks;
@@ -62,6 +64,12 @@ pub fn sources(cfg: &Config) -> Vec<Box<dyn Source>> {
     }
     if cfg.mps.enabled {
         out.push(Box::new(mps::MpsSource::new(cfg.mps.clone())));
+    }
+    if cfg.aws.enabled && cfg.lifecycle.enabled {
+        out.push(Box::new(lifecycle::LifecycleSource::new(
+            cfg.lifecycle.poll_interval,
+            crate::remedy::aws::http_client(),
+        )));
     }
     out
 }

@@ -197,6 +197,44 @@ struct ProxyState {
     calls: Vec<Call>,
     faults: VecDeque<Fault>,
     served: u64,
+    /// Lifecycle actions waiting, as (hook, instance id); `None`: not simulated.
+    lifecycle: Option<Vec<(String, String)>>,
+}
+
+/// A form field of an awsQuery body (our hook names and instance ids need no decoding).
+pub fn form_field<'a>(body: &'a str, key: &str) -> Option<&'a str> {
+    body.split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+impl ProxyState {
+    /// moto 5.2.5 implements neither CompleteLifecycleAction nor
+    /// RecordLifecycleActionHeartbeat: once simulated, the proxy answers them from its list
+    /// of waiting actions (a completed action is gone; an unknown one is a ValidationError).
+    fn lifecycle_answer(&mut self, op: &str, body: &str) -> Option<Fault> {
+        let waiting = self.lifecycle.as_mut()?;
+        if op != "CompleteLifecycleAction" && op != "RecordLifecycleActionHeartbeat" {
+            return None;
+        }
+        let hook = form_field(body, "LifecycleHookName").unwrap_or("");
+        let iid = form_field(body, "InstanceId").unwrap_or("");
+        let pos = waiting.iter().position(|(h, i)| h == hook && i == iid);
+        Some(match pos {
+            Some(p) => {
+                if op == "CompleteLifecycleAction" {
+                    waiting.remove(p);
+                }
+                Fault::asg_ok(op, 1)
+            }
+            None => Fault::asg_error(
+                op,
+                1,
+                400,
+                "ValidationError",
+                &format!("No active Lifecycle Action found with instance ID {iid}"),
+            ),
+        })
+    }
 }
 
 /// The proxy, running on the test's runtime.
@@ -226,6 +264,36 @@ impl Proxy {
 
     pub fn fault(&self, f: Fault) {
         self.state.lock().unwrap().faults.push_back(f);
+    }
+
+    /// Answers CompleteLifecycleAction and RecordLifecycleActionHeartbeat from now on, with
+    /// an action waiting on `hook` for `instance_id` (call again to add more).
+    pub fn lifecycle_wait(&self, hook: &str, instance_id: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .lifecycle
+            .get_or_insert_with(Vec::new)
+            .push((hook.to_string(), instance_id.to_string()));
+    }
+
+    /// Answers the two lifecycle actions from now on, with no action waiting.
+    pub fn lifecycle_simulate(&self) {
+        self.state
+            .lock()
+            .unwrap()
+            .lifecycle
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// Lifecycle actions still waiting.
+    pub fn lifecycle_waiting(&self) -> Vec<(String, String)> {
+        self.state
+            .lock()
+            .unwrap()
+            .lifecycle
+            .clone()
+            .unwrap_or_default()
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -328,11 +396,14 @@ async fn handle(
     let fault = {
         let mut g = st.lock().unwrap();
         g.served += 1;
+        let served = g.served;
         let pos = g.faults.iter().position(|f| f.op == op && f.times > 0);
         pos.map(|i| {
             g.faults[i].times -= 1;
-            (g.faults[i].clone(), g.served)
+            g.faults[i].clone()
         })
+        .or_else(|| g.lifecycle_answer(&op, &body_s))
+        .map(|f| (f, served))
     };
     let (status, response) = match fault {
         Some((f, n)) => {

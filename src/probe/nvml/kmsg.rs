@@ -225,6 +225,32 @@ impl KmsgReader {
     }
 }
 
+/// Every XID the kernel log still holds (since boot, as far as the ring buffer reaches), for
+/// one-shot checks. `/dev/kmsg` is read without blocking: it stops at the end of the buffer.
+pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let mut r = BufReader::new(file);
+    let mut out = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => out.extend(parse_line(&line)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // EPIPE: records were overwritten while we read; the next read goes on.
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
 /// Where the cursor lives.
 pub fn cursor_path(state_dir: &Path) -> PathBuf {
     state_dir.join("kmsg.cursor")
@@ -265,6 +291,21 @@ mod tests {
         ] {
             assert_eq!(parse_line(l), None, "{l}");
         }
+    }
+
+    #[test]
+    fn a_log_file_is_read_to_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kmsg");
+        std::fs::write(
+            &p,
+            "6,1,2,-;usb 1-1: new device\n4,7,9,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+        )
+        .unwrap();
+        let x = read_since_boot(&p).unwrap();
+        assert_eq!(x.len(), 1);
+        assert_eq!((x[0].seq, x[0].code), (7, 79));
+        assert!(read_since_boot(&dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -259,7 +259,40 @@ impl Snapshot for NvmlSnapshot {
         };
         let shared = SharedState::default();
         let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
-        let report = poller.poll(&nvml, &shared);
+        let mut report = poller.poll(&nvml, &shared);
+        // XIDs raised before anyone watched NVML events (at boot, for the launch gate) are
+        // only in the kernel log.
+        if let Some(path) = self.cfg.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+            match kmsg::read_since_boot(path) {
+                Ok(xids) => {
+                    let s = poll::lock(&shared);
+                    for x in xids {
+                        let index = s
+                            .gpus
+                            .values()
+                            .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
+                            .map(|g| g.index);
+                        let mut obs = Observation::new(Signal::Xid { code: x.code }).with_detail(
+                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text),
+                        );
+                        if let Some(pid) = x.pid {
+                            obs = obs.with_pids(vec![pid]);
+                        }
+                        // A device NVML no longer lists (fallen off the bus) is judged for
+                        // the node.
+                        if let Some(index) = index {
+                            obs = s.annotate(obs, index);
+                        }
+                        report.observations.push(obs.from_source("kmsg"));
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    probe = "kmsg",
+                    path = %path.display(),
+                    "cannot read the kernel log ({e}); XIDs since boot are not checked"
+                ),
+            }
+        }
         Ok(SnapshotReport {
             observations: report.observations,
             problems: report.problems,

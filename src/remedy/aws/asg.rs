@@ -3,6 +3,8 @@
 //! group's instance maintenance policy and the ReplaceUnhealthy kill switch; the optional
 //! TerminateInstanceInAutoScalingGroup fallback always keeps desired capacity.
 
+use std::time::Duration;
+
 use aws_sdk_autoscaling::Client;
 use aws_sdk_autoscaling::types::LifecycleState;
 
@@ -180,6 +182,118 @@ impl Asg {
     }
 }
 
+/// One of our lifecycle hooks, as DescribeLifecycleHooks reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookInfo {
+    pub name: String,
+    /// `autoscaling:EC2_INSTANCE_LAUNCHING` or `autoscaling:EC2_INSTANCE_TERMINATING`.
+    pub transition: String,
+    pub heartbeat_timeout: Duration,
+    /// The most an instance can wait: min(48 h, 100 x heartbeat timeout).
+    pub global_timeout: Duration,
+}
+
+/// Heartbeats never come more often than this, whatever the hook says.
+const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// Nor less often than this (research/aws-flows.md A2.3).
+const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(300);
+
+impl HookInfo {
+    /// RecordLifecycleActionHeartbeat every third of the heartbeat timeout (at most 5 min): two
+    /// heartbeats can be lost before the hook times out.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.heartbeat_timeout / 3).clamp(MIN_HEARTBEAT_INTERVAL, MAX_HEARTBEAT_INTERVAL)
+    }
+
+    /// How long after the action began it can still be completed by us: the global timeout
+    /// less two heartbeat intervals.
+    pub fn budget(&self) -> Duration {
+        self.global_timeout
+            .saturating_sub(self.heartbeat_interval() * 2)
+            .max(self.heartbeat_interval())
+    }
+}
+
+impl Asg {
+    /// Our hook `name` on `group`; None when the group has no hook of that name.
+    pub async fn lifecycle_hook(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+        name: &str,
+    ) -> Result<Option<HookInfo>, CallError> {
+        let r = self
+            .client
+            .describe_lifecycle_hooks()
+            .auto_scaling_group_name(group)
+            .lifecycle_hook_names(name)
+            .send()
+            .await;
+        let r = calls.track("DescribeLifecycleHooks", r)?;
+        let secs = |v: Option<i32>, default: u64| {
+            Duration::from_secs(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(default))
+        };
+        Ok(r.lifecycle_hooks()
+            .iter()
+            .find(|h| h.lifecycle_hook_name() == Some(name))
+            .map(|h| {
+                let heartbeat_timeout = secs(h.heartbeat_timeout(), 3600);
+                HookInfo {
+                    name: name.to_string(),
+                    transition: h.lifecycle_transition().unwrap_or_default().to_string(),
+                    heartbeat_timeout,
+                    global_timeout: secs(
+                        h.global_timeout(),
+                        (heartbeat_timeout.as_secs() * 100).min(172_800),
+                    ),
+                }
+            }))
+    }
+
+    /// RecordLifecycleActionHeartbeat by instance id. Ok(false): a ValidationError, i.e. no
+    /// action is waiting for this hook (completed, timed out, or never started).
+    pub async fn heartbeat(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+        hook: &str,
+        instance_id: &str,
+    ) -> Result<bool, CallError> {
+        let r = self
+            .client
+            .record_lifecycle_action_heartbeat()
+            .auto_scaling_group_name(group)
+            .lifecycle_hook_name(hook)
+            .instance_id(instance_id)
+            .send()
+            .await;
+        match calls.track("RecordLifecycleActionHeartbeat", r) {
+            Ok(_) => Ok(true),
+            Err(e) if e.code.as_deref() == Some("ValidationError") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// CreateOrUpdateTags: one tag on the group, not propagated to instances.
+    pub async fn set_tag(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), CallError> {
+        let tag = aws_sdk_autoscaling::types::Tag::builder()
+            .resource_id(group)
+            .resource_type("auto-scaling-group")
+            .key(key)
+            .value(value)
+            .propagate_at_launch(false)
+            .build();
+        let r = self.client.create_or_update_tags().tags(tag).send().await;
+        calls.track("CreateOrUpdateTags", r).map(|_| ())
+    }
+}
+
 /// "No active Lifecycle Action found with instance ID i-..." (a ValidationError).
 pub fn is_no_active_action(e: &CallError) -> bool {
     e.code.as_deref() == Some("ValidationError")
@@ -208,5 +322,23 @@ mod tests {
             ..e
         };
         assert!(!is_no_active_action(&other));
+    }
+
+    #[test]
+    fn heartbeats_come_every_third_of_the_timeout_within_bounds() {
+        let hook = |hb: u64, global: u64| HookInfo {
+            name: "h".into(),
+            transition: String::new(),
+            heartbeat_timeout: Duration::from_secs(hb),
+            global_timeout: Duration::from_secs(global),
+        };
+        assert_eq!(hook(30, 3000).heartbeat_interval(), Duration::from_secs(10));
+        assert_eq!(
+            hook(3600, 172_800).heartbeat_interval(),
+            Duration::from_secs(300)
+        );
+        assert_eq!(hook(2, 200).heartbeat_interval(), Duration::from_secs(1));
+        assert_eq!(hook(30, 3000).budget(), Duration::from_secs(2980));
+        assert_eq!(hook(3, 3).budget(), Duration::from_secs(1));
     }
 }

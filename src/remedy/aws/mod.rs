@@ -16,6 +16,8 @@ pub mod asg;
 pub mod calls;
 pub mod ecs;
 pub mod fleet;
+pub mod heartbeat;
+pub mod launch;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -405,10 +407,16 @@ impl AwsControlPlane {
             Ok(m) => m,
             Err(e) => return Err(calls.fail(e)),
         };
+        let term = self.termination(&mut calls, id).await;
         let (started_ms, resumed) = match me.status.as_str() {
             "DRAINING" => (me.claim(self.prefix()).map(|(_, ms)| ms), true),
             "ACTIVE" => {
-                let claim = self.acquire_slot(&mut calls, id, &ecs).await?;
+                // An instance Auto Scaling is terminating leaves anyway: its drain takes no
+                // budget slot and no kill switch holds it.
+                let claim = match term {
+                    Some(_) => None,
+                    None => self.acquire_slot(&mut calls, id, &ecs).await?,
+                };
                 if let Err(e) = ecs.set_draining(&mut calls, arn).await {
                     return Err(calls.fail(e));
                 }
@@ -419,11 +427,12 @@ impl AwsControlPlane {
                 return Ok(calls.done(format!("container instance is {other}; nothing to drain")));
             }
         };
-        self.wait_drained(
+        self.drain_with_heartbeats(
+            term,
             calls,
             order,
             &ecs,
-            arn,
+            id,
             started_ms.unwrap_or_else(now_ms),
             resumed,
         )

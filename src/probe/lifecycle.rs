@@ -1,0 +1,235 @@
+//! Auto Scaling's view of this instance, from IMDS: `autoscaling/target-lifecycle-state`
+//! says where the group is moving the instance. `Terminated` means termination has begun
+//! (the instance waits in `Terminating:Wait` while our hook holds it), whatever the cause:
+//! scale-in, instance refresh, our own replacement, Spot rebalancing. The engine answers with
+//! a drain and then completes our terminate hook (research/aws-flows.md A2).
+//!
+//! The source polls every `[lifecycle] poll_interval` through aws-config's IMDSv2 client
+//! (session token with its TTL header; `AWS_EC2_METADATA_SERVICE_ENDPOINT` honoured):
+//! - `Terminated` → `lifecycle Terminating`, on every poll (the engine ignores repeats, and a
+//!   restarted daemon learns it again at once);
+//! - `InService` → `lifecycle InService`, once per change (not every poll: each observation
+//!   is a line in `inputs.jsonl`);
+//! - 404 (not in an Auto Scaling group, or too early after boot) and other states
+//!   (`Standby`, `Detached`, `Warmed:*`) → nothing;
+//! - IMDS errors → one warning, then quiet retries with backoff (up to 8 x the interval,
+//!   30 s at most) until IMDS answers again. A failing IMDS never produces a decision.
+//!
+//! The last state read is also kept for the process (`terminating()`), so that the control
+//! plane's drain knows to heartbeat our terminate hook without a second IMDS client.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use aws_config::imds;
+use aws_config::imds::client::error::ImdsError;
+use aws_config::provider_config::ProviderConfig;
+use aws_sdk_ecs::config::SharedHttpClient;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{LifecycleState, Observation, Signal};
+use crate::supervisor::Source;
+
+/// The IMDS path of the target lifecycle state.
+pub const TARGET_STATE_PATH: &str = "/latest/meta-data/autoscaling/target-lifecycle-state";
+
+/// Backoff after IMDS errors never exceeds this.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+const SEEN_NOTHING: u8 = 0;
+const SEEN_IN_SERVICE: u8 = 1;
+const SEEN_TERMINATED: u8 = 2;
+const SEEN_OTHER: u8 = 3;
+
+/// The last target state this process read from IMDS.
+static LAST_SEEN: AtomicU8 = AtomicU8::new(SEEN_NOTHING);
+
+/// Whether IMDS last said `Terminated` (this process, any poll so far).
+pub fn terminating() -> bool {
+    LAST_SEEN.load(Ordering::Relaxed) == SEEN_TERMINATED
+}
+
+fn remember(state: Option<&str>) {
+    let v = match state {
+        Some("Terminated") => SEEN_TERMINATED,
+        Some("InService") => SEEN_IN_SERVICE,
+        Some(_) => SEEN_OTHER,
+        None => SEEN_NOTHING,
+    };
+    LAST_SEEN.store(v, Ordering::Relaxed);
+}
+
+/// What asking IMDS went wrong with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("IMDS {path}: {message}")]
+pub struct ImdsFailure {
+    pub path: &'static str,
+    pub message: String,
+}
+
+/// An IMDSv2 client on our HTTP stack, with short timeouts: IMDS is local, and a poll must
+/// not outlast the interval by much.
+pub fn imds_client(http: SharedHttpClient, max_attempts: u32) -> imds::Client {
+    imds::Client::builder()
+        .configure(&ProviderConfig::without_region().with_http_client(http))
+        .max_attempts(max_attempts)
+        .connect_timeout(Duration::from_secs(1))
+        .read_timeout(Duration::from_secs(2))
+        .build()
+}
+
+/// GETs an IMDS path. Ok(None): 404 (not there on this instance).
+pub async fn get(client: &imds::Client, path: &'static str) -> Result<Option<String>, ImdsFailure> {
+    match client.get(path).await {
+        Ok(v) => Ok(Some(v.as_ref().trim().to_string())),
+        Err(ImdsError::ErrorResponse(r)) if r.response().status().as_u16() == 404 => Ok(None),
+        Err(e) => Err(ImdsFailure {
+            path,
+            message: error_chain(&e),
+        }),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        src = s.source();
+    }
+    out
+}
+
+/// The lifecycle state an IMDS target state maps to; None: not one the engine acts on.
+pub fn signal_for(target: &str) -> Option<LifecycleState> {
+    match target {
+        "Terminated" => Some(LifecycleState::Terminating),
+        "InService" => Some(LifecycleState::InService),
+        _ => None,
+    }
+}
+
+/// The delay before the next poll after `failures` consecutive errors.
+pub fn backoff(interval: Duration, failures: u32) -> Duration {
+    let cap = (interval * 8).min(MAX_BACKOFF).max(interval);
+    interval.saturating_mul(1u32 << failures.min(16)).min(cap)
+}
+
+/// The IMDS lifecycle watcher for `gpu-medic run`.
+pub struct LifecycleSource {
+    interval: Duration,
+    http: SharedHttpClient,
+}
+
+impl LifecycleSource {
+    pub fn new(interval: Duration, http: SharedHttpClient) -> Self {
+        LifecycleSource { interval, http }
+    }
+
+    async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
+        let client = imds_client(self.http.clone(), 2);
+        let mut failures = 0u32;
+        let mut last: Option<String> = None;
+        loop {
+            let delay = match get(&client, TARGET_STATE_PATH).await {
+                Ok(state) => {
+                    if failures > 0 {
+                        tracing::info!(
+                            probe = "lifecycle",
+                            "IMDS answers again after {failures} failed poll(s)"
+                        );
+                    }
+                    failures = 0;
+                    remember(state.as_deref());
+                    let changed = state != last;
+                    if changed {
+                        tracing::info!(
+                            probe = "lifecycle",
+                            target_lifecycle_state = state.as_deref().unwrap_or("(none: 404)"),
+                            "Auto Scaling target lifecycle state"
+                        );
+                    }
+                    let signal = state.as_deref().and_then(signal_for);
+                    let send = match signal {
+                        Some(LifecycleState::Terminating) => true,
+                        Some(_) => changed,
+                        None => false,
+                    };
+                    if let (true, Some(s), Some(target)) = (send, signal, state.as_deref()) {
+                        let obs = Observation::new(Signal::Lifecycle { state: s })
+                            .with_detail(format!(
+                                "IMDS autoscaling/target-lifecycle-state = {target}"
+                            ))
+                            .from_source("imds");
+                        if tx.send(obs).await.is_err() {
+                            return;
+                        }
+                    }
+                    last = state;
+                    self.interval
+                }
+                Err(e) => {
+                    if failures == 0 {
+                        tracing::warn!(
+                            probe = "lifecycle",
+                            "{e}; retrying with backoff (Auto Scaling terminations are noticed once IMDS answers)"
+                        );
+                    }
+                    failures = failures.saturating_add(1);
+                    backoff(self.interval, failures)
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+}
+
+impl Source for LifecycleSource {
+    fn name(&self) -> &'static str {
+        "lifecycle"
+    }
+
+    fn run(
+        self: Box<Self>,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move { self.watch(tx, shutdown).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_states_map_to_lifecycle_signals() {
+        assert_eq!(signal_for("Terminated"), Some(LifecycleState::Terminating));
+        assert_eq!(signal_for("InService"), Some(LifecycleState::InService));
+        for other in ["Standby", "Detached", "Warmed:Stopped", ""] {
+            assert_eq!(signal_for(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let s = Duration::from_secs;
+        assert_eq!(backoff(s(5), 1), s(10));
+        assert_eq!(backoff(s(5), 2), s(20));
+        assert_eq!(backoff(s(5), 3), s(30));
+        assert_eq!(backoff(s(5), 40), s(30));
+        let ms = Duration::from_millis;
+        assert_eq!(backoff(ms(200), 10), ms(1600));
+        assert_eq!(backoff(s(60), 3), s(60), "never below the interval");
+    }
+}

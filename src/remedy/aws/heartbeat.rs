@@ -1,0 +1,367 @@
+//! Keeping our lifecycle hook's action alive while gpu-medic works: a task sends
+//! RecordLifecycleActionHeartbeat for *our* hook (by instance id, no token needed) every third
+//! of the hook's heartbeat timeout, read from DescribeLifecycleHooks, until stopped or until
+//! Auto Scaling says no action is waiting any more (a ValidationError: completed by someone,
+//! or timed out). Other errors are retried on the next beat (research/aws-flows.md A2.3).
+//!
+//! Used twice: by the drain when Auto Scaling is terminating the instance (so a drain longer
+//! than the heartbeat timeout does not let the hook expire), and by the launch gate while the
+//! GPU checks run. The drain is also bounded by the hook's global timeout, so the hook is
+//! completed by us (CONTINUE) before Auto Scaling gives up on it.
+//!
+//! The hook name always comes from `[lifecycle]`; ECS's `ecs-managed-draining-termination-hook`
+//! is never heartbeated (the config refuses that name).
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::AwsControlPlane;
+use super::asg::{Asg, HookInfo};
+use super::calls::Calls;
+use super::ecs::Ecs;
+use crate::identity::Identity;
+use crate::model::{Order, Timestamp};
+use crate::remedy::{Done, RemedyError};
+
+/// The Auto Scaling lifecycle state of an instance held in a terminate wait.
+pub const TERMINATING_WAIT: &str = "Terminating:Wait";
+
+/// How often a drain that is not (yet) for a termination re-asks Auto Scaling whether one has
+/// begun (IMDS, through the lifecycle probe, is checked on every drain poll).
+const ASG_RECHECK: Duration = Duration::from_secs(30);
+
+/// What a heartbeat task did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeartbeatLog {
+    pub hook: String,
+    pub interval: Duration,
+    pub sent: u32,
+    pub failed: u32,
+    /// Why it stopped before being asked to (no action waiting any more).
+    pub ended: Option<String>,
+    pub calls: Calls,
+}
+
+impl HeartbeatLog {
+    /// One line for an order's detail.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} heartbeat(s) for lifecycle hook {} (every {})",
+            self.sent,
+            self.hook,
+            humantime::format_duration(self.interval)
+        );
+        if self.failed > 0 {
+            s.push_str(&format!(", {} failed", self.failed));
+        }
+        if let Some(e) = &self.ended {
+            s.push_str(&format!("; stopped: {e}"));
+        }
+        s
+    }
+}
+
+/// A running heartbeat task.
+pub struct Heartbeat {
+    pub hook: HookInfo,
+    /// When it started: the hook's global timeout counts from about then.
+    pub started: Instant,
+    stop: CancellationToken,
+    task: JoinHandle<HeartbeatLog>,
+}
+
+impl Heartbeat {
+    /// Starts heartbeating `hook` for `instance_id` after `first_in`, then every interval.
+    pub fn start(
+        asg: Asg,
+        group: String,
+        hook: HookInfo,
+        instance_id: String,
+        first_in: Duration,
+    ) -> Heartbeat {
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let name = hook.name.clone();
+        let interval = hook.heartbeat_interval();
+        tracing::info!(
+            lifecycle_hook = %name,
+            auto_scaling_group = %group,
+            interval = %humantime::format_duration(interval),
+            "heartbeating our lifecycle hook"
+        );
+        let task = tokio::spawn(async move {
+            let mut log = HeartbeatLog {
+                hook: name.clone(),
+                interval,
+                ..HeartbeatLog::default()
+            };
+            tokio::select! {
+                _ = token.cancelled() => return log,
+                _ = tokio::time::sleep(first_in) => {}
+            }
+            loop {
+                match asg
+                    .heartbeat(&mut log.calls, &group, &name, &instance_id)
+                    .await
+                {
+                    Ok(true) => log.sent += 1,
+                    Ok(false) => {
+                        log.ended = Some(format!(
+                            "no active lifecycle action for {name} (completed or timed out)"
+                        ));
+                        tracing::info!(lifecycle_hook = %name, "no active lifecycle action any more; heartbeats stopped");
+                        return log;
+                    }
+                    Err(e) => {
+                        log.failed += 1;
+                        tracing::warn!(lifecycle_hook = %name, "lifecycle heartbeat failed, trying again next beat: {e}");
+                    }
+                }
+                tokio::select! {
+                    _ = token.cancelled() => return log,
+                    _ = tokio::time::sleep(interval) => {}
+                }
+            }
+        });
+        Heartbeat {
+            hook,
+            started: Instant::now(),
+            stop,
+            task,
+        }
+    }
+
+    /// When the action must be completed by: the hook's global timeout, less two beats.
+    pub fn must_complete_by(&self) -> Instant {
+        self.started + self.hook.budget()
+    }
+
+    /// Stops the task and returns what it did.
+    pub async fn finish(self) -> HeartbeatLog {
+        self.stop.cancel();
+        let hook = self.hook.name.clone();
+        self.task.await.unwrap_or_else(|e| HeartbeatLog {
+            hook,
+            ended: Some(format!("heartbeat task failed: {e}")),
+            ..HeartbeatLog::default()
+        })
+    }
+}
+
+/// Adds a heartbeat log to an order's result: its summary and its calls' request ids.
+pub fn merge(result: Result<Done, RemedyError>, log: HeartbeatLog) -> Result<Done, RemedyError> {
+    let line = log.summary();
+    let ids = log.calls.entries;
+    match result {
+        Ok(mut d) => {
+            d.detail = format!("{}; {line}", d.detail);
+            d.request_ids.extend(ids);
+            Ok(d)
+        }
+        Err(RemedyError::Fatal {
+            message,
+            mut request_ids,
+        }) => {
+            request_ids.extend(ids);
+            Err(RemedyError::Fatal {
+                message: format!("{message}; {line}"),
+                request_ids,
+            })
+        }
+        Err(RemedyError::Retryable {
+            message,
+            mut request_ids,
+        }) => {
+            request_ids.extend(ids);
+            Err(RemedyError::Retryable {
+                message: format!("{message}; {line}"),
+                request_ids,
+            })
+        }
+        Err(d @ RemedyError::Deferred { .. }) => Err(d),
+    }
+}
+
+/// Auto Scaling is terminating the instance; `hook` is ours when the group has it.
+#[derive(Debug, Clone)]
+pub struct Termination {
+    pub group: String,
+    pub hook: Option<HookInfo>,
+}
+
+impl AwsControlPlane {
+    /// Whether Auto Scaling is terminating this instance, as the lifecycle probe last read
+    /// it from IMDS (no call on the drain's critical path; Auto Scaling's own view is read
+    /// beside the drain, `watch_for_termination`). With our terminate hook's settings when the
+    /// group has it.
+    pub(super) async fn termination(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+    ) -> Option<Termination> {
+        let group = id.auto_scaling_group.as_deref()?;
+        if !crate::probe::lifecycle::terminating() {
+            return None;
+        }
+        self.termination_in(calls, group).await
+    }
+
+    /// Whether the group holds this instance in `Terminating:Wait`.
+    async fn asg_terminating(&self, id: &Identity) -> bool {
+        let mut quiet = Calls::new();
+        match self.asg.instance(&mut quiet, &id.instance_id).await {
+            Ok(Some((_, i))) => i.lifecycle.as_deref() == Some(TERMINATING_WAIT),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!("lifecycle state not read: {e}");
+                false
+            }
+        }
+    }
+
+    async fn termination_in(&self, calls: &mut Calls, group: &str) -> Option<Termination> {
+        let name = &self.cfg.lifecycle.terminate_hook;
+        let hook = match self.asg.lifecycle_hook(calls, group, name).await {
+            Ok(Some(h)) => Some(h),
+            Ok(None) => {
+                tracing::info!(lifecycle_hook = %name, auto_scaling_group = %group, "Auto Scaling is terminating the instance, but the group has no hook of ours: nothing to heartbeat");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(lifecycle_hook = %name, "cannot read our lifecycle hook, draining without heartbeats: {e}");
+                None
+            }
+        };
+        Some(Termination {
+            group: group.to_string(),
+            hook,
+        })
+    }
+
+    fn start_heartbeat(&self, id: &Identity, t: &Termination) -> Option<Heartbeat> {
+        let hook = t.hook.clone()?;
+        Some(Heartbeat::start(
+            self.asg.clone(),
+            t.group.clone(),
+            hook,
+            id.instance_id.clone(),
+            Duration::ZERO,
+        ))
+    }
+
+    /// Waits for the drain (`wait_drained`) and, while Auto Scaling terminates the instance,
+    /// heartbeats our terminate hook. A termination known at the start also bounds the drain
+    /// by the hook's global timeout (tasks still running are stopped before it); one that
+    /// begins during the drain starts the heartbeats then, and the drain is cut short at the
+    /// hook's global timeout.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn drain_with_heartbeats(
+        &self,
+        term: Option<Termination>,
+        calls: Calls,
+        order: &Order,
+        ecs: &Ecs,
+        id: &Identity,
+        started_ms: u64,
+        resumed: bool,
+    ) -> Result<Done, RemedyError> {
+        let mut hb = term.as_ref().and_then(|t| self.start_heartbeat(id, t));
+        let mut bounded = order.clone();
+        if let Some(h) = &hb {
+            let cap = Timestamp::now().plus(h.hook.budget());
+            if cap < bounded.deadline {
+                tracing::info!(lifecycle_hook = %h.hook.name, "drain bounded by the hook's global timeout");
+                bounded.deadline = cap;
+            }
+        }
+        let arn = &id.container_instance_arn;
+        let drain = self.wait_drained(calls, &bounded, ecs, arn, started_ms, resumed);
+        let result = if term.is_none() {
+            tokio::pin!(drain);
+            tokio::select! {
+                r = &mut drain => r,
+                why = self.watch_for_termination(id, &mut hb) => Err(RemedyError::fatal(why)),
+            }
+        } else {
+            drain.await
+        };
+        match hb {
+            Some(h) => merge(result, h.finish().await),
+            None => result,
+        }
+    }
+
+    /// Runs beside a drain that began without a termination: when one begins (IMDS, checked
+    /// every drain poll, or Auto Scaling's `Terminating:Wait`, read at once and then every
+    /// 30 s), starts the heartbeats, then returns (ending the drain) when the hook's global
+    /// timeout nears.
+    async fn watch_for_termination(&self, id: &Identity, hb: &mut Option<Heartbeat>) -> String {
+        let Some(group) = id.auto_scaling_group.clone() else {
+            return std::future::pending().await;
+        };
+        let poll = self.cfg.ecs.drain_poll_interval;
+        let mut last_asg_check: Option<Instant> = None;
+        loop {
+            let asg_due = last_asg_check.is_none_or(|t| t.elapsed() >= ASG_RECHECK);
+            let terminating = crate::probe::lifecycle::terminating()
+                || (asg_due && {
+                    last_asg_check = Some(Instant::now());
+                    self.asg_terminating(id).await
+                });
+            if terminating {
+                let mut calls = Calls::new();
+                if let Some(t) = self.termination_in(&mut calls, &group).await {
+                    tracing::warn!(instance_id = %id.instance_id, "Auto Scaling began terminating the instance during the drain");
+                    let Some(h) = self.start_heartbeat(id, &t) else {
+                        // No hook of ours to keep alive: the drain goes on to its own deadline.
+                        return std::future::pending().await;
+                    };
+                    let until = h.must_complete_by();
+                    let hook = h.hook.clone();
+                    *hb = Some(h);
+                    tokio::time::sleep_until(until).await;
+                    return format!(
+                        "drain cut short: lifecycle hook {} reaches its global timeout ({}) soon",
+                        hook.name,
+                        humantime::format_duration(hook.global_timeout)
+                    );
+                }
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_log_joins_the_order_result() {
+        let mut calls = Calls::new();
+        calls.record("RecordLifecycleActionHeartbeat", Some("r-1"));
+        let log = HeartbeatLog {
+            hook: "gpu-medic-terminate".into(),
+            interval: Duration::from_secs(10),
+            sent: 3,
+            failed: 0,
+            ended: None,
+            calls,
+        };
+        let d = merge(Ok(Done::new("drained")), log.clone()).unwrap();
+        assert_eq!(
+            d.detail,
+            "drained; 3 heartbeat(s) for lifecycle hook gpu-medic-terminate (every 10s)"
+        );
+        assert_eq!(d.request_ids, ["RecordLifecycleActionHeartbeat r-1"]);
+        let Err(RemedyError::Fatal { request_ids, .. }) =
+            merge(Err(RemedyError::fatal("incomplete")), log)
+        else {
+            panic!("a fatal error stays fatal")
+        };
+        assert_eq!(request_ids.len(), 1);
+    }
+}
