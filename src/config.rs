@@ -42,6 +42,32 @@ pub struct Config {
     pub lifecycle: LifecycleConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub node: NodeConfig,
+}
+
+/// Checks of the node around the GPUs: the ECS agent (when `[aws]` is on) and the disk
+/// holding `state_dir`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_node_interval", with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            enabled: true,
+            interval: default_node_interval(),
+        }
+    }
+}
+
+fn default_node_interval() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// The optional Prometheus endpoint.

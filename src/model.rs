@@ -180,6 +180,10 @@ pub enum Signal {
     MpsDown,
     MpsServerFault,
     MpsCrashLoop,
+    /// The ECS agent does not answer its introspection API (value: consecutive checks).
+    EcsAgentDown,
+    /// The filesystem holding `state_dir` is nearly full (value: percent used).
+    StateDiskFull,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
     Lifecycle {
@@ -210,13 +214,15 @@ pub enum SignalKind {
     MpsDown,
     MpsServerFault,
     MpsCrashLoop,
+    EcsAgentDown,
+    StateDiskFull,
     MpsUp,
     Lifecycle,
 }
 
 impl SignalKind {
     /// The kinds a policy judges (the others are handled by the engine itself).
-    pub const JUDGED: [SignalKind; 19] = [
+    pub const JUDGED: [SignalKind; 21] = [
         SignalKind::Xid,
         SignalKind::RecoveryAction,
         SignalKind::EccUncorrected,
@@ -236,6 +242,8 @@ impl SignalKind {
         SignalKind::MpsDown,
         SignalKind::MpsServerFault,
         SignalKind::MpsCrashLoop,
+        SignalKind::EcsAgentDown,
+        SignalKind::StateDiskFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -259,6 +267,8 @@ impl SignalKind {
             SignalKind::MpsDown => "mps-down",
             SignalKind::MpsServerFault => "mps-server-fault",
             SignalKind::MpsCrashLoop => "mps-crash-loop",
+            SignalKind::EcsAgentDown => "ecs-agent-down",
+            SignalKind::StateDiskFull => "state-disk-full",
             SignalKind::MpsUp => "mps-up",
             SignalKind::Lifecycle => "lifecycle",
         }
@@ -299,6 +309,8 @@ impl Signal {
             Signal::MpsDown => SignalKind::MpsDown,
             Signal::MpsServerFault => SignalKind::MpsServerFault,
             Signal::MpsCrashLoop => SignalKind::MpsCrashLoop,
+            Signal::EcsAgentDown => SignalKind::EcsAgentDown,
+            Signal::StateDiskFull => SignalKind::StateDiskFull,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
         }

@@ -526,11 +526,17 @@ async fn crash_mid_drain_resumes_without_repeating_or_skipping() {
     // machine), well before the standalone grace.
     let t = std::time::Instant::now();
     while aws::instance(&sdk, &s.cluster, &me.arn).await.0 != "DRAINING" {
-        assert!(t.elapsed() < Duration::from_secs(20), "never reached DRAINING");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "never reached DRAINING"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     running.abort();
-    assert!(running.await.unwrap_err().is_cancelled(), "still draining when it 'crashes'");
+    assert!(
+        running.await.unwrap_err().is_cancelled(),
+        "still draining when it 'crashes'"
+    );
     drop(first);
     assert_eq!(
         aws::task_desired(&sdk, &s.cluster, &standalone).await,

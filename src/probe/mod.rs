@@ -6,9 +6,11 @@
 //! - [`mps`]: the MPS control daemon (control pipe probe, process identity, log tail).
 //! - [`tasks`]: which ECS task a process belongs to.
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
+//! - [`node`]: the ECS agent answering, and space for the journal.
 
 pub mod lifecycle;
 pub mod mps;
+pub mod node;
 pub mod nvml;
 pub mod tasks;
 
@@ -70,6 +72,13 @@ pub fn sources(cfg: &Config) -> Vec<Box<dyn Source>> {
             cfg.lifecycle.poll_interval,
             crate::remedy::aws::http_client(),
         )));
+    }
+    if cfg.node.enabled {
+        out.push(Box::new(node::NodeSource {
+            agent_url: cfg.aws.enabled.then(|| cfg.ecs.agent_url.clone()),
+            state_dir: cfg.state_dir.clone(),
+            interval: cfg.node.interval,
+        }));
     }
     out
 }
