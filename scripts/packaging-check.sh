@@ -48,9 +48,10 @@ PY=/usr/bin/python3
 
 # --- 2. Build both packages ----------------------------------------------------------------
 t0=$SECONDS
-mapfile -t built < <(bash scripts/packaging-build.sh "${build_args[@]}")
-DEB="${built[0]}"
-RPM="${built[1]}"
+built="$(mktemp)"
+bash scripts/packaging-build.sh "${build_args[@]}" >"$built" || fail "scripts/packaging-build.sh failed"
+DEB="$(sed -n 1p "$built")"
+RPM="$(sed -n 2p "$built")"
 [ -f "$DEB" ] && [ -f "$RPM" ] || fail "packaging-build.sh did not print the two packages"
 log "built in $((SECONDS - t0)) s: $DEB $RPM"
 meta="$(cargo metadata --format-version 1 --no-deps)"
