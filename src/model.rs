@@ -580,6 +580,18 @@ pub enum OperatorRequest {
         #[serde(default)]
         by: String,
     },
+    /// The launch gate (`gpu-medic check --lifecycle`, a separate process) reports what it
+    /// decided, so the journal has it: one incident per gate run.
+    LaunchGate {
+        /// `healthy`, `unhealthy` or `unknown`.
+        health: String,
+        /// What was done with the launch hook and the instance, for people.
+        summary: String,
+        #[serde(default)]
+        findings: Vec<String>,
+        #[serde(default)]
+        request_ids: Vec<String>,
+    },
 }
 
 /// One line of `inputs.jsonl`: an input with the time the supervisor saw it.

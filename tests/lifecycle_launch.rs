@@ -10,6 +10,7 @@ mod imds;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::time::Duration;
 
 use aws::{Proxy, Seeded};
 use aws_config::SdkConfig;
@@ -92,8 +93,36 @@ impl Launch {
         std::fs::write(self.path(&format!("inject/{:04}.json", self.n)), json).unwrap();
     }
 
-    /// Runs `check --lifecycle --json`; returns its exit code and report.
-    async fn check(&self, env: &[(&str, &str)]) -> (i32, Value, String) {
+    /// Starts `gpu-medic run` on the same config until the launch gate's verdict is in the
+    /// incident journal (the gate hands it over through state_dir/requests/).
+    async fn daemon_journals_the_gate(&self) -> Value {
+        let mut c = self.command(&["run", "--log-format", "json", "--config"]);
+        c.arg(self.path("config.toml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let mut child = c.spawn().unwrap();
+        let t = std::time::Instant::now();
+        let journal = self.path("state/incidents.jsonl");
+        let record = loop {
+            let text = std::fs::read_to_string(&journal).unwrap_or_default();
+            if let Some(l) = text
+                .lines()
+                .find(|l| l.contains("\"summary\":\"launch gate:") && l.contains("\"closed\""))
+            {
+                break serde_json::from_str::<Value>(l).unwrap();
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the daemon did not journal the gate"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let _ = child.kill().await;
+        record
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(bin());
         c.env_remove("GPU_MEDIC_CONFIG")
             .env_remove("AWS_PROFILE")
@@ -112,8 +141,14 @@ impl Launch {
             )
             .env("FAKE_NVML_CONFIG", self.path("gpus.json"))
             .env("FAKE_NVML_INJECT_DIR", self.path("inject"))
-            .args(["check", "--lifecycle", "--json", "--config"])
-            .arg(self.path("config.toml"));
+            .args(args);
+        c
+    }
+
+    /// Runs `check --lifecycle --json`; returns its exit code and report.
+    async fn check(&self, env: &[(&str, &str)]) -> (i32, Value, String) {
+        let mut c = self.command(&["check", "--lifecycle", "--json", "--config"]);
+        c.arg(self.path("config.toml"));
         for (k, v) in env {
             c.env(k, v);
         }
@@ -184,6 +219,14 @@ async fn a_healthy_launch_continues_and_is_marked_ok() {
     let (_, _, attrs) = aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await;
     assert_eq!(health(&attrs).as_deref(), Some("ok"), "{attrs:?}");
     assert!(l.path("state/launch-gate.json").exists());
+    let closed = l.daemon_journals_the_gate().await;
+    assert!(
+        closed["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("launch gate: healthy; decision Continue"),
+        "{closed}"
+    );
     assert!(
         r["request_ids"]
             .as_array()

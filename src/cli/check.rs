@@ -200,6 +200,50 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     Ok(code)
 }
 
+/// Hands the gate's verdict to the daemon for the incident journal (through
+/// `state_dir/requests/`: only the daemon numbers incidents). A daemon that is not running yet
+/// journals it when it starts.
+fn journal_gate(
+    cfg: &crate::config::Config,
+    report: &crate::remedy::aws::launch::LaunchReport<CheckReport>,
+) {
+    let health = format!("{:?}", report.health).to_lowercase();
+    let mut summary = format!(
+        "launch gate: {health}; decision {:?}; hook {} {}",
+        report.decision,
+        report.hook,
+        report.result.unwrap_or("not completed")
+    );
+    if let Some(a) = &report.attribute {
+        summary.push_str(&format!("; {a}"));
+    }
+    if report.breaker.as_ref().is_some_and(|b| b.tripped) {
+        summary.push_str("; LAUNCH-FAILURE BREAKER TRIPPED");
+    }
+    let findings = report
+        .check
+        .as_ref()
+        .map(|c| {
+            c.findings
+                .iter()
+                .map(|f| {
+                    let gpu = f.gpu.map(|g| format!("GPU {g}: ")).unwrap_or_default();
+                    format!("{gpu}{} -> {} (rule `{}`)", f.signal, f.action, f.rule)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let request = crate::model::OperatorRequest::LaunchGate {
+        health,
+        summary,
+        findings,
+        request_ids: report.request_ids.clone(),
+    };
+    if let Err(e) = crate::journal::submit_request(&cfg.state_dir, &request) {
+        tracing::warn!("cannot hand the launch gate's verdict to the journal: {e}");
+    }
+}
+
 /// `check --lifecycle`: the launch gate (src/remedy/aws/launch.rs) around `examine`.
 fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result<i32, CliError> {
     use crate::remedy::aws::launch::{self, Health};
@@ -229,6 +273,7 @@ fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result
     }) {
         tracing::warn!(path = %saved.display(), "cannot keep the launch gate report: {e}");
     }
+    journal_gate(&cfg, &report);
     if json {
         print_json(&report);
         return Ok(report.exit_code);

@@ -30,6 +30,8 @@ use crate::policy::Policy;
 pub const RULE_MPS_BUDGET: &str = "mps-restart-budget";
 /// The rule name recorded for Auto Scaling terminating the instance.
 pub const RULE_LIFECYCLE_TERMINATE: &str = "lifecycle-terminate";
+/// The rule name recorded for a launch gate run.
+pub const RULE_LAUNCH_GATE: &str = "launch-gate";
 /// The rule name recorded for a signal kind the policy has no rule for.
 pub const RULE_NONE: &str = "no-rule";
 /// A log-only finding that repeats within this window (same rule, same GPU, same XID) opens
@@ -51,6 +53,12 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         Input::Outcome(outcome) => cx.outcome(outcome),
         Input::Tick => cx.tick(),
         Input::Operator(OperatorRequest::Abort { incident, by }) => cx.abort(incident, &by),
+        Input::Operator(OperatorRequest::LaunchGate {
+            health,
+            summary,
+            findings,
+            request_ids,
+        }) => cx.launch_gate(&health, &summary, &findings, &request_ids),
     }
     (cx.st, cx.out)
 }
@@ -973,6 +981,24 @@ impl Cx<'_> {
             step: Step::Restore,
         });
         self.issue(incident, Command::Restore, 1);
+    }
+
+    /// Journals a launch gate run: the gate decided and completed the hook itself.
+    fn launch_gate(&mut self, health: &str, summary: &str, findings: &[String], ids: &[String]) {
+        let obs = Observation::new(Signal::Lifecycle {
+            state: LifecycleState::Pending,
+        })
+        .with_detail(format!("launch gate: {health}"))
+        .from_source("launch-gate");
+        let reason = "the launch gate checked the GPUs before the instance entered service";
+        let id = self.open(&obs, RULE_LAUNCH_GATE, reason, Verdict::Log);
+        for f in findings {
+            self.note(id, format!("finding: {f}"));
+        }
+        if !ids.is_empty() {
+            self.note(id, format!("requests: {}", ids.join(", ")));
+        }
+        self.close(id, IncidentState::Logged, summary.to_string());
     }
 
     fn tick(&mut self) {
