@@ -263,6 +263,23 @@ async fn xid_79_drains_stops_tasks_and_replaces_through_the_real_binary() {
     );
     assert_eq!(proxy.count("TerminateInstanceInAutoScalingGroup"), 0);
     assert!(!d.log().contains("\"level\":\"ERROR\""), "{}", d.log());
+    // `status` shows the node's phase and the fleet budget the gate saw.
+    let out = tokio::process::Command::from(d.command())
+        .args(["status", "--json", "--config"])
+        .arg(d.path("config.toml"))
+        .output()
+        .await
+        .unwrap();
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["node_phase"], "replaced", "{st:#}");
+    assert!(
+        st["fleet"]["group"]
+            .as_str()
+            .unwrap()
+            .ends_with(s.asg.as_str()),
+        "{st:#}"
+    );
+    assert!(st["fleet"]["budget"].as_u64().unwrap() >= 1, "{st:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

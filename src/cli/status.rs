@@ -6,6 +6,7 @@ use super::{CliError, ConfigArg, exit, print_json};
 use crate::engine::State;
 use crate::journal::load_state;
 use crate::model::Timestamp;
+use crate::remedy::aws::fleet::FleetSummary;
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -23,6 +24,13 @@ struct StatusView<'a> {
     mps_phase: &'a str,
     #[serde(flatten)]
     state: &'a State,
+    /// What the fleet gate saw last (absent before the first drain or replacement).
+    fleet: Option<FleetSummary>,
+}
+
+fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
+    let text = std::fs::read_to_string(crate::remedy::aws::fleet_path(state_dir)).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 pub fn run(a: StatusArgs) -> Result<i32, CliError> {
@@ -45,6 +53,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             node_phase: state.node.as_str(),
             mps_phase: state.mps.phase.as_str(),
             state: &state,
+            fleet: read_fleet(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
@@ -97,5 +106,30 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         );
     }
     println!("open incidents: {}", state.open.len());
+    match read_fleet(&cfg.state_dir) {
+        Some(f) => {
+            println!(
+                "fleet budget:  {} of {} slot(s) used in {} (desired {}), seen {}",
+                f.in_remediation.len(),
+                f.budget,
+                f.group,
+                f.desired,
+                f.observed_at
+            );
+            for m in &f.in_remediation {
+                println!("               {m}");
+            }
+            println!(
+                "circuit breaker: {} unhealthy, limit {}{}",
+                f.unhealthy,
+                f.breaker_limit,
+                f.kill_switch
+                    .as_deref()
+                    .map(|k| format!("; kill switch: {k}"))
+                    .unwrap_or_default()
+            );
+        }
+        None => println!("fleet budget:  not checked yet (no drain or replacement so far)"),
+    }
     Ok(exit::OK)
 }

@@ -147,7 +147,55 @@ fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
+/// What the fleet gate saw last, kept in `state_dir/fleet.json` for `gpu-medic status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FleetSummary {
+    pub observed_at: crate::model::Timestamp,
+    pub group: String,
+    pub desired: u32,
+    pub budget: u32,
+    /// Instances in remediation, with why (`i-0abc draining`).
+    pub in_remediation: Vec<String>,
+    pub unhealthy: u32,
+    pub breaker_limit: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_switch: Option<String>,
+}
+
 impl FleetView {
+    /// The view as `gpu-medic status` shows it.
+    pub fn summary(&self, now_ms: u64, cfg: &FleetConfig) -> FleetSummary {
+        let busy: Vec<String> = self
+            .members
+            .iter()
+            .filter_map(|m| {
+                let why = in_remediation(m, now_ms, cfg)
+                    .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
+                Some(format!("{} {why}", m.instance_id))
+            })
+            .collect();
+        let unhealthy = self
+            .members
+            .iter()
+            .filter(|m| {
+                in_remediation(m, now_ms, cfg).is_some()
+                    || claim_live(m, now_ms, cfg)
+                    || m.health.as_deref() == Some("faulted")
+                    || (m.ecs_status.is_some() && !m.agent_connected)
+            })
+            .count() as u32;
+        FleetSummary {
+            observed_at: crate::model::Timestamp(now_ms),
+            group: self.group.clone(),
+            desired: self.desired,
+            budget: self.budget(cfg),
+            unhealthy,
+            breaker_limit: cfg.max_unhealthy.of(self.desired),
+            kill_switch: self.kill_switch().map(|d| d.to_string()),
+            in_remediation: busy,
+        }
+    }
+
     /// The budget for this group: max(1, `max_parallel` of desired capacity).
     pub fn budget(&self, cfg: &FleetConfig) -> u32 {
         cfg.max_parallel.of(self.desired).max(1)

@@ -223,6 +223,19 @@ impl AwsControlPlane {
     /// Takes a slot in the fleet budget for this instance, or explains why not (Deferred).
     /// Returns the claim's time. An instance that already holds a slot (DRAINING, Unhealthy,
     /// or a live claim from before a restart) keeps it without a new claim.
+    /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only).
+    fn record_fleet(&self, summary: &fleet::FleetSummary) {
+        let path = fleet_path(&self.cfg.state_dir);
+        let tmp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec_pretty(summary)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), "cannot keep the fleet view: {e}");
+        }
+    }
+
     async fn acquire_slot(
         &self,
         calls: &mut Calls,
@@ -236,6 +249,7 @@ impl AwsControlPlane {
             Err(e) => return Err(std::mem::take(calls).fail(e)),
         };
         let now = now_ms();
+        self.record_fleet(&view.summary(now, fleet));
         if let Some(d) = view.kill_switch() {
             return Err(self.defer(d.to_string()));
         }
@@ -724,6 +738,11 @@ impl ControlPlane for AwsControlPlane {
     ) -> BoxFuture<'_, Result<Done, RemedyError>> {
         Box::pin(async move { self.do_complete_lifecycle(hook, result).await })
     }
+}
+
+/// Where the last fleet view is kept.
+pub fn fleet_path(state_dir: &std::path::Path) -> std::path::PathBuf {
+    state_dir.join("fleet.json")
 }
 
 fn now_ms() -> u64 {
