@@ -471,3 +471,91 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     assert_eq!(xid_inputs(&node, 79), before);
     node.stop();
 }
+
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut node = Node::new("");
+    let cfg = node.path("config.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("{text}[metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    node.start();
+    node.inject(r#"{"gpu": 1, "xid": 79}"#);
+    node.wait_opened("the XID 79 incident", |r| is_xid(r, 79));
+    let addr = format!("127.0.0.1:{port}");
+    wait_until("the remediation metric", || {
+        scrape(&addr).contains("gpu_medic_remediations_total{")
+    });
+    let body = scrape(&addr);
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    for name in [
+        "gpu_medic_gpu_health",
+        "gpu_medic_xids_total",
+        "gpu_medic_signals_total",
+        "gpu_medic_mps_probe_latency_seconds",
+        "gpu_medic_mps_restarts_total",
+        "gpu_medic_remediations_total",
+        "gpu_medic_aws_call_errors_total",
+        "gpu_medic_incidents_open",
+        "gpu_medic_node_phase",
+    ] {
+        assert!(
+            body.contains(&format!("# HELP {}", name.trim_end_matches("_total"))),
+            "{name}: {body}"
+        );
+    }
+    assert!(
+        body.contains("gpu_medic_xids_total{gpu=\"1\",code=\"79\"} 1"),
+        "{body}"
+    );
+    assert!(body.contains("gpu_medic_gpu_health{gpu=\"1\""), "{body}");
+    assert!(scrape(&addr).starts_with("HTTP/1.1 200"));
+    let other = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    node.stop();
+}
+
+#[test]
+fn a_metrics_address_that_is_not_loopback_is_refused() {
+    let node = Node::new("");
+    let cfg = node.path("config.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("{text}[metrics]\nenabled = true\nlisten = \"0.0.0.0:9400\"\n"),
+    )
+    .unwrap();
+    let out = node
+        .cmd()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
+}
