@@ -312,8 +312,13 @@ pub fn event_line(e: &IncidentEvent) -> String {
                 .as_ref()
                 .map(|g| format!(" on {g}"))
                 .unwrap_or_default();
+            let seen = observation
+                .detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
             format!(
-                "opened: {}{on} -> {verdict} (rule `{rule}`)",
+                "opened: {}{on}{seen} -> {verdict} (rule `{rule}`)",
                 observation.signal
             )
         }
@@ -323,7 +328,12 @@ pub fn event_line(e: &IncidentEvent) -> String {
                 .as_ref()
                 .map(|g| format!(" on GPU {}", g.index))
                 .unwrap_or_default();
-            format!("signal: {}{on}", observation.signal)
+            let seen = observation
+                .detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            format!("signal: {}{on}{seen}", observation.signal)
         }
         IncidentEvent::Escalated {
             verdict,

@@ -129,7 +129,9 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                     .unwrap_or_default()
             );
         }
-        None => println!("fleet budget:  not checked yet (no drain or replacement so far)"),
+        None => println!(
+            "fleet budget:  no fleet view recorded (the AWS control plane has not checked it on this node)"
+        ),
     }
     Ok(exit::OK)
 }
