@@ -692,10 +692,12 @@ fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
         }
         t0.elapsed()
     };
-    let inputs = || std::fs::read_to_string(state.join("inputs.jsonl")).unwrap_or_default();
+    // A healthy probe changes nothing, so it is not written to inputs.jsonl: the daemon's
+    // own log shows that gpu-medic's probe reached it.
+    let control_log = || std::fs::read_to_string(mps.log.join("control.log")).unwrap_or_default();
     wait_for(
-        "first mps-up",
-        &|| inputs().contains("mps-up"),
+        "first probe answered",
+        &|| control_log().contains("Cmd:get_default_active_thread_percentage"),
         Duration::from_secs(10),
     );
 
