@@ -55,12 +55,30 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the supervisor daemon.
+    ///
+    /// Watches the GPUs (NVML events and counters, the kernel log), the MPS control daemon and
+    /// the node, judges every signal with the policy, and acts: restarts the MPS daemon, stops
+    /// poisoned tasks, quarantines, drains and has Auto Scaling replace the instance within the
+    /// fleet budget. Writes incidents.jsonl, inputs.jsonl and state.json under state_dir.
+    /// Under systemd it sends READY and WATCHDOG (Type=notify). The first SIGTERM/SIGINT lets
+    /// orders in flight reach a safe point and saves state (they resume on the next start); a
+    /// second forces exit (130). Logs go to journald under systemd, else to stderr.
     Run(run::RunArgs),
     /// Play three faults on a simulated node (no GPU, no AWS, no root) and show the incidents.
     Demo(demo::DemoArgs),
     /// One-shot health verdict: exit 0 healthy, 1 unhealthy, 2 could not tell.
+    ///
+    /// Runs every enabled probe once (NVML counters and the kernel log since boot, the MPS
+    /// daemon) and judges what it sees with the policy: a finding whose rule would stop tasks,
+    /// restart MPS, drain or replace makes the node unhealthy. --json prints the report for
+    /// tools; --lifecycle is the Auto Scaling launch gate (see packaging/LIFECYCLE.md).
     Check(check::CheckArgs),
-    /// Read the incident journal.
+    /// Read the incident journal (and abort a drain).
+    ///
+    /// Every incident runs from its first signal to its outcome: the GPU (index, UUID, PCI id),
+    /// the tasks on it, the rule that fired and why, each action with its result and AWS
+    /// request ids, and its state (open, logged, resolved, drained, replaced, terminated,
+    /// observed, aborted, failed).
     #[command(subcommand)]
     Incidents(incidents::IncidentsCommand),
     /// Review a policy: check it, explain a signal, replay recorded inputs through it.
