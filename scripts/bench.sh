@@ -1,7 +1,28 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests): release build of the workspace (gpu-medic and the fake
-# libnvidia-ml), then each bench. Results are recorded in BENCHMARKS.md by hand.
+# libnvidia-ml), then each bench. Results are recorded in BENCHMARKS.md by hand, with the
+# command and the machine each bench prints.
+#
+# Usage: scripts/bench.sh [BENCH...]   (default: all, in this order)
+#   detection_latency   injection -> engine decision (journal), 200 XIDs
+#   action_latency      XID 79 -> first ECS call at moto; MPS daemon SIGKILL/SIGSTOP -> restart
+#                       order and -> answering again (BENCH_RUNS, default 200 per scenario;
+#                       BENCH_ONLY=xid,mps-kill,mps-stop)
+#   steady_state        CPU time per hour and peak RSS of a healthy node at the default
+#                       intervals, 1/8/16 GPUs x 0/48 MPS clients (BENCH_WINDOW_S, default 600;
+#                       BENCH_WARMUP_S, default 30; BENCH_PARALLEL=0 for one node at a time)
+#   engine_throughput   engine::step decisions per second on a recorded stream
+#                       (BENCH_INPUTS, BENCH_REPEAT, BENCH_STREAM=inputs.jsonl)
+# action_latency and steady_state need moto and NVIDIA's MPS control daemon, as the tests do
+# (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+benches=("$@")
+if [ ${#benches[@]} -eq 0 ]; then
+    benches=(detection_latency action_latency steady_state engine_throughput)
+fi
 cargo build --release --workspace --locked
-cargo bench --locked --bench detection_latency
+for b in "${benches[@]}"; do
+    echo "== $b"
+    cargo bench --locked --bench "$b"
+done

@@ -1,0 +1,281 @@
+//! Steady-state cost of `gpu-medic run` on a healthy simulated node, at the default intervals
+//! (tick 1 s, NVML poll 10 s, MPS probe 5 s, lifecycle poll 5 s): CPU time per hour and peak
+//! RSS, for 1, 8 and 16 GPUs and 0 or 48 MPS clients per GPU. Run with `scripts/bench.sh` (or
+//! `cargo bench --bench steady_state`).
+//!
+//! Each node: the fake libnvidia-ml with N H200s, NVIDIA's real MPS control daemon (manage =
+//! "direct", probed every 5 s), the real `/dev/kmsg`, `[aws]` enabled with its identity
+//! configured (a healthy node makes no AWS call) and a fake IMDS answering the lifecycle probe
+//! (`InService`), as on EC2. MPS clients are real processes (`sleep`), listed per GPU through
+//! `mps_clients` injections, so each poll reads their `/proc/<pid>/cgroup` as it would for
+//! CUDA clients.
+//!
+//! CPU time: utime + stime from `/proc/<pid>/stat` over `BENCH_WINDOW_S` (default 600 s),
+//! after `BENCH_WARMUP_S` (default 30 s), scaled to an hour; also with the reaped children
+//! (the MPS probe runs `nvidia-cuda-mps-control` every 5 s). The fake library's own injection
+//! watcher thread (`fake-nvml-inject`, a readdir every 2 ms, absent from a real libnvidia-ml)
+//! is measured per thread and subtracted; it is shown in the last column. Peak RSS: `VmHWM`
+//! at the end (the watcher's stack and buffers are included, a few hundred kB at most).
+//! The six nodes run at once (`BENCH_PARALLEL=0`: one after another); CPU time is counted
+//! per process, so they do not share it, but a busy machine adds some cache and scheduling
+//! cost. Clock ticks are 10 ms.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// The fake libnvidia-ml's injection watcher (polls a folder every 2 ms; no real NVML has it).
+const FAKE_THREAD: &str = "fake-nvml-inje";
+
+struct Node {
+    gpus: usize,
+    clients: usize,
+    _root: tempfile::TempDir,
+    mps: MpsDir,
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+fn start(bin: &Path, gpus: usize, clients: usize, sleepers: &[u32], imds: &str) -> Node {
+    let root = tempfile::Builder::new()
+        .prefix("gm-ss-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let d = root.path();
+    let mps = MpsDir::new(d.join("m"));
+    mps.start().expect("MPS daemon");
+    std::fs::create_dir_all(d.join("inject")).unwrap();
+    std::fs::write(d.join("gpus.json"), gpus_json(gpus)).unwrap();
+    for g in 0..gpus {
+        if clients == 0 {
+            break;
+        }
+        let pids: Vec<String> = sleepers[g * clients..(g + 1) * clients]
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        inject(
+            &d.join("inject"),
+            g as u64,
+            &format!(r#"{{"gpu": {g}, "mps_clients": [{}]}}"#, pids.join(",")),
+        );
+    }
+    std::fs::write(
+        d.join("config.toml"),
+        format!(
+            "state_dir = \"state\"\npolicy = \"{policy}\"\n\
+             [nvml]\nlibrary = \"{lib}\"\nexpected_gpus = {gpus}\n\
+             [mps]\ncontrol_binary = \"{MPS_BIN}\"\npipe_directory = \"{pipe}\"\n\
+             log_directory = \"{log}\"\nmanage = \"direct\"\n\
+             [identity]\ninstance_id = \"i-0123456789abcdef0\"\ncluster = \"bench\"\n\
+             container_instance_arn = \"arn:aws:ecs:us-east-1:123456789012:container-instance/bench/0\"\n\
+             auto_scaling_group = \"bench\"\n",
+            policy = repo().join("policies/default.toml").display(),
+            lib = fake_nvml(bin).display(),
+            pipe = mps.pipe.display(),
+            log = mps.log.display(),
+        ),
+    )
+    .unwrap();
+    let mut env = aws_env("http://127.0.0.1:9", d);
+    env.retain(|(k, _)| *k != "AWS_EC2_METADATA_DISABLED");
+    env.push(("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.to_string()));
+    env.push((
+        "FAKE_NVML_CONFIG",
+        d.join("gpus.json").display().to_string(),
+    ));
+    env.push((
+        "FAKE_NVML_INJECT_DIR",
+        d.join("inject").display().to_string(),
+    ));
+    let log = d.join("medic.log");
+    let child = spawn_medic(bin, &d.join("config.toml"), &log, &env).expect("gpu-medic");
+    assert!(
+        wait_until(Duration::from_secs(30), || d
+            .join("state/state.json")
+            .exists()),
+        "gpu-medic did not start: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    Node {
+        gpus,
+        clients,
+        _root: root,
+        mps,
+        child,
+        log,
+    }
+}
+
+struct Measured {
+    fake_s_per_h: f64,
+    gpus: usize,
+    clients: usize,
+    own_s_per_h: f64,
+    all_s_per_h: f64,
+    hwm_kb: u64,
+    rss_kb: u64,
+    threads: u64,
+    fds: usize,
+    incidents: usize,
+}
+
+fn measure(nodes: &mut [Node], warmup: Duration, window: Duration) -> Vec<Measured> {
+    std::thread::sleep(warmup);
+    let tck = clk_tck();
+    let before: Vec<(CpuTicks, u64)> = nodes
+        .iter()
+        .map(|n| {
+            let pid = n.child.id();
+            (
+                cpu_ticks(pid).expect("gpu-medic exited"),
+                thread_ticks(pid, FAKE_THREAD),
+            )
+        })
+        .collect();
+    let t0 = Instant::now();
+    std::thread::sleep(window);
+    let secs = t0.elapsed().as_secs_f64();
+    let mut out = Vec::new();
+    for (n, (b, fake_b)) in nodes.iter_mut().zip(before) {
+        let pid = n.child.id();
+        let a = cpu_ticks(pid).unwrap_or_else(|| {
+            panic!(
+                "gpu-medic ({} GPUs) exited: {}",
+                n.gpus,
+                std::fs::read_to_string(&n.log).unwrap_or_default()
+            )
+        });
+        let fake = thread_ticks(pid, FAKE_THREAD).saturating_sub(fake_b) as f64 / tck;
+        let total = (a.own - b.own) as f64 / tck;
+        let own = total - fake;
+        let all = own + (a.children - b.children) as f64 / tck;
+        let state = n.log.parent().unwrap().join("state/incidents.jsonl");
+        out.push(Measured {
+            fake_s_per_h: fake * 3600.0 / secs,
+            gpus: n.gpus,
+            clients: n.clients,
+            own_s_per_h: own * 3600.0 / secs,
+            all_s_per_h: all * 3600.0 / secs,
+            hwm_kb: status_field(pid, "VmHWM").unwrap_or(0),
+            rss_kb: status_field(pid, "VmRSS").unwrap_or(0),
+            threads: status_field(pid, "Threads").unwrap_or(0),
+            fds: fd_count(pid).unwrap_or(0),
+            incidents: std::fs::read_to_string(state)
+                .unwrap_or_default()
+                .lines()
+                .count(),
+        });
+    }
+    out
+}
+
+fn main() {
+    let env_s = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let window = Duration::from_secs(env_s("BENCH_WINDOW_S", 600));
+    let warmup = Duration::from_secs(env_s("BENCH_WARMUP_S", 30));
+    let parallel = std::env::var("BENCH_PARALLEL").map_or(true, |v| v != "0");
+    let bin = gpu_medic_bin();
+    println!("machine: {}", machine());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let imds = rt.block_on(aws::serve_http(Arc::new(|method, path, _| {
+        match (method, path) {
+            ("PUT", "/latest/api/token") => (
+                200,
+                vec![(
+                    "X-aws-ec2-metadata-token-ttl-seconds".into(),
+                    "21600".into(),
+                )],
+                "tok".into(),
+            ),
+            ("GET", "/latest/meta-data/autoscaling/target-lifecycle-state") => {
+                (200, vec![], "InService".into())
+            }
+            _ => (404, vec![], String::new()),
+        }
+    })));
+    let imds = format!("http://{imds}");
+    // Real processes to stand for MPS clients: 48 per GPU on up to 16 GPUs, shared by nodes.
+    let mut sleepers: Vec<Child> = (0..16 * 48)
+        .map(|_| {
+            Command::new("sleep")
+                .arg("100000")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("sleep")
+        })
+        .collect();
+    let pids: Vec<u32> = sleepers.iter().map(|c| c.id()).collect();
+    let configs = [(1, 0), (8, 0), (16, 0), (1, 48), (8, 48), (16, 48)];
+    let mut results = Vec::new();
+    if parallel {
+        let mut nodes: Vec<Node> = configs
+            .iter()
+            .map(|(g, c)| start(&bin, *g, *c, &pids, &imds))
+            .collect();
+        results = measure(&mut nodes, warmup, window);
+        for mut n in nodes {
+            stop_child(&mut n.child, Duration::from_secs(25));
+            n.mps.shutdown();
+        }
+    } else {
+        for (g, c) in configs {
+            let mut nodes = vec![start(&bin, g, c, &pids, &imds)];
+            results.extend(measure(&mut nodes, warmup, window));
+            for mut n in nodes {
+                stop_child(&mut n.child, Duration::from_secs(25));
+                n.mps.shutdown();
+            }
+        }
+    }
+    for s in &mut sleepers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    println!(
+        "steady state at the default intervals, healthy node, {} s window after {} s warm-up, {}",
+        window.as_secs(),
+        warmup.as_secs(),
+        if parallel {
+            "six nodes at once"
+        } else {
+            "one node at a time"
+        }
+    );
+    println!(
+        "  GPUs | MPS clients/GPU | CPU s/hour (own) | CPU s/hour (+ probe children) | % of a core | VmHWM MiB | VmRSS MiB | threads | fds | journal lines | fake-nvml thread s/hour (excluded)"
+    );
+    for r in &results {
+        println!(
+            "  {:>4} | {:>15} | {:>16.2} | {:>29.2} | {:>10.3}% | {:>9.1} | {:>9.1} | {:>7} | {:>3} | {:>13} | {:.1}",
+            r.gpus,
+            r.clients,
+            r.own_s_per_h,
+            r.all_s_per_h,
+            r.all_s_per_h / 36.0,
+            r.hwm_kb as f64 / 1024.0,
+            r.rss_kb as f64 / 1024.0,
+            r.threads,
+            r.fds,
+            r.incidents,
+            r.fake_s_per_h
+        );
+    }
+}
