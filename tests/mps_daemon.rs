@@ -637,6 +637,16 @@ async fn systemd_mode_restarts_the_unit_through_systemctl() {
     assert!(e.to_string().contains("not found"), "{e}");
 }
 
+/// A child that a failing assertion must not leave running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The whole loop through the real binary: a daemon killed with SIGKILL, then one frozen
 /// with SIGSTOP, each detected, restarted and journaled as a resolved incident.
 #[test]
@@ -665,16 +675,18 @@ fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
     .unwrap();
     let bin = assert_cmd::cargo::cargo_bin("gpu-medic");
     let stderr = std::fs::File::create(mps.root.path().join("gpu-medic.log")).unwrap();
-    let mut medic = Command::new(&bin)
-        .args(["run", "--log-format", "text", "--config"])
-        .arg(&config)
-        .env("GPU_MEDIC_LOG", "info")
-        .env_remove("GPU_MEDIC_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("gpu-medic run");
+    let mut medic = KillOnDrop(
+        Command::new(&bin)
+            .args(["run", "--log-format", "text", "--config"])
+            .arg(&config)
+            .env("GPU_MEDIC_LOG", "info")
+            .env_remove("GPU_MEDIC_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("gpu-medic run"),
+    );
     let medic_log =
         || std::fs::read_to_string(mps.root.path().join("gpu-medic.log")).unwrap_or_default();
     let incidents = || std::fs::read_to_string(state.join("incidents.jsonl")).unwrap_or_default();
@@ -728,11 +740,11 @@ fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
     assert_eq!(mps.ask(PROBE_COMMAND), "40.0");
 
     // Stop gpu-medic gracefully.
-    signal(medic.id(), libc::SIGTERM);
+    signal(medic.0.id(), libc::SIGTERM);
     let t0 = Instant::now();
-    while medic.try_wait().unwrap().is_none() {
+    while medic.0.try_wait().unwrap().is_none() {
         if t0.elapsed() > Duration::from_secs(10) {
-            let _ = medic.kill();
+            let _ = medic.0.kill();
             panic!("gpu-medic did not stop on SIGTERM:\n{}", medic_log());
         }
         std::thread::sleep(Duration::from_millis(20));
