@@ -480,7 +480,7 @@ fn run_stops_gracefully_on_sigterm_and_leaves_state_for_status() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "");
     let bin = assert_cmd::cargo::cargo_bin("gpu-medic");
-    let child = StdCommand::new(bin)
+    let mut child = StdCommand::new(bin)
         .args(["run", "--log-format", "json", "--config"])
         .arg(&cfg)
         .stderr(std::process::Stdio::piped())
@@ -491,7 +491,11 @@ fn run_stops_gracefully_on_sigterm_and_leaves_state_for_status() {
     while !state.exists() && start.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(state.exists(), "daemon wrote no state");
+    if !state.exists() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("daemon wrote no state");
+    }
     // SAFETY: sending a signal to our own child process by its pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
