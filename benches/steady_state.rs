@@ -5,8 +5,8 @@
 //!
 //! Each node: the fake libnvidia-ml with N H200s, NVIDIA's real MPS control daemon (manage =
 //! "direct", probed every 5 s), the real `/dev/kmsg`, `[aws]` enabled with its identity
-//! configured (a healthy node makes no AWS call) and a fake IMDS answering the lifecycle probe
-//! (`InService`), as on EC2. MPS clients are real processes (`sleep`), listed per GPU through
+//! configured (a healthy node makes no AWS call), a fake IMDS answering the lifecycle probe
+//! (`InService`) and a fake ECS agent answering the node probe (`/v1/metadata`), as on EC2. MPS clients are real processes (`sleep`), listed per GPU through
 //! `mps_clients` injections, so each poll reads their `/proc/<pid>/cgroup` as it would for
 //! CUDA clients.
 //!
@@ -75,7 +75,7 @@ fn start(bin: &Path, gpus: usize, clients: usize, sleepers: &[u32], imds: &str) 
              log_directory = \"{log}\"\nmanage = \"direct\"\n\
              [identity]\ninstance_id = \"i-0123456789abcdef0\"\ncluster = \"bench\"\n\
              container_instance_arn = \"arn:aws:ecs:us-east-1:123456789012:container-instance/bench/0\"\n\
-             auto_scaling_group = \"bench\"\n",
+             auto_scaling_group = \"bench\"\n[ecs]\nagent_url = \"{imds}\"\n",
             policy = repo().join("policies/default.toml").display(),
             lib = fake_nvml(bin).display(),
             pipe = mps.pipe.display(),
@@ -206,6 +206,12 @@ fn main() {
             ("GET", "/latest/meta-data/autoscaling/target-lifecycle-state") => {
                 (200, vec![], "InService".into())
             }
+            // The ECS agent's introspection API, which the node probe checks every 30 s.
+            ("GET", "/v1/metadata") => (
+                200,
+                vec![("Content-Type".into(), "application/json".into())],
+                r#"{"Cluster":"bench","ContainerInstanceArn":"arn:aws:ecs:us-east-1:123456789012:container-instance/bench/0"}"#.into(),
+            ),
             _ => (404, vec![], String::new()),
         }
     })));

@@ -37,7 +37,10 @@
 //!   gpu-medic SIGKILLs (a torn last line);
 //! - gpu-medic stops on SIGTERM with exit 0 within 30 s;
 //! - no orphaned MPS processes: no control client (probe) older than 15 s at any time, at most
-//!   one daemon per pipe directory when a node is stopped, and nothing left after `quit`;
+//!   one daemon per pipe directory when a node is stopped, and nothing left after `quit`.
+//!   When the soak SIGKILLs gpu-medic it also SIGKILLs the control clients that process had
+//!   running, as systemd does with the shipped unit (KillMode=mixed) before a restart: a
+//!   client left blocked on a hung daemon has no parent to time it out (counted in the report);
 //! - the longest-lived gpu-medic does not grow: sampled every 5 s, after its first 60 s the
 //!   median of the last quarter of samples against the first quarter: descriptors +3 at most,
 //!   threads +2 at most, VmRSS +10 % or +2 MiB at most (whichever is larger).
@@ -245,6 +248,7 @@ struct Tally {
     max_claims: usize,
     remediating_samples: u64,
     mps_processes_killed_at_stop: u64,
+    orphans_after_kill: u64,
 }
 
 struct Soak {
@@ -262,6 +266,8 @@ struct Soak {
     /// Footprint samples per gpu-medic pid, with the node it ran.
     samples: BTreeMap<u32, (String, Vec<Footprint>)>,
     known_instances: HashSet<String>,
+    /// A fake ECS agent introspection API (the node probe checks it is up).
+    agent: String,
     t0: Instant,
 }
 
@@ -300,7 +306,21 @@ impl Soak {
             .collect();
         let known_instances = seeded.nodes.iter().map(|n| n.instance_id.clone()).collect();
         let rng = Rng::new(args.seed);
+        let cluster = seeded.cluster.clone();
+        let agent = aws::serve_http(std::sync::Arc::new(move |_, path, _| {
+            if path == "/v1/metadata" {
+                (
+                    200,
+                    vec![("Content-Type".into(), "application/json".into())],
+                    format!(r#"{{"Cluster":"{cluster}"}}"#),
+                )
+            } else {
+                (404, vec![], String::new())
+            }
+        }))
+        .await;
         Soak {
+            agent: format!("http://{agent}"),
             args,
             bin,
             lib,
@@ -328,7 +348,7 @@ impl Soak {
              [lifecycle]\nenabled = false\n\
              [identity]\ninstance_id = \"{instance_id}\"\ncluster = \"{cluster}\"\n\
              container_instance_arn = \"{arn}\"\nauto_scaling_group = \"{asg}\"\n\
-             [ecs]\nstandalone_grace = \"500ms\"\ndrain_poll_interval = \"300ms\"\nforce_stop_lead = \"5s\"\n\
+             [ecs]\nagent_url = \"{agent}\"\nstandalone_grace = \"500ms\"\ndrain_poll_interval = \"300ms\"\nforce_stop_lead = \"5s\"\n\
              [fleet]\nmax_parallel = {MAX_PARALLEL}\nwarmup = \"0s\"\nclaim_settle = \"300ms\"\n\
              retry_after = \"1s\"\nclaim_ttl = \"2m\"\n",
             policy = self.root.join("policy.toml").display(),
@@ -338,6 +358,7 @@ impl Soak {
             log = mps.log.display(),
             cluster = self.seeded.cluster,
             asg = self.seeded.asg,
+            agent = self.agent,
         )
     }
 
@@ -584,6 +605,7 @@ impl Soak {
         code_fatal: u32,
         restart_in: Duration,
     ) -> bool {
+        let tally = &mut self.tally;
         let node = &mut self.nodes[slot];
         if node.retire_since.is_some() || node.retired {
             return false;
@@ -695,6 +717,16 @@ impl Soak {
                 if let Some(mut c) = node.child.take() {
                     signal(c.id(), libc::SIGKILL);
                     let _ = c.wait();
+                }
+                // What systemd does before restarting the unit (packaging/gpu-medic.service,
+                // KillMode=mixed): SIGKILL what the dead process left in its cgroup. Here
+                // that is the MPS control clients it had running (a probe blocked on a hung
+                // daemon stays blocked otherwise); they are counted in the report.
+                for p in mps_processes(&node.mps.pipe) {
+                    if !p.daemon {
+                        signal(p.pid, libc::SIGKILL);
+                        tally.orphans_after_kill += 1;
+                    }
                 }
                 node.kills += 1;
                 node.restart_at = Some(Instant::now() + restart_in);
@@ -1166,6 +1198,10 @@ impl Soak {
         out.push_str(&format!(
             "  MPS processes killed at node stop (frozen daemons left by a replacement): {}\n",
             self.tally.mps_processes_killed_at_stop
+        ));
+        out.push_str(&format!(
+            "  MPS control clients left running by a SIGKILLed gpu-medic (killed, as systemd's KillMode=mixed would): {}\n",
+            self.tally.orphans_after_kill
         ));
         out.push_str(&format!("  {leak}\n"));
         out
