@@ -577,9 +577,15 @@ impl Cx<'_> {
         };
         if let Some(rem) = self.st.remediation {
             if rem.incident != incident {
-                self.note(
+                // The node is already on its way out under another incident: this one ends
+                // here, pointing at it, rather than staying open with nothing left to do.
+                self.close(
                     incident,
-                    format!("joins node remediation of incident {}", rem.incident),
+                    IncidentState::Failed,
+                    format!(
+                        "joins the node remediation of incident {}, already under way",
+                        rem.incident
+                    ),
                 );
             }
             if goal > rem.goal

@@ -523,6 +523,31 @@ fn an_abort_after_auto_scaling_was_asked_is_refused() {
     assert!(r.feed(abort(IncidentId(99))).is_empty());
 }
 
+#[test]
+fn an_mps_budget_spent_during_a_node_remediation_closes_its_incident() {
+    let mut r = Run::new(default_policy());
+    let q = Run::only_order(&r.feed(xid(0, 79)));
+    r.feed(obs(Signal::MpsDown));
+    let mut last = Run::only_order(&r.feed(obs(Signal::MpsDown)));
+    for _ in 0..3 {
+        r.feed(failed(last.id, true));
+        let out = r.advance(Duration::from_secs(31));
+        match Run::orders(&out)
+            .into_iter()
+            .find(|o| o.command == Command::RestartMps)
+        {
+            Some(o) => last = o,
+            None => break,
+        }
+    }
+    assert_eq!(r.st.mps.phase, MpsPhase::Failed);
+    assert_eq!(
+        r.st.open.keys().copied().collect::<Vec<_>>(),
+        vec![q.incident]
+    );
+    assert!(r.closed().iter().any(|(_, s)| *s == IncidentState::Failed));
+}
+
 // ---- properties ----
 
 #[derive(Debug, Clone)]
