@@ -186,6 +186,19 @@ impl ControlClient {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
+        // which is async-signal-safe and touches no memory shared with the parent. It makes the
+        // kernel kill the client if gpu-medic dies (SIGKILL), so a probe blocked on a hung
+        // daemon never outlives the supervisor. The client is spawned from a runtime worker
+        // thread, which lives as long as gpu-medic.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd.spawn().map_err(|e| ControlError::Spawn {
             binary: self.binary.display().to_string(),
             message: e.to_string(),
