@@ -532,6 +532,11 @@ async fn crash_mid_drain_resumes_without_repeating_or_skipping() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // ... and no earlier than 1 s into the drain, so the grace the restart must honour is
+    // about 2 s, not a full 3 s.
+    if let Some(left) = Duration::from_secs(1).checked_sub(t.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
     running.abort();
     assert!(
         running.await.unwrap_err().is_cancelled(),
