@@ -197,6 +197,24 @@ impl Calls {
         })
     }
 
+    /// `quiet` for polls, `track` otherwise.
+    pub fn track_unless<T, E>(
+        &mut self,
+        quiet: bool,
+        op: &'static str,
+        result: Result<T, SdkError<E, HttpResponse>>,
+    ) -> Result<T, CallError>
+    where
+        T: RequestId,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        if quiet {
+            self.quiet(op, result)
+        } else {
+            self.track(op, result)
+        }
+    }
+
     /// The remedy's error for a failed call, carrying every request id so far.
     pub fn fail(self, err: CallError) -> RemedyError {
         let message = err.to_string();

@@ -178,11 +178,7 @@ impl Ecs {
                 .set_container_instances(Some(chunk.to_vec()))
                 .send()
                 .await;
-            let r = if quiet {
-                calls.quiet(OP, r)?
-            } else {
-                calls.track(OP, r)?
-            };
+            let r = calls.track_unless(quiet, OP, r)?;
             for ci in r.container_instances() {
                 out.push(InstanceState {
                     arn: ci.container_instance_arn().unwrap_or_default().to_string(),
@@ -289,11 +285,7 @@ impl Ecs {
                 .set_next_token(token)
                 .send()
                 .await;
-            let r = if quiet {
-                calls.quiet("ListTasks", r)?
-            } else {
-                calls.track("ListTasks", r)?
-            };
+            let r = calls.track_unless(quiet, "ListTasks", r)?;
             arns.extend(r.task_arns().iter().cloned());
             token = r.next_token().map(str::to_string);
             if token.is_none() {
@@ -319,11 +311,7 @@ impl Ecs {
                 .set_tasks(Some(chunk.to_vec()))
                 .send()
                 .await;
-            let r = if quiet {
-                calls.quiet(OP, r)?
-            } else {
-                calls.track(OP, r)?
-            };
+            let r = calls.track_unless(quiet, OP, r)?;
             for t in r.tasks() {
                 out.push(TaskInfo {
                     arn: t.task_arn().unwrap_or_default().to_string(),
