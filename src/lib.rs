@@ -4,18 +4,24 @@
 //! Where things are:
 //! - [`probe`]: senses; signals enter here as [`model::Observation`]s.
 //! - [`engine`]: the pure decision core; [`policy`] is what it judges by.
+//! - [`remedy`]: hands; each carries out an [`model::Order`] and reports its outcome.
+//! - [`aws`], [`mps`]: adapters to the outside world (AWS APIs and IMDS, the MPS control
+//!   daemon) that probes, remedies and the launch gate build on; they import none of those.
+//! - [`gate`]: the launch gate (`gpu-medic check --lifecycle`), a workflow of its own.
 //! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies.
 //! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration.
 
+pub mod aws;
 pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
-pub mod identity;
+pub mod gate;
 pub mod journal;
 pub mod metrics;
 pub mod model;
+pub mod mps;
 pub mod policy;
 pub mod probe;
 pub mod remedy;

@@ -480,7 +480,12 @@ pub enum Command {
         tasks: Vec<String>,
     },
     Quarantine,
-    Drain,
+    /// `terminating`: the engine knew, when it gave the order, that Auto Scaling is
+    /// terminating the instance (the drain then heartbeats our terminate hook).
+    Drain {
+        #[serde(default)]
+        terminating: bool,
+    },
     Replace,
     /// Undoes quarantine and drain: the instance takes tasks again (operator abort).
     Restore,
@@ -496,7 +501,7 @@ impl Command {
             Command::RestartMps => "restart-mps",
             Command::StopTasks { .. } => "stop-tasks",
             Command::Quarantine => "quarantine",
-            Command::Drain => "drain",
+            Command::Drain { .. } => "drain",
             Command::Replace => "replace",
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use aws::Proxy;
+use gpu_medic::aws::identity::Identity;
 use gpu_medic::config::Config;
-use gpu_medic::identity::Identity;
 use gpu_medic::remedy::aws::AwsControlPlane;
 
 fn fake_imds(instance_id: String) -> aws::Handler {

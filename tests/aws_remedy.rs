@@ -66,7 +66,10 @@ async fn fatal_fault_quarantines_drains_stops_tasks_and_replaces_in_order() {
         })
     };
     let d = cp
-        .drain(&aws::order(Command::Drain, Duration::from_secs(60)))
+        .drain(&aws::order(
+            Command::Drain { terminating: false },
+            Duration::from_secs(60),
+        ))
         .await
         .unwrap();
     scheduler.await.unwrap();
@@ -187,7 +190,7 @@ async fn budget_never_lets_more_than_two_of_ten_remediate() {
             cp.quarantine(&aws::order(Command::Quarantine, Duration::from_secs(30)))
                 .await
                 .unwrap();
-            for cmd in [Command::Drain, Command::Replace] {
+            for cmd in [Command::Drain { terminating: false }, Command::Replace] {
                 loop {
                     match drain_or_replace(&cp, &cmd).await {
                         Ok(_) => break,
@@ -298,7 +301,7 @@ async fn budget_never_lets_more_than_two_of_ten_remediate() {
 async fn drain_or_replace(cp: &AwsControlPlane, cmd: &Command) -> Result<Done, RemedyError> {
     let o = aws::order(cmd.clone(), Duration::from_secs(60));
     match cmd {
-        Command::Drain => cp.drain(&o).await,
+        Command::Drain { .. } => cp.drain(&o).await,
         _ => cp.replace(&o).await,
     }
 }
@@ -316,7 +319,10 @@ async fn circuit_breaker_keeps_faulted_instances_quarantined() {
     }
     let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", ""));
     let e = cp
-        .drain(&aws::order(Command::Drain, Duration::from_secs(30)))
+        .drain(&aws::order(
+            Command::Drain { terminating: false },
+            Duration::from_secs(30),
+        ))
         .await
         .unwrap_err();
     let RemedyError::Deferred { message, .. } = &e else {
@@ -336,9 +342,12 @@ async fn circuit_breaker_keeps_faulted_instances_quarantined() {
     }
     // Configured higher, the same fleet remediates.
     let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", "max_unhealthy = \"50%\""));
-    cp.drain(&aws::order(Command::Drain, Duration::from_secs(30)))
-        .await
-        .unwrap();
+    cp.drain(&aws::order(
+        Command::Drain { terminating: false },
+        Duration::from_secs(30),
+    ))
+    .await
+    .unwrap();
     assert_eq!(
         aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
         "DRAINING"
@@ -363,8 +372,11 @@ async fn kill_switches_defer_drain_and_replace() {
         .await
         .unwrap();
     let m = deferred(
-        cp.drain(&aws::order(Command::Drain, Duration::from_secs(30)))
-            .await,
+        cp.drain(&aws::order(
+            Command::Drain { terminating: false },
+            Duration::from_secs(30),
+        ))
+        .await,
     );
     assert!(
         m.contains("kill switch") && m.contains("ReplaceUnhealthy"),
@@ -391,8 +403,11 @@ async fn kill_switches_defer_drain_and_replace() {
         .await
         .unwrap();
     let m = deferred(
-        cp.drain(&aws::order(Command::Drain, Duration::from_secs(30)))
-            .await,
+        cp.drain(&aws::order(
+            Command::Drain { terminating: false },
+            Duration::from_secs(30),
+        ))
+        .await,
     );
     assert!(m.contains("paused"), "{m}");
     assert_eq!(
@@ -405,9 +420,12 @@ async fn kill_switches_defer_drain_and_replace() {
         .send()
         .await
         .unwrap();
-    cp.drain(&aws::order(Command::Drain, Duration::from_secs(30)))
-        .await
-        .unwrap();
+    cp.drain(&aws::order(
+        Command::Drain { terminating: false },
+        Duration::from_secs(30),
+    ))
+    .await
+    .unwrap();
     assert_eq!(
         aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
         "DRAINING"
@@ -515,7 +533,10 @@ async fn crash_mid_drain_resumes_without_repeating_or_skipping() {
     let service = aws::start_task(&sdk, &s, &me.arn, Some("service:web")).await;
     let standalone = aws::start_task(&sdk, &s, &me.arn, None).await;
     let ecs = "standalone_grace = \"3s\"";
-    let order = aws::order(Command::Drain, Duration::from_secs(60));
+    let order = aws::order(
+        Command::Drain { terminating: false },
+        Duration::from_secs(60),
+    );
 
     let first = std::sync::Arc::new(AwsControlPlane::new(&sdk, &aws::config(&s, 0, ecs, "")));
     let running = {
@@ -660,7 +681,10 @@ async fn restore_undoes_quarantine_and_drain_and_stops_a_running_drain() {
     cp.quarantine(&aws::order(Command::Quarantine, Duration::from_secs(30)))
         .await
         .unwrap();
-    let drain_order = aws::order(Command::Drain, Duration::from_secs(60));
+    let drain_order = aws::order(
+        Command::Drain { terminating: false },
+        Duration::from_secs(60),
+    );
     let draining = {
         let cp = cp.clone();
         tokio::spawn(async move { cp.drain(&drain_order).await })

@@ -438,8 +438,11 @@ async fn a_termination_during_a_running_drain_starts_the_heartbeats() {
     });
     let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", ""));
     let drain = tokio::spawn(async move {
-        cp.drain(&aws::order(Command::Drain, Duration::from_secs(60)))
-            .await
+        cp.drain(&aws::order(
+            Command::Drain { terminating: false },
+            Duration::from_secs(60),
+        ))
+        .await
     });
     wait_for("two heartbeats", Duration::from_secs(10), || {
         let n = proxy.count_with("RecordLifecycleActionHeartbeat", OUR_HOOK);

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use gpu_medic::config::{MpsConfig, MpsManage};
 use gpu_medic::model::Signal;
-use gpu_medic::probe::mps::control::ControlClient;
-use gpu_medic::probe::mps::procs::Scanner;
-use gpu_medic::probe::mps::{MpsProbe, PROBE_COMMAND};
+use gpu_medic::mps::PROBE_COMMAND;
+use gpu_medic::mps::control::ControlClient;
+use gpu_medic::mps::procs::Scanner;
+use gpu_medic::probe::mps::MpsProbe;
 use gpu_medic::remedy::RemedyError;
 use gpu_medic::remedy::mps::MpsDaemon;
 
@@ -511,9 +512,9 @@ async fn control_calls_are_serialized_between_probes_and_a_restart() {
         let reply = c.await.unwrap().expect("serialized call");
         assert_eq!(reply.stdout.trim(), "100.0");
     }
-    // A restart holds the lock: a probe built separately from the same config waits its
-    // turn and then gives no verdict instead of a false failure. (A slow unit start makes
-    // the restart outlast the probe's timeout.)
+    // A restart holds the lock: a probe handed the same client (as `gpu-medic run` wires
+    // them) waits its turn and then gives no verdict instead of a false failure. (A slow unit
+    // start makes the restart outlast the probe's timeout.)
     let systemctl = mps.script(
         "systemctl",
         &format!(
@@ -524,11 +525,14 @@ async fn control_calls_are_serialized_between_probes_and_a_restart() {
         ),
     );
     let remedy = std::sync::Arc::new(
-        MpsDaemon::new(MpsConfig {
-            default_active_thread_percentage: Some(50),
-            manage: MpsManage::Systemd,
-            ..cfg.clone()
-        })
+        MpsDaemon::with_client(
+            MpsConfig {
+                default_active_thread_percentage: Some(50),
+                manage: MpsManage::Systemd,
+                ..cfg.clone()
+            },
+            client.clone(),
+        )
         .with_systemctl(systemctl),
     );
     let r = remedy.clone();
@@ -541,7 +545,7 @@ async fn control_calls_are_serialized_between_probes_and_a_restart() {
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let mut probe = MpsProbe::new(cfg.clone());
+    let mut probe = MpsProbe::with_client(cfg.clone(), client.clone());
     assert_eq!(probe.probe().await, None, "no verdict while restarting");
     restart.await.unwrap().expect("restart");
     let obs = probe.probe().await.expect("a verdict");

@@ -203,10 +203,7 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
 /// Hands the gate's verdict to the daemon for the incident journal (through
 /// `state_dir/requests/`: only the daemon numbers incidents). A daemon that is not running yet
 /// journals it when it starts.
-fn journal_gate(
-    cfg: &crate::config::Config,
-    report: &crate::remedy::aws::launch::LaunchReport<CheckReport>,
-) {
+fn journal_gate(cfg: &crate::config::Config, report: &crate::gate::LaunchReport<CheckReport>) {
     let health = format!("{:?}", report.health).to_lowercase();
     let mut summary = format!(
         "launch gate: {health}; decision {:?}; hook {} {}",
@@ -246,7 +243,7 @@ fn journal_gate(
 
 /// `check --lifecycle`: the launch gate (src/remedy/aws/launch.rs) around `examine`.
 fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result<i32, CliError> {
-    use crate::remedy::aws::launch::{self, Health};
+    use crate::gate::{self, Health};
     if !cfg.aws.enabled {
         return Err(CliError::Usage(
             "check --lifecycle completes an Auto Scaling lifecycle hook: it needs [aws] enabled = true"
@@ -260,7 +257,7 @@ fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result
         .build()
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let check_cfg = cfg.clone();
-    let report = rt.block_on(launch::gate(&cfg, move || {
+    let report = rt.block_on(gate::gate(&cfg, move || {
         let r = examine(&check_cfg, &policy);
         (Health::from_verdict(r.verdict), r)
     }));

@@ -12,11 +12,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::incidents::{print_table, print_timeline};
 use super::{BUILTIN_DEFAULT_POLICY, CliError, exit};
+use crate::aws::imds::TargetState;
 use crate::config::Config;
 use crate::journal::read_jsonl;
 use crate::model::{Incident, IncidentState, Record};
+use crate::mps::control::ControlClient;
+use crate::mps::procs::{self, Scanner};
 use crate::policy::Policy;
-use crate::probe::mps::procs::{self, Scanner};
 use crate::remedy::Remedies;
 use crate::remedy::mps::MpsDaemon;
 use crate::remedy::recorder::RecordingControlPlane;
@@ -212,14 +214,15 @@ async fn play(
     mut stage: Stage,
 ) -> Result<i32, CliError> {
     let shutdown = CancellationToken::new();
-    let sources = crate::probe::sources(&cfg);
+    let mps_client = ControlClient::new(&cfg.mps);
+    let sources = crate::probe::sources(&cfg, &mps_client, &TargetState::new());
     let mps_cfg = cfg.mps.enabled.then(|| cfg.mps.clone());
     let mut remedies = Remedies {
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
     };
     if let Some(m) = &mps_cfg {
-        let daemon = MpsDaemon::new(m.clone());
+        let daemon = MpsDaemon::with_client(m.clone(), mps_client.clone());
         // The demo node's daemon is started the way gpu-medic restarts one.
         if let Err(e) = daemon.restart_now().await {
             println!("   (could not start the MPS daemon: {e}; that part is skipped)");

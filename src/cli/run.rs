@@ -10,6 +10,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use super::{CliError, ConfigArg, exit};
+use crate::aws::imds::TargetState;
+use crate::mps::control::ControlClient;
 use crate::policy::Policy;
 use crate::remedy::Remedies;
 use crate::remedy::aws::AwsControlPlane;
@@ -79,14 +81,25 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone())?;
-        let sources = crate::probe::sources(&cfg);
+        // Handed to both sides: the MPS probe and remedy share one control client (and its
+        // lock); the lifecycle watcher writes what the control plane's drain reads.
+        let mps_client = ControlClient::new(&cfg.mps);
+        let target_state = TargetState::new();
+        let sources = crate::probe::sources(&cfg, &mps_client, &target_state);
         let mut remedies = Remedies::default();
         if cfg.aws.enabled {
             // Identity discovery waits for the first order: the ECS agent may not be up yet.
-            remedies.control_plane = Some(Arc::new(AwsControlPlane::from_config(&cfg).await));
+            remedies.control_plane = Some(Arc::new(
+                AwsControlPlane::from_config(&cfg)
+                    .await
+                    .with_target_state(target_state),
+            ));
         }
         if cfg.mps.enabled {
-            remedies.mps = Some(Arc::new(MpsDaemon::new(cfg.mps.clone())));
+            remedies.mps = Some(Arc::new(MpsDaemon::with_client(
+                cfg.mps.clone(),
+                mps_client,
+            )));
         }
         let metrics_cfg = cfg.metrics.clone();
         let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));

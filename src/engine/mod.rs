@@ -168,7 +168,7 @@ impl Cx<'_> {
             Command::RestartMps => d.restart_mps,
             Command::StopTasks { .. } => d.stop_tasks,
             Command::Quarantine => d.quarantine,
-            Command::Drain => d.drain,
+            Command::Drain { .. } => d.drain,
             Command::Replace | Command::Restore => d.replace,
             Command::CompleteLifecycle { .. } => d.lifecycle,
         }
@@ -598,8 +598,12 @@ impl Cx<'_> {
         }
         if self.policy.observe_only {
             let steps = match goal {
-                Goal::Drain => vec![Command::Quarantine, Command::Drain],
-                _ => vec![Command::Quarantine, Command::Drain, Command::Replace],
+                Goal::Drain => vec![Command::Quarantine, Command::Drain { terminating: false }],
+                _ => vec![
+                    Command::Quarantine,
+                    Command::Drain { terminating: false },
+                    Command::Replace,
+                ],
             };
             for c in steps {
                 self.issue(incident, c, 1);
@@ -636,7 +640,12 @@ impl Cx<'_> {
         }
         let (command, phase) = match step {
             Step::Quarantine => (Command::Quarantine, NodePhase::Quarantined),
-            Step::Drain => (Command::Drain, NodePhase::Draining),
+            Step::Drain => (
+                Command::Drain {
+                    terminating: self.st.node == NodePhase::Terminating,
+                },
+                NodePhase::Draining,
+            ),
             Step::Replace => (Command::Replace, NodePhase::Replacing),
             Step::CompleteLifecycle => (
                 Command::CompleteLifecycle {
@@ -784,7 +793,7 @@ impl Cx<'_> {
             "Auto Scaling is terminating the instance: drain it, then complete our lifecycle hook";
         let id = self.open(obs, RULE_LIFECYCLE_TERMINATE, reason, Verdict::Drain);
         if self.policy.observe_only {
-            self.issue(id, Command::Drain, 1);
+            self.issue(id, Command::Drain { terminating: true }, 1);
             self.close(
                 id,
                 IncidentState::Observed,
@@ -873,7 +882,7 @@ impl Cx<'_> {
                 );
             }
             Command::Quarantine => self.advance(Step::Quarantine),
-            Command::Drain => self.advance(Step::Drain),
+            Command::Drain { .. } => self.advance(Step::Drain),
             Command::Replace => self.advance(Step::Replace),
             Command::CompleteLifecycle { .. } => self.advance(Step::CompleteLifecycle),
             Command::Restore => {
@@ -930,7 +939,7 @@ impl Cx<'_> {
                 }
             }
             Command::Quarantine => self.step_failed(Step::Quarantine, why),
-            Command::Drain => self.step_failed(Step::Drain, why),
+            Command::Drain { .. } => self.step_failed(Step::Drain, why),
             Command::Replace => self.step_failed(Step::Replace, why),
             Command::CompleteLifecycle { .. } => self.step_failed(Step::CompleteLifecycle, why),
             Command::Restore => self.step_failed(Step::Restore, why),
@@ -1022,7 +1031,7 @@ impl Cx<'_> {
                 Command::RestartMps => "counted as a failed restart",
                 Command::StopTasks { .. } => "escalating to an MPS restart",
                 Command::Quarantine => "moving on to the drain",
-                Command::Drain => "moving on without a finished drain",
+                Command::Drain { .. } => "moving on without a finished drain",
                 Command::Replace => "giving up on the replacement",
                 Command::Restore => "giving up on returning the instance to service",
                 Command::CompleteLifecycle { .. } => "leaving the hook to its timeout",
@@ -1082,7 +1091,7 @@ impl Cx<'_> {
                 if rem.incident == s.incident {
                     let step = match s.command {
                         Command::Quarantine => Step::Quarantine,
-                        Command::Drain => Step::Drain,
+                        Command::Drain { .. } => Step::Drain,
                         Command::Replace => Step::Replace,
                         Command::Restore => Step::Restore,
                         _ => Step::CompleteLifecycle,

@@ -202,7 +202,7 @@ impl State {
         let is_node = |c: &Command| {
             matches!(
                 c,
-                Command::Quarantine | Command::Drain | Command::Replace | Command::Restore
+                Command::Quarantine | Command::Drain { .. } | Command::Replace | Command::Restore
             )
         };
         self.in_flight

@@ -163,7 +163,7 @@ fn a_fatal_xid_quarantines_drains_and_replaces() {
     assert_eq!(q.command, Command::Quarantine);
     assert_eq!(r.st.gpus[&0].status, GpuStatus::Faulted);
     let d = Run::only_order(&r.feed(done(q.id)));
-    assert_eq!(d.command, Command::Drain);
+    assert!(matches!(d.command, Command::Drain { .. }));
     assert_eq!(r.st.node, NodePhase::Draining);
     let rep = Run::only_order(&r.feed(done(d.id)));
     assert_eq!(rep.command, Command::Replace);
@@ -243,7 +243,7 @@ fn a_deferred_order_waits_without_spending_attempts() {
             request_ids: vec![],
         }));
         let again = Run::only_order(&r.advance(Duration::from_secs(61)));
-        assert_eq!(again.command, Command::Drain);
+        assert!(matches!(again.command, Command::Drain { .. }));
         assert_eq!(again.attempt, 1);
     }
 }
@@ -327,7 +327,7 @@ fn terminating_drains_then_completes_the_hook() {
     let d = Run::only_order(&r.feed(obs(Signal::Lifecycle {
         state: LifecycleState::Terminating,
     })));
-    assert_eq!(d.command, Command::Drain);
+    assert!(matches!(d.command, Command::Drain { .. }));
     let c = Run::only_order(&r.feed(done(d.id)));
     assert_eq!(
         c.command,
@@ -417,7 +417,7 @@ fn state_survives_a_json_round_trip_mid_remediation() {
     assert_eq!(back, r.st);
     r.st = back;
     let d = Run::only_order(&r.feed(done(q.id)));
-    assert_eq!(d.command, Command::Drain);
+    assert!(matches!(d.command, Command::Drain { .. }));
 }
 
 #[test]
@@ -629,7 +629,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
 fn node_order(o: &Order) -> bool {
     matches!(
         o.command,
-        Command::Quarantine | Command::Drain | Command::Replace
+        Command::Quarantine | Command::Drain { .. } | Command::Replace
     )
 }
 

@@ -15,97 +15,23 @@
 //! - IMDS errors → one warning, then quiet retries with backoff (up to 8 x the interval,
 //!   30 s at most) until IMDS answers again. A failing IMDS never produces a decision.
 //!
-//! The last state read is also kept for the process (`terminating()`), so that the control
-//! plane's drain knows to heartbeat our terminate hook without a second IMDS client.
+//! Each reading is also written to the [`TargetState`] handed in at construction, which the
+//! control plane's drain reads to learn that a termination began mid-drain.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use aws_config::imds;
-use aws_config::imds::client::error::ImdsError;
-use aws_config::provider_config::ProviderConfig;
 use aws_sdk_ecs::config::SharedHttpClient;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::aws::imds::{TARGET_STATE_PATH, TargetState, get, imds_client};
 use crate::model::{LifecycleState, Observation, Signal};
 use crate::supervisor::Source;
 
-/// The IMDS path of the target lifecycle state.
-pub const TARGET_STATE_PATH: &str = "/latest/meta-data/autoscaling/target-lifecycle-state";
-
 /// Backoff after IMDS errors never exceeds this.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-
-const SEEN_NOTHING: u8 = 0;
-const SEEN_IN_SERVICE: u8 = 1;
-const SEEN_TERMINATED: u8 = 2;
-const SEEN_OTHER: u8 = 3;
-
-/// The last target state this process read from IMDS.
-static LAST_SEEN: AtomicU8 = AtomicU8::new(SEEN_NOTHING);
-
-/// Whether IMDS last said `Terminated` (this process, any poll so far).
-pub fn terminating() -> bool {
-    LAST_SEEN.load(Ordering::Relaxed) == SEEN_TERMINATED
-}
-
-fn remember(state: Option<&str>) {
-    let v = match state {
-        Some("Terminated") => SEEN_TERMINATED,
-        Some("InService") => SEEN_IN_SERVICE,
-        Some(_) => SEEN_OTHER,
-        None => SEEN_NOTHING,
-    };
-    LAST_SEEN.store(v, Ordering::Relaxed);
-}
-
-/// What asking IMDS went wrong with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("IMDS {path}: {message}")]
-pub struct ImdsFailure {
-    pub path: &'static str,
-    pub message: String,
-}
-
-/// An IMDSv2 client on our HTTP stack, with short timeouts: IMDS is local, and a poll must
-/// not outlast the interval by much.
-pub fn imds_client(http: SharedHttpClient, max_attempts: u32) -> imds::Client {
-    imds::Client::builder()
-        .configure(&ProviderConfig::without_region().with_http_client(http))
-        .max_attempts(max_attempts)
-        .connect_timeout(Duration::from_secs(1))
-        .read_timeout(Duration::from_secs(2))
-        .build()
-}
-
-/// GETs an IMDS path. Ok(None): 404 (not there on this instance).
-pub async fn get(client: &imds::Client, path: &'static str) -> Result<Option<String>, ImdsFailure> {
-    match client.get(path).await {
-        Ok(v) => Ok(Some(v.as_ref().trim().to_string())),
-        Err(ImdsError::ErrorResponse(r)) if r.response().status().as_u16() == 404 => Ok(None),
-        Err(e) => Err(ImdsFailure {
-            path,
-            message: error_chain(&e),
-        }),
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let m = s.to_string();
-        if !out.contains(&m) {
-            out.push_str(": ");
-            out.push_str(&m);
-        }
-        src = s.source();
-    }
-    out
-}
 
 /// The lifecycle state an IMDS target state maps to; None: not one the engine acts on.
 pub fn signal_for(target: &str) -> Option<LifecycleState> {
@@ -126,11 +52,17 @@ pub fn backoff(interval: Duration, failures: u32) -> Duration {
 pub struct LifecycleSource {
     interval: Duration,
     http: SharedHttpClient,
+    seen: TargetState,
 }
 
 impl LifecycleSource {
-    pub fn new(interval: Duration, http: SharedHttpClient) -> Self {
-        LifecycleSource { interval, http }
+    /// `seen` receives every reading (shared with the control plane).
+    pub fn new(interval: Duration, http: SharedHttpClient, seen: TargetState) -> Self {
+        LifecycleSource {
+            interval,
+            http,
+            seen,
+        }
     }
 
     async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
@@ -147,7 +79,7 @@ impl LifecycleSource {
                         );
                     }
                     failures = 0;
-                    remember(state.as_deref());
+                    self.seen.remember(state.as_deref());
                     let changed = state != last;
                     if changed {
                         tracing::info!(

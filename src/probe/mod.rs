@@ -14,8 +14,10 @@ pub mod node;
 pub mod nvml;
 pub mod tasks;
 
+use crate::aws::imds::TargetState;
 use crate::config::Config;
 use crate::model::{GpuId, Observation};
+use crate::mps::control::ControlClient;
 use crate::supervisor::Source;
 
 /// A probe that can also answer once, for `gpu-medic check` and the launch gate.
@@ -55,8 +57,10 @@ pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
     out
 }
 
-/// The continuous probes enabled by `cfg`, for `gpu-medic run`.
-pub fn sources(cfg: &Config) -> Vec<Box<dyn Source>> {
+/// The continuous probes enabled by `cfg`, for `gpu-medic run`. `mps` is the control client
+/// the MPS remedy also holds; `seen` receives the lifecycle watcher's readings for the control
+/// plane.
+pub fn sources(cfg: &Config, mps: &ControlClient, seen: &TargetState) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
         out.push(Box::new(nvml::NvmlSource::new(
@@ -65,12 +69,13 @@ pub fn sources(cfg: &Config) -> Vec<Box<dyn Source>> {
         )));
     }
     if cfg.mps.enabled {
-        out.push(Box::new(mps::MpsSource::new(cfg.mps.clone())));
+        out.push(Box::new(mps::MpsSource::new(cfg.mps.clone(), mps.clone())));
     }
     if cfg.aws.enabled && cfg.lifecycle.enabled {
         out.push(Box::new(lifecycle::LifecycleSource::new(
             cfg.lifecycle.poll_interval,
-            crate::remedy::aws::http_client(),
+            crate::aws::http_client(),
+            seen.clone(),
         )));
     }
     if cfg.node.enabled {

@@ -58,7 +58,7 @@ impl Source for NodeSource {
                 if let Some(url) = &self.agent_url {
                     let answer = tokio::time::timeout(
                         Duration::from_secs(5),
-                        crate::identity::agent_metadata(url),
+                        crate::aws::identity::agent_metadata(url),
                     )
                     .await;
                     let failure = match answer {

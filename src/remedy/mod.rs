@@ -128,7 +128,7 @@ impl Executor for Remedies {
                     Some(cp) => match other {
                         Command::Quarantine => cp.quarantine(&order).await,
                         Command::StopTasks { .. } => cp.stop_tasks(&order).await,
-                        Command::Drain => cp.drain(&order).await,
+                        Command::Drain { .. } => cp.drain(&order).await,
                         Command::Replace => cp.replace(&order).await,
                         Command::Restore => cp.restore(&order).await,
                         Command::CompleteLifecycle { hook, result } => {

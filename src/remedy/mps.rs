@@ -32,9 +32,9 @@ use backon::{ExponentialBuilder, Retryable};
 use super::{BoxFuture, Done, MpsRemedy, RemedyError};
 use crate::config::{MpsConfig, MpsManage};
 use crate::model::{Order, Timestamp};
-use crate::probe::mps::control::{ControlClient, ControlError, ControlGuard, clip};
-use crate::probe::mps::procs::{self, Found, MpsProcess, Scanner};
-use crate::probe::mps::{PROBE_COMMAND, SERVER_LIST_COMMAND, parse_percentage, parse_reply};
+use crate::mps::control::{ControlClient, ControlError, ControlGuard, clip};
+use crate::mps::procs::{self, Found, MpsProcess, Scanner};
+use crate::mps::{PROBE_COMMAND, SERVER_LIST_COMMAND, parse_percentage, parse_reply};
 
 /// Attempts per order; the engine's budget decides about more.
 const ATTEMPTS: usize = 2;
@@ -55,9 +55,16 @@ pub struct MpsDaemon {
 }
 
 impl MpsDaemon {
+    /// A remedy with a control client of its own (nothing else talks to this daemon).
     pub fn new(cfg: MpsConfig) -> Self {
+        let client = ControlClient::new(&cfg);
+        MpsDaemon::with_client(cfg, client)
+    }
+
+    /// A remedy that shares `client` (and its lock) with the MPS probe.
+    pub fn with_client(cfg: MpsConfig, client: ControlClient) -> Self {
         MpsDaemon {
-            client: ControlClient::new(&cfg),
+            client,
             cfg,
             systemctl: PathBuf::from("systemctl"),
             attempts: ATTEMPTS,

@@ -489,7 +489,7 @@ pub async fn sdk(endpoint: &str) -> SdkConfig {
         endpoint_url: Some(endpoint.into()),
         ..AwsConfig::default()
     };
-    gpu_medic::remedy::aws::loader(&aws)
+    gpu_medic::aws::loader(&aws)
         .credentials_provider(Credentials::new("test", "test", None, None, "test"))
         // The SDK's three attempts, with test-sized backoff.
         .retry_config(

@@ -17,9 +17,7 @@
 //! crash loops and fatal faults ([`logs`]). Process identity: [`procs`]. The control client
 //! and its lock are shared with the remedy ([`control`]).
 
-pub mod control;
 pub mod logs;
-pub mod procs;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,63 +26,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use self::control::{ControlClient, ControlError};
 use self::logs::LogWatch;
-use self::procs::Scanner;
 use super::{ProbeError, Snapshot, SnapshotReport};
 use crate::config::MpsConfig;
 use crate::model::{Observation, Signal};
+use crate::mps::control::{ControlClient, ControlError};
+use crate::mps::procs::Scanner;
+use crate::mps::{Answer, PROBE_COMMAND, SERVER_LIST_COMMAND, parse_reply};
 use crate::supervisor::Source;
-
-/// The probe's liveness command; the reply is the default active thread percentage.
-pub const PROBE_COMMAND: &str = "get_default_active_thread_percentage";
-/// Sent in the same session: the running servers' pids.
-pub const SERVER_LIST_COMMAND: &str = "get_server_list";
-
-/// A parsed probe reply.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    /// The default active thread percentage (`100.0` unless set).
-    pub percentage: f64,
-    /// Pids of the running MPS servers.
-    pub servers: Vec<u32>,
-    /// Reply lines that were neither (kept for the detail, never fatal).
-    pub noise: Vec<String>,
-}
-
-/// Parses the reply to `get_default_active_thread_percentage` followed by
-/// `get_server_list`. The percentage is printed as `%.1f`; anything else first is an error.
-pub fn parse_reply(stdout: &str) -> Result<Answer, String> {
-    let mut lines = stdout.lines().map(str::trim).filter(|l| !l.is_empty());
-    let Some(first) = lines.next() else {
-        return Err("empty reply (exit 0): the daemon did not answer".into());
-    };
-    let percentage = parse_percentage(first)
-        .ok_or_else(|| format!("unexpected reply {:?}", control::clip(first, 80)))?;
-    let mut servers = Vec::new();
-    let mut noise = Vec::new();
-    for l in lines {
-        match l.parse::<u32>() {
-            Ok(pid) => servers.push(pid),
-            Err(_) => noise.push(control::clip(l, 80)),
-        }
-    }
-    Ok(Answer {
-        percentage,
-        servers,
-        noise,
-    })
-}
-
-/// `100.0` → 100.0; integers, words and out-of-range values are not a percentage reply.
-pub fn parse_percentage(s: &str) -> Option<f64> {
-    let s = s.trim();
-    if !s.contains('.') {
-        return None;
-    }
-    let v: f64 = s.parse().ok()?;
-    (v.is_finite() && v > 0.0 && v <= 100.0).then_some(v)
-}
 
 /// The probe's state between turns: the client, consecutive failures, the log tails.
 pub struct MpsProbe {
@@ -99,9 +48,16 @@ pub struct MpsProbe {
 }
 
 impl MpsProbe {
+    /// A probe with a control client of its own (nothing else talks to this daemon).
     pub fn new(cfg: MpsConfig) -> Self {
+        let client = ControlClient::new(&cfg);
+        MpsProbe::with_client(cfg, client)
+    }
+
+    /// A probe that shares `client` (and its lock) with whoever else holds a clone of it.
+    pub fn with_client(cfg: MpsConfig, client: ControlClient) -> Self {
         MpsProbe {
-            client: ControlClient::new(&cfg),
+            client,
             scanner: Scanner::new(&cfg.control_binary, &cfg.pipe_directory),
             logs: LogWatch::new(&cfg.log_directory),
             failures: 0,
@@ -251,11 +207,13 @@ impl std::fmt::Display for Failure {
 /// The continuous MPS probe for `gpu-medic run`.
 pub struct MpsSource {
     cfg: MpsConfig,
+    client: ControlClient,
 }
 
 impl MpsSource {
-    pub fn new(cfg: MpsConfig) -> Self {
-        MpsSource { cfg }
+    /// `client` is shared with the MPS remedy, so the two never talk to the daemon at once.
+    pub fn new(cfg: MpsConfig, client: ControlClient) -> Self {
+        MpsSource { cfg, client }
     }
 }
 
@@ -270,7 +228,7 @@ impl Source for MpsSource {
         shutdown: CancellationToken,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
-            let mut probe = MpsProbe::new(self.cfg.clone());
+            let mut probe = MpsProbe::with_client(self.cfg.clone(), self.client.clone());
             let mut every = tokio::time::interval(self.cfg.probe_interval);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -362,36 +320,5 @@ impl Snapshot for MpsSnapshot {
                 .collect(),
             ..SnapshotReport::default()
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replies_parse_or_fail_clearly() {
-        let a = parse_reply("100.0\n").unwrap();
-        assert_eq!((a.percentage, a.servers.len()), (100.0, 0));
-        let a = parse_reply("33.3\n4242\n4243\n").unwrap();
-        assert_eq!(a.percentage, 33.3);
-        assert_eq!(a.servers, vec![4242, 4243]);
-        let a = parse_reply("  50.0  \n\nUnknown command \"get_server_list\"\n").unwrap();
-        assert_eq!(a.noise.len(), 1);
-        for bad in [
-            "",
-            "\n\n",
-            "garbage",
-            "17",
-            "-1.0",
-            "150.0",
-            "NaN",
-            "inf",
-            "Unknown command \"get_default_active_thread_percentage\"",
-            "\u{fffd}\u{fffd}",
-        ] {
-            assert!(parse_reply(bad).is_err(), "{bad:?}");
-        }
-        assert!(parse_reply("").unwrap_err().contains("empty reply"));
     }
 }

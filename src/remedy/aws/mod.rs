@@ -1,6 +1,6 @@
 //! The control plane's hands: `AwsControlPlane` carries out quarantine, stop-tasks, drain,
 //! replace and complete-lifecycle orders through ECS and Auto Scaling
-//! (research/aws-flows.md (a)), behind the fleet budget ((b), `fleet.rs`).
+//! (docs/aws.md), behind the fleet budget (`fleet.rs`).
 //!
 //! Every step is idempotent and reconciles from what ECS and Auto Scaling say rather than from
 //! memory, so an order handed over again after a crash resumes where the last one stopped: an
@@ -8,67 +8,30 @@
 //! already Unhealthy is not marked again. Each order's `Done` or error lists the calls made
 //! with their request ids (drain polls excepted: they would flood the journal).
 //!
-//! The SDK is set up the standard way (region, credentials and `AWS_ENDPOINT_URL*` from the
-//! environment and profiles), with rustls on ring as the only TLS stack, a pinned behaviour
-//! version, and timeouts so a hung endpoint cannot outlive an order's deadline.
+//! The SDK, the ECS and Auto Scaling wrappers and identity discovery are adapters in
+//! [`crate::aws`]; this module decides nothing the engine did not order.
 
-pub mod asg;
-pub mod calls;
-pub mod ecs;
 pub mod fleet;
-pub mod heartbeat;
-pub mod launch;
+pub mod terminate;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_config::{BehaviorVersion, ConfigLoader, Region, SdkConfig};
+use aws_config::SdkConfig;
 use aws_sdk_ecs::config::SharedHttpClient;
-use aws_smithy_http_client::tls;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use self::asg::Asg;
-use self::calls::{CallError, Calls};
-use self::ecs::{Ecs, InstanceState};
 use self::fleet::{FleetView, KILL_SWITCH_PROCESSES, Member};
 use super::{BoxFuture, ControlPlane, Done, RemedyError};
-use crate::config::{AwsConfig, Config};
-use crate::identity::{self, Identity};
+use crate::aws::asg::Asg;
+use crate::aws::calls::{CallError, Calls};
+use crate::aws::ecs::{Ecs, InstanceState};
+use crate::aws::identity::{self, Identity};
+use crate::aws::imds::TargetState;
+use crate::aws::{http_client, loader};
+use crate::config::Config;
 use crate::model::{Command, LifecycleHook, LifecycleResult, Order, Timestamp};
-
-/// The HTTPS client every AWS call uses: hyper with rustls on ring (no aws-lc, no OpenSSL).
-pub fn http_client() -> SharedHttpClient {
-    aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https()
-}
-
-/// The SDK configuration loader: the standard environment and profile chain, plus what
-/// `[aws]` overrides. Tests add their own credentials before `load()`.
-pub fn loader(aws: &AwsConfig) -> ConfigLoader {
-    let mut l = aws_config::defaults(BehaviorVersion::v2026_01_12())
-        .http_client(http_client())
-        .retry_config(RetryConfig::standard().with_max_attempts(3))
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .operation_attempt_timeout(Duration::from_secs(20))
-                .operation_timeout(Duration::from_secs(60))
-                .build(),
-        );
-    if let Some(r) = &aws.region {
-        l = l.region(Region::new(r.clone()));
-    }
-    if let Some(u) = &aws.endpoint_url {
-        l = l.endpoint_url(u);
-    }
-    l
-}
 
 /// ECS and Auto Scaling, for this instance.
 pub struct AwsControlPlane {
@@ -77,6 +40,48 @@ pub struct AwsControlPlane {
     asg: Asg,
     http: SharedHttpClient,
     identity: OnceCell<Identity>,
+    /// The lifecycle watcher's last reading (a termination that begins mid-drain).
+    target_state: TargetState,
+}
+
+/// A remedy's view of a finished or failed series of AWS calls: the outcome carries every
+/// request id the calls left.
+pub trait CallsExt {
+    /// The remedy's error for a failed call, carrying every request id so far.
+    fn fail(self, err: CallError) -> RemedyError;
+    fn fatal(self, message: impl Into<String>) -> RemedyError;
+    fn done(self, detail: impl Into<String>) -> Done;
+}
+
+impl CallsExt for Calls {
+    fn fail(self, err: CallError) -> RemedyError {
+        let message = err.to_string();
+        if err.retryable {
+            RemedyError::Retryable {
+                message,
+                request_ids: self.entries,
+            }
+        } else {
+            RemedyError::Fatal {
+                message,
+                request_ids: self.entries,
+            }
+        }
+    }
+
+    fn fatal(self, message: impl Into<String>) -> RemedyError {
+        RemedyError::Fatal {
+            message: message.into(),
+            request_ids: self.entries,
+        }
+    }
+
+    fn done(self, detail: impl Into<String>) -> Done {
+        Done {
+            detail: detail.into(),
+            request_ids: self.entries,
+        }
+    }
 }
 
 impl AwsControlPlane {
@@ -94,7 +99,14 @@ impl AwsControlPlane {
             asg: Asg::new(aws_sdk_autoscaling::Client::new(sdk)),
             http: sdk.http_client().unwrap_or_else(http_client),
             identity: OnceCell::new(),
+            target_state: TargetState::new(),
         }
+    }
+
+    /// Reads the lifecycle watcher's readings from `seen` (shared with the lifecycle probe).
+    pub fn with_target_state(mut self, seen: TargetState) -> Self {
+        self.target_state = seen;
+        self
     }
 
     /// This instance's identity, discovered once (a failure is retried by the next order).
@@ -421,7 +433,8 @@ impl AwsControlPlane {
             Ok(m) => m,
             Err(e) => return Err(calls.fail(e)),
         };
-        let term = self.termination(&mut calls, id).await;
+        let order_says = matches!(order.command, Command::Drain { terminating: true });
+        let term = self.termination(&mut calls, id, order_says).await;
         let (started_ms, resumed) = match me.status.as_str() {
             "DRAINING" => (me.claim(self.prefix()).map(|(_, ms)| ms), true),
             "ACTIVE" => {
@@ -542,7 +555,7 @@ impl AwsControlPlane {
                     }
                     if now >= force_at && !forced {
                         forced = true;
-                        let left: Vec<&ecs::TaskInfo> =
+                        let left: Vec<&crate::aws::ecs::TaskInfo> =
                             tasks.iter().filter(|t| !stopped.contains(&t.arn)).collect();
                         for t in left {
                             match ecs.stop_task(&mut calls, &t.arn, &reason_forced).await {
@@ -756,4 +769,29 @@ fn jittered(d: Duration) -> Duration {
         .map(|t| t.subsec_nanos())
         .unwrap_or(0);
     d.mul_f64(0.5 + f64::from(n % 1000) / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_call_keeps_every_request_id_and_its_class() {
+        let mut c = Calls::new();
+        c.record("PutAttributes", Some("r-1"));
+        c.record("StopTask", None);
+        let RemedyError::Retryable { request_ids, .. } = c
+            .clone()
+            .fail(CallError::transient("StopTask", "slow down"))
+        else {
+            panic!("transient errors are retryable")
+        };
+        assert_eq!(request_ids.len(), 2);
+        let RemedyError::Fatal { request_ids, .. } =
+            c.fail(CallError::terminal("StopTask", "no such task"))
+        else {
+            panic!("terminal errors are fatal")
+        };
+        assert_eq!(request_ids.len(), 2);
+    }
 }

@@ -7,17 +7,17 @@
 //!   as `control_binary` must not leave its real client behind) and reaped.
 //! - The daemon serves one UI session at a time; a second client gets an error, or exit 0
 //!   with empty output. All calls for one pipe directory therefore go through one async
-//!   mutex, shared process-wide (see [`ControlClient::new`]), and callers must parse replies:
-//!   exit 0 proves nothing.
+//!   mutex, owned by the client: `gpu-medic run` builds one client and hands clones of it to
+//!   the probe and the remedy (clones share the lock). Callers must parse replies: exit 0
+//!   proves nothing.
 //! - The client block-buffers stdout on a pipe, so replies are read after it exits.
 //! - "Cannot find MPS control daemon process" (stderr, exit 1) means no daemon listens on
 //!   the pipe directory (none started, or stale sockets after a crash).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -76,23 +76,6 @@ struct Gate {
     restarts: AtomicU64,
 }
 
-/// One control lock per pipe directory, for the whole process: the probe and the remedy
-/// are built separately from the config, and must still never talk to the daemon at once.
-fn gate_for(pipe_dir: &Path) -> Arc<Gate> {
-    static GATES: OnceLock<StdMutex<HashMap<PathBuf, Weak<Gate>>>> = OnceLock::new();
-    let gates = GATES.get_or_init(Default::default);
-    // A poisoned registry still holds valid weak pointers.
-    let mut map = gates.lock().unwrap_or_else(|p| p.into_inner());
-    map.retain(|_, w| w.strong_count() > 0);
-    let key = normalize(pipe_dir);
-    if let Some(g) = map.get(&key).and_then(Weak::upgrade) {
-        return g;
-    }
-    let g = Arc::new(Gate::default());
-    map.insert(key, Arc::downgrade(&g));
-    g
-}
-
 /// `/run/mps-ecs/` and `/run/mps-ecs` name the same directory.
 pub fn normalize(p: &Path) -> PathBuf {
     p.components().collect()
@@ -108,14 +91,14 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// A client for `cfg`'s pipe directory. Every client of the same directory in this
-    /// process shares one lock.
+    /// A client for `cfg`'s pipe directory with a lock of its own. Clones share the lock and
+    /// the restart count: hand clones to everything that talks to this daemon.
     pub fn new(cfg: &MpsConfig) -> Self {
         ControlClient {
             binary: cfg.control_binary.clone(),
             pipe_dir: cfg.pipe_directory.clone(),
             log_dir: cfg.log_directory.clone(),
-            gate: gate_for(&cfg.pipe_directory),
+            gate: Arc::new(Gate::default()),
         }
     }
 

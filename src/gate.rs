@@ -1,7 +1,7 @@
 //! The launch gate (`gpu-medic check --lifecycle`): a new instance waits in `Pending:Wait` on
 //! our launch hook until its GPUs are proven, so a node with a dead GPU, fatal XIDs since
 //! boot, bad ECC/remap state or no MPS daemon is handed back to Auto Scaling instead of
-//! taking tasks (research/aws-flows.md A3).
+//! taking tasks (docs/aws.md).
 //!
 //! 1. Who: the instance id (IMDSv2 or `[identity]`), its group (DescribeAutoScalingInstances),
 //!    our hook `[lifecycle] launch_hook` (DescribeLifecycleHooks). A first heartbeat tells
@@ -35,12 +35,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::asg::{Asg, HookInfo};
-use super::calls::{CallError, Calls};
-use super::ecs::Ecs;
-use super::heartbeat::{Heartbeat, HeartbeatLog};
+use crate::aws::asg::{Asg, HookInfo};
+use crate::aws::calls::{CallError, Calls};
+use crate::aws::ecs::Ecs;
+use crate::aws::heartbeat::{Heartbeat, HeartbeatLog};
+use crate::aws::identity;
 use crate::config::{Config, OnUnknown};
-use crate::identity;
 use crate::model::LifecycleResult;
 
 /// The group tag holding recent abandoned launches (unix seconds, space separated).
@@ -195,7 +195,7 @@ impl Gate<'_> {
         let cfg = self.cfg;
         let lc = &cfg.lifecycle;
         let deadline = Instant::now() + lc.check_deadline;
-        let sdk = super::loader(&self.cfg.aws).load().await;
+        let sdk = crate::aws::loader(&self.cfg.aws).load().await;
         let asg = Asg::new(aws_sdk_autoscaling::Client::new(&sdk));
         self.asg = Some(asg.clone());
         self.ecs = Some(aws_sdk_ecs::Client::new(&sdk));
@@ -326,12 +326,9 @@ impl Gate<'_> {
     /// The instance, its group and, when an action waits on it, our launch hook.
     async fn who_am_i(&mut self, asg: &Asg, deadline: Instant) -> Result<Me, GateError> {
         let cfg = self.cfg;
-        let instance_id = match &cfg.identity.instance_id {
-            Some(i) => i.clone(),
-            None => imds_instance_id(deadline)
-                .await
-                .map_err(GateError::Identity)?,
-        };
+        let instance_id = identity::instance_id(cfg, crate::aws::http_client(), deadline)
+            .await
+            .map_err(GateError::Identity)?;
         let group = match &cfg.identity.auto_scaling_group {
             Some(g) => Some(g.clone()),
             None => {
@@ -580,57 +577,20 @@ impl Gate<'_> {
         }
     }
 
-    /// (cluster, container instance ARN): `[identity]`, the agent's introspection API, or the
-    /// cluster's instances searched for this EC2 id. None: not registered (yet).
+    /// (cluster, container instance ARN), found the way identity discovery finds them. None:
+    /// not registered (yet).
     async fn container_instance(
         &mut self,
         client: &aws_sdk_ecs::Client,
         instance_id: &str,
     ) -> Result<Option<(String, String)>, CallError> {
-        let cfg = self.cfg;
-        let ov = &cfg.identity;
-        if let (Some(c), Some(a)) = (&ov.cluster, &ov.container_instance_arn) {
-            return Ok(Some((c.clone(), a.clone())));
+        let view = identity::agent_view(self.cfg).await;
+        if let Some(arn) = view.container_instance_arn {
+            return Ok(Some((view.cluster, arn)));
         }
-        let mut cluster = ov.cluster.clone();
-        if let Ok(m) =
-            identity::agent_metadata_retrying(&cfg.ecs.agent_url, cfg.ecs.agent_wait).await
-        {
-            cluster = cluster.or(m.cluster.clone());
-            if let (Some(c), Some(a)) = (cluster.clone(), m.container_instance_arn) {
-                return Ok(Some((c, a)));
-            }
-        }
-        let cluster =
-            cluster.unwrap_or_else(|| identity::cluster_from_ecs_config(&cfg.ecs.ecs_config_file));
-        let ecs = Ecs::new(client.clone(), cluster.clone());
-        let arns = ecs.list_instances(&mut self.calls).await?;
-        let found = ecs
-            .describe(&mut self.calls, &arns, false)
-            .await?
-            .into_iter()
-            .find(|s| s.ec2_instance_id.as_deref() == Some(instance_id))
-            .map(|s| (cluster, s.arn));
-        Ok(found)
-    }
-}
-
-/// The instance id from IMDSv2, retried until `deadline` (IMDS may come up after us at boot).
-async fn imds_instance_id(deadline: Instant) -> Result<String, String> {
-    let client = crate::probe::lifecycle::imds_client(super::http_client(), 3);
-    let mut delay = Duration::from_millis(500);
-    loop {
-        let err = match crate::probe::lifecycle::get(&client, "/latest/meta-data/instance-id").await
-        {
-            Ok(Some(id)) if !id.is_empty() => return Ok(id),
-            Ok(_) => "IMDS has no instance-id".to_string(),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() + delay >= deadline {
-            return Err(err);
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
+        let ecs = Ecs::new(client.clone(), view.cluster.clone());
+        let found = identity::find_container_instance(&ecs, instance_id, &mut self.calls).await?;
+        Ok(found.map(|arn| (view.cluster, arn)))
     }
 }
 

@@ -7,8 +7,6 @@ use aws_sdk_ecs::config::http::HttpResponse;
 use aws_sdk_ecs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ecs::operation::RequestId;
 
-use crate::remedy::RemedyError;
-
 /// Error codes AWS services use for throttling and transient server trouble.
 const RETRYABLE_CODES: &[&str] = &[
     "Throttling",
@@ -214,36 +212,6 @@ impl Calls {
             self.track(op, result)
         }
     }
-
-    /// The remedy's error for a failed call, carrying every request id so far.
-    pub fn fail(self, err: CallError) -> RemedyError {
-        let message = err.to_string();
-        if err.retryable {
-            RemedyError::Retryable {
-                message,
-                request_ids: self.entries,
-            }
-        } else {
-            RemedyError::Fatal {
-                message,
-                request_ids: self.entries,
-            }
-        }
-    }
-
-    pub fn fatal(self, message: impl Into<String>) -> RemedyError {
-        RemedyError::Fatal {
-            message: message.into(),
-            request_ids: self.entries,
-        }
-    }
-
-    pub fn done(self, detail: impl Into<String>) -> crate::remedy::Done {
-        crate::remedy::Done {
-            detail: detail.into(),
-            request_ids: self.entries,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -256,11 +224,5 @@ mod tests {
         c.record("PutAttributes", Some("r-1"));
         c.record("StopTask", None);
         assert_eq!(c.entries, ["PutAttributes r-1", "StopTask (no request id)"]);
-        let RemedyError::Retryable { request_ids, .. } =
-            c.fail(CallError::transient("StopTask", "slow down"))
-        else {
-            panic!("transient errors are retryable")
-        };
-        assert_eq!(request_ids.len(), 2);
     }
 }

@@ -14,16 +14,20 @@
 
 use std::time::Duration;
 
-use aws_config::imds;
-use aws_config::provider_config::ProviderConfig;
 use aws_sdk_ecs::config::SharedHttpClient;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 
+use super::asg::Asg;
+use super::calls::{CallError, Calls};
+use super::ecs::Ecs;
+use super::imds;
 use crate::config::Config;
-use crate::remedy::aws::asg::Asg;
-use crate::remedy::aws::calls::{CallError, Calls};
-use crate::remedy::aws::ecs::Ecs;
+
+/// How long discovery asks IMDS before it falls back to the container instance's record
+/// (about one attempt with its retry: the daemon's orders must not wait on a missing IMDS).
+const IMDS_WAIT: Duration = Duration::from_secs(1);
 
 /// This instance, as the control plane knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,18 +69,22 @@ pub struct AgentMetadata {
     pub container_instance_arn: Option<String>,
 }
 
-/// Discovers the identity; `calls` collects the request ids of the AWS calls made.
-pub async fn discover(
-    cfg: &Config,
-    http: SharedHttpClient,
-    ecs_client: &aws_sdk_ecs::Client,
-    asg: &Asg,
-    calls: &mut Calls,
-) -> Result<Identity, IdentityError> {
+/// The cluster and container instance as far as `[identity]` and the ECS agent tell, without
+/// a call to AWS. `note` says why the agent did not help, when it did not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentView {
+    pub cluster: String,
+    pub container_instance_arn: Option<String>,
+    pub note: String,
+}
+
+/// Steps 1 and 3a: `[identity]`, then the agent's introspection API (retried for
+/// `[ecs] agent_wait`), then `ECS_CLUSTER` from the agent's config file.
+pub async fn agent_view(cfg: &Config) -> AgentView {
     let ov = &cfg.identity;
     let mut cluster = ov.cluster.clone();
     let mut ci_arn = ov.container_instance_arn.clone();
-    let mut agent_note = String::new();
+    let mut note = String::new();
     if cluster.is_none() || ci_arn.is_none() {
         match agent_metadata_retrying(&cfg.ecs.agent_url, cfg.ecs.agent_wait).await {
             Ok(m) => {
@@ -85,61 +93,105 @@ pub async fn discover(
             }
             Err(e) => {
                 tracing::warn!(agent_url = %cfg.ecs.agent_url, "ECS agent introspection: {e}; falling back to {}", cfg.ecs.ecs_config_file.display());
-                agent_note = e;
+                note = e;
             }
         }
     }
-    let cluster = match cluster {
-        Some(c) => c,
-        None => cluster_from_ecs_config(&cfg.ecs.ecs_config_file),
-    };
+    AgentView {
+        cluster: cluster.unwrap_or_else(|| cluster_from_ecs_config(&cfg.ecs.ecs_config_file)),
+        container_instance_arn: ci_arn,
+        note,
+    }
+}
+
+/// Step 2: the instance id from `[identity]`, else IMDSv2, retried until `deadline`.
+pub async fn instance_id(
+    cfg: &Config,
+    http: SharedHttpClient,
+    deadline: Instant,
+) -> Result<String, String> {
+    match &cfg.identity.instance_id {
+        Some(i) => Ok(i.clone()),
+        None => imds::instance_id(http, deadline).await,
+    }
+}
+
+/// Step 3b: the container instance of `instance_id` in `ecs`'s cluster, searched through
+/// ListContainerInstances and DescribeContainerInstances (moto ignores `filter`). None: not
+/// registered (yet).
+pub async fn find_container_instance(
+    ecs: &Ecs,
+    instance_id: &str,
+    calls: &mut Calls,
+) -> Result<Option<String>, CallError> {
+    let arns = ecs.list_instances(calls).await?;
+    Ok(ecs
+        .describe(calls, &arns, false)
+        .await?
+        .into_iter()
+        .find(|s| s.ec2_instance_id.as_deref() == Some(instance_id))
+        .map(|s| s.arn))
+}
+
+/// Step 4: the Auto Scaling group, from `[identity]` or DescribeAutoScalingInstances.
+pub async fn group(
+    cfg: &Config,
+    asg: &Asg,
+    instance_id: &str,
+    calls: &mut Calls,
+) -> Result<Option<String>, CallError> {
+    match &cfg.identity.auto_scaling_group {
+        Some(g) => Ok(Some(g.clone())),
+        None => Ok(asg.instance(calls, instance_id).await?.map(|(g, _)| g)),
+    }
+}
+
+/// Discovers the identity; `calls` collects the request ids of the AWS calls made.
+pub async fn discover(
+    cfg: &Config,
+    http: SharedHttpClient,
+    ecs_client: &aws_sdk_ecs::Client,
+    asg: &Asg,
+    calls: &mut Calls,
+) -> Result<Identity, IdentityError> {
+    let view = agent_view(cfg).await;
+    let cluster = view.cluster.clone();
     let ecs = Ecs::new(ecs_client.clone(), cluster.clone());
 
-    let instance_id = match &ov.instance_id {
-        Some(i) => i.clone(),
-        None => match imds_instance_id(http).await {
-            Ok(i) => i,
-            Err(imds_err) => match &ci_arn {
-                Some(arn) => ecs
-                    .describe_one(calls, arn, false)
-                    .await?
-                    .ec2_instance_id
-                    .ok_or_else(|| {
-                        IdentityError::InstanceId(format!(
-                            "IMDS: {imds_err}; {arn} names no EC2 instance"
-                        ))
-                    })?,
-                None => return Err(IdentityError::InstanceId(format!("IMDS: {imds_err}"))),
-            },
+    let imds_deadline = Instant::now() + IMDS_WAIT;
+    let instance_id = match instance_id(cfg, http, imds_deadline).await {
+        Ok(i) => i,
+        Err(imds_err) => match &view.container_instance_arn {
+            Some(arn) => ecs
+                .describe_one(calls, arn, false)
+                .await?
+                .ec2_instance_id
+                .ok_or_else(|| {
+                    IdentityError::InstanceId(format!(
+                        "IMDS: {imds_err}; {arn} names no EC2 instance"
+                    ))
+                })?,
+            None => return Err(IdentityError::InstanceId(format!("IMDS: {imds_err}"))),
         },
     };
 
-    let container_instance_arn = match ci_arn {
+    let container_instance_arn = match view.container_instance_arn {
         Some(a) => a,
-        None => {
-            let arns = ecs.list_instances(calls).await?;
-            ecs.describe(calls, &arns, false)
-                .await?
-                .into_iter()
-                .find(|s| s.ec2_instance_id.as_deref() == Some(instance_id.as_str()))
-                .map(|s| s.arn)
-                .ok_or_else(|| {
-                    IdentityError::NotRegistered(format!(
-                        "{instance_id} is not registered in cluster {cluster}{}",
-                        if agent_note.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (agent: {agent_note})")
-                        }
-                    ))
-                })?
-        }
+        None => find_container_instance(&ecs, &instance_id, calls)
+            .await?
+            .ok_or_else(|| {
+                IdentityError::NotRegistered(format!(
+                    "{instance_id} is not registered in cluster {cluster}{}",
+                    if view.note.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (agent: {})", view.note)
+                    }
+                ))
+            })?,
     };
 
-    let auto_scaling_group = match &ov.auto_scaling_group {
-        Some(g) => Some(g.clone()),
-        None => asg.instance(calls, &instance_id).await?.map(|(g, _)| g),
-    };
+    let auto_scaling_group = group(cfg, asg, &instance_id, calls).await?;
     let id = Identity {
         instance_id,
         cluster,
@@ -154,19 +206,6 @@ pub async fn discover(
         "identity discovered"
     );
     Ok(id)
-}
-
-/// The instance id from IMDSv2.
-async fn imds_instance_id(http: SharedHttpClient) -> Result<String, String> {
-    let client = imds::Client::builder()
-        .configure(&ProviderConfig::without_region().with_http_client(http))
-        .max_attempts(2)
-        .build();
-    client
-        .get("/latest/meta-data/instance-id")
-        .await
-        .map(String::from)
-        .map_err(|e| e.to_string())
 }
 
 /// `ECS_CLUSTER` from the agent's config file; the agent's own default is `default`.
