@@ -11,6 +11,8 @@
 //! `BENCH_STREAM=path/inputs.jsonl` replays a daemon's own recording instead (e.g. a soak
 //! node's `state/inputs.jsonl`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 #[path = "support/mod.rs"]
 mod support;
 

@@ -5,6 +5,8 @@
 //!
 //! One test in this binary: it sets the IMDS endpoint variable before any thread reads it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 #[path = "support/aws.rs"]
 mod aws;
 
@@ -148,6 +150,7 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
     // 3. An instance that is not registered: a retryable error (the agent may register later).
     std::fs::write(&ecs_config, format!("ECS_CLUSTER={}\n", s.cluster)).unwrap();
     let other = aws::serve_http(fake_imds("i-00000000000000000".into())).await;
+    // SAFETY: still the only test of this binary; no other thread reads the environment now.
     unsafe {
         std::env::set_var(
             "AWS_EC2_METADATA_SERVICE_ENDPOINT",

@@ -2,6 +2,8 @@
 //! injected into the fake libnvidia-ml (tests/fake-nvml; `cargo test --workspace` builds it).
 //! Each test runs its own daemon in its own temp dir.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::path::PathBuf;
 use std::process::{Child, Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};

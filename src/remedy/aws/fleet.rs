@@ -2,7 +2,7 @@
 //! and Auto Scaling state only (no coordinator, no extra infrastructure), so that every
 //! gpu-medic in a group reaches the same answer from the same facts.
 //!
-//! This module is pure: `Member`s in, a `Gate` out. The rule (research/aws-flows.md (b)):
+//! This module is pure: `Member`s in, a `Gate` out. The rule (docs/aws.md#fleet-budget):
 //! - an instance is *in remediation* when it is DRAINING in ECS, holds a live claim, is
 //!   Unhealthy or Pending/Terminating/Standby in Auto Scaling, is not (yet) registered with
 //!   ECS, or registered less than `warmup` ago;
@@ -17,6 +17,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::aws::ecs::EcsStatus;
 use crate::config::FleetConfig;
 
 /// Groups of this size or smaller never trip the breaker (EKS managed node groups' rule).
@@ -30,8 +31,8 @@ pub const KILL_SWITCH_PROCESSES: [&str; 4] =
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Member {
     pub instance_id: String,
-    /// ECS container instance status (ACTIVE, DRAINING, ...); None: not registered.
-    pub ecs_status: Option<String>,
+    /// ECS container instance status; None: not registered.
+    pub ecs_status: Option<EcsStatus>,
     /// Our `<prefix>.health` attribute.
     pub health: Option<String>,
     /// Our claim's time (unix ms), from the `<prefix>.claim.<ms>` attribute.
@@ -106,7 +107,7 @@ impl fmt::Display for Denial {
 
 /// The instances in a group that a rule counts, with why.
 fn in_remediation(m: &Member, now_ms: u64, cfg: &FleetConfig) -> Option<&'static str> {
-    if m.ecs_status.as_deref() == Some("DRAINING") {
+    if m.ecs_status == Some(EcsStatus::Draining) {
         return Some("draining");
     }
     if m.asg_health.as_deref() == Some("Unhealthy") {
@@ -125,9 +126,9 @@ fn in_remediation(m: &Member, now_ms: u64, cfg: &FleetConfig) -> Option<&'static
     {
         return Some("lifecycle");
     }
-    match m.ecs_status.as_deref() {
+    match m.ecs_status {
         None => return Some("not registered with ECS"),
-        Some("REGISTERING" | "DEREGISTERING") => return Some("registering"),
+        Some(EcsStatus::Registering | EcsStatus::Deregistering) => return Some("registering"),
         _ => {}
     }
     if let Some(r) = m.registered_ms
@@ -318,7 +319,7 @@ mod tests {
     fn healthy(id: &str) -> Member {
         Member {
             instance_id: id.into(),
-            ecs_status: Some("ACTIVE".into()),
+            ecs_status: Some(EcsStatus::Active),
             registered_ms: Some(0),
             agent_connected: true,
             lifecycle: Some("InService".into()),
@@ -340,7 +341,7 @@ mod tests {
     fn budget_counts_draining_unhealthy_claimed_and_young_instances() {
         let mut f = fleet(10);
         assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
-        f.members[1].ecs_status = Some("DRAINING".into());
+        f.members[1].ecs_status = Some(EcsStatus::Draining);
         assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
         f.members[2].registered_ms = Some(NOW - 1000);
         let Err(Denial::Budget { busy, budget: 2 }) = f.admit("i-0", NOW, &cfg(2)) else {
@@ -365,7 +366,7 @@ mod tests {
             ..FleetConfig::default()
         };
         assert_eq!(f.budget(&c), 1);
-        f.members[1].ecs_status = Some("DRAINING".into());
+        f.members[1].ecs_status = Some(EcsStatus::Draining);
         assert!(matches!(
             f.admit("i-0", NOW, &c),
             Err(Denial::Budget { .. })
@@ -431,9 +432,9 @@ mod tests {
         let mut f = fleet(3);
         let c = cfg(1);
         assert!(!f.holds_slot("i-0", NOW, &c));
-        f.members[0].ecs_status = Some("DRAINING".into());
+        f.members[0].ecs_status = Some(EcsStatus::Draining);
         assert!(f.holds_slot("i-0", NOW, &c));
-        f.members[0].ecs_status = Some("ACTIVE".into());
+        f.members[0].ecs_status = Some(EcsStatus::Active);
         f.members[0].claim_ms = Some(NOW - 10);
         assert!(f.holds_slot("i-0", NOW, &c));
     }
