@@ -23,7 +23,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use self::drain::{DrainPlan, DrainTimes, Next, Reading, StopKind, TaskView};
-use self::fleet::{FleetView, KILL_SWITCH_PROCESSES, Member};
+use self::fleet::{FleetView, KILL_SWITCH_PROCESSES, Member, claim_fresh};
 use super::{BoxFuture, ControlPlane, Done, RemedyError};
 use crate::aws::asg::Asg;
 use crate::aws::calls::{CallError, Calls};
@@ -272,23 +272,23 @@ impl AwsControlPlane {
             .map_err(|e| std::mem::take(calls).fail(e))?;
         let own_claim = mine.claim(self.prefix());
         if view.holds_slot(me, now, fleet) {
-            match own_claim {
+            match &own_claim {
                 Some((name, ms)) if mine.status == EcsStatus::Active => {
-                    // A claim from before a restart: rank it again, do not claim twice.
-                    if let Err(d) = view.rank(me, ms, now, fleet) {
-                        let _ = ecs
-                            .delete_attribute(calls, &id.container_instance_arn, &name)
-                            .await;
-                        return Err(self.defer(d.to_string()));
+                    let (name, ms) = (name.clone(), *ms);
+                    // A claim from before a restart. Not yet acted on: settle again and rank
+                    // it anew (others may not have seen it yet), unless it is too old to
+                    // finish, in which case it is withdrawn and made anew below.
+                    if claim_fresh(ms, now, fleet) {
+                        return self.settle_and_rank(calls, id, ecs, &name, ms).await;
                     }
-                    return Ok(Some(ms));
+                    tracing::info!(instance_id = me, claim = %name, "fleet budget: our claim from before a restart is too old to finish; claiming anew");
                 }
-                Some((_, ms)) => return Ok(Some(ms)),
+                Some((_, ms)) => return Ok(Some(*ms)),
                 None => return Ok(None),
             }
         }
         if let Some((name, _)) = own_claim {
-            // Expired: it no longer counts for anyone; remove it before claiming anew.
+            // Expired or too old: it no longer counts; remove it before claiming anew.
             let _ = ecs
                 .delete_attribute(calls, &id.container_instance_arn, &name)
                 .await;
@@ -304,16 +304,41 @@ impl AwsControlPlane {
         {
             return Err(std::mem::take(calls).fail(e));
         }
+        self.settle_and_rank(calls, id, ecs, &claim, claim_ms).await
+    }
+
+    /// Waits `claim_settle` for our claim to become visible, re-reads the group and ranks the
+    /// claim; withdraws it when outranked, or when it is too old to finish by the time the
+    /// ranking is done (checked just before acting). The caller acts at once.
+    async fn settle_and_rank(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+        claim: &str,
+        claim_ms: u64,
+    ) -> Result<Option<u64>, RemedyError> {
+        let fleet = &self.cfg.fleet;
+        let me = id.instance_id.as_str();
         tokio::time::sleep(fleet.claim_settle).await;
         let view = match self.fleet_view(calls, id, ecs).await {
             Ok(v) => v,
             Err(e) => return Err(std::mem::take(calls).fail(e)),
         };
-        if let Err(d) = view.rank(me, claim_ms, now_ms(), fleet) {
+        let now = now_ms();
+        let verdict = view
+            .rank(me, claim_ms, now, fleet)
+            .map_err(|d| d.to_string())
+            .and_then(|()| {
+                claim_fresh(claim_ms, now, fleet).then_some(()).ok_or_else(|| {
+                    format!("our claim {claim} is too old to act on safely (the settle and re-read took too long); withdrawn, claiming anew")
+                })
+            });
+        if let Err(why) = verdict {
             let _ = ecs
-                .delete_attribute(calls, &id.container_instance_arn, &claim)
+                .delete_attribute(calls, &id.container_instance_arn, claim)
                 .await;
-            return Err(self.defer(d.to_string()));
+            return Err(self.defer(why));
         }
         tracing::info!(instance_id = me, claim = %claim, "fleet budget: slot taken");
         Ok(Some(claim_ms))
@@ -445,8 +470,21 @@ impl AwsControlPlane {
                     Some(_) => None,
                     None => self.acquire_slot(&mut calls, id, &ecs).await?,
                 };
+                let ranked = Instant::now();
                 if let Err(e) = ecs.set_draining(&mut calls, arn).await {
                     return Err(calls.fail(e));
+                }
+                let settle = self.cfg.fleet.claim_settle;
+                if claim.is_some() && ranked.elapsed() > settle / 2 {
+                    // The claim protocol assumes the re-read and the drain are close together
+                    // (README, "The fleet budget"): a slow DrainContainerInstances call eats
+                    // into the margin another instance's view relies on.
+                    tracing::warn!(
+                        container_instance = %arn,
+                        took_ms = ranked.elapsed().as_millis() as u64,
+                        "fleet budget: from the claim's ranking to DRAINING took longer than half the claim settle ({}); the claim protocol's margin is thin",
+                        humantime::format_duration(settle)
+                    );
                 }
                 tracing::warn!(container_instance = %arn, incident_id = order.incident.0, "container instance set to DRAINING");
                 (claim, false)
