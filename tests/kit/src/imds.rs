@@ -1,0 +1,180 @@
+//! A fake IMDSv2 for the lifecycle tests (moto's IMDS sends no token TTL header, which
+//! aws-config's client requires, and has no `autoscaling/target-lifecycle-state`):
+//! - `PUT /latest/api/token` answers only with the `X-aws-ec2-metadata-token-ttl-seconds`
+//!   request header, and echoes it;
+//! - `GET /latest/meta-data/...` needs that token (401 otherwise): `instance-id`,
+//!   `placement/region`, `autoscaling/target-lifecycle-state` (404 until set);
+//! - the test changes the target state at any time, or takes IMDS down (HTTP 500).
+//!
+//! And a fake ECS agent introspection API (`/v1/metadata`), which exists only on an instance.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::aws::REGION;
+use crate::http::{Handler, header, serve_http};
+
+#[derive(Default)]
+struct State {
+    instance_id: String,
+    target: Option<String>,
+    down: bool,
+    tokens: u32,
+    /// (method, path, status) of every request.
+    log: Vec<(String, String, u16)>,
+}
+
+#[derive(Clone)]
+pub struct FakeImds {
+    pub url: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeImds {
+    pub async fn start(instance_id: &str) -> FakeImds {
+        let state = Arc::new(Mutex::new(State {
+            instance_id: instance_id.to_string(),
+            ..State::default()
+        }));
+        let st = state.clone();
+        let handler: Handler = Arc::new(move |method: &str, path: &str, head: &str| {
+            let mut s = st.lock().unwrap();
+            let (status, headers, body) = answer(&mut s, method, path, head);
+            s.log.push((method.to_string(), path.to_string(), status));
+            (status, headers, body)
+        });
+        let addr = serve_http(handler).await;
+        FakeImds {
+            url: format!("http://{addr}"),
+            state,
+        }
+    }
+
+    /// `Some("Terminated")`, `Some("InService")`, or None (404).
+    pub fn set_target(&self, target: Option<&str>) {
+        self.state.lock().unwrap().target = target.map(str::to_string);
+    }
+
+    /// Down: every request gets HTTP 500.
+    pub fn set_down(&self, down: bool) {
+        self.state.lock().unwrap().down = down;
+    }
+
+    /// How many target-lifecycle-state reads were answered, and with which status.
+    pub fn target_reads(&self) -> Vec<u16> {
+        self.state
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|(m, p, _)| m == "GET" && p.ends_with("target-lifecycle-state"))
+            .map(|(_, _, s)| *s)
+            .collect()
+    }
+
+    /// How many requests were refused with HTTP 500 (IMDS down).
+    pub fn refused(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|(_, _, s)| *s == 500)
+            .count()
+    }
+
+    pub fn tokens_issued(&self) -> u32 {
+        self.state.lock().unwrap().tokens
+    }
+}
+
+fn answer(
+    s: &mut State,
+    method: &str,
+    path: &str,
+    head: &str,
+) -> (u16, Vec<(String, String)>, String) {
+    if s.down {
+        return (500, vec![], "down".into());
+    }
+    if method == "PUT" && path == "/latest/api/token" {
+        let Some(ttl) = header(head, "x-aws-ec2-metadata-token-ttl-seconds") else {
+            return (400, vec![], "missing token TTL".into());
+        };
+        s.tokens += 1;
+        return (
+            200,
+            vec![(
+                "X-aws-ec2-metadata-token-ttl-seconds".to_string(),
+                ttl.to_string(),
+            )],
+            format!("token-{}", s.tokens),
+        );
+    }
+    if method != "GET" {
+        return (405, vec![], String::new());
+    }
+    match header(head, "x-aws-ec2-metadata-token") {
+        Some(t) if t.starts_with("token-") => {}
+        _ => return (401, vec![], String::new()),
+    }
+    match path {
+        "/latest/meta-data/instance-id" => (200, vec![], s.instance_id.clone()),
+        "/latest/meta-data/placement/region" => (200, vec![], REGION.to_string()),
+        "/latest/meta-data/autoscaling/target-lifecycle-state" => match &s.target {
+            Some(t) => (200, vec![], t.clone()),
+            None => (404, vec![], String::new()),
+        },
+        _ => (404, vec![], String::new()),
+    }
+}
+
+/// A fake ECS agent introspection API: `GET /v1/metadata` answers `metadata` (JSON) after
+/// answering 503 to the first `fail_first` requests (an agent still starting); any other
+/// path is 404.
+#[derive(Clone)]
+pub struct FakeAgent {
+    pub url: String,
+    requests: Arc<AtomicUsize>,
+}
+
+impl FakeAgent {
+    pub async fn start(metadata: String, fail_first: usize) -> FakeAgent {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = requests.clone();
+        let handler: Handler = Arc::new(move |_, path, _| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            if path != "/v1/metadata" {
+                return (404, vec![], String::new());
+            }
+            if n < fail_first {
+                return (503, vec![], "starting".into());
+            }
+            (
+                200,
+                vec![("Content-Type".into(), "application/json".into())],
+                metadata.clone(),
+            )
+        });
+        let addr = serve_http(handler).await;
+        FakeAgent {
+            url: format!("http://{addr}"),
+            requests,
+        }
+    }
+
+    /// The agent's metadata for a cluster and, once registered, a container instance.
+    pub fn metadata(cluster: &str, arn: Option<&str>) -> String {
+        match arn {
+            Some(arn) => format!(
+                r#"{{"Cluster":"{cluster}","ContainerInstanceArn":"{arn}","Version":"Amazon ECS Agent - v1.90.0"}}"#
+            ),
+            None => format!(r#"{{"Cluster":"{cluster}"}}"#),
+        }
+    }
+
+    /// Requests answered so far (any path).
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
