@@ -49,7 +49,9 @@ pub use proxy::{Call, Fault, Proxy};
 
 /// The gpu-medic repository (the workspace root).
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = kit.join("../..");
+    root.canonicalize().unwrap_or(root)
 }
 
 /// The shipped default policy.
@@ -87,7 +89,12 @@ pub fn bin() -> PathBuf {
 /// also leaves a copy at `target/<profile>/libfake_nvml.so`. The fresh `deps/` one comes first.
 pub fn fake_nvml() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let mut dirs: Vec<PathBuf> = exe.ancestors().skip(1).take(3).map(Path::to_path_buf).collect();
+    let mut dirs: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(3)
+        .map(Path::to_path_buf)
+        .collect();
     if let Some(d) = bin().parent() {
         dirs.push(d.to_path_buf());
     }

@@ -129,8 +129,7 @@ impl MpsDir {
 
     /// The daemon's numeric answer to `cmd` (the probe's reply); None without one.
     pub fn answer(&self, cmd: &str, timeout: Duration) -> Option<String> {
-        self.ask(cmd, timeout)
-            .filter(|s| s.parse::<f64>().is_ok())
+        self.ask(cmd, timeout).filter(|s| s.parse::<f64>().is_ok())
     }
 
     /// One control session, as an operator would type it: the trimmed reply, or None without
@@ -186,7 +185,6 @@ impl MpsDir {
         left
     }
 }
-
 
 /// The pids of [`mps_processes`].
 pub fn mps_pids(pipe: &Path) -> Vec<u32> {

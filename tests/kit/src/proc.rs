@@ -114,4 +114,3 @@ pub fn footprint(pid: u32, at_s: f64) -> Option<Footprint> {
         rss_kb: status_field(pid, "VmRSS")?,
     })
 }
-

@@ -100,6 +100,25 @@ impl Fault {
         }
     }
 
+    /// Answers `op` with this status, content type and body (what moto gets wrong or lacks).
+    pub fn canned(
+        op: &str,
+        times: usize,
+        status: u16,
+        content_type: &'static str,
+        body: String,
+    ) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Fixed {
+                status,
+                content_type,
+                body,
+            },
+        }
+    }
+
     /// The next `times` calls of `op` ("" = any operation) throttled in their protocol's words.
     pub fn throttle(op: &str, times: usize) -> Fault {
         Fault {
