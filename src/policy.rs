@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::error::{FileError, line_of};
 use crate::catalog;
+use crate::error::{FileError, line_of};
 use crate::model::{RecoveryAction, Signal, SignalKind, Verdict, XidDecode};
 
 /// A rule: how one signal (or a set of XIDs) is judged.
@@ -170,16 +170,21 @@ impl Policy {
             .iter()
             .map(|x| x.code)
             .filter(|code| {
-                let decodes: Vec<Option<XidDecode>> = if catalog::NVLINK5.contains(code)
-                    || *code == catalog::CHECK_UVM_XID
-                {
-                    XidDecode::ALL.into_iter().map(Some).collect()
-                } else {
-                    vec![None]
-                };
+                let decodes: Vec<Option<XidDecode>> =
+                    if catalog::NVLINK5.contains(code) || *code == catalog::CHECK_UVM_XID {
+                        XidDecode::ALL.into_iter().map(Some).collect()
+                    } else {
+                        vec![None]
+                    };
                 decodes.into_iter().any(|decode| {
-                    self.rule_for(&Signal::Xid { code: *code, decode }, u64::MAX)
-                        .is_none_or(|r| r.xids.is_none())
+                    self.rule_for(
+                        &Signal::Xid {
+                            code: *code,
+                            decode,
+                        },
+                        u64::MAX,
+                    )
+                    .is_none_or(|r| r.xids.is_none())
                 })
             })
             .collect()
@@ -789,14 +794,8 @@ reason = "too hot"
     #[test]
     fn xid_specific_beats_catch_all() {
         let p = parse(BASIC).unwrap();
-        assert_eq!(
-            p.rule_for(&Signal::xid(79), 0).unwrap().name,
-            "fatal"
-        );
-        assert_eq!(
-            p.rule_for(&Signal::xid(13), 0).unwrap().name,
-            "other-xid"
-        );
+        assert_eq!(p.rule_for(&Signal::xid(79), 0).unwrap().name, "fatal");
+        assert_eq!(p.rule_for(&Signal::xid(13), 0).unwrap().name, "other-xid");
     }
 
     #[test]

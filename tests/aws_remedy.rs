@@ -6,17 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-#[path = "support/aws.rs"]
-mod aws;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use aws::{Fault, Proxy};
 use gpu_medic::model::{Command, GpuId, LifecycleHook, LifecycleResult};
 use gpu_medic::remedy::aws::AwsControlPlane;
 use gpu_medic::remedy::{ControlPlane, Done, RemedyError};
+use gpu_medic_testkit::aws::{self, Fault, Proxy};
 
 fn ids_of(d: &Done, op: &str) -> Vec<String> {
     d.request_ids
