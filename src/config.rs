@@ -648,9 +648,15 @@ impl Default for LifecycleConfig {
 impl Config {
     /// Reads and checks a config file. Relative paths inside it are resolved against its folder.
     pub fn load(path: &Path) -> Result<Config, FileError> {
+        Config::load_with_text(path).map(|(cfg, _)| cfg)
+    }
+
+    /// [`load`](Self::load), also returning the file's text (for `file:line` in later checks).
+    pub fn load_with_text(path: &Path) -> Result<(Config, String), FileError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| FileError::new(path, None, format!("cannot read config: {e}")))?;
-        Config::parse(path, &text)
+        let cfg = Config::parse(path, &text)?;
+        Ok((cfg, text))
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, FileError> {

@@ -232,18 +232,34 @@ struct FileEngine {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileDeadlines {
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     restart_mps: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     stop_tasks: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     quarantine: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     drain: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     replace: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     lifecycle: Option<Duration>,
+}
+
+/// The shortest deadline a phase may have: below it every order "overruns" before its remedy
+/// could answer, and the engine escalates on nothing.
+const MIN_DEADLINE: Duration = Duration::from_secs(1);
+
+fn de_deadline<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let v: Option<Duration> = humantime_serde::deserialize(d)?;
+    match v {
+        Some(v) if v < MIN_DEADLINE => Err(serde::de::Error::custom(format!(
+            "a deadline of {} is too short: at least {}",
+            humantime::format_duration(v),
+            humantime::format_duration(MIN_DEADLINE)
+        ))),
+        v => Ok(v),
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -125,6 +125,13 @@ impl ConfigArg {
     pub fn load(&self) -> Result<Config, FileError> {
         Config::load(&self.config)
     }
+
+    /// Loads the config and checks it against this machine ([`crate::preflight`]).
+    pub fn load_for(&self, mode: crate::preflight::Mode) -> Result<Config, FileError> {
+        let (cfg, text) = Config::load_with_text(&self.config)?;
+        crate::preflight::check(&cfg, &self.config, &text, mode)?;
+        Ok(cfg)
+    }
 }
 
 /// Loads `--policy FILE` if given, else the config's policy if the config exists, else the
