@@ -236,6 +236,18 @@ pub enum Signal {
     Lifecycle {
         state: LifecycleState,
     },
+    /// gpu-medic itself cannot do part of its job: a library that no longer loads, a control
+    /// binary that went missing, NVML that cannot count the GPUs, a state file set aside.
+    /// A fault of gpu-medic or its configuration, never of the hardware: it is journaled once
+    /// and shown in `status` and metrics, and nothing is drained, replaced or restarted for it.
+    SelfFault {
+        /// What fails: `nvml`, `mps-control`, `state-file`.
+        component: String,
+    },
+    /// The component works again: the all-clear for its self-fault.
+    SelfRecovered {
+        component: String,
+    },
 }
 
 /// The fieldless name of a signal, as written in policy files (`signal = "xid"`).
@@ -265,6 +277,8 @@ pub enum SignalKind {
     StateDiskFull,
     MpsUp,
     Lifecycle,
+    SelfFault,
+    SelfRecovered,
 }
 
 impl SignalKind {
@@ -318,6 +332,8 @@ impl SignalKind {
             SignalKind::StateDiskFull => "state-disk-full",
             SignalKind::MpsUp => "mps-up",
             SignalKind::Lifecycle => "lifecycle",
+            SignalKind::SelfFault => "self-fault",
+            SignalKind::SelfRecovered => "self-recovered",
         }
     }
 
@@ -365,6 +381,8 @@ impl Signal {
             Signal::StateDiskFull => SignalKind::StateDiskFull,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
+            Signal::SelfFault { .. } => SignalKind::SelfFault,
+            Signal::SelfRecovered { .. } => SignalKind::SelfRecovered,
         }
     }
 }
@@ -379,6 +397,8 @@ impl fmt::Display for Signal {
             } => write!(f, "xid {code} ({})", d.as_str()),
             Signal::RecoveryAction { action } => write!(f, "recovery-action {}", action.as_str()),
             Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
+            Signal::SelfFault { component } => write!(f, "self-fault {component}"),
+            Signal::SelfRecovered { component } => write!(f, "self-recovered {component}"),
             other => f.write_str(other.kind().as_str()),
         }
     }
