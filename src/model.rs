@@ -350,6 +350,20 @@ pub struct Observation {
     /// Which probe produced it (`nvml`, `kmsg`, `mps`, `imds`, ...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
+    /// Where in its source stream it was read (a kernel-log sequence number, a log file
+    /// offset): the supervisor moves the source's cursor past it only once it is journaled,
+    /// and drops it as a duplicate when a restart reads it again. The engine ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<Cursor>,
+}
+
+/// A position in a source stream (see [`Observation::cursor`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// The stream: `kmsg:<boot id>`, `kmsg-file:<dev>:<inode>`, `mps-log:<dev>:<inode>`.
+    pub stream: String,
+    /// Increasing within the stream (a sequence number or the byte offset after the record).
+    pub pos: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -366,6 +380,7 @@ impl Observation {
             tasks: Vec::new(),
             detail: None,
             source: String::new(),
+            cursor: None,
         }
     }
 
@@ -391,6 +406,14 @@ impl Observation {
 
     pub fn from_source(mut self, source: &str) -> Self {
         self.source = source.to_string();
+        self
+    }
+
+    pub fn at_cursor(mut self, stream: impl Into<String>, pos: u64) -> Self {
+        self.cursor = Some(Cursor {
+            stream: stream.into(),
+            pos,
+        });
         self
     }
 }
