@@ -240,11 +240,13 @@ pub enum CappedLine {
 }
 
 /// Reads one line of at most `cap` bytes from `r`; `None` at the end. Memory is at most
-/// `cap` bytes whatever the input.
+/// `cap` bytes whatever the input; at most `max_scan` bytes are consumed looking for the end
+/// of an overlong line (then it is `TooLong` with what was consumed).
 pub fn read_capped_line(
     r: &mut impl BufRead,
     buf: &mut Vec<u8>,
     cap: usize,
+    max_scan: u64,
 ) -> std::io::Result<Option<CappedLine>> {
     buf.clear();
     let mut len = 0usize;
@@ -271,6 +273,9 @@ pub fn read_capped_line(
         if done {
             complete = true;
             break;
+        }
+        if len as u64 >= max_scan {
+            return Ok(Some(CappedLine::TooLong { len }));
         }
     }
     if len == 0 && !complete {
@@ -312,9 +317,14 @@ pub fn stream_jsonl<T: DeserializeOwned>(
         let mut reader = BufReader::new(file);
         let mut n = 0;
         loop {
-            let Some(line) =
-                read_capped_line(&mut reader, &mut buf, crate::limits::MAX_JOURNAL_LINE)
-                    .map_err(|e| JournalError::io(path, e))?
+            let max_scan = max_bytes.map_or(u64::MAX, |m| m.saturating_sub(total) + 1);
+            let Some(line) = read_capped_line(
+                &mut reader,
+                &mut buf,
+                crate::limits::MAX_JOURNAL_LINE,
+                max_scan,
+            )
+            .map_err(|e| JournalError::io(path, e))?
             else {
                 break;
             };
@@ -326,6 +336,11 @@ pub fn stream_jsonl<T: DeserializeOwned>(
                 }
                 CappedLine::TooLong { len } => {
                     total = total.saturating_add(len as u64 + 1);
+                    if let Some(max) = max_bytes
+                        && total > max
+                    {
+                        return Err(too_much(path, n, max));
+                    }
                     let skipped = SkippedLine {
                         line: n,
                         message: format!(
@@ -345,14 +360,7 @@ pub fn stream_jsonl<T: DeserializeOwned>(
             if let Some(max) = max_bytes
                 && total > max
             {
-                return Err(JournalError::Corrupt {
-                    path: path.clone(),
-                    line: n,
-                    message: format!(
-                        "more than the {} cap; is this the right file?",
-                        crate::limits::human_bytes(max)
-                    ),
-                });
+                return Err(too_much(path, n, max));
             }
             let text = text.trim();
             if text.is_empty() {
@@ -378,6 +386,17 @@ pub fn stream_jsonl<T: DeserializeOwned>(
         }
     }
     Ok(())
+}
+
+fn too_much(path: &Path, line: usize, max: u64) -> JournalError {
+    JournalError::Corrupt {
+        path: path.to_path_buf(),
+        line,
+        message: format!(
+            "more than the {} cap; is this the right file?",
+            crate::limits::human_bytes(max)
+        ),
+    }
 }
 
 /// Reads a JSON-lines file. A missing file is empty. Unreadable lines (a torn tail, a
@@ -487,6 +506,23 @@ pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
             line: e.line(),
             message: format!("state file unreadable: {e}"),
         })
+}
+
+/// The stream positions already journaled, as the supervisor last saved them in
+/// `state.json`, for a source that resumes reading. Unreadable or missing: none (the source
+/// reads from its start or end as it would on a first start; the supervisor still drops what
+/// it has seen). Reads the file without setting anything aside.
+pub fn committed_delivery(state_file: &Path) -> crate::engine::Delivery {
+    #[derive(Deserialize)]
+    struct Partial {
+        #[serde(default)]
+        delivery: crate::engine::Delivery,
+    }
+    crate::limits::read_text(state_file, crate::limits::MAX_STATE_BYTES, "state file")
+        .ok()
+        .and_then(|t| serde_json::from_str::<Partial>(&t).ok())
+        .map(|p| p.delivery)
+        .unwrap_or_default()
 }
 
 /// Where operator requests wait for the daemon (`gpu-medic incidents abort`).

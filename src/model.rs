@@ -750,56 +750,69 @@ impl Incident {
     pub fn fold(records: impl IntoIterator<Item = Record>) -> Vec<Incident> {
         let mut out: std::collections::BTreeMap<IncidentId, Incident> = Default::default();
         for rec in records {
-            let inc = out.entry(rec.incident).or_insert_with(|| Incident {
-                id: rec.incident,
-                opened_at: rec.at,
-                signal: "(unknown: opening record missing)".into(),
-                gpu: None,
-                rule: String::new(),
-                reason: String::new(),
-                action: Verdict::Log,
-                state: IncidentState::Open,
-                closed_at: None,
-                summary: String::new(),
-                tasks: Vec::new(),
-                pids: Vec::new(),
-                request_ids: Vec::new(),
-                records: Vec::new(),
-            });
-            match &rec.event {
-                IncidentEvent::Opened {
-                    observation,
-                    rule,
-                    reason,
-                    verdict,
-                } => {
-                    inc.opened_at = rec.at;
-                    inc.signal = observation.signal.to_string();
-                    inc.gpu = observation.gpu.clone();
-                    inc.rule = rule.clone();
-                    inc.reason = reason.clone();
-                    inc.action = *verdict;
-                    inc.absorb(observation);
-                }
-                IncidentEvent::Signal { observation } => inc.absorb(observation),
-                IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
-                IncidentEvent::ActionFinished { outcome } => {
-                    for r in &outcome.request_ids {
-                        if !inc.request_ids.contains(r) {
-                            inc.request_ids.push(r.clone());
-                        }
-                    }
-                }
-                IncidentEvent::Closed { state, summary } => {
-                    inc.state = *state;
-                    inc.closed_at = Some(rec.at);
-                    inc.summary = summary.clone();
-                }
-                _ => {}
-            }
-            inc.records.push(rec);
+            out.entry(rec.incident)
+                .or_insert_with(|| Incident::stub(&rec))
+                .push(rec);
         }
         out.into_values().collect()
+    }
+
+    /// An incident known only by one record so far (its `opened` record may follow, or be
+    /// missing from a rotated or torn journal).
+    pub fn stub(rec: &Record) -> Incident {
+        Incident {
+            id: rec.incident,
+            opened_at: rec.at,
+            signal: "(unknown: opening record missing)".into(),
+            gpu: None,
+            rule: String::new(),
+            reason: String::new(),
+            action: Verdict::Log,
+            state: IncidentState::Open,
+            closed_at: None,
+            summary: String::new(),
+            tasks: Vec::new(),
+            pids: Vec::new(),
+            request_ids: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+
+    /// Folds one more record (in file order) into the incident.
+    pub fn push(&mut self, rec: Record) {
+        let inc = self;
+        match &rec.event {
+            IncidentEvent::Opened {
+                observation,
+                rule,
+                reason,
+                verdict,
+            } => {
+                inc.opened_at = rec.at;
+                inc.signal = observation.signal.to_string();
+                inc.gpu = observation.gpu.clone();
+                inc.rule = rule.clone();
+                inc.reason = reason.clone();
+                inc.action = *verdict;
+                inc.absorb(observation);
+            }
+            IncidentEvent::Signal { observation } => inc.absorb(observation),
+            IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
+            IncidentEvent::ActionFinished { outcome } => {
+                for r in &outcome.request_ids {
+                    if !inc.request_ids.contains(r) {
+                        inc.request_ids.push(r.clone());
+                    }
+                }
+            }
+            IncidentEvent::Closed { state, summary } => {
+                inc.state = *state;
+                inc.closed_at = Some(rec.at);
+                inc.summary = summary.clone();
+            }
+            _ => {}
+        }
+        inc.records.push(rec);
     }
 
     fn absorb(&mut self, obs: &Observation) {

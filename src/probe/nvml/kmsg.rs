@@ -140,22 +140,6 @@ pub fn check_path(path: &Path) -> Result<(), String> {
     ))
 }
 
-/// The stream positions already journaled, as the supervisor last saved them in
-/// `state.json`. Unreadable or missing: nothing (every record is read; the supervisor still
-/// drops what it has seen).
-pub fn committed_cursors(state_file: &Path) -> crate::engine::Delivery {
-    #[derive(serde::Deserialize)]
-    struct Partial {
-        #[serde(default)]
-        delivery: crate::engine::Delivery,
-    }
-    crate::limits::read_text(state_file, crate::limits::MAX_STATE_BYTES, "state file")
-        .ok()
-        .and_then(|t| serde_json::from_str::<Partial>(&t).ok())
-        .map(|p| p.delivery)
-        .unwrap_or_default()
-}
-
 /// Where a line came from: its stream and position, for the cursor.
 fn position(x: &KernelXid, boot: &str, file: Option<&(u64, u64)>, end: u64) -> Option<(String, u64)> {
     if x.seq != 0 {
@@ -186,7 +170,7 @@ impl Cursors {
             }
         }
         Cursors {
-            committed: committed_cursors(&state),
+            committed: crate::journal::committed_delivery(&state),
             skipped,
             skip_file: cursor_file.to_path_buf(),
         }
@@ -254,7 +238,7 @@ impl KmsgReader {
                     let mut r = BufReader::with_capacity(2 * cap, file);
                     let mut buf = Vec::new();
                     loop {
-                        match crate::journal::read_capped_line(&mut r, &mut buf, cap) {
+                        match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
                             Ok(None) => {
                                 let _ = ltx.send(None);
                                 return;
@@ -296,7 +280,7 @@ impl KmsgReader {
             // again from there once its writer finishes it.
             let mut offset: u64 = 0;
             while !self.stop.load(Ordering::Relaxed) {
-                match crate::journal::read_capped_line(&mut r, &mut buf, cap) {
+                match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
                     Ok(None) => std::thread::sleep(Duration::from_millis(100)),
                     Ok(Some(crate::journal::CappedLine::Text { text, complete: true })) => {
                         // Lossy text may differ in length from the bytes: ask the reader.
