@@ -54,10 +54,7 @@ fn cpu_s(pid: u32) -> f64 {
 }
 
 fn append(path: &Path, text: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .unwrap();
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
     f.write_all(text.as_bytes()).unwrap();
 }
 
@@ -209,9 +206,15 @@ fn main() {
         None => println!("  XID 79 not decided within {timeout:?}"),
     }
     match absorbed {
-        Some(a) => println!("  storm absorbed (CPU < 2 % of a core) {:.1} s after it began", a.as_secs_f64()),
+        Some(a) => println!(
+            "  storm absorbed (CPU < 2 % of a core) {:.1} s after it began",
+            a.as_secs_f64()
+        ),
         None => println!("  storm not absorbed within the wait"),
     }
-    println!("  CPU time for the storm: {storm_cpu:.2} s; afterwards {:.1} % of a core", idle_rate * 100.0);
+    println!(
+        "  CPU time for the storm: {storm_cpu:.2} s; afterwards {:.1} % of a core",
+        idle_rate * 100.0
+    );
     println!("  incidents opened: {opened}; state.json {state_bytes} bytes");
 }

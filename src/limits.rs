@@ -73,7 +73,10 @@ mod tests {
     #[test]
     fn an_endless_file_is_refused_at_the_cap() {
         let err = read_text(Path::new("/dev/zero"), 4096, "config").unwrap_err();
-        assert!(matches!(err, ReadError::TooLarge { limit: 4096, .. }), "{err}");
+        assert!(
+            matches!(err, ReadError::TooLarge { limit: 4096, .. }),
+            "{err}"
+        );
         assert!(err.to_string().contains("4 KiB cap"), "{err}");
     }
 

@@ -658,10 +658,7 @@ fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
     assert_eq!(xid_inputs(&node, 13), 1);
     node.stop();
 
-    for (what, make) in [
-        ("a directory", "dir"),
-        ("a FIFO", "fifo"),
-    ] {
+    for (what, make) in [("a directory", "dir"), ("a FIFO", "fifo")] {
         let p = node.path(&format!("bad-kmsg-{make}"));
         if make == "dir" {
             std::fs::create_dir_all(&p).unwrap();

@@ -277,8 +277,7 @@ impl Cx<'_> {
             .max()
             .unwrap_or_default();
         let now = self.now;
-        if !self.st.sightings.contains_key(&key) && self.st.sightings.len() >= MAX_SIGHTING_KEYS
-        {
+        if !self.st.sightings.contains_key(&key) && self.st.sightings.len() >= MAX_SIGHTING_KEYS {
             let stalest = self
                 .st
                 .sightings

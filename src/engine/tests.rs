@@ -740,12 +740,13 @@ fn a_storm_of_distinct_xids_coalesces_and_state_stays_bounded() {
     assert!(size < 64 * 1024, "state grew to {size} bytes");
     assert!(r.st.sightings.len() <= MAX_SIGHTING_KEYS);
     assert!(r.st.recent_logs.len() <= MAX_RECENT_LOGS);
-    assert!(r.st.recent_logs.values().all(|l| l.counts.len() <= MAX_COUNTED_SIGNALS));
+    assert!(
+        r.st.recent_logs
+            .values()
+            .all(|l| l.counts.len() <= MAX_COUNTED_SIGNALS)
+    );
     let out = r.feed(xid(3, 79));
-    assert!(matches!(
-        Run::only_order(&out).command,
-        Command::Quarantine
-    ));
+    assert!(matches!(Run::only_order(&out).command, Command::Quarantine));
     // After the window, the next incident of a class says how many repeats it absorbed.
     r.advance(LOG_REPEAT_WINDOW);
     r.feed(xid(0, 100_000));

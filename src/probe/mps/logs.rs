@@ -806,4 +806,65 @@ mod tests {
         assert_eq!(obs.len(), 2, "{obs:?}");
         assert!(obs.iter().all(|o| o.signal == Signal::MpsServerFault));
     }
+
+    #[test]
+    fn a_huge_backlog_is_skipped_and_the_fault_after_it_is_read_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.log");
+        std::fs::write(&path, "").unwrap();
+        let mut w = LogWatch::new(dir.path());
+        assert!(w.poll().is_empty());
+        let junk = "[2026-11-30 06:00:00.000 Server 7] junk junk junk junk junk junk junk\n";
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let mut body = junk.repeat((MAX_READ as usize * 2) / junk.len());
+        body.push_str(&FAULT_BLOCK[3..9].join("\n"));
+        body.push('\n');
+        f.write_all(body.as_bytes()).unwrap();
+        // One poll reads past the junk to the block; the next (quiet) finishes it.
+        assert!(w.poll().is_empty(), "the block may continue");
+        let obs = w.poll();
+        assert_eq!(obs.len(), 2, "{obs:?}");
+        // The last observation of a finished block carries the file's position.
+        let c = obs[1].cursor.clone().expect("a cursor");
+        assert!(c.stream.starts_with("mps-log:"), "{c:?}");
+        assert_eq!(c.pos, std::fs::metadata(&path).unwrap().len());
+    }
+
+    #[test]
+    fn a_restart_resumes_at_the_journaled_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.log");
+        let line = |n: u32| {
+            format!("[2026-11-30 06:00:0{n}.000 Control 7] Server {n} exited with status 1\n")
+        };
+        std::fs::write(&path, line(1)).unwrap();
+        let mut t = Tail::new(path.clone());
+        assert!(t.read_new().is_empty());
+        let stream = t.stream().unwrap();
+        let journaled = t.consumed();
+        // Written while gpu-medic was down.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(line(2).as_bytes()).unwrap();
+        let mut delivery = crate::engine::Delivery::default();
+        delivery.advance(&stream, journaled, crate::model::Timestamp(1));
+        let mut again = Tail::new(path.clone());
+        again.resume_from(delivery.clone());
+        let got = again.read_new();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].0.contains("Server 2 "));
+        // Truncated while down: read from the start under a new stream name.
+        std::fs::write(&path, line(3)).unwrap();
+        let mut t3 = Tail::new(path.clone());
+        let mut d = crate::engine::Delivery::default();
+        d.advance(&stream, 10_000, crate::model::Timestamp(1));
+        t3.resume_from(d);
+        assert_eq!(t3.read_new().len(), 1);
+        assert_ne!(t3.stream(), Some(stream));
+    }
 }

@@ -141,7 +141,12 @@ pub fn check_path(path: &Path) -> Result<(), String> {
 }
 
 /// Where a line came from: its stream and position, for the cursor.
-fn position(x: &KernelXid, boot: &str, file: Option<&(u64, u64)>, end: u64) -> Option<(String, u64)> {
+fn position(
+    x: &KernelXid,
+    boot: &str,
+    file: Option<&(u64, u64)>,
+    end: u64,
+) -> Option<(String, u64)> {
     if x.seq != 0 {
         return Some((format!("kmsg:{boot}"), x.seq));
     }
@@ -282,7 +287,10 @@ impl KmsgReader {
             while !self.stop.load(Ordering::Relaxed) {
                 match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
                     Ok(None) => std::thread::sleep(Duration::from_millis(100)),
-                    Ok(Some(crate::journal::CappedLine::Text { text, complete: true })) => {
+                    Ok(Some(crate::journal::CappedLine::Text {
+                        text,
+                        complete: true,
+                    })) => {
                         // Lossy text may differ in length from the bytes: ask the reader.
                         offset = r
                             .stream_position()
@@ -300,7 +308,11 @@ impl KmsgReader {
                         offset = r
                             .stream_position()
                             .unwrap_or(offset.saturating_add(len as u64 + 1));
-                        tracing::warn!(probe = "kmsg", len, "kernel log line longer than {cap} bytes dropped");
+                        tracing::warn!(
+                            probe = "kmsg",
+                            len,
+                            "kernel log line longer than {cap} bytes dropped"
+                        );
                     }
                     Err(e) => {
                         tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
