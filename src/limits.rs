@@ -55,11 +55,11 @@ pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, 
 /// Formats a byte count for messages (`1 MiB`, `512 KiB`, `17 bytes`).
 pub fn human_bytes(n: u64) -> String {
     const K: u64 = 1024;
-    if n >= K * K * K && n % (K * K * K) == 0 {
+    if n >= K * K * K && n.is_multiple_of(K * K * K) {
         format!("{} GiB", n / (K * K * K))
-    } else if n >= K * K && n % (K * K) == 0 {
+    } else if n >= K * K && n.is_multiple_of(K * K) {
         format!("{} MiB", n / (K * K))
-    } else if n >= K && n % K == 0 {
+    } else if n >= K && n.is_multiple_of(K) {
         format!("{} KiB", n / K)
     } else {
         format!("{n} bytes")

@@ -542,7 +542,10 @@ fn run_refuses_a_bad_policy_before_starting() {
 #[test]
 fn incidents_read_across_rotated_files_and_oversized_inputs_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "[journal]\nmax_file_size_mib = 1\nkeep_files = 2\n");
+    let cfg = config(
+        dir.path(),
+        "[journal]\nmax_file_size_mib = 1\nkeep_files = 2\n",
+    );
     let body = recorded_journal();
     let lines: Vec<&str> = body.lines().collect();
     let (old, new) = lines.split_at(lines.len() / 2);
@@ -566,7 +569,10 @@ fn incidents_read_across_rotated_files_and_oversized_inputs_are_refused() {
         .output()
         .unwrap();
     let i = json_lines(&show.stdout);
-    assert_eq!(i[0]["records"].as_array().unwrap().len(), list_records(&body, 2));
+    assert_eq!(
+        i[0]["records"].as_array().unwrap().len(),
+        list_records(&body, 2)
+    );
 
     // Endless inputs stop at their caps with a clear message.
     gm().args(["check", "--config", "/dev/zero"])

@@ -160,12 +160,12 @@ proptest! {
         let total: usize = lines.iter().map(|l| l.len() + 1).sum();
         // The journal reader: every line is an item or a warning, never more.
         let mut n = 0;
-        journal::stream_jsonl::<Record>(&[p.clone()], None, |_| { n += 1; true }).unwrap();
+        journal::stream_jsonl::<Record>(std::slice::from_ref(&p), None, |_| { n += 1; true }).unwrap();
         prop_assert!(n <= total);
         // `policy simulate`: stepping whatever parses never panics.
         let policy = gpu_medic::policy::Policy::parse(Path::new("/fuzz/policy.toml"), POLICY).unwrap();
         let mut state = State::default();
-        let capped = journal::stream_jsonl::<StampedInput>(&[p.clone()], Some(total as u64 / 2 + 1), |e| {
+        let capped = journal::stream_jsonl::<StampedInput>(std::slice::from_ref(&p), Some(total as u64 / 2 + 1), |e| {
             if let Entry::Item(s) = e {
                 state = engine::step(&state, s.input, s.at, &policy).0;
             }
