@@ -553,11 +553,16 @@ mod tests {
         // 2, or 3 when the first tick (stamped now, years after the inputs) pruned windows.
         assert!(state.delivery.applied >= 2, "{:?}", state.delivery);
         assert!(state.delivery.seen("kmsg:boot", 42));
-        let after = journal::read_jsonl::<Record>(&cfg.incidents_path()).unwrap().0;
+        let after = journal::read_jsonl::<Record>(&cfg.incidents_path())
+            .unwrap()
+            .0;
         // The second XID repeats the first (a log-only class): it adds no record, and the
         // first's records are not written twice.
         assert_eq!(after.len(), before, "{after:?}");
-        assert_eq!(state.recent_logs.values().map(|r| r.repeats).sum::<u32>(), 1);
+        assert_eq!(
+            state.recent_logs.values().map(|r| r.repeats).sum::<u32>(),
+            1
+        );
 
         // A second start has nothing to replay.
         start_and_stop(&cfg).await;
@@ -569,6 +574,36 @@ mod tests {
                 .0
                 .len(),
             before
+        );
+    }
+
+    /// Fatal first: in a batch, observations whose rule drains or replaces are stepped
+    /// before the rest (in arrival order otherwise), after requests and outcomes.
+    #[test]
+    fn a_batch_steps_fatal_signals_before_lower_classes() {
+        let policy = crate::policy::Policy::parse(
+            std::path::Path::new("default.toml"),
+            include_str!("../policies/default.toml"),
+        )
+        .unwrap();
+        let x = |code| Observation::new(Signal::Xid { code }).on_gpu(GpuId::index_only(0));
+        let batch = Batch {
+            observations: vec![x(13), x(100_001), x(79), x(31), x(48)],
+            tick: true,
+            ..Batch::default()
+        };
+        let order: Vec<String> = batch
+            .into_inputs(&policy)
+            .into_iter()
+            .map(|i| match i {
+                Input::Observation(o) => o.signal.to_string(),
+                Input::Tick => "tick".into(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            ["xid 79", "xid 48", "xid 13", "xid 100001", "xid 31", "tick"]
         );
     }
 }
