@@ -47,6 +47,10 @@ struct Node {
 
 impl Node {
     fn new(extra_nvml: &str) -> Node {
+        Node::with_poll(extra_nvml, "200ms")
+    }
+
+    fn with_poll(extra_nvml: &str, poll: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("inject")).unwrap();
         std::fs::write(dir.path().join("gpus.json"), GPUS).unwrap();
@@ -55,7 +59,7 @@ impl Node {
             dir.path().join("config.toml"),
             format!(
                 "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-                 [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n{extra_nvml}\n\
+                 [nvml]\nlibrary = \"{}\"\npoll_interval = \"{poll}\"\nkmsg = \"{}\"\n{extra_nvml}\n\
                  [mps]\nenabled = false\n[aws]\nenabled = false\n",
                 repo().join("policies/default.toml").display(),
                 fake_nvml().display(),
@@ -558,4 +562,112 @@ fn a_metrics_address_that_is_not_loopback_is_refused() {
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
+}
+
+/// The driver's text of NVLink5 XIDs as GB200 nodes print it (leptonai/gpud PR #1174), and
+/// lines built from NVIDIA's decode sheet (docs/xid-nvlink5-decode.csv).
+const NVLINK5_RESET: &str = "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)";
+const NVLINK5_IGNORE: &str = "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)";
+const NVLINK5_154_EVAL: &str = "RLW_REMAP Nonfatal XC0 i0 Link 02 (0x00000082 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)";
+
+fn explain_decode(code: u32, decode: &str) -> Value {
+    let out = StdCommand::new(bin())
+        .args(["policy", "explain", "--json", "--xid", &code.to_string(), "--decode", decode, "--policy"])
+        .arg(repo().join("policies/default.toml"))
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The fake raises the NVML event first and prints the driver's line second (FAKE_NVML_KMSG):
+/// the event watcher holds the XID for the line, the kernel log reader decodes it, and the
+/// verdict is the decode sheet's, once per XID.
+#[test]
+fn nvlink5_xids_from_nvml_follow_the_decode_sheet_of_their_kernel_log_line() {
+    let mut node = Node::new("");
+    node.start();
+    let kmsg = node.path("kmsg");
+    let inject = |node: &mut Node, gpu: u32, code: u32, msg: &str| {
+        node.inject(&format!(r#"{{"gpu": {gpu}, "xid": {code}, "message": "{msg}"}}"#));
+    };
+    // The daemon was started without FAKE_NVML_KMSG: restart it with it.
+    node.stop();
+    let child = node
+        .cmd()
+        .env("FAKE_NVML_KMSG", &kmsg)
+        .args(["run", "--log-format", "json", "--config"])
+        .arg(node.path("config.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(node.path("daemon.log")).unwrap())
+        .spawn()
+        .unwrap();
+    node.daemon = Some(child);
+    std::thread::sleep(Duration::from_millis(800));
+    for (gpu, code, msg, decode) in [
+        (0, 145, NVLINK5_IGNORE, "ignore"),
+        (1, 145, NVLINK5_154_EVAL, "xid-154-eval"),
+        (2, 149, NVLINK5_RESET, "reset-gpu"),
+    ] {
+        inject(&mut node, gpu, code, msg);
+        let r = node.wait_opened(&format!("XID {code} ({decode})"), |r| {
+            is_xid(r, code as u64) && r["observation"]["gpu"]["index"] == gpu
+        });
+        assert_eq!(r["observation"]["signal"]["decode"], decode, "{r}");
+        assert_eq!(r["observation"]["source"], "kmsg", "{r}");
+        let rule = explain_decode(code, decode);
+        assert_eq!(r["rule"], rule["rule"], "{r}");
+        assert_eq!(r["verdict"], rule["action"], "{r}");
+        assert!(
+            r["observation"]["detail"].as_str().unwrap().contains("NVLink5 decode"),
+            "{r}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(xid_inputs(&node, 145), 2, "one observation per XID, not one per source");
+    assert_eq!(xid_inputs(&node, 149), 1);
+    let replace = node.opened().into_iter().find(|r| is_xid(r, 149)).unwrap();
+    assert_eq!(replace["verdict"], "replace");
+    assert_eq!(replace["rule"], "xid-nvlink5-reset");
+    node.stop();
+}
+
+/// Kernel log lines alone (an XID raised before NVML was watched) are decoded the same way;
+/// an NVML event whose line never comes is reported undecoded after the wait.
+#[test]
+fn nvlink5_xids_from_the_kernel_log_alone_and_from_nvml_alone() {
+    let mut node = Node::new("");
+    node.start();
+    kmsg_append(
+        &node,
+        &format!("4,1000,5000000,-;NVRM: Xid (PCI:0000:10:00): 147, TREX Nonfatal XC0 i0 Link 04 (0x00000184 0x80000000 0x0 0x0 0x0 0x0)"),
+    );
+    let r = node.wait_opened("the kernel-log XID 147", |r| is_xid(r, 147));
+    assert_eq!(r["observation"]["signal"]["decode"], "ignore", "{r}");
+    assert_eq!(r["rule"], "xid-nvlink5-ignore");
+    assert_eq!(r["verdict"], "log");
+    // No FAKE_NVML_KMSG: the event comes, its line never does.
+    let t = Instant::now();
+    node.inject(r#"{"gpu": 3, "xid": 150}"#);
+    let r = node.wait_opened("the undecoded XID 150", |r| is_xid(r, 150));
+    assert!(t.elapsed() >= Duration::from_secs(2), "held for its line first");
+    assert_eq!(r["observation"]["signal"]["decode"], "undecoded", "{r}");
+    assert_eq!(r["observation"]["source"], "nvml");
+    assert_eq!(r["rule"], "xid-nvlink5-error");
+    assert_eq!(r["verdict"], "drain");
+    node.stop();
+}
+
+/// NVML's double-bit ECC event is bit 0x2 (nvmlEventTypeDoubleBitEccError; 0x4 is PState).
+/// With the counters polled once an hour, only the event can report the error.
+#[test]
+fn a_double_bit_ecc_event_is_reported_without_waiting_for_the_poller() {
+    let mut node = Node::with_poll("", "1h");
+    node.start();
+    node.inject(r#"{"gpu": 1, "ecc": {"uncorrected_volatile": 1}}"#);
+    let r = node.wait_opened("the ECC event", |r| {
+        r["observation"]["signal"]["kind"] == "ecc-uncorrected"
+    });
+    assert_eq!(r["observation"]["detail"], "double-bit ECC event", "{r}");
+    assert_eq!(r["observation"]["gpu"]["index"], 1);
+    node.stop();
 }

@@ -82,6 +82,8 @@ pub enum Command {
     Xid {
         gpu: u32,
         code: u64,
+        /// The driver's text after the code, for the kernel log line (`FAKE_NVML_KMSG`).
+        message: Option<String>,
     },
     Event {
         gpu: u32,
@@ -201,6 +203,7 @@ struct Injection {
     fail: Option<Fail>,
     recovery_action: Option<Recovery>,
     xid: Option<u64>,
+    message: Option<String>,
     event: Option<RawEvent>,
     unknown: Option<bool>,
     lost: Option<bool>,
@@ -326,10 +329,14 @@ impl Injection {
                 action: recovery_code(r)?,
             });
         }
+        if self.message.is_some() && self.xid.is_none() {
+            return Err("`message` is the text of an `xid`; give both".into());
+        }
         if let Some(code) = self.xid {
             out.push(Command::Xid {
                 gpu: gpu("xid")?,
                 code,
+                message: self.message.clone(),
             });
         }
         if let Some(e) = self.event {
@@ -392,7 +399,7 @@ mod tests {
     fn contract_keys() {
         assert_eq!(
             one(r#"{"gpu": 2, "xid": 79}"#),
-            Command::Xid { gpu: 2, code: 79 }
+            Command::Xid { gpu: 2, code: 79, message: None }
         );
         assert_eq!(
             one(r#"{"gpu": 1, "lost": true}"#),
@@ -518,7 +525,7 @@ mod tests {
                     gpu: 0,
                     celsius: 90
                 },
-                Command::Xid { gpu: 0, code: 79 },
+                Command::Xid { gpu: 0, code: 79, message: None },
                 Command::Lost { gpu: 0, lost: true },
                 Command::Reset,
             ]
