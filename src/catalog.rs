@@ -56,8 +56,7 @@ impl CatalogXid {
     /// Whether NVIDIA's immediate action needs a reset or more (or, for the rows without a
     /// class, gpu-medic treats the XID like its fatal siblings).
     pub fn is_fatal(&self) -> bool {
-        FATAL_CLASSES.contains(&self.immediate.as_str())
-            || FATAL_WITHOUT_CLASS.contains(&self.code)
+        FATAL_CLASSES.contains(&self.immediate.as_str()) || FATAL_WITHOUT_CLASS.contains(&self.code)
     }
 }
 
@@ -391,7 +390,9 @@ pub fn parse_decode(text: &str) -> Result<Vec<DecodeRow>, String> {
             ))
         };
         out.push(DecodeRow {
-            xid: f[0].parse().map_err(|_| at(format!("bad xid {:?}", f[0])))?,
+            xid: f[0]
+                .parse()
+                .map_err(|_| at(format!("bad xid {:?}", f[0])))?,
             subcode: f[1].clone(),
             intr_v1: Mask::parse(&f[2]).map_err(at)?,
             intr_v2: Mask::parse(&f[3]).map_err(at)?,
@@ -439,18 +440,28 @@ mod tests {
     fn public_captures_decode_as_the_sheet_says() {
         let d = decode_nvlink5(
             149,
-            Some("NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"),
+            Some(
+                "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+            ),
         );
         assert_eq!(d.class, XidDecode::ResetGpu, "{}", d.explanation);
-        assert!(d.explanation.contains("INVESTIGATE_PEER_DEVICE"), "{}", d.explanation);
+        assert!(
+            d.explanation.contains("INVESTIGATE_PEER_DEVICE"),
+            "{}",
+            d.explanation
+        );
         let d = decode_nvlink5(
             149,
-            Some("NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"),
+            Some(
+                "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+            ),
         );
         assert_eq!(d.class, XidDecode::ResetGpu, "{}", d.explanation);
         let d = decode_nvlink5(
             145,
-            Some("RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)"),
+            Some(
+                "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)",
+            ),
         );
         assert_eq!(d.class, XidDecode::Ignore, "{}", d.explanation);
     }
@@ -458,36 +469,59 @@ mod tests {
     #[test]
     fn promotable_errors_and_undecodable_text() {
         // RLW_RXPIPE status 0x1: IGNORE, unless IntrInfo bit 10 promotes it to RESET_GPU.
-        let text = |intr: u32| format!("RLW_RXPIPE Nonfatal XC0 i0 Link 13 ({intr:#010x} 0x00000001 0x0)");
-        assert_eq!(decode_nvlink5(145, Some(&text(0x0409a0c2))).class, XidDecode::Ignore);
+        let text =
+            |intr: u32| format!("RLW_RXPIPE Nonfatal XC0 i0 Link 13 ({intr:#010x} 0x00000001 0x0)");
+        assert_eq!(
+            decode_nvlink5(145, Some(&text(0x0409a0c2))).class,
+            XidDecode::Ignore
+        );
         assert_eq!(
             decode_nvlink5(145, Some(&text(0x0409a0c2 | 0x400))).class,
             XidDecode::ResetGpu
         );
         // V2 (R575+) encoding of the same subcode.
         assert_eq!(
-            decode_nvlink5(145, Some("RLW_RXPIPE Nonfatal XC0 i0 Link 2 (0x00000006 0x00000008 0x0)")).class,
+            decode_nvlink5(
+                145,
+                Some("RLW_RXPIPE Nonfatal XC0 i0 Link 2 (0x00000006 0x00000008 0x0)")
+            )
+            .class,
             XidDecode::Ignore
         );
         // 147 TREX, 148 NVLPW: IGNORE.
         assert_eq!(
-            decode_nvlink5(148, Some("NVLPW Nonfatal XC0 i0 Link 3 (0x0000000f 0x80000000 0x0)")).class,
+            decode_nvlink5(
+                148,
+                Some("NVLPW Nonfatal XC0 i0 Link 3 (0x0000000f 0x80000000 0x0)")
+            )
+            .class,
             XidDecode::Ignore
         );
         // RLW_REMAP 0x4: XID_154_EVAL.
         assert_eq!(
-            decode_nvlink5(145, Some("RLW_REMAP Nonfatal XC0 i0 Link 1 (0x00000082 0x00000004 0x0)")).class,
+            decode_nvlink5(
+                145,
+                Some("RLW_REMAP Nonfatal XC0 i0 Link 1 (0x00000082 0x00000004 0x0)")
+            )
+            .class,
             XidDecode::Xid154Eval
         );
         for (code, text) in [
             (149, None),
             (149, Some("NETIR Fatal")),
             (149, Some("NETIR Fatal (zz 0x0)")),
-            (144, Some("SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000021 0x00000040)")),
+            (
+                144,
+                Some("SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000021 0x00000040)"),
+            ),
             (149, Some("NETIR (0x")),
             (149, Some("")),
         ] {
-            assert_eq!(decode_nvlink5(code, text).class, XidDecode::Undecoded, "{text:?}");
+            assert_eq!(
+                decode_nvlink5(code, text).class,
+                XidDecode::Undecoded,
+                "{text:?}"
+            );
         }
     }
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::error::{FileError, line_of};
 use crate::catalog;
+use crate::error::{FileError, line_of};
 use crate::model::{RecoveryAction, Signal, SignalKind, Verdict, XidDecode};
 
 /// A rule: how one signal (or a set of XIDs) is judged.
@@ -170,16 +170,21 @@ impl Policy {
             .iter()
             .map(|x| x.code)
             .filter(|code| {
-                let decodes: Vec<Option<XidDecode>> = if catalog::NVLINK5.contains(code)
-                    || *code == catalog::CHECK_UVM_XID
-                {
-                    XidDecode::ALL.into_iter().map(Some).collect()
-                } else {
-                    vec![None]
-                };
+                let decodes: Vec<Option<XidDecode>> =
+                    if catalog::NVLINK5.contains(code) || *code == catalog::CHECK_UVM_XID {
+                        XidDecode::ALL.into_iter().map(Some).collect()
+                    } else {
+                        vec![None]
+                    };
                 decodes.into_iter().any(|decode| {
-                    self.rule_for(&Signal::Xid { code: *code, decode }, u64::MAX)
-                        .is_none_or(|r| r.xids.is_none())
+                    self.rule_for(
+                        &Signal::Xid {
+                            code: *code,
+                            decode,
+                        },
+                        u64::MAX,
+                    )
+                    .is_none_or(|r| r.xids.is_none())
                 })
             })
             .collect()
@@ -789,14 +794,8 @@ reason = "too hot"
     #[test]
     fn xid_specific_beats_catch_all() {
         let p = parse(BASIC).unwrap();
-        assert_eq!(
-            p.rule_for(&Signal::xid(79), 0).unwrap().name,
-            "fatal"
-        );
-        assert_eq!(
-            p.rule_for(&Signal::xid(13), 0).unwrap().name,
-            "other-xid"
-        );
+        assert_eq!(p.rule_for(&Signal::xid(79), 0).unwrap().name, "fatal");
+        assert_eq!(p.rule_for(&Signal::xid(13), 0).unwrap().name, "other-xid");
     }
 
     #[test]
@@ -890,20 +889,41 @@ reason = "too hot"
         );
         let p = parse(&text).unwrap();
         let judge = |d: Option<XidDecode>| {
-            p.rule_for(&Signal::Xid { code: 149, decode: d }, 0).unwrap().name.clone()
+            p.rule_for(
+                &Signal::Xid {
+                    code: 149,
+                    decode: d,
+                },
+                0,
+            )
+            .unwrap()
+            .name
+            .clone()
         };
         assert_eq!(judge(Some(XidDecode::ResetGpu)), "nv-reset");
         assert_eq!(judge(Some(XidDecode::Ignore)), "nv-rest");
         assert_eq!(judge(None), "nv-rest", "no decode counts as undecoded");
-        assert_eq!(judge(Some(XidDecode::Xid154Eval)), "other-xid", "no rule: the catch-all");
+        assert_eq!(
+            judge(Some(XidDecode::Xid154Eval)),
+            "other-xid",
+            "no rule: the catch-all"
+        );
         let e = parse(&format!(
             "{text}[[rule]]\nname = \"again\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n"
         ))
         .unwrap_err();
-        assert!(e.message.contains("XID 149 decoded `ignore` is already judged by rule `nv-rest`"), "{e}");
+        assert!(
+            e.message
+                .contains("XID 149 decoded `ignore` is already judged by rule `nv-rest`"),
+            "{e}"
+        );
         let e = parse("[[rule]]\nname = \"a\"\nsignal = \"xid\"\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n")
             .unwrap_err();
-        assert!(e.message.contains("decode: only for rules that name their xids"), "{e}");
+        assert!(
+            e.message
+                .contains("decode: only for rules that name their xids"),
+            "{e}"
+        );
         assert_eq!(e.line, Some(4));
     }
 
@@ -915,9 +935,15 @@ reason = "too hot"
         assert!(e.message.contains("silences `xid 79`"), "{e}");
         let p = parse(&format!("{rule}silences_fatal = true\n")).unwrap();
         let silenced = p.silenced_fatal_signals();
-        assert!(silenced.iter().any(|(s, r)| *s == Signal::xid(79) && r.is_some()));
         assert!(
-            silenced.iter().any(|(s, r)| *s == Signal::GpuLost && r.is_none()),
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::xid(79) && r.is_some())
+        );
+        assert!(
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::GpuLost && r.is_none()),
             "a fatal signal no rule judges is reported too"
         );
         assert!(p.catalog_xids_left_to_catch_all().contains(&13));

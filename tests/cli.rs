@@ -108,10 +108,17 @@ fn every_catalog_xid_has_a_deliberate_rule() {
             .args(args)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         json_lines(&out.stdout).remove(0)
     };
-    let catch_all = explain(&["--xid", "999999"])["rule"].as_str().unwrap().to_string();
+    let catch_all = explain(&["--xid", "999999"])["rule"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut missing = vec![];
     for x in catalog {
         let code = x.to_string();
@@ -136,17 +143,31 @@ fn every_catalog_xid_has_a_deliberate_rule() {
         "XIDs left to the catch-all: {missing:?}"
     );
     // 167 and 169 are judged like their siblings 158 and 62.
-    assert_eq!(explain(&["--xid", "167"])["action"], explain(&["--xid", "158"])["action"]);
-    assert_eq!(explain(&["--xid", "169"])["action"], explain(&["--xid", "62"])["action"]);
+    assert_eq!(
+        explain(&["--xid", "167"])["action"],
+        explain(&["--xid", "158"])["action"]
+    );
+    assert_eq!(
+        explain(&["--xid", "169"])["action"],
+        explain(&["--xid", "62"])["action"]
+    );
     // NVLink5: the decode class decides.
     let v = explain(&["--xid", "149", "--decode", "reset-gpu"]);
-    assert_eq!((v["action"].as_str(), v["signal"].as_str()), (Some("replace"), Some("xid 149 (reset-gpu)")));
-    assert_eq!(explain(&["--xid", "147", "--decode", "ignore"])["action"], "log");
-    gm().args(["policy", "explain", "--xid", "149", "--decode", "melted", "--policy"])
-        .arg(default_policy())
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("unknown decode `melted`"));
+    assert_eq!(
+        (v["action"].as_str(), v["signal"].as_str()),
+        (Some("replace"), Some("xid 149 (reset-gpu)"))
+    );
+    assert_eq!(
+        explain(&["--xid", "147", "--decode", "ignore"])["action"],
+        "log"
+    );
+    gm().args([
+        "policy", "explain", "--xid", "149", "--decode", "melted", "--policy",
+    ])
+    .arg(default_policy())
+    .assert()
+    .code(2)
+    .stderr(predicate::str::contains("unknown decode `melted`"));
 }
 
 /// `policy check` names the catalog XIDs a custom policy leaves to its catch-all, and the fatal
@@ -174,17 +195,29 @@ fn policy_check_reports_catch_all_xids_and_silenced_fatal_signals() {
         "{overlay}[[rule]]\nname = \"xid-unknown\"\nsignal = \"xid\"\naction = \"log\"\nreason = \"r\"\nsilences_fatal = true\n"
     );
     std::fs::write(&p, &opt_in).unwrap();
-    let out = gm().args(["policy", "check", "--json"]).arg(&p).assert().success();
+    let out = gm()
+        .args(["policy", "check", "--json"])
+        .arg(&p)
+        .assert()
+        .success();
     let v = &json_lines(&out.get_output().stdout)[0];
-    assert_eq!(v["catalog_xids_left_to_catch_all"], serde_json::json!([169]), "{v}");
+    assert_eq!(
+        v["catalog_xids_left_to_catch_all"],
+        serde_json::json!([169]),
+        "{v}"
+    );
     assert_eq!(v["silenced_fatal"][0]["signal"], "xid 169", "{v}");
     assert_eq!(v["silenced_fatal"][0]["rule"], "xid-unknown", "{v}");
     gm().args(["policy", "check"])
         .arg(&p)
         .assert()
         .success()
-        .stdout(predicate::str::contains("fall to the catch-all (or to no rule): 169"))
-        .stdout(predicate::str::contains("fatal signal `xid 169` is silenced (log) by rule `xid-unknown`"));
+        .stdout(predicate::str::contains(
+            "fall to the catch-all (or to no rule): 169",
+        ))
+        .stdout(predicate::str::contains(
+            "fatal signal `xid 169` is silenced (log) by rule `xid-unknown`",
+        ));
     // Silencing a named fatal XID or the lost GPU needs the key too.
     for (name, signal, extra) in [
         ("xid-fallen-off-bus", "xid", "xids = [79]\n"),
@@ -204,10 +237,16 @@ fn policy_check_reports_catch_all_xids_and_silenced_fatal_signals() {
             .arg(&p)
             .assert()
             .success()
-            .stdout(predicate::str::contains(format!("by rule `{name}` (silences_fatal = true)")));
+            .stdout(predicate::str::contains(format!(
+                "by rule `{name}` (silences_fatal = true)"
+            )));
     }
     // The shipped policies silence nothing and leave nothing to the catch-all.
-    let out = gm().args(["policy", "check", "--json"]).arg(default_policy()).assert().success();
+    let out = gm()
+        .args(["policy", "check", "--json"])
+        .arg(default_policy())
+        .assert()
+        .success();
     let v = &json_lines(&out.get_output().stdout)[0];
     assert_eq!(v["catalog_xids_left_to_catch_all"], serde_json::json!([]));
     assert_eq!(v["silenced_fatal"], serde_json::json!([]));

@@ -572,7 +572,16 @@ const NVLINK5_154_EVAL: &str = "RLW_REMAP Nonfatal XC0 i0 Link 02 (0x00000082 0x
 
 fn explain_decode(code: u32, decode: &str) -> Value {
     let out = StdCommand::new(bin())
-        .args(["policy", "explain", "--json", "--xid", &code.to_string(), "--decode", decode, "--policy"])
+        .args([
+            "policy",
+            "explain",
+            "--json",
+            "--xid",
+            &code.to_string(),
+            "--decode",
+            decode,
+            "--policy",
+        ])
         .arg(repo().join("policies/default.toml"))
         .output()
         .unwrap();
@@ -588,7 +597,9 @@ fn nvlink5_xids_from_nvml_follow_the_decode_sheet_of_their_kernel_log_line() {
     node.start();
     let kmsg = node.path("kmsg");
     let inject = |node: &mut Node, gpu: u32, code: u32, msg: &str| {
-        node.inject(&format!(r#"{{"gpu": {gpu}, "xid": {code}, "message": "{msg}"}}"#));
+        node.inject(&format!(
+            r#"{{"gpu": {gpu}, "xid": {code}, "message": "{msg}"}}"#
+        ));
     };
     // The daemon was started without FAKE_NVML_KMSG: restart it with it.
     node.stop();
@@ -618,12 +629,19 @@ fn nvlink5_xids_from_nvml_follow_the_decode_sheet_of_their_kernel_log_line() {
         assert_eq!(r["rule"], rule["rule"], "{r}");
         assert_eq!(r["verdict"], rule["action"], "{r}");
         assert!(
-            r["observation"]["detail"].as_str().unwrap().contains("NVLink5 decode"),
+            r["observation"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("NVLink5 decode"),
             "{r}"
         );
     }
     std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(xid_inputs(&node, 145), 2, "one observation per XID, not one per source");
+    assert_eq!(
+        xid_inputs(&node, 145),
+        2,
+        "one observation per XID, not one per source"
+    );
     assert_eq!(xid_inputs(&node, 149), 1);
     let replace = node.opened().into_iter().find(|r| is_xid(r, 149)).unwrap();
     assert_eq!(replace["verdict"], "replace");
@@ -639,7 +657,7 @@ fn nvlink5_xids_from_the_kernel_log_alone_and_from_nvml_alone() {
     node.start();
     kmsg_append(
         &node,
-        &format!("4,1000,5000000,-;NVRM: Xid (PCI:0000:10:00): 147, TREX Nonfatal XC0 i0 Link 04 (0x00000184 0x80000000 0x0 0x0 0x0 0x0)"),
+        "4,1000,5000000,-;NVRM: Xid (PCI:0000:10:00): 147, TREX Nonfatal XC0 i0 Link 04 (0x00000184 0x80000000 0x0 0x0 0x0 0x0)",
     );
     let r = node.wait_opened("the kernel-log XID 147", |r| is_xid(r, 147));
     assert_eq!(r["observation"]["signal"]["decode"], "ignore", "{r}");
@@ -649,7 +667,10 @@ fn nvlink5_xids_from_the_kernel_log_alone_and_from_nvml_alone() {
     let t = Instant::now();
     node.inject(r#"{"gpu": 3, "xid": 150}"#);
     let r = node.wait_opened("the undecoded XID 150", |r| is_xid(r, 150));
-    assert!(t.elapsed() >= Duration::from_secs(2), "held for its line first");
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "held for its line first"
+    );
     assert_eq!(r["observation"]["signal"]["decode"], "undecoded", "{r}");
     assert_eq!(r["observation"]["source"], "nvml");
     assert_eq!(r["rule"], "xid-nvlink5-error");

@@ -156,7 +156,11 @@ fn check_class(class: &str, rule: &Rule) -> Option<Result<(), String>> {
         }
     };
     Some(match class {
-        "RESET_GPU" | "RESTART_BM" | "RESTART_VM" | "CHECK_MECHANICALS" | "WORKFLOW_XID_48"
+        "RESET_GPU"
+        | "RESTART_BM"
+        | "RESTART_VM"
+        | "CHECK_MECHANICALS"
+        | "WORKFLOW_XID_48"
         | "WORKFLOW_NVLINK_ERR" => ok(
             matches!(rule.action, Verdict::Drain | Verdict::Replace),
             "drain or replace",
@@ -227,7 +231,10 @@ fn every_catalog_xid_has_a_rule_of_its_own_matching_nvidias_class() {
             };
             if is_unused(x) {
                 if rule.action != Verdict::Log {
-                    failures.push(format!("{what}: unused XIDs are logged, not {}", rule.action));
+                    failures.push(format!(
+                        "{what}: unused XIDs are logged, not {}",
+                        rule.action
+                    ));
                 }
                 continue;
             }

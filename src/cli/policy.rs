@@ -89,7 +89,9 @@ pub fn run(cmd: PolicyCommand) -> Result<i32, CliError> {
             let sig = match (xid, signal.as_deref()) {
                 (Some(code), _) => Signal::Xid { code, decode },
                 (None, Some(s)) => parse_signal(s, recovery.as_deref())?,
-                (None, None) => return Err(CliError::Usage("give --xid N or --signal KIND".into())),
+                (None, None) => {
+                    return Err(CliError::Usage("give --xid N or --signal KIND".into()));
+                }
             };
             explain(&p, sig, value, json)
         }

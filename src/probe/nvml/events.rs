@@ -19,8 +19,8 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 
-use super::poll::{SharedState, lock};
 use super::kmsg;
+use super::poll::{SharedState, lock};
 use super::raw::{self, EVENT_DOUBLE_BIT_ECC, EVENT_RECOVERY_ACTION, EVENT_XID, EventSet, Wait};
 use crate::model::{Observation, RecoveryAction, Signal};
 

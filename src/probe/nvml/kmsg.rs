@@ -51,11 +51,21 @@ pub fn decode_xid(
     if code == catalog::CHECK_UVM_XID {
         let (class, why) = match std::fs::read_to_string(uvm_refcnt) {
             Ok(t) => match t.trim().parse::<u64>() {
-                Ok(0) => (XidDecode::Ignore, "UVM not in use (nvidia_uvm refcnt 0)".to_string()),
-                Ok(n) => (XidDecode::ResetGpu, format!("UVM in use (nvidia_uvm refcnt {n})")),
+                Ok(0) => (
+                    XidDecode::Ignore,
+                    "UVM not in use (nvidia_uvm refcnt 0)".to_string(),
+                ),
+                Ok(n) => (
+                    XidDecode::ResetGpu,
+                    format!("UVM in use (nvidia_uvm refcnt {n})"),
+                ),
                 Err(_) => (
                     XidDecode::ResetGpu,
-                    format!("UVM use unknown ({}: {:?}); assumed in use", uvm_refcnt.display(), t.trim()),
+                    format!(
+                        "UVM use unknown ({}: {:?}); assumed in use",
+                        uvm_refcnt.display(),
+                        t.trim()
+                    ),
                 ),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
@@ -64,7 +74,10 @@ pub fn decode_xid(
             ),
             Err(e) => (
                 XidDecode::ResetGpu,
-                format!("UVM use unknown ({}: {e}); assumed in use", uvm_refcnt.display()),
+                format!(
+                    "UVM use unknown ({}: {e}); assumed in use",
+                    uvm_refcnt.display()
+                ),
             ),
         };
         return (Some(class), Some(format!("CHECK_UVM: {why}")));
@@ -406,14 +419,21 @@ mod tests {
             decode_xid(149, None, Path::new("/nonexistent")).0,
             Some(XidDecode::Undecoded)
         );
-        assert_eq!(decode_xid(79, Some("GPU has fallen off the bus."), Path::new("/x")), (None, None));
+        assert_eq!(
+            decode_xid(79, Some("GPU has fallen off the bus."), Path::new("/x")),
+            (None, None)
+        );
     }
 
     #[test]
     fn xid_159_follows_whether_uvm_is_in_use() {
         let dir = tempfile::tempdir().unwrap();
         let refcnt = dir.path().join("refcnt");
-        assert_eq!(decode_xid(159, None, &refcnt).0, Some(XidDecode::Ignore), "module not loaded");
+        assert_eq!(
+            decode_xid(159, None, &refcnt).0,
+            Some(XidDecode::Ignore),
+            "module not loaded"
+        );
         std::fs::write(&refcnt, "0\n").unwrap();
         assert_eq!(decode_xid(159, None, &refcnt).0, Some(XidDecode::Ignore));
         std::fs::write(&refcnt, "3\n").unwrap();
@@ -421,7 +441,11 @@ mod tests {
         assert_eq!(d, Some(XidDecode::ResetGpu));
         assert!(why.unwrap().contains("refcnt 3"));
         std::fs::write(&refcnt, "garbage").unwrap();
-        assert_eq!(decode_xid(159, None, &refcnt).0, Some(XidDecode::ResetGpu), "unknown: assumed in use");
+        assert_eq!(
+            decode_xid(159, None, &refcnt).0,
+            Some(XidDecode::ResetGpu),
+            "unknown: assumed in use"
+        );
     }
 
     #[test]

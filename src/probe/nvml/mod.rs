@@ -277,7 +277,8 @@ impl Snapshot for NvmlSnapshot {
                             Some(&x.text),
                             std::path::Path::new(kmsg::UVM_REFCNT),
                         );
-                        let mut detail = format!("kernel log since boot (PCI {}): {}", x.pci, x.text);
+                        let mut detail =
+                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text);
                         if let Some(why) = why {
                             detail = format!("{detail}; {why}");
                         }
