@@ -11,8 +11,7 @@
 //! `BENCH_STREAM=path/inputs.jsonl` replays a daemon's own recording instead (e.g. a soak
 //! node's `state/inputs.jsonl`).
 
-#[path = "support/mod.rs"]
-mod support;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +20,8 @@ use gpu_medic::model::{
     Action, GpuId, Input, Observation, Outcome, OutcomeStatus, Signal, StampedInput, Timestamp,
 };
 use gpu_medic::policy::Policy;
-use support::{Rng, machine, median, repo};
+use gpu_medic_testkit::default_policy;
+use gpu_medic_testkit::stats::{Rng, machine, median};
 
 /// Runs of inputs, each from a fresh state.
 type Stream = Vec<Vec<(Input, Timestamp)>>;
@@ -148,7 +148,7 @@ fn replay(stream: &Stream, policy: &Policy) -> (usize, usize, usize, f64) {
 }
 
 fn main() {
-    let policy = Policy::load(&repo().join("policies/default.toml")).expect("default policy");
+    let policy = Policy::load(&default_policy()).expect("default policy");
     let n: usize = std::env::var("BENCH_INPUTS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -849,6 +849,33 @@ impl Incident {
     }
 }
 
+/// A node's health as `gpu-medic check` and the launch gate judge it (JSON: `healthy`,
+/// `unhealthy`, `unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+    /// Could not tell (a probe could not look).
+    Unknown,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Unhealthy => "unhealthy",
+            Health::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

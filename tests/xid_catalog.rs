@@ -12,6 +12,8 @@
 //! Everything else is a deliberate exception, listed with its reason in `EXCEPTIONS` below and
 //! nowhere else (docs/xid-catalog.md points here).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::path::PathBuf;
 
 use gpu_medic::catalog::{self, CatalogXid, DecodeRow, Mask};
