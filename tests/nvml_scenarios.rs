@@ -19,10 +19,15 @@ const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
 
 /// A node of four fake GPUs, AWS and MPS off; `extra_nvml`: extra `[nvml]` lines.
 fn new_node(extra_nvml: &str) -> Daemon {
+    polling_node(extra_nvml, "200ms")
+}
+
+/// The same, with the counters polled every `poll`.
+fn polling_node(extra_nvml: &str, poll: &str) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n{extra_nvml}\n\
+         [nvml]\nlibrary = \"{}\"\npoll_interval = \"{poll}\"\nkmsg = \"{}\"\n{extra_nvml}\n\
          [mps]\nenabled = false\n[aws]\nenabled = false\n",
         default_policy().display(),
         fake_nvml().display(),
@@ -568,16 +573,7 @@ fn nvlink5_xids_from_the_kernel_log_alone_and_from_nvml_alone() {
 /// With the counters polled once an hour, only the event can report the error.
 #[test]
 fn a_double_bit_ecc_event_is_reported_without_waiting_for_the_poller() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"1h\"\nkmsg = \"\"\n\
-         [mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
-        fake_nvml().display(),
-    );
-    let mut node = Daemon::in_temp(dir, &config);
-    node.gpus(GPUS);
+    let mut node = polling_node("", "1h");
     start(&mut node);
     node.inject(r#"{"gpu": 1, "ecc": {"uncorrected_volatile": 1}}"#);
     let r = wait_opened(&node, "the ECC event", |r| {
