@@ -63,7 +63,7 @@ const KMSG: &str = "4,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, n
 const MPS_LOG: &str = "[2026-11-30 05:40:29.883 Control 13020] Server 21014 exited with status 1";
 const REPLY: &str = "100.0\n4242\n4243\n";
 const CONFIG: &str = "state_dir = \"state\"\ntick_interval = \"1s\"\n[nvml]\npoll_interval = \"5s\"\nkmsg = \"\"\n[mps]\nenabled = false\n[journal]\nmax_file_size_mib = 8\nkeep_files = 2\n";
-const POLICY: &str = "version = 1\n[[rule]]\nname = \"x\"\nsignal = \"xid\"\nxids = [79]\naction = \"replace\"\nreason = \"r\"\n[[rule]]\nname = \"rest\"\nsignal = \"xid\"\naction = \"log\"\nreason = \"r\"\n";
+const POLICY: &str = "version = 1\n[[rule]]\nname = \"x\"\nsignal = \"xid\"\nxids = [79]\naction = \"replace\"\nreason = \"r\"\n[[rule]]\nname = \"rest\"\nsignal = \"xid\"\naction = \"log\"\nsilences_fatal = true\nreason = \"r\"\n";
 const INPUT: &str = r#"{"seq":3,"at":"2026-11-30T05:00:00.000Z","input":"observation","signal":{"kind":"xid","code":79},"gpu":{"index":0,"uuid":"GPU-0","pci_bus_id":"00000000:10:00.0"},"source":"kmsg","cursor":{"stream":"kmsg:b","pos":7}}"#;
 const RECORD: &str = r#"{"at":"2026-11-30T05:00:00.000Z","incident":1,"event":"closed","state":"logged","summary":"s"}"#;
 

@@ -10,7 +10,10 @@ use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+// layout: static allowed: whether this process's own stdout/stderr are gone, a fact about
+// the process as global as the streams themselves; no component talks through it.
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+// layout: static allowed: as above, for stderr.
 static STDERR_CLOSED: AtomicBool = AtomicBool::new(false);
 
 /// Writes to stdout; a no-op once stdout has failed.
