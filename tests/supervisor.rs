@@ -16,7 +16,7 @@
 //! comes due in these tests.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -465,6 +465,28 @@ async fn the_launch_gate_report_is_journaled_by_the_running_supervisor() {
 // ---------------------------------------------------------------------------------------------
 // A journal that cannot be written
 
+/// Runs a supervisor on `dir` whose state-dir file `full` is a link to /dev/full (every write
+/// fails with ENOSPC, as on a full disk), feeds it a wedged MPS daemon, and returns the error
+/// it stopped with and the orders it handed out.
+async fn run_on_a_full_disk(
+    dir: &Path,
+    full: &str,
+) -> (SupervisorError, mpsc::UnboundedReceiver<Call>) {
+    let cfg = config(dir);
+    std::fs::create_dir_all(&cfg.state_dir).unwrap();
+    std::os::unix::fs::symlink("/dev/full", cfg.state_dir.join(full)).unwrap();
+    let (hands, calls) = Hands::new();
+    let (sup, feed) = supervisor(dir, Arc::new(hands));
+    feed.send(mps_wedged()).unwrap();
+    let run = tokio::time::timeout(
+        Duration::from_secs(60),
+        sup.run(CancellationToken::new(), || {}),
+    )
+    .await
+    .expect("the supervisor stops by itself");
+    (run.unwrap_err(), calls)
+}
+
 /// Stand-in for a full disk: `inputs.jsonl` is a link to /dev/full, whose every write fails
 /// with ENOSPC. The first input that changes anything cannot be recorded: the supervisor
 /// stops with a retryable journal error naming the file, hands out no order, and leaves
@@ -473,19 +495,7 @@ async fn the_launch_gate_report_is_journaled_by_the_running_supervisor() {
 #[tokio::test(start_paused = true)]
 async fn a_full_disk_stops_the_supervisor_before_anything_is_acted_on() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    std::fs::create_dir_all(&cfg.state_dir).unwrap();
-    std::os::unix::fs::symlink("/dev/full", cfg.inputs_path()).unwrap();
-    let (hands, mut calls) = Hands::new();
-    let (sup, feed) = supervisor(dir.path(), Arc::new(hands));
-    feed.send(mps_wedged()).unwrap();
-    let run = tokio::time::timeout(
-        Duration::from_secs(60),
-        sup.run(CancellationToken::new(), || {}),
-    )
-    .await
-    .expect("the supervisor stops by itself");
-    let err = run.unwrap_err();
+    let (err, mut calls) = run_on_a_full_disk(dir.path(), "inputs.jsonl").await;
     let SupervisorError::Journal(e) = &err;
     assert!(e.is_retryable(), "{err}");
     assert!(err.to_string().contains("inputs.jsonl"), "{err}");
@@ -501,27 +511,14 @@ async fn a_full_disk_stops_the_supervisor_before_anything_is_acted_on() {
 #[tokio::test(start_paused = true)]
 async fn a_full_incident_journal_hands_out_no_order_and_the_next_start_resumes_it() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    std::fs::create_dir_all(&cfg.state_dir).unwrap();
-    let incidents: PathBuf = cfg.incidents_path();
-    std::os::unix::fs::symlink("/dev/full", &incidents).unwrap();
-    let (hands, mut calls) = Hands::new();
-    let (sup, feed) = supervisor(dir.path(), Arc::new(hands));
-    feed.send(mps_wedged()).unwrap();
-    let run = tokio::time::timeout(
-        Duration::from_secs(60),
-        sup.run(CancellationToken::new(), || {}),
-    )
-    .await
-    .expect("the supervisor stops by itself");
-    let err = run.unwrap_err();
+    let (err, mut calls) = run_on_a_full_disk(dir.path(), "incidents.jsonl").await;
     assert!(err.to_string().contains("incidents.jsonl"), "{err}");
     assert!(calls.try_recv().is_err(), "no order was handed out");
     let left: Vec<Order> = state(dir.path()).in_flight.into_values().collect();
     assert_eq!(left.len(), 1, "the order is in state.json");
     assert_eq!(left[0].command, Command::RestartMps);
 
-    std::fs::remove_file(&incidents).unwrap();
+    std::fs::remove_file(config(dir.path()).incidents_path()).unwrap();
     let (hands, mut calls) = Hands::new();
     let (sup, _feed) = supervisor(dir.path(), Arc::new(hands));
     let shutdown = CancellationToken::new();

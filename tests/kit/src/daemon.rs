@@ -153,7 +153,7 @@ impl Daemon {
     /// The AWS environment ([`aws_env`]) with every service at `endpoint`, or, with `None`,
     /// `AWS_ENDPOINT_URL` removed (per-service variables route the calls).
     pub fn aws(&mut self, endpoint: Option<&str>) -> &mut Daemon {
-        for (k, v) in aws_env(endpoint, &self.dir().to_path_buf()) {
+        for (k, v) in aws_env(endpoint, self.dir()) {
             self.env.push((k.to_string(), v));
         }
         self
