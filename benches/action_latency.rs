@@ -21,6 +21,8 @@
 //!   (0.5-1.0 s after the kill, mean 0.75 s); a stopped one two unanswered probes
 //!   (0.8-1.3 s, mean 1.05 s).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

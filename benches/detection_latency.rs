@@ -8,6 +8,8 @@
 //! incident's `at` stamp (millisecond resolution); the injection time is taken just before
 //! the file is renamed into the fake library's folder, which it polls every 2 ms.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::time::Duration;
 
 use gpu_medic_testkit::stats::summary;

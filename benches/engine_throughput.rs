@@ -11,6 +11,8 @@
 //! `BENCH_STREAM=path/inputs.jsonl` replays a daemon's own recording instead (e.g. a soak
 //! node's `state/inputs.jsonl`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::time::{Duration, Instant};
 
 use gpu_medic::engine::{State, step};
@@ -40,7 +42,7 @@ fn observation(rng: &mut Rng) -> Option<Observation> {
         Observation::new(Signal::MpsUp).with_value(rng.below(20))
     } else if r < 0.70 {
         let code = *rng.pick(&[13u32, 31, 43, 68, 8, 63, 92]);
-        Observation::new(Signal::Xid { code })
+        Observation::new(Signal::xid(code))
             .on_gpu(g)
             .with_pids(vec![4000 + rng.below(100) as u32])
             .with_detail("Graphics Exception")
@@ -62,7 +64,7 @@ fn observation(rng: &mut Rng) -> Option<Observation> {
             .with_value(1)
     } else {
         let code = *rng.pick(&[79u32, 48, 64, 74, 95, 119]);
-        Observation::new(Signal::Xid { code }).on_gpu(g)
+        Observation::new(Signal::xid(code)).on_gpu(g)
     };
     Some(o.from_source("bench"))
 }

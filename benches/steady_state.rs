@@ -20,6 +20,8 @@
 //! per process, so they do not share it, but a busy machine adds some cache and scheduling
 //! cost. Clock ticks are 10 ms.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::time::{Duration, Instant};
 
 use gpu_medic_testkit::imds::{FakeAgent, FakeImds};

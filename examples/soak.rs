@@ -45,6 +45,8 @@
 //!   median of the last quarter of samples against the first quarter: descriptors +3 at most,
 //!   threads +2 at most, VmRSS +10 % or +2 MiB at most (whichever is larger).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -10,9 +10,11 @@
 //! - [`gate`]: the launch gate (`gpu-medic check --lifecycle`), a workflow of its own.
 //! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies.
 //! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
-//! - [`cli`]: the commands; [`config`]: the daemon's configuration.
+//! - [`cli`]: the commands; [`config`]: the daemon's configuration; [`preflight`]: what
+//!   `run` and `check` verify about the machine before they start.
 
 pub mod aws;
+pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod engine;
@@ -23,6 +25,7 @@ pub mod metrics;
 pub mod model;
 pub mod mps;
 pub mod policy;
+pub mod preflight;
 pub mod probe;
 pub mod remedy;
 pub mod supervisor;

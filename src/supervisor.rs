@@ -36,6 +36,11 @@ pub trait Source: Send + 'static {
 /// in flight when the supervisor stopped is handed over again on the next start.
 pub trait Executor: Send + Sync + 'static {
     fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
+    /// Which kinds of order it can carry out; the engine records the others as what would
+    /// have been done instead of issuing them.
+    fn capabilities(&self) -> crate::policy::Capabilities {
+        crate::policy::Capabilities::default()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +74,7 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
+        policy.capabilities = executor.capabilities();
         Supervisor {
             cfg,
             policy,

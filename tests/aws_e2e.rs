@@ -4,6 +4,8 @@
 //! AWS environment (AWS_ENDPOINT_URL, static credentials, AWS_REGION). The incident lists each
 //! call with its request id. A second test SIGKILLs the daemon mid-drain and restarts it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::time::Duration;
 
 use gpu_medic_testkit::aws::{self, Proxy, Seeded};

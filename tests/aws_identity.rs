@@ -5,6 +5,8 @@
 //!
 //! One test in this binary: it sets the IMDS endpoint variable before any thread reads it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use gpu_medic::aws::identity::Identity;
 use gpu_medic::config::Config;
 use gpu_medic::remedy::aws::AwsControlPlane;

@@ -4,6 +4,8 @@
 //! switches, retries of throttling and 5xx, a drain resumed after a crash, and our lifecycle
 //! hook. The tests play the ECS scheduler and Auto Scaling where moto does not.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;

@@ -3,6 +3,8 @@
 //! `AWS_ENDPOINT_URL_ECS`), Auto Scaling through a proxy that answers the lifecycle actions
 //! moto lacks (through `AWS_ENDPOINT_URL_AUTO_SCALING`; `[aws] endpoint_url` unset).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::time::Duration;
 
 use aws_config::SdkConfig;

@@ -5,6 +5,8 @@
 //! the two lifecycle actions moto lacks, through `AWS_ENDPOINT_URL_AUTO_SCALING`).
 //! `[aws] endpoint_url` is unset: the per-service variables are what routes the calls.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::time::{Duration, Instant};
 
 use aws_config::SdkConfig;

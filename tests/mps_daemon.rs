@@ -4,6 +4,8 @@
 //! under 107 bytes) and log directory, and a guard stops everything it started, even when
 //! the test fails. Facts relied on: tests/support/MPS-FACTS.md.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

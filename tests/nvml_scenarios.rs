@@ -2,6 +2,8 @@
 //! injected into the fake libnvidia-ml (tests/fake-nvml, built for the test kit).
 //! Each test runs its own daemon in its own temp dir.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::process::Command as StdCommand;
 use std::time::Duration;
 

@@ -15,6 +15,8 @@
 //! wall clock (`Timestamp::now`), which barely moves here: no engine deadline or retry delay
 //! comes due in these tests.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -168,7 +170,7 @@ fn mps_wedged() -> Observation {
 }
 
 fn xid_79() -> Observation {
-    Observation::new(Signal::Xid { code: 79 }).on_gpu(gpu_medic::model::GpuId {
+    Observation::new(Signal::xid(79)).on_gpu(gpu_medic::model::GpuId {
         index: 0,
         uuid: "GPU-00000000-aaaa-bbbb-cccc-000000000000".into(),
         pci_bus_id: "00000000:10:00.0".into(),

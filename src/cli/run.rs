@@ -69,7 +69,7 @@ pub fn init_logging_quiet() {
 }
 
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
-    let cfg = a.config.load()?;
+    let cfg = a.config.load_for(crate::preflight::Mode::Run)?;
     let policy = Policy::load(&cfg.policy)?;
     init_logging(&a.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()

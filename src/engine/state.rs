@@ -36,6 +36,32 @@ pub struct State {
     /// The last log-only incident per `rule@target`, for repeat suppression.
     #[serde(default)]
     pub recent_logs: BTreeMap<String, RecentLog>,
+    /// gpu-medic's own faults by component (`nvml`, `mps-control`), each with its open
+    /// incident: journaled once, shown by `status`, never remediated.
+    #[serde(default)]
+    pub self_faults: BTreeMap<String, SelfFault>,
+    /// A node remediation the policy decided and this node's remedies cannot carry out
+    /// (`[aws] enabled = false`): what would have been done, for `status`.
+    #[serde(default)]
+    pub withheld: Option<Withheld>,
+}
+
+/// One of gpu-medic's own faults (see `Signal::SelfFault`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelfFault {
+    pub incident: IncidentId,
+    pub since: Timestamp,
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// A decision nobody could carry out: "would drain: AWS remediation disabled".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Withheld {
+    pub incident: IncidentId,
+    pub verdict: Verdict,
+    pub why: String,
+    pub since: Timestamp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +170,24 @@ pub struct Remediation {
     pub incident: IncidentId,
     pub goal: Goal,
     pub step: Step,
+    /// Steps that were carried out (not merely tried): the node phase after a failure says
+    /// what really happened, never more.
+    #[serde(default)]
+    pub quarantined: bool,
+    #[serde(default)]
+    pub drained: bool,
+}
+
+impl Remediation {
+    pub fn new(incident: IncidentId, goal: Goal, step: Step) -> Self {
+        Remediation {
+            incident,
+            goal,
+            step,
+            quarantined: false,
+            drained: false,
+        }
+    }
 }
 
 /// Where a node remediation is headed.

@@ -12,6 +12,11 @@
 //! - no daemon process ("Cannot find MPS control daemon process", stale sockets after a
 //!   crash): `mps-down` (value = consecutive failed probes).
 //!
+//! A control binary that cannot be run at all (missing, not executable) is not a daemon
+//! fault: restarting the daemon would need the same binary. It is a `self-fault` of
+//! gpu-medic (component `mps-control`), reported once, and the daemon's state is unknown
+//! until the binary runs again (`self-recovered`).
+//!
 //! While a restart holds the control lock the probe skips its turn: the restart's outcome
 //! speaks for the daemon. `control.log` and `server.log` are tailed each turn for server
 //! crash loops and fatal faults ([`logs`]). Process identity: [`procs`]. The control client
@@ -45,7 +50,14 @@ pub struct MpsProbe {
     was_up: Option<bool>,
     /// The restart count last seen: a restart starts the failure count over.
     restarts_seen: u64,
+    /// The control binary could not be run on the last probe (a self-fault is open).
+    unrunnable: bool,
+    /// An all-clear to report with the next turn.
+    recovered: Option<Observation>,
 }
+
+/// The self-fault component name of a control binary that cannot be run.
+pub const COMPONENT: &str = "mps-control";
 
 impl MpsProbe {
     /// A probe with a control client of its own (nothing else talks to this daemon).
@@ -63,6 +75,8 @@ impl MpsProbe {
             failures: 0,
             was_up: None,
             restarts_seen: 0,
+            unrunnable: false,
+            recovered: None,
             cfg,
         }
     }
@@ -78,7 +92,9 @@ impl MpsProbe {
 
     /// One turn: the daemon probe, then the logs.
     pub async fn tick(&mut self) -> Vec<Observation> {
-        let mut out: Vec<Observation> = self.probe().await.into_iter().collect();
+        let seen = self.probe().await;
+        let mut out: Vec<Observation> = self.recovered.take().into_iter().collect();
+        out.extend(seen);
         out.extend(self.logs.poll());
         out
     }
@@ -97,6 +113,38 @@ impl MpsProbe {
             .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)
             .await;
         drop(guard);
+        if let Err(ControlError::Spawn {
+            missing: true,
+            message,
+            binary,
+        }) = &sent
+        {
+            if !self.unrunnable {
+                tracing::error!(
+                    probe = "mps",
+                    "cannot run the MPS control client {binary}: {message}; the daemon's state is unknown (self-fault; it is not restarted for this)"
+                );
+            }
+            self.unrunnable = true;
+            return Some(
+                Observation::new(Signal::SelfFault {
+                    component: COMPONENT.into(),
+                })
+                .with_detail(format!(
+                    "cannot run the MPS control client {binary}: {message}; the daemon's state is unknown"
+                ))
+                .from_source("mps"),
+            );
+        }
+        if std::mem::take(&mut self.unrunnable) {
+            self.recovered = Some(
+                Observation::new(Signal::SelfRecovered {
+                    component: COMPONENT.into(),
+                })
+                .with_detail(format!("{} runs again", self.cfg.control_binary.display()))
+                .from_source("mps"),
+            );
+        }
         let failure = match sent {
             Ok(reply) => match parse_reply(&reply.stdout) {
                 Ok(answer) => return Some(self.up(&answer, reply.elapsed)),
