@@ -10,6 +10,7 @@
 //! - [`gate`]: the launch gate (`gpu-medic check --lifecycle`), a workflow of its own.
 //! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies.
 //! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
+//! - [`limits`]: size caps on everything read, and the bounded reader.
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration; [`preflight`]: what
 //!   `run` and `check` verify about the machine before they start.
 
@@ -21,6 +22,7 @@ pub mod engine;
 pub mod error;
 pub mod gate;
 pub mod journal;
+pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod mps;

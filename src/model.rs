@@ -426,6 +426,20 @@ pub struct Observation {
     /// Which probe produced it (`nvml`, `kmsg`, `mps`, `imds`, ...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
+    /// Where in its source stream it was read (a kernel-log sequence number, a log file
+    /// offset): the supervisor moves the source's cursor past it only once it is journaled,
+    /// and drops it as a duplicate when a restart reads it again. The engine ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<Cursor>,
+}
+
+/// A position in a source stream (see [`Observation::cursor`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// The stream: `kmsg:<boot id>`, `kmsg-file:<dev>:<inode>`, `mps-log:<dev>:<inode>`.
+    pub stream: String,
+    /// Increasing within the stream (a sequence number or the byte offset after the record).
+    pub pos: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -442,6 +456,7 @@ impl Observation {
             tasks: Vec::new(),
             detail: None,
             source: String::new(),
+            cursor: None,
         }
     }
 
@@ -467,6 +482,14 @@ impl Observation {
 
     pub fn from_source(mut self, source: &str) -> Self {
         self.source = source.to_string();
+        self
+    }
+
+    pub fn at_cursor(mut self, stream: impl Into<String>, pos: u64) -> Self {
+        self.cursor = Some(Cursor {
+            stream: stream.into(),
+            pos,
+        });
         self
     }
 }
@@ -803,56 +826,69 @@ impl Incident {
     pub fn fold(records: impl IntoIterator<Item = Record>) -> Vec<Incident> {
         let mut out: std::collections::BTreeMap<IncidentId, Incident> = Default::default();
         for rec in records {
-            let inc = out.entry(rec.incident).or_insert_with(|| Incident {
-                id: rec.incident,
-                opened_at: rec.at,
-                signal: "(unknown: opening record missing)".into(),
-                gpu: None,
-                rule: String::new(),
-                reason: String::new(),
-                action: Verdict::Log,
-                state: IncidentState::Open,
-                closed_at: None,
-                summary: String::new(),
-                tasks: Vec::new(),
-                pids: Vec::new(),
-                request_ids: Vec::new(),
-                records: Vec::new(),
-            });
-            match &rec.event {
-                IncidentEvent::Opened {
-                    observation,
-                    rule,
-                    reason,
-                    verdict,
-                } => {
-                    inc.opened_at = rec.at;
-                    inc.signal = observation.signal.to_string();
-                    inc.gpu = observation.gpu.clone();
-                    inc.rule = rule.clone();
-                    inc.reason = reason.clone();
-                    inc.action = *verdict;
-                    inc.absorb(observation);
-                }
-                IncidentEvent::Signal { observation } => inc.absorb(observation),
-                IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
-                IncidentEvent::ActionFinished { outcome } => {
-                    for r in &outcome.request_ids {
-                        if !inc.request_ids.contains(r) {
-                            inc.request_ids.push(r.clone());
-                        }
-                    }
-                }
-                IncidentEvent::Closed { state, summary } => {
-                    inc.state = *state;
-                    inc.closed_at = Some(rec.at);
-                    inc.summary = summary.clone();
-                }
-                _ => {}
-            }
-            inc.records.push(rec);
+            out.entry(rec.incident)
+                .or_insert_with(|| Incident::stub(&rec))
+                .push(rec);
         }
         out.into_values().collect()
+    }
+
+    /// An incident known only by one record so far (its `opened` record may follow, or be
+    /// missing from a rotated or torn journal).
+    pub fn stub(rec: &Record) -> Incident {
+        Incident {
+            id: rec.incident,
+            opened_at: rec.at,
+            signal: "(unknown: opening record missing)".into(),
+            gpu: None,
+            rule: String::new(),
+            reason: String::new(),
+            action: Verdict::Log,
+            state: IncidentState::Open,
+            closed_at: None,
+            summary: String::new(),
+            tasks: Vec::new(),
+            pids: Vec::new(),
+            request_ids: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+
+    /// Folds one more record (in file order) into the incident.
+    pub fn push(&mut self, rec: Record) {
+        let inc = self;
+        match &rec.event {
+            IncidentEvent::Opened {
+                observation,
+                rule,
+                reason,
+                verdict,
+            } => {
+                inc.opened_at = rec.at;
+                inc.signal = observation.signal.to_string();
+                inc.gpu = observation.gpu.clone();
+                inc.rule = rule.clone();
+                inc.reason = reason.clone();
+                inc.action = *verdict;
+                inc.absorb(observation);
+            }
+            IncidentEvent::Signal { observation } => inc.absorb(observation),
+            IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
+            IncidentEvent::ActionFinished { outcome } => {
+                for r in &outcome.request_ids {
+                    if !inc.request_ids.contains(r) {
+                        inc.request_ids.push(r.clone());
+                    }
+                }
+            }
+            IncidentEvent::Closed { state, summary } => {
+                inc.state = *state;
+                inc.closed_at = Some(rec.at);
+                inc.summary = summary.clone();
+            }
+            _ => {}
+        }
+        inc.records.push(rec);
     }
 
     fn absorb(&mut self, obs: &Observation) {

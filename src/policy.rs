@@ -402,8 +402,8 @@ struct RuleLines {
 const MAX_EXTENDS_DEPTH: usize = 8;
 
 fn load_raw(path: &Path, depth: usize) -> Result<RawPolicy, FileError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| FileError::new(path, None, format!("cannot read policy: {e}")))?;
+    let text = crate::limits::read_text(path, crate::limits::MAX_POLICY_BYTES, "policy")
+        .map_err(|e| FileError::new(path, None, e.to_string()))?;
     let mut raw = parse_raw(path, &text)?;
     if let Some(ext) = raw.extends.take() {
         if depth >= MAX_EXTENDS_DEPTH {

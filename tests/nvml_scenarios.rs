@@ -457,3 +457,127 @@ fn a_metrics_address_that_is_not_loopback_is_refused() {
     assert_eq!(out.status.code(), Some(78));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
 }
+
+/// Sequence numbers of the kernel-log XIDs in inputs.jsonl, with repeats.
+fn kmsg_seqs(node: &Daemon) -> Vec<u64> {
+    let mut out = Vec::new();
+    for name in ["state/inputs.jsonl.1", "state/inputs.jsonl"] {
+        let text = std::fs::read_to_string(node.path(name)).unwrap_or_default();
+        out.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v["source"] == "kmsg")
+                .filter_map(|v| v["cursor"]["pos"].as_u64()),
+        );
+    }
+    out
+}
+
+/// Issue 13, item 2: kernel-log XIDs written while gpu-medic restarts (SIGTERM and SIGKILL)
+/// are all journaled, each once. The cursor moves only with the journaled state; a line
+/// read again after a restart is dropped by its sequence number.
+#[test]
+fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
+    let mut node = new_node("");
+    node.start();
+    const N: u64 = 600;
+    let kmsg = node.path("kmsg");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        for i in 0..N {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&kmsg)
+                .unwrap();
+            let bus = [0x10, 0x20, 0x30, 0x40][(i % 4) as usize];
+            writeln!(
+                f,
+                "4,{},{},-;NVRM: Xid (PCI:0000:{bus:02x}:00): 13, pid={i}, name=app, Graphics Exception",
+                1000 + i,
+                5_000_000 + i
+            )
+            .unwrap();
+            std::thread::sleep(Duration::from_millis(12));
+        }
+    });
+    for round in 0..8 {
+        std::thread::sleep(Duration::from_millis(300));
+        if round % 2 == 0 {
+            node.stop(Duration::from_secs(5));
+        } else {
+            node.signal(libc::SIGKILL);
+        }
+        node.start();
+    }
+    writer.join().unwrap();
+    wait_until("every kernel-log XID journaled", || {
+        let seqs: std::collections::BTreeSet<u64> = kmsg_seqs(&node).into_iter().collect();
+        seqs.len() as u64 == N
+    });
+    // One more restart reads the whole file again: nothing is journaled twice.
+    node.stop(Duration::from_secs(5));
+    node.start();
+    std::thread::sleep(Duration::from_millis(800));
+    node.stop(Duration::from_secs(5));
+    let seqs = kmsg_seqs(&node);
+    let distinct: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
+    assert_eq!(distinct.len() as u64, N, "missing: some XIDs were lost");
+    assert_eq!(
+        distinct.iter().copied().collect::<Vec<_>>(),
+        (1000..1000 + N).collect::<Vec<_>>()
+    );
+    let mut dups = seqs.clone();
+    dups.sort_unstable();
+    dups.dedup();
+    assert_eq!(seqs.len(), dups.len(), "some XIDs were journaled twice");
+}
+
+/// Issue 13, item 4: a kernel-log line with invalid UTF-8 or of absurd length is read
+/// lossily or dropped, and the next XID still arrives; a kernel log that is a directory or a
+/// FIFO is refused at start (exit 78, naming the config file).
+#[test]
+fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
+    use std::io::Write;
+    let mut node = new_node("");
+    node.start();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(node.path("kmsg"))
+        .unwrap();
+    f.write_all(b"4,10,1,-;NVRM: Xid (PCI:0000:10:00): 13, pid=1, name=\xff\xfe, bad bytes\n")
+        .unwrap();
+    f.write_all(&vec![b'x'; 100_000]).unwrap();
+    f.write_all(b"\n4,11,2,-;NVRM: Xid (PCI:0000:20:00): 31, pid=2, name=app, MMU Fault\n")
+        .unwrap();
+    drop(f);
+    wait_until("the XID after the junk", || xid_inputs(&node, 31) == 1);
+    assert_eq!(xid_inputs(&node, 13), 1);
+    node.stop(Duration::from_secs(5));
+
+    for (what, make) in [("a directory", "dir"), ("a FIFO", "fifo")] {
+        let p = node.path(&format!("bad-kmsg-{make}"));
+        if make == "dir" {
+            std::fs::create_dir_all(&p).unwrap();
+        } else {
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        }
+        let cfg = std::fs::read_to_string(node.config()).unwrap().replace(
+            &format!("kmsg = \"{}\"", node.path("kmsg").display()),
+            &format!("kmsg = \"{}\"", p.display()),
+        );
+        let bad = node.path(&format!("bad-{make}.toml"));
+        std::fs::write(&bad, cfg).unwrap();
+        let out = node
+            .command()
+            .args(["run", "--config"])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{what}: {err}");
+        assert!(err.contains(&format!("is {what}")), "{what}: {err}");
+        assert!(err.contains(bad.to_str().unwrap()), "{err}");
+    }
+}

@@ -7,7 +7,6 @@ use serde::Serialize;
 
 use super::{CliError, exit, print_json, resolve_policy};
 use crate::engine::{self, State};
-use crate::journal::read_jsonl;
 use crate::model::{
     Action, IncidentEvent, RecoveryAction, Signal, SignalKind, StampedInput, XidDecode,
 };
@@ -315,22 +314,31 @@ fn simulate(p: &Policy, inputs: PathBuf, json: bool) -> Result<i32, CliError> {
             inputs.display()
         )));
     }
-    let (stream, skipped) = read_jsonl::<StampedInput>(&inputs)?;
-    for s in &skipped {
-        eprintln!("warning: {}: {s}", inputs.display());
-    }
+    // Streamed: memory is one line, whatever the file's size; the file is capped.
     let mut state = State::default();
-    for s in stream {
-        let (next, actions) = engine::step(&state, s.input, s.at, p);
-        state = next;
-        for a in actions {
-            if json {
-                print_json(&a);
-            } else {
-                println!("{}", describe(&a));
+    crate::journal::stream_jsonl::<StampedInput>(
+        std::slice::from_ref(&inputs),
+        Some(crate::limits::MAX_SIMULATE_BYTES),
+        |e| {
+            match e {
+                crate::journal::Entry::Item(s) => {
+                    let (next, actions) = engine::step(&state, s.input, s.at, p);
+                    state = next;
+                    for a in actions {
+                        if json {
+                            print_json(&a);
+                        } else {
+                            println!("{}", describe(&a));
+                        }
+                    }
+                }
+                crate::journal::Entry::Skipped { line, .. } => {
+                    eprintln!("warning: {}: {line}", inputs.display())
+                }
             }
-        }
-    }
+            true
+        },
+    )?;
     Ok(exit::OK)
 }
 
