@@ -26,7 +26,7 @@ use std::time::Duration;
 use gpu_medic::config::Config;
 use gpu_medic::journal;
 use gpu_medic::model::{
-    Command, IncidentId, Observation, OperatorRequest, Order, Outcome, OutcomeStatus, Signal,
+    Command, Observation, OperatorRequest, Order, Outcome, OutcomeStatus, Signal,
 };
 use gpu_medic::policy::Policy;
 use gpu_medic::remedy::{BoxFuture, Done, MpsRemedy, Remedies, RemedyError};
@@ -467,73 +467,106 @@ async fn the_launch_gate_report_is_journaled_by_the_running_supervisor() {
 // ---------------------------------------------------------------------------------------------
 // A journal that cannot be written
 
-/// Runs a supervisor on `dir` whose state-dir file `full` is a link to /dev/full (every write
-/// fails with ENOSPC, as on a full disk), feeds it a wedged MPS daemon, and returns the error
-/// it stopped with and the orders it handed out.
-async fn run_on_a_full_disk(
+/// Runs a supervisor on `dir`, calls `break_it` once it has started (its first state saved),
+/// feeds it a wedged MPS daemon, and returns the error it stopped with and the orders it
+/// handed out.
+async fn run_until_it_cannot_write(
     dir: &Path,
-    full: &str,
+    break_it: impl FnOnce(),
 ) -> (SupervisorError, mpsc::UnboundedReceiver<Call>) {
-    let cfg = config(dir);
-    std::fs::create_dir_all(&cfg.state_dir).unwrap();
-    std::os::unix::fs::symlink("/dev/full", cfg.state_dir.join(full)).unwrap();
     let (hands, calls) = Hands::new();
     let (sup, feed) = supervisor(dir, Arc::new(hands));
     feed.send(mps_wedged()).unwrap();
     let run = tokio::time::timeout(
         Duration::from_secs(60),
-        sup.run(CancellationToken::new(), || {}),
+        sup.run(CancellationToken::new(), break_it),
     )
     .await
     .expect("the supervisor stops by itself");
     (run.unwrap_err(), calls)
 }
 
-/// Stand-in for a full disk: `inputs.jsonl` is a link to /dev/full, whose every write fails
-/// with ENOSPC. The first input that changes anything cannot be recorded: the supervisor
-/// stops with a retryable journal error naming the file, hands out no order, and leaves
-/// state.json as it was (the input was not applied), so a restart with room on the disk
-/// sees the fault again instead of acting on something it never recorded.
-#[tokio::test(start_paused = true)]
-async fn a_full_disk_stops_the_supervisor_before_anything_is_acted_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let (err, mut calls) = run_on_a_full_disk(dir.path(), "inputs.jsonl").await;
-    let SupervisorError::Journal(e) = &err;
-    assert!(e.is_retryable(), "{err}");
-    assert!(err.to_string().contains("inputs.jsonl"), "{err}");
-    assert!(calls.try_recv().is_err(), "no order was handed out");
-    let st = state(dir.path());
-    assert!(st.open.is_empty() && st.in_flight.is_empty(), "{st:?}");
-    assert!(records(dir.path()).is_empty());
-}
-
-/// The same with only the incident journal full: the input and the new state (with its order
-/// in flight) are on disk, the order is not handed out, and the supervisor stops. The next
-/// start, with room again, hands the order over: nothing recorded is lost or done twice.
-#[tokio::test(start_paused = true)]
-async fn a_full_incident_journal_hands_out_no_order_and_the_next_start_resumes_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (err, mut calls) = run_on_a_full_disk(dir.path(), "incidents.jsonl").await;
-    assert!(err.to_string().contains("incidents.jsonl"), "{err}");
-    assert!(calls.try_recv().is_err(), "no order was handed out");
-    let left: Vec<Order> = state(dir.path()).in_flight.into_values().collect();
-    assert_eq!(left.len(), 1, "the order is in state.json");
-    assert_eq!(left[0].command, Command::RestartMps);
-
-    std::fs::remove_file(config(dir.path()).incidents_path()).unwrap();
+/// The next start on `dir`, once there is room again: the order the journaled input calls
+/// for is handed out (once), answered, and its incident closes.
+async fn next_start_hands_out_the_restart(dir: &Path) {
     let (hands, mut calls) = Hands::new();
-    let (sup, _feed) = supervisor(dir.path(), Arc::new(hands));
+    let (sup, _feed) = supervisor(dir, Arc::new(hands));
     let shutdown = CancellationToken::new();
     let test = async {
         let call = next(&mut calls).await;
-        assert_eq!(call.order, left[0]);
+        assert_eq!(call.order.command, Command::RestartMps);
         call.answer(OutcomeStatus::Done);
-        until("the incident to close", || !closed(dir.path()).is_empty()).await;
+        until("the incident to close", || !closed(dir).is_empty()).await;
         shutdown.cancel();
+        assert!(calls.try_recv().is_err(), "handed out once");
     };
     let (run, ()) = tokio::join!(sup.run(shutdown.clone(), || {}), test);
     run.unwrap();
-    assert!(state(dir.path()).in_flight.is_empty());
-    let incident: IncidentId = left[0].incident;
-    assert_eq!(closed(dir.path())[0]["incident"], incident.0);
+    assert!(state(dir).in_flight.is_empty());
+    let recs = records(dir);
+    let opened = recs.iter().filter(|r| r["event"] == "opened").count();
+    assert_eq!(opened, 1, "journaled once: {recs:#?}");
+    assert_eq!(closed(dir)[0]["state"], "resolved");
+}
+
+fn inputs(dir: &Path) -> Vec<Value> {
+    gpu_medic_testkit::journal::read(&dir.join("state/inputs.jsonl"))
+}
+
+/// Stand-in for a full disk under the incident journal: `incidents.jsonl` is a link to
+/// /dev/full, whose every write fails with ENOSPC. The batch's input is on disk, its records
+/// are not: the supervisor stops with a retryable journal error naming the file, hands out no
+/// order and leaves state.json without the input. The next start, with room again, replays
+/// the input and hands the order out: nothing recorded is lost, nothing is done twice.
+#[tokio::test(start_paused = true)]
+async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    std::fs::create_dir_all(&cfg.state_dir).unwrap();
+    std::os::unix::fs::symlink("/dev/full", cfg.incidents_path()).unwrap();
+    let (err, mut calls) = run_until_it_cannot_write(dir.path(), || {}).await;
+    let SupervisorError::Journal(e) = &err;
+    assert!(e.is_retryable(), "{err}");
+    assert!(err.to_string().contains("incidents.jsonl"), "{err}");
+    assert!(calls.try_recv().is_err(), "no order was handed out");
+    let st = state(dir.path());
+    assert!(st.open.is_empty() && st.in_flight.is_empty(), "{st:?}");
+    assert_eq!(inputs(dir.path()).len(), 1, "the input is journaled");
+
+    std::fs::remove_file(cfg.incidents_path()).unwrap();
+    next_start_hands_out_the_restart(dir.path()).await;
+    assert_eq!(
+        inputs(dir.path()).len(),
+        2,
+        "the input once, then the outcome"
+    );
+}
+
+/// Stand-in for a state directory that takes no new file (full, or remounted read-only; the
+/// tests run as root, which permissions do not stop): once the supervisor has started, a
+/// directory stands where `state.json.tmp` is written, so the state cannot be replaced. The
+/// input and the incident's records are on disk; the supervisor stops with an error naming
+/// state.json and hands out no order. The next start replays the input, does not journal the
+/// records again, and hands the order out once.
+#[tokio::test(start_paused = true)]
+async fn a_state_that_cannot_be_saved_hands_out_no_order_and_the_next_start_replays_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let tmp = cfg.state_path().with_extension("json.tmp");
+    let block = tmp.clone();
+    let (err, mut calls) =
+        run_until_it_cannot_write(dir.path(), move || std::fs::create_dir_all(&block).unwrap())
+            .await;
+    assert!(err.to_string().contains("state.json"), "{err}");
+    assert!(calls.try_recv().is_err(), "no order was handed out");
+    let st = state(dir.path());
+    assert!(st.open.is_empty() && st.in_flight.is_empty(), "{st:?}");
+    assert_eq!(inputs(dir.path()).len(), 1, "the input is journaled");
+    assert!(
+        records(dir.path()).iter().any(|r| r["event"] == "opened"),
+        "the records are journaled"
+    );
+
+    std::fs::remove_dir(&tmp).unwrap();
+    next_start_hands_out_the_restart(dir.path()).await;
 }
