@@ -931,3 +931,29 @@ impl fmt::Display for Health {
         f.write_str(self.as_str())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records written before the XID decode existed still load, and an XID without a decode
+    /// is written exactly as before.
+    #[test]
+    fn xid_signals_stay_backward_compatible() {
+        let old = r#"{"at":"2025-01-01T00:00:00.000Z","input":"observation","signal":{"kind":"xid","code":79},"source":"nvml"}"#;
+        let s: StampedInput = serde_json::from_str(old).unwrap();
+        let Input::Observation(o) = &s.input else {
+            panic!("{s:?}")
+        };
+        assert_eq!(o.signal, Signal::xid(79));
+        assert_eq!(serde_json::to_string(&s).unwrap(), old);
+        let new = Signal::Xid {
+            code: 149,
+            decode: Some(XidDecode::ResetGpu),
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert_eq!(text, r#"{"kind":"xid","code":149,"decode":"reset-gpu"}"#);
+        assert_eq!(serde_json::from_str::<Signal>(&text).unwrap(), new);
+        assert_eq!(new.to_string(), "xid 149 (reset-gpu)");
+    }
+}

@@ -928,6 +928,74 @@ reason = "too hot"
     }
 
     #[test]
+    fn decode_classes_pick_the_rule_and_may_not_overlap() {
+        let text = format!(
+            "{BASIC}\n[[rule]]\nname = \"nv-reset\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"reset-gpu\"]\naction = \"replace\"\nreason = \"r\"\n\
+             [[rule]]\nname = \"nv-rest\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"ignore\", \"undecoded\"]\naction = \"log\"\nreason = \"r\"\n"
+        );
+        let p = parse(&text).unwrap();
+        let judge = |d: Option<XidDecode>| {
+            p.rule_for(
+                &Signal::Xid {
+                    code: 149,
+                    decode: d,
+                },
+                0,
+            )
+            .unwrap()
+            .name
+            .clone()
+        };
+        assert_eq!(judge(Some(XidDecode::ResetGpu)), "nv-reset");
+        assert_eq!(judge(Some(XidDecode::Ignore)), "nv-rest");
+        assert_eq!(judge(None), "nv-rest", "no decode counts as undecoded");
+        assert_eq!(
+            judge(Some(XidDecode::Xid154Eval)),
+            "other-xid",
+            "no rule: the catch-all"
+        );
+        let e = parse(&format!(
+            "{text}[[rule]]\nname = \"again\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.message
+                .contains("XID 149 decoded `ignore` is already judged by rule `nv-rest`"),
+            "{e}"
+        );
+        let e = parse("[[rule]]\nname = \"a\"\nsignal = \"xid\"\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n")
+            .unwrap_err();
+        assert!(
+            e.message
+                .contains("decode: only for rules that name their xids"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(4));
+    }
+
+    #[test]
+    fn silencing_a_fatal_signal_needs_the_opt_in() {
+        let rule = "[[rule]]\nname = \"bus\"\nsignal = \"xid\"\nxids = [79]\naction = \"log\"\nreason = \"r\"\n";
+        let e = parse(rule).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("silences `xid 79`"), "{e}");
+        let p = parse(&format!("{rule}silences_fatal = true\n")).unwrap();
+        let silenced = p.silenced_fatal_signals();
+        assert!(
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::xid(79) && r.is_some())
+        );
+        assert!(
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::GpuLost && r.is_none()),
+            "a fatal signal no rule judges is reported too"
+        );
+        assert!(p.catalog_xids_left_to_catch_all().contains(&13));
+    }
+
+    #[test]
     fn extends_cycle_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.toml"), "extends = \"b.toml\"\n").unwrap();
