@@ -13,8 +13,10 @@
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use gpu_medic_testkit::proc::{clk_tck, cpu_ticks};
+use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, now_ms, parse_at};
 
 const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
   {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
@@ -22,18 +24,6 @@ const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
   {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
   {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
 ]}"#;
-
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1000.0)
-        .unwrap_or(0.0)
-}
-
-fn parse_at(s: &str) -> Option<f64> {
-    let t = humantime::parse_rfc3339_weak(s).ok()?;
-    Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64() * 1000.0)
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -44,15 +34,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 /// CPU seconds (user + system) the process has used.
 fn cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after the command: state is f[0]; utime is field 14 overall, f[11] here.
-    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / hz.max(1.0)
+    cpu_ticks(pid).map_or(0.0, |t| t.own as f64 / clk_tck())
 }
 
 fn append(path: &Path, text: &str) {
@@ -63,49 +45,21 @@ fn append(path: &Path, text: &str) {
 fn main() {
     let storm: u32 = env_or("BENCH_STORM", 3000);
     let timeout = Duration::from_secs(env_or("BENCH_TIMEOUT_S", 900));
-    let bin = std::env::var("BENCH_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_gpu-medic")));
-    let lib = PathBuf::from(env!("CARGO_BIN_EXE_gpu-medic"))
-        .parent()
-        .unwrap()
-        .join("libfake_nvml.so");
-    assert!(
-        lib.exists(),
-        "{} missing: build the workspace in this profile first (scripts/bench.sh does)",
-        lib.display()
-    );
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::create_dir_all(d.join("inject")).unwrap();
-    std::fs::write(d.join("gpus.json"), GPUS).unwrap();
-    std::fs::write(d.join("kmsg"), "").unwrap();
-    let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml");
-    std::fs::write(
-        d.join("config.toml"),
-        format!(
-            "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-            policy.display(),
-            lib.display(),
-            d.join("kmsg").display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(&bin)
-        .args(["run", "--log-format", "json", "--config"])
-        .arg(d.join("config.toml"))
-        .env("FAKE_NVML_CONFIG", d.join("gpus.json"))
-        .env("FAKE_NVML_INJECT_DIR", d.join("inject"))
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let start = Instant::now();
-    while !d.join("state/state.json").exists() && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+        default_policy().display(),
+        fake_nvml().display(),
+        dir.path().join("kmsg").display()
+    );
+    let mut medic = Daemon::in_temp(dir, &config);
+    medic.gpus(GPUS).env("RUST_LOG", "error");
+    if let Ok(other) = std::env::var("BENCH_BIN") {
+        medic.binary(PathBuf::from(other));
     }
+    medic.start();
+    let pid = medic.pid().expect("gpu-medic running");
+    let d = medic.dir().to_path_buf();
     std::thread::sleep(Duration::from_millis(2000));
     let cpu_before = cpu_s(pid);
 
@@ -195,13 +149,11 @@ fn main() {
     let state_bytes = std::fs::metadata(d.join("state/state.json"))
         .map(|m| m.len())
         .unwrap_or(0);
-    // SAFETY: signalling our own child by pid.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    medic.stop(Duration::from_secs(25));
 
     println!(
         "XID storm: {storm} distinct XIDs at once, an XID 79 one second later ({})",
-        bin.display()
+        medic.command().get_program().to_string_lossy()
     );
     match decided_at {
         Some(at) => println!("  XID 79 decided {:.0} ms after it was written", at - t79),

@@ -394,14 +394,20 @@ async fn garbage_empty_and_hanging_replies_are_reported_not_crashed_on() {
             "{name}: a client process was left"
         );
     }
-    // A control binary that does not exist: reported the same way.
+    // A control binary that does not exist is a mistake, not a daemon fault: a self-fault.
     let cfg = MpsConfig {
         control_binary: PathBuf::from("/nonexistent/mps"),
         ..mps.cfg()
     };
     let obs = probe_once(cfg).await;
-    assert_eq!(obs.signal, Signal::MpsUnresponsive);
-    assert!(obs.detail.unwrap_or_default().contains("cannot run"));
+    assert!(
+        matches!(&obs.signal, Signal::SelfFault { component } if component == "mps-control"),
+        "{obs:?}"
+    );
+    assert!(
+        obs.detail.as_deref().unwrap_or_default().contains("/nonexistent/mps"),
+        "{obs:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

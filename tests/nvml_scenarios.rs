@@ -1,5 +1,5 @@
 //! Scenarios through the real `gpu-medic` binary and the real NVML bindings, with faults
-//! injected into the fake libnvidia-ml (tests/fake-nvml; `cargo test --workspace` builds it).
+//! injected into the fake libnvidia-ml (tests/fake-nvml, built for the test kit).
 //! Each test runs its own daemon in its own temp dir.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test

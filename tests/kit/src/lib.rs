@@ -26,6 +26,8 @@
 //!
 //! Helpers panic with a message on a broken setup: they run only in tests.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 pub mod aws;
 pub mod daemon;
 pub mod http;
