@@ -14,6 +14,7 @@
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration.
 
 pub mod aws;
+pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod engine;

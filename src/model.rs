@@ -143,6 +143,48 @@ impl RecoveryAction {
     }
 }
 
+/// What NVIDIA's catalog says one occurrence of an XID needs, where that depends on more than
+/// the code: the decode sheet of the NVLink5 XIDs 144-150 (by the error status in the XID's
+/// text) and CHECK_UVM of XID 159 (by whether UVM is in use). `docs/xid-catalog.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum XidDecode {
+    /// The sheet's IGNORE (no action required).
+    #[serde(rename = "ignore")]
+    Ignore,
+    /// XID_154_EVAL: the recovery action a following XID 154 announces decides; without one,
+    /// RESTART_APP.
+    #[serde(rename = "xid-154-eval")]
+    Xid154Eval,
+    /// The message could not be decoded (no text, or no row of the sheet matches it).
+    #[serde(rename = "undecoded")]
+    Undecoded,
+    /// RESET_GPU.
+    #[serde(rename = "reset-gpu")]
+    ResetGpu,
+}
+
+impl XidDecode {
+    pub const ALL: [XidDecode; 4] = [
+        XidDecode::Ignore,
+        XidDecode::Xid154Eval,
+        XidDecode::Undecoded,
+        XidDecode::ResetGpu,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XidDecode::Ignore => "ignore",
+            XidDecode::Xid154Eval => "xid-154-eval",
+            XidDecode::Undecoded => "undecoded",
+            XidDecode::ResetGpu => "reset-gpu",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        XidDecode::ALL.into_iter().find(|d| d.as_str() == s)
+    }
+}
+
 /// Auto Scaling lifecycle states gpu-medic reacts to (IMDS `target-lifecycle-state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -156,9 +198,14 @@ pub enum LifecycleState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Signal {
-    /// An XID from NVML's event set or the kernel log.
+    /// An XID from NVML's event set or the kernel log. `decode`: NVIDIA's immediate action
+    /// for this occurrence, where the catalog makes it depend on the XID's text or the node
+    /// (NVLink5 XIDs 144-150, XID 159); absent for every other XID and in records written
+    /// before it existed.
     Xid {
         code: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decode: Option<XidDecode>,
     },
     RecoveryAction {
         action: RecoveryAction,
@@ -288,6 +335,11 @@ impl SignalKind {
 }
 
 impl Signal {
+    /// An XID with no decode (every XID but 144-150 and 159).
+    pub fn xid(code: u32) -> Signal {
+        Signal::Xid { code, decode: None }
+    }
+
     pub fn kind(&self) -> SignalKind {
         match self {
             Signal::Xid { .. } => SignalKind::Xid,
@@ -320,7 +372,11 @@ impl Signal {
 impl fmt::Display for Signal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Signal::Xid { code } => write!(f, "xid {code}"),
+            Signal::Xid { code, decode: None } => write!(f, "xid {code}"),
+            Signal::Xid {
+                code,
+                decode: Some(d),
+            } => write!(f, "xid {code} ({})", d.as_str()),
             Signal::RecoveryAction { action } => write!(f, "recovery-action {}", action.as_str()),
             Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
             other => f.write_str(other.kind().as_str()),
@@ -826,5 +882,32 @@ impl Incident {
                 self.pids.push(*p);
             }
         }
+    }
+}
+
+/// A node's health as `gpu-medic check` and the launch gate judge it (JSON: `healthy`,
+/// `unhealthy`, `unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+    /// Could not tell (a probe could not look).
+    Unknown,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Unhealthy => "unhealthy",
+            Health::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }

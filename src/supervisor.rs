@@ -485,7 +485,7 @@ mod tests {
     }
 
     fn xid_input(seq: u64, pos: u64) -> journal::JournaledInput {
-        let obs = Observation::new(Signal::Xid { code: 13 })
+        let obs = Observation::new(Signal::xid(13))
             .on_gpu(GpuId::index_only(0))
             .from_source("kmsg")
             .at_cursor("kmsg:boot", pos);
@@ -586,7 +586,7 @@ mod tests {
             include_str!("../policies/default.toml"),
         )
         .unwrap();
-        let x = |code| Observation::new(Signal::Xid { code }).on_gpu(GpuId::index_only(0));
+        let x = |code| Observation::new(Signal::xid(code)).on_gpu(GpuId::index_only(0));
         let batch = Batch {
             observations: vec![x(13), x(100_001), x(79), x(31), x(48)],
             tick: true,

@@ -2,21 +2,15 @@
 //! codes, and every bad-input path (malformed config, unknown key, bad duration, bad policy,
 //! torn journal line, unknown incident id).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::path::{Path, PathBuf};
-use std::process::Command as StdCommand;
 use std::time::Duration;
 
 use assert_cmd::Command;
+use gpu_medic_testkit::{Daemon, default_policy, repo};
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn default_policy() -> PathBuf {
-    repo().join("policies/default.toml")
-}
 
 fn gm() -> Command {
     let mut c = Command::cargo_bin("gpu-medic").unwrap();
@@ -89,7 +83,7 @@ fn explain_xid_13_is_not_a_drain_and_works_with_the_built_in_policy() {
     assert!(action != "drain" && action != "replace", "{v}");
 }
 
-/// Every XID in research/gpu-health.md §1 (table and bucket lists) has a deliberate rule,
+/// Every XID of the policy's list (NVIDIA's catalog, docs/nvml.md) has a deliberate rule,
 /// never the catch-all.
 #[test]
 fn every_catalog_xid_has_a_deliberate_rule() {
@@ -479,28 +473,11 @@ fn status_without_a_daemon_is_not_found() {
 fn run_stops_gracefully_on_sigterm_and_leaves_state_for_status() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "");
-    let bin = assert_cmd::cargo::cargo_bin("gpu-medic");
-    let mut child = StdCommand::new(bin)
-        .args(["run", "--log-format", "json", "--config"])
-        .arg(&cfg)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let state = dir.path().join("state/state.json");
-    let start = std::time::Instant::now();
-    while !state.exists() && start.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if !state.exists() {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("daemon wrote no state");
-    }
-    // SAFETY: sending a signal to our own child process by its pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{:?}", out);
-    let log = String::from_utf8_lossy(&out.stderr);
+    let mut d = Daemon::in_temp(dir, &std::fs::read_to_string(&cfg).unwrap());
+    d.start();
+    let status = d.stop(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let log = d.log();
     assert!(log.contains("state saved"), "{log}");
     assert!(
         log.lines()
@@ -509,7 +486,7 @@ fn run_stops_gracefully_on_sigterm_and_leaves_state_for_status() {
     );
     let st = gm()
         .args(["status", "--json", "--config"])
-        .arg(&cfg)
+        .arg(d.config())
         .output()
         .unwrap();
     let v = &json_lines(&st.stdout)[0];

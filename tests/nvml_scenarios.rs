@@ -2,35 +2,13 @@
 //! injected into the fake libnvidia-ml (tests/fake-nvml; `cargo test --workspace` builds it).
 //! Each test runs its own daemon in its own temp dir.
 
-use std::path::PathBuf;
-use std::process::{Child, Command as StdCommand, Stdio};
-use std::time::{Duration, Instant};
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
+use std::process::Command as StdCommand;
+use std::time::Duration;
+
+use gpu_medic_testkit::{Daemon, bin, default_policy, fake_nvml, wait_sync};
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpu-medic")
-}
-
-fn fake_nvml() -> PathBuf {
-    let dir = bin().parent().unwrap().to_path_buf();
-    for p in [
-        dir.join("libfake_nvml.so"),
-        dir.join("deps/libfake_nvml.so"),
-    ] {
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "libfake_nvml.so not found next to {}: run `cargo build --workspace` (or `cargo test --workspace`)",
-        bin().display()
-    );
-}
 
 const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
   {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
@@ -39,125 +17,45 @@ const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
   {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
 ]}"#;
 
-struct Node {
-    dir: tempfile::TempDir,
-    daemon: Option<Child>,
-    n: u32,
+/// A node of four fake GPUs, AWS and MPS off; `extra_nvml`: extra `[nvml]` lines.
+fn new_node(extra_nvml: &str) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n{extra_nvml}\n\
+         [mps]\nenabled = false\n[aws]\nenabled = false\n",
+        default_policy().display(),
+        fake_nvml().display(),
+        dir.path().join("kmsg").display(),
+    );
+    let mut d = Daemon::in_temp(dir, &config);
+    d.gpus(GPUS);
+    d
 }
 
-impl Node {
-    fn new(extra_nvml: &str) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("inject")).unwrap();
-        std::fs::write(dir.path().join("gpus.json"), GPUS).unwrap();
-        std::fs::write(dir.path().join("kmsg"), "").unwrap();
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-                 [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n{extra_nvml}\n\
-                 [mps]\nenabled = false\n[aws]\nenabled = false\n",
-                repo().join("policies/default.toml").display(),
-                fake_nvml().display(),
-                dir.path().join("kmsg").display(),
-            ),
-        )
-        .unwrap();
-        Node {
-            dir,
-            daemon: None,
-            n: 0,
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn cmd(&self) -> StdCommand {
-        let mut c = StdCommand::new(bin());
-        c.env("FAKE_NVML_CONFIG", self.path("gpus.json"))
-            .env("FAKE_NVML_INJECT_DIR", self.path("inject"))
-            .env_remove("GPU_MEDIC_CONFIG");
-        c
-    }
-
-    fn start(&mut self) {
-        let child = self
-            .cmd()
-            .args(["run", "--log-format", "json", "--config"])
-            .arg(self.path("config.toml"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.path("daemon.log")).unwrap())
-            .spawn()
-            .unwrap();
-        self.daemon = Some(child);
-        wait_until("the daemon to start", || {
-            self.path("state/state.json").exists()
-        });
-        // Let the first poll establish counter baselines.
-        std::thread::sleep(Duration::from_millis(600));
-    }
-
-    fn inject(&mut self, json: &str) {
-        self.n += 1;
-        let tmp = self.path(&format!("inject/{:04}.json.tmp", self.n));
-        std::fs::write(&tmp, json).unwrap();
-        std::fs::rename(&tmp, self.path(&format!("inject/{:04}.json", self.n))).unwrap();
-    }
-
-    fn records(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.path("state/incidents.jsonl")).unwrap_or_default();
-        text.lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    fn opened(&self) -> Vec<Value> {
-        self.records()
-            .into_iter()
-            .filter(|r| r["event"] == "opened")
-            .collect()
-    }
-
-    fn wait_opened(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        wait_until(what, || self.opened().iter().any(&pred));
-        self.opened().into_iter().find(|r| pred(r)).unwrap()
-    }
-
-    fn stop(&mut self) -> String {
-        if let Some(mut c) = self.daemon.take() {
-            // SAFETY: signalling our own child by pid.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let status = c.wait().unwrap();
-            assert!(status.success(), "daemon exit {status:?}: {}", self.log());
-        }
-        self.log()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
-    }
+/// Starts the daemon and lets the first poll establish counter baselines.
+fn start(node: &mut Daemon) {
+    node.start();
+    std::thread::sleep(Duration::from_millis(600));
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.daemon.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// Stops it with SIGTERM, which must end it cleanly; returns its log.
+fn stop(node: &mut Daemon) -> String {
+    let status = node.stop(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "daemon exit {status:?}: {}",
+        node.log()
+    );
+    node.log()
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
+fn wait_opened(node: &Daemon, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    node.wait_record(what, Duration::from_secs(20), "opened", pred)
+}
+
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_sync(what, Duration::from_secs(20), f, String::new);
 }
 
 fn is_xid(r: &Value, code: u64) -> bool {
@@ -166,10 +64,10 @@ fn is_xid(r: &Value, code: u64) -> bool {
 
 #[test]
 fn xid_79_is_a_replace_decision_naming_the_gpu() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    let r = node.wait_opened("the XID 79 incident", |r| is_xid(r, 79));
+    let r = wait_opened(&node, "the XID 79 incident", |r| is_xid(r, 79));
     assert_eq!(r["verdict"], "replace");
     assert_eq!(r["rule"], "xid-fallen-off-bus");
     let gpu = &r["observation"]["gpu"];
@@ -186,10 +84,10 @@ fn xid_79_is_a_replace_decision_naming_the_gpu() {
                     .is_some_and(|d| d.contains("AWS remediation is disabled"))
         })
     });
-    node.stop();
+    stop(&mut node);
     // The CLI shows it.
     let out = node
-        .cmd()
+        .command()
         .args(["incidents", "show", "1", "--config"])
         .arg(node.path("config.toml"))
         .output()
@@ -200,52 +98,52 @@ fn xid_79_is_a_replace_decision_naming_the_gpu() {
 
 #[test]
 fn application_xids_are_logged_then_escalate_when_they_repeat() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     node.inject(r#"{"gpu": 2, "xid": 13}"#);
-    let r = node.wait_opened("the XID 13 incident", |r| is_xid(r, 13));
+    let r = wait_opened(&node, "the XID 13 incident", |r| is_xid(r, 13));
     assert_eq!(r["verdict"], "log");
     for _ in 0..4 {
         node.inject(r#"{"gpu": 2, "xid": 13}"#);
     }
-    let r = node.wait_opened("the escalation", |r| r["verdict"] == "drain");
+    let r = wait_opened(&node, "the escalation", |r| r["verdict"] == "drain");
     assert_eq!(r["rule"], "xid-13-graphics-exception/escalated");
     assert_eq!(r["observation"]["gpu"]["index"], 2);
-    node.stop();
+    stop(&mut node);
 }
 
 #[test]
 fn a_lost_gpu_and_a_missing_gpu_are_detected() {
-    let mut node = Node::new("expected_gpus = 4");
-    node.start();
+    let mut node = new_node("expected_gpus = 4");
+    start(&mut node);
     node.inject(r#"{"gpu": 3, "lost": true}"#);
-    let r = node.wait_opened("the lost GPU", |r| {
+    let r = wait_opened(&node, "the lost GPU", |r| {
         r["observation"]["signal"]["kind"] == "gpu-lost"
     });
     assert_eq!(r["observation"]["gpu"]["index"], 3);
     assert_eq!(r["verdict"], "replace");
-    node.stop();
+    stop(&mut node);
 
-    let mut node = Node::new("expected_gpus = 4");
-    node.start();
+    let mut node = new_node("expected_gpus = 4");
+    start(&mut node);
     node.inject(r#"{"count": 3}"#);
-    let r = node.wait_opened("the device count mismatch", |r| {
+    let r = wait_opened(&node, "the device count mismatch", |r| {
         r["observation"]["signal"]["kind"] == "device-count-mismatch"
     });
     assert_eq!(r["observation"]["value"], 3);
     assert_eq!(r["verdict"], "replace");
-    node.stop();
+    stop(&mut node);
 }
 
 #[test]
 fn an_uncorrected_ecc_increase_follows_the_policy_and_names_the_mps_clients() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     let me = std::process::id();
     node.inject(&format!(r#"{{"gpu": 0, "mps_clients": [{me}]}}"#));
     std::thread::sleep(Duration::from_millis(500));
     node.inject(r#"{"gpu": 0, "ecc": {"uncorrected_volatile": 1}}"#);
-    let r = node.wait_opened("the ECC incident", |r| {
+    let r = wait_opened(&node, "the ECC incident", |r| {
         r["observation"]["signal"]["kind"] == "ecc-uncorrected"
     });
     let rule = std::process::Command::new(bin())
@@ -257,14 +155,14 @@ fn an_uncorrected_ecc_increase_follows_the_policy_and_names_the_mps_clients() {
             "--json",
             "--policy",
         ])
-        .arg(repo().join("policies/default.toml"))
+        .arg(default_policy())
         .output()
         .unwrap();
     let rule: Value = serde_json::from_slice(&rule.stdout).unwrap();
     assert_eq!(r["verdict"], rule["action"]);
     assert_eq!(r["observation"]["value"], 1);
     assert_eq!(r["observation"]["pids"][0], me);
-    node.stop();
+    stop(&mut node);
     // Counted once, although both the event and the poller saw it.
     let ecc = node
         .records()
@@ -276,20 +174,20 @@ fn an_uncorrected_ecc_increase_follows_the_policy_and_names_the_mps_clients() {
 
 #[test]
 fn a_counter_that_fails_unexpectedly_is_reported_not_fatal() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     node.inject(r#"{"gpu": 3, "fail": {"function": "nvmlDeviceGetTotalEccErrors", "code": 999}}"#);
     wait_until("the warning", || node.log().contains("ECC count failed"));
     // Still watching: an XID after it is judged.
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    node.wait_opened("the XID 79 incident", |r| is_xid(r, 79));
-    let log = node.stop();
+    wait_opened(&node, "the XID 79 incident", |r| is_xid(r, 79));
+    let log = stop(&mut node);
     assert!(log.contains("GPU 3"), "{log}");
     // `check` (a new process, so the fault is injected again) reports the problem and cannot
     // call the node healthy.
     node.inject(r#"{"gpu": 3, "fail": {"function": "nvmlDeviceGetTotalEccErrors", "code": 999}}"#);
     let out = node
-        .cmd()
+        .command()
         .args(["check", "--json", "--config"])
         .arg(node.path("config.toml"))
         .env("FAKE_NVML_INJECT_DIR", node.path("inject"))
@@ -309,9 +207,9 @@ fn a_counter_that_fails_unexpectedly_is_reported_not_fatal() {
 
 #[test]
 fn check_reports_per_gpu_health() {
-    let node = Node::new("expected_gpus = 4");
+    let node = new_node("expected_gpus = 4");
     let out = node
-        .cmd()
+        .command()
         .args(["check", "--json", "--config"])
         .arg(node.path("config.toml"))
         .output()
@@ -333,7 +231,7 @@ fn check_reports_per_gpu_health() {
     let mut node = node;
     node.inject(r#"{"gpu": 2, "remapped_rows": {"failure": true}}"#);
     let out = node
-        .cmd()
+        .command()
         .args(["check", "--config"])
         .arg(node.path("config.toml"))
         .output()
@@ -354,7 +252,7 @@ fn the_real_libnvidia_ml_without_a_driver_reports_driver_not_loaded() {
         &cfg,
         format!(
             "state_dir = \"s\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"libnvidia-ml.so.1\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-            repo().join("policies/default.toml").display()
+            default_policy().display()
         ),
     )
     .unwrap();
@@ -377,12 +275,12 @@ fn the_real_libnvidia_ml_without_a_driver_reports_driver_not_loaded() {
 
 #[test]
 fn simulate_reproduces_the_decisions_the_daemon_made() {
-    let mut node = Node::new("expected_gpus = 4");
-    node.start();
+    let mut node = new_node("expected_gpus = 4");
+    start(&mut node);
     node.inject(r#"{"gpu": 2, "xid": 13}"#);
     node.inject(r#"{"gpu": 0, "recovery_action": 2}"#);
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    node.wait_opened("the recovery action", |r| {
+    wait_opened(&node, "the recovery action", |r| {
         r["observation"]["signal"]["kind"] == "recovery-action"
     });
     wait_until("the quarantine outcome", || {
@@ -390,10 +288,10 @@ fn simulate_reproduces_the_decisions_the_daemon_made() {
             .iter()
             .any(|r| r["event"] == "action-finished")
     });
-    node.stop();
+    stop(&mut node);
     let out = StdCommand::new(bin())
         .args(["policy", "simulate", "--json", "--policy"])
-        .arg(repo().join("policies/default.toml"))
+        .arg(default_policy())
         .arg(node.path("state/inputs.jsonl"))
         .output()
         .unwrap();
@@ -412,7 +310,7 @@ fn simulate_reproduces_the_decisions_the_daemon_made() {
     assert_eq!(replayed, recorded);
 }
 
-fn kmsg_append(node: &Node, line: &str) {
+fn kmsg_append(node: &Daemon, line: &str) {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -421,7 +319,7 @@ fn kmsg_append(node: &Node, line: &str) {
     writeln!(f, "{line}").unwrap();
 }
 
-fn xid_inputs(node: &Node, code: u64) -> usize {
+fn xid_inputs(node: &Daemon, code: u64) -> usize {
     std::fs::read_to_string(node.path("state/inputs.jsonl"))
         .unwrap_or_default()
         .lines()
@@ -432,13 +330,13 @@ fn xid_inputs(node: &Node, code: u64) -> usize {
 
 #[test]
 fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     kmsg_append(
         &node,
         "4,100,5000000,-;NVRM: Xid (PCI:0000:20:00): 79, pid=4242, name=train, GPU has fallen off the bus.",
     );
-    let r = node.wait_opened("the kernel-log XID", |r| is_xid(r, 79));
+    let r = wait_opened(&node, "the kernel-log XID", |r| is_xid(r, 79));
     assert_eq!(r["observation"]["source"], "kmsg");
     assert_eq!(r["observation"]["gpu"]["index"], 1);
     assert_eq!(r["observation"]["pids"][0], 4242);
@@ -458,10 +356,10 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     );
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(xid_inputs(&node, 13), 1);
-    node.stop();
+    stop(&mut node);
     // After a restart the old lines are not reported again.
     let before = xid_inputs(&node, 79);
-    node.start();
+    start(&mut node);
     std::thread::sleep(Duration::from_millis(800));
     kmsg_append(
         &node,
@@ -469,7 +367,7 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     );
     wait_until("the new line", || xid_inputs(&node, 31) == 1);
     assert_eq!(xid_inputs(&node, 79), before);
-    node.stop();
+    stop(&mut node);
 }
 
 fn scrape(addr: &str) -> String {
@@ -489,7 +387,7 @@ fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
         .local_addr()
         .unwrap()
         .port();
-    let mut node = Node::new("");
+    let mut node = new_node("");
     let cfg = node.path("config.toml");
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(
@@ -497,9 +395,9 @@ fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
         format!("{text}[metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n"),
     )
     .unwrap();
-    node.start();
+    start(&mut node);
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    node.wait_opened("the XID 79 incident", |r| is_xid(r, 79));
+    wait_opened(&node, "the XID 79 incident", |r| is_xid(r, 79));
     let addr = format!("127.0.0.1:{port}");
     wait_until("the remediation metric", || {
         scrape(&addr).contains("gpu_medic_remediations_total{")
@@ -537,12 +435,12 @@ fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
         out
     };
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
-    node.stop();
+    stop(&mut node);
 }
 
 #[test]
 fn a_metrics_address_that_is_not_loopback_is_refused() {
-    let node = Node::new("");
+    let node = new_node("");
     let cfg = node.path("config.toml");
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(
@@ -551,7 +449,7 @@ fn a_metrics_address_that_is_not_loopback_is_refused() {
     )
     .unwrap();
     let out = node
-        .cmd()
+        .command()
         .args(["run", "--config"])
         .arg(&cfg)
         .output()
@@ -561,7 +459,7 @@ fn a_metrics_address_that_is_not_loopback_is_refused() {
 }
 
 /// Sequence numbers of the kernel-log XIDs in inputs.jsonl, with repeats.
-fn kmsg_seqs(node: &Node) -> Vec<u64> {
+fn kmsg_seqs(node: &Daemon) -> Vec<u64> {
     let mut out = Vec::new();
     for name in ["state/inputs.jsonl.1", "state/inputs.jsonl"] {
         let text = std::fs::read_to_string(node.path(name)).unwrap_or_default();
@@ -580,8 +478,8 @@ fn kmsg_seqs(node: &Node) -> Vec<u64> {
 /// read again after a restart is dropped by its sequence number.
 #[test]
 fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     const N: u64 = 600;
     let kmsg = node.path("kmsg");
     let writer = std::thread::spawn(move || {
@@ -605,13 +503,11 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
     for round in 0..8 {
         std::thread::sleep(Duration::from_millis(300));
         if round % 2 == 0 {
-            node.stop();
-        } else if let Some(mut c) = node.daemon.take() {
-            // SAFETY: signalling our own child by pid.
-            unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-            let _ = c.wait();
+            stop(&mut node);
+        } else {
+            node.signal(libc::SIGKILL);
         }
-        node.start();
+        start(&mut node);
     }
     writer.join().unwrap();
     wait_until("every kernel-log XID journaled", || {
@@ -619,10 +515,10 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
         seqs.len() as u64 == N
     });
     // One more restart reads the whole file again: nothing is journaled twice.
-    node.stop();
-    node.start();
+    stop(&mut node);
+    start(&mut node);
     std::thread::sleep(Duration::from_millis(800));
-    node.stop();
+    stop(&mut node);
     let seqs = kmsg_seqs(&node);
     let distinct: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
     assert_eq!(distinct.len() as u64, N, "missing: some XIDs were lost");
@@ -642,8 +538,8 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
 #[test]
 fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
     use std::io::Write;
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(node.path("kmsg"))
@@ -656,7 +552,7 @@ fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
     drop(f);
     wait_until("the XID after the junk", || xid_inputs(&node, 31) == 1);
     assert_eq!(xid_inputs(&node, 13), 1);
-    node.stop();
+    stop(&mut node);
 
     for (what, make) in [("a directory", "dir"), ("a FIFO", "fifo")] {
         let p = node.path(&format!("bad-kmsg-{make}"));
@@ -667,16 +563,14 @@ fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
             // SAFETY: a valid NUL-terminated path.
             assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         }
-        let cfg = std::fs::read_to_string(node.path("config.toml"))
-            .unwrap()
-            .replace(
-                &format!("kmsg = \"{}\"", node.path("kmsg").display()),
-                &format!("kmsg = \"{}\"", p.display()),
-            );
+        let cfg = std::fs::read_to_string(node.config()).unwrap().replace(
+            &format!("kmsg = \"{}\"", node.path("kmsg").display()),
+            &format!("kmsg = \"{}\"", p.display()),
+        );
         let bad = node.path(&format!("bad-{make}.toml"));
         std::fs::write(&bad, cfg).unwrap();
         let out = node
-            .cmd()
+            .command()
             .args(["run", "--config"])
             .arg(&bad)
             .output()

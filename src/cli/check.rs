@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json, resolve_policy};
-use crate::model::{GpuId, Observation, Verdict};
+use crate::model::{GpuId, Health, Observation, Verdict};
 use crate::policy::Policy;
 use crate::probe;
 
@@ -55,7 +55,7 @@ pub struct ProbeResult {
 #[derive(Debug, Serialize)]
 pub struct CheckReport {
     /// `healthy`, `unhealthy` or `unknown`.
-    pub verdict: &'static str,
+    pub verdict: Health,
     pub gpus: Vec<GpuHealthLine>,
     pub findings: Vec<Finding>,
     pub probes: Vec<ProbeResult>,
@@ -117,11 +117,11 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     let unhealthy = findings.iter().any(fails);
     let could_not_look = probes.is_empty() || probes.iter().any(|r| !r.ok);
     let verdict = if unhealthy {
-        "unhealthy"
+        Health::Unhealthy
     } else if could_not_look {
-        "unknown"
+        Health::Unknown
     } else {
-        "healthy"
+        Health::Healthy
     };
     gpus.sort_by_key(|g| g.index);
     let gpus = gpus
@@ -150,9 +150,9 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     }
     let report = examine(&cfg, &policy);
     let code = match report.verdict {
-        "healthy" => exit::OK,
-        "unhealthy" => exit::UNHEALTHY,
-        _ => exit::UNKNOWN,
+        Health::Healthy => exit::OK,
+        Health::Unhealthy => exit::UNHEALTHY,
+        Health::Unknown => exit::UNKNOWN,
     };
     if a.json {
         print_json(&report);
@@ -243,7 +243,7 @@ fn journal_gate(cfg: &crate::config::Config, report: &crate::gate::LaunchReport<
 
 /// `check --lifecycle`: the launch gate (src/remedy/aws/launch.rs) around `examine`.
 fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result<i32, CliError> {
-    use crate::gate::{self, Health};
+    use crate::gate;
     if !cfg.aws.enabled {
         return Err(CliError::Usage(
             "check --lifecycle completes an Auto Scaling lifecycle hook: it needs [aws] enabled = true"
@@ -259,7 +259,7 @@ fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result
     let check_cfg = cfg.clone();
     let report = rt.block_on(gate::gate(&cfg, move || {
         let r = examine(&check_cfg, &policy);
-        (Health::from_verdict(r.verdict), r)
+        (r.verdict, r)
     }));
     let saved = cfg.state_dir.join("launch-gate.json");
     if let Err(e) = std::fs::create_dir_all(&cfg.state_dir).and_then(|_| {

@@ -1207,7 +1207,7 @@ fn target_key(obs: &Observation) -> String {
     // "The same XID repeating on a GPU": each code counts on its own, even when one rule
     // names several.
     match obs.signal {
-        Signal::Xid { code } => format!("{target}/xid{code}"),
+        Signal::Xid { code, .. } => format!("{target}/xid{code}"),
         _ => target,
     }
 }

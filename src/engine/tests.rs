@@ -38,7 +38,7 @@ fn gpu(i: u32) -> GpuId {
 }
 
 fn xid(g: u32, code: u32) -> Input {
-    Input::Observation(Observation::new(Signal::Xid { code }).on_gpu(gpu(g)))
+    Input::Observation(Observation::new(Signal::xid(code)).on_gpu(gpu(g)))
 }
 
 fn obs(signal: Signal) -> Input {

@@ -1,7 +1,7 @@
 //! The daemon's logs: `control.log` and `server.log` in `CUDA_MPS_LOG_DIRECTORY`, tailed for
 //! what the control pipe cannot tell: servers that keep dying (a crash loop), servers that
 //! hit a fatal exception, and the Volta+ fatal-fault block naming the poisoned GPUs and the
-//! clients with sticky errors (research/mps.md §1.5, §3.2).
+//! clients with sticky errors (docs/mps.md#log-formats, docs/mps.md#fault-containment-on-volta-and-later).
 //!
 //! Line format: `[YYYY-MM-DD HH:MM:SS.mmm <Tag> <pid>] <message>`, tag `Control`, `Server`,
 //! `Other` or `Legacy Server`, pid right-aligned. Lines that do not parse are skipped; the
@@ -609,7 +609,7 @@ mod tests {
         }
     }
 
-    /// The Volta fault block from NVIDIA's documentation (research/mps.md §1.5), with the
+    /// The Volta fault block from NVIDIA's documentation (docs/mps.md#fatal-fault-block-volta-and-later), with the
     /// normal prefix on every line as the server writes it.
     const FAULT_BLOCK: &[&str] = &[
         "[2026-11-30 06:00:00.001 Server  4428] Volta MPS: status of client {11661, 1} is ACTIVE",

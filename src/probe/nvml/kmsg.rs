@@ -7,6 +7,12 @@
 //! position in `state.json`, so a restart re-reads whatever was not journaled yet and drops
 //! what was (at least once, never twice). XIDs already reported by the event watcher are
 //! skipped, and remembered in `kmsg.cursor` so that a restart skips them too.
+//!
+//! It is also where an XID's verdict that depends on more than its code is decoded
+//! ([`decode_xid`]): the NVLink5 XIDs 144-150 by the error status in their text (NVIDIA's
+//! decode sheet, `docs/xid-nvlink5-decode.csv`), XID 159 by whether the UVM driver is in use.
+//! NVML's XID event carries only the code, so the event watcher holds an NVLink5 XID for up to
+//! [`TEXT_WAIT`] until this reader brings its line.
 
 use std::io::{BufRead, BufReader, Seek};
 use std::path::{Path, PathBuf};
@@ -17,7 +23,70 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::poll::{SharedState, lock};
-use crate::model::{Observation, Signal};
+use crate::catalog;
+use crate::model::{Observation, Signal, XidDecode};
+
+/// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
+/// the line when it raises the event; a reader that is running sees it within milliseconds.
+pub const TEXT_WAIT: Duration = Duration::from_secs(2);
+
+/// The UVM driver's module reference count: every CUDA process holds `/dev/nvidia-uvm` open,
+/// so a count above zero means UVM is in use (CHECK_UVM of XID 159).
+pub const UVM_REFCNT: &str = "/sys/module/nvidia_uvm/refcnt";
+
+/// Whether an XID's verdict needs its kernel log text (the NVLink5 XIDs).
+pub fn needs_text(code: u32) -> bool {
+    catalog::NVLINK5.contains(&code)
+}
+
+/// The decode of an XID whose catalog action depends on more than its code, with an
+/// explanation for the incident; `(None, None)` for every other XID. `text` is the driver's
+/// text after the code (absent when the XID came from NVML without a kernel log line).
+pub fn decode_xid(
+    code: u32,
+    text: Option<&str>,
+    uvm_refcnt: &Path,
+) -> (Option<XidDecode>, Option<String>) {
+    if catalog::NVLINK5.contains(&code) {
+        let d = catalog::decode_nvlink5(code, text);
+        return (Some(d.class), Some(d.explanation));
+    }
+    if code == catalog::CHECK_UVM_XID {
+        let (class, why) = match std::fs::read_to_string(uvm_refcnt) {
+            Ok(t) => match t.trim().parse::<u64>() {
+                Ok(0) => (
+                    XidDecode::Ignore,
+                    "UVM not in use (nvidia_uvm refcnt 0)".to_string(),
+                ),
+                Ok(n) => (
+                    XidDecode::ResetGpu,
+                    format!("UVM in use (nvidia_uvm refcnt {n})"),
+                ),
+                Err(_) => (
+                    XidDecode::ResetGpu,
+                    format!(
+                        "UVM use unknown ({}: {:?}); assumed in use",
+                        uvm_refcnt.display(),
+                        t.trim()
+                    ),
+                ),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+                XidDecode::Ignore,
+                "UVM not in use (nvidia_uvm module not loaded)".to_string(),
+            ),
+            Err(e) => (
+                XidDecode::ResetGpu,
+                format!(
+                    "UVM use unknown ({}: {e}); assumed in use",
+                    uvm_refcnt.display()
+                ),
+            ),
+        };
+        return (Some(class), Some(format!("CHECK_UVM: {why}")));
+    }
+    (None, None)
+}
 
 /// One parsed `NVRM: Xid` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,6 +292,21 @@ impl KmsgReader {
                 return;
             }
         };
+        // While this reader runs, the event watcher holds NVLink5 XIDs for their text.
+        struct Active(SharedState);
+        impl Drop for Active {
+            fn drop(&mut self) {
+                let mut s = lock(&self.0);
+                s.kmsg_active = false;
+                // Nothing will bring the text now: let the watcher report them at once.
+                let now = std::time::Instant::now();
+                for x in s.awaiting_text.iter_mut() {
+                    x.2 = now.checked_sub(TEXT_WAIT).unwrap_or(x.2);
+                }
+            }
+        }
+        lock(&self.shared).kmsg_active = true;
+        let _active = Active(self.shared.clone());
         let meta = file.metadata().ok();
         let regular = meta.as_ref().is_some_and(|m| m.is_file());
         let ident = meta
@@ -352,18 +436,32 @@ impl KmsgReader {
             tracing::warn!(probe = "kmsg", pci = %x.pci, xid = x.code, "XID for a device NVML does not list");
             return;
         };
-        if !lock(&self.shared).claim_xid(index, x.code, "kmsg") {
-            // The event watcher reported it already: remember, so a restart does not.
-            if let Some((stream, pos)) = at {
-                cursors.skip(stream, pos);
+        {
+            let mut s = lock(&self.shared);
+            // The event watcher holds this XID for its text: it is ours to report, decoded.
+            let held = s.take_awaiting(index, x.code);
+            if !s.claim_xid(index, x.code, "kmsg") && !held {
+                drop(s);
+                // The event watcher reported it already: remember, so a restart does not.
+                if let Some((stream, pos)) = at {
+                    cursors.skip(stream, pos);
+                }
+                return;
             }
-            return;
         }
-        let mut obs =
-            Observation::new(Signal::Xid { code: x.code }).with_detail(match &x.process {
-                Some(p) => format!("{} (process {p})", x.text),
-                None => x.text.clone(),
-            });
+        let (decode, why) = decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT));
+        let mut detail = match &x.process {
+            Some(p) => format!("{} (process {p})", x.text),
+            None => x.text.clone(),
+        };
+        if let Some(why) = why {
+            detail = format!("{detail}; {why}");
+        }
+        let mut obs = Observation::new(Signal::Xid {
+            code: x.code,
+            decode,
+        })
+        .with_detail(detail);
         if let Some(pid) = x.pid {
             obs = obs.with_pids(vec![pid]);
         }
@@ -456,6 +554,48 @@ mod tests {
         assert_eq!(x.len(), 1);
         assert_eq!((x[0].seq, x[0].code), (7, 79));
         assert!(read_since_boot(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn nvlink5_lines_are_parsed_and_decoded() {
+        let x = parse_line("4,88,5,-;NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)").unwrap();
+        assert_eq!((x.code, x.pid, x.pci.as_str()), (145, None, "0018:01:00"));
+        let (d, why) = decode_xid(x.code, Some(&x.text), Path::new("/nonexistent"));
+        assert_eq!(d, Some(XidDecode::Ignore), "{why:?}");
+        let x = parse_line("NVRM: Xid (PCI:0000:10:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)").unwrap();
+        let (d, _) = decode_xid(x.code, Some(&x.text), Path::new("/nonexistent"));
+        assert_eq!(d, Some(XidDecode::ResetGpu));
+        assert_eq!(
+            decode_xid(149, None, Path::new("/nonexistent")).0,
+            Some(XidDecode::Undecoded)
+        );
+        assert_eq!(
+            decode_xid(79, Some("GPU has fallen off the bus."), Path::new("/x")),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn xid_159_follows_whether_uvm_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let refcnt = dir.path().join("refcnt");
+        assert_eq!(
+            decode_xid(159, None, &refcnt).0,
+            Some(XidDecode::Ignore),
+            "module not loaded"
+        );
+        std::fs::write(&refcnt, "0\n").unwrap();
+        assert_eq!(decode_xid(159, None, &refcnt).0, Some(XidDecode::Ignore));
+        std::fs::write(&refcnt, "3\n").unwrap();
+        let (d, why) = decode_xid(159, None, &refcnt);
+        assert_eq!(d, Some(XidDecode::ResetGpu));
+        assert!(why.unwrap().contains("refcnt 3"));
+        std::fs::write(&refcnt, "garbage").unwrap();
+        assert_eq!(
+            decode_xid(159, None, &refcnt).0,
+            Some(XidDecode::ResetGpu),
+            "unknown: assumed in use"
+        );
     }
 
     #[test]
