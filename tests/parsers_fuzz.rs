@@ -5,6 +5,8 @@
 //! input; none may panic, and what each returns is bounded by what it was given. Case counts
 //! keep the whole file within seconds (CI runs it with the rest).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::io::Write;
 use std::path::Path;
 
