@@ -6,24 +6,20 @@
 //!
 //! `BENCH_STORM` (default 3000) distinct XIDs, codes no rule names, on 4 GPUs; the kernel log
 //! is a regular file the bench appends to (the reader follows it like `/dev/kmsg`).
-//! `BENCH_BIN=path` runs another gpu-medic binary (an older release, for the side-by-side
+//! `GPU_MEDIC_BIN=path` runs another gpu-medic binary (an older release, for the side-by-side
 //! figure in BENCHMARKS.md); `BENCH_TIMEOUT_S` (default 900) bounds the wait for the 79.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpu_medic_testkit::proc::{clk_tck, cpu_ticks};
 use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, now_ms, parse_at};
 
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
-  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
-  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
-]}"#;
+/// PCI buses of the fake library's default GPUs 0-3 (tests/fake-nvml/src/identity.rs).
+const BUSES: [u32; 4] = [0x1B, 0x29, 0x43, 0x52];
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -34,7 +30,32 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 /// CPU seconds (user + system) the process has used.
 fn cpu_s(pid: u32) -> f64 {
-    cpu_ticks(pid).map_or(0.0, |t| t.own as f64 / clk_tck())
+    cpu_ticks(pid).map_or(0.0, |t| t.own as f64) / clk_tck()
+}
+
+/// Reads the lines appended to a file since the last call.
+#[derive(Default)]
+struct Follow {
+    offset: u64,
+    pending: String,
+}
+
+impl Follow {
+    fn new_lines(&mut self, path: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Ok(mut f) = std::fs::File::open(path) {
+            let _ = f.seek(SeekFrom::Start(self.offset));
+            let mut buf = String::new();
+            if let Ok(n) = f.read_to_string(&mut buf) {
+                self.offset += n as u64;
+                self.pending.push_str(&buf);
+            }
+            while let Some(i) = self.pending.find('\n') {
+                out.push(self.pending.drain(..=i).collect());
+            }
+        }
+        out
+    }
 }
 
 fn append(path: &Path, text: &str) {
@@ -52,21 +73,19 @@ fn main() {
         fake_nvml().display(),
         dir.path().join("kmsg").display()
     );
-    let mut medic = Daemon::in_temp(dir, &config);
-    medic.gpus(GPUS).env("RUST_LOG", "error");
-    if let Ok(other) = std::env::var("BENCH_BIN") {
-        medic.binary(PathBuf::from(other));
-    }
-    medic.start();
-    let pid = medic.pid().expect("gpu-medic running");
-    let d = medic.dir().to_path_buf();
+    let mut d = Daemon::in_temp(dir, &config);
+    std::fs::write(d.path("kmsg"), "").unwrap();
+    d.env("RUST_LOG", "error");
+    d.start();
+    let pid = d.pid().unwrap();
     std::thread::sleep(Duration::from_millis(2000));
     let cpu_before = cpu_s(pid);
+    let kmsg = d.path("kmsg");
 
     // The storm: every line at once, as a burst in the kernel log.
     let mut text = String::new();
     for i in 0..storm {
-        let bus = [0x10, 0x20, 0x30, 0x40][(i % 4) as usize];
+        let bus = BUSES[(i % 4) as usize];
         text.push_str(&format!(
             "4,{},{},-;NVRM: Xid (PCI:0000:{bus:02x}:00): {}, pid={i}, name=app, storm\n",
             100 + i,
@@ -75,46 +94,49 @@ fn main() {
         ));
     }
     let t_storm = Instant::now();
-    append(&d.join("kmsg"), &text);
+    let t_storm_ms = now_ms();
+    append(&kmsg, &text);
     std::thread::sleep(Duration::from_secs(1));
     let t79 = now_ms();
     append(
-        &d.join("kmsg"),
+        &kmsg,
         &format!(
-            "4,{},{},-;NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=train, GPU has fallen off the bus.\n",
+            "4,{},{},-;NVRM: Xid (PCI:0000:{:02x}:00): 79, pid=1, name=train, GPU has fallen off the bus.\n",
             100 + storm,
-            1_000_000 + storm
+            1_000_000 + storm,
+            BUSES[1]
         ),
     );
     let t79_instant = Instant::now();
 
     // Follow the journal for the 79's decision, reading only what is new.
-    let journal = d.join("state/incidents.jsonl");
-    let mut offset = 0u64;
-    let mut pending = String::new();
-    let mut opened = 0usize;
+    let journal = d.path("state/incidents.jsonl");
+    let mut incidents = Follow::default();
     let decided_at = loop {
-        let mut found = None;
-        if let Ok(mut f) = std::fs::File::open(&journal) {
-            let _ = f.seek(SeekFrom::Start(offset));
-            let mut buf = String::new();
-            if let Ok(n) = f.read_to_string(&mut buf) {
-                offset += n as u64;
-                pending.push_str(&buf);
-            }
-            while let Some(i) = pending.find('\n') {
-                let line: String = pending.drain(..=i).collect();
-                if line.contains("\"opened\"") {
-                    opened += 1;
-                    if line.contains("\"code\":79") {
-                        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
-                        found = parse_at(v["at"].as_str().unwrap());
-                    }
-                }
-            }
+        let found = incidents
+            .new_lines(&journal)
+            .into_iter()
+            .find(|l| l.contains("\"opened\"") && l.contains("\"code\":79"));
+        if let Some(line) = found {
+            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+            break parse_at(v["at"].as_str().unwrap());
         }
-        if let Some(at) = found {
-            break Some(at);
+        if t79_instant.elapsed() > timeout {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // The last XID of the storm stepped: its input's stamp.
+    let last = format!("\"code\":{}", 100_000 + storm - 1);
+    let mut inputs = Follow::default();
+    let last_at = loop {
+        let found = inputs
+            .new_lines(&d.path("state/inputs.jsonl"))
+            .into_iter()
+            .find(|l| l.contains(&last));
+        if let Some(line) = found {
+            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+            break parse_at(v["at"].as_str().unwrap());
         }
         if t79_instant.elapsed() > timeout {
             break None;
@@ -144,20 +166,26 @@ fn main() {
         .unwrap_or_default()
         .lines()
         .filter(|l| l.contains("\"opened\""))
-        .count()
-        .max(opened);
-    let state_bytes = std::fs::metadata(d.join("state/state.json"))
+        .count();
+    let state_bytes = std::fs::metadata(d.path("state/state.json"))
         .map(|m| m.len())
         .unwrap_or(0);
-    medic.stop(Duration::from_secs(25));
+    d.stop(Duration::from_secs(25));
 
     println!(
         "XID storm: {storm} distinct XIDs at once, an XID 79 one second later ({})",
-        medic.command().get_program().to_string_lossy()
+        gpu_medic_testkit::bin().display()
     );
     match decided_at {
         Some(at) => println!("  XID 79 decided {:.0} ms after it was written", at - t79),
         None => println!("  XID 79 not decided within {timeout:?}"),
+    }
+    match last_at {
+        Some(at) => println!(
+            "  last XID of the storm stepped {:.2} s after the storm was written",
+            (at - t_storm_ms) / 1000.0
+        ),
+        None => println!("  the storm's last XID not stepped within the wait"),
     }
     match absorbed {
         Some(a) => println!(

@@ -484,7 +484,7 @@ fn kmsg_seqs(node: &Daemon) -> Vec<u64> {
 #[test]
 fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
     let mut node = new_node("");
-    node.start();
+    start(&mut node);
     const N: u64 = 600;
     let kmsg = node.path("kmsg");
     let writer = std::thread::spawn(move || {
@@ -508,11 +508,11 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
     for round in 0..8 {
         std::thread::sleep(Duration::from_millis(300));
         if round % 2 == 0 {
-            node.stop(Duration::from_secs(5));
+            stop(&mut node);
         } else {
             node.signal(libc::SIGKILL);
         }
-        node.start();
+        start(&mut node);
     }
     writer.join().unwrap();
     wait_until("every kernel-log XID journaled", || {
@@ -520,10 +520,10 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
         seqs.len() as u64 == N
     });
     // One more restart reads the whole file again: nothing is journaled twice.
-    node.stop(Duration::from_secs(5));
-    node.start();
+    stop(&mut node);
+    start(&mut node);
     std::thread::sleep(Duration::from_millis(800));
-    node.stop(Duration::from_secs(5));
+    stop(&mut node);
     let seqs = kmsg_seqs(&node);
     let distinct: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
     assert_eq!(distinct.len() as u64, N, "missing: some XIDs were lost");
@@ -544,7 +544,7 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
 fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
     use std::io::Write;
     let mut node = new_node("");
-    node.start();
+    start(&mut node);
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(node.path("kmsg"))
@@ -557,7 +557,7 @@ fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
     drop(f);
     wait_until("the XID after the junk", || xid_inputs(&node, 31) == 1);
     assert_eq!(xid_inputs(&node, 13), 1);
-    node.stop(Duration::from_secs(5));
+    stop(&mut node);
 
     for (what, make) in [("a directory", "dir"), ("a FIFO", "fifo")] {
         let p = node.path(&format!("bad-kmsg-{make}"));

@@ -16,6 +16,17 @@ use gpu_medic::engine::{self, State};
 use gpu_medic::journal::{self, CappedLine, Entry};
 use gpu_medic::model::{Record, StampedInput};
 
+/// The shipped policy, loaded once.
+fn default_policy() -> &'static gpu_medic::policy::Policy {
+    static P: std::sync::OnceLock<gpu_medic::policy::Policy> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        gpu_medic::policy::Policy::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+        )
+        .unwrap()
+    })
+}
+
 fn cfg(cases: u32) -> ProptestConfig {
     ProptestConfig {
         cases,
@@ -165,11 +176,11 @@ proptest! {
         journal::stream_jsonl::<Record>(std::slice::from_ref(&p), None, |_| { n += 1; true }).unwrap();
         prop_assert!(n <= total);
         // `policy simulate`: stepping whatever parses never panics.
-        let policy = gpu_medic::policy::Policy::parse(Path::new("/fuzz/policy.toml"), POLICY).unwrap();
+        let policy = default_policy();
         let mut state = State::default();
         let capped = journal::stream_jsonl::<StampedInput>(std::slice::from_ref(&p), Some(total as u64 / 2 + 1), |e| {
             if let Entry::Item(s) = e {
-                state = engine::step(&state, s.input, s.at, &policy).0;
+                state = engine::step(&state, s.input, s.at, policy).0;
             }
             true
         });
