@@ -7,6 +7,8 @@
 //! and read by the real `journalctl --follow`. The Volta fatal-fault block cannot be produced
 //! without a GPU: its lines are the MPS guide's, with the daemon's real line prefix.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
