@@ -136,21 +136,8 @@ impl Reader {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .env("SYSTEMD_COLORS", "0")
-            .process_group(0)
-            .kill_on_drop(true);
-        // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
-        // which is async-signal-safe and touches no memory shared with the parent. The
-        // kernel kills the reader if gpu-medic dies; it is spawned from a runtime worker
-        // thread, which lives as long as gpu-medic.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+            .env("SYSTEMD_COLORS", "0");
+        super::control::supervise(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| SpawnError {
             binary: spec.journalctl.display().to_string(),
             message: e.to_string(),
