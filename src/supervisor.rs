@@ -330,7 +330,7 @@ impl Engine {
                 engine::step(&self.state, input, entry.stamped.at, &self.policy);
             state.delivery.applied = state.delivery.applied.max(entry.seq);
             if let Some(c) = cursor {
-                state.delivery.advance(&c.stream, c.pos, entry.stamped.at);
+                state.delivery.advance_cursor(&c, entry.stamped.at);
             }
             self.state = state;
             records.extend(actions.into_iter().filter_map(|a| match a {
@@ -367,7 +367,7 @@ impl Engine {
                 _ => None,
             };
             if let Some(c) = &cursor
-                && self.state.delivery.seen(&c.stream, c.pos)
+                && self.state.delivery.seen_cursor(c)
             {
                 tracing::debug!(stream = %c.stream, pos = c.pos, "duplicate after restart dropped");
                 continue;
@@ -390,7 +390,7 @@ impl Engine {
                 dirty = true;
             }
             if let Some(c) = cursor {
-                state.delivery.advance(&c.stream, c.pos, now);
+                state.delivery.advance_cursor(&c, now);
                 dirty = true;
             }
             self.state = state;

@@ -160,6 +160,9 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
 
 pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     let cfg = a.config.load_for(crate::preflight::Mode::Check)?;
+    for w in crate::preflight::warnings(&cfg, std::path::Path::new("systemctl")) {
+        eprintln!("warning: {w}");
+    }
     let policy = resolve_policy(Some(&cfg.policy), None)?;
     if a.lifecycle {
         return launch_gate(cfg, policy, a.json);

@@ -2,6 +2,7 @@
 //! otherwise), the tokio runtime, signal handling (the first SIGTERM/SIGINT stops gracefully,
 //! a second forces exit), and the supervisor with the probes and remedies the config enables.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -84,6 +85,9 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
     }
     let policy = Policy::load(&cfg.policy)?;
     init_logging(&a.log_format);
+    for w in crate::preflight::warnings(&cfg, Path::new("systemctl")) {
+        tracing::warn!("{w}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

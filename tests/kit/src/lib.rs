@@ -16,6 +16,7 @@
 //! - [`imds`]: a fake IMDSv2 and a fake ECS agent introspection API;
 //! - [`mps`]: NVIDIA's real MPS control daemon in a short pipe directory of our own;
 //! - [`journal`]: reading a state directory's journal the way tests look at it;
+//! - [`journald`]: systemd journal files written by `systemd-journal-remote` from given lines;
 //! - [`proc`]: `/proc` readings (CPU time, RSS, threads, descriptors, process state);
 //! - [`stats`]: a seeded PRNG, percentiles and the machine line of the reports.
 //!
@@ -33,6 +34,7 @@ pub mod daemon;
 pub mod http;
 pub mod imds;
 pub mod journal;
+pub mod journald;
 pub mod mps;
 pub mod proc;
 pub mod proxy;
