@@ -16,14 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpu_medic_testkit::proc::{clk_tck, cpu_ticks};
-use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, now_ms, parse_at};
-
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
-  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
-  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
-]}"#;
+use gpu_medic_testkit::{Daemon, FOUR_GPUS, now_ms, parse_at};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -45,15 +38,8 @@ fn append(path: &Path, text: &str) {
 fn main() {
     let storm: u32 = env_or("BENCH_STORM", 3000);
     let timeout = Duration::from_secs(env_or("BENCH_TIMEOUT_S", 900));
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display()
-    );
-    let mut medic = Daemon::in_temp(dir, &config);
-    medic.gpus(GPUS).env("RUST_LOG", "error");
+    let mut medic = Daemon::fake_gpu_node("", "");
+    medic.gpus(FOUR_GPUS).env("RUST_LOG", "error");
     if let Ok(other) = std::env::var("BENCH_BIN") {
         medic.binary(PathBuf::from(other));
     }

@@ -405,7 +405,10 @@ async fn garbage_empty_and_hanging_replies_are_reported_not_crashed_on() {
         "{obs:?}"
     );
     assert!(
-        obs.detail.as_deref().unwrap_or_default().contains("/nonexistent/mps"),
+        obs.detail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("/nonexistent/mps"),
         "{obs:?}"
     );
 }
