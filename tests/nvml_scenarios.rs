@@ -7,15 +7,8 @@
 use std::process::Command as StdCommand;
 use std::time::Duration;
 
-use gpu_medic_testkit::{Daemon, bin, default_policy, fake_nvml, wait_sync};
+use gpu_medic_testkit::{Daemon, FOUR_GPUS, bin, default_policy, wait_sync};
 use serde_json::Value;
-
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
-  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
-  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
-]}"#;
 
 /// A node of four fake GPUs, AWS and MPS off; `extra_nvml`: extra `[nvml]` lines.
 fn new_node(extra_nvml: &str) -> Daemon {
@@ -24,17 +17,9 @@ fn new_node(extra_nvml: &str) -> Daemon {
 
 /// The same, with the counters polled every `poll`.
 fn polling_node(extra_nvml: &str, poll: &str) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"{poll}\"\nkmsg = \"{}\"\n{extra_nvml}\n\
-         [mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display(),
-    );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.gpus(GPUS);
+    let nvml = format!("poll_interval = \"{poll}\"\n{extra_nvml}");
+    let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", &nvml);
+    d.gpus(FOUR_GPUS);
     d
 }
 

@@ -106,6 +106,22 @@ impl Daemon {
         Daemon::in_temp(tempfile::tempdir().unwrap(), config)
     }
 
+    /// A node on the fake libnvidia-ml with MPS and AWS off, in a new temp dir: the default
+    /// policy, `top` (top-level keys) and `nvml` (extra `[nvml]` lines) added; the kernel log
+    /// is the dir's `kmsg` file. Give it GPUs with [`Daemon::gpus`] (default: the fake's four).
+    pub fn fake_gpu_node(top: &str, nvml: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!(
+            "state_dir = \"state\"\npolicy = \"{}\"\n{top}\n\
+             [nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n{nvml}\n\
+             [mps]\nenabled = false\n[aws]\nenabled = false\n",
+            crate::default_policy().display(),
+            crate::fake_nvml().display(),
+            dir.path().join("kmsg").display(),
+        );
+        Daemon::in_temp(dir, &config)
+    }
+
     /// The same in a temp dir the caller made (e.g. a short one under /tmp for MPS sockets).
     pub fn in_temp(dir: tempfile::TempDir, config: &str) -> Daemon {
         Daemon::with_root(Root::Temp(dir), config)

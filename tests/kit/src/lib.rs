@@ -182,6 +182,14 @@ pub fn parse_at(s: &str) -> Option<f64> {
 // ---------------------------------------------------------------------------------------------
 // Fake NVML files
 
+/// A fake NVML configuration of four GPUs with fixed identities (UUID, PCI bus id, serial).
+pub const FOUR_GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
+  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
+  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
+  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
+  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
+]}"#;
+
 /// A fake NVML configuration with `n` H200 GPUs (identities from the fake's defaults).
 pub fn gpus_json(n: usize) -> String {
     let gpus = vec!["{}"; n].join(",");
