@@ -582,12 +582,35 @@ pub struct Outcome {
     pub request_ids: Vec<String>,
 }
 
+/// What this node's remedies can carry out. A verdict whose remedy is missing is recorded as
+/// what would have been done, never half-executed and never reported as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// ECS and Auto Scaling (`[aws] enabled`): stop-tasks, quarantine, drain, replace,
+    /// lifecycle hooks.
+    pub aws: bool,
+    /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
+    pub mps: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            aws: true,
+            mps: true,
+        }
+    }
+}
+
 /// Everything the engine consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "kebab-case")]
 pub enum Input {
     Observation(Observation),
     Outcome(Outcome),
+    /// The supervisor started with these remedies. Recorded in `inputs.jsonl` when it changes
+    /// the state, so a replay judges with what the node could do.
+    Started { capabilities: Capabilities },
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
     /// A person asked for something (`gpu-medic incidents abort`).

@@ -38,8 +38,8 @@ pub trait Executor: Send + Sync + 'static {
     fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
     /// Which kinds of order it can carry out; the engine records the others as what would
     /// have been done instead of issuing them.
-    fn capabilities(&self) -> crate::policy::Capabilities {
-        crate::policy::Capabilities::default()
+    fn capabilities(&self) -> crate::model::Capabilities {
+        crate::model::Capabilities::default()
     }
 }
 
@@ -74,7 +74,6 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
-        policy.capabilities = executor.capabilities();
         Supervisor {
             cfg,
             policy,
@@ -110,6 +109,8 @@ impl Supervisor {
             metrics: self.metrics,
         };
         journal::save_state(&cfg.state_path(), &engine.state)?;
+        let capabilities = self.executor.capabilities();
+        engine.handle(Input::Started { capabilities })?;
         tracing::info!(
             policy = %engine.policy.origin,
             observe_only = engine.policy.observe_only,

@@ -9,7 +9,7 @@
 //! - a deadline on every order: an overrun escalates to the next step instead of hanging;
 //! - retries of retryable failures, and deferrals (fleet budget full) without giving up;
 //! - observe-only: every decision is journaled, no order is ever emitted;
-//! - a verdict whose remedy this node lacks (`Policy::capabilities`: `[aws]` or `[mps]`
+//! - a verdict whose remedy this node lacks (`Input::Started`: `[aws]` or `[mps]`
 //!   disabled) is recorded as what would have been done, never issued, and the node phase
 //!   never claims a step that did not happen;
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
@@ -66,6 +66,7 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         Input::Observation(obs) => cx.observe(obs),
         Input::Outcome(outcome) => cx.outcome(outcome),
         Input::Tick => cx.tick(),
+        Input::Started { capabilities } => cx.st.capabilities = capabilities,
         Input::Operator(OperatorRequest::Abort { incident, by }) => cx.abort(incident, &by),
         Input::Operator(OperatorRequest::LaunchGate {
             health,
@@ -503,7 +504,7 @@ impl Cx<'_> {
             return;
         }
         let id = self.open(&obs, rule, reason, Verdict::StopTasks);
-        if !self.policy.capabilities.aws {
+        if !self.st.capabilities.aws {
             let command = Command::StopTasks {
                 gpu: gpu.clone(),
                 pids: obs.pids.clone(),
@@ -536,7 +537,7 @@ impl Cx<'_> {
     // ---- MPS daemon ----
 
     fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
-        if !self.policy.capabilities.mps {
+        if !self.st.capabilities.mps {
             let key = format!("{rule}@{}", target_key(obs));
             if self.log_is_repeat(&key) {
                 return;
@@ -641,7 +642,7 @@ impl Cx<'_> {
     fn node_remediate(&mut self, obs: Observation, verdict: Verdict, rule: &str, reason: &str) {
         if let Some(w) = self.st.withheld.as_ref()
             && w.verdict >= verdict
-            && !self.policy.capabilities.aws
+            && !self.st.capabilities.aws
         {
             // Already recorded as what would have been done: later faults join it.
             let id = w.incident;
@@ -753,7 +754,7 @@ impl Cx<'_> {
             );
             return;
         }
-        if !self.policy.capabilities.aws {
+        if !self.st.capabilities.aws {
             let (what, steps) = match goal {
                 Goal::Drain => (
                     "quarantined and drained the instance",
@@ -1088,7 +1089,7 @@ impl Cx<'_> {
                     self.mps_try_restart(order.incident);
                 }
             }
-            Command::StopTasks { gpu, .. } if !self.policy.capabilities.mps => {
+            Command::StopTasks { gpu, .. } if !self.st.capabilities.mps => {
                 self.st.gpu_jobs.remove(&gpu.index);
                 self.close(
                     order.incident,
