@@ -99,7 +99,13 @@ impl Supervisor {
         ready: impl FnOnce(),
     ) -> Result<(), SupervisorError> {
         let cfg = self.cfg;
-        let state = journal::load_state(&cfg.state_path())?.unwrap_or_default();
+        let started = Timestamp::now();
+        let (state, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
+        let state = match (&state, &set_aside) {
+            (Some(s), _) => s.clone(),
+            (None, Some(_)) => journal::rebuild_from_journal(&cfg.incidents_path(), started)?,
+            (None, None) => State::default(),
+        };
         let mut engine = Engine {
             incidents: JsonlWriter::open(&cfg.incidents_path())?,
             inputs: JsonlWriter::open(&cfg.inputs_path())?,
@@ -111,6 +117,29 @@ impl Supervisor {
         journal::save_state(&cfg.state_path(), &engine.state)?;
         let capabilities = self.executor.capabilities();
         engine.handle(Input::Started { capabilities })?;
+        if let Some(aside) = set_aside {
+            tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
+            let detail = format!(
+                "{} could not be read ({}); set aside as {}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, node {}",
+                cfg.state_path().display(),
+                aside.why,
+                aside.moved_to.display(),
+                engine.state.open.len(),
+                engine.state.in_flight.len(),
+                engine.state.node.as_str()
+            );
+            let component = "state-file".to_string();
+            let fault = Observation::new(crate::model::Signal::SelfFault {
+                component: component.clone(),
+            })
+            .with_detail(detail)
+            .from_source("journal");
+            engine.handle(Input::Observation(fault))?;
+            let ok = Observation::new(crate::model::Signal::SelfRecovered { component })
+                .with_detail("started from the journal; a new state.json is written")
+                .from_source("journal");
+            engine.handle(Input::Observation(ok))?;
+        }
         tracing::info!(
             policy = %engine.policy.origin,
             observe_only = engine.policy.observe_only,

@@ -15,6 +15,7 @@
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
+pub mod recover;
 mod state;
 
 pub use state::{
