@@ -8,12 +8,14 @@
 //! - [`aws`], [`mps`]: adapters to the outside world (AWS APIs and IMDS, the MPS control
 //!   daemon) that probes, remedies and the launch gate build on; they import none of those.
 //! - [`gate`]: the launch gate (`gpu-medic check --lifecycle`), a workflow of its own.
-//! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies.
+//! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies; [`child`]:
+//!   process hygiene for every program gpu-medic runs.
 //! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration; [`preflight`]: what
 //!   `run` and `check` verify about the machine before they start.
 
 pub mod aws;
+pub mod child;
 pub mod cli;
 pub mod config;
 pub mod engine;
