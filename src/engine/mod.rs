@@ -104,7 +104,7 @@ impl Cx<'_> {
         reason: &str,
         verdict: Verdict,
     ) -> IncidentId {
-        self.st.next_incident += 1;
+        self.st.next_incident = self.st.next_incident.saturating_add(1);
         let id = IncidentId(self.st.next_incident);
         self.st.open.insert(
             id,
@@ -193,7 +193,7 @@ impl Cx<'_> {
     /// Hands an order to a remedy, or in observe-only mode records what would have been done.
     /// Returns whether an executable order was emitted.
     fn issue(&mut self, incident: IncidentId, command: Command, attempt: u32) -> bool {
-        self.st.next_action += 1;
+        self.st.next_action = self.st.next_action.saturating_add(1);
         let order = Order {
             id: ActionId(self.st.next_action),
             incident,
@@ -297,7 +297,7 @@ impl Cx<'_> {
     /// not executed) and why, then closes the incident as observed.
     fn would(&mut self, incident: IncidentId, commands: Vec<Command>, what: &str, why: &str) {
         for command in commands {
-            self.st.next_action += 1;
+            self.st.next_action = self.st.next_action.saturating_add(1);
             let order = Order {
                 id: ActionId(self.st.next_action),
                 incident,
@@ -353,7 +353,7 @@ impl Cx<'_> {
         seen.push(now);
         seen.retain(|t| now.since(*t) <= keep);
         let count_within = |seen: &Vec<Timestamp>, w: Duration| {
-            seen.iter().filter(|t| now.since(**t) <= w).count() as u32
+            u32::try_from(seen.iter().filter(|t| now.since(**t) <= w).count()).unwrap_or(u32::MAX)
         };
         if let Some(c) = rule.confirm
             && count_within(seen, c.window) < c.count
@@ -398,7 +398,7 @@ impl Cx<'_> {
         let now = self.now;
         match self.st.recent_logs.get_mut(key) {
             Some(r) if now.since(r.at) < LOG_REPEAT_WINDOW => {
-                r.repeats += 1;
+                r.repeats = r.repeats.saturating_add(1);
                 true
             }
             _ => false,
@@ -575,9 +575,9 @@ impl Cx<'_> {
         let window = self.policy.mps.restart_window;
         let now = self.now;
         self.st.mps.restarts.retain(|t| now.since(*t) < window);
-        let used = self.st.mps.restarts.len() as u32;
+        let used = u32::try_from(self.st.mps.restarts.len()).unwrap_or(u32::MAX);
         if used < self.policy.mps.restart_budget {
-            if self.issue(incident, Command::RestartMps, used + 1) {
+            if self.issue(incident, Command::RestartMps, used.saturating_add(1)) {
                 self.st.mps.restarts.push(now);
                 self.st.mps.phase = MpsPhase::Restarting;
             } else {
@@ -1023,7 +1023,7 @@ impl Cx<'_> {
                     self.schedule(
                         order.incident,
                         order.command.clone(),
-                        order.attempt + 1,
+                        order.attempt.saturating_add(1),
                         delay,
                     );
                 } else {
@@ -1078,12 +1078,12 @@ impl Cx<'_> {
             Command::RestartMps => {
                 self.st.mps.phase = MpsPhase::Unresponsive;
                 self.note(order.incident, format!("MPS restart failed: {why}"));
-                let used = self.st.mps.restarts.len() as u32;
+                let used = u32::try_from(self.st.mps.restarts.len()).unwrap_or(u32::MAX);
                 if used < self.policy.mps.restart_budget {
                     self.schedule(
                         order.incident,
                         Command::RestartMps,
-                        used + 1,
+                        used.saturating_add(1),
                         self.policy.retry.delay,
                     );
                 } else {
@@ -1325,3 +1325,5 @@ fn target_key(obs: &Observation) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trust_tests;
