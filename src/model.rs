@@ -620,7 +620,9 @@ pub enum Input {
     Outcome(Outcome),
     /// The supervisor started with these remedies. Recorded in `inputs.jsonl` when it changes
     /// the state, so a replay judges with what the node could do.
-    Started { capabilities: Capabilities },
+    Started {
+        capabilities: Capabilities,
+    },
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
     /// A person asked for something (`gpu-medic incidents abort`).

@@ -528,7 +528,9 @@ fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
     );
     assert!(body.contains("gpu_medic_gpu_health{gpu=\"1\""), "{body}");
     assert!(
-        body.contains("gpu_medic_remediations_total{action=\"replace\",outcome=\"not-executed\"} 1"),
+        body.contains(
+            "gpu_medic_remediations_total{action=\"replace\",outcome=\"not-executed\"} 1"
+        ),
         "{body}"
     );
     assert!(scrape(&addr).starts_with("HTTP/1.1 200"));

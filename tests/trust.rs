@@ -26,10 +26,13 @@ fn policy() -> PathBuf {
 
 fn fake_nvml() -> PathBuf {
     let dir = bin().parent().unwrap().to_path_buf();
-    [dir.join("libfake_nvml.so"), dir.join("deps/libfake_nvml.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("libfake_nvml.so: run `cargo build --workspace`")
+    [
+        dir.join("libfake_nvml.so"),
+        dir.join("deps/libfake_nvml.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect("libfake_nvml.so: run `cargo build --workspace`")
 }
 
 const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
@@ -125,7 +128,11 @@ impl Node {
         self.injected += 1;
         let tmp = self.path(&format!("inject/{:04}.json.tmp", self.injected));
         std::fs::write(&tmp, json).unwrap();
-        std::fs::rename(&tmp, self.path(&format!("inject/{:04}.json", self.injected))).unwrap();
+        std::fs::rename(
+            &tmp,
+            self.path(&format!("inject/{:04}.json", self.injected)),
+        )
+        .unwrap();
     }
 
     fn records(&self) -> Vec<Value> {
@@ -233,11 +240,7 @@ fn a_missing_control_binary_is_a_configuration_error_at_start() {
 #[test]
 fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
     let mut node = Node::new("");
-    let control = script(
-        node.dir.path(),
-        "mps-control",
-        "cat >/dev/null; echo 100.0",
-    );
+    let control = script(node.dir.path(), "mps-control", "cat >/dev/null; echo 100.0");
     node.write_config(&format!(
         "[nvml]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n\
          [mps]\nmanage = \"direct\"\ncontrol_binary = \"{}\"\npipe_directory = \"{}\"\n\
@@ -251,7 +254,9 @@ fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
     let aside = node.path("mps-control.removed");
     std::fs::rename(&control, &aside).unwrap();
     wait_until("the self-fault", || {
-        node.records().iter().any(|r| is_self_fault(r, "mps-control"))
+        node.records()
+            .iter()
+            .any(|r| is_self_fault(r, "mps-control"))
     });
     // Many probes later: still one incident, and nothing was done about the daemon.
     std::thread::sleep(Duration::from_millis(1500));
@@ -378,7 +383,9 @@ fn with_closed_stdout(node: &Node, args: &[&str]) -> (i32, String) {
 /// quietly on a closed stdout, with their own exit code.
 #[test]
 fn a_closed_stdout_ends_every_command_quietly() {
-    let mut node = Node::new("[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n");
+    let mut node = Node::new(
+        "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+    );
     node.start();
     node.stop();
     // One incident to show: a journal line written the way the daemon writes them.
@@ -447,7 +454,11 @@ fn a_corrupt_state_file_is_set_aside_and_run_starts_from_the_journal() {
         "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
     );
     std::fs::create_dir_all(node.path("state")).unwrap();
-    std::fs::write(node.path("state/state.json"), "{\"next_incident\": 7, garbage").unwrap();
+    std::fs::write(
+        node.path("state/state.json"),
+        "{\"next_incident\": 7, garbage",
+    )
+    .unwrap();
     let journal = [
         r#"{"at":"2026-01-01T00:00:00.000Z","incident":6,"event":"opened","observation":{"signal":{"kind":"xid","code":79},"gpu":{"index":1}},"rule":"xid-fallen-off-bus","reason":"r","verdict":"replace"}"#,
         r#"{"at":"2026-01-01T00:01:00.000Z","incident":6,"event":"closed","state":"replaced","summary":"s"}"#,
@@ -460,7 +471,9 @@ fn a_corrupt_state_file_is_set_aside_and_run_starts_from_the_journal() {
     .unwrap();
     node.start();
     wait_until("the set-aside incident", || {
-        node.records().iter().any(|r| is_self_fault(r, "state-file"))
+        node.records()
+            .iter()
+            .any(|r| is_self_fault(r, "state-file"))
     });
     node.stop();
     let aside: Vec<PathBuf> = std::fs::read_dir(node.path("state"))
@@ -474,7 +487,11 @@ fn a_corrupt_state_file_is_set_aside_and_run_starts_from_the_journal() {
         })
         .collect();
     assert_eq!(aside.len(), 1, "{aside:?}");
-    assert!(std::fs::read_to_string(&aside[0]).unwrap().contains("garbage"));
+    assert!(
+        std::fs::read_to_string(&aside[0])
+            .unwrap()
+            .contains("garbage")
+    );
     let records = node.records();
     let fault = records
         .iter()
@@ -601,9 +618,7 @@ fn sighup_reloads_a_valid_config_and_refuses_a_bad_one() {
     );
     node.write_config(&format!("dry_run = true\n{base}"));
     node.signal(libc::SIGHUP);
-    wait_until("the reload", || {
-        node.log().contains("supervisor restarted")
-    });
+    wait_until("the reload", || node.log().contains("supervisor restarted"));
     let starts = node.log().matches("gpu-medic supervisor started").count();
     assert_eq!(starts, 2, "{}", node.log());
     node.stop();

@@ -94,12 +94,8 @@ impl Rebuild {
 
     /// The state, with work for open incidents resumed or scheduled at `now`.
     pub fn finish(mut self, now: Timestamp) -> State {
-        let open: Vec<(IncidentId, OpenIncident)> = self
-            .st
-            .open
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect();
+        let open: Vec<(IncidentId, OpenIncident)> =
+            self.st.open.iter().map(|(k, v)| (*k, v.clone())).collect();
         for (id, inc) in open {
             let obs = self.first.get(&id).cloned();
             if let Some(Observation {
@@ -271,7 +267,10 @@ mod tests {
             r.add(rec);
         }
         let rebuilt = r.finish(Timestamp(3_000));
-        assert_eq!(rebuilt.open.keys().collect::<Vec<_>>(), st.open.keys().collect::<Vec<_>>());
+        assert_eq!(
+            rebuilt.open.keys().collect::<Vec<_>>(),
+            st.open.keys().collect::<Vec<_>>()
+        );
         assert_eq!(rebuilt.in_flight, st.in_flight);
         assert_eq!(rebuilt.node, NodePhase::Draining);
         assert_eq!(rebuilt.remediation.map(|r| r.step), Some(Step::Drain));

@@ -111,9 +111,11 @@ fn a_self_fault_is_journaled_once_never_remediated_and_closed_when_it_clears() {
     let (same, out) = step(&r.st, fault("nvml"), r.now, &policy());
     assert_eq!(same, r.st);
     assert!(out.is_empty());
-    r.feed(Input::Observation(Observation::new(Signal::SelfRecovered {
-        component: "nvml".into(),
-    })));
+    r.feed(Input::Observation(Observation::new(
+        Signal::SelfRecovered {
+            component: "nvml".into(),
+        },
+    )));
     assert!(r.st.self_faults.is_empty());
     assert!(!r.st.open.contains_key(&id));
 }
@@ -155,7 +157,10 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
     let out = r.feed(xid(1, 79));
     assert!(Run::orders(&out).is_empty(), "{out:?}");
     assert_eq!(r.st.node, NodePhase::InService);
-    let w = r.st.withheld.clone().expect("the decision is kept for status");
+    let w =
+        r.st.withheld
+            .clone()
+            .expect("the decision is kept for status");
     assert_eq!(w.verdict, Verdict::Replace);
     assert!(w.why.contains("AWS remediation disabled"));
     assert!(r.st.open.is_empty());

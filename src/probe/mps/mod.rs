@@ -120,7 +120,10 @@ impl MpsProbe {
         }) = &sent
         {
             if !self.unrunnable {
-                tracing::error!(probe = "mps", "cannot run the MPS control client {binary}: {message}; the daemon's state is unknown (self-fault; it is not restarted for this)");
+                tracing::error!(
+                    probe = "mps",
+                    "cannot run the MPS control client {binary}: {message}; the daemon's state is unknown (self-fault; it is not restarted for this)"
+                );
             }
             self.unrunnable = true;
             return Some(

@@ -146,7 +146,10 @@ impl NvmlSource {
                 }
                 Ok(Err(OpenError::Unusable(detail))) => {
                     if !unusable {
-                        tracing::error!(probe = "nvml", "{detail}: gpu-medic cannot watch the GPUs (self-fault; nothing is drained for it)");
+                        tracing::error!(
+                            probe = "nvml",
+                            "{detail}: gpu-medic cannot watch the GPUs (self-fault; nothing is drained for it)"
+                        );
                         unusable = true;
                         if tx.send(self_fault(detail)).await.is_err() {
                             return;
@@ -305,7 +308,9 @@ impl Snapshot for NvmlSnapshot {
             Err(OpenError::Unusable(message)) => {
                 return Err(ProbeError {
                     probe: "nvml",
-                    message: format!("{message} (a self-fault of gpu-medic: the GPUs were not checked)"),
+                    message: format!(
+                        "{message} (a self-fault of gpu-medic: the GPUs were not checked)"
+                    ),
                     retryable: false,
                 });
             }

@@ -161,9 +161,9 @@ impl Poller {
         let count = match nvml.device_count() {
             Ok(n) => {
                 if std::mem::take(&mut self.count_failed) {
-                    report
-                        .observations
-                        .push(super::self_recovered(&format!("NVML counts {n} GPU(s) again")));
+                    report.observations.push(super::self_recovered(&format!(
+                        "NVML counts {n} GPU(s) again"
+                    )));
                 }
                 n
             }
