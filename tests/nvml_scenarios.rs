@@ -3,41 +3,18 @@
 //! Each test runs its own daemon in its own temp dir.
 
 use std::path::PathBuf;
-use std::process::{Child, Command as StdCommand, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command as StdCommand};
+use std::time::Duration;
 
 use serde_json::Value;
+
+#[path = "support/node.rs"]
+mod node;
+use node::{GPUS, bin, fake_nvml, wait_until};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
-
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpu-medic")
-}
-
-fn fake_nvml() -> PathBuf {
-    let dir = bin().parent().unwrap().to_path_buf();
-    for p in [
-        dir.join("libfake_nvml.so"),
-        dir.join("deps/libfake_nvml.so"),
-    ] {
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "libfake_nvml.so not found next to {}: run `cargo build --workspace` (or `cargo test --workspace`)",
-        bin().display()
-    );
-}
-
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
-  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
-  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
-]}"#;
 
 struct Node {
     dir: tempfile::TempDir,
@@ -83,18 +60,11 @@ impl Node {
     }
 
     fn start(&mut self) {
-        let child = self
-            .cmd()
-            .args(["run", "--log-format", "json", "--config"])
-            .arg(self.path("config.toml"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.path("daemon.log")).unwrap())
-            .spawn()
-            .unwrap();
-        self.daemon = Some(child);
-        wait_until("the daemon to start", || {
-            self.path("state/state.json").exists()
-        });
+        let mut cmd = self.cmd();
+        cmd.args(["run", "--log-format", "json", "--config"])
+            .arg(self.path("config.toml"));
+        let log = self.path("daemon.log");
+        self.daemon = Some(node::start_daemon(cmd, &log, &self.path("state")));
         // Let the first poll establish counter baselines.
         std::thread::sleep(Duration::from_millis(600));
     }
@@ -147,17 +117,6 @@ impl Drop for Node {
             let _ = c.wait();
         }
     }
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn is_xid(r: &Value, code: u64) -> bool {

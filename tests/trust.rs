@@ -8,37 +8,21 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
+
+#[path = "support/node.rs"]
+mod node;
+use node::{GPUS, bin, fake_nvml, wait_until};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpu-medic")
-}
-
 fn policy() -> PathBuf {
     repo().join("policies/default.toml")
 }
-
-fn fake_nvml() -> PathBuf {
-    let dir = bin().parent().unwrap().to_path_buf();
-    [
-        dir.join("libfake_nvml.so"),
-        dir.join("deps/libfake_nvml.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .expect("libfake_nvml.so: run `cargo build --workspace`")
-}
-
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"}
-]}"#;
 
 /// A node in a temp dir: config, state, the fake NVML's files, a daemon.
 struct Node {
@@ -63,6 +47,15 @@ impl Node {
         };
         node.write_config(body);
         node
+    }
+
+    /// NVML through the fake library, polled every 200 ms; everything else off.
+    fn with_fake_nvml() -> Node {
+        Node::new(&format!(
+            "[nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"\"\n\
+             [mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+            fake_nvml().display()
+        ))
     }
 
     fn write_config(&self, body: &str) {
@@ -93,16 +86,9 @@ impl Node {
     }
 
     fn start(&mut self) {
-        let child = self
-            .cmd(&["run", "--log-format", "json"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.path("daemon.log")).unwrap())
-            .spawn()
-            .unwrap();
-        self.daemon = Some(child);
-        wait_until("the daemon to start", || {
-            self.path("state/state.json").exists()
-        });
+        let log = self.path("daemon.log");
+        let cmd = self.cmd(&["run", "--log-format", "json"]);
+        self.daemon = Some(node::start_daemon(cmd, &log, &self.path("state")));
     }
 
     fn signal(&self, sig: libc::c_int) {
@@ -160,17 +146,6 @@ impl Drop for Node {
             let _ = c.wait();
         }
     }
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn is_self_fault(r: &Value, component: &str) -> bool {
@@ -290,12 +265,7 @@ fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
 /// GPU has raised a signal", and `check` says it could not tell (exit 2).
 #[test]
 fn nvml_that_cannot_count_the_gpus_is_a_self_fault_and_check_cannot_tell() {
-    let mut node = Node::new("");
-    node.write_config(&format!(
-        "[nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"\"\n\
-         [mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
-        fake_nvml().display()
-    ));
+    let mut node = Node::with_fake_nvml();
     node.start();
     node.inject(r#"{"fail": {"function": "nvmlDeviceGetCount_v2", "code": 999}}"#);
     wait_until("the self-fault", || {
@@ -328,12 +298,7 @@ fn nvml_that_cannot_count_the_gpus_is_a_self_fault_and_check_cannot_tell() {
 /// the node was drained, and names why nothing was done.
 #[test]
 fn without_aws_status_says_would_replace_not_drained() {
-    let mut node = Node::new("");
-    node.write_config(&format!(
-        "[nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"\"\n\
-         [mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
-        fake_nvml().display()
-    ));
+    let mut node = Node::with_fake_nvml();
     node.start();
     std::thread::sleep(Duration::from_millis(600));
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
@@ -358,8 +323,9 @@ fn without_aws_status_says_would_replace_not_drained() {
     assert!(shown.contains("AWS remediation disabled"), "{shown}");
 }
 
-/// Runs `args` with stdout a pipe whose reader is already gone: every write fails with EPIPE.
-fn with_closed_stdout(node: &Node, args: &[&str]) -> (i32, String) {
+/// Runs `c` with stdout a pipe whose reader is already gone (every write fails with EPIPE);
+/// returns its exit code and stderr.
+fn with_closed_stdout(mut c: Command) -> (i32, String) {
     let mut fds = [0; 2];
     // SAFETY: pipe(2) writes two descriptors into the array we own.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -367,12 +333,7 @@ fn with_closed_stdout(node: &Node, args: &[&str]) -> (i32, String) {
     unsafe { libc::close(fds[0]) };
     // SAFETY: fds[1] is a descriptor we own and hand over exactly once.
     let stdout = unsafe { <Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
-    let out = node
-        .cmd(args)
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let out = c.stdout(stdout).stderr(Stdio::piped()).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -411,7 +372,7 @@ fn a_closed_stdout_ends_every_command_quietly() {
         (vec!["check", "--json"], 2),
     ];
     for (args, want) in cases {
-        let (code, err) = with_closed_stdout(&node, &args);
+        let (code, err) = with_closed_stdout(node.cmd(&args));
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert_eq!(code, want, "{args:?}: {err}");
     }
@@ -426,22 +387,11 @@ fn a_closed_stdout_ends_every_command_quietly() {
         &["policy", "simulate", &inputs, "--json"],
         &["demo"],
     ] {
-        let mut fds = [0; 2];
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: as above.
-        unsafe { libc::close(fds[0]) };
-        // SAFETY: as above.
-        let stdout = unsafe { <Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
-        let out = Command::new(bin())
-            .args(args)
-            .stdout(stdout)
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
+        let mut c = Command::new(bin());
+        c.args(args);
+        let (code, err) = with_closed_stdout(c);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert_eq!(code, 0, "{args:?}: {err}");
     }
 }
 
@@ -618,9 +568,19 @@ fn sighup_reloads_a_valid_config_and_refuses_a_bad_one() {
     );
     node.write_config(&format!("dry_run = true\n{base}"));
     node.signal(libc::SIGHUP);
-    wait_until("the reload", || node.log().contains("supervisor restarted"));
-    let starts = node.log().matches("gpu-medic supervisor started").count();
-    assert_eq!(starts, 2, "{}", node.log());
+    wait_until("the second start", || {
+        node.log().matches("gpu-medic supervisor started").count() == 2
+    });
+    assert!(
+        node.log().contains("supervisor restarted"),
+        "{}",
+        node.log()
+    );
+    assert!(
+        node.log().contains("\"observe_only\":true"),
+        "the new config applies: {}",
+        node.log()
+    );
     node.stop();
 }
 

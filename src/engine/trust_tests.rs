@@ -46,10 +46,11 @@ impl Run {
     }
 
     fn orders(out: &[Action]) -> Vec<Order> {
-        out.iter()
+        let executable = out.iter().filter(|a| a.is_executable());
+        executable
             .filter_map(|a| match a {
                 Action::Execute(o) => Some(o.clone()),
-                _ => None,
+                Action::Log(_) => None,
             })
             .collect()
     }
