@@ -21,14 +21,17 @@
 //!   (0.5-1.0 s after the kill, mean 0.75 s); a stopped one two unanswered probes
 //!   (0.8-1.3 s, mean 1.05 s).
 
-#[path = "support/mod.rs"]
-mod support;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use support::*;
+use gpu_medic_testkit::mps::{MPS_BIN, MPS_PROBE, MpsDir, mps_processes};
+use gpu_medic_testkit::stats::{Rng, machine, summary};
+use gpu_medic_testkit::{
+    Daemon, Proxy, aws, bin, default_policy, fake_nvml, gpus_json, journal, now_ms, parse_at,
+    signal, wait_until,
+};
 
 fn main() {
     let runs: usize = std::env::var("BENCH_RUNS")
@@ -36,43 +39,34 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     let only = std::env::var("BENCH_ONLY").unwrap_or_else(|_| "xid,mps-kill,mps-stop".into());
-    let bin = gpu_medic_bin();
     println!("machine: {}", machine());
-    println!("binary: {}", bin.display());
+    println!("binary: {}", bin().display());
     if only.split(',').any(|s| s == "xid") {
-        xid_to_call(&bin, runs);
+        xid_to_call(runs);
     }
     for (name, sig) in [("mps-kill", libc::SIGKILL), ("mps-stop", libc::SIGSTOP)] {
         if only.split(',').any(|s| s == name) {
-            mps_fault(&bin, runs, name, sig);
+            mps_fault(runs, name, sig);
         }
     }
-}
-
-fn journal(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
 // XID 79 -> PutAttributes
 
-fn xid_to_call(bin: &Path, runs: usize) {
+fn xid_to_call(runs: usize) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let moto = aws::moto();
-    let proxy = rt.block_on(Proxy::start(moto.addr));
+    let proxy = rt.block_on(Proxy::to(moto.addr));
     let seeded = rt.block_on(async {
         let sdk = aws::sdk(&moto.url).await;
         aws::seed(&sdk, "bench-xid", 1).await
     });
-    let lib = fake_nvml(bin);
+    let lib = fake_nvml();
     let root = tempfile::Builder::new()
         .prefix("gm-bench-xid-")
         .tempdir()
@@ -82,50 +76,28 @@ fn xid_to_call(bin: &Path, runs: usize) {
     let mut decision_to_call = Vec::new();
     let t_all = Instant::now();
     for i in 0..runs {
-        let d = root.path().join(format!("run{i}"));
-        std::fs::create_dir_all(d.join("inject")).unwrap();
-        std::fs::write(d.join("gpus.json"), gpus_json(8)).unwrap();
-        std::fs::write(d.join("kmsg"), "").unwrap();
-        std::fs::write(
-            d.join("config.toml"),
-            format!(
-                "state_dir = \"state\"\npolicy = \"{policy}\"\n\
-                 [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\n\
-                 [mps]\nenabled = false\n[lifecycle]\nenabled = false\n{identity}\
-                 [fleet]\nwarmup = \"0s\"\n",
-                policy = repo().join("policies/default.toml").display(),
-                lib = lib.display(),
-                kmsg = d.join("kmsg").display(),
-                identity = aws::sections(&seeded, 0, ""),
-            ),
-        )
-        .unwrap();
-        let mut env = aws_env(&proxy.url, &d);
-        env.push((
-            "FAKE_NVML_CONFIG",
-            d.join("gpus.json").display().to_string(),
-        ));
-        env.push((
-            "FAKE_NVML_INJECT_DIR",
-            d.join("inject").display().to_string(),
-        ));
-        let mut child = spawn_medic(bin, &d.join("config.toml"), &d.join("medic.log"), &env)
-            .expect("start gpu-medic");
-        assert!(
-            wait_until(Duration::from_secs(30), || d
-                .join("state/state.json")
-                .exists()),
-            "gpu-medic did not start: {}",
-            std::fs::read_to_string(d.join("medic.log")).unwrap_or_default()
+        let dir = root.path().join(format!("run{i}"));
+        let config = format!(
+            "state_dir = \"state\"\npolicy = \"{policy}\"\n\
+             [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\n\
+             [mps]\nenabled = false\n[lifecycle]\nenabled = false\n{identity}\
+             [fleet]\nwarmup = \"0s\"\n",
+            policy = default_policy().display(),
+            lib = lib.display(),
+            kmsg = dir.join("kmsg").display(),
+            identity = aws::sections(&seeded, 0, ""),
         );
+        let mut d = Daemon::in_dir(dir.clone(), &config);
+        d.aws(Some(&proxy.url)).gpus(&gpus_json(8));
+        d.start();
         // The event thread registers right after the first state is saved.
         std::thread::sleep(Duration::from_millis(300));
         proxy.take_calls();
         let gpu = i % 8;
-        let tmp = d.join("inject/1.json.tmp");
+        let tmp = d.path("inject/1.json.tmp");
         std::fs::write(&tmp, format!(r#"{{"gpu": {gpu}, "xid": 79}}"#)).unwrap();
         let t0 = now_ms();
-        std::fs::rename(&tmp, d.join("inject/1.json")).unwrap();
+        std::fs::rename(&tmp, d.path("inject/1.json")).unwrap();
         let mut arrived = None;
         let ok = wait_until(Duration::from_secs(20), || {
             arrived = proxy
@@ -135,15 +107,15 @@ fn xid_to_call(bin: &Path, runs: usize) {
                 .map(|c| c.arrived_ms);
             arrived.is_some()
         });
-        signal(child.id(), libc::SIGKILL);
-        let _ = child.wait();
+        d.signal(libc::SIGKILL);
         assert!(
             ok,
             "run {i}: no PutAttributes within 20 s; log: {}",
-            std::fs::read_to_string(d.join("medic.log")).unwrap_or_default()
+            d.log()
         );
         let arrived = arrived.unwrap();
-        let opened = journal(&d.join("state/incidents.jsonl"))
+        let opened = d
+            .records()
             .into_iter()
             .find(|r| r["event"] == "opened")
             .and_then(|r| parse_at(r["at"].as_str()?))
@@ -151,7 +123,8 @@ fn xid_to_call(bin: &Path, runs: usize) {
         to_call.push(arrived - t0);
         to_decision.push((opened - t0).max(0.0));
         decision_to_call.push((arrived - opened).max(0.0));
-        let _ = std::fs::remove_dir_all(&d);
+        drop(d);
+        let _ = std::fs::remove_dir_all(&dir);
     }
     println!();
     println!(
@@ -176,7 +149,7 @@ fn xid_to_call(bin: &Path, runs: usize) {
 // ---------------------------------------------------------------------------------------------
 // MPS daemon SIGKILL / SIGSTOP -> restart order, and -> answering again
 
-fn mps_fault(bin: &Path, runs: usize, name: &str, sig: libc::c_int) {
+fn mps_fault(runs: usize, name: &str, sig: libc::c_int) {
     let root = tempfile::Builder::new()
         .prefix("gm-lat-")
         .tempdir_in("/tmp")
@@ -188,34 +161,22 @@ fn mps_fault(bin: &Path, runs: usize, name: &str, sig: libc::c_int) {
         d.join("policy.toml"),
         format!(
             "extends = \"{}\"\n[mps]\nrestart_budget = 1000000\nrestart_window = \"30m\"\n",
-            repo().join("policies/default.toml").display()
+            default_policy().display()
         ),
     )
     .unwrap();
-    std::fs::write(
-        d.join("config.toml"),
-        format!(
-            "state_dir = \"state\"\npolicy = \"policy.toml\"\n\
-             [nvml]\nenabled = false\n[aws]\nenabled = false\n\
-             [mps]\ncontrol_binary = \"{MPS_BIN}\"\npipe_directory = \"{pipe}\"\n\
-             log_directory = \"{log}\"\nmanage = \"direct\"\nprobe_interval = \"500ms\"\n\
-             probe_timeout = \"300ms\"\nquit_timeout = \"1s\"\nstart_timeout = \"5s\"\n",
-            pipe = mps.pipe.display(),
-            log = mps.log.display(),
-        ),
-    )
-    .unwrap();
-    let mut child = spawn_medic(bin, &d.join("config.toml"), &d.join("medic.log"), &[])
-        .expect("start gpu-medic");
-    let incidents = d.join("state/incidents.jsonl");
-    let inputs = d.join("state/inputs.jsonl");
-    assert!(
-        wait_until(Duration::from_secs(20), || std::fs::read_to_string(&inputs)
-            .unwrap_or_default()
-            .contains("mps-up")
-            || d.join("state/state.json").exists()),
-        "gpu-medic did not start"
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"policy.toml\"\n\
+         [nvml]\nenabled = false\n[aws]\nenabled = false\n\
+         [mps]\ncontrol_binary = \"{MPS_BIN}\"\npipe_directory = \"{pipe}\"\n\
+         log_directory = \"{log}\"\nmanage = \"direct\"\nprobe_interval = \"500ms\"\n\
+         probe_timeout = \"300ms\"\nquit_timeout = \"1s\"\nstart_timeout = \"5s\"\n",
+        pipe = mps.pipe.display(),
+        log = mps.log.display(),
     );
+    let mut medic = Daemon::in_dir(d.to_path_buf(), &config);
+    medic.start();
+    let incidents = medic.path("state/incidents.jsonl");
     std::thread::sleep(Duration::from_secs(1));
     let mut rng = Rng::new(0x5eed);
     let mut to_restart = Vec::new();
@@ -238,7 +199,7 @@ fn mps_fault(bin: &Path, runs: usize, name: &str, sig: libc::c_int) {
         // The daemon answering again: a new one (the old is dead or frozen).
         let mut answered = None;
         let ok = wait_until(Duration::from_secs(20), || {
-            if mps.ask(MPS_PROBE, Duration::from_millis(200)).is_some() {
+            if mps.answer(MPS_PROBE, Duration::from_millis(200)).is_some() {
                 answered = Some(now_ms());
                 return true;
             }
@@ -248,12 +209,12 @@ fn mps_fault(bin: &Path, runs: usize, name: &str, sig: libc::c_int) {
         assert!(
             ok,
             "run {i}: the daemon did not answer within 20 s; log: {}",
-            std::fs::read_to_string(d.join("medic.log")).unwrap_or_default()
+            medic.log()
         );
         // The restart order, and the incident closed.
         let mut restart = None;
         let closed = wait_until(Duration::from_secs(20), || {
-            let recs = journal(&incidents);
+            let recs = journal::read(&incidents);
             restart = recs
                 .iter()
                 .filter(|r| {
@@ -274,7 +235,7 @@ fn mps_fault(bin: &Path, runs: usize, name: &str, sig: libc::c_int) {
         to_answer.push(answered - t0);
         restart_to_answer.push(answered - restart);
     }
-    let status = stop_child(&mut child, Duration::from_secs(25));
+    let status = medic.stop(Duration::from_secs(25));
     let left = mps.shutdown();
     println!();
     println!(
@@ -314,7 +275,7 @@ fn mps_fault(bin: &Path, runs: usize, name: &str, sig: libc::c_int) {
 }
 
 fn count_closed(path: &Path) -> usize {
-    journal(path)
+    journal::read(path)
         .iter()
         .filter(|r| r["event"] == "closed")
         .count()

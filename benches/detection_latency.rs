@@ -8,79 +8,40 @@
 //! incident's `at` stamp (millisecond resolution); the injection time is taken just before
 //! the file is renamed into the fake library's folder, which it polls every 2 ms.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1000.0)
-        .unwrap_or(0.0)
-}
+use std::time::Duration;
 
-fn parse_at(s: &str) -> Option<f64> {
-    let t = humantime::parse_rfc3339_weak(s).ok()?;
-    Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64() * 1000.0)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
+use gpu_medic_testkit::stats::summary;
+use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, now_ms, parse_at};
 
 fn main() {
     let runs: usize = std::env::var("BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_gpu-medic"));
-    let lib = bin.parent().unwrap().join("libfake_nvml.so");
-    assert!(
-        lib.exists(),
-        "{} missing: build the workspace in this profile first (scripts/bench.sh does)",
-        lib.display()
-    );
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::create_dir_all(d.join("inject")).unwrap();
-    std::fs::write(d.join("kmsg"), "").unwrap();
-    let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml");
-    std::fs::write(
-        d.join("config.toml"),
-        format!(
-            "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-            policy.display(),
-            lib.display(),
-            d.join("kmsg").display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(&bin)
-        .args(["run", "--log-format", "json", "--config"])
-        .arg(d.join("config.toml"))
-        .env("FAKE_NVML_INJECT_DIR", d.join("inject"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let journal = d.join("state/incidents.jsonl");
-    let start = Instant::now();
-    while !d.join("state/state.json").exists() && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+        default_policy().display(),
+        fake_nvml().display(),
+        dir.path().join("kmsg").display()
+    );
+    let mut d = Daemon::in_temp(dir, &config);
+    d.start();
     std::thread::sleep(Duration::from_millis(1500));
 
+    let journal = d.path("state/incidents.jsonl");
     let mut latencies = Vec::with_capacity(runs);
     for i in 0..runs {
         let code = 100_000 + i as u32;
         let gpu = i % 4;
-        let tmp = d.join(format!("inject/{i:05}.json.tmp"));
+        let tmp = d.path(&format!("inject/{i:05}.json.tmp"));
         std::fs::write(&tmp, format!("{{\"gpu\": {gpu}, \"xid\": {code}}}")).unwrap();
         let t0 = now_ms();
-        std::fs::rename(&tmp, d.join(format!("inject/{i:05}.json"))).unwrap();
+        std::fs::rename(&tmp, d.path(&format!("inject/{i:05}.json"))).unwrap();
         let needle = format!("\"code\":{code}");
-        let waited = Instant::now();
+        let waited = std::time::Instant::now();
         let at = loop {
             let text = std::fs::read_to_string(&journal).unwrap_or_default();
             if let Some(line) = text
@@ -99,19 +60,10 @@ fn main() {
         latencies.push((at - t0).max(0.0));
         std::thread::sleep(Duration::from_millis(10));
     }
-    // SAFETY: signalling our own child by pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    d.stop(Duration::from_secs(25));
 
-    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!("detection latency, injection file -> engine decision ({runs} injections)");
-    println!(
-        "  median {:.1} ms   p99 {:.1} ms   max {:.1} ms   min {:.1} ms",
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.99),
-        latencies[latencies.len() - 1],
-        latencies[0]
-    );
+    println!("  {}", summary(&latencies));
     println!(
         "  floor: the fake library polls its inject folder every 2 ms; journal stamps are in ms"
     );

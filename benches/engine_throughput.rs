@@ -11,8 +11,7 @@
 //! `BENCH_STREAM=path/inputs.jsonl` replays a daemon's own recording instead (e.g. a soak
 //! node's `state/inputs.jsonl`).
 
-#[path = "support/mod.rs"]
-mod support;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +20,8 @@ use gpu_medic::model::{
     Action, GpuId, Input, Observation, Outcome, OutcomeStatus, Signal, StampedInput, Timestamp,
 };
 use gpu_medic::policy::Policy;
-use support::{Rng, machine, median, repo};
+use gpu_medic_testkit::default_policy;
+use gpu_medic_testkit::stats::{Rng, machine, median};
 
 /// Runs of inputs, each from a fresh state.
 type Stream = Vec<Vec<(Input, Timestamp)>>;
@@ -42,7 +42,7 @@ fn observation(rng: &mut Rng) -> Option<Observation> {
         Observation::new(Signal::MpsUp).with_value(rng.below(20))
     } else if r < 0.70 {
         let code = *rng.pick(&[13u32, 31, 43, 68, 8, 63, 92]);
-        Observation::new(Signal::Xid { code })
+        Observation::new(Signal::xid(code))
             .on_gpu(g)
             .with_pids(vec![4000 + rng.below(100) as u32])
             .with_detail("Graphics Exception")
@@ -64,7 +64,7 @@ fn observation(rng: &mut Rng) -> Option<Observation> {
             .with_value(1)
     } else {
         let code = *rng.pick(&[79u32, 48, 64, 74, 95, 119]);
-        Observation::new(Signal::Xid { code }).on_gpu(g)
+        Observation::new(Signal::xid(code)).on_gpu(g)
     };
     Some(o.from_source("bench"))
 }
@@ -148,7 +148,7 @@ fn replay(stream: &Stream, policy: &Policy) -> (usize, usize, usize, f64) {
 }
 
 fn main() {
-    let policy = Policy::load(&repo().join("policies/default.toml")).expect("default policy");
+    let policy = Policy::load(&default_policy()).expect("default policy");
     let n: usize = std::env::var("BENCH_INPUTS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -20,15 +20,16 @@
 //! per process, so they do not share it, but a busy machine adds some cache and scheduling
 //! cost. Clock ticks are 10 ms.
 
-#[path = "support/mod.rs"]
-mod support;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::*;
+use gpu_medic_testkit::imds::{FakeAgent, FakeImds};
+use gpu_medic_testkit::mps::{MPS_BIN, MpsDir};
+use gpu_medic_testkit::proc::{CpuTicks, clk_tck, cpu_ticks, fd_count, status_field, thread_ticks};
+use gpu_medic_testkit::stats::machine;
+use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, gpus_json, inject};
 
 /// The fake libnvidia-ml's injection watcher (polls a folder every 2 ms; no real NVML has it).
 const FAKE_THREAD: &str = "fake-nvml-inje";
@@ -36,22 +37,38 @@ const FAKE_THREAD: &str = "fake-nvml-inje";
 struct Node {
     gpus: usize,
     clients: usize,
-    _root: tempfile::TempDir,
     mps: MpsDir,
-    child: Child,
-    log: std::path::PathBuf,
+    medic: Daemon,
 }
 
-fn start(bin: &Path, gpus: usize, clients: usize, sleepers: &[u32], imds: &str) -> Node {
+fn start(
+    gpus: usize,
+    clients: usize,
+    sleepers: &[u32],
+    imds: &FakeImds,
+    agent: &FakeAgent,
+) -> Node {
     let root = tempfile::Builder::new()
         .prefix("gm-ss-")
         .tempdir_in("/tmp")
         .unwrap();
-    let d = root.path();
-    let mps = MpsDir::new(d.join("m"));
+    let mps = MpsDir::new(root.path().join("m"));
     mps.start().expect("MPS daemon");
-    std::fs::create_dir_all(d.join("inject")).unwrap();
-    std::fs::write(d.join("gpus.json"), gpus_json(gpus)).unwrap();
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{policy}\"\n\
+         [nvml]\nlibrary = \"{lib}\"\nexpected_gpus = {gpus}\n\
+         [mps]\ncontrol_binary = \"{MPS_BIN}\"\npipe_directory = \"{pipe}\"\n\
+         log_directory = \"{log}\"\nmanage = \"direct\"\n\
+         [identity]\ninstance_id = \"i-0123456789abcdef0\"\ncluster = \"bench\"\n\
+         container_instance_arn = \"arn:aws:ecs:us-east-1:123456789012:container-instance/bench/0\"\n\
+         auto_scaling_group = \"bench\"\n[ecs]\nagent_url = \"{agent}\"\n",
+        policy = default_policy().display(),
+        lib = fake_nvml().display(),
+        pipe = mps.pipe.display(),
+        log = mps.log.display(),
+        agent = agent.url,
+    );
+    let mut medic = Daemon::in_temp(root, &config);
     for g in 0..gpus {
         if clients == 0 {
             break;
@@ -61,55 +78,22 @@ fn start(bin: &Path, gpus: usize, clients: usize, sleepers: &[u32], imds: &str) 
             .map(|p| p.to_string())
             .collect();
         inject(
-            &d.join("inject"),
+            &medic.path("inject"),
             g as u64,
             &format!(r#"{{"gpu": {g}, "mps_clients": [{}]}}"#, pids.join(",")),
         );
     }
-    std::fs::write(
-        d.join("config.toml"),
-        format!(
-            "state_dir = \"state\"\npolicy = \"{policy}\"\n\
-             [nvml]\nlibrary = \"{lib}\"\nexpected_gpus = {gpus}\n\
-             [mps]\ncontrol_binary = \"{MPS_BIN}\"\npipe_directory = \"{pipe}\"\n\
-             log_directory = \"{log}\"\nmanage = \"direct\"\n\
-             [identity]\ninstance_id = \"i-0123456789abcdef0\"\ncluster = \"bench\"\n\
-             container_instance_arn = \"arn:aws:ecs:us-east-1:123456789012:container-instance/bench/0\"\n\
-             auto_scaling_group = \"bench\"\n[ecs]\nagent_url = \"{imds}\"\n",
-            policy = repo().join("policies/default.toml").display(),
-            lib = fake_nvml(bin).display(),
-            pipe = mps.pipe.display(),
-            log = mps.log.display(),
-        ),
-    )
-    .unwrap();
-    let mut env = aws_env("http://127.0.0.1:9", d);
-    env.retain(|(k, _)| *k != "AWS_EC2_METADATA_DISABLED");
-    env.push(("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.to_string()));
-    env.push((
-        "FAKE_NVML_CONFIG",
-        d.join("gpus.json").display().to_string(),
-    ));
-    env.push((
-        "FAKE_NVML_INJECT_DIR",
-        d.join("inject").display().to_string(),
-    ));
-    let log = d.join("medic.log");
-    let child = spawn_medic(bin, &d.join("config.toml"), &log, &env).expect("gpu-medic");
-    assert!(
-        wait_until(Duration::from_secs(30), || d
-            .join("state/state.json")
-            .exists()),
-        "gpu-medic did not start: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    medic
+        .aws(Some("http://127.0.0.1:9"))
+        .env_remove("AWS_EC2_METADATA_DISABLED")
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.url)
+        .gpus(&gpus_json(gpus));
+    medic.start();
     Node {
         gpus,
         clients,
-        _root: root,
         mps,
-        child,
-        log,
+        medic,
     }
 }
 
@@ -132,7 +116,7 @@ fn measure(nodes: &mut [Node], warmup: Duration, window: Duration) -> Vec<Measur
     let before: Vec<(CpuTicks, u64)> = nodes
         .iter()
         .map(|n| {
-            let pid = n.child.id();
+            let pid = n.medic.pid().expect("gpu-medic running");
             (
                 cpu_ticks(pid).expect("gpu-medic exited"),
                 thread_ticks(pid, FAKE_THREAD),
@@ -144,19 +128,14 @@ fn measure(nodes: &mut [Node], warmup: Duration, window: Duration) -> Vec<Measur
     let secs = t0.elapsed().as_secs_f64();
     let mut out = Vec::new();
     for (n, (b, fake_b)) in nodes.iter_mut().zip(before) {
-        let pid = n.child.id();
-        let a = cpu_ticks(pid).unwrap_or_else(|| {
-            panic!(
-                "gpu-medic ({} GPUs) exited: {}",
-                n.gpus,
-                std::fs::read_to_string(&n.log).unwrap_or_default()
-            )
-        });
+        let pid = n.medic.pid().expect("gpu-medic running");
+        let a = cpu_ticks(pid)
+            .unwrap_or_else(|| panic!("gpu-medic ({} GPUs) exited: {}", n.gpus, n.medic.log()));
         let fake = thread_ticks(pid, FAKE_THREAD).saturating_sub(fake_b) as f64 / tck;
         let total = (a.own - b.own) as f64 / tck;
         let own = total - fake;
         let all = own + (a.children - b.children) as f64 / tck;
-        let state = n.log.parent().unwrap().join("state/incidents.jsonl");
+        let state = n.medic.path("state/incidents.jsonl");
         out.push(Measured {
             fake_s_per_h: fake * 3600.0 / secs,
             gpus: n.gpus,
@@ -186,36 +165,22 @@ fn main() {
     let window = Duration::from_secs(env_s("BENCH_WINDOW_S", 600));
     let warmup = Duration::from_secs(env_s("BENCH_WARMUP_S", 30));
     let parallel = std::env::var("BENCH_PARALLEL").map_or(true, |v| v != "0");
-    let bin = gpu_medic_bin();
     println!("machine: {}", machine());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let imds = rt.block_on(aws::serve_http(Arc::new(|method, path, _| {
-        match (method, path) {
-            ("PUT", "/latest/api/token") => (
-                200,
-                vec![(
-                    "X-aws-ec2-metadata-token-ttl-seconds".into(),
-                    "21600".into(),
-                )],
-                "tok".into(),
-            ),
-            ("GET", "/latest/meta-data/autoscaling/target-lifecycle-state") => {
-                (200, vec![], "InService".into())
-            }
-            // The ECS agent's introspection API, which the node probe checks every 30 s.
-            ("GET", "/v1/metadata") => (
-                200,
-                vec![("Content-Type".into(), "application/json".into())],
-                r#"{"Cluster":"bench","ContainerInstanceArn":"arn:aws:ecs:us-east-1:123456789012:container-instance/bench/0"}"#.into(),
-            ),
-            _ => (404, vec![], String::new()),
-        }
-    })));
-    let imds = format!("http://{imds}");
+    // IMDS answers the lifecycle probe, the ECS agent the node probe (every 30 s), as on EC2.
+    let imds = rt.block_on(FakeImds::start("i-0123456789abcdef0"));
+    imds.set_target(Some("InService"));
+    let agent = rt.block_on(FakeAgent::start(
+        FakeAgent::metadata(
+            "bench",
+            Some("arn:aws:ecs:us-east-1:123456789012:container-instance/bench/0"),
+        ),
+        0,
+    ));
     // Real processes to stand for MPS clients: 48 per GPU on up to 16 GPUs, shared by nodes.
     let mut sleepers: Vec<Child> = (0..16 * 48)
         .map(|_| {
@@ -234,19 +199,19 @@ fn main() {
     if parallel {
         let mut nodes: Vec<Node> = configs
             .iter()
-            .map(|(g, c)| start(&bin, *g, *c, &pids, &imds))
+            .map(|(g, c)| start(*g, *c, &pids, &imds, &agent))
             .collect();
         results = measure(&mut nodes, warmup, window);
         for mut n in nodes {
-            stop_child(&mut n.child, Duration::from_secs(25));
+            n.medic.stop(Duration::from_secs(25));
             n.mps.shutdown();
         }
     } else {
         for (g, c) in configs {
-            let mut nodes = vec![start(&bin, g, c, &pids, &imds)];
+            let mut nodes = vec![start(g, c, &pids, &imds, &agent)];
             results.extend(measure(&mut nodes, warmup, window));
             for mut n in nodes {
-                stop_child(&mut n.child, Duration::from_secs(25));
+                n.medic.stop(Duration::from_secs(25));
                 n.mps.shutdown();
             }
         }

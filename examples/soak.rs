@@ -3,7 +3,7 @@
 //! build); the seed is printed first, and the same seed replays the same schedule (the
 //! timing of the processes under test still varies).
 //!
-//! Setup: one moto (tests/support/aws.rs) with an Auto Scaling group of `--nodes` (default 3)
+//! Setup: one moto (the test kit, tests/kit) with an Auto Scaling group of `--nodes` (default 3)
 //! instances, each registered as an ECS container instance running one standalone task,
 //! behind a recording proxy that throttles on demand. Each instance is a simulated node: the
 //! fake libnvidia-ml with 8 H200s (two GPUs list MPS clients, real `sleep` processes), NVIDIA's
@@ -45,8 +45,7 @@
 //!   median of the last quarter of samples against the first quarter: descriptors +3 at most,
 //!   threads +2 at most, VmRSS +10 % or +2 MiB at most (whichever is larger).
 
-#[path = "../benches/support/mod.rs"]
-mod support;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -54,8 +53,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aws_config::SdkConfig;
+use gpu_medic_testkit::daemon::{aws_env, spawn_run};
+use gpu_medic_testkit::imds::FakeAgent;
+use gpu_medic_testkit::mps::{MPS_BIN, MpsDir, mps_processes};
+use gpu_medic_testkit::proc::{Footprint, footprint, state_letter};
+use gpu_medic_testkit::stats::{Rng, machine, median};
+use gpu_medic_testkit::{
+    Proxy, aws, bin, default_policy, fake_nvml, gpus_json, inject, now_ms, parse_at, signal,
+    wait_until,
+};
 use serde_json::Value;
-use support::*;
 
 const GPUS: u32 = 8;
 const APP_XIDS: [u32; 5] = [13, 31, 43, 68, 8];
@@ -267,14 +274,14 @@ struct Soak {
     samples: BTreeMap<u32, (String, Vec<Footprint>)>,
     known_instances: HashSet<String>,
     /// A fake ECS agent introspection API (the node probe checks it is up).
-    agent: String,
+    agent: FakeAgent,
     t0: Instant,
 }
 
 impl Soak {
     async fn setup(args: Args) -> Soak {
-        let bin = gpu_medic_bin();
-        let lib = fake_nvml(&bin);
+        let bin = bin();
+        let lib = fake_nvml();
         let root = PathBuf::from(format!("/tmp/gm-soak-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
@@ -285,12 +292,12 @@ impl Soak {
                  [retry]\ndelay = \"2s\"\n\
                  [deadlines]\nrestart_mps = \"30s\"\nstop_tasks = \"30s\"\nquarantine = \"30s\"\n\
                  drain = \"2m\"\nreplace = \"1m\"\nlifecycle = \"30s\"\n",
-                repo().join("policies/default.toml").display()
+                default_policy().display()
             ),
         )
         .unwrap();
         let moto = aws::moto();
-        let proxy = Proxy::start(moto.addr).await;
+        let proxy = Proxy::to(moto.addr).await;
         let moto_sdk = aws::sdk(&moto.url).await;
         let seeded = aws::seed(&moto_sdk, "soak", args.nodes).await;
         let sleepers: Vec<Child> = (0..4)
@@ -306,21 +313,9 @@ impl Soak {
             .collect();
         let known_instances = seeded.nodes.iter().map(|n| n.instance_id.clone()).collect();
         let rng = Rng::new(args.seed);
-        let cluster = seeded.cluster.clone();
-        let agent = aws::serve_http(std::sync::Arc::new(move |_, path, _| {
-            if path == "/v1/metadata" {
-                (
-                    200,
-                    vec![("Content-Type".into(), "application/json".into())],
-                    format!(r#"{{"Cluster":"{cluster}"}}"#),
-                )
-            } else {
-                (404, vec![], String::new())
-            }
-        }))
-        .await;
+        let agent = FakeAgent::start(FakeAgent::metadata(&seeded.cluster, None), 0).await;
         Soak {
-            agent: format!("http://{agent}"),
+            agent,
             args,
             bin,
             lib,
@@ -358,7 +353,7 @@ impl Soak {
             log = mps.log.display(),
             cluster = self.seeded.cluster,
             asg = self.seeded.asg,
-            agent = self.agent,
+            agent = self.agent.url,
         )
     }
 
@@ -415,14 +410,14 @@ impl Soak {
     }
 
     fn start_medic(&self, node: &mut Node) -> Result<(), String> {
-        let mut env = aws_env(&self.proxy.url, &node.dir);
+        let mut env = aws_env(Some(&self.proxy.url), &node.dir);
         env.push((
             "FAKE_NVML_CONFIG",
-            node.path("gpus.json").display().to_string(),
+            Some(node.path("gpus.json").display().to_string()),
         ));
         env.push((
             "FAKE_NVML_INJECT_DIR",
-            node.path("inject").display().to_string(),
+            Some(node.path("inject").display().to_string()),
         ));
         let n = std::fs::read_dir(&node.dir)
             .map(|d| {
@@ -431,9 +426,9 @@ impl Soak {
                     .count()
             })
             .unwrap_or(0);
-        let child = spawn_medic(
-            &self.bin,
+        let child = spawn_run(
             &node.path("config.toml"),
+            "json",
             &node.path(&format!("medic-{n}.log")),
             &env,
         )
@@ -475,7 +470,7 @@ impl Soak {
                     self.t0.elapsed().as_secs_f64(),
                     self.args.settle.as_secs()
                 );
-                self.proxy.clear_throttles();
+                self.proxy.clear_faults();
                 settle_start = Some(now);
             }
             // Restart gpu-medics that were killed.
@@ -577,7 +572,7 @@ impl Soak {
             .0;
         if kind == "aws-throttle" {
             let op = *self.rng.pick(&THROTTLE_OPS);
-            let times = 1 + self.rng.below(6) as u32;
+            let times = 1 + self.rng.below(6) as usize;
             self.proxy.throttle(op, times);
             *self.tally.faults.entry(kind).or_default() += 1;
             return;
@@ -989,7 +984,7 @@ impl Soak {
                 .map_err(|e| format!("{name}: incidents list line does not parse ({e}): {l}"))?;
             incidents.push(v);
         }
-        let records = journal_records(&node.path("state/incidents.jsonl"));
+        let records = gpu_medic_testkit::journal::read(&node.path("state/incidents.jsonl"));
         let state_of: HashMap<u64, String> = incidents
             .iter()
             .map(|i| {
@@ -1221,7 +1216,7 @@ impl Soak {
             let _ = s.kill();
             let _ = s.wait();
         }
-        self.proxy.clear_throttles();
+        self.proxy.clear_faults();
     }
 }
 
@@ -1265,14 +1260,6 @@ fn span(s: &[Footprint]) -> f64 {
     }
 }
 
-fn journal_records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 fn last_log(dir: &Path) -> String {
     let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|d| {
@@ -1297,7 +1284,7 @@ fn last_log(dir: &Path) -> String {
 /// Each injected fault matched to its own observation in inputs.jsonl, in time order.
 fn check_visible(node: &Node) -> Result<(), String> {
     let inputs: Vec<(f64, String, Option<u64>, Option<u64>)> =
-        journal_records(&node.path("state/inputs.jsonl"))
+        gpu_medic_testkit::journal::read(&node.path("state/inputs.jsonl"))
             .into_iter()
             .filter(|v| v["input"] == "observation")
             .filter_map(|v| {

@@ -13,13 +13,16 @@
 #                       BENCH_WARMUP_S, default 30; BENCH_PARALLEL=0 for one node at a time)
 #   engine_throughput   engine::step decisions per second on a recorded stream
 #                       (BENCH_INPUTS, BENCH_REPEAT, BENCH_STREAM=inputs.jsonl)
+#   storm               thousands of distinct kernel-log XIDs, then an XID 79: time to decide
+#                       the 79, time until CPU is idle again, CPU cost (BENCH_STORM, default
+#                       3000; BENCH_BIN=path runs another gpu-medic binary side by side)
 # action_latency and steady_state need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput)
+    benches=(detection_latency action_latency steady_state engine_throughput storm)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

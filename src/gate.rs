@@ -41,32 +41,12 @@ use crate::aws::ecs::Ecs;
 use crate::aws::heartbeat::{Heartbeat, HeartbeatLog};
 use crate::aws::identity;
 use crate::config::{Config, OnUnknown};
-use crate::model::LifecycleResult;
+use crate::model::{Health, LifecycleResult};
 
 /// The group tag holding recent abandoned launches (unix seconds, space separated).
 pub const ABANDON_TAG: &str = "gpu-medic/abandoned-launches";
 /// At most this many timestamps are kept (an Auto Scaling tag value holds 256 characters).
 const MAX_TAG_ENTRIES: usize = 20;
-
-/// What the GPU check said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Health {
-    Healthy,
-    Unhealthy,
-    Unknown,
-}
-
-impl Health {
-    /// From `check`'s verdict string.
-    pub fn from_verdict(v: &str) -> Health {
-        match v {
-            "healthy" => Health::Healthy,
-            "unhealthy" => Health::Unhealthy,
-            _ => Health::Unknown,
-        }
-    }
-}
 
 /// What the gate decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -681,6 +661,10 @@ mod tests {
         assert_eq!(Decision::Abandon.result(), LifecycleResult::Abandon);
         assert_eq!(Decision::Quarantine.result(), LifecycleResult::Continue);
         assert_eq!(Decision::ContinuePending.health_value(), "pending");
-        assert_eq!(Health::from_verdict("unknown"), Health::Unknown);
+        assert_eq!(
+            serde_json::to_string(&Health::Unknown).unwrap(),
+            "\"unknown\"",
+            "the report's JSON keeps check's words"
+        );
     }
 }

@@ -11,10 +11,12 @@
 //! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies; [`child`]:
 //!   process hygiene for every program gpu-medic runs.
 //! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
+//! - [`limits`]: size caps on everything read, and the bounded reader.
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration; [`preflight`]: what
 //!   `run` and `check` verify about the machine before they start.
 
 pub mod aws;
+pub mod catalog;
 pub mod child;
 pub mod cli;
 pub mod config;
@@ -22,6 +24,7 @@ pub mod engine;
 pub mod error;
 pub mod gate;
 pub mod journal;
+pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod mps;

@@ -128,7 +128,7 @@ impl Metrics {
                 .get_or_create(&vec![("signal".into(), o.signal.kind().as_str().into())])
                 .inc();
             match &o.signal {
-                Signal::Xid { code } => {
+                Signal::Xid { code, .. } => {
                     let gpu = o
                         .gpu
                         .as_ref()
@@ -356,7 +356,7 @@ mod tests {
         );
         now = now.plus(Duration::from_secs(1));
         let actions = feed(
-            Input::Observation(Observation::new(Signal::Xid { code: 79 }).on_gpu(gpu)),
+            Input::Observation(Observation::new(Signal::xid(79)).on_gpu(gpu)),
             &mut st,
             now,
         );

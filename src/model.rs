@@ -153,6 +153,48 @@ impl RecoveryAction {
     }
 }
 
+/// What NVIDIA's catalog says one occurrence of an XID needs, where that depends on more than
+/// the code: the decode sheet of the NVLink5 XIDs 144-150 (by the error status in the XID's
+/// text) and CHECK_UVM of XID 159 (by whether UVM is in use). `docs/xid-catalog.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum XidDecode {
+    /// The sheet's IGNORE (no action required).
+    #[serde(rename = "ignore")]
+    Ignore,
+    /// XID_154_EVAL: the recovery action a following XID 154 announces decides; without one,
+    /// RESTART_APP.
+    #[serde(rename = "xid-154-eval")]
+    Xid154Eval,
+    /// The message could not be decoded (no text, or no row of the sheet matches it).
+    #[serde(rename = "undecoded")]
+    Undecoded,
+    /// RESET_GPU.
+    #[serde(rename = "reset-gpu")]
+    ResetGpu,
+}
+
+impl XidDecode {
+    pub const ALL: [XidDecode; 4] = [
+        XidDecode::Ignore,
+        XidDecode::Xid154Eval,
+        XidDecode::Undecoded,
+        XidDecode::ResetGpu,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XidDecode::Ignore => "ignore",
+            XidDecode::Xid154Eval => "xid-154-eval",
+            XidDecode::Undecoded => "undecoded",
+            XidDecode::ResetGpu => "reset-gpu",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        XidDecode::ALL.into_iter().find(|d| d.as_str() == s)
+    }
+}
+
 /// Auto Scaling lifecycle states gpu-medic reacts to (IMDS `target-lifecycle-state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -166,9 +208,14 @@ pub enum LifecycleState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Signal {
-    /// An XID from NVML's event set or the kernel log.
+    /// An XID from NVML's event set or the kernel log. `decode`: NVIDIA's immediate action
+    /// for this occurrence, where the catalog makes it depend on the XID's text or the node
+    /// (NVLink5 XIDs 144-150, XID 159); absent for every other XID and in records written
+    /// before it existed.
     Xid {
         code: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decode: Option<XidDecode>,
     },
     RecoveryAction {
         action: RecoveryAction,
@@ -314,6 +361,11 @@ impl SignalKind {
 }
 
 impl Signal {
+    /// An XID with no decode (every XID but 144-150 and 159).
+    pub fn xid(code: u32) -> Signal {
+        Signal::Xid { code, decode: None }
+    }
+
     pub fn kind(&self) -> SignalKind {
         match self {
             Signal::Xid { .. } => SignalKind::Xid,
@@ -348,7 +400,11 @@ impl Signal {
 impl fmt::Display for Signal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Signal::Xid { code } => write!(f, "xid {code}"),
+            Signal::Xid { code, decode: None } => write!(f, "xid {code}"),
+            Signal::Xid {
+                code,
+                decode: Some(d),
+            } => write!(f, "xid {code} ({})", d.as_str()),
             Signal::RecoveryAction { action } => write!(f, "recovery-action {}", action.as_str()),
             Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
             Signal::SelfFault { component } => write!(f, "self-fault {component}"),
@@ -380,6 +436,20 @@ pub struct Observation {
     /// Which probe produced it (`nvml`, `kmsg`, `mps`, `imds`, ...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
+    /// Where in its source stream it was read (a kernel-log sequence number, a log file
+    /// offset): the supervisor moves the source's cursor past it only once it is journaled,
+    /// and drops it as a duplicate when a restart reads it again. The engine ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<Cursor>,
+}
+
+/// A position in a source stream (see [`Observation::cursor`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// The stream: `kmsg:<boot id>`, `kmsg-file:<dev>:<inode>`, `mps-log:<dev>:<inode>`.
+    pub stream: String,
+    /// Increasing within the stream (a sequence number or the byte offset after the record).
+    pub pos: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -396,6 +466,7 @@ impl Observation {
             tasks: Vec::new(),
             detail: None,
             source: String::new(),
+            cursor: None,
         }
     }
 
@@ -421,6 +492,14 @@ impl Observation {
 
     pub fn from_source(mut self, source: &str) -> Self {
         self.source = source.to_string();
+        self
+    }
+
+    pub fn at_cursor(mut self, stream: impl Into<String>, pos: u64) -> Self {
+        self.cursor = Some(Cursor {
+            stream: stream.into(),
+            pos,
+        });
         self
     }
 }
@@ -782,56 +861,69 @@ impl Incident {
     pub fn fold(records: impl IntoIterator<Item = Record>) -> Vec<Incident> {
         let mut out: std::collections::BTreeMap<IncidentId, Incident> = Default::default();
         for rec in records {
-            let inc = out.entry(rec.incident).or_insert_with(|| Incident {
-                id: rec.incident,
-                opened_at: rec.at,
-                signal: "(unknown: opening record missing)".into(),
-                gpu: None,
-                rule: String::new(),
-                reason: String::new(),
-                action: Verdict::Log,
-                state: IncidentState::Open,
-                closed_at: None,
-                summary: String::new(),
-                tasks: Vec::new(),
-                pids: Vec::new(),
-                request_ids: Vec::new(),
-                records: Vec::new(),
-            });
-            match &rec.event {
-                IncidentEvent::Opened {
-                    observation,
-                    rule,
-                    reason,
-                    verdict,
-                } => {
-                    inc.opened_at = rec.at;
-                    inc.signal = observation.signal.to_string();
-                    inc.gpu = observation.gpu.clone();
-                    inc.rule = rule.clone();
-                    inc.reason = reason.clone();
-                    inc.action = *verdict;
-                    inc.absorb(observation);
-                }
-                IncidentEvent::Signal { observation } => inc.absorb(observation),
-                IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
-                IncidentEvent::ActionFinished { outcome } => {
-                    for r in &outcome.request_ids {
-                        if !inc.request_ids.contains(r) {
-                            inc.request_ids.push(r.clone());
-                        }
-                    }
-                }
-                IncidentEvent::Closed { state, summary } => {
-                    inc.state = *state;
-                    inc.closed_at = Some(rec.at);
-                    inc.summary = summary.clone();
-                }
-                _ => {}
-            }
-            inc.records.push(rec);
+            out.entry(rec.incident)
+                .or_insert_with(|| Incident::stub(&rec))
+                .push(rec);
         }
         out.into_values().collect()
+    }
+
+    /// An incident known only by one record so far (its `opened` record may follow, or be
+    /// missing from a rotated or torn journal).
+    pub fn stub(rec: &Record) -> Incident {
+        Incident {
+            id: rec.incident,
+            opened_at: rec.at,
+            signal: "(unknown: opening record missing)".into(),
+            gpu: None,
+            rule: String::new(),
+            reason: String::new(),
+            action: Verdict::Log,
+            state: IncidentState::Open,
+            closed_at: None,
+            summary: String::new(),
+            tasks: Vec::new(),
+            pids: Vec::new(),
+            request_ids: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+
+    /// Folds one more record (in file order) into the incident.
+    pub fn push(&mut self, rec: Record) {
+        let inc = self;
+        match &rec.event {
+            IncidentEvent::Opened {
+                observation,
+                rule,
+                reason,
+                verdict,
+            } => {
+                inc.opened_at = rec.at;
+                inc.signal = observation.signal.to_string();
+                inc.gpu = observation.gpu.clone();
+                inc.rule = rule.clone();
+                inc.reason = reason.clone();
+                inc.action = *verdict;
+                inc.absorb(observation);
+            }
+            IncidentEvent::Signal { observation } => inc.absorb(observation),
+            IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
+            IncidentEvent::ActionFinished { outcome } => {
+                for r in &outcome.request_ids {
+                    if !inc.request_ids.contains(r) {
+                        inc.request_ids.push(r.clone());
+                    }
+                }
+            }
+            IncidentEvent::Closed { state, summary } => {
+                inc.state = *state;
+                inc.closed_at = Some(rec.at);
+                inc.summary = summary.clone();
+            }
+            _ => {}
+        }
+        inc.records.push(rec);
     }
 
     fn absorb(&mut self, obs: &Observation) {
@@ -845,5 +937,58 @@ impl Incident {
                 self.pids.push(*p);
             }
         }
+    }
+}
+
+/// A node's health as `gpu-medic check` and the launch gate judge it (JSON: `healthy`,
+/// `unhealthy`, `unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+    /// Could not tell (a probe could not look).
+    Unknown,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Unhealthy => "unhealthy",
+            Health::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records written before the XID decode existed still load, and an XID without a decode
+    /// is written exactly as before.
+    #[test]
+    fn xid_signals_stay_backward_compatible() {
+        let old = r#"{"at":"2025-01-01T00:00:00.000Z","input":"observation","signal":{"kind":"xid","code":79},"source":"nvml"}"#;
+        let s: StampedInput = serde_json::from_str(old).unwrap();
+        let Input::Observation(o) = &s.input else {
+            panic!("{s:?}")
+        };
+        assert_eq!(o.signal, Signal::xid(79));
+        assert_eq!(serde_json::to_string(&s).unwrap(), old);
+        let new = Signal::Xid {
+            code: 149,
+            decode: Some(XidDecode::ResetGpu),
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert_eq!(text, r#"{"kind":"xid","code":149,"decode":"reset-gpu"}"#);
+        assert_eq!(serde_json::from_str::<Signal>(&text).unwrap(), new);
+        assert_eq!(new.to_string(), "xid 149 (reset-gpu)");
     }
 }

@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::catalog;
 use crate::error::{FileError, line_of};
-use crate::model::{RecoveryAction, Signal, SignalKind, Verdict};
+use crate::model::{RecoveryAction, Signal, SignalKind, Verdict, XidDecode};
 
 /// A rule: how one signal (or a set of XIDs) is judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +22,9 @@ pub struct Rule {
     pub signal: SignalKind,
     /// For `xid` rules: the codes; `None` is the catch-all for XIDs no other rule names.
     pub xids: Option<Vec<u32>>,
+    /// For `xid` rules naming codes: the decode classes (`docs/xid-catalog.md`) the rule
+    /// judges; `None` matches any. An XID with no decode counts as `undecoded` here.
+    pub decode: Option<Vec<XidDecode>>,
     /// For `recovery-action` rules: the driver verdicts; `None` matches any.
     pub recovery: Option<Vec<RecoveryAction>>,
     /// Counter signals: the observation's value must reach this.
@@ -30,6 +34,9 @@ pub struct Rule {
     pub escalate: Option<Escalation>,
     pub reason: String,
     pub source: String,
+    /// The operator's opt-in to judging a fatal signal (`catalog::fatal_signals`) with
+    /// `ignore` or `log`; without it such a rule is refused.
+    pub silences_fatal: bool,
     /// Where the rule was written, for messages.
     pub origin: String,
 }
@@ -124,16 +131,21 @@ impl Policy {
         let kind = signal.kind();
         let candidates = self.rules.iter().filter(|r| r.signal == kind);
         match signal {
-            Signal::Xid { code } => {
+            Signal::Xid { code, decode } => {
+                let decode = decode.unwrap_or(XidDecode::Undecoded);
+                let mut any_decode = None;
                 let mut fallback = None;
                 for r in candidates {
-                    match &r.xids {
-                        Some(list) if list.contains(code) => return Some(r),
-                        None => fallback = Some(r),
+                    match (&r.xids, &r.decode) {
+                        (Some(list), Some(d)) if list.contains(code) && d.contains(&decode) => {
+                            return Some(r);
+                        }
+                        (Some(list), None) if list.contains(code) => any_decode = Some(r),
+                        (None, _) => fallback = fallback.or(Some(r)),
                         _ => {}
                     }
                 }
-                fallback.filter(|r| r.threshold.unwrap_or(0) <= value)
+                any_decode.or(fallback.filter(|r| r.threshold.unwrap_or(0) <= value))
             }
             Signal::RecoveryAction { action } => {
                 let mut fallback = None;
@@ -150,6 +162,45 @@ impl Policy {
                 .filter(|r| r.threshold.unwrap_or(0) <= value)
                 .max_by_key(|r| r.threshold.unwrap_or(0)),
         }
+    }
+
+    /// Catalog XIDs (any decode) that only the catch-all judges, or no rule at all.
+    pub fn catalog_xids_left_to_catch_all(&self) -> Vec<u32> {
+        catalog::xids()
+            .iter()
+            .map(|x| x.code)
+            .filter(|code| {
+                let decodes: Vec<Option<XidDecode>> =
+                    if catalog::NVLINK5.contains(code) || *code == catalog::CHECK_UVM_XID {
+                        XidDecode::ALL.into_iter().map(Some).collect()
+                    } else {
+                        vec![None]
+                    };
+                decodes.into_iter().any(|decode| {
+                    self.rule_for(
+                        &Signal::Xid {
+                            code: *code,
+                            decode,
+                        },
+                        u64::MAX,
+                    )
+                    .is_none_or(|r| r.xids.is_none())
+                })
+            })
+            .collect()
+    }
+
+    /// Fatal signals (`catalog::fatal_signals`) this policy judges with `ignore` or `log`, or
+    /// judges not at all (`None`): what `policy check` warns about.
+    pub fn silenced_fatal_signals(&self) -> Vec<(Signal, Option<&Rule>)> {
+        catalog::fatal_signals()
+            .into_iter()
+            .filter_map(|sig| match self.rule_for(&sig, u64::MAX) {
+                Some(r) if r.action <= Verdict::Log => Some((sig, Some(r))),
+                Some(_) => None,
+                None => Some((sig, None)),
+            })
+            .collect()
     }
 
     pub fn rule_named(&self, name: &str) -> Option<&Rule> {
@@ -262,6 +313,7 @@ struct FileRule {
     name: Spanned<String>,
     signal: Spanned<SignalKind>,
     xids: Option<Spanned<Vec<u32>>>,
+    decode: Option<Spanned<Vec<XidDecode>>>,
     recovery: Option<Spanned<Vec<RecoveryAction>>>,
     threshold: Option<u64>,
     action: Spanned<Verdict>,
@@ -270,6 +322,8 @@ struct FileRule {
     reason: String,
     #[serde(default)]
     source: String,
+    #[serde(default)]
+    silences_fatal: bool,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -315,6 +369,7 @@ struct RuleLines {
     name: usize,
     signal: usize,
     xids: usize,
+    decode: usize,
     recovery: usize,
     action: usize,
     confirm: usize,
@@ -324,8 +379,8 @@ struct RuleLines {
 const MAX_EXTENDS_DEPTH: usize = 8;
 
 fn load_raw(path: &Path, depth: usize) -> Result<RawPolicy, FileError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| FileError::new(path, None, format!("cannot read policy: {e}")))?;
+    let text = crate::limits::read_text(path, crate::limits::MAX_POLICY_BYTES, "policy")
+        .map_err(|e| FileError::new(path, None, e.to_string()))?;
     let mut raw = parse_raw(path, &text)?;
     if let Some(ext) = raw.extends.take() {
         if depth >= MAX_EXTENDS_DEPTH {
@@ -386,6 +441,7 @@ fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
                     name: at(r.name.span()),
                     signal: at(r.signal.span()),
                     xids: r.xids.as_ref().map_or(0, |x| at(x.span())),
+                    decode: r.decode.as_ref().map_or(0, |x| at(x.span())),
                     recovery: r.recovery.as_ref().map_or(0, |x| at(x.span())),
                     action: at(r.action.span()),
                     confirm: r.confirm.as_ref().map_or(0, |x| at(x.span())),
@@ -508,19 +564,39 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         on_failed,
     };
     let rules = validate_rules(&raw.rules)?;
-    Ok(Policy {
+    let policy = Policy {
         origin: path.display().to_string(),
         observe_only: f.engine.and_then(|e| e.observe_only).unwrap_or(false),
         deadlines,
         retry,
         mps,
         rules,
-    })
+    };
+    // A rule that silences a fatal signal must say so (`silences_fatal = true`): a typo or a
+    // careless overlay must not turn a fallen-off GPU into a log line.
+    for (sig, rule) in policy.silenced_fatal_signals() {
+        let Some(r) = rule.filter(|r| !r.silences_fatal) else {
+            continue;
+        };
+        let rr = raw.rules.iter().find(|x| x.rule.name.get_ref() == &r.name);
+        return Err(FileError::new(
+            rr.map_or(path, |x| x.path.as_path()),
+            rr.map(|x| x.lines.action),
+            format!(
+                "rule `{}`: action `{}` silences `{sig}`, a fatal signal (NVIDIA: reset, reboot or replace); \
+                 add `silences_fatal = true` to the rule if that is intended",
+                r.name, r.action
+            ),
+        ));
+    }
+    Ok(policy)
 }
 
 fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
     let mut names = BTreeSet::new();
-    let mut xid_owner: std::collections::BTreeMap<u32, String> = Default::default();
+    // (XID, decode class or None for "any decode") -> the rule that judges it.
+    let mut xid_owner: std::collections::BTreeMap<(u32, Option<XidDecode>), String> =
+        Default::default();
     let mut out: Vec<Rule> = Vec::with_capacity(raw.len());
     for rr in raw {
         let r = &rr.rule;
@@ -557,6 +633,20 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
         if r.xids.is_some() && signal != SignalKind::Xid {
             return Err(err(rr.lines.xids, "xids: only for signal = \"xid\"".into()));
         }
+        if let Some(d) = &r.decode {
+            if r.xids.is_none() {
+                return Err(err(
+                    rr.lines.decode,
+                    "decode: only for rules that name their xids".into(),
+                ));
+            }
+            if d.get_ref().is_empty() {
+                return Err(err(
+                    rr.lines.decode,
+                    "decode: empty list (omit the key to judge every decode)".into(),
+                ));
+            }
+        }
         if r.recovery.is_some() && signal != SignalKind::RecoveryAction {
             return Err(err(
                 rr.lines.recovery,
@@ -570,12 +660,22 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
                     "xids: empty list (omit the key for the catch-all)".into(),
                 ));
             }
+            let decodes: Vec<Option<XidDecode>> = match &r.decode {
+                Some(d) => d.get_ref().iter().copied().map(Some).collect(),
+                None => vec![None],
+            };
             for x in xids.get_ref() {
-                if let Some(owner) = xid_owner.insert(*x, name.clone()) {
-                    return Err(err(
-                        rr.lines.xids,
-                        format!("xids: XID {x} is already judged by rule `{owner}`"),
-                    ));
+                for d in &decodes {
+                    if let Some(owner) = xid_owner.insert((*x, *d), name.clone()) {
+                        let what = match d {
+                            Some(d) => format!("XID {x} decoded `{}`", d.as_str()),
+                            None => format!("XID {x}"),
+                        };
+                        return Err(err(
+                            rr.lines.xids,
+                            format!("xids: {what} is already judged by rule `{owner}`"),
+                        ));
+                    }
                 }
             }
         }
@@ -659,6 +759,7 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             name,
             signal,
             xids: r.xids.as_ref().map(|x| x.get_ref().clone()),
+            decode: r.decode.as_ref().map(|x| x.get_ref().clone()),
             recovery: r.recovery.as_ref().map(|x| x.get_ref().clone()),
             threshold: r.threshold,
             action,
@@ -666,6 +767,7 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             escalate,
             reason: r.reason.trim().to_string(),
             source: r.source.trim().to_string(),
+            silences_fatal: r.silences_fatal,
             origin: format!("{}:{}", rr.path.display(), rr.text_line),
         });
     }
@@ -694,6 +796,7 @@ name = "other-xid"
 signal = "xid"
 action = "log"
 reason = "unknown"
+silences_fatal = true
 
 [[rule]]
 name = "hot"
@@ -713,14 +816,8 @@ reason = "too hot"
     #[test]
     fn xid_specific_beats_catch_all() {
         let p = parse(BASIC).unwrap();
-        assert_eq!(
-            p.rule_for(&Signal::Xid { code: 79 }, 0).unwrap().name,
-            "fatal"
-        );
-        assert_eq!(
-            p.rule_for(&Signal::Xid { code: 13 }, 0).unwrap().name,
-            "other-xid"
-        );
+        assert_eq!(p.rule_for(&Signal::xid(79), 0).unwrap().name, "fatal");
+        assert_eq!(p.rule_for(&Signal::xid(13), 0).unwrap().name, "other-xid");
     }
 
     #[test]
@@ -795,15 +892,83 @@ reason = "too hot"
         std::fs::write(dir.path().join("base.toml"), BASIC).unwrap();
         std::fs::write(
             dir.path().join("over.toml"),
-            "extends = \"base.toml\"\n[engine]\nobserve_only = true\n[[rule]]\nname = \"other-xid\"\nsignal = \"xid\"\naction = \"ignore\"\nreason = \"quiet\"\n",
+            "extends = \"base.toml\"\n[engine]\nobserve_only = true\n[[rule]]\nname = \"other-xid\"\nsignal = \"xid\"\naction = \"ignore\"\nreason = \"quiet\"\nsilences_fatal = true\n",
         )
         .unwrap();
         let p = Policy::load(&dir.path().join("over.toml")).unwrap();
         assert!(p.observe_only);
         assert_eq!(p.rules.len(), 4);
-        let r = p.rule_for(&Signal::Xid { code: 13 }, 0).unwrap();
+        let r = p.rule_for(&Signal::xid(13), 0).unwrap();
         assert_eq!(r.action, Verdict::Ignore);
         assert!(r.origin.contains("over.toml:4"), "{}", r.origin);
+    }
+
+    #[test]
+    fn decode_classes_pick_the_rule_and_may_not_overlap() {
+        let text = format!(
+            "{BASIC}\n[[rule]]\nname = \"nv-reset\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"reset-gpu\"]\naction = \"replace\"\nreason = \"r\"\n\
+             [[rule]]\nname = \"nv-rest\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"ignore\", \"undecoded\"]\naction = \"log\"\nreason = \"r\"\n"
+        );
+        let p = parse(&text).unwrap();
+        let judge = |d: Option<XidDecode>| {
+            p.rule_for(
+                &Signal::Xid {
+                    code: 149,
+                    decode: d,
+                },
+                0,
+            )
+            .unwrap()
+            .name
+            .clone()
+        };
+        assert_eq!(judge(Some(XidDecode::ResetGpu)), "nv-reset");
+        assert_eq!(judge(Some(XidDecode::Ignore)), "nv-rest");
+        assert_eq!(judge(None), "nv-rest", "no decode counts as undecoded");
+        assert_eq!(
+            judge(Some(XidDecode::Xid154Eval)),
+            "other-xid",
+            "no rule: the catch-all"
+        );
+        let e = parse(&format!(
+            "{text}[[rule]]\nname = \"again\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.message
+                .contains("XID 149 decoded `ignore` is already judged by rule `nv-rest`"),
+            "{e}"
+        );
+        let e = parse("[[rule]]\nname = \"a\"\nsignal = \"xid\"\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n")
+            .unwrap_err();
+        assert!(
+            e.message
+                .contains("decode: only for rules that name their xids"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(4));
+    }
+
+    #[test]
+    fn silencing_a_fatal_signal_needs_the_opt_in() {
+        let rule = "[[rule]]\nname = \"bus\"\nsignal = \"xid\"\nxids = [79]\naction = \"log\"\nreason = \"r\"\n";
+        let e = parse(rule).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("silences `xid 79`"), "{e}");
+        let p = parse(&format!("{rule}silences_fatal = true\n")).unwrap();
+        let silenced = p.silenced_fatal_signals();
+        assert!(
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::xid(79) && r.is_some())
+        );
+        assert!(
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::GpuLost && r.is_none()),
+            "a fatal signal no rule judges is reported too"
+        );
+        assert!(p.catalog_xids_left_to_catch_all().contains(&13));
     }
 
     #[test]

@@ -4,196 +4,46 @@
 //! AWS environment (AWS_ENDPOINT_URL, static credentials, AWS_REGION). The incident lists each
 //! call with its request id. A second test SIGKILLs the daemon mid-drain and restarts it.
 
-#[path = "support/aws.rs"]
-mod aws;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aws::{Proxy, Seeded};
+use gpu_medic_testkit::aws::{self, Proxy, Seeded};
+use gpu_medic_testkit::journal::{request_ids, started_commands};
+use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, wait_for};
 use serde_json::Value;
 
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpu-medic")
+/// Node 0 of `s` on the fake GPUs, every AWS service at `endpoint`; `ecs`: extra `[ecs]`
+/// lines; `top`: top-level keys (`dry_run = true`).
+fn daemon(s: &Seeded, endpoint: &str, ecs: &str, top: &str) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{top}\nstate_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
+         [mps]\nenabled = false\n\
+         {}\
+         [ecs]\ndrain_poll_interval = \"200ms\"\n{ecs}\n\
+         [fleet]\nwarmup = \"0s\"\nclaim_settle = \"200ms\"\nretry_after = \"1s\"\n",
+        default_policy().display(),
+        fake_nvml().display(),
+        dir.path().join("kmsg").display(),
+        aws::sections(s, 0, ""),
+    );
+    let mut d = Daemon::in_temp(dir, &config);
+    d.aws(Some(endpoint));
+    d
 }
 
-fn fake_nvml() -> PathBuf {
-    let dir = bin().parent().unwrap().to_path_buf();
-    [
-        dir.join("libfake_nvml.so"),
-        dir.join("deps/libfake_nvml.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .unwrap_or_else(|| panic!("libfake_nvml.so not found: run `cargo build --workspace`"))
+/// Starts it and lets the first NVML poll establish its baselines.
+fn start(d: &mut Daemon) {
+    d.start();
+    std::thread::sleep(Duration::from_millis(600));
 }
 
-struct Daemon {
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-    endpoint: String,
-    runs: u32,
-}
-
-impl Daemon {
-    fn new(s: &Seeded, endpoint: &str, ecs: &str) -> Daemon {
-        Daemon::with_top(s, endpoint, ecs, "")
-    }
-
-    /// `top`: top-level keys (`dry_run = true`).
-    fn with_top(s: &Seeded, endpoint: &str, ecs: &str, top: &str) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("inject")).unwrap();
-        std::fs::write(dir.path().join("kmsg"), "").unwrap();
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                "{top}\nstate_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-                 [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
-                 [mps]\nenabled = false\n\
-                 {}\
-                 [ecs]\ndrain_poll_interval = \"200ms\"\n{ecs}\n\
-                 [fleet]\nwarmup = \"0s\"\nclaim_settle = \"200ms\"\nretry_after = \"1s\"\n",
-                repo.join("policies/default.toml").display(),
-                fake_nvml().display(),
-                dir.path().join("kmsg").display(),
-                aws::sections(s, 0, ""),
-            ),
-        )
-        .unwrap();
-        Daemon {
-            dir,
-            child: None,
-            endpoint: endpoint.into(),
-            runs: 0,
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn command(&self) -> std::process::Command {
-        let mut c = std::process::Command::new(bin());
-        c.env_remove("GPU_MEDIC_CONFIG")
-            .env_remove("AWS_PROFILE")
-            .env("AWS_ENDPOINT_URL", &self.endpoint)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", aws::REGION)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", self.path("no-aws-config"))
-            .env(
-                "AWS_SHARED_CREDENTIALS_FILE",
-                self.path("no-aws-credentials"),
-            )
-            .env("FAKE_NVML_INJECT_DIR", self.path("inject"));
-        c
-    }
-
-    async fn start(&mut self) {
-        self.runs += 1;
-        let log = std::fs::File::create(self.path(&format!("daemon-{}.log", self.runs))).unwrap();
-        let child = self
-            .command()
-            .args(["run", "--log-format", "json", "--config"])
-            .arg(self.path("config.toml"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let state = self.path("state/state.json");
-        wait_for("the daemon to start", Duration::from_secs(20), || {
-            let ok = state.exists();
-            async move { ok }
-        })
-        .await;
-        tokio::time::sleep(Duration::from_millis(600)).await;
-    }
-
-    fn inject(&self, json: &str) {
-        let tmp = self.path("inject/x.json.tmp");
-        std::fs::write(&tmp, json).unwrap();
-        std::fs::rename(&tmp, self.path("inject/x.json")).unwrap();
-    }
-
-    fn signal(&mut self, sig: i32) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(c.id() as i32, sig) };
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        (1..=self.runs)
-            .map(|n| {
-                std::fs::read_to_string(self.path(&format!("daemon-{n}.log"))).unwrap_or_default()
-            })
-            .collect()
-    }
-
-    async fn incident(&self, id: u32) -> Value {
-        let v = self.try_incident(id).await;
-        assert!(!v.is_null(), "no incident {id}; log: {}", self.log());
-        v
-    }
-
-    /// The incident, or null while it does not exist yet.
-    async fn try_incident(&self, id: u32) -> Value {
-        let out = tokio::process::Command::from(self.command())
-            .args(["incidents", "show", &id.to_string(), "--json", "--config"])
-            .arg(self.path("config.toml"))
-            .output()
-            .await
-            .unwrap();
-        if !out.status.success() {
-            return Value::Null;
-        }
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.signal(libc::SIGKILL);
-    }
-}
-
-async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn started_commands(incident: &Value) -> Vec<String> {
-    incident["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["event"] == "action-started")
-        .map(|r| r["order"]["command"]["kind"].as_str().unwrap().to_string())
-        .collect()
-}
-
-fn request_ids(incident: &Value, op: &str) -> Vec<String> {
-    incident["request_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_str())
-        .filter(|r| r.starts_with(&format!("{op} ")))
-        .map(str::to_string)
-        .collect()
+fn incident(d: &Daemon, id: u32) -> Value {
+    let v = d.incident(id);
+    assert!(!v.is_null(), "no incident {id}; log: {}", d.log());
+    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,8 +54,8 @@ async fn xid_79_drains_stops_tasks_and_replaces_through_the_real_binary() {
     let me = &s.nodes[0];
     let standalone = aws::start_task(&sdk, &s, &me.arn, None).await;
     let service = aws::start_task(&sdk, &s, &me.arn, Some("service:web")).await;
-    let mut d = Daemon::new(&s, &proxy.url, "standalone_grace = \"500ms\"");
-    d.start().await;
+    let mut d = daemon(&s, &proxy.url, "standalone_grace = \"500ms\"", "");
+    start(&mut d);
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
 
     // The ECS scheduler, played: the service task is replaced elsewhere once draining starts.
@@ -225,7 +75,7 @@ async fn xid_79_drains_stops_tasks_and_replaces_through_the_real_binary() {
     )
     .await;
     wait_for("the incident to close", Duration::from_secs(10), || async {
-        d.try_incident(1).await["state"] == "replaced"
+        d.incident(1)["state"] == "replaced"
     })
     .await;
     d.signal(libc::SIGTERM);
@@ -237,7 +87,7 @@ async fn xid_79_drains_stops_tasks_and_replaces_through_the_real_binary() {
         aws::task_desired(&sdk, &s.cluster, &standalone).await,
         "STOPPED"
     );
-    let inc = d.incident(1).await;
+    let inc = incident(&d, 1);
     assert_eq!(inc["signal"], "xid 79", "{inc:#}");
     assert_eq!(
         started_commands(&inc),
@@ -264,12 +114,7 @@ async fn xid_79_drains_stops_tasks_and_replaces_through_the_real_binary() {
     assert_eq!(proxy.count("TerminateInstanceInAutoScalingGroup"), 0);
     assert!(!d.log().contains("\"level\":\"ERROR\""), "{}", d.log());
     // `status` shows the node's phase and the fleet budget the gate saw.
-    let out = tokio::process::Command::from(d.command())
-        .args(["status", "--json", "--config"])
-        .arg(d.path("config.toml"))
-        .output()
-        .await
-        .unwrap();
+    let out = d.cli(&["status", "--json"]);
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(st["node_phase"], "replaced", "{st:#}");
     assert!(
@@ -290,8 +135,8 @@ async fn sigkill_mid_drain_and_restart_resumes_without_repeating_a_step() {
     let me = &s.nodes[0];
     let standalone = aws::start_task(&sdk, &s, &me.arn, None).await;
     let service = aws::start_task(&sdk, &s, &me.arn, Some("service:web")).await;
-    let mut d = Daemon::new(&s, &proxy.url, "standalone_grace = \"2s\"");
-    d.start().await;
+    let mut d = daemon(&s, &proxy.url, "standalone_grace = \"2s\"", "");
+    start(&mut d);
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
     wait_for("DRAINING", Duration::from_secs(30), || async {
         aws::instance(&sdk, &s.cluster, &me.arn).await.0 == "DRAINING"
@@ -303,7 +148,7 @@ async fn sigkill_mid_drain_and_restart_resumes_without_repeating_a_step() {
         "RUNNING"
     );
 
-    d.start().await;
+    start(&mut d);
     // The standalone grace runs out and the scheduler replaces the service task.
     wait_for(
         "the standalone task to stop",
@@ -323,7 +168,7 @@ async fn sigkill_mid_drain_and_restart_resumes_without_repeating_a_step() {
     )
     .await;
     wait_for("the incident to close", Duration::from_secs(10), || async {
-        d.try_incident(1).await["state"] == "replaced"
+        d.incident(1)["state"] == "replaced"
     })
     .await;
     d.signal(libc::SIGTERM);
@@ -333,7 +178,7 @@ async fn sigkill_mid_drain_and_restart_resumes_without_repeating_a_step() {
         "{}",
         d.log()
     );
-    let inc = d.incident(1).await;
+    let inc = incident(&d, 1);
     assert_eq!(
         started_commands(&inc),
         ["quarantine", "drain", "replace"],
@@ -370,16 +215,16 @@ async fn dry_run_records_the_plan_and_makes_no_call() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "e2e-dry", 3).await;
-    let mut d = Daemon::with_top(&s, &proxy.url, "", "dry_run = true");
+    let mut d = daemon(&s, &proxy.url, "", "dry_run = true");
     let seeded = proxy.calls().len();
-    d.start().await;
+    start(&mut d);
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
     wait_for("the incident", Duration::from_secs(20), || async {
-        d.try_incident(1).await["state"] == "observed"
+        d.incident(1)["state"] == "observed"
     })
     .await;
     d.signal(libc::SIGTERM);
-    let inc = d.incident(1).await;
+    let inc = incident(&d, 1);
     assert_eq!(
         started_commands(&inc),
         ["quarantine", "drain", "replace"],

@@ -5,65 +5,13 @@
 //!
 //! One test in this binary: it sets the IMDS endpoint variable before any thread reads it.
 
-#[path = "support/aws.rs"]
-mod aws;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use aws::Proxy;
 use gpu_medic::aws::identity::Identity;
 use gpu_medic::config::Config;
 use gpu_medic::remedy::aws::AwsControlPlane;
-
-fn fake_imds(instance_id: String) -> aws::Handler {
-    Arc::new(move |method, path, head| {
-        let head = head.to_ascii_lowercase();
-        match (method, path) {
-            ("PUT", "/latest/api/token") => (
-                200,
-                vec![(
-                    "X-aws-ec2-metadata-token-ttl-seconds".into(),
-                    "21600".into(),
-                )],
-                "tok-1".into(),
-            ),
-            ("GET", "/latest/meta-data/instance-id") => {
-                if head.contains("x-aws-ec2-metadata-token: tok-1") {
-                    (200, vec![], instance_id.clone())
-                } else {
-                    (401, vec![], String::new())
-                }
-            }
-            _ => (404, vec![], String::new()),
-        }
-    })
-}
-
-/// An agent that answers 503 `fail_first` times (still starting), then its metadata.
-fn fake_agent(
-    cluster: String,
-    arn: String,
-    fail_first: usize,
-    seen: Arc<AtomicUsize>,
-) -> aws::Handler {
-    Arc::new(move |_, path, _| {
-        let n = seen.fetch_add(1, Ordering::SeqCst);
-        if path != "/v1/metadata" {
-            return (404, vec![], String::new());
-        }
-        if n < fail_first {
-            return (503, vec![], "starting".into());
-        }
-        (
-            200,
-            vec![("Content-Type".into(), "application/json".into())],
-            format!(
-                r#"{{"Cluster":"{cluster}","ContainerInstanceArn":"{arn}","Version":"Amazon ECS Agent - v1.90.0"}}"#
-            ),
-        )
-    })
-}
+use gpu_medic_testkit::aws::{self, Proxy};
+use gpu_medic_testkit::imds::{FakeAgent, FakeImds};
 
 fn config(text: &str) -> Config {
     Config::parse(std::path::Path::new("/tmp/gpu-medic-test.toml"), text).unwrap()
@@ -75,14 +23,9 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "ident", 2).await;
     let me = &s.nodes[1];
-    let imds = aws::serve_http(fake_imds(me.instance_id.clone())).await;
+    let imds = FakeImds::start(&me.instance_id).await;
     // SAFETY: the only test of this binary, before anything reads the environment.
-    unsafe {
-        std::env::set_var(
-            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-            format!("http://{imds}"),
-        )
-    };
+    unsafe { std::env::set_var("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.url) };
     let want = Identity {
         instance_id: me.instance_id.clone(),
         cluster: s.cluster.clone(),
@@ -91,28 +34,18 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
     };
 
     // 1. The agent is still starting: retried until it answers.
-    let seen = Arc::new(AtomicUsize::new(0));
-    let agent = aws::serve_http(fake_agent(
-        s.cluster.clone(),
-        me.arn.clone(),
-        3,
-        seen.clone(),
-    ))
-    .await;
+    let agent = FakeAgent::start(FakeAgent::metadata(&s.cluster, Some(&me.arn)), 3).await;
     let cp = AwsControlPlane::new(
         &sdk,
         &config(&format!(
-            "[ecs]\nagent_url = \"http://{agent}\"\nagent_wait = \"20s\"\n"
+            "[ecs]\nagent_url = \"{}\"\nagent_wait = \"20s\"\n",
+            agent.url
         )),
     );
     let before = proxy.calls().len();
     let id = cp.identity().await.unwrap();
     assert_eq!(id, &want);
-    assert_eq!(
-        seen.load(Ordering::SeqCst),
-        4,
-        "three refusals, then the answer"
-    );
+    assert_eq!(agent.requests(), 4, "three refusals, then the answer");
     assert_eq!(proxy.ops()[before..], ["DescribeAutoScalingInstances"]);
 
     // 2. No agent: ECS_CLUSTER from ecs.config, the instance found by its EC2 id.
@@ -147,13 +80,9 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
 
     // 3. An instance that is not registered: a retryable error (the agent may register later).
     std::fs::write(&ecs_config, format!("ECS_CLUSTER={}\n", s.cluster)).unwrap();
-    let other = aws::serve_http(fake_imds("i-00000000000000000".into())).await;
-    unsafe {
-        std::env::set_var(
-            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-            format!("http://{other}"),
-        )
-    };
+    let other = FakeImds::start("i-00000000000000000").await;
+    // SAFETY: as above; no other thread reads the environment between these steps.
+    unsafe { std::env::set_var("AWS_EC2_METADATA_SERVICE_ENDPOINT", &other.url) };
     let cp = AwsControlPlane::new(
         &sdk,
         &config(&format!(

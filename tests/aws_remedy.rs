@@ -4,17 +4,16 @@
 //! switches, retries of throttling and 5xx, a drain resumed after a crash, and our lifecycle
 //! hook. The tests play the ECS scheduler and Auto Scaling where moto does not.
 
-#[path = "support/aws.rs"]
-mod aws;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use aws::{Fault, Proxy};
 use gpu_medic::model::{Command, GpuId, LifecycleHook, LifecycleResult};
 use gpu_medic::remedy::aws::AwsControlPlane;
 use gpu_medic::remedy::{ControlPlane, Done, RemedyError};
+use gpu_medic_testkit::aws::{self, Fault, Proxy};
 
 fn ids_of(d: &Done, op: &str) -> Vec<String> {
     d.request_ids

@@ -1,6 +1,8 @@
 //! The quick-start demo through the real binary: it tells the whole story and leaves
 //! nothing running.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::process::Command;
 use std::time::Duration;
 

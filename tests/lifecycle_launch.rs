@@ -3,18 +3,14 @@
 //! `AWS_ENDPOINT_URL_ECS`), Auto Scaling through a proxy that answers the lifecycle actions
 //! moto lacks (through `AWS_ENDPOINT_URL_AUTO_SCALING`; `[aws] endpoint_url` unset).
 
-#[path = "support/aws.rs"]
-mod aws;
-#[path = "support/imds.rs"]
-mod imds;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::time::Duration;
 
-use aws::{Proxy, Seeded};
 use aws_config::SdkConfig;
-use imds::FakeImds;
+use gpu_medic_testkit::aws::{self, Proxy, Seeded};
+use gpu_medic_testkit::imds::FakeImds;
+use gpu_medic_testkit::{Daemon, default_policy, fake_nvml};
 use serde_json::Value;
 
 const HOOK: &str = "gpu-medic-launch";
@@ -26,133 +22,68 @@ const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
 
 const XID_79: &str = "4,812,91000000,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n";
 
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpu-medic")
-}
-
-fn fake_nvml() -> PathBuf {
-    let dir = bin().parent().unwrap().to_path_buf();
-    [
-        dir.join("libfake_nvml.so"),
-        dir.join("deps/libfake_nvml.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .unwrap_or_else(|| panic!("libfake_nvml.so not found: run `cargo build --workspace`"))
-}
-
-/// One launching instance: its config, fake GPUs, kernel log and environment.
+/// One launching instance: its config, fake GPUs, kernel log and environment (the daemon
+/// harness, which also runs the `check` command on the same config).
 struct Launch {
-    dir: tempfile::TempDir,
-    imds: FakeImds,
-    asg_url: String,
-    n: u32,
+    d: Daemon,
+    _imds: FakeImds,
 }
 
 impl Launch {
     async fn new(s: &Seeded, proxy: &Proxy, node: usize, cluster: &str, extra: &str) -> Launch {
         let dir = tempfile::tempdir().unwrap();
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        std::fs::create_dir_all(dir.path().join("inject")).unwrap();
-        std::fs::write(dir.path().join("gpus.json"), GPUS).unwrap();
-        std::fs::write(dir.path().join("kmsg"), "").unwrap();
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                "state_dir = \"state\"\npolicy = \"{}\"\n\
-                 [nvml]\nlibrary = \"{}\"\nexpected_gpus = 4\nkmsg = \"{}\"\n\
-                 [mps]\nenabled = false\n\
-                 [identity]\ncluster = \"{cluster}\"\n\
-                 [ecs]\nagent_url = \"http://127.0.0.1:9\"\nagent_wait = \"100ms\"\n\
-                 [lifecycle]\ncheck_deadline = \"2s\"\ncheck_retry_delay = \"300ms\"\n{extra}\n",
-                repo.join("policies/default.toml").display(),
-                fake_nvml().display(),
-                dir.path().join("kmsg").display(),
-            ),
-        )
-        .unwrap();
-        Launch {
-            dir,
-            imds: FakeImds::start(&s.nodes[node].instance_id).await,
-            asg_url: proxy.url.clone(),
-            n: 0,
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
+        let config = format!(
+            "state_dir = \"state\"\npolicy = \"{}\"\n\
+             [nvml]\nlibrary = \"{}\"\nexpected_gpus = 4\nkmsg = \"{}\"\n\
+             [mps]\nenabled = false\n\
+             [identity]\ncluster = \"{cluster}\"\n\
+             [ecs]\nagent_url = \"http://127.0.0.1:9\"\nagent_wait = \"100ms\"\n\
+             [lifecycle]\ncheck_deadline = \"2s\"\ncheck_retry_delay = \"300ms\"\n{extra}\n",
+            default_policy().display(),
+            fake_nvml().display(),
+            dir.path().join("kmsg").display(),
+        );
+        let imds = FakeImds::start(&s.nodes[node].instance_id).await;
+        let mut d = Daemon::in_temp(dir, &config);
+        d.aws(None)
+            .env("AWS_ENDPOINT_URL_ECS", &aws::moto().url)
+            .env("AWS_ENDPOINT_URL_AUTO_SCALING", &proxy.url)
+            .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.url)
+            .gpus(GPUS);
+        Launch { d, _imds: imds }
     }
 
     fn kmsg(&self, text: &str) {
-        std::fs::write(self.path("kmsg"), text).unwrap();
-    }
-
-    /// A fake-NVML injection applied when the next check opens NVML.
-    fn inject(&mut self, json: &str) {
-        self.n += 1;
-        std::fs::write(self.path(&format!("inject/{:04}.json", self.n)), json).unwrap();
+        std::fs::write(self.d.path("kmsg"), text).unwrap();
     }
 
     /// Starts `gpu-medic run` on the same config until the launch gate's verdict is in the
     /// incident journal (the gate hands it over through state_dir/requests/).
-    async fn daemon_journals_the_gate(&self) -> Value {
-        let mut c = self.command(&["run", "--log-format", "json", "--config"]);
-        c.arg(self.path("config.toml"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let mut child = c.spawn().unwrap();
-        let t = std::time::Instant::now();
-        let journal = self.path("state/incidents.jsonl");
-        let record = loop {
-            let text = std::fs::read_to_string(&journal).unwrap_or_default();
-            if let Some(l) = text
-                .lines()
-                .find(|l| l.contains("\"summary\":\"launch gate:") && l.contains("\"closed\""))
-            {
-                break serde_json::from_str::<Value>(l).unwrap();
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "the daemon did not journal the gate"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let _ = child.kill().await;
+    fn daemon_journals_the_gate(&mut self) -> Value {
+        self.d.spawn();
+        let record = self.d.wait_record(
+            "the daemon to journal the gate",
+            Duration::from_secs(20),
+            "closed",
+            |r| {
+                r["summary"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("launch gate:"))
+            },
+        );
+        self.d.signal(libc::SIGKILL);
         record
     }
 
-    fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut c = tokio::process::Command::new(bin());
-        c.env_remove("GPU_MEDIC_CONFIG")
-            .env_remove("AWS_PROFILE")
-            .env_remove("AWS_ENDPOINT_URL")
-            .env("AWS_ENDPOINT_URL_ECS", &aws::moto().url)
-            .env("AWS_ENDPOINT_URL_AUTO_SCALING", &self.asg_url)
-            .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &self.imds.url)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", aws::REGION)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", self.path("no-aws-config"))
-            .env(
-                "AWS_SHARED_CREDENTIALS_FILE",
-                self.path("no-aws-credentials"),
-            )
-            .env("FAKE_NVML_CONFIG", self.path("gpus.json"))
-            .env("FAKE_NVML_INJECT_DIR", self.path("inject"))
-            .args(args);
-        c
-    }
-
     /// Runs `check --lifecycle --json`; returns its exit code and report.
-    async fn check(&self, env: &[(&str, &str)]) -> (i32, Value, String) {
-        let mut c = self.command(&["check", "--lifecycle", "--json", "--config"]);
-        c.arg(self.path("config.toml"));
+    fn check(&self, env: &[(&str, &str)]) -> (i32, Value, String) {
+        let mut c = self.d.command();
+        c.args(["check", "--lifecycle", "--json", "--config"])
+            .arg(self.d.config());
         for (k, v) in env {
             c.env(k, v);
         }
-        let out: Output = c.output().await.unwrap();
+        let out = c.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         let report: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{e}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
@@ -161,26 +92,13 @@ impl Launch {
 }
 
 async fn put_launch_hook(sdk: &SdkConfig, group: &str) {
-    aws_sdk_autoscaling::Client::new(sdk)
-        .put_lifecycle_hook()
-        .auto_scaling_group_name(group)
-        .lifecycle_hook_name(HOOK)
-        .lifecycle_transition("autoscaling:EC2_INSTANCE_LAUNCHING")
-        .heartbeat_timeout(3)
-        .default_result("ABANDON")
-        .send()
-        .await
-        .unwrap();
+    let transition = "autoscaling:EC2_INSTANCE_LAUNCHING";
+    aws::put_hook(sdk, group, HOOK, transition, 3, "ABANDON").await;
 }
 
 async fn abandon_tag(sdk: &SdkConfig, group: &str) -> Vec<u64> {
-    let r = aws_sdk_autoscaling::Client::new(sdk)
-        .describe_auto_scaling_groups()
-        .auto_scaling_group_names(group)
-        .send()
+    aws::asg_group(sdk, group)
         .await
-        .unwrap();
-    r.auto_scaling_groups()[0]
         .tags()
         .iter()
         .find(|t| t.key() == Some("gpu-medic/abandoned-launches"))
@@ -203,8 +121,8 @@ async fn a_healthy_launch_continues_and_is_marked_ok() {
     let s = aws::seed(&sdk, "lc-ok", 2).await;
     put_launch_hook(&sdk, &s.asg).await;
     proxy.lifecycle_wait(HOOK, &s.nodes[0].instance_id);
-    let l = Launch::new(&s, &proxy, 0, &s.cluster, "").await;
-    let (code, r, stderr) = l.check(&[]).await;
+    let mut l = Launch::new(&s, &proxy, 0, &s.cluster, "").await;
+    let (code, r, stderr) = l.check(&[]);
     assert_eq!(code, 0, "{r:#}\n{stderr}");
     assert_eq!(r["health"], "healthy", "{r:#}");
     assert_eq!(r["decision"], "continue");
@@ -218,8 +136,8 @@ async fn a_healthy_launch_continues_and_is_marked_ok() {
     assert!(proxy.lifecycle_waiting().is_empty());
     let (_, _, attrs) = aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await;
     assert_eq!(health(&attrs).as_deref(), Some("ok"), "{attrs:?}");
-    assert!(l.path("state/launch-gate.json").exists());
-    let closed = l.daemon_journals_the_gate().await;
+    assert!(l.d.path("state/launch-gate.json").exists());
+    let closed = l.daemon_journals_the_gate();
     assert!(
         closed["summary"]
             .as_str()
@@ -246,7 +164,7 @@ async fn a_healthy_launch_continues_and_is_marked_ok() {
         .unwrap();
     proxy.lifecycle_wait(HOOK, &s.nodes[1].instance_id);
     let l = Launch::new(&s, &proxy, 1, &empty, "").await;
-    let (code, r, stderr) = l.check(&[]).await;
+    let (code, r, stderr) = l.check(&[]);
     assert_eq!(code, 0, "{r:#}\n{stderr}");
     assert_eq!(r["result"], "CONTINUE");
     assert!(r["attribute"].is_null());
@@ -269,7 +187,7 @@ async fn unhealthy_launches_are_abandoned_until_the_breaker_quarantines() {
     // 1: XID 79 in the kernel log since boot (no NVML event: nobody watched at boot).
     l.kmsg(XID_79);
     proxy.lifecycle_wait(HOOK, &me.instance_id);
-    let (code, r, stderr) = l.check(&[]).await;
+    let (code, r, stderr) = l.check(&[]);
     assert_eq!(code, 1, "{r:#}\n{stderr}");
     assert_eq!(r["health"], "unhealthy", "{r:#}");
     assert_eq!(r["decision"], "abandon");
@@ -283,15 +201,15 @@ async fn unhealthy_launches_are_abandoned_until_the_breaker_quarantines() {
     // 2: a lost GPU; 3: a GPU missing from the count.
     l.kmsg("");
     for fault in [r#"{"gpu": 1, "lost": true}"#, r#"{"count": 3}"#] {
-        l.inject(fault);
+        l.d.inject(fault);
         proxy.lifecycle_wait(HOOK, &me.instance_id);
-        let (code, r, stderr) = l.check(&[]).await;
+        let (code, r, stderr) = l.check(&[]);
         assert_eq!(
             (code, &r["result"]),
             (1, &Value::from("ABANDON")),
             "{fault}: {r:#}\n{stderr}"
         );
-        l.inject(r#"{"reset": true}"#);
+        l.d.inject(r#"{"reset": true}"#);
     }
     assert_eq!(abandon_tag(&sdk, &s.asg).await.len(), 3);
     assert_eq!(
@@ -302,7 +220,7 @@ async fn unhealthy_launches_are_abandoned_until_the_breaker_quarantines() {
     // 4: the breaker. Kept in service, quarantined, loudly.
     l.kmsg(XID_79);
     proxy.lifecycle_wait(HOOK, &me.instance_id);
-    let (code, r, stderr) = l.check(&[]).await;
+    let (code, r, stderr) = l.check(&[]);
     assert_eq!(code, 1, "{r:#}\n{stderr}");
     assert_eq!(r["decision"], "quarantine", "{r:#}");
     assert_eq!(r["result"], "CONTINUE");
@@ -332,7 +250,7 @@ async fn could_not_tell_is_retried_then_continues_pending() {
     proxy.lifecycle_wait(HOOK, &me.instance_id);
     let l = Launch::new(&s, &proxy, 0, &s.cluster, "").await;
     // NVML_ERROR_UNKNOWN at init: the check cannot look.
-    let (code, r, stderr) = l.check(&[("FAKE_NVML_INIT_ERROR", "999")]).await;
+    let (code, r, stderr) = l.check(&[("FAKE_NVML_INIT_ERROR", "999")]);
     assert_eq!(code, 1, "{r:#}\n{stderr}");
     assert_eq!(r["health"], "unknown", "{r:#}");
     assert_eq!(r["decision"], "continue-pending");

@@ -5,206 +5,45 @@
 //! the two lifecycle actions moto lacks, through `AWS_ENDPOINT_URL_AUTO_SCALING`).
 //! `[aws] endpoint_url` is unset: the per-service variables are what routes the calls.
 
-#[path = "support/aws.rs"]
-mod aws;
-#[path = "support/imds.rs"]
-mod imds;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use aws::{Fault, Proxy, Seeded};
 use aws_config::SdkConfig;
-use imds::FakeImds;
-use serde_json::Value;
+use gpu_medic_testkit::aws::{self, Fault, Proxy, Seeded};
+use gpu_medic_testkit::imds::FakeImds;
+use gpu_medic_testkit::journal::{finished_details, request_ids};
+use gpu_medic_testkit::{Daemon, default_policy, wait_for};
 
 const OUR_HOOK: &str = "gpu-medic-terminate";
 const ECS_HOOK: &str = "ecs-managed-draining-termination-hook";
 
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpu-medic")
-}
-
-struct Daemon {
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-    ecs_url: String,
-    asg_url: String,
-    imds_url: String,
-}
-
-impl Daemon {
-    /// `ecs`: extra `[ecs]` lines.
-    fn new(s: &Seeded, proxy: &Proxy, imds: &FakeImds, ecs: &str) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let n = &s.nodes[0];
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-                 [nvml]\nenabled = false\n[mps]\nenabled = false\n\
-                 [identity]\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\nauto_scaling_group = \"{}\"\n\
-                 [ecs]\ndrain_poll_interval = \"200ms\"\nagent_wait = \"100ms\"\n{ecs}\n\
-                 [fleet]\nwarmup = \"0s\"\nclaim_settle = \"100ms\"\nretry_after = \"300ms\"\n\
-                 [lifecycle]\npoll_interval = \"200ms\"\n",
-                repo.join("policies/default.toml").display(),
-                s.cluster,
-                n.arn,
-                s.asg,
-            ),
-        )
-        .unwrap();
-        Daemon {
-            dir,
-            child: None,
-            ecs_url: aws::moto().url.clone(),
-            asg_url: proxy.url.clone(),
-            imds_url: imds.url.clone(),
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn command(&self) -> std::process::Command {
-        let mut c = std::process::Command::new(bin());
-        c.env_remove("GPU_MEDIC_CONFIG")
-            .env_remove("AWS_PROFILE")
-            .env_remove("AWS_ENDPOINT_URL")
-            .env("AWS_ENDPOINT_URL_ECS", &self.ecs_url)
-            .env("AWS_ENDPOINT_URL_AUTO_SCALING", &self.asg_url)
-            .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &self.imds_url)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", aws::REGION)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", self.path("no-aws-config"))
-            .env(
-                "AWS_SHARED_CREDENTIALS_FILE",
-                self.path("no-aws-credentials"),
-            );
-        c
-    }
-
-    async fn start(&mut self) {
-        let log = std::fs::File::create(self.path("daemon.log")).unwrap();
-        let child = self
-            .command()
-            .args(["run", "--log-format", "json", "--config"])
-            .arg(self.path("config.toml"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let state = self.path("state/state.json");
-        wait_for("the daemon to start", Duration::from_secs(20), || {
-            let ok = state.exists();
-            async move { ok }
-        })
-        .await;
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
-    }
-
-    /// The incident, or null while it does not exist yet.
-    async fn incident(&self, id: u32) -> Value {
-        let out = tokio::process::Command::from(self.command())
-            .args(["incidents", "show", &id.to_string(), "--json", "--config"])
-            .arg(self.path("config.toml"))
-            .output()
-            .await
-            .unwrap();
-        if !out.status.success() {
-            return Value::Null;
-        }
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    async fn wait_closed(&self, id: u32, limit: Duration) -> Value {
-        let start = Instant::now();
-        loop {
-            let inc = self.incident(id).await;
-            if inc["closed_at"].is_string() {
-                return inc;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "incident {id} not closed: {inc:#}\nlog: {}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// Node 0 of `s` without GPUs or MPS: ECS at moto, Auto Scaling through `proxy`, IMDS at
+/// `imds`; `ecs`: extra `[ecs]` lines.
+fn daemon(s: &Seeded, proxy: &Proxy, imds: &FakeImds, ecs: &str) -> Daemon {
+    let n = &s.nodes[0];
+    let mut d = Daemon::new(&format!(
+        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nenabled = false\n[mps]\nenabled = false\n\
+         [identity]\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\nauto_scaling_group = \"{}\"\n\
+         [ecs]\ndrain_poll_interval = \"200ms\"\nagent_wait = \"100ms\"\n{ecs}\n\
+         [fleet]\nwarmup = \"0s\"\nclaim_settle = \"100ms\"\nretry_after = \"300ms\"\n\
+         [lifecycle]\npoll_interval = \"200ms\"\n",
+        default_policy().display(),
+        s.cluster,
+        n.arn,
+        s.asg,
+    ));
+    d.aws(None)
+        .env("AWS_ENDPOINT_URL_ECS", &aws::moto().url)
+        .env("AWS_ENDPOINT_URL_AUTO_SCALING", &proxy.url)
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.url);
+    d
 }
 
 async fn put_hook(sdk: &SdkConfig, group: &str, name: &str, heartbeat_timeout: i32) {
-    aws_sdk_autoscaling::Client::new(sdk)
-        .put_lifecycle_hook()
-        .auto_scaling_group_name(group)
-        .lifecycle_hook_name(name)
-        .lifecycle_transition("autoscaling:EC2_INSTANCE_TERMINATING")
-        .heartbeat_timeout(heartbeat_timeout)
-        .default_result("CONTINUE")
-        .send()
-        .await
-        .unwrap();
-}
-
-/// Entries of the incident's request ids for `op`.
-fn request_ids(incident: &Value, op: &str) -> Vec<String> {
-    incident["request_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_str())
-        .filter(|r| r.starts_with(&format!("{op} ")))
-        .map(str::to_string)
-        .collect()
-}
-
-fn finished_details(incident: &Value) -> Vec<String> {
-    incident["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["event"] == "action-finished")
-        .map(|r| r["outcome"]["detail"].as_str().unwrap_or("").to_string())
-        .collect()
+    let transition = "autoscaling:EC2_INSTANCE_TERMINATING";
+    aws::put_hook(sdk, group, name, transition, heartbeat_timeout, "CONTINUE").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,15 +61,15 @@ async fn termination_drains_heartbeats_and_completes_only_our_hook() {
     let imds = FakeImds::start(&me.instance_id).await;
     imds.set_target(Some("InService"));
 
-    let mut d = Daemon::new(&s, &proxy, &imds, "");
-    d.start().await;
+    let mut d = daemon(&s, &proxy, &imds, "");
+    d.start();
     wait_for("IMDS polls", Duration::from_secs(10), || {
         let n = imds.target_reads().len();
         async move { n >= 3 }
     })
     .await;
     assert_eq!(aws::instance(&sdk, &s.cluster, &me.arn).await.0, "ACTIVE");
-    assert!(d.incident(1).await.is_null(), "InService decides nothing");
+    assert!(d.incident(1).is_null(), "InService decides nothing");
 
     let t0 = Instant::now();
     imds.set_target(Some("Terminated"));
@@ -245,9 +84,9 @@ async fn termination_drains_heartbeats_and_completes_only_our_hook() {
     .await;
     // The ECS scheduler, played: the service task moves elsewhere.
     aws::stop(&sdk, &s.cluster, &service).await;
-    let inc = d.wait_closed(1, Duration::from_secs(20)).await;
+    let inc = d.wait_closed(1, Duration::from_secs(20));
     let took = t0.elapsed();
-    d.stop();
+    d.stop(Duration::from_secs(30));
 
     assert_eq!(inc["state"], "terminated", "{inc:#}");
     assert_eq!(inc["signal"], "lifecycle Terminating", "{inc:#}");
@@ -323,18 +162,15 @@ async fn imds_outage_decides_nothing_and_a_gone_action_is_success() {
     let imds = FakeImds::start(&me.instance_id).await;
     imds.set_down(true);
 
-    let mut d = Daemon::new(&s, &proxy, &imds, "");
-    d.start().await;
+    let mut d = daemon(&s, &proxy, &imds, "");
+    d.start();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        d.incident(1).await.is_null(),
-        "an IMDS outage decides nothing"
-    );
+    assert!(d.incident(1).is_null(), "an IMDS outage decides nothing");
     assert_eq!(aws::instance(&sdk, &s.cluster, &me.arn).await.0, "ACTIVE");
     imds.set_down(false);
     imds.set_target(Some("Terminated"));
-    let inc = d.wait_closed(1, Duration::from_secs(20)).await;
-    d.stop();
+    let inc = d.wait_closed(1, Duration::from_secs(20));
+    d.stop(Duration::from_secs(30));
 
     assert_eq!(inc["state"], "terminated", "{inc:#}");
     let details = finished_details(&inc).join("\n");
@@ -364,32 +200,32 @@ async fn a_drain_outlasting_the_hook_is_completed_before_its_global_timeout() {
     let me = &s.nodes[0];
     proxy.lifecycle_wait(OUR_HOOK, &me.instance_id);
     // A hook that can wait 8 s in all (real hooks: min(48 h, 100 x heartbeat timeout)).
-    proxy.fault(Fault {
-        op: "DescribeLifecycleHooks".into(),
-        times: 1000,
-        status: 200,
-        content_type: "text/xml",
-        body: format!(
+    proxy.fault(Fault::canned(
+        "DescribeLifecycleHooks",
+        1000,
+        200,
+        "text/xml",
+        format!(
             "<DescribeLifecycleHooksResponse xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><DescribeLifecycleHooksResult><LifecycleHooks><member><LifecycleHookName>{OUR_HOOK}</LifecycleHookName><AutoScalingGroupName>{}</AutoScalingGroupName><LifecycleTransition>autoscaling:EC2_INSTANCE_TERMINATING</LifecycleTransition><HeartbeatTimeout>3</HeartbeatTimeout><GlobalTimeout>8</GlobalTimeout><DefaultResult>CONTINUE</DefaultResult></member></LifecycleHooks></DescribeLifecycleHooksResult><ResponseMetadata><RequestId>hooks-1</RequestId></ResponseMetadata></DescribeLifecycleHooksResponse>",
             s.asg
         ),
-    });
+    ));
     // A service task nobody moves (minimumHealthyPercent 100, no room elsewhere).
     let stuck = aws::start_task(&sdk, &s, &me.arn, Some("service:web")).await;
     let imds = FakeImds::start(&me.instance_id).await;
     imds.set_target(Some("InService"));
-    let mut d = Daemon::new(
+    let mut d = daemon(
         &s,
         &proxy,
         &imds,
         "standalone_grace = \"60s\"\nforce_stop_lead = \"2s\"",
     );
-    d.start().await;
+    d.start();
     let t0 = Instant::now();
     imds.set_target(Some("Terminated"));
-    let inc = d.wait_closed(1, Duration::from_secs(15)).await;
+    let inc = d.wait_closed(1, Duration::from_secs(15));
     let took = t0.elapsed();
-    d.stop();
+    d.stop(Duration::from_secs(30));
 
     assert_eq!(inc["state"], "terminated", "{inc:#}");
     assert!(
@@ -426,16 +262,16 @@ async fn a_termination_during_a_running_drain_starts_the_heartbeats() {
     put_hook(&sdk, &s.asg, OUR_HOOK, 3).await;
     proxy.lifecycle_wait(OUR_HOOK, &me);
     let service = aws::start_task(&sdk, &s, &s.nodes[0].arn, Some("service:web")).await;
-    proxy.fault(Fault {
-        op: "DescribeAutoScalingInstances".into(),
-        times: 1000,
-        status: 200,
-        content_type: "text/xml",
-        body: format!(
+    proxy.fault(Fault::canned(
+        "DescribeAutoScalingInstances",
+        1000,
+        200,
+        "text/xml",
+        format!(
             "<DescribeAutoScalingInstancesResponse xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><DescribeAutoScalingInstancesResult><AutoScalingInstances><member><InstanceId>{me}</InstanceId><AutoScalingGroupName>{}</AutoScalingGroupName><AvailabilityZone>us-east-1a</AvailabilityZone><LifecycleState>Terminating:Wait</LifecycleState><HealthStatus>HEALTHY</HealthStatus><ProtectedFromScaleIn>false</ProtectedFromScaleIn></member></AutoScalingInstances></DescribeAutoScalingInstancesResult><ResponseMetadata><RequestId>asi-1</RequestId></ResponseMetadata></DescribeAutoScalingInstancesResponse>",
             s.asg
         ),
-    });
+    ));
     let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", ""));
     let drain = tokio::spawn(async move {
         cp.drain(&aws::order(

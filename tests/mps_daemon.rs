@@ -4,10 +4,10 @@
 //! under 107 bytes) and log directory, and a guard stops everything it started, even when
 //! the test fails. Facts relied on: tests/support/MPS-FACTS.md.
 
-use std::io::Write;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_medic::config::{MpsConfig, MpsManage};
@@ -18,14 +18,22 @@ use gpu_medic::mps::procs::Scanner;
 use gpu_medic::probe::mps::MpsProbe;
 use gpu_medic::remedy::RemedyError;
 use gpu_medic::remedy::mps::MpsDaemon;
+use gpu_medic_testkit::mps::{MPS_BIN as BIN, MpsDir, mps_pids};
+use gpu_medic_testkit::proc::{alive, state_letter};
+use gpu_medic_testkit::{Daemon, default_policy, signal, wait_sync};
 
-const BIN: &str = "/usr/bin/nvidia-cuda-mps-control";
-
-/// A pipe and log directory of our own, and whatever runs in them.
+/// A pipe and log directory of our own in a temp dir, and whatever runs in them (stopped:
+/// continued, asked to quit, then killed, when the test ends, even when it failed).
 struct Mps {
     root: tempfile::TempDir,
-    pipe: PathBuf,
-    log: PathBuf,
+    dir: MpsDir,
+}
+
+impl std::ops::Deref for Mps {
+    type Target = MpsDir;
+    fn deref(&self) -> &MpsDir {
+        &self.dir
+    }
 }
 
 impl Mps {
@@ -38,10 +46,8 @@ impl Mps {
             .prefix("gm-mps-")
             .tempdir_in("/tmp")
             .expect("temp dir");
-        let pipe = root.path().join("p");
-        let log = root.path().join("l");
-        assert!(pipe.join("control").as_os_str().len() < 107);
-        Mps { root, pipe, log }
+        let dir = MpsDir::new(root.path().to_path_buf());
+        Mps { root, dir }
     }
 
     fn cfg(&self) -> MpsConfig {
@@ -60,20 +66,13 @@ impl Mps {
 
     /// Starts a daemon the way an operator would; returns its pid.
     fn start(&self) -> u32 {
-        std::fs::create_dir_all(&self.pipe).unwrap();
-        let out = Command::new(BIN)
-            .arg("-d")
-            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
-            .env("CUDA_MPS_LOG_DIRECTORY", &self.log)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run nvidia-cuda-mps-control -d");
-        assert!(out.status.success(), "-d failed: {out:?}");
+        self.dir.start().expect("run nvidia-cuda-mps-control -d");
         let pids = self.daemons();
         assert_eq!(pids.len(), 1, "one daemon expected: {pids:?}");
         pids[0]
     }
 
+    /// The daemons, as gpu-medic's own scanner finds them.
     fn daemons(&self) -> Vec<u32> {
         Scanner::new(Path::new(BIN), &self.pipe)
             .scan_blocking()
@@ -83,37 +82,15 @@ impl Mps {
 
     /// One control session, as an operator would type it.
     fn ask(&self, cmd: &str) -> String {
-        let mut child = Command::new(BIN)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
-            .env("CUDA_MPS_LOG_DIRECTORY", &self.log)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(format!("{cmd}\n").as_bytes())
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("`{cmd}` got no answer in 3 s");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let out = child.wait_with_output().unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        self.dir
+            .ask(cmd, Duration::from_secs(3))
+            .unwrap_or_else(|| panic!("`{cmd}` got no answer in 3 s"))
     }
 
     /// Every live process whose environment names our pipe directory (daemon, servers,
     /// control clients, wrapper scripts and their children).
     fn processes(&self) -> Vec<u32> {
-        processes_with_pipe(&self.pipe)
+        mps_pids(&self.pipe)
     }
 
     fn script(&self, name: &str, body: &str) -> PathBuf {
@@ -129,86 +106,20 @@ impl Mps {
 
 impl Drop for Mps {
     fn drop(&mut self) {
-        for pid in self.processes() {
-            signal(pid, libc::SIGCONT);
-        }
-        if !self.daemons().is_empty() && self.pipe.join("control").exists() {
-            let _ = Command::new("timeout")
-                .args(["1", BIN])
-                .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .and_then(|mut c| {
-                    c.stdin.take().map(|mut s| s.write_all(b"quit\n"));
-                    c.wait()
-                });
-        }
-        for pid in self.processes() {
-            signal(pid, libc::SIGKILL);
-        }
-    }
-}
-
-fn processes_with_pipe(pipe: &Path) -> Vec<u32> {
-    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()).into_bytes();
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
-        if env.split(|b| *b == 0).any(|v| v == want.as_slice()) && alive(pid) {
-            out.push(pid);
-        }
-    }
-    out.sort();
-    out
-}
-
-fn alive(pid: u32) -> bool {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    !s.lines()
-        .any(|l| l.starts_with("State:") && l.contains('Z'))
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: kill(2) has no memory-safety preconditions; the pid is a process this test
-    // started (found by its pipe directory), never 0 or -1.
-    unsafe {
-        libc::kill(pid as libc::pid_t, sig);
+        self.dir.shutdown();
     }
 }
 
 fn wait_dead(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while alive(pid) {
-        assert!(Instant::now() < deadline, "pid {pid} did not die");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let what = format!("pid {pid} to die");
+    wait_sync(&what, Duration::from_secs(3), || !alive(pid), String::new);
 }
 
 /// SIGSTOP takes effect when the process next runs; wait for it.
 fn wait_stopped(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        if s.lines()
-            .any(|l| l.starts_with("State:") && l.contains('T'))
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "pid {pid} did not stop");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let what = format!("pid {pid} to stop");
+    let stopped = || state_letter(pid) == Some('T');
+    wait_sync(&what, Duration::from_secs(3), stopped, String::new);
 }
 
 async fn probe_once(cfg: MpsConfig) -> gpu_medic::model::Observation {
@@ -661,72 +572,35 @@ async fn systemd_mode_restarts_the_unit_through_systemctl() {
     assert!(e.to_string().contains("not found"), "{e}");
 }
 
-/// A child that a failing assertion must not leave running.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The whole loop through the real binary: a daemon killed with SIGKILL, then one frozen
 /// with SIGSTOP, each detected, restarted and journaled as a resolved incident.
 #[test]
 fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
     let mps = Mps::new();
     let first = mps.start();
-    let state = mps.root.path().join("state");
-    let config = mps.root.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "state_dir = \"{state}\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
-             [nvml]\nenabled = false\n[aws]\nenabled = false\n\
-             [mps]\ncontrol_binary = \"{BIN}\"\npipe_directory = \"{pipe}\"\n\
-             log_directory = \"{log}\"\nmanage = \"direct\"\nprobe_interval = \"500ms\"\n\
-             probe_timeout = \"300ms\"\nquit_timeout = \"1s\"\nstart_timeout = \"5s\"\n\
-             default_active_thread_percentage = 40\n",
-            state = state.display(),
-            policy = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("policies/default.toml")
-                .display(),
-            pipe = mps.pipe.display(),
-            log = mps.log.display(),
-        ),
-    )
-    .unwrap();
-    let bin = assert_cmd::cargo::cargo_bin("gpu-medic");
-    let stderr = std::fs::File::create(mps.root.path().join("gpu-medic.log")).unwrap();
-    let mut medic = KillOnDrop(
-        Command::new(&bin)
-            .args(["run", "--log-format", "text", "--config"])
-            .arg(&config)
-            .env("GPU_MEDIC_LOG", "info")
-            .env_remove("GPU_MEDIC_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("gpu-medic run"),
-    );
-    let medic_log =
-        || std::fs::read_to_string(mps.root.path().join("gpu-medic.log")).unwrap_or_default();
-    let incidents = || std::fs::read_to_string(state.join("incidents.jsonl")).unwrap_or_default();
+    let mut medic = Daemon::new(&format!(
+        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nenabled = false\n[aws]\nenabled = false\n\
+         [mps]\ncontrol_binary = \"{BIN}\"\npipe_directory = \"{pipe}\"\n\
+         log_directory = \"{log}\"\nmanage = \"direct\"\nprobe_interval = \"500ms\"\n\
+         probe_timeout = \"300ms\"\nquit_timeout = \"1s\"\nstart_timeout = \"5s\"\n\
+         default_active_thread_percentage = 40\n",
+        policy = default_policy().display(),
+        pipe = mps.pipe.display(),
+        log = mps.log.display(),
+    ));
+    medic.log_format("text").env("GPU_MEDIC_LOG", "info");
+    medic.spawn();
+    let journal_path = medic.path("state/incidents.jsonl");
+    let incidents = || std::fs::read_to_string(&journal_path).unwrap_or_default();
     let wait_for = |what: &str, ok: &dyn Fn() -> bool, within: Duration| {
-        let t0 = Instant::now();
-        while !ok() {
-            if t0.elapsed() > within {
-                panic!(
-                    "{what}: not within {within:?}\nincidents:\n{}\ngpu-medic log:\n{}",
-                    incidents(),
-                    medic_log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        t0.elapsed()
+        wait_sync(what, within, ok, || {
+            format!(
+                "incidents:\n{}\ngpu-medic log:\n{}",
+                incidents(),
+                medic.log()
+            )
+        })
     };
     // A healthy probe changes nothing, so it is not written to inputs.jsonl: the daemon's
     // own log shows that gpu-medic's probe reached it.
@@ -764,22 +638,14 @@ fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
     assert_eq!(mps.ask(PROBE_COMMAND), "40.0");
 
     // Stop gpu-medic gracefully.
-    signal(medic.0.id(), libc::SIGTERM);
-    let t0 = Instant::now();
-    while medic.0.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(10) {
-            let _ = medic.0.kill();
-            panic!("gpu-medic did not stop on SIGTERM:\n{}", medic_log());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let status = medic.stop(Duration::from_secs(10));
+    assert!(
+        status.is_some(),
+        "gpu-medic did not stop on SIGTERM:\n{}",
+        medic.log()
+    );
 
-    let out = Command::new(&bin)
-        .args(["incidents", "list", "--json", "--config"])
-        .arg(&config)
-        .env_remove("GPU_MEDIC_CONFIG")
-        .output()
-        .unwrap();
+    let out = medic.cli(&["incidents", "list", "--json"]);
     assert!(out.status.success(), "{out:?}");
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -807,11 +673,7 @@ fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
 
     let pipe = mps.pipe.clone();
     drop(mps);
-    assert_eq!(
-        processes_with_pipe(&pipe),
-        Vec::<u32>::new(),
-        "nothing left running"
-    );
+    assert_eq!(mps_pids(&pipe), Vec::<u32>::new(), "nothing left running");
 }
 
 /// A `systemctl` that hangs, ignores SIGTERM and forks a helper that does too: the restart

@@ -2,121 +2,65 @@
 //! injected into the fake libnvidia-ml (tests/fake-nvml; `cargo test --workspace` builds it).
 //! Each test runs its own daemon in its own temp dir.
 
-use std::path::PathBuf;
-use std::process::{Child, Command as StdCommand};
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
+use std::process::Command as StdCommand;
 use std::time::Duration;
 
+use gpu_medic_testkit::{Daemon, bin, default_policy, fake_nvml, wait_sync};
 use serde_json::Value;
 
-#[path = "support/node.rs"]
-mod node;
-use node::{GPUS, bin, fake_nvml, wait_until};
+const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
+  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
+  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
+  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
+  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
+]}"#;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+/// A node of four fake GPUs, AWS and MPS off; `extra_nvml`: extra `[nvml]` lines.
+fn new_node(extra_nvml: &str) -> Daemon {
+    polling_node(extra_nvml, "200ms")
 }
 
-struct Node {
-    dir: tempfile::TempDir,
-    daemon: Option<Child>,
-    n: u32,
+/// The same, with the counters polled every `poll`.
+fn polling_node(extra_nvml: &str, poll: &str) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nlibrary = \"{}\"\npoll_interval = \"{poll}\"\nkmsg = \"{}\"\n{extra_nvml}\n\
+         [mps]\nenabled = false\n[aws]\nenabled = false\n",
+        default_policy().display(),
+        fake_nvml().display(),
+        dir.path().join("kmsg").display(),
+    );
+    let mut d = Daemon::in_temp(dir, &config);
+    d.gpus(GPUS);
+    d
 }
 
-impl Node {
-    fn new(extra_nvml: &str) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("inject")).unwrap();
-        std::fs::write(dir.path().join("gpus.json"), GPUS).unwrap();
-        std::fs::write(dir.path().join("kmsg"), "").unwrap();
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-                 [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n{extra_nvml}\n\
-                 [mps]\nenabled = false\n[aws]\nenabled = false\n",
-                repo().join("policies/default.toml").display(),
-                fake_nvml().display(),
-                dir.path().join("kmsg").display(),
-            ),
-        )
-        .unwrap();
-        Node {
-            dir,
-            daemon: None,
-            n: 0,
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn cmd(&self) -> StdCommand {
-        let mut c = StdCommand::new(bin());
-        c.env("FAKE_NVML_CONFIG", self.path("gpus.json"))
-            .env("FAKE_NVML_INJECT_DIR", self.path("inject"))
-            .env_remove("GPU_MEDIC_CONFIG");
-        c
-    }
-
-    fn start(&mut self) {
-        let mut cmd = self.cmd();
-        cmd.args(["run", "--log-format", "json", "--config"])
-            .arg(self.path("config.toml"));
-        let log = self.path("daemon.log");
-        self.daemon = Some(node::start_daemon(cmd, &log, &self.path("state")));
-        // Let the first poll establish counter baselines.
-        std::thread::sleep(Duration::from_millis(600));
-    }
-
-    fn inject(&mut self, json: &str) {
-        self.n += 1;
-        let tmp = self.path(&format!("inject/{:04}.json.tmp", self.n));
-        std::fs::write(&tmp, json).unwrap();
-        std::fs::rename(&tmp, self.path(&format!("inject/{:04}.json", self.n))).unwrap();
-    }
-
-    fn records(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.path("state/incidents.jsonl")).unwrap_or_default();
-        text.lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    fn opened(&self) -> Vec<Value> {
-        self.records()
-            .into_iter()
-            .filter(|r| r["event"] == "opened")
-            .collect()
-    }
-
-    fn wait_opened(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        wait_until(what, || self.opened().iter().any(&pred));
-        self.opened().into_iter().find(|r| pred(r)).unwrap()
-    }
-
-    fn stop(&mut self) -> String {
-        if let Some(mut c) = self.daemon.take() {
-            // SAFETY: signalling our own child by pid.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let status = c.wait().unwrap();
-            assert!(status.success(), "daemon exit {status:?}: {}", self.log());
-        }
-        self.log()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
-    }
+/// Starts the daemon and lets the first poll establish counter baselines.
+fn start(node: &mut Daemon) {
+    node.start();
+    std::thread::sleep(Duration::from_millis(600));
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.daemon.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// Stops it with SIGTERM, which must end it cleanly; returns its log.
+fn stop(node: &mut Daemon) -> String {
+    let status = node.stop(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "daemon exit {status:?}: {}",
+        node.log()
+    );
+    node.log()
+}
+
+fn wait_opened(node: &Daemon, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    node.wait_record(what, Duration::from_secs(20), "opened", pred)
+}
+
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_sync(what, Duration::from_secs(20), f, String::new);
 }
 
 fn is_xid(r: &Value, code: u64) -> bool {
@@ -125,10 +69,10 @@ fn is_xid(r: &Value, code: u64) -> bool {
 
 #[test]
 fn xid_79_is_a_replace_decision_naming_the_gpu() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    let r = node.wait_opened("the XID 79 incident", |r| is_xid(r, 79));
+    let r = wait_opened(&node, "the XID 79 incident", |r| is_xid(r, 79));
     assert_eq!(r["verdict"], "replace");
     assert_eq!(r["rule"], "xid-fallen-off-bus");
     let gpu = &r["observation"]["gpu"];
@@ -146,10 +90,10 @@ fn xid_79_is_a_replace_decision_naming_the_gpu() {
                     .is_some_and(|d| d.contains("AWS remediation disabled"))
         })
     });
-    node.stop();
+    stop(&mut node);
     // The CLI shows it.
     let out = node
-        .cmd()
+        .command()
         .args(["incidents", "show", "1", "--config"])
         .arg(node.path("config.toml"))
         .output()
@@ -160,52 +104,52 @@ fn xid_79_is_a_replace_decision_naming_the_gpu() {
 
 #[test]
 fn application_xids_are_logged_then_escalate_when_they_repeat() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     node.inject(r#"{"gpu": 2, "xid": 13}"#);
-    let r = node.wait_opened("the XID 13 incident", |r| is_xid(r, 13));
+    let r = wait_opened(&node, "the XID 13 incident", |r| is_xid(r, 13));
     assert_eq!(r["verdict"], "log");
     for _ in 0..4 {
         node.inject(r#"{"gpu": 2, "xid": 13}"#);
     }
-    let r = node.wait_opened("the escalation", |r| r["verdict"] == "drain");
+    let r = wait_opened(&node, "the escalation", |r| r["verdict"] == "drain");
     assert_eq!(r["rule"], "xid-13-graphics-exception/escalated");
     assert_eq!(r["observation"]["gpu"]["index"], 2);
-    node.stop();
+    stop(&mut node);
 }
 
 #[test]
 fn a_lost_gpu_and_a_missing_gpu_are_detected() {
-    let mut node = Node::new("expected_gpus = 4");
-    node.start();
+    let mut node = new_node("expected_gpus = 4");
+    start(&mut node);
     node.inject(r#"{"gpu": 3, "lost": true}"#);
-    let r = node.wait_opened("the lost GPU", |r| {
+    let r = wait_opened(&node, "the lost GPU", |r| {
         r["observation"]["signal"]["kind"] == "gpu-lost"
     });
     assert_eq!(r["observation"]["gpu"]["index"], 3);
     assert_eq!(r["verdict"], "replace");
-    node.stop();
+    stop(&mut node);
 
-    let mut node = Node::new("expected_gpus = 4");
-    node.start();
+    let mut node = new_node("expected_gpus = 4");
+    start(&mut node);
     node.inject(r#"{"count": 3}"#);
-    let r = node.wait_opened("the device count mismatch", |r| {
+    let r = wait_opened(&node, "the device count mismatch", |r| {
         r["observation"]["signal"]["kind"] == "device-count-mismatch"
     });
     assert_eq!(r["observation"]["value"], 3);
     assert_eq!(r["verdict"], "replace");
-    node.stop();
+    stop(&mut node);
 }
 
 #[test]
 fn an_uncorrected_ecc_increase_follows_the_policy_and_names_the_mps_clients() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     let me = std::process::id();
     node.inject(&format!(r#"{{"gpu": 0, "mps_clients": [{me}]}}"#));
     std::thread::sleep(Duration::from_millis(500));
     node.inject(r#"{"gpu": 0, "ecc": {"uncorrected_volatile": 1}}"#);
-    let r = node.wait_opened("the ECC incident", |r| {
+    let r = wait_opened(&node, "the ECC incident", |r| {
         r["observation"]["signal"]["kind"] == "ecc-uncorrected"
     });
     let rule = std::process::Command::new(bin())
@@ -217,14 +161,14 @@ fn an_uncorrected_ecc_increase_follows_the_policy_and_names_the_mps_clients() {
             "--json",
             "--policy",
         ])
-        .arg(repo().join("policies/default.toml"))
+        .arg(default_policy())
         .output()
         .unwrap();
     let rule: Value = serde_json::from_slice(&rule.stdout).unwrap();
     assert_eq!(r["verdict"], rule["action"]);
     assert_eq!(r["observation"]["value"], 1);
     assert_eq!(r["observation"]["pids"][0], me);
-    node.stop();
+    stop(&mut node);
     // Counted once, although both the event and the poller saw it.
     let ecc = node
         .records()
@@ -236,20 +180,20 @@ fn an_uncorrected_ecc_increase_follows_the_policy_and_names_the_mps_clients() {
 
 #[test]
 fn a_counter_that_fails_unexpectedly_is_reported_not_fatal() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     node.inject(r#"{"gpu": 3, "fail": {"function": "nvmlDeviceGetTotalEccErrors", "code": 999}}"#);
     wait_until("the warning", || node.log().contains("ECC count failed"));
     // Still watching: an XID after it is judged.
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    node.wait_opened("the XID 79 incident", |r| is_xid(r, 79));
-    let log = node.stop();
+    wait_opened(&node, "the XID 79 incident", |r| is_xid(r, 79));
+    let log = stop(&mut node);
     assert!(log.contains("GPU 3"), "{log}");
     // `check` (a new process, so the fault is injected again) reports the problem and cannot
     // call the node healthy.
     node.inject(r#"{"gpu": 3, "fail": {"function": "nvmlDeviceGetTotalEccErrors", "code": 999}}"#);
     let out = node
-        .cmd()
+        .command()
         .args(["check", "--json", "--config"])
         .arg(node.path("config.toml"))
         .env("FAKE_NVML_INJECT_DIR", node.path("inject"))
@@ -269,9 +213,9 @@ fn a_counter_that_fails_unexpectedly_is_reported_not_fatal() {
 
 #[test]
 fn check_reports_per_gpu_health() {
-    let node = Node::new("expected_gpus = 4");
+    let node = new_node("expected_gpus = 4");
     let out = node
-        .cmd()
+        .command()
         .args(["check", "--json", "--config"])
         .arg(node.path("config.toml"))
         .output()
@@ -293,7 +237,7 @@ fn check_reports_per_gpu_health() {
     let mut node = node;
     node.inject(r#"{"gpu": 2, "remapped_rows": {"failure": true}}"#);
     let out = node
-        .cmd()
+        .command()
         .args(["check", "--config"])
         .arg(node.path("config.toml"))
         .output()
@@ -314,7 +258,7 @@ fn the_real_libnvidia_ml_without_a_driver_reports_driver_not_loaded() {
         &cfg,
         format!(
             "state_dir = \"s\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"libnvidia-ml.so.1\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-            repo().join("policies/default.toml").display()
+            default_policy().display()
         ),
     )
     .unwrap();
@@ -337,21 +281,21 @@ fn the_real_libnvidia_ml_without_a_driver_reports_driver_not_loaded() {
 
 #[test]
 fn simulate_reproduces_the_decisions_the_daemon_made() {
-    let mut node = Node::new("expected_gpus = 4");
-    node.start();
+    let mut node = new_node("expected_gpus = 4");
+    start(&mut node);
     node.inject(r#"{"gpu": 2, "xid": 13}"#);
     node.inject(r#"{"gpu": 0, "recovery_action": 2}"#);
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    node.wait_opened("the recovery action", |r| {
+    wait_opened(&node, "the recovery action", |r| {
         r["observation"]["signal"]["kind"] == "recovery-action"
     });
     wait_until("the would-have outcome", || {
         node.records().iter().any(|r| r["event"] == "closed")
     });
-    node.stop();
+    stop(&mut node);
     let out = StdCommand::new(bin())
         .args(["policy", "simulate", "--json", "--policy"])
-        .arg(repo().join("policies/default.toml"))
+        .arg(default_policy())
         .arg(node.path("state/inputs.jsonl"))
         .output()
         .unwrap();
@@ -370,7 +314,7 @@ fn simulate_reproduces_the_decisions_the_daemon_made() {
     assert_eq!(replayed, recorded);
 }
 
-fn kmsg_append(node: &Node, line: &str) {
+fn kmsg_append(node: &Daemon, line: &str) {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -379,7 +323,7 @@ fn kmsg_append(node: &Node, line: &str) {
     writeln!(f, "{line}").unwrap();
 }
 
-fn xid_inputs(node: &Node, code: u64) -> usize {
+fn xid_inputs(node: &Daemon, code: u64) -> usize {
     std::fs::read_to_string(node.path("state/inputs.jsonl"))
         .unwrap_or_default()
         .lines()
@@ -390,13 +334,13 @@ fn xid_inputs(node: &Node, code: u64) -> usize {
 
 #[test]
 fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
-    let mut node = Node::new("");
-    node.start();
+    let mut node = new_node("");
+    start(&mut node);
     kmsg_append(
         &node,
         "4,100,5000000,-;NVRM: Xid (PCI:0000:20:00): 79, pid=4242, name=train, GPU has fallen off the bus.",
     );
-    let r = node.wait_opened("the kernel-log XID", |r| is_xid(r, 79));
+    let r = wait_opened(&node, "the kernel-log XID", |r| is_xid(r, 79));
     assert_eq!(r["observation"]["source"], "kmsg");
     assert_eq!(r["observation"]["gpu"]["index"], 1);
     assert_eq!(r["observation"]["pids"][0], 4242);
@@ -416,10 +360,10 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     );
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(xid_inputs(&node, 13), 1);
-    node.stop();
+    stop(&mut node);
     // After a restart the old lines are not reported again.
     let before = xid_inputs(&node, 79);
-    node.start();
+    start(&mut node);
     std::thread::sleep(Duration::from_millis(800));
     kmsg_append(
         &node,
@@ -427,7 +371,7 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     );
     wait_until("the new line", || xid_inputs(&node, 31) == 1);
     assert_eq!(xid_inputs(&node, 79), before);
-    node.stop();
+    stop(&mut node);
 }
 
 fn scrape(addr: &str) -> String {
@@ -447,7 +391,7 @@ fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
         .local_addr()
         .unwrap()
         .port();
-    let mut node = Node::new("");
+    let mut node = new_node("");
     let cfg = node.path("config.toml");
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(
@@ -455,9 +399,9 @@ fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
         format!("{text}[metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n"),
     )
     .unwrap();
-    node.start();
+    start(&mut node);
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
-    node.wait_opened("the XID 79 incident", |r| is_xid(r, 79));
+    wait_opened(&node, "the XID 79 incident", |r| is_xid(r, 79));
     let addr = format!("127.0.0.1:{port}");
     wait_until("the remediation metric", || {
         scrape(&addr).contains("gpu_medic_remediations_total{")
@@ -502,12 +446,12 @@ fn the_metrics_endpoint_serves_every_metric_from_the_running_daemon() {
         out
     };
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
-    node.stop();
+    stop(&mut node);
 }
 
 #[test]
 fn a_metrics_address_that_is_not_loopback_is_refused() {
-    let node = Node::new("");
+    let node = new_node("");
     let cfg = node.path("config.toml");
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(
@@ -516,11 +460,256 @@ fn a_metrics_address_that_is_not_loopback_is_refused() {
     )
     .unwrap();
     let out = node
-        .cmd()
+        .command()
         .args(["run", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
+}
+
+/// Sequence numbers of the kernel-log XIDs in inputs.jsonl, with repeats.
+fn kmsg_seqs(node: &Daemon) -> Vec<u64> {
+    let mut out = Vec::new();
+    for name in ["state/inputs.jsonl.1", "state/inputs.jsonl"] {
+        let text = std::fs::read_to_string(node.path(name)).unwrap_or_default();
+        out.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v["source"] == "kmsg")
+                .filter_map(|v| v["cursor"]["pos"].as_u64()),
+        );
+    }
+    out
+}
+
+/// Issue 13, item 2: kernel-log XIDs written while gpu-medic restarts (SIGTERM and SIGKILL)
+/// are all journaled, each once. The cursor moves only with the journaled state; a line
+/// read again after a restart is dropped by its sequence number.
+#[test]
+fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
+    let mut node = new_node("");
+    node.start();
+    const N: u64 = 600;
+    let kmsg = node.path("kmsg");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        for i in 0..N {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&kmsg)
+                .unwrap();
+            let bus = [0x10, 0x20, 0x30, 0x40][(i % 4) as usize];
+            writeln!(
+                f,
+                "4,{},{},-;NVRM: Xid (PCI:0000:{bus:02x}:00): 13, pid={i}, name=app, Graphics Exception",
+                1000 + i,
+                5_000_000 + i
+            )
+            .unwrap();
+            std::thread::sleep(Duration::from_millis(12));
+        }
+    });
+    for round in 0..8 {
+        std::thread::sleep(Duration::from_millis(300));
+        if round % 2 == 0 {
+            node.stop(Duration::from_secs(5));
+        } else {
+            node.signal(libc::SIGKILL);
+        }
+        node.start();
+    }
+    writer.join().unwrap();
+    wait_until("every kernel-log XID journaled", || {
+        let seqs: std::collections::BTreeSet<u64> = kmsg_seqs(&node).into_iter().collect();
+        seqs.len() as u64 == N
+    });
+    // One more restart reads the whole file again: nothing is journaled twice.
+    node.stop(Duration::from_secs(5));
+    node.start();
+    std::thread::sleep(Duration::from_millis(800));
+    node.stop(Duration::from_secs(5));
+    let seqs = kmsg_seqs(&node);
+    let distinct: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
+    assert_eq!(distinct.len() as u64, N, "missing: some XIDs were lost");
+    assert_eq!(
+        distinct.iter().copied().collect::<Vec<_>>(),
+        (1000..1000 + N).collect::<Vec<_>>()
+    );
+    let mut dups = seqs.clone();
+    dups.sort_unstable();
+    dups.dedup();
+    assert_eq!(seqs.len(), dups.len(), "some XIDs were journaled twice");
+}
+
+/// Issue 13, item 4: a kernel-log line with invalid UTF-8 or of absurd length is read
+/// lossily or dropped, and the next XID still arrives; a kernel log that is a directory or a
+/// FIFO is refused at start (exit 78, naming the config file).
+#[test]
+fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
+    use std::io::Write;
+    let mut node = new_node("");
+    node.start();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(node.path("kmsg"))
+        .unwrap();
+    f.write_all(b"4,10,1,-;NVRM: Xid (PCI:0000:10:00): 13, pid=1, name=\xff\xfe, bad bytes\n")
+        .unwrap();
+    f.write_all(&vec![b'x'; 100_000]).unwrap();
+    f.write_all(b"\n4,11,2,-;NVRM: Xid (PCI:0000:20:00): 31, pid=2, name=app, MMU Fault\n")
+        .unwrap();
+    drop(f);
+    wait_until("the XID after the junk", || xid_inputs(&node, 31) == 1);
+    assert_eq!(xid_inputs(&node, 13), 1);
+    node.stop(Duration::from_secs(5));
+
+    for (what, make) in [("a directory", "dir"), ("a FIFO", "fifo")] {
+        let p = node.path(&format!("bad-kmsg-{make}"));
+        if make == "dir" {
+            std::fs::create_dir_all(&p).unwrap();
+        } else {
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        }
+        let cfg = std::fs::read_to_string(node.config()).unwrap().replace(
+            &format!("kmsg = \"{}\"", node.path("kmsg").display()),
+            &format!("kmsg = \"{}\"", p.display()),
+        );
+        let bad = node.path(&format!("bad-{make}.toml"));
+        std::fs::write(&bad, cfg).unwrap();
+        let out = node
+            .command()
+            .args(["run", "--config"])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{what}: {err}");
+        assert!(err.contains(&format!("is {what}")), "{what}: {err}");
+        assert!(err.contains(bad.to_str().unwrap()), "{err}");
+    }
+}
+
+/// The driver's text of NVLink5 XIDs as GB200 nodes print it (leptonai/gpud PR #1174), and
+/// lines built from NVIDIA's decode sheet (docs/xid-nvlink5-decode.csv).
+const NVLINK5_RESET: &str = "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)";
+const NVLINK5_IGNORE: &str = "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)";
+const NVLINK5_154_EVAL: &str = "RLW_REMAP Nonfatal XC0 i0 Link 02 (0x00000082 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)";
+
+fn explain_decode(code: u32, decode: &str) -> Value {
+    let out = StdCommand::new(bin())
+        .args([
+            "policy",
+            "explain",
+            "--json",
+            "--xid",
+            &code.to_string(),
+            "--decode",
+            decode,
+            "--policy",
+        ])
+        .arg(default_policy())
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn opened(node: &Daemon) -> Vec<Value> {
+    node.records()
+        .into_iter()
+        .filter(|r| r["event"] == "opened")
+        .collect()
+}
+
+/// The fake raises the NVML event first and prints the driver's line second (FAKE_NVML_KMSG):
+/// the event watcher holds the XID for the line, the kernel log reader decodes it, and the
+/// verdict is the decode sheet's, once per XID.
+#[test]
+fn nvlink5_xids_from_nvml_follow_the_decode_sheet_of_their_kernel_log_line() {
+    let mut node = new_node("");
+    let kmsg = node.path("kmsg");
+    node.env("FAKE_NVML_KMSG", &kmsg);
+    start(&mut node);
+    for (gpu, code, msg, decode) in [
+        (0, 145, NVLINK5_IGNORE, "ignore"),
+        (1, 145, NVLINK5_154_EVAL, "xid-154-eval"),
+        (2, 149, NVLINK5_RESET, "reset-gpu"),
+    ] {
+        node.inject(&format!(
+            r#"{{"gpu": {gpu}, "xid": {code}, "message": "{msg}"}}"#
+        ));
+        let r = wait_opened(&node, &format!("XID {code} ({decode})"), |r| {
+            is_xid(r, code as u64) && r["observation"]["gpu"]["index"] == gpu
+        });
+        assert_eq!(r["observation"]["signal"]["decode"], decode, "{r}");
+        assert_eq!(r["observation"]["source"], "kmsg", "{r}");
+        let rule = explain_decode(code, decode);
+        assert_eq!(r["rule"], rule["rule"], "{r}");
+        assert_eq!(r["verdict"], rule["action"], "{r}");
+        assert!(
+            r["observation"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("NVLink5 decode"),
+            "{r}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        xid_inputs(&node, 145),
+        2,
+        "one observation per XID, not one per source"
+    );
+    assert_eq!(xid_inputs(&node, 149), 1);
+    let replace = opened(&node).into_iter().find(|r| is_xid(r, 149)).unwrap();
+    assert_eq!(replace["verdict"], "replace");
+    assert_eq!(replace["rule"], "xid-nvlink5-reset");
+    stop(&mut node);
+}
+
+/// Kernel log lines alone (an XID raised before NVML was watched) are decoded the same way;
+/// an NVML event whose line never comes is reported undecoded after the wait.
+#[test]
+fn nvlink5_xids_from_the_kernel_log_alone_and_from_nvml_alone() {
+    let mut node = new_node("");
+    start(&mut node);
+    kmsg_append(
+        &node,
+        "4,1000,5000000,-;NVRM: Xid (PCI:0000:10:00): 147, TREX Nonfatal XC0 i0 Link 04 (0x00000184 0x80000000 0x0 0x0 0x0 0x0)",
+    );
+    let r = wait_opened(&node, "the kernel-log XID 147", |r| is_xid(r, 147));
+    assert_eq!(r["observation"]["signal"]["decode"], "ignore", "{r}");
+    assert_eq!(r["rule"], "xid-nvlink5-ignore");
+    assert_eq!(r["verdict"], "log");
+    // No FAKE_NVML_KMSG: the event comes, its line never does.
+    let t = std::time::Instant::now();
+    node.inject(r#"{"gpu": 3, "xid": 150}"#);
+    let r = wait_opened(&node, "the undecoded XID 150", |r| is_xid(r, 150));
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "held for its line first"
+    );
+    assert_eq!(r["observation"]["signal"]["decode"], "undecoded", "{r}");
+    assert_eq!(r["observation"]["source"], "nvml");
+    assert_eq!(r["rule"], "xid-nvlink5-error");
+    assert_eq!(r["verdict"], "drain");
+    stop(&mut node);
+}
+
+/// NVML's double-bit ECC event is bit 0x2 (nvmlEventTypeDoubleBitEccError; 0x4 is PState).
+/// With the counters polled once an hour, only the event can report the error.
+#[test]
+fn a_double_bit_ecc_event_is_reported_without_waiting_for_the_poller() {
+    let mut node = polling_node("", "1h");
+    start(&mut node);
+    node.inject(r#"{"gpu": 1, "ecc": {"uncorrected_volatile": 1}}"#);
+    let r = wait_opened(&node, "the ECC event", |r| {
+        r["observation"]["signal"]["kind"] == "ecc-uncorrected"
+    });
+    assert_eq!(r["observation"]["detail"], "double-bit ECC event", "{r}");
+    assert_eq!(r["observation"]["gpu"]["index"], 1);
+    stop(&mut node);
 }

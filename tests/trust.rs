@@ -6,15 +6,20 @@
 //! through the real bindings; the MPS control client is a shell script where the test needs
 //! one that answers (NVIDIA's daemon cannot be made to vanish mid-run).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-#[path = "support/node.rs"]
-mod node;
-use node::{GPUS, bin, fake_nvml, wait_until};
+use gpu_medic_testkit::{bin, fake_nvml, gpus_json, wait_sync};
+
+/// Polls `f` for up to 20 s; panics naming `what` if it never holds.
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_sync(what, Duration::from_secs(20), f, String::new);
+}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -39,7 +44,7 @@ impl Node {
             .tempdir_in("/tmp")
             .unwrap();
         std::fs::create_dir_all(dir.path().join("inject")).unwrap();
-        std::fs::write(dir.path().join("gpus.json"), GPUS).unwrap();
+        std::fs::write(dir.path().join("gpus.json"), gpus_json(2)).unwrap();
         let node = Node {
             dir,
             daemon: None,
@@ -86,9 +91,15 @@ impl Node {
     }
 
     fn start(&mut self) {
-        let log = self.path("daemon.log");
-        let cmd = self.cmd(&["run", "--log-format", "json"]);
-        self.daemon = Some(node::start_daemon(cmd, &log, &self.path("state")));
+        let child = self
+            .cmd(&["run", "--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.daemon = Some(child);
+        let state = self.path("state/state.json");
+        wait_until("the daemon to start", || state.exists());
     }
 
     fn signal(&self, sig: libc::c_int) {

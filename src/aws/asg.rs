@@ -195,7 +195,7 @@ pub struct HookInfo {
 
 /// Heartbeats never come more often than this, whatever the hook says.
 const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
-/// Nor less often than this (research/aws-flows.md A2.3).
+/// Nor less often than this (docs/aws.md#heartbeats).
 const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(300);
 
 impl HookInfo {

@@ -8,12 +8,62 @@ use aws_sdk_ecs::types::{Attribute, ContainerInstanceStatus, DesiredStatus};
 
 use super::calls::{CallError, Calls};
 
+/// A container instance's status in ECS.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum EcsStatus {
+    Active,
+    Draining,
+    Registering,
+    Deregistering,
+    RegistrationFailed,
+    Inactive,
+    /// A status this version does not know (kept verbatim).
+    Other(String),
+    /// The response named none.
+    #[default]
+    Unknown,
+}
+
+impl EcsStatus {
+    pub fn parse(s: &str) -> EcsStatus {
+        match s {
+            "ACTIVE" => EcsStatus::Active,
+            "DRAINING" => EcsStatus::Draining,
+            "REGISTERING" => EcsStatus::Registering,
+            "DEREGISTERING" => EcsStatus::Deregistering,
+            "REGISTRATION_FAILED" => EcsStatus::RegistrationFailed,
+            "INACTIVE" => EcsStatus::Inactive,
+            "" => EcsStatus::Unknown,
+            other => EcsStatus::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            EcsStatus::Active => "ACTIVE",
+            EcsStatus::Draining => "DRAINING",
+            EcsStatus::Registering => "REGISTERING",
+            EcsStatus::Deregistering => "DEREGISTERING",
+            EcsStatus::RegistrationFailed => "REGISTRATION_FAILED",
+            EcsStatus::Inactive => "INACTIVE",
+            EcsStatus::Other(s) => s,
+            EcsStatus::Unknown => "(unknown)",
+        }
+    }
+}
+
+impl std::fmt::Display for EcsStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A container instance, as much of it as gpu-medic reads.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceState {
     pub arn: String,
     pub ec2_instance_id: Option<String>,
-    pub status: String,
+    pub status: EcsStatus,
     pub agent_connected: bool,
     pub running: i32,
     pub pending: i32,
@@ -183,7 +233,7 @@ impl Ecs {
                 out.push(InstanceState {
                     arn: ci.container_instance_arn().unwrap_or_default().to_string(),
                     ec2_instance_id: ci.ec2_instance_id().map(str::to_string),
-                    status: ci.status().unwrap_or_default().to_string(),
+                    status: EcsStatus::parse(ci.status().unwrap_or_default()),
                     agent_connected: ci.agent_connected(),
                     running: ci.running_tasks_count(),
                     pending: ci.pending_tasks_count(),

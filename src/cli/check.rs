@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json, resolve_policy};
-use crate::model::{GpuId, Observation, Signal, SignalKind, Verdict};
+use crate::model::{GpuId, Health, Observation, Signal, SignalKind, Verdict};
 use crate::policy::Policy;
 use crate::probe;
 
@@ -55,7 +55,7 @@ pub struct ProbeResult {
 #[derive(Debug, Serialize)]
 pub struct CheckReport {
     /// `healthy`, `unhealthy` or `unknown`.
-    pub verdict: &'static str,
+    pub verdict: Health,
     pub gpus: Vec<GpuHealthLine>,
     pub findings: Vec<Finding>,
     pub probes: Vec<ProbeResult>,
@@ -133,11 +133,11 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     let unhealthy = findings.iter().any(fails);
     let could_not_look = probes.is_empty() || probes.iter().any(|r| !r.ok);
     let verdict = if unhealthy {
-        "unhealthy"
+        Health::Unhealthy
     } else if could_not_look {
-        "unknown"
+        Health::Unknown
     } else {
-        "healthy"
+        Health::Healthy
     };
     gpus.sort_by_key(|g| g.index);
     let gpus = gpus
@@ -172,9 +172,9 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     mistake?;
     let report = examine(&cfg, &policy);
     let code = match report.verdict {
-        "healthy" => exit::OK,
-        "unhealthy" => exit::UNHEALTHY,
-        _ => exit::UNKNOWN,
+        Health::Healthy => exit::OK,
+        Health::Unhealthy => exit::UNHEALTHY,
+        Health::Unknown => exit::UNKNOWN,
     };
     if a.json {
         print_json(&report);
@@ -270,7 +270,7 @@ fn launch_gate(
     json: bool,
     mistake: Option<crate::error::FileError>,
 ) -> Result<i32, CliError> {
-    use crate::gate::{self, Health};
+    use crate::gate;
     if !cfg.aws.enabled {
         return Err(CliError::Usage(
             "check --lifecycle completes an Auto Scaling lifecycle hook: it needs [aws] enabled = true"
@@ -290,7 +290,7 @@ fn launch_gate(
     let report = rt.block_on(gate::gate(&cfg, move || {
         let r = match &mistake {
             Some(e) => CheckReport {
-                verdict: "unknown",
+                verdict: Health::Unknown,
                 gpus: vec![],
                 findings: vec![],
                 probes: vec![ProbeResult {
@@ -302,7 +302,7 @@ fn launch_gate(
             },
             None => examine(&check_cfg, &policy),
         };
-        (Health::from_verdict(r.verdict), r)
+        (r.verdict, r)
     }));
     let saved = cfg.state_dir.join("launch-gate.json");
     if let Err(e) = std::fs::create_dir_all(&cfg.state_dir).and_then(|_| {

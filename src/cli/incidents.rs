@@ -1,4 +1,5 @@
-//! `gpu-medic incidents list|show`: the journal as on-call reads it, or stable JSON.
+//! `gpu-medic incidents list|show`: the journal as on-call reads it, or stable JSON. The
+//! journal is streamed across its rotated files; memory does not grow with its size.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use serde::Serialize;
 
 use super::policy::event_line;
 use super::{CliError, ConfigArg, exit, print_json};
-use crate::journal::{read_jsonl, submit_request};
+use crate::journal::{Entry, journal_files, stream_jsonl, submit_request};
 use crate::model::{
     GpuId, Incident, IncidentEvent, IncidentId, IncidentState, OperatorRequest, Record, Timestamp,
 };
@@ -110,19 +111,25 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
                     })
                 })
                 .transpose()?;
-            let incidents = load(&config)?;
-            let shown = incidents.iter().filter(|i| {
+            let shown = |i: &Incident| {
                 (!open || i.state == IncidentState::Open)
                     && state.is_none_or(|s| i.state == s)
                     && gpu.is_none_or(|g| i.gpu.as_ref().is_some_and(|x| x.index == g))
                     && since.is_none_or(|t| i.opened_at >= t)
-            });
-            if json {
-                for i in shown {
-                    print_json(&IncidentLine::from(i));
+            };
+            let mut table = Table::default();
+            stream_incidents(&config, |i| {
+                if !shown(&i) {
+                    return;
                 }
-            } else {
-                print_table(shown);
+                if json {
+                    print_json(&IncidentLine::from(&i));
+                } else {
+                    table.row(&i);
+                }
+            })?;
+            if !json && table.rows == 0 {
+                println!("no incidents");
             }
             Ok(exit::OK)
         }
@@ -133,17 +140,16 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             wait,
         } => abort(id, &config, by, wait),
         IncidentsCommand::Show { id, config, json } => {
-            let incidents = load(&config)?;
-            let Some(i) = incidents.iter().find(|i| i.id.0 == id) else {
+            let Some(i) = load_one(&config, id)? else {
                 return Err(CliError::NotFound(format!(
                     "no incident {id} in {}",
                     config.load()?.incidents_path().display()
                 )));
             };
             if json {
-                print_json(i);
+                print_json(&i);
             } else {
-                print_timeline(i);
+                print_timeline(&i);
             }
             Ok(exit::OK)
         }
@@ -158,8 +164,7 @@ fn whoami() -> String {
 
 fn abort(id: u64, config: &ConfigArg, by: String, wait: Duration) -> Result<i32, CliError> {
     let cfg = config.load()?;
-    let incidents = load(config)?;
-    let Some(before) = incidents.iter().find(|i| i.id.0 == id) else {
+    let Some(before) = load_one(config, id)? else {
         return Err(CliError::NotFound(format!("no incident {id}")));
     };
     if before.state != IncidentState::Open {
@@ -182,8 +187,7 @@ fn abort(id: u64, config: &ConfigArg, by: String, wait: Duration) -> Result<i32,
     let start = std::time::Instant::now();
     while start.elapsed() < wait {
         std::thread::sleep(Duration::from_millis(200));
-        let now = load(config)?;
-        let Some(i) = now.into_iter().find(|i| i.id.0 == id) else {
+        let Some(i) = load_one(config, id)? else {
             continue;
         };
         let answered = i.records[seen.min(i.records.len())..].iter().any(|r| {
@@ -209,15 +213,74 @@ fn abort(id: u64, config: &ConfigArg, by: String, wait: Duration) -> Result<i32,
     Ok(exit::UNKNOWN)
 }
 
-/// Reads and folds the journal, warning (never failing) on unreadable lines.
-pub fn load(config: &ConfigArg) -> Result<Vec<Incident>, CliError> {
+/// Streams the journal (every rotated file, oldest first), warning (never failing) on
+/// unreadable lines.
+fn stream_records(config: &ConfigArg, mut f: impl FnMut(Record)) -> Result<(), CliError> {
     let cfg = config.load()?;
-    let path = cfg.incidents_path();
-    let (records, skipped) = read_jsonl::<Record>(&path)?;
-    for s in &skipped {
-        eprintln!("warning: {}: {s}", path.display());
+    let files = journal_files(&cfg.incidents_path());
+    stream_jsonl::<Record>(&files, None, |e| {
+        match e {
+            Entry::Item(r) => f(r),
+            Entry::Skipped { path, line } => eprintln!("warning: {}: {line}", path.display()),
+        }
+        true
+    })?;
+    Ok(())
+}
+
+/// One incident with its whole timeline; memory is that incident's records.
+pub fn load_one(config: &ConfigArg, id: u64) -> Result<Option<Incident>, CliError> {
+    let mut out: Option<Incident> = None;
+    stream_records(config, |r| {
+        if r.incident.0 == id {
+            out.get_or_insert_with(|| Incident::stub(&r)).push(r);
+        }
+    })?;
+    Ok(out)
+}
+
+/// At most this many finished incidents wait for an older open one before they are listed
+/// anyway (out of id order).
+const LIST_PENDING_MAX: usize = 4096;
+
+/// Folds the journal into incidents without their timelines and hands each over once it is
+/// closed, in id order; those still open come last. Memory is bounded by the incidents that
+/// are open or wait behind an open one ([`LIST_PENDING_MAX`]), not by the journal's size.
+/// Records of an incident already handed over (a signal after its close) are not folded in.
+pub fn stream_incidents(config: &ConfigArg, mut f: impl FnMut(Incident)) -> Result<(), CliError> {
+    let mut pending: std::collections::BTreeMap<IncidentId, Incident> = Default::default();
+    let mut highest: Option<IncidentId> = None;
+    stream_records(config, |r| {
+        let id = r.incident;
+        if !pending.contains_key(&id) && highest.is_some_and(|h| id <= h) {
+            return; // handed over already
+        }
+        highest = Some(highest.map_or(id, |h| h.max(id)));
+        let inc = pending.entry(id).or_insert_with(|| Incident::stub(&r));
+        inc.push(r);
+        inc.records.clear();
+        while let Some(first) = pending.first_entry()
+            && first.get().state != IncidentState::Open
+        {
+            f(first.remove());
+        }
+        if pending.len() > LIST_PENDING_MAX {
+            let done: Vec<IncidentId> = pending
+                .iter()
+                .filter(|(_, i)| i.state != IncidentState::Open)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in done {
+                if let Some(i) = pending.remove(&k) {
+                    f(i);
+                }
+            }
+        }
+    })?;
+    for i in pending.into_values() {
+        f(i);
     }
-    Ok(Incident::fold(records))
+    Ok(())
 }
 
 fn parse_since(s: &str) -> Result<Timestamp, CliError> {
@@ -236,16 +299,30 @@ fn gpu_short(g: Option<&GpuId>) -> String {
 }
 
 pub fn print_table<'a>(incidents: impl Iterator<Item = &'a Incident>) {
-    let rows: Vec<&Incident> = incidents.collect();
-    if rows.is_empty() {
-        println!("no incidents");
-        return;
+    let mut table = Table::default();
+    for i in incidents {
+        table.row(i);
     }
-    println!(
-        "{:>4}  {:<24}  {:>3}  {:<22}  {:<11}  {:<10}  RULE",
-        "ID", "OPENED", "GPU", "SIGNAL", "ACTION", "STATE"
-    );
-    for i in rows {
+    if table.rows == 0 {
+        println!("no incidents");
+    }
+}
+
+/// The incident table, printed a row at a time (the header before the first row).
+#[derive(Default)]
+pub struct Table {
+    pub rows: usize,
+}
+
+impl Table {
+    pub fn row(&mut self, i: &Incident) {
+        if self.rows == 0 {
+            println!(
+                "{:>4}  {:<24}  {:>3}  {:<22}  {:<11}  {:<10}  RULE",
+                "ID", "OPENED", "GPU", "SIGNAL", "ACTION", "STATE"
+            );
+        }
+        self.rows += 1;
         println!(
             "{:>4}  {:<24}  {:>3}  {:<22}  {:<11}  {:<10}  {}",
             i.id.0,

@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use super::{CliError, exit, print_json, resolve_policy};
 use crate::engine::{self, State};
-use crate::journal::read_jsonl;
-use crate::model::{Action, IncidentEvent, RecoveryAction, Signal, SignalKind, StampedInput};
+use crate::model::{
+    Action, IncidentEvent, RecoveryAction, Signal, SignalKind, StampedInput, XidDecode,
+};
 use crate::policy::{Policy, Rule};
 
 #[derive(Debug, Subcommand)]
@@ -24,6 +25,10 @@ pub enum PolicyCommand {
         /// An XID code.
         #[arg(long, conflicts_with = "signal")]
         xid: Option<u32>,
+        /// With --xid: the decode class of an NVLink5 XID (144-150) or XID 159: reset-gpu,
+        /// ignore, xid-154-eval, undecoded (docs/xid-catalog.md). Default: undecoded.
+        #[arg(long, requires = "xid")]
+        decode: Option<String>,
         /// A signal kind (e.g. mps-down, gpu-lost, recovery-action).
         #[arg(long)]
         signal: Option<String>,
@@ -62,6 +67,7 @@ pub fn run(cmd: PolicyCommand) -> Result<i32, CliError> {
         PolicyCommand::Check { file, json } => check(file, json),
         PolicyCommand::Explain {
             xid,
+            decode,
             signal,
             recovery,
             value,
@@ -70,7 +76,23 @@ pub fn run(cmd: PolicyCommand) -> Result<i32, CliError> {
             json,
         } => {
             let p = resolve_policy(policy.as_deref(), config.as_deref())?;
-            explain(&p, xid, signal, recovery, value, json)
+            let decode = decode
+                .map(|d| {
+                    XidDecode::parse(&d).ok_or_else(|| {
+                        CliError::Usage(format!(
+                            "unknown decode `{d}` (reset-gpu, ignore, xid-154-eval, undecoded)"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let sig = match (xid, signal.as_deref()) {
+                (Some(code), _) => Signal::Xid { code, decode },
+                (None, Some(s)) => parse_signal(s, recovery.as_deref())?,
+                (None, None) => {
+                    return Err(CliError::Usage("give --xid N or --signal KIND".into()));
+                }
+            };
+            explain(&p, sig, value, json)
         }
         PolicyCommand::Simulate {
             inputs,
@@ -94,6 +116,19 @@ struct CheckSummary<'a> {
     rules: usize,
     xids_named: usize,
     uncovered_signals: Vec<&'a str>,
+    /// Catalog XIDs (docs/xid-catalog.csv) that only the catch-all judges, or nothing.
+    catalog_xids_left_to_catch_all: Vec<u32>,
+    /// Fatal signals judged `ignore`/`log` (with `silences_fatal = true`) or by no rule.
+    silenced_fatal: Vec<SilencedFatal>,
+}
+
+#[derive(Serialize)]
+struct SilencedFatal {
+    signal: String,
+    /// The rule that silences it; absent when no rule judges it at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule: Option<String>,
+    action: String,
 }
 
 fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
@@ -105,6 +140,16 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
         .filter_map(|r| r.xids.as_ref())
         .map(|x| x.len())
         .sum();
+    let left = p.catalog_xids_left_to_catch_all();
+    let silenced: Vec<SilencedFatal> = p
+        .silenced_fatal_signals()
+        .into_iter()
+        .map(|(sig, r)| SilencedFatal {
+            signal: sig.to_string(),
+            rule: r.map(|r| r.name.clone()),
+            action: r.map_or("log", |r| r.action.as_str()).to_string(),
+        })
+        .collect();
     let s = CheckSummary {
         file: file.display().to_string(),
         ok: true,
@@ -112,6 +157,8 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
         rules: p.rules.len(),
         xids_named: xids,
         uncovered_signals: uncovered.clone(),
+        catalog_xids_left_to_catch_all: left.clone(),
+        silenced_fatal: silenced,
     };
     if json {
         print_json(&s);
@@ -128,6 +175,26 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
                 "warning: no rule judges {}; such signals are only logged",
                 uncovered.join(", ")
             );
+        }
+        if !left.is_empty() {
+            let list: Vec<String> = left.iter().map(|x| x.to_string()).collect();
+            println!(
+                "warning: {} XIDs of NVIDIA's catalog fall to the catch-all (or to no rule): {}",
+                left.len(),
+                list.join(", ")
+            );
+        }
+        for f in &s.silenced_fatal {
+            match &f.rule {
+                Some(r) => println!(
+                    "warning: fatal signal `{}` is silenced ({}) by rule `{r}` (silences_fatal = true)",
+                    f.signal, f.action
+                ),
+                None => println!(
+                    "warning: fatal signal `{}` is judged by no rule; it is only logged",
+                    f.signal
+                ),
+            }
         }
     }
     Ok(exit::OK)
@@ -149,19 +216,7 @@ struct Explanation {
     escalate: Option<String>,
 }
 
-fn explain(
-    p: &Policy,
-    xid: Option<u32>,
-    signal: Option<String>,
-    recovery: Option<String>,
-    value: u64,
-    json: bool,
-) -> Result<i32, CliError> {
-    let sig = match (xid, signal.as_deref()) {
-        (Some(code), _) => Signal::Xid { code },
-        (None, Some(s)) => parse_signal(s, recovery.as_deref())?,
-        (None, None) => return Err(CliError::Usage("give --xid N or --signal KIND".into())),
-    };
+fn explain(p: &Policy, sig: Signal, value: u64, json: bool) -> Result<i32, CliError> {
     let e = match p.rule_for(&sig, value) {
         Some(r) => explanation(&sig, r),
         None => Explanation {
@@ -259,22 +314,31 @@ fn simulate(p: &Policy, inputs: PathBuf, json: bool) -> Result<i32, CliError> {
             inputs.display()
         )));
     }
-    let (stream, skipped) = read_jsonl::<StampedInput>(&inputs)?;
-    for s in &skipped {
-        eprintln!("warning: {}: {s}", inputs.display());
-    }
+    // Streamed: memory is one line, whatever the file's size; the file is capped.
     let mut state = State::default();
-    for s in stream {
-        let (next, actions) = engine::step(&state, s.input, s.at, p);
-        state = next;
-        for a in actions {
-            if json {
-                print_json(&a);
-            } else {
-                println!("{}", describe(&a));
+    crate::journal::stream_jsonl::<StampedInput>(
+        std::slice::from_ref(&inputs),
+        Some(crate::limits::MAX_SIMULATE_BYTES),
+        |e| {
+            match e {
+                crate::journal::Entry::Item(s) => {
+                    let (next, actions) = engine::step(&state, s.input, s.at, p);
+                    state = next;
+                    for a in actions {
+                        if json {
+                            print_json(&a);
+                        } else {
+                            println!("{}", describe(&a));
+                        }
+                    }
+                }
+                crate::journal::Entry::Skipped { line, .. } => {
+                    eprintln!("warning: {}: {line}", inputs.display())
+                }
             }
-        }
-    }
+            true
+        },
+    )?;
     Ok(exit::OK)
 }
 

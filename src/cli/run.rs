@@ -71,6 +71,18 @@ pub fn init_logging_quiet() {
 
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
     let cfg = a.config.load_for(crate::preflight::Mode::Run)?;
+    // A kernel log that cannot be followed (a FIFO, a directory) is a mistake: refused here.
+    if cfg.nvml.enabled
+        && let Some(kmsg) = cfg
+            .nvml
+            .kmsg
+            .as_deref()
+            .filter(|p| !p.as_os_str().is_empty())
+    {
+        crate::probe::nvml::kmsg::check_path(kmsg).map_err(|m| {
+            CliError::Config(crate::error::FileError::new(&a.config.config, None, m))
+        })?;
+    }
     let policy = Policy::load(&cfg.policy)?;
     init_logging(&a.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -19,8 +19,8 @@ pub mod recover;
 mod state;
 
 pub use state::{
-    Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
-    Remediation, Scheduled, SelfFault, State, Step, Withheld,
+    Delivery, Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
+    Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;
@@ -54,6 +54,12 @@ const MPS_NOT_MANAGED: &str =
 pub const LOG_REPEAT_WINDOW: Duration = Duration::from_secs(600);
 /// Bound on the distinct signals kept in one incident's timeline.
 const MAX_ATTACHED_PER_INCIDENT: usize = 64;
+/// Bound on the log-only classes remembered for repeat suppression (the stalest goes first).
+pub const MAX_RECENT_LOGS: usize = 256;
+/// Bound on the distinct signals counted per log-only class (the rest are counted together).
+pub const MAX_COUNTED_SIGNALS: usize = 16;
+/// Bound on the confirmation and escalation windows tracked at once (the stalest goes first).
+pub const MAX_SIGHTING_KEYS: usize = 1024;
 
 /// Advances the engine by one input.
 pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (State, Vec<Action>) {
@@ -134,6 +140,12 @@ impl Cx<'_> {
 
     fn close(&mut self, id: IncidentId, state: IncidentState, summary: impl Into<String>) {
         if self.st.open.remove(&id).is_some() {
+            // A closed incident no longer takes signals unless a GPU or the node points at it.
+            let referenced = self.st.node_incident == Some(id)
+                || self.st.gpus.values().any(|g| g.incident == Some(id));
+            if !referenced {
+                self.st.attached.remove(&id);
+            }
             self.record(
                 id,
                 IncidentEvent::Closed {
@@ -326,9 +338,12 @@ impl Cx<'_> {
             if self.policy.rules.iter().any(|r| r.signal == kind) {
                 return; // below every threshold: not a finding
             }
+            let class = format!("{RULE_NONE}/{}@{}", kind.as_str(), class_target(&obs));
+            if self.log_is_repeat(&class, &obs) {
+                return;
+            }
             let reason = format!("no rule judges `{}`; recorded only", kind.as_str());
-            let id = self.open(&obs, RULE_NONE, &reason, Verdict::Log);
-            self.close(id, IncidentState::Logged, reason);
+            self.log_incident(&obs, RULE_NONE, &reason, &class);
             return;
         };
         if rule.action == Verdict::Ignore {
@@ -349,6 +364,17 @@ impl Cx<'_> {
             .max()
             .unwrap_or_default();
         let now = self.now;
+        if !self.st.sightings.contains_key(&key) && self.st.sightings.len() >= MAX_SIGHTING_KEYS {
+            let stalest = self
+                .st
+                .sightings
+                .iter()
+                .min_by_key(|(_, v)| v.last().copied())
+                .map(|(k, _)| k.clone());
+            if let Some(k) = stalest {
+                self.st.sightings.remove(&k);
+            }
+        }
         let seen = self.st.sightings.entry(key.clone()).or_default();
         seen.push(now);
         seen.retain(|t| now.since(*t) <= keep);
@@ -383,26 +409,92 @@ impl Cx<'_> {
                 self.st.sightings.remove(&key);
             }
         }
-        if self.st.sightings.get(&key).is_none_or(|v| v.is_empty()) {
+        // A rule without windows keeps no sightings: a storm of distinct codes leaves none.
+        if keep.is_zero() || self.st.sightings.get(&key).is_none_or(|v| v.is_empty()) {
             self.st.sightings.remove(&key);
         }
-        if verdict == Verdict::Log && self.log_is_repeat(&key) {
+        // Log-only findings coalesce per rule and GPU (every code of a rule, every unknown
+        // code of the catch-all), not per code: a storm of distinct XIDs is one incident per
+        // GPU and class, with counts.
+        let class = format!("{rule_name}@{}", class_target(&obs));
+        if verdict == Verdict::Log && self.log_is_repeat(&class, &obs) {
             return;
         }
-        self.dispatch(obs, verdict, &rule_name, &reason, &key);
+        self.dispatch(obs, verdict, &rule_name, &reason, &class);
     }
 
-    /// Whether a log-only finding repeats one recorded within `LOG_REPEAT_WINDOW`; repeats
-    /// are counted and mentioned by the next incident of that rule and target.
-    fn log_is_repeat(&mut self, key: &str) -> bool {
+    /// Whether a log-only finding repeats one of its class recorded within
+    /// `LOG_REPEAT_WINDOW`; repeats are counted per signal and mentioned by the next incident
+    /// of that class.
+    fn log_is_repeat(&mut self, class: &str, obs: &Observation) -> bool {
         let now = self.now;
-        match self.st.recent_logs.get_mut(key) {
+        match self.st.recent_logs.get_mut(class) {
             Some(r) if now.since(r.at) < LOG_REPEAT_WINDOW => {
                 r.repeats = r.repeats.saturating_add(1);
+                let signal = obs.signal.to_string();
+                if let Some(n) = r.counts.get_mut(&signal) {
+                    *n = n.saturating_add(1);
+                } else if r.counts.len() < MAX_COUNTED_SIGNALS {
+                    r.counts.insert(signal, 1);
+                }
                 true
             }
             _ => false,
         }
+    }
+
+    /// Opens and closes a log-only incident, first in its class for `LOG_REPEAT_WINDOW`.
+    fn log_incident(&mut self, obs: &Observation, rule: &str, reason: &str, class: &str) {
+        let id = self.open(obs, rule, reason, Verdict::Log);
+        if let Some(prev) = self.st.recent_logs.remove(class)
+            && prev.repeats > 0
+        {
+            let counted: u32 = prev.counts.values().fold(0, |a, n| a.saturating_add(*n));
+            let mut by: Vec<String> = prev
+                .counts
+                .iter()
+                .map(|(signal, n)| format!("{signal} x{n}"))
+                .collect();
+            if prev.repeats > counted {
+                by.push(format!("others x{}", prev.repeats - counted));
+            }
+            self.note(
+                id,
+                format!(
+                    "{} repeats after incident {} were recorded only as inputs ({})",
+                    prev.repeats,
+                    prev.incident,
+                    by.join(", ")
+                ),
+            );
+        }
+        self.remember_log(class, id);
+        self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
+    }
+
+    /// Starts a repeat-suppression window for `class` (at most `MAX_RECENT_LOGS` of them, the
+    /// stalest dropped first).
+    fn remember_log(&mut self, class: &str, id: IncidentId) {
+        if self.st.recent_logs.len() >= MAX_RECENT_LOGS {
+            let stalest = self
+                .st
+                .recent_logs
+                .iter()
+                .min_by_key(|(_, r)| r.at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = stalest {
+                self.st.recent_logs.remove(&k);
+            }
+        }
+        self.st.recent_logs.insert(
+            class.to_string(),
+            RecentLog {
+                incident: id,
+                at: self.now,
+                repeats: 0,
+                counts: Default::default(),
+            },
+        );
     }
 
     fn dispatch(
@@ -425,29 +517,7 @@ impl Cx<'_> {
         }
         match verdict {
             Verdict::Ignore => {}
-            Verdict::Log => {
-                let id = self.open(&obs, rule, reason, verdict);
-                if let Some(prev) = self.st.recent_logs.remove(key)
-                    && prev.repeats > 0
-                {
-                    self.note(
-                        id,
-                        format!(
-                            "{} repeats after incident {} were recorded only as inputs",
-                            prev.repeats, prev.incident
-                        ),
-                    );
-                }
-                self.st.recent_logs.insert(
-                    key.to_string(),
-                    RecentLog {
-                        incident: id,
-                        at: self.now,
-                        repeats: 0,
-                    },
-                );
-                self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
-            }
+            Verdict::Log => self.log_incident(&obs, rule, reason, key),
             Verdict::RestartMps => self.mps_request(&obs, rule, reason),
             Verdict::StopTasks => self.stop_tasks(obs, rule, reason),
             Verdict::Drain | Verdict::Replace => self.node_remediate(obs, verdict, rule, reason),
@@ -540,18 +610,11 @@ impl Cx<'_> {
     fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
         if !self.st.capabilities.mps {
             let key = format!("{rule}@{}", target_key(obs));
-            if self.log_is_repeat(&key) {
+            if self.log_is_repeat(&key, obs) {
                 return;
             }
             let id = self.open(obs, rule, reason, Verdict::RestartMps);
-            self.st.recent_logs.insert(
-                key,
-                RecentLog {
-                    incident: id,
-                    at: self.now,
-                    repeats: 0,
-                },
-            );
+            self.remember_log(&key, id);
             self.would(
                 id,
                 vec![Command::RestartMps],
@@ -1306,19 +1369,25 @@ fn attach_key(obs: &Observation) -> String {
     format!("{}@{gpu}", obs.signal)
 }
 
-/// What a sighting counts against: a GPU, the MPS daemon, or the node.
-fn target_key(obs: &Observation) -> String {
+/// The class target of a log-only finding: a GPU, the MPS daemon or the node, whatever the
+/// code.
+fn class_target(obs: &Observation) -> String {
     if obs.signal.kind().is_mps() && obs.signal.kind() != SignalKind::MpsServerFault {
         return "mps".to_string();
     }
-    let target = match &obs.gpu {
+    match &obs.gpu {
         Some(g) => format!("gpu{}", g.index),
         None => "node".to_string(),
-    };
+    }
+}
+
+/// What a sighting counts against: a GPU, the MPS daemon, or the node.
+fn target_key(obs: &Observation) -> String {
+    let target = class_target(obs);
     // "The same XID repeating on a GPU": each code counts on its own, even when one rule
     // names several.
     match obs.signal {
-        Signal::Xid { code } => format!("{target}/xid{code}"),
+        Signal::Xid { code, .. } => format!("{target}/xid{code}"),
         _ => target,
     }
 }

@@ -246,7 +246,7 @@ mod tests {
         let p = policy();
         let mut st = State::default();
         let mut journal = Vec::new();
-        let xid = Observation::new(Signal::Xid { code: 79 })
+        let xid = Observation::new(Signal::xid(79))
             .on_gpu(crate::model::GpuId::index_only(1))
             .from_source("nvml");
         let (s, a) = step(&st, Input::Observation(xid), Timestamp(1_000), &p);

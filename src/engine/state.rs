@@ -47,6 +47,9 @@ pub struct State {
     /// What this node's remedies can do (from `Input::Started`).
     #[serde(default)]
     pub capabilities: crate::model::Capabilities,
+    /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
+    #[serde(default)]
+    pub delivery: Delivery,
 }
 
 /// One of gpu-medic's own faults (see `Signal::SelfFault`).
@@ -67,11 +70,71 @@ pub struct Withheld {
     pub since: Timestamp,
 }
 
+/// How far the inputs and the sources are applied to this state. Saved with it, so that the
+/// state, the journal and every source's cursor agree after any restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Delivery {
+    /// The sequence number of the last `inputs.jsonl` entry this state includes.
+    #[serde(default)]
+    pub applied: u64,
+    /// Per source stream (`kmsg:<boot id>`, `mps-log:<file>`), the highest position applied:
+    /// a record at or below it, read again after a restart, is a duplicate.
+    #[serde(default)]
+    pub cursors: BTreeMap<String, StreamCursor>,
+}
+
+/// At most this many streams are remembered (a stream of an earlier boot is dropped first).
+pub const MAX_STREAMS: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamCursor {
+    pub pos: u64,
+    /// When it last moved, to drop the stalest stream first.
+    pub at: Timestamp,
+}
+
+impl Delivery {
+    /// Whether `pos` of `stream` is already applied.
+    pub fn seen(&self, stream: &str, pos: u64) -> bool {
+        self.cursors.get(stream).is_some_and(|c| pos <= c.pos)
+    }
+
+    /// Moves a stream's cursor forward (never back).
+    pub fn advance(&mut self, stream: &str, pos: u64, at: Timestamp) {
+        match self.cursors.get_mut(stream) {
+            Some(c) => {
+                if pos > c.pos {
+                    c.pos = pos;
+                    c.at = at;
+                }
+            }
+            None => {
+                while self.cursors.len() >= MAX_STREAMS {
+                    let Some(stalest) = self
+                        .cursors
+                        .iter()
+                        .min_by_key(|(_, c)| c.at)
+                        .map(|(k, _)| k.clone())
+                    else {
+                        break;
+                    };
+                    self.cursors.remove(&stalest);
+                }
+                self.cursors
+                    .insert(stream.to_string(), StreamCursor { pos, at });
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecentLog {
     pub incident: IncidentId,
     pub at: Timestamp,
     pub repeats: u32,
+    /// Repeats by signal (`xid 13`), at most `MAX_COUNTED_SIGNALS` of them.
+    #[serde(default)]
+    pub counts: BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -38,7 +38,7 @@ fn gpu(i: u32) -> GpuId {
 }
 
 fn xid(g: u32, code: u32) -> Input {
-    Input::Observation(Observation::new(Signal::Xid { code }).on_gpu(gpu(g)))
+    Input::Observation(Observation::new(Signal::xid(code)).on_gpu(gpu(g)))
 }
 
 fn obs(signal: Signal) -> Input {
@@ -708,4 +708,68 @@ proptest! {
         prop_assert_eq!(a.actions, b.actions);
         prop_assert_eq!(a.st, b.st);
     }
+}
+
+/// Issue 13, item 3: a storm of thousands of distinct XIDs (unknown codes and repeats) on
+/// every GPU coalesces into one incident per GPU and class, with counts; the state stays
+/// small; an XID 79 after it is decided at once.
+#[test]
+fn a_storm_of_distinct_xids_coalesces_and_state_stays_bounded() {
+    let mut r = Run::new(default_policy());
+    for i in 0..5_000u32 {
+        r.feed(xid(i % 8, 100_000 + i));
+        if i % 500 == 0 {
+            r.advance(Duration::from_millis(100));
+        }
+    }
+    let opened = r
+        .actions
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::Log(Record {
+                    event: IncidentEvent::Opened { .. },
+                    ..
+                })
+            )
+        })
+        .count();
+    assert_eq!(opened, 8, "one incident per GPU and class");
+    let size = serde_json::to_vec(&r.st).unwrap().len();
+    assert!(size < 64 * 1024, "state grew to {size} bytes");
+    assert!(r.st.sightings.len() <= MAX_SIGHTING_KEYS);
+    assert!(r.st.recent_logs.len() <= MAX_RECENT_LOGS);
+    assert!(
+        r.st.recent_logs
+            .values()
+            .all(|l| l.counts.len() <= MAX_COUNTED_SIGNALS)
+    );
+    let out = r.feed(xid(3, 79));
+    assert!(matches!(Run::only_order(&out).command, Command::Quarantine));
+    // After the window, the next incident of a class says how many repeats it absorbed.
+    r.advance(LOG_REPEAT_WINDOW);
+    r.feed(xid(0, 100_000));
+    let note = r.actions.iter().rev().find_map(|a| match a {
+        Action::Log(Record {
+            event: IncidentEvent::Note { text },
+            ..
+        }) => Some(text.clone()),
+        _ => None,
+    });
+    let note = note.expect("a repeats note");
+    assert!(note.starts_with("624 repeats"), "{note}");
+    assert!(note.contains("others x"), "{note}");
+}
+
+#[test]
+fn signals_no_rule_judges_coalesce_too() {
+    let mut policy = default_policy();
+    policy.rules.retain(|r| r.signal != SignalKind::Xid);
+    let mut r = Run::new(policy);
+    for i in 0..100 {
+        r.feed(xid(0, i));
+    }
+    assert_eq!(r.closed().len(), 1);
+    assert_eq!(r.st.recent_logs.len(), 1);
 }

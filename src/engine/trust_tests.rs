@@ -90,7 +90,7 @@ fn fault(component: &str) -> Input {
 }
 
 fn xid(g: u32, code: u32) -> Input {
-    Input::Observation(Observation::new(Signal::Xid { code }).on_gpu(GpuId::index_only(g)))
+    Input::Observation(Observation::new(Signal::xid(code)).on_gpu(GpuId::index_only(g)))
 }
 
 #[test]

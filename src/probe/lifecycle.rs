@@ -2,7 +2,7 @@
 //! says where the group is moving the instance. `Terminated` means termination has begun
 //! (the instance waits in `Terminating:Wait` while our hook holds it), whatever the cause:
 //! scale-in, instance refresh, our own replacement, Spot rebalancing. The engine answers with
-//! a drain and then completes our terminate hook (research/aws-flows.md A2).
+//! a drain and then completes our terminate hook (docs/aws.md#terminating-hook).
 //!
 //! The source polls every `[lifecycle] poll_interval` through aws-config's IMDSv2 client
 //! (session token with its TTL header; `AWS_EC2_METADATA_SERVICE_ENDPOINT` honoured):

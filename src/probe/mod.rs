@@ -69,7 +69,9 @@ pub fn sources(cfg: &Config, mps: &ControlClient, seen: &TargetState) -> Vec<Box
         )));
     }
     if cfg.mps.enabled {
-        out.push(Box::new(mps::MpsSource::new(cfg.mps.clone(), mps.clone())));
+        out.push(Box::new(
+            mps::MpsSource::new(cfg.mps.clone(), mps.clone()).resuming_from(cfg.state_path()),
+        ));
     }
     if cfg.aws.enabled && cfg.lifecycle.enabled {
         out.push(Box::new(lifecycle::LifecycleSource::new(

@@ -1,7 +1,7 @@
 //! Which ECS task a process belongs to, from `/proc/<pid>/cgroup`, so an incident can name
 //! the tasks that were on a faulting GPU.
 //!
-//! Layouts (research/mps.md §5): cgroup v2 with task limits
+//! Layouts (docs/mps.md#client-pid-to-ecs-task): cgroup v2 with task limits
 //! `0::/ecstasks.slice/ecstasks-<taskId>.slice/docker-<id>.scope`; cgroup v1 `/ecs/<taskId>/<id>`.
 
 use std::path::Path;

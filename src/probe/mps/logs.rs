@@ -1,14 +1,17 @@
 //! The daemon's logs: `control.log` and `server.log` in `CUDA_MPS_LOG_DIRECTORY`, tailed for
 //! what the control pipe cannot tell: servers that keep dying (a crash loop), servers that
 //! hit a fatal exception, and the Volta+ fatal-fault block naming the poisoned GPUs and the
-//! clients with sticky errors (research/mps.md §1.5, §3.2).
+//! clients with sticky errors (docs/mps.md#log-formats, docs/mps.md#fault-containment-on-volta-and-later).
 //!
 //! Line format: `[YYYY-MM-DD HH:MM:SS.mmm <Tag> <pid>] <message>`, tag `Control`, `Server`,
 //! `Other` or `Legacy Server`, pid right-aligned. Lines that do not parse are skipped; the
-//! parser never panics on garbage. Offsets live in memory: the first look at a file starts
-//! at its end (old lines are not replayed after a gpu-medic restart), a file that shrank was
-//! truncated (read from 0), a new inode was rotated in (read from 0). Under `-f` (ECS's
-//! unit) the daemon logs to stdout, not to these files: then there is nothing to tail.
+//! parser never panics on garbage; lines are read lossily and capped. The first look at a file
+//! resumes at the position last journaled for it (`state.json`, see the supervisor), or at
+//! its end when there is none (history is not replayed); a file that shrank was truncated
+//! (read from 0), a new inode was rotated in (read from 0). At most [`MAX_READ`] is read per
+//! poll; a larger backlog is skipped to the file's last [`BACKLOG_KEEP`] with a warning.
+//! Under `-f` (ECS's unit) the daemon logs to stdout, not to these files: then there is
+//! nothing to tail.
 //!
 //! The devices of a fault block are the daemon's CUDA ordinals. They are reported as
 //! `GpuId::index_only(n)`, which is the NVML index when the daemon runs without
@@ -27,7 +30,11 @@ pub const CRASH_LOOP_COUNT: usize = 3;
 /// ... within this window (by the log's own timestamps) is a crash loop.
 pub const CRASH_LOOP_WINDOW: Duration = Duration::from_secs(60);
 /// At most this much is read from one file per poll; the rest waits for the next poll.
-const MAX_READ: u64 = 1024 * 1024;
+pub const MAX_READ: u64 = 8 * 1024 * 1024;
+/// A backlog larger than [`MAX_READ`] (a junk flood, a resumed offset far behind) is skipped
+/// with a warning, down to this much of the file's end: a fault line written now is read at
+/// the next poll, not minutes later.
+pub const BACKLOG_KEEP: u64 = 1024 * 1024;
 /// A line longer than this is dropped.
 const MAX_LINE: usize = 16 * 1024;
 
@@ -312,6 +319,13 @@ pub struct Tail {
     /// `None` before the first look.
     pos: Option<Pos>,
     partial: Vec<u8>,
+    /// The bytes before the first line break are the tail of a skipped line.
+    skip_to_newline: bool,
+    /// Where the first look resumes: the journaled cursors (see [`Tail::resume_from`]).
+    resume: Option<crate::engine::Delivery>,
+    /// Changes when the file is truncated in place, so that positions never repeat within
+    /// one stream name.
+    generation: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,19 +335,70 @@ struct Pos {
     offset: u64,
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 impl Tail {
     pub fn new(path: PathBuf) -> Self {
         Tail {
             path,
             pos: None,
             partial: Vec::new(),
+            skip_to_newline: false,
+            resume: None,
+            generation: 0,
         }
     }
 
-    /// New complete lines since the last call.
-    pub fn read_new(&mut self) -> Vec<String> {
+    /// The first look resumes at the position last journaled for this file (lines written
+    /// while gpu-medic was down are read) instead of at its end.
+    pub fn resume_from(&mut self, delivery: crate::engine::Delivery) {
+        self.resume = Some(delivery);
+    }
+
+    /// The cursor stream of the file now followed.
+    pub fn stream(&self) -> Option<String> {
+        self.pos
+            .filter(|p| p.ino != 0)
+            .map(|p| format!("mps-log:{}:{}:{}", p.dev, p.ino, self.generation))
+    }
+
+    /// The offset just past the last complete line handed out.
+    pub fn consumed(&self) -> u64 {
+        self.pos
+            .map_or(0, |p| p.offset.saturating_sub(self.partial.len() as u64))
+    }
+
+    /// Where the first look starts: the journaled position of this file, else its end.
+    fn first_offset(&mut self, dev: u64, ino: u64, len: u64) -> u64 {
+        let prefix = format!("mps-log:{dev}:{ino}:");
+        let found = self.resume.take().and_then(|d| {
+            d.cursors
+                .iter()
+                .filter_map(|(k, c)| Some((k.strip_prefix(&prefix)?.parse::<u64>().ok()?, c)))
+                .max_by_key(|(_, c)| c.at)
+                .map(|(generation, c)| (generation, c.pos))
+        });
+        match found {
+            Some((generation, pos)) if pos <= len => {
+                self.generation = generation;
+                pos
+            }
+            Some(_) => {
+                self.generation = now_ms(); // truncated while gpu-medic was down
+                0
+            }
+            None => len, // never journaled: start at the end, do not replay history
+        }
+    }
+
+    /// New complete lines since the last call, each with the offset just past it.
+    pub fn read_new(&mut self) -> Vec<(String, u64)> {
         use std::os::unix::fs::MetadataExt;
-        let first_look = self.pos.is_none();
         let Ok(mut f) = std::fs::File::open(&self.path) else {
             // Missing (not yet created, or rotated away): whatever appears next is new.
             self.pos = Some(Pos {
@@ -342,26 +407,44 @@ impl Tail {
                 offset: 0,
             });
             self.partial.clear();
+            self.skip_to_newline = false;
             return Vec::new();
         };
         let Ok(meta) = f.metadata() else {
             return Vec::new();
         };
         let (ino, dev, len) = (meta.ino(), meta.dev(), meta.len());
-        let offset = match self.pos {
-            None => len, // first look: start at the end, do not replay history
+        let mut offset = match self.pos {
+            None => self.first_offset(dev, ino, len),
             Some(p) if p.ino != ino || p.dev != dev => {
                 self.partial.clear();
+                self.skip_to_newline = false;
+                self.generation = 0;
                 0 // rotated: a new file
             }
             Some(p) if len < p.offset => {
                 self.partial.clear();
+                self.skip_to_newline = false;
+                self.generation = now_ms();
                 0 // truncated
             }
             Some(p) => p.offset,
         };
+        if len.saturating_sub(offset) > MAX_READ {
+            let to = len - BACKLOG_KEEP;
+            tracing::warn!(
+                probe = "mps",
+                path = %self.path.display(),
+                skipped_bytes = to - offset,
+                "MPS log backlog too large; skipped to the last {} of the file",
+                crate::limits::human_bytes(BACKLOG_KEEP)
+            );
+            offset = to;
+            self.partial.clear();
+            self.skip_to_newline = true;
+        }
         self.pos = Some(Pos { ino, dev, offset });
-        if first_look || len == offset {
+        if len == offset {
             return Vec::new();
         }
         if f.seek(SeekFrom::Start(offset)).is_err() {
@@ -377,24 +460,34 @@ impl Tail {
             dev,
             offset: offset + n,
         });
-        self.split(&buf)
+        self.split(&buf, offset)
     }
 
-    fn split(&mut self, buf: &[u8]) -> Vec<String> {
+    fn split(&mut self, buf: &[u8], start: u64) -> Vec<(String, u64)> {
         let mut lines = Vec::new();
         let mut rest = buf;
+        let mut at = start;
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+            at += i as u64 + 1;
+            if std::mem::take(&mut self.skip_to_newline) {
+                self.partial.clear();
+                rest = &rest[i + 1..];
+                continue;
+            }
             self.partial.extend_from_slice(&rest[..i]);
             if self.partial.len() <= MAX_LINE {
-                lines.push(String::from_utf8_lossy(&self.partial).into_owned());
+                lines.push((String::from_utf8_lossy(&self.partial).into_owned(), at));
             }
             self.partial.clear();
             rest = &rest[i + 1..];
         }
-        self.partial.extend_from_slice(rest);
+        if !self.skip_to_newline {
+            self.partial.extend_from_slice(rest);
+        }
         if self.partial.len() > MAX_LINE {
-            // An endless line: drop what we have; its tail becomes a garbage line, skipped.
+            // An endless line: drop it up to its end; its tail is not a line of its own.
             self.partial.clear();
+            self.skip_to_newline = true;
         }
         lines
     }
@@ -417,19 +510,39 @@ impl LogWatch {
         }
     }
 
-    /// Reads what is new; a fault block whose file went quiet for a poll is finished.
+    /// Resumes each file at the position last journaled (see [`Tail::resume_from`]).
+    pub fn resume_from(&mut self, delivery: &crate::engine::Delivery) {
+        for (tail, _) in &mut self.files {
+            tail.resume_from(delivery.clone());
+        }
+    }
+
+    /// Reads what is new; a fault block whose file went quiet for a poll is finished. The
+    /// last observation from a file carries the file's position, unless a fault block is
+    /// still open (its first lines must be read again after a restart).
     pub fn poll(&mut self) -> Vec<Observation> {
-        let mut events = Vec::new();
+        let mut out = Vec::new();
         for (tail, parser) in &mut self.files {
+            let mut events = Vec::new();
             let lines = tail.read_new();
             if lines.is_empty() {
                 parser.flush(&mut events);
             }
-            for l in &lines {
+            for (l, _) in &lines {
                 parser.feed(l, &mut events);
             }
+            let mut obs = observe(events, &mut self.crashes);
+            if !parser.in_block()
+                && let (Some(last), Some(stream)) = (obs.last_mut(), tail.stream())
+            {
+                last.cursor = Some(crate::model::Cursor {
+                    stream,
+                    pos: tail.consumed(),
+                });
+            }
+            out.append(&mut obs);
         }
-        observe(events, &mut self.crashes)
+        out
     }
 }
 
@@ -496,7 +609,7 @@ mod tests {
         }
     }
 
-    /// The Volta fault block from NVIDIA's documentation (research/mps.md §1.5), with the
+    /// The Volta fault block from NVIDIA's documentation (docs/mps.md#fatal-fault-block-volta-and-later), with the
     /// normal prefix on every line as the server writes it.
     const FAULT_BLOCK: &[&str] = &[
         "[2026-11-30 06:00:00.001 Server  4428] Volta MPS: status of client {11661, 1} is ACTIVE",
@@ -648,16 +761,16 @@ mod tests {
             .unwrap();
         let got = t.read_new();
         assert_eq!(got.len(), 1);
-        assert!(got[0].contains("Server 2 "));
+        assert!(got[0].0.contains("Server 2 "));
         f.write_all(b"ted with status 1\n").unwrap();
         let got = t.read_new();
         assert_eq!(got.len(), 1);
-        assert!(got[0].contains("Server 3 exited"), "{got:?}");
+        assert!(got[0].0.contains("Server 3 exited"), "{got:?}");
         // Truncated (copytruncate rotation): read from the start.
         std::fs::write(&path, line(4)).unwrap();
         let got = t.read_new();
         assert_eq!(got.len(), 1);
-        assert!(got[0].contains("Server 4 "));
+        assert!(got[0].0.contains("Server 4 "));
         // Rotated (rename + new file).
         std::fs::rename(&path, dir.path().join("control.log.1")).unwrap();
         std::fs::write(&path, format!("{}{}", line(5), line(6))).unwrap();
@@ -692,5 +805,66 @@ mod tests {
         let obs = w.poll();
         assert_eq!(obs.len(), 2, "{obs:?}");
         assert!(obs.iter().all(|o| o.signal == Signal::MpsServerFault));
+    }
+
+    #[test]
+    fn a_huge_backlog_is_skipped_and_the_fault_after_it_is_read_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.log");
+        std::fs::write(&path, "").unwrap();
+        let mut w = LogWatch::new(dir.path());
+        assert!(w.poll().is_empty());
+        let junk = "[2026-11-30 06:00:00.000 Server 7] junk junk junk junk junk junk junk\n";
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let mut body = junk.repeat((MAX_READ as usize * 2) / junk.len());
+        body.push_str(&FAULT_BLOCK[3..9].join("\n"));
+        body.push('\n');
+        f.write_all(body.as_bytes()).unwrap();
+        // One poll reads past the junk to the block; the next (quiet) finishes it.
+        assert!(w.poll().is_empty(), "the block may continue");
+        let obs = w.poll();
+        assert_eq!(obs.len(), 2, "{obs:?}");
+        // The last observation of a finished block carries the file's position.
+        let c = obs[1].cursor.clone().expect("a cursor");
+        assert!(c.stream.starts_with("mps-log:"), "{c:?}");
+        assert_eq!(c.pos, std::fs::metadata(&path).unwrap().len());
+    }
+
+    #[test]
+    fn a_restart_resumes_at_the_journaled_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.log");
+        let line = |n: u32| {
+            format!("[2026-11-30 06:00:0{n}.000 Control 7] Server {n} exited with status 1\n")
+        };
+        std::fs::write(&path, line(1)).unwrap();
+        let mut t = Tail::new(path.clone());
+        assert!(t.read_new().is_empty());
+        let stream = t.stream().unwrap();
+        let journaled = t.consumed();
+        // Written while gpu-medic was down.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(line(2).as_bytes()).unwrap();
+        let mut delivery = crate::engine::Delivery::default();
+        delivery.advance(&stream, journaled, crate::model::Timestamp(1));
+        let mut again = Tail::new(path.clone());
+        again.resume_from(delivery.clone());
+        let got = again.read_new();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].0.contains("Server 2 "));
+        // Truncated while down: read from the start under a new stream name.
+        std::fs::write(&path, line(3)).unwrap();
+        let mut t3 = Tail::new(path.clone());
+        let mut d = crate::engine::Delivery::default();
+        d.advance(&stream, 10_000, crate::model::Timestamp(1));
+        t3.resume_from(d);
+        assert_eq!(t3.read_new().len(), 1);
+        assert_ne!(t3.stream(), Some(stream));
     }
 }

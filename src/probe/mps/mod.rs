@@ -256,12 +256,25 @@ impl std::fmt::Display for Failure {
 pub struct MpsSource {
     cfg: MpsConfig,
     client: ControlClient,
+    /// `state.json`, whose journaled log positions the log tails resume from.
+    state_file: Option<std::path::PathBuf>,
 }
 
 impl MpsSource {
     /// `client` is shared with the MPS remedy, so the two never talk to the daemon at once.
     pub fn new(cfg: MpsConfig, client: ControlClient) -> Self {
-        MpsSource { cfg, client }
+        MpsSource {
+            cfg,
+            client,
+            state_file: None,
+        }
+    }
+
+    /// The log tails resume where the journal ends (lines written while gpu-medic was down
+    /// are read), per the positions saved in `state_file`.
+    pub fn resuming_from(mut self, state_file: std::path::PathBuf) -> Self {
+        self.state_file = Some(state_file);
+        self
     }
 }
 
@@ -277,6 +290,11 @@ impl Source for MpsSource {
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             let mut probe = MpsProbe::with_client(self.cfg.clone(), self.client.clone());
+            if let Some(state) = &self.state_file {
+                probe
+                    .logs
+                    .resume_from(&crate::journal::committed_delivery(state));
+            }
             let mut every = tokio::time::interval(self.cfg.probe_interval);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

@@ -3,6 +3,11 @@
 //! observation within milliseconds. It waits with a timeout so it notices shutdown, names the
 //! GPU that was lost when a wait says GPU_IS_LOST, recreates the set after UNKNOWN, and
 //! backs off instead of busy-looping when NVML keeps failing.
+//!
+//! An XID event carries only the code. The NVLink5 XIDs (144-150) need the error status in
+//! the driver's text to be judged, so while the kernel log reader runs the watcher holds them
+//! for up to `kmsg::TEXT_WAIT`; the reader reports them decoded when their line comes, and the
+//! watcher reports those whose line did not come as `undecoded`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -14,6 +19,7 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 
+use super::kmsg;
 use super::poll::{SharedState, lock};
 use super::raw::{self, EVENT_DOUBLE_BIT_ECC, EVENT_RECOVERY_ACTION, EVENT_XID, EventSet, Wait};
 use crate::model::{Observation, RecoveryAction, Signal};
@@ -72,6 +78,9 @@ impl Watcher {
             };
             loop {
                 if self.stopped() {
+                    return;
+                }
+                if !self.flush_held() {
                     return;
                 }
                 match set.wait(WAIT_MS) {
@@ -191,12 +200,17 @@ impl Watcher {
             return true;
         };
         let mut out = Vec::new();
-        if ev.event_type & EVENT_XID != 0
-            && lock(&self.shared).claim_xid(index, ev.data as u32, "nvml")
-        {
-            out.push(Observation::new(Signal::Xid {
-                code: ev.data as u32,
-            }));
+        if ev.event_type & EVENT_XID != 0 {
+            let code = ev.data as u32;
+            let mut s = lock(&self.shared);
+            if s.claim_xid(index, code, "nvml") {
+                if kmsg::needs_text(code) && s.kmsg_active {
+                    s.awaiting_text
+                        .push((index, code, std::time::Instant::now()));
+                } else {
+                    out.push(xid_without_text(code, "NVML event; no kernel log reader"));
+                }
+            }
         }
         if ev.event_type & EVENT_RECOVERY_ACTION != 0 {
             match RecoveryAction::from_nvml(ev.data) {
@@ -218,6 +232,20 @@ impl Watcher {
         let annotated: Vec<Observation> = out.into_iter().map(|o| s.annotate(o, index)).collect();
         drop(s);
         annotated.into_iter().all(|o| self.send(o))
+    }
+
+    /// Reports the held NVLink5 XIDs whose kernel log line did not come in time, undecoded.
+    /// Returns false when the receiver is gone.
+    fn flush_held(&self) -> bool {
+        let expired = lock(&self.shared).expired_awaiting(kmsg::TEXT_WAIT);
+        for (index, code) in expired {
+            let obs = xid_without_text(code, "no kernel log line within 2 s of the NVML event");
+            let obs = lock(&self.shared).annotate(obs, index);
+            if !self.send(obs) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Reads the uncorrected counter right away so the error is reported now, once.
@@ -278,5 +306,15 @@ impl Watcher {
             }
         }
         newly
+    }
+}
+
+/// An XID seen by NVML only: decoded as far as the code and the node allow.
+fn xid_without_text(code: u32, why: &str) -> Observation {
+    let (decode, detail) = kmsg::decode_xid(code, None, std::path::Path::new(kmsg::UVM_REFCNT));
+    let obs = Observation::new(Signal::Xid { code, decode });
+    match detail {
+        Some(d) => obs.with_detail(format!("{d} ({why})")),
+        None => obs,
     }
 }

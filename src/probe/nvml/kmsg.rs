@@ -2,10 +2,19 @@
 //! `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.`
 //! for every XID, including those raised while no NVML event set was registered (at boot,
 //! while gpu-medic restarted). Reading it means such XIDs are not lost, and incidents carry
-//! the driver's own text. A cursor (boot id + sequence number) in `state_dir` keeps a restart
-//! from reporting the same line twice; XIDs already reported by the event watcher are skipped.
+//! the driver's own text. Each XID carries its position (boot id + sequence number; the byte
+//! offset for plain lines of a regular file): the supervisor journals it, then saves the
+//! position in `state.json`, so a restart re-reads whatever was not journaled yet and drops
+//! what was (at least once, never twice). XIDs already reported by the event watcher are
+//! skipped, and remembered in `kmsg.cursor` so that a restart skips them too.
+//!
+//! It is also where an XID's verdict that depends on more than its code is decoded
+//! ([`decode_xid`]): the NVLink5 XIDs 144-150 by the error status in their text (NVIDIA's
+//! decode sheet, `docs/xid-nvlink5-decode.csv`), XID 159 by whether the UVM driver is in use.
+//! NVML's XID event carries only the code, so the event watcher holds an NVLink5 XID for up to
+//! [`TEXT_WAIT`] until this reader brings its line.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +23,70 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::poll::{SharedState, lock};
-use crate::model::{Observation, Signal};
+use crate::catalog;
+use crate::model::{Observation, Signal, XidDecode};
+
+/// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
+/// the line when it raises the event; a reader that is running sees it within milliseconds.
+pub const TEXT_WAIT: Duration = Duration::from_secs(2);
+
+/// The UVM driver's module reference count: every CUDA process holds `/dev/nvidia-uvm` open,
+/// so a count above zero means UVM is in use (CHECK_UVM of XID 159).
+pub const UVM_REFCNT: &str = "/sys/module/nvidia_uvm/refcnt";
+
+/// Whether an XID's verdict needs its kernel log text (the NVLink5 XIDs).
+pub fn needs_text(code: u32) -> bool {
+    catalog::NVLINK5.contains(&code)
+}
+
+/// The decode of an XID whose catalog action depends on more than its code, with an
+/// explanation for the incident; `(None, None)` for every other XID. `text` is the driver's
+/// text after the code (absent when the XID came from NVML without a kernel log line).
+pub fn decode_xid(
+    code: u32,
+    text: Option<&str>,
+    uvm_refcnt: &Path,
+) -> (Option<XidDecode>, Option<String>) {
+    if catalog::NVLINK5.contains(&code) {
+        let d = catalog::decode_nvlink5(code, text);
+        return (Some(d.class), Some(d.explanation));
+    }
+    if code == catalog::CHECK_UVM_XID {
+        let (class, why) = match std::fs::read_to_string(uvm_refcnt) {
+            Ok(t) => match t.trim().parse::<u64>() {
+                Ok(0) => (
+                    XidDecode::Ignore,
+                    "UVM not in use (nvidia_uvm refcnt 0)".to_string(),
+                ),
+                Ok(n) => (
+                    XidDecode::ResetGpu,
+                    format!("UVM in use (nvidia_uvm refcnt {n})"),
+                ),
+                Err(_) => (
+                    XidDecode::ResetGpu,
+                    format!(
+                        "UVM use unknown ({}: {:?}); assumed in use",
+                        uvm_refcnt.display(),
+                        t.trim()
+                    ),
+                ),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+                XidDecode::Ignore,
+                "UVM not in use (nvidia_uvm module not loaded)".to_string(),
+            ),
+            Err(e) => (
+                XidDecode::ResetGpu,
+                format!(
+                    "UVM use unknown ({}: {e}); assumed in use",
+                    uvm_refcnt.display()
+                ),
+            ),
+        };
+        return (Some(class), Some(format!("CHECK_UVM: {why}")));
+    }
+    (None, None)
+}
 
 /// One parsed `NVRM: Xid` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +160,9 @@ pub fn same_pci(kernel: &str, nvml: &str) -> bool {
 /// The kmsg reader thread.
 pub struct KmsgReader {
     pub path: PathBuf,
+    /// The reader's own file in `state_dir` (see [`cursor_path`]): the records it dropped as
+    /// duplicates of NVML events. How far the journal reaches is read from `state.json`
+    /// next to it.
     pub cursor_file: PathBuf,
     pub shared: SharedState,
     pub tx: mpsc::Sender<Observation>,
@@ -100,31 +175,116 @@ fn boot_id() -> String {
         .unwrap_or_default()
 }
 
-impl KmsgReader {
-    fn load_cursor(&self) -> u64 {
-        let Ok(text) = std::fs::read_to_string(&self.cursor_file) else {
-            return 0;
-        };
-        let mut it = text.split_whitespace();
-        match (it.next(), it.next()) {
-            (Some(boot), Some(seq)) if boot == boot_id() => seq.parse().unwrap_or(0),
-            _ => 0,
+/// At most this many dropped duplicates are remembered across a restart.
+const MAX_SKIPPED: usize = 256;
+
+/// Whether `path` can be the kernel log: a character device (`/dev/kmsg`) or a regular file
+/// (a copied log, tests). A FIFO, socket, block device or directory is refused with the
+/// reason; a missing path is accepted (the reader warns and XIDs come from NVML events).
+pub fn check_path(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("[nvml] kmsg {}: {e}", path.display())),
+    };
+    let ft = meta.file_type();
+    if ft.is_char_device() || ft.is_file() {
+        return Ok(());
+    }
+    let what = if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else {
+        "not a plain file"
+    };
+    Err(format!(
+        "[nvml] kmsg {} is {what}: give the kernel log device (/dev/kmsg) or a regular file, or \"\" to turn it off",
+        path.display()
+    ))
+}
+
+/// Where a line came from: its stream and position, for the cursor.
+fn position(
+    x: &KernelXid,
+    boot: &str,
+    file: Option<&(u64, u64)>,
+    end: u64,
+) -> Option<(String, u64)> {
+    if x.seq != 0 {
+        return Some((format!("kmsg:{boot}"), x.seq));
+    }
+    // A plain text line has no sequence number; in a regular file its end offset is one.
+    file.map(|(dev, ino)| (format!("kmsg-file:{dev}:{ino}"), end))
+}
+
+struct Cursors {
+    committed: crate::engine::Delivery,
+    skipped: std::collections::VecDeque<(String, u64)>,
+    skip_file: PathBuf,
+}
+
+impl Cursors {
+    fn load(cursor_file: &Path) -> Cursors {
+        let state = cursor_file.with_file_name("state.json");
+        let mut skipped = std::collections::VecDeque::new();
+        if let Ok(text) = crate::limits::read_text(cursor_file, 64 * 1024, "kmsg cursor") {
+            for line in text.lines() {
+                if let Some((stream, pos)) = line.rsplit_once(' ')
+                    && let Ok(pos) = pos.parse()
+                    && skipped.len() < MAX_SKIPPED
+                {
+                    skipped.push_back((stream.to_string(), pos));
+                }
+            }
+        }
+        Cursors {
+            committed: crate::journal::committed_delivery(&state),
+            skipped,
+            skip_file: cursor_file.to_path_buf(),
         }
     }
 
-    fn save_cursor(&self, seq: u64) {
-        let tmp = self.cursor_file.with_extension("tmp");
-        let body = format!("{} {}\n", boot_id(), seq);
+    fn seen(&self, stream: &str, pos: u64) -> bool {
+        self.committed.seen(stream, pos)
+            || self.skipped.iter().any(|(s, p)| s == stream && *p == pos)
+    }
+
+    fn skip(&mut self, stream: String, pos: u64) {
+        if self.skipped.len() >= MAX_SKIPPED {
+            self.skipped.pop_front();
+        }
+        self.skipped.push_back((stream, pos));
+        let body: String = self
+            .skipped
+            .iter()
+            .map(|(s, p)| format!("{s} {p}\n"))
+            .collect();
+        let tmp = self.skip_file.with_extension("tmp");
         if std::fs::write(&tmp, body)
-            .and_then(|_| std::fs::rename(&tmp, &self.cursor_file))
+            .and_then(|_| std::fs::rename(&tmp, &self.skip_file))
             .is_err()
         {
-            tracing::warn!(probe = "kmsg", path = %self.cursor_file.display(), "cannot save the kmsg cursor");
+            tracing::warn!(probe = "kmsg", path = %self.skip_file.display(), "cannot save the kmsg cursor file");
         }
     }
+}
 
+impl KmsgReader {
     /// Reads until `stop`. A regular file (tests, a copied log) is followed like `tail -f`.
+    /// Every line is read whole up to [`crate::limits::MAX_KMSG_LINE`] (longer ones are
+    /// dropped with a warning), invalid UTF-8 lossily.
     pub fn run(self) {
+        use std::os::unix::fs::MetadataExt;
+        if let Err(why) = check_path(&self.path) {
+            tracing::error!(probe = "kmsg", path = %self.path.display(), "{why}; XIDs come from NVML events only");
+            return;
+        }
         let file = match std::fs::File::open(&self.path) {
             Ok(f) => f,
             Err(e) => {
@@ -132,62 +292,138 @@ impl KmsgReader {
                 return;
             }
         };
-        let is_device = !self.path.is_file();
-        if is_device {
+        // While this reader runs, the event watcher holds NVLink5 XIDs for their text.
+        struct Active(SharedState);
+        impl Drop for Active {
+            fn drop(&mut self) {
+                let mut s = lock(&self.0);
+                s.kmsg_active = false;
+                // Nothing will bring the text now: let the watcher report them at once.
+                let now = std::time::Instant::now();
+                for x in s.awaiting_text.iter_mut() {
+                    x.2 = now.checked_sub(TEXT_WAIT).unwrap_or(x.2);
+                }
+            }
+        }
+        lock(&self.shared).kmsg_active = true;
+        let _active = Active(self.shared.clone());
+        let meta = file.metadata().ok();
+        let regular = meta.as_ref().is_some_and(|m| m.is_file());
+        let ident = meta
+            .as_ref()
+            .filter(|_| regular)
+            .map(|m| (m.dev(), m.ino()));
+        let boot = boot_id();
+        let mut cursors = Cursors::load(&self.cursor_file);
+        let cap = crate::limits::MAX_KMSG_LINE;
+        if !regular {
             // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
             // and forward lines through a channel, so `stop` is still noticed.
-            let (ltx, lrx) = std::sync::mpsc::channel::<String>();
+            let (ltx, lrx) = std::sync::mpsc::sync_channel::<Option<String>>(1024);
+            let path = self.path.clone();
             let _ = std::thread::Builder::new()
                 .name("kmsg-read".into())
                 .spawn(move || {
-                    let mut r = BufReader::new(file);
-                    let mut line = String::new();
+                    let mut r = BufReader::with_capacity(2 * cap, file);
+                    let mut buf = Vec::new();
                     loop {
-                        line.clear();
-                        match r.read_line(&mut line) {
-                            Ok(0) => return,
-                            Ok(_) => {
-                                if ltx.send(line.clone()).is_err() {
+                        match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                            Ok(None) => {
+                                let _ = ltx.send(None);
+                                return;
+                            }
+                            Ok(Some(crate::journal::CappedLine::Text { text, .. })) => {
+                                if ltx.send(Some(text)).is_err() {
                                     return;
                                 }
                             }
+                            Ok(Some(crate::journal::CappedLine::TooLong { len })) => {
+                                tracing::warn!(probe = "kmsg", len, "kernel log record longer than {cap} bytes dropped");
+                            }
                             // EPIPE: records were overwritten before we read them; go on.
                             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-                            Err(_) => return,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => {
+                                tracing::error!(probe = "kmsg", path = %path.display(), "reading the kernel log failed: {e}; XIDs come from NVML events only");
+                                let _ = ltx.send(None);
+                                return;
+                            }
                         }
                     }
                 });
-            let mut last = self.load_cursor();
             while !self.stop.load(Ordering::Relaxed) {
                 match lrx.recv_timeout(Duration::from_millis(500)) {
-                    Ok(line) => last = self.handle(&line, last),
+                    Ok(Some(line)) => self.handle(&line, &boot, None, 0, &mut cursors),
+                    Ok(None) => {
+                        tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
+                        return;
+                    }
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     Err(_) => return,
                 }
             }
         } else {
-            let mut r = BufReader::new(file);
-            let mut last = self.load_cursor();
-            let mut line = String::new();
+            let mut r = BufReader::with_capacity(64 * 1024, file);
+            let mut buf = Vec::new();
+            // Offset of the end of the last complete line; a partial last line is read
+            // again from there once its writer finishes it.
+            let mut offset: u64 = 0;
             while !self.stop.load(Ordering::Relaxed) {
-                line.clear();
-                match r.read_line(&mut line) {
-                    Ok(0) => std::thread::sleep(Duration::from_millis(100)),
-                    Ok(_) if line.ends_with('\n') => last = self.handle(&line, last),
-                    Ok(_) => std::thread::sleep(Duration::from_millis(20)),
-                    Err(_) => std::thread::sleep(Duration::from_millis(500)),
+                match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                    Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+                    Ok(Some(crate::journal::CappedLine::Text {
+                        text,
+                        complete: true,
+                    })) => {
+                        // Lossy text may differ in length from the bytes: ask the reader.
+                        offset = r
+                            .stream_position()
+                            .unwrap_or(offset.saturating_add(text.len() as u64 + 1));
+                        self.handle(&text, &boot, ident.as_ref(), offset, &mut cursors);
+                    }
+                    Ok(Some(crate::journal::CappedLine::Text { .. })) => {
+                        // Not finished yet: read it again whole.
+                        if r.seek(std::io::SeekFrom::Start(offset)).is_err() {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Ok(Some(crate::journal::CappedLine::TooLong { len })) => {
+                        offset = r
+                            .stream_position()
+                            .unwrap_or(offset.saturating_add(len as u64 + 1));
+                        tracing::warn!(
+                            probe = "kmsg",
+                            len,
+                            "kernel log line longer than {cap} bytes dropped"
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
                 }
             }
         }
     }
 
-    /// Handles one line; returns the new cursor.
-    fn handle(&self, line: &str, last: u64) -> u64 {
+    /// Handles one line.
+    fn handle(
+        &self,
+        line: &str,
+        boot: &str,
+        file: Option<&(u64, u64)>,
+        end: u64,
+        cursors: &mut Cursors,
+    ) {
         let Some(x) = parse_line(line) else {
-            return last;
+            return;
         };
-        if x.seq != 0 && x.seq <= last {
-            return last; // reported before gpu-medic restarted
+        let at = position(&x, boot, file, end);
+        if let Some((stream, pos)) = &at
+            && cursors.seen(stream, *pos)
+        {
+            return; // journaled before gpu-medic restarted
         }
         let index = {
             let s = lock(&self.shared);
@@ -198,30 +434,42 @@ impl KmsgReader {
         };
         let Some(index) = index else {
             tracing::warn!(probe = "kmsg", pci = %x.pci, xid = x.code, "XID for a device NVML does not list");
-            return last;
+            return;
         };
-        let seq = x.seq.max(last);
-        if !lock(&self.shared).claim_xid(index, x.code, "kmsg") {
-            self.save_cursor(seq);
-            return seq; // the event watcher reported it already
+        {
+            let mut s = lock(&self.shared);
+            // The event watcher holds this XID for its text: it is ours to report, decoded.
+            let held = s.take_awaiting(index, x.code);
+            if !s.claim_xid(index, x.code, "kmsg") && !held {
+                drop(s);
+                // The event watcher reported it already: remember, so a restart does not.
+                if let Some((stream, pos)) = at {
+                    cursors.skip(stream, pos);
+                }
+                return;
+            }
         }
-        let mut obs =
-            Observation::new(Signal::Xid { code: x.code }).with_detail(match &x.process {
-                Some(p) => format!("{} (process {p})", x.text),
-                None => x.text.clone(),
-            });
+        let (decode, why) = decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT));
+        let mut detail = match &x.process {
+            Some(p) => format!("{} (process {p})", x.text),
+            None => x.text.clone(),
+        };
+        if let Some(why) = why {
+            detail = format!("{detail}; {why}");
+        }
+        let mut obs = Observation::new(Signal::Xid {
+            code: x.code,
+            decode,
+        })
+        .with_detail(detail);
         if let Some(pid) = x.pid {
             obs = obs.with_pids(vec![pid]);
         }
-        let obs = lock(&self.shared).annotate(obs, index);
-        let obs = Observation {
-            source: "kmsg".into(),
-            ..obs
-        };
-        if self.tx.blocking_send(obs).is_ok() && x.seq != 0 {
-            self.save_cursor(seq);
-        }
-        seq
+        let mut obs = lock(&self.shared).annotate(obs, index);
+        obs.source = "kmsg".into();
+        obs.cursor = at.map(|(stream, pos)| crate::model::Cursor { stream, pos });
+        // The supervisor moves the cursor once the observation is journaled.
+        let _ = self.tx.blocking_send(obs);
     }
 }
 
@@ -306,6 +554,48 @@ mod tests {
         assert_eq!(x.len(), 1);
         assert_eq!((x[0].seq, x[0].code), (7, 79));
         assert!(read_since_boot(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn nvlink5_lines_are_parsed_and_decoded() {
+        let x = parse_line("4,88,5,-;NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)").unwrap();
+        assert_eq!((x.code, x.pid, x.pci.as_str()), (145, None, "0018:01:00"));
+        let (d, why) = decode_xid(x.code, Some(&x.text), Path::new("/nonexistent"));
+        assert_eq!(d, Some(XidDecode::Ignore), "{why:?}");
+        let x = parse_line("NVRM: Xid (PCI:0000:10:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)").unwrap();
+        let (d, _) = decode_xid(x.code, Some(&x.text), Path::new("/nonexistent"));
+        assert_eq!(d, Some(XidDecode::ResetGpu));
+        assert_eq!(
+            decode_xid(149, None, Path::new("/nonexistent")).0,
+            Some(XidDecode::Undecoded)
+        );
+        assert_eq!(
+            decode_xid(79, Some("GPU has fallen off the bus."), Path::new("/x")),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn xid_159_follows_whether_uvm_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let refcnt = dir.path().join("refcnt");
+        assert_eq!(
+            decode_xid(159, None, &refcnt).0,
+            Some(XidDecode::Ignore),
+            "module not loaded"
+        );
+        std::fs::write(&refcnt, "0\n").unwrap();
+        assert_eq!(decode_xid(159, None, &refcnt).0, Some(XidDecode::Ignore));
+        std::fs::write(&refcnt, "3\n").unwrap();
+        let (d, why) = decode_xid(159, None, &refcnt);
+        assert_eq!(d, Some(XidDecode::ResetGpu));
+        assert!(why.unwrap().contains("refcnt 3"));
+        std::fs::write(&refcnt, "garbage").unwrap();
+        assert_eq!(
+            decode_xid(159, None, &refcnt).0,
+            Some(XidDecode::ResetGpu),
+            "unknown: assumed in use"
+        );
     }
 
     #[test]

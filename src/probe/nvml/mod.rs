@@ -337,9 +337,21 @@ impl Snapshot for NvmlSnapshot {
                             .values()
                             .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
                             .map(|g| g.index);
-                        let mut obs = Observation::new(Signal::Xid { code: x.code }).with_detail(
-                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text),
+                        let (decode, why) = kmsg::decode_xid(
+                            x.code,
+                            Some(&x.text),
+                            std::path::Path::new(kmsg::UVM_REFCNT),
                         );
+                        let mut detail =
+                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text);
+                        if let Some(why) = why {
+                            detail = format!("{detail}; {why}");
+                        }
+                        let mut obs = Observation::new(Signal::Xid {
+                            code: x.code,
+                            decode,
+                        })
+                        .with_detail(detail);
                         if let Some(pid) = x.pid {
                             obs = obs.with_pids(vec![pid]);
                         }

@@ -38,6 +38,12 @@ pub struct Shared {
     /// XIDs reported recently, by (GPU, code): the event watcher and the kernel log see the
     /// same XID; the first to claim it reports it.
     pub recent_xids: Vec<(u32, u32, &'static str, std::time::Instant)>,
+    /// The kernel log reader is running: an XID whose verdict depends on its text (NVLink5)
+    /// is then held by the event watcher until the reader brings the text.
+    pub kmsg_active: bool,
+    /// NVLink5 XIDs the event watcher saw and holds for their kernel log text, by (GPU,
+    /// code), with when they were seen.
+    pub awaiting_text: Vec<(u32, u32, std::time::Instant)>,
 }
 
 /// An XID seen by both sources within this window is one XID.
@@ -69,6 +75,33 @@ impl Shared {
         }
         self.recent_xids.push((index, code, source, now));
         true
+    }
+
+    /// The kernel log reader has the text of an XID the event watcher holds: hand it over
+    /// (true) so the reader reports it, decoded.
+    pub fn take_awaiting(&mut self, index: u32, code: u32) -> bool {
+        match self
+            .awaiting_text
+            .iter()
+            .position(|x| x.0 == index && x.1 == code)
+        {
+            Some(pos) => {
+                self.awaiting_text.remove(pos);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Held XIDs whose text did not come within `wait`: the event watcher reports them
+    /// undecoded.
+    pub fn expired_awaiting(&mut self, wait: std::time::Duration) -> Vec<(u32, u32)> {
+        let now = std::time::Instant::now();
+        let (gone, keep) = std::mem::take(&mut self.awaiting_text)
+            .into_iter()
+            .partition(|x| now.duration_since(x.2) >= wait);
+        self.awaiting_text = keep;
+        gone.into_iter().map(|(i, c, _)| (i, c)).collect()
     }
 
     /// Adds the GPU's identity and its current MPS clients to an observation.

@@ -12,8 +12,10 @@ use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlRowRemapperHistogramValues_t,
 };
 
+/// Event type bits of `nvmlEventType` (docs/nvml.md#events).
 pub const EVENT_XID: u64 = 0x8;
-pub const EVENT_DOUBLE_BIT_ECC: u64 = 0x4;
+/// nvmlEventTypeDoubleBitEccError (0x4 is nvmlEventTypePState).
+pub const EVENT_DOUBLE_BIT_ECC: u64 = 0x2;
 pub const EVENT_RECOVERY_ACTION: u64 = 0x8000;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

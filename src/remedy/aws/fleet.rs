@@ -2,7 +2,7 @@
 //! and Auto Scaling state only (no coordinator, no extra infrastructure), so that every
 //! gpu-medic in a group reaches the same answer from the same facts.
 //!
-//! This module is pure: `Member`s in, a `Gate` out. The rule (research/aws-flows.md (b)):
+//! This module is pure: `Member`s in, a `Gate` out. The rule (docs/aws.md#fleet-budget):
 //! - an instance is *in remediation* when it is DRAINING in ECS, holds a live claim, is
 //!   Unhealthy or Pending/Terminating/Standby in Auto Scaling, is not (yet) registered with
 //!   ECS, or registered less than `warmup` ago;
@@ -17,6 +17,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::aws::ecs::EcsStatus;
 use crate::config::FleetConfig;
 
 /// Groups of this size or smaller never trip the breaker (EKS managed node groups' rule).
@@ -30,8 +31,8 @@ pub const KILL_SWITCH_PROCESSES: [&str; 4] =
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Member {
     pub instance_id: String,
-    /// ECS container instance status (ACTIVE, DRAINING, ...); None: not registered.
-    pub ecs_status: Option<String>,
+    /// ECS container instance status; None: not registered.
+    pub ecs_status: Option<EcsStatus>,
     /// Our `<prefix>.health` attribute.
     pub health: Option<String>,
     /// Our claim's time (unix ms), from the `<prefix>.claim.<ms>` attribute.
@@ -106,7 +107,7 @@ impl fmt::Display for Denial {
 
 /// The instances in a group that a rule counts, with why.
 fn in_remediation(m: &Member, now_ms: u64, cfg: &FleetConfig) -> Option<&'static str> {
-    if m.ecs_status.as_deref() == Some("DRAINING") {
+    if m.ecs_status == Some(EcsStatus::Draining) {
         return Some("draining");
     }
     if m.asg_health.as_deref() == Some("Unhealthy") {
@@ -125,9 +126,9 @@ fn in_remediation(m: &Member, now_ms: u64, cfg: &FleetConfig) -> Option<&'static
     {
         return Some("lifecycle");
     }
-    match m.ecs_status.as_deref() {
+    match m.ecs_status {
         None => return Some("not registered with ECS"),
-        Some("REGISTERING" | "DEREGISTERING") => return Some("registering"),
+        Some(EcsStatus::Registering | EcsStatus::Deregistering) => return Some("registering"),
         _ => {}
     }
     if let Some(r) = m.registered_ms
@@ -136,6 +137,14 @@ fn in_remediation(m: &Member, now_ms: u64, cfg: &FleetConfig) -> Option<&'static
         return Some("warming up");
     }
     None
+}
+
+/// Whether a claim made at `claim_ms` still has time to finish: at least two settle periods
+/// of its TTL left (one to settle and re-read, one to act). An older claim is withdrawn and
+/// made anew, or another instance may already see it as expired while we act on it.
+pub fn claim_fresh(claim_ms: u64, now_ms: u64, cfg: &FleetConfig) -> bool {
+    let age = now_ms.saturating_sub(claim_ms);
+    age.saturating_add(ms(cfg.claim_settle).saturating_mul(2)) < ms(cfg.claim_ttl)
 }
 
 fn claim_live(m: &Member, now_ms: u64, cfg: &FleetConfig) -> bool {
@@ -173,6 +182,7 @@ impl FleetView {
                     .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
                 Some(format!("{} {why}", m.instance_id))
             })
+            .chain(self.gap_entries())
             .collect();
         let unhealthy = self
             .members
@@ -194,6 +204,25 @@ impl FleetView {
             kill_switch: self.kill_switch().map(|d| d.to_string()),
             in_remediation: busy,
         }
+    }
+
+    /// Instances the group wants but does not have: Auto Scaling terminated a replaced
+    /// instance before its successor shows up (no instance maintenance policy). Each counts as
+    /// in remediation, or a second instance would drain in the gap.
+    pub fn replacement_gap(&self) -> u32 {
+        self.desired.saturating_sub(self.members.len() as u32)
+    }
+
+    fn gap_entries(&self) -> Vec<String> {
+        (0..self.replacement_gap())
+            .map(|i| {
+                format!(
+                    "(replacement {} of {}) not yet in the group",
+                    i + 1,
+                    self.replacement_gap()
+                )
+            })
+            .collect()
     }
 
     /// The budget for this group: max(1, `max_parallel` of desired capacity).
@@ -263,6 +292,7 @@ impl FleetView {
                     .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
                 Some(format!("{} {why}", m.instance_id))
             })
+            .chain(self.gap_entries())
             .collect();
         if busy.len() as u32 >= budget {
             return Err(Denial::Budget { busy, budget });
@@ -280,7 +310,7 @@ impl FleetView {
         cfg: &FleetConfig,
     ) -> Result<(), Denial> {
         let budget = self.budget(cfg);
-        let mut ahead = Vec::new();
+        let mut ahead = self.gap_entries();
         for m in self.members.iter().filter(|m| m.instance_id != me) {
             if let Some(why) = in_remediation(m, now_ms, cfg) {
                 ahead.push(format!("{} {why}", m.instance_id));
@@ -318,7 +348,7 @@ mod tests {
     fn healthy(id: &str) -> Member {
         Member {
             instance_id: id.into(),
-            ecs_status: Some("ACTIVE".into()),
+            ecs_status: Some(EcsStatus::Active),
             registered_ms: Some(0),
             agent_connected: true,
             lifecycle: Some("InService".into()),
@@ -340,7 +370,7 @@ mod tests {
     fn budget_counts_draining_unhealthy_claimed_and_young_instances() {
         let mut f = fleet(10);
         assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
-        f.members[1].ecs_status = Some("DRAINING".into());
+        f.members[1].ecs_status = Some(EcsStatus::Draining);
         assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
         f.members[2].registered_ms = Some(NOW - 1000);
         let Err(Denial::Budget { busy, budget: 2 }) = f.admit("i-0", NOW, &cfg(2)) else {
@@ -365,7 +395,7 @@ mod tests {
             ..FleetConfig::default()
         };
         assert_eq!(f.budget(&c), 1);
-        f.members[1].ecs_status = Some("DRAINING".into());
+        f.members[1].ecs_status = Some(EcsStatus::Draining);
         assert!(matches!(
             f.admit("i-0", NOW, &c),
             Err(Denial::Budget { .. })
@@ -431,10 +461,51 @@ mod tests {
         let mut f = fleet(3);
         let c = cfg(1);
         assert!(!f.holds_slot("i-0", NOW, &c));
-        f.members[0].ecs_status = Some("DRAINING".into());
+        f.members[0].ecs_status = Some(EcsStatus::Draining);
         assert!(f.holds_slot("i-0", NOW, &c));
-        f.members[0].ecs_status = Some("ACTIVE".into());
+        f.members[0].ecs_status = Some(EcsStatus::Active);
         f.members[0].claim_ms = Some(NOW - 10);
         assert!(f.holds_slot("i-0", NOW, &c));
+    }
+
+    #[test]
+    fn the_replacement_gap_counts_as_in_remediation() {
+        // Auto Scaling terminated a replaced instance and has not launched its successor yet:
+        // 10 desired, 9 members. With a budget of 1 nobody else may drain in that gap.
+        let mut f = fleet(10);
+        f.members.pop();
+        let c = cfg(1);
+        assert_eq!(f.replacement_gap(), 1);
+        let Err(Denial::Budget { busy, .. }) = f.admit("i-0", NOW, &c) else {
+            panic!("the gap takes the slot")
+        };
+        assert!(busy[0].contains("not yet in the group"), "{busy:?}");
+        assert!(f.rank("i-0", NOW, NOW, &c).is_err());
+        assert_eq!(f.summary(NOW, &c).in_remediation.len(), 1);
+        assert!(
+            f.admit("i-0", NOW, &cfg(2)).is_ok(),
+            "a second slot is free"
+        );
+        // Scale-in (desired below members) is no gap.
+        let mut f = fleet(10);
+        f.desired = 8;
+        assert_eq!(f.replacement_gap(), 0);
+    }
+
+    #[test]
+    fn a_claim_needs_two_settle_periods_of_its_ttl_left() {
+        let c = FleetConfig {
+            claim_ttl: Duration::from_secs(600),
+            claim_settle: Duration::from_secs(10),
+            ..cfg(1)
+        };
+        assert!(claim_fresh(NOW, NOW, &c));
+        assert!(claim_fresh(NOW - 579_999, NOW, &c));
+        assert!(!claim_fresh(NOW - 580_000, NOW, &c), "20 s left of 600 s");
+        assert!(!claim_fresh(0, u64::MAX, &c), "no overflow");
+        assert!(
+            claim_fresh(NOW + 5_000, NOW, &c),
+            "a claim from the future is young"
+        );
     }
 }

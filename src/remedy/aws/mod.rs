@@ -11,10 +11,10 @@
 //! The SDK, the ECS and Auto Scaling wrappers and identity discovery are adapters in
 //! [`crate::aws`]; this module decides nothing the engine did not order.
 
+pub mod drain;
 pub mod fleet;
 pub mod terminate;
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use aws_config::SdkConfig;
@@ -22,11 +22,12 @@ use aws_sdk_ecs::config::SharedHttpClient;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use self::fleet::{FleetView, KILL_SWITCH_PROCESSES, Member};
+use self::drain::{DrainPlan, DrainTimes, Next, Reading, StopKind, TaskView};
+use self::fleet::{FleetView, KILL_SWITCH_PROCESSES, Member, claim_fresh};
 use super::{BoxFuture, ControlPlane, Done, RemedyError};
 use crate::aws::asg::Asg;
 use crate::aws::calls::{CallError, Calls};
-use crate::aws::ecs::{Ecs, InstanceState};
+use crate::aws::ecs::{Ecs, EcsStatus, InstanceState};
 use crate::aws::identity::{self, Identity};
 use crate::aws::imds::TargetState;
 use crate::aws::{http_client, loader};
@@ -271,23 +272,23 @@ impl AwsControlPlane {
             .map_err(|e| std::mem::take(calls).fail(e))?;
         let own_claim = mine.claim(self.prefix());
         if view.holds_slot(me, now, fleet) {
-            match own_claim {
-                Some((name, ms)) if mine.status == "ACTIVE" => {
-                    // A claim from before a restart: rank it again, do not claim twice.
-                    if let Err(d) = view.rank(me, ms, now, fleet) {
-                        let _ = ecs
-                            .delete_attribute(calls, &id.container_instance_arn, &name)
-                            .await;
-                        return Err(self.defer(d.to_string()));
+            match &own_claim {
+                Some((name, ms)) if mine.status == EcsStatus::Active => {
+                    let (name, ms) = (name.clone(), *ms);
+                    // A claim from before a restart. Not yet acted on: settle again and rank
+                    // it anew (others may not have seen it yet), unless it is too old to
+                    // finish, in which case it is withdrawn and made anew below.
+                    if claim_fresh(ms, now, fleet) {
+                        return self.settle_and_rank(calls, id, ecs, &name, ms).await;
                     }
-                    return Ok(Some(ms));
+                    tracing::info!(instance_id = me, claim = %name, "fleet budget: our claim from before a restart is too old to finish; claiming anew");
                 }
-                Some((_, ms)) => return Ok(Some(ms)),
+                Some((_, ms)) => return Ok(Some(*ms)),
                 None => return Ok(None),
             }
         }
         if let Some((name, _)) = own_claim {
-            // Expired: it no longer counts for anyone; remove it before claiming anew.
+            // Expired or too old: it no longer counts; remove it before claiming anew.
             let _ = ecs
                 .delete_attribute(calls, &id.container_instance_arn, &name)
                 .await;
@@ -303,16 +304,41 @@ impl AwsControlPlane {
         {
             return Err(std::mem::take(calls).fail(e));
         }
+        self.settle_and_rank(calls, id, ecs, &claim, claim_ms).await
+    }
+
+    /// Waits `claim_settle` for our claim to become visible, re-reads the group and ranks the
+    /// claim; withdraws it when outranked, or when it is too old to finish by the time the
+    /// ranking is done (checked just before acting). The caller acts at once.
+    async fn settle_and_rank(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+        claim: &str,
+        claim_ms: u64,
+    ) -> Result<Option<u64>, RemedyError> {
+        let fleet = &self.cfg.fleet;
+        let me = id.instance_id.as_str();
         tokio::time::sleep(fleet.claim_settle).await;
         let view = match self.fleet_view(calls, id, ecs).await {
             Ok(v) => v,
             Err(e) => return Err(std::mem::take(calls).fail(e)),
         };
-        if let Err(d) = view.rank(me, claim_ms, now_ms(), fleet) {
+        let now = now_ms();
+        let verdict = view
+            .rank(me, claim_ms, now, fleet)
+            .map_err(|d| d.to_string())
+            .and_then(|()| {
+                claim_fresh(claim_ms, now, fleet).then_some(()).ok_or_else(|| {
+                    format!("our claim {claim} is too old to act on safely (the settle and re-read took too long); withdrawn, claiming anew")
+                })
+            });
+        if let Err(why) = verdict {
             let _ = ecs
-                .delete_attribute(calls, &id.container_instance_arn, &claim)
+                .delete_attribute(calls, &id.container_instance_arn, claim)
                 .await;
-            return Err(self.defer(d.to_string()));
+            return Err(self.defer(why));
         }
         tracing::info!(instance_id = me, claim = %claim, "fleet budget: slot taken");
         Ok(Some(claim_ms))
@@ -395,7 +421,7 @@ impl AwsControlPlane {
             Ok(m) => m,
             Err(e) => return Err(calls.fail(e)),
         };
-        if me.status == "DRAINING"
+        if me.status == EcsStatus::Draining
             && let Err(e) = ecs.set_active(&mut calls, arn).await
         {
             return Err(calls.fail(e));
@@ -435,17 +461,30 @@ impl AwsControlPlane {
         };
         let order_says = matches!(order.command, Command::Drain { terminating: true });
         let term = self.termination(&mut calls, id, order_says).await;
-        let (started_ms, resumed) = match me.status.as_str() {
-            "DRAINING" => (me.claim(self.prefix()).map(|(_, ms)| ms), true),
-            "ACTIVE" => {
+        let (started_ms, resumed) = match &me.status {
+            EcsStatus::Draining => (me.claim(self.prefix()).map(|(_, ms)| ms), true),
+            EcsStatus::Active => {
                 // An instance Auto Scaling is terminating leaves anyway: its drain takes no
                 // budget slot and no kill switch holds it.
                 let claim = match term {
                     Some(_) => None,
                     None => self.acquire_slot(&mut calls, id, &ecs).await?,
                 };
+                let ranked = Instant::now();
                 if let Err(e) = ecs.set_draining(&mut calls, arn).await {
                     return Err(calls.fail(e));
+                }
+                let settle = self.cfg.fleet.claim_settle;
+                if claim.is_some() && ranked.elapsed() > settle / 2 {
+                    // The claim protocol assumes the re-read and the drain are close together
+                    // (README, "The fleet budget"): a slow DrainContainerInstances call eats
+                    // into the margin another instance's view relies on.
+                    tracing::warn!(
+                        container_instance = %arn,
+                        took_ms = ranked.elapsed().as_millis() as u64,
+                        "fleet budget: from the claim's ranking to DRAINING took longer than half the claim settle ({}); the claim protocol's margin is thin",
+                        humantime::format_duration(settle)
+                    );
                 }
                 tracing::warn!(container_instance = %arn, incident_id = order.incident.0, "container instance set to DRAINING");
                 (claim, false)
@@ -479,112 +518,77 @@ impl AwsControlPlane {
     ) -> Result<Done, RemedyError> {
         let e = &self.cfg.ecs;
         let t0 = Instant::now();
-        let remaining = order.deadline.since(Timestamp::now());
-        let margin = (remaining / 10).min(Duration::from_secs(5));
-        let end = t0 + remaining.saturating_sub(margin);
-        let force_at = t0 + remaining.saturating_sub(e.force_stop_lead.max(margin));
-        let since_start = Duration::from_millis(now_ms().saturating_sub(started_ms));
-        let grace_at = t0 + e.standalone_grace.saturating_sub(since_start);
-        let mut stopped_standalone = 0usize;
-        let mut stopped_forced = 0usize;
-        let mut forced = false;
-        let mut stopped: HashSet<String> = HashSet::new();
-        let mut disconnected_since: Option<Instant> = None;
-        let mut polls = 0u32;
-        let mut transient = 0u32;
-        let reason_standalone = format!(
-            "gpu-medic: instance draining (incident {}); standalone task stopped after the grace",
-            order.incident
+        let mut plan = DrainPlan::new(
+            DrainTimes {
+                standalone_grace: e.standalone_grace,
+                force_stop_lead: e.force_stop_lead,
+                agent_disconnected_wait: e.agent_disconnected_wait,
+                poll_interval: e.drain_poll_interval,
+            },
+            order.deadline.since(Timestamp::now()),
+            Duration::from_millis(now_ms().saturating_sub(started_ms)),
+            resumed,
         );
-        let reason_forced = format!(
-            "gpu-medic: drain deadline reached (incident {}); stopping what is left",
-            order.incident
-        );
-        let prefix = if resumed { "resumed drain: " } else { "" };
+        let reason = |kind: StopKind| match kind {
+            StopKind::Standalone => format!(
+                "gpu-medic: instance draining (incident {}); standalone task stopped after the grace",
+                order.incident
+            ),
+            StopKind::Forced => format!(
+                "gpu-medic: drain deadline reached (incident {}); stopping what is left",
+                order.incident
+            ),
+        };
         loop {
-            polls += 1;
             let poll = async {
                 let me = ecs.describe_one(&mut calls, arn, true).await?;
                 let tasks = ecs.running_tasks(&mut calls, arn, true).await?;
                 Ok::<_, CallError>((me, tasks))
             }
             .await;
-            let now = Instant::now();
+            let at = t0.elapsed();
             match poll {
                 Err(err) if err.retryable => {
-                    transient += 1;
                     tracing::warn!(container_instance = %arn, "drain poll failed, will retry: {err}");
+                    if let Some(why) = plan.poll_failed(at) {
+                        return Err(calls.fatal(why));
+                    }
                 }
                 Err(err) => return Err(calls.fail(err)),
                 Ok((me, tasks)) => {
-                    if me.status == "ACTIVE" {
-                        return Err(calls.fatal(format!(
-                            "{prefix}drain stopped: the container instance is ACTIVE again (an operator, or `gpu-medic incidents abort`, restored it)"
-                        )));
-                    }
-                    if tasks.is_empty() && me.running == 0 && me.pending == 0 {
-                        return Ok(calls.done(format!(
-                            "{prefix}drained: no task left; {stopped_standalone} standalone task(s) stopped after the grace, {stopped_forced} stopped at the deadline; {polls} poll(s){}",
-                            if transient > 0 { format!(", {transient} failed") } else { String::new() }
-                        )));
-                    }
-                    if me.agent_connected {
-                        disconnected_since = None;
-                    } else {
-                        let since = *disconnected_since.get_or_insert(now);
-                        if now.duration_since(since) >= e.agent_disconnected_wait {
-                            return Err(calls.fatal(format!(
-                                "ECS agent disconnected for {}: ECS cannot stop the {} task(s) left; giving up the drain",
-                                humantime::format_duration(e.agent_disconnected_wait),
-                                tasks.len().max(me.running as usize)
-                            )));
-                        }
-                    }
-                    if now >= grace_at {
-                        for t in tasks.iter().filter(|t| !t.is_service()) {
-                            if stopped.insert(t.arn.clone()) {
-                                match ecs.stop_task(&mut calls, &t.arn, &reason_standalone).await {
-                                    Ok(()) => stopped_standalone += 1,
-                                    Err(err) if err.retryable => {
-                                        stopped.remove(&t.arn);
-                                    }
+                    let reading = Reading {
+                        status: me.status,
+                        running: me.running,
+                        pending: me.pending,
+                        agent_connected: me.agent_connected,
+                        tasks: tasks
+                            .iter()
+                            .map(|t| TaskView {
+                                arn: t.arn.clone(),
+                                id: t.id().to_string(),
+                                service: t.is_service(),
+                            })
+                            .collect(),
+                    };
+                    match plan.observe(at, &reading) {
+                        Next::Drained(detail) => return Ok(calls.done(detail)),
+                        Next::GiveUp(why) => return Err(calls.fatal(why)),
+                        Next::Act { stop, deadline } => {
+                            for (task, kind) in stop {
+                                match ecs.stop_task(&mut calls, &task, &reason(kind)).await {
+                                    Ok(()) => plan.stopped(&task, kind, true),
+                                    Err(err) if err.retryable => plan.stopped(&task, kind, false),
                                     Err(err) => return Err(calls.fail(err)),
                                 }
                             }
-                        }
-                    }
-                    if now >= force_at && !forced {
-                        forced = true;
-                        let left: Vec<&crate::aws::ecs::TaskInfo> =
-                            tasks.iter().filter(|t| !stopped.contains(&t.arn)).collect();
-                        for t in left {
-                            match ecs.stop_task(&mut calls, &t.arn, &reason_forced).await {
-                                Ok(()) => {
-                                    stopped_forced += 1;
-                                    stopped.insert(t.arn.clone());
-                                }
-                                Err(err) if err.retryable => forced = false,
-                                Err(err) => return Err(calls.fail(err)),
+                            if let Some(why) = deadline {
+                                return Err(calls.fatal(why));
                             }
                         }
                     }
-                    if now >= end {
-                        let left: Vec<&str> = tasks.iter().map(|t| t.id()).collect();
-                        return Err(calls.fatal(format!(
-                            "{prefix}drain incomplete at the deadline: {} task(s) still running ({})",
-                            left.len().max(me.running as usize),
-                            left.join(", ")
-                        )));
-                    }
                 }
             }
-            if Instant::now() >= end {
-                return Err(calls.fatal(format!(
-                    "{prefix}drain incomplete at the deadline: the instance could not be read ({transient} failed poll(s))"
-                )));
-            }
-            let next = (Instant::now() + e.drain_poll_interval).min(end);
-            tokio::time::sleep_until(next).await;
+            tokio::time::sleep_until(t0 + plan.next_poll(t0.elapsed())).await;
         }
     }
 

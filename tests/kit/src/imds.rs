@@ -6,12 +6,13 @@
 //!   `placement/region`, `autoscaling/target-lifecycle-state` (404 until set);
 //! - the test changes the target state at any time, or takes IMDS down (HTTP 500).
 //!
-//! Needs `mod aws` (support/aws.rs) in the same test crate.
-#![allow(dead_code)]
+//! And a fake ECS agent introspection API (`/v1/metadata`), which exists only on an instance.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::aws::{Handler, REGION, serve_http};
+use crate::aws::REGION;
+use crate::http::{Handler, header, serve_http};
 
 #[derive(Default)]
 struct State {
@@ -27,13 +28,6 @@ struct State {
 pub struct FakeImds {
     pub url: String,
     state: Arc<Mutex<State>>,
-}
-
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
 }
 
 impl FakeImds {
@@ -132,5 +126,55 @@ fn answer(
             None => (404, vec![], String::new()),
         },
         _ => (404, vec![], String::new()),
+    }
+}
+
+/// A fake ECS agent introspection API: `GET /v1/metadata` answers `metadata` (JSON) after
+/// answering 503 to the first `fail_first` requests (an agent still starting); any other
+/// path is 404.
+#[derive(Clone)]
+pub struct FakeAgent {
+    pub url: String,
+    requests: Arc<AtomicUsize>,
+}
+
+impl FakeAgent {
+    pub async fn start(metadata: String, fail_first: usize) -> FakeAgent {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = requests.clone();
+        let handler: Handler = Arc::new(move |_, path, _| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            if path != "/v1/metadata" {
+                return (404, vec![], String::new());
+            }
+            if n < fail_first {
+                return (503, vec![], "starting".into());
+            }
+            (
+                200,
+                vec![("Content-Type".into(), "application/json".into())],
+                metadata.clone(),
+            )
+        });
+        let addr = serve_http(handler).await;
+        FakeAgent {
+            url: format!("http://{addr}"),
+            requests,
+        }
+    }
+
+    /// The agent's metadata for a cluster and, once registered, a container instance.
+    pub fn metadata(cluster: &str, arn: Option<&str>) -> String {
+        match arn {
+            Some(arn) => format!(
+                r#"{{"Cluster":"{cluster}","ContainerInstanceArn":"{arn}","Version":"Amazon ECS Agent - v1.90.0"}}"#
+            ),
+            None => format!(r#"{{"Cluster":"{cluster}"}}"#),
+        }
+    }
+
+    /// Requests answered so far (any path).
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
     }
 }

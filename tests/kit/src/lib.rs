@@ -1,0 +1,222 @@
+//! gpu-medic's test kit: one home for what the integration tests (`tests/*.rs`), the
+//! benchmarks (`benches/*.rs`) and the soak (`examples/soak.rs`) need to run the real parts
+//! around gpu-medic. A dev-only workspace crate (`publish = false`), like `tests/fake-nvml`.
+//!
+//! - here: where the binaries are ([`bin`], [`fake_nvml`], [`repo`], [`default_policy`]),
+//!   waiting ([`wait_for`], [`wait_until`], [`wait_sync`]), fake-NVML files ([`gpus_json`],
+//!   [`inject`]), signals ([`signal`], [`stop_child`]) and wall-clock stamps ([`now_ms`],
+//!   [`parse_at`]);
+//! - [`daemon`]: `gpu-medic run` in a directory of its own with its config, environment and
+//!   logs, always killed on drop, and the CLI pointed at the same config;
+//! - [`aws`]: one moto per test binary, the SDK and seeding (Auto Scaling group, cluster,
+//!   container instances, tasks), test configs and orders;
+//! - [`proxy`]: the recording, fault-injecting HTTP proxy in front of moto (throttling, 5xx,
+//!   and the lifecycle actions moto lacks);
+//! - [`http`]: the small HTTP/1 plumbing both fakes and the proxy use;
+//! - [`imds`]: a fake IMDSv2 and a fake ECS agent introspection API;
+//! - [`mps`]: NVIDIA's real MPS control daemon in a short pipe directory of our own;
+//! - [`journal`]: reading a state directory's journal the way tests look at it;
+//! - [`proc`]: `/proc` readings (CPU time, RSS, threads, descriptors, process state);
+//! - [`stats`]: a seeded PRNG, percentiles and the machine line of the reports.
+//!
+//! Nothing here is a double for a part a user would have: moto, NVIDIA's MPS daemon and the
+//! fake libnvidia-ml (loaded through nvml-wrapper's real code path) are the real parts; the
+//! fake IMDS and ECS agent stand for EC2-only services (moto's IMDS lacks the token TTL header
+//! aws-config requires and `autoscaling/target-lifecycle-state`).
+//!
+//! Helpers panic with a message on a broken setup: they run only in tests.
+
+pub mod aws;
+pub mod daemon;
+pub mod http;
+pub mod imds;
+pub mod journal;
+pub mod mps;
+pub mod proc;
+pub mod proxy;
+pub mod stats;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use daemon::Daemon;
+pub use proxy::{Call, Fault, Proxy};
+
+// ---------------------------------------------------------------------------------------------
+// Paths
+
+/// The gpu-medic repository (the workspace root).
+pub fn repo() -> PathBuf {
+    let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = kit.join("../..");
+    root.canonicalize().unwrap_or(root)
+}
+
+/// The shipped default policy.
+pub fn default_policy() -> PathBuf {
+    repo().join("policies/default.toml")
+}
+
+/// The `gpu-medic` binary of the profile the caller was built in.
+///
+/// A separate crate cannot read `env!("CARGO_BIN_EXE_gpu-medic")` (cargo sets it only for the
+/// package's own tests and benches), so this looks next to the running executable: tests and
+/// benches run from `target/<profile>/deps/`, examples from `target/<profile>/examples/`, and
+/// the binary is `target/<profile>/gpu-medic`. Cargo builds it before the integration tests and
+/// benches; an example (the soak) needs `cargo build --workspace` first. `GPU_MEDIC_BIN`
+/// overrides the search (an installed binary).
+pub fn bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("GPU_MEDIC_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    for dir in exe.ancestors().skip(1).take(3) {
+        let p = dir.join("gpu-medic");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "gpu-medic not found above {}: build it first (cargo build --workspace)",
+        exe.display()
+    )
+}
+
+/// The fake libnvidia-ml (tests/fake-nvml). This crate depends on it, so cargo builds it
+/// (`target/<profile>/deps/libfake_nvml.so`) along with whatever uses the kit; a workspace build
+/// also leaves a copy at `target/<profile>/libfake_nvml.so`. The fresh `deps/` one comes first.
+pub fn fake_nvml() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dirs: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(3)
+        .map(Path::to_path_buf)
+        .collect();
+    if let Some(d) = bin().parent() {
+        dirs.push(d.to_path_buf());
+    }
+    dirs.iter()
+        .flat_map(|d| [d.join("deps/libfake_nvml.so"), d.join("libfake_nvml.so")])
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfake_nvml.so not found above {}: build the workspace (cargo build --workspace)",
+                exe.display()
+            )
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+
+/// Polls `f` every 100 ms on the current runtime until it holds; panics after `limit`.
+pub async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `f` every `every` (blocking) until it holds; the time it took, or None after `limit`.
+pub fn poll(limit: Duration, every: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    loop {
+        if f() {
+            return Some(t0.elapsed());
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// Polls `f` every 5 ms (blocking); whether it held within `limit` (benches, the soak).
+pub fn wait_until(limit: Duration, f: impl FnMut() -> bool) -> bool {
+    poll(limit, Duration::from_millis(5), f).is_some()
+}
+
+/// Polls `f` every 50 ms (blocking) until it holds and returns the time it took; panics after
+/// `limit` with `what` and `context()` (a log, a journal).
+pub fn wait_sync(
+    what: &str,
+    limit: Duration,
+    f: impl FnMut() -> bool,
+    context: impl FnOnce() -> String,
+) -> Duration {
+    match poll(limit, Duration::from_millis(50), f) {
+        Some(d) => d,
+        None => panic!("timed out waiting for {what} ({limit:?})\n{}", context()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time
+
+/// Wall clock in milliseconds (f64), comparable with journal stamps.
+pub fn now_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+/// A journal or inputs stamp (`"at"`) in ms.
+pub fn parse_at(s: &str) -> Option<f64> {
+    let t = humantime::parse_rfc3339_weak(s).ok()?;
+    Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64() * 1000.0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fake NVML files
+
+/// A fake NVML configuration with `n` H200 GPUs (identities from the fake's defaults).
+pub fn gpus_json(n: usize) -> String {
+    let gpus = vec!["{}"; n].join(",");
+    format!(r#"{{"driver_version": "570.172.08", "gpus": [{gpus}]}}"#)
+}
+
+/// Writes `json` into an injection folder atomically (`.tmp`, then rename); the fake library
+/// applies files in name order, so `seq` orders them.
+pub fn inject(dir: &Path, seq: u64, json: &str) {
+    let tmp = dir.join(format!("{seq:08}.json.tmp"));
+    std::fs::write(&tmp, json).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{seq:08}.json"))).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals
+
+pub fn signal(pid: u32, sig: libc::c_int) {
+    if pid == 0 {
+        return;
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is a process the caller
+    // started (or found by its own pipe directory), never 0 or -1.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// SIGTERM, then SIGKILL after `grace`; returns the exit status if it ended by itself.
+pub fn stop_child(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    signal(child.id(), libc::SIGTERM);
+    let t0 = Instant::now();
+    while t0.elapsed() < grace {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}

@@ -1,0 +1,411 @@
+//! A recording, fault-injecting HTTP/1 proxy in front of moto (or any upstream): it logs each
+//! call's operation (ECS JSON `X-Amz-Target` or the awsQuery `Action`), stamps it when the
+//! request was read in full (before forwarding: the moment it reached the control plane),
+//! answers chosen operations itself (throttling, 5xx, access denied, and the two lifecycle
+//! actions moto 5.2.5 lacks), and forwards the rest.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::http::{close_connection, find, read_message};
+
+/// One call seen by the proxy.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub op: String,
+    pub body: String,
+    /// Wall clock (ms) when the request was read in full, before it was forwarded.
+    pub arrived_ms: f64,
+    /// 0 when the upstream did not answer.
+    pub status: u16,
+    /// Answered by the proxy itself (a fault or a simulated lifecycle action).
+    pub injected: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Reply {
+    Fixed {
+        status: u16,
+        content_type: &'static str,
+        body: String,
+    },
+    /// The protocol's own throttling error (ECS `ThrottlingException`, Auto Scaling
+    /// `Throttling`), whichever operation it meets.
+    Throttle,
+}
+
+/// An answer the proxy gives itself, `times` times, for one operation ("" = any operation).
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub op: String,
+    pub times: usize,
+    reply: Reply,
+}
+
+impl Fault {
+    fn ecs(op: &str, times: usize, status: u16, code: &str, message: &str) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Fixed {
+                status,
+                content_type: "application/x-amz-json-1.1",
+                body: format!(r#"{{"__type":"{code}","message":"{message}"}}"#),
+            },
+        }
+    }
+
+    pub fn ecs_throttle(op: &str, times: usize) -> Fault {
+        Fault::ecs(op, times, 400, "ThrottlingException", "Rate exceeded")
+    }
+
+    pub fn ecs_unavailable(op: &str, times: usize) -> Fault {
+        Fault::ecs(op, times, 503, "ServerException", "Service unavailable")
+    }
+
+    pub fn ecs_denied(op: &str, times: usize) -> Fault {
+        Fault::ecs(op, times, 400, "AccessDeniedException", "not authorized")
+    }
+
+    pub fn asg_error(op: &str, times: usize, status: u16, code: &str, message: &str) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Fixed {
+                status,
+                content_type: "text/xml",
+                body: format!(
+                    "<ErrorResponse xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message></Error><RequestId>fault</RequestId></ErrorResponse>"
+                ),
+            },
+        }
+    }
+
+    /// A successful awsQuery answer with an empty result (what moto does not implement).
+    pub fn asg_ok(op: &str, times: usize) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Fixed {
+                status: 200,
+                content_type: "text/xml",
+                body: format!(
+                    "<{op}Response xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><{op}Result/><ResponseMetadata><RequestId>canned-{op}</RequestId></ResponseMetadata></{op}Response>"
+                ),
+            },
+        }
+    }
+
+    /// Answers `op` with this status, content type and body (what moto gets wrong or lacks).
+    pub fn canned(
+        op: &str,
+        times: usize,
+        status: u16,
+        content_type: &'static str,
+        body: String,
+    ) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Fixed {
+                status,
+                content_type,
+                body,
+            },
+        }
+    }
+
+    /// The next `times` calls of `op` ("" = any operation) throttled in their protocol's words.
+    pub fn throttle(op: &str, times: usize) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Throttle,
+        }
+    }
+
+    /// (status, content type, body) of the answer to a call of this protocol.
+    fn answer(&self, json: bool) -> (u16, &'static str, String) {
+        match &self.reply {
+            Reply::Fixed {
+                status,
+                content_type,
+                body,
+            } => (*status, content_type, body.clone()),
+            Reply::Throttle if json => (
+                400,
+                "application/x-amz-json-1.1",
+                r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#.to_string(),
+            ),
+            Reply::Throttle => (
+                400,
+                "text/xml",
+                "<ErrorResponse xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>throttle</RequestId></ErrorResponse>".to_string(),
+            ),
+        }
+    }
+}
+
+#[derive(Default)]
+struct ProxyState {
+    calls: Vec<Call>,
+    faults: VecDeque<Fault>,
+    answered: u64,
+    forwarded: u64,
+    /// Lifecycle actions waiting, as (hook, instance id); `None`: not simulated.
+    lifecycle: Option<Vec<(String, String)>>,
+}
+
+/// A form field of an awsQuery body (our hook names and instance ids need no decoding).
+pub fn form_field<'a>(body: &'a str, key: &str) -> Option<&'a str> {
+    body.split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+impl ProxyState {
+    /// moto 5.2.5 implements neither CompleteLifecycleAction nor
+    /// RecordLifecycleActionHeartbeat: once simulated, the proxy answers them from its list
+    /// of waiting actions (a completed action is gone; an unknown one is a ValidationError).
+    fn lifecycle_answer(&mut self, op: &str, body: &str) -> Option<Fault> {
+        let waiting = self.lifecycle.as_mut()?;
+        if op != "CompleteLifecycleAction" && op != "RecordLifecycleActionHeartbeat" {
+            return None;
+        }
+        let hook = form_field(body, "LifecycleHookName").unwrap_or("");
+        let iid = form_field(body, "InstanceId").unwrap_or("");
+        let pos = waiting.iter().position(|(h, i)| h == hook && i == iid);
+        Some(match pos {
+            Some(p) => {
+                if op == "CompleteLifecycleAction" {
+                    waiting.remove(p);
+                }
+                Fault::asg_ok(op, 1)
+            }
+            None => Fault::asg_error(
+                op,
+                1,
+                400,
+                "ValidationError",
+                &format!("No active Lifecycle Action found with instance ID {iid}"),
+            ),
+        })
+    }
+
+    /// The fault that answers this call, if any (using one of its `times`).
+    fn take_fault(&mut self, op: &str, body: &str) -> Option<Fault> {
+        let pos = self
+            .faults
+            .iter()
+            .position(|f| f.times > 0 && (f.op.is_empty() || f.op == op));
+        let fault = pos.map(|i| {
+            self.faults[i].times -= 1;
+            self.faults[i].clone()
+        });
+        self.faults.retain(|f| f.times > 0);
+        fault.or_else(|| self.lifecycle_answer(op, body))
+    }
+}
+
+/// The proxy, running on the runtime that started it.
+#[derive(Clone)]
+pub struct Proxy {
+    pub url: String,
+    pub addr: SocketAddr,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+impl Proxy {
+    /// A proxy in front of this binary's moto ([`crate::aws::moto`]).
+    pub async fn start() -> Proxy {
+        Proxy::to(crate::aws::moto().addr).await
+    }
+
+    /// A proxy in front of `upstream`.
+    pub async fn to(upstream: SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(ProxyState::default()));
+        let st = state.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let _ = handle(sock, upstream, st).await;
+                });
+            }
+        });
+        Proxy {
+            url: format!("http://{addr}"),
+            addr,
+            state,
+        }
+    }
+
+    pub fn fault(&self, f: Fault) {
+        self.state.lock().unwrap().faults.push_back(f);
+    }
+
+    /// Throttles the next `times` calls of `op` ("" = any operation).
+    pub fn throttle(&self, op: &str, times: usize) {
+        self.fault(Fault::throttle(op, times));
+    }
+
+    /// Drops every fault not yet used up.
+    pub fn clear_faults(&self) {
+        self.state.lock().unwrap().faults.clear();
+    }
+
+    /// Answers CompleteLifecycleAction and RecordLifecycleActionHeartbeat from now on, with
+    /// an action waiting on `hook` for `instance_id` (call again to add more).
+    pub fn lifecycle_wait(&self, hook: &str, instance_id: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .lifecycle
+            .get_or_insert_with(Vec::new)
+            .push((hook.to_string(), instance_id.to_string()));
+    }
+
+    /// Answers the two lifecycle actions from now on, with no action waiting.
+    pub fn lifecycle_simulate(&self) {
+        self.state
+            .lock()
+            .unwrap()
+            .lifecycle
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// Lifecycle actions still waiting.
+    pub fn lifecycle_waiting(&self) -> Vec<(String, String)> {
+        self.state
+            .lock()
+            .unwrap()
+            .lifecycle
+            .clone()
+            .unwrap_or_default()
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// The calls recorded since the last take (and forgets them).
+    pub fn take_calls(&self) -> Vec<Call> {
+        std::mem::take(&mut self.state.lock().unwrap().calls)
+    }
+
+    /// The operations seen, in order.
+    pub fn ops(&self) -> Vec<String> {
+        self.calls().into_iter().map(|c| c.op).collect()
+    }
+
+    pub fn count(&self, op: &str) -> usize {
+        self.calls().iter().filter(|c| c.op == op).count()
+    }
+
+    /// Calls of `op` whose body contains `needle`.
+    pub fn count_with(&self, op: &str, needle: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c.op == op && c.body.contains(needle))
+            .count()
+    }
+
+    /// (calls the proxy answered itself, calls forwarded upstream), since it started.
+    pub fn counts(&self) -> (u64, u64) {
+        let g = self.state.lock().unwrap();
+        (g.answered, g.forwarded)
+    }
+}
+
+/// (operation, is the ECS JSON protocol).
+fn operation(head: &str, body: &str) -> (String, bool) {
+    for l in head.lines() {
+        if let Some((k, v)) = l.split_once(':')
+            && k.eq_ignore_ascii_case("x-amz-target")
+        {
+            return (v.trim().rsplit('.').next().unwrap_or("").to_string(), true);
+        }
+    }
+    let op = body
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("Action="))
+        .unwrap_or("?")
+        .to_string();
+    (op, false)
+}
+
+async fn handle(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    st: Arc<Mutex<ProxyState>>,
+) -> std::io::Result<()> {
+    // One request per connection (we answer `Connection: close`).
+    let (head, body) = read_message(&mut client).await?;
+    let arrived_ms = crate::now_ms();
+    let head_s = String::from_utf8_lossy(&head).to_string();
+    let body_s = String::from_utf8_lossy(&body).to_string();
+    let (op, json) = operation(&head_s, &body_s);
+    let fault = {
+        let mut g = st.lock().unwrap();
+        let f = g.take_fault(&op, &body_s);
+        if f.is_some() {
+            g.answered += 1;
+        } else {
+            g.forwarded += 1;
+        }
+        f.map(|f| (f, g.answered))
+    };
+    let injected = fault.is_some();
+    let (status, response) = match fault {
+        Some((f, n)) => {
+            let (status, content_type, body) = f.answer(json);
+            let resp = format!(
+                "HTTP/1.1 {status} Injected\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nx-amzn-requestid: fault-{n}\r\nConnection: close\r\n\r\n{body}",
+                body.len(),
+            );
+            (status, resp.into_bytes())
+        }
+        None => {
+            let forwarded = async {
+                let mut up = TcpStream::connect(upstream).await?;
+                up.write_all(&close_connection(&head)).await?;
+                up.write_all(&body).await?;
+                let mut resp = Vec::new();
+                up.read_to_end(&mut resp).await?;
+                Ok::<_, std::io::Error>(resp)
+            }
+            .await;
+            match forwarded {
+                Ok(resp) => {
+                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
+                    let status = String::from_utf8_lossy(&resp[..split])
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    let mut out = close_connection(&resp[..split]);
+                    out.extend_from_slice(&resp[split..]);
+                    (status, out)
+                }
+                Err(_) => (0, Vec::new()),
+            }
+        }
+    };
+    st.lock().unwrap().calls.push(Call {
+        op,
+        body: body_s,
+        arrived_ms,
+        status,
+        injected,
+    });
+    if !response.is_empty() {
+        client.write_all(&response).await?;
+    }
+    client.shutdown().await
+}

@@ -1,0 +1,243 @@
+//! The layout's rules, checked on the source tree (README "How it works"):
+//! - senses (`src/probe`) and hands (`src/remedy`) never import each other;
+//! - the adapters (`src/aws`, `src/mps`) import no probe, remedy, engine, supervisor, gate or
+//!   CLI: both sides build on them, not the other way round;
+//! - the engine imports nothing that does I/O;
+//! - no process-wide static holds state (an effect travels Observation -> engine -> Order ->
+//!   Outcome, or through an object handed to both sides at construction);
+//! - every `docs/...` or `research/...` file cited in code, policies, tests or packaging exists
+//!   in the repository.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Lines of `file` that mention `crate::<module>` (in `use` or a path), outside comments.
+fn mentions(file: &Path, modules: &[&str]) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(|(_, l)| {
+            modules.iter().any(|m| {
+                l.contains(&format!("crate::{m}::"))
+                    || l.contains(&format!("crate::{m};"))
+                    || l.contains(&format!("crate::{m}::{{"))
+                    || l.contains(&format!("crate::{{{m}"))
+            })
+        })
+        .map(|(i, l)| format!("{}:{}: {}", file.display(), i + 1, l.trim()))
+        .collect()
+}
+
+fn check(dir: &str, forbidden: &[&str]) -> Vec<String> {
+    rust_files(&root().join(dir))
+        .iter()
+        .flat_map(|f| mentions(f, forbidden))
+        .collect()
+}
+
+#[test]
+fn probes_and_remedies_never_import_each_other() {
+    let bad = [
+        check("src/probe", &["remedy", "gate"]),
+        check("src/remedy", &["probe", "gate"]),
+    ]
+    .concat();
+    assert!(
+        bad.is_empty(),
+        "imports that run the wrong way:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn adapters_import_no_probe_remedy_engine_or_cli() {
+    let forbidden = [
+        "probe",
+        "remedy",
+        "engine",
+        "cli",
+        "supervisor",
+        "gate",
+        "journal",
+    ];
+    let bad = [check("src/aws", &forbidden), check("src/mps", &forbidden)].concat();
+    assert!(
+        bad.is_empty(),
+        "adapters must stay below probes and remedies:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_engine_imports_nothing_that_does_io() {
+    let forbidden = [
+        "probe",
+        "remedy",
+        "aws",
+        "mps",
+        "cli",
+        "supervisor",
+        "gate",
+        "journal",
+        "metrics",
+    ];
+    let bad = check("src/engine", &forbidden);
+    assert!(
+        bad.is_empty(),
+        "the engine must stay pure:\n{}",
+        bad.join("\n")
+    );
+    for f in rust_files(&root().join("src/engine")) {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for banned in [
+            "SystemTime::now",
+            "Instant::now",
+            "std::env::",
+            "std::fs::",
+            "tokio::",
+        ] {
+            assert!(
+                !text.contains(banned),
+                "{}: the engine reads {banned}; pass it in instead",
+                f.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn no_static_holds_state() {
+    let stateful = [
+        "Atomic", "Mutex", "RwLock", "OnceLock", "OnceCell", "LazyLock", "RefCell", "Cell<",
+    ];
+    let mut bad = Vec::new();
+    for f in rust_files(&root().join("src")) {
+        if f.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (i, l) in code.lines().enumerate() {
+            let t = l.trim_start();
+            let is_static = t.starts_with("static ")
+                || t.starts_with("pub static ")
+                || t.contains(" static mut ");
+            if is_static && stateful.iter().any(|s| t.contains(s)) {
+                bad.push(format!("{}:{}: {}", f.display(), i + 1, t));
+            }
+            if t.starts_with("thread_local!") {
+                bad.push(format!("{}:{}: {}", f.display(), i + 1, t));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "statics that hold state:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn cited_documents_exist() {
+    let mut files = Vec::new();
+    for d in ["src", "tests", "benches", "examples"] {
+        files.extend(rust_files(&root().join(d)));
+    }
+    files.retain(|f| !f.ends_with("tests/layout.rs"));
+    for d in ["policies", "packaging", "docs"] {
+        let mut stack = vec![root().join(d)];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    files.push(p);
+                }
+            }
+        }
+    }
+    files.push(root().join("README.md"));
+    let mut missing = Vec::new();
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        for (i, l) in text.lines().enumerate() {
+            for cited in citations(l) {
+                if !root().join(&cited).exists() {
+                    missing.push(format!("{}:{}: {cited}", f.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "cited but not in the repository (put the facts in docs/ with their public sources):\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The repository documents a line cites: `docs/X.md`, `research/X.md` (also as
+/// `../shared/research/X.md`), not parts of URLs or other paths.
+fn citations(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for head in ["docs/", "research/"] {
+        let mut from = 0;
+        while let Some(at) = line[from..].find(head).map(|a| a + from) {
+            let before = line[..at].chars().next_back();
+            let tail = &line[at..];
+            let len = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "/._-".contains(c)))
+                .unwrap_or(tail.len());
+            from = at + len.max(1);
+            let cited = tail[..len].trim_end_matches('.');
+            let standalone =
+                before.is_none_or(|c| !(c.is_ascii_alphanumeric() || "/.-_".contains(c)));
+            let shared = line[..at].ends_with("../shared/");
+            if (standalone || shared)
+                && [".md", ".csv", ".toml", ".json"]
+                    .iter()
+                    .any(|x| cited.ends_with(x))
+            {
+                out.push(cited.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn citations_are_found_where_they_are_and_only_there() {
+    assert_eq!(citations("see docs/mps.md#log-formats."), ["docs/mps.md"]);
+    assert_eq!(
+        citations("(research/aws-flows.md A2)"),
+        ["research/aws-flows.md"]
+    );
+    assert_eq!(citations("../shared/research/mps.md"), ["research/mps.md"]);
+    assert!(citations("https://example.com/docs/x.md /usr/share/docs/y.md").is_empty());
+    assert!(citations("docs/ holds the facts").is_empty());
+}
