@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{GpuStatus, State};
 use crate::model::{Action, ActionId, Command, IncidentEvent, Input, OutcomeStatus, Signal};
+use crate::policy::Policy;
+use crate::probe::nvml::usage::Accounting;
 
 type Labels = Vec<(String, String)>;
 
@@ -36,6 +38,10 @@ pub struct Metrics {
     self_fault_seen: Mutex<std::collections::BTreeSet<String>>,
     /// Commands of orders started, to label their outcomes.
     started: Mutex<BTreeMap<ActionId, &'static str>>,
+    task_gpu_memory: Family<Labels, Gauge>,
+    task_gpu_processes: Family<Labels, Gauge>,
+    /// The NVML poller's latest GPUs and per-task use, read at each scrape.
+    accounting: Option<Accounting>,
 }
 
 impl Default for Metrics {
@@ -104,7 +110,22 @@ impl Metrics {
             "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control): a mistake or a fault of gpu-medic, never remediated",
             self_fault.clone(),
         );
+        let task_gpu_memory = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_memory_bytes",
+            "GPU memory used by an ECS task's container on a GPU (sum of its MPS client processes, NVML's per-process usedGpuMemory), at the last poll",
+            task_gpu_memory.clone(),
+        );
+        let task_gpu_processes = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_processes",
+            "MPS client processes of an ECS task's container on a GPU, at the last poll (unknown=\"true\": NVML did not report their memory)",
+            task_gpu_processes.clone(),
+        );
         Metrics {
+            task_gpu_memory,
+            task_gpu_processes,
+            accounting: None,
             registry,
             self_fault,
             self_fault_seen: Mutex::new(Default::default()),
@@ -121,12 +142,22 @@ impl Metrics {
         }
     }
 
-    /// Updates the metrics from one engine step.
-    pub fn record(&self, input: &Input, actions: &[Action], state: &State) {
+    /// Per-task GPU memory and a health series for every GPU come from `accounting`.
+    pub fn with_accounting(mut self, accounting: Accounting) -> Self {
+        self.accounting = Some(accounting);
+        self
+    }
+
+    /// Updates the metrics from one engine step. An observation counts as a signal only
+    /// when a rule of `policy` takes it at its value: a routine reading (a state disk 20 %
+    /// used, an MPS probe that answered) is not a signal.
+    pub fn record(&self, input: &Input, actions: &[Action], state: &State, policy: &Policy) {
         if let Input::Observation(o) = input {
-            self.signals
-                .get_or_create(&vec![("signal".into(), o.signal.kind().as_str().into())])
-                .inc();
+            if policy.rule_for(&o.signal, o.value).is_some() {
+                self.signals
+                    .get_or_create(&vec![("signal".into(), o.signal.kind().as_str().into())])
+                    .inc();
+            }
             match &o.signal {
                 Signal::Xid { code, .. } => {
                     let gpu = o
@@ -228,8 +259,65 @@ impl Metrics {
         }
     }
 
+    /// Refreshes the series fed by the NVML poller: every GPU it answered for has a health
+    /// series (0 until the engine says otherwise), and per-task use replaces the last
+    /// scrape's, so a task that went away has no series.
+    fn refresh_usage(&self) {
+        let Some(a) = &self.accounting else { return };
+        let snap = a.snapshot();
+        self.task_gpu_memory.clear();
+        self.task_gpu_processes.clear();
+        for (index, (gpu, tasks)) in &snap.gpus {
+            // Created at 0 (healthy) if absent; the engine's value is kept otherwise.
+            drop(self.gpu_health.get_or_create(&vec![
+                ("gpu".into(), index.to_string()),
+                ("uuid".into(), gpu.uuid.clone()),
+            ]));
+            for t in tasks {
+                let (task, family, revision, container) = match &t.names {
+                    Some(n) => (
+                        n.arn.clone(),
+                        n.family.clone(),
+                        n.revision.clone(),
+                        n.container.clone().or_else(|| t.container.clone()),
+                    ),
+                    None => (
+                        t.task.clone(),
+                        String::new(),
+                        String::new(),
+                        t.container.clone(),
+                    ),
+                };
+                let labels: Labels = vec![
+                    ("task".into(), task),
+                    ("family".into(), family),
+                    ("revision".into(), revision),
+                    ("container".into(), container.unwrap_or_default()),
+                    ("gpu".into(), index.to_string()),
+                    ("uuid".into(), gpu.uuid.clone()),
+                ];
+                self.task_gpu_memory
+                    .get_or_create(&labels)
+                    .set(i64::try_from(t.bytes).unwrap_or(i64::MAX));
+                let mut known = labels.clone();
+                known.push(("unknown".into(), "false".into()));
+                self.task_gpu_processes
+                    .get_or_create(&known)
+                    .set(i64::from(t.processes - t.unknown));
+                if t.unknown > 0 {
+                    let mut unknown = labels;
+                    unknown.push(("unknown".into(), "true".into()));
+                    self.task_gpu_processes
+                        .get_or_create(&unknown)
+                        .set(i64::from(t.unknown));
+                }
+            }
+        }
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
+        self.refresh_usage();
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -316,7 +404,7 @@ mod tests {
         let mut now = Timestamp(1_700_000_000_000);
         let feed = |input: Input, st: &mut State, now: Timestamp| {
             let (next, actions) = step(st, input.clone(), now, &policy);
-            m.record(&input, &actions, &next);
+            m.record(&input, &actions, &next, &policy);
             *st = next;
             actions
         };
@@ -400,5 +488,62 @@ mod tests {
         for (name, want) in expect {
             assert_eq!(value(&text, name), Some(want), "{name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn routine_readings_are_not_signals_and_task_series_follow_the_poller() {
+        use crate::probe::nvml::usage::{Snapshot, TaskUsage};
+        let policy = Policy::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+        )
+        .unwrap();
+        let accounting = Accounting::new();
+        let m = Metrics::new().with_accounting(accounting.clone());
+        let st = State::default();
+        let now = Timestamp(1_700_000_000_000);
+        for pct in [20, 99] {
+            let input = Input::Observation(Observation::new(Signal::StateDiskFull).with_value(pct));
+            let (next, actions) = step(&st, input.clone(), now, &policy);
+            m.record(&input, &actions, &next, &policy);
+        }
+        let gpu = |i: u32| GpuId {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            ..GpuId::default()
+        };
+        let mut snap = Snapshot::default();
+        snap.gpus.insert(0, (gpu(0), vec![]));
+        snap.gpus.insert(
+            1,
+            (
+                gpu(1),
+                vec![TaskUsage {
+                    task: "aa11".into(),
+                    container: Some("c0".into()),
+                    bytes: 3 << 30,
+                    processes: 2,
+                    unknown: 1,
+                    names: None,
+                }],
+            ),
+        );
+        accounting.publish(snap.clone());
+        let text = m.render();
+        assert_eq!(
+            value(&text, "gpu_medic_signals_total{signal=\"state-disk-full\"}"),
+            Some(1.0),
+            "only the 99 % reading is a signal:\n{text}"
+        );
+        for i in 0..2 {
+            let series = format!("gpu_medic_gpu_health{{gpu=\"{i}\",uuid=\"GPU-{i}\"}}");
+            assert_eq!(value(&text, &series), Some(0.0), "{series} in\n{text}");
+        }
+        let mem = "gpu_medic_task_gpu_memory_bytes{task=\"aa11\",family=\"\",revision=\"\",container=\"c0\",gpu=\"1\",uuid=\"GPU-1\"}";
+        assert_eq!(value(&text, mem), Some((3u64 << 30) as f64), "{text}");
+        assert!(text.contains("unknown=\"true\"} 1"), "{text}");
+        snap.gpus.get_mut(&1).unwrap().1.clear();
+        accounting.publish(snap);
+        let text = m.render();
+        assert_eq!(value(&text, mem), None, "the task went away:\n{text}");
     }
 }

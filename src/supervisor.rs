@@ -415,7 +415,7 @@ impl Engine {
             let now = Timestamp::now();
             let (mut state, actions) = engine::step(&self.state, input.clone(), now, &self.policy);
             if let Some(m) = &self.metrics {
-                m.record(&input, &actions, &state);
+                m.record(&input, &actions, &state, &self.policy);
             }
             // An input that changes nothing (an MPS probe that answered, a quiet tick) is not
             // recorded: the engine is a pure function of state and input, so leaving it out of

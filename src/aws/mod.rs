@@ -8,6 +8,7 @@
 //! Probes, remedies and the launch gate build on these; nothing here imports a probe, a remedy,
 //! the engine or the CLI. The call sequences and moto's gaps: docs/aws.md.
 
+pub mod agent;
 pub mod asg;
 pub mod calls;
 pub mod ecs;

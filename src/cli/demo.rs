@@ -215,7 +215,7 @@ async fn play(
 ) -> Result<i32, CliError> {
     let shutdown = CancellationToken::new();
     let mps_client = ControlClient::new(&cfg.mps);
-    let sources = crate::probe::sources(&cfg, &mps_client, &TargetState::new());
+    let sources = crate::probe::sources(&cfg, &mps_client, &TargetState::new(), None);
     let mps_cfg = cfg.mps.enabled.then(|| cfg.mps.clone());
     let mut remedies = Remedies {
         mps: None,

@@ -122,7 +122,13 @@ async fn serve(
     // lock); the lifecycle watcher writes what the control plane's drain reads.
     let mps_client = ControlClient::new(&cfg.mps);
     let target_state = TargetState::new();
-    let sources = crate::probe::sources(&cfg, &mps_client, &target_state);
+    let accounting = crate::probe::nvml::usage::Accounting::new();
+    let sources = crate::probe::sources(
+        &cfg,
+        &mps_client,
+        &target_state,
+        cfg.metrics.enabled.then_some(&accounting),
+    );
     let mut remedies = Remedies::default();
     if cfg.aws.enabled {
         // Identity discovery waits for the first order: the ECS agent may not be up yet.
@@ -145,7 +151,7 @@ async fn serve(
     }
     let mut metrics_task = None;
     if metrics_cfg.enabled {
-        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new().with_accounting(accounting));
         supervisor.with_metrics(metrics.clone());
         let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
             .await

@@ -60,13 +60,22 @@ pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
 /// The continuous probes enabled by `cfg`, for `gpu-medic run`. `mps` is the control client
 /// the MPS remedy also holds; `seen` receives the lifecycle watcher's readings for the control
 /// plane.
-pub fn sources(cfg: &Config, mps: &ControlClient, seen: &TargetState) -> Vec<Box<dyn Source>> {
+///
+/// `accounting` receives every NVML poll's GPUs and per-task GPU memory (for the metrics).
+pub fn sources(
+    cfg: &Config,
+    mps: &ControlClient,
+    seen: &TargetState,
+    accounting: Option<&nvml::usage::Accounting>,
+) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
-        out.push(Box::new(nvml::NvmlSource::new(
-            cfg.nvml.clone(),
-            cfg.state_dir.clone(),
-        )));
+        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone());
+        if let Some(a) = accounting {
+            let agent = cfg.aws.enabled.then(|| cfg.ecs.agent_url.clone());
+            source = source.with_accounting(a.clone(), agent);
+        }
+        out.push(Box::new(source));
     }
     if cfg.mps.enabled {
         out.push(Box::new(

@@ -8,14 +8,28 @@ use std::path::Path;
 
 /// The ECS task id in a cgroup file's text, if the process runs in an ECS task.
 pub fn task_id_from_cgroup(text: &str) -> Option<String> {
+    task_and_container_from_cgroup(text).map(|(task, _)| task)
+}
+
+/// The ECS task id and, where the path names it, the container (Docker) id in a cgroup
+/// file's text: `ecstasks-<task>.slice/docker-<container>.scope` (v2) or
+/// `/ecs/<task>/<container>` (v1).
+pub fn task_and_container_from_cgroup(text: &str) -> Option<(String, Option<String>)> {
     for line in text.lines() {
         let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        for part in path.split('/') {
+        let mut parts = path.split('/');
+        while let Some(part) = parts.next() {
             if let Some(rest) = part.strip_prefix("ecstasks-")
                 && let Some(id) = rest.strip_suffix(".slice")
                 && is_task_id(id)
             {
-                return Some(id.to_string());
+                let container = parts
+                    .next()
+                    .and_then(|c| c.strip_prefix("docker-"))
+                    .and_then(|c| c.strip_suffix(".scope"))
+                    .filter(|c| is_task_id(c))
+                    .map(str::to_string);
+                return Some((id.to_string(), container));
             }
         }
         let mut parts = path.split('/').skip_while(|p| *p != "ecs");
@@ -23,7 +37,8 @@ pub fn task_id_from_cgroup(text: &str) -> Option<String> {
             && let Some(id) = parts.next()
             && is_task_id(id)
         {
-            return Some(id.to_string());
+            let container = parts.next().filter(|c| is_task_id(c)).map(str::to_string);
+            return Some((id.to_string(), container));
         }
     }
     None
@@ -88,6 +103,24 @@ mod tests {
         let t =
             "12:memory:/ecs/5d2f0e7c1b9a4c8e/abcdef0123\n11:cpu:/ecs/5d2f0e7c1b9a4c8e/abcdef0123\n";
         assert_eq!(task_id_from_cgroup(t).as_deref(), Some("5d2f0e7c1b9a4c8e"));
+    }
+
+    #[test]
+    fn the_container_id_comes_with_the_task_in_both_layouts() {
+        let v2 = "0::/ecstasks.slice/ecstasks-aa11.slice/docker-0123abcd.scope\n";
+        assert_eq!(
+            task_and_container_from_cgroup(v2),
+            Some(("aa11".into(), Some("0123abcd".into())))
+        );
+        let v1 = "8:pids:/ecs/bb22/c0ffee\n";
+        assert_eq!(
+            task_and_container_from_cgroup(v1),
+            Some(("bb22".into(), Some("c0ffee".into())))
+        );
+        assert_eq!(
+            task_and_container_from_cgroup("8:pids:/ecs/bb22\n"),
+            Some(("bb22".into(), None))
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod events;
 pub mod kmsg;
 mod poll;
 mod raw;
+pub mod usage;
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -95,6 +96,9 @@ pub struct NvmlSource {
     cfg: NvmlConfig,
     proc_root: PathBuf,
     state_dir: PathBuf,
+    accounting: Option<usage::Accounting>,
+    /// The ECS agent's introspection API, to label tasks (`[aws]` on).
+    agent_url: Option<String>,
 }
 
 impl NvmlSource {
@@ -103,7 +107,21 @@ impl NvmlSource {
             cfg,
             proc_root: PathBuf::from("/proc"),
             state_dir,
+            accounting: None,
+            agent_url: None,
         }
+    }
+
+    /// Publishes every poll's GPUs and per-task GPU memory to `accounting`.
+    /// Tasks are labelled with what the ECS agent at `agent_url` tells of them.
+    pub fn with_accounting(
+        mut self,
+        accounting: usage::Accounting,
+        agent_url: Option<String>,
+    ) -> Self {
+        self.accounting = Some(accounting);
+        self.agent_url = agent_url;
+        self
     }
 }
 
@@ -129,6 +147,7 @@ impl NvmlSource {
         let mut warned_other = false;
         // Reported once per episode; the engine keeps one incident while it lasts.
         let mut unusable = false;
+        let mut names = usage::TaskNames::default();
         'open: loop {
             let library = self.cfg.library.clone();
             let opened = tokio::task::spawn_blocking(move || open(&library)).await;
@@ -225,6 +244,13 @@ impl NvmlSource {
                 match tokio::time::timeout(poll_deadline, job).await {
                     Ok(Ok((p, report))) => {
                         poller = Some(p);
+                        if let Some(a) = &self.accounting {
+                            let mut snap = report.usage;
+                            if let Some(url) = &self.agent_url {
+                                names.label(url, &mut snap).await;
+                            }
+                            a.publish(snap);
+                        }
                         if let Some(reader) = kmsg.take() {
                             let spawned = std::thread::Builder::new()
                                 .name("kmsg".into())

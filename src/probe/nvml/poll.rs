@@ -14,9 +14,10 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSe
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 
-use super::raw;
+use super::{raw, usage};
 use crate::model::{GpuId, Observation, RecoveryAction, Signal};
 use crate::probe::tasks;
+use nvml_wrapper::enums::device::UsedGpuMemory;
 
 /// NVML field id of the driver's recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
 pub const FIELD_RECOVERY_ACTION: u32 = 230;
@@ -145,6 +146,8 @@ pub struct PollReport {
     /// Unexpected errors (a counter that stopped answering): reported, never fatal.
     pub problems: Vec<String>,
     pub gpus: Vec<GpuId>,
+    /// GPU memory per task and container on each GPU that answered.
+    pub usage: super::usage::Snapshot,
 }
 
 pub struct Poller {
@@ -259,6 +262,7 @@ impl Poller {
             Ok(g) => {
                 lock(shared).gpus.insert(index, g.clone());
                 report.gpus.push(g.clone());
+                report.usage.gpus.insert(index, (g.clone(), Vec::new()));
             }
             Err(NvmlError::GpuLost) => {
                 let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
@@ -274,6 +278,19 @@ impl Poller {
                 let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
                 let tasks = tasks::task_ids(&self.proc_root, &pids);
                 lock(shared).clients.insert(index, (pids, tasks));
+                if let Some((_, per_task)) = report.usage.gpus.get_mut(&index) {
+                    let clients: Vec<usage::Client> = procs
+                        .iter()
+                        .map(|p| usage::Client {
+                            pid: p.pid,
+                            used_bytes: match p.used_gpu_memory {
+                                UsedGpuMemory::Used(b) => Some(b),
+                                UsedGpuMemory::Unavailable => None,
+                            },
+                        })
+                        .collect();
+                    *per_task = usage::sum(&self.proc_root, &clients);
+                }
             }
             Err(e) => self.failed(report, index, "MPS client list", &e),
         }

@@ -708,12 +708,15 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 }
 
 /// (total, reserved, used) bytes: 512 MiB reserved (at most a quarter of
-/// the memory), 4 MiB + 1 GiB per MPS client used.
+/// the memory), 4 MiB + each MPS client's `used_mib` (1 GiB when not given) used.
 fn memory_numbers(g: &Global, i: usize) -> (u64, u64, u64) {
     let gpu = &g.hw.gpus[i];
     let total = gpu.spec.memory_mib.saturating_mul(1 << 20);
     let reserved = (512u64 << 20).min(total / 4);
-    let used = (4u64 << 20).saturating_add((gpu.procs.len() as u64).saturating_mul(1 << 30));
+    let clients = gpu.procs.iter().fold(0u64, |sum, (_, mib)| {
+        sum.saturating_add(mib.map_or(1 << 30, |m| m.saturating_mul(1 << 20)))
+    });
+    let used = (4u64 << 20).saturating_add(clients);
     (total, reserved, used.min(total - reserved))
 }
 
@@ -1556,7 +1559,7 @@ unsafe fn processes(
     device: NvmlDevice,
     info_count: *mut c_uint,
     infos: *mut ProcessInfo,
-    used_gpu_memory: u64,
+    unknown_memory: u64,
 ) -> NvmlReturn {
     if info_count.is_null() {
         return ERROR_INVALID_ARGUMENT;
@@ -1577,10 +1580,10 @@ unsafe fn processes(
         unsafe { info_count.write(n) };
         return ERROR_INSUFFICIENT_SIZE;
     }
-    for (k, pid) in pids.into_iter().enumerate() {
+    for (k, (pid, mib)) in pids.into_iter().enumerate() {
         let info = ProcessInfo {
             pid,
-            used_gpu_memory,
+            used_gpu_memory: mib.map_or(unknown_memory, |m| m.saturating_mul(1 << 20)),
             gpu_instance_id: NO_MIG_INSTANCE,
             compute_instance_id: NO_MIG_INSTANCE,
         };
@@ -1593,7 +1596,8 @@ unsafe fn processes(
     SUCCESS
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses_v3`: the `mps_clients` PIDs, 1 GiB each.
+/// `nvmlDeviceGetComputeRunningProcesses_v3`: the `mps_clients` PIDs with their
+/// `used_mib`, 1 GiB each where not given.
 ///
 /// # Safety
 /// `info_count` NULL or valid for read+write; `infos` NULL or valid for
@@ -1617,7 +1621,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 }
 
 /// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: the `mps_clients` PIDs,
-/// usedGpuMemory = NVML_VALUE_NOT_AVAILABLE.
+/// usedGpuMemory = their `used_mib` in bytes, NVML_VALUE_NOT_AVAILABLE where not given.
 ///
 /// # Safety
 /// `info_count` NULL or valid for read+write; `infos` NULL or valid for

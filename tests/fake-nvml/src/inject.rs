@@ -44,7 +44,7 @@ pub enum Command {
     },
     MpsClients {
         gpu: u32,
-        pids: Vec<u32>,
+        pids: Vec<MpsClient>,
     },
     /// Adds to the counters; uncorrected/corrected volatile > 0 raise the
     /// DBE/SBE events.
@@ -124,6 +124,34 @@ impl Command {
     }
 }
 
+/// One MPS client: a bare pid (`123`, memory NOT_AVAILABLE) or
+/// `{"pid": 123, "used_mib": 2048}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "ClientForm")]
+pub struct MpsClient {
+    pub pid: u32,
+    pub used_mib: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ClientForm {
+    Pid(u32),
+    Full { pid: u32, used_mib: Option<u64> },
+}
+
+impl From<ClientForm> for MpsClient {
+    fn from(f: ClientForm) -> Self {
+        match f {
+            ClientForm::Pid(pid) => MpsClient {
+                pid,
+                used_mib: None,
+            },
+            ClientForm::Full { pid, used_mib } => MpsClient { pid, used_mib },
+        }
+    }
+}
+
 /// `"ecc": {...}`: amounts added to each counter.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -195,7 +223,7 @@ struct Injection {
     throttle: Option<u64>,
     pcie_replay: Option<u32>,
     pcie_link: Option<PcieLink>,
-    mps_clients: Option<Vec<u32>>,
+    mps_clients: Option<Vec<MpsClient>>,
     ecc: Option<EccDelta>,
     remapped_rows: Option<RemappedRows>,
     retired_pages: Option<RetiredPages>,
@@ -467,10 +495,19 @@ mod tests {
             }
         );
         assert_eq!(
-            one(r#"{"gpu": 1, "mps_clients": [10, 20]}"#),
+            one(r#"{"gpu": 1, "mps_clients": [10, {"pid": 20, "used_mib": 2048}]}"#),
             Command::MpsClients {
                 gpu: 1,
-                pids: vec![10, 20]
+                pids: vec![
+                    MpsClient {
+                        pid: 10,
+                        used_mib: None
+                    },
+                    MpsClient {
+                        pid: 20,
+                        used_mib: Some(2048)
+                    }
+                ]
             }
         );
         assert_eq!(

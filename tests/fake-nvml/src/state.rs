@@ -83,7 +83,8 @@ pub struct Gpu {
     pub retired_pending: bool,
     pub retired_ts: u64,
     pub recovery_action: u32,
-    pub procs: Vec<u32>,
+    /// MPS clients: pid and the GPU memory it uses in MiB (None: NOT_AVAILABLE).
+    pub procs: Vec<(u32, Option<u64>)>,
     pub compute_mode: u32,
     pub pcie_replay: u32,
     pub pcie_gen: u32,
@@ -802,7 +803,10 @@ impl Global {
                 g.pcie_gen = generation.unwrap_or(g.pcie_gen);
                 g.pcie_width = width.unwrap_or(g.pcie_width);
             }
-            Command::MpsClients { pids, .. } => self.hw.gpus[gpu_idx].procs = pids,
+            Command::MpsClients { pids, .. } => {
+                self.hw.gpus[gpu_idx].procs =
+                    pids.into_iter().map(|c| (c.pid, c.used_mib)).collect()
+            }
             Command::Ecc { gpu, delta } => {
                 let ecc = &mut self.hw.gpus[gpu_idx].ecc;
                 let add = |c: &mut u64, d: u64| *c = c.saturating_add(d);

@@ -555,6 +555,17 @@ fn scenario_injections() {
         compute.iter().map(|p| p.pid).collect::<Vec<_>>(),
         [4242, 4343]
     );
+    // Used memory per client, changing with each injection.
+    for mib in [2048u64, 3072] {
+        inj.send(&format!(
+            r#"{{"gpu": 3, "mps_clients": [4242, {{"pid": 4343, "used_mib": {mib}}}]}}"#
+        ));
+        let mps = d3.mps_running_compute_processes().unwrap();
+        assert_eq!(mps[0].used_gpu_memory, UsedGpuMemory::Unavailable);
+        assert_eq!(mps[1].used_gpu_memory, UsedGpuMemory::Used(mib << 20));
+        let used = d3.memory_info().unwrap().used;
+        assert_eq!(used, (4 << 20) + (1 << 30) + (mib << 20));
+    }
     inj.send(r#"{"gpu": 3, "mps_clients": []}"#);
     assert!(d3.mps_running_compute_processes().unwrap().is_empty());
 

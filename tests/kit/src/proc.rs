@@ -151,3 +151,52 @@ impl Drop for Sleepers {
         self.stop();
     }
 }
+
+/// Real processes (`sleep`) in an ECS-shaped cgroup, as a task's container's CUDA clients
+/// would be: `/sys/fs/cgroup/pids/ecs/<task>/<container>` (the cgroup v1 layout the ECS agent
+/// creates, docs/mps.md#client-pid-to-ecs-task), so `/proc/<pid>/cgroup` names the task and
+/// container the way it does on an instance. Needs root and a writable cgroup v1 `pids`
+/// hierarchy: [`EcsTaskProcs::start`] says why when they are missing (`Err`), so a test can
+/// say it did not run. Killed, and the cgroups removed, on drop.
+pub struct EcsTaskProcs {
+    procs: Sleepers,
+    dirs: Vec<std::path::PathBuf>,
+}
+
+/// Root of the cgroup v1 hierarchy the ECS-shaped cgroups are made in.
+pub const PIDS_CGROUP: &str = "/sys/fs/cgroup/pids";
+
+impl EcsTaskProcs {
+    /// `n` processes in task `task`'s container `container` (hex ids, as ECS's).
+    pub fn start(task: &str, container: &str, n: usize) -> Result<EcsTaskProcs, String> {
+        let top = std::path::Path::new(PIDS_CGROUP).join("ecs");
+        let task_dir = top.join(task);
+        let dir = task_dir.join(container);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot make the cgroup {}: {e}", dir.display()))?;
+        let mut me = EcsTaskProcs {
+            procs: Sleepers::start(n),
+            dirs: vec![dir.clone(), task_dir],
+        };
+        for pid in me.procs.pids() {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+                .map_err(|e| format!("cannot move {pid} into {}: {e}", dir.display()))?;
+        }
+        me.dirs.push(top);
+        Ok(me)
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.pids()
+    }
+}
+
+impl Drop for EcsTaskProcs {
+    fn drop(&mut self) {
+        self.procs.stop();
+        // Innermost first; a cgroup still used by another test's task stays (rmdir fails).
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}

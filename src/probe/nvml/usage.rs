@@ -1,0 +1,225 @@
+//! GPU memory per ECS task and container, per GPU: the numbers AWS does not emit for
+//! MPS-shared GPUs. Every poll, NVML's MPS client list (pid, used GPU memory) is summed per
+//! (GPU, task, container), with each pid mapped to its task and container through its cgroup
+//! ([`crate::probe::tasks`]). The latest sums are kept in an [`Accounting`] the metrics
+//! endpoint reads; they replace the previous poll's, so a task that is gone has no series.
+//!
+//! NVML may report a client's memory as not available (`NVML_VALUE_NOT_AVAILABLE`, e.g. a
+//! driver that does not account per MPS client): such a process is counted in `unknown`,
+//! never as 0 bytes.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crate::model::GpuId;
+
+/// One MPS client as NVML lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    pub pid: u32,
+    /// Bytes of GPU memory; `None` when NVML does not know.
+    pub used_bytes: Option<u64>,
+}
+
+/// What one task's container uses on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskUsage {
+    /// The ECS task id (the last part of its ARN).
+    pub task: String,
+    /// The container's Docker id, where the cgroup path names it.
+    pub container: Option<String>,
+    /// Sum of the known `used_bytes` of its processes.
+    pub bytes: u64,
+    /// Its MPS client processes on this GPU.
+    pub processes: u32,
+    /// Of those, processes whose memory NVML did not report.
+    pub unknown: u32,
+    /// From the ECS agent, once it listed the task: ARN, family, revision, container name.
+    pub names: Option<Names>,
+}
+
+/// What the ECS agent tells about a task's container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub arn: String,
+    pub family: String,
+    pub revision: String,
+    /// `None` when the agent does not list the container id.
+    pub container: Option<String>,
+}
+
+/// The MPS clients of one GPU summed per (task, container), sorted; processes outside ECS
+/// tasks or already gone are left out.
+pub fn sum(proc_root: &Path, clients: &[Client]) -> Vec<TaskUsage> {
+    let mut by: BTreeMap<(String, Option<String>), TaskUsage> = BTreeMap::new();
+    for c in clients {
+        let Ok(text) = std::fs::read_to_string(proc_root.join(c.pid.to_string()).join("cgroup"))
+        else {
+            continue;
+        };
+        let Some((task, container)) = crate::probe::tasks::task_and_container_from_cgroup(&text)
+        else {
+            continue;
+        };
+        let u = by
+            .entry((task.clone(), container.clone()))
+            .or_insert(TaskUsage {
+                task,
+                container,
+                bytes: 0,
+                processes: 0,
+                unknown: 0,
+                names: None,
+            });
+        u.processes += 1;
+        match c.used_bytes {
+            Some(b) => u.bytes = u.bytes.saturating_add(b),
+            None => u.unknown += 1,
+        }
+    }
+    by.into_values().collect()
+}
+
+/// The latest poll's GPUs and their per-task use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Every GPU NVML answered for, by index, with its tasks' use (empty: no ECS client).
+    pub gpus: BTreeMap<u32, (GpuId, Vec<TaskUsage>)>,
+}
+
+/// Shared between the NVML poller (writes) and the metrics endpoint (reads).
+#[derive(Debug, Clone, Default)]
+pub struct Accounting(Arc<Mutex<Snapshot>>);
+
+impl Accounting {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the snapshot with one poll's.
+    pub fn publish(&self, s: Snapshot) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    /// A copy of the latest snapshot.
+    pub fn snapshot(&self) -> Snapshot {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// The agent's task list, asked again only when a task it has not listed shows up (and at
+/// most every `REFRESH`); tasks no longer on a GPU are forgotten.
+#[derive(Debug, Default)]
+pub struct TaskNames {
+    known: BTreeMap<String, crate::aws::agent::LocalTask>,
+    asked: Option<std::time::Instant>,
+    warned: bool,
+}
+
+/// Least time between two task lists.
+pub const REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl TaskNames {
+    /// Fills in `names` of every task in `snap`, asking the agent at `url` if one is new.
+    pub async fn label(&mut self, url: &str, snap: &mut Snapshot) {
+        let seen: std::collections::BTreeSet<String> = snap
+            .gpus
+            .values()
+            .flat_map(|(_, tasks)| tasks.iter().map(|t| t.task.clone()))
+            .collect();
+        self.known.retain(|id, _| seen.contains(id));
+        let due = self.asked.is_none_or(|t| t.elapsed() >= REFRESH);
+        if due && seen.iter().any(|id| !self.known.contains_key(id)) {
+            self.asked = Some(std::time::Instant::now());
+            match crate::aws::agent::local_tasks(url).await {
+                Ok(tasks) => {
+                    self.warned = false;
+                    for t in tasks {
+                        if seen.contains(t.id()) {
+                            self.known.insert(t.id().to_string(), t);
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut self.warned, true) {
+                        tracing::warn!(
+                            probe = "nvml",
+                            "cannot list the ECS agent's tasks ({e}): GPU memory is labelled by task id only"
+                        );
+                    }
+                }
+            }
+        }
+        for (_, tasks) in snap.gpus.values_mut() {
+            for u in tasks {
+                if let Some(t) = self.known.get(&u.task) {
+                    u.names = Some(Names {
+                        arn: t.arn.clone(),
+                        family: t.family.clone(),
+                        revision: t.revision.clone(),
+                        container: u.container.as_ref().and_then(|c| {
+                            t.containers
+                                .iter()
+                                .find(|k| k.docker_id == *c)
+                                .map(|k| k.name.clone())
+                        }),
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc_with(dir: &Path, pid: u32, cgroup: &str) {
+        std::fs::create_dir_all(dir.join(pid.to_string())).unwrap();
+        std::fs::write(dir.join(format!("{pid}/cgroup")), cgroup).unwrap();
+    }
+
+    #[test]
+    fn sums_per_task_and_container_and_keeps_unknown_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 =
+            |t: &str, c: &str| format!("0::/ecstasks.slice/ecstasks-{t}.slice/docker-{c}.scope\n");
+        proc_with(dir.path(), 10, &v2("aa", "c1"));
+        proc_with(dir.path(), 11, &v2("aa", "c1"));
+        proc_with(dir.path(), 12, &v2("aa", "c2"));
+        proc_with(dir.path(), 13, "8:pids:/ecs/bb/c3\n");
+        proc_with(dir.path(), 14, "0::/system.slice/sshd.service\n");
+        let c = |pid, mib: Option<u64>| Client {
+            pid,
+            used_bytes: mib.map(|m| m << 20),
+        };
+        let got = sum(
+            dir.path(),
+            &[
+                c(10, Some(100)),
+                c(11, Some(50)),
+                c(12, None),
+                c(13, Some(7)),
+                c(14, Some(999)),
+                c(15, Some(999)), // gone
+            ],
+        );
+        let row = |t: &str, ct: &str, mib: u64, p, u| TaskUsage {
+            task: t.into(),
+            container: Some(ct.into()),
+            bytes: mib << 20,
+            processes: p,
+            unknown: u,
+            names: None,
+        };
+        assert_eq!(
+            got,
+            vec![
+                row("aa", "c1", 150, 2, 0),
+                row("aa", "c2", 0, 1, 1),
+                row("bb", "c3", 7, 1, 0)
+            ]
+        );
+    }
+}
