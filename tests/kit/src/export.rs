@@ -3,8 +3,6 @@
 //! (SQS's JSON protocol, straight to moto: the SDK for SQS is not a dependency), and the
 //! records a log group holds, read with FilterLogEvents.
 
-use std::time::Duration;
-
 use aws_config::SdkConfig;
 use serde_json::{Value, json};
 
