@@ -37,6 +37,10 @@ pub struct Cursor {
     /// Lines lost to rotation before they were passed, in all.
     #[serde(default)]
     pub dropped: u64,
+    /// A hash of the file's first line (0: none yet): a deleted file's inode is soon reused
+    /// by a new file, which this tells apart.
+    #[serde(default)]
+    pub head: u64,
 }
 
 impl Cursor {
@@ -95,6 +99,22 @@ pub struct Tail {
     path: PathBuf,
     /// inode → (bytes counted, lines counted), for the files the cursor has not passed.
     counted: HashMap<u64, (u64, u64)>,
+    /// inode → hash of its first line, as last seen.
+    heads: HashMap<u64, u64>,
+}
+
+/// FNV-1a of a file's first line (at most 256 bytes); 0 while it has no complete line.
+fn head_hash(p: &Path) -> u64 {
+    let mut buf = [0u8; 256];
+    let n = File::open(p)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
+        .unwrap_or(0);
+    let Some(end) = buf[..n].iter().position(|b| *b == b'\n') else {
+        return 0;
+    };
+    buf[..end].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Tail {
@@ -102,18 +122,42 @@ impl Tail {
         Tail {
             path: path.to_path_buf(),
             counted: HashMap::new(),
+            heads: HashMap::new(),
         }
     }
 
-    /// The journal's files, oldest first, with their inodes and sizes.
-    fn files(&self) -> Vec<(PathBuf, u64, u64)> {
-        journal_files(&self.path)
-            .into_iter()
-            .filter_map(|p| {
-                let m = std::fs::metadata(&p).ok()?;
-                Some((p, m.ino(), m.len()))
-            })
-            .collect()
+    /// The journal's files, oldest first, with their inodes and sizes. A file whose first
+    /// line differs from the one `heads` knows for its inode is another file (the inode was
+    /// reused): the old one is recorded as gone under a key no file has.
+    fn files(&mut self, cur: &mut Cursor) -> Vec<(PathBuf, u64, u64)> {
+        let mut out = Vec::new();
+        for p in journal_files(&self.path) {
+            let Ok(m) = std::fs::metadata(&p) else {
+                continue;
+            };
+            let (ino, head) = (m.ino(), head_hash(&p));
+            if head != 0 {
+                if let Some(known) = self.heads.get(&ino).copied()
+                    && known != 0
+                    && known != head
+                {
+                    // The inode now names a new file: the old one was deleted.
+                    let gone = u64::MAX - ino;
+                    if let Some(c) = self.counted.remove(&ino) {
+                        self.counted.insert(gone, c);
+                    }
+                    if cur.inode == ino {
+                        cur.inode = gone;
+                    }
+                }
+                self.heads.insert(ino, head);
+                if cur.inode == ino && cur.head == 0 {
+                    cur.head = head;
+                }
+            }
+            out.push((p, ino, m.len()));
+        }
+        out
     }
 
     /// Counts the lines of every file at or after the cursor's (only bytes not counted yet
@@ -155,7 +199,10 @@ impl Tail {
         mut f: impl FnMut(Line) -> bool,
     ) -> Result<Read, JournalError> {
         let mut out = Read::default();
-        let mut files = self.files();
+        if cur.inode != 0 && cur.head != 0 {
+            self.heads.entry(cur.inode).or_insert(cur.head);
+        }
+        let mut files = self.files(cur);
         if files.is_empty() {
             return Ok(out);
         }
@@ -185,6 +232,7 @@ impl Tail {
                 out.dropped = lost;
                 *cur = Cursor {
                     inode: files[0].1,
+                    head: self.heads.get(&files[0].1).copied().unwrap_or(0),
                     ..*cur
                 };
                 cur.offset = 0;
@@ -194,6 +242,7 @@ impl Tail {
         };
         if cur.inode == 0 {
             cur.inode = files[0].1;
+            cur.head = self.heads.get(&cur.inode).copied().unwrap_or(0);
         }
         self.count(&files, at);
         let mut buf = Vec::new();
@@ -204,7 +253,7 @@ impl Tail {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     // Rotated between the listing and the open: list again.
-                    files = self.files();
+                    files = self.files(cur);
                     match files.iter().position(|f| f.1 == ino) {
                         Some(i) => {
                             at = i;
@@ -258,6 +307,7 @@ impl Tail {
             at += 1;
             *cur = Cursor {
                 inode: files[at].1,
+                head: self.heads.get(&files[at].1).copied().unwrap_or(0),
                 offset: 0,
                 line: 0,
                 ..*cur
@@ -347,21 +397,23 @@ mod tests {
         let (got, _) = drain(&mut tail, &mut cur, 1);
         assert_eq!(got, [(1, 1)]);
         // More is written while nothing is exported; the tail counts it as it goes.
+        let mut dropped = 0;
         for i in 2..=20 {
             w.rotate_if_due().unwrap();
             w.append(&rec(i)).unwrap();
-            let _ = drain(&mut tail, &mut cur, 0);
+            dropped += drain(&mut tail, &mut cur, 0).1.dropped;
         }
         let (got, r) = drain(&mut tail, &mut cur, 100);
-        assert!(r.dropped > 0, "{r:?}");
-        assert_eq!(cur.dropped, r.dropped);
+        dropped += r.dropped;
+        assert!(dropped > 0);
+        assert_eq!(cur.dropped, dropped);
         // Every line has its number: the lost ones' numbers are skipped, none reused.
         let (first_seq, first_id) = got[0];
         assert_eq!(first_seq, first_id, "{got:?}");
         assert_eq!(got.last().unwrap().0, 20);
         assert_eq!(
             first_seq - 2,
-            r.dropped,
+            dropped,
             "lines 2..first were lost and counted"
         );
     }
