@@ -3,35 +3,29 @@
 //! bindings. Run with `scripts/bench.sh` (release build); prints median, p99 and max over
 //! N injections (default 200) and the floor it is measured against.
 //!
-//! Each injection is an XID with a code no rule names, on a rotating GPU, so every one opens
-//! its own incident (the engine folds repeats of one code). The decision time is the
-//! incident's `at` stamp (millisecond resolution); the injection time is taken just before
-//! the file is renamed into the fake library's folder, which it polls every 2 ms.
+//! Each injection is an XID with a code no rule names, on a rotating GPU. The decision time is
+//! the stamp the engine gave the input in `inputs.jsonl` (millisecond resolution; the engine
+//! folds log-only findings per GPU and class, so not every code opens an incident); the
+//! injection time is taken just before the file is renamed into the fake library's folder,
+//! which it polls every 2 ms.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::time::Duration;
 
 use gpu_medic_testkit::stats::summary;
-use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, now_ms, parse_at};
+use gpu_medic_testkit::{Daemon, now_ms, parse_at};
 
 fn main() {
     let runs: usize = std::env::var("BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display()
-    );
-    let mut d = Daemon::in_temp(dir, &config);
+    let mut d = Daemon::fake_gpu_node("", "");
     d.start();
     std::thread::sleep(Duration::from_millis(1500));
 
-    let journal = d.path("state/incidents.jsonl");
+    let journal = d.path("state/inputs.jsonl");
     let mut latencies = Vec::with_capacity(runs);
     for i in 0..runs {
         let code = 100_000 + i as u32;
@@ -46,7 +40,7 @@ fn main() {
             let text = std::fs::read_to_string(&journal).unwrap_or_default();
             if let Some(line) = text
                 .lines()
-                .find(|l| l.contains(&needle) && l.contains("\"opened\""))
+                .find(|l| l.contains(&needle) && l.contains("\"xid\""))
             {
                 let v: serde_json::Value = serde_json::from_str(line).unwrap();
                 break parse_at(v["at"].as_str().unwrap()).unwrap();

@@ -6,34 +6,20 @@
 //!
 //! `BENCH_STORM` (default 3000) distinct XIDs, codes no rule names, on 4 GPUs; the kernel log
 //! is a regular file the bench appends to (the reader follows it like `/dev/kmsg`).
-//! `BENCH_BIN=path` runs another gpu-medic binary (an older release, for the side-by-side
+//! `GPU_MEDIC_BIN=path` runs another gpu-medic binary (an older release, for the side-by-side
 //! figure in BENCHMARKS.md); `BENCH_TIMEOUT_S` (default 900) bounds the wait for the 79.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
-  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
-  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
-]}"#;
+use gpu_medic_testkit::proc::{clk_tck, cpu_ticks};
+use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, now_ms, parse_at};
 
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1000.0)
-        .unwrap_or(0.0)
-}
-
-fn parse_at(s: &str) -> Option<f64> {
-    let t = humantime::parse_rfc3339_weak(s).ok()?;
-    Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64() * 1000.0)
-}
+/// PCI buses of the fake library's default GPUs 0-3 (tests/fake-nvml/src/identity.rs).
+const BUSES: [u32; 4] = [0x1B, 0x29, 0x43, 0x52];
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -44,15 +30,32 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 /// CPU seconds (user + system) the process has used.
 fn cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after the command: state is f[0]; utime is field 14 overall, f[11] here.
-    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / hz.max(1.0)
+    cpu_ticks(pid).map_or(0.0, |t| t.own as f64) / clk_tck()
+}
+
+/// Reads the lines appended to a file since the last call.
+#[derive(Default)]
+struct Follow {
+    offset: u64,
+    pending: String,
+}
+
+impl Follow {
+    fn new_lines(&mut self, path: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Ok(mut f) = std::fs::File::open(path) {
+            let _ = f.seek(SeekFrom::Start(self.offset));
+            let mut buf = String::new();
+            if let Ok(n) = f.read_to_string(&mut buf) {
+                self.offset += n as u64;
+                self.pending.push_str(&buf);
+            }
+            while let Some(i) = self.pending.find('\n') {
+                out.push(self.pending.drain(..=i).collect());
+            }
+        }
+        out
+    }
 }
 
 fn append(path: &Path, text: &str) {
@@ -63,56 +66,26 @@ fn append(path: &Path, text: &str) {
 fn main() {
     let storm: u32 = env_or("BENCH_STORM", 3000);
     let timeout = Duration::from_secs(env_or("BENCH_TIMEOUT_S", 900));
-    let bin = std::env::var("BENCH_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_gpu-medic")));
-    let lib = PathBuf::from(env!("CARGO_BIN_EXE_gpu-medic"))
-        .parent()
-        .unwrap()
-        .join("libfake_nvml.so");
-    assert!(
-        lib.exists(),
-        "{} missing: build the workspace in this profile first (scripts/bench.sh does)",
-        lib.display()
-    );
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::create_dir_all(d.join("inject")).unwrap();
-    std::fs::write(d.join("gpus.json"), GPUS).unwrap();
-    std::fs::write(d.join("kmsg"), "").unwrap();
-    let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml");
-    std::fs::write(
-        d.join("config.toml"),
-        format!(
-            "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-            policy.display(),
-            lib.display(),
-            d.join("kmsg").display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(&bin)
-        .args(["run", "--log-format", "json", "--config"])
-        .arg(d.join("config.toml"))
-        .env("FAKE_NVML_CONFIG", d.join("gpus.json"))
-        .env("FAKE_NVML_INJECT_DIR", d.join("inject"))
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let start = Instant::now();
-    while !d.join("state/state.json").exists() && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+        default_policy().display(),
+        fake_nvml().display(),
+        dir.path().join("kmsg").display()
+    );
+    let mut d = Daemon::in_temp(dir, &config);
+    std::fs::write(d.path("kmsg"), "").unwrap();
+    d.env("RUST_LOG", "error");
+    d.start();
+    let pid = d.pid().unwrap();
     std::thread::sleep(Duration::from_millis(2000));
     let cpu_before = cpu_s(pid);
+    let kmsg = d.path("kmsg");
 
     // The storm: every line at once, as a burst in the kernel log.
     let mut text = String::new();
     for i in 0..storm {
-        let bus = [0x10, 0x20, 0x30, 0x40][(i % 4) as usize];
+        let bus = BUSES[(i % 4) as usize];
         text.push_str(&format!(
             "4,{},{},-;NVRM: Xid (PCI:0000:{bus:02x}:00): {}, pid={i}, name=app, storm\n",
             100 + i,
@@ -121,46 +94,49 @@ fn main() {
         ));
     }
     let t_storm = Instant::now();
-    append(&d.join("kmsg"), &text);
+    let t_storm_ms = now_ms();
+    append(&kmsg, &text);
     std::thread::sleep(Duration::from_secs(1));
     let t79 = now_ms();
     append(
-        &d.join("kmsg"),
+        &kmsg,
         &format!(
-            "4,{},{},-;NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=train, GPU has fallen off the bus.\n",
+            "4,{},{},-;NVRM: Xid (PCI:0000:{:02x}:00): 79, pid=1, name=train, GPU has fallen off the bus.\n",
             100 + storm,
-            1_000_000 + storm
+            1_000_000 + storm,
+            BUSES[1]
         ),
     );
     let t79_instant = Instant::now();
 
     // Follow the journal for the 79's decision, reading only what is new.
-    let journal = d.join("state/incidents.jsonl");
-    let mut offset = 0u64;
-    let mut pending = String::new();
-    let mut opened = 0usize;
+    let journal = d.path("state/incidents.jsonl");
+    let mut incidents = Follow::default();
     let decided_at = loop {
-        let mut found = None;
-        if let Ok(mut f) = std::fs::File::open(&journal) {
-            let _ = f.seek(SeekFrom::Start(offset));
-            let mut buf = String::new();
-            if let Ok(n) = f.read_to_string(&mut buf) {
-                offset += n as u64;
-                pending.push_str(&buf);
-            }
-            while let Some(i) = pending.find('\n') {
-                let line: String = pending.drain(..=i).collect();
-                if line.contains("\"opened\"") {
-                    opened += 1;
-                    if line.contains("\"code\":79") {
-                        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
-                        found = parse_at(v["at"].as_str().unwrap());
-                    }
-                }
-            }
+        let found = incidents
+            .new_lines(&journal)
+            .into_iter()
+            .find(|l| l.contains("\"opened\"") && l.contains("\"code\":79"));
+        if let Some(line) = found {
+            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+            break parse_at(v["at"].as_str().unwrap());
         }
-        if let Some(at) = found {
-            break Some(at);
+        if t79_instant.elapsed() > timeout {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // The last XID of the storm stepped: its input's stamp.
+    let last = format!("\"code\":{}", 100_000 + storm - 1);
+    let mut inputs = Follow::default();
+    let last_at = loop {
+        let found = inputs
+            .new_lines(&d.path("state/inputs.jsonl"))
+            .into_iter()
+            .find(|l| l.contains(&last));
+        if let Some(line) = found {
+            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+            break parse_at(v["at"].as_str().unwrap());
         }
         if t79_instant.elapsed() > timeout {
             break None;
@@ -190,22 +166,26 @@ fn main() {
         .unwrap_or_default()
         .lines()
         .filter(|l| l.contains("\"opened\""))
-        .count()
-        .max(opened);
-    let state_bytes = std::fs::metadata(d.join("state/state.json"))
+        .count();
+    let state_bytes = std::fs::metadata(d.path("state/state.json"))
         .map(|m| m.len())
         .unwrap_or(0);
-    // SAFETY: signalling our own child by pid.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    d.stop(Duration::from_secs(25));
 
     println!(
         "XID storm: {storm} distinct XIDs at once, an XID 79 one second later ({})",
-        bin.display()
+        gpu_medic_testkit::bin().display()
     );
     match decided_at {
         Some(at) => println!("  XID 79 decided {:.0} ms after it was written", at - t79),
         None => println!("  XID 79 not decided within {timeout:?}"),
+    }
+    match last_at {
+        Some(at) => println!(
+            "  last XID of the storm stepped {:.2} s after the storm was written",
+            (at - t_storm_ms) / 1000.0
+        ),
+        None => println!("  the storm's last XID not stepped within the wait"),
     }
     match absorbed {
         Some(a) => println!(

@@ -15,7 +15,7 @@
 #                       (BENCH_INPUTS, BENCH_REPEAT, BENCH_STREAM=inputs.jsonl)
 #   storm               thousands of distinct kernel-log XIDs, then an XID 79: time to decide
 #                       the 79, time until CPU is idle again, CPU cost (BENCH_STORM, default
-#                       3000; BENCH_BIN=path runs another gpu-medic binary side by side)
+#                       3000; GPU_MEDIC_BIN=path runs another gpu-medic binary side by side)
 # action_latency and steady_state need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail

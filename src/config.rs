@@ -164,6 +164,18 @@ pub struct MpsConfig {
     pub pipe_directory: PathBuf,
     #[serde(default = "default_log_directory")]
     pub log_directory: PathBuf,
+    /// Where the daemon's lines are read from: the journal of `unit` (a daemon run with
+    /// `-f`), the files in `log_directory` (a daemon run with `-d`), or both (`auto`).
+    #[serde(default)]
+    pub logs: MpsLogs,
+    /// Read journal files from this directory (`journalctl --directory`) instead of the
+    /// system journal: a host journal mounted into a container.
+    #[serde(default)]
+    pub journal_directory: Option<PathBuf>,
+    /// A set of defaults for a known platform; `ecs-ami` is the ECS GPU AMI's
+    /// `nvidia-mps.service`.
+    #[serde(default)]
+    pub preset: Option<MpsPreset>,
     #[serde(default = "default_probe_interval", with = "humantime_serde")]
     pub probe_interval: Duration,
     #[serde(default = "default_probe_timeout", with = "humantime_serde")]
@@ -194,6 +206,42 @@ pub struct MpsConfig {
     pub start_timeout: Duration,
 }
 
+/// Where the daemon's log lines are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpsLogs {
+    /// The systemd journal of `unit` (`journalctl`), for a daemon run with `-f`.
+    Journald,
+    /// `control.log` and `server.log` in `log_directory`, for a daemon run with `-d`.
+    Files,
+    /// The files, and the journal of `unit` when `manage = "systemd"`.
+    #[default]
+    Auto,
+}
+
+impl MpsLogs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MpsLogs::Journald => "journald",
+            MpsLogs::Files => "files",
+            MpsLogs::Auto => "auto",
+        }
+    }
+}
+
+/// A platform whose daemon gpu-medic knows how it is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MpsPreset {
+    /// The Amazon ECS GPU AMI: `nvidia-mps.service` (`nvidia-cuda-mps-control -f`,
+    /// `Restart=always`), pipe directory `/run/mps-ecs`, lines in the journal.
+    EcsAmi,
+}
+
+/// The ECS GPU AMI's pipe directory and unit (docs/mps.md#the-daemon-on-the-ecs-gpu-ami).
+pub const ECS_AMI_PIPE: &str = "/run/mps-ecs";
+pub const ECS_AMI_UNIT: &str = "nvidia-mps.service";
+
 /// How the MPS control daemon is run on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -206,6 +254,67 @@ pub enum MpsManage {
 }
 
 impl MpsConfig {
+    /// Whether the journal of `unit` is read.
+    pub fn reads_journal(&self) -> bool {
+        match self.logs {
+            MpsLogs::Journald => true,
+            MpsLogs::Files => false,
+            MpsLogs::Auto => self.manage == MpsManage::Systemd,
+        }
+    }
+
+    /// Whether the files in `log_directory` are tailed.
+    pub fn reads_files(&self) -> bool {
+        match self.logs {
+            MpsLogs::Journald => false,
+            MpsLogs::Files => true,
+            // The AMI's daemon runs with -f: there are no files to tail.
+            MpsLogs::Auto => self.preset != Some(MpsPreset::EcsAmi),
+        }
+    }
+
+    /// What the config says that does not fit its preset, for a warning at start: each a
+    /// plain sentence. Nothing for a config without a preset.
+    pub fn preset_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.preset != Some(MpsPreset::EcsAmi) {
+            return out;
+        }
+        if let Some(p) = self.default_active_thread_percentage {
+            out.push(format!(
+                "[mps] default_active_thread_percentage = {p} under preset \"ecs-ami\": ECS sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per container from the task definition, and a daemon-wide default caps every container that asked for none; remove it"
+            ));
+        }
+        if let Some(l) = &self.default_pinned_device_mem_limit {
+            out.push(format!(
+                "[mps] default_pinned_device_mem_limit = {l:?} under preset \"ecs-ami\": ECS sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per container from the task definition, and a daemon-wide default caps every container that asked for none; remove it"
+            ));
+        }
+        if self.pipe_directory != Path::new(ECS_AMI_PIPE) {
+            out.push(format!(
+                "[mps] pipe_directory = {:?} under preset \"ecs-ami\": the AMI's daemon listens in {ECS_AMI_PIPE}",
+                self.pipe_directory.display()
+            ));
+        }
+        if self.unit != ECS_AMI_UNIT {
+            out.push(format!(
+                "[mps] unit = {:?} under preset \"ecs-ami\": the AMI's unit is {ECS_AMI_UNIT}",
+                self.unit
+            ));
+        }
+        if self.manage != MpsManage::Systemd {
+            out.push(
+                "[mps] manage = \"direct\" under preset \"ecs-ami\": systemd runs the AMI's daemon and restarts it itself; gpu-medic would race it".into(),
+            );
+        }
+        if !self.reads_journal() {
+            out.push(
+                "[mps] logs = \"files\" under preset \"ecs-ami\": the AMI's daemon runs with -f and writes no log files; server faults and crash loops are only in the journal".into(),
+            );
+        }
+        out
+    }
+
     /// `default_pinned_device_mem_limit` as `(device, size)` pairs, e.g. `("0", "2G")`.
     pub fn pinned_limits(&self) -> Vec<(String, String)> {
         self.default_pinned_device_mem_limit
@@ -617,6 +726,9 @@ impl Default for MpsConfig {
             control_binary: default_control_binary(),
             pipe_directory: default_pipe_directory(),
             log_directory: default_log_directory(),
+            logs: MpsLogs::default(),
+            journal_directory: None,
+            preset: None,
             probe_interval: default_probe_interval(),
             probe_timeout: default_probe_timeout(),
             manage: MpsManage::default(),

@@ -450,6 +450,11 @@ pub struct Cursor {
     pub stream: String,
     /// Increasing within the stream (a sequence number or the byte offset after the record).
     pub pos: u64,
+    /// The source's own opaque position where it has one (a journald cursor,
+    /// `journald:<unit>` streams): the stream resumes after it, so a record read again is
+    /// impossible rather than detected, and `pos` only orders streams by age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -499,6 +504,7 @@ impl Observation {
         self.cursor = Some(Cursor {
             stream: stream.into(),
             pos,
+            token: None,
         });
         self
     }

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{Config, MpsManage, key_line};
+use crate::config::{Config, MpsLogs, MpsManage, MpsPreset, key_line};
 use crate::error::FileError;
 use crate::probe::nvml::{self, OpenError};
 
@@ -66,6 +66,17 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
                 ),
             ));
         }
+        if cfg.mps.logs == MpsLogs::Journald
+            && let Err(why) = executable(Path::new("journalctl"))
+        {
+            return Err(err(
+                Some("mps"),
+                "logs",
+                format!(
+                    "[mps] logs = \"journald\": journalctl {why}; install systemd's journalctl or set logs = \"files\" for a daemon run with -d"
+                ),
+            ));
+        }
         if mode == Mode::Run
             && cfg.mps.manage == MpsManage::Systemd
             && let Err(why) = executable(Path::new("systemctl"))
@@ -108,6 +119,67 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
         }
     }
     Ok(())
+}
+
+/// What does not stop a start but must be said plainly: a config that does not fit its
+/// preset (`MpsConfig::preset_warnings`), and, under `preset = "ecs-ami"`, a node that does
+/// not look like an ECS GPU AMI (the unit missing, its daemon on another pipe directory), as
+/// `systemctl` (`systemctl` here) reports the unit.
+pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
+    if !cfg.mps.enabled {
+        return Vec::new();
+    }
+    let mut out = cfg.mps.preset_warnings();
+    if cfg.mps.preset != Some(MpsPreset::EcsAmi) {
+        return out;
+    }
+    let unit = &cfg.mps.unit;
+    let shown = std::process::Command::new(systemctl)
+        .args([
+            "show",
+            &format!("--property={}", crate::mps::systemd::PROPERTIES),
+            unit,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    let state = match shown {
+        Ok(o) if o.status.success() => {
+            crate::mps::systemd::UnitState::parse(&String::from_utf8_lossy(&o.stdout))
+        }
+        Ok(o) => {
+            out.push(format!(
+                "this node does not look like an ECS GPU AMI: `{} show {unit}` exited with {} (is systemd running?)",
+                systemctl.display(),
+                o.status
+            ));
+            return out;
+        }
+        Err(e) => {
+            out.push(format!(
+                "this node does not look like an ECS GPU AMI: cannot run {}: {e}",
+                systemctl.display()
+            ));
+            return out;
+        }
+    };
+    if !state.exists() {
+        out.push(format!(
+            "this node does not look like an ECS GPU AMI: systemd has no unit {unit} (the AMI's nvidia-mps.service runs the MPS daemon); MPS supervision watches a daemon that nothing starts"
+        ));
+        return out;
+    }
+    let pipe = cfg.mps.pipe_directory.display().to_string();
+    match state.env("CUDA_MPS_PIPE_DIRECTORY") {
+        Some(p) if p == pipe => {}
+        Some(p) => out.push(format!(
+            "this node does not look like an ECS GPU AMI: {unit} runs the daemon with CUDA_MPS_PIPE_DIRECTORY={p}, [mps] pipe_directory is {pipe}"
+        )),
+        None => out.push(format!(
+            "this node does not look like an ECS GPU AMI: {unit} sets no CUDA_MPS_PIPE_DIRECTORY (its daemon listens in /tmp/nvidia-mps, which every GPU container gets bind-mounted), [mps] pipe_directory is {pipe}"
+        )),
+    }
+    out
 }
 
 /// Loads the library once. Only `Unusable` matters here: a library that loads and reports no

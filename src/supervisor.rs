@@ -284,10 +284,12 @@ impl Supervisor {
 }
 
 /// What arrived while the engine was busy, stepped together and committed once. Order within
-/// a batch: operator requests, outcomes, then observations whose rule takes the node out of
-/// service (drain, replace: XID 79, a lost GPU, ...), then the other observations in arrival
-/// order, then the tick. A fatal signal thus never waits behind lower classes for more than
-/// the batch being stepped when it arrived.
+/// a batch: operator requests, then observations whose rule takes the node out of service
+/// (drain, replace: XID 79, a lost GPU, ...), then the other observations in arrival order,
+/// then outcomes, then the tick. A fatal signal thus never waits behind lower classes for more
+/// than the batch being stepped when it arrived. Outcomes come after the observations: a probe
+/// result read before an order finished (an `mps-down` from before the restart) must not be
+/// judged after the outcome, as a new fault.
 #[derive(Default)]
 struct Batch {
     /// The remedies this supervisor has (first, once, at start).
@@ -313,9 +315,9 @@ impl Batch {
         started
             .into_iter()
             .chain(self.requests.into_iter().map(Input::Operator))
-            .chain(self.outcomes.into_iter().map(Input::Outcome))
             .chain(first.into_iter().map(Input::Observation))
             .chain(rest.into_iter().map(Input::Observation))
+            .chain(self.outcomes.into_iter().map(Input::Outcome))
             .chain(self.tick.then_some(Input::Tick))
             .collect()
     }
@@ -368,7 +370,7 @@ impl Engine {
                 engine::step(&self.state, input, entry.stamped.at, &self.policy);
             state.delivery.applied = state.delivery.applied.max(entry.seq);
             if let Some(c) = cursor {
-                state.delivery.advance(&c.stream, c.pos, entry.stamped.at);
+                state.delivery.advance_cursor(&c, entry.stamped.at);
             }
             self.state = state;
             records.extend(actions.into_iter().filter_map(|a| match a {
@@ -405,7 +407,7 @@ impl Engine {
                 _ => None,
             };
             if let Some(c) = &cursor
-                && self.state.delivery.seen(&c.stream, c.pos)
+                && self.state.delivery.seen_cursor(c)
             {
                 tracing::debug!(stream = %c.stream, pos = c.pos, "duplicate after restart dropped");
                 continue;
@@ -428,7 +430,7 @@ impl Engine {
                 dirty = true;
             }
             if let Some(c) = cursor {
-                state.delivery.advance(&c.stream, c.pos, now);
+                state.delivery.advance_cursor(&c, now);
                 dirty = true;
             }
             self.state = state;
@@ -624,7 +626,7 @@ mod tests {
     }
 
     /// Fatal first: in a batch, observations whose rule drains or replaces are stepped
-    /// before the rest (in arrival order otherwise), after requests and outcomes.
+    /// before the rest (in arrival order otherwise), outcomes after them.
     #[test]
     fn a_batch_steps_fatal_signals_before_lower_classes() {
         let policy = crate::policy::Policy::parse(
@@ -635,6 +637,12 @@ mod tests {
         let x = |code| Observation::new(Signal::xid(code)).on_gpu(GpuId::index_only(0));
         let batch = Batch {
             observations: vec![x(13), x(100_001), x(79), x(31), x(48)],
+            outcomes: vec![Outcome {
+                action: crate::model::ActionId(1),
+                status: crate::model::OutcomeStatus::Done,
+                detail: String::new(),
+                request_ids: vec![],
+            }],
             tick: true,
             ..Batch::default()
         };
@@ -644,12 +652,21 @@ mod tests {
             .map(|i| match i {
                 Input::Observation(o) => o.signal.to_string(),
                 Input::Tick => "tick".into(),
+                Input::Outcome(_) => "outcome".into(),
                 other => format!("{other:?}"),
             })
             .collect();
         assert_eq!(
             order,
-            ["xid 79", "xid 48", "xid 13", "xid 100001", "xid 31", "tick"]
+            [
+                "xid 79",
+                "xid 48",
+                "xid 13",
+                "xid 100001",
+                "xid 31",
+                "outcome",
+                "tick"
+            ]
         );
     }
 }

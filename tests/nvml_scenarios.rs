@@ -1,5 +1,5 @@
 //! Scenarios through the real `gpu-medic` binary and the real NVML bindings, with faults
-//! injected into the fake libnvidia-ml (tests/fake-nvml; `cargo test --workspace` builds it).
+//! injected into the fake libnvidia-ml (tests/fake-nvml, built for the test kit).
 //! Each test runs its own daemon in its own temp dir.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
@@ -7,15 +7,8 @@
 use std::process::Command as StdCommand;
 use std::time::Duration;
 
-use gpu_medic_testkit::{Daemon, bin, default_policy, fake_nvml, wait_sync};
+use gpu_medic_testkit::{Daemon, FOUR_GPUS, bin, default_policy, wait_sync};
 use serde_json::Value;
-
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
-  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
-  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
-]}"#;
 
 /// A node of four fake GPUs, AWS and MPS off; `extra_nvml`: extra `[nvml]` lines.
 fn new_node(extra_nvml: &str) -> Daemon {
@@ -24,17 +17,9 @@ fn new_node(extra_nvml: &str) -> Daemon {
 
 /// The same, with the counters polled every `poll`.
 fn polling_node(extra_nvml: &str, poll: &str) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"{poll}\"\nkmsg = \"{}\"\n{extra_nvml}\n\
-         [mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display(),
-    );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.gpus(GPUS);
+    let nvml = format!("poll_interval = \"{poll}\"\n{extra_nvml}");
+    let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", &nvml);
+    d.gpus(FOUR_GPUS);
     d
 }
 
@@ -490,7 +475,7 @@ fn kmsg_seqs(node: &Daemon) -> Vec<u64> {
 #[test]
 fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
     let mut node = new_node("");
-    node.start();
+    start(&mut node);
     const N: u64 = 600;
     let kmsg = node.path("kmsg");
     let writer = std::thread::spawn(move || {
@@ -514,11 +499,11 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
     for round in 0..8 {
         std::thread::sleep(Duration::from_millis(300));
         if round % 2 == 0 {
-            node.stop(Duration::from_secs(5));
+            stop(&mut node);
         } else {
             node.signal(libc::SIGKILL);
         }
-        node.start();
+        start(&mut node);
     }
     writer.join().unwrap();
     wait_until("every kernel-log XID journaled", || {
@@ -526,10 +511,10 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
         seqs.len() as u64 == N
     });
     // One more restart reads the whole file again: nothing is journaled twice.
-    node.stop(Duration::from_secs(5));
-    node.start();
+    stop(&mut node);
+    start(&mut node);
     std::thread::sleep(Duration::from_millis(800));
-    node.stop(Duration::from_secs(5));
+    stop(&mut node);
     let seqs = kmsg_seqs(&node);
     let distinct: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
     assert_eq!(distinct.len() as u64, N, "missing: some XIDs were lost");
@@ -550,7 +535,7 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
 fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
     use std::io::Write;
     let mut node = new_node("");
-    node.start();
+    start(&mut node);
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(node.path("kmsg"))
@@ -563,7 +548,7 @@ fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
     drop(f);
     wait_until("the XID after the junk", || xid_inputs(&node, 31) == 1);
     assert_eq!(xid_inputs(&node, 13), 1);
-    node.stop(Duration::from_secs(5));
+    stop(&mut node);
 
     for (what, make) in [("a directory", "dir"), ("a FIFO", "fifo")] {
         let p = node.path(&format!("bad-kmsg-{make}"));

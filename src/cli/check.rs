@@ -162,6 +162,9 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     let (cfg, text) = crate::config::Config::load_with_text(&a.config.config)?;
     let mistake =
         crate::preflight::check(&cfg, &a.config.config, &text, crate::preflight::Mode::Check);
+    for w in crate::preflight::warnings(&cfg, std::path::Path::new("systemctl")) {
+        eprintln!("warning: {w}");
+    }
     let policy = resolve_policy(Some(&cfg.policy), None)?;
     if a.lifecycle {
         // The gate must still answer the launch hook: a mistake on this machine is "could not

@@ -3,6 +3,7 @@
 //! a second forces exit, SIGHUP reloads a validated config and policy), and the supervisor
 //! with the probes and remedies the config enables.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -85,6 +86,9 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
     }
     let policy = Policy::load(&cfg.policy)?;
     init_logging(&a.log_format);
+    for w in crate::preflight::warnings(&cfg, Path::new("systemctl")) {
+        tracing::warn!("{w}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -91,9 +91,37 @@ pub struct StreamCursor {
     pub pos: u64,
     /// When it last moved, to drop the stalest stream first.
     pub at: Timestamp,
+    /// The source's opaque position (a journald cursor), see `model::Cursor::token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 impl Delivery {
+    /// Whether the record at `c` is already applied. A stream with a token resumes after its
+    /// token (its reader never hands a record out twice), so nothing of it is a duplicate.
+    pub fn seen_cursor(&self, c: &crate::model::Cursor) -> bool {
+        c.token.is_none() && self.seen(&c.stream, c.pos)
+    }
+
+    /// Moves the stream of `c` past it. A token stream follows its reader's order (a
+    /// journald entry's time stamp may step back with the clock; its cursor still moves).
+    pub fn advance_cursor(&mut self, c: &crate::model::Cursor, at: Timestamp) {
+        if c.token.is_none() {
+            self.advance(&c.stream, c.pos, at);
+            return;
+        }
+        self.cursors.remove(&c.stream);
+        self.advance(&c.stream, c.pos, at);
+        if let Some(sc) = self.cursors.get_mut(&c.stream) {
+            sc.token = c.token.clone();
+        }
+    }
+
+    /// The token last applied for `stream` (a journald cursor to resume after).
+    pub fn token(&self, stream: &str) -> Option<&str> {
+        self.cursors.get(stream)?.token.as_deref()
+    }
+
     /// Whether `pos` of `stream` is already applied.
     pub fn seen(&self, stream: &str, pos: u64) -> bool {
         self.cursors.get(stream).is_some_and(|c| pos <= c.pos)
@@ -120,8 +148,14 @@ impl Delivery {
                     };
                     self.cursors.remove(&stalest);
                 }
-                self.cursors
-                    .insert(stream.to_string(), StreamCursor { pos, at });
+                self.cursors.insert(
+                    stream.to_string(),
+                    StreamCursor {
+                        pos,
+                        at,
+                        token: None,
+                    },
+                );
             }
         }
     }
