@@ -721,7 +721,9 @@ async fn a_hung_systemctl_that_ignores_sigterm_leaves_nothing_behind() {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect();
-    assert_eq!(left.len(), 2, "{left:?}");
+    // Each systemctl call that hung (a restart may ask systemd more than once) left its pid
+    // and its helper's.
+    assert!(!left.is_empty() && left.len() % 2 == 0, "{left:?}");
     for pid in left {
         wait_dead(pid);
     }
