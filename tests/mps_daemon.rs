@@ -723,7 +723,7 @@ async fn a_hung_systemctl_that_ignores_sigterm_leaves_nothing_behind() {
         .collect();
     // Each systemctl call that hung (a restart may ask systemd more than once) left its pid
     // and its helper's.
-    assert!(!left.is_empty() && left.len() % 2 == 0, "{left:?}");
+    assert!(!left.is_empty() && left.len().is_multiple_of(2), "{left:?}");
     for pid in left {
         wait_dead(pid);
     }

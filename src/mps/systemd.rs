@@ -8,7 +8,6 @@
 //! library in gpu-medic. Every call has a deadline and runs in its own process group.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 /// What `systemctl show` says about a unit.
@@ -163,21 +162,21 @@ impl Systemctl {
     /// Runs `systemctl <args...>` (the unit appended by the caller) and returns stdout.
     pub async fn call(&self, args: &[&str]) -> Result<String, SystemctlError> {
         let mut cmd = tokio::process::Command::new(&self.binary);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("SYSTEMD_PAGER", "")
-            .process_group(0)
-            .kill_on_drop(true);
+        cmd.args(args).env("SYSTEMD_PAGER", "");
         let joined = args.join(" ");
-        let child = cmd.spawn().map_err(|e| SystemctlError::Spawn {
-            binary: self.binary.display().to_string(),
-            message: e.to_string(),
-        })?;
-        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
-            Ok(Ok(o)) => o,
-            Ok(Err(e)) => {
+        // Own process group, dies with gpu-medic, the whole group SIGKILLed on a timeout (a
+        // hung systemctl that ignores SIGTERM or forked helpers leaves nothing behind).
+        let run =
+            crate::child::output_within(&mut cmd, self.timeout, crate::child::AfterExit::KillGroup);
+        let out = match run.await {
+            Ok(o) => o,
+            Err(crate::child::RunError::Spawn(e)) => {
+                return Err(SystemctlError::Spawn {
+                    binary: self.binary.display().to_string(),
+                    message: e.to_string(),
+                });
+            }
+            Err(crate::child::RunError::Wait(e)) => {
                 return Err(SystemctlError::Failed {
                     binary: self.binary.display().to_string(),
                     args: joined,
@@ -185,7 +184,7 @@ impl Systemctl {
                     output: e.to_string(),
                 });
             }
-            Err(_) => {
+            Err(crate::child::RunError::Timeout(_)) => {
                 return Err(SystemctlError::Timeout {
                     binary: self.binary.display().to_string(),
                     args: joined,
