@@ -7,7 +7,8 @@
 //! `BENCH_STORM` (default 3000) distinct XIDs, codes no rule names, on 4 GPUs; the kernel log
 //! is a regular file the bench appends to (the reader follows it like `/dev/kmsg`).
 //! `GPU_MEDIC_BIN=path` runs another gpu-medic binary (an older release, for the side-by-side
-//! figure in BENCHMARKS.md); `BENCH_TIMEOUT_S` (default 900) bounds the wait for the 79.
+//! figure in BENCHMARKS.md; `BENCH_POLICY=path` then gives it the policy of its own tree);
+//! `BENCH_TIMEOUT_S` (default 900) bounds the wait for the 79.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
@@ -85,7 +86,10 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
+        std::env::var("BENCH_POLICY")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| default_policy())
+            .display(),
         fake_nvml().display(),
         dir.path().join("kmsg").display()
     );
