@@ -3,6 +3,7 @@
 #
 #   * NVIDIA's MPS control daemon (Debian non-free: nvidia-cuda-mps, libnvidia-ml1).
 #     nvidia-cuda-mps-control runs without a GPU or kernel module (see tests/support/MPS-FACTS.md).
+#   * systemd-journal-remote: writes the journal files tests/mps_journal.rs reads with journalctl.
 #   * moto_server (moto[server]==5.2.5) in a venv at ${GPU_MEDIC_CI_VENV:-/opt/gpu-medic-ci/venv}.
 #
 # Runs as root, non-interactive, idempotent; a rerun with everything present takes about a second
@@ -15,7 +16,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 VENV="${GPU_MEDIC_CI_VENV:-/opt/gpu-medic-ci/venv}"
 MOTO_VERSION="5.2.5"
-APT_PKGS=(nvidia-cuda-mps libnvidia-ml1 procps curl ca-certificates python3 python3-venv)
+APT_PKGS=(nvidia-cuda-mps libnvidia-ml1 procps curl ca-certificates python3 python3-venv systemd-journal-remote)
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 

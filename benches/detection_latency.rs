@@ -14,21 +14,14 @@
 use std::time::Duration;
 
 use gpu_medic_testkit::stats::summary;
-use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, now_ms, parse_at};
+use gpu_medic_testkit::{Daemon, now_ms, parse_at};
 
 fn main() {
     let runs: usize = std::env::var("BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display()
-    );
-    let mut d = Daemon::in_temp(dir, &config);
+    let mut d = Daemon::fake_gpu_node("", "");
     d.start();
     std::thread::sleep(Duration::from_millis(1500));
 

@@ -22,12 +22,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_medic_testkit::imds::{FakeAgent, FakeImds};
 use gpu_medic_testkit::mps::{MPS_BIN, MpsDir};
-use gpu_medic_testkit::proc::{CpuTicks, clk_tck, cpu_ticks, fd_count, status_field, thread_ticks};
+use gpu_medic_testkit::proc::{
+    CpuTicks, Sleepers, clk_tck, cpu_ticks, fd_count, status_field, thread_ticks,
+};
 use gpu_medic_testkit::stats::machine;
 use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, gpus_json, inject};
 
@@ -182,18 +183,8 @@ fn main() {
         0,
     ));
     // Real processes to stand for MPS clients: 48 per GPU on up to 16 GPUs, shared by nodes.
-    let mut sleepers: Vec<Child> = (0..16 * 48)
-        .map(|_| {
-            Command::new("sleep")
-                .arg("100000")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("sleep")
-        })
-        .collect();
-    let pids: Vec<u32> = sleepers.iter().map(|c| c.id()).collect();
+    let mut sleepers = Sleepers::start(16 * 48);
+    let pids = sleepers.pids();
     let configs = [(1, 0), (8, 0), (16, 0), (1, 48), (8, 48), (16, 48)];
     let mut results = Vec::new();
     if parallel {
@@ -216,10 +207,7 @@ fn main() {
             }
         }
     }
-    for s in &mut sleepers {
-        let _ = s.kill();
-        let _ = s.wait();
-    }
+    sleepers.stop();
     println!(
         "steady state at the default intervals, healthy node, {} s window after {} s warm-up, {}",
         window.as_secs(),

@@ -49,14 +49,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use aws_config::SdkConfig;
 use gpu_medic_testkit::daemon::{aws_env, spawn_run};
 use gpu_medic_testkit::imds::FakeAgent;
 use gpu_medic_testkit::mps::{MPS_BIN, MpsDir, mps_processes};
-use gpu_medic_testkit::proc::{Footprint, footprint, state_letter};
+use gpu_medic_testkit::proc::{Footprint, Sleepers, footprint, state_letter};
 use gpu_medic_testkit::stats::{Rng, machine, median};
 use gpu_medic_testkit::{
     Proxy, aws, bin, default_policy, fake_nvml, gpus_json, inject, now_ms, parse_at, signal,
@@ -269,7 +269,7 @@ struct Soak {
     nodes: Vec<Node>,
     rng: Rng,
     tally: Tally,
-    sleepers: Vec<Child>,
+    sleepers: Sleepers,
     /// Footprint samples per gpu-medic pid, with the node it ran.
     samples: BTreeMap<u32, (String, Vec<Footprint>)>,
     known_instances: HashSet<String>,
@@ -300,17 +300,7 @@ impl Soak {
         let proxy = Proxy::to(moto.addr).await;
         let moto_sdk = aws::sdk(&moto.url).await;
         let seeded = aws::seed(&moto_sdk, "soak", args.nodes).await;
-        let sleepers: Vec<Child> = (0..4)
-            .map(|_| {
-                Command::new("sleep")
-                    .arg("1000000")
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("sleep")
-            })
-            .collect();
+        let sleepers = Sleepers::start(4);
         let known_instances = seeded.nodes.iter().map(|n| n.instance_id.clone()).collect();
         let rng = Rng::new(args.seed);
         let agent = FakeAgent::start(FakeAgent::metadata(&seeded.cluster, None), 0).await;
@@ -399,7 +389,7 @@ impl Soak {
             retired: false,
         };
         // MPS clients on GPUs 0 and 1 (real processes), applied at NVML init.
-        let pids: Vec<u32> = self.sleepers.iter().map(|c| c.id()).collect();
+        let pids = self.sleepers.pids();
         node.inject(&format!(
             r#"[{{"gpu": 0, "mps_clients": [{}, {}]}}, {{"gpu": 1, "mps_clients": [{}, {}]}}]"#,
             pids[0], pids[1], pids[2], pids[3]
@@ -1212,10 +1202,7 @@ impl Soak {
                 n.mps.shutdown();
             }
         }
-        for s in &mut self.sleepers {
-            let _ = s.kill();
-            let _ = s.wait();
-        }
+        self.sleepers.stop();
         self.proxy.clear_faults();
     }
 }

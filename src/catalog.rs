@@ -143,6 +143,7 @@ struct Data {
 }
 
 fn data() -> &'static Data {
+    // layout: static allowed: the compiled-in catalog, parsed once; constant data, no state.
     static DATA: OnceLock<Data> = OnceLock::new();
     DATA.get_or_init(|| {
         let xids = parse_catalog(CATALOG_CSV).unwrap_or_else(|e| {

@@ -164,6 +164,18 @@ pub struct MpsConfig {
     pub pipe_directory: PathBuf,
     #[serde(default = "default_log_directory")]
     pub log_directory: PathBuf,
+    /// Where the daemon's lines are read from: the journal of `unit` (a daemon run with
+    /// `-f`), the files in `log_directory` (a daemon run with `-d`), or both (`auto`).
+    #[serde(default)]
+    pub logs: MpsLogs,
+    /// Read journal files from this directory (`journalctl --directory`) instead of the
+    /// system journal: a host journal mounted into a container.
+    #[serde(default)]
+    pub journal_directory: Option<PathBuf>,
+    /// A set of defaults for a known platform; `ecs-ami` is the ECS GPU AMI's
+    /// `nvidia-mps.service`.
+    #[serde(default)]
+    pub preset: Option<MpsPreset>,
     #[serde(default = "default_probe_interval", with = "humantime_serde")]
     pub probe_interval: Duration,
     #[serde(default = "default_probe_timeout", with = "humantime_serde")]
@@ -194,6 +206,42 @@ pub struct MpsConfig {
     pub start_timeout: Duration,
 }
 
+/// Where the daemon's log lines are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpsLogs {
+    /// The systemd journal of `unit` (`journalctl`), for a daemon run with `-f`.
+    Journald,
+    /// `control.log` and `server.log` in `log_directory`, for a daemon run with `-d`.
+    Files,
+    /// The files, and the journal of `unit` when `manage = "systemd"`.
+    #[default]
+    Auto,
+}
+
+impl MpsLogs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MpsLogs::Journald => "journald",
+            MpsLogs::Files => "files",
+            MpsLogs::Auto => "auto",
+        }
+    }
+}
+
+/// A platform whose daemon gpu-medic knows how it is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MpsPreset {
+    /// The Amazon ECS GPU AMI: `nvidia-mps.service` (`nvidia-cuda-mps-control -f`,
+    /// `Restart=always`), pipe directory `/run/mps-ecs`, lines in the journal.
+    EcsAmi,
+}
+
+/// The ECS GPU AMI's pipe directory and unit (docs/mps.md#the-daemon-on-the-ecs-gpu-ami).
+pub const ECS_AMI_PIPE: &str = "/run/mps-ecs";
+pub const ECS_AMI_UNIT: &str = "nvidia-mps.service";
+
 /// How the MPS control daemon is run on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -206,6 +254,67 @@ pub enum MpsManage {
 }
 
 impl MpsConfig {
+    /// Whether the journal of `unit` is read.
+    pub fn reads_journal(&self) -> bool {
+        match self.logs {
+            MpsLogs::Journald => true,
+            MpsLogs::Files => false,
+            MpsLogs::Auto => self.manage == MpsManage::Systemd,
+        }
+    }
+
+    /// Whether the files in `log_directory` are tailed.
+    pub fn reads_files(&self) -> bool {
+        match self.logs {
+            MpsLogs::Journald => false,
+            MpsLogs::Files => true,
+            // The AMI's daemon runs with -f: there are no files to tail.
+            MpsLogs::Auto => self.preset != Some(MpsPreset::EcsAmi),
+        }
+    }
+
+    /// What the config says that does not fit its preset, for a warning at start: each a
+    /// plain sentence. Nothing for a config without a preset.
+    pub fn preset_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.preset != Some(MpsPreset::EcsAmi) {
+            return out;
+        }
+        if let Some(p) = self.default_active_thread_percentage {
+            out.push(format!(
+                "[mps] default_active_thread_percentage = {p} under preset \"ecs-ami\": ECS sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per container from the task definition, and a daemon-wide default caps every container that asked for none; remove it"
+            ));
+        }
+        if let Some(l) = &self.default_pinned_device_mem_limit {
+            out.push(format!(
+                "[mps] default_pinned_device_mem_limit = {l:?} under preset \"ecs-ami\": ECS sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per container from the task definition, and a daemon-wide default caps every container that asked for none; remove it"
+            ));
+        }
+        if self.pipe_directory != Path::new(ECS_AMI_PIPE) {
+            out.push(format!(
+                "[mps] pipe_directory = {:?} under preset \"ecs-ami\": the AMI's daemon listens in {ECS_AMI_PIPE}",
+                self.pipe_directory.display()
+            ));
+        }
+        if self.unit != ECS_AMI_UNIT {
+            out.push(format!(
+                "[mps] unit = {:?} under preset \"ecs-ami\": the AMI's unit is {ECS_AMI_UNIT}",
+                self.unit
+            ));
+        }
+        if self.manage != MpsManage::Systemd {
+            out.push(
+                "[mps] manage = \"direct\" under preset \"ecs-ami\": systemd runs the AMI's daemon and restarts it itself; gpu-medic would race it".into(),
+            );
+        }
+        if !self.reads_journal() {
+            out.push(
+                "[mps] logs = \"files\" under preset \"ecs-ami\": the AMI's daemon runs with -f and writes no log files; server faults and crash loops are only in the journal".into(),
+            );
+        }
+        out
+    }
+
     /// `default_pinned_device_mem_limit` as `(device, size)` pairs, e.g. `("0", "2G")`.
     pub fn pinned_limits(&self) -> Vec<(String, String)> {
         self.default_pinned_device_mem_limit
@@ -617,6 +726,9 @@ impl Default for MpsConfig {
             control_binary: default_control_binary(),
             pipe_directory: default_pipe_directory(),
             log_directory: default_log_directory(),
+            logs: MpsLogs::default(),
+            journal_directory: None,
+            preset: None,
             probe_interval: default_probe_interval(),
             probe_timeout: default_probe_timeout(),
             manage: MpsManage::default(),
@@ -689,9 +801,15 @@ impl Default for LifecycleConfig {
 impl Config {
     /// Reads and checks a config file. Relative paths inside it are resolved against its folder.
     pub fn load(path: &Path) -> Result<Config, FileError> {
+        Config::load_with_text(path).map(|(cfg, _)| cfg)
+    }
+
+    /// [`load`](Self::load), also returning the file's text (for `file:line` in later checks).
+    pub fn load_with_text(path: &Path) -> Result<(Config, String), FileError> {
         let text = crate::limits::read_text(path, crate::limits::MAX_CONFIG_BYTES, "config")
             .map_err(|e| FileError::new(path, None, e.to_string()))?;
-        Config::parse(path, &text)
+        let cfg = Config::parse(path, &text)?;
+        Ok((cfg, text))
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, FileError> {
@@ -713,27 +831,11 @@ impl Config {
                 .position(|l| l.trim_start().starts_with(key))
                 .map(|i| i + 1)
         };
-        let positive = [
-            ("tick_interval", self.tick_interval),
-            ("poll_interval", self.nvml.poll_interval),
-            ("probe_interval", self.mps.probe_interval),
-            ("probe_timeout", self.mps.probe_timeout),
-            ("drain_poll_interval", self.ecs.drain_poll_interval),
-            ("retry_after", self.fleet.retry_after),
-        ];
-        for (key, d) in positive {
-            if d.is_zero() {
-                return Err(FileError::new(
-                    path,
-                    line_of_key(key),
-                    format!("{key}: must be greater than zero"),
-                ));
-            }
-        }
+        self.check_durations(path, text)?;
         if self.mps.probe_timeout >= self.mps.probe_interval {
             return Err(FileError::new(
                 path,
-                line_of_key("probe_timeout"),
+                key_line(text, Some("mps"), "probe_timeout"),
                 "probe_timeout: must be shorter than probe_interval",
             ));
         }
@@ -754,6 +856,166 @@ impl Config {
                 line_of_key("expected_gpus"),
                 "expected_gpus: must be at least 1 (omit it to skip the check)",
             ));
+        }
+        Ok(())
+    }
+
+    /// Every interval and timeout between its floor and a year: an interval of "1ns" makes a
+    /// loop spin on a core, a zero timeout fails every call, and a tick longer than half of
+    /// systemd's watchdog has gpu-medic killed in a loop.
+    fn check_durations(&self, path: &Path, text: &str) -> Result<(), FileError> {
+        const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+        let ms = Duration::from_millis;
+        let (n, m, e, f, l) = (
+            &self.nvml,
+            &self.mps,
+            &self.ecs,
+            &self.fleet,
+            &self.lifecycle,
+        );
+        // (section, key, value, floor, ceiling)
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 21] = [
+            (None, "tick_interval", self.tick_interval, ms(50), MAX_TICK),
+            (
+                Some("nvml"),
+                "poll_interval",
+                n.poll_interval,
+                ms(100),
+                YEAR,
+            ),
+            (
+                Some("mps"),
+                "probe_interval",
+                m.probe_interval,
+                ms(100),
+                YEAR,
+            ),
+            (Some("mps"), "probe_timeout", m.probe_timeout, ms(10), YEAR),
+            (
+                Some("mps"),
+                "quit_timeout",
+                m.quit_timeout,
+                Duration::ZERO,
+                YEAR,
+            ),
+            (Some("mps"), "start_timeout", m.start_timeout, ms(100), YEAR),
+            (
+                Some("aws"),
+                "replace_fallback_after",
+                self.aws.replace_fallback_after,
+                ms(100),
+                YEAR,
+            ),
+            (
+                Some("ecs"),
+                "agent_wait",
+                e.agent_wait,
+                Duration::ZERO,
+                YEAR,
+            ),
+            (
+                Some("ecs"),
+                "standalone_grace",
+                e.standalone_grace,
+                Duration::ZERO,
+                YEAR,
+            ),
+            (
+                Some("ecs"),
+                "drain_poll_interval",
+                e.drain_poll_interval,
+                ms(100),
+                YEAR,
+            ),
+            (
+                Some("ecs"),
+                "force_stop_lead",
+                e.force_stop_lead,
+                Duration::ZERO,
+                YEAR,
+            ),
+            (
+                Some("ecs"),
+                "agent_disconnected_wait",
+                e.agent_disconnected_wait,
+                ms(100),
+                YEAR,
+            ),
+            (Some("fleet"), "warmup", f.warmup, Duration::ZERO, YEAR),
+            (
+                Some("fleet"),
+                "claim_settle",
+                f.claim_settle,
+                Duration::ZERO,
+                YEAR,
+            ),
+            (Some("fleet"), "claim_ttl", f.claim_ttl, ms(100), YEAR),
+            (Some("fleet"), "retry_after", f.retry_after, ms(100), YEAR),
+            (
+                Some("lifecycle"),
+                "poll_interval",
+                l.poll_interval,
+                ms(100),
+                YEAR,
+            ),
+            (
+                Some("lifecycle"),
+                "check_retry_delay",
+                l.check_retry_delay,
+                ms(100),
+                YEAR,
+            ),
+            (Some("node"), "interval", self.node.interval, ms(100), YEAR),
+            (
+                Some("lifecycle"),
+                "check_deadline",
+                l.check_deadline,
+                Duration::ZERO,
+                YEAR,
+            ),
+            (
+                Some("lifecycle"),
+                "abandon_window",
+                l.abandon_window,
+                ms(100),
+                YEAR,
+            ),
+        ];
+        for (section, key, v, floor, ceiling) in table {
+            let line = || key_line(text, section, key);
+            let name = match section {
+                Some(s) => format!("[{s}] {key}"),
+                None => key.to_string(),
+            };
+            if v < floor {
+                let why = if floor.is_zero() || v.is_zero() {
+                    "must be greater than zero".to_string()
+                } else {
+                    format!(
+                        "{} is below the minimum of {} (a loop this fast only burns CPU)",
+                        humantime::format_duration(v),
+                        humantime::format_duration(floor)
+                    )
+                };
+                return Err(FileError::new(path, line(), format!("{name}: {why}")));
+            }
+            if v > ceiling {
+                let why = if key == "tick_interval" {
+                    format!(
+                        "{} is more than half of the packaged unit's WatchdogSec ({}): systemd would kill gpu-medic between two watchdog pings; at most {}",
+                        humantime::format_duration(v),
+                        humantime::format_duration(PACKAGED_WATCHDOG),
+                        humantime::format_duration(ceiling)
+                    )
+                } else {
+                    format!(
+                        "{} is longer than {}",
+                        humantime::format_duration(v),
+                        humantime::format_duration(ceiling)
+                    )
+                };
+                return Err(FileError::new(path, line(), format!("{name}: {why}")));
+            }
         }
         Ok(())
     }
@@ -813,6 +1075,39 @@ impl Config {
     pub fn state_path(&self) -> PathBuf {
         self.state_dir.join("state.json")
     }
+}
+
+/// `WatchdogSec` of the packaged `gpu-medic.service` (a test keeps the two equal).
+pub const PACKAGED_WATCHDOG: Duration = Duration::from_secs(30);
+/// The longest tick: half the packaged watchdog, so one missed ping is not fatal.
+pub const MAX_TICK: Duration = Duration::from_secs(15);
+
+/// The 1-based line of `key` in `[section]` (`None`: the top level, before any section), or
+/// of the section's header when the key is absent (a default is in use), or `None`.
+pub fn key_line(text: &str, section: Option<&str>, key: &str) -> Option<usize> {
+    let mut current: Option<String> = None;
+    let mut header = None;
+    for (i, raw) in text.lines().enumerate() {
+        let l = raw.trim();
+        if let Some(rest) = l.strip_prefix('[') {
+            let name = rest.trim_start_matches('[');
+            let name = name.split(']').next().unwrap_or("").trim();
+            current = Some(name.to_string());
+            if section == Some(name) && header.is_none() {
+                header = Some(i + 1);
+            }
+            continue;
+        }
+        if current.as_deref() != section {
+            continue;
+        }
+        if let Some(rest) = l.strip_prefix(key)
+            && rest.trim_start().starts_with('=')
+        {
+            return Some(i + 1);
+        }
+    }
+    header
 }
 
 #[cfg(test)]

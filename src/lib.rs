@@ -11,7 +11,8 @@
 //! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies.
 //! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
 //! - [`limits`]: size caps on everything read, and the bounded reader.
-//! - [`cli`]: the commands; [`config`]: the daemon's configuration.
+//! - [`cli`]: the commands; [`config`]: the daemon's configuration; [`preflight`]: what
+//!   `run` and `check` verify about the machine before they start.
 
 pub mod aws;
 pub mod catalog;
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod model;
 pub mod mps;
 pub mod policy;
+pub mod preflight;
 pub mod probe;
 pub mod remedy;
 pub mod supervisor;

@@ -1,5 +1,7 @@
 //! Thin entry point: parse the command line, run the command, map errors to exit codes.
 
+use std::io::Write;
+
 use clap::Parser;
 
 fn main() {
@@ -11,7 +13,8 @@ fn main() {
             let code = e
                 .downcast_ref::<gpu_medic::cli::CliError>()
                 .map_or(1, |c| c.exit_code());
-            eprintln!("gpu-medic: {e:#}");
+            // Not eprintln!: it panics when stderr is a closed pipe.
+            let _ = writeln!(std::io::stderr(), "gpu-medic: {e:#}");
             code
         }
     };

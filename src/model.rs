@@ -236,6 +236,18 @@ pub enum Signal {
     Lifecycle {
         state: LifecycleState,
     },
+    /// gpu-medic itself cannot do part of its job: a library that no longer loads, a control
+    /// binary that went missing, NVML that cannot count the GPUs, a state file set aside.
+    /// A fault of gpu-medic or its configuration, never of the hardware: it is journaled once
+    /// and shown in `status` and metrics, and nothing is drained, replaced or restarted for it.
+    SelfFault {
+        /// What fails: `nvml`, `mps-control`, `state-file`.
+        component: String,
+    },
+    /// The component works again: the all-clear for its self-fault.
+    SelfRecovered {
+        component: String,
+    },
 }
 
 /// The fieldless name of a signal, as written in policy files (`signal = "xid"`).
@@ -265,6 +277,8 @@ pub enum SignalKind {
     StateDiskFull,
     MpsUp,
     Lifecycle,
+    SelfFault,
+    SelfRecovered,
 }
 
 impl SignalKind {
@@ -318,6 +332,8 @@ impl SignalKind {
             SignalKind::StateDiskFull => "state-disk-full",
             SignalKind::MpsUp => "mps-up",
             SignalKind::Lifecycle => "lifecycle",
+            SignalKind::SelfFault => "self-fault",
+            SignalKind::SelfRecovered => "self-recovered",
         }
     }
 
@@ -365,6 +381,8 @@ impl Signal {
             Signal::StateDiskFull => SignalKind::StateDiskFull,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
+            Signal::SelfFault { .. } => SignalKind::SelfFault,
+            Signal::SelfRecovered { .. } => SignalKind::SelfRecovered,
         }
     }
 }
@@ -379,6 +397,8 @@ impl fmt::Display for Signal {
             } => write!(f, "xid {code} ({})", d.as_str()),
             Signal::RecoveryAction { action } => write!(f, "recovery-action {}", action.as_str()),
             Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
+            Signal::SelfFault { component } => write!(f, "self-fault {component}"),
+            Signal::SelfRecovered { component } => write!(f, "self-recovered {component}"),
             other => f.write_str(other.kind().as_str()),
         }
     }
@@ -420,6 +440,11 @@ pub struct Cursor {
     pub stream: String,
     /// Increasing within the stream (a sequence number or the byte offset after the record).
     pub pos: u64,
+    /// The source's own opaque position where it has one (a journald cursor,
+    /// `journald:<unit>` streams): the stream resumes after it, so a record read again is
+    /// impossible rather than detected, and `pos` only orders streams by age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -469,6 +494,7 @@ impl Observation {
         self.cursor = Some(Cursor {
             stream: stream.into(),
             pos,
+            token: None,
         });
         self
     }
@@ -909,5 +935,31 @@ impl Health {
 impl fmt::Display for Health {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records written before the XID decode existed still load, and an XID without a decode
+    /// is written exactly as before.
+    #[test]
+    fn xid_signals_stay_backward_compatible() {
+        let old = r#"{"at":"2025-01-01T00:00:00.000Z","input":"observation","signal":{"kind":"xid","code":79},"source":"nvml"}"#;
+        let s: StampedInput = serde_json::from_str(old).unwrap();
+        let Input::Observation(o) = &s.input else {
+            panic!("{s:?}")
+        };
+        assert_eq!(o.signal, Signal::xid(79));
+        assert_eq!(serde_json::to_string(&s).unwrap(), old);
+        let new = Signal::Xid {
+            code: 149,
+            decode: Some(XidDecode::ResetGpu),
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert_eq!(text, r#"{"kind":"xid","code":149,"decode":"reset-gpu"}"#);
+        assert_eq!(serde_json::from_str::<Signal>(&text).unwrap(), new);
+        assert_eq!(new.to_string(), "xid 149 (reset-gpu)");
     }
 }

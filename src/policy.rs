@@ -78,11 +78,34 @@ pub struct MpsPolicy {
     pub on_failed: Verdict,
 }
 
+/// What this node's remedies can carry out; not part of a policy file. The supervisor sets
+/// it from the remedies it was given (`[aws]` and `[mps]` enabled): a verdict whose remedy is
+/// missing is recorded as what would have been done, never half-executed and never reported
+/// as done. Replays (`policy simulate`) assume both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// ECS and Auto Scaling: stop-tasks, quarantine, drain, replace, lifecycle hooks.
+    pub aws: bool,
+    /// gpu-medic manages the MPS control daemon: restart-mps.
+    pub mps: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            aws: true,
+            mps: true,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// The file it came from (or a label for built-in policies).
     pub origin: String,
     pub observe_only: bool,
+    /// Set by the supervisor, not by the file.
+    pub capabilities: Capabilities,
     pub deadlines: Deadlines,
     pub retry: Retry,
     pub mps: MpsPolicy,
@@ -260,18 +283,34 @@ struct FileEngine {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileDeadlines {
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     restart_mps: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     stop_tasks: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     quarantine: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     drain: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     replace: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "de_deadline")]
     lifecycle: Option<Duration>,
+}
+
+/// The shortest deadline a phase may have: below it every order "overruns" before its remedy
+/// could answer, and the engine escalates on nothing.
+const MIN_DEADLINE: Duration = Duration::from_secs(1);
+
+fn de_deadline<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let v: Option<Duration> = humantime_serde::deserialize(d)?;
+    match v {
+        Some(v) if v < MIN_DEADLINE => Err(serde::de::Error::custom(format!(
+            "a deadline of {} is too short: at least {}",
+            humantime::format_duration(v),
+            humantime::format_duration(MIN_DEADLINE)
+        ))),
+        v => Ok(v),
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -551,6 +590,7 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
     let policy = Policy {
         origin: path.display().to_string(),
         observe_only: f.engine.and_then(|e| e.observe_only).unwrap_or(false),
+        capabilities: Capabilities::default(),
         deadlines,
         retry,
         mps,
@@ -599,7 +639,13 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             return Err(err(rr.lines.name, "name: defined twice".into()));
         }
         let signal = *r.signal.get_ref();
-        if matches!(signal, SignalKind::MpsUp | SignalKind::Lifecycle) {
+        if matches!(
+            signal,
+            SignalKind::MpsUp
+                | SignalKind::Lifecycle
+                | SignalKind::SelfFault
+                | SignalKind::SelfRecovered
+        ) {
             return Err(err(
                 rr.lines.signal,
                 format!(
@@ -879,6 +925,74 @@ reason = "too hot"
         let r = p.rule_for(&Signal::xid(13), 0).unwrap();
         assert_eq!(r.action, Verdict::Ignore);
         assert!(r.origin.contains("over.toml:4"), "{}", r.origin);
+    }
+
+    #[test]
+    fn decode_classes_pick_the_rule_and_may_not_overlap() {
+        let text = format!(
+            "{BASIC}\n[[rule]]\nname = \"nv-reset\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"reset-gpu\"]\naction = \"replace\"\nreason = \"r\"\n\
+             [[rule]]\nname = \"nv-rest\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"ignore\", \"undecoded\"]\naction = \"log\"\nreason = \"r\"\n"
+        );
+        let p = parse(&text).unwrap();
+        let judge = |d: Option<XidDecode>| {
+            p.rule_for(
+                &Signal::Xid {
+                    code: 149,
+                    decode: d,
+                },
+                0,
+            )
+            .unwrap()
+            .name
+            .clone()
+        };
+        assert_eq!(judge(Some(XidDecode::ResetGpu)), "nv-reset");
+        assert_eq!(judge(Some(XidDecode::Ignore)), "nv-rest");
+        assert_eq!(judge(None), "nv-rest", "no decode counts as undecoded");
+        assert_eq!(
+            judge(Some(XidDecode::Xid154Eval)),
+            "other-xid",
+            "no rule: the catch-all"
+        );
+        let e = parse(&format!(
+            "{text}[[rule]]\nname = \"again\"\nsignal = \"xid\"\nxids = [149]\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.message
+                .contains("XID 149 decoded `ignore` is already judged by rule `nv-rest`"),
+            "{e}"
+        );
+        let e = parse("[[rule]]\nname = \"a\"\nsignal = \"xid\"\ndecode = [\"ignore\"]\naction = \"log\"\nreason = \"r\"\n")
+            .unwrap_err();
+        assert!(
+            e.message
+                .contains("decode: only for rules that name their xids"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(4));
+    }
+
+    #[test]
+    fn silencing_a_fatal_signal_needs_the_opt_in() {
+        let rule = "[[rule]]\nname = \"bus\"\nsignal = \"xid\"\nxids = [79]\naction = \"log\"\nreason = \"r\"\n";
+        let e = parse(rule).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("silences `xid 79`"), "{e}");
+        let p = parse(&format!("{rule}silences_fatal = true\n")).unwrap();
+        let silenced = p.silenced_fatal_signals();
+        assert!(
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::xid(79) && r.is_some())
+        );
+        assert!(
+            silenced
+                .iter()
+                .any(|(s, r)| *s == Signal::GpuLost && r.is_none()),
+            "a fatal signal no rule judges is reported too"
+        );
+        assert!(p.catalog_xids_left_to_catch_all().contains(&13));
     }
 
     #[test]

@@ -39,6 +39,11 @@ pub trait Source: Send + 'static {
 /// in flight when the supervisor stopped is handed over again on the next start.
 pub trait Executor: Send + Sync + 'static {
     fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
+    /// Which kinds of order it can carry out; the engine records the others as what would
+    /// have been done instead of issuing them.
+    fn capabilities(&self) -> crate::policy::Capabilities {
+        crate::policy::Capabilities::default()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +89,7 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
+        policy.capabilities = executor.capabilities();
         Supervisor {
             cfg,
             policy,
@@ -324,7 +330,7 @@ impl Engine {
                 engine::step(&self.state, input, entry.stamped.at, &self.policy);
             state.delivery.applied = state.delivery.applied.max(entry.seq);
             if let Some(c) = cursor {
-                state.delivery.advance(&c.stream, c.pos, entry.stamped.at);
+                state.delivery.advance_cursor(&c, entry.stamped.at);
             }
             self.state = state;
             records.extend(actions.into_iter().filter_map(|a| match a {
@@ -361,7 +367,7 @@ impl Engine {
                 _ => None,
             };
             if let Some(c) = &cursor
-                && self.state.delivery.seen(&c.stream, c.pos)
+                && self.state.delivery.seen_cursor(c)
             {
                 tracing::debug!(stream = %c.stream, pos = c.pos, "duplicate after restart dropped");
                 continue;
@@ -384,7 +390,7 @@ impl Engine {
                 dirty = true;
             }
             if let Some(c) = cursor {
-                state.delivery.advance(&c.stream, c.pos, now);
+                state.delivery.advance_cursor(&c, now);
                 dirty = true;
             }
             self.state = state;

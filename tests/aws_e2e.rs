@@ -1,5 +1,5 @@
 //! End to end through the real `gpu-medic run` binary: the fake libnvidia-ml (tests/fake-nvml,
-//! built by `cargo test --workspace`) reports XID 79, the default policy says replace, and the
+//! built for the test kit) reports XID 79, the default policy says replace, and the
 //! daemon quarantines, drains and replaces the instance in moto, reached through the standard
 //! AWS environment (AWS_ENDPOINT_URL, static credentials, AWS_REGION). The incident lists each
 //! call with its request id. A second test SIGKILLs the daemon mid-drain and restarts it.

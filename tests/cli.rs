@@ -83,55 +83,167 @@ fn explain_xid_13_is_not_a_drain_and_works_with_the_built_in_policy() {
     assert!(action != "drain" && action != "replace", "{v}");
 }
 
-/// Every XID of the policy's list (NVIDIA's catalog, docs/nvml.md) has a deliberate rule,
-/// never the catch-all.
+/// Every XID of NVIDIA's catalog (docs/xid-catalog.csv, see docs/xid-catalog.md) has a rule of
+/// its own in `gpu-medic policy explain`, never the catch-all; the NVLink5 XIDs and 159 for
+/// every decode class.
 #[test]
 fn every_catalog_xid_has_a_deliberate_rule() {
-    let catalog: Vec<u32> = [
-        8, 13, 31, 32, 38, 43, 45, 46, 48, 54, 56, 57, 58, 61, 62, 63, 64, 68, 69, 73, 74, 79, 92,
-        94, 95, 109, 110, 119, 120, 121, 122, 123, 136, 137, 140, 143, 144, 145, 146, 147, 148,
-        149, 150, 151, 154, 155, 156, 157, 158, 159, // table
-        37, 44, 66, 67, 93, 106, 107, 141, 152, 153, 160, 161, // IGNORE bucket
-        11, 25, 39, 40, 41, 60, 70, 71, 72, 75, 76, 77, 80, 82, 83, 84, 85, 86, 88, 89, 96, 97, 98,
-        99, 100, 101, 102, 103, 104, 105, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135,
-        139, // RESTART_APP bucket
-        78,  // UPDATE_SWFW
-    ]
-    .to_vec();
-    let catch_all = {
+    let csv = std::fs::read_to_string(repo().join("docs/xid-catalog.csv")).unwrap();
+    let catalog: Vec<u32> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(catalog.len(), 172);
+    let explain = |args: &[&str]| -> Value {
         let out = gm()
-            .args(["policy", "explain", "--xid", "999999", "--json", "--policy"])
+            .args(["policy", "explain", "--json", "--policy"])
             .arg(default_policy())
+            .args(args)
             .output()
             .unwrap();
-        json_lines(&out.stdout)[0]["rule"]
-            .as_str()
-            .unwrap()
-            .to_string()
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_lines(&out.stdout).remove(0)
     };
+    let catch_all = explain(&["--xid", "999999"])["rule"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut missing = vec![];
     for x in catalog {
-        let out = gm()
-            .args([
-                "policy",
-                "explain",
-                "--xid",
-                &x.to_string(),
-                "--json",
-                "--policy",
-            ])
-            .arg(default_policy())
-            .output()
-            .unwrap();
-        let v = &json_lines(&out.stdout)[0];
-        if v["rule"] == catch_all.as_str() {
-            missing.push(x);
+        let code = x.to_string();
+        let decodes: &[&str] = if (144..=150).contains(&x) || x == 159 {
+            &["reset-gpu", "ignore", "xid-154-eval", "undecoded"]
+        } else {
+            &[""]
+        };
+        for d in decodes {
+            let v = if d.is_empty() {
+                explain(&["--xid", &code])
+            } else {
+                explain(&["--xid", &code, "--decode", d])
+            };
+            if v["rule"] == catch_all.as_str() {
+                missing.push(format!("{x} {d}"));
+            }
         }
     }
     assert!(
         missing.is_empty(),
         "XIDs left to the catch-all: {missing:?}"
     );
+    // 167 and 169 are judged like their siblings 158 and 62.
+    assert_eq!(
+        explain(&["--xid", "167"])["action"],
+        explain(&["--xid", "158"])["action"]
+    );
+    assert_eq!(
+        explain(&["--xid", "169"])["action"],
+        explain(&["--xid", "62"])["action"]
+    );
+    // NVLink5: the decode class decides.
+    let v = explain(&["--xid", "149", "--decode", "reset-gpu"]);
+    assert_eq!(
+        (v["action"].as_str(), v["signal"].as_str()),
+        (Some("replace"), Some("xid 149 (reset-gpu)"))
+    );
+    assert_eq!(
+        explain(&["--xid", "147", "--decode", "ignore"])["action"],
+        "log"
+    );
+    gm().args([
+        "policy", "explain", "--xid", "149", "--decode", "melted", "--policy",
+    ])
+    .arg(default_policy())
+    .assert()
+    .code(2)
+    .stderr(predicate::str::contains("unknown decode `melted`"));
+}
+
+/// `policy check` names the catalog XIDs a custom policy leaves to its catch-all, and the fatal
+/// signals it silences; a rule that silences one without `silences_fatal = true` is refused.
+#[test]
+fn policy_check_reports_catch_all_xids_and_silenced_fatal_signals() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("overlay.toml");
+    std::fs::copy(default_policy(), dir.path().join("default.toml")).unwrap();
+    // An overlay that drops XID 169 from its rule: 169 falls to the catch-all, which logs it.
+    let base = std::fs::read_to_string(default_policy()).unwrap();
+    assert!(base.contains("xids = [46, 62, 109, 110, 136, 143, 155, 156, 158, 167, 169]"));
+    let overlay = "extends = \"default.toml\"\n[[rule]]\nname = \"xid-reset-gpu-required\"\nsignal = \"xid\"\n\
+                   xids = [46, 62, 109, 110, 136, 143, 155, 156, 158, 167]\naction = \"replace\"\nreason = \"r\"\n";
+    std::fs::write(&p, overlay).unwrap();
+    gm().args(["policy", "check"])
+        .arg(&p)
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("rule `xid-unknown`"))
+        .stderr(predicate::str::contains("silences `xid 169`"))
+        .stderr(predicate::str::contains("silences_fatal = true"));
+    // Opting in on the catch-all: accepted, and check says what is silenced and left over.
+    let opt_in = format!(
+        "{overlay}[[rule]]\nname = \"xid-unknown\"\nsignal = \"xid\"\naction = \"log\"\nreason = \"r\"\nsilences_fatal = true\n"
+    );
+    std::fs::write(&p, &opt_in).unwrap();
+    let out = gm()
+        .args(["policy", "check", "--json"])
+        .arg(&p)
+        .assert()
+        .success();
+    let v = &json_lines(&out.get_output().stdout)[0];
+    assert_eq!(
+        v["catalog_xids_left_to_catch_all"],
+        serde_json::json!([169]),
+        "{v}"
+    );
+    assert_eq!(v["silenced_fatal"][0]["signal"], "xid 169", "{v}");
+    assert_eq!(v["silenced_fatal"][0]["rule"], "xid-unknown", "{v}");
+    gm().args(["policy", "check"])
+        .arg(&p)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "fall to the catch-all (or to no rule): 169",
+        ))
+        .stdout(predicate::str::contains(
+            "fatal signal `xid 169` is silenced (log) by rule `xid-unknown`",
+        ));
+    // Silencing a named fatal XID or the lost GPU needs the key too.
+    for (name, signal, extra) in [
+        ("xid-fallen-off-bus", "xid", "xids = [79]\n"),
+        ("gpu-lost", "gpu-lost", ""),
+    ] {
+        let text = format!(
+            "extends = \"default.toml\"\n[[rule]]\nname = \"{name}\"\nsignal = \"{signal}\"\n{extra}action = \"ignore\"\nreason = \"r\"\n"
+        );
+        std::fs::write(&p, &text).unwrap();
+        gm().args(["policy", "check"])
+            .arg(&p)
+            .assert()
+            .code(78)
+            .stderr(predicate::str::contains(format!("rule `{name}`")));
+        std::fs::write(&p, format!("{text}silences_fatal = true\n")).unwrap();
+        gm().args(["policy", "check"])
+            .arg(&p)
+            .assert()
+            .success()
+            .stdout(predicate::str::contains(format!(
+                "by rule `{name}` (silences_fatal = true)"
+            )));
+    }
+    // The shipped policies silence nothing and leave nothing to the catch-all.
+    let out = gm()
+        .args(["policy", "check", "--json"])
+        .arg(default_policy())
+        .assert()
+        .success();
+    let v = &json_lines(&out.get_output().stdout)[0];
+    assert_eq!(v["catalog_xids_left_to_catch_all"], serde_json::json!([]));
+    assert_eq!(v["silenced_fatal"], serde_json::json!([]));
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //!   CLI: both sides build on them, not the other way round;
 //! - the engine imports nothing that does I/O;
 //! - no process-wide static holds state (an effect travels Observation -> engine -> Order ->
-//!   Outcome, or through an object handed to both sides at construction);
+//!   Outcome, or through an object handed to both sides at construction); an exception says
+//!   why in a `// layout: static allowed: <reason>` comment right above it;
 //! - every `docs/...` or `research/...` file cited in code, policies, tests or packaging exists
 //!   in the repository.
 
@@ -140,8 +141,18 @@ fn no_static_holds_state() {
         }
         let text = std::fs::read_to_string(&f).unwrap();
         let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-        for (i, l) in code.lines().enumerate() {
+        let lines: Vec<&str> = code.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
             let t = l.trim_start();
+            // An exception says why, in the comment lines just above it.
+            let justified = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|p| p.trim_start().starts_with("//"))
+                .any(|p| p.contains("layout: static allowed:"));
+            if justified {
+                continue;
+            }
             let is_static = t.starts_with("static ")
                 || t.starts_with("pub static ")
                 || t.contains(" static mut ");

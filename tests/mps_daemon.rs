@@ -394,14 +394,23 @@ async fn garbage_empty_and_hanging_replies_are_reported_not_crashed_on() {
             "{name}: a client process was left"
         );
     }
-    // A control binary that does not exist: reported the same way.
+    // A control binary that does not exist is a mistake, not a daemon fault: a self-fault.
     let cfg = MpsConfig {
         control_binary: PathBuf::from("/nonexistent/mps"),
         ..mps.cfg()
     };
     let obs = probe_once(cfg).await;
-    assert_eq!(obs.signal, Signal::MpsUnresponsive);
-    assert!(obs.detail.unwrap_or_default().contains("cannot run"));
+    assert!(
+        matches!(&obs.signal, Signal::SelfFault { component } if component == "mps-control"),
+        "{obs:?}"
+    );
+    assert!(
+        obs.detail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("/nonexistent/mps"),
+        "{obs:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,7 +438,7 @@ async fn control_calls_are_serialized_between_probes_and_a_restart() {
     let systemctl = mps.script(
         "systemctl",
         &format!(
-            "[ \"$1\" = restart ] || exit 0\nsleep 0.8\n\
+            "[ \"$1\" = start ] || exit 0\nsleep 0.8\n\
              CUDA_MPS_PIPE_DIRECTORY={} CUDA_MPS_LOG_DIRECTORY={} exec {BIN} -d",
             mps.pipe.display(),
             mps.log.display()
@@ -509,7 +518,7 @@ async fn systemd_mode_restarts_the_unit_through_systemctl() {
             "echo \"$@\" >> {log}\n\
              case \"$1 $2\" in\n\
                'reset-failed mps-test.service') exit 0 ;;\n\
-               'restart mps-test.service') \
+               'start mps-test.service') \
                  CUDA_MPS_PIPE_DIRECTORY={pipe} CUDA_MPS_LOG_DIRECTORY={logdir} exec {BIN} -d ;;\n\
                *) echo \"Failed to restart $2: Unit $2 not found.\" >&2; exit 5 ;;\n\
              esac",
@@ -530,13 +539,19 @@ async fn systemd_mode_restarts_the_unit_through_systemctl() {
         .await
         .expect("systemd restart");
     assert!(
-        done.detail.contains("`systemctl restart mps-test.service`"),
+        done.detail.contains("`systemctl start mps-test.service`"),
         "{}",
         done.detail
     );
+    let calls: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("show "))
+        .map(str::to_string)
+        .collect();
     assert_eq!(
-        std::fs::read_to_string(&log).unwrap(),
-        "reset-failed mps-test.service\nrestart mps-test.service\n"
+        calls,
+        ["reset-failed mps-test.service", "start mps-test.service"]
     );
     assert_eq!(mps.ask(PROBE_COMMAND), "75.0");
     // An unknown unit is a configuration error: fatal, one attempt.

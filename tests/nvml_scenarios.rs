@@ -1,5 +1,5 @@
 //! Scenarios through the real `gpu-medic` binary and the real NVML bindings, with faults
-//! injected into the fake libnvidia-ml (tests/fake-nvml; `cargo test --workspace` builds it).
+//! injected into the fake libnvidia-ml (tests/fake-nvml, built for the test kit).
 //! Each test runs its own daemon in its own temp dir.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
@@ -7,29 +7,19 @@
 use std::process::Command as StdCommand;
 use std::time::Duration;
 
-use gpu_medic_testkit::{Daemon, bin, default_policy, fake_nvml, wait_sync};
+use gpu_medic_testkit::{Daemon, FOUR_GPUS, bin, default_policy, wait_sync};
 use serde_json::Value;
-
-const GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
-  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
-  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
-  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
-  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
-]}"#;
 
 /// A node of four fake GPUs, AWS and MPS off; `extra_nvml`: extra `[nvml]` lines.
 fn new_node(extra_nvml: &str) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n{extra_nvml}\n\
-         [mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display(),
-    );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.gpus(GPUS);
+    polling_node(extra_nvml, "200ms")
+}
+
+/// The same, with the counters polled every `poll`.
+fn polling_node(extra_nvml: &str, poll: &str) -> Daemon {
+    let nvml = format!("poll_interval = \"{poll}\"\n{extra_nvml}");
+    let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", &nvml);
+    d.gpus(FOUR_GPUS);
     d
 }
 
@@ -580,4 +570,125 @@ fn a_hostile_kernel_log_is_read_lossily_and_a_wrong_path_is_refused() {
         assert!(err.contains(&format!("is {what}")), "{what}: {err}");
         assert!(err.contains(bad.to_str().unwrap()), "{err}");
     }
+}
+
+/// The driver's text of NVLink5 XIDs as GB200 nodes print it (leptonai/gpud PR #1174), and
+/// lines built from NVIDIA's decode sheet (docs/xid-nvlink5-decode.csv).
+const NVLINK5_RESET: &str = "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)";
+const NVLINK5_IGNORE: &str = "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)";
+const NVLINK5_154_EVAL: &str = "RLW_REMAP Nonfatal XC0 i0 Link 02 (0x00000082 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)";
+
+fn explain_decode(code: u32, decode: &str) -> Value {
+    let out = StdCommand::new(bin())
+        .args([
+            "policy",
+            "explain",
+            "--json",
+            "--xid",
+            &code.to_string(),
+            "--decode",
+            decode,
+            "--policy",
+        ])
+        .arg(default_policy())
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn opened(node: &Daemon) -> Vec<Value> {
+    node.records()
+        .into_iter()
+        .filter(|r| r["event"] == "opened")
+        .collect()
+}
+
+/// The fake raises the NVML event first and prints the driver's line second (FAKE_NVML_KMSG):
+/// the event watcher holds the XID for the line, the kernel log reader decodes it, and the
+/// verdict is the decode sheet's, once per XID.
+#[test]
+fn nvlink5_xids_from_nvml_follow_the_decode_sheet_of_their_kernel_log_line() {
+    let mut node = new_node("");
+    let kmsg = node.path("kmsg");
+    node.env("FAKE_NVML_KMSG", &kmsg);
+    start(&mut node);
+    for (gpu, code, msg, decode) in [
+        (0, 145, NVLINK5_IGNORE, "ignore"),
+        (1, 145, NVLINK5_154_EVAL, "xid-154-eval"),
+        (2, 149, NVLINK5_RESET, "reset-gpu"),
+    ] {
+        node.inject(&format!(
+            r#"{{"gpu": {gpu}, "xid": {code}, "message": "{msg}"}}"#
+        ));
+        let r = wait_opened(&node, &format!("XID {code} ({decode})"), |r| {
+            is_xid(r, code as u64) && r["observation"]["gpu"]["index"] == gpu
+        });
+        assert_eq!(r["observation"]["signal"]["decode"], decode, "{r}");
+        assert_eq!(r["observation"]["source"], "kmsg", "{r}");
+        let rule = explain_decode(code, decode);
+        assert_eq!(r["rule"], rule["rule"], "{r}");
+        assert_eq!(r["verdict"], rule["action"], "{r}");
+        assert!(
+            r["observation"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("NVLink5 decode"),
+            "{r}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        xid_inputs(&node, 145),
+        2,
+        "one observation per XID, not one per source"
+    );
+    assert_eq!(xid_inputs(&node, 149), 1);
+    let replace = opened(&node).into_iter().find(|r| is_xid(r, 149)).unwrap();
+    assert_eq!(replace["verdict"], "replace");
+    assert_eq!(replace["rule"], "xid-nvlink5-reset");
+    stop(&mut node);
+}
+
+/// Kernel log lines alone (an XID raised before NVML was watched) are decoded the same way;
+/// an NVML event whose line never comes is reported undecoded after the wait.
+#[test]
+fn nvlink5_xids_from_the_kernel_log_alone_and_from_nvml_alone() {
+    let mut node = new_node("");
+    start(&mut node);
+    kmsg_append(
+        &node,
+        "4,1000,5000000,-;NVRM: Xid (PCI:0000:10:00): 147, TREX Nonfatal XC0 i0 Link 04 (0x00000184 0x80000000 0x0 0x0 0x0 0x0)",
+    );
+    let r = wait_opened(&node, "the kernel-log XID 147", |r| is_xid(r, 147));
+    assert_eq!(r["observation"]["signal"]["decode"], "ignore", "{r}");
+    assert_eq!(r["rule"], "xid-nvlink5-ignore");
+    assert_eq!(r["verdict"], "log");
+    // No FAKE_NVML_KMSG: the event comes, its line never does.
+    let t = std::time::Instant::now();
+    node.inject(r#"{"gpu": 3, "xid": 150}"#);
+    let r = wait_opened(&node, "the undecoded XID 150", |r| is_xid(r, 150));
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "held for its line first"
+    );
+    assert_eq!(r["observation"]["signal"]["decode"], "undecoded", "{r}");
+    assert_eq!(r["observation"]["source"], "nvml");
+    assert_eq!(r["rule"], "xid-nvlink5-error");
+    assert_eq!(r["verdict"], "drain");
+    stop(&mut node);
+}
+
+/// NVML's double-bit ECC event is bit 0x2 (nvmlEventTypeDoubleBitEccError; 0x4 is PState).
+/// With the counters polled once an hour, only the event can report the error.
+#[test]
+fn a_double_bit_ecc_event_is_reported_without_waiting_for_the_poller() {
+    let mut node = polling_node("", "1h");
+    start(&mut node);
+    node.inject(r#"{"gpu": 1, "ecc": {"uncorrected_volatile": 1}}"#);
+    let r = wait_opened(&node, "the ECC event", |r| {
+        r["observation"]["signal"]["kind"] == "ecc-uncorrected"
+    });
+    assert_eq!(r["observation"]["detail"], "double-bit ECC event", "{r}");
+    assert_eq!(r["observation"]["gpu"]["index"], 1);
+    stop(&mut node);
 }

@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json, resolve_policy};
-use crate::model::{GpuId, Health, Observation, Verdict};
+use crate::model::{GpuId, Health, Observation, Signal, SignalKind, Verdict};
 use crate::policy::Policy;
 use crate::probe;
 
@@ -68,14 +68,30 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     let mut gpus: Vec<GpuId> = Vec::new();
     for p in probe::snapshot_probes(cfg).iter_mut() {
         match p.snapshot() {
-            Ok(r) => {
+            Ok(mut r) => {
+                // gpu-medic's own faults make the check "could not tell", never a finding.
+                let (own, observations): (Vec<Observation>, Vec<Observation>) =
+                    r.observations.into_iter().partition(|o| {
+                        matches!(
+                            o.signal.kind(),
+                            SignalKind::SelfFault | SignalKind::SelfRecovered
+                        )
+                    });
+                for o in own {
+                    if let Signal::SelfFault { component } = &o.signal {
+                        let detail = o.detail.unwrap_or_default();
+                        if !r.problems.contains(&detail) {
+                            r.problems.push(format!("self-fault {component}: {detail}"));
+                        }
+                    }
+                }
                 probes.push(ProbeResult {
                     probe: p.name(),
                     ok: r.problems.is_empty(),
                     error: None,
                     problems: r.problems,
                 });
-                seen.extend(r.observations);
+                seen.extend(observations);
                 gpus.extend(r.gpus);
             }
             Err(e) => probes.push(ProbeResult {
@@ -143,7 +159,10 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
 }
 
 pub fn run(a: CheckArgs) -> Result<i32, CliError> {
-    let cfg = a.config.load()?;
+    let cfg = a.config.load_for(crate::preflight::Mode::Check)?;
+    for w in crate::preflight::warnings(&cfg, std::path::Path::new("systemctl")) {
+        eprintln!("warning: {w}");
+    }
     let policy = resolve_policy(Some(&cfg.policy), None)?;
     if a.lifecycle {
         return launch_gate(cfg, policy, a.json);

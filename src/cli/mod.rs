@@ -1,5 +1,30 @@
 //! The command line: one module per command. `main.rs` only parses and maps errors to exit
 //! codes; everything a command prints is built here.
+//!
+//! Every command prints through [`out`]: the `println!`, `print!` and `eprintln!` macros are
+//! redefined below for this module and all of its children, so a closed stdout or stderr
+//! (`gpu-medic incidents list | head -1`, `status | true`) ends the output quietly, with the
+//! command's own exit code, instead of panicking the way std's macros do on EPIPE. Defining
+//! them here covers every print path, including ones added later.
+
+/// `println!` for the commands: see [`out`].
+macro_rules! println {
+    () => { $crate::cli::out::stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::cli::out::stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` for the commands: see [`out`].
+#[allow(unused_macros)]
+macro_rules! print {
+    ($($arg:tt)*) => { $crate::cli::out::stdout(format_args!($($arg)*)) };
+}
+
+/// `eprintln!` for the commands: see [`out`].
+macro_rules! eprintln {
+    ($($arg:tt)*) => { $crate::cli::out::stderr(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+pub mod out;
 
 pub mod check;
 pub mod demo;
@@ -99,6 +124,13 @@ pub struct ConfigArg {
 impl ConfigArg {
     pub fn load(&self) -> Result<Config, FileError> {
         Config::load(&self.config)
+    }
+
+    /// Loads the config and checks it against this machine ([`crate::preflight`]).
+    pub fn load_for(&self, mode: crate::preflight::Mode) -> Result<Config, FileError> {
+        let (cfg, text) = Config::load_with_text(&self.config)?;
+        crate::preflight::check(&cfg, &self.config, &text, mode)?;
+        Ok(cfg)
     }
 }
 

@@ -2,6 +2,7 @@
 //! otherwise), the tokio runtime, signal handling (the first SIGTERM/SIGINT stops gracefully,
 //! a second forces exit), and the supervisor with the probes and remedies the config enables.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -69,7 +70,7 @@ pub fn init_logging_quiet() {
 }
 
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
-    let cfg = a.config.load()?;
+    let cfg = a.config.load_for(crate::preflight::Mode::Run)?;
     // A kernel log that cannot be followed (a FIFO, a directory) is a mistake: refused here.
     if cfg.nvml.enabled
         && let Some(kmsg) = cfg
@@ -84,6 +85,9 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
     }
     let policy = Policy::load(&cfg.policy)?;
     init_logging(&a.log_format);
+    for w in crate::preflight::warnings(&cfg, Path::new("systemctl")) {
+        tracing::warn!("{w}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

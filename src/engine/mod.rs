@@ -8,13 +8,18 @@
 //! - one node remediation (quarantine, drain, replace) at a time: later verdicts join it;
 //! - a deadline on every order: an overrun escalates to the next step instead of hanging;
 //! - retries of retryable failures, and deferrals (fleet budget full) without giving up;
-//! - observe-only: every decision is journaled, no order is ever emitted.
+//! - observe-only: every decision is journaled, no order is ever emitted;
+//! - a verdict whose remedy this node lacks (`Policy::capabilities`: `[aws]` or `[mps]`
+//!   disabled) is recorded as what would have been done, never issued, and the node phase
+//!   never claims a step that did not happen;
+//! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
+//!   they last and are never remediated.
 
 mod state;
 
 pub use state::{
     Delivery, Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
-    Remediation, Scheduled, State, Step, StreamCursor,
+    Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;
@@ -34,6 +39,15 @@ pub const RULE_LIFECYCLE_TERMINATE: &str = "lifecycle-terminate";
 pub const RULE_LAUNCH_GATE: &str = "launch-gate";
 /// The rule name recorded for a signal kind the policy has no rule for.
 pub const RULE_NONE: &str = "no-rule";
+/// The rule name recorded for gpu-medic's own faults.
+pub const RULE_SELF_FAULT: &str = "self-fault";
+/// The rule name recorded for a decision this node's remedies cannot carry out.
+pub const RULE_NOT_MANAGED: &str = "not-managed";
+/// Why a decision that needs ECS or Auto Scaling was not carried out.
+const AWS_DISABLED: &str = "AWS remediation disabled ([aws] enabled = false)";
+/// Why a restart-mps decision was not carried out.
+const MPS_NOT_MANAGED: &str =
+    "gpu-medic does not manage the MPS daemon ([mps] enabled = false); it is not restarted";
 /// A log-only finding that repeats within this window (same rule, same GPU, same XID) opens
 /// no new incident; the next incident says how many repeats there were.
 pub const LOG_REPEAT_WINDOW: Duration = Duration::from_secs(600);
@@ -241,8 +255,79 @@ impl Cx<'_> {
                 let state = *state;
                 self.lifecycle(&obs, state)
             }
+            Signal::SelfFault { component } => {
+                let component = component.clone();
+                self.self_fault(&obs, component)
+            }
+            Signal::SelfRecovered { component } => {
+                let component = component.clone();
+                self.self_recovered(&obs, &component)
+            }
             _ => self.judge(obs),
         }
+    }
+
+    /// gpu-medic cannot do part of its job. One incident per component while it lasts; a
+    /// probe reporting it on every poll changes nothing. Never an order: a missing library
+    /// or binary is not the hardware's fault, and draining for it would spread the mistake
+    /// to the fleet.
+    fn self_fault(&mut self, obs: &Observation, component: String) {
+        if self.st.self_faults.contains_key(&component) {
+            return;
+        }
+        let reason = format!(
+            "gpu-medic itself cannot work ({component}): a fault of gpu-medic or its configuration, \
+             not of the hardware; nothing is drained, replaced or restarted for it, and what it \
+             cannot see is unknown until it is fixed"
+        );
+        let id = self.open(obs, RULE_SELF_FAULT, &reason, Verdict::Log);
+        self.st.self_faults.insert(
+            component,
+            SelfFault {
+                incident: id,
+                since: self.now,
+                detail: obs.detail.clone().unwrap_or_default(),
+            },
+        );
+    }
+
+    fn self_recovered(&mut self, obs: &Observation, component: &str) {
+        let Some(fault) = self.st.self_faults.remove(component) else {
+            return;
+        };
+        self.attach(fault.incident, obs);
+        self.close(
+            fault.incident,
+            IncidentState::Resolved,
+            format!("{component} works again"),
+        );
+    }
+
+    /// Records a decision this node cannot carry out: the orders it would have given (as
+    /// not executed) and why, then closes the incident as observed.
+    fn would(&mut self, incident: IncidentId, commands: Vec<Command>, what: &str, why: &str) {
+        for command in commands {
+            self.st.next_action += 1;
+            let order = Order {
+                id: ActionId(self.st.next_action),
+                incident,
+                deadline: self.now.plus(self.deadline_for(&command)),
+                command,
+                attempt: 1,
+            };
+            self.record(
+                incident,
+                IncidentEvent::ActionStarted {
+                    order,
+                    dry_run: true,
+                },
+            );
+        }
+        self.close(
+            incident,
+            IncidentState::Observed,
+            format!("would have {what}: {why}"),
+        );
     }
 
     fn judge(&mut self, obs: Observation) {
@@ -381,6 +466,13 @@ impl Cx<'_> {
                 ),
             );
         }
+        self.remember_log(class, id);
+        self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
+    }
+
+    /// Starts a repeat-suppression window for `class` (at most `MAX_RECENT_LOGS` of them, the
+    /// stalest dropped first).
+    fn remember_log(&mut self, class: &str, id: IncidentId) {
         if self.st.recent_logs.len() >= MAX_RECENT_LOGS {
             let stalest = self
                 .st
@@ -401,7 +493,6 @@ impl Cx<'_> {
                 counts: Default::default(),
             },
         );
-        self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
     }
 
     fn dispatch(
@@ -482,6 +573,20 @@ impl Cx<'_> {
             return;
         }
         let id = self.open(&obs, rule, reason, Verdict::StopTasks);
+        if !self.policy.capabilities.aws {
+            let command = Command::StopTasks {
+                gpu: gpu.clone(),
+                pids: obs.pids.clone(),
+                tasks: obs.tasks.clone(),
+            };
+            self.would(
+                id,
+                vec![command],
+                &format!("stopped the tasks on {gpu}"),
+                AWS_DISABLED,
+            );
+            return;
+        }
         let command = Command::StopTasks {
             gpu: gpu.clone(),
             pids: obs.pids.clone(),
@@ -501,6 +606,21 @@ impl Cx<'_> {
     // ---- MPS daemon ----
 
     fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
+        if !self.policy.capabilities.mps {
+            let key = format!("{rule}@{}", target_key(obs));
+            if self.log_is_repeat(&key, obs) {
+                return;
+            }
+            let id = self.open(obs, rule, reason, Verdict::RestartMps);
+            self.remember_log(&key, id);
+            self.would(
+                id,
+                vec![Command::RestartMps],
+                "restarted the MPS control daemon",
+                MPS_NOT_MANAGED,
+            );
+            return;
+        }
         if let Some(id) = self.st.mps.incident {
             // Already being handled (restart in flight or scheduled, failed, or observed).
             self.attach(id, obs);
@@ -582,6 +702,18 @@ impl Cx<'_> {
     // ---- node remediation ----
 
     fn node_remediate(&mut self, obs: Observation, verdict: Verdict, rule: &str, reason: &str) {
+        if let Some(w) = self.st.withheld.as_ref()
+            && w.verdict >= verdict
+            && !self.policy.capabilities.aws
+        {
+            // Already recorded as what would have been done: later faults join it.
+            let id = w.incident;
+            self.attach(id, &obs);
+            if let Some(gpu) = &obs.gpu {
+                self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
+            }
+            return;
+        }
         if let Some(rem) = self.st.remediation {
             self.attach(rem.incident, &obs);
             if let Some(gpu) = &obs.gpu {
@@ -684,16 +816,36 @@ impl Cx<'_> {
             );
             return;
         }
+        if !self.policy.capabilities.aws {
+            let (what, steps) = match goal {
+                Goal::Drain => (
+                    "quarantined and drained the instance",
+                    vec![Command::Quarantine, Command::Drain { terminating: false }],
+                ),
+                _ => (
+                    "quarantined, drained and replaced the instance",
+                    vec![
+                        Command::Quarantine,
+                        Command::Drain { terminating: false },
+                        Command::Replace,
+                    ],
+                ),
+            };
+            self.st.withheld = Some(Withheld {
+                incident,
+                verdict,
+                why: AWS_DISABLED.to_string(),
+                since: self.now,
+            });
+            self.would(incident, steps, what, AWS_DISABLED);
+            return;
+        }
         let step = if self.st.node == NodePhase::Drained {
             Step::Replace
         } else {
             Step::Quarantine
         };
-        self.st.remediation = Some(Remediation {
-            incident,
-            goal,
-            step,
-        });
+        self.st.remediation = Some(Remediation::new(incident, goal, step));
         self.st.node_incident = Some(incident);
         self.start_step(incident, step, 1);
     }
@@ -728,9 +880,15 @@ impl Cx<'_> {
 
     /// The step after `done` for the current goal, or the end of the remediation.
     fn advance(&mut self, done: Step) {
-        let Some(rem) = self.st.remediation else {
+        let Some(rem) = self.st.remediation.as_mut() else {
             return;
         };
+        match done {
+            Step::Quarantine => rem.quarantined = true,
+            Step::Drain => rem.drained = true,
+            _ => {}
+        }
+        let rem = *rem;
         let next = match (done, rem.goal) {
             (Step::Quarantine, _) => Some(Step::Drain),
             (Step::Drain, Goal::Drain) => None,
@@ -792,13 +950,17 @@ impl Cx<'_> {
             }
             (Step::Drain, Goal::Drain) => {
                 self.st.remediation = None;
-                self.st.node = NodePhase::Quarantined;
+                let left = if rem.quarantined {
+                    self.st.node = NodePhase::Quarantined;
+                    "instance left quarantined"
+                } else {
+                    self.st.node = NodePhase::InService;
+                    "the quarantine did not take either: the instance is still in service"
+                };
                 self.close(
                     id,
                     IncidentState::Failed,
-                    format!(
-                        "drain did not finish ({why}); instance left quarantined; operator needed"
-                    ),
+                    format!("drain did not finish ({why}); {left}; operator needed"),
                 );
             }
             (Step::Replace, Goal::Terminate) => {
@@ -806,11 +968,24 @@ impl Cx<'_> {
             }
             (Step::Replace, _) => {
                 self.st.remediation = None;
-                self.st.node = NodePhase::Drained;
+                let (phase, left) = if rem.drained {
+                    (NodePhase::Drained, "it stays drained")
+                } else if rem.quarantined {
+                    (
+                        NodePhase::Quarantined,
+                        "it stays quarantined (the drain did not finish)",
+                    )
+                } else {
+                    (
+                        NodePhase::InService,
+                        "neither quarantine nor drain took effect: the instance is still in service",
+                    )
+                };
+                self.st.node = phase;
                 self.close(
                     id,
                     IncidentState::Failed,
-                    format!("could not have Auto Scaling replace the instance ({why}); it stays drained; operator needed"),
+                    format!("could not have Auto Scaling replace the instance ({why}); {left}; operator needed"),
                 );
             }
             (Step::CompleteLifecycle, _) => {
@@ -870,11 +1045,7 @@ impl Cx<'_> {
         } else {
             Step::Drain
         };
-        self.st.remediation = Some(Remediation {
-            incident: id,
-            goal: Goal::Terminate,
-            step,
-        });
+        self.st.remediation = Some(Remediation::new(id, Goal::Terminate, step));
         self.st.node_incident = Some(id);
         self.start_step(id, step, 1);
     }
@@ -980,6 +1151,14 @@ impl Cx<'_> {
                     self.mps_try_restart(order.incident);
                 }
             }
+            Command::StopTasks { gpu, .. } if !self.policy.capabilities.mps => {
+                self.st.gpu_jobs.remove(&gpu.index);
+                self.close(
+                    order.incident,
+                    IncidentState::Failed,
+                    format!("could not stop the tasks on {gpu} ({why}); {MPS_NOT_MANAGED}; operator needed"),
+                );
+            }
             Command::StopTasks { gpu, .. } => {
                 self.st.gpu_jobs.remove(&gpu.index);
                 let reason = format!(
@@ -1055,9 +1234,8 @@ impl Cx<'_> {
             format!("abort requested by {who}: returning the instance to service"),
         );
         self.st.remediation = Some(Remediation {
-            incident,
-            goal: rem.goal,
             step: Step::Restore,
+            ..rem
         });
         self.issue(incident, Command::Restore, 1);
     }

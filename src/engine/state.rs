@@ -36,9 +36,35 @@ pub struct State {
     /// The last log-only incident per `rule@target`, for repeat suppression.
     #[serde(default)]
     pub recent_logs: BTreeMap<String, RecentLog>,
+    /// gpu-medic's own faults by component (`nvml`, `mps-control`), each with its open
+    /// incident: journaled once, shown by `status`, never remediated.
+    #[serde(default)]
+    pub self_faults: BTreeMap<String, SelfFault>,
+    /// A node remediation the policy decided and this node's remedies cannot carry out
+    /// (`[aws] enabled = false`): what would have been done, for `status`.
+    #[serde(default)]
+    pub withheld: Option<Withheld>,
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,
+}
+
+/// One of gpu-medic's own faults (see `Signal::SelfFault`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelfFault {
+    pub incident: IncidentId,
+    pub since: Timestamp,
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// A decision nobody could carry out: "would drain: AWS remediation disabled".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Withheld {
+    pub incident: IncidentId,
+    pub verdict: Verdict,
+    pub why: String,
+    pub since: Timestamp,
 }
 
 /// How far the inputs and the sources are applied to this state. Saved with it, so that the
@@ -62,9 +88,37 @@ pub struct StreamCursor {
     pub pos: u64,
     /// When it last moved, to drop the stalest stream first.
     pub at: Timestamp,
+    /// The source's opaque position (a journald cursor), see `model::Cursor::token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 impl Delivery {
+    /// Whether the record at `c` is already applied. A stream with a token resumes after its
+    /// token (its reader never hands a record out twice), so nothing of it is a duplicate.
+    pub fn seen_cursor(&self, c: &crate::model::Cursor) -> bool {
+        c.token.is_none() && self.seen(&c.stream, c.pos)
+    }
+
+    /// Moves the stream of `c` past it. A token stream follows its reader's order (a
+    /// journald entry's time stamp may step back with the clock; its cursor still moves).
+    pub fn advance_cursor(&mut self, c: &crate::model::Cursor, at: Timestamp) {
+        if c.token.is_none() {
+            self.advance(&c.stream, c.pos, at);
+            return;
+        }
+        self.cursors.remove(&c.stream);
+        self.advance(&c.stream, c.pos, at);
+        if let Some(sc) = self.cursors.get_mut(&c.stream) {
+            sc.token = c.token.clone();
+        }
+    }
+
+    /// The token last applied for `stream` (a journald cursor to resume after).
+    pub fn token(&self, stream: &str) -> Option<&str> {
+        self.cursors.get(stream)?.token.as_deref()
+    }
+
     /// Whether `pos` of `stream` is already applied.
     pub fn seen(&self, stream: &str, pos: u64) -> bool {
         self.cursors.get(stream).is_some_and(|c| pos <= c.pos)
@@ -91,8 +145,14 @@ impl Delivery {
                     };
                     self.cursors.remove(&stalest);
                 }
-                self.cursors
-                    .insert(stream.to_string(), StreamCursor { pos, at });
+                self.cursors.insert(
+                    stream.to_string(),
+                    StreamCursor {
+                        pos,
+                        at,
+                        token: None,
+                    },
+                );
             }
         }
     }
@@ -207,6 +267,24 @@ pub struct Remediation {
     pub incident: IncidentId,
     pub goal: Goal,
     pub step: Step,
+    /// Steps that were carried out (not merely tried): the node phase after a failure says
+    /// what really happened, never more.
+    #[serde(default)]
+    pub quarantined: bool,
+    #[serde(default)]
+    pub drained: bool,
+}
+
+impl Remediation {
+    pub fn new(incident: IncidentId, goal: Goal, step: Step) -> Self {
+        Remediation {
+            incident,
+            goal,
+            step,
+            quarantined: false,
+            drained: false,
+        }
+    }
 }
 
 /// Where a node remediation is headed.

@@ -166,22 +166,8 @@ impl ControlClient {
         }
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
-        // which is async-signal-safe and touches no memory shared with the parent. It makes the
-        // kernel kill the client if gpu-medic dies (SIGKILL), so a probe blocked on a hung
-        // daemon never outlives the supervisor. The client is spawned from a runtime worker
-        // thread, which lives as long as gpu-medic.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+            .stderr(Stdio::piped());
+        supervise(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ControlError::Spawn {
             binary: self.binary.display().to_string(),
             message: e.to_string(),
@@ -253,6 +239,24 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> String {
     let mut buf = Vec::new();
     let _ = r.take(MAX_REPLY).read_to_end(&mut buf).await;
     String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Makes `cmd` a supervised child: its own process group (its pid is the group id, so the
+/// whole group can be killed), killed on drop, and killed by the kernel if gpu-medic dies
+/// (`PR_SET_PDEATHSIG`, which fires when the parent *thread* exits: spawn from a runtime
+/// worker thread, which lives as long as gpu-medic).
+pub fn supervise(cmd: &mut tokio::process::Command) {
+    cmd.process_group(0).kill_on_drop(true);
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl, which
+    // is async-signal-safe and touches no memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Shortens `s` to at most `max` characters for a journal line.

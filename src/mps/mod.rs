@@ -1,12 +1,14 @@
 //! Adapters to the MPS control daemon: the control client ([`control`], one object per pipe
 //! directory owning its serialization lock, shared by the MPS probe and the MPS remedy), the
-//! daemon's processes ([`procs`]), and the replies it gives ([`parse_reply`]).
+//! daemon's processes ([`procs`]), its lines in the systemd journal ([`journal`]), and the replies it gives ([`parse_reply`]).
 //!
 //! Nothing here decides or imports a probe, a remedy or the engine. The protocol and the
 //! daemon's behaviour as measured: docs/mps.md and tests/support/MPS-FACTS.md.
 
 pub mod control;
+pub mod journal;
 pub mod procs;
+pub mod systemd;
 
 /// The probe's liveness command; the reply is the default active thread percentage.
 pub const PROBE_COMMAND: &str = "get_default_active_thread_percentage";

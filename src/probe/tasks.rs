@@ -33,6 +33,25 @@ fn is_task_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
+/// The ECS task id of one process, or why there is none (gone, not in an ECS task).
+pub fn task_of(proc_root: &Path, pid: u32) -> Result<String, String> {
+    let path = proc_root.join(pid.to_string()).join("cgroup");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err("exited before it could be looked up".into());
+        }
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    task_id_from_cgroup(&text).ok_or_else(|| {
+        let first = text.lines().next().unwrap_or("").trim();
+        format!(
+            "not in an ECS task: cgroup {}",
+            crate::mps::control::clip(first, 120)
+        )
+    })
+}
+
 /// The ECS task ids of `pids`, in order, without duplicates; processes outside ECS tasks or
 /// already gone are left out.
 pub fn task_ids(proc_root: &Path, pids: &[u32]) -> Vec<String> {
@@ -75,6 +94,29 @@ mod tests {
     fn processes_outside_ecs_have_no_task() {
         assert_eq!(task_id_from_cgroup("0::/system.slice/sshd.service\n"), None);
         assert_eq!(task_id_from_cgroup("0::/user.slice/user-0.slice\n"), None);
+    }
+
+    #[test]
+    fn one_pid_resolves_or_says_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, cg) in [
+            (
+                10,
+                "0::/ecstasks.slice/ecstasks-aa11.slice/docker-1.scope\n",
+            ),
+            (12, "0::/system.slice/sshd.service\n"),
+        ] {
+            std::fs::create_dir_all(dir.path().join(pid.to_string())).unwrap();
+            std::fs::write(dir.path().join(format!("{pid}/cgroup")), cg).unwrap();
+        }
+        assert_eq!(task_of(dir.path(), 10).as_deref(), Ok("aa11"));
+        let e = task_of(dir.path(), 11).unwrap_err();
+        assert!(e.contains("exited"), "{e}");
+        let e = task_of(dir.path(), 12).unwrap_err();
+        assert!(
+            e.contains("not in an ECS task") && e.contains("sshd"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -112,6 +112,13 @@ pub struct Remedies {
 }
 
 impl Executor for Remedies {
+    fn capabilities(&self) -> crate::policy::Capabilities {
+        crate::policy::Capabilities {
+            aws: self.control_plane.is_some(),
+            mps: self.mps.is_some(),
+        }
+    }
+
     fn execute(&self, order: Order) -> BoxFuture<'_, Outcome> {
         Box::pin(async move {
             let result = match &order.command {

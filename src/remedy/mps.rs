@@ -9,7 +9,10 @@
 //! 2. clean: remove stale `control`, `control_privileged`, `control_lock` and `log` from the
 //!    pipe directory, only when no live process holds the `control_lock` lock (a crash
 //!    leaves them all; `quit` leaves the sockets);
-//! 3. start: `systemctl restart <unit>` (`manage = "systemd"`, ECS's `nvidia-mps.service`),
+//! 3. start: `systemctl start <unit>` (`manage = "systemd"`, ECS's `nvidia-mps.service`),
+//!    unless systemd's own `Restart=` already brought it back or is about to (`systemctl show`:
+//!    `auto-restart`, `activating`, or running again): never a second restart. A unit that
+//!    systemd is restarting when the order arrives is not stopped at all, only waited for;
 //!    or `control_binary -d` with the pipe and log directories in its environment, after
 //!    `mkdir -p` of both (the daemon does not create the pipe directory) and with every
 //!    inherited descriptor marked close-on-exec (the daemon keeps what it inherits);
@@ -34,6 +37,7 @@ use crate::config::{MpsConfig, MpsManage};
 use crate::model::{Order, Timestamp};
 use crate::mps::control::{ControlClient, ControlError, ControlGuard, clip};
 use crate::mps::procs::{self, Found, MpsProcess, Scanner};
+use crate::mps::systemd::{Systemctl, UnitState};
 use crate::mps::{PROBE_COMMAND, SERVER_LIST_COMMAND, parse_percentage, parse_reply};
 
 /// Attempts per order; the engine's budget decides about more.
@@ -135,9 +139,28 @@ impl MpsDaemon {
 
     async fn attempt(&self, guard: &ControlGuard) -> Result<Done, RemedyError> {
         let t0 = Instant::now();
-        let (old, stopped) = self.stop(guard).await?;
-        let cleaned = self.clean_stale().await?;
-        let started = self.start().await?;
+        let pending = match self.cfg.manage {
+            MpsManage::Systemd => self.unit_state().await.filter(UnitState::restarting),
+            MpsManage::Direct => None,
+        };
+        let (old, stopped, cleaned, started) = match pending {
+            // systemd is bringing the daemon back already: wait for it, do not race it.
+            Some(s) => (
+                Vec::new(),
+                "not stopped".to_string(),
+                "pipe directory left to the new daemon".to_string(),
+                format!(
+                    "systemd was restarting the daemon itself ({}); no second restart",
+                    s.describe(&self.cfg.unit)
+                ),
+            ),
+            None => {
+                let (old, stopped) = self.stop(guard).await?;
+                let cleaned = self.clean_stale().await?;
+                let started = self.start().await?;
+                (old, stopped, cleaned, started)
+            }
+        };
         self.client.mark_restarted();
         let ready_in = self.wait_ready(guard).await?;
         let defaults = self.apply_defaults(guard).await?;
@@ -356,13 +379,31 @@ impl MpsDaemon {
         )))
     }
 
+    /// The unit's state, when systemctl can tell it (`None`: unknown, act as without it).
+    async fn unit_state(&self) -> Option<UnitState> {
+        let sc = Systemctl::new(&self.systemctl, &self.cfg.unit, self.cfg.probe_timeout);
+        sc.show().await.ok().filter(UnitState::exists)
+    }
+
     async fn start_systemd(&self) -> Result<String, RemedyError> {
         let unit = self.cfg.unit.as_str();
-        // A unit that hit systemd's own start rate limit refuses to restart; the engine's
+        // Restart= brings a daemon that exited back by itself (within RestartSec): once it
+        // has, or while it is about to, a start of ours would be a second restart.
+        if let Some(s) = self.unit_state().await
+            && (s.restarting() || s.running())
+        {
+            return Ok(format!(
+                "systemd restarts the daemon itself ({}); no second restart",
+                s.describe(unit)
+            ));
+        }
+        // A unit that hit systemd's own start rate limit refuses to start; the engine's
         // budget is the limit that counts here.
         let _ = self.systemctl(&["reset-failed", unit]).await;
-        match self.systemctl(&["restart", unit]).await {
-            Ok(()) => Ok(format!("`systemctl restart {unit}`")),
+        // `start`, not `restart`: the old daemon is stopped already, and a start of a unit
+        // that systemd brought back in the meantime changes nothing.
+        match self.systemctl(&["start", unit]).await {
+            Ok(()) => Ok(format!("`systemctl start {unit}`")),
             Err((msg, fatal)) => Err(if fatal {
                 RemedyError::fatal(msg)
             } else {

@@ -10,8 +10,8 @@
 //! its end when there is none (history is not replayed); a file that shrank was truncated
 //! (read from 0), a new inode was rotated in (read from 0). At most [`MAX_READ`] is read per
 //! poll; a larger backlog is skipped to the file's last [`BACKLOG_KEEP`] with a warning.
-//! Under `-f` (ECS's unit) the daemon logs to stdout, not to these files: then there is
-//! nothing to tail.
+//! Under `-f` (ECS's unit) the daemon logs to stdout, not to these files: its lines are read
+//! from the unit's journal instead ([`super::journald`]), through the same parser.
 //!
 //! The devices of a fault block are the daemon's CUDA ordinals. They are reported as
 //! `GpuId::index_only(n)`, which is the NVML index when the daemon runs without
@@ -312,6 +312,34 @@ pub fn observe(events: Vec<LogEvent>, crashes: &mut CrashWindow) -> Vec<Observat
     out
 }
 
+/// Names the ECS tasks of a server fault's sticky clients (their cgroups, read now, while
+/// the poisoned clients still hold the GPU), for the incident and the stop-tasks order; a
+/// client that cannot be resolved is named by pid with why.
+pub fn name_tasks(o: &mut Observation, proc_root: &Path) {
+    if o.signal != Signal::MpsServerFault || o.pids.is_empty() || !o.tasks.is_empty() {
+        return;
+    }
+    let mut unresolved = Vec::new();
+    for pid in &o.pids {
+        match crate::probe::tasks::task_of(proc_root, *pid) {
+            Ok(task) => {
+                if !o.tasks.contains(&task) {
+                    o.tasks.push(task);
+                }
+            }
+            Err(why) => unresolved.push(format!("pid {pid} ({why})")),
+        }
+    }
+    let mut detail = o.detail.take().unwrap_or_default();
+    if !o.tasks.is_empty() {
+        detail.push_str(&format!("; ECS tasks: {}", o.tasks.join(", ")));
+    }
+    if !unresolved.is_empty() {
+        detail.push_str(&format!("; no ECS task for {}", unresolved.join(", ")));
+    }
+    o.detail = Some(detail);
+}
+
 /// Follows one file by offset.
 #[derive(Debug)]
 pub struct Tail {
@@ -493,27 +521,65 @@ impl Tail {
     }
 }
 
-/// Both log files with their parsers.
+/// The daemon's lines: both log files with their parsers, and the unit's journal, with one
+/// crash window (a daemon writes to one or the other, never both).
 pub struct LogWatch {
     files: Vec<(Tail, Parser)>,
+    journal: Option<super::journald::JournalFollow>,
     crashes: CrashWindow,
 }
 
 impl LogWatch {
+    /// The files in `log_dir` only.
     pub fn new(log_dir: &Path) -> Self {
         LogWatch {
             files: ["control.log", "server.log"]
                 .into_iter()
                 .map(|n| (Tail::new(log_dir.join(n)), Parser::default()))
                 .collect(),
+            journal: None,
             crashes: CrashWindow::default(),
         }
     }
 
-    /// Resumes each file at the position last journaled (see [`Tail::resume_from`]).
+    /// What `cfg` says to read (`[mps] logs`).
+    pub fn for_config(cfg: &crate::config::MpsConfig) -> Self {
+        let mut w = LogWatch::new(&cfg.log_directory);
+        if !cfg.reads_files() {
+            w.files.clear();
+        }
+        if cfg.reads_journal() {
+            w.journal = Some(super::journald::JournalFollow::new(
+                crate::mps::journal::Spec {
+                    journalctl: crate::mps::journal::default_journalctl().to_path_buf(),
+                    unit: cfg.unit.clone(),
+                    directory: cfg.journal_directory.clone(),
+                },
+            ));
+        }
+        w
+    }
+
+    /// Uses another `journalctl` (tests: a missing one).
+    pub fn with_journalctl(mut self, journalctl: &Path) -> Self {
+        if let Some(j) = self.journal.take() {
+            let spec = crate::mps::journal::Spec {
+                journalctl: journalctl.to_path_buf(),
+                ..j.spec().clone()
+            };
+            self.journal = Some(super::journald::JournalFollow::new(spec));
+        }
+        self
+    }
+
+    /// Resumes each file at the position last journaled (see [`Tail::resume_from`]), and the
+    /// journal after its last journaled cursor.
     pub fn resume_from(&mut self, delivery: &crate::engine::Delivery) {
         for (tail, _) in &mut self.files {
             tail.resume_from(delivery.clone());
+        }
+        if let Some(j) = &mut self.journal {
+            j.resume_from(delivery);
         }
     }
 
@@ -538,9 +604,16 @@ impl LogWatch {
                 last.cursor = Some(crate::model::Cursor {
                     stream,
                     pos: tail.consumed(),
+                    token: None,
                 });
             }
             out.append(&mut obs);
+        }
+        if let Some(j) = &mut self.journal {
+            out.extend(j.poll(&mut self.crashes));
+        }
+        for o in &mut out {
+            name_tasks(o, Path::new("/proc"));
         }
         out
     }
@@ -550,6 +623,28 @@ impl LogWatch {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_server_fault_names_its_clients_tasks_or_says_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("11641")).unwrap();
+        std::fs::write(
+            dir.path().join("11641/cgroup"),
+            "0::/ecstasks.slice/ecstasks-3f1c9c2e8a7b4d0f.slice/docker-0a1b.scope\n",
+        )
+        .unwrap();
+        let mut o = Observation::new(Signal::MpsServerFault)
+            .with_pids(vec![11641, 11643])
+            .with_detail("fault");
+        name_tasks(&mut o, dir.path());
+        assert_eq!(o.tasks, vec!["3f1c9c2e8a7b4d0f".to_string()]);
+        let d = o.detail.unwrap();
+        assert!(d.contains("ECS tasks: 3f1c9c2e8a7b4d0f"), "{d}");
+        assert!(d.contains("no ECS task for pid 11643 (exited"), "{d}");
+        let mut loop_ = Observation::new(Signal::MpsCrashLoop).with_pids(vec![11641]);
+        name_tasks(&mut loop_, dir.path());
+        assert!(loop_.tasks.is_empty(), "only server faults name tasks");
+    }
 
     fn events(lines: &[&str]) -> Vec<LogEvent> {
         let mut p = Parser::default();

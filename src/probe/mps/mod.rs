@@ -12,11 +12,28 @@
 //! - no daemon process ("Cannot find MPS control daemon process", stale sockets after a
 //!   crash): `mps-down` (value = consecutive failed probes).
 //!
+//! A control binary that cannot be run at all (missing, not executable) is not a daemon
+//! fault: restarting the daemon would need the same binary. It is a `self-fault` of
+//! gpu-medic (component `mps-control`), reported once, and the daemon's state is unknown
+//! until the binary runs again (`self-recovered`).
+//!
+//! Under `manage = "systemd"` each turn also reads the unit (`systemctl show`, see
+//! [`crate::mps::systemd`]): systemd restarts a daemon that exits (`Restart=always` on the
+//! ECS GPU AMI) within a second, so a daemon that keeps dying may answer every probe. Restarts
+//! systemd made (`NRestarts` rising) are counted: [`logs::CRASH_LOOP_COUNT`] of them within
+//! [`logs::CRASH_LOOP_WINDOW`] is an `mps-crash-loop`. A failed probe while systemd is itself
+//! bringing the daemon back (`auto-restart`, `activating`) is not reported as `mps-down`: a
+//! restart by gpu-medic would race systemd's. What systemd cannot see stays gpu-medic's: a
+//! hung daemon (the probe deadline; the unit is `active/running`), servers that keep dying
+//! (the daemon's lines), and the restart budget (the engine).
+//!
 //! While a restart holds the control lock the probe skips its turn: the restart's outcome
-//! speaks for the daemon. `control.log` and `server.log` are tailed each turn for server
-//! crash loops and fatal faults ([`logs`]). Process identity: [`procs`]. The control client
+//! speaks for the daemon. The daemon's lines (`control.log` and `server.log`, or the unit's
+//! journal for a daemon run with `-f`, per `[mps] logs`) are read each turn for server crash
+//! loops and fatal faults ([`logs`], [`journald`]). Process identity: [`procs`]. The control client
 //! and its lock are shared with the remedy ([`control`]).
 
+pub mod journald;
 pub mod logs;
 
 use std::future::Future;
@@ -28,10 +45,11 @@ use tokio_util::sync::CancellationToken;
 
 use self::logs::LogWatch;
 use super::{ProbeError, Snapshot, SnapshotReport};
-use crate::config::MpsConfig;
+use crate::config::{MpsConfig, MpsManage};
 use crate::model::{Observation, Signal};
 use crate::mps::control::{ControlClient, ControlError};
 use crate::mps::procs::Scanner;
+use crate::mps::systemd::{Systemctl, UnitState};
 use crate::mps::{Answer, PROBE_COMMAND, SERVER_LIST_COMMAND, parse_reply};
 use crate::supervisor::Source;
 
@@ -45,7 +63,83 @@ pub struct MpsProbe {
     was_up: Option<bool>,
     /// The restart count last seen: a restart starts the failure count over.
     restarts_seen: u64,
+    /// The control binary could not be run on the last probe (a self-fault is open).
+    unrunnable: bool,
+    /// An all-clear to report with the next turn.
+    recovered: Option<Observation>,
+    /// The daemon's unit under `manage = "systemd"`.
+    unit: Option<UnitWatch>,
 }
+
+/// systemd's own restarts of the daemon's unit.
+struct UnitWatch {
+    systemctl: Systemctl,
+    /// `NRestarts` at the last look.
+    last: Option<u64>,
+    /// When systemd's restarts were seen, within the crash-loop window.
+    seen: std::collections::VecDeque<std::time::Instant>,
+    /// The state at the last look.
+    state: Option<UnitState>,
+    warned: bool,
+}
+
+impl UnitWatch {
+    /// Reads the unit; returns a crash-loop observation when systemd's restarts fill the
+    /// window.
+    async fn look(&mut self) -> Option<Observation> {
+        let state = match self.systemctl.show().await {
+            Ok(s) if s.exists() => s,
+            Ok(_) => {
+                self.state = None;
+                return None;
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.warned, true) {
+                    tracing::warn!(
+                        probe = "mps",
+                        "cannot read the MPS daemon's unit: {e}; systemd's own restarts are not counted"
+                    );
+                }
+                self.state = None;
+                return None;
+            }
+        };
+        self.warned = false;
+        let now = std::time::Instant::now();
+        let before = self.last.replace(state.n_restarts);
+        let window = logs::CRASH_LOOP_WINDOW;
+        self.seen.retain(|t| now.duration_since(*t) < window);
+        let mut out = None;
+        if let Some(b) = before
+            && state.n_restarts > b
+        {
+            let new = (state.n_restarts - b).min(logs::CRASH_LOOP_COUNT as u64 * 4);
+            for _ in 0..new {
+                self.seen.push_back(now);
+            }
+            if self.seen.len() >= logs::CRASH_LOOP_COUNT {
+                let n = self.seen.len();
+                self.seen.clear();
+                out = Some(
+                    Observation::new(Signal::MpsCrashLoop)
+                        .with_value(n as u64)
+                        .with_detail(format!(
+                            "systemd restarted the MPS control daemon {n} times within {}s (Restart=; NRestarts {b} -> {}); {}",
+                            window.as_secs(),
+                            state.n_restarts,
+                            state.describe(self.systemctl.unit())
+                        ))
+                        .from_source("mps"),
+                );
+            }
+        }
+        self.state = Some(state);
+        out
+    }
+}
+
+/// The self-fault component name of a control binary that cannot be run.
+pub const COMPONENT: &str = "mps-control";
 
 impl MpsProbe {
     /// A probe with a control client of its own (nothing else talks to this daemon).
@@ -59,12 +153,33 @@ impl MpsProbe {
         MpsProbe {
             client,
             scanner: Scanner::new(&cfg.control_binary, &cfg.pipe_directory),
-            logs: LogWatch::new(&cfg.log_directory),
+            logs: LogWatch::for_config(&cfg),
             failures: 0,
             was_up: None,
             restarts_seen: 0,
+            unrunnable: false,
+            recovered: None,
+            unit: (cfg.manage == MpsManage::Systemd).then(|| UnitWatch {
+                systemctl: Systemctl::new("systemctl", &cfg.unit, cfg.probe_timeout),
+                last: None,
+                seen: Default::default(),
+                state: None,
+                warned: false,
+            }),
             cfg,
         }
+    }
+
+    /// Reads the unit with another `systemctl` (tests), or not at all (`None`).
+    pub fn with_systemctl(mut self, systemctl: Option<&std::path::Path>) -> Self {
+        self.unit = systemctl.map(|p| UnitWatch {
+            systemctl: Systemctl::new(p, &self.cfg.unit, self.cfg.probe_timeout),
+            last: None,
+            seen: Default::default(),
+            state: None,
+            warned: false,
+        });
+        self
     }
 
     pub fn client(&self) -> &ControlClient {
@@ -76,9 +191,30 @@ impl MpsProbe {
         self.failures
     }
 
-    /// One turn: the daemon probe, then the logs.
+    /// One turn: the unit, the daemon probe, then the logs.
     pub async fn tick(&mut self) -> Vec<Observation> {
-        let mut out: Vec<Observation> = self.probe().await.into_iter().collect();
+        let looped = match &mut self.unit {
+            Some(u) => u.look().await,
+            None => None,
+        };
+        let mut seen = self.probe().await;
+        if let Some(o) = &seen
+            && o.signal == Signal::MpsDown
+            && let Some(state) = self.unit.as_ref().and_then(|u| u.state.as_ref())
+            && state.restarting()
+        {
+            // systemd is bringing the daemon back itself: a restart now would race it.
+            tracing::debug!(
+                probe = "mps",
+                "{}; systemd is restarting it",
+                state.describe(&self.cfg.unit)
+            );
+            self.failures = self.failures.saturating_sub(1);
+            seen = None;
+        }
+        let mut out: Vec<Observation> = self.recovered.take().into_iter().collect();
+        out.extend(looped);
+        out.extend(seen);
         out.extend(self.logs.poll());
         out
     }
@@ -97,6 +233,38 @@ impl MpsProbe {
             .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)
             .await;
         drop(guard);
+        if let Err(ControlError::Spawn {
+            missing: true,
+            message,
+            binary,
+        }) = &sent
+        {
+            if !self.unrunnable {
+                tracing::error!(
+                    probe = "mps",
+                    "cannot run the MPS control client {binary}: {message}; the daemon's state is unknown (self-fault; it is not restarted for this)"
+                );
+            }
+            self.unrunnable = true;
+            return Some(
+                Observation::new(Signal::SelfFault {
+                    component: COMPONENT.into(),
+                })
+                .with_detail(format!(
+                    "cannot run the MPS control client {binary}: {message}; the daemon's state is unknown"
+                ))
+                .from_source("mps"),
+            );
+        }
+        if std::mem::take(&mut self.unrunnable) {
+            self.recovered = Some(
+                Observation::new(Signal::SelfRecovered {
+                    component: COMPONENT.into(),
+                })
+                .with_detail(format!("{} runs again", self.cfg.control_binary.display()))
+                .from_source("mps"),
+            );
+        }
         let failure = match sent {
             Ok(reply) => match parse_reply(&reply.stdout) {
                 Ok(answer) => return Some(self.up(&answer, reply.elapsed)),

@@ -467,7 +467,11 @@ impl KmsgReader {
         }
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
-        obs.cursor = at.map(|(stream, pos)| crate::model::Cursor { stream, pos });
+        obs.cursor = at.map(|(stream, pos)| crate::model::Cursor {
+            stream,
+            pos,
+            token: None,
+        });
         // The supervisor moves the cursor once the observation is journaled.
         let _ = self.tx.blocking_send(obs);
     }

@@ -1,8 +1,12 @@
 //! The GPUs, through NVML (`nvml-wrapper`, loaded from `[nvml] library`): an event watcher
 //! thread for XIDs, double-bit ECC and the driver's recovery action, and a poller for
-//! counters. Degrades, never crashes: a missing library or an unloaded driver becomes a
-//! `driver-not-loaded` observation (retried every poll), a missing symbol or NOT_SUPPORTED
-//! counter a one-time warning, an unexpected counter error a reported problem.
+//! counters. Degrades, never crashes. An unloaded driver (the library loads and says so) is
+//! the one hardware case: a `driver-not-loaded` observation, retried every poll and judged by
+//! the policy with its confirmation window. A library that cannot be loaded at all is a
+//! mistake, not a fault of the GPUs: `run` and `check` refuse to start with it (exit 78, see
+//! `crate::preflight`), and if it stops loading later (a driver upgrade removed it) it is a
+//! `self-fault` of gpu-medic, never a reason to drain. A missing symbol or NOT_SUPPORTED
+//! counter is a one-time warning, an unexpected counter error a reported problem.
 
 mod events;
 pub mod kmsg;
@@ -31,8 +35,11 @@ use crate::supervisor::Source;
 
 /// Why NVML could not be opened.
 pub enum OpenError {
-    /// The node cannot serve GPU tasks: the driver is not loaded, or its library is missing.
+    /// The node cannot serve GPU tasks: the library loaded and says the driver is not loaded.
     NoDriver(String),
+    /// The library cannot be loaded or is not NVML: a mistake (a wrong `[nvml] library`, a
+    /// driver package missing), not a hardware fault.
+    Unusable(String),
     /// Anything else (reported; the probe tries again).
     Other(String),
 }
@@ -45,9 +52,9 @@ pub fn open(library: &str) -> Result<Nvml, OpenError> {
             "NVML ({library}) says the NVIDIA driver is not loaded"
         ))),
         Err(NvmlError::LibloadingError(e)) => {
-            Err(OpenError::NoDriver(format!("cannot load {library}: {e}")))
+            Err(OpenError::Unusable(format!("cannot load {library}: {e}")))
         }
-        Err(NvmlError::FailedToLoadSymbol(e)) => Err(OpenError::NoDriver(format!(
+        Err(NvmlError::FailedToLoadSymbol(e)) => Err(OpenError::Unusable(format!(
             "{library} is not a usable NVML library: {e}"
         ))),
         Err(e) => Err(OpenError::Other(format!(
@@ -55,6 +62,27 @@ pub fn open(library: &str) -> Result<Nvml, OpenError> {
         ))),
     }
 }
+
+/// The self-fault of an NVML that cannot be used (component `nvml`).
+pub fn self_fault(detail: String) -> Observation {
+    Observation::new(Signal::SelfFault {
+        component: COMPONENT.into(),
+    })
+    .with_detail(detail)
+    .from_source("nvml")
+}
+
+/// The all-clear for [`self_fault`].
+pub fn self_recovered(detail: &str) -> Observation {
+    Observation::new(Signal::SelfRecovered {
+        component: COMPONENT.into(),
+    })
+    .with_detail(detail)
+    .from_source("nvml")
+}
+
+/// The self-fault component name of the NVML probe.
+pub const COMPONENT: &str = "nvml";
 
 fn no_driver(detail: String) -> Observation {
     Observation::new(Signal::DriverNotLoaded)
@@ -99,11 +127,39 @@ impl NvmlSource {
         // One NVML call may hang on a broken GPU: a poll gets this long before it is abandoned.
         let poll_deadline = interval.max(Duration::from_secs(5)) * 3;
         let mut warned_other = false;
+        // Reported once per episode; the engine keeps one incident while it lasts.
+        let mut unusable = false;
         'open: loop {
             let library = self.cfg.library.clone();
             let opened = tokio::task::spawn_blocking(move || open(&library)).await;
             let nvml = match opened {
-                Ok(Ok(n)) => Arc::new(n),
+                Ok(Ok(n)) => {
+                    if std::mem::take(&mut unusable)
+                        && tx
+                            .send(self_recovered(&format!("{} loads again", self.cfg.library)))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                    Arc::new(n)
+                }
+                Ok(Err(OpenError::Unusable(detail))) => {
+                    if !unusable {
+                        tracing::error!(
+                            probe = "nvml",
+                            "{detail}: gpu-medic cannot watch the GPUs (self-fault; nothing is drained for it)"
+                        );
+                        unusable = true;
+                        if tx.send(self_fault(detail)).await.is_err() {
+                            return;
+                        }
+                    }
+                    if sleep_or_stop(&shutdown, interval).await {
+                        return;
+                    }
+                    continue 'open;
+                }
                 Ok(Err(OpenError::NoDriver(detail))) => {
                     if tx.send(no_driver(detail)).await.is_err() {
                         return;
@@ -247,6 +303,15 @@ impl Snapshot for NvmlSnapshot {
                 return Ok(SnapshotReport {
                     observations: vec![no_driver(detail)],
                     ..SnapshotReport::default()
+                });
+            }
+            Err(OpenError::Unusable(message)) => {
+                return Err(ProbeError {
+                    probe: "nvml",
+                    message: format!(
+                        "{message} (a self-fault of gpu-medic: the GPUs were not checked)"
+                    ),
+                    retryable: false,
                 });
             }
             Err(OpenError::Other(message)) => {

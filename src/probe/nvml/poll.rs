@@ -152,6 +152,8 @@ pub struct Poller {
     proc_root: PathBuf,
     corrected: BTreeMap<u32, u64>,
     warned: BTreeSet<String>,
+    /// NVML could not count the GPUs on the last poll (a self-fault is open).
+    count_failed: bool,
 }
 
 impl Poller {
@@ -161,6 +163,7 @@ impl Poller {
             proc_root,
             corrected: BTreeMap::new(),
             warned: BTreeSet::new(),
+            count_failed: false,
         }
     }
 
@@ -189,9 +192,24 @@ impl Poller {
     pub fn poll(&mut self, nvml: &Nvml, shared: &SharedState) -> PollReport {
         let mut report = PollReport::default();
         let count = match nvml.device_count() {
-            Ok(n) => n,
+            Ok(n) => {
+                if std::mem::take(&mut self.count_failed) {
+                    report.observations.push(super::self_recovered(&format!(
+                        "NVML counts {n} GPU(s) again"
+                    )));
+                }
+                n
+            }
             Err(e) => {
-                report.problems.push(format!("device count failed: {e}"));
+                // gpu-medic cannot tell anything about the GPUs: "could not tell", journaled
+                // as a self-fault (once), never taken for "no GPU raised a signal".
+                let msg = format!("NVML cannot count the GPUs: {e}");
+                report.problems.push(msg.clone());
+                if !self.count_failed {
+                    self.count_failed = true;
+                    tracing::error!(probe = "nvml", "{msg}");
+                }
+                report.observations.push(super::self_fault(msg));
                 return report;
             }
         };

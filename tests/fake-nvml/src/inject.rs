@@ -82,6 +82,8 @@ pub enum Command {
     Xid {
         gpu: u32,
         code: u64,
+        /// The driver's text after the code, for the kernel log line (`FAKE_NVML_KMSG`).
+        message: Option<String>,
     },
     Event {
         gpu: u32,
@@ -201,6 +203,7 @@ struct Injection {
     fail: Option<Fail>,
     recovery_action: Option<Recovery>,
     xid: Option<u64>,
+    message: Option<String>,
     event: Option<RawEvent>,
     unknown: Option<bool>,
     lost: Option<bool>,
@@ -326,10 +329,14 @@ impl Injection {
                 action: recovery_code(r)?,
             });
         }
+        if self.message.is_some() && self.xid.is_none() {
+            return Err("`message` is the text of an `xid`; give both".into());
+        }
         if let Some(code) = self.xid {
             out.push(Command::Xid {
                 gpu: gpu("xid")?,
                 code,
+                message: self.message.clone(),
             });
         }
         if let Some(e) = self.event {
@@ -392,7 +399,21 @@ mod tests {
     fn contract_keys() {
         assert_eq!(
             one(r#"{"gpu": 2, "xid": 79}"#),
-            Command::Xid { gpu: 2, code: 79 }
+            Command::Xid {
+                gpu: 2,
+                code: 79,
+                message: None
+            }
+        );
+        assert_eq!(
+            one(
+                r#"{"gpu": 1, "xid": 149, "message": "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x0)"}"#
+            ),
+            Command::Xid {
+                gpu: 1,
+                code: 149,
+                message: Some("NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x0)".into())
+            }
         );
         assert_eq!(
             one(r#"{"gpu": 1, "lost": true}"#),
@@ -518,7 +539,11 @@ mod tests {
                     gpu: 0,
                     celsius: 90
                 },
-                Command::Xid { gpu: 0, code: 79 },
+                Command::Xid {
+                    gpu: 0,
+                    code: 79,
+                    message: None
+                },
                 Command::Lost { gpu: 0, lost: true },
                 Command::Reset,
             ]
@@ -543,6 +568,7 @@ mod tests {
             r#"{"gpu": 0, "fail": {"function": "getTemp", "code": 999}}"#,
             r#"{"gpu": 0, "compute_mode": 9}"#,
             r#"[{"reset": true}, {"gpu": 0}]"#,
+            r#"{"gpu": 0, "message": "text without an xid"}"#,
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }

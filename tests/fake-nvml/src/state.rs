@@ -857,7 +857,15 @@ impl Global {
                 self.hw.gpus[gpu_idx].recovery_action = action;
                 self.raise(gpu, ev::GPU_RECOVERY_ACTION, u64::from(action));
             }
-            Command::Xid { gpu, code } => self.raise(gpu, ev::XID_CRITICAL_ERROR, code),
+            Command::Xid { gpu, code, message } => {
+                self.raise(gpu, ev::XID_CRITICAL_ERROR, code);
+                // The real driver also prints every XID to the kernel log; its text is the
+                // only place some XIDs (NVLink5) say how bad they are.
+                if let Some(path) = env_nonempty(KMSG_ENV) {
+                    let pci = self.hw.gpus[gpu_idx].spec.pci;
+                    kmsg_append(&PathBuf::from(path), pci, code, message.as_deref());
+                }
+            }
             Command::Event {
                 gpu,
                 event_type,
@@ -872,6 +880,43 @@ impl Global {
                 self.notify_all_sets();
             }
         }
+    }
+}
+
+/// `FAKE_NVML_KMSG`: a file the fake appends the driver's `NVRM: Xid` line to for every
+/// injected XID, in `/dev/kmsg` record form (`prio,seq,usec,flags;message`).
+pub const KMSG_ENV: &str = "FAKE_NVML_KMSG";
+
+/// Appends one kernel log record for an XID, as the driver prints it:
+/// `NVRM: Xid (PCI:0000:1b:00): 149, <message>`. Without a message the text is a generic one
+/// with the `pid=`/`name=` fields of an application XID.
+fn kmsg_append(
+    path: &std::path::Path,
+    pci: (u32, u32, u32, u32),
+    code: u64,
+    message: Option<&str>,
+) {
+    use std::io::Write;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let usec = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let text = message.map_or_else(
+        || format!("pid='<unknown>', name=<unknown>, fake-nvml injected Xid {code}"),
+        str::to_string,
+    );
+    let line = format!(
+        "4,{seq},{usec},-;NVRM: Xid (PCI:{:04x}:{:02x}:{:02x}): {code}, {text}\n",
+        pci.0, pci.1, pci.2
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("fake-nvml: {KMSG_ENV}={}: {e}", path.display());
     }
 }
 
@@ -957,7 +1002,11 @@ mod tests {
         );
         assert_eq!(
             files[0].result.as_ref().unwrap(),
-            &[Command::Xid { gpu: 0, code: 79 }]
+            &[Command::Xid {
+                gpu: 0,
+                code: 79,
+                message: None
+            }]
         );
         for f in &files {
             let err = f.result.as_ref().err().cloned();
@@ -984,7 +1033,14 @@ mod tests {
             inject: None,
             watcher_gen: 0,
         };
-        assert!(g.validate(&[Command::Xid { gpu: 4, code: 1 }]).is_err());
+        assert!(
+            g.validate(&[Command::Xid {
+                gpu: 4,
+                code: 1,
+                message: None
+            }])
+            .is_err()
+        );
         assert!(g.validate(&[Command::Count { n: 5 }]).is_err());
         assert!(g.validate(&[Command::Count { n: 4 }]).is_ok());
         g.apply(Command::Ecc {

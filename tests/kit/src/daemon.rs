@@ -26,6 +26,8 @@ enum Root {
 
 pub struct Daemon {
     root: Root,
+    /// The binary `run` starts (default: [`bin`]).
+    binary: PathBuf,
     /// (name, value); `None` removes the variable. Later entries win.
     env: Vec<(String, Option<String>)>,
     log_format: String,
@@ -63,7 +65,17 @@ pub fn spawn_run(
     log: &Path,
     env: &[(impl AsRef<str>, Option<String>)],
 ) -> std::io::Result<Child> {
-    let mut c = command(env);
+    spawn_binary(&bin(), config, log_format, log, env)
+}
+
+fn spawn_binary(
+    binary: &Path,
+    config: &Path,
+    log_format: &str,
+    log: &Path,
+    env: &[(impl AsRef<str>, Option<String>)],
+) -> std::io::Result<Child> {
+    let mut c = command(binary, env);
     c.args(["run", "--log-format", log_format, "--config"])
         .arg(config)
         .stdin(Stdio::null())
@@ -72,9 +84,9 @@ pub fn spawn_run(
     c.spawn()
 }
 
-/// The gpu-medic binary with `env` applied over a cleaned host environment.
-fn command(env: &[(impl AsRef<str>, Option<String>)]) -> Command {
-    let mut c = Command::new(bin());
+/// `binary` with `env` applied over a cleaned host environment.
+fn command(binary: &Path, env: &[(impl AsRef<str>, Option<String>)]) -> Command {
+    let mut c = Command::new(binary);
     c.env_remove("GPU_MEDIC_CONFIG")
         .env_remove("JOURNAL_STREAM")
         .env_remove("AWS_PROFILE");
@@ -94,6 +106,22 @@ impl Daemon {
         Daemon::in_temp(tempfile::tempdir().unwrap(), config)
     }
 
+    /// A node on the fake libnvidia-ml with MPS and AWS off, in a new temp dir: the default
+    /// policy, `top` (top-level keys) and `nvml` (extra `[nvml]` lines) added; the kernel log
+    /// is the dir's `kmsg` file. Give it GPUs with [`Daemon::gpus`] (default: the fake's four).
+    pub fn fake_gpu_node(top: &str, nvml: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!(
+            "state_dir = \"state\"\npolicy = \"{}\"\n{top}\n\
+             [nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n{nvml}\n\
+             [mps]\nenabled = false\n[aws]\nenabled = false\n",
+            crate::default_policy().display(),
+            crate::fake_nvml().display(),
+            dir.path().join("kmsg").display(),
+        );
+        Daemon::in_temp(dir, &config)
+    }
+
     /// The same in a temp dir the caller made (e.g. a short one under /tmp for MPS sockets).
     pub fn in_temp(dir: tempfile::TempDir, config: &str) -> Daemon {
         Daemon::with_root(Root::Temp(dir), config)
@@ -108,6 +136,7 @@ impl Daemon {
     fn with_root(root: Root, config: &str) -> Daemon {
         let mut d = Daemon {
             root,
+            binary: bin(),
             env: Vec::new(),
             log_format: "json".into(),
             child: None,
@@ -172,9 +201,15 @@ impl Daemon {
         self
     }
 
+    /// Runs another gpu-medic binary (an older release, for a side-by-side benchmark).
+    pub fn binary(&mut self, path: PathBuf) -> &mut Daemon {
+        self.binary = path;
+        self
+    }
+
     /// The gpu-medic binary with this daemon's environment (for the CLI).
     pub fn command(&self) -> Command {
-        command(&self.env)
+        command(&self.binary, &self.env)
     }
 
     /// Runs `gpu-medic <args> --config <config>` to the end.
@@ -192,8 +227,14 @@ impl Daemon {
         assert!(self.child.is_none(), "the daemon is already running");
         self.runs += 1;
         let log = self.path(&format!("daemon-{}.log", self.runs));
-        let child = spawn_run(&self.config(), &self.log_format, &log, &self.env)
-            .unwrap_or_else(|e| panic!("{}: {e}", bin().display()));
+        let child = spawn_binary(
+            &self.binary,
+            &self.config(),
+            &self.log_format,
+            &log,
+            &self.env,
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", self.binary.display()));
         self.child = Some(child);
     }
 

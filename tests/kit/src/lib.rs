@@ -16,6 +16,7 @@
 //! - [`imds`]: a fake IMDSv2 and a fake ECS agent introspection API;
 //! - [`mps`]: NVIDIA's real MPS control daemon in a short pipe directory of our own;
 //! - [`journal`]: reading a state directory's journal the way tests look at it;
+//! - [`journald`]: systemd journal files written by `systemd-journal-remote` from given lines;
 //! - [`proc`]: `/proc` readings (CPU time, RSS, threads, descriptors, process state);
 //! - [`stats`]: a seeded PRNG, percentiles and the machine line of the reports.
 //!
@@ -26,11 +27,14 @@
 //!
 //! Helpers panic with a message on a broken setup: they run only in tests.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 pub mod aws;
 pub mod daemon;
 pub mod http;
 pub mod imds;
 pub mod journal;
+pub mod journald;
 pub mod mps;
 pub mod proc;
 pub mod proxy;
@@ -177,6 +181,14 @@ pub fn parse_at(s: &str) -> Option<f64> {
 
 // ---------------------------------------------------------------------------------------------
 // Fake NVML files
+
+/// A fake NVML configuration of four GPUs with fixed identities (UUID, PCI bus id, serial).
+pub const FOUR_GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
+  {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "pci_bus_id": "00000000:10:00.0", "serial": "S0"},
+  {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "pci_bus_id": "00000000:20:00.0", "serial": "S1"},
+  {"uuid": "GPU-22222222-aaaa-bbbb-cccc-222222222222", "pci_bus_id": "00000000:30:00.0", "serial": "S2"},
+  {"uuid": "GPU-33333333-aaaa-bbbb-cccc-333333333333", "pci_bus_id": "00000000:40:00.0", "serial": "S3"}
+]}"#;
 
 /// A fake NVML configuration with `n` H200 GPUs (identities from the fake's defaults).
 pub fn gpus_json(n: usize) -> String {

@@ -114,3 +114,40 @@ pub fn footprint(pid: u32, at_s: f64) -> Option<Footprint> {
         rss_kb: status_field(pid, "VmRSS")?,
     })
 }
+
+/// Real processes (`sleep`) that stand for MPS clients: each has a `/proc/<pid>/cgroup` for
+/// gpu-medic to read, as a CUDA client would. Killed on drop.
+pub struct Sleepers(Vec<std::process::Child>);
+
+impl Sleepers {
+    pub fn start(n: usize) -> Sleepers {
+        let spawn = |_| {
+            std::process::Command::new("sleep")
+                .arg("1000000")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("sleep")
+        };
+        Sleepers((0..n).map(spawn).collect())
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(std::process::Child::id).collect()
+    }
+
+    /// Kills and reaps them all (again: nothing).
+    pub fn stop(&mut self) {
+        for mut c in self.0.drain(..) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

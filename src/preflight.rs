@@ -1,0 +1,289 @@
+//! What `run` and `check` verify about the machine before they start: the things a config
+//! names that must exist and work here. A mistake (a library path with a typo, a control
+//! binary that is not installed, a kernel log gpu-medic may not read, a tick longer than
+//! systemd's watchdog allows) stops the command with exit 78 and `file:line`, so that an AMI
+//! build or a deploy fails loudly, instead of the daemon starting and taking the mistake for
+//! a hardware fault (the library "missing" read as a lost driver, the binary as a dead MPS
+//! daemon) and draining the fleet for it. What can only go wrong later (a library removed
+//! while running) is a self-fault at run time (see `Signal::SelfFault`).
+//!
+//! The one hardware case stays a policy decision: a library that loads and says the driver
+//! is not loaded passes here and is judged as `driver-not-loaded`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::{Config, MpsLogs, MpsManage, MpsPreset, key_line};
+use crate::error::FileError;
+use crate::probe::nvml::{self, OpenError};
+
+/// Which command is starting: `run` also needs a writable state folder, `systemctl` for
+/// `manage = "systemd"`, and a tick that fits systemd's watchdog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Run,
+    Check,
+}
+
+/// Checks `cfg` (read from `path`, whose text is `text`) against this machine.
+pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), FileError> {
+    let err = |section: Option<&str>, key: &str, msg: String| {
+        FileError::new(path, key_line(text, section, key), msg)
+    };
+    if cfg.nvml.enabled {
+        if let Err(OpenError::Unusable(why)) = probe_library(&cfg.nvml.library) {
+            return Err(err(
+                Some("nvml"),
+                "library",
+                format!(
+                    "[nvml] library {:?}: {why}; install the NVIDIA driver, correct the path, or set [nvml] enabled = false",
+                    cfg.nvml.library
+                ),
+            ));
+        }
+        if let Some(kmsg) = cfg.nvml.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty())
+            && let Err(why) = readable(kmsg)
+        {
+            return Err(err(
+                Some("nvml"),
+                "kmsg",
+                format!(
+                    "[nvml] kmsg {}: {why}; run as root, or set kmsg = \"\" to turn the kernel log off",
+                    kmsg.display()
+                ),
+            ));
+        }
+    }
+    if cfg.mps.enabled {
+        if let Err(why) = executable(&cfg.mps.control_binary) {
+            return Err(err(
+                Some("mps"),
+                "control_binary",
+                format!(
+                    "[mps] control_binary {}: {why}; install NVIDIA's nvidia-cuda-mps-control, correct the path, or set [mps] enabled = false",
+                    cfg.mps.control_binary.display()
+                ),
+            ));
+        }
+        if cfg.mps.logs == MpsLogs::Journald
+            && let Err(why) = executable(Path::new("journalctl"))
+        {
+            return Err(err(
+                Some("mps"),
+                "logs",
+                format!(
+                    "[mps] logs = \"journald\": journalctl {why}; install systemd's journalctl or set logs = \"files\" for a daemon run with -d"
+                ),
+            ));
+        }
+        if mode == Mode::Run
+            && cfg.mps.manage == MpsManage::Systemd
+            && let Err(why) = executable(Path::new("systemctl"))
+        {
+            return Err(err(
+                Some("mps"),
+                "manage",
+                format!(
+                    "[mps] manage = \"systemd\": systemctl {why}; use manage = \"direct\" on hosts without systemd"
+                ),
+            ));
+        }
+    }
+    if mode == Mode::Run {
+        if let Err(why) = writable_dir(&cfg.state_dir) {
+            return Err(err(
+                None,
+                "state_dir",
+                format!("state_dir {}: {why}", cfg.state_dir.display()),
+            ));
+        }
+        let watchdog = watchdog_from_env(
+            std::env::var("WATCHDOG_USEC").ok().as_deref(),
+            std::env::var("WATCHDOG_PID").ok().as_deref(),
+            std::process::id(),
+        );
+        if let Some(w) = watchdog
+            && cfg.tick_interval.saturating_mul(2) > w
+        {
+            return Err(err(
+                None,
+                "tick_interval",
+                format!(
+                    "tick_interval: {} is more than half of systemd's watchdog for this service (WATCHDOG_USEC = {}): systemd would kill gpu-medic between two pings; at most {}",
+                    humantime::format_duration(cfg.tick_interval),
+                    humantime::format_duration(w),
+                    humantime::format_duration(w / 2)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What does not stop a start but must be said plainly: a config that does not fit its
+/// preset (`MpsConfig::preset_warnings`), and, under `preset = "ecs-ami"`, a node that does
+/// not look like an ECS GPU AMI (the unit missing, its daemon on another pipe directory), as
+/// `systemctl` (`systemctl` here) reports the unit.
+pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
+    if !cfg.mps.enabled {
+        return Vec::new();
+    }
+    let mut out = cfg.mps.preset_warnings();
+    if cfg.mps.preset != Some(MpsPreset::EcsAmi) {
+        return out;
+    }
+    let unit = &cfg.mps.unit;
+    let shown = std::process::Command::new(systemctl)
+        .args([
+            "show",
+            &format!("--property={}", crate::mps::systemd::PROPERTIES),
+            unit,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    let state = match shown {
+        Ok(o) if o.status.success() => {
+            crate::mps::systemd::UnitState::parse(&String::from_utf8_lossy(&o.stdout))
+        }
+        Ok(o) => {
+            out.push(format!(
+                "this node does not look like an ECS GPU AMI: `{} show {unit}` exited with {} (is systemd running?)",
+                systemctl.display(),
+                o.status
+            ));
+            return out;
+        }
+        Err(e) => {
+            out.push(format!(
+                "this node does not look like an ECS GPU AMI: cannot run {}: {e}",
+                systemctl.display()
+            ));
+            return out;
+        }
+    };
+    if !state.exists() {
+        out.push(format!(
+            "this node does not look like an ECS GPU AMI: systemd has no unit {unit} (the AMI's nvidia-mps.service runs the MPS daemon); MPS supervision watches a daemon that nothing starts"
+        ));
+        return out;
+    }
+    let pipe = cfg.mps.pipe_directory.display().to_string();
+    match state.env("CUDA_MPS_PIPE_DIRECTORY") {
+        Some(p) if p == pipe => {}
+        Some(p) => out.push(format!(
+            "this node does not look like an ECS GPU AMI: {unit} runs the daemon with CUDA_MPS_PIPE_DIRECTORY={p}, [mps] pipe_directory is {pipe}"
+        )),
+        None => out.push(format!(
+            "this node does not look like an ECS GPU AMI: {unit} sets no CUDA_MPS_PIPE_DIRECTORY (its daemon listens in /tmp/nvidia-mps, which every GPU container gets bind-mounted), [mps] pipe_directory is {pipe}"
+        )),
+    }
+    out
+}
+
+/// Loads the library once. Only `Unusable` matters here: a library that loads and reports no
+/// driver is the hardware case, and other errors are retried at run time.
+fn probe_library(library: &str) -> Result<(), OpenError> {
+    nvml::open(library).map(drop)
+}
+
+/// systemd's watchdog period for this process, from `WATCHDOG_USEC` (and `WATCHDOG_PID`,
+/// which names the process it is meant for when set).
+pub fn watchdog_from_env(usec: Option<&str>, pid: Option<&str>, me: u32) -> Option<Duration> {
+    let usec: u64 = usec?.trim().parse().ok()?;
+    if let Some(p) = pid
+        && p.trim().parse::<u32>().ok() != Some(me)
+    {
+        return None;
+    }
+    (usec > 0).then(|| Duration::from_micros(usec))
+}
+
+/// Finds `p` like the kernel and the shell would (a bare name through `PATH`) and checks it is
+/// an executable file.
+pub fn executable(p: &Path) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = if p.components().count() > 1 || p.is_absolute() {
+        vec![p.to_path_buf()]
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path).map(|d| d.join(p)).collect()
+    };
+    let mut last = "not found in PATH".to_string();
+    for c in candidates {
+        match std::fs::metadata(&c) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(c),
+            Ok(m) if m.is_file() => last = format!("{} is not executable", c.display()),
+            Ok(_) => last = format!("{} is not a file", c.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if p.is_absolute() || p.components().count() > 1 {
+                    last = "does not exist".into();
+                }
+            }
+            Err(e) => last = format!("{}: {e}", c.display()),
+        }
+    }
+    Err(last)
+}
+
+/// Whether gpu-medic may open `p` for reading. Only regular files and character devices are
+/// opened (opening a FIFO would wait for a writer).
+fn readable(p: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let m = std::fs::metadata(p).map_err(|e| e.to_string())?;
+    let t = m.file_type();
+    if t.is_file() || t.is_char_device() {
+        std::fs::File::open(p).map_err(|e| format!("cannot be read: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` if needed and checks a file can be created in it.
+fn writable_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot be created: {e}"))?;
+    let probe = dir.join(format!(".gpu-medic-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| format!("is not writable: {e}"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchdog_is_read_only_for_this_process() {
+        let me = 42;
+        assert_eq!(
+            watchdog_from_env(Some("30000000"), None, me),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            watchdog_from_env(Some("30000000"), Some("42"), me),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(watchdog_from_env(Some("30000000"), Some("7"), me), None);
+        assert_eq!(watchdog_from_env(Some("junk"), None, me), None);
+        assert_eq!(watchdog_from_env(Some("0"), None, me), None);
+        assert_eq!(watchdog_from_env(None, None, me), None);
+    }
+
+    #[test]
+    fn executables_are_found_in_path_or_refused_with_a_reason() {
+        assert!(executable(Path::new("sh")).is_ok());
+        assert!(executable(Path::new("/bin/sh")).is_ok());
+        assert_eq!(
+            executable(Path::new("/nonexistent/nvidia-cuda-mps-control")),
+            Err("does not exist".to_string())
+        );
+        assert_eq!(
+            executable(Path::new("no-such-binary-gpu-medic")),
+            Err("not found in PATH".to_string())
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("plain");
+        std::fs::write(&f, "").unwrap();
+        assert!(executable(&f).unwrap_err().contains("not executable"));
+        assert!(executable(dir.path()).unwrap_err().contains("not a file"));
+    }
+}

@@ -1,0 +1,195 @@
+//! The MPS daemon's lines read from the systemd journal (`[mps] logs = "journald"`), as on the
+//! ECS GPU AMI, whose `nvidia-mps.service` runs the daemon with `-f` (docs/mps.md).
+//!
+//! Real parts: the lines are NVIDIA's daemon's own stdout under `-f`, captured here with
+//! r535 (`tests/fixtures/mps-control-f-crash-loop.log`: `start_server -uid 0` without a GPU,
+//! each server exits with status 1); the journal files are written by `systemd-journal-remote`
+//! and read by the real `journalctl --follow`. The Volta fatal-fault block cannot be produced
+//! without a GPU: its lines are the MPS guide's, with the daemon's real line prefix.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gpu_medic::config::{MpsConfig, MpsLogs};
+use gpu_medic::engine::Delivery;
+use gpu_medic::model::{Observation, Signal, Timestamp};
+use gpu_medic::probe::mps::journald::stream_of;
+use gpu_medic::probe::mps::logs::LogWatch;
+use gpu_medic_testkit::journald::JournalDir;
+
+const UNIT: &str = "nvidia-mps.service";
+
+fn captured() -> Vec<String> {
+    let text = std::fs::read_to_string(
+        gpu_medic_testkit::repo().join("tests/fixtures/mps-control-f-crash-loop.log"),
+    )
+    .expect("fixture");
+    text.lines().map(str::to_string).collect()
+}
+
+fn cfg(dir: &Path) -> MpsConfig {
+    MpsConfig {
+        logs: MpsLogs::Journald,
+        journal_directory: Some(dir.to_path_buf()),
+        unit: UNIT.into(),
+        ..MpsConfig::default()
+    }
+}
+
+/// The cursor of the journal's last entry, as gpu-medic would have saved it.
+fn last_cursor(dir: &Path) -> String {
+    let out = std::process::Command::new("journalctl")
+        .args(["--output=json", "--lines=1", "--no-pager", "--directory"])
+        .arg(dir)
+        .output()
+        .expect("journalctl");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    v["__CURSOR"].as_str().expect("cursor").to_string()
+}
+
+fn delivery_after(cursor: &str) -> Delivery {
+    let mut d = Delivery::default();
+    d.advance_cursor(
+        &gpu_medic::model::Cursor {
+            stream: stream_of(UNIT),
+            pos: 1,
+            token: Some(cursor.to_string()),
+        },
+        Timestamp::now(),
+    );
+    d
+}
+
+/// Polls until `want` observations arrived (or 15 s), then once more to catch extras.
+async fn poll_for(w: &mut LogWatch, want: usize) -> Vec<Observation> {
+    let mut got = Vec::new();
+    let end = Instant::now() + Duration::from_secs(15);
+    while got.len() < want && Instant::now() < end {
+        got.extend(w.poll());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    got.extend(w.poll());
+    got
+}
+
+fn crash_loops(obs: &[Observation]) -> Vec<&Observation> {
+    obs.iter()
+        .filter(|o| o.signal == Signal::MpsCrashLoop)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_loop_from_the_journal_resumes_after_its_cursor_without_replay_or_loss() {
+    let lines = captured();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    // The daemon's start-up lines are in the journal before gpu-medic's saved cursor.
+    let split = refs
+        .iter()
+        .position(|l| l.contains("Server 25677 exited"))
+        .expect("second exit");
+    let mut j = JournalDir::new();
+    j.append(UNIT, 25654, &refs[..3]);
+    let start = last_cursor(j.path());
+    let mut w = LogWatch::for_config(&cfg(j.path()));
+    w.resume_from(&delivery_after(&start));
+    // The rest arrives while gpu-medic follows: four servers exit with status 1.
+    j.append(UNIT, 25654, &refs[3..]);
+    let got = poll_for(&mut w, 1).await;
+    let loops = crash_loops(&got);
+    assert_eq!(loops.len(), 1, "one crash loop: {got:#?}");
+    let first = loops[0];
+    let detail = first.detail.as_deref().unwrap_or("");
+    assert!(
+        detail.contains("25663") && detail.contains("25687"),
+        "{detail}"
+    );
+    let c = first
+        .cursor
+        .clone()
+        .expect("a crash loop carries its journal cursor");
+    assert_eq!(c.stream, stream_of(UNIT));
+    let token = c.token.expect("a journald cursor");
+    assert!(token.contains("i="), "{token}");
+    drop(w);
+    assert!(split > 3);
+
+    // gpu-medic is down; the daemon goes on failing. The exit written meanwhile is read after
+    // the restart (not lost), and nothing up to the journaled cursor is read again.
+    j.append(
+        UNIT,
+        25654,
+        &["[2026-11-30 12:35:34.119 Control 25654] Server 25720 exited with status 1"],
+    );
+    let mut w = LogWatch::for_config(&cfg(j.path()));
+    w.resume_from(&delivery_after(&token));
+    j.append(
+        UNIT,
+        25654,
+        &[
+            "[2026-11-30 12:35:34.519 Control 25654] Server 25731 exited with status 1",
+            "[2026-11-30 12:35:34.919 Control 25654] Server 25742 exited with status 1",
+        ],
+    );
+    let got = poll_for(&mut w, 1).await;
+    let loops = crash_loops(&got);
+    assert_eq!(loops.len(), 1, "{got:#?}");
+    let detail = loops[0].detail.as_deref().unwrap_or("");
+    assert!(
+        detail.contains("[25720, 25731, 25742]"),
+        "the exit written while down counts, earlier ones are not replayed: {detail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_block_in_the_journal_names_devices_and_sticky_clients() {
+    let mut j = JournalDir::new();
+    j.append(UNIT, 73, &["[2026-11-30 12:00:00.000 Control    73] Starting control daemon using socket /run/mps-ecs/control"]);
+    let start = last_cursor(j.path());
+    let mut w = LogWatch::for_config(&cfg(j.path()));
+    w.resume_from(&delivery_after(&start));
+    let block = [
+        "[2026-11-30 12:00:01.000 Server    95] Volta MPS: status of client {11661, 1} is ACTIVE",
+        "[2026-11-30 12:00:01.001 Server    95] Volta MPS: Server is handling a fatal GPU error.",
+        "[2026-11-30 12:00:01.002 Server    95] Volta MPS: The following devices",
+        "[2026-11-30 12:00:01.003 Server    95] 0",
+        "[2026-11-30 12:00:01.004 Server    95] 1",
+        "[2026-11-30 12:00:01.005 Server    95] Volta MPS: The following clients have a sticky error set:",
+        "[2026-11-30 12:00:01.006 Server    95] 11641",
+        "[2026-11-30 12:00:01.007 Server    95] 11643",
+        "[2026-11-30 12:00:01.008 Server    95] Client {11641, 1} exit",
+    ];
+    j.append(UNIT, 73, &block);
+    let got = poll_for(&mut w, 2).await;
+    let faults: Vec<&Observation> = got
+        .iter()
+        .filter(|o| o.signal == Signal::MpsServerFault)
+        .collect();
+    assert_eq!(faults.len(), 2, "{got:#?}");
+    for (f, dev) in faults.iter().zip([0u32, 1]) {
+        assert_eq!(f.gpu.as_ref().map(|g| g.index), Some(dev));
+        assert_eq!(f.pids, vec![11641, 11643]);
+    }
+    assert!(
+        faults[1]
+            .cursor
+            .as_ref()
+            .and_then(|c| c.token.as_ref())
+            .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journalctl_that_cannot_run_is_one_self_fault_not_a_daemon_fault() {
+    let j = JournalDir::new();
+    let mut w =
+        LogWatch::for_config(&cfg(j.path())).with_journalctl(Path::new("/nonexistent/journalctl"));
+    let mut got = w.poll();
+    got.extend(w.poll());
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert!(
+        matches!(&got[0].signal, Signal::SelfFault { component } if component == "mps-journal")
+    );
+}
