@@ -506,6 +506,59 @@ pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
         })
 }
 
+/// A `state.json` that could not be read, moved out of the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAside {
+    /// Where the unreadable file now is.
+    pub moved_to: PathBuf,
+    /// Why it could not be read.
+    pub why: String,
+}
+
+/// [`load_state`] for the daemon: an unreadable (corrupt) state file does not keep it from
+/// starting. The file is renamed `state.json.corrupt-<unix ms>` (kept for a post-mortem) and
+/// `None` is returned with what was done; the caller rebuilds from the journal
+/// ([`rebuild_from_journal`]). Errors are only those a restart cannot fix either (the folder
+/// cannot be read or written).
+pub fn load_state_or_set_aside(
+    path: &Path,
+    now: crate::model::Timestamp,
+) -> Result<(Option<State>, Option<SetAside>), JournalError> {
+    match load_state(path) {
+        Ok(s) => Ok((s, None)),
+        Err(JournalError::Corrupt { message, .. }) => {
+            let mut name = path.as_os_str().to_os_string();
+            name.push(format!(".corrupt-{}", now.0));
+            let moved_to = PathBuf::from(name);
+            std::fs::rename(path, &moved_to).map_err(|e| JournalError::io(path, e))?;
+            Ok((
+                None,
+                Some(SetAside {
+                    moved_to,
+                    why: message,
+                }),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The engine state the incident journal implies (see `engine::recover`), streamed one line
+/// at a time across its rotated files, oldest first; unreadable lines are skipped.
+pub fn rebuild_from_journal(
+    incidents: &Path,
+    now: crate::model::Timestamp,
+) -> Result<State, JournalError> {
+    let mut rebuild = crate::engine::recover::Rebuild::new();
+    stream_jsonl::<crate::model::Record>(&journal_files(incidents), None, |e| {
+        if let Entry::Item(r) = e {
+            rebuild.add(&r);
+        }
+        true
+    })?;
+    Ok(rebuild.finish(now))
+}
+
 /// The stream positions already journaled, as the supervisor last saved them in
 /// `state.json`, for a source that resumes reading. Unreadable or missing: none (the source
 /// reads from its start or end as it would on a first start; the supervisor still drops what

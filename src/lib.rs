@@ -8,7 +8,8 @@
 //! - [`aws`], [`mps`]: adapters to the outside world (AWS APIs and IMDS, the MPS control
 //!   daemon) that probes, remedies and the launch gate build on; they import none of those.
 //! - [`gate`]: the launch gate (`gpu-medic check --lifecycle`), a workflow of its own.
-//! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies.
+//! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies; [`child`]:
+//!   process hygiene for every program gpu-medic runs.
 //! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
 //! - [`limits`]: size caps on everything read, and the bounded reader.
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration; [`preflight`]: what
@@ -16,6 +17,7 @@
 
 pub mod aws;
 pub mod catalog;
+pub mod child;
 pub mod cli;
 pub mod config;
 pub mod engine;

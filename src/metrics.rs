@@ -31,6 +31,9 @@ pub struct Metrics {
     aws_call_errors: Family<Labels, Counter>,
     incidents_open: Gauge,
     node_phase: Family<Labels, Gauge>,
+    self_fault: Family<Labels, Gauge>,
+    /// Components that ever had a self-fault (their gauge goes back to 0, not away).
+    self_fault_seen: Mutex<std::collections::BTreeSet<String>>,
     /// Commands of orders started, to label their outcomes.
     started: Mutex<BTreeMap<ActionId, &'static str>>,
 }
@@ -74,7 +77,7 @@ impl Metrics {
         let remediations = Family::<Labels, Counter>::default();
         registry.register(
             "remediations",
-            "Remediation actions finished, by action and outcome (done, failed, retryable, deferred)",
+            "Remediation actions, by action and outcome (done, failed, retryable, deferred; not-executed: observe-only, or the remedy is not available on this node)",
             remediations.clone(),
         );
         let aws_call_errors = Family::<Labels, Counter>::default();
@@ -95,8 +98,16 @@ impl Metrics {
             "1 for the node's current phase (in-service, quarantined, draining, ...)",
             node_phase.clone(),
         );
+        let self_fault = Family::<Labels, Gauge>::default();
+        registry.register(
+            "self_fault",
+            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control): a mistake or a fault of gpu-medic, never remediated",
+            self_fault.clone(),
+        );
         Metrics {
             registry,
+            self_fault,
+            self_fault_seen: Mutex::new(Default::default()),
             gpu_health,
             xids,
             signals,
@@ -137,6 +148,17 @@ impl Metrics {
         for a in actions {
             let Action::Log(r) = a else { continue };
             match &r.event {
+                IncidentEvent::ActionStarted {
+                    order,
+                    dry_run: true,
+                } => {
+                    self.remediations
+                        .get_or_create(&vec![
+                            ("action".into(), order.command.name().into()),
+                            ("outcome".into(), "not-executed".into()),
+                        ])
+                        .inc();
+                }
                 IncidentEvent::ActionStarted {
                     order,
                     dry_run: false,
@@ -188,6 +210,17 @@ impl Metrics {
                 .set(v);
         }
         self.incidents_open.set(state.open.len() as i64);
+        let mut seen = self
+            .self_fault_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        seen.extend(state.self_faults.keys().cloned());
+        for c in seen.iter() {
+            self.self_fault
+                .get_or_create(&vec![("component".into(), c.clone())])
+                .set(i64::from(state.self_faults.contains_key(c)));
+        }
+        drop(seen);
         for phase in crate::engine::NodePhase::ALL {
             self.node_phase
                 .get_or_create(&vec![("phase".into(), phase.as_str().into())])

@@ -9,25 +9,35 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
-/// the supervisor stamps every input, and replays reuse the recorded stamps.
+/// the supervisor stamps every input, and replays reuse the recorded stamps. Arithmetic on it
+/// saturates (a deadline far in the future is "never", not a panic), and it is written as
+/// RFC 3339, saturated at the last millisecond that form can hold (year 9999).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Timestamp(pub u64);
+
+/// Milliseconds of 9999-12-31T23:59:59.999Z, the last instant RFC 3339 can write.
+pub const MAX_RFC3339_MS: u64 = 253_402_300_799_999;
+
+/// A duration in whole milliseconds, saturated to `u64`.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 impl Timestamp {
     pub fn now() -> Self {
         let ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
+            .map(millis)
             .unwrap_or(0);
         Timestamp(ms)
     }
 
     pub fn plus(self, d: Duration) -> Self {
-        Timestamp(self.0.saturating_add(d.as_millis() as u64))
+        Timestamp(self.0.saturating_add(millis(d)))
     }
 
     pub fn minus(self, d: Duration) -> Self {
-        Timestamp(self.0.saturating_sub(d.as_millis() as u64))
+        Timestamp(self.0.saturating_sub(millis(d)))
     }
 
     /// Time from `earlier` to `self`, zero if `earlier` is later.
@@ -36,7 +46,7 @@ impl Timestamp {
     }
 
     pub fn to_system_time(self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_millis(self.0)
+        UNIX_EPOCH + Duration::from_millis(self.0.min(MAX_RFC3339_MS))
     }
 
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -44,8 +54,8 @@ impl Timestamp {
             humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad timestamp {s:?}: {e}"))?;
         let ms = t
             .duration_since(UNIX_EPOCH)
-            .map_err(|_| format!("timestamp {s:?} is before 1970"))?
-            .as_millis() as u64;
+            .map_err(|_| format!("timestamp {s:?} is before 1970"))?;
+        let ms = millis(ms);
         Ok(Timestamp(ms))
     }
 }
@@ -667,12 +677,37 @@ pub struct Outcome {
     pub request_ids: Vec<String>,
 }
 
+/// What this node's remedies can carry out. A verdict whose remedy is missing is recorded as
+/// what would have been done, never half-executed and never reported as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// ECS and Auto Scaling (`[aws] enabled`): stop-tasks, quarantine, drain, replace,
+    /// lifecycle hooks.
+    pub aws: bool,
+    /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
+    pub mps: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            aws: true,
+            mps: true,
+        }
+    }
+}
+
 /// Everything the engine consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "kebab-case")]
 pub enum Input {
     Observation(Observation),
     Outcome(Outcome),
+    /// The supervisor started with these remedies. Recorded in `inputs.jsonl` when it changes
+    /// the state, so a replay judges with what the node could do.
+    Started {
+        capabilities: Capabilities,
+    },
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
     /// A person asked for something (`gpu-medic incidents abort`).

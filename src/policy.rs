@@ -78,34 +78,11 @@ pub struct MpsPolicy {
     pub on_failed: Verdict,
 }
 
-/// What this node's remedies can carry out; not part of a policy file. The supervisor sets
-/// it from the remedies it was given (`[aws]` and `[mps]` enabled): a verdict whose remedy is
-/// missing is recorded as what would have been done, never half-executed and never reported
-/// as done. Replays (`policy simulate`) assume both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// ECS and Auto Scaling: stop-tasks, quarantine, drain, replace, lifecycle hooks.
-    pub aws: bool,
-    /// gpu-medic manages the MPS control daemon: restart-mps.
-    pub mps: bool,
-}
-
-impl Default for Capabilities {
-    fn default() -> Self {
-        Capabilities {
-            aws: true,
-            mps: true,
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// The file it came from (or a label for built-in policies).
     pub origin: String,
     pub observe_only: bool,
-    /// Set by the supervisor, not by the file.
-    pub capabilities: Capabilities,
     pub deadlines: Deadlines,
     pub retry: Retry,
     pub mps: MpsPolicy,
@@ -590,7 +567,6 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
     let policy = Policy {
         origin: path.display().to_string(),
         observe_only: f.engine.and_then(|e| e.observe_only).unwrap_or(false),
-        capabilities: Capabilities::default(),
         deadlines,
         retry,
         mps,

@@ -41,8 +41,8 @@ pub trait Executor: Send + Sync + 'static {
     fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
     /// Which kinds of order it can carry out; the engine records the others as what would
     /// have been done instead of issuing them.
-    fn capabilities(&self) -> crate::policy::Capabilities {
-        crate::policy::Capabilities::default()
+    fn capabilities(&self) -> crate::model::Capabilities {
+        crate::model::Capabilities::default()
     }
 }
 
@@ -89,7 +89,6 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
-        policy.capabilities = executor.capabilities();
         Supervisor {
             cfg,
             policy,
@@ -115,8 +114,14 @@ impl Supervisor {
         ready: impl FnOnce(),
     ) -> Result<(), SupervisorError> {
         let cfg = self.cfg;
-        let loaded = journal::load_state(&cfg.state_path())?;
+        let started = Timestamp::now();
+        let (loaded, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
         let resumed_state = loaded.is_some();
+        let state = match (loaded, &set_aside) {
+            (Some(s), _) => s,
+            (None, Some(_)) => journal::rebuild_from_journal(&cfg.incidents_path(), started)?,
+            (None, None) => State::default(),
+        };
         let rotation = journal::Rotation {
             max_bytes: cfg.journal.max_file_size_mib.saturating_mul(1024 * 1024),
             keep: cfg.journal.keep_files,
@@ -124,7 +129,7 @@ impl Supervisor {
         let mut engine = Engine {
             incidents: JsonlWriter::open_rotating(&cfg.incidents_path(), rotation)?,
             inputs: JsonlWriter::open_rotating(&cfg.inputs_path(), rotation)?,
-            state: loaded.unwrap_or_default(),
+            state,
             policy: self.policy,
             cfg: cfg.clone(),
             metrics: self.metrics,
@@ -132,6 +137,36 @@ impl Supervisor {
         };
         engine.recover(resumed_state)?;
         journal::save_state(&cfg.state_path(), &engine.state)?;
+        let capabilities = self.executor.capabilities();
+        engine.handle_batch(Batch {
+            started: Some(capabilities),
+            ..Batch::default()
+        })?;
+        if let Some(aside) = set_aside {
+            tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
+            let detail = format!(
+                "{} could not be read ({}); set aside as {}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, node {}",
+                cfg.state_path().display(),
+                aside.why,
+                aside.moved_to.display(),
+                engine.state.open.len(),
+                engine.state.in_flight.len(),
+                engine.state.node.as_str()
+            );
+            let component = "state-file".to_string();
+            let fault = Observation::new(crate::model::Signal::SelfFault {
+                component: component.clone(),
+            })
+            .with_detail(detail)
+            .from_source("journal");
+            let ok = Observation::new(crate::model::Signal::SelfRecovered { component })
+                .with_detail("started from the journal; a new state.json is written")
+                .from_source("journal");
+            engine.handle_batch(Batch {
+                observations: vec![fault, ok],
+                ..Batch::default()
+            })?;
+        }
         tracing::info!(
             policy = %engine.policy.origin,
             observe_only = engine.policy.observe_only,
@@ -257,6 +292,8 @@ impl Supervisor {
 /// judged after the outcome, as a new fault.
 #[derive(Default)]
 struct Batch {
+    /// The remedies this supervisor has (first, once, at start).
+    started: Option<crate::model::Capabilities>,
     requests: Vec<crate::model::OperatorRequest>,
     outcomes: Vec<Outcome>,
     observations: Vec<Observation>,
@@ -272,9 +309,12 @@ impl Batch {
         };
         let (first, rest): (Vec<Observation>, Vec<Observation>) =
             self.observations.into_iter().partition(|o| fatal(o));
-        self.requests
+        let started = self
+            .started
+            .map(|capabilities| Input::Started { capabilities });
+        started
             .into_iter()
-            .map(Input::Operator)
+            .chain(self.requests.into_iter().map(Input::Operator))
             .chain(first.into_iter().map(Input::Observation))
             .chain(rest.into_iter().map(Input::Observation))
             .chain(self.outcomes.into_iter().map(Input::Outcome))

@@ -372,6 +372,19 @@ async fn garbage_empty_and_hanging_replies_are_reported_not_crashed_on() {
         ),
         // The wrapper's child must die with it: the whole process group is killed.
         ("hangs", "sleep 30", "no reply within"),
+        // A client that ignores SIGTERM and forks helpers: all of them are gone after the
+        // timed-out probe (the group gets SIGKILL, which cannot be trapped).
+        (
+            "ignores-term",
+            "trap '' TERM; (trap '' TERM; sleep 30) & sleep 30 & wait",
+            "no reply within",
+        ),
+        // A client that answers garbage but leaves a helper running: the helper goes too.
+        (
+            "leaves-helper",
+            "cat >/dev/null; (trap '' TERM; sleep 30) >/dev/null 2>&1 & echo 'garbage reply'",
+            "unexpected reply",
+        ),
     ];
     for (name, body, expect) in cases {
         let cfg = MpsConfig {
@@ -669,4 +682,49 @@ fn gpu_medic_run_heals_a_killed_and_a_frozen_daemon() {
     let pipe = mps.pipe.clone();
     drop(mps);
     assert_eq!(mps_pids(&pipe), Vec::<u32>::new(), "nothing left running");
+}
+
+/// A `systemctl` that hangs, ignores SIGTERM and forks a helper that does too: the restart
+/// gives up at `start_timeout` and neither is left running (the whole process group is
+/// SIGKILLed). The fake stands in for systemctl, which cannot run without systemd here.
+#[tokio::test]
+async fn a_hung_systemctl_that_ignores_sigterm_leaves_nothing_behind() {
+    let mps = Mps::new();
+    let pids = mps.root.path().join("pids");
+    let systemctl = mps.script(
+        "systemctl",
+        &format!(
+            "trap '' TERM\n\
+             case \"$1\" in reset-failed) exit 0 ;; esac\n\
+             (trap '' TERM; sleep 60) &\n\
+             echo $! >> {p}\n\
+             echo $$ >> {p}\n\
+             sleep 60",
+            p = pids.display()
+        ),
+    );
+    let cfg = MpsConfig {
+        manage: MpsManage::Systemd,
+        unit: "mps-test.service".into(),
+        start_timeout: Duration::from_millis(500),
+        ..mps.cfg()
+    };
+    let e = MpsDaemon::new(cfg)
+        .with_systemctl(&systemctl)
+        .with_attempts(1, Duration::from_millis(10))
+        .restart_now()
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("did not return within"), "{e}");
+    let left: Vec<u32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    // Each systemctl call that hung left a script and its forked sleep (a restart may ask
+    // systemctl more than once: show, then start).
+    assert!(!left.is_empty() && left.len().is_multiple_of(2), "{left:?}");
+    for pid in left {
+        wait_dead(pid);
+    }
 }

@@ -159,14 +159,20 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
 }
 
 pub fn run(a: CheckArgs) -> Result<i32, CliError> {
-    let cfg = a.config.load_for(crate::preflight::Mode::Check)?;
+    let (cfg, text) = crate::config::Config::load_with_text(&a.config.config)?;
+    let mistake =
+        crate::preflight::check(&cfg, &a.config.config, &text, crate::preflight::Mode::Check);
     for w in crate::preflight::warnings(&cfg, std::path::Path::new("systemctl")) {
         eprintln!("warning: {w}");
     }
     let policy = resolve_policy(Some(&cfg.policy), None)?;
     if a.lifecycle {
-        return launch_gate(cfg, policy, a.json);
+        // The gate must still answer the launch hook: a mistake on this machine is "could not
+        // tell" (on_unknown applies: in service, no placement under `== ok`), never a verdict
+        // on the GPUs, and never an ABANDON that would loop through the fleet.
+        return launch_gate(cfg, policy, a.json, mistake.err());
     }
+    mistake?;
     let report = examine(&cfg, &policy);
     let code = match report.verdict {
         Health::Healthy => exit::OK,
@@ -261,7 +267,12 @@ fn journal_gate(cfg: &crate::config::Config, report: &crate::gate::LaunchReport<
 }
 
 /// `check --lifecycle`: the launch gate (src/remedy/aws/launch.rs) around `examine`.
-fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result<i32, CliError> {
+fn launch_gate(
+    cfg: crate::config::Config,
+    policy: Policy,
+    json: bool,
+    mistake: Option<crate::error::FileError>,
+) -> Result<i32, CliError> {
     use crate::gate;
     if !cfg.aws.enabled {
         return Err(CliError::Usage(
@@ -276,8 +287,24 @@ fn launch_gate(cfg: crate::config::Config, policy: Policy, json: bool) -> Result
         .build()
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let check_cfg = cfg.clone();
+    if let Some(e) = &mistake {
+        tracing::error!("configuration error: {e}; the launch gate cannot tell");
+    }
     let report = rt.block_on(gate::gate(&cfg, move || {
-        let r = examine(&check_cfg, &policy);
+        let r = match &mistake {
+            Some(e) => CheckReport {
+                verdict: Health::Unknown,
+                gpus: vec![],
+                findings: vec![],
+                probes: vec![ProbeResult {
+                    probe: "config",
+                    ok: false,
+                    error: Some(e.to_string()),
+                    problems: vec![],
+                }],
+            },
+            None => examine(&check_cfg, &policy),
+        };
         (r.verdict, r)
     }));
     let saved = cfg.state_dir.join("launch-gate.json");

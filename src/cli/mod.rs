@@ -87,7 +87,10 @@ pub enum Command {
     /// fleet budget. Writes incidents.jsonl, inputs.jsonl and state.json under state_dir.
     /// Under systemd it sends READY and WATCHDOG (Type=notify). The first SIGTERM/SIGINT lets
     /// orders in flight reach a safe point and saves state (they resume on the next start); a
-    /// second forces exit (130). Logs go to journald under systemd, else to stderr.
+    /// second forces exit (130). SIGHUP reloads: the config and policy are validated as at
+    /// start; a bad one is refused (logged with file:line) and the daemon keeps running with
+    /// the old one; a good one restarts the supervisor gracefully in the same process. Logs go
+    /// to journald under systemd, else to stderr.
     Run(run::RunArgs),
     /// Play three faults on a simulated node (no GPU, no AWS, no root) and show the incidents.
     Demo(demo::DemoArgs),

@@ -1,6 +1,7 @@
 //! `gpu-medic run`: the daemon. Sets up logging (journald under systemd, text or JSON
 //! otherwise), the tokio runtime, signal handling (the first SIGTERM/SIGINT stops gracefully,
-//! a second forces exit), and the supervisor with the probes and remedies the config enables.
+//! a second forces exit, SIGHUP reloads a validated config and policy), and the supervisor
+//! with the probes and remedies the config enables.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -94,74 +95,179 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         .thread_name("gpu-medic")
         .build()
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
+    let config_arg = a.config.clone();
     rt.block_on(async move {
-        let shutdown = CancellationToken::new();
-        spawn_signal_handler(shutdown.clone())?;
-        // Handed to both sides: the MPS probe and remedy share one control client (and its
-        // lock); the lifecycle watcher writes what the control plane's drain reads.
-        let mps_client = ControlClient::new(&cfg.mps);
-        let target_state = TargetState::new();
-        let sources = crate::probe::sources(&cfg, &mps_client, &target_state);
-        let mut remedies = Remedies::default();
-        if cfg.aws.enabled {
-            // Identity discovery waits for the first order: the ECS agent may not be up yet.
-            remedies.control_plane = Some(Arc::new(
-                AwsControlPlane::from_config(&cfg)
-                    .await
-                    .with_target_state(target_state),
-            ));
+        let control = Control::default();
+        spawn_signal_handler(control.clone(), config_arg)?;
+        let mut current = Some((cfg, policy));
+        while let Some((cfg, policy)) = current.take() {
+            let shutdown = control.begin();
+            serve(cfg, policy, shutdown).await?;
+            current = control.take_reload();
+            if current.is_some() {
+                tracing::info!("configuration and policy reloaded; supervisor restarted");
+            }
         }
-        if cfg.mps.enabled {
-            remedies.mps = Some(Arc::new(MpsDaemon::with_client(
-                cfg.mps.clone(),
-                mps_client,
-            )));
-        }
-        let metrics_cfg = cfg.metrics.clone();
-        let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
-        for s in sources {
-            supervisor.add_source(s);
-        }
-        if metrics_cfg.enabled {
-            let metrics = Arc::new(crate::metrics::Metrics::new());
-            supervisor.with_metrics(metrics.clone());
-            let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
-                .await
-                .map_err(|e| {
-                    CliError::Runtime(format!(
-                        "metrics: cannot listen on {}: {e}",
-                        metrics_cfg.listen
-                    ))
-                })?;
-            tokio::spawn(crate::metrics::serve(listener, metrics, shutdown.clone()));
-        }
-        supervisor
-            .run(shutdown, || {
-                let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-            })
-            .await?;
         Ok(exit::OK)
     })
 }
 
-/// First SIGTERM/SIGINT: cancel `shutdown`. Second: exit at once.
-fn spawn_signal_handler(shutdown: CancellationToken) -> Result<(), CliError> {
+/// One life of the supervisor with one configuration, until `shutdown`.
+async fn serve(
+    cfg: crate::config::Config,
+    policy: Policy,
+    shutdown: CancellationToken,
+) -> Result<(), CliError> {
+    // Handed to both sides: the MPS probe and remedy share one control client (and its
+    // lock); the lifecycle watcher writes what the control plane's drain reads.
+    let mps_client = ControlClient::new(&cfg.mps);
+    let target_state = TargetState::new();
+    let sources = crate::probe::sources(&cfg, &mps_client, &target_state);
+    let mut remedies = Remedies::default();
+    if cfg.aws.enabled {
+        // Identity discovery waits for the first order: the ECS agent may not be up yet.
+        remedies.control_plane = Some(Arc::new(
+            AwsControlPlane::from_config(&cfg)
+                .await
+                .with_target_state(target_state),
+        ));
+    }
+    if cfg.mps.enabled {
+        remedies.mps = Some(Arc::new(MpsDaemon::with_client(
+            cfg.mps.clone(),
+            mps_client,
+        )));
+    }
+    let metrics_cfg = cfg.metrics.clone();
+    let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
+    for s in sources {
+        supervisor.add_source(s);
+    }
+    let mut metrics_task = None;
+    if metrics_cfg.enabled {
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        supervisor.with_metrics(metrics.clone());
+        let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
+            .await
+            .map_err(|e| {
+                CliError::Runtime(format!(
+                    "metrics: cannot listen on {}: {e}",
+                    metrics_cfg.listen
+                ))
+            })?;
+        metrics_task = Some(tokio::spawn(crate::metrics::serve(
+            listener,
+            metrics,
+            shutdown.clone(),
+        )));
+    }
+    supervisor
+        .run(shutdown, || {
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+        })
+        .await?;
+    // The listener must be closed before a reloaded supervisor binds the address again.
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+/// What the signal handler tells the main loop: the current life's shutdown token, and the
+/// configuration a SIGHUP validated for the next life.
+#[derive(Clone, Default)]
+struct Control {
+    inner: Arc<std::sync::Mutex<ControlState>>,
+}
+
+#[derive(Default)]
+struct ControlState {
+    shutdown: CancellationToken,
+    reload: Option<(crate::config::Config, Policy)>,
+    stopping: bool,
+}
+
+impl Control {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ControlState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A fresh token for the next life (already cancelled if a stop came in between).
+    fn begin(&self) -> CancellationToken {
+        let mut s = self.lock();
+        s.shutdown = CancellationToken::new();
+        if s.stopping {
+            s.shutdown.cancel();
+        }
+        s.shutdown.clone()
+    }
+
+    fn take_reload(&self) -> Option<(crate::config::Config, Policy)> {
+        let mut s = self.lock();
+        if s.stopping { None } else { s.reload.take() }
+    }
+
+    fn stop(&self) {
+        let mut s = self.lock();
+        s.stopping = true;
+        s.reload = None;
+        s.shutdown.cancel();
+    }
+
+    fn reload(&self, cfg: crate::config::Config, policy: Policy) {
+        let mut s = self.lock();
+        if s.stopping {
+            return;
+        }
+        s.reload = Some((cfg, policy));
+        s.shutdown.cancel();
+    }
+}
+
+/// First SIGTERM/SIGINT: stop gracefully. Second: exit at once. SIGHUP: reload. The new
+/// config and policy are validated first (the same checks as at start, preflight included);
+/// a bad one is refused with its `file:line` and the daemon goes on with the old one. A good
+/// one stops the supervisor gracefully (orders in flight reach a safe point, state is saved)
+/// and starts it again in this process with the new files (systemd sees RELOADING=1, then
+/// READY=1).
+fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<(), CliError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| CliError::Runtime(format!("cannot watch SIGTERM: {e}")))?;
-    let mut int = signal(SignalKind::interrupt())
-        .map_err(|e| CliError::Runtime(format!("cannot watch SIGINT: {e}")))?;
+    let watch = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| CliError::Runtime(format!("cannot watch {name}: {e}")))
+    };
+    let mut term = watch(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = watch(SignalKind::interrupt(), "SIGINT")?;
+    let mut hup = watch(SignalKind::hangup(), "SIGHUP")?;
     tokio::spawn(async move {
         let mut seen = 0;
         loop {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
+                _ = hup.recv() => {
+                    let config = config.clone();
+                    let checked = tokio::task::spawn_blocking(move || {
+                        let cfg = config.load_for(crate::preflight::Mode::Run)?;
+                        let policy = Policy::load(&cfg.policy)?;
+                        Ok::<_, crate::error::FileError>((cfg, policy))
+                    })
+                    .await;
+                    match checked {
+                        Ok(Ok((cfg, policy))) => {
+                            tracing::info!(policy = %policy.origin, "SIGHUP: configuration and policy valid; restarting the supervisor with them");
+                            let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
+                            control.reload(cfg, policy);
+                        }
+                        Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, still running with the previous configuration: {e}"),
+                        Err(e) => tracing::error!("SIGHUP: reload check failed: {e}"),
+                    }
+                    continue;
+                }
             }
             seen += 1;
             if seen == 1 {
                 tracing::info!("stop requested; finishing (send the signal again to force)");
-                shutdown.cancel();
+                control.stop();
             } else {
                 tracing::warn!("second stop signal: exiting now");
                 std::process::exit(exit::FORCED);

@@ -58,14 +58,35 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         return Ok(exit::OK);
     }
     println!("node:        {}", state.node.as_str());
+    if let Some(w) = &state.withheld {
+        println!(
+            "             would {}: {} (incident {}, since {})",
+            w.verdict, w.why, w.incident, w.since
+        );
+    }
     if let Some(t) = updated_at {
         println!("updated:     {t}");
     }
-    println!(
-        "mps daemon:  {} ({} restarts in the budget window)",
-        state.mps.phase.as_str(),
-        state.mps.restarts.len()
-    );
+    for (component, f) in &state.self_faults {
+        println!(
+            "self-fault:  {component} since {} (incident {}): {}; gpu-medic cannot tell what it does not see",
+            f.since, f.incident, f.detail
+        );
+    }
+    if let Some(f) = state.self_faults.get(crate::probe::mps::COMPONENT) {
+        println!(
+            "mps daemon:  unknown: the control client cannot be run (self-fault, incident {})",
+            f.incident
+        );
+    } else if state.capabilities.mps {
+        println!(
+            "mps daemon:  {} ({} restarts in the budget window)",
+            state.mps.phase.as_str(),
+            state.mps.restarts.len()
+        );
+    } else {
+        println!("mps daemon:  not managed by gpu-medic ([mps] enabled = false)");
+    }
     match &state.remediation {
         Some(r) => println!(
             "remediation: incident {} heading to {:?}, at step {:?}",
@@ -73,7 +94,12 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         ),
         None => println!("remediation: none"),
     }
-    if state.gpus.is_empty() {
+    if let Some(f) = state.self_faults.get(crate::probe::nvml::COMPONENT) {
+        println!(
+            "gpus:        unknown: NVML cannot be used (self-fault, incident {})",
+            f.incident
+        );
+    } else if state.gpus.is_empty() {
         println!("gpus:        no GPU has raised a signal");
     }
     for (i, g) in &state.gpus {

@@ -9,12 +9,13 @@
 //! - a deadline on every order: an overrun escalates to the next step instead of hanging;
 //! - retries of retryable failures, and deferrals (fleet budget full) without giving up;
 //! - observe-only: every decision is journaled, no order is ever emitted;
-//! - a verdict whose remedy this node lacks (`Policy::capabilities`: `[aws]` or `[mps]`
+//! - a verdict whose remedy this node lacks (`Input::Started`: `[aws]` or `[mps]`
 //!   disabled) is recorded as what would have been done, never issued, and the node phase
 //!   never claims a step that did not happen;
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
+pub mod recover;
 mod state;
 
 pub use state::{
@@ -72,6 +73,7 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         Input::Observation(obs) => cx.observe(obs),
         Input::Outcome(outcome) => cx.outcome(outcome),
         Input::Tick => cx.tick(),
+        Input::Started { capabilities } => cx.st.capabilities = capabilities,
         Input::Operator(OperatorRequest::Abort { incident, by }) => cx.abort(incident, &by),
         Input::Operator(OperatorRequest::LaunchGate {
             health,
@@ -108,7 +110,7 @@ impl Cx<'_> {
         reason: &str,
         verdict: Verdict,
     ) -> IncidentId {
-        self.st.next_incident += 1;
+        self.st.next_incident = self.st.next_incident.saturating_add(1);
         let id = IncidentId(self.st.next_incident);
         self.st.open.insert(
             id,
@@ -203,7 +205,7 @@ impl Cx<'_> {
     /// Hands an order to a remedy, or in observe-only mode records what would have been done.
     /// Returns whether an executable order was emitted.
     fn issue(&mut self, incident: IncidentId, command: Command, attempt: u32) -> bool {
-        self.st.next_action += 1;
+        self.st.next_action = self.st.next_action.saturating_add(1);
         let order = Order {
             id: ActionId(self.st.next_action),
             incident,
@@ -307,7 +309,7 @@ impl Cx<'_> {
     /// not executed) and why, then closes the incident as observed.
     fn would(&mut self, incident: IncidentId, commands: Vec<Command>, what: &str, why: &str) {
         for command in commands {
-            self.st.next_action += 1;
+            self.st.next_action = self.st.next_action.saturating_add(1);
             let order = Order {
                 id: ActionId(self.st.next_action),
                 incident,
@@ -377,7 +379,7 @@ impl Cx<'_> {
         seen.push(now);
         seen.retain(|t| now.since(*t) <= keep);
         let count_within = |seen: &Vec<Timestamp>, w: Duration| {
-            seen.iter().filter(|t| now.since(**t) <= w).count() as u32
+            u32::try_from(seen.iter().filter(|t| now.since(**t) <= w).count()).unwrap_or(u32::MAX)
         };
         if let Some(c) = rule.confirm
             && count_within(seen, c.window) < c.count
@@ -573,7 +575,7 @@ impl Cx<'_> {
             return;
         }
         let id = self.open(&obs, rule, reason, Verdict::StopTasks);
-        if !self.policy.capabilities.aws {
+        if !self.st.capabilities.aws {
             let command = Command::StopTasks {
                 gpu: gpu.clone(),
                 pids: obs.pids.clone(),
@@ -606,7 +608,7 @@ impl Cx<'_> {
     // ---- MPS daemon ----
 
     fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
-        if !self.policy.capabilities.mps {
+        if !self.st.capabilities.mps {
             let key = format!("{rule}@{}", target_key(obs));
             if self.log_is_repeat(&key, obs) {
                 return;
@@ -636,9 +638,9 @@ impl Cx<'_> {
         let window = self.policy.mps.restart_window;
         let now = self.now;
         self.st.mps.restarts.retain(|t| now.since(*t) < window);
-        let used = self.st.mps.restarts.len() as u32;
+        let used = u32::try_from(self.st.mps.restarts.len()).unwrap_or(u32::MAX);
         if used < self.policy.mps.restart_budget {
-            if self.issue(incident, Command::RestartMps, used + 1) {
+            if self.issue(incident, Command::RestartMps, used.saturating_add(1)) {
                 self.st.mps.restarts.push(now);
                 self.st.mps.phase = MpsPhase::Restarting;
             } else {
@@ -704,7 +706,7 @@ impl Cx<'_> {
     fn node_remediate(&mut self, obs: Observation, verdict: Verdict, rule: &str, reason: &str) {
         if let Some(w) = self.st.withheld.as_ref()
             && w.verdict >= verdict
-            && !self.policy.capabilities.aws
+            && !self.st.capabilities.aws
         {
             // Already recorded as what would have been done: later faults join it.
             let id = w.incident;
@@ -816,7 +818,7 @@ impl Cx<'_> {
             );
             return;
         }
-        if !self.policy.capabilities.aws {
+        if !self.st.capabilities.aws {
             let (what, steps) = match goal {
                 Goal::Drain => (
                     "quarantined and drained the instance",
@@ -1084,7 +1086,7 @@ impl Cx<'_> {
                     self.schedule(
                         order.incident,
                         order.command.clone(),
-                        order.attempt + 1,
+                        order.attempt.saturating_add(1),
                         delay,
                     );
                 } else {
@@ -1139,19 +1141,19 @@ impl Cx<'_> {
             Command::RestartMps => {
                 self.st.mps.phase = MpsPhase::Unresponsive;
                 self.note(order.incident, format!("MPS restart failed: {why}"));
-                let used = self.st.mps.restarts.len() as u32;
+                let used = u32::try_from(self.st.mps.restarts.len()).unwrap_or(u32::MAX);
                 if used < self.policy.mps.restart_budget {
                     self.schedule(
                         order.incident,
                         Command::RestartMps,
-                        used + 1,
+                        used.saturating_add(1),
                         self.policy.retry.delay,
                     );
                 } else {
                     self.mps_try_restart(order.incident);
                 }
             }
-            Command::StopTasks { gpu, .. } if !self.policy.capabilities.mps => {
+            Command::StopTasks { gpu, .. } if !self.st.capabilities.mps => {
                 self.st.gpu_jobs.remove(&gpu.index);
                 self.close(
                     order.incident,
@@ -1392,3 +1394,5 @@ fn target_key(obs: &Observation) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trust_tests;

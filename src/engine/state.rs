@@ -44,6 +44,9 @@ pub struct State {
     /// (`[aws] enabled = false`): what would have been done, for `status`.
     #[serde(default)]
     pub withheld: Option<Withheld>,
+    /// What this node's remedies can do (from `Input::Started`).
+    #[serde(default)]
+    pub capabilities: crate::model::Capabilities,
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,

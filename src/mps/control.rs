@@ -167,7 +167,8 @@ impl ControlClient {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        supervise(&mut cmd);
+        // Own process group, killed with gpu-medic, whole group SIGKILLed on a timeout.
+        crate::child::contain(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ControlError::Spawn {
             binary: self.binary.display().to_string(),
             message: e.to_string(),
@@ -177,7 +178,7 @@ impl ControlClient {
             ),
         })?;
         // Kills the client's whole group if this future is dropped or times out.
-        let mut group = GroupKill::new(child.id());
+        let mut group = crate::child::GroupKill::new(child.id());
         let mut input = commands.join("\n");
         input.push('\n');
         let stdin = child.stdin.take();
@@ -202,7 +203,8 @@ impl ControlClient {
             }
         };
         let status = status.map_err(|e| ControlError::Io(e.to_string()))?;
-        group.disarm();
+        // The client is done: anything a wrapper script left in its group goes with it.
+        group.kill();
         let reply = Reply {
             stdout: out,
             stderr: err,
@@ -241,24 +243,6 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// Makes `cmd` a supervised child: its own process group (its pid is the group id, so the
-/// whole group can be killed), killed on drop, and killed by the kernel if gpu-medic dies
-/// (`PR_SET_PDEATHSIG`, which fires when the parent *thread* exits: spawn from a runtime
-/// worker thread, which lives as long as gpu-medic).
-pub fn supervise(cmd: &mut tokio::process::Command) {
-    cmd.process_group(0).kill_on_drop(true);
-    // SAFETY: the closure runs in the child between fork and exec and only calls prctl, which
-    // is async-signal-safe and touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Shortens `s` to at most `max` characters for a journal line.
 pub fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
@@ -267,34 +251,4 @@ pub fn clip(s: &str, max: usize) -> String {
     let mut out: String = s.chars().take(max).collect();
     out.push('…');
     out
-}
-
-/// SIGKILLs a client's process group unless disarmed.
-struct GroupKill(Option<i32>);
-
-impl GroupKill {
-    fn new(pid: Option<u32>) -> Self {
-        GroupKill(pid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1))
-    }
-
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // SAFETY: kill(2) has no memory-safety preconditions. `-pgid` names the group
-            // the client was started in (process_group(0) makes its pid the group id), and
-            // the client is not yet reaped, so the id cannot have been reused.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }

@@ -112,8 +112,8 @@ pub struct Remedies {
 }
 
 impl Executor for Remedies {
-    fn capabilities(&self) -> crate::policy::Capabilities {
-        crate::policy::Capabilities {
+    fn capabilities(&self) -> crate::model::Capabilities {
+        crate::model::Capabilities {
             aws: self.control_plane.is_some(),
             mps: self.mps.is_some(),
         }

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use backon::{ExponentialBuilder, Retryable};
 
 use super::{BoxFuture, Done, MpsRemedy, RemedyError};
+use crate::child::{self, AfterExit, RunError};
 use crate::config::{MpsConfig, MpsManage};
 use crate::model::{Order, Timestamp};
 use crate::mps::control::{ControlClient, ControlError, ControlGuard, clip};
@@ -318,25 +319,29 @@ impl MpsDaemon {
                 .map_err(|e| RemedyError::fatal(format!("cannot create {}: {e}", dir.display())))?;
         }
         let mut cmd = tokio::process::Command::new(&self.cfg.control_binary);
-        cmd.arg("-d")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
+        cmd.arg("-d");
         for (k, v) in self.client.env() {
             cmd.env(k, v);
         }
         close_inherited_fds_on_exec(&mut cmd);
         let binary = self.cfg.control_binary.display();
         // `-d` returns once the daemon listens; the daemon itself points 0-2 at /dev/null.
-        let out = match tokio::time::timeout(self.cfg.start_timeout, cmd.output()).await {
-            Err(_) => {
+        // The daemon it forks may share its process group: the group is left alone after a
+        // normal exit, and killed (with the half-started daemon) after a timeout.
+        let run = child::output_within(&mut cmd, self.cfg.start_timeout, AfterExit::KeepGroup);
+        let out = match run.await {
+            Err(RunError::Timeout(_)) => {
                 return Err(RemedyError::retryable(format!(
                     "`{binary} -d` did not return within {:?}",
                     self.cfg.start_timeout
                 )));
             }
-            Ok(Err(e)) => {
+            Err(RunError::Wait(e)) => {
+                return Err(RemedyError::retryable(format!(
+                    "waiting for `{binary} -d` failed: {e}"
+                )));
+            }
+            Err(RunError::Spawn(e)) => {
                 let msg = format!("cannot run `{binary} -d`: {e}");
                 return Err(match e.kind() {
                     std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
@@ -345,7 +350,7 @@ impl MpsDaemon {
                     _ => RemedyError::retryable(msg),
                 });
             }
-            Ok(Ok(out)) => out,
+            Ok(out) => out,
         };
         let text = format!(
             "{} {}",
@@ -415,12 +420,11 @@ impl MpsDaemon {
     /// Runs systemctl; `Err((message, fatal))`.
     async fn systemctl(&self, args: &[&str]) -> Result<(), (String, bool)> {
         let mut cmd = tokio::process::Command::new(&self.systemctl);
-        cmd.args(args)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
+        cmd.args(args);
         let shown = format!("{} {}", self.systemctl.display(), args.join(" "));
-        let out = match tokio::time::timeout(self.cfg.start_timeout, cmd.output()).await {
-            Err(_) => {
+        let run = child::output_within(&mut cmd, self.cfg.start_timeout, AfterExit::KillGroup);
+        let out = match run.await {
+            Err(RunError::Timeout(_)) => {
                 return Err((
                     format!(
                         "`{shown}` did not return within {:?}",
@@ -429,11 +433,14 @@ impl MpsDaemon {
                     false,
                 ));
             }
-            Ok(Err(e)) => {
+            Err(RunError::Spawn(e)) => {
                 let fatal = e.kind() == std::io::ErrorKind::NotFound;
                 return Err((format!("cannot run `{shown}`: {e}"), fatal));
             }
-            Ok(Ok(out)) => out,
+            Err(RunError::Wait(e)) => {
+                return Err((format!("waiting for `{shown}` failed: {e}"), false));
+            }
+            Ok(out) => out,
         };
         if out.status.success() {
             return Ok(());

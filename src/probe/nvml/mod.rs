@@ -125,7 +125,7 @@ impl NvmlSource {
     async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
         let interval = self.cfg.poll_interval;
         // One NVML call may hang on a broken GPU: a poll gets this long before it is abandoned.
-        let poll_deadline = interval.max(Duration::from_secs(5)) * 3;
+        let poll_deadline = interval.max(Duration::from_secs(5)).saturating_mul(3);
         let mut warned_other = false;
         // Reported once per episode; the engine keeps one incident while it lasts.
         let mut unusable = false;

@@ -1,0 +1,139 @@
+//! Process hygiene for every program gpu-medic runs (the MPS control client, `control_binary
+//! -d`, `systemctl`): each starts in a process group of its own, dies with gpu-medic, and on a
+//! timeout (or when the future waiting for it is dropped, as at shutdown) its whole group is
+//! SIGKILLed and reaped. A child that ignores SIGTERM, or a wrapper script that forked helpers
+//! of its own, therefore leaves nothing behind.
+
+use std::process::Output;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+/// At most this much of a child's stdout and of its stderr is kept.
+pub const MAX_OUTPUT: u64 = 64 * 1024;
+/// How long a killed child gets to be reaped.
+const REAP_GRACE: Duration = Duration::from_secs(2);
+
+/// Puts the child in a process group of its own, kills it if the `Child` is dropped, and has
+/// the kernel SIGKILL it if gpu-medic dies.
+pub fn contain(cmd: &mut tokio::process::Command) {
+    cmd.process_group(0).kill_on_drop(true);
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
+    // which is async-signal-safe and touches no memory shared with the parent. The kernel
+    // then kills the child when the thread that spawned it exits: children are spawned from
+    // runtime worker threads, which live as long as gpu-medic.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Why [`output_within`] has no output.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The program could not be started (missing, not executable).
+    #[error("{0}")]
+    Spawn(std::io::Error),
+    /// It did not exit in time; its whole process group was killed.
+    #[error("did not exit within {0:?} (its process group was killed)")]
+    Timeout(Duration),
+    /// Waiting for it failed.
+    #[error("{0}")]
+    Wait(std::io::Error),
+}
+
+/// What happens to the child's process group once the child exited by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterExit {
+    /// Kill what is left in it (helpers a script forked).
+    KillGroup,
+    /// Leave it: the child started a daemon on purpose (`control_binary -d`).
+    KeepGroup,
+}
+
+/// Runs `cmd` (made [`contain`]ed here, stdin from /dev/null, output captured and capped)
+/// and waits at most `timeout` for it. On a timeout the whole group is killed either way.
+pub async fn output_within(
+    cmd: &mut tokio::process::Command,
+    timeout: Duration,
+    after: AfterExit,
+) -> Result<Output, RunError> {
+    contain(cmd);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().map_err(RunError::Spawn)?;
+    let mut group = GroupKill::new(child.id());
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let talk = async {
+        let (out, err, status) =
+            tokio::join!(read_capped(stdout), read_capped(stderr), child.wait());
+        (out, err, status)
+    };
+    match tokio::time::timeout(timeout, talk).await {
+        Ok((stdout, stderr, status)) => {
+            let status = status.map_err(RunError::Wait)?;
+            match after {
+                AfterExit::KillGroup => group.kill(),
+                AfterExit::KeepGroup => group.disarm(),
+            }
+            Ok(Output {
+                status,
+                stdout,
+                stderr,
+            })
+        }
+        Err(_) => {
+            group.kill();
+            let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
+            Err(RunError::Timeout(timeout))
+        }
+    }
+}
+
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    if let Some(r) = r {
+        let _ = r.take(MAX_OUTPUT).read_to_end(&mut buf).await;
+    }
+    buf
+}
+
+/// SIGKILLs a child's process group when told to or when dropped, unless disarmed.
+pub struct GroupKill(Option<i32>);
+
+impl GroupKill {
+    /// The group of a child started by [`contain`] (its pid is the group id).
+    pub fn new(pid: Option<u32>) -> Self {
+        GroupKill(pid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1))
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            // SAFETY: kill(2) has no memory-safety preconditions. `-pgid` names the group the
+            // child was started in (process_group(0) makes its pid the group id). Until the
+            // child is reaped its pid, and so the group id, cannot be reused; after, the group
+            // may still hold its helpers, and a reused id would need a new process to have
+            // made itself leader of a group with that exact number.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Leaves the group alone (a daemon started on purpose lives in it).
+    pub fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

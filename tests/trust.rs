@@ -1,0 +1,620 @@
+//! Trust under mistakes and hostile input, through the real binary: a mistake (a missing
+//! library or binary, a bad interval) is a configuration error or a self-fault of gpu-medic,
+//! never a hardware fault; a closed stdout, a corrupt state file or a far-future replay never
+//! panics or keeps the daemon from starting; status never claims what did not happen; SIGHUP
+//! reloads only a valid configuration. NVML is the fake libnvidia-ml (tests/fake-nvml) loaded
+//! through the real bindings; the MPS control client is a shell script where the test needs
+//! one that answers (NVIDIA's daemon cannot be made to vanish mid-run).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use gpu_medic_testkit::{bin, fake_nvml, gpus_json, wait_sync};
+
+/// Polls `f` for up to 20 s; panics naming `what` if it never holds.
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_sync(what, Duration::from_secs(20), f, String::new);
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn policy() -> PathBuf {
+    repo().join("policies/default.toml")
+}
+
+/// A node in a temp dir: config, state, the fake NVML's files, a daemon.
+struct Node {
+    dir: tempfile::TempDir,
+    daemon: Option<Child>,
+    injected: u32,
+}
+
+impl Node {
+    /// `body` is appended to a config with state_dir, policy and a 100 ms tick.
+    fn new(body: &str) -> Node {
+        let dir = tempfile::Builder::new()
+            .prefix("gm-trust-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("inject")).unwrap();
+        std::fs::write(dir.path().join("gpus.json"), gpus_json(2)).unwrap();
+        let node = Node {
+            dir,
+            daemon: None,
+            injected: 0,
+        };
+        node.write_config(body);
+        node
+    }
+
+    /// NVML through the fake library, polled every 200 ms; everything else off.
+    fn with_fake_nvml() -> Node {
+        Node::new(&format!(
+            "[nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"\"\n\
+             [mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+            fake_nvml().display()
+        ))
+    }
+
+    fn write_config(&self, body: &str) {
+        std::fs::write(
+            self.path("config.toml"),
+            format!(
+                "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n{body}",
+                policy().display()
+            ),
+        )
+        .unwrap();
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin());
+        c.args(args)
+            .arg("--config")
+            .arg(self.path("config.toml"))
+            .env("FAKE_NVML_CONFIG", self.path("gpus.json"))
+            .env("FAKE_NVML_INJECT_DIR", self.path("inject"))
+            .env_remove("GPU_MEDIC_CONFIG")
+            .env_remove("WATCHDOG_USEC");
+        c
+    }
+
+    fn start(&mut self) {
+        let child = self
+            .cmd(&["run", "--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.daemon = Some(child);
+        let state = self.path("state/state.json");
+        wait_until("the daemon to start", || state.exists());
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.daemon.as_ref().expect("running").id() as i32;
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(pid, sig) };
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let status = c.wait().unwrap();
+            assert!(status.success(), "daemon exit {status:?}: {}", self.log());
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
+    }
+
+    fn inject(&mut self, json: &str) {
+        self.injected += 1;
+        let tmp = self.path(&format!("inject/{:04}.json.tmp", self.injected));
+        std::fs::write(&tmp, json).unwrap();
+        std::fs::rename(
+            &tmp,
+            self.path(&format!("inject/{:04}.json", self.injected)),
+        )
+        .unwrap();
+    }
+
+    fn records(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.path("state/incidents.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn text(&self, args: &[&str]) -> (i32, String, String) {
+        let out = self.cmd(args).output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn is_self_fault(r: &Value, component: &str) -> bool {
+    r["event"] == "opened"
+        && r["observation"]["signal"]["kind"] == "self-fault"
+        && r["observation"]["signal"]["component"] == component
+}
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// The issue's first example: `[nvml] library` naming a missing file made `check` answer
+/// `replace` and `run` open a replace incident on every poll. Now both refuse to start.
+#[test]
+fn a_missing_nvml_library_is_a_configuration_error_not_a_replace() {
+    let node = Node::new(
+        "[nvml]\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"\nkmsg = \"\"\n\
+         [mps]\nenabled = false\n[aws]\nenabled = false\n",
+    );
+    for args in [&["check", "--json"][..], &["check"], &["run"]] {
+        let (code, out, err) = node.text(args);
+        assert_eq!(code, 78, "{args:?}: {out}{err}");
+        assert!(!out.contains("replace"), "{args:?}: {out}");
+        let want = format!("{}:5: [nvml] library", node.path("config.toml").display());
+        assert!(err.contains(&want), "{args:?}: {err}");
+    }
+    assert!(!node.path("state/incidents.jsonl").exists());
+    // A file that is not an NVML library at all: the same mistake.
+    let junk = node.path("libjunk.so");
+    std::fs::write(&junk, "not a library").unwrap();
+    node.write_config(&format!(
+        "[nvml]\nlibrary = \"{}\"\nkmsg = \"\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+        junk.display()
+    ));
+    let (code, _, err) = node.text(&["check"]);
+    assert_eq!(code, 78, "{err}");
+}
+
+/// The issue's second example: a missing `[mps] control_binary` was reported as mps-down,
+/// "restarted" three times and then replaced. Now `run` and `check` refuse to start.
+#[test]
+fn a_missing_control_binary_is_a_configuration_error_at_start() {
+    let node = Node::new(
+        "[nvml]\nenabled = false\n[aws]\nenabled = false\n[mps]\nmanage = \"direct\"\n\
+         control_binary = \"/nonexistent/nvidia-cuda-mps-control\"\n",
+    );
+    for args in [&["run"][..], &["check", "--json"]] {
+        let (code, out, err) = node.text(args);
+        assert_eq!(code, 78, "{args:?}: {out}{err}");
+        let want = format!(
+            "{}:10: [mps] control_binary",
+            node.path("config.toml").display()
+        );
+        assert!(err.contains(&want), "{args:?}: {err}");
+    }
+    assert!(!node.path("state/incidents.jsonl").exists());
+}
+
+/// A control binary that vanishes while gpu-medic runs (a package removed): one self-fault
+/// incident, no mps-down, no restart, status says the daemon's state is unknown; when the
+/// binary is back the incident is resolved.
+#[test]
+fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
+    let mut node = Node::new("");
+    let control = script(node.dir.path(), "mps-control", "cat >/dev/null; echo 100.0");
+    node.write_config(&format!(
+        "[nvml]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n\
+         [mps]\nmanage = \"direct\"\ncontrol_binary = \"{}\"\npipe_directory = \"{}\"\n\
+         log_directory = \"{}\"\nprobe_interval = \"200ms\"\nprobe_timeout = \"150ms\"\n",
+        control.display(),
+        node.path("pipe").display(),
+        node.path("log").display()
+    ));
+    node.start();
+    std::thread::sleep(Duration::from_millis(500));
+    let aside = node.path("mps-control.removed");
+    std::fs::rename(&control, &aside).unwrap();
+    wait_until("the self-fault", || {
+        node.records()
+            .iter()
+            .any(|r| is_self_fault(r, "mps-control"))
+    });
+    // Many probes later: still one incident, and nothing was done about the daemon.
+    std::thread::sleep(Duration::from_millis(1500));
+    let records = node.records();
+    let opened: Vec<&Value> = records.iter().filter(|r| r["event"] == "opened").collect();
+    assert_eq!(opened.len(), 1, "{records:#?}");
+    assert!(
+        !records.iter().any(|r| r["event"] == "action-started"),
+        "{records:#?}"
+    );
+    let (code, status, _) = node.text(&["status"]);
+    assert_eq!(code, 0);
+    assert!(status.contains("self-fault:  mps-control"), "{status}");
+    assert!(status.contains("mps daemon:  unknown"), "{status}");
+    let (_, json, _) = node.text(&["status", "--json"]);
+    let v: Value = serde_json::from_str(json.trim()).unwrap();
+    assert!(v["self_faults"]["mps-control"]["incident"].is_u64(), "{v}");
+    std::fs::rename(&aside, &control).unwrap();
+    wait_until("the all-clear", || {
+        node.records()
+            .iter()
+            .any(|r| r["event"] == "closed" && r["state"] == "resolved")
+    });
+    node.stop();
+    let (_, status, _) = node.text(&["status"]);
+    assert!(!status.contains("self-fault"), "{status}");
+}
+
+/// NVML that cannot count the GPUs: gpu-medic cannot tell anything about them. One
+/// self-fault incident (not one per poll), status says the GPUs are unknown instead of "no
+/// GPU has raised a signal", and `check` says it could not tell (exit 2).
+#[test]
+fn nvml_that_cannot_count_the_gpus_is_a_self_fault_and_check_cannot_tell() {
+    let mut node = Node::with_fake_nvml();
+    node.start();
+    node.inject(r#"{"fail": {"function": "nvmlDeviceGetCount_v2", "code": 999}}"#);
+    wait_until("the self-fault", || {
+        node.records().iter().any(|r| is_self_fault(r, "nvml"))
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    let records = node.records();
+    assert_eq!(
+        records.iter().filter(|r| r["event"] == "opened").count(),
+        1,
+        "{records:#?}"
+    );
+    let (_, status, _) = node.text(&["status"]);
+    assert!(status.contains("gpus:        unknown"), "{status}");
+    assert!(!status.contains("no GPU has raised a signal"), "{status}");
+    node.stop();
+    // The daemon consumed that injection; the one-shot check gets its own.
+    node.inject(r#"{"fail": {"function": "nvmlDeviceGetCount_v2", "code": 999}}"#);
+    let (code, out, err) = node.text(&["check", "--json"]);
+    assert_eq!(code, 2, "{out}{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["verdict"], "unknown");
+    // Clearing the injection: the next check is healthy again.
+    node.inject(r#"{"fail": {"function": "nvmlDeviceGetCount_v2", "code": 0}}"#);
+    let (code, out, _) = node.text(&["check", "--json"]);
+    assert_eq!(code, 0, "{out}");
+}
+
+/// With AWS disabled an XID 79 is recorded as what would have been done; status never says
+/// the node was drained, and names why nothing was done.
+#[test]
+fn without_aws_status_says_would_replace_not_drained() {
+    let mut node = Node::with_fake_nvml();
+    node.start();
+    std::thread::sleep(Duration::from_millis(600));
+    node.inject(r#"{"gpu": 1, "xid": 79}"#);
+    wait_until("the decision", || {
+        node.records()
+            .iter()
+            .any(|r| r["event"] == "closed" && r["state"] == "observed")
+    });
+    node.stop();
+    let (_, status, _) = node.text(&["status"]);
+    assert!(status.contains("node:        in-service"), "{status}");
+    assert!(
+        status.contains("would replace: AWS remediation disabled"),
+        "{status}"
+    );
+    assert!(!status.contains("drained"), "{status}");
+    assert!(
+        status.contains("mps daemon:  not managed by gpu-medic"),
+        "{status}"
+    );
+    let (_, shown, _) = node.text(&["incidents", "show", "1"]);
+    assert!(shown.contains("AWS remediation disabled"), "{shown}");
+}
+
+/// Runs `c` with stdout a pipe whose reader is already gone (every write fails with EPIPE);
+/// returns its exit code and stderr.
+fn with_closed_stdout(mut c: Command) -> (i32, String) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) writes two descriptors into the array we own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: closing the read end we own; the write end is handed to the child below.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: fds[1] is a descriptor we own and hand over exactly once.
+    let stdout = unsafe { <Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
+    let out = c.stdout(stdout).stderr(Stdio::piped()).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `gpu-medic incidents show 1 | true`, `status | true` and every other command end
+/// quietly on a closed stdout, with their own exit code.
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let mut node = Node::new(
+        "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+    );
+    node.start();
+    node.stop();
+    // One incident to show: a journal line written the way the daemon writes them.
+    let record = r#"{"at":"2026-01-01T00:00:00.000Z","incident":1,"event":"opened","observation":{"signal":{"kind":"xid","code":13},"gpu":{"index":0}},"rule":"xid-app","reason":"application fault","verdict":"log"}"#;
+    std::fs::write(node.path("state/incidents.jsonl"), format!("{record}\n")).unwrap();
+    let inputs = node.path("inputs.jsonl");
+    std::fs::write(
+        &inputs,
+        "{\"at\":\"2026-01-01T00:00:00Z\",\"input\":\"observation\",\"signal\":{\"kind\":\"xid\",\"code\":79},\"gpu\":{\"index\":1}}\n",
+    )
+    .unwrap();
+    let inputs = inputs.display().to_string();
+    let policy = policy().display().to_string();
+    let cases: Vec<(Vec<&str>, i32)> = vec![
+        (vec!["incidents", "show", "1"], 0),
+        (vec!["incidents", "show", "1", "--json"], 0),
+        (vec!["incidents", "list"], 0),
+        (vec!["incidents", "list", "--json"], 0),
+        (vec!["status"], 0),
+        (vec!["status", "--json"], 0),
+        // Every probe is off in this config: "could not tell".
+        (vec!["check"], 2),
+        (vec!["check", "--json"], 2),
+    ];
+    for (args, want) in cases {
+        let (code, err) = with_closed_stdout(node.cmd(&args));
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(code, want, "{args:?}: {err}");
+    }
+    // Commands without --config.
+    for args in [
+        &["--help"][..],
+        &["--version"],
+        &["policy", "check", &policy],
+        &["policy", "explain", "--xid", "79"],
+        &["policy", "explain", "--xid", "79", "--json"],
+        &["policy", "simulate", &inputs],
+        &["policy", "simulate", &inputs, "--json"],
+        &["demo"],
+    ] {
+        let mut c = Command::new(bin());
+        c.args(args);
+        let (code, err) = with_closed_stdout(c);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(code, 0, "{args:?}: {err}");
+    }
+}
+
+/// A corrupt state.json used to keep `run` from starting. Now it is set aside, the daemon
+/// starts from what the journal says (the node was replaced, a self-fault is open), and an
+/// incident records what happened, numbered after the journal's last one.
+#[test]
+fn a_corrupt_state_file_is_set_aside_and_run_starts_from_the_journal() {
+    let mut node = Node::new(
+        "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+    );
+    std::fs::create_dir_all(node.path("state")).unwrap();
+    std::fs::write(
+        node.path("state/state.json"),
+        "{\"next_incident\": 7, garbage",
+    )
+    .unwrap();
+    let journal = [
+        r#"{"at":"2026-01-01T00:00:00.000Z","incident":6,"event":"opened","observation":{"signal":{"kind":"xid","code":79},"gpu":{"index":1}},"rule":"xid-fallen-off-bus","reason":"r","verdict":"replace"}"#,
+        r#"{"at":"2026-01-01T00:01:00.000Z","incident":6,"event":"closed","state":"replaced","summary":"s"}"#,
+        r#"{"at":"2026-01-01T00:02:00.000Z","incident":7,"event":"opened","observation":{"signal":{"kind":"self-fault","component":"nvml"},"detail":"cannot load"},"rule":"self-fault","reason":"r","verdict":"log"}"#,
+    ];
+    std::fs::write(
+        node.path("state/incidents.jsonl"),
+        journal.join("\n") + "\n",
+    )
+    .unwrap();
+    node.start();
+    wait_until("the set-aside incident", || {
+        node.records()
+            .iter()
+            .any(|r| is_self_fault(r, "state-file"))
+    });
+    node.stop();
+    let aside: Vec<PathBuf> = std::fs::read_dir(node.path("state"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("state.json.corrupt-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(
+        std::fs::read_to_string(&aside[0])
+            .unwrap()
+            .contains("garbage")
+    );
+    let records = node.records();
+    let fault = records
+        .iter()
+        .find(|r| is_self_fault(r, "state-file"))
+        .unwrap();
+    assert_eq!(fault["incident"], 8, "numbered after the journal's last");
+    let detail = fault["observation"]["detail"].as_str().unwrap();
+    assert!(detail.contains("set aside as"), "{detail}");
+    let (code, status, err) = node.text(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.contains("node:        replaced"), "{status}");
+    assert!(status.contains("self-fault:  nvml"), "{status}");
+}
+
+/// Intervals, deadlines and the watchdog: each mistake is refused with its file:line.
+#[test]
+fn intervals_deadlines_and_the_watchdog_are_validated() {
+    let base = "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n";
+    let node = Node::new(base);
+    let cfg = node.path("config.toml").display().to_string();
+    // The tick is line 3 of every config Node writes.
+    for (tick, why) in [
+        ("60s", "more than half of the packaged unit's WatchdogSec"),
+        ("1ns", "below the minimum"),
+        ("0s", "must be greater than zero"),
+    ] {
+        std::fs::write(
+            node.path("config.toml"),
+            format!(
+                "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"{tick}\"\n{base}",
+                policy().display()
+            ),
+        )
+        .unwrap();
+        let (code, _, err) = node.text(&["check"]);
+        assert_eq!(code, 78, "{tick}: {err}");
+        assert!(err.contains(&format!("{cfg}:3: tick_interval")), "{err}");
+        assert!(err.contains(why), "{tick}: {err}");
+    }
+    // A tick the packaged unit accepts, but longer than half of this service's watchdog.
+    std::fs::write(
+        node.path("config.toml"),
+        format!(
+            "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"10s\"\n{base}",
+            policy().display()
+        ),
+    )
+    .unwrap();
+    let out = node
+        .cmd(&["run"])
+        .env("WATCHDOG_USEC", "15000000")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("WATCHDOG_USEC = 15s"));
+    // Other intervals: with their section's line.
+    node.write_config(&format!("{base}[node]\ninterval = \"1ns\"\n"));
+    let (code, _, err) = node.text(&["check"]);
+    assert_eq!(code, 78);
+    assert!(err.contains(&format!("{cfg}:11: [node] interval")), "{err}");
+    // A zero-length policy deadline.
+    let p = node.path("p.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "extends = \"{}\"\n[deadlines]\ndrain = \"0s\"\n",
+            policy().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["policy", "check"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("{}:3:", p.display())),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The packaged unit's watchdog is the one the config's ceiling is derived from.
+#[test]
+fn the_packaged_watchdog_matches_the_tick_ceiling() {
+    let unit = std::fs::read_to_string(repo().join("packaging/gpu-medic.service")).unwrap();
+    let line = unit
+        .lines()
+        .find(|l| l.starts_with("WatchdogSec="))
+        .expect("WatchdogSec");
+    let secs: u64 = line
+        .trim_start_matches("WatchdogSec=")
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    assert_eq!(
+        Duration::from_secs(secs),
+        gpu_medic::config::PACKAGED_WATCHDOG
+    );
+    assert!(gpu_medic::config::MAX_TICK * 2 <= gpu_medic::config::PACKAGED_WATCHDOG);
+    assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
+}
+
+/// SIGHUP: a bad config is refused with its file:line and the daemon keeps running; a good
+/// one is applied by restarting the supervisor in place; SIGTERM still stops it cleanly.
+#[test]
+fn sighup_reloads_a_valid_config_and_refuses_a_bad_one() {
+    let base = "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n";
+    let mut node = Node::new(base);
+    node.start();
+    std::thread::sleep(Duration::from_millis(300));
+    node.write_config(&format!("{base}bogus = 1\n"));
+    node.signal(libc::SIGHUP);
+    wait_until("the refusal", || node.log().contains("reload refused"));
+    assert!(
+        node.log().contains("config.toml:12: unknown field `bogus`"),
+        "{}",
+        node.log()
+    );
+    assert!(
+        node.daemon.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "still running"
+    );
+    node.write_config(&format!("dry_run = true\n{base}"));
+    node.signal(libc::SIGHUP);
+    wait_until("the second start", || {
+        node.log().matches("gpu-medic supervisor started").count() == 2
+    });
+    assert!(
+        node.log().contains("supervisor restarted"),
+        "{}",
+        node.log()
+    );
+    assert!(
+        node.log().contains("\"observe_only\":true"),
+        "the new config applies: {}",
+        node.log()
+    );
+    node.stop();
+}
+
+/// `policy simulate` on an input far in the future, with extreme values, does not panic.
+#[test]
+fn policy_simulate_on_a_far_future_tick_does_not_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("inputs.jsonl");
+    std::fs::write(
+        &p,
+        "{\"at\":\"2024-01-01T00:00:00Z\",\"input\":\"observation\",\"signal\":{\"kind\":\"xid\",\"code\":79},\"value\":18446744073709551615}\n\
+         {\"at\":\"9999-12-31T23:59:59.999Z\",\"input\":\"tick\"}\n",
+    )
+    .unwrap();
+    for json in [false, true] {
+        let mut c = Command::new(bin());
+        c.args(["policy", "simulate"]).arg(&p);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(out.status.code(), Some(0), "{err}");
+    }
+}
