@@ -7,7 +7,8 @@
 //! `BENCH_STORM` (default 3000) distinct XIDs, codes no rule names, on 4 GPUs; the kernel log
 //! is a regular file the bench appends to (the reader follows it like `/dev/kmsg`).
 //! `GPU_MEDIC_BIN=path` runs another gpu-medic binary (an older release, for the side-by-side
-//! figure in BENCHMARKS.md); `BENCH_TIMEOUT_S` (default 900) bounds the wait for the 79.
+//! figure in BENCHMARKS.md; `BENCH_POLICY=path` then gives it the policy of its own tree);
+//! `BENCH_TIMEOUT_S` (default 900) bounds the wait for the 79.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
@@ -58,6 +59,22 @@ impl Follow {
     }
 }
 
+/// The `at` stamp (ms) of the first line of `path` that `pred` accepts, following the file
+/// until `deadline`.
+fn stamp_of(path: &Path, deadline: Instant, pred: impl Fn(&str) -> bool) -> Option<f64> {
+    let mut follow = Follow::default();
+    loop {
+        if let Some(line) = follow.new_lines(path).into_iter().find(|l| pred(l)) {
+            let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+            return parse_at(v["at"].as_str()?);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn append(path: &Path, text: &str) {
     let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
     f.write_all(text.as_bytes()).unwrap();
@@ -69,7 +86,10 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "state_dir = \"state\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"{}\"\nkmsg = \"{}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-        default_policy().display(),
+        std::env::var("BENCH_POLICY")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| default_policy())
+            .display(),
         fake_nvml().display(),
         dir.path().join("kmsg").display()
     );
@@ -109,40 +129,17 @@ fn main() {
     );
     let t79_instant = Instant::now();
 
-    // Follow the journal for the 79's decision, reading only what is new.
+    // The 79's decision: its `opened` record's stamp.
     let journal = d.path("state/incidents.jsonl");
-    let mut incidents = Follow::default();
-    let decided_at = loop {
-        let found = incidents
-            .new_lines(&journal)
-            .into_iter()
-            .find(|l| l.contains("\"opened\"") && l.contains("\"code\":79"));
-        if let Some(line) = found {
-            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
-            break parse_at(v["at"].as_str().unwrap());
-        }
-        if t79_instant.elapsed() > timeout {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let deadline = t79_instant + timeout;
+    let decided_at = stamp_of(&journal, deadline, |l| {
+        l.contains("\"opened\"") && l.contains("\"code\":79")
+    });
     // The last XID of the storm stepped: its input's stamp.
     let last = format!("\"code\":{}", 100_000 + storm - 1);
-    let mut inputs = Follow::default();
-    let last_at = loop {
-        let found = inputs
-            .new_lines(&d.path("state/inputs.jsonl"))
-            .into_iter()
-            .find(|l| l.contains(&last));
-        if let Some(line) = found {
-            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
-            break parse_at(v["at"].as_str().unwrap());
-        }
-        if t79_instant.elapsed() > timeout {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let last_at = stamp_of(&d.path("state/inputs.jsonl"), deadline, |l| {
+        l.contains(&last)
+    });
 
     // Absorbed: the first second after which the process used under 2 % of a core.
     let mut absorbed = None;

@@ -111,8 +111,8 @@ def main() -> int:
         check(s.get("Effect") in ("Allow", "Deny"), f"iam-policy.json {sid}: Effect")
         for action in as_list(s.get("Action", [])):
             check(
-                re.fullmatch(r"(ecs|autoscaling):[A-Za-z]+", action) is not None,
-                f"iam-policy.json {sid}: {action!r} is not one named ECS or Auto Scaling action",
+                re.fullmatch(r"(ecs|autoscaling|logs|events):[A-Za-z]+", action) is not None,
+                f"iam-policy.json {sid}: {action!r} is not one named ECS, Auto Scaling, CloudWatch Logs or EventBridge action",
             )
         check("Resource" in s, f"iam-policy.json {sid}: Resource")
         if s.get("Effect") == "Allow" and any(
@@ -203,6 +203,18 @@ def main() -> int:
         a, b = shape(statements), shape(inline[0]["Statement"])
         for sid in sorted(set(a) | set(b)):
             check(a.get(sid) == b.get(sid), f"cloudformation.yaml: statement {sid} differs from iam-policy.json")
+
+    # The export: a log group named as gpu-medic's default, and a rule for fatal incidents.
+    check(
+        any("/gpu-medic/${ClusterName}" in json.dumps(g.get("LogGroupName")) for g in by_type.get("AWS::Logs::LogGroup", [])),
+        "cloudformation.yaml: the incident log group /gpu-medic/${ClusterName}",
+    )
+    rules = by_type.get("AWS::Events::Rule", [])
+    check(
+        any(r.get("EventPattern", {}).get("source") == ["gpu-medic"] for r in rules),
+        "cloudformation.yaml: an EventBridge rule on source gpu-medic",
+    )
+    check("AWS::SNS::Topic" in by_type, "cloudformation.yaml: an SNS topic for on-call")
 
     # --- CloudWatch agent ----------------------------------------------------------------------
     cw = json.loads((PKG / "examples" / "cloudwatch-agent.json").read_text())

@@ -46,6 +46,73 @@ pub struct Config {
     pub node: NodeConfig,
     #[serde(default)]
     pub journal: JournalConfig,
+    #[serde(default)]
+    pub export: ExportConfig,
+}
+
+/// Incidents shipped off the instance (`src/export`): every journal record to CloudWatch
+/// Logs, every incident transition to EventBridge. Off unless enabled (and `[aws]` is on).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportConfig {
+    #[serde(default)]
+    pub enabled: bool,
+    /// The log group; `{cluster}` is replaced by the ECS cluster's name.
+    #[serde(default = "default_log_group")]
+    pub log_group: String,
+    /// Every record to CloudWatch Logs (one stream per instance id).
+    #[serde(default = "yes")]
+    pub logs: bool,
+    /// Every incident transition to EventBridge.
+    #[serde(default = "yes")]
+    pub events: bool,
+    /// The EventBridge bus: a name or an ARN.
+    #[serde(default = "default_event_bus")]
+    pub event_bus: String,
+    /// How often the journal is read for records not yet delivered.
+    #[serde(default = "default_export_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// How long completing the terminate hook or marking the instance Unhealthy waits for
+    /// the records still pending to be delivered.
+    #[serde(default = "default_flush_wait", with = "humantime_serde")]
+    pub flush_wait: Duration,
+}
+
+impl Default for ExportConfig {
+    fn default() -> Self {
+        ExportConfig {
+            enabled: false,
+            log_group: default_log_group(),
+            logs: true,
+            events: true,
+            event_bus: default_event_bus(),
+            interval: default_export_interval(),
+            flush_wait: default_flush_wait(),
+        }
+    }
+}
+
+impl ExportConfig {
+    /// The log group of `cluster`.
+    pub fn log_group_for(&self, cluster: &str) -> String {
+        self.log_group.replace("{cluster}", cluster)
+    }
+}
+
+fn default_log_group() -> String {
+    "/gpu-medic/{cluster}".into()
+}
+
+fn default_event_bus() -> String {
+    "default".into()
+}
+
+fn default_export_interval() -> Duration {
+    Duration::from_secs(2)
+}
+
+fn default_flush_wait() -> Duration {
+    Duration::from_secs(10)
 }
 
 /// Size-based rotation of `incidents.jsonl` and `inputs.jsonl`.
@@ -840,6 +907,7 @@ impl Config {
             ));
         }
         self.check_aws(path, &line_of_key)?;
+        self.check_export(path, text)?;
         if !self.metrics.listen.ip().is_loopback() {
             return Err(FileError::new(
                 path,
@@ -1021,6 +1089,43 @@ impl Config {
     }
 
     /// The `[ecs]`, `[fleet]` and `[lifecycle]` values AWS would reject or misread.
+    /// Log group names: 1-512 of `a-zA-Z0-9_-/.#` (CloudWatch Logs); the bus: a name or ARN.
+    /// Intervals: at least 100 ms (a loop must not spin), at most an hour.
+    fn check_export(&self, path: &Path, text: &str) -> Result<(), FileError> {
+        let x = &self.export;
+        let err =
+            |key: &str, msg: String| FileError::new(path, key_line(text, Some("export"), key), msg);
+        let group = x.log_group_for("c");
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || "_-/.#".contains(c);
+        if group.is_empty() || group.len() > 480 || !group.chars().all(ok_char) {
+            return Err(err(
+                "log_group",
+                format!(
+                    "log_group: {:?} must be letters, digits, '_', '-', '/', '.', '#' (and {{cluster}}), under 480 characters",
+                    x.log_group
+                ),
+            ));
+        }
+        if x.event_bus.trim().is_empty() || x.event_bus.len() > 1600 {
+            return Err(err(
+                "event_bus",
+                "event_bus: must be a bus name or ARN".into(),
+            ));
+        }
+        for (key, d) in [("interval", x.interval), ("flush_wait", x.flush_wait)] {
+            if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+                return Err(err(
+                    key,
+                    format!(
+                        "{key}: {} is not between 100ms and 1h",
+                        humantime::format_duration(d)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn check_aws(
         &self,
         path: &Path,

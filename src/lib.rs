@@ -10,7 +10,8 @@
 //! - [`gate`]: the launch gate (`gpu-medic check --lifecycle`), a workflow of its own.
 //! - [`supervisor`]: wiring, channels, shutdown; hands orders to the remedies; [`child`]:
 //!   process hygiene for every program gpu-medic runs.
-//! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`.
+//! - [`journal`]: `incidents.jsonl`, `inputs.jsonl`, `state.json`; [`export`]: the journal
+//!   shipped to CloudWatch Logs and EventBridge, and the fleet view read back.
 //! - [`limits`]: size caps on everything read, and the bounded reader.
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration; [`preflight`]: what
 //!   `run` and `check` verify about the machine before they start.
@@ -22,6 +23,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod export;
 pub mod gate;
 pub mod journal;
 pub mod limits;

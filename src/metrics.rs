@@ -392,13 +392,17 @@ mod tests {
             .and_then(|v| v.parse().ok())
     }
 
+    fn shipped_policy() -> Policy {
+        Policy::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+        )
+        .unwrap()
+    }
+
     /// Drives the real engine and checks that every declared metric moves.
     #[test]
     fn every_metric_is_fed_by_the_engine() {
-        let policy = Policy::load(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
-        )
-        .unwrap();
+        let policy = shipped_policy();
         let m = Metrics::new();
         let mut st = State::default();
         let mut now = Timestamp(1_700_000_000_000);
@@ -493,10 +497,7 @@ mod tests {
     #[test]
     fn routine_readings_are_not_signals_and_task_series_follow_the_poller() {
         use crate::probe::nvml::usage::{Snapshot, TaskUsage};
-        let policy = Policy::load(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
-        )
-        .unwrap();
+        let policy = shipped_policy();
         let accounting = Accounting::new();
         let m = Metrics::new().with_accounting(accounting.clone());
         let st = State::default();

@@ -721,7 +721,9 @@ async fn a_hung_systemctl_that_ignores_sigterm_leaves_nothing_behind() {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect();
-    assert_eq!(left.len(), 2, "{left:?}");
+    // Each systemctl call that hung left a script and its forked sleep (a restart may ask
+    // systemctl more than once: show, then start).
+    assert!(!left.is_empty() && left.len().is_multiple_of(2), "{left:?}");
     for pid in left {
         wait_dead(pid);
     }

@@ -3,7 +3,8 @@
 //! timeouts so a hung endpoint cannot outlive an order's deadline), thin wrappers over the ECS
 //! and Auto Scaling calls gpu-medic makes ([`ecs`], [`asg`]), the classification of every call's
 //! outcome ([`calls`]), IMDSv2 ([`imds`]), this instance's identity, discovered once
-//! ([`identity`]), and lifecycle-hook heartbeats ([`heartbeat`]).
+//! ([`identity`]), lifecycle-hook heartbeats ([`heartbeat`]), and where incidents are shipped:
+//! CloudWatch Logs ([`logs`]) and EventBridge ([`events`]).
 //!
 //! Probes, remedies and the launch gate build on these; nothing here imports a probe, a remedy,
 //! the engine or the CLI. The call sequences and moto's gaps: docs/aws.md.
@@ -12,9 +13,11 @@ pub mod agent;
 pub mod asg;
 pub mod calls;
 pub mod ecs;
+pub mod events;
 pub mod heartbeat;
 pub mod identity;
 pub mod imds;
+pub mod logs;
 
 use std::time::Duration;
 

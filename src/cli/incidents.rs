@@ -35,6 +35,13 @@ pub enum IncidentsCommand {
         /// Only incidents opened since this long ago (e.g. 2h) or this time (RFC 3339).
         #[arg(long)]
         since: Option<String>,
+        /// Every instance of the cluster, from CloudWatch Logs (`[export]`), including
+        /// instances that no longer exist; IDs are INSTANCE/ID.
+        #[arg(long)]
+        fleet: bool,
+        /// With --fleet: this cluster's log group instead of this instance's cluster.
+        #[arg(long, requires = "fleet")]
+        cluster: Option<String>,
     },
     /// Stop a quarantine or drain that has not reached Auto Scaling and return the
     /// instance to service (asks the running daemon through state_dir/requests/).
@@ -49,19 +56,29 @@ pub enum IncidentsCommand {
         #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
         wait: Duration,
     },
-    /// One incident's timeline.
+    /// One incident's timeline (ID, or INSTANCE/ID with --fleet).
     Show {
-        id: u64,
+        id: String,
         #[command(flatten)]
         config: ConfigArg,
         #[arg(long)]
         json: bool,
+        /// Read it from CloudWatch Logs (`[export]`): any instance of the cluster, even one
+        /// that no longer exists.
+        #[arg(long)]
+        fleet: bool,
+        /// With --fleet: this cluster's log group instead of this instance's cluster.
+        #[arg(long, requires = "fleet")]
+        cluster: Option<String>,
     },
 }
 
 /// The stable `--json` shape of an incident in a list.
 #[derive(Debug, Serialize)]
 pub struct IncidentLine<'a> {
+    /// The instance, in the fleet view only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<&'a str>,
     pub id: u64,
     pub opened_at: Timestamp,
     pub signal: &'a str,
@@ -78,6 +95,7 @@ pub struct IncidentLine<'a> {
 impl<'a> From<&'a Incident> for IncidentLine<'a> {
     fn from(i: &'a Incident) -> Self {
         IncidentLine {
+            instance_id: None,
             id: i.id.0,
             opened_at: i.opened_at,
             signal: &i.signal,
@@ -102,6 +120,8 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             state,
             gpu,
             since,
+            fleet,
+            cluster,
         } => {
             let since = since.as_deref().map(parse_since).transpose()?;
             let state: Option<IncidentState> = state
@@ -118,6 +138,29 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
                     && since.is_none_or(|t| i.opened_at >= t)
             };
             let mut table = Table::default();
+            if fleet {
+                let view = super::fleet::read(&config, cluster.as_deref(), None, since)?;
+                table.id_width = view
+                    .incidents
+                    .iter()
+                    .map(|f| f.instance_id.len() + 1 + f.incident.id.0.to_string().len())
+                    .max()
+                    .unwrap_or(0);
+                for f in view.incidents.iter().filter(|f| shown(&f.incident)) {
+                    if json {
+                        print_json(&IncidentLine {
+                            instance_id: Some(&f.instance_id),
+                            ..IncidentLine::from(&f.incident)
+                        });
+                    } else {
+                        table.row_as(&format!("{}/{}", f.instance_id, f.incident.id), &f.incident);
+                    }
+                }
+                if !json && table.rows == 0 {
+                    println!("no incidents");
+                }
+                return Ok(exit::OK);
+            }
             stream_incidents(&config, |i| {
                 if !shown(&i) {
                     return;
@@ -139,7 +182,47 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             by,
             wait,
         } => abort(id, &config, by, wait),
-        IncidentsCommand::Show { id, config, json } => {
+        IncidentsCommand::Show {
+            id,
+            config,
+            json,
+            fleet: true,
+            cluster,
+        } => {
+            let (instance, n) = id
+                .rsplit_once('/')
+                .and_then(|(i, n)| Some((i.to_string(), n.parse::<u64>().ok()?)))
+                .filter(|(i, _)| !i.is_empty())
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "{id:?}: give INSTANCE/ID (e.g. i-0abc/7) with --fleet"
+                    ))
+                })?;
+            let view = super::fleet::read(&config, cluster.as_deref(), Some((&instance, n)), None)?;
+            let Some(f) = view.incidents.into_iter().next() else {
+                return Err(CliError::NotFound(format!(
+                    "no incident {instance}/{n} in CloudWatch Logs"
+                )));
+            };
+            if json {
+                print_json(&super::fleet::Shown {
+                    instance_id: &f.instance_id,
+                    incident: &f.incident,
+                });
+            } else {
+                println!("Instance {}", f.instance_id);
+                print_timeline(&f.incident);
+            }
+            Ok(exit::OK)
+        }
+        IncidentsCommand::Show {
+            id, config, json, ..
+        } => {
+            let id: u64 = id.parse().map_err(|_| {
+                CliError::Usage(format!(
+                    "{id:?}: not an incident id (INSTANCE/ID needs --fleet)"
+                ))
+            })?;
             let Some(i) = load_one(&config, id)? else {
                 return Err(CliError::NotFound(format!(
                     "no incident {id} in {}",
@@ -312,20 +395,28 @@ pub fn print_table<'a>(incidents: impl Iterator<Item = &'a Incident>) {
 #[derive(Default)]
 pub struct Table {
     pub rows: usize,
+    /// The ID column's width (at least 4; the fleet view's INSTANCE/ID is wider).
+    pub id_width: usize,
 }
 
 impl Table {
     pub fn row(&mut self, i: &Incident) {
+        self.row_as(&i.id.0.to_string(), i);
+    }
+
+    /// A row whose ID column reads `id`.
+    pub fn row_as(&mut self, id: &str, i: &Incident) {
+        let w = self.id_width.max(4);
         if self.rows == 0 {
             println!(
-                "{:>4}  {:<24}  {:>3}  {:<22}  {:<11}  {:<10}  RULE",
+                "{:>w$}  {:<24}  {:>3}  {:<22}  {:<11}  {:<10}  RULE",
                 "ID", "OPENED", "GPU", "SIGNAL", "ACTION", "STATE"
             );
         }
         self.rows += 1;
         println!(
-            "{:>4}  {:<24}  {:>3}  {:<22}  {:<11}  {:<10}  {}",
-            i.id.0,
+            "{:>w$}  {:<24}  {:>3}  {:<22}  {:<11}  {:<10}  {}",
+            id,
             i.opened_at.to_string(),
             gpu_short(i.gpu.as_ref()),
             i.signal,

@@ -28,6 +28,7 @@ pub mod out;
 
 pub mod check;
 pub mod demo;
+pub mod fleet;
 pub mod incidents;
 pub mod policy;
 pub mod run;

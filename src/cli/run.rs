@@ -129,14 +129,19 @@ async fn serve(
         &target_state,
         cfg.metrics.enabled.then_some(&accounting),
     );
+    // The incident export runs beside the supervisor; the control plane flushes it before the
+    // instance goes away.
+    let exporter = crate::export::Exporter::start(&cfg).await;
     let mut remedies = Remedies::default();
     if cfg.aws.enabled {
         // Identity discovery waits for the first order: the ECS agent may not be up yet.
-        remedies.control_plane = Some(Arc::new(
-            AwsControlPlane::from_config(&cfg)
-                .await
-                .with_target_state(target_state),
-        ));
+        let mut cp = AwsControlPlane::from_config(&cfg)
+            .await
+            .with_target_state(target_state);
+        if let Some(x) = &exporter {
+            cp = cp.with_flush(x.flush.clone());
+        }
+        remedies.control_plane = Some(Arc::new(cp));
     }
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(
@@ -145,6 +150,7 @@ async fn serve(
         )));
     }
     let metrics_cfg = cfg.metrics.clone();
+    let flush_wait = cfg.export.flush_wait;
     let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
     for s in sources {
         supervisor.add_source(s);
@@ -172,6 +178,10 @@ async fn serve(
             let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
         })
         .await?;
+    // The last records (the stop itself) leave before the process does, bounded.
+    if let Some(x) = exporter {
+        x.finish(flush_wait).await;
+    }
     // The listener must be closed before a reloaded supervisor binds the address again.
     if let Some(t) = metrics_task {
         let _ = t.await;

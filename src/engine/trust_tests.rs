@@ -10,18 +10,15 @@ use super::*;
 use crate::model::{Capabilities, GpuId, Observation, Outcome, OutcomeStatus};
 
 fn policy() -> Policy {
-    static P: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
-    P.get_or_init(|| {
-        Policy::parse(
-            std::path::Path::new("default.toml"),
-            include_str!("../../policies/default.toml"),
-        )
-        .unwrap_or_else(|e| panic!("default policy: {e}"))
-    })
-    .clone()
+    Policy::parse(
+        std::path::Path::new("default.toml"),
+        include_str!("../../policies/default.toml"),
+    )
+    .unwrap_or_else(|e| panic!("default policy: {e}"))
 }
 
 struct Run {
+    policy: Policy,
     st: State,
     now: Timestamp,
     log: Vec<Action>,
@@ -30,6 +27,7 @@ struct Run {
 impl Run {
     fn new(capabilities: Capabilities) -> Run {
         let mut r = Run {
+            policy: policy(),
             st: State::default(),
             now: Timestamp(1_700_000_000_000),
             log: vec![],
@@ -39,7 +37,7 @@ impl Run {
     }
 
     fn feed(&mut self, input: Input) -> Vec<Action> {
-        let (st, out) = step(&self.st, input, self.now, &policy());
+        let (st, out) = step(&self.st, input, self.now, &self.policy);
         self.st = st;
         self.log.extend(out.clone());
         out
@@ -109,7 +107,7 @@ fn a_self_fault_is_journaled_once_never_remediated_and_closed_when_it_clears() {
     let id = f.incident;
     // A state that already knows the fault is not changed by another report of it: the
     // supervisor does not even write it to inputs.jsonl.
-    let (same, out) = step(&r.st, fault("nvml"), r.now, &policy());
+    let (same, out) = step(&r.st, fault("nvml"), r.now, &r.policy);
     assert_eq!(same, r.st);
     assert!(out.is_empty());
     r.feed(Input::Observation(Observation::new(

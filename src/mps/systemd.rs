@@ -8,8 +8,9 @@
 //! library in gpu-medic. Every call has a deadline and runs in its own process group.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
+
+use crate::child::{self, AfterExit, RunError};
 
 /// What `systemctl show` says about a unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -160,36 +161,35 @@ impl Systemctl {
         Ok(UnitState::parse(&out))
     }
 
-    /// Runs `systemctl <args...>` (the unit appended by the caller) and returns stdout.
+    /// Runs `systemctl <args...>` (the unit appended by the caller) and returns stdout. The
+    /// call is contained like every child (`crate::child`): on a timeout its whole process
+    /// group is killed, so a hung systemctl leaves nothing behind.
     pub async fn call(&self, args: &[&str]) -> Result<String, SystemctlError> {
         let mut cmd = tokio::process::Command::new(&self.binary);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("SYSTEMD_PAGER", "")
-            .process_group(0)
-            .kill_on_drop(true);
+        cmd.args(args).env("SYSTEMD_PAGER", "");
         let joined = args.join(" ");
-        let child = cmd.spawn().map_err(|e| SystemctlError::Spawn {
-            binary: self.binary.display().to_string(),
-            message: e.to_string(),
-        })?;
-        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
-            Ok(Ok(o)) => o,
-            Ok(Err(e)) => {
+        let binary = self.binary.display().to_string();
+        let out = match child::output_within(&mut cmd, self.timeout, AfterExit::KillGroup).await {
+            Ok(o) => o,
+            Err(RunError::Spawn(e)) => {
+                return Err(SystemctlError::Spawn {
+                    binary,
+                    message: e.to_string(),
+                });
+            }
+            Err(RunError::Timeout(_)) => {
+                return Err(SystemctlError::Timeout {
+                    binary,
+                    args: joined,
+                    timeout: self.timeout,
+                });
+            }
+            Err(RunError::Wait(e)) => {
                 return Err(SystemctlError::Failed {
-                    binary: self.binary.display().to_string(),
+                    binary,
                     args: joined,
                     status: "wait failed".into(),
                     output: e.to_string(),
-                });
-            }
-            Err(_) => {
-                return Err(SystemctlError::Timeout {
-                    binary: self.binary.display().to_string(),
-                    args: joined,
-                    timeout: self.timeout,
                 });
             }
         };
@@ -197,7 +197,7 @@ impl Systemctl {
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             return Err(SystemctlError::Failed {
-                binary: self.binary.display().to_string(),
+                binary,
                 args: joined,
                 status: out.status.to_string(),
                 output: super::control::clip(

@@ -43,6 +43,8 @@ pub struct AwsControlPlane {
     identity: OnceCell<Identity>,
     /// The lifecycle watcher's last reading (a termination that begins mid-drain).
     target_state: TargetState,
+    /// The incident export, flushed before the instance goes away (none: export is off).
+    flush: Option<crate::export::Flush>,
 }
 
 /// A remedy's view of a finished or failed series of AWS calls: the outcome carries every
@@ -101,7 +103,30 @@ impl AwsControlPlane {
             http: sdk.http_client().unwrap_or_else(http_client),
             identity: OnceCell::new(),
             target_state: TargetState::new(),
+            flush: None,
         }
+    }
+
+    /// Flushes the incident export before completing the terminate hook or marking the
+    /// instance Unhealthy (shared with the exporter).
+    pub fn with_flush(mut self, flush: crate::export::Flush) -> Self {
+        self.flush = Some(flush);
+        self
+    }
+
+    /// Delivers the journal before the instance goes away, waiting `[export] flush_wait` at
+    /// most; what happened, for the order's detail (nothing when export is off).
+    async fn flush_export(&self, before: &str) -> String {
+        let Some(f) = &self.flush else {
+            return String::new();
+        };
+        let r = f.flush(self.cfg.export.flush_wait).await;
+        if r.complete {
+            tracing::info!("before {before}: {r}");
+        } else {
+            tracing::warn!("before {before}: {r}");
+        }
+        format!("; before {before}: {r}")
     }
 
     /// Reads the lifecycle watcher's readings from `seen` (shared with the lifecycle probe).
@@ -613,11 +638,13 @@ impl AwsControlPlane {
             Err(e) => return Err(calls.fail(e)),
         };
         let already = me.health.as_deref() == Some("Unhealthy");
+        let mut flushed = String::new();
         if already {
             tracing::info!(instance_id = %id.instance_id, "already Unhealthy in Auto Scaling; not marking again");
         } else {
             // Kill switches and, for an instance that holds no slot yet, the budget.
             self.acquire_slot(&mut calls, id, &ecs).await?;
+            flushed = self.flush_export("marking it Unhealthy").await;
             if let Err(e) = self.asg.set_unhealthy(&mut calls, &id.instance_id).await {
                 return Err(calls.fail(e));
             }
@@ -628,6 +655,7 @@ impl AwsControlPlane {
             if already { "already " } else { "" },
             id.instance_id
         );
+        detail.push_str(&flushed);
         if self.cfg.aws.replace_fallback_terminate {
             detail = self
                 .fallback_terminate(&mut calls, order, id, detail)
@@ -706,13 +734,19 @@ impl AwsControlPlane {
             LifecycleResult::Continue => "CONTINUE",
             LifecycleResult::Abandon => "ABANDON",
         };
+        let flushed = match hook {
+            LifecycleHook::Terminate => self.flush_export("completing the terminate hook").await,
+            LifecycleHook::Launch => String::new(),
+        };
         let mut calls = Calls::new();
         match self
             .asg
             .complete_lifecycle(&mut calls, group, name, &id.instance_id, result)
             .await
         {
-            Ok(true) => Ok(calls.done(format!("lifecycle hook {name} completed with {r}"))),
+            Ok(true) => {
+                Ok(calls.done(format!("lifecycle hook {name} completed with {r}{flushed}")))
+            }
             Ok(false) => Ok(calls.done(format!(
                 "no active lifecycle action for hook {name}: already completed or timed out"
             ))),

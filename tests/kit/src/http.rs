@@ -108,11 +108,28 @@ pub async fn serve_http(handler: Handler) -> SocketAddr {
 
 /// A blocking HTTP/1.0 request; None when nothing answers.
 pub fn http_sync(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    http_sync_with(
+        addr,
+        method,
+        path,
+        "Content-Type: application/json\r\n",
+        body,
+    )
+}
+
+/// The same with these header lines (each ending in `\r\n`).
+pub fn http_sync_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .ok()?;

@@ -13,6 +13,8 @@
 //! - [`proxy`]: the recording, fault-injecting HTTP proxy in front of moto (throttling, 5xx,
 //!   and the lifecycle actions moto lacks);
 //! - [`http`]: the small HTTP/1 plumbing both fakes and the proxy use;
+//! - [`export`]: the incident export's AWS side (an EventBridge rule to an SQS queue, the
+//!   queue and the log group read back);
 //! - [`imds`]: a fake IMDSv2 and a fake ECS agent introspection API;
 //! - [`mps`]: NVIDIA's real MPS control daemon in a short pipe directory of our own;
 //! - [`journal`]: reading a state directory's journal the way tests look at it;
@@ -31,6 +33,7 @@
 
 pub mod aws;
 pub mod daemon;
+pub mod export;
 pub mod http;
 pub mod imds;
 pub mod journal;

@@ -36,6 +36,9 @@ enum Reply {
     /// The protocol's own throttling error (ECS `ThrottlingException`, Auto Scaling
     /// `Throttling`), whichever operation it meets.
     Throttle,
+    /// No answer: the connection is closed once the request is read (an unreachable
+    /// endpoint, as the SDK sees it: a dispatch failure).
+    Hangup,
 }
 
 /// An answer the proxy gives itself, `times` times, for one operation ("" = any operation).
@@ -128,6 +131,15 @@ impl Fault {
         }
     }
 
+    /// The next `times` calls of `op` ("" = any operation) get no answer at all.
+    pub fn hangup(op: &str, times: usize) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Hangup,
+        }
+    }
+
     /// (status, content type, body) of the answer to a call of this protocol.
     fn answer(&self, json: bool) -> (u16, &'static str, String) {
         match &self.reply {
@@ -141,6 +153,7 @@ impl Fault {
                 "application/x-amz-json-1.1",
                 r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#.to_string(),
             ),
+            Reply::Hangup => (0, "", String::new()),
             Reply::Throttle => (
                 400,
                 "text/xml",
@@ -363,6 +376,7 @@ async fn handle(
     };
     let injected = fault.is_some();
     let (status, response) = match fault {
+        Some((f, _)) if matches!(f.reply, Reply::Hangup) => (0, Vec::new()),
         Some((f, n)) => {
             let (status, content_type, body) = f.answer(json);
             let resp = format!(

@@ -1,0 +1,334 @@
+//! CloudWatch Logs, as gpu-medic uses it: a log group and stream created if missing
+//! (idempotent), events appended in batches the service accepts ([`Batch`] keeps every limit
+//! of PutLogEvents), and FilterLogEvents for the fleet view, filtered server-side and read
+//! page by page with a cap on what is read.
+//!
+//! The limits (PutLogEvents, CloudWatch Logs API reference): at most 10,000 events and
+//! 1,048,576 bytes per batch, where each event counts its UTF-8 message plus 26 bytes; the
+//! events of one batch span at most 24 hours and are in chronological order. docs/aws.md.
+
+use std::time::Duration;
+
+use aws_sdk_cloudwatchlogs::Client;
+use aws_sdk_cloudwatchlogs::types::InputLogEvent;
+
+use super::calls::{CallError, Calls};
+
+/// Events per PutLogEvents call.
+pub const MAX_BATCH_EVENTS: usize = 10_000;
+/// Bytes per PutLogEvents call, counting [`EVENT_OVERHEAD`] per event.
+pub const MAX_BATCH_BYTES: usize = 1_048_576;
+/// What CloudWatch Logs adds to each event's message size when it sums a batch.
+pub const EVENT_OVERHEAD: usize = 26;
+/// The span from a batch's first to its last event.
+pub const MAX_BATCH_SPAN: Duration = Duration::from_secs(24 * 3600);
+
+/// One event to append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEvent {
+    /// Milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    pub message: String,
+}
+
+/// Why an event does not go into this batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The batch is full (count, bytes or time span): send it, then start the next one.
+    Batch,
+    /// The event alone is larger than a batch may be: it can never be sent.
+    TooLarge,
+}
+
+/// A batch being filled within the PutLogEvents limits. Timestamps are made non-decreasing
+/// (an event stamped before the previous one takes the previous one's stamp).
+#[derive(Debug, Default)]
+pub struct Batch {
+    events: Vec<LogEvent>,
+    bytes: usize,
+    max_events: usize,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        Batch::with_max_events(MAX_BATCH_EVENTS)
+    }
+
+    /// A batch of at most `n` events (≤ [`MAX_BATCH_EVENTS`]).
+    pub fn with_max_events(n: usize) -> Self {
+        Batch {
+            events: Vec::new(),
+            bytes: 0,
+            max_events: n.clamp(1, MAX_BATCH_EVENTS),
+        }
+    }
+
+    /// Adds `e`, or says why it does not fit.
+    pub fn push(&mut self, mut e: LogEvent) -> Result<(), Full> {
+        let size = e.message.len() + EVENT_OVERHEAD;
+        if size > MAX_BATCH_BYTES {
+            return Err(Full::TooLarge);
+        }
+        if self.events.len() >= self.max_events || self.bytes + size > MAX_BATCH_BYTES {
+            return Err(Full::Batch);
+        }
+        if let Some(last) = self.events.last() {
+            e.timestamp_ms = e.timestamp_ms.max(last.timestamp_ms);
+        }
+        if let Some(first) = self.events.first()
+            && e.timestamp_ms - first.timestamp_ms > MAX_BATCH_SPAN.as_millis() as u64
+        {
+            return Err(Full::Batch);
+        }
+        self.bytes += size;
+        self.events.push(e);
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Bytes as CloudWatch Logs counts them.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn events(&self) -> &[LogEvent] {
+        &self.events
+    }
+}
+
+/// What PutLogEvents accepted: the events it rejected (too old, too new, past the group's
+/// retention) are counted, never retried (they would be rejected again).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Accepted {
+    pub rejected: usize,
+}
+
+/// One event FilterLogEvents returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub stream: String,
+    pub timestamp_ms: u64,
+    pub message: String,
+}
+
+/// A FilterLogEvents query.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    pub group: String,
+    /// Only these streams (empty: all).
+    pub streams: Vec<String>,
+    /// A CloudWatch Logs filter pattern, applied by the service.
+    pub pattern: Option<String>,
+    pub start_ms: Option<u64>,
+    /// At most this many events are read; past it `Scan::truncated` says so.
+    pub max_events: usize,
+}
+
+/// How a query's reading ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scan {
+    pub read: usize,
+    pub truncated: bool,
+}
+
+/// The CloudWatch Logs calls gpu-medic makes.
+#[derive(Clone)]
+pub struct Logs {
+    client: Client,
+}
+
+impl Logs {
+    pub fn new(client: Client) -> Self {
+        Logs { client }
+    }
+
+    /// Creates the log group unless it exists.
+    pub async fn ensure_group(&self, calls: &mut Calls, group: &str) -> Result<(), CallError> {
+        let r = self
+            .client
+            .create_log_group()
+            .log_group_name(group)
+            .send()
+            .await;
+        already_ok(calls.track("CreateLogGroup", r))
+    }
+
+    /// Creates the log stream unless it exists.
+    pub async fn ensure_stream(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+        stream: &str,
+    ) -> Result<(), CallError> {
+        let r = self
+            .client
+            .create_log_stream()
+            .log_group_name(group)
+            .log_stream_name(stream)
+            .send()
+            .await;
+        already_ok(calls.track("CreateLogStream", r))
+    }
+
+    /// Appends a batch (in order, as [`Batch`] built it).
+    pub async fn put(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+        stream: &str,
+        batch: &Batch,
+    ) -> Result<Accepted, CallError> {
+        let mut events = Vec::with_capacity(batch.len());
+        for e in batch.events() {
+            let ev = InputLogEvent::builder()
+                .timestamp(i64::try_from(e.timestamp_ms).unwrap_or(i64::MAX))
+                .message(e.message.clone())
+                .build()
+                .map_err(|err| CallError::terminal("PutLogEvents", err.to_string()))?;
+            events.push(ev);
+        }
+        let r = self
+            .client
+            .put_log_events()
+            .log_group_name(group)
+            .log_stream_name(stream)
+            .set_log_events(Some(events))
+            .send()
+            .await;
+        let out = calls.quiet("PutLogEvents", r)?;
+        let n = batch.len();
+        let rejected = out.rejected_log_events_info().map_or(0, |info| {
+            // Indexes into the batch: events before `too_old`/`expired` end (inclusive) and
+            // from `too_new` start on were not stored.
+            let old = info
+                .too_old_log_event_end_index()
+                .max(info.expired_log_event_end_index())
+                .map_or(0, |i| usize::try_from(i + 1).unwrap_or(0));
+            let new = info
+                .too_new_log_event_start_index()
+                .map_or(0, |i| n.saturating_sub(usize::try_from(i).unwrap_or(n)));
+            (old + new).min(n)
+        });
+        Ok(Accepted { rejected })
+    }
+
+    /// Runs `q`, handing each event to `f` in the order the service returns them (per
+    /// stream, by time). Reads at most `q.max_events` events.
+    pub async fn filter(
+        &self,
+        calls: &mut Calls,
+        q: &Query,
+        mut f: impl FnMut(Found),
+    ) -> Result<Scan, CallError> {
+        let mut scan = Scan::default();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = self
+                .client
+                .filter_log_events()
+                .log_group_name(&q.group)
+                .set_filter_pattern(q.pattern.clone())
+                .set_next_token(token.take());
+            if !q.streams.is_empty() {
+                req = req.set_log_stream_names(Some(q.streams.clone()));
+            }
+            if let Some(s) = q.start_ms {
+                req = req.start_time(i64::try_from(s).unwrap_or(i64::MAX));
+            }
+            let out = calls.quiet("FilterLogEvents", req.send().await)?;
+            for e in out.events() {
+                if scan.read >= q.max_events {
+                    scan.truncated = true;
+                    return Ok(scan);
+                }
+                scan.read += 1;
+                f(Found {
+                    stream: e.log_stream_name().unwrap_or_default().to_string(),
+                    timestamp_ms: e
+                        .timestamp()
+                        .and_then(|t| u64::try_from(t).ok())
+                        .unwrap_or(0),
+                    message: e.message().unwrap_or_default().to_string(),
+                });
+            }
+            match out.next_token() {
+                Some(t) if !t.is_empty() && !out.events().is_empty() => token = Some(t.into()),
+                _ => return Ok(scan),
+            }
+        }
+    }
+}
+
+/// A create call that found the resource already there succeeded.
+fn already_ok<T>(r: Result<T, CallError>) -> Result<(), CallError> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if e.code.as_deref() == Some("ResourceAlreadyExistsException") => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether PutLogEvents failed because the group or stream is gone (create them again).
+pub fn is_missing(e: &CallError) -> bool {
+    e.code.as_deref() == Some("ResourceNotFoundException")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(t: u64, len: usize) -> LogEvent {
+        LogEvent {
+            timestamp_ms: t,
+            message: "x".repeat(len),
+        }
+    }
+
+    #[test]
+    fn a_batch_keeps_every_put_log_events_limit() {
+        let mut b = Batch::new();
+        for i in 0..MAX_BATCH_EVENTS as u64 {
+            b.push(ev(1_000 + i, 1)).unwrap();
+        }
+        assert_eq!(b.push(ev(20_000, 1)), Err(Full::Batch), "count");
+
+        let mut b = Batch::new();
+        let big = MAX_BATCH_BYTES / 4 - EVENT_OVERHEAD;
+        for _ in 0..4 {
+            b.push(ev(1, big)).unwrap();
+        }
+        assert_eq!(b.bytes(), MAX_BATCH_BYTES);
+        assert_eq!(
+            b.push(ev(1, 0)),
+            Err(Full::Batch),
+            "bytes, overhead counted"
+        );
+        assert_eq!(
+            Batch::new().push(ev(1, MAX_BATCH_BYTES)),
+            Err(Full::TooLarge)
+        );
+
+        let mut b = Batch::new();
+        b.push(ev(0, 1)).unwrap();
+        let day = MAX_BATCH_SPAN.as_millis() as u64;
+        b.push(ev(day, 1)).unwrap();
+        assert_eq!(b.push(ev(day + 1, 1)), Err(Full::Batch), "24 h span");
+    }
+
+    #[test]
+    fn timestamps_never_go_backwards_within_a_batch() {
+        let mut b = Batch::new();
+        b.push(ev(500, 1)).unwrap();
+        b.push(ev(400, 1)).unwrap();
+        b.push(ev(600, 1)).unwrap();
+        let t: Vec<u64> = b.events().iter().map(|e| e.timestamp_ms).collect();
+        assert_eq!(t, [500, 500, 600]);
+    }
+}
