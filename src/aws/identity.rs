@@ -15,8 +15,6 @@
 use std::time::Duration;
 
 use aws_sdk_ecs::config::SharedHttpClient;
-use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::asg::Asg;
@@ -60,14 +58,7 @@ impl IdentityError {
     }
 }
 
-/// What the ECS agent's `/v1/metadata` returns.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct AgentMetadata {
-    #[serde(rename = "Cluster", default)]
-    pub cluster: Option<String>,
-    #[serde(rename = "ContainerInstanceArn", default)]
-    pub container_instance_arn: Option<String>,
-}
+pub use super::agent::AgentMetadata;
 
 /// The cluster and container instance as far as `[identity]` and the ECS agent tell, without
 /// a call to AWS. `note` says why the agent did not help, when it did not.
@@ -249,44 +240,12 @@ pub async fn agent_metadata_retrying(url: &str, wait: Duration) -> Result<AgentM
     }
 }
 
-/// One `GET <agent_url>/v1/metadata`. A plain HTTP/1.0 request: the introspection API is
-/// local, unencrypted and tiny, which does not warrant an HTTP client of its own.
+/// One `GET <agent_url>/v1/metadata` ([`super::agent::Agent`]).
 pub async fn agent_metadata(url: &str) -> Result<AgentMetadata, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
-    let (authority, base) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-        None => (rest, ""),
-    };
-    let addr = if authority.contains(':') {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    };
-    let io = async {
-        let mut s = tokio::net::TcpStream::connect(&addr).await?;
-        let req = format!(
-            "GET {base}/v1/metadata HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).await?;
-        let mut buf = Vec::new();
-        s.take(1 << 20).read_to_end(&mut buf).await?;
-        Ok::<_, std::io::Error>(buf)
-    };
-    let buf = tokio::time::timeout(Duration::from_secs(3), io)
+    super::agent::Agent::new(url)
+        .metadata()
         .await
-        .map_err(|_| format!("{url}: no answer within 3s"))?
-        .map_err(|e| format!("{url}: {e}"))?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("{url}: malformed HTTP response"))?;
-    let status = head.split_whitespace().nth(1).unwrap_or("?");
-    if status != "200" {
-        return Err(format!("{url}/v1/metadata: HTTP {status}"));
-    }
-    serde_json::from_str(body).map_err(|e| format!("{url}/v1/metadata: {e}"))
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
