@@ -82,7 +82,8 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
         w.append(&note(i, "before the outage")).unwrap();
     }
     let x = Exporter::with_sdk(&cfg, &sdk);
-    assert!(x.flush.flush(Duration::from_secs(10)).await.complete);
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
     assert_eq!(log_records(&sdk, &group, None).await.len(), 3);
     let cursor = std::fs::read(dir.path().join("export/logs.cursor.json")).unwrap();
 
@@ -124,7 +125,8 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
     std::fs::write(dir.path().join("export/logs.cursor.json"), cursor).unwrap();
     w.append(&closed(20)).unwrap();
     let x = Exporter::with_sdk(&cfg, &sdk);
-    assert!(x.flush.flush(Duration::from_secs(10)).await.complete);
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
     x.finish(Duration::from_secs(1)).await;
     let counts = id_counts(&log_records(&sdk, &group, None).await);
     assert_eq!(counts.len(), 21);
@@ -208,7 +210,8 @@ async fn the_terminate_hook_is_completed_after_the_flush_or_the_bounded_wait() {
         let mut w = JsonlWriter::open(&cfg.incidents_path()).unwrap();
         w.append(&note(1, "before the hook")).unwrap();
         let x = Exporter::with_sdk(&cfg, &sdk);
-        assert!(x.flush.flush(Duration::from_secs(10)).await.complete);
+        let r = x.flush.flush(Duration::from_secs(10)).await;
+        assert!(r.complete, "{r}");
         proxy.lifecycle_wait(&cfg.lifecycle.terminate_hook, &me.instance_id);
         proxy.fault(aws::Fault::hangup("PutLogEvents", 100_000));
         w.append(&note(1, "the last words")).unwrap();

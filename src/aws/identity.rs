@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use aws_sdk_ecs::config::SharedHttpClient;
-use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::asg::Asg;
@@ -59,14 +58,7 @@ impl IdentityError {
     }
 }
 
-/// What the ECS agent's `/v1/metadata` returns.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct AgentMetadata {
-    #[serde(rename = "Cluster", default)]
-    pub cluster: Option<String>,
-    #[serde(rename = "ContainerInstanceArn", default)]
-    pub container_instance_arn: Option<String>,
-}
+pub use super::agent::AgentMetadata;
 
 /// The cluster and container instance as far as `[identity]` and the ECS agent tell, without
 /// a call to AWS. `note` says why the agent did not help, when it did not.
@@ -248,9 +240,12 @@ pub async fn agent_metadata_retrying(url: &str, wait: Duration) -> Result<AgentM
     }
 }
 
-/// One `GET <agent_url>/v1/metadata` (see [`crate::aws::agent::get_json`]).
+/// One `GET <agent_url>/v1/metadata` ([`super::agent::Agent`]).
 pub async fn agent_metadata(url: &str) -> Result<AgentMetadata, String> {
-    crate::aws::agent::get_json(url, "/v1/metadata").await
+    super::agent::Agent::new(url)
+        .metadata()
+        .await
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

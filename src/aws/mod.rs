@@ -2,9 +2,10 @@
 //! environment and profiles, rustls on ring as the only TLS stack, a pinned behaviour version,
 //! timeouts so a hung endpoint cannot outlive an order's deadline), thin wrappers over the ECS
 //! and Auto Scaling calls gpu-medic makes ([`ecs`], [`asg`]), the classification of every call's
-//! outcome ([`calls`]), IMDSv2 ([`imds`]), this instance's identity, discovered once
-//! ([`identity`]), lifecycle-hook heartbeats ([`heartbeat`]), and where incidents are shipped:
-//! CloudWatch Logs ([`logs`]) and EventBridge ([`events`]).
+//! outcome ([`calls`]), IMDSv2 ([`imds`]), the ECS agent's introspection API ([`agent`]), this
+//! instance's identity, discovered once ([`identity`]), lifecycle-hook heartbeats
+//! ([`heartbeat`]), and where incidents are shipped: CloudWatch Logs ([`logs`]) and
+//! EventBridge ([`events`]).
 //!
 //! Probes, remedies and the launch gate build on these; nothing here imports a probe, a remedy,
 //! the engine or the CLI. The call sequences and moto's gaps: docs/aws.md.

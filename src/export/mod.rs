@@ -378,7 +378,11 @@ impl Lane {
     async fn destination(&self) -> Result<Destination, String> {
         self.dest
             .get_or_try_init(|| async {
-                let view = crate::aws::identity::agent_view(&self.cfg).await;
+                // Only the cluster is needed: `[identity]` names it, or the agent does.
+                let cluster = match &self.cfg.identity.cluster {
+                    Some(c) => c.clone(),
+                    None => crate::aws::identity::agent_view(&self.cfg).await.cluster,
+                };
                 let instance_id = crate::aws::identity::instance_id(
                     &self.cfg,
                     self.http.clone(),
@@ -387,8 +391,8 @@ impl Lane {
                 .await
                 .map_err(|e| format!("cannot name this instance's stream: {e}"))?;
                 let d = Destination {
-                    log_group: self.cfg.export.log_group_for(&view.cluster),
-                    cluster: view.cluster,
+                    log_group: self.cfg.export.log_group_for(&cluster),
+                    cluster,
                     instance_id,
                 };
                 tracing::info!(log_group = %d.log_group, stream = %d.instance_id, "export: destination");

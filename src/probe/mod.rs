@@ -79,7 +79,9 @@ pub fn sources(
     }
     if cfg.mps.enabled {
         out.push(Box::new(
-            mps::MpsSource::new(cfg.mps.clone(), mps.clone()).resuming_from(cfg.state_path()),
+            mps::MpsSource::new(cfg.mps.clone(), mps.clone())
+                .resuming_from(cfg.state_path())
+                .naming_tasks_with(crate::aws::agent::Agent::new(&cfg.ecs.agent_url)),
         ));
     }
     if cfg.aws.enabled && cfg.lifecycle.enabled {

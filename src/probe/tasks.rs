@@ -1,10 +1,17 @@
-//! Which ECS task a process belongs to, from `/proc/<pid>/cgroup`, so an incident can name
-//! the tasks that were on a faulting GPU.
+//! Which ECS task and container a process belongs to, so an incident can name the tasks that
+//! were on a faulting GPU and stop-tasks can stop exactly those.
 //!
-//! Layouts (docs/mps.md#client-pid-to-ecs-task): cgroup v2 with task limits
-//! `0::/ecstasks.slice/ecstasks-<taskId>.slice/docker-<id>.scope`; cgroup v1 `/ecs/<taskId>/<id>`.
+//! Two steps (docs/mps.md#client-pid-to-ecs-task): `/proc/<pid>/cgroup` gives the task id
+//! (when ECS made task cgroups) and the Docker container id; the ECS agent's introspection
+//! `/v1/tasks` maps the container id to its task ARN, family and container name. Layouts: cgroup
+//! v2 with task limits `0::/ecstasks.slice/ecstasks-<taskId>.slice/docker-<id>.scope`; cgroup v1
+//! `/ecs/<taskId>/<id>`; without task cgroups Docker's own `docker-<id>.scope` or `/docker/<id>`,
+//! where only the agent knows the task. A pid that cannot be named is named by pid with why.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use crate::aws::agent::{Agent, AgentTask};
+use crate::model::{Observation, Signal};
 
 /// The ECS task id in a cgroup file's text, if the process runs in an ECS task.
 pub fn task_id_from_cgroup(text: &str) -> Option<String> {
@@ -48,25 +55,6 @@ fn is_task_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
-/// The ECS task id of one process, or why there is none (gone, not in an ECS task).
-pub fn task_of(proc_root: &Path, pid: u32) -> Result<String, String> {
-    let path = proc_root.join(pid.to_string()).join("cgroup");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err("exited before it could be looked up".into());
-        }
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-    };
-    task_id_from_cgroup(&text).ok_or_else(|| {
-        let first = text.lines().next().unwrap_or("").trim();
-        format!(
-            "not in an ECS task: cgroup {}",
-            crate::mps::control::clip(first, 120)
-        )
-    })
-}
-
 /// The ECS task ids of `pids`, in order, without duplicates; processes outside ECS tasks or
 /// already gone are left out.
 pub fn task_ids(proc_root: &Path, pids: &[u32]) -> Vec<String> {
@@ -83,6 +71,275 @@ pub fn task_ids(proc_root: &Path, pids: &[u32]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The Docker container id in a cgroup file's text: the last path part that is
+/// `docker-<id>.scope` (systemd driver), or the part after `docker` or after `ecs/<taskId>`
+/// (cgroupfs driver). Ids are hex, 12 to 64 digits.
+pub fn container_id_from_cgroup(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        for (i, part) in parts.iter().enumerate().rev() {
+            let candidate = if let Some(rest) = part.strip_prefix("docker-") {
+                rest.strip_suffix(".scope")
+            } else if (i >= 1 && parts[i - 1] == "docker") || (i >= 2 && parts[i - 2] == "ecs") {
+                Some(*part)
+            } else {
+                None
+            };
+            if let Some(id) = candidate
+                && is_container_id(id)
+            {
+                return Some(id.to_string());
+            }
+        }
+    }
+    None
+}
+
+fn is_container_id(s: &str) -> bool {
+    (12..=64).contains(&s.len()) && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Where a process runs, as far as its cgroup tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub task_id: Option<String>,
+    pub container_id: Option<String>,
+}
+
+/// The task and container of one process, or why there is none (gone, unreadable, in no
+/// container at all).
+pub fn placement_of(proc_root: &Path, pid: u32) -> Result<Placement, String> {
+    let path = proc_root.join(pid.to_string()).join("cgroup");
+    let text = match crate::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file") {
+        Ok(t) => t,
+        Err(crate::limits::ReadError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Err("exited before it could be looked up".into());
+        }
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let p = Placement {
+        task_id: task_id_from_cgroup(&text),
+        container_id: container_id_from_cgroup(&text),
+    };
+    if p.task_id.is_none() && p.container_id.is_none() {
+        let first = text.lines().next().unwrap_or("").trim();
+        return Err(format!(
+            "not in a container: cgroup {}",
+            crate::mps::control::clip(first, 120)
+        ));
+    }
+    Ok(p)
+}
+
+/// `/proc/<pid>/cgroup` has one line per hierarchy (a dozen under v1): 64 KiB is plenty.
+const CGROUP_FILE_MAX: u64 = 64 << 10;
+
+/// One task named for an incident.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedTask {
+    /// What StopTask is given: the task ARN from the agent, or the task id from the cgroup
+    /// when the agent did not know it (StopTask takes either).
+    pub target: String,
+    /// `family:revision`, from the agent.
+    pub definition: Option<String>,
+    /// The containers of the task the pids run in (names from the task definition).
+    pub containers: Vec<String>,
+    pub pids: Vec<u32>,
+    /// Why the agent did not tell more, when it did not.
+    pub note: Option<String>,
+}
+
+impl std::fmt::Display for NamedTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (", self.target)?;
+        if let Some(d) = &self.definition {
+            write!(f, "{d}; ")?;
+        }
+        if !self.containers.is_empty() {
+            write!(f, "container {}; ", self.containers.join(", "))?;
+        }
+        let pids: Vec<String> = self.pids.iter().map(u32::to_string).collect();
+        write!(f, "pid {}", pids.join(", "))?;
+        if let Some(n) = &self.note {
+            write!(f, "; {n}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// The tasks of a set of pids, and the pids that could not be named, with why.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Naming {
+    pub tasks: Vec<NamedTask>,
+    pub unresolved: Vec<(u32, String)>,
+}
+
+/// Names the tasks of `placements` with the agent's task list (or why there is none). Pure:
+/// the cgroups were read and the agent asked by the caller.
+pub fn name_tasks(
+    placements: &[(u32, Result<Placement, String>)],
+    agent: Result<&[AgentTask], &str>,
+) -> Naming {
+    let mut out = Naming::default();
+    for (pid, placement) in placements {
+        let p = match placement {
+            Ok(p) => p,
+            Err(why) => {
+                out.unresolved.push((*pid, why.clone()));
+                continue;
+            }
+        };
+        let short = |c: &str| c.chars().take(12).collect::<String>();
+        let found = match agent {
+            Ok(tasks) => {
+                let by_container = p.container_id.as_deref().and_then(|c| {
+                    tasks
+                        .iter()
+                        .find_map(|t| t.container(c).map(|k| (t, Some(k.name.clone()))))
+                });
+                let by_task = || {
+                    p.task_id
+                        .as_deref()
+                        .and_then(|id| tasks.iter().find(|t| t.id() == id).map(|t| (t, None)))
+                };
+                match by_container.or_else(by_task) {
+                    Some((t, container)) => Ok((
+                        t.arn.clone(),
+                        Some(format!("{}:{}", t.family, t.version)),
+                        container,
+                        None,
+                    )),
+                    None => Err(format!(
+                        "the ECS agent lists no task with {}",
+                        match (&p.container_id, &p.task_id) {
+                            (Some(c), _) => format!("container {}", short(c)),
+                            (None, Some(t)) => format!("id {t}"),
+                            (None, None) => "it".into(),
+                        }
+                    )),
+                }
+            }
+            Err(why) => Err(format!("ECS agent: {why}")),
+        };
+        let (target, definition, container, note) = match (found, &p.task_id) {
+            (Ok(named), _) => named,
+            // Stoppable by its id even though the agent could not tell more.
+            (Err(why), Some(id)) => (id.clone(), None, None, Some(why)),
+            (Err(why), None) => {
+                let c = p.container_id.as_deref().map(short).unwrap_or_default();
+                out.unresolved
+                    .push((*pid, format!("container {c}, not an ECS task's: {why}")));
+                continue;
+            }
+        };
+        match out.tasks.iter_mut().find(|t| t.target == target) {
+            Some(t) => {
+                if let Some(c) = container
+                    && !t.containers.contains(&c)
+                {
+                    t.containers.push(c);
+                }
+                if !t.pids.contains(pid) {
+                    t.pids.push(*pid);
+                }
+            }
+            None => out.tasks.push(NamedTask {
+                target,
+                definition,
+                containers: container.into_iter().collect(),
+                pids: vec![*pid],
+                note,
+            }),
+        }
+    }
+    out
+}
+
+/// Names the tasks of server faults as they are read: cgroups first (at once, while the
+/// poisoned clients still run), then one `/v1/tasks` for all of them.
+#[derive(Debug, Clone)]
+pub struct TaskNamer {
+    proc_root: PathBuf,
+    /// None: no agent to ask (tasks are named by the ids in their cgroups only).
+    agent: Option<Agent>,
+}
+
+impl TaskNamer {
+    pub fn new(agent: Option<Agent>) -> TaskNamer {
+        TaskNamer {
+            proc_root: PathBuf::from("/proc"),
+            agent,
+        }
+    }
+
+    /// Reads cgroups under another `/proc` (unit tests).
+    pub fn with_proc_root(mut self, proc_root: &Path) -> TaskNamer {
+        self.proc_root = proc_root.to_path_buf();
+        self
+    }
+
+    /// Sets `tasks` (what stop-tasks stops) and extends the detail of every server fault in
+    /// `obs` that names client pids; other observations are left as they are.
+    pub async fn name(&self, obs: &mut [Observation]) {
+        let wanted = |o: &Observation| {
+            o.signal == Signal::MpsServerFault && !o.pids.is_empty() && o.tasks.is_empty()
+        };
+        let mut placements: Vec<(u32, Result<Placement, String>)> = Vec::new();
+        for o in obs.iter().filter(|o| wanted(o)) {
+            for pid in &o.pids {
+                if !placements.iter().any(|(p, _)| p == pid) {
+                    placements.push((*pid, placement_of(&self.proc_root, *pid)));
+                }
+            }
+        }
+        if placements.is_empty() {
+            return;
+        }
+        let agent: Result<Vec<AgentTask>, String> = if placements.iter().all(|(_, p)| p.is_err()) {
+            Ok(Vec::new())
+        } else {
+            match &self.agent {
+                Some(a) => a.tasks().await.map_err(|e| e.to_string()),
+                None => Err("no agent URL configured".into()),
+            }
+        };
+        if let Err(e) = &agent {
+            tracing::warn!(probe = "mps", "naming the tasks of a server fault: {e}");
+        }
+        for o in obs.iter_mut().filter(|o| wanted(o)) {
+            let mine: Vec<(u32, Result<Placement, String>)> = placements
+                .iter()
+                .filter(|(p, _)| o.pids.contains(p))
+                .cloned()
+                .collect();
+            let naming = name_tasks(&mine, agent.as_deref().map_err(String::as_str));
+            apply(o, &naming);
+        }
+    }
+}
+
+/// Writes a naming into an observation: the targets into `tasks`, the names into the detail.
+fn apply(o: &mut Observation, naming: &Naming) {
+    o.tasks = naming.tasks.iter().map(|t| t.target.clone()).collect();
+    let mut detail = o.detail.take().unwrap_or_default();
+    if !naming.tasks.is_empty() {
+        let named: Vec<String> = naming.tasks.iter().map(NamedTask::to_string).collect();
+        detail.push_str(&format!("; ECS tasks: {}", named.join(", ")));
+    }
+    if !naming.unresolved.is_empty() {
+        let why: Vec<String> = naming
+            .unresolved
+            .iter()
+            .map(|(pid, why)| format!("pid {pid} ({why})"))
+            .collect();
+        detail.push_str(&format!("; no ECS task for {}", why.join(", ")));
+    }
+    o.detail = Some(detail);
 }
 
 #[cfg(test)]
@@ -129,26 +386,190 @@ mod tests {
         assert_eq!(task_id_from_cgroup("0::/user.slice/user-0.slice\n"), None);
     }
 
+    const CID_A: &str = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+    const CID_B: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+    const CID_C: &str = "1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
+
     #[test]
-    fn one_pid_resolves_or_says_why_not() {
-        let dir = tempfile::tempdir().unwrap();
-        for (pid, cg) in [
+    fn container_ids_in_every_documented_layout() {
+        for (text, want) in [
             (
-                10,
-                "0::/ecstasks.slice/ecstasks-aa11.slice/docker-1.scope\n",
+                format!("0::/ecstasks.slice/ecstasks-aa11.slice/docker-{CID_A}.scope\n"),
+                Some(CID_A),
             ),
-            (12, "0::/system.slice/sshd.service\n"),
+            (format!("12:memory:/ecs/aa11/{CID_A}\n"), Some(CID_A)),
+            (
+                format!("0::/system.slice/docker-{CID_B}.scope\n"),
+                Some(CID_B),
+            ),
+            (format!("4:pids:/docker/{CID_B}\n"), Some(CID_B)),
+            ("0::/system.slice/docker.service\n".into(), None),
+            ("0::/ecs/aa11\n".into(), None),
+            ("0::/system.slice/docker-xyz.scope\n".into(), None),
+            ("garbage without colons".into(), None),
         ] {
+            assert_eq!(container_id_from_cgroup(&text).as_deref(), want, "{text}");
+        }
+    }
+
+    fn proc_tree(entries: &[(u32, String)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, cg) in entries {
             std::fs::create_dir_all(dir.path().join(pid.to_string())).unwrap();
             std::fs::write(dir.path().join(format!("{pid}/cgroup")), cg).unwrap();
         }
-        assert_eq!(task_of(dir.path(), 10).as_deref(), Ok("aa11"));
-        let e = task_of(dir.path(), 11).unwrap_err();
+        dir
+    }
+
+    #[test]
+    fn one_pid_is_placed_or_says_why_not() {
+        let dir = proc_tree(&[
+            (
+                10,
+                format!("0::/ecstasks.slice/ecstasks-aa11.slice/docker-{CID_A}.scope\n"),
+            ),
+            (12, "0::/system.slice/sshd.service\n".into()),
+        ]);
+        let p = placement_of(dir.path(), 10).unwrap();
+        assert_eq!(p.task_id.as_deref(), Some("aa11"));
+        assert_eq!(p.container_id.as_deref(), Some(CID_A));
+        let e = placement_of(dir.path(), 11).unwrap_err();
         assert!(e.contains("exited"), "{e}");
-        let e = task_of(dir.path(), 12).unwrap_err();
+        let e = placement_of(dir.path(), 12).unwrap_err();
         assert!(
-            e.contains("not in an ECS task") && e.contains("sshd"),
+            e.contains("not in a container") && e.contains("sshd"),
             "{e}"
+        );
+    }
+
+    fn task(arn: &str, containers: &[(&str, &str)]) -> AgentTask {
+        AgentTask {
+            arn: arn.into(),
+            family: "trainer".into(),
+            version: "3".into(),
+            desired_status: "RUNNING".into(),
+            known_status: "RUNNING".into(),
+            containers: containers
+                .iter()
+                .map(|(id, name)| crate::aws::agent::AgentContainer {
+                    docker_id: id.to_string(),
+                    docker_name: format!("ecs-{name}"),
+                    name: name.to_string(),
+                })
+                .collect(),
+        }
+    }
+
+    fn placed(task: Option<&str>, container: Option<&str>) -> Result<Placement, String> {
+        Ok(Placement {
+            task_id: task.map(str::to_string),
+            container_id: container.map(str::to_string),
+        })
+    }
+
+    #[test]
+    fn the_agent_turns_containers_into_task_arns_and_names() {
+        let tasks = [
+            task(
+                "arn:aws:ecs:us-east-1:1:task/c/aa11",
+                &[(CID_A, "main"), (CID_C, "sidecar")],
+            ),
+            task("arn:aws:ecs:us-east-1:1:task/c/bb22", &[(CID_B, "worker")]),
+        ];
+        let placements = vec![
+            (1, placed(Some("aa11"), Some(CID_A))),
+            (2, placed(Some("aa11"), Some(CID_C))),
+            // No task cgroups: only the agent knows the task.
+            (3, placed(None, Some(CID_B))),
+            (4, placed(None, Some(&CID_B.replace('f', "e")))),
+            (5, Err("exited before it could be looked up".into())),
+            // A task cgroup the agent has forgotten: stoppable by its id.
+            (6, placed(Some("cc33"), None)),
+        ];
+        let n = name_tasks(&placements, Ok(&tasks));
+        let targets: Vec<&str> = n.tasks.iter().map(|t| t.target.as_str()).collect();
+        assert_eq!(
+            targets,
+            [
+                "arn:aws:ecs:us-east-1:1:task/c/aa11",
+                "arn:aws:ecs:us-east-1:1:task/c/bb22",
+                "cc33"
+            ]
+        );
+        assert_eq!(
+            n.tasks[0].to_string(),
+            "arn:aws:ecs:us-east-1:1:task/c/aa11 (trainer:3; container main, sidecar; pid 1, 2)"
+        );
+        assert_eq!(n.tasks[1].containers, ["worker"]);
+        assert!(
+            n.tasks[2]
+                .note
+                .as_deref()
+                .unwrap()
+                .contains("lists no task with id cc33"),
+            "{:?}",
+            n.tasks[2]
+        );
+        assert_eq!(n.unresolved.len(), 2, "{:?}", n.unresolved);
+        assert_eq!(n.unresolved[0].0, 4);
+        assert!(
+            n.unresolved[0].1.contains("not an ECS task's"),
+            "{:?}",
+            n.unresolved
+        );
+        assert_eq!(n.unresolved[1].0, 5);
+    }
+
+    #[test]
+    fn without_the_agent_task_ids_still_name_and_containers_say_why() {
+        let placements = vec![
+            (1, placed(Some("aa11"), Some(CID_A))),
+            (3, placed(None, Some(CID_B))),
+        ];
+        let n = name_tasks(&placements, Err("connection refused"));
+        assert_eq!(n.tasks.len(), 1);
+        assert_eq!(n.tasks[0].target, "aa11");
+        assert!(
+            n.tasks[0]
+                .to_string()
+                .contains("ECS agent: connection refused")
+        );
+        assert_eq!(n.unresolved.len(), 1);
+        assert!(n.unresolved[0].1.contains("ECS agent: connection refused"));
+    }
+
+    #[tokio::test]
+    async fn the_namer_fills_server_faults_only_and_asks_no_agent_for_nothing() {
+        let dir = proc_tree(&[(
+            10,
+            format!("0::/ecstasks.slice/ecstasks-aa11.slice/docker-{CID_A}.scope\n"),
+        )]);
+        // An agent URL nothing listens on: its error is the note.
+        let namer =
+            TaskNamer::new(Some(Agent::new("http://127.0.0.1:9"))).with_proc_root(dir.path());
+        let mut obs = vec![
+            Observation::new(Signal::MpsServerFault)
+                .with_pids(vec![10, 11])
+                .with_detail("fault"),
+            Observation::new(Signal::MpsCrashLoop).with_pids(vec![10]),
+        ];
+        namer.name(&mut obs).await;
+        assert_eq!(obs[0].tasks, ["aa11"]);
+        let d = obs[0].detail.as_deref().unwrap();
+        assert!(d.contains("ECS tasks: aa11 (pid 10; ECS agent:"), "{d}");
+        assert!(d.contains("no ECS task for pid 11 (exited"), "{d}");
+        assert!(obs[1].tasks.is_empty(), "only server faults name tasks");
+
+        // Only gone pids: nothing to ask the agent (a missing agent is not even noted).
+        let mut gone = vec![Observation::new(Signal::MpsServerFault).with_pids(vec![77])];
+        TaskNamer::new(None)
+            .with_proc_root(dir.path())
+            .name(&mut gone)
+            .await;
+        let d = gone[0].detail.as_deref().unwrap();
+        assert_eq!(
+            d,
+            "; no ECS task for pid 77 (exited before it could be looked up)"
         );
     }
 

@@ -312,34 +312,6 @@ pub fn observe(events: Vec<LogEvent>, crashes: &mut CrashWindow) -> Vec<Observat
     out
 }
 
-/// Names the ECS tasks of a server fault's sticky clients (their cgroups, read now, while
-/// the poisoned clients still hold the GPU), for the incident and the stop-tasks order; a
-/// client that cannot be resolved is named by pid with why.
-pub fn name_tasks(o: &mut Observation, proc_root: &Path) {
-    if o.signal != Signal::MpsServerFault || o.pids.is_empty() || !o.tasks.is_empty() {
-        return;
-    }
-    let mut unresolved = Vec::new();
-    for pid in &o.pids {
-        match crate::probe::tasks::task_of(proc_root, *pid) {
-            Ok(task) => {
-                if !o.tasks.contains(&task) {
-                    o.tasks.push(task);
-                }
-            }
-            Err(why) => unresolved.push(format!("pid {pid} ({why})")),
-        }
-    }
-    let mut detail = o.detail.take().unwrap_or_default();
-    if !o.tasks.is_empty() {
-        detail.push_str(&format!("; ECS tasks: {}", o.tasks.join(", ")));
-    }
-    if !unresolved.is_empty() {
-        detail.push_str(&format!("; no ECS task for {}", unresolved.join(", ")));
-    }
-    o.detail = Some(detail);
-}
-
 /// Follows one file by offset.
 #[derive(Debug)]
 pub struct Tail {
@@ -612,9 +584,6 @@ impl LogWatch {
         if let Some(j) = &mut self.journal {
             out.extend(j.poll(&mut self.crashes));
         }
-        for o in &mut out {
-            name_tasks(o, Path::new("/proc"));
-        }
         out
     }
 }
@@ -623,28 +592,6 @@ impl LogWatch {
 mod tests {
     use super::*;
     use std::io::Write;
-
-    #[test]
-    fn a_server_fault_names_its_clients_tasks_or_says_why_not() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("11641")).unwrap();
-        std::fs::write(
-            dir.path().join("11641/cgroup"),
-            "0::/ecstasks.slice/ecstasks-3f1c9c2e8a7b4d0f.slice/docker-0a1b.scope\n",
-        )
-        .unwrap();
-        let mut o = Observation::new(Signal::MpsServerFault)
-            .with_pids(vec![11641, 11643])
-            .with_detail("fault");
-        name_tasks(&mut o, dir.path());
-        assert_eq!(o.tasks, vec!["3f1c9c2e8a7b4d0f".to_string()]);
-        let d = o.detail.unwrap();
-        assert!(d.contains("ECS tasks: 3f1c9c2e8a7b4d0f"), "{d}");
-        assert!(d.contains("no ECS task for pid 11643 (exited"), "{d}");
-        let mut loop_ = Observation::new(Signal::MpsCrashLoop).with_pids(vec![11641]);
-        name_tasks(&mut loop_, dir.path());
-        assert!(loop_.tasks.is_empty(), "only server faults name tasks");
-    }
 
     fn events(lines: &[&str]) -> Vec<LogEvent> {
         let mut p = Parser::default();

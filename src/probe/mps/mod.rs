@@ -30,7 +30,8 @@
 //! While a restart holds the control lock the probe skips its turn: the restart's outcome
 //! speaks for the daemon. The daemon's lines (`control.log` and `server.log`, or the unit's
 //! journal for a daemon run with `-f`, per `[mps] logs`) are read each turn for server crash
-//! loops and fatal faults ([`logs`], [`journald`]). Process identity: [`procs`]. The control client
+//! loops and fatal faults ([`logs`], [`journald`]); a fault's client pids are named as ECS tasks
+//! ([`super::tasks`]). Process identity: [`procs`]. The control client
 //! and its lock are shared with the remedy ([`control`]).
 
 pub mod journald;
@@ -44,7 +45,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::logs::LogWatch;
+use super::tasks::TaskNamer;
 use super::{ProbeError, Snapshot, SnapshotReport};
+use crate::aws::agent::Agent;
 use crate::config::{MpsConfig, MpsManage};
 use crate::model::{Observation, Signal};
 use crate::mps::control::{ControlClient, ControlError};
@@ -69,6 +72,8 @@ pub struct MpsProbe {
     recovered: Option<Observation>,
     /// The daemon's unit under `manage = "systemd"`.
     unit: Option<UnitWatch>,
+    /// Names the ECS tasks of a server fault's clients.
+    namer: TaskNamer,
 }
 
 /// systemd's own restarts of the daemon's unit.
@@ -166,8 +171,16 @@ impl MpsProbe {
                 state: None,
                 warned: false,
             }),
+            namer: TaskNamer::new(None),
             cfg,
         }
+    }
+
+    /// Names the ECS tasks of server faults through this agent's `/v1/tasks` (without one,
+    /// by the task ids in the clients' cgroups only).
+    pub fn with_agent(mut self, agent: Option<Agent>) -> Self {
+        self.namer = TaskNamer::new(agent);
+        self
     }
 
     /// Reads the unit with another `systemctl` (tests), or not at all (`None`).
@@ -215,7 +228,9 @@ impl MpsProbe {
         let mut out: Vec<Observation> = self.recovered.take().into_iter().collect();
         out.extend(looped);
         out.extend(seen);
-        out.extend(self.logs.poll());
+        let mut read = self.logs.poll();
+        self.namer.name(&mut read).await;
+        out.extend(read);
         out
     }
 
@@ -378,6 +393,8 @@ pub struct MpsSource {
     client: ControlClient,
     /// `state.json`, whose journaled log positions the log tails resume from.
     state_file: Option<std::path::PathBuf>,
+    /// The ECS agent that names a server fault's tasks.
+    agent: Option<Agent>,
 }
 
 impl MpsSource {
@@ -387,7 +404,15 @@ impl MpsSource {
             cfg,
             client,
             state_file: None,
+            agent: None,
         }
+    }
+
+    /// A server fault's client pids are named as ECS tasks through this agent
+    /// (`[ecs] agent_url`, `/v1/tasks`).
+    pub fn naming_tasks_with(mut self, agent: Agent) -> Self {
+        self.agent = Some(agent);
+        self
     }
 
     /// The log tails resume where the journal ends (lines written while gpu-medic was down
@@ -409,7 +434,8 @@ impl Source for MpsSource {
         shutdown: CancellationToken,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
-            let mut probe = MpsProbe::with_client(self.cfg.clone(), self.client.clone());
+            let mut probe = MpsProbe::with_client(self.cfg.clone(), self.client.clone())
+                .with_agent(self.agent.clone());
             if let Some(state) = &self.state_file {
                 probe
                     .logs

@@ -112,7 +112,7 @@ impl Accounting {
 /// most every `REFRESH`); tasks no longer on a GPU are forgotten.
 #[derive(Debug, Default)]
 pub struct TaskNames {
-    known: BTreeMap<String, crate::aws::agent::LocalTask>,
+    known: BTreeMap<String, crate::aws::agent::AgentTask>,
     asked: Option<std::time::Instant>,
     warned: bool,
 }
@@ -132,7 +132,7 @@ impl TaskNames {
         let due = self.asked.is_none_or(|t| t.elapsed() >= REFRESH);
         if due && seen.iter().any(|id| !self.known.contains_key(id)) {
             self.asked = Some(std::time::Instant::now());
-            match crate::aws::agent::local_tasks(url).await {
+            match crate::aws::agent::Agent::new(url).tasks().await {
                 Ok(tasks) => {
                     self.warned = false;
                     for t in tasks {
@@ -157,13 +157,12 @@ impl TaskNames {
                     u.names = Some(Names {
                         arn: t.arn.clone(),
                         family: t.family.clone(),
-                        revision: t.revision.clone(),
-                        container: u.container.as_ref().and_then(|c| {
-                            t.containers
-                                .iter()
-                                .find(|k| k.docker_id == *c)
-                                .map(|k| k.name.clone())
-                        }),
+                        revision: t.version.clone(),
+                        container: u
+                            .container
+                            .as_ref()
+                            .and_then(|c| t.container(c))
+                            .map(|k| k.name.clone()),
                     });
                 }
             }

@@ -11,8 +11,12 @@ use crate::http::http_sync_with;
 /// One SQS call (JSON protocol) to this binary's moto.
 fn sqs(op: &str, body: Value) -> Value {
     let addr = crate::aws::moto().addr;
-    let headers =
-        format!("Content-Type: application/x-amz-json-1.0\r\nX-Amz-Target: AmazonSQS.{op}\r\n");
+    // moto routes a request by the service its Authorization header names (unsigned, it
+    // would take it for S3); the signature itself is not checked.
+    let headers = format!(
+        "Content-Type: application/x-amz-json-1.0\r\nX-Amz-Target: AmazonSQS.{op}\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential=testing/20261130/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0\r\n"
+    );
     let (status, text) = http_sync_with(addr, "POST", "/", &headers, &body.to_string())
         .unwrap_or_else(|| panic!("SQS {op}: moto did not answer"));
     assert_eq!(status, 200, "SQS {op}: {text}");

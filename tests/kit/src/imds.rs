@@ -6,7 +6,8 @@
 //!   `placement/region`, `autoscaling/target-lifecycle-state` (404 until set);
 //! - the test changes the target state at any time, or takes IMDS down (HTTP 500).
 //!
-//! And a fake ECS agent introspection API (`/v1/metadata`), which exists only on an instance.
+//! And a fake ECS agent introspection API (`/v1/metadata`, `/v1/tasks`), which exists only on an
+//! instance.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -130,37 +131,88 @@ fn answer(
 }
 
 /// A fake ECS agent introspection API: `GET /v1/metadata` answers `metadata` (JSON) after
-/// answering 503 to the first `fail_first` requests (an agent still starting); any other
-/// path is 404.
+/// answering 503 to the first `fail_first` requests (an agent still starting); `GET /v1/tasks`
+/// answers the task list set with [`FakeAgent::set_tasks`] (404 until set); any other path is
+/// 404.
 #[derive(Clone)]
 pub struct FakeAgent {
     pub url: String,
     requests: Arc<AtomicUsize>,
+    tasks: Arc<Mutex<Option<String>>>,
+    paths: Arc<Mutex<Vec<String>>>,
 }
+
+/// One task of `/v1/tasks`: (task ARN, family, containers as (Docker id, container name)).
+pub type AgentTask<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
 
 impl FakeAgent {
     pub async fn start(metadata: String, fail_first: usize) -> FakeAgent {
         let requests = Arc::new(AtomicUsize::new(0));
-        let seen = requests.clone();
+        let tasks: Arc<Mutex<Option<String>>> = Arc::default();
+        let paths: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (seen, list, log) = (requests.clone(), tasks.clone(), paths.clone());
         let handler: Handler = Arc::new(move |_, path, _| {
             let n = seen.fetch_add(1, Ordering::SeqCst);
-            if path != "/v1/metadata" {
-                return (404, vec![], String::new());
+            log.lock().unwrap().push(path.to_string());
+            let json = |body: String| {
+                (
+                    200,
+                    vec![("Content-Type".into(), "application/json".into())],
+                    body,
+                )
+            };
+            match path {
+                "/v1/metadata" if n < fail_first => (503, vec![], "starting".into()),
+                "/v1/metadata" => json(metadata.clone()),
+                "/v1/tasks" => match list.lock().unwrap().clone() {
+                    Some(body) => json(body),
+                    None => (404, vec![], String::new()),
+                },
+                _ => (404, vec![], String::new()),
             }
-            if n < fail_first {
-                return (503, vec![], "starting".into());
-            }
-            (
-                200,
-                vec![("Content-Type".into(), "application/json".into())],
-                metadata.clone(),
-            )
         });
         let addr = serve_http(handler).await;
         FakeAgent {
             url: format!("http://{addr}"),
             requests,
+            tasks,
+            paths,
         }
+    }
+
+    /// What `/v1/tasks` answers from now on: the tasks as the agent lists them (RUNNING,
+    /// revision 1), in the format of AWS's introspection page.
+    pub fn set_tasks(&self, tasks: &[AgentTask]) {
+        let tasks: Vec<serde_json::Value> = tasks
+            .iter()
+            .map(|(arn, family, containers)| {
+                let containers: Vec<serde_json::Value> = containers
+                    .iter()
+                    .map(|(id, name)| {
+                        serde_json::json!({
+                            "DockerId": id,
+                            "DockerName": format!("ecs-{family}-1-{name}-{}", &id[..8.min(id.len())]),
+                            "Name": name,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "Arn": arn, "DesiredStatus": "RUNNING", "KnownStatus": "RUNNING",
+                    "Family": family, "Version": "1", "Containers": containers,
+                })
+            })
+            .collect();
+        *self.tasks.lock().unwrap() = Some(serde_json::json!({ "Tasks": tasks }).to_string());
+    }
+
+    /// How many requests asked for `path`.
+    pub fn requests_for(&self, path: &str) -> usize {
+        self.paths
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == path)
+            .count()
     }
 
     /// The agent's metadata for a cluster and, once registered, a container instance.
