@@ -260,93 +260,66 @@ pub enum Signal {
     },
 }
 
-/// The fieldless name of a signal, as written in policy files (`signal = "xid"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SignalKind {
-    Xid,
-    RecoveryAction,
-    EccUncorrected,
-    EccCorrected,
-    RowRemapPending,
-    RowRemapFailure,
-    RowRemapUncorrectable,
-    RetiredPagesPending,
-    RetiredPages,
-    GpuLost,
-    DeviceCountMismatch,
-    DriverNotLoaded,
-    NvmlEventUnknown,
-    Thermal,
-    HwSlowdown,
-    MpsUnresponsive,
-    MpsDown,
-    MpsServerFault,
-    MpsCrashLoop,
-    EcsAgentDown,
-    StateDiskFull,
-    MpsUp,
-    Lifecycle,
-    SelfFault,
-    SelfRecovered,
+/// Defines [`SignalKind`] with each kind's name written once: the policy files' word for it,
+/// its serde form and `as_str` all come from the one table below.
+macro_rules! signal_kinds {
+    (judged: { $($j:ident = $jn:literal,)* } engine: { $($e:ident = $en:literal,)* }) => {
+        /// The fieldless name of a signal, as written in policy files (`signal = "xid"`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub enum SignalKind {
+            $( #[serde(rename = $jn)] $j, )*
+            $( #[serde(rename = $en)] $e, )*
+        }
+
+        impl SignalKind {
+            /// The kinds a policy judges (the others are handled by the engine itself).
+            pub const JUDGED: &'static [SignalKind] = &[$(SignalKind::$j),*];
+            /// Every kind.
+            pub const ALL: &'static [SignalKind] = &[$(SignalKind::$j,)* $(SignalKind::$e),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(SignalKind::$j => $jn,)*
+                    $(SignalKind::$e => $en,)*
+                }
+            }
+        }
+    };
+}
+
+signal_kinds! {
+    judged: {
+        Xid = "xid",
+        RecoveryAction = "recovery-action",
+        EccUncorrected = "ecc-uncorrected",
+        EccCorrected = "ecc-corrected",
+        RowRemapPending = "row-remap-pending",
+        RowRemapFailure = "row-remap-failure",
+        RowRemapUncorrectable = "row-remap-uncorrectable",
+        RetiredPagesPending = "retired-pages-pending",
+        RetiredPages = "retired-pages",
+        GpuLost = "gpu-lost",
+        DeviceCountMismatch = "device-count-mismatch",
+        DriverNotLoaded = "driver-not-loaded",
+        NvmlEventUnknown = "nvml-event-unknown",
+        Thermal = "thermal",
+        HwSlowdown = "hw-slowdown",
+        MpsUnresponsive = "mps-unresponsive",
+        MpsDown = "mps-down",
+        MpsServerFault = "mps-server-fault",
+        MpsCrashLoop = "mps-crash-loop",
+        EcsAgentDown = "ecs-agent-down",
+        StateDiskFull = "state-disk-full",
+    }
+    engine: {
+        MpsUp = "mps-up",
+        Lifecycle = "lifecycle",
+        SelfFault = "self-fault",
+        SelfRecovered = "self-recovered",
+    }
 }
 
 impl SignalKind {
-    /// The kinds a policy judges (the others are handled by the engine itself).
-    pub const JUDGED: [SignalKind; 21] = [
-        SignalKind::Xid,
-        SignalKind::RecoveryAction,
-        SignalKind::EccUncorrected,
-        SignalKind::EccCorrected,
-        SignalKind::RowRemapPending,
-        SignalKind::RowRemapFailure,
-        SignalKind::RowRemapUncorrectable,
-        SignalKind::RetiredPagesPending,
-        SignalKind::RetiredPages,
-        SignalKind::GpuLost,
-        SignalKind::DeviceCountMismatch,
-        SignalKind::DriverNotLoaded,
-        SignalKind::NvmlEventUnknown,
-        SignalKind::Thermal,
-        SignalKind::HwSlowdown,
-        SignalKind::MpsUnresponsive,
-        SignalKind::MpsDown,
-        SignalKind::MpsServerFault,
-        SignalKind::MpsCrashLoop,
-        SignalKind::EcsAgentDown,
-        SignalKind::StateDiskFull,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SignalKind::Xid => "xid",
-            SignalKind::RecoveryAction => "recovery-action",
-            SignalKind::EccUncorrected => "ecc-uncorrected",
-            SignalKind::EccCorrected => "ecc-corrected",
-            SignalKind::RowRemapPending => "row-remap-pending",
-            SignalKind::RowRemapFailure => "row-remap-failure",
-            SignalKind::RowRemapUncorrectable => "row-remap-uncorrectable",
-            SignalKind::RetiredPagesPending => "retired-pages-pending",
-            SignalKind::RetiredPages => "retired-pages",
-            SignalKind::GpuLost => "gpu-lost",
-            SignalKind::DeviceCountMismatch => "device-count-mismatch",
-            SignalKind::DriverNotLoaded => "driver-not-loaded",
-            SignalKind::NvmlEventUnknown => "nvml-event-unknown",
-            SignalKind::Thermal => "thermal",
-            SignalKind::HwSlowdown => "hw-slowdown",
-            SignalKind::MpsUnresponsive => "mps-unresponsive",
-            SignalKind::MpsDown => "mps-down",
-            SignalKind::MpsServerFault => "mps-server-fault",
-            SignalKind::MpsCrashLoop => "mps-crash-loop",
-            SignalKind::EcsAgentDown => "ecs-agent-down",
-            SignalKind::StateDiskFull => "state-disk-full",
-            SignalKind::MpsUp => "mps-up",
-            SignalKind::Lifecycle => "lifecycle",
-            SignalKind::SelfFault => "self-fault",
-            SignalKind::SelfRecovered => "self-recovered",
-        }
-    }
-
     /// Whether the signal is about the MPS daemon rather than a GPU.
     pub fn is_mps(self) -> bool {
         matches!(
@@ -976,6 +949,59 @@ impl fmt::Display for Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Signal`'s serde tag and `SignalKind`'s name are one word per kind: the tag is derived
+    /// from the variant, the name from the table in `signal_kinds!`; this keeps them equal.
+    #[test]
+    fn every_signal_kind_has_one_name() {
+        let samples = [
+            Signal::xid(79),
+            Signal::RecoveryAction {
+                action: RecoveryAction::GpuReset,
+            },
+            Signal::EccUncorrected,
+            Signal::EccCorrected,
+            Signal::RowRemapPending,
+            Signal::RowRemapFailure,
+            Signal::RowRemapUncorrectable,
+            Signal::RetiredPagesPending,
+            Signal::RetiredPages,
+            Signal::GpuLost,
+            Signal::DeviceCountMismatch,
+            Signal::DriverNotLoaded,
+            Signal::NvmlEventUnknown,
+            Signal::Thermal,
+            Signal::HwSlowdown,
+            Signal::MpsUnresponsive,
+            Signal::MpsDown,
+            Signal::MpsServerFault,
+            Signal::MpsCrashLoop,
+            Signal::EcsAgentDown,
+            Signal::StateDiskFull,
+            Signal::MpsUp,
+            Signal::Lifecycle {
+                state: LifecycleState::Terminating,
+            },
+            Signal::SelfFault {
+                component: "nvml".into(),
+            },
+            Signal::SelfRecovered {
+                component: "nvml".into(),
+            },
+        ];
+        let mut kinds: Vec<SignalKind> = samples.iter().map(Signal::kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        assert_eq!(kinds, SignalKind::ALL, "a sample of every kind");
+        for s in &samples {
+            let v = serde_json::to_value(s).unwrap();
+            assert_eq!(v["kind"], s.kind().as_str(), "{s:?}");
+            let k = serde_json::to_value(s.kind()).unwrap();
+            assert_eq!(k, s.kind().as_str());
+            let back: SignalKind = serde_json::from_value(k).unwrap();
+            assert_eq!(back, s.kind());
+        }
+    }
 
     /// Records written before the XID decode existed still load, and an XID without a decode
     /// is written exactly as before.

@@ -69,13 +69,13 @@ impl CallError {
         let request_id = err.request_id().map(str::to_string);
         let status = err.raw_response().map(|r| r.status().as_u16());
         let (code, message, retryable) = match &err {
-            SdkError::ConstructionFailure(_) => (None, sdk_message(&err), false),
+            SdkError::ConstructionFailure(_) => (None, error_chain(&err), false),
             SdkError::TimeoutError(_) => (None, "timed out".to_string(), true),
             SdkError::DispatchFailure(d) => {
                 let m = if d.is_timeout() {
                     "timed out connecting".to_string()
                 } else {
-                    sdk_message(&err)
+                    error_chain(&err)
                 };
                 // A connector that is misconfigured (bad endpoint) will not heal by itself.
                 (None, m, !d.is_user())
@@ -85,7 +85,7 @@ impl CallError {
                 format!(
                     "unreadable response (HTTP {}): {}",
                     status.map_or("?".to_string(), |s| s.to_string()),
-                    sdk_message(&err)
+                    error_chain(&err)
                 ),
                 status.is_some_and(|s| s >= 500 || s == 429),
             ),
@@ -106,7 +106,7 @@ impl CallError {
                     || status.is_some_and(|s| s >= 500 || s == 429);
                 (code, message, retryable)
             }
-            _ => (None, sdk_message(&err), false),
+            _ => (None, error_chain(&err), false),
         };
         CallError {
             op,
@@ -119,7 +119,7 @@ impl CallError {
 }
 
 /// The error and its sources on one line ("dispatch failure: io error: connection refused").
-fn sdk_message(err: &dyn std::error::Error) -> String {
+pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut src = err.source();
     while let Some(s) = src {

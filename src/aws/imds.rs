@@ -16,6 +16,8 @@ use aws_config::provider_config::ProviderConfig;
 use aws_sdk_ecs::config::SharedHttpClient;
 use tokio::time::Instant;
 
+use super::calls::error_chain;
+
 /// The IMDS path of the target lifecycle state.
 pub const TARGET_STATE_PATH: &str = "/latest/meta-data/autoscaling/target-lifecycle-state";
 /// The IMDS path of the instance id.
@@ -50,20 +52,6 @@ pub async fn get(client: &imds::Client, path: &'static str) -> Result<Option<Str
             message: error_chain(&e),
         }),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let m = s.to_string();
-        if !out.contains(&m) {
-            out.push_str(": ");
-            out.push_str(&m);
-        }
-        src = s.source();
-    }
-    out
 }
 
 /// The instance id from IMDSv2, retried with backoff until `deadline` (IMDS may come up after
