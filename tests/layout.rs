@@ -248,7 +248,7 @@ fn citations_are_found_where_they_are_and_only_there() {
     // Built at run time, so that scanners of this file (the stop hook) do not take the
     // examples for citations.
     let research = format!("{}/aws-flows.md", "research");
-    assert_eq!(citations(&format!("({research} A2)")), [research.clone()]);
+    assert_eq!(citations(&format!("({research} A2)")), [research]);
     let shared = format!("../shared/{}/mps.md", "research");
     assert_eq!(citations(&shared), [format!("{}/mps.md", "research")]);
     let urls = format!("https://example.com/{0}/x.md /usr/share/{0}/y.md", "docs");
