@@ -101,6 +101,27 @@ pub struct KernelXid {
     pub text: String,
 }
 
+impl KernelXid {
+    /// The XID as an observation: decoded from its text where its verdict depends on it
+    /// ([`decode_xid`]), `detail` plus why it was decoded so, the process as its pid.
+    pub fn observation(&self, detail: String) -> Observation {
+        let (decode, why) = decode_xid(self.code, Some(&self.text), Path::new(UVM_REFCNT));
+        let detail = match why {
+            Some(why) => format!("{detail}; {why}"),
+            None => detail,
+        };
+        let obs = Observation::new(Signal::Xid {
+            code: self.code,
+            decode,
+        })
+        .with_detail(detail);
+        match self.pid {
+            Some(pid) => obs.with_pids(vec![pid]),
+            None => obs,
+        }
+    }
+}
+
 /// Parses one kmsg record (`prio,seq,usec,flags;message`) or a plain log line.
 pub fn parse_line(line: &str) -> Option<KernelXid> {
     let (seq, message) = match line.split_once(';') {
@@ -449,22 +470,11 @@ impl KmsgReader {
                 return;
             }
         }
-        let (decode, why) = decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT));
-        let mut detail = match &x.process {
+        let detail = match &x.process {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
         };
-        if let Some(why) = why {
-            detail = format!("{detail}; {why}");
-        }
-        let mut obs = Observation::new(Signal::Xid {
-            code: x.code,
-            decode,
-        })
-        .with_detail(detail);
-        if let Some(pid) = x.pid {
-            obs = obs.with_pids(vec![pid]);
-        }
+        let obs = x.observation(detail);
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
         obs.cursor = at.map(|(stream, pos)| crate::model::Cursor {

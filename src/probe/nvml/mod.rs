@@ -363,24 +363,10 @@ impl Snapshot for NvmlSnapshot {
                             .values()
                             .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
                             .map(|g| g.index);
-                        let (decode, why) = kmsg::decode_xid(
-                            x.code,
-                            Some(&x.text),
-                            std::path::Path::new(kmsg::UVM_REFCNT),
-                        );
-                        let mut detail =
-                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text);
-                        if let Some(why) = why {
-                            detail = format!("{detail}; {why}");
-                        }
-                        let mut obs = Observation::new(Signal::Xid {
-                            code: x.code,
-                            decode,
-                        })
-                        .with_detail(detail);
-                        if let Some(pid) = x.pid {
-                            obs = obs.with_pids(vec![pid]);
-                        }
+                        let mut obs = x.observation(format!(
+                            "kernel log since boot (PCI {}): {}",
+                            x.pci, x.text
+                        ));
                         // A device NVML no longer lists (fallen off the bus) is judged for
                         // the node.
                         if let Some(index) = index {
