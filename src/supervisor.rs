@@ -61,6 +61,7 @@ pub struct Supervisor {
     executor: Arc<dyn Executor>,
     sources: Vec<Box<dyn Source>>,
     metrics: Option<Arc<Metrics>>,
+    gpu_signal: Option<Arc<tokio::sync::Notify>>,
 }
 
 struct Engine {
@@ -68,6 +69,7 @@ struct Engine {
     policy: Policy,
     cfg: Config,
     metrics: Option<Arc<Metrics>>,
+    gpu_signal: Option<Arc<tokio::sync::Notify>>,
     incidents: JsonlWriter<Record>,
     inputs: JsonlWriter<journal::JournaledInput>,
     /// The sequence number of the last input written to `inputs.jsonl`.
@@ -95,7 +97,14 @@ impl Supervisor {
             executor,
             sources: Vec::new(),
             metrics: None,
+            gpu_signal: None,
         }
+    }
+
+    /// Notifies `wake` at every GPU signal (a finding about a GPU or the GPU count, from any
+    /// probe but the ECS GPU view itself), so that probe reads ECS's view again after it.
+    pub fn notify_gpu_signals(&mut self, wake: Arc<tokio::sync::Notify>) {
+        self.gpu_signal = Some(wake);
     }
 
     /// Keeps `metrics` up to date with every engine step.
@@ -133,6 +142,7 @@ impl Supervisor {
             policy: self.policy,
             cfg: cfg.clone(),
             metrics: self.metrics,
+            gpu_signal: self.gpu_signal,
             seq: 0,
         };
         engine.recover(resumed_state)?;
@@ -417,6 +427,11 @@ impl Engine {
             if let Some(m) = &self.metrics {
                 m.record(&input, &actions, &state, &self.policy);
             }
+            if let (Some(wake), Input::Observation(o)) = (&self.gpu_signal, &input)
+                && is_gpu_signal(o, &self.policy)
+            {
+                wake.notify_one();
+            }
             // An input that changes nothing (an MPS probe that answered, a quiet tick) is not
             // recorded: the engine is a pure function of state and input, so leaving it out of
             // inputs.jsonl changes no replay.
@@ -452,6 +467,24 @@ impl Engine {
         }
         Ok(orders)
     }
+}
+
+/// A finding (a rule takes it at its value) about a GPU or the node's GPUs, not raised by the
+/// ECS GPU view (which would wake itself).
+fn is_gpu_signal(o: &Observation, policy: &Policy) -> bool {
+    use crate::model::SignalKind;
+    let about_gpus = o.gpu.is_some()
+        || matches!(
+            o.signal.kind(),
+            SignalKind::Xid
+                | SignalKind::GpuLost
+                | SignalKind::DeviceCountMismatch
+                | SignalKind::DriverNotLoaded
+                | SignalKind::RecoveryAction
+        );
+    about_gpus
+        && o.source != crate::probe::ecs_gpus::SOURCE
+        && policy.rule_for(&o.signal, o.value).is_some()
 }
 
 /// Emits a journal record as a structured log event with stable field names.

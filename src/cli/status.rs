@@ -26,6 +26,8 @@ struct StatusView<'a> {
     state: &'a State,
     /// What the fleet gate saw last (absent before the first drain or replacement).
     fleet: Option<FleetSummary>,
+    /// ECS's view of the GPUs against NVML's at the last read (`[ecs] gpu_view`).
+    ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
 }
 
 fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
@@ -54,6 +56,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             mps_phase: state.mps.phase.as_str(),
             state: &state,
             fleet: read_fleet(&cfg.state_dir),
+            ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
@@ -112,6 +115,30 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                 .map(|x| format!(", incident {x}"))
                 .unwrap_or_default()
         );
+    }
+    if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
+        let expected = c
+            .expected
+            .as_ref()
+            .map(|x| format!("; expected {} ({})", x.count, x.source))
+            .unwrap_or_default();
+        println!(
+            "ecs gpu view: ECS lists {}, NVML counts {}{expected}; read {}{}",
+            c.ecs_count,
+            c.nvml_count,
+            c.observed_at,
+            if c.findings.is_empty() {
+                ": the views agree"
+            } else {
+                ""
+            }
+        );
+        for g in &c.gpus {
+            println!("              {}", super::check::gpu_line(g));
+        }
+        for f in &c.findings {
+            println!("              disagrees: {f}");
+        }
     }
     for o in state.in_flight.values() {
         println!(
