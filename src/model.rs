@@ -993,6 +993,9 @@ mod tests {
             Signal::MpsCrashLoop,
             Signal::EcsAgentDown,
             Signal::StateDiskFull,
+            Signal::EcsGpuMissing,
+            Signal::EcsGpuCountMismatch,
+            Signal::EcsGpuMemoryInUse,
             Signal::MpsUp,
             Signal::Lifecycle {
                 state: LifecycleState::Terminating,

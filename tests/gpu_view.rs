@@ -306,7 +306,7 @@ async fn a_throttled_ecs_read_is_a_self_fault_never_a_gpu_signal() {
     wait_sync(
         "the self-fault resolved",
         Duration::from_secs(30),
-        || d.incident(fault["incident"].as_u64().unwrap() as u32)["state"] != "open",
+        || d.incident(fault["incident"].as_u64().unwrap() as u32)["closed_at"].is_string(),
         || d.log(),
     );
     d.stop(Duration::from_secs(20));

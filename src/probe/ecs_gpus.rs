@@ -619,7 +619,7 @@ mod tests {
     #[test]
     fn agreeing_views_raise_nothing() {
         let read = EcsRead {
-            devices: vec![mps("GPU-a", 40_000, 1), mps("GPU-b", 81_559, 0)],
+            devices: vec![mps("GPU-a", 40_000, 1), mps("GPU-b", 80_000, 0)],
             registered: vec![],
         };
         let v = nvml(
