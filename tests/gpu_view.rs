@@ -77,7 +77,6 @@ fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).to_string()
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_ecs_lists_but_nvml_lost_is_reported_with_the_numbers() {
     let proxy = Proxy::start().await;
@@ -118,7 +117,7 @@ async fn a_gpu_ecs_lists_but_nvml_lost_is_reported_with_the_numbers() {
         text.contains(UUIDS[2])
             && text.contains("3 container(s)")
             && text.contains("40000 of 143771 MiB remaining")
-            && text.contains("NVML reports it lost"),
+            && text.contains("which NVML reports lost"),
         "{text}"
     );
     let shown = stdout(&d.cli(&["incidents", "show", &o["incident"].to_string()]));
@@ -127,32 +126,41 @@ async fn a_gpu_ecs_lists_but_nvml_lost_is_reported_with_the_numbers() {
     assert!(
         status.contains(&format!("{}: NVML lost (GPU 2)", UUIDS[2]))
             && status.contains("ECS NVIDIA_MPS, 3 container(s), 40000 MiB free to ECS")
-            && status.contains("disagrees: ECS still schedules onto"),
+            && status.contains("disagrees: ecs-gpu-missing: ECS still schedules onto"),
         "{status}"
     );
     let json: Value = serde_json::from_slice(&d.cli(&["status", "--json"]).stdout).unwrap();
     assert_eq!(json["ecs_gpus"]["gpus"][2]["nvml"], "lost", "{json:#}");
 
     // The one-shot check sees the same: unhealthy (exit 1), with the finding and the view.
+    // (The fake applies an injection in the process that reads it: the daemon is stopped and
+    // the check's own fake library loses GPU 2, before NVML could name it: ECS's GPU is then
+    // one NVML does not see, or the lost one.)
+    d.stop(Duration::from_secs(20));
+    d.inject(r#"{"gpu": 2, "lost": true}"#);
     let out = d.cli(&["check", "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(out.status.code(), Some(1), "{v:#}");
     let findings = v["findings"].as_array().unwrap();
     assert!(
-        findings
-            .iter()
-            .any(|f| f["signal"] == "ecs-gpu-missing" && f["gpu"] == 2 && f["action"] == "replace"),
+        findings.iter().any(|f| f["signal"] == "ecs-gpu-missing"
+            && f["action"] == "replace"
+            && f["detail"].as_str().unwrap().contains(UUIDS[2])
+            && f["detail"]
+                .as_str()
+                .unwrap()
+                .contains("1 GPU(s) lost that it cannot name")),
         "{v:#}"
     );
     assert_eq!(v["ecs_gpus"]["ecs_count"], 4, "{v:#}");
-    assert_eq!(v["ecs_gpus"]["gpus"][2]["nvml"], "lost", "{v:#}");
+    assert_eq!(v["ecs_gpus"]["gpus"][2]["nvml"], "lost or missing", "{v:#}");
+    d.inject(r#"{"gpu": 2, "lost": true}"#);
     let text = stdout(&d.cli(&["check"]));
     assert!(
         text.contains("ecs gpu view: ECS lists 4, NVML counts 4")
-            && text.contains(&format!("{}: NVML lost (GPU 2)", UUIDS[2])),
+            && text.contains(&format!("{}: NVML lost or missing", UUIDS[2])),
         "{text}"
     );
-    d.stop(Duration::from_secs(20));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,8 +188,10 @@ async fn memory_ecs_believes_free_that_nvml_shows_in_use_is_a_signal() {
     d.inject(r#"{"gpu": 0, "mps_clients": [{"pid": 4242, "used_mib": 100000}]}"#);
     let o = wait_signal(&d, "ecs-gpu-memory-in-use");
     assert_eq!(o["gpu"]["index"], 0, "{o:#}");
-    // 143771 - 100000 = 43771 MiB free to NVML; ECS counts 120000: 76229 MiB is not there.
-    assert_eq!(o["value"], 76_229, "{o:#}");
+    // 143771 - 100000 = 43771 MiB free to NVML (less the few MiB the fake itself counts in
+    // use); ECS counts 120000: about 76229 MiB is not there.
+    let excess = o["value"].as_u64().unwrap();
+    assert!((76_229..76_300).contains(&excess), "{o:#}");
     assert!(detail(&o).contains("ECS believes 120000 MiB"), "{o:#}");
     d.stop(Duration::from_secs(20));
 }
@@ -366,7 +376,10 @@ fn metrics_have_a_health_series_per_gpu_and_count_no_routine_reading() {
     // Many node readings later (every 100 ms), still no signal counted.
     std::thread::sleep(Duration::from_secs(2));
     let log = node.log();
-    assert!(log.contains("source=\"node\"") || log.contains("source=node"), "{log}");
+    assert!(
+        log.contains(r#""source":"node""#),
+        "the node probe ran:\n{log}"
+    );
     let body = scrape(&addr);
     assert!(!body.contains("gpu_medic_signals_total{"), "{body}");
     // A finding is counted: an XID on GPU 1.

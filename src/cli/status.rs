@@ -117,6 +117,17 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         );
     }
     if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
+        // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
+        let policy = crate::policy::Policy::load(&cfg.policy).ok();
+        let findings: Vec<&crate::model::Observation> = c
+            .observations
+            .iter()
+            .filter(|o| {
+                policy
+                    .as_ref()
+                    .is_none_or(|p| p.rule_for(&o.signal, o.value).is_some())
+            })
+            .collect();
         let expected = c
             .expected
             .as_ref()
@@ -127,7 +138,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             c.ecs_count,
             c.nvml_count,
             c.observed_at,
-            if c.findings.is_empty() {
+            if findings.is_empty() {
                 ": the views agree"
             } else {
                 ""
@@ -136,8 +147,12 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         for g in &c.gpus {
             println!("              {}", super::check::gpu_line(g));
         }
-        for f in &c.findings {
-            println!("              disagrees: {f}");
+        for o in findings {
+            println!(
+                "              disagrees: {}: {}",
+                o.signal,
+                o.detail.as_deref().unwrap_or_default()
+            );
         }
     }
     for o in state.in_flight.values() {

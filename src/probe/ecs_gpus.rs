@@ -124,19 +124,17 @@ pub struct Comparison {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected: Option<Expected>,
     pub gpus: Vec<GpuLine>,
-    /// One line per disagreement (empty: the views agree).
-    pub findings: Vec<String>,
+    /// Every disagreement, as sent to the engine; the policy decides which are findings (a
+    /// 4 MiB excess is below `ecs-gpu-memory-in-use`'s tolerance, a routine reading).
+    pub observations: Vec<Observation>,
 }
 
 impl Comparison {
     /// Reads the kept comparison (None: none yet, or unreadable).
     pub fn load(state_dir: &Path) -> Option<Comparison> {
-        let text = crate::limits::read_text(
-            &comparison_path(state_dir),
-            1024 * 1024,
-            "the ECS GPU view",
-        )
-        .ok()?;
+        let text =
+            crate::limits::read_text(&comparison_path(state_dir), 1024 * 1024, "the ECS GPU view")
+                .ok()?;
         serde_json::from_str(&text).ok()
     }
 
@@ -164,6 +162,13 @@ pub fn compare(read: &EcsRead, nvml: &ViewSnapshot) -> (Vec<Observation>, Vec<Gp
         return (found, lines);
     }
     let mut unseen = Vec::new();
+    // GPUs lost before NVML could name them (lost since this process started): an ECS GPU
+    // no named GPU matches may be one of them.
+    let unnamed_lost = nvml
+        .gpus
+        .values()
+        .filter(|g| g.lost && g.gpu.uuid.is_empty())
+        .count();
     for d in &ecs_gpus {
         let g = nvml.find(&d.id);
         let placement = describe(d);
@@ -173,6 +178,7 @@ pub fn compare(read: &EcsRead, nvml: &ViewSnapshot) -> (Vec<Observation>, Vec<Gp
             nvml: match g {
                 Some(g) if g.lost => "lost",
                 Some(_) => "ok",
+                None if unnamed_lost > 0 => "lost or missing",
                 None => "missing",
             }
             .to_string(),
@@ -226,9 +232,14 @@ pub fn compare(read: &EcsRead, nvml: &ViewSnapshot) -> (Vec<Observation>, Vec<Gp
             Observation::new(Signal::EcsGpuMissing)
                 .with_value(unseen.len() as u64)
                 .with_detail(format!(
-                    "ECS still schedules onto {} GPU(s) NVML does not see: {}",
+                    "ECS still schedules onto {} GPU(s) NVML does not see: {}{}",
                     unseen.len(),
-                    unseen.join("; ")
+                    unseen.join("; "),
+                    if unnamed_lost > 0 {
+                        format!(" (NVML reports {unnamed_lost} GPU(s) lost that it cannot name)")
+                    } else {
+                        String::new()
+                    }
                 )),
         );
     }
@@ -437,10 +448,7 @@ impl EcsGpuSource {
                                 nvml_count: nvml.count,
                                 expected: self.expected.get(),
                                 gpus,
-                                findings: found
-                                    .iter()
-                                    .map(|o| o.detail.clone().unwrap_or_default())
-                                    .collect(),
+                                observations: found.clone(),
                             }
                             .save(&self.cfg.state_dir);
                             out.extend(found);
@@ -670,10 +678,7 @@ mod tests {
         };
         let v = nvml(&[(0, "GPU-a", false, None)], 1);
         let (found, lines) = compare(&read, &v);
-        assert_eq!(
-            kinds(&found),
-            ["ecs-gpu-missing", "ecs-gpu-count-mismatch"]
-        );
+        assert_eq!(kinds(&found), ["ecs-gpu-missing", "ecs-gpu-count-mismatch"]);
         assert!(found[0].gpu.is_none());
         assert_eq!(found[0].value, 2);
         assert!(found[0].detail.as_deref().unwrap().contains("GPU-b"));
@@ -682,6 +687,26 @@ mod tests {
             lines.iter().map(|l| l.nvml.as_str()).collect::<Vec<_>>(),
             ["ok", "missing", "missing"]
         );
+    }
+
+    #[test]
+    fn a_gpu_lost_before_nvml_named_it_is_lost_or_missing() {
+        let read = EcsRead {
+            devices: vec![mps("GPU-a", 40_000, 1), mps("GPU-b", 40_000, 1)],
+            registered: vec![],
+        };
+        let v = nvml(&[(0, "GPU-a", false, None), (1, "", true, None)], 2);
+        let (found, lines) = compare(&read, &v);
+        assert_eq!(kinds(&found), ["ecs-gpu-missing"]);
+        assert!(
+            found[0]
+                .detail
+                .as_deref()
+                .unwrap()
+                .contains("1 GPU(s) lost that it cannot name"),
+            "{found:?}"
+        );
+        assert_eq!(lines[1].nvml, "lost or missing");
     }
 
     #[test]
@@ -713,12 +738,18 @@ mod tests {
         learn_expected(&e, None, Some("m5.large"));
         assert_eq!(e.get(), None, "a type without GPUs sets nothing");
         learn_expected(&e, Some(&EcsRead::default()), Some("p5.48xlarge"));
-        assert_eq!(e.get().map(|x| (x.count, x.source)), Some((8, "instance type p5.48xlarge".into())));
+        assert_eq!(
+            e.get().map(|x| (x.count, x.source)),
+            Some((8, "instance type p5.48xlarge".into()))
+        );
         let read = EcsRead {
             registered: vec!["GPU-a".into(), "GPU-b".into()],
             ..EcsRead::default()
         };
         learn_expected(&e, Some(&read), Some("p5.48xlarge"));
-        assert_eq!(e.get().map(|x| (x.count, x.source)), Some((2, "registered with ECS".into())));
+        assert_eq!(
+            e.get().map(|x| (x.count, x.source)),
+            Some((2, "registered with ECS".into()))
+        );
     }
 }

@@ -150,7 +150,11 @@ mod tests {
     #[tokio::test]
     async fn readers_wait_for_the_first_poll() {
         let v = NvmlView::new();
-        assert!(v.first(std::time::Duration::from_millis(10)).await.is_none());
+        assert!(
+            v.first(std::time::Duration::from_millis(10))
+                .await
+                .is_none()
+        );
         let w = v.clone();
         let reader = tokio::spawn(async move { w.first(std::time::Duration::from_secs(5)).await });
         tokio::task::yield_now().await;
