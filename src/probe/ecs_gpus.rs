@@ -588,7 +588,10 @@ mod tests {
 
     const GIB: u64 = 1024 * MIB;
 
-    fn nvml(gpus: &[(u32, &str, bool, Option<(u64, u64)>)], count: u32) -> ViewSnapshot {
+    /// (index, uuid, lost, (used, total) bytes).
+    type Gpu<'a> = (u32, &'a str, bool, Option<(u64, u64)>);
+
+    fn nvml(gpus: &[Gpu<'_>], count: u32) -> ViewSnapshot {
         let mut v = ViewSnapshot {
             count,
             ..ViewSnapshot::default()
