@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use gpu_medic_testkit::aws::{self, Proxy, Seeded};
+use gpu_medic_testkit::http::scrape;
 use gpu_medic_testkit::imds::FakeImds;
 use gpu_medic_testkit::proxy::gpu_device;
 use gpu_medic_testkit::{Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_sync};
@@ -25,6 +26,33 @@ const UUIDS: [&str; 4] = [
 ];
 /// The fake's H200s.
 const H200_MIB: i64 = 143_771;
+
+/// One registered container instance in moto behind a proxy that gives it `devices` as
+/// `gpuDevices` (none: moto's own answer), a fake IMDS for it (`instance_type` if given),
+/// and the daemon of [`daemon`] on the fake's four GPUs.
+async fn node(
+    name: &str,
+    devices: Vec<Value>,
+    instance_type: Option<&str>,
+) -> (Proxy, Seeded, FakeImds, Daemon) {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, name, 1).await;
+    proxy.gpu_devices(&s.nodes[0].arn, devices);
+    let imds = FakeImds::start(&s.nodes[0].instance_id).await;
+    imds.set_instance_type(instance_type);
+    let mut d = daemon(&s, &proxy, &imds, "");
+    d.gpus(FOUR_GPUS);
+    (proxy, s, imds, d)
+}
+
+/// Every GPU idle, as ECS lists them.
+fn idle() -> Vec<Value> {
+    UUIDS
+        .iter()
+        .map(|u| gpu_device(u, "IDLE", H200_MIB, H200_MIB, 0))
+        .collect()
+}
 
 /// Node 0 of `s` on the fake GPUs, observe-only (decisions are journaled, nothing is
 /// executed), ECS through `proxy`, IMDS at `imds`; `nvml`: extra `[nvml]` lines.
@@ -79,22 +107,13 @@ fn stdout(o: &std::process::Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_ecs_lists_but_nvml_lost_is_reported_with_the_numbers() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let s = aws::seed(&sdk, "gpuview-lost", 1).await;
-    let me = &s.nodes[0];
-    proxy.gpu_devices(
-        &me.arn,
-        vec![
-            gpu_device(UUIDS[0], "NVIDIA_MPS", H200_MIB, 100_000, 2),
-            gpu_device(UUIDS[1], "IDLE", H200_MIB, H200_MIB, 0),
-            gpu_device(UUIDS[2], "NVIDIA_MPS", H200_MIB, 40_000, 3),
-            gpu_device(UUIDS[3], "IDLE", H200_MIB, H200_MIB, 0),
-        ],
-    );
-    let imds = FakeImds::start(&me.instance_id).await;
-    let mut d = daemon(&s, &proxy, &imds, "");
-    d.gpus(FOUR_GPUS);
+    let devices = vec![
+        gpu_device(UUIDS[0], "NVIDIA_MPS", H200_MIB, 100_000, 2),
+        gpu_device(UUIDS[1], "IDLE", H200_MIB, H200_MIB, 0),
+        gpu_device(UUIDS[2], "NVIDIA_MPS", H200_MIB, 40_000, 3),
+        gpu_device(UUIDS[3], "IDLE", H200_MIB, H200_MIB, 0),
+    ];
+    let (proxy, _s, _imds, mut d) = node("gpuview-lost", devices, None).await;
     d.start();
     // The views agree: status says so, nothing is opened.
     wait_sync(
@@ -165,25 +184,10 @@ async fn a_gpu_ecs_lists_but_nvml_lost_is_reported_with_the_numbers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_ecs_believes_free_that_nvml_shows_in_use_is_a_signal() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let s = aws::seed(&sdk, "gpuview-mem", 1).await;
-    let me = &s.nodes[0];
     // ECS: 120000 MiB of GPU 0 free for new MPS tasks. NVML: 100000 MiB of it in use.
-    proxy.gpu_devices(
-        &me.arn,
-        UUIDS
-            .iter()
-            .enumerate()
-            .map(|(i, u)| {
-                let remaining = if i == 0 { 120_000 } else { H200_MIB };
-                gpu_device(u, "NVIDIA_MPS", H200_MIB, remaining, 1)
-            })
-            .collect(),
-    );
-    let imds = FakeImds::start(&me.instance_id).await;
-    let mut d = daemon(&s, &proxy, &imds, "");
-    d.gpus(FOUR_GPUS);
+    let mut devices = idle();
+    devices[0] = gpu_device(UUIDS[0], "NVIDIA_MPS", H200_MIB, 120_000, 1);
+    let (_proxy, _s, _imds, mut d) = node("gpuview-mem", devices, None).await;
     d.start();
     d.inject(r#"{"gpu": 0, "mps_clients": [{"pid": 4242, "used_mib": 100000}]}"#);
     let o = wait_signal(&d, "ecs-gpu-memory-in-use");
@@ -198,21 +202,8 @@ async fn memory_ecs_believes_free_that_nvml_shows_in_use_is_a_signal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_missing_at_boot_is_caught_with_the_count_ecs_registered() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let s = aws::seed(&sdk, "gpuview-boot", 1).await;
-    let me = &s.nodes[0];
-    proxy.gpu_devices(
-        &me.arn,
-        UUIDS
-            .iter()
-            .map(|u| gpu_device(u, "IDLE", H200_MIB, H200_MIB, 0))
-            .collect(),
-    );
     // The instance type would say 8: ECS's registration wins.
-    let imds = FakeImds::start(&me.instance_id).await;
-    imds.set_instance_type(Some("p5.48xlarge"));
-    let mut d = daemon(&s, &proxy, &imds, "");
+    let (_proxy, _s, _imds, mut d) = node("gpuview-boot", idle(), Some("p5.48xlarge")).await;
     // NVML sees three of the four GPUs ECS registered; expected_gpus is not set.
     let three = FOUR_GPUS.replace(
         ",\n  {\"uuid\": \"GPU-33333333-aaaa-bbbb-cccc-333333333333\", \"pci_bus_id\": \"00000000:40:00.0\", \"serial\": \"S3\"}",
@@ -242,14 +233,8 @@ async fn a_gpu_missing_at_boot_is_caught_with_the_count_ecs_registered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_gpu_devices_the_instance_type_gives_the_expected_count() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let s = aws::seed(&sdk, "gpuview-type", 1).await;
-    let me = &s.nodes[0];
     // No gpuDevices (moto's own answer): g5.12xlarge has 4 GPUs, NVML sees 3.
-    let imds = FakeImds::start(&me.instance_id).await;
-    imds.set_instance_type(Some("g5.12xlarge"));
-    let mut d = daemon(&s, &proxy, &imds, "");
+    let (_proxy, _s, _imds, mut d) = node("gpuview-type", vec![], Some("g5.12xlarge")).await;
     d.gpus(&gpu_medic_testkit::gpus_json(3));
 
     // The one-shot check (the launch gate's) learns it too, before the daemon ever ran.
@@ -285,22 +270,9 @@ async fn without_gpu_devices_the_instance_type_gives_the_expected_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_ecs_read_is_a_self_fault_never_a_gpu_signal() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let s = aws::seed(&sdk, "gpuview-throttle", 1).await;
-    let me = &s.nodes[0];
-    proxy.gpu_devices(
-        &me.arn,
-        UUIDS
-            .iter()
-            .map(|u| gpu_device(u, "IDLE", H200_MIB, H200_MIB, 0))
-            .collect(),
-    );
+    let (proxy, _s, _imds, mut d) = node("gpuview-throttle", idle(), None).await;
     // Every read throttled (the SDK's own retries included).
     proxy.throttle("DescribeContainerInstances", 100_000);
-    let imds = FakeImds::start(&me.instance_id).await;
-    let mut d = daemon(&s, &proxy, &imds, "");
-    d.gpus(FOUR_GPUS);
     d.start();
     let fault = wait_signal(&d, "self-fault");
     assert_eq!(fault["signal"]["component"], "ecs-gpu-view", "{fault:#}");
@@ -325,18 +297,6 @@ async fn a_throttled_ecs_read_is_a_self_fault_never_a_gpu_signal() {
         !list.contains("ecs-gpu-missing") && !list.contains("ecs-gpu-count"),
         "{list}"
     );
-}
-
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
 }
 
 /// `absent()` and `> 0` alerts need a series for every GPU from the first poll, and a

@@ -271,14 +271,9 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
         );
     }
     if let Some(e) = &report.ecs_gpus {
-        let expected = e
-            .expected
-            .as_ref()
-            .map(|x| format!("; expected {} ({})", x.count, x.source))
-            .unwrap_or_default();
         println!(
-            "ecs gpu view: ECS lists {}, NVML counts {}{expected}",
-            e.ecs_count, e.nvml_count
+            "ecs gpu view: {}",
+            counts_line(e.ecs_count, e.nvml_count, e.expected.as_ref())
         );
         for g in &e.gpus {
             println!("  {}", gpu_line(g));
@@ -302,6 +297,19 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
         }
     }
     Ok(code)
+}
+
+/// "ECS lists 4, NVML counts 3; expected 4 (registered with ECS)", as `check` and `status`
+/// print it.
+pub fn counts_line(
+    ecs: u32,
+    nvml: u32,
+    expected: Option<&crate::probe::nvml::view::Expected>,
+) -> String {
+    let expected = expected
+        .map(|x| format!("; expected {} ({})", x.count, x.source))
+        .unwrap_or_default();
+    format!("ECS lists {ecs}, NVML counts {nvml}{expected}")
 }
 
 /// One GPU of ECS's view against NVML's, as `check` and `status` print it.

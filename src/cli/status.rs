@@ -128,15 +128,9 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                     .is_none_or(|p| p.rule_for(&o.signal, o.value).is_some())
             })
             .collect();
-        let expected = c
-            .expected
-            .as_ref()
-            .map(|x| format!("; expected {} ({})", x.count, x.source))
-            .unwrap_or_default();
         println!(
-            "ecs gpu view: ECS lists {}, NVML counts {}{expected}; read {}{}",
-            c.ecs_count,
-            c.nvml_count,
+            "ecs gpu view: {}; read {}{}",
+            super::check::counts_line(c.ecs_count, c.nvml_count, c.expected.as_ref()),
             c.observed_at,
             if findings.is_empty() {
                 ": the views agree"

@@ -490,14 +490,14 @@ fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Va
     }
     let body = serde_json::to_vec(&v).unwrap();
     let text = String::from_utf8_lossy(head);
-    let mut out = String::new();
-    for line in text.trim_end_matches("\r\n").split("\r\n") {
-        if line.to_ascii_lowercase().starts_with("content-length:") {
-            continue;
-        }
-        out.push_str(line);
-        out.push_str("\r\n");
-    }
-    out.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    [out.into_bytes(), body].concat()
+    let kept: Vec<&str> = text
+        .split("\r\n")
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("content-length:"))
+        .collect();
+    let head = format!(
+        "{}\r\nContent-Length: {}\r\n\r\n",
+        kept.join("\r\n"),
+        body.len()
+    );
+    [head.into_bytes(), body].concat()
 }
