@@ -410,14 +410,22 @@ impl EcsGpuSource {
         let mut warned_no_gpus = false;
         loop {
             if learn && instance_type.is_none() {
-                match imds::instance_type(http.clone()).await {
+                let asked = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = imds::instance_type(http.clone()) => r,
+                };
+                match asked {
                     Ok(t) => instance_type = Some(t),
                     Err(e) => tracing::debug!(probe = SOURCE, "IMDS instance-type: {e}"),
                 }
             }
             let mut retry_soon = false;
             let mut out = Vec::new();
-            match read_instance(&self.cfg, &client, &http, &mut target).await {
+            let read = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = read_instance(&self.cfg, &client, &http, &mut target) => r,
+            };
+            match read {
                 Ok(read) => {
                     failures = 0;
                     if std::mem::take(&mut faulted) {
@@ -439,7 +447,11 @@ impl EcsGpuSource {
                             "ECS lists no GPU for this container instance (no gpuDevices, no GPU resource): nothing to compare"
                         );
                     }
-                    match self.view.first(FIRST_POLL_WAIT).await {
+                    let nvml = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        v = self.view.first(FIRST_POLL_WAIT) => v,
+                    };
+                    match nvml {
                         Some(nvml) => {
                             let (found, gpus) = compare(&read, &nvml);
                             Comparison {
