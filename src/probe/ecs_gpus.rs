@@ -458,7 +458,13 @@ impl EcsGpuSource {
                                 observed_at: Timestamp::now(),
                                 ecs_count: read.count(),
                                 nvml_count: nvml.count,
-                                expected: self.expected.get(),
+                                expected: match self.cfg.nvml.expected_gpus {
+                                    Some(n) => Some(Expected {
+                                        count: n,
+                                        source: "[nvml] expected_gpus".into(),
+                                    }),
+                                    None => self.expected.get(),
+                                },
                                 gpus,
                                 observations: found.clone(),
                             }
@@ -478,7 +484,10 @@ impl EcsGpuSource {
                 }
                 Err(ReadError::Failed { message, retryable }) => {
                     failures += 1;
-                    target = None;
+                    if !retryable {
+                        // Perhaps the instance was registered anew: find it again.
+                        target = None;
+                    }
                     retry_soon = true;
                     tracing::warn!(
                         probe = SOURCE,
