@@ -591,6 +591,43 @@ mod tests {
         sup.run(stop, move || s2.cancel()).await.unwrap();
     }
 
+    /// What wakes the ECS GPU view: a finding about a GPU or the GPU count, never a
+    /// routine reading, a node-level signal, or the view's own findings.
+    #[test]
+    fn gpu_findings_wake_the_ecs_gpu_view_and_nothing_else_does() {
+        let policy = crate::policy::Policy::parse(
+            std::path::Path::new("default.toml"),
+            include_str!("../policies/default.toml"),
+        )
+        .unwrap();
+        let gpu = || GpuId::index_only(1);
+        let wakes = [
+            Observation::new(Signal::xid(13)).on_gpu(gpu()),
+            Observation::new(Signal::GpuLost).on_gpu(gpu()),
+            Observation::new(Signal::DeviceCountMismatch).with_value(3),
+            Observation::new(Signal::Thermal)
+                .on_gpu(gpu())
+                .with_value(90),
+        ];
+        for o in &wakes {
+            assert!(is_gpu_signal(o, &policy), "{o:?}");
+        }
+        let quiet = [
+            // A reading: 81 °C is below every thermal rule.
+            Observation::new(Signal::Thermal)
+                .on_gpu(gpu())
+                .with_value(81),
+            Observation::new(Signal::MpsDown),
+            Observation::new(Signal::StateDiskFull).with_value(99),
+            Observation::new(Signal::EcsGpuMissing)
+                .on_gpu(gpu())
+                .from_source(crate::probe::ecs_gpus::SOURCE),
+        ];
+        for o in &quiet {
+            assert!(!is_gpu_signal(o, &policy), "{o:?}");
+        }
+    }
+
     /// A crash between the journal and the state write of a batch: the next start steps the
     /// journaled inputs past the state again, appends the records the journal lacks (not
     /// those it has), and moves the source's cursor, so nothing is lost or doubled.

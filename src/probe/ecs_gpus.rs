@@ -402,20 +402,25 @@ impl EcsGpuSource {
         let interval = self.cfg.ecs.gpu_view_interval;
         let spacing = WAKE_SPACING.min(interval);
         let learn = self.cfg.nvml.expected_gpus.is_none();
-        // Asked until IMDS answers (Some(None): it has no type).
-        let mut instance_type: Option<Option<String>> = None;
+        // IMDS is asked until it answers (it may have no type: then `instance_type` stays None).
+        let mut instance_type: Option<String> = None;
+        let mut type_known = false;
+        let mut said_unregistered = false;
         let mut target = None;
         let mut failures = 0u32;
         let mut faulted = false;
         let mut warned_no_gpus = false;
         loop {
-            if learn && instance_type.is_none() {
+            if learn && !type_known {
                 let asked = tokio::select! {
                     _ = shutdown.cancelled() => return,
                     r = imds::instance_type(http.clone()) => r,
                 };
                 match asked {
-                    Ok(t) => instance_type = Some(t),
+                    Ok(t) => {
+                        instance_type = t;
+                        type_known = true;
+                    }
                     Err(e) => tracing::debug!(probe = SOURCE, "IMDS instance-type: {e}"),
                 }
             }
@@ -438,7 +443,7 @@ impl EcsGpuSource {
                         );
                     }
                     if learn {
-                        learn_expected(&self.expected, Some(&read), instance_type.flatten_ref());
+                        learn_expected(&self.expected, Some(&read), instance_type.as_deref());
                     }
                     if read.count() == 0 && !warned_no_gpus {
                         warned_no_gpus = true;
@@ -475,9 +480,11 @@ impl EcsGpuSource {
                     }
                 }
                 Err(ReadError::NotRegistered(why)) => {
-                    tracing::info!(probe = SOURCE, "ECS GPU view not read yet: {why}");
+                    if !std::mem::replace(&mut said_unregistered, true) {
+                        tracing::info!(probe = SOURCE, "ECS GPU view not read yet: {why}");
+                    }
                     if learn {
-                        learn_expected(&self.expected, None, instance_type.flatten_ref());
+                        learn_expected(&self.expected, None, instance_type.as_deref());
                     }
                     target = None;
                     retry_soon = true;
@@ -496,7 +503,7 @@ impl EcsGpuSource {
                         "cannot read ECS's view of the GPUs: {message} (never a GPU signal)"
                     );
                     if learn {
-                        learn_expected(&self.expected, None, instance_type.flatten_ref());
+                        learn_expected(&self.expected, None, instance_type.as_deref());
                     }
                     if !faulted && (failures >= FAILURES_FOR_SELF_FAULT || !retryable) {
                         faulted = true;
@@ -529,16 +536,6 @@ impl EcsGpuSource {
                 }
             }
         }
-    }
-}
-
-trait FlattenRef {
-    fn flatten_ref(&self) -> Option<&str>;
-}
-
-impl FlattenRef for Option<Option<String>> {
-    fn flatten_ref(&self) -> Option<&str> {
-        self.as_ref().and_then(|t| t.as_deref())
     }
 }
 
