@@ -260,7 +260,7 @@ pub enum Signal {
     /// A fault of gpu-medic or its configuration, never of the hardware: it is journaled once
     /// and shown in `status` and metrics, and nothing is drained, replaced or restarted for it.
     SelfFault {
-        /// What fails: `nvml`, `mps-control`, `state-file`.
+        /// What fails: `nvml`, `mps-control`, `state-file`, `ecs-gpu-view`.
         component: String,
     },
     /// The component works again: the all-clear for its self-fault.
