@@ -110,7 +110,7 @@ impl Metrics {
         let self_fault = Family::<Labels, Gauge>::default();
         registry.register(
             "self_fault",
-            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control): a mistake or a fault of gpu-medic, never remediated",
+            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control, state-file, ecs-gpu-view): a mistake or a fault of gpu-medic, never remediated",
             self_fault.clone(),
         );
         let task_gpu_memory = Family::<Labels, Gauge>::default();
