@@ -565,6 +565,14 @@ mod tests {
         }
     }
 
+    fn shipped_policy() -> crate::policy::Policy {
+        crate::policy::Policy::parse(
+            std::path::Path::new("default.toml"),
+            include_str!("../policies/default.toml"),
+        )
+        .unwrap()
+    }
+
     fn xid_input(seq: u64, pos: u64) -> journal::JournaledInput {
         let obs = Observation::new(Signal::xid(13))
             .on_gpu(GpuId::index_only(0))
@@ -580,11 +588,7 @@ mod tests {
     }
 
     async fn start_and_stop(cfg: &Config) {
-        let policy = crate::policy::Policy::parse(
-            std::path::Path::new("default.toml"),
-            include_str!("../policies/default.toml"),
-        )
-        .unwrap();
+        let policy = shipped_policy();
         let sup = Supervisor::new(cfg.clone(), policy, Arc::new(NoRemedy));
         let stop = CancellationToken::new();
         let s2 = stop.clone();
@@ -595,11 +599,7 @@ mod tests {
     /// routine reading, a node-level signal, or the view's own findings.
     #[test]
     fn gpu_findings_wake_the_ecs_gpu_view_and_nothing_else_does() {
-        let policy = crate::policy::Policy::parse(
-            std::path::Path::new("default.toml"),
-            include_str!("../policies/default.toml"),
-        )
-        .unwrap();
+        let policy = shipped_policy();
         let gpu = || GpuId::index_only(1);
         let wakes = [
             Observation::new(Signal::xid(13)).on_gpu(gpu()),
@@ -699,11 +699,7 @@ mod tests {
     /// before the rest (in arrival order otherwise), outcomes after them.
     #[test]
     fn a_batch_steps_fatal_signals_before_lower_classes() {
-        let policy = crate::policy::Policy::parse(
-            std::path::Path::new("default.toml"),
-            include_str!("../policies/default.toml"),
-        )
-        .unwrap();
+        let policy = shipped_policy();
         let x = |code| Observation::new(Signal::xid(code)).on_gpu(GpuId::index_only(0));
         let batch = Batch {
             observations: vec![x(13), x(100_001), x(79), x(31), x(48)],
