@@ -212,7 +212,8 @@ pub struct NvmlConfig {
     pub library: String,
     #[serde(default = "default_poll", with = "humantime_serde")]
     pub poll_interval: Duration,
-    /// How many GPUs this instance type has; fewer is a fault. Unset: not checked.
+    /// How many GPUs this instance type has; fewer is a fault. Unset: what ECS registered for
+    /// the instance, else the instance type's count (`[ecs] gpu_view`, `[aws]` enabled).
     #[serde(default)]
     pub expected_gpus: Option<u32>,
     /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off.
@@ -507,6 +508,13 @@ pub struct EcsConfig {
     /// How long a drain waits on an agent that ECS reports disconnected before giving up.
     #[serde(default = "default_agent_disconnected_wait", with = "humantime_serde")]
     pub agent_disconnected_wait: Duration,
+    /// Compare ECS's view of this instance's GPUs (DescribeContainerInstances `gpuDevices`)
+    /// with NVML's, and default `[nvml] expected_gpus` from it (only with `[aws]` enabled).
+    #[serde(default = "yes")]
+    pub gpu_view: bool,
+    /// How often ECS's view is read (also after every GPU signal, at most every 10 s).
+    #[serde(default = "default_gpu_view_interval", with = "humantime_serde")]
+    pub gpu_view_interval: Duration,
 }
 
 /// The fleet budget: how much of the Auto Scaling group may be in remediation at once.
@@ -749,6 +757,9 @@ fn default_force_stop_lead() -> Duration {
 fn default_agent_disconnected_wait() -> Duration {
     Duration::from_secs(120)
 }
+fn default_gpu_view_interval() -> Duration {
+    Duration::from_secs(300)
+}
 fn default_fleet_share() -> FleetLimit {
     FleetLimit::Percent(20.0)
 }
@@ -831,6 +842,8 @@ impl Default for EcsConfig {
             drain_poll_interval: default_drain_poll_interval(),
             force_stop_lead: default_force_stop_lead(),
             agent_disconnected_wait: default_agent_disconnected_wait(),
+            gpu_view: true,
+            gpu_view_interval: default_gpu_view_interval(),
         }
     }
 }
@@ -942,7 +955,7 @@ impl Config {
             &self.lifecycle,
         );
         // (section, key, value, floor, ceiling)
-        let table: [(Option<&str>, &str, Duration, Duration, Duration); 21] = [
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 22] = [
             (None, "tick_interval", self.tick_interval, ms(50), MAX_TICK),
             (
                 Some("nvml"),
@@ -1006,6 +1019,13 @@ impl Config {
                 Some("ecs"),
                 "agent_disconnected_wait",
                 e.agent_disconnected_wait,
+                ms(100),
+                YEAR,
+            ),
+            (
+                Some("ecs"),
+                "gpu_view_interval",
+                e.gpu_view_interval,
                 ms(100),
                 YEAR,
             ),

@@ -36,6 +36,9 @@ pub struct Metrics {
     self_fault: Family<Labels, Gauge>,
     /// Components that ever had a self-fault (their gauge goes back to 0, not away).
     self_fault_seen: Mutex<std::collections::BTreeSet<String>>,
+    /// The health series the engine ever set, by GPU index (back to 0 when the engine
+    /// forgets the GPU, e.g. after an abort, never left at its last value).
+    gpu_health_seen: Mutex<BTreeMap<u32, Labels>>,
     /// Commands of orders started, to label their outcomes.
     started: Mutex<BTreeMap<ActionId, &'static str>>,
     task_gpu_memory: Family<Labels, Gauge>,
@@ -107,7 +110,7 @@ impl Metrics {
         let self_fault = Family::<Labels, Gauge>::default();
         registry.register(
             "self_fault",
-            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control): a mistake or a fault of gpu-medic, never remediated",
+            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control, state-file, ecs-gpu-view): a mistake or a fault of gpu-medic, never remediated",
             self_fault.clone(),
         );
         let task_gpu_memory = Family::<Labels, Gauge>::default();
@@ -129,6 +132,7 @@ impl Metrics {
             registry,
             self_fault,
             self_fault_seen: Mutex::new(Default::default()),
+            gpu_health_seen: Mutex::new(Default::default()),
             gpu_health,
             xids,
             signals,
@@ -227,19 +231,37 @@ impl Metrics {
             }
         }
         drop(started);
-        for h in state.gpus.values() {
+        let mut health_seen = self
+            .gpu_health_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (index, labels) in health_seen.iter() {
+            if !state.gpus.contains_key(index) {
+                self.gpu_health.get_or_create(labels).set(0);
+            }
+        }
+        for (index, h) in &state.gpus {
             let v = match h.status {
                 GpuStatus::Healthy => 0,
                 GpuStatus::Suspect => 1,
                 GpuStatus::Faulted => 2,
             };
-            self.gpu_health
-                .get_or_create(&vec![
-                    ("gpu".into(), h.gpu.index.to_string()),
-                    ("uuid".into(), h.gpu.uuid.clone()),
-                ])
-                .set(v);
+            // One series per GPU: a signal that did not name the UUID (a kernel-log XID) uses
+            // the one the poller's series has.
+            let uuid = match (&h.gpu.uuid, &self.accounting) {
+                (u, Some(a)) if u.is_empty() => a
+                    .snapshot()
+                    .gpus
+                    .get(index)
+                    .map(|(g, _)| g.uuid.clone())
+                    .unwrap_or_default(),
+                (u, _) => u.clone(),
+            };
+            let labels: Labels = vec![("gpu".into(), index.to_string()), ("uuid".into(), uuid)];
+            self.gpu_health.get_or_create(&labels).set(v);
+            health_seen.insert(*index, labels);
         }
+        drop(health_seen);
         self.incidents_open.set(state.open.len() as i64);
         let mut seen = self
             .self_fault_seen
@@ -492,6 +514,47 @@ mod tests {
         for (name, want) in expect {
             assert_eq!(value(&text, name), Some(want), "{name} in\n{text}");
         }
+    }
+
+    /// A GPU the engine forgets (an operator aborted its incident) is healthy again: its
+    /// series goes back to 0 instead of staying faulted; and a signal that did not name the
+    /// GPU's UUID updates the poller's series, not a second one.
+    #[test]
+    fn a_forgotten_gpu_goes_back_to_healthy_and_keeps_one_series() {
+        use crate::engine::{GpuHealth, GpuStatus};
+        use crate::probe::nvml::usage::Snapshot;
+        let policy = shipped_policy();
+        let accounting = Accounting::new();
+        let mut snap = Snapshot::default();
+        let gpu = GpuId {
+            index: 3,
+            uuid: "GPU-3".into(),
+            ..GpuId::default()
+        };
+        snap.gpus.insert(3, (gpu.clone(), vec![]));
+        accounting.publish(snap);
+        let m = Metrics::new().with_accounting(accounting);
+        let mut st = State::default();
+        st.gpus.insert(
+            3,
+            GpuHealth {
+                gpu: GpuId::index_only(3),
+                status: GpuStatus::Faulted,
+                rule: "xid-fallen-off-bus".into(),
+                verdict: crate::model::Verdict::Replace,
+                incident: None,
+                since: Timestamp(1),
+            },
+        );
+        let tick = Input::Tick;
+        m.record(&tick, &[], &st, &policy);
+        let series = "gpu_medic_gpu_health{gpu=\"3\",uuid=\"GPU-3\"}";
+        let text = m.render();
+        assert_eq!(value(&text, series), Some(2.0), "{text}");
+        assert!(!text.contains("uuid=\"\""), "one series per GPU:\n{text}");
+        st.gpus.clear();
+        m.record(&tick, &[], &st, &policy);
+        assert_eq!(value(&m.render(), series), Some(0.0));
     }
 
     #[test]

@@ -241,6 +241,15 @@ pub enum Signal {
     EcsAgentDown,
     /// The filesystem holding `state_dir` is nearly full (value: percent used).
     StateDiskFull,
+    /// ECS still lists a GPU for placement (DescribeContainerInstances `gpuDevices`, or the
+    /// registered `GPU` resource) that NVML reports lost or does not see at all (value: the
+    /// containers ECS assigned to it).
+    EcsGpuMissing,
+    /// ECS and NVML count this instance's GPUs differently (value: the difference).
+    EcsGpuCountMismatch,
+    /// ECS believes more of a GPU's memory is free for new MPS tasks (`remainingMemoryInMiB`)
+    /// than NVML shows free (value: the excess, MiB).
+    EcsGpuMemoryInUse,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
     Lifecycle {
@@ -251,7 +260,7 @@ pub enum Signal {
     /// A fault of gpu-medic or its configuration, never of the hardware: it is journaled once
     /// and shown in `status` and metrics, and nothing is drained, replaced or restarted for it.
     SelfFault {
-        /// What fails: `nvml`, `mps-control`, `state-file`.
+        /// What fails: `nvml`, `mps-control`, `state-file`, `ecs-gpu-view`.
         component: String,
     },
     /// The component works again: the all-clear for its self-fault.
@@ -310,6 +319,9 @@ signal_kinds! {
         MpsCrashLoop = "mps-crash-loop",
         EcsAgentDown = "ecs-agent-down",
         StateDiskFull = "state-disk-full",
+        EcsGpuMissing = "ecs-gpu-missing",
+        EcsGpuCountMismatch = "ecs-gpu-count-mismatch",
+        EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
     }
     engine: {
         MpsUp = "mps-up",
@@ -362,6 +374,9 @@ impl Signal {
             Signal::MpsCrashLoop => SignalKind::MpsCrashLoop,
             Signal::EcsAgentDown => SignalKind::EcsAgentDown,
             Signal::StateDiskFull => SignalKind::StateDiskFull,
+            Signal::EcsGpuMissing => SignalKind::EcsGpuMissing,
+            Signal::EcsGpuCountMismatch => SignalKind::EcsGpuCountMismatch,
+            Signal::EcsGpuMemoryInUse => SignalKind::EcsGpuMemoryInUse,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
@@ -978,6 +993,9 @@ mod tests {
             Signal::MpsCrashLoop,
             Signal::EcsAgentDown,
             Signal::StateDiskFull,
+            Signal::EcsGpuMissing,
+            Signal::EcsGpuCountMismatch,
+            Signal::EcsGpuMemoryInUse,
             Signal::MpsUp,
             Signal::Lifecycle {
                 state: LifecycleState::Terminating,

@@ -18,6 +18,7 @@ pub mod events;
 pub mod heartbeat;
 pub mod identity;
 pub mod imds;
+pub mod instance_types;
 pub mod logs;
 
 use std::time::Duration;

@@ -26,6 +26,8 @@ struct StatusView<'a> {
     state: &'a State,
     /// What the fleet gate saw last (absent before the first drain or replacement).
     fleet: Option<FleetSummary>,
+    /// ECS's view of the GPUs against NVML's at the last read (`[ecs] gpu_view`).
+    ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
 }
 
 fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
@@ -54,6 +56,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             mps_phase: state.mps.phase.as_str(),
             state: &state,
             fleet: read_fleet(&cfg.state_dir),
+            ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
@@ -112,6 +115,39 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                 .map(|x| format!(", incident {x}"))
                 .unwrap_or_default()
         );
+    }
+    if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
+        // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
+        let policy = crate::policy::Policy::load(&cfg.policy).ok();
+        let findings: Vec<&crate::model::Observation> = c
+            .observations
+            .iter()
+            .filter(|o| {
+                policy
+                    .as_ref()
+                    .is_none_or(|p| p.rule_for(&o.signal, o.value).is_some())
+            })
+            .collect();
+        println!(
+            "ecs gpu view: {}; read {}{}",
+            super::check::counts_line(c.ecs_count, c.nvml_count, c.expected.as_ref()),
+            c.observed_at,
+            if findings.is_empty() {
+                ": the views agree"
+            } else {
+                ""
+            }
+        );
+        for g in &c.gpus {
+            println!("              {}", super::check::gpu_line(g));
+        }
+        for o in findings {
+            println!(
+                "              disagrees: {}: {}",
+                o.signal,
+                o.detail.as_deref().unwrap_or_default()
+            );
+        }
     }
     for o in state.in_flight.values() {
         println!(

@@ -13,6 +13,7 @@ pub mod kmsg;
 mod poll;
 mod raw;
 pub mod usage;
+pub mod view;
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -99,6 +100,10 @@ pub struct NvmlSource {
     accounting: Option<usage::Accounting>,
     /// The ECS agent's introspection API, to label tasks (`[aws]` on).
     agent_url: Option<String>,
+    /// Every poll's GPUs and their memory, for the ECS cross-check.
+    view: Option<view::NvmlView>,
+    /// The expected GPU count learnt at run time (`[nvml] expected_gpus` unset).
+    expected: Option<view::ExpectedGpus>,
 }
 
 impl NvmlSource {
@@ -109,6 +114,24 @@ impl NvmlSource {
             state_dir,
             accounting: None,
             agent_url: None,
+            view: None,
+            expected: None,
+        }
+    }
+
+    /// Publishes every poll's GPUs to `view`, and expects the GPU count `expected` holds
+    /// while `[nvml] expected_gpus` is unset.
+    pub fn with_view(mut self, view: view::NvmlView, expected: view::ExpectedGpus) -> Self {
+        self.view = Some(view);
+        self.expected = Some(expected);
+        self
+    }
+
+    fn poller(&self) -> Poller {
+        let p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        match &self.expected {
+            Some(e) => p.learning_expected(e.clone()),
+            None => p,
         }
     }
 
@@ -234,7 +257,7 @@ impl NvmlSource {
                     tx: tx.clone(),
                     stop: stop.clone(),
                 });
-            let mut poller = Some(Poller::new(self.cfg.expected_gpus, self.proc_root.clone()));
+            let mut poller = Some(self.poller());
             while let Some(mut p) = poller.take() {
                 let (n, s) = (nvml.clone(), shared.clone());
                 let job = tokio::task::spawn_blocking(move || {
@@ -244,6 +267,9 @@ impl NvmlSource {
                 match tokio::time::timeout(poll_deadline, job).await {
                     Ok(Ok((p, report))) => {
                         poller = Some(p);
+                        if let Some(v) = &self.view {
+                            v.publish(report.view.clone());
+                        }
                         if let Some(a) = &self.accounting {
                             let mut snap = report.usage;
                             if let Some(url) = &self.agent_url {
@@ -271,7 +297,7 @@ impl NvmlSource {
                     }
                     Ok(Err(e)) => {
                         tracing::error!(probe = "nvml", "poll task failed: {e}");
-                        poller = Some(Poller::new(self.cfg.expected_gpus, self.proc_root.clone()));
+                        poller = Some(self.poller());
                     }
                     Err(_) => {
                         // The blocked call keeps its thread; NVML is reopened with a new poller.
@@ -309,11 +335,20 @@ async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
 /// The one-shot NVML probe for `gpu-medic check`.
 pub struct NvmlSnapshot {
     cfg: NvmlConfig,
+    /// Where the one poll's GPUs are published, and the expected count learnt meanwhile.
+    view: Option<(view::NvmlView, view::ExpectedGpus)>,
 }
 
 impl NvmlSnapshot {
     pub fn new(cfg: NvmlConfig) -> Self {
-        NvmlSnapshot { cfg }
+        NvmlSnapshot { cfg, view: None }
+    }
+
+    /// Publishes the poll's GPUs to `view`; expects `expected`'s count when
+    /// `[nvml] expected_gpus` is unset.
+    pub fn with_view(mut self, view: view::NvmlView, expected: view::ExpectedGpus) -> Self {
+        self.view = Some((view, expected));
+        self
     }
 }
 
@@ -350,7 +385,13 @@ impl Snapshot for NvmlSnapshot {
         };
         let shared = SharedState::default();
         let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
+        if let Some((_, expected)) = &self.view {
+            poller = poller.learning_expected(expected.clone());
+        }
         let mut report = poller.poll(&nvml, &shared);
+        if let Some((v, _)) = &self.view {
+            v.publish(report.view.clone());
+        }
         // XIDs raised before anyone watched NVML events (at boot, for the launch gate) are
         // only in the kernel log.
         if let Some(path) = self.cfg.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty()) {
