@@ -187,6 +187,10 @@ pub struct MetricsConfig {
     /// A loopback address; others are refused (the endpoint has no authentication).
     #[serde(default = "default_metrics_listen")]
     pub listen: std::net::SocketAddr,
+    /// One CloudWatch embedded-metric-format line per task, container and GPU per NVML poll
+    /// on stdout (journald, then the CloudWatch agent), independent of `enabled`.
+    #[serde(default)]
+    pub emf: bool,
 }
 
 impl Default for MetricsConfig {
@@ -194,6 +198,7 @@ impl Default for MetricsConfig {
         MetricsConfig {
             enabled: false,
             listen: default_metrics_listen(),
+            emf: false,
         }
     }
 }
@@ -218,6 +223,52 @@ pub struct NvmlConfig {
     /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off.
     #[serde(default = "default_kmsg")]
     pub kmsg: Option<PathBuf>,
+    /// The share of a task's GPU memory reservation whose crossing is a
+    /// `gpu-memory-over-reservation` signal ("100%": using more than reserved).
+    #[serde(default = "default_reservation_alert")]
+    pub reservation_alert: Share,
+}
+
+fn default_reservation_alert() -> Share {
+    Share(100.0)
+}
+
+/// A share of something, written `"90%"`; more than 0 % and at most 1000 %.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share(pub f64);
+
+impl Share {
+    pub fn parse(s: &str) -> Result<Share, String> {
+        let v: f64 = s
+            .trim()
+            .strip_suffix('%')
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| format!("bad share {s:?}: expected e.g. \"100%\""))?;
+        if !(v > 0.0 && v <= 1000.0) {
+            return Err(format!(
+                "bad share {s:?}: must be more than 0% and at most 1000%"
+            ));
+        }
+        Ok(Share(v))
+    }
+
+    /// `whole` times this share, rounded down.
+    pub fn of(self, whole: u64) -> u64 {
+        (whole as f64 * self.0 / 100.0) as u64
+    }
+}
+
+impl std::fmt::Display for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}%", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Share {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Share::parse(&s).map_err(serde::de::Error::custom)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -782,6 +833,7 @@ impl Default for NvmlConfig {
             poll_interval: default_poll(),
             expected_gpus: None,
             kmsg: default_kmsg(),
+            reservation_alert: default_reservation_alert(),
         }
     }
 }

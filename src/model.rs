@@ -241,6 +241,11 @@ pub enum Signal {
     EcsAgentDown,
     /// The filesystem holding `state_dir` is nearly full (value: percent used).
     StateDiskFull,
+    /// An ECS task's MPS clients together use more GPU memory than its task definition
+    /// reserves (`sharingStrategy.nvidiaMps.memory`, summed over its containers), or more
+    /// than `[nvml] reservation_alert` of it (value: percent of the reservation in use;
+    /// `tasks`: the task ARN; the detail has the numbers). Reported once per crossing.
+    GpuMemoryOverReservation,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
     Lifecycle {
@@ -310,6 +315,7 @@ signal_kinds! {
         MpsCrashLoop = "mps-crash-loop",
         EcsAgentDown = "ecs-agent-down",
         StateDiskFull = "state-disk-full",
+        GpuMemoryOverReservation = "gpu-memory-over-reservation",
     }
     engine: {
         MpsUp = "mps-up",
@@ -362,6 +368,7 @@ impl Signal {
             Signal::MpsCrashLoop => SignalKind::MpsCrashLoop,
             Signal::EcsAgentDown => SignalKind::EcsAgentDown,
             Signal::StateDiskFull => SignalKind::StateDiskFull,
+            Signal::GpuMemoryOverReservation => SignalKind::GpuMemoryOverReservation,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
@@ -978,6 +985,7 @@ mod tests {
             Signal::MpsCrashLoop,
             Signal::EcsAgentDown,
             Signal::StateDiskFull,
+            Signal::GpuMemoryOverReservation,
             Signal::MpsUp,
             Signal::Lifecycle {
                 state: LifecycleState::Terminating,

@@ -19,6 +19,7 @@ pub mod heartbeat;
 pub mod identity;
 pub mod imds;
 pub mod logs;
+pub mod taskdef;
 
 use std::time::Duration;
 

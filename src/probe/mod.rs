@@ -62,6 +62,8 @@ pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
 /// plane.
 ///
 /// `accounting` receives every NVML poll's GPUs and per-task GPU memory (for the metrics).
+/// Per-task GPU memory is also checked against reservations (with `[aws]` on), kept in the
+/// history `gpu-medic tasks` reads, and written as EMF lines (`[metrics] emf`) either way.
 pub fn sources(
     cfg: &Config,
     mps: &ControlClient,
@@ -70,10 +72,13 @@ pub fn sources(
 ) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone());
+        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
+            .with_emf(cfg.metrics.emf);
+        if cfg.aws.enabled {
+            source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
+        }
         if let Some(a) = accounting {
-            let agent = cfg.aws.enabled.then(|| cfg.ecs.agent_url.clone());
-            source = source.with_accounting(a.clone(), agent);
+            source = source.with_accounting(a.clone());
         }
         out.push(Box::new(source));
     }
