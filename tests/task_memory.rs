@@ -91,7 +91,7 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
     let ecs = aws_sdk_ecs::Client::new(&sdk);
     let (fam_a, fam_b) = (
         format!("{}-infer", s.cluster),
-        format!("{}-train", s.cluster),
+        format!("{}-batch", s.cluster),
     );
     for (family, defs) in [
         (
@@ -165,7 +165,7 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
             series(&body, &use_a_app) == Some((1800 * MIB) as f64)
                 && series(&body, &res_a_app) == Some((2048 * MIB) as f64)
         },
-        || format!("{}\n{}", scrape(&addr), d.log()),
+        || format!("{:?}\n{}", proxy.calls(), scrape(&addr)),
     );
     let body = scrape(&addr);
     assert_eq!(
@@ -174,12 +174,14 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
         "{body}"
     );
     assert_eq!(series(&body, &over_a), Some(0.0), "{body}");
-    assert!(
-        body.contains(&format!(
-            "gpu_medic_task_gpu_memory_reserved_bytes{{task=\"{arn_b}\",family=\"{fam_b}\",revision=\"1\",container=\"main\"}} {}",
-            4096 * MIB
-        )),
-        "{body}"
+    let res_b = format!(
+        "gpu_medic_task_gpu_memory_reserved_bytes{{task=\"{arn_b}\",family=\"{fam_b}\",revision=\"1\",container=\"main\"}}"
+    );
+    wait_sync(
+        "task B's reservation (read in a task of its own)",
+        Duration::from_secs(10),
+        || series(&scrape(&addr), &res_b) == Some((4096 * MIB) as f64),
+        || format!("{}\n{}", scrape(&addr), d.log()),
     );
 
     // A's app grows: 2 x 1500 + 500 = 3500 MiB, each process under its 2048 MiB limit, the
