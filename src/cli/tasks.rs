@@ -90,9 +90,10 @@ fn minute_text(m: u64) -> String {
 /// a whole first), sorted.
 pub fn sizes(rows: &[Row]) -> Vec<Sizing> {
     type Key = (String, String, Option<String>);
-    // Per key: per minute the largest peak (a minute written twice is one minute), and the
-    // reservation of the latest minute that had one.
-    let mut by: BTreeMap<Key, (BTreeMap<u64, u64>, Option<(u64, u64)>)> = BTreeMap::new();
+    /// Per minute the largest peak (a minute written twice is one minute), and the
+    /// reservation of the latest minute that had one, as (minute, bytes).
+    type Seen = (BTreeMap<u64, u64>, Option<(u64, u64)>);
+    let mut by: BTreeMap<Key, Seen> = BTreeMap::new();
     for r in rows {
         let e = by
             .entry((r.family.clone(), r.revision.clone(), r.container.clone()))
