@@ -139,3 +139,23 @@ pub fn http_sync_with(
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((status, body))
 }
+
+/// The Prometheus text of a metrics endpoint at `addr` (`GET /metrics`); empty when it does
+/// not answer (yet).
+pub fn scrape(addr: &str) -> String {
+    let Ok(addr) = addr.parse::<SocketAddr>() else {
+        return String::new();
+    };
+    http_sync_with(addr, "GET", "/metrics", "", "")
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+}
+
+/// The value of the first series in `body` whose line starts with `prefix` (a metric name and
+/// the start of its labels).
+pub fn series(body: &str, prefix: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
