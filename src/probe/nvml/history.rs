@@ -62,6 +62,9 @@ pub struct Writer {
     peaks: BTreeMap<Key, (u64, Option<u64>)>,
     size: u64,
     warned: bool,
+    /// The path is not a file gpu-medic can keep (a directory, a file it could not set
+    /// aside): nothing is written, it was said once at start.
+    disabled: bool,
 }
 
 impl Writer {
@@ -73,8 +76,9 @@ impl Writer {
             path,
             minute: None,
             peaks: BTreeMap::new(),
-            size,
+            size: size.unwrap_or(0),
             warned: false,
+            disabled: size.is_none(),
         }
     }
 
@@ -114,7 +118,8 @@ impl Writer {
     /// Appends the minute collected so far (at a minute's end, and when the daemon stops).
     pub fn flush(&mut self) {
         let Some(minute) = self.minute else { return };
-        if self.peaks.is_empty() {
+        if self.peaks.is_empty() || self.disabled {
+            self.peaks.clear();
             return;
         }
         let mut text = String::new();
@@ -222,10 +227,10 @@ fn rewrite(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// At start: an oversized or partly unreadable file is set aside and its rows carried over.
-/// Returns the file's size afterwards.
-fn check_at_start(path: &Path) -> u64 {
+/// Returns the file's size afterwards; `None` when the history cannot be kept there.
+fn check_at_start(path: &Path) -> Option<u64> {
     let Ok(meta) = std::fs::metadata(path) else {
-        return 0;
+        return Some(0);
     };
     if !meta.is_file() {
         tracing::warn!(
@@ -233,7 +238,7 @@ fn check_at_start(path: &Path) -> u64 {
             "{} is not a regular file; GPU memory history is not kept",
             path.display()
         );
-        return u64::MAX;
+        return None;
     }
     let (rows, why) = if meta.len() > MAX_FILE_SET_ASIDE {
         (
@@ -246,7 +251,7 @@ fn check_at_start(path: &Path) -> u64 {
         )
     } else {
         match read_rows(path, MAX_FILE_SET_ASIDE) {
-            Ok((_, 0)) => return meta.len(),
+            Ok((_, 0)) => return Some(meta.len()),
             Ok((rows, bad)) => (rows, format!("{bad} line(s) that are not history rows")),
             Err(e) => (Vec::new(), format!("unreadable: {e}")),
         }
@@ -261,7 +266,7 @@ fn check_at_start(path: &Path) -> u64 {
             "{} is {why} and cannot be set aside ({e}); GPU memory history is not kept",
             path.display()
         );
-        return u64::MAX;
+        return None;
     }
     tracing::warn!(
         probe = "nvml",
@@ -279,10 +284,10 @@ fn check_at_start(path: &Path) -> u64 {
         }
     }
     match rewrite(path, text.as_bytes()) {
-        Ok(()) => text.len() as u64,
+        Ok(()) => Some(text.len() as u64),
         Err(e) => {
             tracing::warn!(probe = "nvml", "cannot write {}: {e}", path.display());
-            0
+            Some(0)
         }
     }
 }
@@ -452,6 +457,17 @@ mod tests {
             n, KEEP_SET_ASIDE,
             "only the newest set-aside files are kept"
         );
+    }
+
+    #[test]
+    fn a_path_that_is_not_a_file_keeps_no_history_and_does_not_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(FILE)).unwrap();
+        let mut w = Writer::open(dir.path());
+        w.observe(&[task("infer", 1, None)], 60);
+        w.observe(&[task("infer", 1, None)], 120);
+        w.flush();
+        assert!(w.path().is_dir(), "left as it was");
     }
 
     #[test]
