@@ -9,7 +9,8 @@
 //! Task A runs two processes in its `app` container and one in `sidecar`; its definition
 //! reserves 2048 + 1024 MiB. Each process stays under its container's per-process limit, but
 //! together they cross the task's 3072 MiB: the incident names the task, its reservation and
-//! its use. Task B stays under. Then `gpu-medic tasks` suggests sizes from the history.
+//! its use. Task B stays under. The EMF lines on stdout carry the same numbers, and
+//! `gpu-medic tasks` suggests sizes from the history.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
@@ -107,7 +108,7 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
         "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
          [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\npoll_interval = \"200ms\"\n\
          [mps]\nenabled = false\n[lifecycle]\nenabled = false\n\
-         [metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n\
+         [metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\nemf = true\n\
          {sections}[ecs]\nagent_url = \"{agent}\"\n",
         policy = default_policy().display(),
         lib = fake_nvml().display(),
@@ -118,6 +119,7 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
     let mut d = Daemon::in_temp(dir, &config);
     d.aws(Some(&proxy.url));
     d.gpus(FOUR_GPUS);
+    d.keep_stdout();
     let inject = |d: &mut Daemon, app_mib: u64| {
         let mut one = clients(&a_app.pids(), app_mib);
         one.extend(clients(&a_side.pids(), 500));
@@ -212,6 +214,33 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
 
     // The stop keeps the minute in progress; the report suggests sizes from it.
     d.stop(Duration::from_secs(10));
+    // `[metrics] emf = true`: every stdout line is an EMF document; task A's app on GPU 1
+    // carries its dimensions and numbers (the full spec check is src/emf.rs's unit test).
+    let stdout = d.stdout(); // whole: the daemon has stopped
+    let docs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let a_app = docs
+        .iter()
+        .rev()
+        .find(|v| v["TaskArn"] == arn_a.as_str() && v["ContainerName"] == "app")
+        .unwrap_or_else(|| panic!("no EMF line for task A's app in\n{stdout}"));
+    let directive = &a_app["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], "GpuMedic", "{a_app}");
+    for set in directive["Dimensions"].as_array().unwrap() {
+        for name in set.as_array().unwrap() {
+            assert!(
+                a_app[name.as_str().unwrap()].is_string(),
+                "{name} is a root string member: {a_app}"
+            );
+        }
+    }
+    assert_eq!(a_app["TaskDefinitionFamily"], fam_a.as_str());
+    assert_eq!(a_app["TaskGpuMemoryUsed"], 3000 * MIB, "{a_app}");
+    assert_eq!(a_app["TaskGpuMemoryReserved"], 2048 * MIB, "{a_app}");
+    assert!(a_app["_aws"]["Timestamp"].is_u64());
+
     let out = d.cli(&["tasks", "--json"]);
     assert!(out.status.success(), "{out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -143,12 +143,19 @@ pub fn http_sync_with(
 /// The Prometheus text of a metrics endpoint at `addr` (`GET /metrics`); empty when it does
 /// not answer (yet).
 pub fn scrape(addr: &str) -> String {
-    let Ok(addr) = addr.parse::<SocketAddr>() else {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
         return String::new();
     };
-    http_sync_with(addr, "GET", "/metrics", "", "")
-        .map(|(_, body)| body)
-        .unwrap_or_default()
+    // One write: gpu-medic's endpoint reads the request once, and bytes it left unread
+    // would make its close a reset.
+    if s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
 }
 
 /// The value of the first series in `body` whose line starts with `prefix` (a metric name and
