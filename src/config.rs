@@ -266,8 +266,17 @@ impl std::fmt::Display for Share {
 
 impl<'de> Deserialize<'de> for Share {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Share::parse(&s).map_err(serde::de::Error::custom)
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Share;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a share such as \"100%\" (a string with %)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Share, E> {
+                Share::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -1327,6 +1336,24 @@ mod tests {
         assert_eq!(c.fleet.pause_tag, "gpu-medic/paused");
         assert_eq!(c.lifecycle.terminate_hook, "gpu-medic-terminate");
         assert!(!c.aws.replace_fallback_terminate);
+    }
+
+    #[test]
+    fn the_reservation_alert_is_a_share_of_more_than_zero() {
+        let p = Path::new("/x.toml");
+        let c = Config::parse(p, "[nvml]\nreservation_alert = \"90%\"\n").unwrap();
+        assert_eq!(c.nvml.reservation_alert, Share(90.0));
+        assert_eq!(c.nvml.reservation_alert.of(1000), 900);
+        assert_eq!(
+            Config::parse(p, "").unwrap().nvml.reservation_alert,
+            Share(100.0)
+        );
+        for bad in ["\"0%\"", "\"-5%\"", "\"2000%\"", "\"90\"", "90", "\"x%\""] {
+            let e = Config::parse(p, &format!("[nvml]\nreservation_alert = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(":2:"), "{bad}: {e}");
+        }
     }
 
     #[test]
