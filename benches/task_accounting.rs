@@ -4,10 +4,9 @@
 //!
 //! - `before`: what the accounting cost before reservations (each client's
 //!   `/proc/<pid>/cgroup` read and summed per task and container, tasks named through the ECS
-//!   agent, the Prometheus text rendered);
+//!   agent, the snapshot published);
 //! - `after`: the same plus each task's total against its reservation (`reserve::per_task`),
-//!   the crossing check, the history's per-minute peaks and the metrics with the reservation
-//!   series (the default configuration);
+//!   the crossing check and the history's per-minute peaks (the default configuration);
 //! - `after+emf`: and one EMF line per task, container and GPU (`[metrics] emf = true`; the
 //!   lines are built, not written: where stdout goes is the shipper's cost).
 //!
@@ -19,7 +18,8 @@
 //!
 //! Per poll: wall time and the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), median and p99
 //! over `BENCH_POLLS` polls (default 2000) after 50 warm-up polls; CPU seconds per hour at
-//! the default 10 s poll interval from the median. Run with `cargo bench --bench
+//! the default 10 s poll interval from the median. Apart, the CPU time of one scrape of the
+//! metrics endpoint's text after each poll (its reservation series are new in `after`). Run with `cargo bench --bench
 //! task_accounting` (release); `--profile dev` for a quick look.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // bench code: a failed assumption is a failed run
@@ -130,91 +130,124 @@ fn main() {
     let state = tempfile::tempdir().unwrap();
     let alert = Share(100.0);
 
-    for variant in ["before", "after", "after+emf"] {
-        let accounting = Accounting::new();
-        let metrics = gpu_medic::metrics::Metrics::new().with_accounting(accounting.clone());
-        let mut names = TaskNames::default();
-        let mut crossings = Crossings::default();
-        let mut hist = history::Writer::open(state.path());
-        let mut wall = Vec::with_capacity(polls);
-        let mut cpu = Vec::with_capacity(polls);
-        let mut emf_bytes = 0usize;
-        for i in 0..(polls + 50) {
-            // Memory changes every poll, as a loading model's does.
-            let clients: Vec<Vec<Client>> = gpus
-                .iter()
-                .map(|pids| {
-                    pids.iter()
-                        .map(|&pid| Client {
-                            pid,
-                            used_bytes: Some(((pid as u64 + i as u64) % 2048 + 256) << 20),
-                        })
-                        .collect()
-                })
-                .collect();
+    // The variants take turns poll by poll, so drift on a shared machine (other builds, page
+    // cache) falls on all three alike.
+    const VARIANTS: [&str; 3] = ["before", "after", "after+emf"];
+    struct Run {
+        accounting: Accounting,
+        metrics: gpu_medic::metrics::Metrics,
+        names: TaskNames,
+        crossings: Crossings,
+        hist: history::Writer,
+        wall: Vec<Duration>,
+        cpu: Vec<Duration>,
+        scrape: Vec<Duration>,
+        emf_bytes: usize,
+    }
+    let mut runs: Vec<Run> = VARIANTS
+        .iter()
+        .enumerate()
+        .map(|(n, _)| {
+            let accounting = Accounting::new();
+            let dir = state.path().join(n.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            Run {
+                metrics: gpu_medic::metrics::Metrics::new().with_accounting(accounting.clone()),
+                accounting,
+                names: TaskNames::default(),
+                crossings: Crossings::default(),
+                hist: history::Writer::open(&dir),
+                wall: Vec::with_capacity(polls),
+                cpu: Vec::with_capacity(polls),
+                scrape: Vec::with_capacity(polls),
+                emf_bytes: 0,
+            }
+        })
+        .collect();
+    for i in 0..(polls + 50) {
+        // Memory changes every poll, as a loading model's does.
+        let clients: Vec<Vec<Client>> = gpus
+            .iter()
+            .map(|pids| {
+                pids.iter()
+                    .map(|&pid| Client {
+                        pid,
+                        used_bytes: Some(((pid as u64 + i as u64) % 2048 + 256) << 20),
+                    })
+                    .collect()
+            })
+            .collect();
+        for (variant, run) in VARIANTS.iter().zip(runs.iter_mut()) {
             let (t0, c0) = (Instant::now(), thread_cpu());
             let mut snap = Snapshot::default();
             for (g, c) in clients.iter().enumerate() {
                 snap.gpus
                     .insert(g as u32, (ids[g].clone(), usage::sum(&proc_root, c)));
             }
-            rt.block_on(names.label(&agent.url, &mut snap));
-            if variant != "before" {
+            rt.block_on(run.names.label(&agent.url, &mut snap));
+            if *variant != "before" {
                 reservations.request(&snap);
                 snap.tasks = reserve::per_task(&snap, Some(&reservations), alert);
-                let _ = crossings.update(&snap.tasks, alert);
-                hist.observe(&snap.tasks, 120);
+                let _ = run.crossings.update(&snap.tasks, alert);
+                run.hist.observe(&snap.tasks, 120);
             }
-            if variant == "after+emf" {
+            if *variant == "after+emf" {
                 let lines = gpu_medic::emf::lines(&snap, 1_700_000_000_000);
-                emf_bytes = lines.iter().map(|l| l.len() + 1).sum();
+                run.emf_bytes = lines.iter().map(|l| l.len() + 1).sum();
             }
-            accounting.publish(snap);
-            let text = metrics.render();
-            std::hint::black_box(text);
+            run.accounting.publish(snap);
             let (w, c) = (t0.elapsed(), thread_cpu() - c0);
+            // A scrape (the Prometheus text), timed apart: it happens per scrape, not per poll.
+            let c1 = thread_cpu();
+            std::hint::black_box(run.metrics.render());
+            let r = thread_cpu() - c1;
             if i >= 50 {
-                wall.push(w);
-                cpu.push(c);
+                run.wall.push(w);
+                run.cpu.push(c);
+                run.scrape.push(r);
             }
         }
-        wall.sort();
-        cpu.sort();
-        let per_hour = pct(&cpu, 50).as_secs_f64() * 360.0;
+    }
+    for (variant, run) in VARIANTS.iter().zip(runs.iter_mut()) {
+        run.wall.sort();
+        run.cpu.sort();
+        run.scrape.sort();
+        let per_hour = pct(&run.cpu, 50).as_secs_f64() * 360.0;
         println!(
-            "{variant:>9}: {GPUS} GPUs x {} clients, {polls} polls: wall median {} p99 {}; CPU median {} p99 {}; {per_hour:.2} CPU-s/hour at a 10 s poll{}",
+            "{variant:>9}: {GPUS} GPUs x {} clients, {polls} polls: poll wall median {} p99 {}; poll CPU median {} p99 {}; {per_hour:.2} CPU-s/hour at a 10 s poll; a scrape's CPU median {} p99 {}{}",
             TASKS_PER_GPU as usize * CONTAINERS.len() * PROCS,
-            us(pct(&wall, 50)),
-            us(pct(&wall, 99)),
-            us(pct(&cpu, 50)),
-            us(pct(&cpu, 99)),
-            if variant == "after+emf" {
-                format!("; EMF {emf_bytes} bytes per poll")
+            us(pct(&run.wall, 50)),
+            us(pct(&run.wall, 99)),
+            us(pct(&run.cpu, 50)),
+            us(pct(&run.cpu, 99)),
+            us(pct(&run.scrape, 50)),
+            us(pct(&run.scrape, 99)),
+            if *variant == "after+emf" {
+                format!("; EMF {} bytes per poll", run.emf_bytes)
             } else {
                 String::new()
             }
         );
-        if variant == "after" {
-            // The once-a-minute append: every key's peak, one write, one fsync.
-            let mut appends = Vec::new();
-            for m in 0..20u64 {
-                let snap = accounting.snapshot();
-                hist.observe(&snap.tasks, 180 + m * 60);
-                let t0 = Instant::now();
-                hist.observe(&snap.tasks, 240 + m * 60);
-                appends.push(t0.elapsed());
-            }
-            appends.sort();
-            let size = std::fs::metadata(hist.path()).map_or(0, |m| m.len());
-            println!(
-                "history append (once a minute, {} keys): median {} p99 {}; file {} bytes after {} minutes",
-                TASKS_PER_GPU as usize * (CONTAINERS.len() + 1),
-                us(pct(&appends, 50)),
-                us(pct(&appends, 99)),
-                size,
-                appends.len() * 2 + 1
-            );
-        }
     }
+    // The once-a-minute append: every key's peak, one write, one fsync.
+    let run = &mut runs[1];
+    let mut appends = Vec::new();
+    for m in 0..20u64 {
+        let snap = run.accounting.snapshot();
+        run.hist.observe(&snap.tasks, 180 + m * 60);
+        let t0 = Instant::now();
+        run.hist.observe(&snap.tasks, 240 + m * 60);
+        appends.push(t0.elapsed());
+    }
+    appends.sort();
+    let size = std::fs::metadata(run.hist.path()).map_or(0, |m| m.len());
+    println!(
+        "history append (once a minute, {} keys): median {} p99 {}; file {} bytes after {} minutes",
+        TASKS_PER_GPU as usize * (CONTAINERS.len() + 1),
+        us(pct(&appends, 50)),
+        us(pct(&appends, 99)),
+        size,
+        appends.len() * 2 + 1
+    );
     drop(procs);
 }
