@@ -169,10 +169,13 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         return Ok(exit::OK);
     }
     if sizes.is_empty() {
-        println!(
-            "no GPU memory history in {} yet (the daemon records tasks the ECS agent names, once a minute)",
-            path.display()
-        );
+        match &a.family {
+            Some(f) => println!("no GPU memory history for family {f} in {}", path.display()),
+            None => println!(
+                "no GPU memory history in {} yet (the daemon records tasks the ECS agent names, once a minute)",
+                path.display()
+            ),
+        }
         return Ok(exit::OK);
     }
     println!(
