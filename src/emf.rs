@@ -13,12 +13,101 @@
 
 use std::io::Write;
 
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::probe::nvml::usage::Snapshot;
 
 /// The CloudWatch namespace of the metrics.
 pub const NAMESPACE: &str = "GpuMedic";
+
+/// One metric definition of a directive.
+#[derive(Serialize)]
+struct Metric {
+    #[serde(rename = "Name")]
+    name: &'static str,
+    #[serde(rename = "Unit")]
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+struct Directive<'a> {
+    #[serde(rename = "Namespace")]
+    namespace: &'static str,
+    #[serde(rename = "Dimensions")]
+    dimensions: Vec<Vec<&'static str>>,
+    #[serde(rename = "Metrics")]
+    metrics: &'a [Metric],
+}
+
+#[derive(Serialize)]
+struct Metadata<'a> {
+    #[serde(rename = "Timestamp")]
+    timestamp: u64,
+    #[serde(rename = "CloudWatchMetrics")]
+    cloudwatch_metrics: [Directive<'a>; 1],
+}
+
+/// One line: the metadata, then the dimension values (absent when not known) and the
+/// metric values at the root.
+#[derive(Serialize)]
+struct Line<'a> {
+    _aws: Metadata<'a>,
+    #[serde(rename = "TaskArn")]
+    task_arn: &'a str,
+    #[serde(rename = "TaskDefinitionFamily", skip_serializing_if = "str::is_empty")]
+    family: &'a str,
+    #[serde(
+        rename = "TaskDefinitionRevision",
+        skip_serializing_if = "str::is_empty"
+    )]
+    revision: &'a str,
+    #[serde(rename = "ContainerName", skip_serializing_if = "str::is_empty")]
+    container: &'a str,
+    #[serde(rename = "GpuUuid", skip_serializing_if = "str::is_empty")]
+    gpu_uuid: &'a str,
+    #[serde(rename = "TaskGpuMemoryUsed")]
+    used: u64,
+    #[serde(rename = "TaskGpuProcesses")]
+    processes: u32,
+    #[serde(
+        rename = "TaskGpuMemoryReserved",
+        skip_serializing_if = "Option::is_none"
+    )]
+    reserved: Option<u64>,
+    /// Not a metric: the processes whose memory NVML did not report.
+    #[serde(rename = "UnknownMemoryProcesses", skip_serializing_if = "is_zero")]
+    unknown: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+const WITHOUT_RESERVATION: [Metric; 2] = [
+    Metric {
+        name: "TaskGpuMemoryUsed",
+        unit: "Bytes",
+    },
+    Metric {
+        name: "TaskGpuProcesses",
+        unit: "Count",
+    },
+];
+
+const WITH_RESERVATION: [Metric; 3] = [
+    Metric {
+        name: "TaskGpuMemoryUsed",
+        unit: "Bytes",
+    },
+    Metric {
+        name: "TaskGpuProcesses",
+        unit: "Count",
+    },
+    Metric {
+        name: "TaskGpuMemoryReserved",
+        unit: "Bytes",
+    },
+];
 
 /// The lines for one poll's snapshot taken at `at_ms` (Unix milliseconds).
 pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
@@ -27,8 +116,8 @@ pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
         for u in tasks {
             let names = u.names.as_ref();
             let container = names
-                .and_then(|n| n.container.clone())
-                .or_else(|| u.container.clone())
+                .and_then(|n| n.container.as_deref())
+                .or(u.container.as_deref())
                 .unwrap_or_default();
             let reserved = snap
                 .tasks
@@ -36,68 +125,64 @@ pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
                 .find(|t| t.task == u.task)
                 .and_then(|t| t.containers.iter().find(|c| c.name == container))
                 .and_then(|c| c.reserved_bytes);
-            let dims: Vec<(&str, String)> = [
-                (
-                    "TaskArn",
-                    names.map_or_else(|| u.task.clone(), |n| n.arn.clone()),
-                ),
-                (
-                    "TaskDefinitionFamily",
-                    names.map(|n| n.family.clone()).unwrap_or_default(),
-                ),
-                (
-                    "TaskDefinitionRevision",
-                    names.map(|n| n.revision.clone()).unwrap_or_default(),
-                ),
-                ("ContainerName", container),
-                ("GpuUuid", gpu.uuid.clone()),
-            ]
-            .into_iter()
-            .filter(|(_, v)| !v.is_empty())
-            .collect();
-            let all: Vec<&str> = dims.iter().map(|(k, _)| *k).collect();
-            let mut sets = vec![all.clone()];
-            let by_family: Vec<&str> = all
-                .iter()
-                .copied()
-                .filter(|k| matches!(*k, "TaskDefinitionFamily" | "ContainerName"))
-                .collect();
-            if by_family.contains(&"TaskDefinitionFamily") && by_family != all {
-                sets.insert(0, by_family);
-            }
-            let mut metrics = vec![
-                json!({"Name": "TaskGpuMemoryUsed", "Unit": "Bytes"}),
-                json!({"Name": "TaskGpuProcesses", "Unit": "Count"}),
-            ];
-            let mut doc = serde_json::Map::new();
-            for (k, v) in &dims {
-                doc.insert((*k).to_string(), Value::String(v.clone()));
-            }
-            doc.insert("TaskGpuMemoryUsed".into(), json!(u.bytes));
-            doc.insert("TaskGpuProcesses".into(), json!(u.processes));
-            if let Some(r) = reserved {
-                metrics.push(json!({"Name": "TaskGpuMemoryReserved", "Unit": "Bytes"}));
-                doc.insert("TaskGpuMemoryReserved".into(), json!(r));
-            }
-            if u.unknown > 0 {
-                // Not a metric: the processes whose memory NVML did not report.
-                doc.insert("UnknownMemoryProcesses".into(), json!(u.unknown));
-            }
-            doc.insert(
-                "_aws".into(),
-                json!({
-                    "Timestamp": at_ms,
-                    "CloudWatchMetrics": [{
-                        "Namespace": NAMESPACE,
-                        "Dimensions": sets,
-                        "Metrics": metrics,
+            let task_arn = names.map_or(u.task.as_str(), |n| n.arn.as_str());
+            let family = names.map_or("", |n| n.family.as_str());
+            let revision = names.map_or("", |n| n.revision.as_str());
+            let line = Line {
+                _aws: Metadata {
+                    timestamp: at_ms,
+                    cloudwatch_metrics: [Directive {
+                        namespace: NAMESPACE,
+                        dimensions: dimension_sets([
+                            ("TaskArn", task_arn),
+                            ("TaskDefinitionFamily", family),
+                            ("TaskDefinitionRevision", revision),
+                            ("ContainerName", container),
+                            ("GpuUuid", &gpu.uuid),
+                        ]),
+                        metrics: if reserved.is_some() {
+                            &WITH_RESERVATION
+                        } else {
+                            &WITHOUT_RESERVATION
+                        },
                     }],
-                }),
-            );
-            out.push(Value::Object(doc).to_string());
+                },
+                task_arn,
+                family,
+                revision,
+                container,
+                gpu_uuid: &gpu.uuid,
+                used: u.bytes,
+                processes: u.processes,
+                reserved,
+                unknown: u.unknown,
+            };
+            if let Ok(text) = serde_json::to_string(&line) {
+                out.push(text);
+            }
         }
     }
     out
+}
+
+/// Every known dimension (a non-empty value) in one set, and the family with the container
+/// (across tasks) when the family is known.
+fn dimension_sets(dims: [(&'static str, &str); 5]) -> Vec<Vec<&'static str>> {
+    let all: Vec<&'static str> = dims
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, _)| k)
+        .collect();
+    let by_family: Vec<&'static str> = all
+        .iter()
+        .copied()
+        .filter(|k| matches!(*k, "TaskDefinitionFamily" | "ContainerName"))
+        .collect();
+    if by_family.contains(&"TaskDefinitionFamily") && by_family != all {
+        vec![by_family, all]
+    } else {
+        vec![all]
+    }
 }
 
 /// Writes lines to stdout, each whole; once stdout fails (a closed pipe) it stops writing,
@@ -137,6 +222,7 @@ mod tests {
     use crate::model::GpuId;
     use crate::probe::nvml::reserve::{ContainerMemory, TaskMemory};
     use crate::probe::nvml::usage::{Names, TaskUsage};
+    use serde_json::{Value, json};
 
     /// Checks a line against the EMF specification's rules: a JSON object; `_aws` with a
     /// numeric `Timestamp` and a `CloudWatchMetrics` array of directives, each with a
