@@ -83,18 +83,8 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-const WITHOUT_RESERVATION: [Metric; 2] = [
-    Metric {
-        name: "TaskGpuMemoryUsed",
-        unit: "Bytes",
-    },
-    Metric {
-        name: "TaskGpuProcesses",
-        unit: "Count",
-    },
-];
-
-const WITH_RESERVATION: [Metric; 3] = [
+/// The metrics of a line; the reservation (last) only where it is known.
+const METRICS: [Metric; 3] = [
     Metric {
         name: "TaskGpuMemoryUsed",
         unit: "Bytes",
@@ -141,9 +131,9 @@ pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
                             ("GpuUuid", &gpu.uuid),
                         ]),
                         metrics: if reserved.is_some() {
-                            &WITH_RESERVATION
+                            &METRICS
                         } else {
-                            &WITHOUT_RESERVATION
+                            &METRICS[..2]
                         },
                     }],
                 },
