@@ -16,13 +16,16 @@
 #   storm               thousands of distinct kernel-log XIDs, then an XID 79: time to decide
 #                       the 79, time until CPU is idle again, CPU cost (BENCH_STORM, default
 #                       3000; GPU_MEDIC_BIN=path runs another gpu-medic binary side by side)
+#   task_accounting     per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48
+#                       clients, before/after reservations and EMF (BENCH_POLLS, default 2000;
+#                       root: real processes in ECS-shaped cgroups)
 # action_latency and steady_state need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

@@ -43,6 +43,8 @@ pub struct Metrics {
     started: Mutex<BTreeMap<ActionId, &'static str>>,
     task_gpu_memory: Family<Labels, Gauge>,
     task_gpu_processes: Family<Labels, Gauge>,
+    task_gpu_memory_reserved: Family<Labels, Gauge>,
+    task_gpu_memory_over_reservation: Family<Labels, Gauge>,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
 }
@@ -125,9 +127,23 @@ impl Metrics {
             "MPS client processes of an ECS task's container on a GPU, at the last poll (unknown=\"true\": NVML did not report their memory)",
             task_gpu_processes.clone(),
         );
+        let task_gpu_memory_reserved = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_memory_reserved_bytes",
+            "GPU memory an ECS task's container reserves (its task definition's sharingStrategy.nvidiaMps.memory), once its task definition was read",
+            task_gpu_memory_reserved.clone(),
+        );
+        let task_gpu_memory_over_reservation = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_memory_over_reservation",
+            "1 while an ECS task's processes together use more GPU memory than [nvml] reservation_alert of its reservation (the sum of its containers'), else 0",
+            task_gpu_memory_over_reservation.clone(),
+        );
         Metrics {
             task_gpu_memory,
             task_gpu_processes,
+            task_gpu_memory_reserved,
+            task_gpu_memory_over_reservation,
             accounting: None,
             registry,
             self_fault,
@@ -289,6 +305,7 @@ impl Metrics {
         let snap = a.snapshot();
         self.task_gpu_memory.clear();
         self.task_gpu_processes.clear();
+        self.refresh_reservations(&snap);
         for (index, (gpu, tasks)) in &snap.gpus {
             // Created at 0 (healthy) if absent; the engine's value is kept otherwise.
             drop(self.gpu_health.get_or_create(&vec![
@@ -333,6 +350,34 @@ impl Metrics {
                         .get_or_create(&unknown)
                         .set(i64::from(t.unknown));
                 }
+            }
+        }
+    }
+
+    /// Reservations and whether each task is over its alert share, for the tasks whose
+    /// reservation is known; replaced at each scrape like the use.
+    fn refresh_reservations(&self, snap: &crate::probe::nvml::usage::Snapshot) {
+        self.task_gpu_memory_reserved.clear();
+        self.task_gpu_memory_over_reservation.clear();
+        for t in &snap.tasks {
+            if t.reserved_bytes.is_none() {
+                continue;
+            }
+            let task: Labels = vec![
+                ("task".into(), t.name().to_string()),
+                ("family".into(), t.family.clone()),
+                ("revision".into(), t.revision.clone()),
+            ];
+            self.task_gpu_memory_over_reservation
+                .get_or_create(&task)
+                .set(i64::from(t.over));
+            for c in &t.containers {
+                let Some(r) = c.reserved_bytes else { continue };
+                let mut labels = task.clone();
+                labels.push(("container".into(), c.name.clone()));
+                self.task_gpu_memory_reserved
+                    .get_or_create(&labels)
+                    .set(i64::try_from(r).unwrap_or(i64::MAX));
             }
         }
     }

@@ -250,6 +250,11 @@ pub enum Signal {
     /// ECS believes more of a GPU's memory is free for new MPS tasks (`remainingMemoryInMiB`)
     /// than NVML shows free (value: the excess, MiB).
     EcsGpuMemoryInUse,
+    /// An ECS task's MPS clients together use more GPU memory than its task definition
+    /// reserves (`sharingStrategy.nvidiaMps.memory`, summed over its containers), or more
+    /// than `[nvml] reservation_alert` of it (value: percent of the reservation in use;
+    /// `tasks`: the task ARN; the detail has the numbers). Reported once per crossing.
+    GpuMemoryOverReservation,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
     Lifecycle {
@@ -322,6 +327,7 @@ signal_kinds! {
         EcsGpuMissing = "ecs-gpu-missing",
         EcsGpuCountMismatch = "ecs-gpu-count-mismatch",
         EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
+        GpuMemoryOverReservation = "gpu-memory-over-reservation",
     }
     engine: {
         MpsUp = "mps-up",
@@ -377,6 +383,7 @@ impl Signal {
             Signal::EcsGpuMissing => SignalKind::EcsGpuMissing,
             Signal::EcsGpuCountMismatch => SignalKind::EcsGpuCountMismatch,
             Signal::EcsGpuMemoryInUse => SignalKind::EcsGpuMemoryInUse,
+            Signal::GpuMemoryOverReservation => SignalKind::GpuMemoryOverReservation,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
@@ -996,6 +1003,7 @@ mod tests {
             Signal::EcsGpuMissing,
             Signal::EcsGpuCountMismatch,
             Signal::EcsGpuMemoryInUse,
+            Signal::GpuMemoryOverReservation,
             Signal::MpsUp,
             Signal::Lifecycle {
                 state: LifecycleState::Terminating,

@@ -20,6 +20,7 @@ pub mod identity;
 pub mod imds;
 pub mod instance_types;
 pub mod logs;
+pub mod taskdef;
 
 use std::time::Duration;
 

@@ -77,6 +77,8 @@ pub fn snapshot_probes_with_view(
 /// plane.
 ///
 /// `accounting` receives every NVML poll's GPUs and per-task GPU memory (for the metrics).
+/// Per-task GPU memory is also checked against reservations (with `[aws]` on), kept in the
+/// history `gpu-medic tasks` reads, and written as EMF lines (`[metrics] emf`) either way.
 pub fn sources(
     cfg: &Config,
     mps: &ControlClient,
@@ -103,10 +105,13 @@ pub fn sources_with_gpu_view(
 ) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone());
+        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
+            .with_emf(cfg.metrics.emf);
+        if cfg.aws.enabled {
+            source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
+        }
         if let Some(a) = accounting {
-            let agent = cfg.aws.enabled.then(|| cfg.ecs.agent_url.clone());
-            source = source.with_accounting(a.clone(), agent);
+            source = source.with_accounting(a.clone());
         }
         if let Some(wake) = wake.filter(|_| gpu_view_enabled(cfg)) {
             let view = nvml::view::NvmlView::new();

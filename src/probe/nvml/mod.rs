@@ -9,9 +9,11 @@
 //! counter is a one-time warning, an unexpected counter error a reported problem.
 
 mod events;
+pub mod history;
 pub mod kmsg;
 mod poll;
 mod raw;
+pub mod reserve;
 pub mod usage;
 pub mod view;
 
@@ -104,6 +106,10 @@ pub struct NvmlSource {
     view: Option<view::NvmlView>,
     /// The expected GPU count learnt at run time (`[nvml] expected_gpus` unset).
     expected: Option<view::ExpectedGpus>,
+    /// Task definitions' GPU memory reservations (`[aws]` on).
+    reservations: Option<reserve::Reservations>,
+    /// One embedded-metric-format line per task, container and GPU per poll on stdout.
+    emf: bool,
 }
 
 impl NvmlSource {
@@ -116,6 +122,8 @@ impl NvmlSource {
             agent_url: None,
             view: None,
             expected: None,
+            reservations: None,
+            emf: false,
         }
     }
 
@@ -136,14 +144,22 @@ impl NvmlSource {
     }
 
     /// Publishes every poll's GPUs and per-task GPU memory to `accounting`.
-    /// Tasks are labelled with what the ECS agent at `agent_url` tells of them.
-    pub fn with_accounting(
-        mut self,
-        accounting: usage::Accounting,
-        agent_url: Option<String>,
-    ) -> Self {
+    pub fn with_accounting(mut self, accounting: usage::Accounting) -> Self {
         self.accounting = Some(accounting);
-        self.agent_url = agent_url;
+        self
+    }
+
+    /// Names tasks through the ECS agent at `agent_url` and reads their task definitions'
+    /// GPU memory reservations from ECS (`aws`).
+    pub fn with_ecs(mut self, agent_url: String, aws: crate::config::AwsConfig) -> Self {
+        self.agent_url = Some(agent_url);
+        self.reservations = Some(reserve::Reservations::new(aws));
+        self
+    }
+
+    /// Writes per-task GPU memory as CloudWatch embedded-metric-format lines on stdout.
+    pub fn with_emf(mut self, on: bool) -> Self {
+        self.emf = on;
         self
     }
 }
@@ -171,6 +187,9 @@ impl NvmlSource {
         // Reported once per episode; the engine keeps one incident while it lasts.
         let mut unusable = false;
         let mut names = usage::TaskNames::default();
+        let mut crossings = reserve::Crossings::default();
+        let mut history = history::Writer::open(&self.state_dir);
+        let mut emf = crate::emf::Writer::default();
         'open: loop {
             let library = self.cfg.library.clone();
             let opened = tokio::task::spawn_blocking(move || open(&library)).await;
@@ -270,12 +289,29 @@ impl NvmlSource {
                         if let Some(v) = &self.view {
                             v.publish(report.view.clone());
                         }
+                        let mut snap = report.usage;
+                        if let Some(url) = &self.agent_url {
+                            names.label(url, &mut snap).await;
+                        }
+                        if let Some(r) = &self.reservations {
+                            r.request(&snap);
+                        }
+                        let alert = self.cfg.reservation_alert;
+                        snap.tasks = reserve::per_task(&snap, self.reservations.as_ref(), alert);
+                        let crossed = crossings.update(&snap.tasks, alert);
+                        let now = crate::model::Timestamp::now();
+                        history.observe(&snap.tasks, now.0 / 1000);
+                        if self.emf {
+                            emf.write(&crate::emf::lines(&snap, now.0));
+                        }
                         if let Some(a) = &self.accounting {
-                            let mut snap = report.usage;
-                            if let Some(url) = &self.agent_url {
-                                names.label(url, &mut snap).await;
-                            }
                             a.publish(snap);
+                        }
+                        for obs in crossed {
+                            if tx.send(obs).await.is_err() {
+                                stop.store(true, Ordering::Relaxed);
+                                return;
+                            }
                         }
                         if let Some(reader) = kmsg.take() {
                             let spawned = std::thread::Builder::new()
