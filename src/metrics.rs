@@ -413,15 +413,11 @@ pub async fn serve(
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
-            let request = String::from_utf8_lossy(&buf[..n]);
+            let deadline = std::time::Duration::from_secs(5);
+            let Ok(Some(head)) = tokio::time::timeout(deadline, read_head(&mut sock)).await else {
+                return;
+            };
+            let request = String::from_utf8_lossy(&head);
             let path = request.split_whitespace().nth(1).unwrap_or("");
             let (status, body, ctype) = if path == "/metrics" {
                 (
@@ -440,6 +436,31 @@ pub async fn serve(
             let _ = sock.write_all(body.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
+    }
+}
+
+/// The longest request head the endpoint reads (a scrape's is a few hundred bytes).
+const MAX_REQUEST_HEAD: usize = 8 * 1024;
+
+/// Reads a request head up to its blank line, however many writes the client split it into.
+/// `None` when the client closes first, or sends more than [`MAX_REQUEST_HEAD`] without one.
+/// Reading the whole head matters: bytes left unread when the socket closes make the close a
+/// reset, and the client loses the answer.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Option<Vec<u8>> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = r.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+            return Some(head);
+        }
+        if head.len() > MAX_REQUEST_HEAD {
+            return None;
+        }
     }
 }
 
@@ -464,6 +485,37 @@ mod tests {
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
         )
         .unwrap()
+    }
+
+    /// A scrape whose request arrives in several writes gets the whole answer.
+    #[tokio::test]
+    async fn a_request_split_over_several_writes_is_answered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new()), stop.clone()));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        for part in ["GET /metr", "ics HTTP/1.1\r\n", "Host: x\r\n", "\r\n"] {
+            s.write_all(part.as_bytes()).await.unwrap();
+            s.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        assert!(out.contains("gpu_medic_"), "{out}");
+        stop.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_head_without_end_is_refused_once_over_the_cap() {
+        let long = vec![b'a'; MAX_REQUEST_HEAD + 2048];
+        assert_eq!(read_head(&mut long.as_slice()).await, None);
+        assert_eq!(read_head(&mut &b"GET / HTTP/1.1\r\n"[..]).await, None);
+        let ok = b"GET /metrics HTTP/1.1\r\n\r\n";
+        assert_eq!(read_head(&mut &ok[..]).await.as_deref(), Some(&ok[..]));
     }
 
     /// Drives the real engine and checks that every declared metric moves.

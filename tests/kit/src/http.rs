@@ -146,8 +146,6 @@ pub fn scrape(addr: &str) -> String {
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
         return String::new();
     };
-    // One write: gpu-medic's endpoint reads the request once, and bytes it left unread
-    // would make its close a reset.
     if s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .is_err()
     {
