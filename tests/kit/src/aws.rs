@@ -17,7 +17,7 @@ use gpu_medic::config::{AwsConfig, Config};
 use gpu_medic::model::{ActionId, Command, IncidentId, Order, Timestamp};
 
 pub use crate::http::{Handler, http_sync, serve_http};
-pub use crate::proxy::{Call, Fault, Proxy, form_field};
+pub use crate::proxy::{Call, Fault, Hold, Proxy, form_field};
 
 pub const REGION: &str = "us-east-1";
 
@@ -391,4 +391,60 @@ pub fn order(command: Command, deadline: Duration) -> Order {
         attempt: 1,
         deadline: Timestamp::now().plus(deadline),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fleet budget's slot table (DynamoDB in moto: conditional writes are real there)
+
+/// Creates the slot table `name` (partition key `group`, String; on-demand), as
+/// packaging/examples/cloudformation.yaml does.
+pub async fn create_slot_table(sdk: &SdkConfig, name: &str) {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    aws_sdk_dynamodb::Client::new(sdk)
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("group")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("group")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The group's item as gpu-medic reads it (a consistent GetItem); version 0 when absent.
+pub async fn slot_item(
+    sdk: &SdkConfig,
+    table: &str,
+    group: &str,
+) -> gpu_medic::aws::dynamo::SlotItem {
+    let t = gpu_medic::aws::dynamo::SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table);
+    t.read(&mut gpu_medic::aws::calls::Calls::new(), group)
+        .await
+        .unwrap()
+}
+
+/// TerminateInstanceInAutoScalingGroup, desired capacity decremented (no successor): moto
+/// terminates the EC2 instance and drops it from the group.
+pub async fn terminate(sdk: &SdkConfig, instance_id: &str) {
+    aws_sdk_autoscaling::Client::new(sdk)
+        .terminate_instance_in_auto_scaling_group()
+        .instance_id(instance_id)
+        .should_decrement_desired_capacity(true)
+        .send()
+        .await
+        .unwrap();
 }
