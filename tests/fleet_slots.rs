@@ -111,10 +111,11 @@ async fn reserve_commit_drain_then_restore_releases_and_every_write_is_condition
             .holders
             .is_empty()
     );
-    let (_, _, attrs) = aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await;
-    assert!(
-        !attrs.iter().any(|(n, _)| n == "gpu-medic.slot"),
-        "{attrs:?}"
+    // The attribute is deleted by name, as AWS documents DeleteAttributes (moto 5.2.5 keeps a
+    // valued attribute unless the value is sent too: docs/aws.md, "Quirks").
+    assert_eq!(
+        proxy.count_with("DeleteAttributes", r#""name":"gpu-medic.slot""#),
+        1
     );
     cp1.drain(&drain()).await.unwrap();
     assert_eq!(
@@ -279,14 +280,11 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
     for d in &mut ds[..4] {
         xid_79(d);
     }
-    let mut winner = None;
     wait_for("a takeover to drain", Duration::from_secs(40), || async {
-        let now = draining(&moto, &s).await;
-        winner = now.first().cloned();
-        !now.is_empty()
+        !draining(&moto, &s).await.is_empty()
     })
     .await;
-    let w = winner.unwrap();
+    let w = draining(&moto, &s).await[0].clone();
     let wi = (0..4)
         .find(|&i| id(i) == w)
         .expect("one of nodes 0-3 drains");
@@ -349,18 +347,13 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
     // the group sees the fact in EC2, removes the entry, and the next instance drains.
     ds[wi].signal(libc::SIGKILL);
     aws::terminate(&moto, &w).await;
-    let mut next = None;
     wait_for(
         "the next instance to drain",
         Duration::from_secs(40),
-        || async {
-            let now = draining(&moto, &s).await;
-            next = now.first().cloned();
-            !now.is_empty()
-        },
+        || async { !draining(&moto, &s).await.is_empty() },
     )
     .await;
-    let next = next.unwrap();
+    let next = draining(&moto, &s).await[0].clone();
     assert_ne!(next, w);
     let item = aws::slot_item(&moto, &table, &s.asg).await;
     assert!(!item.holders.contains_key(&w), "{item:?}");

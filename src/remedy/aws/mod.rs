@@ -230,6 +230,17 @@ impl AwsControlPlane {
             Some(g) => Some(self.asg.group(calls, g).await?),
             None => None,
         };
+        self.fleet_view_of(calls, id, ecs, group).await
+    }
+
+    /// The same, with the Auto Scaling group already read.
+    async fn fleet_view_of(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+        group: Option<crate::aws::asg::GroupState>,
+    ) -> Result<FleetView, CallError> {
         let arns = ecs.list_instances(calls).await?;
         let states = ecs.describe(calls, &arns, false).await?;
         let Some(g) = group else {
@@ -241,7 +252,8 @@ impl AwsControlPlane {
                 ..FleetView::default()
             });
         };
-        let members = g
+        let mut view = group_only(&g, &self.cfg.fleet.pause_tag);
+        view.members = g
             .instances
             .iter()
             .map(|i| {
@@ -256,22 +268,7 @@ impl AwsControlPlane {
                 m
             })
             .collect();
-        let pause = &self.cfg.fleet.pause_tag;
-        Ok(FleetView {
-            group: format!("Auto Scaling group {}", g.name),
-            desired: g.desired,
-            members,
-            suspended: g
-                .suspended
-                .iter()
-                .filter(|p| KILL_SWITCH_PROCESSES.contains(&p.as_str()))
-                .cloned()
-                .collect(),
-            paused: g
-                .tags
-                .iter()
-                .any(|(k, v)| k == pause && v.trim().eq_ignore_ascii_case("true")),
-        })
+        Ok(view)
     }
 
     /// Takes a slot in the fleet budget for this instance, or explains why not (Deferred).
@@ -841,6 +838,35 @@ impl ControlPlane for AwsControlPlane {
         result: LifecycleResult,
     ) -> BoxFuture<'_, Result<Done, RemedyError>> {
         Box::pin(async move { self.do_complete_lifecycle(hook, result).await })
+    }
+}
+
+/// The group as Auto Scaling alone shows it: its kill switches, desired capacity and members'
+/// lifecycle and health (no ECS state yet).
+fn group_only(g: &crate::aws::asg::GroupState, pause_tag: &str) -> FleetView {
+    FleetView {
+        group: format!("Auto Scaling group {}", g.name),
+        desired: g.desired,
+        members: g
+            .instances
+            .iter()
+            .map(|i| Member {
+                instance_id: i.instance_id.clone(),
+                lifecycle: i.lifecycle.clone(),
+                asg_health: i.health.clone(),
+                ..Member::default()
+            })
+            .collect(),
+        suspended: g
+            .suspended
+            .iter()
+            .filter(|p| KILL_SWITCH_PROCESSES.contains(&p.as_str()))
+            .cloned()
+            .collect(),
+        paused: g
+            .tags
+            .iter()
+            .any(|(k, v)| k == pause_tag && v.trim().eq_ignore_ascii_case("true")),
     }
 }
 

@@ -88,16 +88,47 @@ impl AwsControlPlane {
                 table.table
             )));
         };
-        let view = match self.fleet_view(calls, id, ecs).await {
+        // Auto Scaling first (one call): the kill switches, the budget, and who is terminated.
+        let g = match self.asg.group(calls, group).await {
+            Ok(g) => g,
+            Err(e) => return Err(std::mem::take(calls).fail(e)),
+        };
+        let asg_view = super::group_only(&g, &fleet.pause_tag);
+        if let Some(d) = asg_view.kill_switch() {
+            return Err(self.defer(d.to_string()));
+        }
+        let mut item = self.read_item(calls, table, group).await?;
+        let mut terminated = self
+            .terminated_holders(calls, &item, me, Some(&asg_view))
+            .await;
+        let stamp = Stamp {
+            incident: Some(order.incident.to_string()),
+            since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        };
+        let full_budget = asg_view.budget(fleet);
+        // A deferral at the whole budget is a deferral at any smaller one: the ECS reads (the
+        // whole group, in pages) are made only when a slot may be had. A deferred instance
+        // costs Auto Scaling, GetItem and DescribeInstances, whatever the group's size.
+        let seen = self.seen_now();
+        let at_most = Facts {
+            me,
+            phase: Phase::Wants,
+            budget: full_budget,
+            terminated: &terminated,
+            seen: &seen,
+            now: Instant::now(),
+            reservation_lifetime: fleet.reservation_lifetime,
+            stamp: &stamp,
+        };
+        if let Decision::Defer(why) = slots::decide(&item, &at_most) {
+            return Err(self.defer(why));
+        }
+        let view = match self.fleet_view_of(calls, id, ecs, Some(g)).await {
             Ok(v) => v,
             Err(e) => return Err(std::mem::take(calls).fail(e)),
         };
         let now = now_ms();
         self.record_fleet(&view.summary(now, fleet));
-        if let Some(d) = view.kill_switch() {
-            return Err(self.defer(d.to_string()));
-        }
-        let mut item = self.read_item(calls, table, group).await?;
         let mut outside = 0;
         if !item.holders.contains_key(me) {
             let holders: BTreeSet<String> = item.holders.keys().cloned().collect();
@@ -107,11 +138,6 @@ impl AwsControlPlane {
             };
         }
         let budget = view.budget(fleet).saturating_sub(outside);
-        let mut terminated = self.terminated_holders(calls, &item, me, Some(&view)).await;
-        let stamp = Stamp {
-            incident: Some(order.incident.to_string()),
-            since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        };
         let mut conflicts = 0;
         for _ in 0..MAX_STEPS {
             let seen = self.seen_now();
