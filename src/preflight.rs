@@ -266,6 +266,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn aws_remediation_without_a_slot_table_is_warned_about() {
+        let cfg = |text: &str| Config::parse(Path::new("/tmp/t.toml"), text).unwrap();
+        let w = fleet_warnings(&cfg("[mps]\nenabled = false\n"));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("[fleet] table is not set") && w[0].contains("10s"),
+            "{w:?}"
+        );
+        assert!(fleet_warnings(&cfg("[fleet]\ntable = \"gpu-medic-slots\"\n")).is_empty());
+        assert!(fleet_warnings(&cfg("[aws]\nenabled = false\n")).is_empty());
+        assert!(fleet_warnings(&cfg("dry_run = true\n")).is_empty());
+        // A table name that DynamoDB would refuse is a config error, with its line.
+        let e = Config::parse(Path::new("/tmp/t.toml"), "[fleet]\ntable = \"no spaces\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("not a DynamoDB table name"), "{e}");
+        assert!(
+            Config::parse(
+                Path::new("/tmp/t.toml"),
+                "[fleet]\ntable = \"arn:aws:dynamodb:us-east-1:123456789012:table/slots\"\n"
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
     fn watchdog_is_read_only_for_this_process() {
         let me = 42;
         assert_eq!(
