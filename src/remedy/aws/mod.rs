@@ -56,6 +56,9 @@ pub struct AwsControlPlane {
     ec2: crate::aws::ec2::Ec2,
     /// The reservations this gpu-medic has seen in the table, by its own monotonic clock.
     seen: std::sync::Mutex<slots::Seen>,
+    /// When this gpu-medic last read the table with rule 1 (an attempt): the sweep skips a
+    /// period that had one.
+    swept: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// A remedy's view of a finished or failed series of AWS calls: the outcome carries every
@@ -120,6 +123,7 @@ impl AwsControlPlane {
             }),
             ec2: crate::aws::ec2::Ec2::new(aws_sdk_ec2::Client::new(sdk)),
             seen: std::sync::Mutex::new(slots::Seen::default()),
+            swept: std::sync::Mutex::new(None),
         }
     }
 

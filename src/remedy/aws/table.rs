@@ -101,6 +101,9 @@ impl AwsControlPlane {
         let mut terminated = self
             .terminated_holders(calls, &item, me, Some(&asg_view))
             .await;
+        if let Ok(mut s) = self.swept.lock() {
+            *s = Some(Instant::now());
+        }
         let stamp = Stamp {
             incident: Some(order.incident.to_string()),
             since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
@@ -269,9 +272,20 @@ impl AwsControlPlane {
             return;
         }
         loop {
+            let period = jittered(self.cfg.fleet.retry_after);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(jittered(self.cfg.fleet.retry_after)) => {}
+                _ = tokio::time::sleep(period) => {}
+            }
+            // An attempt of ours in this period already ran rule 1 on a fresh read.
+            let recent = self
+                .swept
+                .lock()
+                .ok()
+                .and_then(|s| *s)
+                .is_some_and(|t| t.elapsed() < period);
+            if recent {
+                continue;
             }
             if let Err(why) = self.sweep_once().await {
                 tracing::warn!("fleet slot table: removal of terminated holders not done: {why}");

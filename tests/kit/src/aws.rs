@@ -448,3 +448,29 @@ pub async fn terminate(sdk: &SdkConfig, instance_id: &str) {
         .await
         .unwrap();
 }
+
+/// Writes `group`'s item with `holder` committed (version 1), as a gpu-medic that took the
+/// slot would have (for benches and tests that start with the budget held).
+pub async fn put_slot_holder(sdk: &SdkConfig, table: &str, group: &str, holder: &str) {
+    use gpu_medic::aws::dynamo::{Holder, HolderState, SlotItem, SlotTable};
+    let t = SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table);
+    let mut calls = gpu_medic::aws::calls::Calls::new();
+    let read = t.read(&mut calls, group).await.unwrap();
+    let new = SlotItem {
+        version: read.version + 1,
+        exists: true,
+        holders: [(
+            holder.to_string(),
+            Holder {
+                state: HolderState::Committed,
+                token: read.version + 1,
+                incident: Some("1".into()),
+                since: "2026-11-30T00:00:00Z".into(),
+            },
+        )]
+        .into(),
+        budget: Some(1),
+        updated_by: Some(holder.to_string()),
+    };
+    t.write(&mut calls, group, &read, &new).await.unwrap();
+}
