@@ -277,13 +277,16 @@ impl AwsControlPlane {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
             }
-            // An attempt of ours in this period already ran rule 1 on a fresh read.
+            // An attempt of ours ran rule 1 on a fresh read within two retry periods (an
+            // attempt is retried after retry_after jittered up to 1.5x, plus its own calls): a
+            // deferred instance's attempts stand in for the sweep.
+            let longest = self.cfg.fleet.retry_after.saturating_mul(2);
             let recent = self
                 .swept
                 .lock()
                 .ok()
                 .and_then(|s| *s)
-                .is_some_and(|t| t.elapsed() < period);
+                .is_some_and(|t| t.elapsed() < longest);
             if recent {
                 continue;
             }
