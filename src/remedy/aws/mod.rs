@@ -538,11 +538,12 @@ impl AwsControlPlane {
                     Some(_) => Slot::None,
                     None => self.acquire_slot(&mut calls, id, &ecs, order).await?,
                 };
-                slot_note = self.note_slot(&mut calls, id, &ecs, &slot).await;
                 let ranked = Instant::now();
                 if let Err(e) = ecs.set_draining(&mut calls, arn).await {
                     return Err(calls.fail(e));
                 }
+                // After the drain call, off its critical path (the slot is held in the table).
+                slot_note = self.note_slot(&mut calls, id, &ecs, &slot).await;
                 let settle = self.cfg.fleet.claim_settle;
                 let claim = match slot {
                     Slot::Claim(ms) => Some(ms),
