@@ -129,6 +129,43 @@ async fn reserve_commit_drain_then_restore_releases_and_every_write_is_condition
     );
 }
 
+/// An instance Auto Scaling does not know (no group in its identity) has no budget in the
+/// table: with a table set it never drains, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let table = aws::unique("slots-noasg");
+    aws::create_slot_table(&sdk, &table).await;
+    let s = aws::seed(&sdk, "slots-noasg", 2).await;
+    let text = format!(
+        "[identity]\ninstance_id = \"i-00000000000000001\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\n[fleet]\nwarmup = \"0s\"\n{}",
+        s.cluster,
+        s.nodes[0].arn,
+        fleet(&table)
+    );
+    let cfg = gpu_medic::config::Config::parse(std::path::Path::new("/tmp/t.toml"), &text).unwrap();
+    let cp = AwsControlPlane::new(&sdk, &cfg);
+    let Err(RemedyError::Deferred { message, .. }) = cp
+        .drain(&aws::order(
+            Command::Drain { terminating: false },
+            Duration::from_secs(30),
+        ))
+        .await
+    else {
+        panic!("no group, no drain")
+    };
+    assert!(
+        message.contains("is in no Auto Scaling group") && message.contains("must not drain"),
+        "{message}"
+    );
+    assert_eq!(
+        aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
+        "ACTIVE"
+    );
+    assert_eq!(proxy.count("PutItem") + proxy.count("GetItem"), 0);
+}
+
 /// Node `i` of `s` as a `gpu-medic run` on the fake GPUs, every AWS service at `endpoint`
 /// (None: per-service variables set by the caller), its wall clock `skew_s` seconds off.
 fn daemon(s: &Seeded, i: usize, endpoint: Option<&str>, table: &str, skew_s: i64) -> Daemon {
