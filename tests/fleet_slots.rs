@@ -17,7 +17,7 @@ use gpu_medic::model::Command;
 use gpu_medic::remedy::aws::AwsControlPlane;
 use gpu_medic::remedy::{ControlPlane, RemedyError};
 use gpu_medic_testkit::aws::{self, Fault, Proxy, Seeded};
-use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, wait_for};
+use gpu_medic_testkit::{Daemon, wait_for};
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -28,13 +28,19 @@ fn fleet(table: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reserve_commit_drain_then_restore_releases_and_every_write_is_conditional() {
+/// A recording proxy in front of moto, an SDK through it, a new slot table and a group of `n`.
+async fn setup(name: &str, n: usize) -> (Proxy, aws_config::SdkConfig, String, Seeded) {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
-    let table = aws::unique("slots");
+    let table = aws::unique(name);
     aws::create_slot_table(&sdk, &table).await;
-    let s = aws::seed(&sdk, "slots-flow", 3).await;
+    let s = aws::seed(&sdk, name, n).await;
+    (proxy, sdk, table, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_commit_drain_then_restore_releases_and_every_write_is_conditional() {
+    let (proxy, sdk, table, s) = setup("slots-flow", 3).await;
     let cp = |i| AwsControlPlane::new(&sdk, &aws::config(&s, i, "", &fleet(&table)));
     let (cp0, cp1) = (cp(0), cp(1));
     let drain = || {
@@ -133,11 +139,7 @@ async fn reserve_commit_drain_then_restore_releases_and_every_write_is_condition
 /// table: with a table set it never drains, and says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let table = aws::unique("slots-noasg");
-    aws::create_slot_table(&sdk, &table).await;
-    let s = aws::seed(&sdk, "slots-noasg", 2).await;
+    let (proxy, sdk, table, s) = setup("slots-noasg", 2).await;
     let text = format!(
         "[identity]\ninstance_id = \"i-00000000000000001\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\n[fleet]\nwarmup = \"0s\"\n{}",
         s.cluster,
@@ -169,22 +171,8 @@ async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
 /// Node `i` of `s` as a `gpu-medic run` on the fake GPUs, every AWS service at `endpoint`
 /// (None: per-service variables set by the caller), its wall clock `skew_s` seconds off.
 fn daemon(s: &Seeded, i: usize, endpoint: Option<&str>, table: &str, skew_s: i64) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
-         [mps]\nenabled = false\n\
-         {}\
-         [ecs]\ndrain_poll_interval = \"200ms\"\n\
-         [fleet]\nwarmup = \"0s\"\nretry_after = \"400ms\"\n{}",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display(),
-        aws::sections(s, i, ""),
-        fleet(table),
-    );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.aws(endpoint);
+    let fleet = format!("retry_after = \"400ms\"\n{}", fleet(table));
+    let mut d = aws::node(s, i, endpoint, "", "", &fleet, "");
     if skew_s != 0 {
         d.env("LD_PRELOAD", LIBFAKETIME)
             .env("FAKETIME", format!("{skew_s:+}"))
@@ -442,11 +430,7 @@ fn next_index(s: &Seeded, id: &str) -> usize {
 /// every DynamoDB read): quarantine only, no drain, and the incident says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_table_means_quarantine_only_with_a_clear_incident() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let table = aws::unique("slots-thr");
-    aws::create_slot_table(&sdk, &table).await;
-    let s = aws::seed(&sdk, "slots-thr", 3).await;
+    let (proxy, sdk, table, s) = setup("slots-thr", 3).await;
     proxy.fault(Fault::dynamodb(
         "GetItem",
         100_000,

@@ -474,3 +474,34 @@ pub async fn put_slot_holder(sdk: &SdkConfig, table: &str, group: &str, holder: 
     };
     t.write(&mut calls, group, &read, &new).await.unwrap();
 }
+
+/// `gpu-medic run` for node `i` of `s` on the fake GPUs (not started): MPS off, 100 ms ticks,
+/// NVML and drain polls every 200 ms, no warmup; every AWS service at `endpoint` (None: the
+/// caller routes them, e.g. per-service `AWS_ENDPOINT_URL_*`). `top`: top-level keys; `ecs`,
+/// `fleet`: more lines of those sections; `rest`: more sections (`[export]`).
+pub fn node(
+    s: &Seeded,
+    i: usize,
+    endpoint: Option<&str>,
+    top: &str,
+    ecs: &str,
+    fleet: &str,
+    rest: &str,
+) -> crate::Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{top}\nstate_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
+         [mps]\nenabled = false\n\
+         {}\
+         [ecs]\ndrain_poll_interval = \"200ms\"\n{ecs}\n\
+         [fleet]\nwarmup = \"0s\"\n{fleet}\n{rest}",
+        crate::default_policy().display(),
+        crate::fake_nvml().display(),
+        dir.path().join("kmsg").display(),
+        sections(s, i, ""),
+    );
+    let mut d = crate::Daemon::in_temp(dir, &config);
+    d.aws(endpoint);
+    d
+}
