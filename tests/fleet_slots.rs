@@ -168,6 +168,45 @@ async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
     assert_eq!(proxy.count("PutItem") + proxy.count("GetItem"), 0);
 }
 
+/// EC2 refusing DescribeInstances (a policy without it): no holder is removed, and the
+/// deferral says why, so a gone instance's slot is not kept silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_describe_instances_is_named_in_the_deferral() {
+    let (proxy, sdk, table, s) = setup("slots-ec2", 3).await;
+    aws::put_slot_holder(&sdk, &table, &s.asg, &s.nodes[1].instance_id).await;
+    aws::terminate(&sdk, &s.nodes[1].instance_id).await;
+    proxy.fault(Fault::canned(
+        "DescribeInstances",
+        1000,
+        403,
+        "text/xml",
+        "<Response><Errors><Error><Code>UnauthorizedOperation</Code><Message>You are not authorized to perform this operation.</Message></Error></Errors><RequestID>denied</RequestID></Response>".into(),
+    ));
+    let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", &fleet(&table)));
+    let drain = || {
+        aws::order(
+            Command::Drain { terminating: false },
+            Duration::from_secs(30),
+        )
+    };
+    let Err(RemedyError::Deferred { message, .. }) = cp.drain(&drain()).await else {
+        panic!("the slot is held by an instance nobody can see terminated")
+    };
+    assert!(
+        message.contains("UnauthorizedOperation")
+            && message.contains("check the IAM policy: ec2:DescribeInstances"),
+        "{message}"
+    );
+    // With the permission back, the terminated holder is removed and the slot taken.
+    proxy.clear_faults();
+    cp.drain(&drain()).await.unwrap();
+    let item = aws::slot_item(&sdk, &table, &s.asg).await;
+    assert_eq!(
+        item.holders.keys().collect::<Vec<_>>(),
+        [&s.nodes[0].instance_id]
+    );
+}
+
 /// Node `i` of `s` as a `gpu-medic run` on the fake GPUs, every AWS service at `endpoint`
 /// (None: per-service variables set by the caller), its wall clock `skew_s` seconds off.
 fn daemon(s: &Seeded, i: usize, endpoint: Option<&str>, table: &str, skew_s: i64) -> Daemon {

@@ -59,6 +59,8 @@ pub struct AwsControlPlane {
     /// When this gpu-medic last read the table with rule 1 (an attempt): the sweep skips a
     /// period that had one.
     swept: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Why the last check for terminated holders failed (for the next deferral's reason).
+    ec2_note: std::sync::Mutex<Option<String>>,
 }
 
 /// A remedy's view of a finished or failed series of AWS calls: the outcome carries every
@@ -124,6 +126,7 @@ impl AwsControlPlane {
             ec2: crate::aws::ec2::Ec2::new(aws_sdk_ec2::Client::new(sdk)),
             seen: std::sync::Mutex::new(slots::Seen::default()),
             swept: std::sync::Mutex::new(None),
+            ec2_note: std::sync::Mutex::new(None),
         }
     }
 

@@ -124,7 +124,7 @@ impl AwsControlPlane {
             stamp: &stamp,
         };
         if let Decision::Defer(why) = slots::decide(&item, &at_most) {
-            return Err(self.defer(why));
+            return Err(self.defer(self.with_ec2_note(why)));
         }
         let view = match self.fleet_view_of(calls, id, ecs, Some(g)).await {
             Ok(v) => v,
@@ -164,7 +164,7 @@ impl AwsControlPlane {
                     );
                     return Ok((group.to_string(), token));
                 }
-                Decision::Defer(why) => return Err(self.defer(why)),
+                Decision::Defer(why) => return Err(self.defer(self.with_ec2_note(why))),
                 Decision::Nothing => {
                     return Err(self.defer(format!(
                         "slot table {}: nothing to do for an instance that wants a slot (item version {}); retrying",
@@ -390,6 +390,9 @@ impl AwsControlPlane {
             .cloned()
             .collect();
         if others.is_empty() {
+            if let Ok(mut n) = self.ec2_note.lock() {
+                *n = None;
+            }
             return BTreeSet::new();
         }
         let mut out: BTreeSet<String> = view
@@ -402,13 +405,39 @@ impl AwsControlPlane {
                     .collect()
             })
             .unwrap_or_default();
-        match self.ec2.terminated(calls, &others).await {
-            Ok(t) => out.extend(t),
-            Err(e) => tracing::warn!(
-                "fleet slot table: cannot tell whether holders {others:?} are terminated: {e}"
-            ),
+        let note = match self.ec2.terminated(calls, &others).await {
+            Ok(t) => {
+                out.extend(t);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "fleet slot table: cannot tell whether holders {others:?} are terminated: {e}"
+                );
+                Some(format!(
+                    "cannot tell whether holders {} are terminated (EC2 DescribeInstances: {e}{}), so none is removed",
+                    others.join(", "),
+                    if e.retryable {
+                        ""
+                    } else {
+                        "; check the IAM policy: ec2:DescribeInstances"
+                    }
+                ))
+            }
+        };
+        if let Ok(mut n) = self.ec2_note.lock() {
+            *n = note;
         }
         out
+    }
+
+    /// A deferral's reason, with why terminated holders could not be removed (a missing
+    /// permission would otherwise keep a gone instance's slot, silently).
+    fn with_ec2_note(&self, why: String) -> String {
+        match self.ec2_note.lock().ok().and_then(|n| n.clone()) {
+            Some(note) => format!("{why}; {note}"),
+            None => why,
+        }
     }
 
     fn seen_now(&self) -> slots::Seen {
