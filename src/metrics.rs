@@ -36,10 +36,15 @@ pub struct Metrics {
     self_fault: Family<Labels, Gauge>,
     /// Components that ever had a self-fault (their gauge goes back to 0, not away).
     self_fault_seen: Mutex<std::collections::BTreeSet<String>>,
+    /// The health series the engine ever set, by GPU index (back to 0 when the engine
+    /// forgets the GPU, e.g. after an abort, never left at its last value).
+    gpu_health_seen: Mutex<BTreeMap<u32, Labels>>,
     /// Commands of orders started, to label their outcomes.
     started: Mutex<BTreeMap<ActionId, &'static str>>,
     task_gpu_memory: Family<Labels, Gauge>,
     task_gpu_processes: Family<Labels, Gauge>,
+    task_gpu_memory_reserved: Family<Labels, Gauge>,
+    task_gpu_memory_over_reservation: Family<Labels, Gauge>,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
 }
@@ -107,7 +112,7 @@ impl Metrics {
         let self_fault = Family::<Labels, Gauge>::default();
         registry.register(
             "self_fault",
-            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control): a mistake or a fault of gpu-medic, never remediated",
+            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control, state-file, ecs-gpu-view): a mistake or a fault of gpu-medic, never remediated",
             self_fault.clone(),
         );
         let task_gpu_memory = Family::<Labels, Gauge>::default();
@@ -122,13 +127,28 @@ impl Metrics {
             "MPS client processes of an ECS task's container on a GPU, at the last poll (unknown=\"true\": NVML did not report their memory)",
             task_gpu_processes.clone(),
         );
+        let task_gpu_memory_reserved = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_memory_reserved_bytes",
+            "GPU memory an ECS task's container reserves (its task definition's sharingStrategy.nvidiaMps.memory), once its task definition was read",
+            task_gpu_memory_reserved.clone(),
+        );
+        let task_gpu_memory_over_reservation = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_memory_over_reservation",
+            "1 while an ECS task's processes together use more GPU memory than [nvml] reservation_alert of its reservation (the sum of its containers'), else 0",
+            task_gpu_memory_over_reservation.clone(),
+        );
         Metrics {
             task_gpu_memory,
             task_gpu_processes,
+            task_gpu_memory_reserved,
+            task_gpu_memory_over_reservation,
             accounting: None,
             registry,
             self_fault,
             self_fault_seen: Mutex::new(Default::default()),
+            gpu_health_seen: Mutex::new(Default::default()),
             gpu_health,
             xids,
             signals,
@@ -227,19 +247,37 @@ impl Metrics {
             }
         }
         drop(started);
-        for h in state.gpus.values() {
+        let mut health_seen = self
+            .gpu_health_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (index, labels) in health_seen.iter() {
+            if !state.gpus.contains_key(index) {
+                self.gpu_health.get_or_create(labels).set(0);
+            }
+        }
+        for (index, h) in &state.gpus {
             let v = match h.status {
                 GpuStatus::Healthy => 0,
                 GpuStatus::Suspect => 1,
                 GpuStatus::Faulted => 2,
             };
-            self.gpu_health
-                .get_or_create(&vec![
-                    ("gpu".into(), h.gpu.index.to_string()),
-                    ("uuid".into(), h.gpu.uuid.clone()),
-                ])
-                .set(v);
+            // One series per GPU: a signal that did not name the UUID (a kernel-log XID) uses
+            // the one the poller's series has.
+            let uuid = match (&h.gpu.uuid, &self.accounting) {
+                (u, Some(a)) if u.is_empty() => a
+                    .snapshot()
+                    .gpus
+                    .get(index)
+                    .map(|(g, _)| g.uuid.clone())
+                    .unwrap_or_default(),
+                (u, _) => u.clone(),
+            };
+            let labels: Labels = vec![("gpu".into(), index.to_string()), ("uuid".into(), uuid)];
+            self.gpu_health.get_or_create(&labels).set(v);
+            health_seen.insert(*index, labels);
         }
+        drop(health_seen);
         self.incidents_open.set(state.open.len() as i64);
         let mut seen = self
             .self_fault_seen
@@ -267,6 +305,7 @@ impl Metrics {
         let snap = a.snapshot();
         self.task_gpu_memory.clear();
         self.task_gpu_processes.clear();
+        self.refresh_reservations(&snap);
         for (index, (gpu, tasks)) in &snap.gpus {
             // Created at 0 (healthy) if absent; the engine's value is kept otherwise.
             drop(self.gpu_health.get_or_create(&vec![
@@ -311,6 +350,34 @@ impl Metrics {
                         .get_or_create(&unknown)
                         .set(i64::from(t.unknown));
                 }
+            }
+        }
+    }
+
+    /// Reservations and whether each task is over its alert share, for the tasks whose
+    /// reservation is known; replaced at each scrape like the use.
+    fn refresh_reservations(&self, snap: &crate::probe::nvml::usage::Snapshot) {
+        self.task_gpu_memory_reserved.clear();
+        self.task_gpu_memory_over_reservation.clear();
+        for t in &snap.tasks {
+            if t.reserved_bytes.is_none() {
+                continue;
+            }
+            let task: Labels = vec![
+                ("task".into(), t.name().to_string()),
+                ("family".into(), t.family.clone()),
+                ("revision".into(), t.revision.clone()),
+            ];
+            self.task_gpu_memory_over_reservation
+                .get_or_create(&task)
+                .set(i64::from(t.over));
+            for c in &t.containers {
+                let Some(r) = c.reserved_bytes else { continue };
+                let mut labels = task.clone();
+                labels.push(("container".into(), c.name.clone()));
+                self.task_gpu_memory_reserved
+                    .get_or_create(&labels)
+                    .set(i64::try_from(r).unwrap_or(i64::MAX));
             }
         }
     }
@@ -492,6 +559,47 @@ mod tests {
         for (name, want) in expect {
             assert_eq!(value(&text, name), Some(want), "{name} in\n{text}");
         }
+    }
+
+    /// A GPU the engine forgets (an operator aborted its incident) is healthy again: its
+    /// series goes back to 0 instead of staying faulted; and a signal that did not name the
+    /// GPU's UUID updates the poller's series, not a second one.
+    #[test]
+    fn a_forgotten_gpu_goes_back_to_healthy_and_keeps_one_series() {
+        use crate::engine::{GpuHealth, GpuStatus};
+        use crate::probe::nvml::usage::Snapshot;
+        let policy = shipped_policy();
+        let accounting = Accounting::new();
+        let mut snap = Snapshot::default();
+        let gpu = GpuId {
+            index: 3,
+            uuid: "GPU-3".into(),
+            ..GpuId::default()
+        };
+        snap.gpus.insert(3, (gpu.clone(), vec![]));
+        accounting.publish(snap);
+        let m = Metrics::new().with_accounting(accounting);
+        let mut st = State::default();
+        st.gpus.insert(
+            3,
+            GpuHealth {
+                gpu: GpuId::index_only(3),
+                status: GpuStatus::Faulted,
+                rule: "xid-fallen-off-bus".into(),
+                verdict: crate::model::Verdict::Replace,
+                incident: None,
+                since: Timestamp(1),
+            },
+        );
+        let tick = Input::Tick;
+        m.record(&tick, &[], &st, &policy);
+        let series = "gpu_medic_gpu_health{gpu=\"3\",uuid=\"GPU-3\"}";
+        let text = m.render();
+        assert_eq!(value(&text, series), Some(2.0), "{text}");
+        assert!(!text.contains("uuid=\"\""), "one series per GPU:\n{text}");
+        st.gpus.clear();
+        m.record(&tick, &[], &st, &policy);
+        assert_eq!(value(&m.render(), series), Some(0.0));
     }
 
     #[test]

@@ -201,7 +201,8 @@ async fn dry_run_records_the_plan_and_makes_no_call() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "e2e-dry", 3).await;
-    let mut d = daemon(&s, &proxy.url, "", "dry_run = true");
+    // No read either: ECS's GPU view (a read every interval) is off, so any call is a fault.
+    let mut d = daemon(&s, &proxy.url, "gpu_view = false", "dry_run = true");
     let seeded = proxy.calls().len();
     start(&mut d);
     d.inject(r#"{"gpu": 0, "xid": 79}"#);

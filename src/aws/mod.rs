@@ -21,7 +21,9 @@ pub mod events;
 pub mod heartbeat;
 pub mod identity;
 pub mod imds;
+pub mod instance_types;
 pub mod logs;
+pub mod taskdef;
 
 use std::time::Duration;
 

@@ -29,6 +29,8 @@ struct StatusView<'a> {
     /// The slot table as this node last read or wrote it (`[fleet] table`; absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     slots: Option<SlotsSummary>,
+    /// ECS's view of the GPUs against NVML's at the last read (`[ecs] gpu_view`).
+    ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
 }
 
 fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
@@ -63,6 +65,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             state: &state,
             fleet: read_fleet(&cfg.state_dir),
             slots: read_slots(&cfg.state_dir),
+            ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
@@ -121,6 +124,39 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                 .map(|x| format!(", incident {x}"))
                 .unwrap_or_default()
         );
+    }
+    if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
+        // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
+        let policy = crate::policy::Policy::load(&cfg.policy).ok();
+        let findings: Vec<&crate::model::Observation> = c
+            .observations
+            .iter()
+            .filter(|o| {
+                policy
+                    .as_ref()
+                    .is_none_or(|p| p.rule_for(&o.signal, o.value).is_some())
+            })
+            .collect();
+        println!(
+            "ecs gpu view: {}; read {}{}",
+            super::check::counts_line(c.ecs_count, c.nvml_count, c.expected.as_ref()),
+            c.observed_at,
+            if findings.is_empty() {
+                ": the views agree"
+            } else {
+                ""
+            }
+        );
+        for g in &c.gpus {
+            println!("              {}", super::check::gpu_line(g));
+        }
+        for o in findings {
+            println!(
+                "              disagrees: {}: {}",
+                o.signal,
+                o.detail.as_deref().unwrap_or_default()
+            );
+        }
     }
     for o in state.in_flight.values() {
         println!(

@@ -215,6 +215,8 @@ struct ProxyState {
     forwarded: u64,
     /// Lifecycle actions waiting, as (hook, instance id); `None`: not simulated.
     lifecycle: Option<Vec<(String, String)>>,
+    /// `gpuDevices` added to DescribeContainerInstances answers, by container instance ARN.
+    gpu_devices: Vec<(String, serde_json::Value)>,
 }
 
 /// A form field of an awsQuery body (our hook names and instance ids need no decoding).
@@ -365,6 +367,18 @@ impl Proxy {
         self.state.lock().unwrap().calls.clone()
     }
 
+    /// Adds `gpuDevices` (ECS's view of each GPU; build entries with [`gpu_device`]) to the
+    /// container instance `arn` in every DescribeContainerInstances answer from now on: moto
+    /// 5.2.5 has no such field. Call again to change them; an empty list removes them.
+    pub fn gpu_devices(&self, arn: &str, devices: Vec<serde_json::Value>) {
+        let mut g = self.state.lock().unwrap();
+        g.gpu_devices.retain(|(a, _)| a != arn);
+        if !devices.is_empty() {
+            g.gpu_devices
+                .push((arn.to_string(), serde_json::Value::Array(devices)));
+        }
+    }
+
     /// The calls recorded since the last take (and forgets them).
     pub fn take_calls(&self) -> Vec<Call> {
         std::mem::take(&mut self.state.lock().unwrap().calls)
@@ -468,6 +482,13 @@ async fn handle(
                         .nth(1)
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(0);
+                    let devices = st.lock().unwrap().gpu_devices.clone();
+                    let resp = if op == "DescribeContainerInstances" && !devices.is_empty() {
+                        with_gpu_devices(&resp[..split], &resp[split..], &devices)
+                    } else {
+                        resp
+                    };
+                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
                     let mut out = close_connection(&resp[..split]);
                     out.extend_from_slice(&resp[split..]);
                     (status, out)
@@ -491,4 +512,61 @@ async fn handle(
         client.write_all(&response).await?;
     }
     client.shutdown().await
+}
+
+/// One `gpuDevices` entry as ECS writes it (API type `GpuDevice`).
+pub fn gpu_device(
+    gpu_id: &str,
+    sharing_mode: &str,
+    total_mib: i64,
+    remaining_mib: i64,
+    containers: i64,
+) -> serde_json::Value {
+    serde_json::json!({
+        "gpuId": gpu_id,
+        "sharingMode": sharing_mode,
+        "totalMemoryInMiB": total_mib,
+        "remainingMemoryInMiB": remaining_mib,
+        "containerCount": containers,
+    })
+}
+
+/// moto's DescribeContainerInstances answer (`head`, `body`) with `gpuDevices` added to the
+/// container instances named in `devices`, and the Content-Length made to fit. An answer
+/// that is not the JSON expected is passed on unchanged.
+fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Value)]) -> Vec<u8> {
+    let unchanged = || [head, body].concat();
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return unchanged();
+    };
+    let Some(list) = v
+        .get_mut("containerInstances")
+        .and_then(|c| c.as_array_mut())
+    else {
+        return unchanged();
+    };
+    for ci in list {
+        let arn = ci
+            .get("containerInstanceArn")
+            .and_then(|a| a.as_str())
+            .unwrap_or("")
+            .to_string();
+        if let Some((_, d)) = devices.iter().find(|(a, _)| *a == arn)
+            && let Some(obj) = ci.as_object_mut()
+        {
+            obj.insert("gpuDevices".into(), d.clone());
+        }
+    }
+    let body = serde_json::to_vec(&v).unwrap();
+    let text = String::from_utf8_lossy(head);
+    let kept: Vec<&str> = text
+        .split("\r\n")
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("content-length:"))
+        .collect();
+    let head = format!(
+        "{}\r\nContent-Length: {}\r\n\r\n",
+        kept.join("\r\n"),
+        body.len()
+    );
+    [head.into_bytes(), body].concat()
 }
