@@ -19,13 +19,16 @@
 #   task_accounting     per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48
 #                       clients, before/after reservations and EMF (BENCH_POLLS, default 2000;
 #                       root: real processes in ECS-shaped cgroups)
-# action_latency and steady_state need moto and NVIDIA's MPS control daemon, as the tests do
+#   fleet_budget        the fleet budget's slot table vs claims: XID 79 -> drain call, and AWS
+#                       calls per deferred attempt for groups of BENCH_SIZES (default 3,10,30)
+#                       (BENCH_RUNS, default 20; BENCH_WINDOW_S, default 20; BENCH_ONLY=latency,calls)
+# action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

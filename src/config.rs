@@ -605,6 +605,14 @@ pub struct FleetConfig {
     /// long (with jitter).
     #[serde(default = "default_fleet_retry_after", with = "humantime_serde")]
     pub retry_after: Duration,
+    /// The DynamoDB table of the slot protocol (models/README.md); unset: the claim protocol
+    /// on container instance attributes.
+    #[serde(default, deserialize_with = "de_table_name")]
+    pub table: Option<String>,
+    /// Slot table: a reservation this gpu-medic has seen unchanged for this long (its own
+    /// monotonic clock) may be taken over. Only has to exceed reserve-to-commit (two writes).
+    #[serde(default = "default_reservation_lifetime", with = "humantime_serde")]
+    pub reservation_lifetime: Duration,
 }
 
 /// Our Auto Scaling lifecycle hooks (never anyone else's): the IMDS watcher that starts the
@@ -838,6 +846,28 @@ fn default_claim_ttl() -> Duration {
 fn default_fleet_retry_after() -> Duration {
     Duration::from_secs(60)
 }
+fn default_reservation_lifetime() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// A DynamoDB table name: 3 to 255 of `[A-Za-z0-9_.-]`, or a table ARN (DynamoDB accepts
+/// either as `TableName`). A typo is caught at startup, not on the first fault.
+fn de_table_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = String::deserialize(d)?;
+    let name = s.strip_prefix("arn:").map_or(s.as_str(), |arn| {
+        arn.rsplit_once(":table/").map_or("", |(_, n)| n)
+    });
+    let ok = (3..=255).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !ok {
+        return Err(serde::de::Error::custom(format!(
+            "{s:?} is not a DynamoDB table name (3 to 255 of A-Z a-z 0-9 _ - .) or table ARN"
+        )));
+    }
+    Ok(Some(s))
+}
 fn default_terminate_hook() -> String {
     "gpu-medic-terminate".to_string()
 }
@@ -919,6 +949,8 @@ impl Default for FleetConfig {
             claim_settle: default_claim_settle(),
             claim_ttl: default_claim_ttl(),
             retry_after: default_fleet_retry_after(),
+            table: None,
+            reservation_lifetime: default_reservation_lifetime(),
         }
     }
 }
@@ -1016,7 +1048,7 @@ impl Config {
             &self.lifecycle,
         );
         // (section, key, value, floor, ceiling)
-        let table: [(Option<&str>, &str, Duration, Duration, Duration); 22] = [
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 23] = [
             (None, "tick_interval", self.tick_interval, ms(50), MAX_TICK),
             (
                 Some("nvml"),
@@ -1100,6 +1132,13 @@ impl Config {
             ),
             (Some("fleet"), "claim_ttl", f.claim_ttl, ms(100), YEAR),
             (Some("fleet"), "retry_after", f.retry_after, ms(100), YEAR),
+            (
+                Some("fleet"),
+                "reservation_lifetime",
+                f.reservation_lifetime,
+                ms(100),
+                YEAR,
+            ),
             (
                 Some("lifecycle"),
                 "poll_interval",

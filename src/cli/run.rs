@@ -144,7 +144,13 @@ async fn serve(
         if let Some(x) = &exporter {
             cp = cp.with_flush(x.flush.clone());
         }
-        remedies.control_plane = Some(Arc::new(cp));
+        let cp = Arc::new(cp);
+        // With `[fleet] table`: entries of terminated instances are removed now and then.
+        tokio::spawn(AwsControlPlane::sweep_slots(
+            cp.clone(),
+            shutdown.child_token(),
+        ));
+        remedies.control_plane = Some(cp);
     }
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(

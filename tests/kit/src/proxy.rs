@@ -2,7 +2,9 @@
 //! call's operation (ECS JSON `X-Amz-Target` or the awsQuery `Action`), stamps it when the
 //! request was read in full (before forwarding: the moment it reached the control plane),
 //! answers chosen operations itself (throttling, 5xx, access denied, and the two lifecycle
-//! actions moto 5.2.5 lacks), and forwards the rest.
+//! actions moto 5.2.5 lacks), holds back the answer to a chosen call until the test lets it
+//! go ([`Proxy::hold`]: a caller stalled between a write and the next step), and forwards the
+//! rest.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -58,6 +60,21 @@ impl Fault {
                 status,
                 content_type: "application/x-amz-json-1.1",
                 body: format!(r#"{{"__type":"{code}","message":"{message}"}}"#),
+            },
+        }
+    }
+
+    /// A DynamoDB error (JSON 1.0 protocol), e.g. `ProvisionedThroughputExceededException`.
+    pub fn dynamodb(op: &str, times: usize, status: u16, code: &str, message: &str) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Fixed {
+                status,
+                content_type: "application/x-amz-json-1.0",
+                body: format!(
+                    r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{code}","message":"{message}"}}"#
+                ),
             },
         }
     }
@@ -163,8 +180,35 @@ impl Fault {
     }
 }
 
+/// A call whose answer the proxy holds back (see [`Proxy::hold`]).
+#[derive(Clone)]
+pub struct Hold {
+    op: String,
+    needles: Vec<String>,
+    held: Arc<std::sync::atomic::AtomicBool>,
+    gate: Arc<tokio::sync::Notify>,
+}
+
+impl Hold {
+    /// Whether the call came and its answer is being held.
+    pub fn is_held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets the held answer go to the caller.
+    pub fn release(&self) {
+        self.gate.notify_one();
+    }
+
+    fn matches(&self, op: &str, body: &str) -> bool {
+        self.op == op && self.needles.iter().all(|n| body.contains(n.as_str()))
+    }
+}
+
 #[derive(Default)]
 struct ProxyState {
+    /// Calls whose answers are to be held, each once.
+    holds: Vec<Hold>,
     calls: Vec<Call>,
     faults: VecDeque<Fault>,
     answered: u64,
@@ -268,6 +312,20 @@ impl Proxy {
     /// Throttles the next `times` calls of `op` ("" = any operation).
     pub fn throttle(&self, op: &str, times: usize) {
         self.fault(Fault::throttle(op, times));
+    }
+
+    /// The next call of `op` whose body contains every one of `needles` is forwarded, and the
+    /// upstream's answer held back until [`Hold::release`]: the write has happened, the caller
+    /// does not know yet.
+    pub fn hold(&self, op: &str, needles: &[&str]) -> Hold {
+        let h = Hold {
+            op: op.into(),
+            needles: needles.iter().map(|n| n.to_string()).collect(),
+            held: Arc::default(),
+            gate: Arc::default(),
+        };
+        self.state.lock().unwrap().holds.push(h.clone());
+        h
     }
 
     /// Drops every fault not yet used up.
@@ -389,6 +447,13 @@ async fn handle(
         f.map(|f| (f, g.answered))
     };
     let injected = fault.is_some();
+    let hold = if injected {
+        None
+    } else {
+        let mut g = st.lock().unwrap();
+        let i = g.holds.iter().position(|h| h.matches(&op, &body_s));
+        i.map(|i| g.holds.remove(i))
+    };
     let (status, response) = match fault {
         Some((f, _)) if matches!(f.reply, Reply::Hangup) => (0, Vec::new()),
         Some((f, n)) => {
@@ -432,6 +497,10 @@ async fn handle(
             }
         }
     };
+    if let Some(h) = hold {
+        h.held.store(true, std::sync::atomic::Ordering::SeqCst);
+        h.gate.notified().await;
+    }
     st.lock().unwrap().calls.push(Call {
         op,
         body: body_s,
