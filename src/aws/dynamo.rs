@@ -23,6 +23,7 @@ pub mod attr {
     pub const HOLDERS: &str = "holders";
     pub const BUDGET: &str = "budget";
     pub const UPDATED_BY: &str = "updated_by";
+    pub const MEMBERS: &str = "members";
     pub const STATE: &str = "state";
     pub const TOKEN: &str = "token";
     pub const INCIDENT: &str = "incident";
@@ -70,7 +71,16 @@ pub struct SlotItem {
     /// For people only: the budget its last writer enforced, and who that was.
     pub budget: Option<u32>,
     pub updated_by: Option<String>,
+    /// The group's desired capacity as the last instance that wanted a slot read it: paces the
+    /// sweep for terminated holders (about [`SWEEPS_PER_PERIOD`] sweeps per `retry_after` for
+    /// the whole group, whatever its size). Never part of a decision.
+    pub members: Option<u32>,
 }
+
+/// How many sweeps for terminated holders a group makes per `retry_after`, all its instances
+/// together: each sweeps every `retry_after x members / SWEEPS_PER_PERIOD` (at least every
+/// `retry_after`), so 1,000 healthy instances make about 5 reads a minute, not 1,000.
+pub const SWEEPS_PER_PERIOD: u32 = 5;
 
 /// Why a table call did not go through.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -225,6 +235,9 @@ pub fn item_attributes(group: &str, item: &SlotItem) -> HashMap<String, Attribut
     if let Some(u) = &item.updated_by {
         out.insert(attr::UPDATED_BY.to_string(), AttributeValue::S(u.clone()));
     }
+    if let Some(m) = item.members {
+        out.insert(attr::MEMBERS.to_string(), AttributeValue::N(m.to_string()));
+    }
     out
 }
 
@@ -294,6 +307,10 @@ pub fn parse_item(
             .get(attr::UPDATED_BY)
             .and_then(|v| v.as_s().ok())
             .cloned(),
+        members: item
+            .get(attr::MEMBERS)
+            .and_then(|b| b.as_n().ok())
+            .and_then(|n| n.parse().ok()),
     })
 }
 
@@ -327,6 +344,7 @@ mod tests {
             ]),
             budget: Some(2),
             updated_by: Some("i-0def".into()),
+            members: Some(10),
         }
     }
 

@@ -123,6 +123,7 @@ fn next(item: &SlotItem, holders: BTreeMap<String, Holder>, f: &Facts<'_>) -> Sl
         holders,
         budget: Some(f.budget),
         updated_by: Some(f.me.to_string()),
+        members: item.members,
     }
 }
 
@@ -265,6 +266,7 @@ mod tests {
                 .collect(),
             budget: None,
             updated_by: None,
+            members: None,
         }
     }
 

@@ -2,9 +2,10 @@
 //! `slots::decide`, write what it says (conditionally), and act only once a commit of ours has
 //! been written. The ECS/Auto Scaling view still runs first (kill switches, the breaker, and
 //! the instances in remediation that hold no entry), and every gpu-medic of a group removes
-//! the entries of terminated instances: with each read here, and every `retry_after` in
+//! the entries of terminated instances: with each read here, and in
 //! [`AwsControlPlane::sweep_slots`] (so a slot held by a terminated instance is released
-//! even when no other instance wants one).
+//! even when no other instance wants one), paced so the whole group sweeps about
+//! [`SWEEPS_PER_PERIOD`] times per `retry_after` whatever its size.
 //!
 //! A table that throttles, cannot be reached, refuses the call or holds an unreadable item
 //! means no drain: the order is deferred with a line that says why (the instance stays
@@ -12,14 +13,14 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::slots::{self, Decision, Facts, Phase, Stamp, WriteKind};
 use super::{AwsControlPlane, CallsExt, Slot, jittered, now_ms};
 use crate::aws::calls::Calls;
-use crate::aws::dynamo::{SlotItem, SlotTable, TableError};
+use crate::aws::dynamo::{SWEEPS_PER_PERIOD, SlotItem, SlotTable, TableError};
 use crate::aws::ecs::Ecs;
 use crate::aws::identity::Identity;
 use crate::model::{Order, Timestamp};
@@ -94,6 +95,7 @@ impl AwsControlPlane {
             Err(e) => return Err(std::mem::take(calls).fail(e)),
         };
         let asg_view = super::group_only(&g, &fleet.pause_tag);
+        let g_desired = g.desired;
         if let Some(d) = asg_view.kill_switch() {
             return Err(self.defer(d.to_string()));
         }
@@ -171,7 +173,11 @@ impl AwsControlPlane {
                         table.table, item.version
                     )));
                 }
-                Decision::Write { kind, item: new } => {
+                Decision::Write {
+                    kind,
+                    item: mut new,
+                } => {
+                    new.members = Some(g_desired);
                     match table.write(calls, group, &item, &new).await {
                         Ok(()) => {
                             log_write(&kind, me, group, new.version);
@@ -264,15 +270,19 @@ impl AwsControlPlane {
         Err(fail(&TableError::Conflict))
     }
 
-    /// Rule 1 on its own, every `retry_after` (jittered) until `shutdown`: entries held by
+    /// Rule 1 on its own, every `retry_after x ceil(members / SWEEPS_PER_PERIOD)` (jittered)
+    /// until `shutdown`, `members` being the group size the item records: entries held by
     /// terminated instances are removed even when no instance of the group wants a slot.
     /// Only with `[fleet] table` and an Auto Scaling group; failures are logged and retried.
     pub async fn sweep_slots(self: Arc<Self>, shutdown: CancellationToken) {
         if self.slots.is_none() {
             return;
         }
+        // The group's size as the item last recorded it: the whole group sweeps about
+        // SWEEPS_PER_PERIOD times per retry_after, whatever its size.
+        let mut members: u32 = 1;
         loop {
-            let period = jittered(self.cfg.fleet.retry_after);
+            let period = jittered(sweep_period(self.cfg.fleet.retry_after, members));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
@@ -290,25 +300,32 @@ impl AwsControlPlane {
             if recent {
                 continue;
             }
-            if let Err(why) = self.sweep_once().await {
-                tracing::warn!("fleet slot table: removal of terminated holders not done: {why}");
+            match self.sweep_once().await {
+                Ok(Some(m)) => members = m,
+                Ok(None) => {}
+                Err(why) => {
+                    tracing::warn!(
+                        "fleet slot table: removal of terminated holders not done: {why}"
+                    );
+                }
             }
         }
     }
 
-    async fn sweep_once(&self) -> Result<(), String> {
+    /// One pass of rule 1; the group size the item records (for pacing), when it has one.
+    async fn sweep_once(&self) -> Result<Option<u32>, String> {
         let Some(table) = &self.slots else {
-            return Ok(());
+            return Ok(None);
         };
         let id = match self.identity().await {
             Ok(id) => id,
             Err(e) => {
                 tracing::debug!("fleet slot table: no identity yet: {e}");
-                return Ok(());
+                return Ok(None);
             }
         };
         let Some(group) = id.auto_scaling_group.as_deref() else {
-            return Ok(());
+            return Ok(None);
         };
         let me = id.instance_id.as_str();
         let mut calls = Calls::new();
@@ -318,12 +335,13 @@ impl AwsControlPlane {
                 .await
                 .map_err(|e| e.to_string())?;
             self.observe(table, group, &item);
+            let members = item.members;
             if !item.holders.keys().any(|h| h != me) {
-                return Ok(());
+                return Ok(members);
             }
             let terminated = self.terminated_holders(&mut calls, &item, me, None).await;
             let Some((gone, holders)) = slots::remove_terminated(&item, me, &terminated) else {
-                return Ok(());
+                return Ok(members);
             };
             let new = SlotItem {
                 version: item.version.saturating_add(1),
@@ -331,6 +349,7 @@ impl AwsControlPlane {
                 holders,
                 budget: item.budget,
                 updated_by: Some(me.to_string()),
+                members: item.members,
             };
             match table.write(&mut calls, group, &item, &new).await {
                 Ok(()) => {
@@ -341,7 +360,7 @@ impl AwsControlPlane {
                 Err(e) => return Err(e.to_string()),
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// A consistent read of the group's item, taken in (reservations seen, status); a failure
@@ -494,6 +513,32 @@ fn log_write(kind: &WriteKind, me: &str, group: &str, version: u64) {
         ),
         WriteKind::TakeOver(h) => {
             tracing::warn!(instance_id = me, group, version, holder = %h, "fleet slot table: took over a reservation unchanged for its lifetime")
+        }
+    }
+}
+/// How long one gpu-medic waits between sweeps in a group of `members` instances: the group
+/// as a whole sweeps about [`SWEEPS_PER_PERIOD`] times per `retry_after`.
+fn sweep_period(retry_after: Duration, members: u32) -> Duration {
+    retry_after.saturating_mul(members.div_ceil(SWEEPS_PER_PERIOD).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_group_sweeps_about_five_times_per_retry_after_whatever_its_size() {
+        let r = Duration::from_secs(60);
+        assert_eq!(sweep_period(r, 0), r);
+        assert_eq!(sweep_period(r, 3), r);
+        assert_eq!(sweep_period(r, 10), r * 2);
+        for n in [10u32, 100, 1000, 5000] {
+            let sweeps_per_period =
+                f64::from(n) * r.as_secs_f64() / sweep_period(r, n).as_secs_f64();
+            assert!(
+                (4.0..=5.0).contains(&sweeps_per_period),
+                "{n}: {sweeps_per_period}"
+            );
         }
     }
 }

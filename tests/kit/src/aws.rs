@@ -471,6 +471,7 @@ pub async fn put_slot_holder(sdk: &SdkConfig, table: &str, group: &str, holder: 
         .into(),
         budget: Some(1),
         updated_by: Some(holder.to_string()),
+        members: None,
     };
     t.write(&mut calls, group, &read, &new).await.unwrap();
 }
