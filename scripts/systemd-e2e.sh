@@ -166,7 +166,7 @@ cmd_boot() {
         pivot_root . .oldroot
         cd /
         umount -l /.oldroot
-        exec /usr/bin/env -i container=other /lib/systemd/systemd --system --log-target=kmsg
+        exec /usr/bin/env -i container=other /lib/systemd/systemd --system
     ' sh "$run" "$lower" </dev/null >"$run/namespace.log" 2>&1 &
     local unshare_pid=$!
     # PID 1 of the namespace is unshare's child.

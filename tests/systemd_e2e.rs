@@ -114,10 +114,12 @@ fn packaged_unit_is_ready_reaches_what_it_watches_and_the_watchdog_restarts_it()
     });
     let maps = std::fs::read_to_string(format!("/proc/{main}/maps")).unwrap();
     assert!(maps.contains("libnvidia-ml.so.1"), "NVML not loaded");
+    // gpu-medic's own view: the daemon up through the pipe directory, MPS remedies on.
     let status = sys.cli(&["status", "--json"]);
-    let text = String::from_utf8_lossy(&status.stdout);
     assert!(status.status.success(), "{status:?}");
-    eprintln!("status: {text}");
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["mps_phase"], "up", "{status:#}");
+    assert_eq!(status["capabilities"]["mps"], true, "{status:#}");
     let log = sys.journal(MEDIC);
     for bad in ["Permission denied", "Operation not permitted", "226/NAMESPACE"] {
         assert!(!log.contains(bad), "{bad} in gpu-medic's journal:\n{log}");

@@ -46,6 +46,8 @@ pub struct Booted {
     run: tempfile::TempDir,
     /// cgroup directories made for clients (removed on drop, deepest first).
     cgroups: Vec<PathBuf>,
+    /// The `nsenter` processes of clients, reaped on drop.
+    clients: Vec<std::process::Child>,
 }
 
 impl Booted {
@@ -84,6 +86,7 @@ impl Booted {
             pid1,
             run,
             cgroups: Vec::new(),
+            clients: Vec::new(),
         }
     }
 
@@ -175,10 +178,11 @@ impl Booted {
         crate::journal::read(&self.path("/var/lib/gpu-medic/incidents.jsonl"))
     }
 
-    /// The gpu-medic CLI inside (against the installed config).
+    /// `gpu-medic <args> --config /etc/gpu-medic/config.toml` inside.
     pub fn cli(&self, args: &[&str]) -> Output {
-        let mut all = vec!["gpu-medic", "--config", "/etc/gpu-medic/config.toml"];
+        let mut all = vec!["gpu-medic"];
         all.extend_from_slice(args);
+        all.extend_from_slice(&["--config", "/etc/gpu-medic/config.toml"]);
         self.exec(&all)
     }
 
@@ -297,8 +301,8 @@ impl Booted {
             let out = child.stdout.take().unwrap();
             std::io::BufReader::new(out).read_line(&mut line).unwrap();
         }
-        // The nsenter process waits for the sleep; it is reaped when the namespace dies.
-        std::mem::forget(child);
+        // nsenter waits for the sleep, which dies with the namespace; reaped on drop.
+        self.clients.push(child);
         line.trim()
             .parse()
             .unwrap_or_else(|_| panic!("no pid from the client in {rel}: {line:?}"))
@@ -342,6 +346,10 @@ impl Drop for Booted {
                 break;
             }
             std::thread::sleep(Duration::from_millis(25));
+        }
+        for c in &mut self.clients {
+            let _ = c.kill();
+            let _ = c.wait();
         }
         for d in self.cgroups.iter().rev() {
             for _ in 0..100 {
