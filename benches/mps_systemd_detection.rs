@@ -18,8 +18,8 @@
 //! - `server-loop`: four `start_server -uid 0` (each server exits with status 1 without a
 //!   GPU: the daemon's own lines, through journald), from the last one -> `mps-crash-loop`.
 //!   Floor: the next probe turn reads the journal: 0-5 s, mean 2.5 s.
-//! - `server-fault`: the fatal-fault block (only a GPU makes one) written into the daemon's
-//!   stdout stream, as its own lines reach journald -> `mps-server-fault`. Floor: 0-5 s, mean
+//! - `server-fault`: the fatal-fault block (only a GPU makes one) written to the journal by a
+//!   process in the unit's cgroup, as a server's lines reach it -> `mps-server-fault`. Floor: 0-5 s, mean
 //!   2.5 s.
 //!
 //! The policy extends default.toml with a restart budget no run exhausts.
@@ -129,7 +129,11 @@ impl Bench {
             _ => {
                 let daemon = sys.main_pid(MPS);
                 let t0 = now_ms();
-                sys.write_to_stdout_of(daemon, &fault_block(daemon + 1, &[daemon + 2]));
+                sys.journal_as(
+                    MPS,
+                    "nvidia-cuda-mps-control",
+                    &fault_block(daemon + 1, &[daemon + 2]),
+                );
                 t0
             }
         }

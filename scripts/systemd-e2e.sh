@@ -30,8 +30,9 @@ CACHE="${GPU_MEDIC_E2E_CACHE:-$REPO/target/systemd-e2e}"
 MIRROR="${GPU_MEDIC_E2E_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
 # nvidia-cuda-mps (non-free) depends on libc6 only; contrib is listed as install-deps.sh does.
+# ca-certificates: an AMI has them, and gpu-medic's AWS client wants the native roots.
 COMPONENTS=main,contrib,non-free
-INCLUDE=systemd,systemd-sysv,dbus,nvidia-cuda-mps
+INCLUDE=systemd,systemd-sysv,dbus,nvidia-cuda-mps,ca-certificates
 # Bump when the way the root is made changes (the key below covers the inputs named above).
 ROOTFS_RECIPE=1
 BOOT_TIMEOUT_S=60

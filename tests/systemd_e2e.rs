@@ -9,8 +9,8 @@
 //! installed as `libnvidia-ml.so.1`; moto behind the kit's proxy for AWS; the kit's
 //! `FakeAgent` for the ECS agent's introspection API; and the Volta fatal-fault block, which
 //! only a GPU makes: its lines (NVIDIA's documented shape, the daemon's real prefix) are
-//! written into the daemon's own standard output stream, so journald files them as the
-//! daemon's lines. Everything else is real: systemd's restarts and `NRestarts`, journald,
+//! written to the journal by a process placed in `nvidia-mps.service`'s cgroup, as a server of
+//! the daemon writes them, so journald files them under the unit. Everything else is real: systemd's restarts and `NRestarts`, journald,
 //! `Type=notify`, the watchdog, the unit's sandbox, the daemon's own server-exit lines.
 //!
 //! Needs root, `unshare`, `nsenter`, overlayfs, and `debootstrap` with Debian's registry for the
@@ -27,6 +27,7 @@ use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::imds::FakeAgent;
 use gpu_medic_testkit::mps::fault_block;
 use gpu_medic_testkit::systemd::{self, Booted};
+use gpu_medic_testkit::{now_ms, parse_at};
 
 const MPS: &str = "nvidia-mps.service";
 const MEDIC: &str = "gpu-medic.service";
@@ -100,13 +101,23 @@ fn packaged_unit_is_ready_reaches_what_it_watches_and_the_watchdog_restarts_it()
     assert_eq!(sys.state(MPS), "active/running", "{}", sys.context());
     assert_eq!(sys.prop(MEDIC, "Type"), "notify");
     assert_eq!(sys.prop(MEDIC, "WatchdogUSec"), "30s");
-    assert_eq!(sys.prop(MEDIC, "ProtectSystem"), "strict", "the packaged unit, hardened");
+    assert_eq!(
+        sys.prop(MEDIC, "ProtectSystem"),
+        "strict",
+        "the packaged unit, hardened"
+    );
     // The daemon's journal shows gpu-medic's probe reaching it through /run/mps-ecs.
-    sys.wait("a probe in the daemon's journal", Duration::from_secs(30), || {
-        sys.journal(MPS)
-            .contains("Cmd:get_default_active_thread_percentage")
-    });
-    let main = sys.host_pid(sys.main_pid(MEDIC)).expect("gpu-medic's host pid");
+    sys.wait(
+        "a probe in the daemon's journal",
+        Duration::from_secs(30),
+        || {
+            sys.journal(MPS)
+                .contains("Cmd:get_default_active_thread_percentage")
+        },
+    );
+    let main = sys
+        .host_pid(sys.main_pid(MEDIC))
+        .expect("gpu-medic's host pid");
     // Inside the sandbox: /dev/kmsg is open (DeviceAllow=/dev/kmsg r), the NVML library is
     // mapped (the fake one, as libnvidia-ml.so.1), and the startup checks passed.
     sys.wait("/dev/kmsg open", Duration::from_secs(20), || {
@@ -121,7 +132,11 @@ fn packaged_unit_is_ready_reaches_what_it_watches_and_the_watchdog_restarts_it()
     assert_eq!(status["mps_phase"], "up", "{status:#}");
     assert_eq!(status["capabilities"]["mps"], true, "{status:#}");
     let log = sys.journal(MEDIC);
-    for bad in ["Permission denied", "Operation not permitted", "226/NAMESPACE"] {
+    for bad in [
+        "Permission denied",
+        "Operation not permitted",
+        "226/NAMESPACE",
+    ] {
         assert!(!log.contains(bad), "{bad} in gpu-medic's journal:\n{log}");
     }
 
@@ -136,7 +151,10 @@ fn packaged_unit_is_ready_reaches_what_it_watches_and_the_watchdog_restarts_it()
     eprintln!("SIGSTOP -> gpu-medic running again (watchdog) in {took:?}");
     let log = sys.journal(MEDIC);
     assert!(log.contains("Watchdog timeout"), "{log}");
-    assert!(took >= Duration::from_secs(29), "{took:?}: restarted before the watchdog");
+    assert!(
+        took >= Duration::from_secs(29),
+        "{took:?}: restarted before the watchdog"
+    );
     assert_eq!(sys.n_restarts(MEDIC), 1);
 }
 
@@ -161,10 +179,12 @@ fn wait_closed(
 }
 
 /// Kills the daemon's main process `n` times (SIGKILL, systemd's own `systemctl kill`),
-/// each time once systemd has started a new one.
-fn crash_daemon(sys: &Booted, n: usize) {
+/// each time once systemd has started a new one; the wall-clock ms of the last kill.
+fn crash_daemon(sys: &Booted, n: usize) -> f64 {
+    let mut last = 0.0;
     for _ in 0..n {
         let pid = sys.main_pid(MPS);
+        last = now_ms();
         sys.kill_main(MPS, "SIGKILL");
         sys.wait("systemd's restart", Duration::from_secs(20), || {
             let now = sys.main_pid(MPS);
@@ -173,6 +193,7 @@ fn crash_daemon(sys: &Booted, n: usize) {
         // RestartSec=1 paces systemd; keep the loop under the start limit (5 in 10 s).
         std::thread::sleep(Duration::from_millis(1500));
     }
+    last
 }
 
 /// The three MPS faults the issue names, each detected and handled through `gpu-medic run`
@@ -204,13 +225,11 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
         (b, "inference", &[(&cid(2), "server")]),
         (bystander, "inference", &[(&cid(3), "server")]),
     ]);
-    let env: Vec<String> = gpu_medic_testkit::daemon::aws_env(
-        Some(&proxy.url),
-        std::path::Path::new("/nonexistent"),
-    )
-    .into_iter()
-    .filter_map(|(k, v)| Some(format!("\"{k}={}\"", v?)))
-    .collect();
+    let env: Vec<String> =
+        gpu_medic_testkit::daemon::aws_env(Some(&proxy.url), std::path::Path::new("/nonexistent"))
+            .into_iter()
+            .filter_map(|(k, v)| Some(format!("\"{k}={}\"", v?)))
+            .collect();
     let dropin = format!(
         "# The test's AWS: moto behind the kit's proxy (on an instance: IMDS credentials).\n\
          [Service]\nEnvironment={}\n",
@@ -236,14 +255,26 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
     let v2 = cgroup2();
     let pa = sys.client_in_cgroup(
         &v2,
-        &format!("ecstasks.slice/ecstasks-{}.slice/docker-{}.scope", id(a), cid(1)),
+        &format!(
+            "ecstasks.slice/ecstasks-{}.slice/docker-{}.scope",
+            id(a),
+            cid(1)
+        ),
     );
     let pb = sys.client_in_cgroup(
         &v2,
-        &format!("ecstasks.slice/ecstasks-{}.slice/docker-{}.scope", id(b), cid(2)),
+        &format!(
+            "ecstasks.slice/ecstasks-{}.slice/docker-{}.scope",
+            id(b),
+            cid(2)
+        ),
     );
     let daemon = sys.main_pid(MPS);
-    sys.write_to_stdout_of(daemon, &fault_block(daemon + 1, &[pa, pb]));
+    sys.journal_as(
+        MPS,
+        "nvidia-cuda-mps-control",
+        &fault_block(daemon + 1, &[pa, pb]),
+    );
     let inc = wait_closed(&sys, "the server fault", 0, Duration::from_secs(60), |i| {
         i["signal"] == "mps-server-fault"
     });
@@ -254,7 +285,10 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
     for t in [a, b] {
         assert_eq!(aws::task_desired(&sdk, &s.cluster, t).await, "STOPPED");
     }
-    assert_eq!(aws::task_desired(&sdk, &s.cluster, bystander).await, "RUNNING");
+    assert_eq!(
+        aws::task_desired(&sdk, &s.cluster, bystander).await,
+        "RUNNING"
+    );
     let shown = sys.cli(&["incidents", "show", &inc["id"].to_string()]);
     let text = String::from_utf8_lossy(&shown.stdout);
     for want in [
@@ -281,44 +315,69 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
 
     // 3. The servers crash-loop: the daemon's own `Server N exited with status 1` lines (a
     // server cannot start without a GPU), read from its journal.
-    sys.sh(
-        "for i in 1 2 3 4; do echo 'start_server -uid 0' | \
-         CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs nvidia-cuda-mps-control; sleep 0.3; done",
+    sys.sh("for i in 1 2 3 4; do echo 'start_server -uid 0' | \
+         CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs nvidia-cuda-mps-control; sleep 0.3; done");
+    let inc = wait_closed(
+        &sys,
+        "the server crash loop",
+        last,
+        Duration::from_secs(60),
+        |i| i["signal"] == "mps-crash-loop",
     );
-    let inc = wait_closed(&sys, "the server crash loop", last, Duration::from_secs(60), |i| {
-        i["signal"] == "mps-crash-loop"
-    });
     assert_eq!(inc["action"], "restart-mps", "{inc:#}");
     assert_eq!(inc["state"], "resolved", "{inc:#}\n{}", sys.context());
-    assert!(
-        inc["summary"].as_str().unwrap_or("").contains("MPS servers failed"),
-        "{inc:#}"
-    );
+    let shown = sys.cli(&["incidents", "show", &inc["id"].to_string()]);
+    let text = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(text.contains("MPS servers failed"), "{text}");
+    assert!(text.contains("exited with status 1"), "{text}");
     last = inc["id"].as_u64().unwrap();
 
     // 4. The daemon crash-loops: systemd restarts it each time (NRestarts); gpu-medic counts
     // them and restarts it once, without racing systemd.
-    crash_daemon(&sys, 3);
-    let inc = wait_closed(&sys, "the daemon crash loop", last, Duration::from_secs(60), |i| {
-        i["signal"] == "mps-crash-loop"
-    });
+    let before = sys.n_restarts(MPS);
+    let third = crash_daemon(&sys, 3);
+    let inc = wait_closed(
+        &sys,
+        "the daemon crash loop",
+        last,
+        Duration::from_secs(60),
+        |i| i["signal"] == "mps-crash-loop",
+    );
     assert_eq!(inc["action"], "restart-mps", "{inc:#}\n{}", sys.context());
     assert_eq!(inc["state"], "resolved", "{inc:#}\n{}", sys.context());
     let detail = sys.cli(&["incidents", "show", &inc["id"].to_string()]);
     let text = String::from_utf8_lossy(&detail.stdout).into_owned();
     assert!(text.contains("NRestarts"), "{text}");
+    // The restarts of steps 2 and 3 were gpu-medic's own (a stop, then systemd's Restart=):
+    // systemd counted them in NRestarts, gpu-medic does not count them as crashes. The loop
+    // is the three kills, so it is seen only after the third.
+    assert!(
+        before >= 2,
+        "our restarts went through Restart=: NRestarts {before}"
+    );
+    let opened = parse_at(inc["opened_at"].as_str().unwrap()).unwrap();
+    assert!(
+        opened >= third,
+        "a crash loop before the third kill: our own restarts counted\n{text}"
+    );
     last = inc["id"].as_u64().unwrap();
 
     // 5. Once more: the restart budget (3 in 30 min) is spent, the node is replaced.
-    crash_daemon(&sys, 3);
-    let inc = wait_closed(&sys, "the budget spent", last, Duration::from_secs(120), |i| {
-        i["rule"] == "mps-restart-budget" || i["action"] == "replace"
-    });
+    let _ = crash_daemon(&sys, 3);
+    let inc = wait_closed(
+        &sys,
+        "the budget spent",
+        last,
+        Duration::from_secs(120),
+        |i| i["rule"] == "mps-restart-budget" || i["action"] == "replace",
+    );
     assert_eq!(inc["action"], "replace", "{inc:#}\n{}", sys.context());
     assert_eq!(inc["state"], "replaced", "{inc:#}\n{}", sys.context());
     let health = aws::asg_health(&sdk, &s.asg).await;
     assert!(
-        health.iter().any(|(i, h)| *i == me.instance_id && h == "Unhealthy"),
+        health
+            .iter()
+            .any(|(i, h)| *i == me.instance_id && h == "Unhealthy"),
         "{health:?}"
     );
 

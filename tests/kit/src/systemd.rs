@@ -214,7 +214,10 @@ impl Booted {
                 d.flatten()
                     .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
                     .filter(|p| {
-                        std::fs::read_link(format!("/proc/{p}/ns/pid")).ok().as_ref() == Some(&ns)
+                        std::fs::read_link(format!("/proc/{p}/ns/pid"))
+                            .ok()
+                            .as_ref()
+                            == Some(&ns)
                     })
                     .collect()
             })
@@ -254,7 +257,10 @@ impl Booted {
     pub fn wait(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
         match crate::poll(limit, Duration::from_millis(100), f) {
             Some(d) => d,
-            None => panic!("timed out waiting for {what} ({limit:?})\n{}", self.context()),
+            None => panic!(
+                "timed out waiting for {what} ({limit:?})\n{}",
+                self.context()
+            ),
         }
     }
 
@@ -279,9 +285,8 @@ impl Booted {
         for part in rel.split('/') {
             at.push(part);
             if !at.exists() {
-                std::fs::create_dir(&at).unwrap_or_else(|e| {
-                    panic!("cannot create the cgroup {} ({e})", at.display())
-                });
+                std::fs::create_dir(&at)
+                    .unwrap_or_else(|e| panic!("cannot create the cgroup {} ({e})", at.display()));
                 self.cgroups.push(at.clone());
             }
         }
@@ -308,27 +313,35 @@ impl Booted {
             .unwrap_or_else(|_| panic!("no pid from the client in {rel}: {line:?}"))
     }
 
-    /// Writes `text` to the standard output of the namespace's process `ns_pid` (a copy of
-    /// its descriptor 1 through `pidfd_getfd(2)`): for a service, the stream journald reads,
-    /// so the lines enter the journal exactly as the process's own lines do.
-    pub fn write_to_stdout_of(&self, ns_pid: u32, text: &str) {
-        let pid = self.host_pid(ns_pid).expect("the process is gone");
-        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1; no
-        // memory is passed.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-        assert!(pidfd >= 0, "pidfd_open({pid}): {}", std::io::Error::last_os_error());
-        // SAFETY: pidfd_getfd(2) takes a pidfd we own, a descriptor number of the target and
-        // flags; it returns a new descriptor of ours or -1; no memory is passed.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd as libc::c_int, 1, 0) };
-        let err = std::io::Error::last_os_error();
-        // SAFETY: pidfd is a descriptor pidfd_open returned to us and nothing else holds.
-        unsafe { libc::close(pidfd as libc::c_int) };
-        assert!(fd >= 0, "pidfd_getfd({pid}, 1): {err}");
+    /// Writes `text` to the journal as a process of `unit` writing to its standard output
+    /// with syslog identifier `ident`: a shell inside the namespace moves itself into the
+    /// unit's cgroup (every hierarchy that has one) and runs `systemd-cat`. journald names the
+    /// unit from the writer's cgroup, so `journalctl -u unit` shows the lines as it shows those
+    /// of the unit's own processes (an MPS server writes to the daemon's inherited stdout the
+    /// same way).
+    pub fn journal_as(&self, unit: &str, ident: &str, text: &str) {
         use std::io::Write;
-        use std::os::fd::FromRawFd;
-        // SAFETY: fd is a fresh descriptor pidfd_getfd gave us; the File owns and closes it.
-        let mut f = unsafe { std::fs::File::from_raw_fd(fd as libc::c_int) };
-        f.write_all(text.as_bytes()).unwrap();
+        let mut child = self
+            .command(&[
+                "sh",
+                "-c",
+                "for d in /sys/fs/cgroup/system.slice/\"$0\" /sys/fs/cgroup/*/system.slice/\"$0\"; do \
+                   [ -f \"$d/cgroup.procs\" ] && echo $$ > \"$d/cgroup.procs\"; done; \
+                 exec systemd-cat -t \"$1\"",
+                unit,
+                ident,
+            ])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "systemd-cat as {unit}: {status:?}");
     }
 
     /// The namespace's run folder (the overlay's upper layer, the namespace's log).
