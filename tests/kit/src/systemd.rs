@@ -4,12 +4,11 @@
 //! `gpu-medic.service`). [`Booted`] boots one, runs commands in it through `nsenter`, reads
 //! its files through `/proc/<pid1>/root`, and kills its PID 1 on drop.
 //!
-//! One namespace at a time per process ([`exclusive`]): every booted systemd manages the
+//! One namespace at a time on the machine ([`exclusive`]): every booted systemd manages the
 //! host's cgroup tree from its root, so two would share unit cgroups.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -33,10 +32,33 @@ pub fn check() -> Result<(), String> {
     }
 }
 
-/// Held while a namespace runs: one at a time in this process.
-pub fn exclusive() -> MutexGuard<'static, ()> {
-    static ONE: Mutex<()> = Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
+/// Held while a namespace runs: one at a time on this machine (tests of one binary, test
+/// binaries and benches alike). An exclusive `flock(2)` on `target/systemd-e2e.lock`, released
+/// when the guard drops (or its process dies).
+pub struct Exclusive {
+    _lock: std::fs::File,
+}
+
+/// Waits for [`Exclusive`].
+pub fn exclusive() -> Exclusive {
+    use std::os::fd::AsRawFd;
+    let path = crate::repo().join("target/systemd-e2e.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // SAFETY: flock(2) on a descriptor the File owns; no memory is passed.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(
+        rc,
+        0,
+        "flock {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    Exclusive { _lock: f }
 }
 
 /// A booted systemd; killed (SIGKILL to its PID 1) on drop.
