@@ -15,8 +15,8 @@
 //! - `daemon-loop`: the daemon SIGKILLed three times, each once systemd has restarted it
 //!   (`RestartSec=1`), measured from the last kill -> `mps-crash-loop` (`NRestarts`). Floor:
 //!   systemd's restart 1 s after the kill, then the next probe turn: 1-6 s, mean 3.5 s.
-//! - `server-loop`: four `start_server -uid 0` (each server exits with status 1 without a
-//!   GPU: the daemon's own lines, through journald), from the last one -> `mps-crash-loop`.
+//! - `server-loop`: three `start_server -uid 0` (each server exits with status 1 without a
+//!   GPU: the daemon's own lines, through journald), from the third -> `mps-crash-loop`.
 //!   Floor: the next probe turn reads the journal: 0-5 s, mean 2.5 s.
 //! - `server-fault`: the fatal-fault block (only a GPU makes one) written to the journal by a
 //!   process in the unit's cgroup, as a server's lines reach it -> `mps-server-fault`. Floor: 0-5 s, mean
@@ -59,6 +59,14 @@ fn main() {
     ]);
     sys.wait("gpu-medic active", Duration::from_secs(60), || {
         sys.state("gpu-medic.service") == "active/running"
+    });
+    // Two probes: the journal follower starts at the end of the journal at the end of the
+    // first turn (no saved cursor), so a line written before then would not be read.
+    sys.wait("two probes", Duration::from_secs(30), || {
+        sys.journal(MPS)
+            .matches("Cmd:get_default_active_thread_percentage")
+            .count()
+            >= 2
     });
     let mut b = Bench {
         sys,
@@ -119,11 +127,15 @@ impl Bench {
                 t0
             }
             "server-loop" => {
+                // Three: the third exit fills the crash-loop window. Each server exits within
+                // milliseconds of its start_server, before the control client returns.
                 let mut t0 = 0.0;
-                for _ in 0..4 {
+                for i in 0..3 {
+                    if i > 0 {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
                     sys.sh("echo 'start_server -uid 0' | CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs nvidia-cuda-mps-control");
                     t0 = now_ms();
-                    std::thread::sleep(Duration::from_millis(300));
                 }
                 t0
             }

@@ -112,7 +112,9 @@ fn packaged_unit_is_ready_reaches_what_it_watches_and_the_watchdog_restarts_it()
         Duration::from_secs(30),
         || {
             sys.journal(MPS)
-                .contains("Cmd:get_default_active_thread_percentage")
+                .matches("Cmd:get_default_active_thread_percentage")
+                .count()
+                >= 2
         },
     );
     let main = sys
@@ -246,9 +248,13 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
     sys.wait("gpu-medic active", Duration::from_secs(60), || {
         sys.state(MEDIC) == "active/running"
     });
-    sys.wait("the first probe", Duration::from_secs(30), || {
+    // Two probes: the journal follower starts at the end of the journal at the end of the
+    // first turn (no saved cursor), so a line written before then would not be read.
+    sys.wait("two probes", Duration::from_secs(30), || {
         sys.journal(MPS)
-            .contains("Cmd:get_default_active_thread_percentage")
+            .matches("Cmd:get_default_active_thread_percentage")
+            .count()
+            >= 2
     });
 
     // 1. Server fault. Two clients in cgroup v2 task slices as ECS makes them on AL2023.

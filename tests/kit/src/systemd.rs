@@ -267,7 +267,7 @@ impl Booted {
             "nvidia-mps.service {} NRestarts {}\n{}\ngpu-medic.service {}\n{}\nincidents:\n{}",
             self.state("nvidia-mps.service"),
             self.n_restarts("nvidia-mps.service"),
-            tail(&self.journal("nvidia-mps.service"), 40),
+            tail(&without_probes(&self.journal("nvidia-mps.service")), 40),
             self.state("gpu-medic.service"),
             tail(&self.journal("gpu-medic.service"), 60),
             std::fs::read_to_string(self.path("/var/lib/gpu-medic/incidents.jsonl"))
@@ -395,6 +395,17 @@ impl Drop for Booted {
             }
         }
     }
+}
+
+/// The daemon's journal without the lines each probe leaves (a session, its two commands and
+/// their answers).
+pub fn without_probes(text: &str) -> String {
+    let noise = ["Accepting connection", "NEW UI", "UI closed", "Cmd:get_"];
+    text.lines()
+        .filter(|l| !noise.iter().any(|n| l.contains(n)))
+        .filter(|l| !l.trim_end().ends_with("] 100.0"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The last `n` lines of `text`.
