@@ -6,7 +6,8 @@
 //! (needs root; `scripts/bench.sh mps_systemd_detection`). `BENCH_RUNS` (default 10) per
 //! scenario; `BENCH_ONLY=hang,daemon-loop,server-loop,server-fault` (comma separated).
 //!
-//! Measured from the fault to the engine's decision: the incident's `opened_at` stamp (ms).
+//! Measured from the fault to the engine's decision: the incident's `opened_at` stamp (ms); for
+//! server faults, the stamp of the observation's record in `inputs.jsonl` (see `decided`).
 //! Each fault is made at a random phase of the probe schedule (a 0-5 s wait first), once the
 //! previous incident is closed and the daemon answers again.
 //!
@@ -71,7 +72,7 @@ fn main() {
     let mut b = Bench {
         sys,
         rng: Rng::new(0x0515_7e3d),
-        last: 0,
+        last: (0, 0),
     };
     b.settle();
     for (name, signal) in [
@@ -98,8 +99,8 @@ fn main() {
 struct Bench {
     sys: Booted,
     rng: Rng,
-    /// The highest incident id seen.
-    last: u64,
+    /// The highest incident id and input sequence number seen.
+    last: (u64, u64),
 }
 
 impl Bench {
@@ -152,19 +153,33 @@ impl Bench {
         }
     }
 
-    /// The opening stamp (ms) of the next incident of `signal`.
+    /// When the engine decided on the fault (ms): the opening stamp of the next incident of
+    /// `signal`, or for a server fault the stamp of its next input of `signal` in
+    /// `inputs.jsonl` (repeats of `mps-server-fault` on one GPU escalate or join an incident
+    /// instead of opening one each; the engine decides on each input all the same).
     fn decided(&mut self, signal: &str) -> f64 {
-        let last = self.last;
+        let (incident, input) = self.last;
+        let inputs = self.sys.path("/var/lib/gpu-medic/inputs.jsonl");
+        let by_input = signal == "mps-server-fault";
         let find = || {
-            self.sys
-                .incidents()
-                .into_iter()
-                .find(|i| i["id"].as_u64().unwrap_or(0) > last && i["signal"] == signal)
+            if by_input {
+                gpu_medic_testkit::journal::read(&inputs)
+                    .into_iter()
+                    .find(|v| {
+                        v["seq"].as_u64().unwrap_or(0) > input && v["signal"]["kind"] == signal
+                    })
+                    .and_then(|v| v["at"].as_str().map(str::to_string))
+            } else {
+                self.sys
+                    .incidents()
+                    .into_iter()
+                    .find(|i| i["id"].as_u64().unwrap_or(0) > incident && i["signal"] == signal)
+                    .and_then(|i| i["opened_at"].as_str().map(str::to_string))
+            }
         };
         self.sys
             .wait(signal, Duration::from_secs(90), || find().is_some());
-        let inc = find().unwrap();
-        parse_at(inc["opened_at"].as_str().unwrap()).unwrap()
+        parse_at(&find().unwrap()).unwrap()
     }
 
     /// Waits until every incident is closed and the daemon runs, unstopped, under systemd.
@@ -175,11 +190,17 @@ impl Bench {
                 && sys.state(MPS) == "active/running"
                 && sys.daemons().len() == 1
         });
-        self.last = sys
+        let incident = sys
             .incidents()
             .iter()
             .filter_map(|i| i["id"].as_u64())
             .max()
             .unwrap_or(0);
+        let input = gpu_medic_testkit::journal::read(&sys.path("/var/lib/gpu-medic/inputs.jsonl"))
+            .iter()
+            .filter_map(|v| v["seq"].as_u64())
+            .max()
+            .unwrap_or(0);
+        self.last = (incident, input);
     }
 }

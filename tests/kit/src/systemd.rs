@@ -340,7 +340,9 @@ impl Booted {
     /// unit's cgroup (every hierarchy that has one) and runs `systemd-cat`. journald names the
     /// unit from the writer's cgroup, so `journalctl -u unit` shows the lines as it shows those
     /// of the unit's own processes (an MPS server writes to the daemon's inherited stdout the
-    /// same way).
+    /// same way). The writer stays a second after its last line: journald reads the sender's
+    /// cgroup when it handles a line, and for about half the lines of a writer that had already
+    /// exited it filed them without a unit (seen here).
     pub fn journal_as(&self, unit: &str, ident: &str, text: &str) {
         use std::io::Write;
         let mut child = self
@@ -349,7 +351,7 @@ impl Booted {
                 "-c",
                 "for d in /sys/fs/cgroup/system.slice/\"$0\" /sys/fs/cgroup/*/system.slice/\"$0\"; do \
                    [ -f \"$d/cgroup.procs\" ] && echo $$ > \"$d/cgroup.procs\"; done; \
-                 exec systemd-cat -t \"$1\"",
+                 { cat; sleep 1; } | systemd-cat -t \"$1\"",
                 unit,
                 ident,
             ])
