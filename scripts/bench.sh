@@ -19,13 +19,19 @@
 #   storm               thousands of distinct kernel-log XIDs, then an XID 79: time to decide
 #                       the 79, time until CPU is idle again, CPU cost (BENCH_STORM, default
 #                       3000; GPU_MEDIC_BIN=path runs another gpu-medic binary side by side)
-# action_latency and steady_state need moto and NVIDIA's MPS control daemon, as the tests do
+#   task_accounting     per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48
+#                       clients, before/after reservations and EMF (BENCH_POLLS, default 2000;
+#                       root: real processes in ECS-shaped cgroups)
+#   fleet_budget        the fleet budget's slot table vs claims: XID 79 -> drain call, and AWS
+#                       calls per deferred attempt for groups of BENCH_SIZES (default 3,10,30)
+#                       (BENCH_RUNS, default 20; BENCH_WINDOW_S, default 20; BENCH_ONLY=latency,calls)
+# action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm mps_systemd_detection)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

@@ -111,8 +111,8 @@ def main() -> int:
         check(s.get("Effect") in ("Allow", "Deny"), f"iam-policy.json {sid}: Effect")
         for action in as_list(s.get("Action", [])):
             check(
-                re.fullmatch(r"(ecs|autoscaling|logs|events):[A-Za-z]+", action) is not None,
-                f"iam-policy.json {sid}: {action!r} is not one named ECS, Auto Scaling, CloudWatch Logs or EventBridge action",
+                re.fullmatch(r"(ecs|autoscaling|logs|events|dynamodb|ec2):[A-Za-z]+", action) is not None,
+                f"iam-policy.json {sid}: {action!r} is not one named ECS, Auto Scaling, CloudWatch Logs, EventBridge, DynamoDB or EC2 action",
             )
         check("Resource" in s, f"iam-policy.json {sid}: Resource")
         if s.get("Effect") == "Allow" and any(
@@ -215,6 +215,23 @@ def main() -> int:
         "cloudformation.yaml: an EventBridge rule on source gpu-medic",
     )
     check("AWS::SNS::Topic" in by_type, "cloudformation.yaml: an SNS topic for on-call")
+
+    # The fleet budget's table: the key the slot protocol writes, billed on demand, and the
+    # only item actions the protocol uses (models/README.md, "Slot protocol").
+    tables = by_type.get("AWS::DynamoDB::Table", [])
+    check(len(tables) == 1, "cloudformation.yaml: one DynamoDB table for the fleet budget")
+    for t in tables:
+        check(t.get("BillingMode") == "PAY_PER_REQUEST", "cloudformation.yaml: the fleet table bills on demand")
+        check(
+            t.get("KeySchema") == [{"AttributeName": "group", "KeyType": "HASH"}],
+            "cloudformation.yaml: the fleet table's key is `group` (HASH) only",
+        )
+    dyn = sorted(a for s in statements for a in as_list(s.get("Action", [])) if a.startswith("dynamodb:"))
+    check(dyn == ["dynamodb:GetItem", "dynamodb:PutItem"], f"iam-policy.json: DynamoDB actions are GetItem and PutItem only, not {dyn}")
+    check(
+        all(":table/" in json.dumps(s.get("Resource")) for s in statements if any(a.startswith("dynamodb:") for a in as_list(s.get("Action", [])))),
+        "iam-policy.json: DynamoDB actions are scoped to the table's ARN",
+    )
 
     # --- CloudWatch agent ----------------------------------------------------------------------
     cw = json.loads((PKG / "examples" / "cloudwatch-agent.json").read_text())

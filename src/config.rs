@@ -187,6 +187,10 @@ pub struct MetricsConfig {
     /// A loopback address; others are refused (the endpoint has no authentication).
     #[serde(default = "default_metrics_listen")]
     pub listen: std::net::SocketAddr,
+    /// One CloudWatch embedded-metric-format line per task, container and GPU per NVML poll
+    /// on stdout (journald, then the CloudWatch agent), independent of `enabled`.
+    #[serde(default)]
+    pub emf: bool,
 }
 
 impl Default for MetricsConfig {
@@ -194,6 +198,7 @@ impl Default for MetricsConfig {
         MetricsConfig {
             enabled: false,
             listen: default_metrics_listen(),
+            emf: false,
         }
     }
 }
@@ -212,12 +217,68 @@ pub struct NvmlConfig {
     pub library: String,
     #[serde(default = "default_poll", with = "humantime_serde")]
     pub poll_interval: Duration,
-    /// How many GPUs this instance type has; fewer is a fault. Unset: not checked.
+    /// How many GPUs this instance type has; fewer is a fault. Unset: what ECS registered for
+    /// the instance, else the instance type's count (`[ecs] gpu_view`, `[aws]` enabled).
     #[serde(default)]
     pub expected_gpus: Option<u32>,
     /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off.
     #[serde(default = "default_kmsg")]
     pub kmsg: Option<PathBuf>,
+    /// The share of a task's GPU memory reservation whose crossing is a
+    /// `gpu-memory-over-reservation` signal ("100%": using more than reserved).
+    #[serde(default = "default_reservation_alert")]
+    pub reservation_alert: Share,
+}
+
+fn default_reservation_alert() -> Share {
+    Share(100.0)
+}
+
+/// A share of something, written `"90%"`; more than 0 % and at most 1000 %.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share(pub f64);
+
+impl Share {
+    pub fn parse(s: &str) -> Result<Share, String> {
+        let v: f64 = s
+            .trim()
+            .strip_suffix('%')
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| format!("bad share {s:?}: expected e.g. \"100%\""))?;
+        if !(v > 0.0 && v <= 1000.0) {
+            return Err(format!(
+                "bad share {s:?}: must be more than 0% and at most 1000%"
+            ));
+        }
+        Ok(Share(v))
+    }
+
+    /// `whole` times this share, rounded down.
+    pub fn of(self, whole: u64) -> u64 {
+        (whole as f64 * self.0 / 100.0) as u64
+    }
+}
+
+impl std::fmt::Display for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}%", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Share {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Share;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a share such as \"100%\" (a string with %)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Share, E> {
+                Share::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -507,6 +568,13 @@ pub struct EcsConfig {
     /// How long a drain waits on an agent that ECS reports disconnected before giving up.
     #[serde(default = "default_agent_disconnected_wait", with = "humantime_serde")]
     pub agent_disconnected_wait: Duration,
+    /// Compare ECS's view of this instance's GPUs (DescribeContainerInstances `gpuDevices`)
+    /// with NVML's, and default `[nvml] expected_gpus` from it (only with `[aws]` enabled).
+    #[serde(default = "yes")]
+    pub gpu_view: bool,
+    /// How often ECS's view is read (also after every GPU signal, at most every 10 s).
+    #[serde(default = "default_gpu_view_interval", with = "humantime_serde")]
+    pub gpu_view_interval: Duration,
 }
 
 /// The fleet budget: how much of the Auto Scaling group may be in remediation at once.
@@ -537,6 +605,14 @@ pub struct FleetConfig {
     /// long (with jitter).
     #[serde(default = "default_fleet_retry_after", with = "humantime_serde")]
     pub retry_after: Duration,
+    /// The DynamoDB table of the slot protocol (models/README.md); unset: the claim protocol
+    /// on container instance attributes.
+    #[serde(default, deserialize_with = "de_table_name")]
+    pub table: Option<String>,
+    /// Slot table: a reservation this gpu-medic has seen unchanged for this long (its own
+    /// monotonic clock) may be taken over. Only has to exceed reserve-to-commit (two writes).
+    #[serde(default = "default_reservation_lifetime", with = "humantime_serde")]
+    pub reservation_lifetime: Duration,
 }
 
 /// Our Auto Scaling lifecycle hooks (never anyone else's): the IMDS watcher that starts the
@@ -749,6 +825,9 @@ fn default_force_stop_lead() -> Duration {
 fn default_agent_disconnected_wait() -> Duration {
     Duration::from_secs(120)
 }
+fn default_gpu_view_interval() -> Duration {
+    Duration::from_secs(300)
+}
 fn default_fleet_share() -> FleetLimit {
     FleetLimit::Percent(20.0)
 }
@@ -767,6 +846,28 @@ fn default_claim_ttl() -> Duration {
 fn default_fleet_retry_after() -> Duration {
     Duration::from_secs(60)
 }
+fn default_reservation_lifetime() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// A DynamoDB table name: 3 to 255 of `[A-Za-z0-9_.-]`, or a table ARN (DynamoDB accepts
+/// either as `TableName`). A typo is caught at startup, not on the first fault.
+fn de_table_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = String::deserialize(d)?;
+    let name = s.strip_prefix("arn:").map_or(s.as_str(), |arn| {
+        arn.rsplit_once(":table/").map_or("", |(_, n)| n)
+    });
+    let ok = (3..=255).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !ok {
+        return Err(serde::de::Error::custom(format!(
+            "{s:?} is not a DynamoDB table name (3 to 255 of A-Z a-z 0-9 _ - .) or table ARN"
+        )));
+    }
+    Ok(Some(s))
+}
 fn default_terminate_hook() -> String {
     "gpu-medic-terminate".to_string()
 }
@@ -782,6 +883,7 @@ impl Default for NvmlConfig {
             poll_interval: default_poll(),
             expected_gpus: None,
             kmsg: default_kmsg(),
+            reservation_alert: default_reservation_alert(),
         }
     }
 }
@@ -831,6 +933,8 @@ impl Default for EcsConfig {
             drain_poll_interval: default_drain_poll_interval(),
             force_stop_lead: default_force_stop_lead(),
             agent_disconnected_wait: default_agent_disconnected_wait(),
+            gpu_view: true,
+            gpu_view_interval: default_gpu_view_interval(),
         }
     }
 }
@@ -845,6 +949,8 @@ impl Default for FleetConfig {
             claim_settle: default_claim_settle(),
             claim_ttl: default_claim_ttl(),
             retry_after: default_fleet_retry_after(),
+            table: None,
+            reservation_lifetime: default_reservation_lifetime(),
         }
     }
 }
@@ -942,7 +1048,7 @@ impl Config {
             &self.lifecycle,
         );
         // (section, key, value, floor, ceiling)
-        let table: [(Option<&str>, &str, Duration, Duration, Duration); 21] = [
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 23] = [
             (None, "tick_interval", self.tick_interval, ms(50), MAX_TICK),
             (
                 Some("nvml"),
@@ -1009,6 +1115,13 @@ impl Config {
                 ms(100),
                 YEAR,
             ),
+            (
+                Some("ecs"),
+                "gpu_view_interval",
+                e.gpu_view_interval,
+                ms(100),
+                YEAR,
+            ),
             (Some("fleet"), "warmup", f.warmup, Duration::ZERO, YEAR),
             (
                 Some("fleet"),
@@ -1019,6 +1132,13 @@ impl Config {
             ),
             (Some("fleet"), "claim_ttl", f.claim_ttl, ms(100), YEAR),
             (Some("fleet"), "retry_after", f.retry_after, ms(100), YEAR),
+            (
+                Some("fleet"),
+                "reservation_lifetime",
+                f.reservation_lifetime,
+                ms(100),
+                YEAR,
+            ),
             (
                 Some("lifecycle"),
                 "poll_interval",
@@ -1275,6 +1395,24 @@ mod tests {
         assert_eq!(c.fleet.pause_tag, "gpu-medic/paused");
         assert_eq!(c.lifecycle.terminate_hook, "gpu-medic-terminate");
         assert!(!c.aws.replace_fallback_terminate);
+    }
+
+    #[test]
+    fn the_reservation_alert_is_a_share_of_more_than_zero() {
+        let p = Path::new("/x.toml");
+        let c = Config::parse(p, "[nvml]\nreservation_alert = \"90%\"\n").unwrap();
+        assert_eq!(c.nvml.reservation_alert, Share(90.0));
+        assert_eq!(c.nvml.reservation_alert.of(1000), 900);
+        assert_eq!(
+            Config::parse(p, "").unwrap().nvml.reservation_alert,
+            Share(100.0)
+        );
+        for bad in ["\"0%\"", "\"-5%\"", "\"2000%\"", "\"90\"", "90", "\"x%\""] {
+            let e = Config::parse(p, &format!("[nvml]\nreservation_alert = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(":2:"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod catalog;
 pub mod child;
 pub mod cli;
 pub mod config;
+pub mod emf;
 pub mod engine;
 pub mod error;
 pub mod export;

@@ -19,6 +19,14 @@ pub const MAX_JOURNAL_LINE: usize = 1024 * 1024;
 pub const MAX_KMSG_LINE: usize = 8 * 1024;
 /// The state file written by gpu-medic itself (`state.json`); the engine keeps it far below.
 pub const MAX_STATE_BYTES: u64 = 64 * 1024 * 1024;
+/// The GPU memory history (`gpu-memory.jsonl`) is compacted to half of this when it grows
+/// past it.
+pub const MAX_GPU_MEMORY_HISTORY: u64 = 16 * 1024 * 1024;
+/// A GPU memory history larger than this is set aside at start, and `gpu-medic tasks` reads
+/// at most this much of it (its end).
+pub const MAX_GPU_MEMORY_HISTORY_READ: u64 = 2 * MAX_GPU_MEMORY_HISTORY;
+/// One line of the GPU memory history; a longer one is not a row.
+pub const MAX_GPU_MEMORY_HISTORY_LINE: usize = 4 * 1024;
 
 /// Why a capped read failed.
 #[derive(Debug, thiserror::Error)]

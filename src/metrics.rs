@@ -36,10 +36,15 @@ pub struct Metrics {
     self_fault: Family<Labels, Gauge>,
     /// Components that ever had a self-fault (their gauge goes back to 0, not away).
     self_fault_seen: Mutex<std::collections::BTreeSet<String>>,
+    /// The health series the engine ever set, by GPU index (back to 0 when the engine
+    /// forgets the GPU, e.g. after an abort, never left at its last value).
+    gpu_health_seen: Mutex<BTreeMap<u32, Labels>>,
     /// Commands of orders started, to label their outcomes.
     started: Mutex<BTreeMap<ActionId, &'static str>>,
     task_gpu_memory: Family<Labels, Gauge>,
     task_gpu_processes: Family<Labels, Gauge>,
+    task_gpu_memory_reserved: Family<Labels, Gauge>,
+    task_gpu_memory_over_reservation: Family<Labels, Gauge>,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
 }
@@ -107,7 +112,7 @@ impl Metrics {
         let self_fault = Family::<Labels, Gauge>::default();
         registry.register(
             "self_fault",
-            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control): a mistake or a fault of gpu-medic, never remediated",
+            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control, state-file, ecs-gpu-view): a mistake or a fault of gpu-medic, never remediated",
             self_fault.clone(),
         );
         let task_gpu_memory = Family::<Labels, Gauge>::default();
@@ -122,13 +127,28 @@ impl Metrics {
             "MPS client processes of an ECS task's container on a GPU, at the last poll (unknown=\"true\": NVML did not report their memory)",
             task_gpu_processes.clone(),
         );
+        let task_gpu_memory_reserved = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_memory_reserved_bytes",
+            "GPU memory an ECS task's container reserves (its task definition's sharingStrategy.nvidiaMps.memory), once its task definition was read",
+            task_gpu_memory_reserved.clone(),
+        );
+        let task_gpu_memory_over_reservation = Family::<Labels, Gauge>::default();
+        registry.register(
+            "task_gpu_memory_over_reservation",
+            "1 while an ECS task's processes together use more GPU memory than [nvml] reservation_alert of its reservation (the sum of its containers'), else 0",
+            task_gpu_memory_over_reservation.clone(),
+        );
         Metrics {
             task_gpu_memory,
             task_gpu_processes,
+            task_gpu_memory_reserved,
+            task_gpu_memory_over_reservation,
             accounting: None,
             registry,
             self_fault,
             self_fault_seen: Mutex::new(Default::default()),
+            gpu_health_seen: Mutex::new(Default::default()),
             gpu_health,
             xids,
             signals,
@@ -227,19 +247,37 @@ impl Metrics {
             }
         }
         drop(started);
-        for h in state.gpus.values() {
+        let mut health_seen = self
+            .gpu_health_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (index, labels) in health_seen.iter() {
+            if !state.gpus.contains_key(index) {
+                self.gpu_health.get_or_create(labels).set(0);
+            }
+        }
+        for (index, h) in &state.gpus {
             let v = match h.status {
                 GpuStatus::Healthy => 0,
                 GpuStatus::Suspect => 1,
                 GpuStatus::Faulted => 2,
             };
-            self.gpu_health
-                .get_or_create(&vec![
-                    ("gpu".into(), h.gpu.index.to_string()),
-                    ("uuid".into(), h.gpu.uuid.clone()),
-                ])
-                .set(v);
+            // One series per GPU: a signal that did not name the UUID (a kernel-log XID) uses
+            // the one the poller's series has.
+            let uuid = match (&h.gpu.uuid, &self.accounting) {
+                (u, Some(a)) if u.is_empty() => a
+                    .snapshot()
+                    .gpus
+                    .get(index)
+                    .map(|(g, _)| g.uuid.clone())
+                    .unwrap_or_default(),
+                (u, _) => u.clone(),
+            };
+            let labels: Labels = vec![("gpu".into(), index.to_string()), ("uuid".into(), uuid)];
+            self.gpu_health.get_or_create(&labels).set(v);
+            health_seen.insert(*index, labels);
         }
+        drop(health_seen);
         self.incidents_open.set(state.open.len() as i64);
         let mut seen = self
             .self_fault_seen
@@ -267,6 +305,7 @@ impl Metrics {
         let snap = a.snapshot();
         self.task_gpu_memory.clear();
         self.task_gpu_processes.clear();
+        self.refresh_reservations(&snap);
         for (index, (gpu, tasks)) in &snap.gpus {
             // Created at 0 (healthy) if absent; the engine's value is kept otherwise.
             drop(self.gpu_health.get_or_create(&vec![
@@ -315,6 +354,34 @@ impl Metrics {
         }
     }
 
+    /// Reservations and whether each task is over its alert share, for the tasks whose
+    /// reservation is known; replaced at each scrape like the use.
+    fn refresh_reservations(&self, snap: &crate::probe::nvml::usage::Snapshot) {
+        self.task_gpu_memory_reserved.clear();
+        self.task_gpu_memory_over_reservation.clear();
+        for t in &snap.tasks {
+            if t.reserved_bytes.is_none() {
+                continue;
+            }
+            let task: Labels = vec![
+                ("task".into(), t.name().to_string()),
+                ("family".into(), t.family.clone()),
+                ("revision".into(), t.revision.clone()),
+            ];
+            self.task_gpu_memory_over_reservation
+                .get_or_create(&task)
+                .set(i64::from(t.over));
+            for c in &t.containers {
+                let Some(r) = c.reserved_bytes else { continue };
+                let mut labels = task.clone();
+                labels.push(("container".into(), c.name.clone()));
+                self.task_gpu_memory_reserved
+                    .get_or_create(&labels)
+                    .set(i64::try_from(r).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         self.refresh_usage();
@@ -346,15 +413,11 @@ pub async fn serve(
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
-            let request = String::from_utf8_lossy(&buf[..n]);
+            let deadline = std::time::Duration::from_secs(5);
+            let Ok(Some(head)) = tokio::time::timeout(deadline, read_head(&mut sock)).await else {
+                return;
+            };
+            let request = String::from_utf8_lossy(&head);
             let path = request.split_whitespace().nth(1).unwrap_or("");
             let (status, body, ctype) = if path == "/metrics" {
                 (
@@ -373,6 +436,31 @@ pub async fn serve(
             let _ = sock.write_all(body.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
+    }
+}
+
+/// The longest request head the endpoint reads (a scrape's is a few hundred bytes).
+const MAX_REQUEST_HEAD: usize = 8 * 1024;
+
+/// Reads a request head up to its blank line, however many writes the client split it into.
+/// `None` when the client closes first, or sends more than [`MAX_REQUEST_HEAD`] without one.
+/// Reading the whole head matters: bytes left unread when the socket closes make the close a
+/// reset, and the client loses the answer.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Option<Vec<u8>> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = r.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+            return Some(head);
+        }
+        if head.len() > MAX_REQUEST_HEAD {
+            return None;
+        }
     }
 }
 
@@ -397,6 +485,37 @@ mod tests {
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
         )
         .unwrap()
+    }
+
+    /// A scrape whose request arrives in several writes gets the whole answer.
+    #[tokio::test]
+    async fn a_request_split_over_several_writes_is_answered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new()), stop.clone()));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        for part in ["GET /metr", "ics HTTP/1.1\r\n", "Host: x\r\n", "\r\n"] {
+            s.write_all(part.as_bytes()).await.unwrap();
+            s.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        assert!(out.contains("gpu_medic_"), "{out}");
+        stop.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_head_without_end_is_refused_once_over_the_cap() {
+        let long = vec![b'a'; MAX_REQUEST_HEAD + 2048];
+        assert_eq!(read_head(&mut long.as_slice()).await, None);
+        assert_eq!(read_head(&mut &b"GET / HTTP/1.1\r\n"[..]).await, None);
+        let ok = b"GET /metrics HTTP/1.1\r\n\r\n";
+        assert_eq!(read_head(&mut &ok[..]).await.as_deref(), Some(&ok[..]));
     }
 
     /// Drives the real engine and checks that every declared metric moves.
@@ -492,6 +611,47 @@ mod tests {
         for (name, want) in expect {
             assert_eq!(value(&text, name), Some(want), "{name} in\n{text}");
         }
+    }
+
+    /// A GPU the engine forgets (an operator aborted its incident) is healthy again: its
+    /// series goes back to 0 instead of staying faulted; and a signal that did not name the
+    /// GPU's UUID updates the poller's series, not a second one.
+    #[test]
+    fn a_forgotten_gpu_goes_back_to_healthy_and_keeps_one_series() {
+        use crate::engine::{GpuHealth, GpuStatus};
+        use crate::probe::nvml::usage::Snapshot;
+        let policy = shipped_policy();
+        let accounting = Accounting::new();
+        let mut snap = Snapshot::default();
+        let gpu = GpuId {
+            index: 3,
+            uuid: "GPU-3".into(),
+            ..GpuId::default()
+        };
+        snap.gpus.insert(3, (gpu.clone(), vec![]));
+        accounting.publish(snap);
+        let m = Metrics::new().with_accounting(accounting);
+        let mut st = State::default();
+        st.gpus.insert(
+            3,
+            GpuHealth {
+                gpu: GpuId::index_only(3),
+                status: GpuStatus::Faulted,
+                rule: "xid-fallen-off-bus".into(),
+                verdict: crate::model::Verdict::Replace,
+                incident: None,
+                since: Timestamp(1),
+            },
+        );
+        let tick = Input::Tick;
+        m.record(&tick, &[], &st, &policy);
+        let series = "gpu_medic_gpu_health{gpu=\"3\",uuid=\"GPU-3\"}";
+        let text = m.render();
+        assert_eq!(value(&text, series), Some(2.0), "{text}");
+        assert!(!text.contains("uuid=\"\""), "one series per GPU:\n{text}");
+        st.gpus.clear();
+        m.record(&tick, &[], &st, &policy);
+        assert_eq!(value(&m.render(), series), Some(0.0));
     }
 
     #[test]

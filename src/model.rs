@@ -241,6 +241,20 @@ pub enum Signal {
     EcsAgentDown,
     /// The filesystem holding `state_dir` is nearly full (value: percent used).
     StateDiskFull,
+    /// ECS still lists a GPU for placement (DescribeContainerInstances `gpuDevices`, or the
+    /// registered `GPU` resource) that NVML reports lost or does not see at all (value: the
+    /// containers ECS assigned to it).
+    EcsGpuMissing,
+    /// ECS and NVML count this instance's GPUs differently (value: the difference).
+    EcsGpuCountMismatch,
+    /// ECS believes more of a GPU's memory is free for new MPS tasks (`remainingMemoryInMiB`)
+    /// than NVML shows free (value: the excess, MiB).
+    EcsGpuMemoryInUse,
+    /// An ECS task's MPS clients together use more GPU memory than its task definition
+    /// reserves (`sharingStrategy.nvidiaMps.memory`, summed over its containers), or more
+    /// than `[nvml] reservation_alert` of it (value: percent of the reservation in use;
+    /// `tasks`: the task ARN; the detail has the numbers). Reported once per crossing.
+    GpuMemoryOverReservation,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
     Lifecycle {
@@ -251,7 +265,7 @@ pub enum Signal {
     /// A fault of gpu-medic or its configuration, never of the hardware: it is journaled once
     /// and shown in `status` and metrics, and nothing is drained, replaced or restarted for it.
     SelfFault {
-        /// What fails: `nvml`, `mps-control`, `state-file`.
+        /// What fails: `nvml`, `mps-control`, `state-file`, `ecs-gpu-view`.
         component: String,
     },
     /// The component works again: the all-clear for its self-fault.
@@ -310,6 +324,10 @@ signal_kinds! {
         MpsCrashLoop = "mps-crash-loop",
         EcsAgentDown = "ecs-agent-down",
         StateDiskFull = "state-disk-full",
+        EcsGpuMissing = "ecs-gpu-missing",
+        EcsGpuCountMismatch = "ecs-gpu-count-mismatch",
+        EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
+        GpuMemoryOverReservation = "gpu-memory-over-reservation",
     }
     engine: {
         MpsUp = "mps-up",
@@ -362,6 +380,10 @@ impl Signal {
             Signal::MpsCrashLoop => SignalKind::MpsCrashLoop,
             Signal::EcsAgentDown => SignalKind::EcsAgentDown,
             Signal::StateDiskFull => SignalKind::StateDiskFull,
+            Signal::EcsGpuMissing => SignalKind::EcsGpuMissing,
+            Signal::EcsGpuCountMismatch => SignalKind::EcsGpuCountMismatch,
+            Signal::EcsGpuMemoryInUse => SignalKind::EcsGpuMemoryInUse,
+            Signal::GpuMemoryOverReservation => SignalKind::GpuMemoryOverReservation,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
@@ -978,6 +1000,10 @@ mod tests {
             Signal::MpsCrashLoop,
             Signal::EcsAgentDown,
             Signal::StateDiskFull,
+            Signal::EcsGpuMissing,
+            Signal::EcsGpuCountMismatch,
+            Signal::EcsGpuMemoryInUse,
+            Signal::GpuMemoryOverReservation,
             Signal::MpsUp,
             Signal::Lifecycle {
                 state: LifecycleState::Terminating,

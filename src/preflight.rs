@@ -121,15 +121,29 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
     Ok(())
 }
 
-/// What does not stop a start but must be said plainly: a config that does not fit its
+/// AWS remediation on the claim protocol (no `[fleet] table`): it keeps the budget only
+/// under timing conditions (README, "The fleet budget: which protocol"); the slot table is the safe choice.
+pub fn fleet_warnings(cfg: &Config) -> Vec<String> {
+    if !cfg.aws.enabled || cfg.dry_run || cfg.fleet.table.is_some() {
+        return Vec::new();
+    }
+    vec![format!(
+        "[fleet] table is not set: the fleet budget runs on the claim protocol, which holds only while every claim is seen within claim_settle ({}) of its time (write latency, ECS read lag and clock skew together) and DRAINING follows the last check within two settles; fine for small groups, but the DynamoDB slot table ([fleet] table) is the safe choice (README, \"The fleet budget: which protocol\")",
+        humantime::format_duration(cfg.fleet.claim_settle)
+    )]
+}
+
+/// What does not stop a start but must be said plainly: the fleet budget's protocol
+/// ([`fleet_warnings`]), a config that does not fit its
 /// preset (`MpsConfig::preset_warnings`), and, under `preset = "ecs-ami"`, a node that does
 /// not look like an ECS GPU AMI (the unit missing, its daemon on another pipe directory), as
 /// `systemctl` (`systemctl` here) reports the unit.
 pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
+    let mut out = fleet_warnings(cfg);
     if !cfg.mps.enabled {
-        return Vec::new();
+        return out;
     }
-    let mut out = cfg.mps.preset_warnings();
+    out.extend(cfg.mps.preset_warnings());
     if cfg.mps.preset != Some(MpsPreset::EcsAmi) {
         return out;
     }
@@ -250,6 +264,31 @@ fn writable_dir(dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aws_remediation_without_a_slot_table_is_warned_about() {
+        let cfg = |text: &str| Config::parse(Path::new("/tmp/t.toml"), text).unwrap();
+        let w = fleet_warnings(&cfg("[mps]\nenabled = false\n"));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("[fleet] table is not set") && w[0].contains("10s"),
+            "{w:?}"
+        );
+        assert!(fleet_warnings(&cfg("[fleet]\ntable = \"gpu-medic-slots\"\n")).is_empty());
+        assert!(fleet_warnings(&cfg("[aws]\nenabled = false\n")).is_empty());
+        assert!(fleet_warnings(&cfg("dry_run = true\n")).is_empty());
+        // A table name that DynamoDB would refuse is a config error, with its line.
+        let e = Config::parse(Path::new("/tmp/t.toml"), "[fleet]\ntable = \"no spaces\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("not a DynamoDB table name"), "{e}");
+        assert!(
+            Config::parse(
+                Path::new("/tmp/t.toml"),
+                "[fleet]\ntable = \"arn:aws:dynamodb:us-east-1:123456789012:table/slots\"\n"
+            )
+            .is_ok()
+        );
+    }
 
     #[test]
     fn watchdog_is_read_only_for_this_process() {

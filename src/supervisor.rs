@@ -61,6 +61,7 @@ pub struct Supervisor {
     executor: Arc<dyn Executor>,
     sources: Vec<Box<dyn Source>>,
     metrics: Option<Arc<Metrics>>,
+    gpu_signal: Option<Arc<tokio::sync::Notify>>,
 }
 
 struct Engine {
@@ -68,6 +69,7 @@ struct Engine {
     policy: Policy,
     cfg: Config,
     metrics: Option<Arc<Metrics>>,
+    gpu_signal: Option<Arc<tokio::sync::Notify>>,
     incidents: JsonlWriter<Record>,
     inputs: JsonlWriter<journal::JournaledInput>,
     /// The sequence number of the last input written to `inputs.jsonl`.
@@ -95,7 +97,14 @@ impl Supervisor {
             executor,
             sources: Vec::new(),
             metrics: None,
+            gpu_signal: None,
         }
+    }
+
+    /// Notifies `wake` at every GPU signal (a finding about a GPU or the GPU count, from any
+    /// probe but the ECS GPU view itself), so that probe reads ECS's view again after it.
+    pub fn notify_gpu_signals(&mut self, wake: Arc<tokio::sync::Notify>) {
+        self.gpu_signal = Some(wake);
     }
 
     /// Keeps `metrics` up to date with every engine step.
@@ -133,6 +142,7 @@ impl Supervisor {
             policy: self.policy,
             cfg: cfg.clone(),
             metrics: self.metrics,
+            gpu_signal: self.gpu_signal,
             seq: 0,
         };
         engine.recover(resumed_state)?;
@@ -417,6 +427,11 @@ impl Engine {
             if let Some(m) = &self.metrics {
                 m.record(&input, &actions, &state, &self.policy);
             }
+            if let (Some(wake), Input::Observation(o)) = (&self.gpu_signal, &input)
+                && is_gpu_signal(o, &self.policy)
+            {
+                wake.notify_one();
+            }
             // An input that changes nothing (an MPS probe that answered, a quiet tick) is not
             // recorded: the engine is a pure function of state and input, so leaving it out of
             // inputs.jsonl changes no replay.
@@ -452,6 +467,24 @@ impl Engine {
         }
         Ok(orders)
     }
+}
+
+/// A finding (a rule takes it at its value) about a GPU or the node's GPUs, not raised by the
+/// ECS GPU view (which would wake itself).
+fn is_gpu_signal(o: &Observation, policy: &Policy) -> bool {
+    use crate::model::SignalKind;
+    let about_gpus = o.gpu.is_some()
+        || matches!(
+            o.signal.kind(),
+            SignalKind::Xid
+                | SignalKind::GpuLost
+                | SignalKind::DeviceCountMismatch
+                | SignalKind::DriverNotLoaded
+                | SignalKind::RecoveryAction
+        );
+    about_gpus
+        && o.source != crate::probe::ecs_gpus::SOURCE
+        && policy.rule_for(&o.signal, o.value).is_some()
 }
 
 /// Emits a journal record as a structured log event with stable field names.
@@ -532,6 +565,14 @@ mod tests {
         }
     }
 
+    fn shipped_policy() -> crate::policy::Policy {
+        crate::policy::Policy::parse(
+            std::path::Path::new("default.toml"),
+            include_str!("../policies/default.toml"),
+        )
+        .unwrap()
+    }
+
     fn xid_input(seq: u64, pos: u64) -> journal::JournaledInput {
         let obs = Observation::new(Signal::xid(13))
             .on_gpu(GpuId::index_only(0))
@@ -547,15 +588,44 @@ mod tests {
     }
 
     async fn start_and_stop(cfg: &Config) {
-        let policy = crate::policy::Policy::parse(
-            std::path::Path::new("default.toml"),
-            include_str!("../policies/default.toml"),
-        )
-        .unwrap();
+        let policy = shipped_policy();
         let sup = Supervisor::new(cfg.clone(), policy, Arc::new(NoRemedy));
         let stop = CancellationToken::new();
         let s2 = stop.clone();
         sup.run(stop, move || s2.cancel()).await.unwrap();
+    }
+
+    /// What wakes the ECS GPU view: a finding about a GPU or the GPU count, never a
+    /// routine reading, a node-level signal, or the view's own findings.
+    #[test]
+    fn gpu_findings_wake_the_ecs_gpu_view_and_nothing_else_does() {
+        let policy = shipped_policy();
+        let gpu = || GpuId::index_only(1);
+        let wakes = [
+            Observation::new(Signal::xid(13)).on_gpu(gpu()),
+            Observation::new(Signal::GpuLost).on_gpu(gpu()),
+            Observation::new(Signal::DeviceCountMismatch).with_value(3),
+            Observation::new(Signal::Thermal)
+                .on_gpu(gpu())
+                .with_value(90),
+        ];
+        for o in &wakes {
+            assert!(is_gpu_signal(o, &policy), "{o:?}");
+        }
+        let quiet = [
+            // A reading: 81 °C is below every thermal rule.
+            Observation::new(Signal::Thermal)
+                .on_gpu(gpu())
+                .with_value(81),
+            Observation::new(Signal::MpsDown),
+            Observation::new(Signal::StateDiskFull).with_value(99),
+            Observation::new(Signal::EcsGpuMissing)
+                .on_gpu(gpu())
+                .from_source(crate::probe::ecs_gpus::SOURCE),
+        ];
+        for o in &quiet {
+            assert!(!is_gpu_signal(o, &policy), "{o:?}");
+        }
     }
 
     /// A crash between the journal and the state write of a batch: the next start steps the
@@ -629,11 +699,7 @@ mod tests {
     /// before the rest (in arrival order otherwise), outcomes after them.
     #[test]
     fn a_batch_steps_fatal_signals_before_lower_classes() {
-        let policy = crate::policy::Policy::parse(
-            std::path::Path::new("default.toml"),
-            include_str!("../policies/default.toml"),
-        )
-        .unwrap();
+        let policy = shipped_policy();
         let x = |code| Observation::new(Signal::xid(code)).on_gpu(GpuId::index_only(0));
         let batch = Batch {
             observations: vec![x(13), x(100_001), x(79), x(31), x(48)],

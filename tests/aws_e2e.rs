@@ -10,28 +10,14 @@ use std::time::Duration;
 
 use gpu_medic_testkit::aws::{self, Proxy, Seeded};
 use gpu_medic_testkit::journal::{request_ids, started_commands};
-use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, wait_for};
+use gpu_medic_testkit::{Daemon, wait_for};
 use serde_json::Value;
 
 /// Node 0 of `s` on the fake GPUs, every AWS service at `endpoint`; `ecs`: extra `[ecs]`
 /// lines; `top`: top-level keys (`dry_run = true`).
 fn daemon(s: &Seeded, endpoint: &str, ecs: &str, top: &str) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "{top}\nstate_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
-         [mps]\nenabled = false\n\
-         {}\
-         [ecs]\ndrain_poll_interval = \"200ms\"\n{ecs}\n\
-         [fleet]\nwarmup = \"0s\"\nclaim_settle = \"200ms\"\nretry_after = \"1s\"\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display(),
-        aws::sections(s, 0, ""),
-    );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.aws(Some(endpoint));
-    d
+    let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"";
+    aws::node(s, 0, Some(endpoint), top, ecs, fleet, "")
 }
 
 /// Starts it and lets the first NVML poll establish its baselines.
@@ -215,7 +201,8 @@ async fn dry_run_records_the_plan_and_makes_no_call() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "e2e-dry", 3).await;
-    let mut d = daemon(&s, &proxy.url, "", "dry_run = true");
+    // No read either: ECS's GPU view (a read every interval) is off, so any call is a fault.
+    let mut d = daemon(&s, &proxy.url, "gpu_view = false", "dry_run = true");
     let seeded = proxy.calls().len();
     start(&mut d);
     d.inject(r#"{"gpu": 0, "xid": 79}"#);

@@ -20,7 +20,7 @@ use gpu_medic::journal::JsonlWriter;
 use gpu_medic::model::{IncidentEvent, IncidentId, IncidentState, Record, Timestamp};
 use gpu_medic_testkit::aws::{self, Proxy, Seeded};
 use gpu_medic_testkit::export::{events_to_queue, log_records, take_events};
-use gpu_medic_testkit::{Daemon, default_policy, fake_nvml, wait_for};
+use gpu_medic_testkit::{Daemon, wait_for};
 use serde_json::Value;
 
 /// A config with export on, for `instance` in `cluster`, its state in `dir`.
@@ -272,23 +272,15 @@ async fn the_terminate_hook_is_completed_after_the_flush_or_the_bounded_wait() {
 
 /// Node `i` of `s` on the fake GPUs with export on, every AWS service at `endpoint`.
 fn daemon(s: &Seeded, i: usize, endpoint: &str) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
-         [mps]\nenabled = false\n\
-         {}\
-         [ecs]\ndrain_poll_interval = \"200ms\"\nstandalone_grace = \"300ms\"\n\
-         [fleet]\nwarmup = \"0s\"\nclaim_settle = \"200ms\"\nretry_after = \"1s\"\n\
-         [export]\nenabled = true\ninterval = \"300ms\"\n",
-        default_policy().display(),
-        fake_nvml().display(),
-        dir.path().join("kmsg").display(),
-        aws::sections(s, i, ""),
-    );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.aws(Some(endpoint));
-    d
+    aws::node(
+        s,
+        i,
+        Some(endpoint),
+        "",
+        "standalone_grace = \"300ms\"",
+        "claim_settle = \"200ms\"\nretry_after = \"1s\"",
+        "[export]\nenabled = true\ninterval = \"300ms\"\n",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,27 +8,9 @@
 
 use std::time::Duration;
 
+use gpu_medic_testkit::http::{scrape, series};
 use gpu_medic_testkit::proc::EcsTaskProcs;
 use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_sync};
-
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-fn series(body: &str, prefix: &str) -> Option<f64> {
-    body.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 fn clients(pids: &[u32], mib: u64) -> String {
     pids.iter()

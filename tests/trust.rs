@@ -363,6 +363,12 @@ fn a_closed_stdout_ends_every_command_quietly() {
     // One incident to show: a journal line written the way the daemon writes them.
     let record = r#"{"at":"2026-01-01T00:00:00.000Z","incident":1,"event":"opened","observation":{"signal":{"kind":"xid","code":13},"gpu":{"index":0}},"rule":"xid-app","reason":"application fault","verdict":"log"}"#;
     std::fs::write(node.path("state/incidents.jsonl"), format!("{record}\n")).unwrap();
+    // GPU memory history for `tasks`: a row, and a line that is not one (skipped, said).
+    std::fs::write(
+        node.path("state/gpu-memory.jsonl"),
+        "{\"minute\":60,\"family\":\"infer\",\"revision\":\"3\",\"container\":\"app\",\"peak_bytes\":1048576000,\"reserved_bytes\":2147483648}\nnot a row\n",
+    )
+    .unwrap();
     let inputs = node.path("inputs.jsonl");
     std::fs::write(
         &inputs,
@@ -378,6 +384,8 @@ fn a_closed_stdout_ends_every_command_quietly() {
         (vec!["incidents", "list", "--json"], 0),
         (vec!["status"], 0),
         (vec!["status", "--json"], 0),
+        (vec!["tasks"], 0),
+        (vec!["tasks", "--json"], 0),
         // Every probe is off in this config: "could not tell".
         (vec!["check"], 2),
         (vec!["check", "--json"], 2),

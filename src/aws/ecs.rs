@@ -70,6 +70,32 @@ pub struct InstanceState {
     pub registered_ms: Option<u64>,
     /// Custom and built-in attributes: (name, value).
     pub attributes: Vec<(String, Option<String>)>,
+    /// ECS's view of each GPU (`gpuDevices`; empty where ECS reports none).
+    pub gpu_devices: Vec<GpuDevice>,
+    /// The ids of the registered `GPU` resource (its `stringSetValue`: the GPU UUIDs the agent
+    /// registered; empty on an instance without GPUs).
+    pub registered_gpus: Vec<String>,
+}
+
+/// One GPU as ECS sees it (DescribeContainerInstances `gpuDevices`, API type `GpuDevice`;
+/// every field is optional in the API). docs/aws.md#gpudevices.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct GpuDevice {
+    /// `gpuId`: the GPU's UUID, as in the `gpuIds` of the containers ECS assigned to it.
+    pub id: String,
+    /// `sharingMode`: `IDLE`, `NVIDIA_MPS` or `DEDICATED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing_mode: Option<String>,
+    /// `totalMemoryInMiB`: what the agent reported available to containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_mib: Option<i64>,
+    /// `remainingMemoryInMiB`: what ECS can still allocate to new `nvidiaMps` containers,
+    /// computed from allocations, not from use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_mib: Option<i64>,
+    /// `containerCount`: containers ECS assigned to the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<i64>,
 }
 
 impl InstanceState {
@@ -245,6 +271,23 @@ impl Ecs {
                         .attributes()
                         .iter()
                         .map(|a| (a.name().to_string(), a.value().map(str::to_string)))
+                        .collect(),
+                    gpu_devices: ci
+                        .gpu_devices()
+                        .iter()
+                        .map(|g| GpuDevice {
+                            id: g.gpu_id().unwrap_or_default().to_string(),
+                            sharing_mode: g.sharing_mode().map(|m| m.as_str().to_string()),
+                            total_mib: g.total_memory_in_mib().map(i64::from),
+                            remaining_mib: g.remaining_memory_in_mib().map(i64::from),
+                            containers: g.container_count().map(i64::from),
+                        })
+                        .collect(),
+                    registered_gpus: ci
+                        .registered_resources()
+                        .iter()
+                        .filter(|r| r.name() == Some("GPU"))
+                        .flat_map(|r| r.string_set_value().iter().cloned())
                         .collect(),
                 });
             }

@@ -1,6 +1,6 @@
 //! The instance metadata service (IMDSv2), through aws-config's client on our HTTP stack
 //! (session token with its TTL header; `AWS_EC2_METADATA_SERVICE_ENDPOINT` honoured): the
-//! instance id, and Auto Scaling's target lifecycle state.
+//! instance id and type, and Auto Scaling's target lifecycle state.
 //!
 //! [`TargetState`] is the lifecycle watcher's last reading, handed at construction to the
 //! lifecycle probe (which writes it) and the control plane (whose drain reads it to learn that
@@ -22,6 +22,8 @@ use super::calls::error_chain;
 pub const TARGET_STATE_PATH: &str = "/latest/meta-data/autoscaling/target-lifecycle-state";
 /// The IMDS path of the instance id.
 pub const INSTANCE_ID_PATH: &str = "/latest/meta-data/instance-id";
+/// The IMDS path of the instance type (`p5.48xlarge`).
+pub const INSTANCE_TYPE_PATH: &str = "/latest/meta-data/instance-type";
 
 /// What asking IMDS went wrong with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +73,15 @@ pub async fn instance_id(http: SharedHttpClient, deadline: Instant) -> Result<St
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
     }
+}
+
+/// The instance type from IMDSv2 (one attempt with the client's own retry). Ok(None): IMDS
+/// has none.
+pub async fn instance_type(http: SharedHttpClient) -> Result<Option<String>, ImdsFailure> {
+    let client = imds_client(http, 2);
+    Ok(get(&client, INSTANCE_TYPE_PATH)
+        .await?
+        .filter(|t| !t.is_empty()))
 }
 
 /// What IMDS last said of the target lifecycle state, shared between the lifecycle watcher

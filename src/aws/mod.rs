@@ -1,7 +1,8 @@
 //! Adapters to AWS: the SDK set up once (region, credentials and `AWS_ENDPOINT_URL*` from the
 //! environment and profiles, rustls on ring as the only TLS stack, a pinned behaviour version,
 //! timeouts so a hung endpoint cannot outlive an order's deadline), thin wrappers over the ECS
-//! and Auto Scaling calls gpu-medic makes ([`ecs`], [`asg`]), the classification of every call's
+//! and Auto Scaling calls gpu-medic makes ([`ecs`], [`asg`]), the fleet budget's DynamoDB slot
+//! table ([`dynamo`]) and the EC2 fact it needs ([`ec2`]), the classification of every call's
 //! outcome ([`calls`]), IMDSv2 ([`imds`]), the ECS agent's introspection API ([`agent`]), this
 //! instance's identity, discovered once ([`identity`]), lifecycle-hook heartbeats
 //! ([`heartbeat`]), and where incidents are shipped: CloudWatch Logs ([`logs`]) and
@@ -13,12 +14,16 @@
 pub mod agent;
 pub mod asg;
 pub mod calls;
+pub mod dynamo;
+pub mod ec2;
 pub mod ecs;
 pub mod events;
 pub mod heartbeat;
 pub mod identity;
 pub mod imds;
+pub mod instance_types;
 pub mod logs;
+pub mod taskdef;
 
 use std::time::Duration;
 

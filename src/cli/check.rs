@@ -59,6 +59,21 @@ pub struct CheckReport {
     pub gpus: Vec<GpuHealthLine>,
     pub findings: Vec<Finding>,
     pub probes: Vec<ProbeResult>,
+    /// ECS's view of the GPUs against NVML's (`[ecs] gpu_view`; absent when off or when this
+    /// instance is not registered with ECS yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ecs_gpus: Option<EcsGpuCheck>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EcsGpuCheck {
+    pub ecs_count: u32,
+    pub nvml_count: u32,
+    /// The expected GPU count and where it came from (`[nvml] expected_gpus`, ECS, the
+    /// instance type).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<crate::probe::nvml::view::Expected>,
+    pub gpus: Vec<crate::probe::ecs_gpus::GpuLine>,
 }
 
 /// Runs every enabled snapshot probe and judges what they saw.
@@ -66,7 +81,37 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     let mut probes = Vec::new();
     let mut seen: Vec<Observation> = Vec::new();
     let mut gpus: Vec<GpuId> = Vec::new();
-    for p in probe::snapshot_probes(cfg).iter_mut() {
+    // ECS's view first: it gives the expected GPU count before NVML is polled.
+    let view = probe::gpu_view_enabled(cfg).then(|| {
+        use crate::probe::ecs_gpus::{self, ReadError};
+        use crate::probe::nvml::view::{ExpectedGpus, NvmlView};
+        let read = match ecs_gpus::read_once(cfg) {
+            Ok(r) => r,
+            Err(e) => {
+                let message = match e {
+                    ReadError::Failed { message, .. } | ReadError::NotRegistered(message) => {
+                        message
+                    }
+                };
+                probes.push(ProbeResult {
+                    probe: ecs_gpus::SOURCE,
+                    ok: false,
+                    error: Some(format!(
+                        "cannot read ECS's view of the GPUs: {message} (not a GPU signal)"
+                    )),
+                    problems: vec![],
+                });
+                None
+            }
+        };
+        let expected = ExpectedGpus::new();
+        if cfg.nvml.expected_gpus.is_none() {
+            ecs_gpus::learn_expected_once(cfg, read.as_ref(), &expected);
+        }
+        (read, NvmlView::new(), expected)
+    });
+    let probe_view = view.as_ref().map(|(_, v, e)| (v.clone(), e.clone()));
+    for p in probe::snapshot_probes_with_view(cfg, probe_view).iter_mut() {
         match p.snapshot() {
             Ok(mut r) => {
                 // gpu-medic's own faults make the check "could not tell", never a finding.
@@ -101,6 +146,25 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
                 problems: vec![],
             }),
         }
+    }
+    let mut ecs_gpus = None;
+    if let Some((Some(read), nvml_view, expected)) = &view
+        && let Some(nvml) = nvml_view.latest()
+    {
+        let (found, lines) = crate::probe::ecs_gpus::compare(read, &nvml);
+        seen.extend(found);
+        ecs_gpus = Some(EcsGpuCheck {
+            ecs_count: read.count(),
+            nvml_count: nvml.count,
+            expected: match cfg.nvml.expected_gpus {
+                Some(n) => Some(crate::probe::nvml::view::Expected {
+                    count: n,
+                    source: "[nvml] expected_gpus".into(),
+                }),
+                None => expected.get(),
+            },
+            gpus: lines,
+        });
     }
     let mut findings = Vec::new();
     for o in &seen {
@@ -155,6 +219,7 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
         gpus,
         findings,
         probes,
+        ecs_gpus,
     }
 }
 
@@ -205,6 +270,15 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
             f.signal, f.action, f.rule
         );
     }
+    if let Some(e) = &report.ecs_gpus {
+        println!(
+            "ecs gpu view: {}",
+            counts_line(e.ecs_count, e.nvml_count, e.expected.as_ref())
+        );
+        for g in &e.gpus {
+            println!("  {}", gpu_line(g));
+        }
+    }
     if report.probes.is_empty() {
         println!(
             "  no probe is enabled in {}: nothing was checked",
@@ -223,6 +297,42 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
         }
     }
     Ok(code)
+}
+
+/// "ECS lists 4, NVML counts 3; expected 4 (registered with ECS)", as `check` and `status`
+/// print it.
+pub fn counts_line(
+    ecs: u32,
+    nvml: u32,
+    expected: Option<&crate::probe::nvml::view::Expected>,
+) -> String {
+    let expected = expected
+        .map(|x| format!("; expected {} ({})", x.count, x.source))
+        .unwrap_or_default();
+    format!("ECS lists {ecs}, NVML counts {nvml}{expected}")
+}
+
+/// One GPU of ECS's view against NVML's, as `check` and `status` print it.
+pub fn gpu_line(g: &crate::probe::ecs_gpus::GpuLine) -> String {
+    let mut s = format!(
+        "{}: NVML {}{}",
+        g.id,
+        g.nvml,
+        g.index.map(|i| format!(" (GPU {i})")).unwrap_or_default()
+    );
+    if let Some(m) = &g.sharing_mode {
+        s.push_str(&format!("; ECS {m}"));
+    }
+    if let Some(c) = g.containers {
+        s.push_str(&format!(", {c} container(s)"));
+    }
+    if let Some(r) = g.ecs_remaining_mib {
+        s.push_str(&format!(", {r} MiB free to ECS"));
+    }
+    if let Some(f) = g.nvml_free_mib {
+        s.push_str(&format!(", {f} MiB free to NVML"));
+    }
+    s
 }
 
 /// Hands the gate's verdict to the daemon for the incident journal (through
@@ -302,6 +412,7 @@ fn launch_gate(
                     error: Some(e.to_string()),
                     problems: vec![],
                 }],
+                ecs_gpus: None,
             },
             None => examine(&check_cfg, &policy),
         };

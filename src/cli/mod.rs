@@ -33,6 +33,7 @@ pub mod incidents;
 pub mod policy;
 pub mod run;
 pub mod status;
+pub mod tasks;
 
 use std::path::{Path, PathBuf};
 
@@ -115,6 +116,13 @@ pub enum Command {
     Policy(policy::PolicyCommand),
     /// The live state of the daemon on this node.
     Status(status::StatusArgs),
+    /// GPU memory per ECS task definition: observed peak, p99, reservation, suggested size.
+    ///
+    /// From the per-minute peaks the daemon keeps in state_dir (a few days): per task
+    /// definition family, revision and container, and per task as a whole (what ECS places
+    /// by), with a suggested sharingStrategy.nvidiaMps.memory = peak + 20 %, rounded up to
+    /// 64 MiB. --json for tools; --family F for one family.
+    Tasks(tasks::TasksArgs),
 }
 
 /// `--config PATH`, shared by the commands that read the daemon's files.
@@ -200,5 +208,6 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Incidents(c) => incidents::run(c),
         Command::Policy(c) => policy::run(c),
         Command::Status(a) => status::run(a),
+        Command::Tasks(a) => tasks::run(a),
     }
 }

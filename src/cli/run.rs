@@ -123,11 +123,14 @@ async fn serve(
     let mps_client = ControlClient::new(&cfg.mps);
     let target_state = TargetState::new();
     let accounting = crate::probe::nvml::usage::Accounting::new();
-    let sources = crate::probe::sources(
+    // Notified by the supervisor at every GPU signal: ECS's view of the GPUs is read again.
+    let gpu_signal = Arc::new(tokio::sync::Notify::new());
+    let sources = crate::probe::sources_with_gpu_view(
         &cfg,
         &mps_client,
         &target_state,
         cfg.metrics.enabled.then_some(&accounting),
+        Some(gpu_signal.clone()),
     );
     // The incident export runs beside the supervisor; the control plane flushes it before the
     // instance goes away.
@@ -141,7 +144,13 @@ async fn serve(
         if let Some(x) = &exporter {
             cp = cp.with_flush(x.flush.clone());
         }
-        remedies.control_plane = Some(Arc::new(cp));
+        let cp = Arc::new(cp);
+        // With `[fleet] table`: entries of terminated instances are removed now and then.
+        tokio::spawn(AwsControlPlane::sweep_slots(
+            cp.clone(),
+            shutdown.child_token(),
+        ));
+        remedies.control_plane = Some(cp);
     }
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(
@@ -152,6 +161,7 @@ async fn serve(
     let metrics_cfg = cfg.metrics.clone();
     let flush_wait = cfg.export.flush_wait;
     let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
+    supervisor.notify_gpu_signals(gpu_signal);
     for s in sources {
         supervisor.add_source(s);
     }

@@ -6,7 +6,7 @@ use super::{CliError, ConfigArg, exit, print_json};
 use crate::engine::State;
 use crate::journal::load_state;
 use crate::model::Timestamp;
-use crate::remedy::aws::fleet::FleetSummary;
+use crate::remedy::aws::fleet::{FleetSummary, SlotsSummary};
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -26,10 +26,20 @@ struct StatusView<'a> {
     state: &'a State,
     /// What the fleet gate saw last (absent before the first drain or replacement).
     fleet: Option<FleetSummary>,
+    /// The slot table as this node last read or wrote it (`[fleet] table`; absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slots: Option<SlotsSummary>,
+    /// ECS's view of the GPUs against NVML's at the last read (`[ecs] gpu_view`).
+    ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
 }
 
 fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
     let text = std::fs::read_to_string(crate::remedy::aws::fleet_path(state_dir)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn read_slots(state_dir: &std::path::Path) -> Option<SlotsSummary> {
+    let text = std::fs::read_to_string(crate::remedy::aws::slots_path(state_dir)).ok()?;
     serde_json::from_str(&text).ok()
 }
 
@@ -54,6 +64,8 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             mps_phase: state.mps.phase.as_str(),
             state: &state,
             fleet: read_fleet(&cfg.state_dir),
+            slots: read_slots(&cfg.state_dir),
+            ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
@@ -113,6 +125,39 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                 .unwrap_or_default()
         );
     }
+    if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
+        // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
+        let policy = crate::policy::Policy::load(&cfg.policy).ok();
+        let findings: Vec<&crate::model::Observation> = c
+            .observations
+            .iter()
+            .filter(|o| {
+                policy
+                    .as_ref()
+                    .is_none_or(|p| p.rule_for(&o.signal, o.value).is_some())
+            })
+            .collect();
+        println!(
+            "ecs gpu view: {}; read {}{}",
+            super::check::counts_line(c.ecs_count, c.nvml_count, c.expected.as_ref()),
+            c.observed_at,
+            if findings.is_empty() {
+                ": the views agree"
+            } else {
+                ""
+            }
+        );
+        for g in &c.gpus {
+            println!("              {}", super::check::gpu_line(g));
+        }
+        for o in findings {
+            println!(
+                "              disagrees: {}: {}",
+                o.signal,
+                o.detail.as_deref().unwrap_or_default()
+            );
+        }
+    }
     for o in state.in_flight.values() {
         println!(
             "in flight:   {} {} for incident {} (attempt {}, deadline {})",
@@ -158,6 +203,25 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         None => println!(
             "fleet budget:  no fleet view recorded (the AWS control plane has not checked it on this node)"
         ),
+    }
+    if let Some(t) = read_slots(&cfg.state_dir) {
+        println!(
+            "slot table:    {} group {}: {} holder(s), version {}, seen {}",
+            t.table,
+            t.group,
+            t.holders.len(),
+            t.version,
+            t.observed_at
+        );
+        for (id, h) in &t.holders {
+            println!(
+                "               {id} {} token {} incident {} since {}",
+                h.state.as_str(),
+                h.token,
+                h.incident.as_deref().unwrap_or("-"),
+                h.since
+            );
+        }
     }
     Ok(exit::OK)
 }

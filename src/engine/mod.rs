@@ -1375,6 +1375,13 @@ fn class_target(obs: &Observation) -> String {
     if obs.signal.kind().is_mps() && obs.signal.kind() != SignalKind::MpsServerFault {
         return "mps".to_string();
     }
+    // A task over its GPU memory reservation is the task's matter: two tasks crossing on one
+    // GPU are two incidents, not one coalesced class.
+    if obs.signal.kind() == SignalKind::GpuMemoryOverReservation
+        && let Some(task) = obs.tasks.first()
+    {
+        return format!("task/{task}");
+    }
     match &obs.gpu {
         Some(g) => format!("gpu{}", g.index),
         None => "node".to_string(),

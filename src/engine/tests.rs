@@ -773,3 +773,38 @@ fn signals_no_rule_judges_coalesce_too() {
     assert_eq!(r.closed().len(), 1);
     assert_eq!(r.st.recent_logs.len(), 1);
 }
+
+/// A task over its GPU memory reservation is the task's matter: two tasks crossing on one GPU
+/// are two incidents (not one coalesced per GPU), the same task again within the window is
+/// folded into its first, and the GPU's health is untouched (a sizing matter, not a fault).
+#[test]
+fn tasks_over_their_reservation_are_one_logged_incident_each() {
+    let mut r = Run::new(default_policy());
+    let over = |task: &str| {
+        let mut o = Observation::new(Signal::GpuMemoryOverReservation)
+            .with_value(117)
+            .on_gpu(gpu(1));
+        o.tasks = vec![task.to_string()];
+        Input::Observation(o)
+    };
+    r.feed(over("arn:task/a"));
+    r.feed(over("arn:task/b"));
+    r.feed(over("arn:task/a"));
+    let closed = r.closed();
+    assert_eq!(closed.len(), 2, "{closed:?}");
+    assert!(closed.iter().all(|(_, s)| *s == IncidentState::Logged));
+    assert!(
+        r.st.gpus
+            .get(&1)
+            .is_none_or(|h| h.status == GpuStatus::Healthy),
+        "{:?}",
+        r.st.gpus
+    );
+    r.advance(Duration::from_secs(11 * 60));
+    r.feed(over("arn:task/a"));
+    assert_eq!(
+        r.closed().len(),
+        3,
+        "a crossing after the window is a new incident"
+    );
+}

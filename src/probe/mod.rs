@@ -7,7 +7,9 @@
 //! - [`tasks`]: which ECS task a process belongs to.
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 //! - [`node`]: the ECS agent answering, and space for the journal.
+//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's.
 
+pub mod ecs_gpus;
 pub mod lifecycle;
 pub mod mps;
 pub mod node;
@@ -47,9 +49,22 @@ pub struct ProbeError {
 
 /// The one-shot probes enabled by `cfg`.
 pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
+    snapshot_probes_with_view(cfg, None)
+}
+
+/// [`snapshot_probes`]; the NVML probe publishes its GPUs to `view` and expects the count it
+/// holds while `[nvml] expected_gpus` is unset (the ECS GPU view, `gpu-medic check`).
+pub fn snapshot_probes_with_view(
+    cfg: &Config,
+    view: Option<(nvml::view::NvmlView, nvml::view::ExpectedGpus)>,
+) -> Vec<Box<dyn Snapshot>> {
     let mut out: Vec<Box<dyn Snapshot>> = Vec::new();
     if cfg.nvml.enabled {
-        out.push(Box::new(nvml::NvmlSnapshot::new(cfg.nvml.clone())));
+        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone());
+        if let Some((v, e)) = view {
+            p = p.with_view(v, e);
+        }
+        out.push(Box::new(p));
     }
     if cfg.mps.enabled {
         out.push(Box::new(mps::MpsSnapshot::new(cfg.mps.clone())));
@@ -62,18 +77,52 @@ pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
 /// plane.
 ///
 /// `accounting` receives every NVML poll's GPUs and per-task GPU memory (for the metrics).
+/// Per-task GPU memory is also checked against reservations (with `[aws]` on), kept in the
+/// history `gpu-medic tasks` reads, and written as EMF lines (`[metrics] emf`) either way.
 pub fn sources(
     cfg: &Config,
     mps: &ControlClient,
     seen: &TargetState,
     accounting: Option<&nvml::usage::Accounting>,
 ) -> Vec<Box<dyn Source>> {
+    sources_with_gpu_view(cfg, mps, seen, accounting, None)
+}
+
+/// Whether ECS's view of the GPUs is compared with NVML's (`[ecs] gpu_view`, with `[aws]` and
+/// `[nvml]` enabled).
+pub fn gpu_view_enabled(cfg: &Config) -> bool {
+    cfg.aws.enabled && cfg.nvml.enabled && cfg.ecs.gpu_view
+}
+
+/// [`sources`], plus the ECS GPU view ([`ecs_gpus`]) when enabled: `wake` is notified by the
+/// supervisor at every GPU signal, so ECS's view is read again after it.
+pub fn sources_with_gpu_view(
+    cfg: &Config,
+    mps: &ControlClient,
+    seen: &TargetState,
+    accounting: Option<&nvml::usage::Accounting>,
+    wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone());
+        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
+            .with_emf(cfg.metrics.emf);
+        if cfg.aws.enabled {
+            source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
+        }
         if let Some(a) = accounting {
-            let agent = cfg.aws.enabled.then(|| cfg.ecs.agent_url.clone());
-            source = source.with_accounting(a.clone(), agent);
+            source = source.with_accounting(a.clone());
+        }
+        if let Some(wake) = wake.filter(|_| gpu_view_enabled(cfg)) {
+            let view = nvml::view::NvmlView::new();
+            let expected = nvml::view::ExpectedGpus::new();
+            source = source.with_view(view.clone(), expected.clone());
+            out.push(Box::new(ecs_gpus::EcsGpuSource::new(
+                cfg.clone(),
+                view,
+                expected,
+                wake,
+            )));
         }
         out.push(Box::new(source));
     }

@@ -9,10 +9,13 @@
 //! counter is a one-time warning, an unexpected counter error a reported problem.
 
 mod events;
+pub mod history;
 pub mod kmsg;
 mod poll;
 mod raw;
+pub mod reserve;
 pub mod usage;
+pub mod view;
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -99,6 +102,14 @@ pub struct NvmlSource {
     accounting: Option<usage::Accounting>,
     /// The ECS agent's introspection API, to label tasks (`[aws]` on).
     agent_url: Option<String>,
+    /// Every poll's GPUs and their memory, for the ECS cross-check.
+    view: Option<view::NvmlView>,
+    /// The expected GPU count learnt at run time (`[nvml] expected_gpus` unset).
+    expected: Option<view::ExpectedGpus>,
+    /// Task definitions' GPU memory reservations (`[aws]` on).
+    reservations: Option<reserve::Reservations>,
+    /// One embedded-metric-format line per task, container and GPU per poll on stdout.
+    emf: bool,
 }
 
 impl NvmlSource {
@@ -109,18 +120,46 @@ impl NvmlSource {
             state_dir,
             accounting: None,
             agent_url: None,
+            view: None,
+            expected: None,
+            reservations: None,
+            emf: false,
+        }
+    }
+
+    /// Publishes every poll's GPUs to `view`, and expects the GPU count `expected` holds
+    /// while `[nvml] expected_gpus` is unset.
+    pub fn with_view(mut self, view: view::NvmlView, expected: view::ExpectedGpus) -> Self {
+        self.view = Some(view);
+        self.expected = Some(expected);
+        self
+    }
+
+    fn poller(&self) -> Poller {
+        let p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        match &self.expected {
+            Some(e) => p.learning_expected(e.clone()),
+            None => p,
         }
     }
 
     /// Publishes every poll's GPUs and per-task GPU memory to `accounting`.
-    /// Tasks are labelled with what the ECS agent at `agent_url` tells of them.
-    pub fn with_accounting(
-        mut self,
-        accounting: usage::Accounting,
-        agent_url: Option<String>,
-    ) -> Self {
+    pub fn with_accounting(mut self, accounting: usage::Accounting) -> Self {
         self.accounting = Some(accounting);
-        self.agent_url = agent_url;
+        self
+    }
+
+    /// Names tasks through the ECS agent at `agent_url` and reads their task definitions'
+    /// GPU memory reservations from ECS (`aws`).
+    pub fn with_ecs(mut self, agent_url: String, aws: crate::config::AwsConfig) -> Self {
+        self.agent_url = Some(agent_url);
+        self.reservations = Some(reserve::Reservations::new(aws));
+        self
+    }
+
+    /// Writes per-task GPU memory as CloudWatch embedded-metric-format lines on stdout.
+    pub fn with_emf(mut self, on: bool) -> Self {
+        self.emf = on;
         self
     }
 }
@@ -148,6 +187,9 @@ impl NvmlSource {
         // Reported once per episode; the engine keeps one incident while it lasts.
         let mut unusable = false;
         let mut names = usage::TaskNames::default();
+        let mut crossings = reserve::Crossings::default();
+        let mut history = history::Writer::open(&self.state_dir);
+        let mut emf = crate::emf::Writer::default();
         'open: loop {
             let library = self.cfg.library.clone();
             let opened = tokio::task::spawn_blocking(move || open(&library)).await;
@@ -234,7 +276,7 @@ impl NvmlSource {
                     tx: tx.clone(),
                     stop: stop.clone(),
                 });
-            let mut poller = Some(Poller::new(self.cfg.expected_gpus, self.proc_root.clone()));
+            let mut poller = Some(self.poller());
             while let Some(mut p) = poller.take() {
                 let (n, s) = (nvml.clone(), shared.clone());
                 let job = tokio::task::spawn_blocking(move || {
@@ -244,12 +286,32 @@ impl NvmlSource {
                 match tokio::time::timeout(poll_deadline, job).await {
                     Ok(Ok((p, report))) => {
                         poller = Some(p);
+                        if let Some(v) = &self.view {
+                            v.publish(report.view.clone());
+                        }
+                        let mut snap = report.usage;
+                        if let Some(url) = &self.agent_url {
+                            names.label(url, &mut snap).await;
+                        }
+                        if let Some(r) = &self.reservations {
+                            r.request(&snap);
+                        }
+                        let alert = self.cfg.reservation_alert;
+                        snap.tasks = reserve::per_task(&snap, self.reservations.as_ref(), alert);
+                        let crossed = crossings.update(&snap.tasks, alert);
+                        let now = crate::model::Timestamp::now();
+                        history.observe(&snap.tasks, now.0 / 1000);
+                        if self.emf {
+                            emf.write(&crate::emf::lines(&snap, now.0));
+                        }
                         if let Some(a) = &self.accounting {
-                            let mut snap = report.usage;
-                            if let Some(url) = &self.agent_url {
-                                names.label(url, &mut snap).await;
-                            }
                             a.publish(snap);
+                        }
+                        for obs in crossed {
+                            if tx.send(obs).await.is_err() {
+                                stop.store(true, Ordering::Relaxed);
+                                return;
+                            }
                         }
                         if let Some(reader) = kmsg.take() {
                             let spawned = std::thread::Builder::new()
@@ -271,7 +333,7 @@ impl NvmlSource {
                     }
                     Ok(Err(e)) => {
                         tracing::error!(probe = "nvml", "poll task failed: {e}");
-                        poller = Some(Poller::new(self.cfg.expected_gpus, self.proc_root.clone()));
+                        poller = Some(self.poller());
                     }
                     Err(_) => {
                         // The blocked call keeps its thread; NVML is reopened with a new poller.
@@ -309,11 +371,20 @@ async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
 /// The one-shot NVML probe for `gpu-medic check`.
 pub struct NvmlSnapshot {
     cfg: NvmlConfig,
+    /// Where the one poll's GPUs are published, and the expected count learnt meanwhile.
+    view: Option<(view::NvmlView, view::ExpectedGpus)>,
 }
 
 impl NvmlSnapshot {
     pub fn new(cfg: NvmlConfig) -> Self {
-        NvmlSnapshot { cfg }
+        NvmlSnapshot { cfg, view: None }
+    }
+
+    /// Publishes the poll's GPUs to `view`; expects `expected`'s count when
+    /// `[nvml] expected_gpus` is unset.
+    pub fn with_view(mut self, view: view::NvmlView, expected: view::ExpectedGpus) -> Self {
+        self.view = Some((view, expected));
+        self
     }
 }
 
@@ -350,7 +421,13 @@ impl Snapshot for NvmlSnapshot {
         };
         let shared = SharedState::default();
         let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
+        if let Some((_, expected)) = &self.view {
+            poller = poller.learning_expected(expected.clone());
+        }
         let mut report = poller.poll(&nvml, &shared);
+        if let Some((v, _)) = &self.view {
+            v.publish(report.view.clone());
+        }
         // XIDs raised before anyone watched NVML events (at boot, for the launch gate) are
         // only in the kernel log.
         if let Some(path) = self.cfg.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty()) {

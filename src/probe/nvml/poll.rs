@@ -14,7 +14,7 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSe
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 
-use super::{raw, usage};
+use super::{raw, usage, view};
 use crate::model::{GpuId, Observation, RecoveryAction, Signal};
 use crate::probe::tasks;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -148,10 +148,15 @@ pub struct PollReport {
     pub gpus: Vec<GpuId>,
     /// GPU memory per task and container on each GPU that answered.
     pub usage: super::usage::Snapshot,
+    /// Every GPU of this poll, lost ones included, with its memory (for the ECS cross-check).
+    pub view: view::ViewSnapshot,
 }
 
 pub struct Poller {
     expected_gpus: Option<u32>,
+    /// The expected count learnt at run time when `expected_gpus` is unset (ECS, the
+    /// instance type); `expected_gpus` wins.
+    learnt: Option<view::ExpectedGpus>,
     proc_root: PathBuf,
     corrected: BTreeMap<u32, u64>,
     warned: BTreeSet<String>,
@@ -163,11 +168,18 @@ impl Poller {
     pub fn new(expected_gpus: Option<u32>, proc_root: PathBuf) -> Self {
         Poller {
             expected_gpus,
+            learnt: None,
             proc_root,
             corrected: BTreeMap::new(),
             warned: BTreeSet::new(),
             count_failed: false,
         }
+    }
+
+    /// Reads the expected GPU count from `learnt` whenever `[nvml] expected_gpus` is unset.
+    pub fn learning_expected(mut self, learnt: view::ExpectedGpus) -> Self {
+        self.learnt = Some(learnt);
+        self
     }
 
     /// Logs a warning once per key (NOT_SUPPORTED counters, missing symbols).
@@ -216,13 +228,24 @@ impl Poller {
                 return report;
             }
         };
-        if let Some(expected) = self.expected_gpus
-            && count < expected
+        report.view.count = count;
+        let expected = match self.expected_gpus {
+            Some(n) => Some(view::Expected {
+                count: n,
+                source: "[nvml] expected_gpus".into(),
+            }),
+            None => self.learnt.as_ref().and_then(view::ExpectedGpus::get),
+        };
+        if let Some(expected) = expected
+            && count < expected.count
         {
             report.observations.push(
                 Observation::new(Signal::DeviceCountMismatch)
                     .with_value(count as u64)
-                    .with_detail(format!("expected {expected} GPUs, NVML sees {count}"))
+                    .with_detail(format!(
+                        "expected {} GPUs ({}), NVML sees {count}",
+                        expected.count, expected.source
+                    ))
                     .from_source("nvml"),
             );
         }
@@ -247,6 +270,7 @@ impl Poller {
             Ok(d) => d,
             Err(NvmlError::GpuLost) => {
                 let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
+                report.view.gpus.insert(index, lost_view(&obs, index));
                 report.observations.push(obs);
                 return;
             }
@@ -266,10 +290,28 @@ impl Poller {
             }
             Err(NvmlError::GpuLost) => {
                 let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
+                report.view.gpus.insert(index, lost_view(&obs, index));
                 report.observations.push(obs);
                 return;
             }
             Err(e) => self.failed(report, index, "identity", e),
+        }
+        if let Ok(g) = &gpu {
+            let memory = match device.memory_info() {
+                Ok(m) => Some((m.used, m.total)),
+                Err(e) => {
+                    self.failed(report, index, "memory info", &e);
+                    None
+                }
+            };
+            report.view.gpus.insert(
+                index,
+                view::GpuView {
+                    gpu: g.clone(),
+                    lost: false,
+                    memory,
+                },
+            );
         }
 
         // MPS clients first: every observation of this GPU names them.
@@ -415,6 +457,15 @@ impl Poller {
         for obs in found {
             report.observations.push(s.annotate(obs, index));
         }
+    }
+}
+
+/// A lost GPU in the view, with the identity it was last known by.
+fn lost_view(obs: &Observation, index: u32) -> view::GpuView {
+    view::GpuView {
+        gpu: obs.gpu.clone().unwrap_or_else(|| GpuId::index_only(index)),
+        lost: true,
+        memory: None,
     }
 }
 

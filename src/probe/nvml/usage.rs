@@ -86,6 +86,9 @@ pub fn sum(proc_root: &Path, clients: &[Client]) -> Vec<TaskUsage> {
 pub struct Snapshot {
     /// Every GPU NVML answered for, by index, with its tasks' use (empty: no ECS client).
     pub gpus: BTreeMap<u32, (GpuId, Vec<TaskUsage>)>,
+    /// Each task's use summed over its containers and GPUs, with its reservation where
+    /// known ([`super::reserve::per_task`]).
+    pub tasks: Vec<super::reserve::TaskMemory>,
 }
 
 /// Shared between the NVML poller (writes) and the metrics endpoint (reads).

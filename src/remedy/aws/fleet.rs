@@ -12,7 +12,9 @@
 //!   quarantined, agent disconnected) than `max_unhealthy` stops new remediation;
 //! - the budget: at most max(1, `max_parallel`) in remediation, ourselves included;
 //! - two instances deciding at once both write a claim (`<prefix>.claim.<unix ms>`), wait, and
-//!   re-read: claims rank by (time, instance id) and only those within the budget go ahead.
+//!   re-read: claims rank by (time, instance id) and only those within the budget go ahead;
+//!   with `[fleet] table` the slot table (`slots.rs`) takes the claims' place, and this view
+//!   still counts what the table does not hold (`admit_table`).
 
 use std::fmt;
 use std::time::Duration;
@@ -171,6 +173,20 @@ pub struct FleetSummary {
     pub kill_switch: Option<String>,
 }
 
+/// What the slot table held when this gpu-medic last read or wrote it, kept in
+/// `state_dir/slots.json` for `gpu-medic status` (which stays a local read).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SlotsSummary {
+    pub observed_at: crate::model::Timestamp,
+    pub table: String,
+    pub group: String,
+    pub version: u64,
+    /// The budget its last writer enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<u32>,
+    pub holders: std::collections::BTreeMap<String, crate::aws::dynamo::Holder>,
+}
+
 impl FleetView {
     /// The view as `gpu-medic status` shows it.
     pub fn summary(&self, now_ms: u64, cfg: &FleetConfig) -> FleetSummary {
@@ -263,6 +279,62 @@ impl FleetView {
         if let Some(d) = self.kill_switch() {
             return Err(d);
         }
+        self.breaker(me, now_ms, cfg)?;
+        let budget = self.budget(cfg);
+        let busy = self.busy(me, now_ms, cfg, |_| false);
+        if busy.len() as u32 >= budget {
+            return Err(Denial::Budget { busy, budget });
+        }
+        Ok(())
+    }
+
+    /// Before reserving in the slot table (`slots.rs`): kill switches, the breaker, then the
+    /// budget less the instances this view shows in remediation that hold no entry of the
+    /// table (drains, replacements and instance refreshes gpu-medic did not start, the
+    /// replacement gap). Ok: how many of those there are; the table's budget is the rest.
+    pub fn admit_table(
+        &self,
+        me: &str,
+        holders: &std::collections::BTreeSet<String>,
+        now_ms: u64,
+        cfg: &FleetConfig,
+    ) -> Result<u32, Denial> {
+        if let Some(d) = self.kill_switch() {
+            return Err(d);
+        }
+        self.breaker(me, now_ms, cfg)?;
+        let budget = self.budget(cfg);
+        let busy = self.busy(me, now_ms, cfg, |id| holders.contains(id));
+        if busy.len() as u32 >= budget {
+            return Err(Denial::Budget { busy, budget });
+        }
+        Ok(busy.len() as u32)
+    }
+
+    /// The others in remediation or with a live claim, and the replacement gap, except those
+    /// `skip` names.
+    fn busy(
+        &self,
+        me: &str,
+        now_ms: u64,
+        cfg: &FleetConfig,
+        skip: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|m| m.instance_id != me && !skip(&m.instance_id))
+            .filter_map(|m| {
+                let why = in_remediation(m, now_ms, cfg)
+                    .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
+                Some(format!("{} {why}", m.instance_id))
+            })
+            .chain(self.gap_entries())
+            .collect()
+    }
+
+    /// The circuit breaker: in a group of more than 5, more unhealthy instances (ourselves
+    /// included) than `max_unhealthy` stops new remediation.
+    fn breaker(&self, me: &str, now_ms: u64, cfg: &FleetConfig) -> Result<(), Denial> {
         let unhealthy = self
             .members
             .iter()
@@ -281,21 +353,6 @@ impl FleetView {
                 desired: self.desired,
                 limit,
             });
-        }
-        let budget = self.budget(cfg);
-        let busy: Vec<String> = self
-            .members
-            .iter()
-            .filter(|m| m.instance_id != me)
-            .filter_map(|m| {
-                let why = in_remediation(m, now_ms, cfg)
-                    .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
-                Some(format!("{} {why}", m.instance_id))
-            })
-            .chain(self.gap_entries())
-            .collect();
-        if busy.len() as u32 >= budget {
-            return Err(Denial::Budget { busy, budget });
         }
         Ok(())
     }

@@ -8,11 +8,17 @@
 //! already Unhealthy is not marked again. Each order's `Done` or error lists the calls made
 //! with their request ids (drain polls excepted: they would flood the journal).
 //!
+//! With `[fleet] table` the budget's slot comes from the DynamoDB slot table instead of a
+//! claim (`table.rs` carries it out, `slots.rs` decides); without it, from the claim protocol.
+//!
 //! The SDK, the ECS and Auto Scaling wrappers and identity discovery are adapters in
 //! [`crate::aws`]; this module decides nothing the engine did not order.
 
 pub mod drain;
 pub mod fleet;
+pub mod slots;
+mod table;
+pub use table::slots_path;
 pub mod terminate;
 
 use std::time::Duration;
@@ -45,6 +51,16 @@ pub struct AwsControlPlane {
     target_state: TargetState,
     /// The incident export, flushed before the instance goes away (none: export is off).
     flush: Option<crate::export::Flush>,
+    /// The fleet budget's slot table (`[fleet] table`), and EC2 for its terminated holders.
+    slots: Option<crate::aws::dynamo::SlotTable>,
+    ec2: crate::aws::ec2::Ec2,
+    /// The reservations this gpu-medic has seen in the table, by its own monotonic clock.
+    seen: std::sync::Mutex<slots::Seen>,
+    /// When this gpu-medic last read the table with rule 1 (an attempt): the sweep skips a
+    /// period that had one.
+    swept: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Why the last check for terminated holders failed (for the next deferral's reason).
+    ec2_note: std::sync::Mutex<Option<String>>,
 }
 
 /// A remedy's view of a finished or failed series of AWS calls: the outcome carries every
@@ -104,6 +120,13 @@ impl AwsControlPlane {
             identity: OnceCell::new(),
             target_state: TargetState::new(),
             flush: None,
+            slots: cfg.fleet.table.as_ref().map(|t| {
+                crate::aws::dynamo::SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), t.clone())
+            }),
+            ec2: crate::aws::ec2::Ec2::new(aws_sdk_ec2::Client::new(sdk)),
+            seen: std::sync::Mutex::new(slots::Seen::default()),
+            swept: std::sync::Mutex::new(None),
+            ec2_note: std::sync::Mutex::new(None),
         }
     }
 
@@ -214,6 +237,17 @@ impl AwsControlPlane {
             Some(g) => Some(self.asg.group(calls, g).await?),
             None => None,
         };
+        self.fleet_view_of(calls, id, ecs, group).await
+    }
+
+    /// The same, with the Auto Scaling group already read.
+    async fn fleet_view_of(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+        group: Option<crate::aws::asg::GroupState>,
+    ) -> Result<FleetView, CallError> {
         let arns = ecs.list_instances(calls).await?;
         let states = ecs.describe(calls, &arns, false).await?;
         let Some(g) = group else {
@@ -225,7 +259,8 @@ impl AwsControlPlane {
                 ..FleetView::default()
             });
         };
-        let members = g
+        let mut view = group_only(&g, &self.cfg.fleet.pause_tag);
+        view.members = g
             .instances
             .iter()
             .map(|i| {
@@ -240,22 +275,7 @@ impl AwsControlPlane {
                 m
             })
             .collect();
-        let pause = &self.cfg.fleet.pause_tag;
-        Ok(FleetView {
-            group: format!("Auto Scaling group {}", g.name),
-            desired: g.desired,
-            members,
-            suspended: g
-                .suspended
-                .iter()
-                .filter(|p| KILL_SWITCH_PROCESSES.contains(&p.as_str()))
-                .cloned()
-                .collect(),
-            paused: g
-                .tags
-                .iter()
-                .any(|(k, v)| k == pause && v.trim().eq_ignore_ascii_case("true")),
-        })
+        Ok(view)
     }
 
     /// Takes a slot in the fleet budget for this instance, or explains why not (Deferred).
@@ -274,7 +294,26 @@ impl AwsControlPlane {
         }
     }
 
+    /// A slot of the fleet budget for this instance's drain or replacement, from the slot
+    /// table when `[fleet] table` is set, else from the claim protocol; or why not (Deferred).
     async fn acquire_slot(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+        order: &Order,
+    ) -> Result<Slot, RemedyError> {
+        if let Some(table) = &self.slots {
+            let (group, token) = self.table_slot(calls, id, ecs, table, order).await?;
+            return Ok(Slot::Table { group, token });
+        }
+        Ok(match self.acquire_claim(calls, id, ecs).await? {
+            Some(ms) => Slot::Claim(ms),
+            None => Slot::None,
+        })
+    }
+
+    async fn acquire_claim(
         &self,
         calls: &mut Calls,
         id: &Identity,
@@ -455,12 +494,18 @@ impl AwsControlPlane {
         if let Err(e) = ecs.put_attribute(&mut calls, arn, &attr, Some("ok")).await {
             return Err(calls.fail(e));
         }
+        // The slot table's entry first: once it is gone another instance may drain.
+        let table = match &self.slots {
+            Some(t) => self.release_table_slot(&mut calls, id, t).await?,
+            None => String::new(),
+        };
         let mut released = 0;
         let head = format!("{}.claim.", self.prefix());
+        let slot_attr = self.slot_attr();
         let claims: Vec<String> = me
             .attributes
             .iter()
-            .filter(|(n, _)| n.starts_with(&head))
+            .filter(|(n, _)| n.starts_with(&head) || *n == slot_attr)
             .map(|(n, _)| n.clone())
             .collect();
         for name in claims {
@@ -470,7 +515,7 @@ impl AwsControlPlane {
             }
         }
         Ok(calls.done(format!(
-            "{arn} was {}, now ACTIVE with {attr}=ok (incident {}); {released} fleet-budget claim(s) released",
+            "{arn} was {}, now ACTIVE with {attr}=ok (incident {}); {released} fleet-budget claim(s) released{table}",
             me.status, order.incident
         )))
     }
@@ -486,23 +531,31 @@ impl AwsControlPlane {
         };
         let order_says = matches!(order.command, Command::Drain { terminating: true });
         let term = self.termination(&mut calls, id, order_says).await;
+        let mut slot_note = String::new();
         let (started_ms, resumed) = match &me.status {
             EcsStatus::Draining => (me.claim(self.prefix()).map(|(_, ms)| ms), true),
             EcsStatus::Active => {
                 // An instance Auto Scaling is terminating leaves anyway: its drain takes no
                 // budget slot and no kill switch holds it.
-                let claim = match term {
-                    Some(_) => None,
-                    None => self.acquire_slot(&mut calls, id, &ecs).await?,
+                let slot = match term {
+                    Some(_) => Slot::None,
+                    None => self.acquire_slot(&mut calls, id, &ecs, order).await?,
                 };
                 let ranked = Instant::now();
                 if let Err(e) = ecs.set_draining(&mut calls, arn).await {
                     return Err(calls.fail(e));
                 }
+                // After the drain call, off its critical path (the slot is held in the table).
+                slot_note = self.note_slot(&mut calls, id, &ecs, &slot).await;
                 let settle = self.cfg.fleet.claim_settle;
-                if claim.is_some() && ranked.elapsed() > settle / 2 {
+                let claim = match slot {
+                    Slot::Claim(ms) => Some(ms),
+                    Slot::Table { .. } => Some(now_ms()),
+                    Slot::None => None,
+                };
+                if matches!(slot, Slot::Claim(_)) && ranked.elapsed() > settle / 2 {
                     // The claim protocol assumes the re-read and the drain are close together
-                    // (README, "The fleet budget"): a slow DrainContainerInstances call eats
+                    // (README, "The fleet budget: which protocol"): a slow DrainContainerInstances call eats
                     // into the margin another instance's view relies on.
                     tracing::warn!(
                         container_instance = %arn,
@@ -528,6 +581,10 @@ impl AwsControlPlane {
             resumed,
         )
         .await
+        .map(|mut d| {
+            d.detail.push_str(&slot_note);
+            d
+        })
     }
 
     /// Waits for the instance to run no task, stopping standalone tasks after the grace and
@@ -643,8 +700,9 @@ impl AwsControlPlane {
             tracing::info!(instance_id = %id.instance_id, "already Unhealthy in Auto Scaling; not marking again");
         } else {
             // Kill switches and, for an instance that holds no slot yet, the budget.
-            self.acquire_slot(&mut calls, id, &ecs).await?;
-            flushed = self.flush_export("marking it Unhealthy").await;
+            let slot = self.acquire_slot(&mut calls, id, &ecs, order).await?;
+            flushed = self.note_slot(&mut calls, id, &ecs, &slot).await;
+            flushed.push_str(&self.flush_export("marking it Unhealthy").await);
             if let Err(e) = self.asg.set_unhealthy(&mut calls, &id.instance_id).await {
                 return Err(calls.fail(e));
             }
@@ -789,6 +847,46 @@ impl ControlPlane for AwsControlPlane {
     ) -> BoxFuture<'_, Result<Done, RemedyError>> {
         Box::pin(async move { self.do_complete_lifecycle(hook, result).await })
     }
+}
+
+/// The group as Auto Scaling alone shows it: its kill switches, desired capacity and members'
+/// lifecycle and health (no ECS state yet).
+fn group_only(g: &crate::aws::asg::GroupState, pause_tag: &str) -> FleetView {
+    FleetView {
+        group: format!("Auto Scaling group {}", g.name),
+        desired: g.desired,
+        members: g
+            .instances
+            .iter()
+            .map(|i| Member {
+                instance_id: i.instance_id.clone(),
+                lifecycle: i.lifecycle.clone(),
+                asg_health: i.health.clone(),
+                ..Member::default()
+            })
+            .collect(),
+        suspended: g
+            .suspended
+            .iter()
+            .filter(|p| KILL_SWITCH_PROCESSES.contains(&p.as_str()))
+            .cloned()
+            .collect(),
+        paused: g
+            .tags
+            .iter()
+            .any(|(k, v)| k == pause_tag && v.trim().eq_ignore_ascii_case("true")),
+    }
+}
+
+/// The budget slot a drain or replacement goes ahead with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Slot {
+    /// None needed: Auto Scaling is terminating the instance anyway.
+    None,
+    /// The claim protocol's claim (its time, unix ms).
+    Claim(u64),
+    /// The slot table's committed entry: its group and fencing token.
+    Table { group: String, token: u64 },
 }
 
 /// Where the last fleet view is kept.

@@ -17,7 +17,7 @@ use gpu_medic::config::{AwsConfig, Config};
 use gpu_medic::model::{ActionId, Command, IncidentId, Order, Timestamp};
 
 pub use crate::http::{Handler, http_sync, serve_http};
-pub use crate::proxy::{Call, Fault, Proxy, form_field};
+pub use crate::proxy::{Call, Fault, Hold, Proxy, form_field};
 
 pub const REGION: &str = "us-east-1";
 
@@ -391,4 +391,117 @@ pub fn order(command: Command, deadline: Duration) -> Order {
         attempt: 1,
         deadline: Timestamp::now().plus(deadline),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fleet budget's slot table (DynamoDB in moto: conditional writes are real there)
+
+/// Creates the slot table `name` (partition key `group`, String; on-demand), as
+/// packaging/examples/cloudformation.yaml does.
+pub async fn create_slot_table(sdk: &SdkConfig, name: &str) {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    aws_sdk_dynamodb::Client::new(sdk)
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("group")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("group")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The group's item as gpu-medic reads it (a consistent GetItem); version 0 when absent.
+pub async fn slot_item(
+    sdk: &SdkConfig,
+    table: &str,
+    group: &str,
+) -> gpu_medic::aws::dynamo::SlotItem {
+    let t = gpu_medic::aws::dynamo::SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table);
+    t.read(&mut gpu_medic::aws::calls::Calls::new(), group)
+        .await
+        .unwrap()
+}
+
+/// TerminateInstanceInAutoScalingGroup, desired capacity decremented (no successor): moto
+/// terminates the EC2 instance and drops it from the group.
+pub async fn terminate(sdk: &SdkConfig, instance_id: &str) {
+    aws_sdk_autoscaling::Client::new(sdk)
+        .terminate_instance_in_auto_scaling_group()
+        .instance_id(instance_id)
+        .should_decrement_desired_capacity(true)
+        .send()
+        .await
+        .unwrap();
+}
+
+/// Writes `group`'s item with `holder` committed (version 1), as a gpu-medic that took the
+/// slot would have (for benches and tests that start with the budget held).
+pub async fn put_slot_holder(sdk: &SdkConfig, table: &str, group: &str, holder: &str) {
+    use gpu_medic::aws::dynamo::{Holder, HolderState, SlotItem, SlotTable};
+    let t = SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table);
+    let mut calls = gpu_medic::aws::calls::Calls::new();
+    let read = t.read(&mut calls, group).await.unwrap();
+    let new = SlotItem {
+        version: read.version + 1,
+        exists: true,
+        holders: [(
+            holder.to_string(),
+            Holder {
+                state: HolderState::Committed,
+                token: read.version + 1,
+                incident: Some("1".into()),
+                since: "2026-11-30T00:00:00Z".into(),
+            },
+        )]
+        .into(),
+        budget: Some(1),
+        updated_by: Some(holder.to_string()),
+    };
+    t.write(&mut calls, group, &read, &new).await.unwrap();
+}
+
+/// `gpu-medic run` for node `i` of `s` on the fake GPUs (not started): MPS off, 100 ms ticks,
+/// NVML and drain polls every 200 ms, no warmup; every AWS service at `endpoint` (None: the
+/// caller routes them, e.g. per-service `AWS_ENDPOINT_URL_*`). `top`: top-level keys; `ecs`,
+/// `fleet`: more lines of those sections; `rest`: more sections (`[export]`).
+pub fn node(
+    s: &Seeded,
+    i: usize,
+    endpoint: Option<&str>,
+    top: &str,
+    ecs: &str,
+    fleet: &str,
+    rest: &str,
+) -> crate::Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{top}\nstate_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
+         [mps]\nenabled = false\n\
+         {}\
+         [ecs]\ndrain_poll_interval = \"200ms\"\n{ecs}\n\
+         [fleet]\nwarmup = \"0s\"\n{fleet}\n{rest}",
+        crate::default_policy().display(),
+        crate::fake_nvml().display(),
+        dir.path().join("kmsg").display(),
+        sections(s, i, ""),
+    );
+    let mut d = crate::Daemon::in_temp(dir, &config);
+    d.aws(endpoint);
+    d
 }

@@ -34,6 +34,8 @@ pub struct Daemon {
     child: Option<Child>,
     runs: u32,
     injected: u64,
+    /// Keep stdout in `daemon-N.out` (EMF lines) instead of discarding it.
+    keep_stdout: bool,
 }
 
 /// The AWS environment of a gpu-medic: test credentials, the region, no IMDS credentials,
@@ -65,7 +67,7 @@ pub fn spawn_run(
     log: &Path,
     env: &[(impl AsRef<str>, Option<String>)],
 ) -> std::io::Result<Child> {
-    spawn_binary(&bin(), config, log_format, log, env)
+    spawn_binary(&bin(), config, log_format, log, None, env)
 }
 
 fn spawn_binary(
@@ -73,13 +75,17 @@ fn spawn_binary(
     config: &Path,
     log_format: &str,
     log: &Path,
+    out: Option<&Path>,
     env: &[(impl AsRef<str>, Option<String>)],
 ) -> std::io::Result<Child> {
     let mut c = command(binary, env);
     c.args(["run", "--log-format", log_format, "--config"])
         .arg(config)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(match out {
+            Some(p) => Stdio::from(std::fs::File::create(p)?),
+            None => Stdio::null(),
+        })
         .stderr(std::fs::File::create(log)?);
     c.spawn()
 }
@@ -142,6 +148,7 @@ impl Daemon {
             child: None,
             runs: 0,
             injected: 0,
+            keep_stdout: false,
         };
         std::fs::create_dir_all(d.path("inject")).unwrap();
         std::fs::write(d.path("kmsg"), "").unwrap();
@@ -201,6 +208,21 @@ impl Daemon {
         self
     }
 
+    /// Keeps the daemon's stdout (each run's in `daemon-N.out`, read with [`Daemon::stdout`]).
+    pub fn keep_stdout(&mut self) -> &mut Daemon {
+        self.keep_stdout = true;
+        self
+    }
+
+    /// Every run's stdout, in order (empty unless [`Daemon::keep_stdout`]).
+    pub fn stdout(&self) -> String {
+        (1..=self.runs)
+            .map(|n| {
+                std::fs::read_to_string(self.path(&format!("daemon-{n}.out"))).unwrap_or_default()
+            })
+            .collect()
+    }
+
     /// Runs another gpu-medic binary (an older release, for a side-by-side benchmark).
     pub fn binary(&mut self, path: PathBuf) -> &mut Daemon {
         self.binary = path;
@@ -227,11 +249,13 @@ impl Daemon {
         assert!(self.child.is_none(), "the daemon is already running");
         self.runs += 1;
         let log = self.path(&format!("daemon-{}.log", self.runs));
+        let out = self.path(&format!("daemon-{}.out", self.runs));
         let child = spawn_binary(
             &self.binary,
             &self.config(),
             &self.log_format,
             &log,
+            self.keep_stdout.then_some(out.as_path()),
             &self.env,
         )
         .unwrap_or_else(|e| panic!("{}: {e}", self.binary.display()));

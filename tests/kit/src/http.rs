@@ -139,3 +139,28 @@ pub fn http_sync_with(
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((status, body))
 }
+
+/// `GET /metrics` of a gpu-medic metrics endpoint at `addr`: the whole answer, head included
+/// ("" while nothing listens there).
+pub fn scrape(addr: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    if s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// The value of the first series in `body` whose line starts with `prefix` (a metric name and
+/// the start of its labels).
+pub fn series(body: &str, prefix: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}

@@ -3,7 +3,8 @@
 //! - `PUT /latest/api/token` answers only with the `X-aws-ec2-metadata-token-ttl-seconds`
 //!   request header, and echoes it;
 //! - `GET /latest/meta-data/...` needs that token (401 otherwise): `instance-id`,
-//!   `placement/region`, `autoscaling/target-lifecycle-state` (404 until set);
+//!   `placement/region`, `autoscaling/target-lifecycle-state` (404 until set), `instance-type`
+//!   (404 until set);
 //! - the test changes the target state at any time, or takes IMDS down (HTTP 500).
 //!
 //! And a fake ECS agent introspection API (`/v1/metadata`, `/v1/tasks`), which exists only on an
@@ -19,6 +20,7 @@ use crate::http::{Handler, header, serve_http};
 struct State {
     instance_id: String,
     target: Option<String>,
+    instance_type: Option<String>,
     down: bool,
     tokens: u32,
     /// (method, path, status) of every request.
@@ -54,6 +56,11 @@ impl FakeImds {
     /// `Some("Terminated")`, `Some("InService")`, or None (404).
     pub fn set_target(&self, target: Option<&str>) {
         self.state.lock().unwrap().target = target.map(str::to_string);
+    }
+
+    /// `instance-type` (`p5.48xlarge`), or None (404).
+    pub fn set_instance_type(&self, instance_type: Option<&str>) {
+        self.state.lock().unwrap().instance_type = instance_type.map(str::to_string);
     }
 
     /// Down: every request gets HTTP 500.
@@ -122,6 +129,10 @@ fn answer(
     match path {
         "/latest/meta-data/instance-id" => (200, vec![], s.instance_id.clone()),
         "/latest/meta-data/placement/region" => (200, vec![], REGION.to_string()),
+        "/latest/meta-data/instance-type" => match &s.instance_type {
+            Some(t) => (200, vec![], t.clone()),
+            None => (404, vec![], String::new()),
+        },
         "/latest/meta-data/autoscaling/target-lifecycle-state" => match &s.target {
             Some(t) => (200, vec![], t.clone()),
             None => (404, vec![], String::new()),

@@ -2,7 +2,9 @@
 //! call's operation (ECS JSON `X-Amz-Target` or the awsQuery `Action`), stamps it when the
 //! request was read in full (before forwarding: the moment it reached the control plane),
 //! answers chosen operations itself (throttling, 5xx, access denied, and the two lifecycle
-//! actions moto 5.2.5 lacks), and forwards the rest.
+//! actions moto 5.2.5 lacks), holds back the answer to a chosen call until the test lets it
+//! go ([`Proxy::hold`]: a caller stalled between a write and the next step), and forwards the
+//! rest.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -58,6 +60,21 @@ impl Fault {
                 status,
                 content_type: "application/x-amz-json-1.1",
                 body: format!(r#"{{"__type":"{code}","message":"{message}"}}"#),
+            },
+        }
+    }
+
+    /// A DynamoDB error (JSON 1.0 protocol), e.g. `ProvisionedThroughputExceededException`.
+    pub fn dynamodb(op: &str, times: usize, status: u16, code: &str, message: &str) -> Fault {
+        Fault {
+            op: op.into(),
+            times,
+            reply: Reply::Fixed {
+                status,
+                content_type: "application/x-amz-json-1.0",
+                body: format!(
+                    r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{code}","message":"{message}"}}"#
+                ),
             },
         }
     }
@@ -163,14 +180,43 @@ impl Fault {
     }
 }
 
+/// A call whose answer the proxy holds back (see [`Proxy::hold`]).
+#[derive(Clone)]
+pub struct Hold {
+    op: String,
+    needles: Vec<String>,
+    held: Arc<std::sync::atomic::AtomicBool>,
+    gate: Arc<tokio::sync::Notify>,
+}
+
+impl Hold {
+    /// Whether the call came and its answer is being held.
+    pub fn is_held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets the held answer go to the caller.
+    pub fn release(&self) {
+        self.gate.notify_one();
+    }
+
+    fn matches(&self, op: &str, body: &str) -> bool {
+        self.op == op && self.needles.iter().all(|n| body.contains(n.as_str()))
+    }
+}
+
 #[derive(Default)]
 struct ProxyState {
+    /// Calls whose answers are to be held, each once.
+    holds: Vec<Hold>,
     calls: Vec<Call>,
     faults: VecDeque<Fault>,
     answered: u64,
     forwarded: u64,
     /// Lifecycle actions waiting, as (hook, instance id); `None`: not simulated.
     lifecycle: Option<Vec<(String, String)>>,
+    /// `gpuDevices` added to DescribeContainerInstances answers, by container instance ARN.
+    gpu_devices: Vec<(String, serde_json::Value)>,
 }
 
 /// A form field of an awsQuery body (our hook names and instance ids need no decoding).
@@ -268,6 +314,20 @@ impl Proxy {
         self.fault(Fault::throttle(op, times));
     }
 
+    /// The next call of `op` whose body contains every one of `needles` is forwarded, and the
+    /// upstream's answer held back until [`Hold::release`]: the write has happened, the caller
+    /// does not know yet.
+    pub fn hold(&self, op: &str, needles: &[&str]) -> Hold {
+        let h = Hold {
+            op: op.into(),
+            needles: needles.iter().map(|n| n.to_string()).collect(),
+            held: Arc::default(),
+            gate: Arc::default(),
+        };
+        self.state.lock().unwrap().holds.push(h.clone());
+        h
+    }
+
     /// Drops every fault not yet used up.
     pub fn clear_faults(&self) {
         self.state.lock().unwrap().faults.clear();
@@ -305,6 +365,18 @@ impl Proxy {
 
     pub fn calls(&self) -> Vec<Call> {
         self.state.lock().unwrap().calls.clone()
+    }
+
+    /// Adds `gpuDevices` (ECS's view of each GPU; build entries with [`gpu_device`]) to the
+    /// container instance `arn` in every DescribeContainerInstances answer from now on: moto
+    /// 5.2.5 has no such field. Call again to change them; an empty list removes them.
+    pub fn gpu_devices(&self, arn: &str, devices: Vec<serde_json::Value>) {
+        let mut g = self.state.lock().unwrap();
+        g.gpu_devices.retain(|(a, _)| a != arn);
+        if !devices.is_empty() {
+            g.gpu_devices
+                .push((arn.to_string(), serde_json::Value::Array(devices)));
+        }
     }
 
     /// The calls recorded since the last take (and forgets them).
@@ -375,6 +447,13 @@ async fn handle(
         f.map(|f| (f, g.answered))
     };
     let injected = fault.is_some();
+    let hold = if injected {
+        None
+    } else {
+        let mut g = st.lock().unwrap();
+        let i = g.holds.iter().position(|h| h.matches(&op, &body_s));
+        i.map(|i| g.holds.remove(i))
+    };
     let (status, response) = match fault {
         Some((f, _)) if matches!(f.reply, Reply::Hangup) => (0, Vec::new()),
         Some((f, n)) => {
@@ -403,6 +482,13 @@ async fn handle(
                         .nth(1)
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(0);
+                    let devices = st.lock().unwrap().gpu_devices.clone();
+                    let resp = if op == "DescribeContainerInstances" && !devices.is_empty() {
+                        with_gpu_devices(&resp[..split], &resp[split..], &devices)
+                    } else {
+                        resp
+                    };
+                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
                     let mut out = close_connection(&resp[..split]);
                     out.extend_from_slice(&resp[split..]);
                     (status, out)
@@ -411,6 +497,10 @@ async fn handle(
             }
         }
     };
+    if let Some(h) = hold {
+        h.held.store(true, std::sync::atomic::Ordering::SeqCst);
+        h.gate.notified().await;
+    }
     st.lock().unwrap().calls.push(Call {
         op,
         body: body_s,
@@ -422,4 +512,61 @@ async fn handle(
         client.write_all(&response).await?;
     }
     client.shutdown().await
+}
+
+/// One `gpuDevices` entry as ECS writes it (API type `GpuDevice`).
+pub fn gpu_device(
+    gpu_id: &str,
+    sharing_mode: &str,
+    total_mib: i64,
+    remaining_mib: i64,
+    containers: i64,
+) -> serde_json::Value {
+    serde_json::json!({
+        "gpuId": gpu_id,
+        "sharingMode": sharing_mode,
+        "totalMemoryInMiB": total_mib,
+        "remainingMemoryInMiB": remaining_mib,
+        "containerCount": containers,
+    })
+}
+
+/// moto's DescribeContainerInstances answer (`head`, `body`) with `gpuDevices` added to the
+/// container instances named in `devices`, and the Content-Length made to fit. An answer
+/// that is not the JSON expected is passed on unchanged.
+fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Value)]) -> Vec<u8> {
+    let unchanged = || [head, body].concat();
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return unchanged();
+    };
+    let Some(list) = v
+        .get_mut("containerInstances")
+        .and_then(|c| c.as_array_mut())
+    else {
+        return unchanged();
+    };
+    for ci in list {
+        let arn = ci
+            .get("containerInstanceArn")
+            .and_then(|a| a.as_str())
+            .unwrap_or("")
+            .to_string();
+        if let Some((_, d)) = devices.iter().find(|(a, _)| *a == arn)
+            && let Some(obj) = ci.as_object_mut()
+        {
+            obj.insert("gpuDevices".into(), d.clone());
+        }
+    }
+    let body = serde_json::to_vec(&v).unwrap();
+    let text = String::from_utf8_lossy(head);
+    let kept: Vec<&str> = text
+        .split("\r\n")
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("content-length:"))
+        .collect();
+    let head = format!(
+        "{}\r\nContent-Length: {}\r\n\r\n",
+        kept.join("\r\n"),
+        body.len()
+    );
+    [head.into_bytes(), body].concat()
 }

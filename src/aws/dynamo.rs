@@ -1,0 +1,404 @@
+//! The fleet budget's coordination store: one DynamoDB item per Auto Scaling group holding
+//! the group's slot holders (models/README.md, "Slot protocol: implementation contract").
+//!
+//! Two calls only: `GetItem` with `ConsistentRead = true` (an eventually consistent read may
+//! return an old version for ever, and the removal of a terminated holder depends on seeing
+//! the current one), and `PutItem` of the whole item, always conditional on the version read
+//! (`#v = :v`, or `attribute_not_exists(#g)` when there was no item). Nothing here decides:
+//! the rules are in `remedy::aws::slots`. Every failure is typed, so the caller can tell a
+//! lost race (re-read and decide again) from throttling and an unreachable table (no drain,
+//! retry later) and from a mistake (a missing table, a missing permission).
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::calls::{CallError, Calls};
+
+/// The item's attribute names (the table's partition key is `group`, a String).
+pub mod attr {
+    pub const GROUP: &str = "group";
+    pub const VERSION: &str = "version";
+    pub const HOLDERS: &str = "holders";
+    pub const BUDGET: &str = "budget";
+    pub const UPDATED_BY: &str = "updated_by";
+    pub const STATE: &str = "state";
+    pub const TOKEN: &str = "token";
+    pub const INCIDENT: &str = "incident";
+    pub const SINCE: &str = "since";
+}
+
+/// A holder's entry: reserved (not yet allowed to act) or committed (acting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HolderState {
+    Reserved,
+    Committed,
+}
+
+impl HolderState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HolderState::Reserved => "reserved",
+            HolderState::Committed => "committed",
+        }
+    }
+}
+
+/// One entry of `holders`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Holder {
+    pub state: HolderState,
+    /// The version its writer wrote: the fencing token.
+    pub token: u64,
+    /// For people only: the incident the holder acts for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<String>,
+    /// For people only: the writer's wall clock (RFC 3339); never compared by anyone.
+    pub since: String,
+}
+
+/// The group's item as read: `version` 0 and no holders when there is no item.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SlotItem {
+    pub version: u64,
+    /// Whether the item exists (a write to a missing item is `attribute_not_exists`).
+    pub exists: bool,
+    /// Instance id -> entry (ordered, so what people read is stable).
+    pub holders: BTreeMap<String, Holder>,
+    /// For people only: the budget its last writer enforced, and who that was.
+    pub budget: Option<u32>,
+    pub updated_by: Option<String>,
+}
+
+/// Why a table call did not go through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// The item changed since it was read (ConditionalCheckFailedException): read again and
+    /// decide again. Not a failure of the table.
+    #[error("the item changed since it was read (ConditionalCheckFailedException)")]
+    Conflict,
+    /// Throttling (ProvisionedThroughputExceededException, ThrottlingException,
+    /// RequestLimitExceeded) or a server error: retry later.
+    #[error("table throttled: {0}")]
+    Throttled(CallError),
+    /// No answer (connection refused, timeout, DNS): retry later.
+    #[error("table unreachable: {0}")]
+    Unreachable(CallError),
+    /// A request the table will keep refusing: no such table, no permission, a bad key.
+    #[error("table refused the call: {0}")]
+    Refused(CallError),
+    /// The item holds something this version cannot read (written by hand, or by another
+    /// tool); nothing is overwritten.
+    #[error("the item of group {group} is unreadable: {why}")]
+    Malformed { group: String, why: String },
+}
+
+impl TableError {
+    /// Whether trying again later may succeed without anyone changing anything.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            TableError::Conflict | TableError::Throttled(_) | TableError::Unreachable(_)
+        )
+    }
+
+    /// A failed call, classified.
+    pub fn from_call(e: CallError) -> Self {
+        match e.code.as_deref() {
+            Some("ConditionalCheckFailedException") => TableError::Conflict,
+            Some(
+                "ProvisionedThroughputExceededException"
+                | "ThrottlingException"
+                | "RequestLimitExceeded"
+                | "LimitExceededException",
+            ) => TableError::Throttled(e),
+            Some(_) if e.retryable => TableError::Throttled(e),
+            Some(_) => TableError::Refused(e),
+            // No error code: the service never answered (or answered nothing readable).
+            None if e.retryable => TableError::Unreachable(e),
+            None => TableError::Refused(e),
+        }
+    }
+}
+
+/// One table: `[fleet] table`.
+#[derive(Debug, Clone)]
+pub struct SlotTable {
+    pub client: Client,
+    pub table: String,
+}
+
+impl SlotTable {
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        SlotTable {
+            client,
+            table: table.into(),
+        }
+    }
+
+    /// GetItem (ConsistentRead) of `group`'s item; a missing item is version 0, no holders.
+    pub async fn read(&self, calls: &mut Calls, group: &str) -> Result<SlotItem, TableError> {
+        let r = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(attr::GROUP, AttributeValue::S(group.to_string()))
+            .consistent_read(true)
+            .send()
+            .await;
+        let r = calls.track("GetItem", r).map_err(TableError::from_call)?;
+        match r.item() {
+            None => Ok(SlotItem::default()),
+            Some(item) => parse_item(group, item),
+        }
+    }
+
+    /// PutItem of `new` (its `version` is `read.version + 1`), conditional on `read`'s version:
+    /// `attribute_not_exists(#g)` when `read` found no item, `#v = :v` otherwise.
+    pub async fn write(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+        read: &SlotItem,
+        new: &SlotItem,
+    ) -> Result<(), TableError> {
+        let mut put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item_attributes(group, new)));
+        put = if read.exists {
+            put.condition_expression("#v = :v")
+                .expression_attribute_names("#v", attr::VERSION)
+                .expression_attribute_values(":v", AttributeValue::N(read.version.to_string()))
+        } else {
+            put.condition_expression("attribute_not_exists(#g)")
+                .expression_attribute_names("#g", attr::GROUP)
+        };
+        let r = put.send().await;
+        calls
+            .track("PutItem", r)
+            .map(|_| ())
+            .map_err(TableError::from_call)
+    }
+}
+
+/// The whole item as PutItem writes it.
+pub fn item_attributes(group: &str, item: &SlotItem) -> HashMap<String, AttributeValue> {
+    let holders: HashMap<String, AttributeValue> = item
+        .holders
+        .iter()
+        .map(|(id, h)| {
+            let mut m = HashMap::from([
+                (
+                    attr::STATE.to_string(),
+                    AttributeValue::S(h.state.as_str().to_string()),
+                ),
+                (
+                    attr::TOKEN.to_string(),
+                    AttributeValue::N(h.token.to_string()),
+                ),
+                (attr::SINCE.to_string(), AttributeValue::S(h.since.clone())),
+            ]);
+            if let Some(i) = &h.incident {
+                m.insert(attr::INCIDENT.to_string(), AttributeValue::S(i.clone()));
+            }
+            (id.clone(), AttributeValue::M(m))
+        })
+        .collect();
+    let mut out = HashMap::from([
+        (
+            attr::GROUP.to_string(),
+            AttributeValue::S(group.to_string()),
+        ),
+        (
+            attr::VERSION.to_string(),
+            AttributeValue::N(item.version.to_string()),
+        ),
+        (attr::HOLDERS.to_string(), AttributeValue::M(holders)),
+    ]);
+    if let Some(b) = item.budget {
+        out.insert(attr::BUDGET.to_string(), AttributeValue::N(b.to_string()));
+    }
+    if let Some(u) = &item.updated_by {
+        out.insert(attr::UPDATED_BY.to_string(), AttributeValue::S(u.clone()));
+    }
+    out
+}
+
+/// The item as GetItem returned it. Strict about what the protocol relies on (`version`, each
+/// holder's `state` and `token`); lenient about what is for people only.
+pub fn parse_item(
+    group: &str,
+    item: &HashMap<String, AttributeValue>,
+) -> Result<SlotItem, TableError> {
+    let bad = |why: String| TableError::Malformed {
+        group: group.to_string(),
+        why,
+    };
+    let number = |v: &AttributeValue, what: &str| -> Result<u64, TableError> {
+        v.as_n()
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or_else(|| bad(format!("{what} is not a whole number: {v:?}")))
+    };
+    let version = item
+        .get(attr::VERSION)
+        .ok_or_else(|| bad("no `version`".into()))
+        .and_then(|v| number(v, "version"))?;
+    let mut holders = BTreeMap::new();
+    if let Some(h) = item.get(attr::HOLDERS) {
+        let map = h
+            .as_m()
+            .map_err(|_| bad(format!("`holders` is not a map: {h:?}")))?;
+        for (id, e) in map {
+            let e = e
+                .as_m()
+                .map_err(|_| bad(format!("holder {id} is not a map")))?;
+            let state = match e
+                .get(attr::STATE)
+                .and_then(|s| s.as_s().ok())
+                .map(String::as_str)
+            {
+                Some("reserved") => HolderState::Reserved,
+                Some("committed") => HolderState::Committed,
+                other => return Err(bad(format!("holder {id} has state {other:?}"))),
+            };
+            let token = e
+                .get(attr::TOKEN)
+                .ok_or_else(|| bad(format!("holder {id} has no token")))
+                .and_then(|t| number(t, "token"))?;
+            let text = |k: &str| e.get(k).and_then(|v| v.as_s().ok()).cloned();
+            holders.insert(
+                id.clone(),
+                Holder {
+                    state,
+                    token,
+                    incident: text(attr::INCIDENT),
+                    since: text(attr::SINCE).unwrap_or_default(),
+                },
+            );
+        }
+    }
+    Ok(SlotItem {
+        version,
+        exists: true,
+        holders,
+        budget: item
+            .get(attr::BUDGET)
+            .and_then(|b| b.as_n().ok())
+            .and_then(|n| n.parse().ok()),
+        updated_by: item
+            .get(attr::UPDATED_BY)
+            .and_then(|v| v.as_s().ok())
+            .cloned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> SlotItem {
+        SlotItem {
+            version: 42,
+            exists: true,
+            holders: BTreeMap::from([
+                (
+                    "i-0abc".to_string(),
+                    Holder {
+                        state: HolderState::Committed,
+                        token: 41,
+                        incident: Some("7".into()),
+                        since: "2026-11-30T10:00:00Z".into(),
+                    },
+                ),
+                (
+                    "i-0def".to_string(),
+                    Holder {
+                        state: HolderState::Reserved,
+                        token: 42,
+                        incident: None,
+                        since: "2026-11-30T10:00:01Z".into(),
+                    },
+                ),
+            ]),
+            budget: Some(2),
+            updated_by: Some("i-0def".into()),
+        }
+    }
+
+    #[test]
+    fn an_item_reads_back_as_written() {
+        let item = sample();
+        let attrs = item_attributes("g", &item);
+        assert_eq!(attrs[attr::GROUP], AttributeValue::S("g".into()));
+        assert_eq!(parse_item("g", &attrs).unwrap(), item);
+    }
+
+    #[test]
+    fn what_the_protocol_relies_on_must_be_readable() {
+        let mut attrs = item_attributes("g", &sample());
+        attrs.insert(attr::VERSION.into(), AttributeValue::S("x".into()));
+        assert!(matches!(
+            parse_item("g", &attrs),
+            Err(TableError::Malformed { .. })
+        ));
+        attrs.remove(attr::VERSION);
+        assert!(parse_item("g", &attrs).is_err());
+        let mut attrs = item_attributes("g", &sample());
+        attrs.insert(attr::HOLDERS.into(), AttributeValue::S("x".into()));
+        assert!(parse_item("g", &attrs).is_err());
+        let mut bad_state = item_attributes("g", &SlotItem::default());
+        bad_state.insert(
+            attr::HOLDERS.into(),
+            AttributeValue::M(HashMap::from([(
+                "i-1".to_string(),
+                AttributeValue::M(HashMap::from([
+                    ("state".to_string(), AttributeValue::S("leased".into())),
+                    ("token".to_string(), AttributeValue::N("1".into())),
+                ])),
+            )])),
+        );
+        let e = parse_item("g", &bad_state).unwrap_err();
+        assert!(e.to_string().contains("leased"), "{e}");
+        assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn errors_are_classified_by_code() {
+        let with = |code: Option<&str>, retryable: bool| CallError {
+            op: "PutItem",
+            code: code.map(str::to_string),
+            message: "m".into(),
+            retryable,
+            request_id: None,
+        };
+        assert_eq!(
+            TableError::from_call(with(Some("ConditionalCheckFailedException"), false)),
+            TableError::Conflict
+        );
+        for code in [
+            "ProvisionedThroughputExceededException",
+            "ThrottlingException",
+            "RequestLimitExceeded",
+        ] {
+            let e = TableError::from_call(with(Some(code), false));
+            assert!(matches!(e, TableError::Throttled(_)), "{code}");
+            assert!(e.is_retryable());
+        }
+        assert!(matches!(
+            TableError::from_call(with(None, true)),
+            TableError::Unreachable(_)
+        ));
+        let missing = TableError::from_call(with(Some("ResourceNotFoundException"), false));
+        assert!(matches!(missing, TableError::Refused(_)));
+        assert!(!missing.is_retryable());
+        assert!(matches!(
+            TableError::from_call(with(Some("InternalServerError"), true)),
+            TableError::Throttled(_)
+        ));
+    }
+}

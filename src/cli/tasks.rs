@@ -1,0 +1,270 @@
+//! `gpu-medic tasks`: how much GPU memory each task definition really needs. From the
+//! history the daemon keeps in `state_dir` (per minute, the peak of each task definition
+//! revision's containers and of the task as a whole; `crate::probe::nvml::history`), per
+//! family, revision and container: the minutes observed, the peak, the 99th percentile of the
+//! per-minute peaks, the reservation (`sharingStrategy.nvidiaMps.memory`) and a suggested
+//! `memory`: the peak plus `MARGIN_PERCENT`, rounded up to `ROUND_MIB` (README: "Sizing GPU
+//! memory"). The file is only read: a line that is not a row is skipped and counted, a file
+//! over the cap is read from its last `MAX_READ` bytes, both with a warning.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{CliError, ConfigArg, exit, print_json};
+use crate::probe::nvml::history::{self, Row};
+
+/// The safety margin over the observed peak, in percent.
+pub const MARGIN_PERCENT: u64 = 20;
+/// Suggestions are rounded up to a multiple of this many MiB.
+pub const ROUND_MIB: u64 = 64;
+/// The most of the history file read.
+pub const MAX_READ: u64 = history::MAX_FILE_SET_ASIDE;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Debug, clap::Args)]
+pub struct TasksArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    #[arg(long)]
+    json: bool,
+    /// Only this task definition family.
+    #[arg(long, value_name = "FAMILY")]
+    family: Option<String>,
+}
+
+/// One family, revision and container (or the whole task) in the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sizing {
+    pub family: String,
+    pub revision: String,
+    /// The container; `None` for the task as a whole (all its containers and GPUs).
+    pub container: Option<String>,
+    /// Minutes with a reading.
+    pub minutes: usize,
+    pub first_minute: String,
+    pub last_minute: String,
+    pub peak_mib: u64,
+    pub p99_mib: u64,
+    /// The reservation last seen (`None`: none, or the task definition was not read).
+    pub reserved_mib: Option<u64>,
+    /// Peak plus the margin, rounded up.
+    pub suggested_mib: u64,
+    /// The peak is over the reservation.
+    pub over_reservation: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    history: String,
+    margin_percent: u64,
+    round_mib: u64,
+    skipped_lines: usize,
+    sizes: &'a [Sizing],
+}
+
+/// The suggested `memory` (MiB) for a peak of `peak_bytes`.
+pub fn suggest(peak_bytes: u64) -> u64 {
+    let with_margin = peak_bytes
+        .saturating_mul(100 + MARGIN_PERCENT)
+        .div_ceil(100)
+        .div_ceil(MIB);
+    with_margin.div_ceil(ROUND_MIB).max(1) * ROUND_MIB
+}
+
+/// Nearest-rank percentile `p` of sorted values.
+fn percentile(sorted: &[u64], p: u64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (sorted.len() as u64 * p).div_ceil(100).max(1) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+fn minute_text(m: u64) -> String {
+    crate::model::Timestamp(m.saturating_mul(1000)).to_string()
+}
+
+/// The report from history rows: one entry per family, revision and container (the task as
+/// a whole first), sorted.
+pub fn sizes(rows: &[Row]) -> Vec<Sizing> {
+    type Key = (String, String, Option<String>);
+    /// Per minute the largest peak (a minute written twice is one minute), and the
+    /// reservation of the latest minute that had one, as (minute, bytes).
+    type Seen = (BTreeMap<u64, u64>, Option<(u64, u64)>);
+    let mut by: BTreeMap<Key, Seen> = BTreeMap::new();
+    for r in rows {
+        let e = by
+            .entry((r.family.clone(), r.revision.clone(), r.container.clone()))
+            .or_default();
+        let m = e.0.entry(r.minute).or_insert(0);
+        *m = (*m).max(r.peak_bytes);
+        if let Some(res) = r.reserved_bytes
+            && e.1.is_none_or(|(at, _)| r.minute >= at)
+        {
+            e.1 = Some((r.minute, res));
+        }
+    }
+    by.into_iter()
+        .map(|((family, revision, container), (minutes, reserved))| {
+            let mut peaks: Vec<u64> = minutes.values().copied().collect();
+            peaks.sort_unstable();
+            let peak = peaks.last().copied().unwrap_or(0);
+            let reserved = reserved.map(|(_, b)| b);
+            Sizing {
+                family,
+                revision,
+                container,
+                minutes: peaks.len(),
+                first_minute: minutes
+                    .keys()
+                    .next()
+                    .map_or_else(String::new, |m| minute_text(*m)),
+                last_minute: minutes
+                    .keys()
+                    .next_back()
+                    .map_or_else(String::new, |m| minute_text(*m)),
+                peak_mib: peak.div_ceil(MIB),
+                p99_mib: percentile(&peaks, 99).div_ceil(MIB),
+                reserved_mib: reserved.map(|b| b.div_ceil(MIB)),
+                suggested_mib: suggest(peak),
+                over_reservation: reserved.is_some_and(|r| peak > r),
+            }
+        })
+        .collect()
+}
+
+pub fn run(a: TasksArgs) -> Result<i32, CliError> {
+    let cfg = a.config.load()?;
+    let path = cfg.state_dir.join(history::FILE);
+    let (mut rows, skipped) = history::read_rows(&path, MAX_READ)
+        .map_err(|e| CliError::Runtime(format!("{}: {e}", path.display())))?;
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() > MAX_READ) {
+        eprintln!(
+            "gpu-medic: {} is larger than {} MiB: only its last {} MiB were read",
+            path.display(),
+            MAX_READ >> 20,
+            MAX_READ >> 20
+        );
+    }
+    if skipped > 0 {
+        eprintln!(
+            "gpu-medic: {}: {skipped} line(s) are not history rows and were skipped",
+            path.display()
+        );
+    }
+    if let Some(f) = &a.family {
+        rows.retain(|r| &r.family == f);
+    }
+    let sizes = sizes(&rows);
+    if a.json {
+        print_json(&Report {
+            history: path.display().to_string(),
+            margin_percent: MARGIN_PERCENT,
+            round_mib: ROUND_MIB,
+            skipped_lines: skipped,
+            sizes: &sizes,
+        });
+        return Ok(exit::OK);
+    }
+    if sizes.is_empty() {
+        match &a.family {
+            Some(f) => println!("no GPU memory history for family {f} in {}", path.display()),
+            None => println!(
+                "no GPU memory history in {} yet (the daemon records tasks the ECS agent names, once a minute)",
+                path.display()
+            ),
+        }
+        return Ok(exit::OK);
+    }
+    println!(
+        "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "FAMILY:REVISION", "CONTAINER", "MINUTES", "PEAK MiB", "P99 MiB", "RESERVED", "SUGGEST"
+    );
+    for s in &sizes {
+        let reserved = s
+            .reserved_mib
+            .map_or_else(|| "-".to_string(), |r| r.to_string());
+        let note = if s.over_reservation {
+            "  peak over reservation"
+        } else {
+            ""
+        };
+        println!(
+            "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9}{note}",
+            format!("{}:{}", s.family, s.revision),
+            s.container.as_deref().unwrap_or("(whole task)"),
+            s.minutes,
+            s.peak_mib,
+            s.p99_mib,
+            reserved,
+            s.suggested_mib,
+        );
+    }
+    println!();
+    println!(
+        "SUGGEST: a container's `memory` (sharingStrategy.nvidiaMps.memory, MiB) = its peak + {MARGIN_PERCENT}%, \
+         rounded up to {ROUND_MIB} MiB; (whole task) is all its containers and processes together, \
+         what ECS places by. Peaks are per-minute maxima of NVML's per-process usedGpuMemory from {} to {}.",
+        sizes
+            .iter()
+            .map(|s| s.first_minute.as_str())
+            .min()
+            .unwrap_or(""),
+        sizes
+            .iter()
+            .map(|s| s.last_minute.as_str())
+            .max()
+            .unwrap_or("")
+    );
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(minute: u64, container: Option<&str>, mib: u64, reserved: Option<u64>) -> Row {
+        Row {
+            minute,
+            family: "infer".into(),
+            revision: "3".into(),
+            container: container.map(str::to_string),
+            peak_bytes: mib * MIB,
+            reserved_bytes: reserved.map(|r| r * MIB),
+        }
+    }
+
+    #[test]
+    fn the_suggestion_is_the_peak_plus_the_margin_rounded_up() {
+        assert_eq!(suggest(1000 * MIB), 1216, "1200 MiB rounded up to 64");
+        assert_eq!(suggest(0), ROUND_MIB, "never 0: ECS's minimum is 1");
+        assert_eq!(suggest(1), ROUND_MIB);
+        assert_eq!(suggest(u64::MAX) % ROUND_MIB, 0, "saturates, no panic");
+    }
+
+    #[test]
+    fn peaks_and_p99_come_from_the_per_minute_peaks() {
+        let mut rows: Vec<Row> = (0..200)
+            .map(|i| row(i * 60, Some("app"), 1000 + i, Some(4096)))
+            .collect();
+        rows.push(row(0, Some("app"), 5000, Some(4096))); // minute 0 written twice
+        rows.push(row(60, None, 7000, None));
+        let s = sizes(&rows);
+        assert_eq!(s.len(), 2);
+        let task = s.iter().find(|s| s.container.is_none()).unwrap();
+        assert_eq!((task.peak_mib, task.reserved_mib), (7000, None));
+        let app = s.iter().find(|s| s.container.is_some()).unwrap();
+        assert_eq!(app.minutes, 200, "a minute written twice counts once");
+        assert_eq!(app.peak_mib, 5000);
+        assert_eq!(
+            app.p99_mib, 1198,
+            "the 198th of 200 sorted per-minute peaks"
+        );
+        assert_eq!(app.reserved_mib, Some(4096));
+        assert!(app.over_reservation);
+        assert_eq!(app.suggested_mib, suggest(5000 * MIB));
+        assert!(sizes(&[]).is_empty());
+    }
+}

@@ -1,0 +1,776 @@
+//! ECS's view of this instance's GPUs against NVML's. ECS places MPS tasks by what
+//! DescribeContainerInstances says of each GPU (`gpuDevices`: `gpuId`, `sharingMode`,
+//! `containerCount`, `remainingMemoryInMiB`; facts and sources in docs/aws.md#gpudevices), and
+//! ECS computes that from its own allocations, never from the GPU. So ECS keeps placing tasks
+//! on a GPU NVML reports lost or no longer sees, and counts memory as free that something
+//! else holds. This probe reads ECS's view on a slow interval (`[ecs] gpu_view_interval`) and
+//! after every GPU signal (the supervisor wakes it, at most every 30 s), compares it with the
+//! NVML poller's latest view ([`NvmlView`]), and reports what disagrees:
+//!
+//! - `ecs-gpu-missing`: a GPU ECS lists that NVML reports lost, or does not see at all;
+//! - `ecs-gpu-count-mismatch`: ECS and NVML count the GPUs differently;
+//! - `ecs-gpu-memory-in-use`: a GPU on which ECS believes more memory is free for new MPS
+//!   tasks than NVML shows free (value: the excess in MiB; the policy's threshold is the
+//!   tolerance).
+//!
+//! It also gives `[nvml] expected_gpus` its default while the key is unset ([`ExpectedGpus`]):
+//! the GPUs ECS registered for the instance, else the instance type's count
+//! (`crate::aws::instance_types`, from IMDS `instance-type`).
+//!
+//! A read that fails (throttled, denied, unreachable) is never a GPU signal: it is retried, and
+//! after 3 failures in a row (or one that cannot succeed) it is a self-fault of component
+//! `ecs-gpu-view`, resolved by the next good read. The last comparison is kept in
+//! `state_dir/ecs-gpus.json` for `gpu-medic status`.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::nvml::view::{Expected, ExpectedGpus, NvmlView, ViewSnapshot};
+use crate::aws::calls::{CallError, Calls};
+use crate::aws::ecs::{Ecs, GpuDevice, InstanceState};
+use crate::aws::{identity, imds, instance_types};
+use crate::config::Config;
+use crate::model::{Observation, Signal, Timestamp};
+use crate::supervisor::Source;
+
+/// The self-fault component of a view that cannot be read.
+pub const COMPONENT: &str = "ecs-gpu-view";
+/// The observations' source.
+pub const SOURCE: &str = "ecs-gpus";
+/// A GPU signal re-reads ECS's view at most this often (or every `gpu_view_interval`, if
+/// shorter).
+pub const WAKE_SPACING: Duration = Duration::from_secs(30);
+/// Failed reads in a row that make a self-fault.
+const FAILURES_FOR_SELF_FAULT: u32 = 3;
+/// How long a read waits for the NVML poller's first view.
+const FIRST_POLL_WAIT: Duration = Duration::from_secs(30);
+const MIB: u64 = 1024 * 1024;
+
+/// The file the last comparison is kept in.
+pub fn comparison_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("ecs-gpus.json")
+}
+
+/// ECS's view of this instance's GPUs at one read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EcsRead {
+    pub devices: Vec<GpuDevice>,
+    /// The registered `GPU` resource's ids.
+    pub registered: Vec<String>,
+}
+
+impl EcsRead {
+    pub fn from_instance(s: &InstanceState) -> Self {
+        EcsRead {
+            devices: s.gpu_devices.clone(),
+            registered: s.registered_gpus.clone(),
+        }
+    }
+
+    /// The GPUs ECS places tasks on: `gpuDevices`, else the registered resource's ids.
+    pub fn gpus(&self) -> Vec<GpuDevice> {
+        if !self.devices.is_empty() {
+            return self.devices.clone();
+        }
+        self.registered
+            .iter()
+            .map(|id| GpuDevice {
+                id: id.clone(),
+                ..GpuDevice::default()
+            })
+            .collect()
+    }
+
+    pub fn count(&self) -> u32 {
+        u32::try_from(self.gpus().len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// One GPU of the comparison, for `status` and `check`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuLine {
+    /// ECS's `gpuId`.
+    pub id: String,
+    /// NVML's index, where NVML knows the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    /// `ok`, `lost` or `missing` (NVML does not see it).
+    pub nvml: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<i64>,
+    /// What ECS believes is free for new MPS tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecs_remaining_mib: Option<i64>,
+    /// What NVML shows free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_free_mib: Option<u64>,
+}
+
+/// The last comparison, kept in `state_dir/ecs-gpus.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub observed_at: Timestamp,
+    pub ecs_count: u32,
+    pub nvml_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Expected>,
+    pub gpus: Vec<GpuLine>,
+    /// Every disagreement, as sent to the engine; the policy decides which are findings (a
+    /// 4 MiB excess is below `ecs-gpu-memory-in-use`'s tolerance, a routine reading).
+    pub observations: Vec<Observation>,
+}
+
+impl Comparison {
+    /// Reads the kept comparison (None: none yet, or unreadable).
+    pub fn load(state_dir: &Path) -> Option<Comparison> {
+        let text =
+            crate::limits::read_text(&comparison_path(state_dir), 1024 * 1024, "the ECS GPU view")
+                .ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn save(&self, state_dir: &Path) {
+        let path = comparison_path(state_dir);
+        let tmp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec_pretty(self)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), "cannot keep the ECS GPU view: {e}");
+        }
+    }
+}
+
+/// Compares ECS's view with NVML's: the observations (every disagreement, each a finding,
+/// never a routine reading) and a line per GPU ECS lists. Nothing is compared when ECS lists
+/// no GPU (it then places no GPU task here).
+pub fn compare(read: &EcsRead, nvml: &ViewSnapshot) -> (Vec<Observation>, Vec<GpuLine>) {
+    let mut found = Vec::new();
+    let mut lines = Vec::new();
+    let ecs_gpus = read.gpus();
+    if ecs_gpus.is_empty() {
+        return (found, lines);
+    }
+    let mut unseen = Vec::new();
+    // GPUs lost before NVML could name them (lost since this process started): an ECS GPU
+    // no named GPU matches may be one of them.
+    let unnamed_lost = nvml
+        .gpus
+        .values()
+        .filter(|g| g.lost && g.gpu.uuid.is_empty())
+        .count();
+    for d in &ecs_gpus {
+        let g = nvml.find(&d.id);
+        let placement = describe(d);
+        let mut line = GpuLine {
+            id: d.id.clone(),
+            index: g.map(|g| g.gpu.index),
+            nvml: match g {
+                Some(g) if g.lost => "lost",
+                Some(_) => "ok",
+                None if unnamed_lost > 0 => "lost or missing",
+                None => "missing",
+            }
+            .to_string(),
+            sharing_mode: d.sharing_mode.clone(),
+            containers: d.containers,
+            ecs_remaining_mib: d.remaining_mib,
+            nvml_free_mib: None,
+        };
+        match g {
+            None => unseen.push(format!("{}{placement}", d.id)),
+            Some(g) if g.lost => found.push(
+                Observation::new(Signal::EcsGpuMissing)
+                    .on_gpu(g.gpu.clone())
+                    .with_value(count(d.containers))
+                    .with_detail(format!(
+                        "ECS still schedules onto {}{placement}, which NVML reports lost",
+                        d.id
+                    )),
+            ),
+            Some(g) => {
+                if let Some((used, total)) = g.memory {
+                    let free = total.saturating_sub(used) / MIB;
+                    line.nvml_free_mib = Some(free);
+                    let shared = d.sharing_mode.as_deref() != Some("DEDICATED");
+                    if let Some(remaining) = d.remaining_mib.filter(|_| shared) {
+                        let remaining = u64::try_from(remaining).unwrap_or(0);
+                        if remaining > free {
+                            found.push(
+                                Observation::new(Signal::EcsGpuMemoryInUse)
+                                    .on_gpu(g.gpu.clone())
+                                    .with_value(remaining - free)
+                                    .with_detail(format!(
+                                        "ECS believes {remaining} MiB of {} free for new MPS tasks{placement}; NVML shows {free} MiB free ({} of {} MiB in use): {} MiB that ECS would place is not there",
+                                        d.id,
+                                        used / MIB,
+                                        total / MIB,
+                                        remaining - free
+                                    )),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        lines.push(line);
+    }
+    if !unseen.is_empty() {
+        // One observation for all of them: they have no NVML index to tell them apart, and
+        // two in one read must not count as a repeat.
+        found.push(
+            Observation::new(Signal::EcsGpuMissing)
+                .with_value(unseen.len() as u64)
+                .with_detail(format!(
+                    "ECS still schedules onto {} GPU(s) NVML does not see: {}{}",
+                    unseen.len(),
+                    unseen.join("; "),
+                    if unnamed_lost > 0 {
+                        format!(" (NVML reports {unnamed_lost} GPU(s) lost that it cannot name)")
+                    } else {
+                        String::new()
+                    }
+                )),
+        );
+    }
+    let ecs = read.count();
+    if ecs != nvml.count {
+        found.push(
+            Observation::new(Signal::EcsGpuCountMismatch)
+                .with_value(u64::from(ecs.abs_diff(nvml.count)))
+                .with_detail(format!(
+                    "ECS registered {ecs} GPU(s) for this instance, NVML counts {}",
+                    nvml.count
+                )),
+        );
+    }
+    let found = found.into_iter().map(|o| o.from_source(SOURCE)).collect();
+    (found, lines)
+}
+
+/// " (NVIDIA_MPS, 2 container(s), 30000 MiB remaining)" from what ECS said.
+fn describe(d: &GpuDevice) -> String {
+    let mut parts = Vec::new();
+    if let Some(m) = &d.sharing_mode {
+        parts.push(m.clone());
+    }
+    if let Some(c) = d.containers {
+        parts.push(format!("{c} container(s)"));
+    }
+    if let Some(r) = d.remaining_mib {
+        parts.push(match d.total_mib {
+            Some(t) => format!("{r} of {t} MiB remaining"),
+            None => format!("{r} MiB remaining"),
+        });
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
+fn count(c: Option<i64>) -> u64 {
+    c.and_then(|c| u64::try_from(c).ok()).unwrap_or(0)
+}
+
+/// Sets the expected GPU count: ECS's registered GPUs, else the instance type's.
+fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type: Option<&str>) {
+    if let Some(n) = read.map(EcsRead::count).filter(|n| *n > 0) {
+        expected.set(n, "registered with ECS");
+    } else if let Some((t, n)) =
+        instance_type.and_then(|t| Some((t, instance_types::gpu_count(t)?)))
+    {
+        expected.set(n, format!("instance type {t}"));
+    }
+}
+
+/// Why a read did not give ECS's view.
+#[derive(Debug)]
+pub enum ReadError {
+    /// This instance is not registered with ECS yet (boot): nothing to compare, no fault.
+    NotRegistered(String),
+    /// The read failed.
+    Failed { message: String, retryable: bool },
+}
+
+impl From<CallError> for ReadError {
+    fn from(e: CallError) -> Self {
+        ReadError::Failed {
+            retryable: e.retryable,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Reads this instance's container instance. `target` caches (ECS, container instance ARN)
+/// once found.
+async fn read_instance(
+    cfg: &Config,
+    client: &aws_sdk_ecs::Client,
+    http: &aws_sdk_ecs::config::SharedHttpClient,
+    target: &mut Option<(Ecs, String)>,
+) -> Result<EcsRead, ReadError> {
+    let mut calls = Calls::new();
+    if target.is_none() {
+        let view = identity::agent_view(cfg).await;
+        let ecs = Ecs::new(client.clone(), view.cluster.clone());
+        let arn = match view.container_instance_arn {
+            Some(a) => a,
+            None => {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+                let id = identity::instance_id(cfg, http.clone(), deadline)
+                    .await
+                    .map_err(|e| ReadError::NotRegistered(format!("no instance id: {e}")))?;
+                identity::find_container_instance(&ecs, &id, &mut calls)
+                    .await?
+                    .ok_or_else(|| {
+                        ReadError::NotRegistered(format!(
+                            "{id} is not registered in cluster {}",
+                            view.cluster
+                        ))
+                    })?
+            }
+        };
+        *target = Some((ecs, arn));
+    }
+    let Some((ecs, arn)) = target.as_ref() else {
+        return Err(ReadError::NotRegistered("no container instance".into()));
+    };
+    let state = ecs.describe_one(&mut calls, arn, true).await?;
+    Ok(EcsRead::from_instance(&state))
+}
+
+/// The continuous probe for `gpu-medic run` (with `[aws]`, `[nvml]` and `[ecs] gpu_view`).
+pub struct EcsGpuSource {
+    cfg: Config,
+    view: NvmlView,
+    expected: ExpectedGpus,
+    wake: Arc<Notify>,
+}
+
+impl EcsGpuSource {
+    /// `view`: the NVML poller's; `expected`: what the poller reads while
+    /// `[nvml] expected_gpus` is unset; `wake`: notified by the supervisor at each GPU signal.
+    pub fn new(cfg: Config, view: NvmlView, expected: ExpectedGpus, wake: Arc<Notify>) -> Self {
+        EcsGpuSource {
+            cfg,
+            view,
+            expected,
+            wake,
+        }
+    }
+}
+
+impl Source for EcsGpuSource {
+    fn name(&self) -> &'static str {
+        SOURCE
+    }
+
+    fn run(
+        self: Box<Self>,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move { self.watch(tx, shutdown).await })
+    }
+}
+
+fn self_fault(detail: String) -> Observation {
+    Observation::new(Signal::SelfFault {
+        component: COMPONENT.into(),
+    })
+    .with_detail(detail)
+    .from_source(SOURCE)
+}
+
+impl EcsGpuSource {
+    async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
+        let sdk = crate::aws::loader(&self.cfg.aws).load().await;
+        let client = aws_sdk_ecs::Client::new(&sdk);
+        let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
+        let interval = self.cfg.ecs.gpu_view_interval;
+        let spacing = WAKE_SPACING.min(interval);
+        let learn = self.cfg.nvml.expected_gpus.is_none();
+        // IMDS is asked until it answers (it may have no type: then `instance_type` stays None).
+        let mut instance_type: Option<String> = None;
+        let mut type_known = false;
+        let mut said_unregistered = false;
+        let mut target = None;
+        let mut failures = 0u32;
+        let mut faulted = false;
+        let mut warned_no_gpus = false;
+        loop {
+            if learn && !type_known {
+                let asked = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = imds::instance_type(http.clone()) => r,
+                };
+                match asked {
+                    Ok(t) => {
+                        instance_type = t;
+                        type_known = true;
+                    }
+                    Err(e) => tracing::debug!(probe = SOURCE, "IMDS instance-type: {e}"),
+                }
+            }
+            let mut retry_soon = false;
+            let mut out = Vec::new();
+            let read = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = read_instance(&self.cfg, &client, &http, &mut target) => r,
+            };
+            match read {
+                Ok(read) => {
+                    failures = 0;
+                    if std::mem::take(&mut faulted) {
+                        out.push(
+                            Observation::new(Signal::SelfRecovered {
+                                component: COMPONENT.into(),
+                            })
+                            .with_detail("DescribeContainerInstances answers again")
+                            .from_source(SOURCE),
+                        );
+                    }
+                    if learn {
+                        learn_expected(&self.expected, Some(&read), instance_type.as_deref());
+                    }
+                    if read.count() == 0 && !warned_no_gpus {
+                        warned_no_gpus = true;
+                        tracing::info!(
+                            probe = SOURCE,
+                            "ECS lists no GPU for this container instance (no gpuDevices, no GPU resource): nothing to compare"
+                        );
+                    }
+                    let nvml = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        v = self.view.first(FIRST_POLL_WAIT) => v,
+                    };
+                    match nvml {
+                        Some(nvml) => {
+                            let (found, gpus) = compare(&read, &nvml);
+                            Comparison {
+                                observed_at: Timestamp::now(),
+                                ecs_count: read.count(),
+                                nvml_count: nvml.count,
+                                expected: match self.cfg.nvml.expected_gpus {
+                                    Some(n) => Some(Expected {
+                                        count: n,
+                                        source: "[nvml] expected_gpus".into(),
+                                    }),
+                                    None => self.expected.get(),
+                                },
+                                gpus,
+                                observations: found.clone(),
+                            }
+                            .save(&self.cfg.state_dir);
+                            out.extend(found);
+                        }
+                        None => retry_soon = true,
+                    }
+                }
+                Err(ReadError::NotRegistered(why)) => {
+                    if !std::mem::replace(&mut said_unregistered, true) {
+                        tracing::info!(probe = SOURCE, "ECS GPU view not read yet: {why}");
+                    }
+                    if learn {
+                        learn_expected(&self.expected, None, instance_type.as_deref());
+                    }
+                    target = None;
+                    retry_soon = true;
+                }
+                Err(ReadError::Failed { message, retryable }) => {
+                    failures += 1;
+                    if !retryable {
+                        // Perhaps the instance was registered anew: find it again.
+                        target = None;
+                    }
+                    retry_soon = true;
+                    tracing::warn!(
+                        probe = SOURCE,
+                        failures,
+                        retryable,
+                        "cannot read ECS's view of the GPUs: {message} (never a GPU signal)"
+                    );
+                    if learn {
+                        learn_expected(&self.expected, None, instance_type.as_deref());
+                    }
+                    if !faulted && (failures >= FAILURES_FOR_SELF_FAULT || !retryable) {
+                        faulted = true;
+                        out.push(self_fault(format!(
+                            "DescribeContainerInstances failed {failures} time(s) in a row: {message}"
+                        )));
+                    }
+                }
+            }
+            for o in out {
+                if tx.send(o).await.is_err() {
+                    return;
+                }
+            }
+            let wait = if retry_soon {
+                interval.min(Duration::from_secs(30) * failures.clamp(1, 10))
+            } else {
+                interval
+            };
+            let started = tokio::time::Instant::now();
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.wake.notified() => {
+                    // A GPU signal: read again, but not more often than `spacing`.
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep_until(started + spacing) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `gpu-medic check`: reads ECS's view once (None when this instance is not registered yet,
+/// e.g. the launch gate at boot), so the expected GPU count can be learnt before NVML is
+/// polled and the views compared after.
+pub fn read_once(cfg: &Config) -> Result<Option<EcsRead>, ReadError> {
+    let mut quick = cfg.clone();
+    // A one-shot look does not wait for an agent that is not up.
+    quick.ecs.agent_wait = quick.ecs.agent_wait.min(Duration::from_secs(2));
+    block_on(async {
+        let sdk = crate::aws::loader(&quick.aws).load().await;
+        let client = aws_sdk_ecs::Client::new(&sdk);
+        let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
+        match read_instance(&quick, &client, &http, &mut None).await {
+            Ok(r) => Ok(Some(r)),
+            Err(ReadError::NotRegistered(why)) => {
+                tracing::info!(probe = SOURCE, "ECS GPU view not read: {why}");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    })
+    .unwrap_or_else(|e| {
+        Err(ReadError::Failed {
+            message: e,
+            retryable: true,
+        })
+    })
+}
+
+/// Runs `f` to completion from blocking code: on the runtime this thread belongs to (the
+/// launch gate runs the check on a blocking thread of its runtime), else on a runtime of its
+/// own.
+fn block_on<F: Future>(f: F) -> Result<F::Output, String> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => Ok(h.block_on(f)),
+        Err(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map(|rt| rt.block_on(f))
+            .map_err(|e| format!("cannot start a runtime: {e}")),
+    }
+}
+
+/// `gpu-medic check`: the expected count from ECS's read, else the instance type (IMDS).
+pub fn learn_expected_once(cfg: &Config, read: Option<&EcsRead>, expected: &ExpectedGpus) {
+    let from_ecs = read.is_some_and(|r| r.count() > 0);
+    let instance_type = if from_ecs {
+        None
+    } else {
+        block_on(async {
+            let sdk = crate::aws::loader(&cfg.aws).load().await;
+            let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
+            imds::instance_type(http).await.ok().flatten()
+        })
+        .ok()
+        .flatten()
+    };
+    learn_expected(expected, read, instance_type.as_deref());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GpuId;
+    use crate::probe::nvml::view::GpuView;
+
+    const GIB: u64 = 1024 * MIB;
+
+    /// (index, uuid, lost, (used, total) bytes).
+    type Gpu<'a> = (u32, &'a str, bool, Option<(u64, u64)>);
+
+    fn nvml(gpus: &[Gpu<'_>], count: u32) -> ViewSnapshot {
+        let mut v = ViewSnapshot {
+            count,
+            ..ViewSnapshot::default()
+        };
+        for (i, uuid, lost, memory) in gpus {
+            v.gpus.insert(
+                *i,
+                GpuView {
+                    gpu: GpuId {
+                        index: *i,
+                        uuid: uuid.to_string(),
+                        ..GpuId::default()
+                    },
+                    lost: *lost,
+                    memory: *memory,
+                },
+            );
+        }
+        v
+    }
+
+    fn mps(id: &str, remaining: i64, containers: i64) -> GpuDevice {
+        GpuDevice {
+            id: id.into(),
+            sharing_mode: Some("NVIDIA_MPS".into()),
+            total_mib: Some(81_559),
+            remaining_mib: Some(remaining),
+            containers: Some(containers),
+        }
+    }
+
+    fn kinds(o: &[Observation]) -> Vec<String> {
+        o.iter().map(|o| o.signal.to_string()).collect()
+    }
+
+    #[test]
+    fn agreeing_views_raise_nothing() {
+        let read = EcsRead {
+            devices: vec![mps("GPU-a", 40_000, 1), mps("GPU-b", 80_000, 0)],
+            registered: vec![],
+        };
+        let v = nvml(
+            &[
+                (0, "GPU-a", false, Some((30 * GIB, 80 * GIB))),
+                (1, "GPU-b", false, Some((GIB / 2, 80 * GIB))),
+            ],
+            2,
+        );
+        let (found, lines) = compare(&read, &v);
+        assert!(found.is_empty(), "{found:?}");
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].nvml, "ok");
+        assert_eq!(lines[0].nvml_free_mib, Some(50 * 1024));
+    }
+
+    #[test]
+    fn a_lost_gpu_ecs_still_lists_is_reported_with_the_numbers() {
+        let read = EcsRead {
+            devices: vec![mps("GPU-a", 40_000, 2), mps("GPU-b", 81_559, 0)],
+            registered: vec![],
+        };
+        let v = nvml(
+            &[
+                (0, "GPU-a", true, None),
+                (1, "GPU-b", false, Some((0, 80 * GIB))),
+            ],
+            2,
+        );
+        let (found, lines) = compare(&read, &v);
+        assert_eq!(kinds(&found), ["ecs-gpu-missing"]);
+        assert_eq!(found[0].gpu.as_ref().map(|g| g.index), Some(0));
+        assert_eq!(found[0].value, 2);
+        let d = found[0].detail.as_deref().unwrap();
+        assert!(
+            d.contains("GPU-a") && d.contains("2 container(s)") && d.contains("40000 of 81559"),
+            "{d}"
+        );
+        assert_eq!(lines[0].nvml, "lost");
+        assert_eq!(found[0].source, SOURCE);
+    }
+
+    #[test]
+    fn gpus_nvml_does_not_see_are_one_finding_and_the_counts_disagree() {
+        let read = EcsRead {
+            devices: vec![],
+            registered: vec!["GPU-a".into(), "GPU-b".into(), "GPU-c".into()],
+        };
+        let v = nvml(&[(0, "GPU-a", false, None)], 1);
+        let (found, lines) = compare(&read, &v);
+        assert_eq!(kinds(&found), ["ecs-gpu-missing", "ecs-gpu-count-mismatch"]);
+        assert!(found[0].gpu.is_none());
+        assert_eq!(found[0].value, 2);
+        assert!(found[0].detail.as_deref().unwrap().contains("GPU-b"));
+        assert_eq!(found[1].value, 2);
+        assert_eq!(
+            lines.iter().map(|l| l.nvml.as_str()).collect::<Vec<_>>(),
+            ["ok", "missing", "missing"]
+        );
+    }
+
+    #[test]
+    fn a_gpu_lost_before_nvml_named_it_is_lost_or_missing() {
+        let read = EcsRead {
+            devices: vec![mps("GPU-a", 40_000, 1), mps("GPU-b", 40_000, 1)],
+            registered: vec![],
+        };
+        let v = nvml(&[(0, "GPU-a", false, None), (1, "", true, None)], 2);
+        let (found, lines) = compare(&read, &v);
+        assert_eq!(kinds(&found), ["ecs-gpu-missing"]);
+        assert!(
+            found[0]
+                .detail
+                .as_deref()
+                .unwrap()
+                .contains("1 GPU(s) lost that it cannot name"),
+            "{found:?}"
+        );
+        assert_eq!(lines[1].nvml, "lost or missing");
+    }
+
+    #[test]
+    fn memory_ecs_believes_free_that_nvml_shows_in_use_is_the_excess() {
+        // ECS: 40000 MiB remaining; NVML: 70 of 80 GiB in use (10240 MiB free).
+        let read = EcsRead {
+            devices: vec![mps("GPU-a", 40_000, 1)],
+            registered: vec![],
+        };
+        let v = nvml(&[(0, "GPU-a", false, Some((70 * GIB, 80 * GIB)))], 1);
+        let (found, _) = compare(&read, &v);
+        assert_eq!(kinds(&found), ["ecs-gpu-memory-in-use"]);
+        assert_eq!(found[0].value, 40_000 - 10_240);
+        // A dedicated GPU's remaining memory means nothing for MPS placement.
+        let mut dedicated = read.clone();
+        dedicated.devices[0].sharing_mode = Some("DEDICATED".into());
+        assert!(compare(&dedicated, &v).0.is_empty());
+    }
+
+    #[test]
+    fn an_instance_ecs_lists_no_gpu_for_is_not_compared() {
+        let v = nvml(&[(0, "GPU-a", false, None)], 1);
+        assert!(compare(&EcsRead::default(), &v).0.is_empty());
+    }
+
+    #[test]
+    fn the_expected_count_comes_from_ecs_else_the_instance_type() {
+        let e = ExpectedGpus::new();
+        learn_expected(&e, None, Some("m5.large"));
+        assert_eq!(e.get(), None, "a type without GPUs sets nothing");
+        learn_expected(&e, Some(&EcsRead::default()), Some("p5.48xlarge"));
+        assert_eq!(
+            e.get().map(|x| (x.count, x.source)),
+            Some((8, "instance type p5.48xlarge".into()))
+        );
+        let read = EcsRead {
+            registered: vec!["GPU-a".into(), "GPU-b".into()],
+            ..EcsRead::default()
+        };
+        learn_expected(&e, Some(&read), Some("p5.48xlarge"));
+        assert_eq!(
+            e.get().map(|x| (x.count, x.source)),
+            Some((2, "registered with ECS".into()))
+        );
+    }
+}

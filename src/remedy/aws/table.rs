@@ -1,0 +1,499 @@
+//! The fleet budget's slot table carried out (`[fleet] table`): read the group's item, ask
+//! `slots::decide`, write what it says (conditionally), and act only once a commit of ours has
+//! been written. The ECS/Auto Scaling view still runs first (kill switches, the breaker, and
+//! the instances in remediation that hold no entry), and every gpu-medic of a group removes
+//! the entries of terminated instances: with each read here, and every `retry_after` in
+//! [`AwsControlPlane::sweep_slots`] (so a slot held by a terminated instance is released
+//! even when no other instance wants one).
+//!
+//! A table that throttles, cannot be reached, refuses the call or holds an unreadable item
+//! means no drain: the order is deferred with a line that says why (the instance stays
+//! quarantined). An instance with no Auto Scaling group has no slot to hold and never drains.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::slots::{self, Decision, Facts, Phase, Stamp, WriteKind};
+use super::{AwsControlPlane, CallsExt, Slot, jittered, now_ms};
+use crate::aws::calls::Calls;
+use crate::aws::dynamo::{SlotItem, SlotTable, TableError};
+use crate::aws::ecs::Ecs;
+use crate::aws::identity::Identity;
+use crate::model::{Order, Timestamp};
+use crate::remedy::RemedyError;
+use crate::remedy::aws::fleet::{FleetView, SlotsSummary};
+
+/// Lost races in a row (the item changed between our read and our write) before deferring.
+const MAX_CONFLICTS: u32 = 4;
+/// Decisions in one attempt: reserve, commit, act, removals of terminated holders, re-reads.
+const MAX_STEPS: u32 = 16;
+
+/// Where the slot table's last reading is kept (`gpu-medic status`).
+pub fn slots_path(state_dir: &std::path::Path) -> std::path::PathBuf {
+    state_dir.join("slots.json")
+}
+
+impl AwsControlPlane {
+    /// `<prefix>.slot`: `<group>/<token>` of the committed entry, on the container instance.
+    pub(super) fn slot_attr(&self) -> String {
+        format!("{}.slot", self.prefix())
+    }
+
+    /// Marks the container instance with the slot it drains under (an operator sees who holds
+    /// what); the text for the order's detail. A failed mark does not stop the drain (the
+    /// slot is held in the table either way): it is said in the detail.
+    pub(super) async fn note_slot(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+        slot: &Slot,
+    ) -> String {
+        let Slot::Table { group, token } = slot else {
+            return String::new();
+        };
+        let table = self.slots.as_ref().map_or("", |t| t.table.as_str());
+        let value = format!("{group}/{token}");
+        let attr = self.slot_attr();
+        match ecs
+            .put_attribute(calls, &id.container_instance_arn, &attr, Some(&value))
+            .await
+        {
+            Ok(()) => format!("; fleet slot {value} committed in table {table} ({attr}={value})"),
+            Err(e) => {
+                tracing::warn!(instance_id = %id.instance_id, "cannot mark the container instance with its slot: {e}");
+                format!("; fleet slot {value} committed in table {table} ({attr} not set: {e})")
+            }
+        }
+    }
+
+    /// Reserve -> commit in the slot table, then the caller acts: the committed entry's group
+    /// and token. Deferred when the budget is full or the table cannot be used.
+    pub(super) async fn table_slot(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        ecs: &Ecs,
+        table: &SlotTable,
+        order: &Order,
+    ) -> Result<(String, u64), RemedyError> {
+        let fleet = &self.cfg.fleet;
+        let me = id.instance_id.as_str();
+        let Some(group) = id.auto_scaling_group.as_deref() else {
+            return Err(self.defer(format!(
+                "{me} is in no Auto Scaling group: the slot table {} keeps one budget per group, so this instance holds no slot and must not drain; staying quarantined (no drain, no replacement)",
+                table.table
+            )));
+        };
+        // Auto Scaling first (one call): the kill switches, the budget, and who is terminated.
+        let g = match self.asg.group(calls, group).await {
+            Ok(g) => g,
+            Err(e) => return Err(std::mem::take(calls).fail(e)),
+        };
+        let asg_view = super::group_only(&g, &fleet.pause_tag);
+        if let Some(d) = asg_view.kill_switch() {
+            return Err(self.defer(d.to_string()));
+        }
+        let mut item = self.read_item(calls, table, group).await?;
+        let mut terminated = self
+            .terminated_holders(calls, &item, me, Some(&asg_view))
+            .await;
+        if let Ok(mut s) = self.swept.lock() {
+            *s = Some(Instant::now());
+        }
+        let stamp = Stamp {
+            incident: Some(order.incident.to_string()),
+            since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        };
+        let full_budget = asg_view.budget(fleet);
+        // A deferral at the whole budget is a deferral at any smaller one: the ECS reads (the
+        // whole group, in pages) are made only when a slot may be had. A deferred instance
+        // costs Auto Scaling, GetItem and DescribeInstances, whatever the group's size.
+        let seen = self.seen_now();
+        let at_most = Facts {
+            me,
+            phase: Phase::Wants,
+            budget: full_budget,
+            terminated: &terminated,
+            seen: &seen,
+            now: Instant::now(),
+            reservation_lifetime: fleet.reservation_lifetime,
+            stamp: &stamp,
+        };
+        if let Decision::Defer(why) = slots::decide(&item, &at_most) {
+            return Err(self.defer(self.with_ec2_note(why)));
+        }
+        let view = match self.fleet_view_of(calls, id, ecs, Some(g)).await {
+            Ok(v) => v,
+            Err(e) => return Err(std::mem::take(calls).fail(e)),
+        };
+        let now = now_ms();
+        self.record_fleet(&view.summary(now, fleet));
+        let mut outside = 0;
+        if !item.holders.contains_key(me) {
+            let holders: BTreeSet<String> = item.holders.keys().cloned().collect();
+            outside = match view.admit_table(me, &holders, now, fleet) {
+                Ok(n) => n,
+                Err(d) => return Err(self.defer(d.to_string())),
+            };
+        }
+        let budget = view.budget(fleet).saturating_sub(outside);
+        let mut conflicts = 0;
+        for _ in 0..MAX_STEPS {
+            let seen = self.seen_now();
+            let facts = Facts {
+                me,
+                phase: Phase::Wants,
+                budget,
+                terminated: &terminated,
+                seen: &seen,
+                now: Instant::now(),
+                reservation_lifetime: fleet.reservation_lifetime,
+                stamp: &stamp,
+            };
+            match slots::decide(&item, &facts) {
+                Decision::Act { token } => {
+                    tracing::info!(
+                        instance_id = me,
+                        group,
+                        token,
+                        "fleet budget: slot committed in the slot table"
+                    );
+                    return Ok((group.to_string(), token));
+                }
+                Decision::Defer(why) => return Err(self.defer(self.with_ec2_note(why))),
+                Decision::Nothing => {
+                    return Err(self.defer(format!(
+                        "slot table {}: nothing to do for an instance that wants a slot (item version {}); retrying",
+                        table.table, item.version
+                    )));
+                }
+                Decision::Write { kind, item: new } => {
+                    match table.write(calls, group, &item, &new).await {
+                        Ok(()) => {
+                            log_write(&kind, me, group, new.version);
+                            item = new;
+                            self.observe(table, group, &item);
+                        }
+                        Err(TableError::Conflict) => {
+                            conflicts += 1;
+                            if conflicts > MAX_CONFLICTS {
+                                return Err(self.defer(format!(
+                                    "slot table {}: {conflicts} writes in a row lost the race for group {group}'s item; retrying later",
+                                    table.table
+                                )));
+                            }
+                            item = self.read_item(calls, table, group).await?;
+                            if item
+                                .holders
+                                .keys()
+                                .any(|h| h != me && !terminated.contains(h))
+                            {
+                                terminated =
+                                    self.terminated_holders(calls, &item, me, Some(&view)).await;
+                            }
+                        }
+                        Err(e) => return Err(self.table_unusable(table, &e)),
+                    }
+                }
+            }
+        }
+        Err(self.defer(format!(
+            "slot table {}: no decision for group {group} after {MAX_STEPS} steps; retrying",
+            table.table
+        )))
+    }
+
+    /// Removes our entry (remediation over: restored). The text for the order's detail.
+    pub(super) async fn release_table_slot(
+        &self,
+        calls: &mut Calls,
+        id: &Identity,
+        table: &SlotTable,
+    ) -> Result<String, RemedyError> {
+        let me = id.instance_id.as_str();
+        let Some(group) = id.auto_scaling_group.as_deref() else {
+            return Ok(String::new());
+        };
+        let fail = |e: &TableError| RemedyError::Retryable {
+            message: format!(
+                "slot table {}: {e}; our entry is not released yet (restore retried)",
+                table.table
+            ),
+            request_ids: Vec::new(),
+        };
+        let none = BTreeSet::new();
+        let stamp = Stamp::default();
+        for _ in 0..=MAX_CONFLICTS {
+            let item = table.read(calls, group).await.map_err(|e| fail(&e))?;
+            self.observe(table, group, &item);
+            let seen = self.seen_now();
+            let facts = Facts {
+                me,
+                phase: Phase::Done,
+                budget: item.budget.unwrap_or(1),
+                terminated: &none,
+                seen: &seen,
+                now: Instant::now(),
+                reservation_lifetime: self.cfg.fleet.reservation_lifetime,
+                stamp: &stamp,
+            };
+            let token = item.holders.get(me).map(|h| h.token);
+            match slots::decide(&item, &facts) {
+                Decision::Write { kind, item: new } => {
+                    match table.write(calls, group, &item, &new).await {
+                        Ok(()) => {
+                            log_write(&kind, me, group, new.version);
+                            self.observe(table, group, &new);
+                            return Ok(format!(
+                                "; fleet slot {group}/{} released in table {}",
+                                token.unwrap_or_default(),
+                                table.table
+                            ));
+                        }
+                        Err(TableError::Conflict) => continue,
+                        Err(e) => return Err(fail(&e)),
+                    }
+                }
+                _ => return Ok(format!("; no fleet slot of ours in table {}", table.table)),
+            }
+        }
+        Err(fail(&TableError::Conflict))
+    }
+
+    /// Rule 1 on its own, every `retry_after` (jittered) until `shutdown`: entries held by
+    /// terminated instances are removed even when no instance of the group wants a slot.
+    /// Only with `[fleet] table` and an Auto Scaling group; failures are logged and retried.
+    pub async fn sweep_slots(self: Arc<Self>, shutdown: CancellationToken) {
+        if self.slots.is_none() {
+            return;
+        }
+        loop {
+            let period = jittered(self.cfg.fleet.retry_after);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            // An attempt of ours ran rule 1 on a fresh read within two retry periods (an
+            // attempt is retried after retry_after jittered up to 1.5x, plus its own calls): a
+            // deferred instance's attempts stand in for the sweep.
+            let longest = self.cfg.fleet.retry_after.saturating_mul(2);
+            let recent = self
+                .swept
+                .lock()
+                .ok()
+                .and_then(|s| *s)
+                .is_some_and(|t| t.elapsed() < longest);
+            if recent {
+                continue;
+            }
+            if let Err(why) = self.sweep_once().await {
+                tracing::warn!("fleet slot table: removal of terminated holders not done: {why}");
+            }
+        }
+    }
+
+    async fn sweep_once(&self) -> Result<(), String> {
+        let Some(table) = &self.slots else {
+            return Ok(());
+        };
+        let id = match self.identity().await {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::debug!("fleet slot table: no identity yet: {e}");
+                return Ok(());
+            }
+        };
+        let Some(group) = id.auto_scaling_group.as_deref() else {
+            return Ok(());
+        };
+        let me = id.instance_id.as_str();
+        let mut calls = Calls::new();
+        for _ in 0..=MAX_CONFLICTS {
+            let item = table
+                .read(&mut calls, group)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.observe(table, group, &item);
+            if !item.holders.keys().any(|h| h != me) {
+                return Ok(());
+            }
+            let terminated = self.terminated_holders(&mut calls, &item, me, None).await;
+            let Some((gone, holders)) = slots::remove_terminated(&item, me, &terminated) else {
+                return Ok(());
+            };
+            let new = SlotItem {
+                version: item.version.saturating_add(1),
+                exists: true,
+                holders,
+                budget: item.budget,
+                updated_by: Some(me.to_string()),
+            };
+            match table.write(&mut calls, group, &item, &new).await {
+                Ok(()) => {
+                    log_write(&WriteKind::RemoveTerminated(gone), me, group, new.version);
+                    self.observe(table, group, &new);
+                }
+                Err(TableError::Conflict) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A consistent read of the group's item, taken in (reservations seen, status); a failure
+    /// defers the order.
+    async fn read_item(
+        &self,
+        calls: &mut Calls,
+        table: &SlotTable,
+        group: &str,
+    ) -> Result<SlotItem, RemedyError> {
+        match table.read(calls, group).await {
+            Ok(item) => {
+                self.observe(table, group, &item);
+                Ok(item)
+            }
+            Err(e) => Err(self.table_unusable(table, &e)),
+        }
+    }
+
+    /// No drain without the table: the order is deferred with the reason.
+    fn table_unusable(&self, table: &SlotTable, e: &TableError) -> RemedyError {
+        let hint = if e.is_retryable() {
+            ""
+        } else {
+            " (check [fleet] table, the table's key schema `group` (String) and the IAM policy: dynamodb:GetItem and dynamodb:PutItem on the table)"
+        };
+        self.defer(format!(
+            "fleet slot table {}: {e}{hint}; no drain without the table: staying quarantined, retrying later",
+            table.table
+        ))
+    }
+
+    /// The holders other than `me` whose instances are terminated: EC2 `terminated` or
+    /// unknown, or `Terminated` in the group's view. An EC2 failure removes nobody (logged).
+    async fn terminated_holders(
+        &self,
+        calls: &mut Calls,
+        item: &SlotItem,
+        me: &str,
+        view: Option<&FleetView>,
+    ) -> BTreeSet<String> {
+        let others: Vec<String> = item
+            .holders
+            .keys()
+            .filter(|h| h.as_str() != me)
+            .cloned()
+            .collect();
+        if others.is_empty() {
+            if let Ok(mut n) = self.ec2_note.lock() {
+                *n = None;
+            }
+            return BTreeSet::new();
+        }
+        let mut out: BTreeSet<String> = view
+            .map(|v| {
+                v.members
+                    .iter()
+                    .filter(|m| m.lifecycle.as_deref() == Some("Terminated"))
+                    .filter(|m| others.contains(&m.instance_id))
+                    .map(|m| m.instance_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let note = match self.ec2.terminated(calls, &others).await {
+            Ok(t) => {
+                out.extend(t);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "fleet slot table: cannot tell whether holders {others:?} are terminated: {e}"
+                );
+                Some(format!(
+                    "cannot tell whether holders {} are terminated (EC2 DescribeInstances: {e}{}), so none is removed",
+                    others.join(", "),
+                    if e.retryable {
+                        ""
+                    } else {
+                        "; check the IAM policy: ec2:DescribeInstances"
+                    }
+                ))
+            }
+        };
+        if let Ok(mut n) = self.ec2_note.lock() {
+            *n = note;
+        }
+        out
+    }
+
+    /// A deferral's reason, with why terminated holders could not be removed (a missing
+    /// permission would otherwise keep a gone instance's slot, silently).
+    fn with_ec2_note(&self, why: String) -> String {
+        match self.ec2_note.lock().ok().and_then(|n| n.clone()) {
+            Some(note) => format!("{why}; {note}"),
+            None => why,
+        }
+    }
+
+    fn seen_now(&self) -> slots::Seen {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Takes in a read or a write of ours: the reservations seen, and what status shows.
+    fn observe(&self, table: &SlotTable, group: &str, item: &SlotItem) {
+        if let Ok(mut s) = self.seen.lock() {
+            s.observe(item, Instant::now());
+        }
+        let summary = SlotsSummary {
+            observed_at: Timestamp::now(),
+            table: table.table.clone(),
+            group: group.to_string(),
+            version: item.version,
+            budget: item.budget,
+            holders: item.holders.clone(),
+        };
+        let path = slots_path(&self.cfg.state_dir);
+        let tmp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec_pretty(&summary)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), "cannot keep the slot table's reading: {e}");
+        }
+    }
+}
+
+fn log_write(kind: &WriteKind, me: &str, group: &str, version: u64) {
+    match kind {
+        WriteKind::RemoveTerminated(h) => {
+            tracing::warn!(instance_id = me, group, version, holder = %h, "fleet slot table: removed the entry of a terminated instance")
+        }
+        WriteKind::Release => tracing::info!(
+            instance_id = me,
+            group,
+            version,
+            "fleet slot table: our entry released"
+        ),
+        WriteKind::Commit => tracing::info!(
+            instance_id = me,
+            group,
+            version,
+            "fleet slot table: committed"
+        ),
+        WriteKind::Reserve => tracing::info!(
+            instance_id = me,
+            group,
+            version,
+            "fleet slot table: reserved"
+        ),
+        WriteKind::TakeOver(h) => {
+            tracing::warn!(instance_id = me, group, version, holder = %h, "fleet slot table: took over a reservation unchanged for its lifetime")
+        }
+    }
+}
