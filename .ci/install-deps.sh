@@ -6,6 +6,8 @@
 #   * systemd-journal-remote: writes the journal files tests/mps_journal.rs reads with journalctl.
 #   * moto_server (moto[server]==5.2.5) in a venv at ${GPU_MEDIC_CI_VENV:-/opt/gpu-medic-ci/venv}.
 #   * faketime (libfaketime): skewed wall clocks for the fleet slot tests (tests/fleet_slots.rs).
+#   * debootstrap: the Debian root that tests/systemd_e2e.rs boots real systemd in
+#     (scripts/systemd-e2e.sh; unshare and nsenter come with util-linux).
 #   * spin (Debian main, 6.5.2): the model checker scripts/models.sh runs (models/README.md);
 #     it compiles its verifiers with the C compiler the Rust build already needs.
 #
@@ -19,7 +21,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 VENV="${GPU_MEDIC_CI_VENV:-/opt/gpu-medic-ci/venv}"
 MOTO_VERSION="5.2.5"
-APT_PKGS=(nvidia-cuda-mps libnvidia-ml1 procps curl ca-certificates python3 python3-venv systemd-journal-remote spin faketime)
+APT_PKGS=(nvidia-cuda-mps libnvidia-ml1 procps curl ca-certificates python3 python3-venv systemd-journal-remote spin faketime debootstrap)
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 

@@ -13,6 +13,9 @@
 #                       BENCH_WARMUP_S, default 30; BENCH_PARALLEL=0 for one node at a time)
 #   engine_throughput   engine::step decisions per second on a recorded stream
 #                       (BENCH_INPUTS, BENCH_REPEAT, BENCH_STREAM=inputs.jsonl)
+#   mps_systemd_detection  MPS hang, daemon and server crash loops, server fault -> decision
+#                       under real systemd at the default intervals (needs root; BENCH_RUNS,
+#                       default 10 per scenario; BENCH_ONLY=hang,daemon-loop,server-loop,server-fault)
 #   storm               thousands of distinct kernel-log XIDs, then an XID 79: time to decide
 #                       the 79, time until CPU is idle again, CPU cost (BENCH_STORM, default
 #                       3000; GPU_MEDIC_BIN=path runs another gpu-medic binary side by side)
@@ -28,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::imds::FakeAgent;
-use gpu_medic_testkit::mps::MpsDir;
+use gpu_medic_testkit::mps::{MpsDir, fault_block};
 use gpu_medic_testkit::proc::Sleepers;
 use gpu_medic_testkit::{Daemon, default_policy, wait_for};
 
@@ -106,29 +106,6 @@ fn cgroup_mounts() -> (PathBuf, Option<PathBuf>) {
 /// A 64-digit Docker container id, unique to this run.
 fn docker_id(n: u32) -> String {
     format!("{:08x}{n:08x}{}", std::process::id(), "c0ffee".repeat(8))
-}
-
-/// The Volta fatal-fault block as NVIDIA documents it (docs/mps.md#fatal-fault-block-volta-and-later),
-/// on device 0, naming `clients`.
-fn fault_block(server: u32, clients: &[u32]) -> String {
-    let at = "[2026-11-30 06:00:00.004";
-    let mut lines = vec![
-        format!("{at} Server {server:>5}] Volta MPS: Server is handling a fatal GPU error."),
-        format!("{at} Server {server:>5}] Volta MPS: The following devices"),
-        format!("{at} Server {server:>5}] 0"),
-        format!(
-            "{at} Server {server:>5}] Volta MPS: The following clients have a sticky error set:"
-        ),
-    ];
-    lines.extend(
-        clients
-            .iter()
-            .map(|c| format!("{at} Server {server:>5}] {c}")),
-    );
-    lines.push(format!(
-        "{at} Server {server:>5}] Volta MPS: Destroy server context on device 0"
-    ));
-    lines.join("\n") + "\n"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -74,6 +74,10 @@ struct Gate {
     lock: Arc<Mutex<()>>,
     /// Bumped by every restart: the probe's count of consecutive failures starts over.
     restarts: AtomicU64,
+    /// Bumped when a restart stopped a running daemon itself. Under systemd's `Restart=` that
+    /// exit makes systemd start the daemon again and count it in `NRestarts`: a restart of
+    /// ours, not a crash.
+    own_exits: AtomicU64,
 }
 
 /// `/run/mps-ecs/` and `/run/mps-ecs` name the same directory.
@@ -145,6 +149,16 @@ impl ControlClient {
     /// How many restarts were recorded for this pipe directory.
     pub fn restarts(&self) -> u64 {
         self.gate.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Records that a restart stopped a running daemon (see `Gate::own_exits`).
+    pub fn mark_own_exit(&self) {
+        self.gate.own_exits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many daemons our restarts stopped.
+    pub fn own_exits(&self) -> u64 {
+        self.gate.own_exits.load(Ordering::Relaxed)
     }
 
     /// Sends `commands` (one per line) in one session and returns the reply, or kills the

@@ -157,6 +157,10 @@ impl MpsDaemon {
             ),
             None => {
                 let (old, stopped) = self.stop(guard).await?;
+                if !old.is_empty() {
+                    // systemd's Restart= may start it again: not a crash (the probe's count).
+                    self.client.mark_own_exit();
+                }
                 let cleaned = self.clean_stale().await?;
                 let started = self.start().await?;
                 (old, stopped, cleaned, started)

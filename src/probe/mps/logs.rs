@@ -140,9 +140,16 @@ enum Block {
 }
 
 /// Turns lines into events; holds the state of a fault block spanning several lines.
+///
+/// A block belongs to the process that began it (the prefix's tag and pid): in the journal
+/// of a daemon run with `-f` the control daemon's own lines (a probe's session, a server
+/// start) and the server's share one stream and may fall between the block's lines. Those are
+/// read as lines of their own and leave the block as it is.
 #[derive(Debug, Default)]
 pub struct Parser {
     block: Block,
+    /// The tag and pid of the line that began the block.
+    owner: Option<(String, u32)>,
 }
 
 impl Parser {
@@ -152,6 +159,15 @@ impl Parser {
             return;
         };
         let msg = line.msg.trim();
+        if let Some((tag, pid)) = &self.owner
+            && (tag != line.tag || *pid != line.pid)
+        {
+            // Another process's line in the middle of the block.
+            if let Some(ev) = single_line_event(&line, msg) {
+                out.push(ev);
+            }
+            return;
+        }
         let bare_number = || -> Option<u32> {
             if msg.is_empty() || !msg.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
@@ -182,6 +198,7 @@ impl Parser {
         }
         if msg.contains("The following devices") {
             self.block = Block::Devices(Vec::new());
+            self.owner = Some((line.tag.to_string(), line.pid));
         } else if let Some(ev) = single_line_event(&line, msg) {
             out.push(ev);
         }
@@ -189,6 +206,7 @@ impl Parser {
 
     /// Ends a block in progress (the file went quiet).
     pub fn flush(&mut self, out: &mut Vec<LogEvent>) {
+        self.owner = None;
         match std::mem::take(&mut self.block) {
             Block::Idle => {}
             Block::Devices(devices) if devices.is_empty() => {}
@@ -686,6 +704,39 @@ mod tests {
             assert_eq!(o.pids, vec![11641, 11643]);
             assert_eq!(o.source, "mps");
         }
+    }
+
+    #[test]
+    fn control_lines_between_a_servers_block_lines_leave_the_block_whole() {
+        // Under -f the journal holds the control daemon's lines and the server's in one
+        // stream: a probe's session and a server exit fall inside the block.
+        let control = [
+            "[2026-11-30 06:00:00.004 Control  4400] Accepting connection...",
+            "[2026-11-30 06:00:00.004 Control  4400] NEW UI",
+            "[2026-11-30 06:00:00.005 Control  4400] Cmd:get_default_active_thread_percentage",
+            "[2026-11-30 06:00:00.005 Control  4400] 100",
+            "[2026-11-30 06:00:00.005 Control  4400] Server 4399 exited with status 1",
+        ];
+        let mut lines = FAULT_BLOCK.to_vec();
+        lines.insert(5, control[0]);
+        lines.insert(6, control[1]);
+        lines.insert(9, control[2]);
+        lines.insert(10, control[3]);
+        lines.insert(12, control[4]);
+        assert_eq!(
+            events(&lines),
+            vec![
+                LogEvent::ServerExited {
+                    at_ms: parse_line(control[4]).unwrap().at_ms,
+                    pid: 4399,
+                    status: 1
+                },
+                LogEvent::Fault {
+                    devices: vec![0, 1],
+                    clients: vec![11641, 11643]
+                }
+            ]
+        );
     }
 
     #[test]

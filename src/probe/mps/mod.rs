@@ -86,12 +86,33 @@ struct UnitWatch {
     /// The state at the last look.
     state: Option<UnitState>,
     warned: bool,
+    /// Our restarts' stops of a running daemon ([`ControlClient::own_exits`]) at the last look.
+    own_seen: u64,
+    /// Those stops not yet matched with the restart systemd makes after each of them.
+    own_pending: std::collections::VecDeque<std::time::Instant>,
 }
 
+/// How long a stop by our own restart may wait for the `NRestarts` step it causes (systemd
+/// restarts after `RestartSec`, 1 s on the ECS GPU AMI); an unmatched one is then forgotten.
+const OWN_EXIT_MATCH: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl UnitWatch {
+    fn new(systemctl: Systemctl) -> UnitWatch {
+        UnitWatch {
+            systemctl,
+            last: None,
+            seen: Default::default(),
+            state: None,
+            warned: false,
+            own_seen: 0,
+            own_pending: Default::default(),
+        }
+    }
+
     /// Reads the unit; returns a crash-loop observation when systemd's restarts fill the
-    /// window.
-    async fn look(&mut self) -> Option<Observation> {
+    /// window. `own_exits`: how many running daemons our restarts have stopped so far; each
+    /// makes systemd's `Restart=` start one again, which is no crash and is not counted.
+    async fn look(&mut self, own_exits: u64) -> Option<Observation> {
         let state = match self.systemctl.show().await {
             Ok(s) if s.exists() => s,
             Ok(_) => {
@@ -111,6 +132,12 @@ impl UnitWatch {
         };
         self.warned = false;
         let now = std::time::Instant::now();
+        let fresh = own_exits.saturating_sub(std::mem::replace(&mut self.own_seen, own_exits));
+        for _ in 0..fresh.min(logs::CRASH_LOOP_COUNT as u64) {
+            self.own_pending.push_back(now);
+        }
+        self.own_pending
+            .retain(|t| now.duration_since(*t) < OWN_EXIT_MATCH);
         let before = self.last.replace(state.n_restarts);
         let window = logs::CRASH_LOOP_WINDOW;
         self.seen.retain(|t| now.duration_since(*t) < window);
@@ -118,7 +145,12 @@ impl UnitWatch {
         if let Some(b) = before
             && state.n_restarts > b
         {
-            let new = (state.n_restarts - b).min(logs::CRASH_LOOP_COUNT as u64 * 4);
+            let mut new = (state.n_restarts - b).min(logs::CRASH_LOOP_COUNT as u64 * 4);
+            let ours = new.min(self.own_pending.len() as u64);
+            for _ in 0..ours {
+                self.own_pending.pop_front();
+            }
+            new -= ours;
             for _ in 0..new {
                 self.seen.push_back(now);
             }
@@ -164,13 +196,8 @@ impl MpsProbe {
             restarts_seen: 0,
             unrunnable: false,
             recovered: None,
-            unit: (cfg.manage == MpsManage::Systemd).then(|| UnitWatch {
-                systemctl: Systemctl::new("systemctl", &cfg.unit, cfg.probe_timeout),
-                last: None,
-                seen: Default::default(),
-                state: None,
-                warned: false,
-            }),
+            unit: (cfg.manage == MpsManage::Systemd)
+                .then(|| UnitWatch::new(Systemctl::new("systemctl", &cfg.unit, cfg.probe_timeout))),
             namer: TaskNamer::new(None),
             cfg,
         }
@@ -185,13 +212,8 @@ impl MpsProbe {
 
     /// Reads the unit with another `systemctl` (tests), or not at all (`None`).
     pub fn with_systemctl(mut self, systemctl: Option<&std::path::Path>) -> Self {
-        self.unit = systemctl.map(|p| UnitWatch {
-            systemctl: Systemctl::new(p, &self.cfg.unit, self.cfg.probe_timeout),
-            last: None,
-            seen: Default::default(),
-            state: None,
-            warned: false,
-        });
+        self.unit = systemctl
+            .map(|p| UnitWatch::new(Systemctl::new(p, &self.cfg.unit, self.cfg.probe_timeout)));
         self
     }
 
@@ -207,7 +229,7 @@ impl MpsProbe {
     /// One turn: the unit, the daemon probe, then the logs.
     pub async fn tick(&mut self) -> Vec<Observation> {
         let looped = match &mut self.unit {
-            Some(u) => u.look().await,
+            Some(u) => u.look(self.client.own_exits()).await,
             None => None,
         };
         let mut seen = self.probe().await;

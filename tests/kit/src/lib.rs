@@ -19,6 +19,8 @@
 //! - [`mps`]: NVIDIA's real MPS control daemon in a short pipe directory of our own;
 //! - [`journal`]: reading a state directory's journal the way tests look at it;
 //! - [`journald`]: systemd journal files written by `systemd-journal-remote` from given lines;
+//! - [`systemd`]: real systemd as PID 1 of a namespace over a Debian root, set up as the ECS
+//!   GPU AMI runs MPS (`scripts/systemd-e2e.sh`);
 //! - [`proc`]: `/proc` readings (CPU time, RSS, threads, descriptors, process state);
 //! - [`stats`]: a seeded PRNG, percentiles and the machine line of the reports.
 //!
@@ -42,6 +44,7 @@ pub mod mps;
 pub mod proc;
 pub mod proxy;
 pub mod stats;
+pub mod systemd;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -15,6 +15,31 @@ pub const MPS_BIN: &str = "/usr/bin/nvidia-cuda-mps-control";
 /// The command gpu-medic's probe sends.
 pub const MPS_PROBE: &str = "get_default_active_thread_percentage";
 
+/// The Volta fatal-fault block as NVIDIA documents it
+/// (docs/mps.md#fatal-fault-block-volta-and-later), on device 0, naming `clients`, each line
+/// with the daemon's prefix for server `server`. Only a GPU makes one; tests write it where
+/// the daemon's lines go (server.log for `-d`, the daemon's stdout for `-f`).
+pub fn fault_block(server: u32, clients: &[u32]) -> String {
+    let at = "[2026-11-30 06:00:00.004";
+    let mut lines = vec![
+        format!("{at} Server {server:>5}] Volta MPS: Server is handling a fatal GPU error."),
+        format!("{at} Server {server:>5}] Volta MPS: The following devices"),
+        format!("{at} Server {server:>5}] 0"),
+        format!(
+            "{at} Server {server:>5}] Volta MPS: The following clients have a sticky error set:"
+        ),
+    ];
+    lines.extend(
+        clients
+            .iter()
+            .map(|c| format!("{at} Server {server:>5}] {c}")),
+    );
+    lines.push(format!(
+        "{at} Server {server:>5}] Volta MPS: Destroy server context on device 0"
+    ));
+    lines.join("\n") + "\n"
+}
+
 /// A live MPS process whose environment names our pipe directory.
 #[derive(Debug, Clone)]
 pub struct MpsProc {
