@@ -140,6 +140,11 @@ pub fn fleet_warnings(cfg: &Config) -> Vec<String> {
 /// `systemctl` (`systemctl` here) reports the unit.
 pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
     let mut out = fleet_warnings(cfg);
+    if cfg.aws.enabled && crate::aws::ca_bundle().is_none() {
+        out.push(
+            "no CA certificates found (SSL_CERT_FILE, SSL_CERT_DIR, /etc/pki/tls/certs, /etc/ssl/certs): every HTTPS call to AWS will fail with a certificate error; install the distribution's ca-certificates package".to_string(),
+        );
+    }
     if !cfg.mps.enabled {
         return out;
     }

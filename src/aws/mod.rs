@@ -37,11 +37,62 @@ use crate::config::AwsConfig;
 
 /// The HTTPS client every AWS call uses: hyper with rustls on ring (no aws-lc, no OpenSSL).
 pub fn http_client() -> SharedHttpClient {
-    aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https()
+    let builder = aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(
+        tls::rustls_provider::CryptoMode::Ring,
+    ));
+    if ca_bundle().is_some() {
+        return builder.build_https();
+    }
+    // No CA certificates on the host: the SDK's client would assert on an empty native trust
+    // store (a panic in debug builds). An empty store instead makes every HTTPS call fail
+    // with a certificate error (typed, retried, reported), and the start warns
+    // ([`crate::preflight::warnings`]). Plain-HTTP endpoints (a local test double) still work.
+    match tls::TlsContext::builder()
+        .with_trust_store(tls::TrustStore::empty().with_native_roots(false))
+        .build()
+    {
+        Ok(ctx) => builder.tls_context(ctx).build_https(),
+        Err(_) => builder.build_https(),
+    }
+}
+
+/// Where the host keeps its CA certificates, if anywhere: `SSL_CERT_FILE` / `SSL_CERT_DIR`,
+/// else the bundle paths of the distributions gpu-medic runs on (Amazon Linux and RHEL,
+/// Debian and Ubuntu, SUSE, Alpine), else a non-empty `/etc/ssl/certs`. The SDK reads the
+/// same places (rustls-native-certs through openssl-probe).
+pub fn ca_bundle() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let non_empty_file =
+        |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0);
+    let non_empty_dir =
+        |p: &std::path::Path| std::fs::read_dir(p).is_ok_and(|mut d| d.next().is_some());
+    if let Some(f) = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from)
+        && non_empty_file(&f)
+    {
+        return Some(f);
+    }
+    if let Some(d) = std::env::var_os("SSL_CERT_DIR").map(PathBuf::from)
+        && non_empty_dir(&d)
+    {
+        return Some(d);
+    }
+    const BUNDLES: [&str; 6] = [
+        "/etc/pki/tls/certs/ca-bundle.crt",
+        "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/ssl/ca-bundle.pem",
+        "/etc/ssl/cert.pem",
+        "/etc/pki/tls/cacert.pem",
+    ];
+    if let Some(b) = BUNDLES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| non_empty_file(p))
+    {
+        return Some(b);
+    }
+    let dir = PathBuf::from("/etc/ssl/certs");
+    non_empty_dir(&dir).then_some(dir)
 }
 
 /// The SDK configuration loader: the standard environment and profile chain, plus what
