@@ -642,11 +642,12 @@ pub fn take_requests(state_dir: &Path) -> Vec<OperatorRequest> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::{IncidentEvent, IncidentId, IncidentState, Record, Timestamp};
 
-    fn rec(i: u64) -> Record {
+    /// A closed-incident record numbered `i` (also the export tail's tests' record).
+    pub(crate) fn rec(i: u64) -> Record {
         Record {
             at: Timestamp(1_700_000_000_000 + i),
             incident: IncidentId(i),

@@ -319,19 +319,8 @@ impl Tail {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::tests::rec;
     use crate::journal::{JsonlWriter, Rotation};
-    use crate::model::{IncidentEvent, IncidentId, IncidentState, Timestamp};
-
-    fn rec(i: u64) -> Record {
-        Record {
-            at: Timestamp(1_700_000_000_000 + i),
-            incident: IncidentId(i),
-            event: IncidentEvent::Closed {
-                state: IncidentState::Logged,
-                summary: format!("r{i}"),
-            },
-        }
-    }
 
     fn drain(tail: &mut Tail, cur: &mut Cursor, max: usize) -> (Vec<(u64, u64)>, Read) {
         let mut got = Vec::new();
