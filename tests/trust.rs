@@ -626,3 +626,33 @@ fn policy_simulate_on_a_far_future_tick_does_not_panic() {
         assert_eq!(out.status.code(), Some(0), "{err}");
     }
 }
+
+/// This round's keys: a slot table name DynamoDB would refuse, a reservation share of nothing,
+/// a zero GPU view interval and a zero reservation lifetime are mistakes, refused at start with
+/// file:line (exit 78), never a fault of the fleet or of a GPU.
+#[test]
+fn new_fleet_task_and_gpu_view_keys_are_validated_at_start() {
+    let base = "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n";
+    let node = Node::new(base);
+    let cfg = node.path("config.toml").display().to_string();
+    for (extra, key) in [
+        ("[fleet]\ntable = \"no spaces allowed!\"\n", "table"),
+        (
+            "[fleet]\nreservation_lifetime = \"0s\"\n",
+            "reservation_lifetime",
+        ),
+        ("[ecs]\ngpu_view_interval = \"0s\"\n", "gpu_view_interval"),
+    ] {
+        node.write_config(&format!("{base}{extra}"));
+        let (code, _, err) = node.text(&["check"]);
+        assert_eq!(code, 78, "{extra}: {err}");
+        assert!(err.contains(&format!("{cfg}:")), "{extra}: {err}");
+        assert!(err.contains(key), "{extra}: {err}");
+    }
+    let base_nvml = "[nvml]\nenabled = false\nreservation_alert = \"0%\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n";
+    node.write_config(base_nvml);
+    let (code, _, err) = node.text(&["check"]);
+    assert_eq!(code, 78, "{err}");
+    // Line 6: after the three lines Node writes first, `[nvml]` and `enabled`.
+    assert!(err.contains(&format!("{cfg}:6: bad share \"0%\"")), "{err}");
+}
