@@ -26,12 +26,12 @@
 
 use std::time::{Duration, Instant};
 
+use gpu_medic::accounting::history;
+use gpu_medic::accounting::reserve::{self, Crossings, Reservations};
+use gpu_medic::accounting::usage::{self, Accounting, Client, Snapshot, TaskNames};
 use gpu_medic::aws::taskdef::ContainerReservation;
 use gpu_medic::config::{AwsConfig, Share};
 use gpu_medic::model::GpuId;
-use gpu_medic::probe::nvml::history;
-use gpu_medic::probe::nvml::reserve::{self, Crossings, Reservations};
-use gpu_medic::probe::nvml::usage::{self, Accounting, Client, Snapshot, TaskNames};
 use gpu_medic_testkit::imds::{AgentTask, FakeAgent};
 use gpu_medic_testkit::proc::EcsTaskProcs;
 use gpu_medic_testkit::stats::machine;
@@ -192,7 +192,7 @@ fn main() {
                 run.hist.observe(&snap.tasks, 120);
             }
             if *variant == "after+emf" {
-                let lines = gpu_medic::emf::lines(&snap, 1_700_000_000_000);
+                let lines = gpu_medic::accounting::emf::lines(&snap, 1_700_000_000_000);
                 run.emf_bytes = lines.iter().map(|l| l.len() + 1).sum();
             }
             run.accounting.publish(snap);

@@ -14,10 +14,10 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::accounting::usage::Accounting;
 use crate::engine::{GpuStatus, State};
 use crate::model::{Action, ActionId, Command, IncidentEvent, Input, OutcomeStatus, Signal};
 use crate::policy::Policy;
-use crate::probe::nvml::usage::Accounting;
 
 type Labels = Vec<(String, String)>;
 
@@ -356,7 +356,7 @@ impl Metrics {
 
     /// Reservations and whether each task is over its alert share, for the tasks whose
     /// reservation is known; replaced at each scrape like the use.
-    fn refresh_reservations(&self, snap: &crate::probe::nvml::usage::Snapshot) {
+    fn refresh_reservations(&self, snap: &crate::accounting::usage::Snapshot) {
         self.task_gpu_memory_reserved.clear();
         self.task_gpu_memory_over_reservation.clear();
         for t in &snap.tasks {
@@ -618,8 +618,8 @@ mod tests {
     /// GPU's UUID updates the poller's series, not a second one.
     #[test]
     fn a_forgotten_gpu_goes_back_to_healthy_and_keeps_one_series() {
+        use crate::accounting::usage::Snapshot;
         use crate::engine::{GpuHealth, GpuStatus};
-        use crate::probe::nvml::usage::Snapshot;
         let policy = shipped_policy();
         let accounting = Accounting::new();
         let mut snap = Snapshot::default();
@@ -656,7 +656,7 @@ mod tests {
 
     #[test]
     fn routine_readings_are_not_signals_and_task_series_follow_the_poller() {
-        use crate::probe::nvml::usage::{Snapshot, TaskUsage};
+        use crate::accounting::usage::{Snapshot, TaskUsage};
         let policy = shipped_policy();
         let accounting = Accounting::new();
         let m = Metrics::new().with_accounting(accounting.clone());

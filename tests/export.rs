@@ -137,13 +137,15 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
 
     // The fleet view shows each record once.
     let logs = gpu_medic::aws::logs::Logs::new(aws_sdk_cloudwatchlogs::Client::new(&sdk));
-    let q = gpu_medic::export::fleet::FleetQuery {
+    let q = gpu_medic::export::fleet_incidents::FleetQuery {
         log_group: group.clone(),
         instance: Some("i-outage".into()),
         incident: Some(20),
         since_ms: None,
     };
-    let view = gpu_medic::export::fleet::read(&logs, &q).await.unwrap();
+    let view = gpu_medic::export::fleet_incidents::read(&logs, &q)
+        .await
+        .unwrap();
     assert_eq!(view.incidents.len(), 1);
     let inc = &view.incidents[0].incident;
     assert_eq!(inc.records.len(), 2, "{inc:#?}");

@@ -1,6 +1,6 @@
 //! The layout's rules, checked on the source tree (README "How it works"):
 //! - senses (`src/probe`) and hands (`src/remedy`) never import each other;
-//! - the adapters (`src/aws`, `src/mps`) import no probe, remedy, engine, supervisor, gate or
+//! - the adapters (`src/aws`, `src/mps`) import no probe, remedy, engine, supervisor, launch or
 //!   CLI: both sides build on them, not the other way round;
 //! - the engine imports nothing that does I/O;
 //! - no process-wide static holds state (an effect travels Observation -> engine -> Order ->
@@ -62,8 +62,8 @@ fn check(dir: &str, forbidden: &[&str]) -> Vec<String> {
 #[test]
 fn probes_and_remedies_never_import_each_other() {
     let bad = [
-        check("src/probe", &["remedy", "gate"]),
-        check("src/remedy", &["probe", "gate"]),
+        check("src/probe", &["remedy", "launch"]),
+        check("src/remedy", &["probe", "launch"]),
     ]
     .concat();
     assert!(
@@ -81,7 +81,7 @@ fn adapters_import_no_probe_remedy_engine_or_cli() {
         "engine",
         "cli",
         "supervisor",
-        "gate",
+        "launch",
         "journal",
     ];
     let bad = [check("src/aws", &forbidden), check("src/mps", &forbidden)].concat();
@@ -101,7 +101,7 @@ fn the_engine_imports_nothing_that_does_io() {
         "mps",
         "cli",
         "supervisor",
-        "gate",
+        "launch",
         "journal",
         "metrics",
     ];

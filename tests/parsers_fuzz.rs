@@ -84,7 +84,7 @@ proptest! {
     #[test]
     fn kmsg_lines(bytes in prop_oneof![texty(), mutated(KMSG)]) {
         let line = String::from_utf8_lossy(&bytes);
-        if let Some(x) = gpu_medic::probe::nvml::kmsg::parse_line(&line) {
+        if let Some(x) = gpu_medic::probe::kmsg::parse_line(&line) {
             prop_assert!(x.text.len() <= line.len());
             prop_assert!(x.pci.len() <= line.len());
         }

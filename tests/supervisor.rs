@@ -29,8 +29,10 @@ use gpu_medic::model::{
     Command, Observation, OperatorRequest, Order, Outcome, OutcomeStatus, Signal,
 };
 use gpu_medic::policy::Policy;
+use gpu_medic::probe::Source;
+use gpu_medic::remedy::Executor;
 use gpu_medic::remedy::{BoxFuture, Done, MpsRemedy, Remedies, RemedyError};
-use gpu_medic::supervisor::{Executor, SHUTDOWN_GRACE, Source, Supervisor, SupervisorError};
+use gpu_medic::supervisor::{SHUTDOWN_GRACE, Supervisor, SupervisorError};
 use gpu_medic_testkit::default_policy;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};

@@ -16,8 +16,8 @@
 
 use std::path::PathBuf;
 
-use gpu_medic::catalog::{self, CatalogXid, DecodeRow, Mask};
 use gpu_medic::model::{Signal, Verdict, XidDecode};
+use gpu_medic::policy::xid_catalog::{self, CatalogXid, DecodeRow, Mask};
 use gpu_medic::policy::{Policy, Rule};
 
 fn repo() -> PathBuf {
@@ -26,12 +26,12 @@ fn repo() -> PathBuf {
 
 fn catalog_xids() -> Vec<CatalogXid> {
     let text = std::fs::read_to_string(repo().join("docs/xid-catalog.csv")).unwrap();
-    catalog::parse_catalog(&text).unwrap()
+    xid_catalog::parse_catalog(&text).unwrap()
 }
 
 fn decode_rows() -> Vec<DecodeRow> {
     let text = std::fs::read_to_string(repo().join("docs/xid-nvlink5-decode.csv")).unwrap();
-    catalog::parse_decode(&text).unwrap()
+    xid_catalog::parse_decode(&text).unwrap()
 }
 
 fn default_policy() -> Policy {
@@ -192,7 +192,7 @@ fn every_catalog_xid_has_a_rule_of_its_own_matching_nvidias_class() {
     let mut used = std::collections::BTreeSet::new();
     for x in &xids {
         let decodes: Vec<Option<XidDecode>> =
-            if catalog::NVLINK5.contains(&x.code) || x.code == catalog::CHECK_UVM_XID {
+            if xid_catalog::NVLINK5.contains(&x.code) || x.code == xid_catalog::CHECK_UVM_XID {
                 XidDecode::ALL.into_iter().map(Some).collect()
             } else {
                 vec![None]
@@ -225,7 +225,7 @@ fn every_catalog_xid_has_a_rule_of_its_own_matching_nvidias_class() {
                 ("WORKFLOW_NVLINK5_ERR", Some(d)) | ("CHECK_UVM", Some(d)) => match d {
                     XidDecode::ResetGpu => "RESET_GPU",
                     XidDecode::Ignore => "IGNORE",
-                    XidDecode::Xid154Eval if x.code == catalog::CHECK_UVM_XID => continue,
+                    XidDecode::Xid154Eval if x.code == xid_catalog::CHECK_UVM_XID => continue,
                     XidDecode::Xid154Eval => "XID_154_EVAL",
                     XidDecode::Undecoded => unreachable!("an exception"),
                 },
@@ -322,8 +322,8 @@ fn every_row_of_the_nvlink5_decode_sheet_decodes_to_its_class() {
                 } else {
                     &r.immediate
                 };
-                let got = catalog::decode_nvlink5(r.xid, Some(&text));
-                let want_class = catalog::decode_class(want).unwrap();
+                let got = xid_catalog::decode_nvlink5(r.xid, Some(&text));
+                let want_class = xid_catalog::decode_class(want).unwrap();
                 if got.class != want_class {
                     failures.push(format!(
                         "{} {version} {text:?}: decoded {:?}, the sheet says {want} ({})",
@@ -343,8 +343,8 @@ fn every_row_of_the_nvlink5_decode_sheet_decodes_to_its_class() {
                     name.split_whitespace().next().unwrap(),
                     statuses[0]
                 );
-                let got = catalog::decode_nvlink5(r.xid, Some(&text));
-                if Some(got.class) != catalog::decode_class(action2) {
+                let got = xid_catalog::decode_nvlink5(r.xid, Some(&text));
+                if Some(got.class) != xid_catalog::decode_class(action2) {
                     failures.push(format!(
                         "{} {version} promoted {text:?}: decoded {:?}, the sheet says {action2}",
                         r.xid, got.class
@@ -359,6 +359,6 @@ fn every_row_of_the_nvlink5_decode_sheet_decodes_to_its_class() {
 /// The binary's compiled-in catalog is the file in docs/ (a stale build cannot pass).
 #[test]
 fn the_compiled_in_catalog_is_the_file_in_docs() {
-    assert_eq!(catalog::xids(), catalog_xids().as_slice());
-    assert_eq!(catalog::decode_rows(), decode_rows().as_slice());
+    assert_eq!(xid_catalog::xids(), catalog_xids().as_slice());
+    assert_eq!(xid_catalog::decode_rows(), decode_rows().as_slice());
 }

@@ -260,6 +260,50 @@ impl AgentTask {
     }
 }
 
+// How the ECS agent names the cgroups of its tasks' processes.
+
+/// The ECS task id in a cgroup file's text, if the process runs in an ECS task.
+pub fn task_id_from_cgroup(text: &str) -> Option<String> {
+    task_and_container_from_cgroup(text).map(|(task, _)| task)
+}
+
+/// The ECS task id and, where the path names it, the container (Docker) id in a cgroup
+/// file's text: `ecstasks-<task>.slice/docker-<container>.scope` (v2) or
+/// `/ecs/<task>/<container>` (v1).
+pub fn task_and_container_from_cgroup(text: &str) -> Option<(String, Option<String>)> {
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        let mut parts = path.split('/');
+        while let Some(part) = parts.next() {
+            if let Some(rest) = part.strip_prefix("ecstasks-")
+                && let Some(id) = rest.strip_suffix(".slice")
+                && is_task_id(id)
+            {
+                let container = parts
+                    .next()
+                    .and_then(|c| c.strip_prefix("docker-"))
+                    .and_then(|c| c.strip_suffix(".scope"))
+                    .filter(|c| is_task_id(c))
+                    .map(str::to_string);
+                return Some((id.to_string(), container));
+            }
+        }
+        let mut parts = path.split('/').skip_while(|p| *p != "ecs");
+        if parts.next().is_some()
+            && let Some(id) = parts.next()
+            && is_task_id(id)
+        {
+            let container = parts.next().filter(|c| is_task_id(c)).map(str::to_string);
+            return Some((id.to_string(), container));
+        }
+    }
+    None
+}
+
+fn is_task_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

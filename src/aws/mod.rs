@@ -46,7 +46,7 @@ pub fn http_client() -> SharedHttpClient {
     // No CA certificates on the host: the SDK's client would assert on an empty native trust
     // store (a panic in debug builds). An empty store instead makes every HTTPS call fail
     // with a certificate error (typed, retried, reported), and the start warns
-    // ([`crate::preflight::warnings`]). Plain-HTTP endpoints (a local test double) still work.
+    // ([`crate::launch::preflight::warnings`]). Plain-HTTP endpoints (a local test double) still work.
     match tls::TlsContext::builder()
         .with_trust_store(tls::TrustStore::empty().with_native_roots(false))
         .build()

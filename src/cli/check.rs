@@ -225,9 +225,13 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
 
 pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     let (cfg, text) = crate::config::Config::load_with_text(&a.config.config)?;
-    let mistake =
-        crate::preflight::check(&cfg, &a.config.config, &text, crate::preflight::Mode::Check);
-    for w in crate::preflight::warnings(&cfg, std::path::Path::new("systemctl")) {
+    let mistake = crate::launch::preflight::check(
+        &cfg,
+        &a.config.config,
+        &text,
+        crate::launch::preflight::Mode::Check,
+    );
+    for w in crate::launch::preflight::warnings(&cfg, std::path::Path::new("systemctl")) {
         eprintln!("warning: {w}");
     }
     let policy = resolve_policy(Some(&cfg.policy), None)?;
@@ -338,7 +342,10 @@ pub fn gpu_line(g: &crate::probe::ecs_gpus::GpuLine) -> String {
 /// Hands the gate's verdict to the daemon for the incident journal (through
 /// `state_dir/requests/`: only the daemon numbers incidents). A daemon that is not running yet
 /// journals it when it starts.
-fn journal_gate(cfg: &crate::config::Config, report: &crate::gate::LaunchReport<CheckReport>) {
+fn journal_gate(
+    cfg: &crate::config::Config,
+    report: &crate::launch::gate::LaunchReport<CheckReport>,
+) {
     let health = format!("{:?}", report.health).to_lowercase();
     let mut summary = format!(
         "launch gate: {health}; decision {:?}; hook {} {}",
@@ -381,9 +388,9 @@ fn launch_gate(
     cfg: crate::config::Config,
     policy: Policy,
     json: bool,
-    mistake: Option<crate::error::FileError>,
+    mistake: Option<crate::sys::error::FileError>,
 ) -> Result<i32, CliError> {
-    use crate::gate;
+    use crate::launch::gate;
     if !cfg.aws.enabled {
         return Err(CliError::Usage(
             "check --lifecycle completes an Auto Scaling lifecycle hook: it needs [aws] enabled = true"

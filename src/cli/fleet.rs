@@ -1,11 +1,11 @@
 //! `incidents list|show --fleet`: the incidents of every instance of a cluster, read from
-//! CloudWatch Logs ([`crate::export::fleet`]), printed like the local commands.
+//! CloudWatch Logs ([`crate::export::fleet_incidents`]), printed like the local commands.
 
 use serde::Serialize;
 
 use super::{CliError, ConfigArg};
 use crate::aws::logs::Logs;
-use crate::export::fleet::{FleetQuery, FleetView};
+use crate::export::fleet_incidents::{FleetQuery, FleetView};
 use crate::model::{Incident, Timestamp};
 
 /// `show --fleet --json`: the incident and its instance.
@@ -51,16 +51,18 @@ pub fn read(
             incident: only.map(|(_, n)| n),
             since_ms: since.map(|t| t.0),
         };
-        let view = crate::export::fleet::read(&logs, &q).await.map_err(|e| {
-            if e.code.as_deref() == Some("ResourceNotFoundException") {
-                CliError::NotFound(format!(
-                    "log group {} not found: is [export] on in cluster {cluster}? ({e})",
-                    q.log_group
-                ))
-            } else {
-                CliError::Runtime(format!("CloudWatch Logs ({}): {e}", q.log_group))
-            }
-        })?;
+        let view = crate::export::fleet_incidents::read(&logs, &q)
+            .await
+            .map_err(|e| {
+                if e.code.as_deref() == Some("ResourceNotFoundException") {
+                    CliError::NotFound(format!(
+                        "log group {} not found: is [export] on in cluster {cluster}? ({e})",
+                        q.log_group
+                    ))
+                } else {
+                    CliError::Runtime(format!("CloudWatch Logs ({}): {e}", q.log_group))
+                }
+            })?;
         if view.scan.truncated {
             eprintln!(
                 "warning: read the first {} events of {} only; narrow with --since",

@@ -40,8 +40,8 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
-use crate::error::FileError;
 use crate::policy::Policy;
+use crate::sys::error::FileError;
 
 /// Exit codes, documented in README.md.
 pub mod exit {
@@ -138,10 +138,10 @@ impl ConfigArg {
         Config::load(&self.config)
     }
 
-    /// Loads the config and checks it against this machine ([`crate::preflight`]).
-    pub fn load_for(&self, mode: crate::preflight::Mode) -> Result<Config, FileError> {
+    /// Loads the config and checks it against this machine ([`crate::launch::preflight`]).
+    pub fn load_for(&self, mode: crate::launch::preflight::Mode) -> Result<Config, FileError> {
         let (cfg, text) = Config::load_with_text(&self.config)?;
-        crate::preflight::check(&cfg, &self.config, &text, mode)?;
+        crate::launch::preflight::check(&cfg, &self.config, &text, mode)?;
         Ok(cfg)
     }
 }
@@ -175,7 +175,7 @@ pub enum CliError {
     #[error(transparent)]
     Config(#[from] FileError),
     #[error(transparent)]
-    Journal(#[from] crate::error::JournalError),
+    Journal(#[from] crate::sys::error::JournalError),
     #[error(transparent)]
     Supervisor(#[from] crate::supervisor::SupervisorError),
     #[error("{0}")]

@@ -318,7 +318,7 @@ fn simulate(p: &Policy, inputs: PathBuf, json: bool) -> Result<i32, CliError> {
     let mut state = State::default();
     crate::journal::stream_jsonl::<StampedInput>(
         std::slice::from_ref(&inputs),
-        Some(crate::limits::MAX_SIMULATE_BYTES),
+        Some(crate::sys::limits::MAX_SIMULATE_BYTES),
         |e| {
             match e {
                 crate::journal::Entry::Item(s) => {

@@ -71,7 +71,7 @@ pub fn init_logging_quiet() {
 }
 
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
-    let cfg = a.config.load_for(crate::preflight::Mode::Run)?;
+    let cfg = a.config.load_for(crate::launch::preflight::Mode::Run)?;
     // A kernel log that cannot be followed (a FIFO, a directory) is a mistake: refused here.
     if cfg.nvml.enabled
         && let Some(kmsg) = cfg
@@ -80,13 +80,13 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
             .as_deref()
             .filter(|p| !p.as_os_str().is_empty())
     {
-        crate::probe::nvml::kmsg::check_path(kmsg).map_err(|m| {
-            CliError::Config(crate::error::FileError::new(&a.config.config, None, m))
+        crate::probe::kmsg::check_path(kmsg).map_err(|m| {
+            CliError::Config(crate::sys::error::FileError::new(&a.config.config, None, m))
         })?;
     }
     let policy = Policy::load(&cfg.policy)?;
     init_logging(&a.log_format);
-    for w in crate::preflight::warnings(&cfg, Path::new("systemctl")) {
+    for w in crate::launch::preflight::warnings(&cfg, Path::new("systemctl")) {
         tracing::warn!("{w}");
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -122,7 +122,7 @@ async fn serve(
     // lock); the lifecycle watcher writes what the control plane's drain reads.
     let mps_client = ControlClient::new(&cfg.mps);
     let target_state = TargetState::new();
-    let accounting = crate::probe::nvml::usage::Accounting::new();
+    let accounting = crate::accounting::usage::Accounting::new();
     // Notified by the supervisor at every GPU signal: ECS's view of the GPUs is read again.
     let gpu_signal = Arc::new(tokio::sync::Notify::new());
     let sources = crate::probe::sources_with_gpu_view(
@@ -273,9 +273,9 @@ fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<()
                 _ = hup.recv() => {
                     let config = config.clone();
                     let checked = tokio::task::spawn_blocking(move || {
-                        let cfg = config.load_for(crate::preflight::Mode::Run)?;
+                        let cfg = config.load_for(crate::launch::preflight::Mode::Run)?;
                         let policy = Policy::load(&cfg.policy)?;
-                        Ok::<_, crate::error::FileError>((cfg, policy))
+                        Ok::<_, crate::sys::error::FileError>((cfg, policy))
                     })
                     .await;
                     match checked {

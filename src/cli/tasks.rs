@@ -1,6 +1,6 @@
 //! `gpu-medic tasks`: how much GPU memory each task definition really needs. From the
 //! history the daemon keeps in `state_dir` (per minute, the peak of each task definition
-//! revision's containers and of the task as a whole; `crate::probe::nvml::history`), per
+//! revision's containers and of the task as a whole; `crate::accounting::history`), per
 //! family, revision and container: the minutes observed, the peak, the 99th percentile of the
 //! per-minute peaks, the reservation (`sharingStrategy.nvidiaMps.memory`) and a suggested
 //! `memory`: the peak plus `MARGIN_PERCENT`, rounded up to `ROUND_MIB` (README: "Sizing GPU
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json};
-use crate::probe::nvml::history::{self, Row};
+use crate::accounting::history::{self, Row};
 
 /// The safety margin over the observed peak, in percent.
 pub const MARGIN_PERCENT: u64 = 20;

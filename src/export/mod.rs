@@ -21,7 +21,7 @@
 //! The AWS calls are adapters ([`crate::aws::logs`], [`crate::aws::events`]); this module
 //! reads the journal's records and decides nothing about incidents.
 
-pub mod fleet;
+pub mod fleet_incidents;
 pub mod tail;
 
 use std::path::PathBuf;

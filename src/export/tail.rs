@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::JournalError;
 use crate::journal::{CappedLine, journal_files, read_capped_line};
 use crate::model::Record;
+use crate::sys::error::JournalError;
 
 /// Where a reader of the journal stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,9 +268,13 @@ impl Tail {
                 .map_err(|e| JournalError::io(&path, e))?;
             let mut r = BufReader::new(file);
             loop {
-                let line =
-                    read_capped_line(&mut r, &mut buf, crate::limits::MAX_JOURNAL_LINE, u64::MAX)
-                        .map_err(|e| JournalError::io(&path, e))?;
+                let line = read_capped_line(
+                    &mut r,
+                    &mut buf,
+                    crate::sys::limits::MAX_JOURNAL_LINE,
+                    u64::MAX,
+                )
+                .map_err(|e| JournalError::io(&path, e))?;
                 let Some(line) = line else { break };
                 let (record, used) = match line {
                     CappedLine::Text { complete, .. } if !complete && last => {

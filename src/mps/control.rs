@@ -182,7 +182,7 @@ impl ControlClient {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // Own process group, killed with gpu-medic, whole group SIGKILLed on a timeout.
-        crate::child::contain(&mut cmd);
+        crate::sys::child::contain(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ControlError::Spawn {
             binary: self.binary.display().to_string(),
             message: e.to_string(),
@@ -192,7 +192,7 @@ impl ControlClient {
             ),
         })?;
         // Kills the client's whole group if this future is dropped or times out.
-        let mut group = crate::child::GroupKill::new(child.id());
+        let mut group = crate::sys::child::GroupKill::new(child.id());
         let mut input = commands.join("\n");
         input.push('\n');
         let stdin = child.stdin.take();

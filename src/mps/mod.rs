@@ -6,7 +6,7 @@
 //! daemon's behaviour as measured: docs/mps.md and tests/support/MPS-FACTS.md.
 
 pub mod control;
-pub mod journal;
+pub mod journalctl;
 pub mod procs;
 pub mod systemd;
 

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::child::{self, AfterExit, RunError};
+use crate::sys::child::{self, AfterExit, RunError};
 
 /// What `systemctl show` says about a unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -162,7 +162,7 @@ impl Systemctl {
     }
 
     /// Runs `systemctl <args...>` (the unit appended by the caller) and returns stdout. The
-    /// call is contained like every child (`crate::child`): on a timeout its whole process
+    /// call is contained like every child (`crate::sys::child`): on a timeout its whole process
     /// group is killed, so a hung systemctl leaves nothing behind.
     pub async fn call(&self, args: &[&str]) -> Result<String, SystemctlError> {
         let mut cmd = tokio::process::Command::new(&self.binary);

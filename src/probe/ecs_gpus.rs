@@ -38,7 +38,7 @@ use crate::aws::ecs::{Ecs, GpuDevice, InstanceState};
 use crate::aws::{identity, imds, instance_types};
 use crate::config::Config;
 use crate::model::{Observation, Signal, Timestamp};
-use crate::supervisor::Source;
+use crate::probe::Source;
 
 /// The self-fault component of a view that cannot be read.
 pub const COMPONENT: &str = "ecs-gpu-view";
@@ -132,9 +132,12 @@ pub struct Comparison {
 impl Comparison {
     /// Reads the kept comparison (None: none yet, or unreadable).
     pub fn load(state_dir: &Path) -> Option<Comparison> {
-        let text =
-            crate::limits::read_text(&comparison_path(state_dir), 1024 * 1024, "the ECS GPU view")
-                .ok()?;
+        let text = crate::sys::limits::read_text(
+            &comparison_path(state_dir),
+            1024 * 1024,
+            "the ECS GPU view",
+        )
+        .ok()?;
         serde_json::from_str(&text).ok()
     }
 

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::aws::imds::{TARGET_STATE_PATH, TargetState, get, imds_client};
 use crate::model::{LifecycleState, Observation, Signal};
-use crate::supervisor::Source;
+use crate::probe::Source;
 
 /// Backoff after IMDS errors never exceeds this.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);

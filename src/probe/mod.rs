@@ -10,6 +10,7 @@
 //! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's.
 
 pub mod ecs_gpus;
+pub mod kmsg;
 pub mod lifecycle;
 pub mod mps;
 pub mod node;
@@ -17,10 +18,25 @@ pub mod nvml;
 pub mod tasks;
 
 use crate::aws::imds::TargetState;
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
 use crate::config::Config;
 use crate::model::{GpuId, Observation};
 use crate::mps::control::ControlClient;
-use crate::supervisor::Source;
+
+/// A sense: turns the world into observations until shutdown.
+pub trait Source: Send + 'static {
+    fn name(&self) -> &'static str;
+    fn run(
+        self: Box<Self>,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
 
 /// A probe that can also answer once, for `gpu-medic check` and the launch gate.
 pub trait Snapshot {
@@ -83,7 +99,7 @@ pub fn sources(
     cfg: &Config,
     mps: &ControlClient,
     seen: &TargetState,
-    accounting: Option<&nvml::usage::Accounting>,
+    accounting: Option<&crate::accounting::usage::Accounting>,
 ) -> Vec<Box<dyn Source>> {
     sources_with_gpu_view(cfg, mps, seen, accounting, None)
 }
@@ -100,7 +116,7 @@ pub fn sources_with_gpu_view(
     cfg: &Config,
     mps: &ControlClient,
     seen: &TargetState,
-    accounting: Option<&nvml::usage::Accounting>,
+    accounting: Option<&crate::accounting::usage::Accounting>,
     wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 ) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();

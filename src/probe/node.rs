@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{Observation, Signal};
-use crate::supervisor::Source;
+use crate::probe::Source;
 
 pub struct NodeSource {
     /// The ECS agent's introspection API; `None`: not checked (no AWS on this node).

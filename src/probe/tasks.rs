@@ -10,50 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::aws::agent::{Agent, AgentTask};
+use crate::aws::agent::{Agent, AgentTask, task_id_from_cgroup};
 use crate::model::{Observation, Signal};
-
-/// The ECS task id in a cgroup file's text, if the process runs in an ECS task.
-pub fn task_id_from_cgroup(text: &str) -> Option<String> {
-    task_and_container_from_cgroup(text).map(|(task, _)| task)
-}
-
-/// The ECS task id and, where the path names it, the container (Docker) id in a cgroup
-/// file's text: `ecstasks-<task>.slice/docker-<container>.scope` (v2) or
-/// `/ecs/<task>/<container>` (v1).
-pub fn task_and_container_from_cgroup(text: &str) -> Option<(String, Option<String>)> {
-    for line in text.lines() {
-        let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        let mut parts = path.split('/');
-        while let Some(part) = parts.next() {
-            if let Some(rest) = part.strip_prefix("ecstasks-")
-                && let Some(id) = rest.strip_suffix(".slice")
-                && is_task_id(id)
-            {
-                let container = parts
-                    .next()
-                    .and_then(|c| c.strip_prefix("docker-"))
-                    .and_then(|c| c.strip_suffix(".scope"))
-                    .filter(|c| is_task_id(c))
-                    .map(str::to_string);
-                return Some((id.to_string(), container));
-            }
-        }
-        let mut parts = path.split('/').skip_while(|p| *p != "ecs");
-        if parts.next().is_some()
-            && let Some(id) = parts.next()
-            && is_task_id(id)
-        {
-            let container = parts.next().filter(|c| is_task_id(c)).map(str::to_string);
-            return Some((id.to_string(), container));
-        }
-    }
-    None
-}
-
-fn is_task_id(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
-}
 
 /// The ECS task ids of `pids`, in order, without duplicates; processes outside ECS tasks or
 /// already gone are left out.
@@ -113,9 +71,9 @@ pub struct Placement {
 /// container at all).
 pub fn placement_of(proc_root: &Path, pid: u32) -> Result<Placement, String> {
     let path = proc_root.join(pid.to_string()).join("cgroup");
-    let text = match crate::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file") {
+    let text = match crate::sys::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file") {
         Ok(t) => t,
-        Err(crate::limits::ReadError::Io { source, .. })
+        Err(crate::sys::limits::ReadError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
             return Err("exited before it could be looked up".into());
@@ -364,6 +322,7 @@ mod tests {
 
     #[test]
     fn the_container_id_comes_with_the_task_in_both_layouts() {
+        use crate::aws::agent::task_and_container_from_cgroup;
         let v2 = "0::/ecstasks.slice/ecstasks-aa11.slice/docker-0123abcd.scope\n";
         assert_eq!(
             task_and_container_from_cgroup(v2),

@@ -16,9 +16,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::model::{Command, LifecycleHook, LifecycleResult, Order, Outcome, OutcomeStatus};
-use crate::supervisor::Executor;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The hands: carries out one order and reports how it ended. Must be idempotent: an order
+/// in flight when the supervisor stopped is handed over again on the next start.
+pub trait Executor: Send + Sync + 'static {
+    fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
+    /// Which kinds of order it can carry out; the engine records the others as what would
+    /// have been done instead of issuing them.
+    fn capabilities(&self) -> crate::model::Capabilities {
+        crate::model::Capabilities::default()
+    }
+}
 
 /// What a remedy did, for the journal.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -33,13 +33,13 @@ use std::time::{Duration, Instant};
 use backon::{ExponentialBuilder, Retryable};
 
 use super::{BoxFuture, Done, MpsRemedy, RemedyError};
-use crate::child::{self, AfterExit, RunError};
 use crate::config::{MpsConfig, MpsManage};
 use crate::model::{Order, Timestamp};
 use crate::mps::control::{ControlClient, ControlError, ControlGuard, clip};
 use crate::mps::procs::{self, Found, MpsProcess, Scanner};
 use crate::mps::systemd::{Systemctl, UnitState};
 use crate::mps::{PROBE_COMMAND, SERVER_LIST_COMMAND, parse_percentage, parse_reply};
+use crate::sys::child::{self, AfterExit, RunError};
 
 /// Attempts per order; the engine's budget decides about more.
 const ATTEMPTS: usize = 2;

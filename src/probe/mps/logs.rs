@@ -455,7 +455,7 @@ impl Tail {
                 path = %self.path.display(),
                 skipped_bytes = to - offset,
                 "MPS log backlog too large; skipped to the last {} of the file",
-                crate::limits::human_bytes(BACKLOG_KEEP)
+                crate::sys::limits::human_bytes(BACKLOG_KEEP)
             );
             offset = to;
             self.partial.clear();
@@ -540,8 +540,8 @@ impl LogWatch {
         }
         if cfg.reads_journal() {
             w.journal = Some(super::journald::JournalFollow::new(
-                crate::mps::journal::Spec {
-                    journalctl: crate::mps::journal::default_journalctl().to_path_buf(),
+                crate::mps::journalctl::Spec {
+                    journalctl: crate::mps::journalctl::default_journalctl().to_path_buf(),
                     unit: cfg.unit.clone(),
                     directory: cfg.journal_directory.clone(),
                 },
@@ -553,7 +553,7 @@ impl LogWatch {
     /// Uses another `journalctl` (tests: a missing one).
     pub fn with_journalctl(mut self, journalctl: &Path) -> Self {
         if let Some(j) = self.journal.take() {
-            let spec = crate::mps::journal::Spec {
+            let spec = crate::mps::journalctl::Spec {
                 journalctl: journalctl.to_path_buf(),
                 ..j.spec().clone()
             };

@@ -54,7 +54,7 @@ use crate::mps::control::{ControlClient, ControlError};
 use crate::mps::procs::Scanner;
 use crate::mps::systemd::{Systemctl, UnitState};
 use crate::mps::{Answer, PROBE_COMMAND, SERVER_LIST_COMMAND, parse_reply};
-use crate::supervisor::Source;
+use crate::probe::Source;
 
 /// The probe's state between turns: the client, consecutive failures, the log tails.
 pub struct MpsProbe {

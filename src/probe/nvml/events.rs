@@ -19,10 +19,10 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 
-use super::kmsg;
 use super::poll::{SharedState, lock};
 use super::raw::{self, EVENT_DOUBLE_BIT_ECC, EVENT_RECOVERY_ACTION, EVENT_XID, EventSet, Wait};
 use crate::model::{Observation, RecoveryAction, Signal};
+use crate::probe::kmsg;
 
 /// How long one wait blocks before checking for shutdown.
 pub const WAIT_MS: u32 = 1000;

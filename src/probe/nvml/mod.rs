@@ -4,17 +4,13 @@
 //! the one hardware case: a `driver-not-loaded` observation, retried every poll and judged by
 //! the policy with its confirmation window. A library that cannot be loaded at all is a
 //! mistake, not a fault of the GPUs: `run` and `check` refuse to start with it (exit 78, see
-//! `crate::preflight`), and if it stops loading later (a driver upgrade removed it) it is a
+//! `crate::launch::preflight`), and if it stops loading later (a driver upgrade removed it) it is a
 //! `self-fault` of gpu-medic, never a reason to drain. A missing symbol or NOT_SUPPORTED
 //! counter is a one-time warning, an unexpected counter error a reported problem.
 
 mod events;
-pub mod history;
-pub mod kmsg;
-mod poll;
+pub(crate) mod poll;
 mod raw;
-pub mod reserve;
-pub mod usage;
 pub mod view;
 
 use std::ffi::OsStr;
@@ -33,9 +29,10 @@ use tokio_util::sync::CancellationToken;
 pub use poll::{FIELD_RECOVERY_ACTION, PollReport, Poller, Shared, SharedState};
 
 use super::{ProbeError, Snapshot, SnapshotReport};
+use crate::accounting::{history, reserve, usage};
 use crate::config::NvmlConfig;
 use crate::model::{Observation, Signal};
-use crate::supervisor::Source;
+use crate::probe::{Source, kmsg};
 
 /// Why NVML could not be opened.
 pub enum OpenError {
@@ -189,7 +186,7 @@ impl NvmlSource {
         let mut names = usage::TaskNames::default();
         let mut crossings = reserve::Crossings::default();
         let mut history = history::Writer::open(&self.state_dir);
-        let mut emf = crate::emf::Writer::default();
+        let mut emf = crate::accounting::emf::Writer::default();
         'open: loop {
             let library = self.cfg.library.clone();
             let opened = tokio::task::spawn_blocking(move || open(&library)).await;
@@ -302,7 +299,7 @@ impl NvmlSource {
                         let now = crate::model::Timestamp::now();
                         history.observe(&snap.tasks, now.0 / 1000);
                         if self.emf {
-                            emf.write(&crate::emf::lines(&snap, now.0));
+                            emf.write(&crate::accounting::emf::lines(&snap, now.0));
                         }
                         if let Some(a) = &self.accounting {
                             a.publish(snap);

@@ -147,7 +147,7 @@ pub struct PollReport {
     pub problems: Vec<String>,
     pub gpus: Vec<GpuId>,
     /// GPU memory per task and container on each GPU that answered.
-    pub usage: super::usage::Snapshot,
+    pub usage: crate::accounting::usage::Snapshot,
     /// Every GPU of this poll, lost ones included, with its memory (for the ECS cross-check).
     pub view: view::ViewSnapshot,
 }

@@ -15,7 +15,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::probe::nvml::usage::Snapshot;
+use crate::accounting::usage::Snapshot;
 
 /// The CloudWatch namespace of the metrics.
 pub const NAMESPACE: &str = "GpuMedic";
@@ -209,9 +209,9 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::accounting::reserve::{ContainerMemory, TaskMemory};
+    use crate::accounting::usage::{Names, TaskUsage};
     use crate::model::GpuId;
-    use crate::probe::nvml::reserve::{ContainerMemory, TaskMemory};
-    use crate::probe::nvml::usage::{Names, TaskUsage};
     use serde_json::{Value, json};
 
     /// Checks a line against the EMF specification's rules: a JSON object; `_aws` with a

@@ -58,7 +58,7 @@ pub fn sum(proc_root: &Path, clients: &[Client]) -> Vec<TaskUsage> {
         else {
             continue;
         };
-        let Some((task, container)) = crate::probe::tasks::task_and_container_from_cgroup(&text)
+        let Some((task, container)) = crate::aws::agent::task_and_container_from_cgroup(&text)
         else {
             continue;
         };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::error::FileError;
+use crate::sys::error::FileError;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-medic/config.toml";
 
@@ -979,8 +979,9 @@ impl Config {
 
     /// [`load`](Self::load), also returning the file's text (for `file:line` in later checks).
     pub fn load_with_text(path: &Path) -> Result<(Config, String), FileError> {
-        let text = crate::limits::read_text(path, crate::limits::MAX_CONFIG_BYTES, "config")
-            .map_err(|e| FileError::new(path, None, e.to_string()))?;
+        let text =
+            crate::sys::limits::read_text(path, crate::sys::limits::MAX_CONFIG_BYTES, "config")
+                .map_err(|e| FileError::new(path, None, e.to_string()))?;
         let cfg = Config::parse(path, &text)?;
         Ok((cfg, text))
     }

@@ -8,7 +8,7 @@
 //! The supervisor writes in batches: the inputs of a batch (one fsync), then its incident
 //! records (one fsync), then the state. Both journals rotate by size (`NAME.1`, `NAME.2`, ...),
 //! between batches only; readers stream across the rotated files, one line in memory at a
-//! time, each line capped ([`crate::limits::MAX_JOURNAL_LINE`]).
+//! time, each line capped ([`crate::sys::limits::MAX_JOURNAL_LINE`]).
 //!
 //! A crash mid-write leaves at most a torn last line. Readers skip it with a warning; writers
 //! start the next record on a fresh line. Nothing here is fatal to the reader.
@@ -22,8 +22,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::State;
-use crate::error::JournalError;
 use crate::model::{OperatorRequest, StampedInput};
+use crate::sys::error::JournalError;
 
 /// When a journal file is rotated: at `max_bytes`, the live file becomes `NAME.1` (the
 /// older ones shift to `.2`, ...), `keep` rotated files are kept, the oldest is deleted.
@@ -99,7 +99,7 @@ impl<T: Serialize> JsonlWriter<T> {
             line: 0,
             message: format!("cannot encode record: {e}"),
         })?;
-        if self.pending.len() - at > crate::limits::MAX_JOURNAL_LINE {
+        if self.pending.len() - at > crate::sys::limits::MAX_JOURNAL_LINE {
             // Readers skip lines over the cap: never write one.
             self.pending.truncate(at);
             return Err(JournalError::Corrupt {
@@ -107,7 +107,7 @@ impl<T: Serialize> JsonlWriter<T> {
                 line: 0,
                 message: format!(
                     "record larger than the {} line cap",
-                    crate::limits::human_bytes(crate::limits::MAX_JOURNAL_LINE as u64)
+                    crate::sys::limits::human_bytes(crate::sys::limits::MAX_JOURNAL_LINE as u64)
                 ),
             });
         }
@@ -319,7 +319,7 @@ pub fn stream_jsonl<T: DeserializeOwned>(
             let Some(line) = read_capped_line(
                 &mut reader,
                 &mut buf,
-                crate::limits::MAX_JOURNAL_LINE,
+                crate::sys::limits::MAX_JOURNAL_LINE,
                 max_scan,
             )
             .map_err(|e| JournalError::io(path, e))?
@@ -343,7 +343,9 @@ pub fn stream_jsonl<T: DeserializeOwned>(
                         line: n,
                         message: format!(
                             "line of {len} bytes longer than the {} cap skipped",
-                            crate::limits::human_bytes(crate::limits::MAX_JOURNAL_LINE as u64)
+                            crate::sys::limits::human_bytes(
+                                crate::sys::limits::MAX_JOURNAL_LINE as u64
+                            )
                         ),
                     };
                     if !f(Entry::Skipped {
@@ -392,7 +394,7 @@ fn too_much(path: &Path, line: usize, max: u64) -> JournalError {
         line,
         message: format!(
             "more than the {} cap; is this the right file?",
-            crate::limits::human_bytes(max)
+            crate::sys::limits::human_bytes(max)
         ),
     }
 }
@@ -569,11 +571,15 @@ pub fn committed_delivery(state_file: &Path) -> crate::engine::Delivery {
         #[serde(default)]
         delivery: crate::engine::Delivery,
     }
-    crate::limits::read_text(state_file, crate::limits::MAX_STATE_BYTES, "state file")
-        .ok()
-        .and_then(|t| serde_json::from_str::<Partial>(&t).ok())
-        .map(|p| p.delivery)
-        .unwrap_or_default()
+    crate::sys::limits::read_text(
+        state_file,
+        crate::sys::limits::MAX_STATE_BYTES,
+        "state file",
+    )
+    .ok()
+    .and_then(|t| serde_json::from_str::<Partial>(&t).ok())
+    .map(|p| p.delivery)
+    .unwrap_or_default()
 }
 
 /// Where operator requests wait for the daemon (`gpu-medic incidents abort`).
@@ -771,7 +777,7 @@ pub(crate) mod tests {
     fn an_overlong_line_is_skipped_without_being_held_and_the_next_is_read() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("incidents.jsonl");
-        let mut body = vec![b'x'; crate::limits::MAX_JOURNAL_LINE + 10];
+        let mut body = vec![b'x'; crate::sys::limits::MAX_JOURNAL_LINE + 10];
         body.push(b'\n');
         body.extend_from_slice(&serde_json::to_vec(&rec(5)).unwrap());
         body.push(b'\n');

@@ -394,7 +394,7 @@ impl Crossings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvml::usage::{Names, TaskUsage};
+    use crate::accounting::usage::{Names, TaskUsage};
 
     fn gpu(i: u32) -> GpuId {
         GpuId {

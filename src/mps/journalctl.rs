@@ -137,7 +137,7 @@ impl Reader {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .env("SYSTEMD_COLORS", "0");
-        crate::child::contain(&mut cmd);
+        crate::sys::child::contain(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| SpawnError {
             binary: spec.journalctl.display().to_string(),
             message: e.to_string(),

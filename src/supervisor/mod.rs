@@ -6,8 +6,6 @@
 //! One shutdown token fans out to every task; orders in flight get a grace period to reach a
 //! safe point, then state is saved.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,34 +15,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::engine::{self, State};
-use crate::error::JournalError;
 use crate::journal::{self, JsonlWriter};
 use crate::metrics::Metrics;
 use crate::model::{
     Action, IncidentEvent, Input, Observation, Order, Outcome, Record, StampedInput, Timestamp,
 };
 use crate::policy::Policy;
-
-/// A sense: turns the world into observations until shutdown.
-pub trait Source: Send + 'static {
-    fn name(&self) -> &'static str;
-    fn run(
-        self: Box<Self>,
-        tx: mpsc::Sender<Observation>,
-        shutdown: CancellationToken,
-    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
-}
-
-/// The hands: carries out one order and reports how it ended. Must be idempotent: an order
-/// in flight when the supervisor stopped is handed over again on the next start.
-pub trait Executor: Send + Sync + 'static {
-    fn execute(&self, order: Order) -> Pin<Box<dyn Future<Output = Outcome> + Send + '_>>;
-    /// Which kinds of order it can carry out; the engine records the others as what would
-    /// have been done instead of issuing them.
-    fn capabilities(&self) -> crate::model::Capabilities {
-        crate::model::Capabilities::default()
-    }
-}
+use crate::probe::Source;
+use crate::remedy::Executor;
+use crate::sys::error::JournalError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
@@ -555,6 +534,7 @@ fn trace_record(r: &Record) {
 mod tests {
     use super::*;
     use crate::model::{GpuId, Signal};
+    use std::pin::Pin;
 
     /// Never called: the inputs below start no order. A double only because the test needs
     /// no remedy at all.
@@ -568,7 +548,7 @@ mod tests {
     fn shipped_policy() -> crate::policy::Policy {
         crate::policy::Policy::parse(
             std::path::Path::new("default.toml"),
-            include_str!("../policies/default.toml"),
+            include_str!("../../policies/default.toml"),
         )
         .unwrap()
     }
@@ -650,7 +630,7 @@ mod tests {
             xid_input(1, 41).stamped.at,
             &crate::policy::Policy::parse(
                 std::path::Path::new("default.toml"),
-                include_str!("../policies/default.toml"),
+                include_str!("../../policies/default.toml"),
             )
             .unwrap(),
         );

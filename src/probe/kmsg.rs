@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::poll::{SharedState, lock};
-use crate::catalog;
 use crate::model::{Observation, Signal, XidDecode};
+use crate::policy::xid_catalog;
+use crate::probe::nvml::poll::{SharedState, lock};
 
 /// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
 /// the line when it raises the event; a reader that is running sees it within milliseconds.
@@ -36,7 +36,7 @@ pub const UVM_REFCNT: &str = "/sys/module/nvidia_uvm/refcnt";
 
 /// Whether an XID's verdict needs its kernel log text (the NVLink5 XIDs).
 pub fn needs_text(code: u32) -> bool {
-    catalog::NVLINK5.contains(&code)
+    xid_catalog::NVLINK5.contains(&code)
 }
 
 /// The decode of an XID whose catalog action depends on more than its code, with an
@@ -47,11 +47,11 @@ pub fn decode_xid(
     text: Option<&str>,
     uvm_refcnt: &Path,
 ) -> (Option<XidDecode>, Option<String>) {
-    if catalog::NVLINK5.contains(&code) {
-        let d = catalog::decode_nvlink5(code, text);
+    if xid_catalog::NVLINK5.contains(&code) {
+        let d = xid_catalog::decode_nvlink5(code, text);
         return (Some(d.class), Some(d.explanation));
     }
-    if code == catalog::CHECK_UVM_XID {
+    if code == xid_catalog::CHECK_UVM_XID {
         let (class, why) = match std::fs::read_to_string(uvm_refcnt) {
             Ok(t) => match t.trim().parse::<u64>() {
                 Ok(0) => (
@@ -254,7 +254,7 @@ impl Cursors {
     fn load(cursor_file: &Path) -> Cursors {
         let state = cursor_file.with_file_name("state.json");
         let mut skipped = std::collections::VecDeque::new();
-        if let Ok(text) = crate::limits::read_text(cursor_file, 64 * 1024, "kmsg cursor") {
+        if let Ok(text) = crate::sys::limits::read_text(cursor_file, 64 * 1024, "kmsg cursor") {
             for line in text.lines() {
                 if let Some((stream, pos)) = line.rsplit_once(' ')
                     && let Ok(pos) = pos.parse()
@@ -298,7 +298,7 @@ impl Cursors {
 
 impl KmsgReader {
     /// Reads until `stop`. A regular file (tests, a copied log) is followed like `tail -f`.
-    /// Every line is read whole up to [`crate::limits::MAX_KMSG_LINE`] (longer ones are
+    /// Every line is read whole up to [`crate::sys::limits::MAX_KMSG_LINE`] (longer ones are
     /// dropped with a warning), invalid UTF-8 lossily.
     pub fn run(self) {
         use std::os::unix::fs::MetadataExt;
@@ -336,7 +336,7 @@ impl KmsgReader {
             .map(|m| (m.dev(), m.ino()));
         let boot = boot_id();
         let mut cursors = Cursors::load(&self.cursor_file);
-        let cap = crate::limits::MAX_KMSG_LINE;
+        let cap = crate::sys::limits::MAX_KMSG_LINE;
         if !regular {
             // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
             // and forward lines through a channel, so `stop` is still noticed.

@@ -25,11 +25,11 @@ pub const FILE: &str = "gpu-memory.jsonl";
 /// How long rows are kept.
 pub const RETENTION_SECS: u64 = 3 * 24 * 3600;
 /// The file is compacted when it grows past this.
-pub const MAX_FILE: u64 = crate::limits::MAX_GPU_MEMORY_HISTORY;
+pub const MAX_FILE: u64 = crate::sys::limits::MAX_GPU_MEMORY_HISTORY;
 /// A file found larger than this at start is set aside rather than read.
-pub const MAX_FILE_SET_ASIDE: u64 = crate::limits::MAX_GPU_MEMORY_HISTORY_READ;
+pub const MAX_FILE_SET_ASIDE: u64 = crate::sys::limits::MAX_GPU_MEMORY_HISTORY_READ;
 /// The longest line read; a longer one is not a row.
-pub const MAX_LINE: usize = crate::limits::MAX_GPU_MEMORY_HISTORY_LINE;
+pub const MAX_LINE: usize = crate::sys::limits::MAX_GPU_MEMORY_HISTORY_LINE;
 /// Keys (revision, container) recorded per minute at most.
 pub const MAX_KEYS: usize = 1024;
 /// Set-aside files kept.
@@ -380,7 +380,7 @@ pub fn read_rows(path: &Path, cap: u64) -> std::io::Result<(Vec<Row>, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvml::reserve::ContainerMemory;
+    use crate::accounting::reserve::ContainerMemory;
 
     fn task(family: &str, used: u64, reserved: Option<u64>) -> TaskMemory {
         TaskMemory {

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::{Config, MpsLogs, MpsManage, MpsPreset, key_line};
-use crate::error::FileError;
 use crate::probe::nvml::{self, OpenError};
+use crate::sys::error::FileError;
 
 /// Which command is starting: `run` also needs a writable state folder, `systemctl` for
 /// `manage = "systemd"`, and a tick that fits systemd's watchdog.

@@ -4,6 +4,8 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod xid_catalog;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,9 +13,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::catalog;
-use crate::error::{FileError, line_of};
 use crate::model::{RecoveryAction, Signal, SignalKind, Verdict, XidDecode};
+use crate::sys::error::{FileError, line_of};
 
 /// A rule: how one signal (or a set of XIDs) is judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub struct Rule {
     pub escalate: Option<Escalation>,
     pub reason: String,
     pub source: String,
-    /// The operator's opt-in to judging a fatal signal (`catalog::fatal_signals`) with
+    /// The operator's opt-in to judging a fatal signal (`xid_catalog::fatal_signals`) with
     /// `ignore` or `log`; without it such a rule is refused.
     pub silences_fatal: bool,
     /// Where the rule was written, for messages.
@@ -166,12 +167,12 @@ impl Policy {
 
     /// Catalog XIDs (any decode) that only the catch-all judges, or no rule at all.
     pub fn catalog_xids_left_to_catch_all(&self) -> Vec<u32> {
-        catalog::xids()
+        xid_catalog::xids()
             .iter()
             .map(|x| x.code)
             .filter(|code| {
                 let decodes: Vec<Option<XidDecode>> =
-                    if catalog::NVLINK5.contains(code) || *code == catalog::CHECK_UVM_XID {
+                    if xid_catalog::NVLINK5.contains(code) || *code == xid_catalog::CHECK_UVM_XID {
                         XidDecode::ALL.into_iter().map(Some).collect()
                     } else {
                         vec![None]
@@ -190,10 +191,10 @@ impl Policy {
             .collect()
     }
 
-    /// Fatal signals (`catalog::fatal_signals`) this policy judges with `ignore` or `log`, or
+    /// Fatal signals (`xid_catalog::fatal_signals`) this policy judges with `ignore` or `log`, or
     /// judges not at all (`None`): what `policy check` warns about.
     pub fn silenced_fatal_signals(&self) -> Vec<(Signal, Option<&Rule>)> {
-        catalog::fatal_signals()
+        xid_catalog::fatal_signals()
             .into_iter()
             .filter_map(|sig| match self.rule_for(&sig, u64::MAX) {
                 Some(r) if r.action <= Verdict::Log => Some((sig, Some(r))),
@@ -379,7 +380,7 @@ struct RuleLines {
 const MAX_EXTENDS_DEPTH: usize = 8;
 
 fn load_raw(path: &Path, depth: usize) -> Result<RawPolicy, FileError> {
-    let text = crate::limits::read_text(path, crate::limits::MAX_POLICY_BYTES, "policy")
+    let text = crate::sys::limits::read_text(path, crate::sys::limits::MAX_POLICY_BYTES, "policy")
         .map_err(|e| FileError::new(path, None, e.to_string()))?;
     let mut raw = parse_raw(path, &text)?;
     if let Some(ext) = raw.extends.take() {
