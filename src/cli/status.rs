@@ -6,7 +6,7 @@ use super::{CliError, ConfigArg, exit, print_json};
 use crate::engine::State;
 use crate::journal::load_state;
 use crate::model::Timestamp;
-use crate::remedy::aws::fleet::{FleetSummary, SlotsSummary};
+use crate::remedy::budget::group_view::{FleetSummary, SlotsSummary};
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -34,12 +34,12 @@ struct StatusView<'a> {
 }
 
 fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
-    let text = std::fs::read_to_string(crate::remedy::aws::fleet_path(state_dir)).ok()?;
+    let text = std::fs::read_to_string(crate::remedy::budget::fleet_path(state_dir)).ok()?;
     serde_json::from_str(&text).ok()
 }
 
 fn read_slots(state_dir: &std::path::Path) -> Option<SlotsSummary> {
-    let text = std::fs::read_to_string(crate::remedy::aws::slots_path(state_dir)).ok()?;
+    let text = std::fs::read_to_string(crate::remedy::budget::slots_path(state_dir)).ok()?;
     serde_json::from_str(&text).ok()
 }
 

@@ -17,7 +17,6 @@ pub mod node;
 pub mod nvml;
 pub mod tasks;
 
-use crate::aws::imds::TargetState;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -89,8 +88,7 @@ pub fn snapshot_probes_with_view(
 }
 
 /// The continuous probes enabled by `cfg`, for `gpu-medic run`. `mps` is the control client
-/// the MPS remedy also holds; `seen` receives the lifecycle watcher's readings for the control
-/// plane.
+/// the MPS remedy also holds.
 ///
 /// `accounting` receives every NVML poll's GPUs and per-task GPU memory (for the metrics).
 /// Per-task GPU memory is also checked against reservations (with `[aws]` on), kept in the
@@ -98,10 +96,9 @@ pub fn snapshot_probes_with_view(
 pub fn sources(
     cfg: &Config,
     mps: &ControlClient,
-    seen: &TargetState,
     accounting: Option<&crate::accounting::usage::Accounting>,
 ) -> Vec<Box<dyn Source>> {
-    sources_with_gpu_view(cfg, mps, seen, accounting, None)
+    sources_with_gpu_view(cfg, mps, accounting, None)
 }
 
 /// Whether ECS's view of the GPUs is compared with NVML's (`[ecs] gpu_view`, with `[aws]` and
@@ -115,7 +112,6 @@ pub fn gpu_view_enabled(cfg: &Config) -> bool {
 pub fn sources_with_gpu_view(
     cfg: &Config,
     mps: &ControlClient,
-    seen: &TargetState,
     accounting: Option<&crate::accounting::usage::Accounting>,
     wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 ) -> Vec<Box<dyn Source>> {
@@ -153,7 +149,6 @@ pub fn sources_with_gpu_view(
         out.push(Box::new(lifecycle::LifecycleSource::new(
             cfg.lifecycle.poll_interval,
             crate::aws::http_client(),
-            seen.clone(),
         )));
     }
     if cfg.node.enabled {

@@ -7,6 +7,8 @@
 //! again on the next start.
 
 pub mod aws;
+pub mod budget;
+pub mod calls;
 pub mod mps;
 pub mod recorder;
 
@@ -92,7 +94,8 @@ pub trait MpsRemedy: Send + Sync + 'static {
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
-/// The control plane's hands: ECS and Auto Scaling (src/remedy/ecs.rs, asg.rs, fleet.rs).
+/// The control plane's hands: ECS and Auto Scaling (src/remedy/aws/mod.rs routes each order to
+/// its file there; the fleet budget is src/remedy/budget/mod.rs).
 pub trait ControlPlane: Send + Sync + 'static {
     /// Marks the container instance so placement constraints keep new tasks off.
     fn quarantine(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
