@@ -32,6 +32,7 @@ pub struct Metrics {
     remediations: Family<Labels, Counter>,
     aws_call_errors: Family<Labels, Counter>,
     incidents_open: Gauge,
+    incidents: Family<Labels, Counter>,
     node_phase: Family<Labels, Gauge>,
     self_fault: Family<Labels, Gauge>,
     /// Components that ever had a self-fault (their gauge goes back to 0, not away).
@@ -103,6 +104,12 @@ impl Metrics {
             "Incidents not yet closed",
             incidents_open.clone(),
         );
+        let incidents = Family::<Labels, Counter>::default();
+        registry.register(
+            "incidents",
+            "Incidents opened, by first signal kind, verdict at opening and whether it is a drill (drill=\"true\": `gpu-medic drill`)",
+            incidents.clone(),
+        );
         let node_phase = Family::<Labels, Gauge>::default();
         registry.register(
             "node_phase",
@@ -157,6 +164,7 @@ impl Metrics {
             remediations,
             aws_call_errors,
             incidents_open,
+            incidents,
             node_phase,
             started: Mutex::new(BTreeMap::new()),
         }
@@ -199,6 +207,19 @@ impl Metrics {
         for a in actions {
             let Action::Log(r) = a else { continue };
             match &r.event {
+                IncidentEvent::Opened {
+                    observation,
+                    verdict,
+                    ..
+                } => {
+                    self.incidents
+                        .get_or_create(&vec![
+                            ("signal".into(), observation.signal.kind().as_str().into()),
+                            ("action".into(), verdict.as_str().into()),
+                            ("drill".into(), r.drill.is_some().to_string()),
+                        ])
+                        .inc();
+                }
                 IncidentEvent::ActionStarted {
                     order,
                     dry_run: true,

@@ -90,6 +90,9 @@ pub struct IncidentLine<'a> {
     pub summary: &'a str,
     pub tasks: &'a [String],
     pub request_ids: &'a [String],
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drill: Option<&'a str>,
 }
 
 impl<'a> From<&'a Incident> for IncidentLine<'a> {
@@ -107,6 +110,7 @@ impl<'a> From<&'a Incident> for IncidentLine<'a> {
             summary: &i.summary,
             tasks: &i.tasks,
             request_ids: &i.request_ids,
+            drill: i.drill.as_deref(),
         }
     }
 }
@@ -419,7 +423,10 @@ impl Table {
             id,
             i.opened_at.to_string(),
             gpu_short(i.gpu.as_ref()),
-            i.signal,
+            match i.drill {
+                Some(_) => format!("{} [drill]", i.signal),
+                None => i.signal.clone(),
+            },
             i.action.as_str(),
             i.state.as_str(),
             i.rule
@@ -445,6 +452,9 @@ pub fn print_timeline(i: &Incident) {
             println!("  gpu:      {g}{serial}");
         }
         None => println!("  gpu:      - (node-level signal)"),
+    }
+    if let Some(d) = &i.drill {
+        println!("  drill:    {d} (a rehearsal: `gpu-medic drill`)");
     }
     if !i.tasks.is_empty() || !i.pids.is_empty() {
         let pids: Vec<String> = i.pids.iter().map(|p| p.to_string()).collect();

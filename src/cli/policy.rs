@@ -200,25 +200,32 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
     Ok(exit::OK)
 }
 
+/// Which rule judges a signal, its action and why (`policy explain`, `drill`).
 #[derive(Serialize)]
-struct Explanation {
-    signal: String,
-    action: String,
-    rule: String,
-    reason: String,
-    source: String,
-    origin: String,
+pub struct Explanation {
+    pub signal: String,
+    pub action: String,
+    pub rule: String,
+    pub reason: String,
+    pub source: String,
+    pub origin: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    threshold: Option<u64>,
+    pub threshold: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    confirm: Option<String>,
+    pub confirm: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    escalate: Option<String>,
+    pub escalate: Option<String>,
 }
 
 fn explain(p: &Policy, sig: Signal, value: u64, json: bool) -> Result<i32, CliError> {
-    let e = match p.rule_for(&sig, value) {
-        Some(r) => explanation(&sig, r),
+    print_explanation(&explanation_for(p, &sig, value), json);
+    Ok(exit::OK)
+}
+
+/// The rule that judges `sig` at `value` and why, or the engine's "recorded only".
+pub fn explanation_for(p: &Policy, sig: &Signal, value: u64) -> Explanation {
+    match p.rule_for(sig, value) {
+        Some(r) => explanation(sig, r),
         None => Explanation {
             signal: sig.to_string(),
             action: "log".into(),
@@ -230,7 +237,10 @@ fn explain(p: &Policy, sig: Signal, value: u64, json: bool) -> Result<i32, CliEr
             confirm: None,
             escalate: None,
         },
-    };
+    }
+}
+
+fn print_explanation(e: &Explanation, json: bool) {
     if json {
         print_json(&e);
     } else {
@@ -252,7 +262,6 @@ fn explain(p: &Policy, sig: Signal, value: u64, json: bool) -> Result<i32, CliEr
             println!("  escalate: {x}");
         }
     }
-    Ok(exit::OK)
 }
 
 fn explanation(sig: &Signal, r: &Rule) -> Explanation {

@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 use crate::sys::error::FileError;
 
+pub mod drill;
+pub use drill::DrillConfig;
+
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-medic/config.toml";
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -48,6 +51,8 @@ pub struct Config {
     pub journal: JournalConfig,
     #[serde(default)]
     pub export: ExportConfig,
+    #[serde(default)]
+    pub drill: DrillConfig,
 }
 
 /// Incidents shipped off the instance (`src/export`): every journal record to CloudWatch

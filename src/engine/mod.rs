@@ -19,14 +19,14 @@ pub mod recover;
 mod state;
 
 pub use state::{
-    Delivery, Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
+    ArmedDrill, Delivery, DrillMark, MAX_ARMED_DRILLS, MAX_DRILL_INCIDENTS, Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
     Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;
 
 use crate::model::{
-    Action, ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Input,
+    Action, ActionId, Command, DRILL_ARM_WINDOW, Drill, GpuId, IncidentEvent, IncidentId, IncidentState, Input,
     LifecycleHook, LifecycleResult, LifecycleState, Observation, OperatorRequest, Order, Outcome,
     OutcomeStatus, Record, Signal, SignalKind, Timestamp, Verdict,
 };
@@ -68,9 +68,10 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         out: Vec::new(),
         now,
         policy,
+        drill: None,
     };
     match input {
-        Input::Observation(obs) => cx.observe(obs),
+        Input::Observation(obs) => cx.observation(obs),
         Input::Outcome(outcome) => cx.outcome(outcome),
         Input::Tick => cx.tick(),
         Input::Started { capabilities } => cx.st.capabilities = capabilities,
@@ -81,6 +82,7 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
             findings,
             request_ids,
         }) => cx.launch_gate(&health, &summary, &findings, &request_ids),
+        Input::Operator(OperatorRequest::Drill { drill }) => cx.drill(drill),
     }
     (cx.st, cx.out)
 }
@@ -90,6 +92,8 @@ struct Cx<'p> {
     out: Vec<Action>,
     now: Timestamp,
     policy: &'p Policy,
+    /// The armed drill whose signal this step judges: the incident it opens is the drill's.
+    drill: Option<String>,
 }
 
 impl Cx<'_> {
@@ -99,6 +103,7 @@ impl Cx<'_> {
         self.out.push(Action::Log(Record {
             at: self.now,
             incident,
+            drill: self.st.drills.get(&incident).map(|d| d.id.clone()),
             event,
         }));
     }
@@ -126,6 +131,21 @@ impl Cx<'_> {
             .entry(id)
             .or_default()
             .insert(attach_key(obs));
+        let drill = self.take_drill();
+        if let Some(d) = &drill {
+            if self.st.drills.len() >= MAX_DRILL_INCIDENTS
+                && let Some(oldest) = self.st.drills.keys().next().copied()
+            {
+                self.st.drills.remove(&oldest);
+            }
+            self.st.drills.insert(
+                id,
+                DrillMark {
+                    id: d.id.clone(),
+                    observe: d.observe,
+                },
+            );
+        }
         self.record(
             id,
             IncidentEvent::Opened {
@@ -135,7 +155,77 @@ impl Cx<'_> {
                 verdict,
             },
         );
+        if let Some(d) = drill {
+            let who = if d.by.is_empty() { "an operator" } else { &d.by };
+            let how = if d.observe {
+                "observe: every order is journaled and none is executed"
+            } else {
+                "the real remedies run"
+            };
+            self.note(
+                id,
+                format!("drill {} ({}) by {who}: a rehearsal; {how}", d.id, d.class),
+            );
+        }
         id
+    }
+
+    /// Whether an order of `incident` is only journaled: observe-only, or an observe drill.
+    fn dry(&self, incident: IncidentId) -> bool {
+        self.policy.observe_only || self.st.drills.get(&incident).is_some_and(|d| d.observe)
+    }
+
+    // ---- drills ----
+
+    /// Arms a drill; one that brings its observation is judged at once.
+    fn drill(&mut self, drill: Drill) {
+        self.expire_drills();
+        self.st.armed_drills.retain(|a| a.drill.id != drill.id);
+        if self.st.armed_drills.len() >= MAX_ARMED_DRILLS {
+            self.st.armed_drills.remove(0);
+        }
+        let inject = drill.inject.clone();
+        let id = drill.id.clone();
+        self.st.armed_drills.push(ArmedDrill {
+            drill,
+            at: self.now,
+        });
+        if let Some(obs) = inject {
+            self.drill = Some(id.clone());
+            self.observe(obs);
+            self.drill = None;
+            // Judged once: it does not wait for another signal.
+            self.st.armed_drills.retain(|a| a.drill.id != id);
+        }
+    }
+
+    fn expire_drills(&mut self) {
+        let now = self.now;
+        self.st
+            .armed_drills
+            .retain(|a| now.since(a.at) <= DRILL_ARM_WINDOW);
+    }
+
+    /// The armed drill this step's incident belongs to, taken out of the armed list.
+    fn take_drill(&mut self) -> Option<Drill> {
+        let id = self.drill.take()?;
+        let at = self.st.armed_drills.iter().position(|a| a.drill.id == id)?;
+        Some(self.st.armed_drills.remove(at).drill)
+    }
+
+    /// An observation from a probe: the drill it is the signal of, if one is armed for it.
+    fn observation(&mut self, obs: Observation) {
+        if !self.st.armed_drills.is_empty() {
+            self.expire_drills();
+            self.drill = self
+                .st
+                .armed_drills
+                .iter()
+                .find(|a| a.drill.expect.matches(&obs))
+                .map(|a| a.drill.id.clone());
+        }
+        self.observe(obs);
+        self.drill = None;
     }
 
     fn close(&mut self, id: IncidentId, state: IncidentState, summary: impl Into<String>) {
@@ -213,7 +303,7 @@ impl Cx<'_> {
             command,
             attempt,
         };
-        let dry_run = self.policy.observe_only;
+        let dry_run = self.dry(incident);
         self.record(
             incident,
             IncidentEvent::ActionStarted {
@@ -794,7 +884,7 @@ impl Cx<'_> {
             }
             return;
         }
-        if self.policy.observe_only {
+        if self.dry(incident) {
             let steps = match goal {
                 Goal::Drain => vec![Command::Quarantine, Command::Drain { terminating: false }],
                 _ => vec![
@@ -1261,6 +1351,7 @@ impl Cx<'_> {
     }
 
     fn tick(&mut self) {
+        self.expire_drills();
         let now = self.now;
         let overdue: Vec<Order> = self
             .st

@@ -288,6 +288,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(1),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Opened {
                 observation: obs.clone(),
                 rule: "gpu-lost".into(),
@@ -304,6 +305,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(1),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Opened {
                 observation: obs,
                 rule: "gpu-lost".into(),
@@ -314,6 +316,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(2),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Closed {
                 state: IncidentState::Replaced,
                 summary: String::new(),

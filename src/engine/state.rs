@@ -50,6 +50,33 @@ pub struct State {
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,
+    /// Drills asked for (`gpu-medic drill`) whose signal has not opened an incident yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub armed_drills: Vec<ArmedDrill>,
+    /// Incidents that are drills: their records carry the drill's id, and an observe drill's
+    /// orders are journaled, not executed. The newest [`MAX_DRILL_INCIDENTS`] are kept.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drills: BTreeMap<IncidentId, DrillMark>,
+}
+
+/// Bound on the drills armed at once (the oldest goes first).
+pub const MAX_ARMED_DRILLS: usize = 8;
+/// Bound on the drill incidents remembered (the oldest goes first).
+pub const MAX_DRILL_INCIDENTS: usize = 64;
+
+/// A drill waiting for its signal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmedDrill {
+    pub drill: crate::model::Drill,
+    pub at: Timestamp,
+}
+
+/// What the engine keeps of a drill once it opened its incident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrillMark {
+    pub id: String,
+    #[serde(default)]
+    pub observe: bool,
 }
 
 /// One of gpu-medic's own faults (see `Signal::SelfFault`).

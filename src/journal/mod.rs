@@ -657,6 +657,7 @@ pub(crate) mod tests {
         Record {
             at: Timestamp(1_700_000_000_000 + i),
             incident: IncidentId(i),
+            drill: None,
             event: IncidentEvent::Closed {
                 state: IncidentState::Logged,
                 summary: format!("r{i}"),

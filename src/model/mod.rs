@@ -732,6 +732,64 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_ids: Vec<String>,
     },
+    /// `gpu-medic drill`: a rehearsal on this instance. The incident the drill's signal opens
+    /// carries the drill's id in every record; with `observe` its orders are journaled and
+    /// none is executed.
+    Drill { drill: Drill },
+}
+
+/// A rehearsal asked for by `gpu-medic drill` ([`OperatorRequest::Drill`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drill {
+    /// `drill-<ms>-<pid>`: unique per run of the command; tags the incident.
+    pub id: String,
+    /// What is rehearsed, for people: `xid 79`, `mps-hang`, `gpu-lost`, ...
+    pub class: String,
+    /// Journal every order, execute none (for this incident only).
+    #[serde(default)]
+    pub observe: bool,
+    /// Who asked (the user running the command).
+    #[serde(default)]
+    pub by: String,
+    /// Which observation is the drill's: the first one matching, within
+    /// [`DRILL_ARM_WINDOW`] of the request, that opens an incident.
+    pub expect: DrillExpect,
+    /// The observation itself, for drills that cannot be played through a real source
+    /// (`gpu-lost`, `ecc`): judged at once, as if a probe had reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<Observation>,
+}
+
+/// How long an armed drill waits for its signal (the kernel log line, the MPS probe).
+pub const DRILL_ARM_WINDOW: Duration = Duration::from_secs(120);
+
+/// What a drill's observation looks like: one of `signals`, and where given the XID code,
+/// the GPU index and the process id (a drill's kernel-log XID names the drill's own pid, so
+/// a real XID is never mistaken for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrillExpect {
+    pub signals: Vec<SignalKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+impl DrillExpect {
+    pub fn matches(&self, obs: &Observation) -> bool {
+        let code = match &obs.signal {
+            Signal::Xid { code, .. } => Some(*code),
+            _ => None,
+        };
+        self.signals.contains(&obs.signal.kind())
+            && self.code.is_none_or(|c| code == Some(c))
+            && self
+                .gpu
+                .is_none_or(|g| obs.gpu.as_ref().is_some_and(|x| x.index == g))
+            && self.pid.is_none_or(|p| obs.pids.contains(&p))
+    }
 }
 
 /// One line of `inputs.jsonl`: an input with the time the supervisor saw it.
@@ -787,8 +845,24 @@ impl IncidentState {
 pub struct Record {
     pub at: Timestamp,
     pub incident: IncidentId,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`), on every record
+    /// of it, so whatever reads one record (CloudWatch Logs, EventBridge) can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     #[serde(flatten)]
     pub event: IncidentEvent,
+}
+
+impl Record {
+    /// A record of an incident that is not a drill.
+    pub fn new(at: Timestamp, incident: IncidentId, event: IncidentEvent) -> Record {
+        Record {
+            at,
+            incident,
+            drill: None,
+            event,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -853,6 +927,9 @@ pub struct Incident {
     pub tasks: Vec<String>,
     pub pids: Vec<u32>,
     pub request_ids: Vec<String>,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     pub records: Vec<Record>,
 }
 
@@ -886,6 +963,7 @@ impl Incident {
             tasks: Vec::new(),
             pids: Vec::new(),
             request_ids: Vec::new(),
+            drill: rec.drill.clone(),
             records: Vec::new(),
         }
     }
@@ -893,6 +971,9 @@ impl Incident {
     /// Folds one more record (in file order) into the incident.
     pub fn push(&mut self, rec: Record) {
         let inc = self;
+        if inc.drill.is_none() {
+            inc.drill.clone_from(&rec.drill);
+        }
         match &rec.event {
             IncidentEvent::Opened {
                 observation,
