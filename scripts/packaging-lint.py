@@ -2,6 +2,8 @@
 """Checks the packaging artefacts against each other and against packaging/config.toml.
 
     python3 scripts/packaging-lint.py [--require-hcl]
+    python3 scripts/packaging-lint.py --cfn-json   print the CloudFormation example as JSON
+                                                   (tests/dashboards.rs reads its metrics)
 
 Syntax: packaging/iam-policy.json, packaging/examples/cloudwatch-agent.json (JSON),
 packaging/imagebuilder-component.yaml, packaging/examples/cloudformation.yaml (YAML, with
@@ -65,6 +67,10 @@ def as_list(v) -> list:
 
 
 def main() -> int:
+    if "--cfn-json" in sys.argv[1:]:
+        with open(PKG / "examples" / "cloudformation.yaml") as f:
+            print(json.dumps(yaml.load(f, Loader=CfnLoader)))
+        return 0
     require_hcl = "--require-hcl" in sys.argv[1:]
     config = tomllib.loads((PKG / "config.toml").read_text())
     state_dir = config.get("state_dir", "/var/lib/gpu-medic")

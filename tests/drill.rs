@@ -77,7 +77,20 @@ async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_ca
     d.start();
     std::thread::sleep(Duration::from_millis(600)); // the first poll lists the GPUs
     let seeded = proxy.calls().len();
-    let out = cli(&d, &["drill", "xid", "79", "--gpu", "1", "--observe", "--wait", "30s"]).await;
+    let out = cli(
+        &d,
+        &[
+            "drill",
+            "xid",
+            "79",
+            "--gpu",
+            "1",
+            "--observe",
+            "--wait",
+            "30s",
+        ],
+    )
+    .await;
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", d.log());
     // It said what the policy would do before doing it.
@@ -127,11 +140,15 @@ async fn a_live_xid_drill_drains_and_has_auto_scaling_replace_the_instance() {
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", d.log());
     assert!(t.contains("mode:    LIVE"), "{t}");
     assert!(t.contains("closed:  replaced"), "{t}");
-    wait_for("Unhealthy in Auto Scaling", Duration::from_secs(10), || async {
-        aws::asg_health(&sdk, &s.asg)
-            .await
-            .contains(&(me.instance_id.clone(), "Unhealthy".into()))
-    })
+    wait_for(
+        "Unhealthy in Auto Scaling",
+        Duration::from_secs(10),
+        || async {
+            aws::asg_health(&sdk, &s.asg)
+                .await
+                .contains(&(me.instance_id.clone(), "Unhealthy".into()))
+        },
+    )
     .await;
     d.signal(libc::SIGTERM);
     assert_eq!(aws::instance(&sdk, &s.cluster, &me.arn).await.0, "DRAINING");
@@ -167,8 +184,14 @@ fn an_mps_hang_drill_stops_the_real_daemon_and_gpu_medic_restarts_it() {
     let out = d.cli(&["drill", "mps-hang", "--wait", "30s"]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", d.log());
-    assert!(t.contains(&format!("MPS control daemon pid {first} stopped")), "{t}");
-    assert!(t.contains("policy:  mps-unresponsive -> restart-mps"), "{t}");
+    assert!(
+        t.contains(&format!("MPS control daemon pid {first} stopped")),
+        "{t}"
+    );
+    assert!(
+        t.contains("policy:  mps-unresponsive -> restart-mps"),
+        "{t}"
+    );
     assert!(t.contains("closed:  resolved"), "{t}");
     let inc = listed(&d);
     assert_eq!(inc.len(), 1, "{inc:#?}");
@@ -178,7 +201,13 @@ fn an_mps_hang_drill_stops_the_real_daemon_and_gpu_medic_restarts_it() {
     let now = mps.daemons();
     assert_eq!(now.len(), 1, "{now:?}");
     assert_ne!(now[0], first, "restarted");
-    assert!(mps.answer("get_default_active_thread_percentage", Duration::from_secs(2)).is_some());
+    assert!(
+        mps.answer(
+            "get_default_active_thread_percentage",
+            Duration::from_secs(2)
+        )
+        .is_some()
+    );
     d.stop(Duration::from_secs(10));
     mps.shutdown();
 }
@@ -189,7 +218,15 @@ fn a_gpu_lost_drill_is_judged_by_the_daemon_and_tagged() {
     let cfg = std::fs::read_to_string(d.config()).unwrap();
     std::fs::write(d.config(), format!("{cfg}{ALLOW}")).unwrap();
     d.start();
-    let out = d.cli(&["drill", "gpu-lost", "--gpu", "2", "--observe", "--wait", "20s"]);
+    let out = d.cli(&[
+        "drill",
+        "gpu-lost",
+        "--gpu",
+        "2",
+        "--observe",
+        "--wait",
+        "20s",
+    ]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", d.log());
     assert!(t.contains("policy:  gpu-lost -> replace"), "{t}");
@@ -218,7 +255,13 @@ fn a_drill_is_refused_unless_the_instance_allows_it() {
     }
     // Nothing was played or asked for.
     assert_eq!(std::fs::read_to_string(d.path("kmsg")).unwrap(), "");
-    assert!(!d.path("state/requests").exists() || std::fs::read_dir(d.path("state/requests")).unwrap().next().is_none());
+    assert!(
+        !d.path("state/requests").exists()
+            || std::fs::read_dir(d.path("state/requests"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
     assert!(listed(&d).is_empty());
     // A daemon that does not run: the drill says so and plays nothing.
     d.stop(Duration::from_secs(10));

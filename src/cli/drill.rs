@@ -97,7 +97,10 @@ pub enum DrillClass {
 /// How a drill is played.
 enum Play {
     /// A driver-shaped line to the kernel log.
-    Kmsg { line: String, path: std::path::PathBuf },
+    Kmsg {
+        line: String,
+        path: std::path::PathBuf,
+    },
     /// A signal to the MPS control daemon.
     Mps { sig: libc::c_int },
     /// The observation travels in the request.
@@ -298,7 +301,10 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
     match play {
         Play::Kmsg { line, path } => {
             write_kmsg(&path, &line).map_err(|e| {
-                CliError::Runtime(format!("cannot write to the kernel log {}: {e}", path.display()))
+                CliError::Runtime(format!(
+                    "cannot write to the kernel log {}: {e}",
+                    path.display()
+                ))
             })?;
             println!("  played:  {line}  -> {}", path.display());
         }
@@ -361,7 +367,10 @@ fn follow(cfg: &Config, id: &str, wait: Duration) -> Result<i32, CliError> {
             None => match recs.iter().find(|r| r.drill.as_deref() == Some(id)) {
                 Some(r) => {
                     incident = Some(r.incident);
-                    println!("  incident {}: `gpu-medic incidents show {}`", r.incident, r.incident);
+                    println!(
+                        "  incident {}: `gpu-medic incidents show {}`",
+                        r.incident, r.incident
+                    );
                     recs.iter().filter(|x| x.incident == r.incident).collect()
                 }
                 None => Vec::new(),
@@ -413,9 +422,9 @@ fn gpu_id(cfg: &Config, index: u32) -> Result<GpuId, CliError> {
         };
         CliError::Runtime(format!("cannot open NVML to find GPU {index}: {why}"))
     })?;
-    let dev = nvml.device_by_index(index).map_err(|e| {
-        CliError::Usage(format!("GPU {index}: NVML does not list it ({e})"))
-    })?;
+    let dev = nvml
+        .device_by_index(index)
+        .map_err(|e| CliError::Usage(format!("GPU {index}: NVML does not list it ({e})")))?;
     let uuid = dev.uuid().unwrap_or_default();
     let pci = dev.pci_info().map(|p| p.bus_id).unwrap_or_default();
     Ok(GpuId {
@@ -452,7 +461,9 @@ fn write_kmsg(path: &Path, line: &str) -> std::io::Result<()> {
     } else if meta.is_file() {
         format!("{line}\n")
     } else {
-        return Err(std::io::Error::other("not the kernel log device or a regular file"));
+        return Err(std::io::Error::other(
+            "not the kernel log device or a regular file",
+        ));
     };
     let mut f = std::fs::OpenOptions::new().append(true).open(path)?;
     f.write_all(body.as_bytes())
@@ -466,9 +477,7 @@ fn consequence(v: Verdict) -> &'static str {
         Verdict::StopTasks => "stop the ECS tasks on that GPU",
         Verdict::RestartMps => "restart the MPS control daemon",
         Verdict::Drain => "quarantine and drain this instance",
-        Verdict::Replace => {
-            "quarantine and drain this instance and have Auto Scaling replace it"
-        }
+        Verdict::Replace => "quarantine and drain this instance and have Auto Scaling replace it",
     }
 }
 
@@ -484,10 +493,16 @@ mod tests {
 
     #[test]
     fn nvml_bus_ids_read_as_the_driver_prints_them() {
-        assert_eq!(kernel_pci("00000000:3B:00.0").as_deref(), Some("0000:3b:00"));
+        assert_eq!(
+            kernel_pci("00000000:3B:00.0").as_deref(),
+            Some("0000:3b:00")
+        );
         assert_eq!(kernel_pci("0000:07:1f.0").as_deref(), Some("0000:07:1f"));
         assert_eq!(kernel_pci("nope"), None);
-        let line = format!("NVRM: Xid (PCI:{}): 79, pid=42, name=gpu-medic, x", kernel_pci("00000000:3B:00.0").unwrap_or_default());
+        let line = format!(
+            "NVRM: Xid (PCI:{}): 79, pid=42, name=gpu-medic, x",
+            kernel_pci("00000000:3B:00.0").unwrap_or_default()
+        );
         let x = crate::probe::kmsg::parse_line(&line).unwrap();
         assert!(crate::probe::kmsg::same_pci(&x.pci, "00000000:3B:00.0"));
         assert_eq!((x.code, x.pid), (79, Some(42)));

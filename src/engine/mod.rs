@@ -19,16 +19,17 @@ pub mod recover;
 mod state;
 
 pub use state::{
-    ArmedDrill, Delivery, DrillMark, MAX_ARMED_DRILLS, MAX_DRILL_INCIDENTS, Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
-    Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
+    ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS,
+    MAX_DRILL_INCIDENTS, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog, Remediation,
+    Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;
 
 use crate::model::{
-    Action, ActionId, Command, DRILL_ARM_WINDOW, Drill, GpuId, IncidentEvent, IncidentId, IncidentState, Input,
-    LifecycleHook, LifecycleResult, LifecycleState, Observation, OperatorRequest, Order, Outcome,
-    OutcomeStatus, Record, Signal, SignalKind, Timestamp, Verdict,
+    Action, ActionId, Command, DRILL_ARM_WINDOW, Drill, GpuId, IncidentEvent, IncidentId,
+    IncidentState, Input, LifecycleHook, LifecycleResult, LifecycleState, Observation,
+    OperatorRequest, Order, Outcome, OutcomeStatus, Record, Signal, SignalKind, Timestamp, Verdict,
 };
 use crate::policy::Policy;
 
@@ -156,7 +157,11 @@ impl Cx<'_> {
             },
         );
         if let Some(d) = drill {
-            let who = if d.by.is_empty() { "an operator" } else { &d.by };
+            let who = if d.by.is_empty() {
+                "an operator"
+            } else {
+                &d.by
+            };
             let how = if d.observe {
                 "observe: every order is journaled and none is executed"
             } else {
