@@ -130,47 +130,40 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
     let id = format!("drill-{}-{me}", crate::model::Timestamp::now().0);
     let by = common.by.clone().unwrap_or_else(whoami);
 
-    // What the drill's signal is, how it is played, and what it is expected to look like.
-    let (label, signal, value, expect, play, inject) = match class {
-        DrillClass::Xid { code, gpu, .. } => {
-            let Some(path) = cfg.nvml.kmsg.clone().filter(|p| !p.as_os_str().is_empty()) else {
-                return Err(CliError::Usage(
-                    "the kernel log reader is off ([nvml] kmsg = \"\"): an XID drill has nowhere to go".into(),
-                ));
-            };
-            crate::probe::kmsg::check_path(&path).map_err(CliError::Usage)?;
-            let g = gpu_id(&cfg, *gpu)?;
-            let pci = kernel_pci(&g.pci_bus_id).ok_or_else(|| {
-                CliError::Runtime(format!(
-                    "GPU {gpu}: NVML gave no usable PCI bus id ({:?})",
-                    g.pci_bus_id
-                ))
-            })?;
-            let text = xid_text(*code);
-            let line = format!("NVRM: Xid (PCI:{pci}): {code}, pid={me}, name=gpu-medic, {text}");
-            let (decode, _) = crate::probe::kmsg::decode_xid(
-                *code,
-                Some(&text),
-                Path::new(crate::probe::kmsg::UVM_REFCNT),
-            );
-            let expect = DrillExpect {
-                signals: vec![SignalKind::Xid],
-                code: Some(*code),
-                gpu: Some(*gpu),
-                pid: Some(me),
-            };
-            (
-                format!("xid {code} on GPU {gpu}"),
-                Signal::Xid {
-                    code: *code,
-                    decode,
-                },
-                0,
-                expect,
-                Play::Kmsg { line, path },
-                None,
-            )
-        }
+    let (label, signal, value, expect, play, inject) = plan(&cfg, class, me)?;
+    announce(&cfg, &policy, &common, &id, &label, &by, &signal, value);
+    let request = OperatorRequest::Drill {
+        drill: Drill {
+            id: id.clone(),
+            class: label.clone(),
+            observe: common.observe,
+            by,
+            expect,
+            inject,
+        },
+    };
+    arm(&cfg, &request)?;
+    let stopped = play_it(&cfg, &common, play)?;
+    let code = follow(&cfg, &id, common.wait);
+    if let Some(d) = stopped
+        && crate::mps::procs::state_letter(d.pid).is_some_and(|c| matches!(c, 'T' | 't'))
+        && crate::mps::procs::signal(&d, libc::SIGCONT)
+    {
+        println!(
+            "  undone:  MPS control daemon pid {} continued (SIGCONT)",
+            d.pid
+        );
+    }
+    code
+}
+
+/// The drill's label, its signal and value for the policy, what its observation looks
+/// like, how it is played, and the observation itself for the injected classes.
+type Planned = (String, Signal, u64, DrillExpect, Play, Option<Observation>);
+
+fn plan(cfg: &Config, class: &DrillClass, me: u32) -> Result<Planned, CliError> {
+    Ok(match class {
+        DrillClass::Xid { code, gpu, .. } => plan_xid(cfg, *code, *gpu, me)?,
         DrillClass::MpsHang { .. } | DrillClass::MpsCrash { .. } => {
             if !cfg.mps.enabled {
                 return Err(CliError::Usage(
@@ -236,10 +229,62 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
                 Some(obs),
             )
         }
-    };
+    })
+}
 
-    // Say what will happen before it does.
-    let e = super::policy::explanation_for(&policy, &signal, value);
+/// `xid N --gpu I`: a driver-shaped line for the kernel log, naming the drill's pid.
+fn plan_xid(cfg: &Config, code: u32, gpu: u32, me: u32) -> Result<Planned, CliError> {
+    let Some(path) = cfg.nvml.kmsg.clone().filter(|p| !p.as_os_str().is_empty()) else {
+        return Err(CliError::Usage(
+            "the kernel log reader is off ([nvml] kmsg = \"\"): an XID drill has nowhere to go"
+                .into(),
+        ));
+    };
+    crate::probe::kmsg::check_path(&path).map_err(CliError::Usage)?;
+    let g = gpu_id(&cfg, gpu)?;
+    let pci = kernel_pci(&g.pci_bus_id).ok_or_else(|| {
+        CliError::Runtime(format!(
+            "GPU {gpu}: NVML gave no usable PCI bus id ({:?})",
+            g.pci_bus_id
+        ))
+    })?;
+    let text = xid_text(code);
+    let line = format!("NVRM: Xid (PCI:{pci}): {code}, pid={me}, name=gpu-medic, {text}");
+    let (decode, _) = crate::probe::kmsg::decode_xid(
+        code,
+        Some(&text),
+        Path::new(crate::probe::kmsg::UVM_REFCNT),
+    );
+    let expect = DrillExpect {
+        signals: vec![SignalKind::Xid],
+        code: Some(code),
+        gpu: Some(gpu),
+        pid: Some(me),
+    };
+    Ok((
+        format!("xid {code} on GPU {gpu}"),
+        Signal::Xid { code: code, decode },
+        0,
+        expect,
+        Play::Kmsg { line, path },
+        None,
+    ))
+}
+
+/// Says what will happen before it does: the rule that judges the signal, and whether its
+/// orders run.
+#[allow(clippy::too_many_arguments)]
+fn announce(
+    cfg: &Config,
+    policy: &Policy,
+    common: &Common,
+    id: &str,
+    label: &str,
+    by: &str,
+    signal: &Signal,
+    value: u64,
+) {
+    let e = super::policy::explanation_for(policy, signal, value);
     let observe = common.observe || cfg.dry_run || policy.observe_only;
     println!("drill {id}: {label}, by {by}");
     println!(
@@ -270,19 +315,12 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
     } else {
         println!("  mode:    LIVE: gpu-medic will {what} for real");
     }
+}
 
-    // Arm it, and make sure the daemon took the request before playing the fault.
-    let request = OperatorRequest::Drill {
-        drill: Drill {
-            id: id.clone(),
-            class: label.clone(),
-            observe: common.observe,
-            by,
-            expect,
-            inject,
-        },
-    };
-    let path = crate::journal::submit_request(&cfg.state_dir, &request)?;
+/// Hands the request to the running daemon and waits until it took it: whatever the drill
+/// plays after this is judged after the drill is armed.
+fn arm(cfg: &Config, request: &OperatorRequest) -> Result<(), CliError> {
+    let path = crate::journal::submit_request(&cfg.state_dir, request)?;
     let taken_within = cfg.tick_interval.saturating_mul(4) + Duration::from_secs(10);
     let t0 = Instant::now();
     while path.exists() {
@@ -296,7 +334,15 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!("  armed:   the daemon took the request");
+    Ok(())
+}
 
+/// Plays the fault; returns the MPS daemon it stopped, to continue it once the drill is over.
+fn play_it(
+    cfg: &Config,
+    common: &Common,
+    play: Play,
+) -> Result<Option<crate::mps::procs::MpsProcess>, CliError> {
     let mut stopped: Option<crate::mps::procs::MpsProcess> = None;
     match play {
         Play::Kmsg { line, path } => {
@@ -341,17 +387,7 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
         }
         Play::Inject => println!("  played:  the observation was handed to the daemon"),
     }
-    let code = follow(&cfg, &id, common.wait);
-    if let Some(d) = stopped
-        && crate::mps::procs::state_letter(d.pid).is_some_and(|c| matches!(c, 'T' | 't'))
-        && crate::mps::procs::signal(&d, libc::SIGCONT)
-    {
-        println!(
-            "  undone:  MPS control daemon pid {} continued (SIGCONT)",
-            d.pid
-        );
-    }
-    code
+    Ok(stopped)
 }
 
 /// Follows the drill's incident: prints its records as they come, until it closes or
