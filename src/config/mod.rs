@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 use crate::sys::error::FileError;
 
+pub mod repair;
+pub use repair::{RebootMethod, RepairConfig};
+
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-medic/config.toml";
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -48,6 +51,8 @@ pub struct Config {
     pub journal: JournalConfig,
     #[serde(default)]
     pub export: ExportConfig,
+    #[serde(default)]
+    pub repair: RepairConfig,
 }
 
 /// Incidents shipped off the instance (`src/export`): every journal record to CloudWatch
@@ -1025,6 +1030,15 @@ impl Config {
                 ),
             ));
         }
+        if self.repair.reboot == RebootMethod::Systemd
+            && self.repair.command.first().is_none_or(|c| c.is_empty())
+        {
+            return Err(FileError::new(
+                path,
+                key_line(text, Some("repair"), "command"),
+                "[repair] command: the reboot program is empty (reboot = \"systemd\" runs it)",
+            ));
+        }
         if self.nvml.expected_gpus == Some(0) {
             return Err(FileError::new(
                 path,
@@ -1049,7 +1063,21 @@ impl Config {
             &self.lifecycle,
         );
         // (section, key, value, floor, ceiling)
-        let table: [(Option<&str>, &str, Duration, Duration, Duration); 23] = [
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 25] = [
+            (
+                Some("repair"),
+                "check_interval",
+                self.repair.check_interval,
+                ms(100),
+                YEAR,
+            ),
+            (
+                Some("repair"),
+                "settle",
+                self.repair.settle,
+                Duration::ZERO,
+                YEAR,
+            ),
             (None, "tick_interval", self.tick_interval, ms(50), MAX_TICK),
             (
                 Some("nvml"),

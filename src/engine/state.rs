@@ -47,6 +47,10 @@ pub struct State {
     /// What this node's remedies can do (from `Input::Started`).
     #[serde(default)]
     pub capabilities: crate::model::Capabilities,
+    /// The reboot rung: this boot's id and the instance's repair history (it survives the
+    /// reboots it records).
+    #[serde(default)]
+    pub repair: super::repair::Ledger,
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,
@@ -183,19 +187,25 @@ pub enum NodePhase {
     Replacing,
     /// Auto Scaling has been told to replace the instance.
     Replaced,
+    /// Reboot ordered: the call, then waiting for the new boot.
+    Rebooting,
+    /// Back from a reboot: checked before it takes tasks again.
+    Verifying,
     /// Auto Scaling is terminating the instance (lifecycle hook pending).
     Terminating,
     Terminated,
 }
 
 impl NodePhase {
-    pub const ALL: [NodePhase; 8] = [
+    pub const ALL: [NodePhase; 10] = [
         NodePhase::InService,
         NodePhase::Quarantined,
         NodePhase::Draining,
         NodePhase::Drained,
         NodePhase::Replacing,
         NodePhase::Replaced,
+        NodePhase::Rebooting,
+        NodePhase::Verifying,
         NodePhase::Terminating,
         NodePhase::Terminated,
     ];
@@ -208,6 +218,8 @@ impl NodePhase {
             NodePhase::Drained => "drained",
             NodePhase::Replacing => "replacing",
             NodePhase::Replaced => "replaced",
+            NodePhase::Rebooting => "rebooting",
+            NodePhase::Verifying => "verifying",
             NodePhase::Terminating => "terminating",
             NodePhase::Terminated => "terminated",
         }
@@ -276,6 +288,12 @@ pub struct Remediation {
     pub quarantined: bool,
     #[serde(default)]
     pub drained: bool,
+    /// The reboot happened (a new boot id): what follows is the check after the boot.
+    #[serde(default)]
+    pub rebooted: bool,
+    /// While waiting for the new boot (`Step::AwaitBoot`): when a node still up is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
 }
 
 impl Remediation {
@@ -286,6 +304,8 @@ impl Remediation {
             step,
             quarantined: false,
             drained: false,
+            rebooted: false,
+            until: None,
         }
     }
 }
@@ -296,6 +316,8 @@ impl Remediation {
 pub enum Goal {
     /// Drain and leave the instance for an operator.
     Drain,
+    /// Drain, reboot, check after the boot, return to service.
+    Reboot,
     /// Drain, then have Auto Scaling replace it.
     Replace,
     /// Auto Scaling is terminating it: drain, then complete our lifecycle hook.
@@ -306,6 +328,7 @@ impl Goal {
     pub fn from_verdict(v: Verdict) -> Option<Goal> {
         match v {
             Verdict::Drain => Some(Goal::Drain),
+            Verdict::Reboot => Some(Goal::Reboot),
             Verdict::Replace => Some(Goal::Replace),
             _ => None,
         }
@@ -319,8 +342,15 @@ pub enum Step {
     Drain,
     Replace,
     CompleteLifecycle,
-    /// Undoing quarantine and drain after an operator abort.
+    /// Undoing quarantine and drain after an operator abort, or returning the instance to
+    /// service after a reboot that mended it.
     Restore,
+    /// The reboot order is out.
+    Reboot,
+    /// The reboot call was accepted; waiting for the new boot (until `Remediation::until`).
+    AwaitBoot,
+    /// After the boot: the launch gate's checks.
+    BootCheck,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -346,7 +376,12 @@ impl State {
         let is_node = |c: &Command| {
             matches!(
                 c,
-                Command::Quarantine | Command::Drain { .. } | Command::Replace | Command::Restore
+                Command::Quarantine
+                    | Command::Drain { .. }
+                    | Command::Replace
+                    | Command::Restore
+                    | Command::Reboot { .. }
+                    | Command::BootCheck
             )
         };
         self.in_flight

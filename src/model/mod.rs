@@ -516,6 +516,9 @@ pub enum Verdict {
     /// Restarts the daemon: every MPS client on the instance is affected.
     RestartMps,
     Drain,
+    /// Quarantine, drain, reboot the instance, check it after the boot and return it to
+    /// service; `replace` when the reboot does not happen or does not mend it (docs/repair.md).
+    Reboot,
     Replace,
 }
 
@@ -527,13 +530,14 @@ impl Verdict {
             Verdict::RestartMps => "restart-mps",
             Verdict::StopTasks => "stop-tasks",
             Verdict::Drain => "drain",
+            Verdict::Reboot => "reboot",
             Verdict::Replace => "replace",
         }
     }
 
-    /// Drain and replace take the node out of service; only one may be in flight.
+    /// Drain, reboot and replace take the node out of service; only one may be in flight.
     pub fn is_node_remediation(self) -> bool {
-        matches!(self, Verdict::Drain | Verdict::Replace)
+        matches!(self, Verdict::Drain | Verdict::Reboot | Verdict::Replace)
     }
 }
 
@@ -597,7 +601,18 @@ pub enum Command {
         terminating: bool,
     },
     Replace,
-    /// Undoes quarantine and drain: the instance takes tasks again (operator abort).
+    /// Reboots the instance (EC2 `RebootInstances` on itself, or the OS's reboot). `boot` is
+    /// the kernel boot id when the order was given: a remedy that finds another boot id
+    /// knows the reboot already happened and does not reboot again.
+    Reboot {
+        #[serde(default)]
+        boot: String,
+    },
+    /// After a reboot: waits for the GPUs and the MPS daemon, then runs the launch gate's
+    /// checks; done when the node is healthy.
+    BootCheck,
+    /// Undoes quarantine and drain: the instance takes tasks again (operator abort, or
+    /// back in service after a reboot that mended it).
     Restore,
     CompleteLifecycle {
         hook: LifecycleHook,
@@ -613,6 +628,8 @@ impl Command {
             Command::Quarantine => "quarantine",
             Command::Drain { .. } => "drain",
             Command::Replace => "replace",
+            Command::Reboot { .. } => "reboot",
+            Command::BootCheck => "boot-check",
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
         }
@@ -681,6 +698,11 @@ pub struct Capabilities {
     pub aws: bool,
     /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
     pub mps: bool,
+    /// The reboot rung (`[repair] reboot`, with `[aws]`): reboot and boot-check. Without it a
+    /// `reboot` verdict is carried out as `replace`. Off until a supervisor says it has the
+    /// rung, and absent in inputs recorded before the rung existed (those nodes replaced).
+    #[serde(default)]
+    pub reboot: bool,
 }
 
 impl Default for Capabilities {
@@ -688,6 +710,7 @@ impl Default for Capabilities {
         Capabilities {
             aws: true,
             mps: true,
+            reboot: false,
         }
     }
 }
@@ -705,6 +728,11 @@ pub enum Input {
     },
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
+    /// The kernel's boot id at the supervisor's start (`/proc/sys/kernel/random/boot_id`):
+    /// a new one after a reboot the engine ordered resumes the repair after the boot.
+    Boot {
+        id: String,
+    },
     /// A person asked for something (`gpu-medic incidents abort`).
     Operator(OperatorRequest),
 }
@@ -762,6 +790,8 @@ pub enum IncidentState {
     Observed,
     /// An operator stopped the remediation and the instance was returned to service.
     Aborted,
+    /// Rebooted, checked after the boot, and returned to service.
+    Repaired,
     /// gpu-medic gave up; an operator is needed.
     Failed,
 }
@@ -777,6 +807,7 @@ impl IncidentState {
             IncidentState::Terminated => "terminated",
             IncidentState::Observed => "observed",
             IncidentState::Aborted => "aborted",
+            IncidentState::Repaired => "repaired",
             IncidentState::Failed => "failed",
         }
     }

@@ -16,6 +16,7 @@
 
 pub mod drain;
 pub mod fleet;
+pub mod reboot;
 pub mod slots;
 mod table;
 pub use table::slots_path;
