@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounting::usage::Accounting;
 use crate::engine::{GpuStatus, State};
-use crate::model::{Action, ActionId, Command, IncidentEvent, Input, OutcomeStatus, Signal};
+use crate::model::{
+    Action, ActionId, Command, IncidentEvent, IncidentState, Input, OutcomeStatus, Signal, Verdict,
+};
 use crate::policy::Policy;
 
 type Labels = Vec<(String, String)>;
@@ -30,6 +32,8 @@ pub struct Metrics {
     mps_probe_latency: Histogram,
     mps_restarts: Counter,
     remediations: Family<Labels, Counter>,
+    /// Node repairs by rung (drain, reboot, replace) and how they ended.
+    repairs: Family<Labels, Counter>,
     aws_call_errors: Family<Labels, Counter>,
     incidents_open: Gauge,
     node_phase: Family<Labels, Gauge>,
@@ -90,6 +94,12 @@ impl Metrics {
             "remediations",
             "Remediation actions, by action and outcome (done, failed, retryable, deferred; not-executed: observe-only, or the remedy is not available on this node)",
             remediations.clone(),
+        );
+        let repairs = Family::<Labels, Counter>::default();
+        registry.register(
+            "repairs",
+            "Node repairs by rung and result (reboot: repaired, escalated, not-rebooted; replace: replaced; drain: drained)",
+            repairs.clone(),
         );
         let aws_call_errors = Family::<Labels, Counter>::default();
         registry.register(
@@ -155,6 +165,7 @@ impl Metrics {
             mps_probe_latency,
             mps_restarts,
             remediations,
+            repairs,
             aws_call_errors,
             incidents_open,
             node_phase,
@@ -243,6 +254,22 @@ impl Metrics {
                 IncidentEvent::DeadlineMissed { action, .. } => {
                     started.remove(action);
                 }
+                IncidentEvent::Escalated { rule, reason, .. }
+                    if rule == crate::engine::repair::RULE_REBOOT_FAILED =>
+                {
+                    let result = if reason.contains("did not happen") {
+                        "not-rebooted"
+                    } else {
+                        "escalated"
+                    };
+                    self.repair(Verdict::Reboot, result);
+                }
+                IncidentEvent::Closed { state: s, .. } => match s {
+                    IncidentState::Repaired => self.repair(Verdict::Reboot, "repaired"),
+                    IncidentState::Replaced => self.repair(Verdict::Replace, "replaced"),
+                    IncidentState::Drained => self.repair(Verdict::Drain, "drained"),
+                    _ => {}
+                },
                 _ => {}
             }
         }
@@ -295,6 +322,15 @@ impl Metrics {
                 .get_or_create(&vec![("phase".into(), phase.as_str().into())])
                 .set(i64::from(state.node == phase));
         }
+    }
+
+    fn repair(&self, rung: Verdict, result: &str) {
+        self.repairs
+            .get_or_create(&vec![
+                ("rung".into(), rung.as_str().into()),
+                ("result".into(), result.into()),
+            ])
+            .inc();
     }
 
     /// Refreshes the series fed by the NVML poller: every GPU it answered for has a health

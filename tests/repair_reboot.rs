@@ -128,8 +128,10 @@ async fn a_healed_node_is_back_in_service_after_the_boot_and_the_second_fault_re
     let s = aws::seed(&sdk, "rb-heal", 2).await;
     let mut d = node(&s, &proxy, "10m");
     start(&mut d);
+    let t0 = std::time::Instant::now();
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
     wait_phase(&d, "rebooting", Duration::from_secs(30)).await;
+    let to_reboot = t0.elapsed();
     assert_eq!(reboots(&proxy, &s), 1);
     assert_eq!(
         aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
@@ -137,8 +139,15 @@ async fn a_healed_node_is_back_in_service_after_the_boot_and_the_second_fault_re
     );
     d.stop(Duration::from_secs(30));
 
+    let t1 = std::time::Instant::now();
     boot(&mut d, "boot-2");
     let inc = d.wait_closed(1, Duration::from_secs(30));
+    // For BENCHMARKS.md ("Reboot rung vs replace"): the local steps, not asserted.
+    eprintln!(
+        "measured: fault -> reboot call accepted {} ms; gpu-medic start after the boot -> back in service {} ms",
+        to_reboot.as_millis(),
+        t1.elapsed().as_millis()
+    );
     assert_eq!(inc["state"], "repaired", "{inc:#}");
     assert!(
         inc["summary"].as_str().unwrap().contains("repaired by reboot"),
