@@ -517,6 +517,15 @@ impl Cx<'_> {
             && let Some(id) = h.incident
         {
             self.attach(id, &obs);
+            // The same fault seen again after the reboot that was to mend it.
+            if self
+                .st
+                .remediation
+                .is_some_and(|r| r.incident == id && r.rebooted)
+            {
+                let (verdict, reason) = self.rung_available(verdict, reason);
+                self.fault_during_repair(verdict, rule, &reason);
+            }
             return;
         }
         let (verdict, reason) = self.rung_available(verdict, reason);
