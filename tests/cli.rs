@@ -708,7 +708,10 @@ fn policy_check_counts_the_reboot_rung_and_simulate_replays_it() {
     let v = &json_lines(&out.get_output().stdout)[0];
     assert!(v["actions"]["reboot"].as_u64().unwrap() >= 8, "{v}");
     assert!(v["actions"]["replace"].as_u64().unwrap() >= 5, "{v}");
-    assert!(v["reboot_ladder"].as_str().unwrap().contains("2 reboot(s)"), "{v}");
+    assert!(
+        v["reboot_ladder"].as_str().unwrap().contains("2 reboot(s)"),
+        "{v}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     for (rung, want) in [(true, "reboot"), (false, "replace")] {
@@ -729,10 +732,8 @@ fn policy_check_counts_the_reboot_rung_and_simulate_replays_it() {
             .assert()
             .success();
         let lines = json_lines(&out.get_output().stdout);
-        let opened: Vec<&serde_json::Value> = lines
-            .iter()
-            .filter(|l| l["event"] == "opened")
-            .collect();
+        let opened: Vec<&serde_json::Value> =
+            lines.iter().filter(|l| l["event"] == "opened").collect();
         assert_eq!(opened.len(), 1, "{lines:?}");
         assert_eq!(opened[0]["verdict"].as_str(), Some(want), "{lines:?}");
     }

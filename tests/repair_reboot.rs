@@ -150,7 +150,10 @@ async fn a_healed_node_is_back_in_service_after_the_boot_and_the_second_fault_re
     );
     assert_eq!(inc["state"], "repaired", "{inc:#}");
     assert!(
-        inc["summary"].as_str().unwrap().contains("repaired by reboot"),
+        inc["summary"]
+            .as_str()
+            .unwrap()
+            .contains("repaired by reboot"),
         "{inc:#}"
     );
     assert_eq!(
@@ -190,7 +193,10 @@ async fn a_healed_node_is_back_in_service_after_the_boot_and_the_second_fault_re
     // `incidents show` (text) shows the rung, the history and why it went up.
     let out = d.cli(&["incidents", "show", "2"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("rung:") && text.contains("reboot history"), "{text}");
+    assert!(
+        text.contains("rung:") && text.contains("reboot history"),
+        "{text}"
+    );
     d.stop(Duration::from_secs(10));
     assert_eq!(reboots(&proxy, &s), 1, "no second reboot");
 }
@@ -301,10 +307,7 @@ async fn a_node_that_never_reboots_is_replaced_at_the_deadline() {
     })
     .await;
     let inc = d.incident(1);
-    assert!(
-        escalations(&inc).join("\n").contains("still up"),
-        "{inc:#}"
-    );
+    assert!(escalations(&inc).join("\n").contains("still up"), "{inc:#}");
     assert_eq!(reboots(&proxy, &s), 1);
     d.stop(Duration::from_secs(10));
 }
@@ -373,7 +376,10 @@ async fn dry_run_says_what_it_would_reboot() {
     assert_eq!(inc["state"], "observed", "{inc:#}");
     assert_eq!(started_commands(&inc), ["quarantine", "drain", "reboot"]);
     assert!(
-        inc["summary"].as_str().unwrap().contains("rebooted the instance"),
+        inc["summary"]
+            .as_str()
+            .unwrap()
+            .contains("rebooted the instance"),
         "{inc:#}"
     );
     assert_eq!(proxy.count("RebootInstances"), 0);

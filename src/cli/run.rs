@@ -211,7 +211,10 @@ async fn serve(
 
 /// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings
 /// in a line for the journal.
-fn boot_check(cfg: &crate::config::Config, policy: &Policy) -> crate::remedy::aws::reboot::BootCheck {
+fn boot_check(
+    cfg: &crate::config::Config,
+    policy: &Policy,
+) -> crate::remedy::aws::reboot::BootCheck {
     let (cfg, policy) = (cfg.clone(), policy.clone());
     Arc::new(move || {
         let r = super::check::examine(&cfg, &policy);

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Cx, Goal, NodePhase, Step};
 use crate::model::{
-    ActionId, Command, IncidentEvent, IncidentId, IncidentState, Outcome, OutcomeStatus,
-    Timestamp, Verdict,
+    ActionId, Command, IncidentEvent, IncidentId, IncidentState, Outcome, OutcomeStatus, Timestamp,
+    Verdict,
 };
 
 /// The rule name recorded when the ladder sends a reboot verdict on to `replace`.
@@ -155,8 +155,8 @@ impl Cx<'_> {
             .collect();
         let window = humantime::format_duration(lad.window);
         let n = u32::try_from(rebooted.len()).unwrap_or(u32::MAX);
-        let same = u32::try_from(rebooted.iter().filter(|r| r.rule == rule).count())
-            .unwrap_or(u32::MAX);
+        let same =
+            u32::try_from(rebooted.iter().filter(|r| r.rule == rule).count()).unwrap_or(u32::MAX);
         let per_rule = self.policy.rule_named(&rule).and_then(|r| r.reboots);
         let recent = self
             .st
@@ -437,7 +437,9 @@ impl Cx<'_> {
         let Some(rem) = self.st.remediation else {
             return;
         };
-        let Some(until) = rem.until.filter(|u| rem.step == Step::AwaitBoot && *u <= self.now)
+        let Some(until) = rem
+            .until
+            .filter(|u| rem.step == Step::AwaitBoot && *u <= self.now)
         else {
             return;
         };

@@ -132,7 +132,9 @@ impl Supervisor {
         let boot = match crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path) {
             Ok(id) => Some(id),
             Err(e) => {
-                tracing::warn!("cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting");
+                tracing::warn!(
+                    "cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting"
+                );
                 None
             }
         };

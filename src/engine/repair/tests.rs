@@ -43,7 +43,9 @@ impl Run {
                 reboot,
             },
         });
-        r.feed(Input::Boot { id: "boot-1".into() });
+        r.feed(Input::Boot {
+            id: "boot-1".into(),
+        });
         r
     }
 
@@ -210,7 +212,10 @@ fn a_node_still_faulty_after_the_boot_is_replaced_with_its_slot_held() {
 fn a_refused_reboot_goes_on_to_replace() {
     let mut r = Run::new();
     let out = r.xid(119);
-    assert!(Run::orders_of(&out).is_empty(), "119 confirms on the second sighting");
+    assert!(
+        Run::orders_of(&out).is_empty(),
+        "119 confirms on the second sighting"
+    );
     let out = r.xid(119);
     let b = r.to_reboot(out);
     let rep = Run::order(&r.fail(&b, "UnauthorizedOperation: not allowed to reboot"));
@@ -228,7 +233,12 @@ fn a_node_still_up_past_the_reboot_deadline_is_replaced() {
     assert_eq!(r.st.remediation.unwrap().step, Step::AwaitBoot);
     assert!(Run::orders_of(&r.later(Duration::from_secs(300))).is_empty());
     // gpu-medic restarted on the same boot: still waiting.
-    assert!(Run::orders_of(&r.feed(Input::Boot { id: "boot-1".into() })).is_empty());
+    assert!(
+        Run::orders_of(&r.feed(Input::Boot {
+            id: "boot-1".into()
+        }))
+        .is_empty()
+    );
     let rep = Run::order(&r.later(Duration::from_secs(301)));
     assert_eq!(rep.command, Command::Replace);
     assert_eq!(r.st.repair.history[0].result, RepairResult::NotRebooted);
@@ -240,14 +250,21 @@ fn a_reboot_order_in_flight_at_a_new_boot_is_finished_never_resumed() {
     let out = r.xid(79);
     let b = r.to_reboot(out);
     // gpu-medic stopped before the call's outcome came back; the instance rebooted.
-    let out = r.feed(Input::Boot { id: "boot-2".into() });
+    let out = r.feed(Input::Boot {
+        id: "boot-2".into(),
+    });
     let q = Run::order(&out);
     assert_eq!(q.command, Command::Quarantine);
-    assert!(!r.st.in_flight.contains_key(&b.id), "never handed out again");
+    assert!(
+        !r.st.in_flight.contains_key(&b.id),
+        "never handed out again"
+    );
     assert!(out.iter().any(|a| matches!(a, Action::Log(Record { event: IncidentEvent::ActionFinished { outcome }, .. }) if outcome.action == b.id)));
     // The same boot again (a second restart) changes nothing.
     let before = r.st.clone();
-    r.feed(Input::Boot { id: "boot-2".into() });
+    r.feed(Input::Boot {
+        id: "boot-2".into(),
+    });
     assert_eq!(r.st.remediation, before.remediation);
 }
 
@@ -256,8 +273,13 @@ fn the_same_boot_after_a_crash_resumes_the_reboot_order() {
     let mut r = Run::new();
     let out = r.xid(79);
     let b = r.to_reboot(out);
-    r.feed(Input::Boot { id: "boot-1".into() });
-    assert!(r.st.in_flight.contains_key(&b.id), "the call is made on resume");
+    r.feed(Input::Boot {
+        id: "boot-1".into(),
+    });
+    assert!(
+        r.st.in_flight.contains_key(&b.id),
+        "the call is made on resume"
+    );
     assert_eq!(r.st.remediation.unwrap().step, Step::Reboot);
 }
 
@@ -334,7 +356,9 @@ fn without_the_rung_a_reboot_verdict_is_a_replace() {
     assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
     let opened = r.log.iter().find_map(|a| match a {
         Action::Log(Record {
-            event: IncidentEvent::Opened { verdict, reason, .. },
+            event: IncidentEvent::Opened {
+                verdict, reason, ..
+            },
             ..
         }) => Some((*verdict, reason.clone())),
         _ => None,
@@ -349,15 +373,21 @@ fn observe_only_says_what_it_would_reboot() {
     let mut p = policy();
     p.observe_only = true;
     let mut r = Run::with(p, true);
-    let out = r.feed(Input::Observation(Observation::new(Signal::RecoveryAction {
-        action: RecoveryAction::NodeReboot,
-    })));
+    let out = r.feed(Input::Observation(Observation::new(
+        Signal::RecoveryAction {
+            action: RecoveryAction::NodeReboot,
+        },
+    )));
     assert!(out.iter().all(|a| !a.is_executable()));
     let would: Vec<&str> = out
         .iter()
         .filter_map(|a| match a {
             Action::Log(Record {
-                event: IncidentEvent::ActionStarted { order, dry_run: true },
+                event:
+                    IncidentEvent::ActionStarted {
+                        order,
+                        dry_run: true,
+                    },
                 ..
             }) => Some(order.command.name()),
             _ => None,
@@ -379,7 +409,10 @@ fn termination_during_the_wait_for_the_boot_completes_the_hook() {
         state: crate::model::LifecycleState::Terminating,
     })));
     let c = Run::order(&out);
-    assert!(matches!(c.command, Command::CompleteLifecycle { .. }), "{c:?}");
+    assert!(
+        matches!(c.command, Command::CompleteLifecycle { .. }),
+        "{c:?}"
+    );
 }
 
 #[test]

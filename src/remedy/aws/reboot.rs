@@ -108,9 +108,9 @@ impl Rebooter {
                         out.status,
                         String::from_utf8_lossy(&out.stderr).trim()
                     ))),
-                    Err(crate::sys::child::RunError::Spawn(e)) => Err(RemedyError::fatal(
-                        format!("`{shown}` could not be started: {e}"),
-                    )),
+                    Err(crate::sys::child::RunError::Spawn(e)) => Err(RemedyError::fatal(format!(
+                        "`{shown}` could not be started: {e}"
+                    ))),
                     Err(e) => Err(RemedyError::retryable(format!("`{shown}`: {e}"))),
                 }
             }
@@ -127,7 +127,7 @@ impl Rebooter {
         loop {
             looks = looks.saturating_add(1);
             let check = self.check.clone();
-            let (health, found) = tokio::task::spawn_blocking(move || check())
+            let (health, found) = tokio::task::spawn_blocking(move || (*check)())
                 .await
                 .unwrap_or_else(|e| (Health::Unknown, format!("the check panicked: {e}")));
             let waited = humantime::format_duration(Duration::from_secs(t0.elapsed().as_secs()));
@@ -149,7 +149,10 @@ impl Rebooter {
                     "not healthy within the boot check's deadline ({looks} look(s), {waited}; last: {health}): {found}"
                 )));
             }
-            tracing::info!(health = health.as_str(), "after the boot: not healthy yet ({found}); looking again");
+            tracing::info!(
+                health = health.as_str(),
+                "after the boot: not healthy yet ({found}); looking again"
+            );
             tokio::time::sleep(r.check_interval).await;
         }
     }
