@@ -900,10 +900,15 @@ reason = "too hot"
     fn bad_duration_and_bad_action() {
         let e = parse("[deadlines]\ndrain = \"soon\"\n").unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
-        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"reboot\"\nreason=\"r\"\n")
+        // `reboot` is an action now (the reboot rung); `explode` is not.
+        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"explode\"\nreason=\"r\"\n")
             .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
-        assert!(e.message.contains("reboot"), "{e}");
+        assert!(e.message.contains("explode"), "{e}");
+        // `reboots` only on a reboot rule.
+        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"replace\"\nreboots=1\nreason=\"r\"\n")
+            .unwrap_err();
+        assert!(e.message.contains("reboots: only"), "{e}");
     }
 
     #[test]
