@@ -228,6 +228,7 @@ async fn an_order_in_flight_at_shutdown_finishes_within_the_grace() {
     let remedies = Remedies {
         mps: Some(Arc::new(hands)),
         control_plane: None,
+        repair: None,
     };
     let (sup, feed) = supervisor(dir.path(), Arc::new(remedies));
     let shutdown = CancellationToken::new();

@@ -906,8 +906,10 @@ reason = "too hot"
         assert_eq!(e.line, Some(4), "{e}");
         assert!(e.message.contains("explode"), "{e}");
         // `reboots` only on a reboot rule.
-        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"replace\"\nreboots=1\nreason=\"r\"\n")
-            .unwrap_err();
+        let e = parse(
+            "[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"replace\"\nreboots=1\nreason=\"r\"\n",
+        )
+        .unwrap_err();
         assert!(e.message.contains("reboots: only"), "{e}");
     }
 

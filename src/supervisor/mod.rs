@@ -128,9 +128,11 @@ impl Supervisor {
         journal::save_state(&cfg.state_path(), &engine.state)?;
         let capabilities = self.executor.capabilities();
         // The kernel's boot id, stepped before any order is resumed: a reboot the engine
-        // ordered that has happened is finished here, never handed out again.
+        // ordered that has happened is finished here, never handed out again. Only a node
+        // with the reboot rung needs it (without the rung no reboot is ever ordered).
         let boot = match crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path) {
-            Ok(id) => Some(id),
+            Ok(id) => capabilities.reboot.then_some(id),
+            Err(_) if !capabilities.reboot => None,
             Err(e) => {
                 tracing::warn!(
                     "cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting"
