@@ -106,6 +106,10 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         ),
         None => println!("remediation: none"),
     }
+    // AWS-planned disruptions with their plan, and the ECS agent's verdict beside ours.
+    for line in crate::engine::planned::status_lines(&state) {
+        println!("{line}");
+    }
     if let Some(f) = state.self_faults.get(crate::probe::nvml::COMPONENT) {
         println!(
             "gpus:        unknown: NVML cannot be used (self-fault, incident {})",

@@ -47,6 +47,10 @@ pub struct State {
     /// What this node's remedies can do (from `Input::Started`).
     #[serde(default)]
     pub capabilities: crate::model::Capabilities,
+    /// Disruptions AWS plans for this instance, and the ECS agent's verdict
+    /// (`engine::planned`).
+    #[serde(default)]
+    pub planned: super::planned::Planned,
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,

@@ -4,6 +4,7 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod planned;
 pub mod xid_catalog;
 
 use std::collections::BTreeSet;
@@ -88,6 +89,9 @@ pub struct Policy {
     pub retry: Retry,
     pub mps: MpsPolicy,
     pub rules: Vec<Rule>,
+    /// Disruptions AWS plans (`[planned]` of the config; defaults until the supervisor sets
+    /// them).
+    pub planned: planned::PlannedRules,
 }
 
 impl Default for Deadlines {
@@ -572,6 +576,7 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         retry,
         mps,
         rules,
+        planned: planned::PlannedRules::default(),
     };
     // A rule that silences a fatal signal must say so (`silences_fatal = true`): a typo or a
     // careless overlay must not turn a fallen-off GPU into a log line.

@@ -7,7 +7,9 @@
 //! - [`tasks`]: which ECS task a process belongs to.
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 //! - [`node`]: the ECS agent answering, and space for the journal.
-//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's.
+//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's, and the ECS agent's
+//!   own health verdict (`healthStatus`) from the same call.
+//! - [`planned`]: disruptions AWS plans (IMDS scheduled events, Spot notice, rebalance).
 
 pub mod ecs_gpus;
 pub mod kmsg;
@@ -15,6 +17,7 @@ pub mod lifecycle;
 pub mod mps;
 pub mod node;
 pub mod nvml;
+pub mod planned;
 pub mod tasks;
 
 use crate::aws::imds::TargetState;
@@ -154,6 +157,12 @@ pub fn sources_with_gpu_view(
             cfg.lifecycle.poll_interval,
             crate::aws::http_client(),
             seen.clone(),
+        )));
+    }
+    if cfg.aws.enabled && cfg.planned.enabled {
+        out.push(Box::new(planned::PlannedSource::new(
+            cfg.planned.clone(),
+            crate::aws::http_client(),
         )));
     }
     if cfg.node.enabled {

@@ -70,6 +70,8 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
+        // The operator's choices for AWS-planned disruptions travel with the policy.
+        policy.planned = cfg.planned.rules();
         Supervisor {
             cfg,
             policy,
