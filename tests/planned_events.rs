@@ -237,11 +237,12 @@ async fn a_spot_notice_stops_a_standalone_task_before_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canceled_event_is_undone() {
-    let mut n = node("pl-cancel", "").await;
+    // Lead 5 m, NotBefore 4 m ahead: the drain starts at once and has minutes to run.
+    let mut n = node("pl-cancel", "lead = \"5m\"").await;
     // A service task keeps the drain running (moto does not play the scheduler).
     let arn = n.s.nodes[0].arn.clone();
     aws::start_task(&n.sdk, &n.s, &arn, Some("service:web")).await;
-    let (nb, na) = (imds_time(5), imds_time(600));
+    let (nb, na) = (imds_time(240), imds_time(600));
     n.imds.set_doc(SCHEDULED, Some(&scheduled("instance-event-3", "instance-stop", "active", &nb, &na)));
     n.d.start();
     n.wait_status("DRAINING", Duration::from_secs(15)).await;

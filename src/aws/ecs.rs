@@ -304,7 +304,11 @@ impl Ecs {
                                 let status = d.status().map_or("", |s| s.as_str()).to_string();
                                 let since = d
                                     .last_status_change()
-                                    .map(|t| format!("; changed {t}"))
+                                    .and_then(|t| u64::try_from(t.secs()).ok())
+                                    .map(|secs| {
+                                        let at = crate::model::Timestamp(secs.saturating_mul(1000));
+                                        format!("; changed {at}")
+                                    })
                                     .unwrap_or_default();
                                 let overall = h
                                     .overall_status()

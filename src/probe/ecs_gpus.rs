@@ -815,7 +815,6 @@ mod tests {
         let read = EcsRead {
             registered: vec!["GPU-a".into(), "GPU-b".into()],
             ..EcsRead::default()
-            agent_health: None,
         };
         learn_expected(&e, Some(&read), Some("p5.48xlarge"));
         assert_eq!(

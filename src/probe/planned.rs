@@ -190,7 +190,7 @@ pub fn parse_time(s: &str) -> Result<Timestamp, String> {
     if s.is_empty() {
         return Err("is empty".into());
     }
-    if s.as_bytes()[0].is_ascii_digit() && s.contains('T') {
+    if s.as_bytes().get(4) == Some(&b'-') {
         return Timestamp::parse(s);
     }
     let parts: Vec<&str> = s.split_whitespace().collect();
