@@ -85,7 +85,11 @@ async fn node(name: &str, planned: &str) -> Node {
     let imds = FakeImds::start(&s.nodes[0].instance_id).await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
-    let lead = if planned.contains("lead") { "" } else { "lead = \"10s\"\n" };
+    let lead = if planned.contains("lead") {
+        ""
+    } else {
+        "lead = \"10s\"\n"
+    };
     let config = format!(
         "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
          [nvml]\nenabled = false\n[mps]\nenabled = false\n[node]\nenabled = false\n\
@@ -116,7 +120,9 @@ impl Node {
     }
 
     async fn ecs_status(&self) -> String {
-        aws::instance(&self.sdk, &self.s.cluster, self.arn()).await.0
+        aws::instance(&self.sdk, &self.s.cluster, self.arn())
+            .await
+            .0
     }
 
     async fn health_attr(&self) -> Option<String> {
@@ -164,13 +170,30 @@ async fn retirement_drains_at_the_lead_and_is_replaced_before_not_before() {
     let nb = unix_now() + 20;
     n.imds.set_doc(
         SCHEDULED,
-        Some(&scheduled("instance-event-1", "instance-retirement", "active", &imds_time(20), &imds_time(620))),
+        Some(&scheduled(
+            "instance-event-1",
+            "instance-retirement",
+            "active",
+            &imds_time(20),
+            &imds_time(620),
+        )),
     );
     n.d.start();
-    wait_sync("the plan", Duration::from_secs(10), || n.status().contains("drain starts at"), || n.status());
+    wait_sync(
+        "the plan",
+        Duration::from_secs(10),
+        || n.status().contains("drain starts at"),
+        || n.status(),
+    );
     let status = n.status();
-    assert!(status.contains("instance-retirement instance-event-1 (active)"), "{status}");
-    assert!(status.contains("then Auto Scaling replaces the instance"), "{status}");
+    assert!(
+        status.contains("instance-retirement instance-event-1 (active)"),
+        "{status}"
+    );
+    assert!(
+        status.contains("then Auto Scaling replaces the instance"),
+        "{status}"
+    );
     // Before the lead: still in service.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(n.ecs_status().await, "ACTIVE", "{}", n.d.log());
@@ -181,10 +204,25 @@ async fn retirement_drains_at_the_lead_and_is_replaced_before_not_before() {
     assert!(unix_now() < nb, "replaced before NotBefore");
     assert_eq!(inc["state"], "replaced", "{inc:#}");
     assert_eq!(inc["rule"], "planned-instance-retirement", "{inc:#}");
-    assert!(inc["signal"].as_str().unwrap().starts_with("maintenance-event instance-retirement"), "{inc:#}");
-    assert!(inc["summary"].as_str().unwrap().contains("before AWS stops it"), "{inc:#}");
+    assert!(
+        inc["signal"]
+            .as_str()
+            .unwrap()
+            .starts_with("maintenance-event instance-retirement"),
+        "{inc:#}"
+    );
+    assert!(
+        inc["summary"]
+            .as_str()
+            .unwrap()
+            .contains("before AWS stops it"),
+        "{inc:#}"
+    );
     let health = aws::asg_health(&n.sdk, &n.s.asg).await;
-    assert!(health.contains(&(n.s.nodes[0].instance_id.clone(), "Unhealthy".into())), "{health:?}");
+    assert!(
+        health.contains(&(n.s.nodes[0].instance_id.clone(), "Unhealthy".into())),
+        "{health:?}"
+    );
     // The planned drain took no fleet-budget claim.
     assert_eq!(n.proxy.count_with("PutAttributes", "claim"), 0);
     n.d.stop(Duration::from_secs(20));
@@ -194,14 +232,45 @@ async fn retirement_drains_at_the_lead_and_is_replaced_before_not_before() {
 async fn system_reboot_then_completed_after_a_new_boot_is_back_in_service() {
     let mut n = node("pl-reboot", "").await;
     let (nb, na) = (imds_time(5), imds_time(600));
-    n.imds.set_doc(SCHEDULED, Some(&scheduled("instance-event-2", "system-reboot", "active", &nb, &na)));
+    n.imds.set_doc(
+        SCHEDULED,
+        Some(&scheduled(
+            "instance-event-2",
+            "system-reboot",
+            "active",
+            &nb,
+            &na,
+        )),
+    );
     n.d.start();
     n.wait_status("DRAINING", Duration::from_secs(15)).await;
-    wait_sync("drained ahead", Duration::from_secs(15), || n.status().contains("drained; back in service"), || n.status());
-    assert!(n.d.incident(1)["closed_at"].is_null(), "open until the reboot is over");
+    wait_sync(
+        "drained ahead",
+        Duration::from_secs(15),
+        || n.status().contains("drained; back in service"),
+        || n.status(),
+    );
+    assert!(
+        n.d.incident(1)["closed_at"].is_null(),
+        "open until the reboot is over"
+    );
     // AWS completes the event but this is the same boot: the instance stays out.
-    n.imds.set_doc(SCHEDULED, Some(&scheduled("instance-event-2", "system-reboot", "completed", &nb, &na)));
-    wait_sync("the same boot noted", Duration::from_secs(10), || n.notes(1).contains("same boot id"), || n.notes(1));
+    n.imds.set_doc(
+        SCHEDULED,
+        Some(&scheduled(
+            "instance-event-2",
+            "system-reboot",
+            "completed",
+            &nb,
+            &na,
+        )),
+    );
+    wait_sync(
+        "the same boot noted",
+        Duration::from_secs(10),
+        || n.notes(1).contains("same boot id"),
+        || n.notes(1),
+    );
     assert_eq!(n.ecs_status().await, "DRAINING");
     // The reboot: gpu-medic stops, the boot id changes, gpu-medic starts again.
     n.d.stop(Duration::from_secs(20));
@@ -209,7 +278,13 @@ async fn system_reboot_then_completed_after_a_new_boot_is_back_in_service() {
     n.d.start();
     let inc = n.d.wait_closed(1, Duration::from_secs(20));
     assert_eq!(inc["state"], "resolved", "{inc:#}");
-    assert!(inc["summary"].as_str().unwrap().contains("rebooted (new boot id)"), "{inc:#}");
+    assert!(
+        inc["summary"]
+            .as_str()
+            .unwrap()
+            .contains("rebooted (new boot id)"),
+        "{inc:#}"
+    );
     assert_eq!(n.ecs_status().await, "ACTIVE");
     assert_eq!(n.health_attr().await.as_deref(), Some("ok"));
     n.d.stop(Duration::from_secs(20));
@@ -221,17 +296,31 @@ async fn a_spot_notice_stops_a_standalone_task_before_the_deadline() {
     let task = aws::start_task(&n.sdk, &n.s, &n.s.nodes[0].arn.clone(), None).await;
     n.d.start();
     let deadline = unix_now() + 40;
-    n.imds.set_doc(SPOT, Some(&format!(r#"{{"action":"terminate","time":"{}"}}"#, rfc3339(40))));
+    n.imds.set_doc(
+        SPOT,
+        Some(&format!(
+            r#"{{"action":"terminate","time":"{}"}}"#,
+            rfc3339(40)
+        )),
+    );
     n.wait_status("DRAINING", Duration::from_secs(15)).await;
-    wait_for("the standalone task stopped", Duration::from_secs(30), || async {
-        aws::task_desired(&n.sdk, &n.s.cluster, &task).await == "STOPPED"
-    })
+    wait_for(
+        "the standalone task stopped",
+        Duration::from_secs(30),
+        || async { aws::task_desired(&n.sdk, &n.s.cluster, &task).await == "STOPPED" },
+    )
     .await;
     assert!(unix_now() < deadline, "stopped before the interruption");
     let inc = n.d.wait_closed(1, Duration::from_secs(30));
     assert_eq!(inc["rule"], "planned-spot-interruption", "{inc:#}");
     assert_eq!(inc["state"], "drained", "{inc:#}");
-    assert!(inc["summary"].as_str().unwrap().contains("AWS reclaims the instance"), "{inc:#}");
+    assert!(
+        inc["summary"]
+            .as_str()
+            .unwrap()
+            .contains("AWS reclaims the instance"),
+        "{inc:#}"
+    );
     n.d.stop(Duration::from_secs(20));
 }
 
@@ -243,14 +332,35 @@ async fn a_canceled_event_is_undone() {
     let arn = n.s.nodes[0].arn.clone();
     aws::start_task(&n.sdk, &n.s, &arn, Some("service:web")).await;
     let (nb, na) = (imds_time(240), imds_time(600));
-    n.imds.set_doc(SCHEDULED, Some(&scheduled("instance-event-3", "instance-stop", "active", &nb, &na)));
+    n.imds.set_doc(
+        SCHEDULED,
+        Some(&scheduled(
+            "instance-event-3",
+            "instance-stop",
+            "active",
+            &nb,
+            &na,
+        )),
+    );
     n.d.start();
     n.wait_status("DRAINING", Duration::from_secs(15)).await;
     assert_eq!(n.health_attr().await.as_deref(), Some("faulted"));
-    n.imds.set_doc(SCHEDULED, Some(&scheduled("instance-event-3", "instance-stop", "canceled", &nb, &na)));
+    n.imds.set_doc(
+        SCHEDULED,
+        Some(&scheduled(
+            "instance-event-3",
+            "instance-stop",
+            "canceled",
+            &nb,
+            &na,
+        )),
+    );
     let inc = n.d.wait_closed(1, Duration::from_secs(20));
     assert_eq!(inc["state"], "resolved", "{inc:#}");
-    assert!(inc["summary"].as_str().unwrap().contains("AWS canceled"), "{inc:#}");
+    assert!(
+        inc["summary"].as_str().unwrap().contains("AWS canceled"),
+        "{inc:#}"
+    );
     assert_eq!(n.ecs_status().await, "ACTIVE");
     assert_eq!(n.health_attr().await.as_deref(), Some("ok"));
     n.d.stop(Duration::from_secs(20));
@@ -284,21 +394,55 @@ async fn imds_trouble_and_past_events_decide_nothing() {
     let mut n = node("pl-trouble", "").await;
     n.imds.set_down(true);
     n.d.start();
-    wait_sync("a warning for IMDS down", Duration::from_secs(10), || n.d.log().contains("retrying with backoff (planned disruptions"), || n.d.log());
+    wait_sync(
+        "a warning for IMDS down",
+        Duration::from_secs(10),
+        || {
+            n.d.log()
+                .contains("retrying with backoff (planned disruptions")
+        },
+        || n.d.log(),
+    );
     n.imds.set_down(false);
-    n.imds.set_doc(SCHEDULED, Some("[{\"Code\": \"system-reboot\", oops"));
-    wait_sync("a warning for malformed JSON", Duration::from_secs(10), || n.d.log().contains("not the JSON IMDS documents"), || n.d.log());
+    n.imds
+        .set_doc(SCHEDULED, Some("[{\"Code\": \"system-reboot\", oops"));
+    wait_sync(
+        "a warning for malformed JSON",
+        Duration::from_secs(10),
+        || n.d.log().contains("not the JSON IMDS documents"),
+        || n.d.log(),
+    );
     let big = format!("[{}]", " ".repeat(10 * 1024 * 1024));
     n.imds.set_doc(SCHEDULED, Some(&big));
-    wait_sync("a warning for 10 MB", Duration::from_secs(20), || n.d.log().contains("exceeds [planned] max_document"), || n.d.log());
+    wait_sync(
+        "a warning for 10 MB",
+        Duration::from_secs(20),
+        || n.d.log().contains("exceeds [planned] max_document"),
+        || n.d.log(),
+    );
     n.imds.set_doc(
         SCHEDULED,
-        Some(&scheduled("instance-event-4", "instance-retirement", "active", &imds_time(-7200), &imds_time(-3600))),
+        Some(&scheduled(
+            "instance-event-4",
+            "instance-retirement",
+            "active",
+            &imds_time(-7200),
+            &imds_time(-3600),
+        )),
     );
     let inc = n.d.wait_closed(1, Duration::from_secs(15));
     assert_eq!(inc["state"], "logged", "{inc:#}");
-    assert!(inc["reason"].as_str().unwrap().contains("an event in the past"), "{inc:#}");
-    assert!(n.d.log().contains("an event in the past, nothing is drained"));
+    assert!(
+        inc["reason"]
+            .as_str()
+            .unwrap()
+            .contains("an event in the past"),
+        "{inc:#}"
+    );
+    assert!(
+        n.d.log()
+            .contains("an event in the past, nothing is drained")
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(n.ecs_status().await, "ACTIVE");
     assert_eq!(n.started(), 0, "nothing was ordered");
@@ -310,8 +454,19 @@ async fn gpu_node(name: &str) -> (Proxy, Seeded, FakeImds, Daemon) {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, name, 1).await;
-    let uuids = ["GPU-00000000-aaaa-bbbb-cccc-000000000000", "GPU-11111111-aaaa-bbbb-cccc-111111111111", "GPU-22222222-aaaa-bbbb-cccc-222222222222", "GPU-33333333-aaaa-bbbb-cccc-333333333333"];
-    proxy.gpu_devices(&s.nodes[0].arn, uuids.iter().map(|u| gpu_device(u, "IDLE", 143_771, 143_771, 0)).collect());
+    let uuids = [
+        "GPU-00000000-aaaa-bbbb-cccc-000000000000",
+        "GPU-11111111-aaaa-bbbb-cccc-111111111111",
+        "GPU-22222222-aaaa-bbbb-cccc-222222222222",
+        "GPU-33333333-aaaa-bbbb-cccc-333333333333",
+    ];
+    proxy.gpu_devices(
+        &s.nodes[0].arn,
+        uuids
+            .iter()
+            .map(|u| gpu_device(u, "IDLE", 143_771, 143_771, 0))
+            .collect(),
+    );
     let imds = FakeImds::start(&s.nodes[0].instance_id).await;
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
@@ -335,7 +490,12 @@ async fn gpu_node(name: &str) -> (Proxy, Seeded, FakeImds, Daemon) {
 fn texts(inc: &Value) -> String {
     inc["records"]
         .as_array()
-        .map(|r| r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("\n"))
+        .map(|r| {
+            r.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
         .unwrap_or_default()
 }
 
@@ -349,7 +509,11 @@ async fn the_agents_impaired_alone_is_logged_and_shown_and_drains_nothing() {
     assert_eq!(inc["rule"], "ecs-agent-impaired", "{inc:#}");
     assert_eq!(inc["state"], "logged", "{inc:#}");
     let status = String::from_utf8_lossy(&d.cli(&["status"]).stdout).to_string();
-    assert!(status.contains("ecs agent:   ACCELERATED_COMPUTE IMPAIRED") && status.contains("gpu-medic: no GPU fault"), "{status}");
+    assert!(
+        status.contains("ecs agent:   ACCELERATED_COMPUTE IMPAIRED")
+            && status.contains("gpu-medic: no GPU fault"),
+        "{status}"
+    );
     assert!(
         d.records().iter().all(|r| r["event"] != "action-started"),
         "no order, not even a dry one"
@@ -368,17 +532,40 @@ async fn the_agents_impaired_with_an_xid_shows_both_verdicts() {
     d.start();
     d.wait_closed(1, Duration::from_secs(20));
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
-    let xid = (2..6)
-        .map(|i| d.incident(i))
-        .find(|x| x["signal"].as_str().is_some_and(|s| s.starts_with("xid 79")));
+    let xid = (2..6).map(|i| d.incident(i)).find(|x| {
+        x["signal"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("xid 79"))
+    });
     let xid = match xid {
         Some(x) => x,
         None => {
-            wait_sync("an XID incident", Duration::from_secs(20), || (2..6).any(|i| d.incident(i)["signal"].as_str().is_some_and(|s| s.starts_with("xid 79"))), || d.log());
-            (2..6).map(|i| d.incident(i)).find(|x| x["signal"].as_str().is_some_and(|s| s.starts_with("xid 79"))).unwrap()
+            wait_sync(
+                "an XID incident",
+                Duration::from_secs(20),
+                || {
+                    (2..6).any(|i| {
+                        d.incident(i)["signal"]
+                            .as_str()
+                            .is_some_and(|s| s.starts_with("xid 79"))
+                    })
+                },
+                || d.log(),
+            );
+            (2..6)
+                .map(|i| d.incident(i))
+                .find(|x| {
+                    x["signal"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("xid 79"))
+                })
+                .unwrap()
         }
     };
     let t = texts(&xid);
-    assert!(t.contains("the ECS agent's own: ACCELERATED_COMPUTE IMPAIRED"), "{t}");
+    assert!(
+        t.contains("the ECS agent's own: ACCELERATED_COMPUTE IMPAIRED"),
+        "{t}"
+    );
     d.stop(Duration::from_secs(20));
 }

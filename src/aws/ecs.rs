@@ -297,9 +297,7 @@ impl Ecs {
                     accelerated_health: ci.health_status().and_then(|h| {
                         h.details()
                             .iter()
-                            .find(|d| {
-                                d.r#type().map(|t| t.as_str()) == Some("ACCELERATED_COMPUTE")
-                            })
+                            .find(|d| d.r#type().map(|t| t.as_str()) == Some("ACCELERATED_COMPUTE"))
                             .map(|d| {
                                 let status = d.status().map_or("", |s| s.as_str()).to_string();
                                 let since = d

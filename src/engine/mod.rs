@@ -212,7 +212,8 @@ impl Cx<'_> {
         let order = Order {
             id: ActionId(self.st.next_action),
             incident,
-            deadline: planned_deadline.unwrap_or_else(|| self.now.plus(self.deadline_for(&command))),
+            deadline: planned_deadline
+                .unwrap_or_else(|| self.now.plus(self.deadline_for(&command))),
             command,
             attempt,
             planned,
@@ -929,7 +930,10 @@ impl Cx<'_> {
                     ),
                 };
                 self.st.node = phase;
-                if done == Step::Drain && rem.goal == Goal::Drain && self.planned_drained(rem.incident) {
+                if done == Step::Drain
+                    && rem.goal == Goal::Drain
+                    && self.planned_drained(rem.incident)
+                {
                     return;
                 }
                 let summary = self

@@ -138,7 +138,9 @@ pub struct Planned {
 impl Planned {
     /// Events not finished (for `status` and the metrics).
     pub fn pending(&self) -> impl Iterator<Item = (&String, &PlannedEvent)> {
-        self.events.iter().filter(|(_, e)| e.phase != PlannedPhase::Done)
+        self.events
+            .iter()
+            .filter(|(_, e)| e.phase != PlannedPhase::Done)
     }
 
     fn by_incident(&self, id: IncidentId) -> Option<String> {
@@ -205,8 +207,7 @@ impl Cx<'_> {
     }
 
     fn remember(&mut self, key: String, e: PlannedEvent) {
-        if !self.st.planned.events.contains_key(&key)
-            && self.st.planned.events.len() >= MAX_PLANNED
+        if !self.st.planned.events.contains_key(&key) && self.st.planned.events.len() >= MAX_PLANNED
         {
             let oldest = self
                 .st
@@ -272,11 +273,13 @@ impl Cx<'_> {
                     "AWS canceled {}: quarantine lifted, the instance is ACTIVE and takes tasks again",
                     known.what
                 );
-                self.undo(&key, "AWS canceled the event before its drain began; nothing to undo", text);
+                self.undo(
+                    &key,
+                    "AWS canceled the event before its drain began; nothing to undo",
+                    text,
+                );
             }
-            EventState::Completed if state_changed || rebooted => {
-                self.completed(&key, rebooted)
-            }
+            EventState::Completed if state_changed || rebooted => self.completed(&key, rebooted),
             EventState::Active if times_changed => self.rescheduled(&key),
             _ => {}
         }
@@ -346,9 +349,7 @@ impl Cx<'_> {
             "AWS scheduled {} for {}{}: a planned disruption, not a GPU fault; drained ahead ({} lead), never deferred by the fleet budget",
             entry.what,
             ev.not_before,
-            ev.not_after
-                .map(|t| format!(" to {t}"))
-                .unwrap_or_default(),
+            ev.not_after.map(|t| format!(" to {t}")).unwrap_or_default(),
             fmt_d(rules.lead)
         );
         let id = self.open(obs, &rule, &reason, verdict);
@@ -377,7 +378,10 @@ impl Cx<'_> {
             PlannedPhase::Waiting => {
                 let at = nb.minus(lead).max(now);
                 e.drain_at = Some(at);
-                format!("AWS rescheduled {} to NotBefore {nb}: drain starts at {at}", e.what)
+                format!(
+                    "AWS rescheduled {} to NotBefore {nb}: drain starts at {at}",
+                    e.what
+                )
             }
             PlannedPhase::Done => return,
             _ => format!(
@@ -427,7 +431,11 @@ impl Cx<'_> {
                         e.what
                     )
                 };
-                self.undo(key, "AWS completed the event before its drain began; nothing to undo", text);
+                self.undo(
+                    key,
+                    "AWS completed the event before its drain began; nothing to undo",
+                    text,
+                );
             }
             _ => {
                 if e.phase == PlannedPhase::Waiting {
@@ -460,7 +468,9 @@ impl Cx<'_> {
                 self.set_phase(key, PlannedPhase::Done);
                 self.close(id, IncidentState::Resolved, early.to_string());
             }
-            PlannedPhase::Started | PlannedPhase::Drained => self.restore_planned(key, id, restored),
+            PlannedPhase::Started | PlannedPhase::Drained => {
+                self.restore_planned(key, id, restored)
+            }
         }
     }
 
@@ -479,7 +489,8 @@ impl Cx<'_> {
                 NodePhase::Drained | NodePhase::Quarantined | NodePhase::Draining
             );
         if let Some(r) = rem {
-            if r.goal == Goal::Terminate || matches!(r.step, Step::Replace | Step::CompleteLifecycle)
+            if r.goal == Goal::Terminate
+                || matches!(r.step, Step::Replace | Step::CompleteLifecycle)
             {
                 self.note(
                     id,
@@ -546,20 +557,29 @@ impl Cx<'_> {
                     rem.incident,
                     Verdict::Replace,
                     &format!("{RULE_PREFIX}{}", e.what),
-                    format!("upgraded from drain to replace: AWS stops the instance at {}", e.not_before),
+                    format!(
+                        "upgraded from drain to replace: AWS stops the instance at {}",
+                        e.not_before
+                    ),
                 );
             }
             self.set_phase(key, PlannedPhase::Done);
             self.close(
                 id,
                 IncidentState::Logged,
-                format!("joins the node remediation of incident {}, already under way", rem.incident),
+                format!(
+                    "joins the node remediation of incident {}, already under way",
+                    rem.incident
+                ),
             );
             return;
         }
         let gone = matches!(
             self.st.node,
-            NodePhase::Replacing | NodePhase::Replaced | NodePhase::Terminating | NodePhase::Terminated
+            NodePhase::Replacing
+                | NodePhase::Replaced
+                | NodePhase::Terminating
+                | NodePhase::Terminated
         );
         let drained_by_other = self.st.node == NodePhase::Drained
             && self.st.node_incident != Some(id)
@@ -590,7 +610,9 @@ impl Cx<'_> {
             .planned
             .events
             .iter()
-            .filter(|(_, e)| e.phase == PlannedPhase::Waiting && e.drain_at.is_some_and(|t| t <= now))
+            .filter(|(_, e)| {
+                e.phase == PlannedPhase::Waiting && e.drain_at.is_some_and(|t| t <= now)
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
@@ -755,7 +777,11 @@ impl Cx<'_> {
     }
 
     /// How a planned disruption's incident reads when its remediation ends in `state`.
-    pub(super) fn planned_summary(&mut self, incident: IncidentId, state: IncidentState) -> Option<String> {
+    pub(super) fn planned_summary(
+        &mut self,
+        incident: IncidentId,
+        state: IncidentState,
+    ) -> Option<String> {
         let key = self.st.planned.by_incident(incident)?;
         let e = self.st.planned.events.get(&key)?.clone();
         self.set_phase(&key, PlannedPhase::Done);
@@ -891,7 +917,9 @@ impl Cx<'_> {
 pub fn status_lines(st: &State) -> Vec<String> {
     let mut out = Vec::new();
     for (_, e) in st.planned.pending() {
-        let inc = e.incident.map_or(String::new(), |i| format!(", incident {i}"));
+        let inc = e
+            .incident
+            .map_or(String::new(), |i| format!(", incident {i}"));
         let plan = match e.phase {
             PlannedPhase::Waiting => match e.drain_at {
                 Some(t) => format!(
@@ -917,7 +945,11 @@ pub fn status_lines(st: &State) -> Vec<String> {
         ));
     }
     if let Some(a) = &st.planned.agent {
-        let own = if st.gpus.values().any(|g| g.status == super::GpuStatus::Faulted) {
+        let own = if st
+            .gpus
+            .values()
+            .any(|g| g.status == super::GpuStatus::Faulted)
+        {
             let faulted: Vec<String> = st
                 .gpus
                 .iter()
@@ -967,8 +999,9 @@ mod tests {
     const T0: u64 = 1_900_000_000_000;
 
     fn policy() -> Policy {
-        let mut p = Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"))
-            .unwrap();
+        let mut p =
+            Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"))
+                .unwrap();
         p.planned.lead = Duration::from_secs(5 * 60);
         p
     }
@@ -1059,7 +1092,13 @@ mod tests {
     fn retirement_drains_at_the_lead_and_replaces_before_not_before() {
         let mut r = Run::new(policy());
         let nb = T0 + 10 * MIN;
-        assert!(r.step(event("e1", "instance-retirement", EventState::Active, nb, "b1"), T0).is_empty());
+        assert!(
+            r.step(
+                event("e1", "instance-retirement", EventState::Active, nb, "b1"),
+                T0
+            )
+            .is_empty()
+        );
         assert!(r.text().contains("drain starts at"), "{}", r.text());
         // One tick before the lead: nothing; at the lead: quarantine, then drain, then replace.
         assert!(r.step(Input::Tick, nb - 5 * MIN - 1).is_empty());
@@ -1088,7 +1127,10 @@ mod tests {
     fn a_fault_drain_joins_a_planned_drain_under_way() {
         let mut r = Run::new(policy());
         let nb = T0 + 2 * MIN; // within the lead: drains at once
-        let q = r.step(event("e1", "system-reboot", EventState::Active, nb, "b1"), T0);
+        let q = r.step(
+            event("e1", "system-reboot", EventState::Active, nb, "b1"),
+            T0,
+        );
         assert_eq!(q[0].command, Command::Quarantine);
         let xid = Input::Observation(
             Observation::new(Signal::xid(79)).on_gpu(crate::model::GpuId::index_only(0)),
@@ -1101,16 +1143,32 @@ mod tests {
     fn a_reboot_event_returns_to_service_after_a_new_boot() {
         let mut r = Run::new(policy());
         let nb = T0 + 10 * MIN;
-        r.step(event("e2", "system-reboot", EventState::Active, nb, "b1"), T0);
+        r.step(
+            event("e2", "system-reboot", EventState::Active, nb, "b1"),
+            T0,
+        );
         let o = r.step(Input::Tick, nb - 5 * MIN);
         r.finish(o, nb - 5 * MIN);
         assert_eq!(r.st.node, NodePhase::Drained);
         assert!(r.closed(1).is_none(), "open until the reboot is over");
-        assert!(status_lines(&r.st)[0].contains("drained; back in service"), "{:?}", status_lines(&r.st));
+        assert!(
+            status_lines(&r.st)[0].contains("drained; back in service"),
+            "{:?}",
+            status_lines(&r.st)
+        );
         // Completed, same boot: stays out.
-        assert!(r.step(event("e2", "system-reboot", EventState::Completed, nb, "b1"), nb + MIN).is_empty());
+        assert!(
+            r.step(
+                event("e2", "system-reboot", EventState::Completed, nb, "b1"),
+                nb + MIN
+            )
+            .is_empty()
+        );
         // The instance rebooted (a new boot id): back in service.
-        let o = r.step(event("e2", "system-reboot", EventState::Completed, nb, "b2"), nb + 2 * MIN);
+        let o = r.step(
+            event("e2", "system-reboot", EventState::Completed, nb, "b2"),
+            nb + 2 * MIN,
+        );
         assert_eq!(o[0].command, Command::Restore);
         r.finish(o, nb + 2 * MIN);
         let (state, summary) = r.closed(1).unwrap();
@@ -1124,43 +1182,105 @@ mod tests {
         let mut r = Run::new(policy());
         let nb = T0 + 10 * MIN;
         // Canceled before its drain: nothing to undo.
-        r.step(event("e3", "instance-stop", EventState::Active, nb, "b1"), T0);
-        assert!(r.step(event("e3", "instance-stop", EventState::Canceled, nb, "b1"), T0 + MIN).is_empty());
+        r.step(
+            event("e3", "instance-stop", EventState::Active, nb, "b1"),
+            T0,
+        );
+        assert!(
+            r.step(
+                event("e3", "instance-stop", EventState::Canceled, nb, "b1"),
+                T0 + MIN
+            )
+            .is_empty()
+        );
         assert_eq!(r.closed(1).unwrap().0, IncidentState::Resolved);
         // Canceled mid-drain: restored.
-        r.step(event("e4", "instance-retirement", EventState::Active, nb, "b1"), T0 + MIN);
+        r.step(
+            event("e4", "instance-retirement", EventState::Active, nb, "b1"),
+            T0 + MIN,
+        );
         let q = r.step(Input::Tick, nb - 5 * MIN);
         let d = r.done(&q[0], nb - 5 * MIN);
         assert!(matches!(d[0].command, Command::Drain { .. }));
-        let o = r.step(event("e4", "instance-retirement", EventState::Canceled, nb, "b1"), nb - 4 * MIN);
+        let o = r.step(
+            event("e4", "instance-retirement", EventState::Canceled, nb, "b1"),
+            nb - 4 * MIN,
+        );
         assert_eq!(o[0].command, Command::Restore);
-        assert!(r.st.in_flight.values().all(|x| x.command == Command::Restore), "the drain is dropped");
+        assert!(
+            r.st.in_flight
+                .values()
+                .all(|x| x.command == Command::Restore),
+            "the drain is dropped"
+        );
         r.finish(o, nb - 4 * MIN);
         let (state, summary) = r.closed(2).unwrap();
         assert_eq!(state, IncidentState::Resolved);
-        assert!(summary.contains("AWS canceled") && summary.contains("ACTIVE"), "{summary}");
+        assert!(
+            summary.contains("AWS canceled") && summary.contains("ACTIVE"),
+            "{summary}"
+        );
     }
 
     #[test]
     fn rescheduling_moves_the_drain() {
         let mut r = Run::new(policy());
         let nb = T0 + 10 * MIN;
-        r.step(event("e5", "instance-retirement", EventState::Active, nb, "b"), T0);
-        r.step(event("e5", "instance-retirement", EventState::Active, nb + 60 * MIN, "b"), T0 + MIN);
-        assert!(r.step(Input::Tick, nb - 5 * MIN).is_empty(), "not at the old time");
-        assert_eq!(r.step(Input::Tick, nb + 55 * MIN).len(), 1, "at the new one");
+        r.step(
+            event("e5", "instance-retirement", EventState::Active, nb, "b"),
+            T0,
+        );
+        r.step(
+            event(
+                "e5",
+                "instance-retirement",
+                EventState::Active,
+                nb + 60 * MIN,
+                "b",
+            ),
+            T0 + MIN,
+        );
+        assert!(
+            r.step(Input::Tick, nb - 5 * MIN).is_empty(),
+            "not at the old time"
+        );
+        assert_eq!(
+            r.step(Input::Tick, nb + 55 * MIN).len(),
+            1,
+            "at the new one"
+        );
         assert!(r.text().contains("rescheduled"), "{}", r.text());
     }
 
     #[test]
     fn past_and_unknown_events_and_rebalance_decide_nothing_by_default() {
         let mut r = Run::new(policy());
-        assert!(r.step(event("e6", "instance-stop", EventState::Active, T0 - 60 * MIN, "b"), T0).is_empty());
+        assert!(
+            r.step(
+                event(
+                    "e6",
+                    "instance-stop",
+                    EventState::Active,
+                    T0 - 60 * MIN,
+                    "b"
+                ),
+                T0
+            )
+            .is_empty()
+        );
         assert_eq!(r.closed(1).unwrap().0, IncidentState::Logged);
         assert!(r.text().contains("an event in the past"), "{}", r.text());
-        assert!(r.step(event("e7", "instance-explode", EventState::Active, T0 + MIN, "b"), T0).is_empty());
+        assert!(
+            r.step(
+                event("e7", "instance-explode", EventState::Active, T0 + MIN, "b"),
+                T0
+            )
+            .is_empty()
+        );
         assert_eq!(r.closed(2).unwrap().0, IncidentState::Logged);
-        let rb = Input::Observation(Observation::new(Signal::RebalanceRecommendation { notice: Timestamp(T0) }));
+        let rb = Input::Observation(Observation::new(Signal::RebalanceRecommendation {
+            notice: Timestamp(T0),
+        }));
         assert!(r.step(rb.clone(), T0).is_empty());
         assert_eq!(r.closed(3).unwrap().0, IncidentState::Logged);
         assert!(r.step(rb, T0 + 1).is_empty(), "a repeat is nothing new");
@@ -1170,7 +1290,9 @@ mod tests {
         p.planned.rebalance = Rebalance::Drain;
         let mut r = Run::new(p);
         let o = r.step(
-            Input::Observation(Observation::new(Signal::RebalanceRecommendation { notice: Timestamp(T0) })),
+            Input::Observation(Observation::new(Signal::RebalanceRecommendation {
+                notice: Timestamp(T0),
+            })),
             T0,
         );
         assert_eq!(o[0].command, Command::Quarantine);
@@ -1190,32 +1312,53 @@ mod tests {
         let d = r.done(&q[0], T0);
         assert!(d[0].planned);
         assert_eq!(d[0].deadline, Timestamp(time).minus(r.p.planned.margin));
-        assert!(r.step(spot, T0 + 1).is_empty(), "the same notice again is nothing new");
+        assert!(
+            r.step(spot, T0 + 1).is_empty(),
+            "the same notice again is nothing new"
+        );
         // Auto Scaling then terminates it: the drain finishes and our hook is completed.
         let lc = Input::Observation(Observation::new(Signal::Lifecycle {
             state: crate::model::LifecycleState::Terminating,
         }));
         r.step(lc, T0 + 1000);
         let c = r.done(&d[0], T0 + 2000);
-        assert!(matches!(c[0].command, Command::CompleteLifecycle { .. }), "{c:?}");
+        assert!(
+            matches!(c[0].command, Command::CompleteLifecycle { .. }),
+            "{c:?}"
+        );
     }
 
     #[test]
     fn the_agents_verdict_corroborates_and_never_drains_alone() {
         let mut r = Run::new(policy());
-        let imp = Input::Observation(Observation::new(Signal::EcsAgentImpaired).with_detail("dcgm"));
-        assert!(r.step(imp.clone(), T0).is_empty(), "no drain on the agent's word alone");
+        let imp =
+            Input::Observation(Observation::new(Signal::EcsAgentImpaired).with_detail("dcgm"));
+        assert!(
+            r.step(imp.clone(), T0).is_empty(),
+            "no drain on the agent's word alone"
+        );
         assert_eq!(r.closed(1).unwrap().0, IncidentState::Logged);
-        assert!(status_lines(&r.st)[0].contains("IMPAIRED"), "{:?}", status_lines(&r.st));
+        assert!(
+            status_lines(&r.st)[0].contains("IMPAIRED"),
+            "{:?}",
+            status_lines(&r.st)
+        );
         // An XID after it: its incident shows both verdicts.
         let xid = Input::Observation(
             Observation::new(Signal::xid(79)).on_gpu(crate::model::GpuId::index_only(0)),
         );
         assert!(!r.step(xid, T0 + 1).is_empty());
-        assert!(r.text().contains("beside gpu-medic's verdict, the ECS agent's own"), "{}", r.text());
+        assert!(
+            r.text()
+                .contains("beside gpu-medic's verdict, the ECS agent's own"),
+            "{}",
+            r.text()
+        );
         // INSUFFICIENT_DATA is no fault.
         let mut r = Run::new(policy());
-        let nd = Input::Observation(Observation::new(Signal::EcsAgentHealth { status: "INSUFFICIENT_DATA".into() }));
+        let nd = Input::Observation(Observation::new(Signal::EcsAgentHealth {
+            status: "INSUFFICIENT_DATA".into(),
+        }));
         assert!(r.step(nd, T0).is_empty());
         assert!(r.log.is_empty());
     }

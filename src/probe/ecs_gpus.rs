@@ -579,7 +579,11 @@ impl AgentWatch {
                 status: status.clone(),
             }
         };
-        Some(Observation::new(signal).with_detail(text).from_source(SOURCE))
+        Some(
+            Observation::new(signal)
+                .with_detail(text)
+                .from_source(SOURCE),
+        )
     }
 }
 

@@ -290,11 +290,17 @@ impl Seen {
                         if self.spot.as_ref() != Some(&(action.clone(), time)) {
                             self.spot = Some((action.clone(), time));
                             if time <= now {
-                                tracing::warn!(probe = SOURCE, "IMDS spot/instance-action: {action} at {time} is in the past: nothing is drained");
+                                tracing::warn!(
+                                    probe = SOURCE,
+                                    "IMDS spot/instance-action: {action} at {time} is in the past: nothing is drained"
+                                );
                             }
                             out.push(
                                 Observation::new(Signal::SpotInterruption { action, time })
-                                    .with_detail(format!("IMDS spot/instance-action = {}", text.trim()))
+                                    .with_detail(format!(
+                                        "IMDS spot/instance-action = {}",
+                                        text.trim()
+                                    ))
                                     .from_source(SOURCE),
                             );
                         }
@@ -350,7 +356,9 @@ impl Seen {
             e.code,
             e.state.as_str(),
             e.not_before,
-            e.not_after.map(|t| format!(" NotAfter {t}")).unwrap_or_default(),
+            e.not_after
+                .map(|t| format!(" NotAfter {t}"))
+                .unwrap_or_default(),
             if e.description.is_empty() {
                 String::new()
             } else {
@@ -368,7 +376,11 @@ impl Seen {
         if self.warned.get(path) == Some(&why) {
             return;
         }
-        tracing::warn!(probe = SOURCE, path, "IMDS {path}: {why}; nothing is decided on it");
+        tracing::warn!(
+            probe = SOURCE,
+            path,
+            "IMDS {path}: {why}; nothing is decided on it"
+        );
         self.warned.insert(path, why);
     }
 
@@ -416,7 +428,10 @@ impl PlannedSource {
             let delay = match read {
                 Ok(docs) => {
                     if failures > 0 {
-                        tracing::info!(probe = SOURCE, "IMDS answers again after {failures} failed poll(s)");
+                        tracing::info!(
+                            probe = SOURCE,
+                            "IMDS answers again after {failures} failed poll(s)"
+                        );
                     }
                     failures = 0;
                     let docs = docs.each_ref().map(|(p, d)| (*p, d.as_deref()));
@@ -429,7 +444,10 @@ impl PlannedSource {
                 }
                 Err(e) => {
                     if failures == 0 {
-                        tracing::warn!(probe = SOURCE, "{e}; retrying with backoff (planned disruptions are seen once IMDS answers; nothing is drained for it)");
+                        tracing::warn!(
+                            probe = SOURCE,
+                            "{e}; retrying with backoff (planned disruptions are seen once IMDS answers; nothing is drained for it)"
+                        );
                     }
                     failures = failures.saturating_add(1);
                     backoff(interval, failures)
@@ -480,7 +498,14 @@ mod tests {
             parse_time("29 Feb 2024 23:59:59 GMT").unwrap(),
             Timestamp::parse("2024-02-29T23:59:59Z").unwrap()
         );
-        for bad in ["", "yesterday", "21 Foo 2019 09:00:43 GMT", "21 Jan 2019 25:00:00 GMT", "21 Jan 2019 09:00:43 PST", "99999999999999999999 Jan 2019 09:00:43 GMT"] {
+        for bad in [
+            "",
+            "yesterday",
+            "21 Foo 2019 09:00:43 GMT",
+            "21 Jan 2019 25:00:00 GMT",
+            "21 Jan 2019 09:00:43 PST",
+            "99999999999999999999 Jan 2019 09:00:43 GMT",
+        ] {
             assert!(parse_time(bad).is_err(), "{bad}");
         }
     }
@@ -498,22 +523,35 @@ mod tests {
         assert_eq!(e.code, "system-reboot");
         assert_eq!(e.state, EventState::Active);
         assert_eq!(e.boot_id, "boot-1");
-        assert_eq!(e.not_after, Some(parse_time("21 Jan 2019 09:17:23 GMT").unwrap()));
+        assert_eq!(
+            e.not_after,
+            Some(parse_time("21 Jan 2019 09:17:23 GMT").unwrap())
+        );
         assert_eq!(bad.len(), 2, "{bad:?}");
-        assert!(bad[0].contains("instance-event-2") && bad[1].contains("pending"), "{bad:?}");
+        assert!(
+            bad[0].contains("instance-event-2") && bad[1].contains("pending"),
+            "{bad:?}"
+        );
     }
 
     #[test]
     fn oversized_and_malformed_documents_decide_nothing() {
         let big = format!("[{}]", " ".repeat(10 * 1024 * 1024));
-        assert!(matches!(parse_scheduled(&big, MAX, ""), Err(DocError::TooLarge { .. })));
+        assert!(matches!(
+            parse_scheduled(&big, MAX, ""),
+            Err(DocError::TooLarge { .. })
+        ));
         let e = parse_scheduled("{not json", MAX, "").unwrap_err();
         assert!(e.to_string().contains("{not json"), "{e}");
         assert!(parse_spot(r#"{"action":"explode","time":"2017-09-18T08:22:00Z"}"#, MAX).is_err());
         assert!(parse_rebalance(r#"{"noticeTime":"later"}"#, MAX).is_err());
         let mut seen = Seen::default();
         let obs = seen.read(
-            [(SCHEDULED_PATH, Some(&big)), (SPOT_PATH, Some("]")), (REBALANCE_PATH, Some("{}"))],
+            [
+                (SCHEDULED_PATH, Some(&big)),
+                (SPOT_PATH, Some("]")),
+                (REBALANCE_PATH, Some("{}")),
+            ],
             MAX,
             "",
             Timestamp(0),
@@ -524,22 +562,62 @@ mod tests {
     #[test]
     fn only_changes_are_sent() {
         let doc = |state: &str, nb: &str| {
-            format!(r#"[{{"NotBefore":"{nb}","Code":"instance-retirement","EventId":"e1","State":"{state}"}}]"#)
+            format!(
+                r#"[{{"NotBefore":"{nb}","Code":"instance-retirement","EventId":"e1","State":"{state}"}}]"#
+            )
         };
         let mut seen = Seen::default();
         let now = Timestamp(0);
         let a = doc("active", "21 Jan 2030 09:00:00 GMT");
         let read = |seen: &mut Seen, d: &str| {
-            seen.read([(SCHEDULED_PATH, Some(d)), (SPOT_PATH, None), (REBALANCE_PATH, None)], MAX, "b", now)
+            seen.read(
+                [
+                    (SCHEDULED_PATH, Some(d)),
+                    (SPOT_PATH, None),
+                    (REBALANCE_PATH, None),
+                ],
+                MAX,
+                "b",
+                now,
+            )
         };
         assert_eq!(read(&mut seen, &a).len(), 1, "posted");
         assert_eq!(read(&mut seen, &a).len(), 0, "unchanged");
-        assert_eq!(read(&mut seen, &doc("active", "22 Jan 2030 09:00:00 GMT")).len(), 1, "rescheduled");
-        assert_eq!(read(&mut seen, &doc("canceled", "22 Jan 2030 09:00:00 GMT")).len(), 1, "canceled");
+        assert_eq!(
+            read(&mut seen, &doc("active", "22 Jan 2030 09:00:00 GMT")).len(),
+            1,
+            "rescheduled"
+        );
+        assert_eq!(
+            read(&mut seen, &doc("canceled", "22 Jan 2030 09:00:00 GMT")).len(),
+            1,
+            "canceled"
+        );
         let spot = r#"{"action":"terminate","time":"2030-01-01T00:02:00Z"}"#;
-        let s = seen.read([(SCHEDULED_PATH, None), (SPOT_PATH, Some(spot)), (REBALANCE_PATH, None)], MAX, "b", now);
-        assert!(matches!(s[0].signal, Signal::SpotInterruption { .. }), "{s:?}");
-        let s = seen.read([(SCHEDULED_PATH, None), (SPOT_PATH, Some(spot)), (REBALANCE_PATH, None)], MAX, "b", now);
+        let s = seen.read(
+            [
+                (SCHEDULED_PATH, None),
+                (SPOT_PATH, Some(spot)),
+                (REBALANCE_PATH, None),
+            ],
+            MAX,
+            "b",
+            now,
+        );
+        assert!(
+            matches!(s[0].signal, Signal::SpotInterruption { .. }),
+            "{s:?}"
+        );
+        let s = seen.read(
+            [
+                (SCHEDULED_PATH, None),
+                (SPOT_PATH, Some(spot)),
+                (REBALANCE_PATH, None),
+            ],
+            MAX,
+            "b",
+            now,
+        );
         assert!(s.is_empty());
     }
 }
