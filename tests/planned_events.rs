@@ -399,7 +399,7 @@ async fn imds_trouble_and_past_events_decide_nothing() {
         Duration::from_secs(10),
         || {
             n.d.log()
-                .contains("retrying with backoff (planned disruptions")
+                .contains("planned-events poll backs off (planned disruptions")
         },
         || n.d.log(),
     );

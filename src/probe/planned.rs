@@ -446,7 +446,7 @@ impl PlannedSource {
                     if failures == 0 {
                         tracing::warn!(
                             probe = SOURCE,
-                            "{e}; retrying with backoff (planned disruptions are seen once IMDS answers; nothing is drained for it)"
+                            "{e}; planned-events poll backs off (planned disruptions are seen once IMDS answers; nothing is drained for it)"
                         );
                     }
                     failures = failures.saturating_add(1);
