@@ -5,3 +5,4 @@
 pub mod child;
 pub mod error;
 pub mod limits;
+pub mod lines;
