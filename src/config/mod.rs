@@ -2,6 +2,10 @@
 //! Unknown keys are rejected and every error names the file and line, so a typo in an AMI
 //! build fails the build instead of silently disabling a probe.
 
+pub mod state_dir;
+
+pub use state_dir::StateDir;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -412,16 +416,21 @@ impl Config {
         Ok(())
     }
 
+    /// The files under `state_dir` ([`StateDir`]).
+    pub fn files(&self) -> StateDir {
+        StateDir::new(&self.state_dir)
+    }
+
     pub fn incidents_path(&self) -> PathBuf {
-        self.state_dir.join("incidents.jsonl")
+        self.files().incidents()
     }
 
     pub fn inputs_path(&self) -> PathBuf {
-        self.state_dir.join("inputs.jsonl")
+        self.files().inputs()
     }
 
     pub fn state_path(&self) -> PathBuf {
-        self.state_dir.join("state.json")
+        self.files().state()
     }
 }
 
