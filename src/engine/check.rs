@@ -112,9 +112,7 @@ pub fn check(looks: Vec<Look>, extra: Vec<Observation>, policy: &Policy) -> Chec
     let gpus = gpus
         .into_iter()
         .map(|g| {
-            let bad = findings
-                .iter()
-                .any(|f| f.gpu == Some(g.index) && f.fails());
+            let bad = findings.iter().any(|f| f.gpu == Some(g.index) && f.fails());
             GpuHealthLine {
                 gpu: g,
                 health: if bad { "faulty" } else { "ok" },
@@ -211,6 +209,7 @@ reason = "fallen off the bus"
 [[rule]]
 name = "other-xid"
 signal = "xid"
+xids = [13, 31]
 action = "log"
 reason = "unknown"
 
@@ -235,6 +234,7 @@ reason = "daemon gone"
             index,
             uuid: format!("GPU-{index}"),
             pci_bus_id: format!("0000:0{index}:00.0"),
+            serial: None,
         }
     }
 
@@ -289,7 +289,11 @@ reason = "daemon gone"
         assert_eq!(c.verdict, Health::Unknown);
         assert!(!c.probes[1].ok);
         let failed = Look::failed("mps", "no daemon binary");
-        let c = check(vec![look(vec![xid(79, 0)], vec![]), failed], vec![], &policy());
+        let c = check(
+            vec![look(vec![xid(79, 0)], vec![]), failed],
+            vec![],
+            &policy(),
+        );
         assert_eq!(c.verdict, Health::Unhealthy);
     }
 
@@ -307,7 +311,10 @@ reason = "daemon gone"
         let c = check(vec![look(vec![own], vec![])], vec![], &policy());
         assert_eq!(c.verdict, Health::Unknown);
         assert!(c.findings.is_empty());
-        assert_eq!(c.probes[0].problems, ["self-fault mps-control: cannot run it"]);
+        assert_eq!(
+            c.probes[0].problems,
+            ["self-fault mps-control: cannot run it"]
+        );
     }
 
     #[test]

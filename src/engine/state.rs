@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::model::cursor::{Delivery, MAX_STREAMS, StreamCursor};
+pub use crate::model::cursor::{Delivery, StreamCursor};
 use crate::model::{ActionId, Command, GpuId, IncidentId, Order, Timestamp, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

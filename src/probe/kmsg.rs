@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::model::cursor::{Resume, StreamId};
 use crate::model::{Observation, Signal, XidDecode};
 use crate::policy::xid_catalog;
 use crate::probe::nvml::poll::{SharedState, lock};

@@ -62,4 +62,3 @@ pub fn read_capped_line(
         complete,
     }))
 }
-

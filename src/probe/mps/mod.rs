@@ -433,7 +433,6 @@ impl MpsSource {
         self.agent = Some(agent);
         self
     }
-
 }
 
 impl Source for MpsSource {
