@@ -15,8 +15,9 @@
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
+pub mod check;
 pub mod planned;
-pub mod recover;
+pub mod rebuild;
 mod state;
 
 pub use state::{
