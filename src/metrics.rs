@@ -51,6 +51,75 @@ pub struct Metrics {
     task_gpu_memory_over_reservation: Family<Labels, Gauge>,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
+    /// AWS-planned disruptions (docs/planned-events.md).
+    planned: PlannedMetrics,
+}
+
+/// The series of AWS-planned disruptions and the ECS agent's verdict.
+#[derive(Default)]
+struct PlannedMetrics {
+    events: Family<Labels, Gauge>,
+    next_drain: Gauge,
+    agent_impaired: Gauge,
+    /// Label sets ever set (back to 0, not left at their last value).
+    seen: Mutex<std::collections::BTreeSet<Labels>>,
+}
+
+impl PlannedMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let p = PlannedMetrics::default();
+        registry.register(
+            "planned_events",
+            "AWS-planned disruptions not yet over, by disruption (stop, reboot, maintenance, spot, rebalance) and phase (waiting, started, drained)",
+            p.events.clone(),
+        );
+        registry.register(
+            "planned_next_drain_timestamp_seconds",
+            "When the next planned drain starts (Unix seconds; 0: none waiting)",
+            p.next_drain.clone(),
+        );
+        registry.register(
+            "ecs_agent_accelerated_impaired",
+            "1 while the ECS agent reports ACCELERATED_COMPUTE IMPAIRED (a second opinion, not gpu-medic's verdict)",
+            p.agent_impaired.clone(),
+        );
+        p
+    }
+
+    fn record(&self, state: &State) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut now: BTreeMap<Labels, i64> = seen.iter().map(|l| (l.clone(), 0)).collect();
+        let mut next: Option<u64> = None;
+        for (_, e) in state.planned.pending() {
+            let d = serde_json::to_value(e.disruption)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let labels: Labels = vec![
+                ("disruption".into(), d),
+                ("phase".into(), e.phase.as_str().into()),
+            ];
+            *now.entry(labels).or_default() += 1;
+            if e.phase == crate::engine::planned::PlannedPhase::Waiting
+                && let Some(t) = e.drain_at
+            {
+                next = Some(next.map_or(t.0, |n| n.min(t.0)));
+            }
+        }
+        for (labels, n) in now {
+            self.events.get_or_create(&labels).set(n);
+            seen.insert(labels);
+        }
+        self.next_drain
+            .set(next.map_or(0, |ms| i64::try_from(ms / 1000).unwrap_or(i64::MAX)));
+        self.agent_impaired.set(i64::from(
+            state
+                .planned
+                .agent
+                .as_ref()
+                .is_some_and(crate::model::AgentVerdict::impaired),
+        ));
+    }
 }
 
 impl Default for Metrics {
@@ -149,7 +218,9 @@ impl Metrics {
             "1 while an ECS task's processes together use more GPU memory than [nvml] reservation_alert of its reservation (the sum of its containers'), else 0",
             task_gpu_memory_over_reservation.clone(),
         );
+        let planned = PlannedMetrics::register(&mut registry);
         Metrics {
+            planned,
             task_gpu_memory,
             task_gpu_processes,
             task_gpu_memory_reserved,
@@ -322,6 +393,7 @@ impl Metrics {
                 .get_or_create(&vec![("phase".into(), phase.as_str().into())])
                 .set(i64::from(state.node == phase));
         }
+        self.planned.record(state);
     }
 
     fn repair(&self, rung: Verdict, result: &str) {

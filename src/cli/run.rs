@@ -217,7 +217,7 @@ fn boot_check(
 ) -> crate::remedy::aws::reboot::BootCheck {
     let (cfg, policy) = (cfg.clone(), policy.clone());
     Arc::new(move || {
-        let r = super::check::examine(&cfg, &policy);
+        let r = super::check::examine(&cfg, &policy).checked;
         let mut found: Vec<String> = r
             .findings
             .iter()

@@ -15,7 +15,9 @@
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
-pub mod recover;
+pub mod check;
+pub mod planned;
+pub mod rebuild;
 pub mod repair;
 mod state;
 
@@ -137,6 +139,7 @@ impl Cx<'_> {
                 verdict,
             },
         );
+        self.corroborate(id, obs);
         id
     }
 
@@ -210,12 +213,15 @@ impl Cx<'_> {
     /// Returns whether an executable order was emitted.
     fn issue(&mut self, incident: IncidentId, command: Command, attempt: u32) -> bool {
         self.st.next_action = self.st.next_action.saturating_add(1);
+        let (planned_deadline, planned) = self.planned_order(incident, &command);
         let order = Order {
             id: ActionId(self.st.next_action),
             incident,
-            deadline: self.now.plus(self.deadline_for(&command)),
+            deadline: planned_deadline
+                .unwrap_or_else(|| self.now.plus(self.deadline_for(&command))),
             command,
             attempt,
+            planned,
         };
         let dry_run = self.policy.observe_only;
         self.record(
@@ -255,6 +261,10 @@ impl Cx<'_> {
     // ---- observations ----
 
     fn observe(&mut self, obs: Observation) {
+        if planned::handles(&obs.signal) {
+            self.planned_observe(obs);
+            return;
+        }
         match &obs.signal {
             Signal::MpsUp => self.mps_up(&obs),
             Signal::Lifecycle { state } => {
@@ -320,6 +330,7 @@ impl Cx<'_> {
                 deadline: self.now.plus(self.deadline_for(&command)),
                 command,
                 attempt: 1,
+                planned: false,
             };
             self.record(
                 incident,
@@ -975,6 +986,15 @@ impl Cx<'_> {
                     ),
                 };
                 self.st.node = phase;
+                if done == Step::Drain
+                    && rem.goal == Goal::Drain
+                    && self.planned_drained(rem.incident)
+                {
+                    return;
+                }
+                let summary = self
+                    .planned_summary(rem.incident, state)
+                    .unwrap_or_else(|| summary.to_string());
                 self.close(rem.incident, state, summary);
             }
         }
@@ -1211,11 +1231,14 @@ impl Cx<'_> {
                 self.st.node = NodePhase::InService;
                 let incident = order.incident;
                 self.st.gpus.retain(|_, g| g.incident != Some(incident));
-                self.close(
-                    incident,
-                    IncidentState::Aborted,
-                    "aborted by an operator: the instance is ACTIVE and takes tasks again",
-                );
+                match self.planned_restored(incident) {
+                    Some(summary) => self.close(incident, IncidentState::Resolved, summary),
+                    None => self.close(
+                        incident,
+                        IncidentState::Aborted,
+                        "aborted by an operator: the instance is ACTIVE and takes tasks again",
+                    ),
+                }
             }
         }
     }
@@ -1395,6 +1418,7 @@ impl Cx<'_> {
             self.reissue(s);
         }
         self.await_boot_overdue();
+        self.planned_tick();
         self.st
             .recent_logs
             .retain(|_, r| now.since(r.at) < LOG_REPEAT_WINDOW || r.repeats > 0);

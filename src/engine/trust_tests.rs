@@ -231,6 +231,7 @@ proptest! {
             command: Command::Replace,
             attempt,
             deadline: Timestamp(u64::MAX),
+            planned: false,
         });
         st.scheduled.push(Scheduled { at: Timestamp(0), incident: IncidentId(next), command: Command::RestartMps, attempt });
         st.sightings.insert("x@gpu0".into(), vec![Timestamp(u64::MAX), Timestamp(0)]);

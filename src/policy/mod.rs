@@ -4,6 +4,7 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod planned;
 pub mod reboot;
 pub mod xid_catalog;
 
@@ -100,6 +101,9 @@ pub struct Policy {
     /// The reboot rung's ladder (`[reboot]`).
     pub reboot: RebootPolicy,
     pub rules: Vec<Rule>,
+    /// Disruptions AWS plans (`[planned]` of the config; defaults until the supervisor sets
+    /// them).
+    pub planned: planned::PlannedRules,
 }
 
 impl Default for Deadlines {
@@ -177,6 +181,28 @@ impl Policy {
                 .filter(|r| r.threshold.unwrap_or(0) <= value)
                 .max_by_key(|r| r.threshold.unwrap_or(0)),
         }
+    }
+
+    /// Whether the rule for `signal` at `value` takes the node out of service (drain or
+    /// replace): such observations are stepped first in a batch, before lower classes.
+    pub fn is_fatal(&self, signal: &Signal, value: u64) -> bool {
+        self.rule_for(signal, value)
+            .is_some_and(|r| r.action.is_node_remediation())
+    }
+
+    /// Whether `o` is a finding about a GPU or the node's GPUs (a rule takes it at its
+    /// value, even with `ignore`): what makes the ECS GPU view look again.
+    pub fn is_gpu_finding(&self, o: &crate::model::Observation) -> bool {
+        let about_gpus = o.gpu.is_some()
+            || matches!(
+                o.signal.kind(),
+                SignalKind::Xid
+                    | SignalKind::GpuLost
+                    | SignalKind::DeviceCountMismatch
+                    | SignalKind::DriverNotLoaded
+                    | SignalKind::RecoveryAction
+            );
+        about_gpus && self.rule_for(&o.signal, o.value).is_some()
     }
 
     /// Catalog XIDs (any decode) that only the catch-all judges, or no rule at all.
@@ -604,6 +630,7 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         mps,
         reboot,
         rules,
+        planned: planned::PlannedRules::default(),
     };
     // A rule that silences a fatal signal must say so (`silences_fatal = true`): a typo or a
     // careless overlay must not turn a fallen-off GPU into a log line.

@@ -390,6 +390,7 @@ pub fn order(command: Command, deadline: Duration) -> Order {
         command,
         attempt: 1,
         deadline: Timestamp::now().plus(deadline),
+        planned: false,
     }
 }
 
