@@ -695,6 +695,10 @@ pub struct Order {
 /// What the engine emits. `Log` entries go to the journal; `Execute` orders go to remedies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a step returns a handful of actions that are moved once: a box would be one more allocation per decision"
+)]
 pub enum Action {
     Log(Record),
     Execute(Order),
@@ -762,6 +766,10 @@ impl Default for Capabilities {
 /// Everything the engine consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "each input is built once and moved through the channel to the engine: a box would be one more allocation per signal"
+)]
 pub enum Input {
     Observation(Observation),
     Outcome(Outcome),

@@ -97,7 +97,7 @@ impl Run {
     }
 
     /// Quarantine and drain done; the reboot order returned.
-    fn to_reboot(&mut self, out: Vec<Action>) -> Order {
+    fn through_to_reboot(&mut self, out: Vec<Action>) -> Order {
         let q = Run::order(&out);
         assert_eq!(q.command, Command::Quarantine);
         let d = Run::order(&self.done(&q));
@@ -114,7 +114,7 @@ impl Run {
     }
 
     /// The reboot accepted, the node booted (`id`), re-quarantined: the boot check returned.
-    fn to_boot_check(&mut self, reboot: &Order, id: &str) -> Order {
+    fn through_to_boot_check(&mut self, reboot: &Order, id: &str) -> Order {
         assert!(self.done(reboot).iter().all(|a| !a.is_executable()));
         self.now = self.now.plus(Duration::from_secs(90));
         let q = Run::order(&self.feed(Input::Boot { id: id.into() }));
@@ -127,8 +127,8 @@ impl Run {
 
     /// A whole repair that mends the node.
     fn repair(&mut self, out: Vec<Action>, id: &str) {
-        let b = self.to_reboot(out);
-        let c = self.to_boot_check(&b, id);
+        let b = self.through_to_reboot(out);
+        let c = self.through_to_boot_check(&b, id);
         let restore = Run::order(&self.done(&c));
         assert_eq!(restore.command, Command::Restore);
         assert!(self.done(&restore).iter().all(|a| !a.is_executable()));
@@ -187,8 +187,8 @@ fn a_first_xid_79_reboots_and_a_healthy_node_returns_to_service() {
 fn a_node_still_faulty_after_the_boot_is_replaced_with_its_slot_held() {
     let mut r = Run::new();
     let out = r.xid(79);
-    let b = r.to_reboot(out);
-    let c = r.to_boot_check(&b, "boot-2");
+    let b = r.through_to_reboot(out);
+    let c = r.through_to_boot_check(&b, "boot-2");
     let d = Run::order(&r.fail(&c, "unhealthy after the boot: gpu-lost on GPU 0"));
     // Drain again first: idempotent on a DRAINING instance (its slot held), and a new
     // container instance ARN after the boot is drained too.
@@ -217,7 +217,7 @@ fn a_refused_reboot_goes_on_to_replace() {
         "119 confirms on the second sighting"
     );
     let out = r.xid(119);
-    let b = r.to_reboot(out);
+    let b = r.through_to_reboot(out);
     let rep = Run::order(&r.fail(&b, "UnauthorizedOperation: not allowed to reboot"));
     assert_eq!(rep.command, Command::Replace);
     assert_eq!(r.st.repair.history[0].result, RepairResult::NotRebooted);
@@ -228,7 +228,7 @@ fn a_refused_reboot_goes_on_to_replace() {
 fn a_node_still_up_past_the_reboot_deadline_is_replaced() {
     let mut r = Run::new();
     let out = r.xid(79);
-    let b = r.to_reboot(out);
+    let b = r.through_to_reboot(out);
     assert!(r.done(&b).iter().all(|a| !a.is_executable()));
     assert_eq!(r.st.remediation.unwrap().step, Step::AwaitBoot);
     assert!(Run::orders_of(&r.later(Duration::from_secs(300))).is_empty());
@@ -248,7 +248,7 @@ fn a_node_still_up_past_the_reboot_deadline_is_replaced() {
 fn a_reboot_order_in_flight_at_a_new_boot_is_finished_never_resumed() {
     let mut r = Run::new();
     let out = r.xid(79);
-    let b = r.to_reboot(out);
+    let b = r.through_to_reboot(out);
     // gpu-medic stopped before the call's outcome came back; the instance rebooted.
     let out = r.feed(Input::Boot {
         id: "boot-2".into(),
@@ -272,7 +272,7 @@ fn a_reboot_order_in_flight_at_a_new_boot_is_finished_never_resumed() {
 fn the_same_boot_after_a_crash_resumes_the_reboot_order() {
     let mut r = Run::new();
     let out = r.xid(79);
-    let b = r.to_reboot(out);
+    let b = r.through_to_reboot(out);
     r.feed(Input::Boot {
         id: "boot-1".into(),
     });
@@ -337,8 +337,8 @@ fn a_fault_soon_after_a_reboot_is_replaced_and_the_node_limit_holds() {
 fn the_fault_coming_back_after_the_boot_goes_on_to_replace() {
     let mut r = Run::new();
     let out = r.xid(79);
-    let b = r.to_reboot(out);
-    let c = r.to_boot_check(&b, "boot-2");
+    let b = r.through_to_reboot(out);
+    let c = r.through_to_boot_check(&b, "boot-2");
     // The probes see the GPU lost again while the check runs.
     r.feed(Input::Observation(
         Observation::new(Signal::GpuLost).on_gpu(GpuId::index_only(0)),
@@ -403,7 +403,7 @@ fn observe_only_says_what_it_would_reboot() {
 fn termination_during_the_wait_for_the_boot_completes_the_hook() {
     let mut r = Run::new();
     let out = r.xid(79);
-    let b = r.to_reboot(out);
+    let b = r.through_to_reboot(out);
     r.done(&b);
     let out = r.feed(Input::Observation(Observation::new(Signal::Lifecycle {
         state: crate::model::LifecycleState::Terminating,
@@ -430,7 +430,7 @@ fn an_unknown_boot_id_never_reboots() {
 fn an_abort_is_refused_while_rebooting_and_the_history_is_bounded() {
     let mut r = Run::new();
     let out = r.xid(79);
-    let b = r.to_reboot(out);
+    let b = r.through_to_reboot(out);
     r.done(&b);
     let out = r.feed(Input::Operator(crate::model::OperatorRequest::Abort {
         incident: IncidentId(1),
