@@ -232,6 +232,19 @@ def main() -> int:
             t.get("KeySchema") == [{"AttributeName": "group", "KeyType": "HASH"}],
             "cloudformation.yaml: the fleet table's key is `group` (HASH) only",
         )
+    # The reboot rung: the instance may reboot only itself (docs/repair.md).
+    reboots = [s for s in statements if "ec2:RebootInstances" in as_list(s.get("Action", []))]
+    check(len(reboots) == 1, "iam-policy.json: one statement allows ec2:RebootInstances")
+    for s in reboots:
+        cond = s.get("Condition", {}).get("ArnEquals", {})
+        check(
+            s.get("Effect") == "Allow"
+            and as_list(s.get("Action")) == ["ec2:RebootInstances"]
+            and ":instance/" in json.dumps(s.get("Resource"))
+            and cond.get("ec2:SourceInstanceARN", "").endswith(":instance/${ec2:InstanceID}"),
+            "iam-policy.json: ec2:RebootInstances only with ArnEquals ec2:SourceInstanceARN = "
+            "the target's ARN (.../instance/${ec2:InstanceID}): an instance reboots only itself",
+        )
     dyn = sorted(a for s in statements for a in as_list(s.get("Action", [])) if a.startswith("dynamodb:"))
     check(dyn == ["dynamodb:GetItem", "dynamodb:PutItem"], f"iam-policy.json: DynamoDB actions are GetItem and PutItem only, not {dyn}")
     check(

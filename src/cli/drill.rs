@@ -513,6 +513,9 @@ fn consequence(v: Verdict) -> &'static str {
         Verdict::StopTasks => "stop the ECS tasks on that GPU",
         Verdict::RestartMps => "restart the MPS control daemon",
         Verdict::Drain => "quarantine and drain this instance",
+        Verdict::Reboot => {
+            "quarantine, drain and reboot this instance, check it after the boot and return it to service (or replace it)"
+        }
         Verdict::Replace => "quarantine and drain this instance and have Auto Scaling replace it",
     }
 }
