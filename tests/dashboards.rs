@@ -497,6 +497,7 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
          [mps]\nenabled = false\n\
          [metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\nemf = true\n\
          [drill]\nallow = true\n\
+         [repair]\nreboot = \"off\"\n\
          {sections}[ecs]\nagent_url = \"{agent}\"\ndrain_poll_interval = \"200ms\"\n\
          [fleet]\nwarmup = \"0s\"\nclaim_settle = \"200ms\"\nretry_after = \"1s\"\n",
         policy = default_policy().display(),
@@ -527,7 +528,7 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
         || format!("{}\n{}", scrape(&addr), d.log()),
     );
     // The quarantine is refused (an AWS call error), then the drill's XID 79 drains and
-    // replaces for real.
+    // replaces for real (the reboot rung is off: a replacement closes the incident here).
     proxy.fault(Fault::ecs_denied("PutAttributes", 1));
     let mut cli = d.command();
     cli.args([

@@ -284,13 +284,26 @@ fn announce(
     signal: &Signal,
     value: u64,
 ) {
-    let e = super::policy::explanation_for(policy, signal, value);
+    let mut e = super::policy::explanation_for(policy, signal, value);
     let observe = common.observe || cfg.dry_run || policy.observe_only;
+    // The engine sends a `reboot` verdict on to `replace` where this node has no reboot rung.
+    let no_rung = e.action == Verdict::Reboot.as_str()
+        && (cfg.repair.reboot == crate::config::RebootMethod::Off || !cfg.aws.enabled);
+    if no_rung {
+        e.action = Verdict::Replace.as_str().into();
+    }
     println!("drill {id}: {label}, by {by}");
     println!(
         "  policy:  {} -> {} (rule `{}`, {})",
         e.signal, e.action, e.rule, e.origin
     );
+    if no_rung {
+        println!(
+            "  rung:    the rule says reboot; this node has no reboot rung ([repair] reboot = \"off\" or [aws] disabled), so it is replaced"
+        );
+    } else if let Some(l) = &e.ladder {
+        println!("  ladder:  {l}");
+    }
     println!("  why:     {}", e.reason);
     if let Some(c) = &e.confirm {
         println!("  confirm: {c}");
@@ -301,6 +314,7 @@ fn announce(
         Verdict::StopTasks,
         Verdict::RestartMps,
         Verdict::Drain,
+        Verdict::Reboot,
         Verdict::Replace,
     ]
     .into_iter()

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::sys::error::FileError;
 
 mod aws;
+pub mod drill;
 mod export;
 mod fleet;
 mod journal;
@@ -22,11 +23,11 @@ mod metrics;
 mod mps;
 mod node;
 mod nvml;
-pub mod drill;
 pub mod planned;
 pub mod repair;
 
 pub use aws::{AwsConfig, EcsConfig, IdentityConfig};
+pub use drill::DrillConfig;
 pub use export::ExportConfig;
 pub use fleet::{FleetConfig, FleetLimit};
 pub use journal::JournalConfig;
@@ -37,7 +38,6 @@ pub use mps::{
 };
 pub use node::NodeConfig;
 pub use nvml::{NvmlConfig, Share};
-pub use drill::DrillConfig;
 pub use planned::PlannedConfig;
 pub use repair::{RebootMethod, RepairConfig};
 
