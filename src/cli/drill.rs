@@ -193,7 +193,7 @@ fn plan(cfg: &Config, class: &DrillClass, me: u32) -> Result<Planned, CliError> 
         }
         DrillClass::GpuLost { gpu, .. } | DrillClass::Ecc { gpu, .. } => {
             let lost = matches!(class, DrillClass::GpuLost { .. });
-            let g = gpu_id(&cfg, *gpu).unwrap_or_else(|_| GpuId::index_only(*gpu));
+            let g = gpu_id(cfg, *gpu).unwrap_or_else(|_| GpuId::index_only(*gpu));
             let (label, signal, value, detail) = if lost {
                 (
                     "gpu-lost",
@@ -241,7 +241,7 @@ fn plan_xid(cfg: &Config, code: u32, gpu: u32, me: u32) -> Result<Planned, CliEr
         ));
     };
     crate::probe::kmsg::check_path(&path).map_err(CliError::Usage)?;
-    let g = gpu_id(&cfg, gpu)?;
+    let g = gpu_id(cfg, gpu)?;
     let pci = kernel_pci(&g.pci_bus_id).ok_or_else(|| {
         CliError::Runtime(format!(
             "GPU {gpu}: NVML gave no usable PCI bus id ({:?})",
@@ -263,7 +263,7 @@ fn plan_xid(cfg: &Config, code: u32, gpu: u32, me: u32) -> Result<Planned, CliEr
     };
     Ok((
         format!("xid {code} on GPU {gpu}"),
-        Signal::Xid { code: code, decode },
+        Signal::Xid { code, decode },
         0,
         expect,
         Play::Kmsg { line, path },

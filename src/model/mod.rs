@@ -792,6 +792,10 @@ pub enum Input {
 /// Requests from an operator, delivered through `state_dir/requests/`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "an operator request is read once from its file and moved to the engine: a box would buy nothing"
+)]
 pub enum OperatorRequest {
     /// Stop a node remediation that has not reached Auto Scaling and return the instance
     /// to service (the fault was a false alarm, or was fixed by hand).
