@@ -59,10 +59,10 @@ impl Stage {
     /// never read half-written).
     fn inject(&mut self, json: &str) -> Result<(), CliError> {
         self.n += 1;
-        let tmp = self.inject.join(format!("{:04}.json.tmp", self.n));
         let dst = self.inject.join(format!("{:04}.json", self.n));
-        std::fs::write(&tmp, json)
-            .and_then(|_| std::fs::rename(&tmp, &dst))
+        // Atomic only: the fake library must never read half an injection; the demo's
+        // folder does not outlive the demo.
+        crate::sys::fs::write_atomic(&dst, json.as_bytes(), crate::sys::fs::Durability::Atomic)
             .map_err(|e| CliError::Runtime(format!("demo: cannot inject a fault: {e}")))
     }
 
@@ -219,6 +219,8 @@ async fn play(
     let mut remedies = Remedies {
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
+        // The demo shows the replace rung: its XID 79 is replaced, not rebooted.
+        repair: None,
     };
     if let Some(m) = &mps_cfg {
         let daemon = MpsDaemon::with_client(m.clone(), mps_client.clone());

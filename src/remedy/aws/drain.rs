@@ -279,8 +279,10 @@ impl Drain<'_> {
                 _ => None,
             }
         };
+        // Nor does a disruption AWS planned: AWS takes the instance out of service anyway
+        // (docs/planned-events.md).
         let first = async {
-            if terminating {
+            if terminating || self.order.planned {
                 None
             } else {
                 Some(h.budget.first_reads(id, &self.ecs).await)

@@ -23,6 +23,7 @@
 pub mod drain;
 pub mod lifecycle_hook;
 mod quarantine;
+pub mod reboot;
 mod replace;
 mod restore;
 mod stop_tasks;

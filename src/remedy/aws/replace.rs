@@ -9,7 +9,7 @@ use super::Hands;
 use crate::aws::calls::Calls;
 use crate::aws::identity::Identity;
 use crate::model::Order;
-use crate::remedy::budget::Here;
+use crate::remedy::budget::{Here, Slot};
 use crate::remedy::calls::CallsExt;
 use crate::remedy::{Done, RemedyError};
 
@@ -37,14 +37,19 @@ pub(super) async fn run(h: &Hands, id: &Identity, order: Order) -> Result<Done, 
     if already {
         tracing::info!(instance_id = %id.instance_id, "already Unhealthy in Auto Scaling; not marking again");
     } else {
-        // Kill switches and, for an instance that holds no slot yet, the budget.
+        // Kill switches and, for an instance that holds no slot yet, the budget; none for
+        // an AWS-planned disruption (AWS stops the instance anyway).
         let here = Here {
             id,
             ecs: &ecs,
             me: None,
         };
-        let first = h.budget.first_reads(id, &ecs).await;
-        let slot = h.budget.acquire(&mut calls, here, first, &order).await?;
+        let slot = if order.planned {
+            Slot::None
+        } else {
+            let first = h.budget.first_reads(id, &ecs).await;
+            h.budget.acquire(&mut calls, here, first, &order).await?
+        };
         flushed = h.budget.note(&mut calls, here, &slot).await;
         flushed.push_str(&h.flush_export("marking it Unhealthy").await);
         if let Err(e) = h.asg.set_unhealthy(&mut calls, &id.instance_id).await {

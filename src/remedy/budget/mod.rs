@@ -267,11 +267,9 @@ impl Common {
     /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only).
     fn record_fleet(&self, summary: &FleetSummary) {
         let path = fleet_path(&self.cfg.state_dir);
-        let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec_pretty(summary)
-            .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|_| std::fs::rename(&tmp, &path));
+        // Atomic only: a status file, rewritten at the next admission.
+        let written =
+            crate::sys::fs::write_json_atomic(&path, summary, crate::sys::fs::Durability::Atomic);
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), "cannot keep the fleet view: {e}");
         }
@@ -328,5 +326,5 @@ fn group_only(g: &GroupState, pause_tag: &str) -> FleetView {
 
 /// Where the last fleet view is kept.
 pub fn fleet_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    state_dir.join("fleet.json")
+    crate::config::StateDir::new(state_dir).fleet()
 }

@@ -50,7 +50,7 @@ const MAX_STEPS: u32 = 16;
 
 /// Where the slot table's last reading is kept (`gpu-medic status`).
 pub fn slots_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    state_dir.join("slots.json")
+    crate::config::StateDir::new(state_dir).slots()
 }
 
 /// The slot table protocol, with EC2 for its terminated holders.
@@ -554,11 +554,9 @@ impl SlotBudget {
             holders: item.holders.clone(),
         };
         let path = slots_path(&self.c.cfg.state_dir);
-        let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec_pretty(&summary)
-            .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|_| std::fs::rename(&tmp, &path));
+        // Atomic only: a status file, rewritten at the next reading of the table.
+        let written =
+            crate::sys::fs::write_json_atomic(&path, &summary, crate::sys::fs::Durability::Atomic);
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), "cannot keep the slot table's reading: {e}");
         }
