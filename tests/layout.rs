@@ -356,11 +356,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 27): read, compare, report",
     ),
     (
-        "src/remedy/aws/table.rs",
-        "table_slot",
-        "to split (issue 27): reserve, commit",
-    ),
-    (
         "src/launch/gate.rs",
         "run",
         "to split (issue 27): wait, check, answer the hook",

@@ -180,7 +180,37 @@ impl SlotBudget {
         if let Decision::Defer(why) = slots::decide(&item, &at_most) {
             return Err(self.c.defer(self.with_ec2_note(why)));
         }
-        let arns = match first.arns {
+        let (view, outside) = self.group_view(calls, here, g, first.arns, &item).await?;
+        let budget = view.budget(fleet).saturating_sub(outside);
+        let steps = Steps {
+            me,
+            group,
+            members: g_desired,
+            budget,
+            stamp: &stamp,
+            view: &view,
+        };
+        self.reserve_and_commit(calls, steps, item, terminated)
+            .await
+            .map(|token| Slot::Table {
+                group: group.to_string(),
+                token,
+            })
+    }
+
+    /// The group as ECS and Auto Scaling show it, kept for `gpu-medic status`, and how many
+    /// instances out of service hold no slot in the table (they count against the budget).
+    async fn group_view(
+        &self,
+        calls: &mut Calls,
+        here: Here<'_>,
+        g: crate::aws::asg::GroupState,
+        arns: Option<Result<Vec<String>, crate::aws::calls::CallError>>,
+        item: &SlotItem,
+    ) -> Result<(FleetView, u32), RemedyError> {
+        let fleet = &self.c.cfg.fleet;
+        let me = here.id.instance_id.as_str();
+        let arns = match arns {
             Some(a) => a,
             None => here.ecs.list_instances(calls).await,
         };
@@ -202,21 +232,7 @@ impl SlotBudget {
                 Err(d) => return Err(self.c.defer(d.to_string())),
             };
         }
-        let budget = view.budget(fleet).saturating_sub(outside);
-        let steps = Steps {
-            me,
-            group,
-            members: g_desired,
-            budget,
-            stamp: &stamp,
-            view: &view,
-        };
-        self.reserve_and_commit(calls, steps, item, terminated)
-            .await
-            .map(|token| Slot::Table {
-                group: group.to_string(),
-                token,
-            })
+        Ok((view, outside))
     }
 
     /// The decisions of one attempt from the item read: reserve, commit, removals of
