@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 use crate::sys::error::FileError;
 
+pub mod links;
+pub use links::LinksConfig;
+
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-medic/config.toml";
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -48,6 +51,8 @@ pub struct Config {
     pub journal: JournalConfig,
     #[serde(default)]
     pub export: ExportConfig,
+    #[serde(default)]
+    pub links: LinksConfig,
 }
 
 /// Incidents shipped off the instance (`src/export`): every journal record to CloudWatch
@@ -1006,6 +1011,7 @@ impl Config {
                 .map(|i| i + 1)
         };
         self.check_durations(path, text)?;
+        self.links.check(path, text)?;
         if self.mps.probe_timeout >= self.mps.probe_interval {
             return Err(FileError::new(
                 path,

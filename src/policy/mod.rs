@@ -4,6 +4,7 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod sxid_catalog;
 pub mod xid_catalog;
 
 use std::collections::BTreeSet;

@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod mps;
 pub mod node;
 pub mod nvml;
+pub mod sxid;
 pub mod tasks;
 
 use crate::aws::imds::TargetState;
@@ -76,7 +77,7 @@ pub fn snapshot_probes_with_view(
 ) -> Vec<Box<dyn Snapshot>> {
     let mut out: Vec<Box<dyn Snapshot>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone());
+        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone()).with_links(cfg.links.clone());
         if let Some((v, e)) = view {
             p = p.with_view(v, e);
         }
@@ -122,7 +123,8 @@ pub fn sources_with_gpu_view(
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
         let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
-            .with_emf(cfg.metrics.emf);
+            .with_emf(cfg.metrics.emf)
+            .with_links(cfg.links.clone());
         if cfg.aws.enabled {
             source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
         }
