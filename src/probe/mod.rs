@@ -8,8 +8,12 @@
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 //! - [`node`]: the ECS agent answering, and space for the journal.
 //! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's.
+//! - [`fabric_manager`]: NVIDIA Fabric Manager on instance types with NVSwitches.
+//! - [`efa`]: the EFA / RDMA ports (sysfs). [`sxid`]: NVSwitch errors in the kernel log.
 
 pub mod ecs_gpus;
+pub mod efa;
+pub mod fabric_manager;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod mps;
@@ -86,6 +90,16 @@ pub fn snapshot_probes_with_view(
     if cfg.mps.enabled {
         out.push(Box::new(mps::MpsSnapshot::new(cfg.mps.clone())));
     }
+    if fabric_manager::snapshot_enabled(cfg) {
+        out.push(Box::new(fabric_manager::FabricManagerSnapshot::new(
+            cfg.clone(),
+        )));
+    }
+    if cfg.links.efa {
+        out.push(Box::new(efa::EfaSnapshot {
+            cfg: cfg.links.clone(),
+        }));
+    }
     out
 }
 
@@ -157,6 +171,15 @@ pub fn sources_with_gpu_view(
             crate::aws::http_client(),
             seen.clone(),
         )));
+    }
+    if cfg.links.fabric_manager {
+        out.push(Box::new(fabric_manager::FabricManagerSource::new(cfg.clone())));
+    }
+    if cfg.links.efa {
+        out.push(Box::new(efa::EfaSource {
+            cfg: cfg.links.clone(),
+            state_dir: cfg.state_dir.clone(),
+        }));
     }
     if cfg.node.enabled {
         out.push(Box::new(node::NodeSource {
