@@ -47,7 +47,9 @@ fn is_kind(r: &Value, kind: &str) -> bool {
 }
 
 fn opened(d: &Daemon, kind: &str) -> Value {
-    d.wait_record(kind, Duration::from_secs(30), "opened", |r| is_kind(r, kind))
+    d.wait_record(kind, Duration::from_secs(30), "opened", |r| {
+        is_kind(r, kind)
+    })
 }
 
 fn check(d: &Daemon) -> (Option<i32>, Value) {
@@ -79,17 +81,32 @@ fn a_fabric_stuck_in_progress_at_boot_fails_the_check_after_its_deadline() {
     d.inject(r#"{"gpu": 2, "fabric": {"state": "in-progress"}}"#);
     // 100 s after boot: still registering, the check cannot tell (the launch gate asks again).
     let (code, v) = check(&d);
-    assert_eq!((code, v["verdict"].as_str()), (Some(2), Some("unknown")), "{v}");
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (Some(2), Some("unknown")),
+        "{v}"
+    );
     let problems = v["probes"][0]["problems"].to_string();
-    assert!(problems.contains("GPU 2") && problems.contains("in-progress"), "{v}");
+    assert!(
+        problems.contains("GPU 2") && problems.contains("in-progress"),
+        "{v}"
+    );
     // 400 s after boot: past the deadline, the instance fails.
     uptime(&d, 400);
     d.inject(r#"{"gpu": 2, "fabric": {"state": "in-progress"}}"#);
     let (code, v) = check(&d);
-    assert_eq!((code, v["verdict"].as_str()), (Some(1), Some("unhealthy")), "{v}");
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (Some(1), Some("unhealthy")),
+        "{v}"
+    );
     let f = &v["findings"][0];
     assert_eq!(
-        (f["signal"].as_str(), f["gpu"].as_u64(), f["action"].as_str()),
+        (
+            f["signal"].as_str(),
+            f["gpu"].as_u64(),
+            f["action"].as_str()
+        ),
         (Some("fabric-not-completed"), Some(2), Some("replace")),
         "{v}"
     );
@@ -160,7 +177,10 @@ fn a_pcie_link_downtrained_from_gen5_x16_to_gen4_x8_is_recorded() {
     assert_eq!(r["verdict"], "log");
     assert_eq!(r["observation"]["value"], 25, "{r}");
     let detail = r["observation"]["detail"].as_str().unwrap();
-    assert!(detail.contains("Gen4 x8") && detail.contains("Gen5 x16"), "{detail}");
+    assert!(
+        detail.contains("Gen4 x8") && detail.contains("Gen5 x16"),
+        "{detail}"
+    );
     // Persistence mode switched off is recorded too.
     d.inject(r#"{"gpu": 0, "persistence": false}"#);
     opened(&d, "persistence-off");
@@ -200,11 +220,19 @@ fn fabric_manager_stopped_on_a_p5_drains_and_flapping_is_seen() {
     d.start();
     std::thread::sleep(Duration::from_millis(800));
     // systemd restarts it three times.
-    std::fs::write(d.path("fm-state"), FM_RUNNING.replace("NRestarts=0", "NRestarts=3")).unwrap();
+    std::fs::write(
+        d.path("fm-state"),
+        FM_RUNNING.replace("NRestarts=0", "NRestarts=3"),
+    )
+    .unwrap();
     let r = opened(&d, "fabric-manager-flapping");
     assert_eq!(r["verdict"], "drain");
     // Stopped: confirmed on the second look, drained.
-    std::fs::write(d.path("fm-state"), FM_STOPPED.replace("NRestarts=0", "NRestarts=3")).unwrap();
+    std::fs::write(
+        d.path("fm-state"),
+        FM_STOPPED.replace("NRestarts=0", "NRestarts=3"),
+    )
+    .unwrap();
     let r = opened(&d, "fabric-manager-down");
     assert_eq!(r["verdict"], "drain");
     assert!(r["observation"]["value"].as_u64().unwrap() >= 2, "{r}");
@@ -212,7 +240,10 @@ fn fabric_manager_stopped_on_a_p5_drains_and_flapping_is_seen() {
     // `check` on a stopped Fabric Manager cannot call the node healthy.
     let (code, v) = check(&d);
     assert_eq!(code, Some(2), "{v}");
-    assert!(v.to_string().contains("Fabric Manager is not running"), "{v}");
+    assert!(
+        v.to_string().contains("Fabric Manager is not running"),
+        "{v}"
+    );
 }
 
 #[test]
@@ -236,14 +267,21 @@ fn an_instance_type_without_nvswitch_checks_nothing_about_fabric_manager() {
             .is_some_and(|k| k.starts_with("fabric-manager"))
             || r["observation"]["signal"]["component"] == "fabric-manager"
     });
-    assert!(!any, "Fabric Manager was reported on a type without NVSwitches");
+    assert!(
+        !any,
+        "Fabric Manager was reported on a type without NVSwitches"
+    );
 }
 
 fn efa_port(d: &Daemon, state: &str, errors: u64) {
     let p = d.path("infiniband/rdmap16s27/ports/1");
     std::fs::create_dir_all(p.join("hw_counters")).unwrap();
     std::fs::write(p.join("state"), format!("{state}\n")).unwrap();
-    std::fs::write(p.join("hw_counters/rdma_read_wr_err"), format!("{errors}\n")).unwrap();
+    std::fs::write(
+        p.join("hw_counters/rdma_read_wr_err"),
+        format!("{errors}\n"),
+    )
+    .unwrap();
     std::fs::write(p.join("hw_counters/tx_bytes"), "123456\n").unwrap();
 }
 
@@ -294,7 +332,10 @@ fn sxid_lines_in_the_kernel_log_are_judged_by_severity_once() {
     let r = opened(&d, "sxid-fatal");
     assert_eq!(r["verdict"], "replace");
     assert_eq!(r["observation"]["signal"]["code"], 20034);
-    assert!(r["observation"].get("gpu").is_none(), "an NVSwitch is no GPU: {r}");
+    assert!(
+        r["observation"].get("gpu").is_none(),
+        "an NVSwitch is no GPU: {r}"
+    );
     let r = opened(&d, "sxid-non-fatal");
     assert_eq!(r["verdict"], "log");
     d.stop(Duration::from_secs(30));

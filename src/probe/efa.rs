@@ -207,15 +207,17 @@ pub fn view_path(state_dir: &Path) -> PathBuf {
 
 /// The latest look's ports, if a daemon wrote them.
 pub fn load_view(state_dir: &Path) -> Option<Vec<Port>> {
-    let text = crate::sys::limits::read_text(&view_path(state_dir), 1024 * 1024, "ports view").ok()?;
+    let text =
+        crate::sys::limits::read_text(&view_path(state_dir), 1024 * 1024, "ports view").ok()?;
     serde_json::from_str(&text).ok()
 }
 
+/// A status file the next look rewrites: atomic, not synced.
 fn save_view(state_dir: &Path, ports: &[Port]) {
     let path = view_path(state_dir);
-    let tmp = path.with_extension("json.tmp");
     if let Ok(body) = serde_json::to_vec(ports)
-        && let Err(e) = std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path))
+        && let Err(e) =
+            crate::sys::fs::write_atomic(&path, &body, crate::sys::fs::Durability::Atomic)
     {
         tracing::debug!(probe = "efa", path = %path.display(), "cannot save the ports view: {e}");
     }
@@ -312,7 +314,13 @@ mod tests {
     fn down_flapping_and_error_rates() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        port(root, "rdmap16s27", "1", "4: ACTIVE", &[("rdma_read_wr_err", 0), ("tx_bytes", 9)]);
+        port(
+            root,
+            "rdmap16s27",
+            "1",
+            "4: ACTIVE",
+            &[("rdma_read_wr_err", 0), ("tx_bytes", 9)],
+        );
         let cfg = LinksConfig {
             infiniband_root: root.to_path_buf(),
             ..LinksConfig::default()
@@ -323,7 +331,13 @@ mod tests {
         assert_eq!(ports.len(), 1);
         assert_eq!(ports[0].errors.len(), 1, "tx_bytes is no error counter");
         assert!(obs.is_empty(), "{obs:?}");
-        port(root, "rdmap16s27", "1", "1: DOWN", &[("rdma_read_wr_err", 30)]);
+        port(
+            root,
+            "rdmap16s27",
+            "1",
+            "1: DOWN",
+            &[("rdma_read_wr_err", 30)],
+        );
         let (_, obs) = w.look(t0 + Duration::from_secs(1));
         let kinds: Vec<_> = obs.iter().map(|o| o.signal.kind().as_str()).collect();
         assert_eq!(kinds, ["efa-port-down", "efa-port-flapping", "efa-errors"]);

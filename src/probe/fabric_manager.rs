@@ -153,7 +153,10 @@ impl Source for FabricManagerSource {
                     }
                     Err(e @ SystemctlError::Spawn { .. }) => {
                         if !std::mem::replace(&mut unrunnable, true) {
-                            tracing::error!(probe = "fabric-manager", "{e}: Fabric Manager is not watched (self-fault)");
+                            tracing::error!(
+                                probe = "fabric-manager",
+                                "{e}: Fabric Manager is not watched (self-fault)"
+                            );
                             out.push(
                                 Observation::new(Signal::SelfFault {
                                     component: COMPONENT.into(),
@@ -240,8 +243,7 @@ impl Snapshot for FabricManagerSnapshot {
 
 /// Whether the snapshot probe applies (checked before the runtime is built).
 pub fn snapshot_enabled(cfg: &Config) -> bool {
-    cfg.links.fabric_manager
-        && (!cfg.links.instance_type.trim().is_empty() || cfg.aws.enabled)
+    cfg.links.fabric_manager && (!cfg.links.instance_type.trim().is_empty() || cfg.aws.enabled)
 }
 
 #[cfg(test)]
@@ -250,9 +252,11 @@ mod tests {
 
     #[test]
     fn a_unit_that_is_missing_or_stopped_is_down() {
-        let up = UnitState::parse("LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=9\n");
+        let up =
+            UnitState::parse("LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=9\n");
         assert_eq!(judge("fm", &up), Look::Running);
-        let stopped = UnitState::parse("LoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\n");
+        let stopped =
+            UnitState::parse("LoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\n");
         assert!(matches!(judge("fm", &stopped), Look::Down(_)));
         let missing = UnitState::parse("LoadState=not-found\nActiveState=inactive\n");
         assert!(matches!(judge("fm", &missing), Look::Down(w) if w.contains("not installed")));

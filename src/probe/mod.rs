@@ -173,7 +173,9 @@ pub fn sources_with_gpu_view(
         )));
     }
     if cfg.links.fabric_manager {
-        out.push(Box::new(fabric_manager::FabricManagerSource::new(cfg.clone())));
+        out.push(Box::new(fabric_manager::FabricManagerSource::new(
+            cfg.clone(),
+        )));
     }
     if cfg.links.efa {
         out.push(Box::new(efa::EfaSource {

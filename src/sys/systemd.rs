@@ -251,10 +251,7 @@ impl Systemctl {
                 binary,
                 args: joined,
                 status: out.status.to_string(),
-                output: clip(
-                    format!("{} {}", stdout.trim(), err.trim()).trim(),
-                    300,
-                ),
+                output: clip(format!("{} {}", stdout.trim(), err.trim()).trim(), 300),
             });
         }
         Ok(clip(&stdout, 64 * 1024))
@@ -270,7 +267,11 @@ mod tests {
         let t0 = std::time::Instant::now();
         let s = Duration::from_secs;
         let mut w = RestartWindow::new(s(600));
-        assert_eq!(w.observe(40, t0), 0, "restarts before the first look do not count");
+        assert_eq!(
+            w.observe(40, t0),
+            0,
+            "restarts before the first look do not count"
+        );
         assert_eq!(w.observe(41, t0 + s(10)), 1);
         assert_eq!(w.observe(43, t0 + s(20)), 3);
         assert_eq!(w.observe(43, t0 + s(700)), 0, "out of the window");

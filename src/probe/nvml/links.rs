@@ -437,16 +437,15 @@ pub fn view_path(state_dir: &std::path::Path) -> std::path::PathBuf {
 /// At most this much of `links.json` is read back (64 GPUs of a few hundred bytes each).
 pub const MAX_VIEW_BYTES: u64 = 256 * 1024;
 
-/// Writes the latest poll's links (atomically: a temporary file renamed over it). A failure is
-/// a debug line: `status` then shows the previous poll's.
+/// Writes the latest poll's links. A status file the next poll rewrites: atomic, not synced.
+/// A failure is a debug line: `status` then shows the previous poll's.
 pub fn save_view(state_dir: &std::path::Path, gpus: &[GpuLinks]) {
     let path = view_path(state_dir);
-    let tmp = path.with_extension("json.tmp");
     let body = match serde_json::to_vec(gpus) {
         Ok(b) => b,
         Err(_) => return,
     };
-    if let Err(e) = std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path)) {
+    if let Err(e) = crate::sys::fs::write_atomic(&path, &body, crate::sys::fs::Durability::Atomic) {
         tracing::debug!(probe = "nvml", path = %path.display(), "cannot save the links view: {e}");
     }
 }
