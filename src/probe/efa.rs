@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -300,6 +300,7 @@ impl Snapshot for EfaSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn port(root: &Path, dev: &str, n: &str, state: &str, errs: &[(&str, u64)]) {
         let p = root.join(dev).join("ports").join(n);

@@ -243,7 +243,13 @@ impl Snapshot for FabricManagerSnapshot {
 
 /// Whether the snapshot probe applies (checked before the runtime is built).
 pub fn snapshot_enabled(cfg: &Config) -> bool {
-    cfg.links.fabric_manager && (!cfg.links.instance_type.trim().is_empty() || cfg.aws.enabled)
+    let t = cfg.links.instance_type.trim();
+    let possible = if t.is_empty() {
+        cfg.aws.enabled
+    } else {
+        instance_types::has_nvswitch(t)
+    };
+    cfg.links.fabric_manager && possible
 }
 
 #[cfg(test)]

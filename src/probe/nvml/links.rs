@@ -283,7 +283,7 @@ impl LinkReader {
             } else if t.seen_up {
                 r.view.nvlinks_down.push(link);
             }
-            let mut read = |c: ErrorCounter| l.error_counter(c).ok();
+            let read = |c: ErrorCounter| l.error_counter(c).ok();
             let crc = match (read(ErrorCounter::DlCrcFlit), read(ErrorCounter::DlCrcData)) {
                 (Some(a), Some(b)) => Some(a.saturating_add(b)),
                 (a, b) => a.or(b),
