@@ -95,7 +95,9 @@ pub fn snapshot_probes_with_view(
             cfg.clone(),
         )));
     }
-    if cfg.links.efa {
+    // Only an instance with RDMA devices has ports to look at: elsewhere this probe would
+    // pass for a look at nothing.
+    if cfg.links.efa && !efa::read_ports(&cfg.links.infiniband_root).is_empty() {
         out.push(Box::new(efa::EfaSnapshot {
             cfg: cfg.links.clone(),
         }));
