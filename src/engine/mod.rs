@@ -15,7 +15,8 @@
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
-pub mod recover;
+pub mod check;
+pub mod rebuild;
 mod state;
 
 pub use state::{

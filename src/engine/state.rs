@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::model::cursor::{Delivery, MAX_STREAMS, StreamCursor};
 use crate::model::{ActionId, Command, GpuId, IncidentId, Order, Timestamp, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -68,97 +69,6 @@ pub struct Withheld {
     pub verdict: Verdict,
     pub why: String,
     pub since: Timestamp,
-}
-
-/// How far the inputs and the sources are applied to this state. Saved with it, so that the
-/// state, the journal and every source's cursor agree after any restart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Delivery {
-    /// The sequence number of the last `inputs.jsonl` entry this state includes.
-    #[serde(default)]
-    pub applied: u64,
-    /// Per source stream (`kmsg:<boot id>`, `mps-log:<file>`), the highest position applied:
-    /// a record at or below it, read again after a restart, is a duplicate.
-    #[serde(default)]
-    pub cursors: BTreeMap<String, StreamCursor>,
-}
-
-/// At most this many streams are remembered (a stream of an earlier boot is dropped first).
-pub const MAX_STREAMS: usize = 32;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamCursor {
-    pub pos: u64,
-    /// When it last moved, to drop the stalest stream first.
-    pub at: Timestamp,
-    /// The source's opaque position (a journald cursor), see `model::Cursor::token`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
-impl Delivery {
-    /// Whether the record at `c` is already applied. A stream with a token resumes after its
-    /// token (its reader never hands a record out twice), so nothing of it is a duplicate.
-    pub fn seen_cursor(&self, c: &crate::model::Cursor) -> bool {
-        c.token.is_none() && self.seen(&c.stream, c.pos)
-    }
-
-    /// Moves the stream of `c` past it. A token stream follows its reader's order (a
-    /// journald entry's time stamp may step back with the clock; its cursor still moves).
-    pub fn advance_cursor(&mut self, c: &crate::model::Cursor, at: Timestamp) {
-        if c.token.is_none() {
-            self.advance(&c.stream, c.pos, at);
-            return;
-        }
-        self.cursors.remove(&c.stream);
-        self.advance(&c.stream, c.pos, at);
-        if let Some(sc) = self.cursors.get_mut(&c.stream) {
-            sc.token = c.token.clone();
-        }
-    }
-
-    /// The token last applied for `stream` (a journald cursor to resume after).
-    pub fn token(&self, stream: &str) -> Option<&str> {
-        self.cursors.get(stream)?.token.as_deref()
-    }
-
-    /// Whether `pos` of `stream` is already applied.
-    pub fn seen(&self, stream: &str, pos: u64) -> bool {
-        self.cursors.get(stream).is_some_and(|c| pos <= c.pos)
-    }
-
-    /// Moves a stream's cursor forward (never back).
-    pub fn advance(&mut self, stream: &str, pos: u64, at: Timestamp) {
-        match self.cursors.get_mut(stream) {
-            Some(c) => {
-                if pos > c.pos {
-                    c.pos = pos;
-                    c.at = at;
-                }
-            }
-            None => {
-                while self.cursors.len() >= MAX_STREAMS {
-                    let Some(stalest) = self
-                        .cursors
-                        .iter()
-                        .min_by_key(|(_, c)| c.at)
-                        .map(|(k, _)| k.clone())
-                    else {
-                        break;
-                    };
-                    self.cursors.remove(&stalest);
-                }
-                self.cursors.insert(
-                    stream.to_string(),
-                    StreamCursor {
-                        pos,
-                        at,
-                        token: None,
-                    },
-                );
-            }
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -231,17 +231,17 @@ impl Exporter {
         let stop = CancellationToken::new();
         let dest: Arc<OnceCell<Destination>> = Arc::new(OnceCell::new());
         let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
-        let dir = cfg.state_dir.join("export");
+        let files = cfg.files();
         let mut lanes = Vec::new();
         let mut tasks = Vec::new();
-        let mut add = |name: &'static str, file: &str, kind: Kind| {
+        let mut add = |name: &'static str, lane: &str, kind: Kind| {
             let wake = Arc::new(Notify::new());
             let (tx, rx) = watch::channel(Progress::default());
             let lane = Lane {
                 name,
                 kind,
                 tail: Tail::new(&cfg.incidents_path()),
-                cursor_path: dir.join(file),
+                cursor_path: files.export_cursor(lane),
                 cursor: Cursor::default(),
                 dest: dest.clone(),
                 cfg: cfg.clone(),
@@ -265,7 +265,7 @@ impl Exporter {
         if cfg.export.logs {
             add(
                 "CloudWatch Logs",
-                "logs.cursor.json",
+                "logs",
                 Kind::Logs {
                     logs: Logs::new(aws_sdk_cloudwatchlogs::Client::new(sdk)),
                     ready: false,
@@ -275,7 +275,7 @@ impl Exporter {
         if cfg.export.events {
             add(
                 "EventBridge",
-                "events.cursor.json",
+                "events",
                 Kind::Events {
                     events: Events::new(
                         aws_sdk_eventbridge::Client::new(sdk),

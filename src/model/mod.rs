@@ -3,6 +3,10 @@
 //! (`Record`, `Incident`). Everything here is plain data that serializes to stable JSON,
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
+pub mod cursor;
+
+pub use cursor::{Cursor, Delivery, Resume, StreamId};
+
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -524,20 +528,6 @@ pub struct Observation {
     pub cursor: Option<Cursor>,
 }
 
-/// A position in a source stream (see [`Observation::cursor`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cursor {
-    /// The stream: `kmsg:<boot id>`, `kmsg-file:<dev>:<inode>`, `mps-log:<dev>:<inode>`.
-    pub stream: String,
-    /// Increasing within the stream (a sequence number or the byte offset after the record).
-    pub pos: u64,
-    /// The source's own opaque position where it has one (a journald cursor,
-    /// `journald:<unit>` streams): the stream resumes after it, so a record read again is
-    /// impossible rather than detected, and `pos` only orders streams by age.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
@@ -581,7 +571,7 @@ impl Observation {
         self
     }
 
-    pub fn at_cursor(mut self, stream: impl Into<String>, pos: u64) -> Self {
+    pub fn at_cursor(mut self, stream: impl Into<StreamId>, pos: u64) -> Self {
         self.cursor = Some(Cursor {
             stream: stream.into(),
             pos,
@@ -615,6 +605,12 @@ impl Verdict {
             Verdict::Drain => "drain",
             Verdict::Replace => "replace",
         }
+    }
+
+    /// Whether the verdict does something to the node (stop tasks, restart MPS, drain,
+    /// replace): what fails a one-shot check (`engine::check`).
+    pub fn acts(self) -> bool {
+        self > Verdict::Log
     }
 
     /// Drain and replace take the node out of service; only one may be in flight.

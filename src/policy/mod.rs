@@ -166,6 +166,28 @@ impl Policy {
         }
     }
 
+    /// Whether the rule for `signal` at `value` takes the node out of service (drain or
+    /// replace): such observations are stepped first in a batch, before lower classes.
+    pub fn is_fatal(&self, signal: &Signal, value: u64) -> bool {
+        self.rule_for(signal, value)
+            .is_some_and(|r| r.action.is_node_remediation())
+    }
+
+    /// Whether `o` is a finding about a GPU or the node's GPUs (a rule takes it at its
+    /// value, even with `ignore`): what makes the ECS GPU view look again.
+    pub fn is_gpu_finding(&self, o: &crate::model::Observation) -> bool {
+        let about_gpus = o.gpu.is_some()
+            || matches!(
+                o.signal.kind(),
+                SignalKind::Xid
+                    | SignalKind::GpuLost
+                    | SignalKind::DeviceCountMismatch
+                    | SignalKind::DriverNotLoaded
+                    | SignalKind::RecoveryAction
+            );
+        about_gpus && self.rule_for(&o.signal, o.value).is_some()
+    }
+
     /// Catalog XIDs (any decode) that only the catch-all judges, or no rule at all.
     pub fn catalog_xids_left_to_catch_all(&self) -> Vec<u32> {
         xid_catalog::xids()

@@ -55,7 +55,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// The file the last comparison is kept in.
 pub fn comparison_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("ecs-gpus.json")
+    crate::config::StateDir::new(state_dir).gpu_view()
 }
 
 /// ECS's view of this instance's GPUs at one read.
@@ -382,6 +382,7 @@ impl Source for EcsGpuSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move { self.watch(tx, shutdown).await })
     }

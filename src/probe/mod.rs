@@ -33,13 +33,16 @@ use crate::config::Config;
 use crate::model::{GpuId, Observation};
 use crate::mps::control::ControlClient;
 
-/// A sense: turns the world into observations until shutdown.
+/// A sense: turns the world into observations until shutdown. `resume` holds the cursors
+/// the journal has committed (the supervisor owns the state and hands them in): a source
+/// that reads a stream starts after them; the others ignore it.
 pub trait Source: Send + 'static {
     fn name(&self) -> &'static str;
     fn run(
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
@@ -163,7 +166,6 @@ pub fn sources_with_gpu_view(
     if cfg.mps.enabled {
         out.push(Box::new(
             mps::MpsSource::new(cfg.mps.clone(), mps.clone())
-                .resuming_from(cfg.state_path())
                 .naming_tasks_with(crate::aws::agent::Agent::new(&cfg.ecs.agent_url)),
         ));
     }

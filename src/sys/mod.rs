@@ -8,4 +8,5 @@ pub mod child;
 pub mod error;
 pub mod fs;
 pub mod limits;
+pub mod lines;
 pub mod systemd;

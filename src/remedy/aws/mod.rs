@@ -889,7 +889,7 @@ enum Slot {
 
 /// Where the last fleet view is kept.
 pub fn fleet_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    state_dir.join("fleet.json")
+    crate::config::StateDir::new(state_dir).fleet()
 }
 
 fn now_ms() -> u64 {
