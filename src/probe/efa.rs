@@ -238,6 +238,7 @@ impl Source for EfaSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             let mut watch = PortWatch::new(self.cfg.clone());

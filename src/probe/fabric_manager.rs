@@ -87,6 +87,7 @@ impl Source for FabricManagerSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             let itype = tokio::select! {

@@ -503,9 +503,9 @@ impl KmsgReader {
         cursors: &mut Cursors,
     ) {
         let at = if sx.seq != 0 {
-            Some((format!("kmsg:{boot}"), sx.seq))
+            Some((StreamId::kmsg(boot), sx.seq))
         } else {
-            file.map(|(dev, ino)| (format!("kmsg-file:{dev}:{ino}"), end))
+            file.map(|(dev, ino)| (StreamId::kmsg_file(*dev, *ino), end))
         };
         if let Some((stream, pos)) = &at
             && cursors.seen(stream, *pos)
