@@ -391,7 +391,7 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 27): open, resume, follow",
     ),
     (
-        "src/engine/recover.rs",
+        "src/engine/rebuild.rs",
         "finish",
         "to split (issue 27): one step per record kind",
     ),

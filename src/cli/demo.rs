@@ -220,6 +220,8 @@ async fn play(
     let mut remedies = Remedies {
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
+        // The demo shows the replace rung: its XID 79 is replaced, not rebooted.
+        repair: None,
     };
     if let Some(m) = &mps_cfg {
         let daemon = MpsDaemon::with_client(m.clone(), mps_client.clone());

@@ -175,6 +175,10 @@ fn print_node(state: &State, updated_at: Option<Timestamp>) {
         ),
         None => println!("remediation: none"),
     }
+    // AWS-planned disruptions with their plan, and the ECS agent's verdict beside ours.
+    for line in crate::engine::planned::status_lines(state) {
+        println!("{line}");
+    }
 }
 
 /// Each GPU that raised a signal.

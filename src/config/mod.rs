@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::sys::error::FileError;
 
 mod aws;
+pub mod drill;
 mod export;
 mod fleet;
 mod journal;
@@ -22,8 +23,11 @@ mod metrics;
 mod mps;
 mod node;
 mod nvml;
+pub mod planned;
+pub mod repair;
 
 pub use aws::{AwsConfig, EcsConfig, IdentityConfig};
+pub use drill::DrillConfig;
 pub use export::ExportConfig;
 pub use fleet::{FleetConfig, FleetLimit};
 pub use journal::JournalConfig;
@@ -36,6 +40,8 @@ pub use node::NodeConfig;
 pub use nvml::{NvmlConfig, Share};
 pub mod links;
 pub use links::LinksConfig;
+pub use planned::PlannedConfig;
+pub use repair::{RebootMethod, RepairConfig};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-medic/config.toml";
 
@@ -78,6 +84,12 @@ pub struct Config {
     pub export: ExportConfig,
     #[serde(default)]
     pub links: LinksConfig,
+    #[serde(default)]
+    pub drill: DrillConfig,
+    #[serde(default)]
+    pub repair: RepairConfig,
+    #[serde(default)]
+    pub planned: PlannedConfig,
 }
 
 fn de_positive_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -146,6 +158,7 @@ impl Config {
         }
         self.check_aws(path, &line_of_key)?;
         self.check_export(path, text)?;
+        self.planned.check(path, text)?;
         if !self.metrics.listen.ip().is_loopback() {
             return Err(FileError::new(
                 path,
@@ -154,6 +167,15 @@ impl Config {
                     "listen: {} is not a loopback address; the metrics endpoint has no authentication",
                     self.metrics.listen
                 ),
+            ));
+        }
+        if self.repair.reboot == RebootMethod::Systemd
+            && self.repair.command.first().is_none_or(|c| c.is_empty())
+        {
+            return Err(FileError::new(
+                path,
+                key_line(text, Some("repair"), "command"),
+                "[repair] command: the reboot program is empty (reboot = \"systemd\" runs it)",
             ));
         }
         if self.nvml.expected_gpus == Some(0) {
@@ -180,7 +202,21 @@ impl Config {
             &self.lifecycle,
         );
         // (section, key, value, floor, ceiling)
-        let table: [(Option<&str>, &str, Duration, Duration, Duration); 23] = [
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 25] = [
+            (
+                Some("repair"),
+                "check_interval",
+                self.repair.check_interval,
+                ms(100),
+                YEAR,
+            ),
+            (
+                Some("repair"),
+                "settle",
+                self.repair.settle,
+                Duration::ZERO,
+                YEAR,
+            ),
             (None, "tick_interval", self.tick_interval, ms(50), MAX_TICK),
             (
                 Some("nvml"),

@@ -209,6 +209,7 @@ reason = "fallen off the bus"
 [[rule]]
 name = "other-xid"
 signal = "xid"
+xids = [13, 31]
 action = "log"
 reason = "unknown"
 
@@ -233,6 +234,7 @@ reason = "daemon gone"
             index,
             uuid: format!("GPU-{index}"),
             pci_bus_id: format!("0000:0{index}:00.0"),
+            serial: None,
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::model::cursor::{Delivery, MAX_STREAMS, StreamCursor};
+pub use crate::model::cursor::{Delivery, StreamCursor};
 use crate::model::{ActionId, Command, GpuId, IncidentId, Order, Timestamp, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -48,9 +48,44 @@ pub struct State {
     /// What this node's remedies can do (from `Input::Started`).
     #[serde(default)]
     pub capabilities: crate::model::Capabilities,
+    /// The reboot rung: this boot's id and the instance's repair history (it survives the
+    /// reboots it records).
+    #[serde(default)]
+    pub repair: super::repair::Ledger,
+    /// Disruptions AWS plans for this instance, and the ECS agent's verdict
+    /// (`engine::planned`).
+    #[serde(default)]
+    pub planned: super::planned::Planned,
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,
+    /// Drills asked for (`gpu-medic drill`) whose signal has not opened an incident yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub armed_drills: Vec<ArmedDrill>,
+    /// Incidents that are drills: their records carry the drill's id, and an observe drill's
+    /// orders are journaled, not executed. The newest [`MAX_DRILL_INCIDENTS`] are kept.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drills: BTreeMap<IncidentId, DrillMark>,
+}
+
+/// Bound on the drills armed at once (the oldest goes first).
+pub const MAX_ARMED_DRILLS: usize = 8;
+/// Bound on the drill incidents remembered (the oldest goes first).
+pub const MAX_DRILL_INCIDENTS: usize = 64;
+
+/// A drill waiting for its signal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmedDrill {
+    pub drill: crate::model::Drill,
+    pub at: Timestamp,
+}
+
+/// What the engine keeps of a drill once it opened its incident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrillMark {
+    pub id: String,
+    #[serde(default)]
+    pub observe: bool,
 }
 
 /// One of gpu-medic's own faults (see `Signal::SelfFault`).
@@ -93,19 +128,25 @@ pub enum NodePhase {
     Replacing,
     /// Auto Scaling has been told to replace the instance.
     Replaced,
+    /// Reboot ordered: the call, then waiting for the new boot.
+    Rebooting,
+    /// Back from a reboot: checked before it takes tasks again.
+    Verifying,
     /// Auto Scaling is terminating the instance (lifecycle hook pending).
     Terminating,
     Terminated,
 }
 
 impl NodePhase {
-    pub const ALL: [NodePhase; 8] = [
+    pub const ALL: [NodePhase; 10] = [
         NodePhase::InService,
         NodePhase::Quarantined,
         NodePhase::Draining,
         NodePhase::Drained,
         NodePhase::Replacing,
         NodePhase::Replaced,
+        NodePhase::Rebooting,
+        NodePhase::Verifying,
         NodePhase::Terminating,
         NodePhase::Terminated,
     ];
@@ -118,6 +159,8 @@ impl NodePhase {
             NodePhase::Drained => "drained",
             NodePhase::Replacing => "replacing",
             NodePhase::Replaced => "replaced",
+            NodePhase::Rebooting => "rebooting",
+            NodePhase::Verifying => "verifying",
             NodePhase::Terminating => "terminating",
             NodePhase::Terminated => "terminated",
         }
@@ -186,6 +229,12 @@ pub struct Remediation {
     pub quarantined: bool,
     #[serde(default)]
     pub drained: bool,
+    /// The reboot happened (a new boot id): what follows is the check after the boot.
+    #[serde(default)]
+    pub rebooted: bool,
+    /// While waiting for the new boot (`Step::AwaitBoot`): when a node still up is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
 }
 
 impl Remediation {
@@ -196,6 +245,8 @@ impl Remediation {
             step,
             quarantined: false,
             drained: false,
+            rebooted: false,
+            until: None,
         }
     }
 }
@@ -206,6 +257,8 @@ impl Remediation {
 pub enum Goal {
     /// Drain and leave the instance for an operator.
     Drain,
+    /// Drain, reboot, check after the boot, return to service.
+    Reboot,
     /// Drain, then have Auto Scaling replace it.
     Replace,
     /// Auto Scaling is terminating it: drain, then complete our lifecycle hook.
@@ -216,6 +269,7 @@ impl Goal {
     pub fn from_verdict(v: Verdict) -> Option<Goal> {
         match v {
             Verdict::Drain => Some(Goal::Drain),
+            Verdict::Reboot => Some(Goal::Reboot),
             Verdict::Replace => Some(Goal::Replace),
             _ => None,
         }
@@ -229,8 +283,15 @@ pub enum Step {
     Drain,
     Replace,
     CompleteLifecycle,
-    /// Undoing quarantine and drain after an operator abort.
+    /// Undoing quarantine and drain after an operator abort, or returning the instance to
+    /// service after a reboot that mended it.
     Restore,
+    /// The reboot order is out.
+    Reboot,
+    /// The reboot call was accepted; waiting for the new boot (until `Remediation::until`).
+    AwaitBoot,
+    /// After the boot: the launch gate's checks.
+    BootCheck,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,7 +317,12 @@ impl State {
         let is_node = |c: &Command| {
             matches!(
                 c,
-                Command::Quarantine | Command::Drain { .. } | Command::Replace | Command::Restore
+                Command::Quarantine
+                    | Command::Drain { .. }
+                    | Command::Replace
+                    | Command::Restore
+                    | Command::Reboot { .. }
+                    | Command::BootCheck
             )
         };
         self.in_flight

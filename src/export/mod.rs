@@ -47,6 +47,9 @@ pub const INCIDENT_OPENED: &str = "GPU Medic Incident Opened";
 pub const ACTION_STARTED: &str = "GPU Medic Action Started";
 /// `detail-type` of an order that failed.
 pub const ACTION_FAILED: &str = "GPU Medic Action Failed";
+/// `detail-type` of a verdict that went up (an escalation, the MPS restart budget spent, a
+/// drain upgraded to a replacement): `docs/paging.md` pages on it.
+pub const INCIDENT_ESCALATED: &str = "GPU Medic Incident Escalated";
 /// `detail-type` of an incident's last record.
 pub const INCIDENT_CLOSED: &str = "GPU Medic Incident Closed";
 
@@ -55,6 +58,7 @@ pub fn detail_type(e: &IncidentEvent) -> Option<&'static str> {
     match e {
         IncidentEvent::Opened { .. } => Some(INCIDENT_OPENED),
         IncidentEvent::ActionStarted { .. } => Some(ACTION_STARTED),
+        IncidentEvent::Escalated { .. } => Some(INCIDENT_ESCALATED),
         IncidentEvent::ActionFinished { outcome }
             if matches!(outcome.status, OutcomeStatus::Failed { .. }) =>
         {

@@ -12,6 +12,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub mod planned;
+pub use planned::{AgentVerdict, EventClass, EventState, ScheduledEvent};
+
 /// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
 /// the supervisor stamps every input, and replays reuse the recorded stamps. Arithmetic on it
 /// saturates (a deadline far in the future is "never", not a panic), and it is written as
@@ -323,6 +326,30 @@ pub enum Signal {
     SelfRecovered {
         component: String,
     },
+    /// The ECS agent's own verdict on the accelerators turned IMPAIRED
+    /// (`healthStatus` of DescribeContainerInstances, `ACCELERATED_COMPUTE`): a second opinion
+    /// beside gpu-medic's own, judged by the policy (default: corroborating, logged).
+    EcsAgentImpaired,
+    /// The ECS agent's verdict is no longer IMPAIRED (`status`: OK, INSUFFICIENT_DATA,
+    /// INITIALIZING); INSUFFICIENT_DATA is no fault.
+    EcsAgentHealth {
+        status: String,
+    },
+    /// AWS scheduled an event for this instance, or changed its state or time
+    /// (IMDS `events/maintenance/scheduled`).
+    MaintenanceEvent {
+        event: ScheduledEvent,
+    },
+    /// AWS will interrupt this Spot instance at `time` (IMDS `spot/instance-action`).
+    SpotInterruption {
+        action: String,
+        time: Timestamp,
+    },
+    /// AWS recommends moving work off this Spot instance (IMDS
+    /// `events/recommendations/rebalance`).
+    RebalanceRecommendation {
+        notice: Timestamp,
+    },
 }
 
 /// Defines [`SignalKind`] with each kind's name written once: the policy files' word for it,
@@ -379,6 +406,7 @@ signal_kinds! {
         EcsGpuCountMismatch = "ecs-gpu-count-mismatch",
         EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
         GpuMemoryOverReservation = "gpu-memory-over-reservation",
+        EcsAgentImpaired = "ecs-agent-impaired",
         FabricNotCompleted = "fabric-not-completed",
         FabricError = "fabric-error",
         FabricManagerDown = "fabric-manager-down",
@@ -403,6 +431,10 @@ signal_kinds! {
         Lifecycle = "lifecycle",
         SelfFault = "self-fault",
         SelfRecovered = "self-recovered",
+        EcsAgentHealth = "ecs-agent-health",
+        MaintenanceEvent = "maintenance-event",
+        SpotInterruption = "spot-interruption",
+        RebalanceRecommendation = "rebalance-recommendation",
     }
 }
 
@@ -475,6 +507,11 @@ impl Signal {
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
             Signal::SelfRecovered { .. } => SignalKind::SelfRecovered,
+            Signal::EcsAgentImpaired => SignalKind::EcsAgentImpaired,
+            Signal::EcsAgentHealth { .. } => SignalKind::EcsAgentHealth,
+            Signal::MaintenanceEvent { .. } => SignalKind::MaintenanceEvent,
+            Signal::SpotInterruption { .. } => SignalKind::SpotInterruption,
+            Signal::RebalanceRecommendation { .. } => SignalKind::RebalanceRecommendation,
         }
     }
 }
@@ -494,6 +531,12 @@ impl fmt::Display for Signal {
             | Signal::SxidFatal { code }
             | Signal::SxidAlwaysFatal { code } => write!(f, "{} {code}", self.kind().as_str()),
             Signal::SelfRecovered { component } => write!(f, "self-recovered {component}"),
+            Signal::EcsAgentHealth { status } => write!(f, "ecs-agent-health {status}"),
+            Signal::MaintenanceEvent { event } => write!(f, "maintenance-event {event}"),
+            Signal::SpotInterruption { action, time } => {
+                write!(f, "spot-interruption {action} at {time}")
+            }
+            Signal::RebalanceRecommendation { .. } => f.write_str("rebalance-recommendation"),
             other => f.write_str(other.kind().as_str()),
         }
     }
@@ -592,6 +635,9 @@ pub enum Verdict {
     /// Restarts the daemon: every MPS client on the instance is affected.
     RestartMps,
     Drain,
+    /// Quarantine, drain, reboot the instance, check it after the boot and return it to
+    /// service; `replace` when the reboot does not happen or does not mend it (docs/repair.md).
+    Reboot,
     Replace,
 }
 
@@ -603,6 +649,7 @@ impl Verdict {
             Verdict::RestartMps => "restart-mps",
             Verdict::StopTasks => "stop-tasks",
             Verdict::Drain => "drain",
+            Verdict::Reboot => "reboot",
             Verdict::Replace => "replace",
         }
     }
@@ -613,9 +660,9 @@ impl Verdict {
         self > Verdict::Log
     }
 
-    /// Drain and replace take the node out of service; only one may be in flight.
+    /// Drain, reboot and replace take the node out of service; only one may be in flight.
     pub fn is_node_remediation(self) -> bool {
-        matches!(self, Verdict::Drain | Verdict::Replace)
+        matches!(self, Verdict::Drain | Verdict::Reboot | Verdict::Replace)
     }
 }
 
@@ -679,7 +726,18 @@ pub enum Command {
         terminating: bool,
     },
     Replace,
-    /// Undoes quarantine and drain: the instance takes tasks again (operator abort).
+    /// Reboots the instance (EC2 `RebootInstances` on itself, or the OS's reboot). `boot` is
+    /// the kernel boot id when the order was given: a remedy that finds another boot id
+    /// knows the reboot already happened and does not reboot again.
+    Reboot {
+        #[serde(default)]
+        boot: String,
+    },
+    /// After a reboot: waits for the GPUs and the MPS daemon, then runs the launch gate's
+    /// checks; done when the node is healthy.
+    BootCheck,
+    /// Undoes quarantine and drain: the instance takes tasks again (operator abort, or
+    /// back in service after a reboot that mended it).
     Restore,
     CompleteLifecycle {
         hook: LifecycleHook,
@@ -695,6 +753,8 @@ impl Command {
             Command::Quarantine => "quarantine",
             Command::Drain { .. } => "drain",
             Command::Replace => "replace",
+            Command::Reboot { .. } => "reboot",
+            Command::BootCheck => "boot-check",
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
         }
@@ -711,11 +771,20 @@ pub struct Order {
     pub attempt: u32,
     /// The phase deadline; past it the engine escalates whether or not an outcome came.
     pub deadline: Timestamp,
+    /// For an AWS-planned disruption (docs/planned-events.md): AWS takes the instance out of
+    /// service anyway, so the drain or replacement takes no fleet-budget slot and is never
+    /// deferred (the instance still counts as in remediation: it is DRAINING).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub planned: bool,
 }
 
 /// What the engine emits. `Log` entries go to the journal; `Execute` orders go to remedies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a step returns a handful of actions that are moved once: a box would be one more allocation per decision"
+)]
 pub enum Action {
     Log(Record),
     Execute(Order),
@@ -763,6 +832,11 @@ pub struct Capabilities {
     pub aws: bool,
     /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
     pub mps: bool,
+    /// The reboot rung (`[repair] reboot`, with `[aws]`): reboot and boot-check. Without it a
+    /// `reboot` verdict is carried out as `replace`. Off until a supervisor says it has the
+    /// rung, and absent in inputs recorded before the rung existed (those nodes replaced).
+    #[serde(default)]
+    pub reboot: bool,
 }
 
 impl Default for Capabilities {
@@ -770,6 +844,7 @@ impl Default for Capabilities {
         Capabilities {
             aws: true,
             mps: true,
+            reboot: false,
         }
     }
 }
@@ -777,6 +852,10 @@ impl Default for Capabilities {
 /// Everything the engine consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "each input is built once and moved through the channel to the engine: a box would be one more allocation per signal"
+)]
 pub enum Input {
     Observation(Observation),
     Outcome(Outcome),
@@ -787,6 +866,11 @@ pub enum Input {
     },
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
+    /// The kernel's boot id at the supervisor's start (`/proc/sys/kernel/random/boot_id`):
+    /// a new one after a reboot the engine ordered resumes the repair after the boot.
+    Boot {
+        id: String,
+    },
     /// A person asked for something (`gpu-medic incidents abort`).
     Operator(OperatorRequest),
 }
@@ -794,6 +878,10 @@ pub enum Input {
 /// Requests from an operator, delivered through `state_dir/requests/`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "an operator request is read once from its file and moved to the engine: a box would buy nothing"
+)]
 pub enum OperatorRequest {
     /// Stop a node remediation that has not reached Auto Scaling and return the instance
     /// to service (the fault was a false alarm, or was fixed by hand).
@@ -814,6 +902,64 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_ids: Vec<String>,
     },
+    /// `gpu-medic drill`: a rehearsal on this instance. The incident the drill's signal opens
+    /// carries the drill's id in every record; with `observe` its orders are journaled and
+    /// none is executed.
+    Drill { drill: Drill },
+}
+
+/// A rehearsal asked for by `gpu-medic drill` ([`OperatorRequest::Drill`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drill {
+    /// `drill-<ms>-<pid>`: unique per run of the command; tags the incident.
+    pub id: String,
+    /// What is rehearsed, for people: `xid 79`, `mps-hang`, `gpu-lost`, ...
+    pub class: String,
+    /// Journal every order, execute none (for this incident only).
+    #[serde(default)]
+    pub observe: bool,
+    /// Who asked (the user running the command).
+    #[serde(default)]
+    pub by: String,
+    /// Which observation is the drill's: the first one matching, within
+    /// [`DRILL_ARM_WINDOW`] of the request, that opens an incident.
+    pub expect: DrillExpect,
+    /// The observation itself, for drills that cannot be played through a real source
+    /// (`gpu-lost`, `ecc`): judged at once, as if a probe had reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<Observation>,
+}
+
+/// How long an armed drill waits for its signal (the kernel log line, the MPS probe).
+pub const DRILL_ARM_WINDOW: Duration = Duration::from_secs(120);
+
+/// What a drill's observation looks like: one of `signals`, and where given the XID code,
+/// the GPU index and the process id (a drill's kernel-log XID names the drill's own pid, so
+/// a real XID is never mistaken for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrillExpect {
+    pub signals: Vec<SignalKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+impl DrillExpect {
+    pub fn matches(&self, obs: &Observation) -> bool {
+        let code = match &obs.signal {
+            Signal::Xid { code, .. } => Some(*code),
+            _ => None,
+        };
+        self.signals.contains(&obs.signal.kind())
+            && self.code.is_none_or(|c| code == Some(c))
+            && self
+                .gpu
+                .is_none_or(|g| obs.gpu.as_ref().is_some_and(|x| x.index == g))
+            && self.pid.is_none_or(|p| obs.pids.contains(&p))
+    }
 }
 
 /// One line of `inputs.jsonl`: an input with the time the supervisor saw it.
@@ -844,6 +990,8 @@ pub enum IncidentState {
     Observed,
     /// An operator stopped the remediation and the instance was returned to service.
     Aborted,
+    /// Rebooted, checked after the boot, and returned to service.
+    Repaired,
     /// gpu-medic gave up; an operator is needed.
     Failed,
 }
@@ -859,6 +1007,7 @@ impl IncidentState {
             IncidentState::Terminated => "terminated",
             IncidentState::Observed => "observed",
             IncidentState::Aborted => "aborted",
+            IncidentState::Repaired => "repaired",
             IncidentState::Failed => "failed",
         }
     }
@@ -869,8 +1018,24 @@ impl IncidentState {
 pub struct Record {
     pub at: Timestamp,
     pub incident: IncidentId,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`), on every record
+    /// of it, so whatever reads one record (CloudWatch Logs, EventBridge) can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     #[serde(flatten)]
     pub event: IncidentEvent,
+}
+
+impl Record {
+    /// A record of an incident that is not a drill.
+    pub fn new(at: Timestamp, incident: IncidentId, event: IncidentEvent) -> Record {
+        Record {
+            at,
+            incident,
+            drill: None,
+            event,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -935,6 +1100,9 @@ pub struct Incident {
     pub tasks: Vec<String>,
     pub pids: Vec<u32>,
     pub request_ids: Vec<String>,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     pub records: Vec<Record>,
 }
 
@@ -968,6 +1136,7 @@ impl Incident {
             tasks: Vec::new(),
             pids: Vec::new(),
             request_ids: Vec::new(),
+            drill: rec.drill.clone(),
             records: Vec::new(),
         }
     }
@@ -975,6 +1144,9 @@ impl Incident {
     /// Folds one more record (in file order) into the incident.
     pub fn push(&mut self, rec: Record) {
         let inc = self;
+        if inc.drill.is_none() {
+            inc.drill.clone_from(&rec.drill);
+        }
         match &rec.event {
             IncidentEvent::Opened {
                 observation,
@@ -1095,6 +1267,28 @@ mod tests {
             },
             Signal::SelfRecovered {
                 component: "nvml".into(),
+            },
+            Signal::EcsAgentImpaired,
+            Signal::EcsAgentHealth {
+                status: "OK".into(),
+            },
+            Signal::MaintenanceEvent {
+                event: ScheduledEvent {
+                    id: "instance-event-1".into(),
+                    code: "system-reboot".into(),
+                    state: EventState::Active,
+                    not_before: Timestamp(0),
+                    not_after: None,
+                    description: String::new(),
+                    boot_id: String::new(),
+                },
+            },
+            Signal::SpotInterruption {
+                action: "terminate".into(),
+                time: Timestamp(0),
+            },
+            Signal::RebalanceRecommendation {
+                notice: Timestamp(0),
             },
         ];
         let mut kinds: Vec<SignalKind> = samples.iter().map(Signal::kind).collect();

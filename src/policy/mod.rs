@@ -4,8 +4,12 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod planned;
+pub mod reboot;
 pub mod sxid_catalog;
 pub mod xid_catalog;
+
+pub use reboot::RebootPolicy;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -39,6 +43,9 @@ pub struct Rule {
     /// The operator's opt-in to judging a fatal signal (`xid_catalog::fatal_signals`) with
     /// `ignore` or `log`; without it such a rule is refused.
     pub silences_fatal: bool,
+    /// For `reboot` rules: at most this many reboots for this rule within `[reboot] window`
+    /// (e.g. 1: the first time only); `None`: only the node's `[reboot] limit` applies.
+    pub reboots: Option<u32>,
     /// Where the rule was written, for messages.
     pub origin: String,
 }
@@ -65,6 +72,10 @@ pub struct Deadlines {
     pub drain: Duration,
     pub replace: Duration,
     pub lifecycle: Duration,
+    /// The reboot call, then the instance going down: past it a node still up is replaced.
+    pub reboot: Duration,
+    /// After the boot: GPUs and the MPS daemon up, the launch gate's checks passed.
+    pub boot_check: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +99,12 @@ pub struct Policy {
     pub deadlines: Deadlines,
     pub retry: Retry,
     pub mps: MpsPolicy,
+    /// The reboot rung's ladder (`[reboot]`).
+    pub reboot: RebootPolicy,
     pub rules: Vec<Rule>,
+    /// Disruptions AWS plans (`[planned]` of the config; defaults until the supervisor sets
+    /// them).
+    pub planned: planned::PlannedRules,
 }
 
 impl Default for Deadlines {
@@ -100,6 +116,8 @@ impl Default for Deadlines {
             drain: Duration::from_secs(1800),
             replace: Duration::from_secs(900),
             lifecycle: Duration::from_secs(120),
+            reboot: Duration::from_secs(600),
+            boot_check: Duration::from_secs(900),
         }
     }
 }
@@ -271,6 +289,7 @@ struct FilePolicy {
     deadlines: Option<FileDeadlines>,
     retry: Option<FileRetry>,
     mps: Option<FileMps>,
+    reboot: Option<reboot::FileReboot>,
     #[serde(default)]
     rule: Vec<Spanned<FileRule>>,
 }
@@ -296,6 +315,10 @@ struct FileDeadlines {
     replace: Option<Duration>,
     #[serde(default, deserialize_with = "de_deadline")]
     lifecycle: Option<Duration>,
+    #[serde(default, deserialize_with = "de_deadline")]
+    reboot: Option<Duration>,
+    #[serde(default, deserialize_with = "de_deadline")]
+    boot_check: Option<Duration>,
 }
 
 /// The shortest deadline a phase may have: below it every order "overruns" before its remedy
@@ -348,6 +371,7 @@ struct FileRule {
     source: String,
     #[serde(default)]
     silences_fatal: bool,
+    reboots: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -502,7 +526,10 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
         drain: pick(od.drain, bd.drain),
         replace: pick(od.replace, bd.replace),
         lifecycle: pick(od.lifecycle, bd.lifecycle),
+        reboot: pick(od.reboot, bd.reboot),
+        boot_check: pick(od.boot_check, bd.boot_check),
     };
+    let reboot = reboot::FileReboot::merge(b.reboot, o.reboot);
     let (br, or) = (b.retry.unwrap_or_default(), o.retry.unwrap_or_default());
     let retry = FileRetry {
         max_attempts: pick(or.max_attempts, br.max_attempts),
@@ -532,6 +559,7 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
             deadlines: Some(deadlines),
             retry: Some(retry),
             mps: Some(mps),
+            reboot: Some(reboot),
             rule: Vec::new(),
         },
         extends: None,
@@ -554,7 +582,14 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         drain: d.drain.unwrap_or(dd.drain),
         replace: d.replace.unwrap_or(dd.replace),
         lifecycle: d.lifecycle.unwrap_or(dd.lifecycle),
+        reboot: d.reboot.unwrap_or(dd.reboot),
+        boot_check: d.boot_check.unwrap_or(dd.boot_check),
     };
+    let reboot = f
+        .reboot
+        .unwrap_or_default()
+        .build()
+        .map_err(|m| FileError::new(path, None, m))?;
     let r = f.retry.unwrap_or_default();
     let retry = Retry {
         max_attempts: r
@@ -594,7 +629,9 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         deadlines,
         retry,
         mps,
+        reboot,
         rules,
+        planned: planned::PlannedRules::default(),
     };
     // A rule that silences a fatal signal must say so (`silences_fatal = true`): a typo or a
     // careless overlay must not turn a fallen-off GPU into a log line.
@@ -746,6 +783,12 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             }
             None => None,
         };
+        if r.reboots.is_some() && action != Verdict::Reboot {
+            return Err(err(
+                rr.lines.action,
+                "reboots: only for rules whose action is `reboot`".into(),
+            ));
+        }
         if action == Verdict::Ignore && (confirm.is_some() || escalate.is_some()) {
             return Err(err(
                 rr.lines.action,
@@ -792,6 +835,7 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             reason: r.reason.trim().to_string(),
             source: r.source.trim().to_string(),
             silences_fatal: r.silences_fatal,
+            reboots: r.reboots,
             origin: format!("{}:{}", rr.path.display(), rr.text_line),
         });
     }
@@ -884,10 +928,17 @@ reason = "too hot"
     fn bad_duration_and_bad_action() {
         let e = parse("[deadlines]\ndrain = \"soon\"\n").unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
-        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"reboot\"\nreason=\"r\"\n")
+        // `reboot` is an action now (the reboot rung); `explode` is not.
+        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"explode\"\nreason=\"r\"\n")
             .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
-        assert!(e.message.contains("reboot"), "{e}");
+        assert!(e.message.contains("explode"), "{e}");
+        // `reboots` only on a reboot rule.
+        let e = parse(
+            "[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"replace\"\nreboots=1\nreason=\"r\"\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("reboots: only"), "{e}");
     }
 
     #[test]

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::model::{Observation, Resume, Signal, StreamId, XidDecode};
+use crate::model::cursor::{Resume, StreamId};
+use crate::model::{Observation, Signal, XidDecode};
 use crate::policy::xid_catalog;
 use crate::probe::nvml::poll::{SharedState, lock};
 

@@ -7,7 +7,9 @@
 //! - [`tasks`]: which ECS task a process belongs to.
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 //! - [`node`]: the ECS agent answering, and space for the journal.
-//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's.
+//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's, and the ECS agent's
+//!   own health verdict (`healthStatus`) from the same call.
+//! - [`planned`]: disruptions AWS plans (IMDS scheduled events, Spot notice, rebalance).
 //! - [`fabric_manager`]: NVIDIA Fabric Manager on instance types with NVSwitches.
 //! - [`efa`]: the EFA / RDMA ports (sysfs). [`sxid`]: NVSwitch errors in the kernel log.
 
@@ -19,6 +21,7 @@ pub mod lifecycle;
 pub mod mps;
 pub mod node;
 pub mod nvml;
+pub mod planned;
 pub mod sxid;
 pub mod tasks;
 
@@ -186,6 +189,12 @@ pub fn sources_with_gpu_view(
             cfg: cfg.links.clone(),
             state_dir: cfg.state_dir.clone(),
         }));
+    }
+    if cfg.aws.enabled && cfg.planned.enabled {
+        out.push(Box::new(planned::PlannedSource::new(
+            cfg.planned.clone(),
+            crate::aws::http_client(),
+        )));
     }
     if cfg.node.enabled {
         out.push(Box::new(node::NodeSource {

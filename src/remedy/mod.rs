@@ -92,6 +92,17 @@ pub trait MpsRemedy: Send + Sync + 'static {
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
+/// The reboot rung's hands (src/remedy/aws/reboot.rs): the reboot itself and the check
+/// after the boot.
+pub trait RepairRemedy: Send + Sync + 'static {
+    /// Reboots this instance (EC2 `RebootInstances`, or the OS's reboot). Done once the
+    /// reboot is accepted, or when the boot id shows it already happened.
+    fn reboot(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Waits for the GPUs and the MPS daemon, then runs the launch gate's checks: done when
+    /// healthy, fatal when not.
+    fn boot_check(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+}
+
 /// The control plane's hands: ECS and Auto Scaling (`src/remedy/aws/`, over the adapters in `src/aws/`).
 pub trait ControlPlane: Send + Sync + 'static {
     /// Marks the container instance so placement constraints keep new tasks off.
@@ -119,6 +130,8 @@ pub trait ControlPlane: Send + Sync + 'static {
 pub struct Remedies {
     pub mps: Option<Arc<dyn MpsRemedy>>,
     pub control_plane: Option<Arc<dyn ControlPlane>>,
+    /// The reboot rung (`[repair] reboot` not `off`, with the control plane).
+    pub repair: Option<Arc<dyn RepairRemedy>>,
 }
 
 impl Executor for Remedies {
@@ -126,6 +139,7 @@ impl Executor for Remedies {
         crate::model::Capabilities {
             aws: self.control_plane.is_some(),
             mps: self.mps.is_some(),
+            reboot: self.control_plane.is_some() && self.repair.is_some(),
         }
     }
 
@@ -136,6 +150,15 @@ impl Executor for Remedies {
                     Some(m) => m.restart(&order).await,
                     None => Err(RemedyError::fatal(
                         "MPS remediation is disabled ([mps] enabled = false)",
+                    )),
+                },
+                Command::Reboot { .. } | Command::BootCheck => match &self.repair {
+                    Some(r) if matches!(order.command, Command::BootCheck) => {
+                        r.boot_check(&order).await
+                    }
+                    Some(r) => r.reboot(&order).await,
+                    None => Err(RemedyError::fatal(
+                        "the reboot rung is off ([repair] reboot = \"off\", or [aws] disabled)",
                     )),
                 },
                 other => match &self.control_plane {
@@ -151,7 +174,9 @@ impl Executor for Remedies {
                         Command::CompleteLifecycle { hook, result } => {
                             cp.complete_lifecycle(&order, *hook, *result).await
                         }
-                        Command::RestartMps => unreachable_restart(),
+                        Command::RestartMps | Command::Reboot { .. } | Command::BootCheck => {
+                            unreachable_restart()
+                        }
                     },
                 },
             };
@@ -160,10 +185,11 @@ impl Executor for Remedies {
     }
 }
 
-/// `RestartMps` is routed above; kept as a value so no panic path exists.
+/// `RestartMps`, `Reboot` and `BootCheck` are routed above; kept as a value so no panic
+/// path exists.
 fn unreachable_restart() -> Result<Done, RemedyError> {
     Err(RemedyError::fatal(
-        "internal: restart-mps routed to the control plane",
+        "internal: restart-mps, reboot or boot-check routed to the control plane",
     ))
 }
 

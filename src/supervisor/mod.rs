@@ -71,6 +71,8 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
+        // The operator's choices for AWS-planned disruptions travel with the policy.
+        policy.planned = cfg.planned.rules();
         Supervisor {
             cfg,
             policy,
@@ -128,8 +130,22 @@ impl Supervisor {
         engine.recover(resumed_state)?;
         journal::save_state(&cfg.state_path(), &engine.state)?;
         let capabilities = self.executor.capabilities();
+        // The kernel's boot id, stepped before any order is resumed: a reboot the engine
+        // ordered that has happened is finished here, never handed out again. Only a node
+        // with the reboot rung needs it (without the rung no reboot is ever ordered).
+        let boot = match crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path) {
+            Ok(id) => capabilities.reboot.then_some(id),
+            Err(_) if !capabilities.reboot => None,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting"
+                );
+                None
+            }
+        };
         engine.handle_batch(Batch {
             started: Some(capabilities),
+            boot,
             ..Batch::default()
         })?;
         if let Some(aside) = set_aside {
@@ -286,6 +302,8 @@ impl Supervisor {
 struct Batch {
     /// The remedies this supervisor has (first, once, at start).
     started: Option<crate::model::Capabilities>,
+    /// The kernel's boot id (right after `started`, once, at start).
+    boot: Option<String>,
     requests: Vec<crate::model::OperatorRequest>,
     outcomes: Vec<Outcome>,
     observations: Vec<Observation>,
@@ -303,6 +321,7 @@ impl Batch {
             .map(|capabilities| Input::Started { capabilities });
         started
             .into_iter()
+            .chain(self.boot.map(|id| Input::Boot { id }))
             .chain(self.requests.into_iter().map(Input::Operator))
             .chain(first.into_iter().map(Input::Observation))
             .chain(rest.into_iter().map(Input::Observation))
