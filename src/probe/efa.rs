@@ -202,7 +202,7 @@ impl PortWatch {
 
 /// Where the latest look's ports are kept for `status`.
 pub fn view_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("ports.json")
+    crate::config::StateDir::new(state_dir).ports()
 }
 
 /// The latest look's ports, if a daemon wrote them.

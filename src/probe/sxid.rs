@@ -102,9 +102,9 @@ pub fn read_since_boot(path: &Path, limit: usize) -> std::io::Result<Vec<KernelS
     let mut out = std::collections::VecDeque::new();
     // A regular file is read to its end; /dev/kmsg to the end of its ring buffer.
     for _ in 0..1_000_000 {
-        match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+        match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
             Ok(None) => break,
-            Ok(Some(crate::journal::CappedLine::Text { text, .. })) => {
+            Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
                 if let Some(x) = parse_line(&text) {
                     if out.len() >= limit {
                         out.pop_front();
@@ -112,7 +112,7 @@ pub fn read_since_boot(path: &Path, limit: usize) -> std::io::Result<Vec<KernelS
                     out.push_back(x);
                 }
             }
-            Ok(Some(crate::journal::CappedLine::TooLong { .. })) => {}
+            Ok(Some(crate::sys::lines::CappedLine::TooLong { .. })) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

@@ -431,7 +431,7 @@ impl LinkReader {
 
 /// Where the latest poll's links are kept for `status` and metrics.
 pub fn view_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    state_dir.join("links.json")
+    crate::config::StateDir::new(state_dir).links()
 }
 
 /// At most this much of `links.json` is read back (64 GPUs of a few hundred bytes each).
