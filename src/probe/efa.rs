@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -26,17 +25,7 @@ pub const MAX_PORTS: usize = 16;
 pub const MAX_COUNTERS: usize = 256;
 const MAX_FILE: u64 = 64;
 
-/// One port at one look.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Port {
-    pub device: String,
-    pub port: String,
-    /// `ACTIVE`, `DOWN`, `INIT`, ... (the name after `N: `).
-    pub state: String,
-    /// Error counters by name.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub errors: BTreeMap<String, u64>,
-}
+pub use crate::model::links::Port;
 
 /// Whether a counter counts errors (EFA's `*_err`, `*_drops`, `lifespan`-free names; the IB
 /// core's `symbol_error`, `link_downed`, `*_errors`, `*_discards`, `link_error_recovery`).
@@ -207,8 +196,12 @@ pub fn view_path(state_dir: &Path) -> PathBuf {
 
 /// The latest look's ports, if a daemon wrote them.
 pub fn load_view(state_dir: &Path) -> Option<Vec<Port>> {
-    let text =
-        crate::sys::limits::read_text(&view_path(state_dir), 1024 * 1024, "ports view").ok()?;
+    let text = crate::sys::limits::read_text(
+        &view_path(state_dir),
+        crate::model::links::MAX_PORTS_VIEW_BYTES,
+        "ports view",
+    )
+    .ok()?;
     serde_json::from_str(&text).ok()
 }
 

@@ -18,7 +18,6 @@ use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::error::NvmlError;
-use serde::{Deserialize, Serialize};
 
 use super::raw;
 use crate::config::LinksConfig;
@@ -58,41 +57,7 @@ pub fn reason_names(mask: u64) -> Vec<String> {
     out
 }
 
-/// What one GPU's links look like at a poll (for `status` and metrics).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuLinks {
-    pub index: u32,
-    /// `not-started`, `in-progress`, `completed`; absent where the GPU has no fabric.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fabric_state: Option<String>,
-    #[serde(default)]
-    pub fabric_status: u32,
-    #[serde(default)]
-    pub clique_id: u32,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub cluster_uuid: String,
-    /// NVLinks that answered, and those of them down.
-    #[serde(default)]
-    pub nvlinks: u32,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nvlinks_down: Vec<u32>,
-    /// Worst link's CRC, replay and recovery errors per minute over the window.
-    #[serde(default)]
-    pub nvlink_crc_per_min: u64,
-    #[serde(default)]
-    pub nvlink_replay_per_min: u64,
-    #[serde(default)]
-    pub nvlink_recovery_per_min: u64,
-    /// PCIe generation and width: current and maximum (0: unknown).
-    #[serde(default)]
-    pub pcie: [u32; 4],
-    #[serde(default)]
-    pub pcie_replays_per_min: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistence: Option<bool>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub clock_event_reasons: Vec<String>,
-}
+pub use crate::model::links::GpuLinks;
 
 /// A counter's samples within its window.
 #[derive(Debug, Default)]
@@ -434,8 +399,7 @@ pub fn view_path(state_dir: &std::path::Path) -> std::path::PathBuf {
     crate::config::StateDir::new(state_dir).links()
 }
 
-/// At most this much of `links.json` is read back (64 GPUs of a few hundred bytes each).
-pub const MAX_VIEW_BYTES: u64 = 256 * 1024;
+pub use crate::model::links::MAX_LINKS_VIEW_BYTES as MAX_VIEW_BYTES;
 
 /// Writes the latest poll's links. A status file the next poll rewrites: atomic, not synced.
 /// A failure is a debug line: `status` then shows the previous poll's.
