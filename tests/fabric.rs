@@ -14,6 +14,7 @@
 use std::io::Write;
 use std::time::Duration;
 
+use gpu_medic_testkit::http::scrape;
 use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_sync};
 use serde_json::Value;
 
@@ -110,7 +111,8 @@ fn a_fabric_stuck_in_progress_at_boot_fails_the_check_after_its_deadline() {
         problems.contains("GPU 2") && problems.contains("in-progress"),
         "{v}"
     );
-    // 400 s after boot: past the deadline, the instance fails.
+    // 400 s after boot: past the deadline, the instance fails; the rule reboots (Fabric Manager
+    // registers the GPUs again at boot).
     uptime(&d, 400);
     d.inject(r#"{"gpu": 2, "fabric": {"state": "in-progress"}}"#);
     let (code, v) = check(&d);
@@ -126,7 +128,7 @@ fn a_fabric_stuck_in_progress_at_boot_fails_the_check_after_its_deadline() {
             f["gpu"].as_u64(),
             f["action"].as_str()
         ),
-        (Some("fabric-not-completed"), Some(2), Some("replace")),
+        (Some("fabric-not-completed"), Some(2), Some("reboot")),
         "{v}"
     );
     // A completed fabric is healthy.
@@ -136,13 +138,32 @@ fn a_fabric_stuck_in_progress_at_boot_fails_the_check_after_its_deadline() {
 }
 
 #[test]
-fn a_fabric_error_mid_run_replaces_and_links_are_shown_in_status() {
+fn a_fabric_error_mid_run_replaces_and_links_are_shown_in_status_and_metrics() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
     let mut d = node("");
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        format!("{cfg}[metrics]\nenabled = true\nlisten = \"{addr}\"\n"),
+    )
+    .unwrap();
     d.start();
     std::thread::sleep(Duration::from_millis(600));
     d.inject(r#"{"gpu": 1, "fabric": {"status": 12}}"#);
     let r = opened(&d, "fabric-error");
+    // The rule reboots; this node has no reboot rung (no AWS), so it is replaced and says so.
     assert_eq!(r["verdict"], "replace");
+    assert!(
+        r["reason"]
+            .as_str()
+            .is_some_and(|t| t.contains("the policy says reboot")),
+        "{r}"
+    );
     assert_eq!(r["observation"]["gpu"]["index"], 1);
     assert_eq!(r["observation"]["value"], 12);
     let out = d.cli(&["status"]);
@@ -152,6 +173,25 @@ fn a_fabric_error_mid_run_replaces_and_links_are_shown_in_status() {
         "{text}"
     );
     assert!(text.contains("nvlinks 18 up"), "{text}");
+    // The same view in the metrics: the fabric per GPU, its links, its PCIe link.
+    let want = [
+        "gpu_medic_gpu_fabric_state{gpu=\"1\",state=\"completed\"} 1",
+        "gpu_medic_gpu_fabric_status{gpu=\"1\"} 12",
+        "gpu_medic_gpu_fabric_status{gpu=\"0\"} 0",
+        "gpu_medic_gpu_nvlinks{gpu=\"3\"} 18",
+        "gpu_medic_gpu_nvlinks_down{gpu=\"3\"} 0",
+        "gpu_medic_gpu_pcie_link_width{gpu=\"0\",link=\"max\"} 16",
+        "gpu_medic_links_view_age_seconds{view=\"links\"}",
+    ];
+    wait_sync(
+        "the links in the metrics",
+        Duration::from_secs(20),
+        || {
+            let body = scrape(&addr);
+            want.iter().all(|w| body.contains(w))
+        },
+        || scrape(&addr),
+    );
     d.stop(Duration::from_secs(30));
 }
 
@@ -384,7 +424,14 @@ fn sxid_lines_in_the_kernel_log_are_judged_by_severity_once() {
     writeln!(f, "4,903,6781753400600,-;nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up").unwrap();
     drop(f);
     let r = opened(&d, "sxid-fatal");
+    // The rule reboots once; without the reboot rung (no AWS here) it is a replacement.
     assert_eq!(r["verdict"], "replace");
+    assert!(
+        r["reason"]
+            .as_str()
+            .is_some_and(|t| t.contains("the policy says reboot")),
+        "{r}"
+    );
     assert_eq!(r["observation"]["signal"]["code"], 20034);
     assert!(
         r["observation"].get("gpu").is_none(),
