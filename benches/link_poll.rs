@@ -78,7 +78,13 @@ fn main() {
     std::fs::write(&config, gpus_json(GPUS)).unwrap();
     // SAFETY: set before any thread is started and before NVML is opened, which reads it.
     unsafe { std::env::set_var("FAKE_NVML_CONFIG", &config) };
-    let nvml = gpu_medic::probe::nvml::open(fake_nvml().to_str().unwrap()).unwrap();
+    let nvml = match gpu_medic::probe::nvml::open(fake_nvml().to_str().unwrap()) {
+        Ok(n) => n,
+        Err(_) => panic!(
+            "the fake libnvidia-ml at {} does not open",
+            fake_nvml().display()
+        ),
+    };
     assert_eq!(nvml.device_count().unwrap() as usize, GPUS);
     let files = StateDir::new(dir.path());
     let shared = SharedState::default();

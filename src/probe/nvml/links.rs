@@ -108,7 +108,7 @@ pub fn uptime_secs(path: &std::path::Path) -> Option<u64> {
     let text = crate::sys::limits::read_text(path, 4096, "uptime").ok()?;
     let first = text.split_whitespace().next()?;
     let secs: f64 = first.parse().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| secs as u64)
+    (secs.is_finite() && secs >= 0.0).then_some(secs as u64)
 }
 
 /// The per-GPU link reader the poller holds between polls.
