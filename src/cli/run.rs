@@ -166,6 +166,7 @@ async fn serve(
         )));
     }
     let metrics_cfg = cfg.metrics.clone();
+    let link_views = cfg.files();
     let flush_wait = cfg.export.flush_wait;
     let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
     supervisor.with_clock(clock);
@@ -175,7 +176,11 @@ async fn serve(
     }
     let mut metrics_task = None;
     if metrics_cfg.enabled {
-        let metrics = Arc::new(crate::metrics::Metrics::new().with_accounting(accounting));
+        let metrics = Arc::new(
+            crate::metrics::Metrics::new()
+                .with_accounting(accounting)
+                .with_link_views(link_views),
+        );
         supervisor.with_metrics(metrics.clone());
         let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
             .await

@@ -38,6 +38,8 @@ pub use mps::{
 };
 pub use node::NodeConfig;
 pub use nvml::{NvmlConfig, Share};
+pub mod links;
+pub use links::LinksConfig;
 pub use planned::PlannedConfig;
 pub use repair::{RebootMethod, RepairConfig};
 
@@ -80,6 +82,8 @@ pub struct Config {
     pub journal: JournalConfig,
     #[serde(default)]
     pub export: ExportConfig,
+    #[serde(default)]
+    pub links: LinksConfig,
     #[serde(default)]
     pub drill: DrillConfig,
     #[serde(default)]
@@ -144,6 +148,7 @@ impl Config {
                 .map(|i| i + 1)
         };
         self.check_durations(path, text)?;
+        self.links.check(path, text)?;
         if self.mps.probe_timeout >= self.mps.probe_interval {
             return Err(FileError::new(
                 path,

@@ -12,6 +12,8 @@
 //! | `fleet.json`, `slots.json` | the fleet budget | `status` |
 //! | `export/<lane>.cursor.json` | each export lane | the same lane at start |
 //! | `launch-gate.json` | `check --lifecycle` | an operator |
+//! | `links.json` | the NVML poll (fabric, NVLink, PCIe per GPU) | `status`, the exporter's metrics |
+//! | `ports.json` | the EFA / RDMA port watch | `status`, the exporter's metrics |
 //!
 //! Only this type joins a file name onto `state_dir` (`tests/layout.rs` checks it).
 
@@ -87,6 +89,16 @@ impl StateDir {
     pub fn launch_gate(&self) -> PathBuf {
         self.root.join("launch-gate.json")
     }
+
+    /// The latest NVML poll's fabric, NVLink and PCIe state per GPU.
+    pub fn links(&self) -> PathBuf {
+        self.root.join("links.json")
+    }
+
+    /// The latest look at the EFA / RDMA ports.
+    pub fn ports(&self) -> PathBuf {
+        self.root.join("ports.json")
+    }
 }
 
 #[cfg(test)]
@@ -109,6 +121,8 @@ mod tests {
             d.export_cursor("logs"),
             d.export_cursor("events"),
             d.launch_gate(),
+            d.links(),
+            d.ports(),
         ];
         let names: Vec<String> = names
             .iter()
@@ -134,6 +148,8 @@ mod tests {
                 "export/logs.cursor.json",
                 "export/events.cursor.json",
                 "launch-gate.json",
+                "links.json",
+                "ports.json",
             ]
         );
     }

@@ -10,14 +10,19 @@
 //! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's, and the ECS agent's
 //!   own health verdict (`healthStatus`) from the same call.
 //! - [`planned`]: disruptions AWS plans (IMDS scheduled events, Spot notice, rebalance).
+//! - [`fabric_manager`]: NVIDIA Fabric Manager on instance types with NVSwitches.
+//! - [`efa`]: the EFA / RDMA ports (sysfs). [`sxid`]: NVSwitch errors in the kernel log.
 
 pub mod ecs_gpus;
+pub mod efa;
+pub mod fabric_manager;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod mps;
 pub mod node;
 pub mod nvml;
 pub mod planned;
+pub mod sxid;
 pub mod tasks;
 
 use std::future::Future;
@@ -81,7 +86,7 @@ pub fn snapshot_probes_with_view(
 ) -> Vec<Box<dyn Snapshot>> {
     let mut out: Vec<Box<dyn Snapshot>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone());
+        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone()).with_links(cfg.links.clone());
         if let Some((v, e)) = view {
             p = p.with_view(v, e);
         }
@@ -89,6 +94,18 @@ pub fn snapshot_probes_with_view(
     }
     if cfg.mps.enabled {
         out.push(Box::new(mps::MpsSnapshot::new(cfg.mps.clone())));
+    }
+    if fabric_manager::snapshot_enabled(cfg) {
+        out.push(Box::new(fabric_manager::FabricManagerSnapshot::new(
+            cfg.clone(),
+        )));
+    }
+    // Only an instance with RDMA devices has ports to look at: elsewhere this probe would
+    // pass for a look at nothing.
+    if cfg.links.efa && !efa::read_ports(&cfg.links.infiniband_root).is_empty() {
+        out.push(Box::new(efa::EfaSnapshot {
+            cfg: cfg.links.clone(),
+        }));
     }
     out
 }
@@ -124,7 +141,8 @@ pub fn sources_with_gpu_view(
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
         let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
-            .with_emf(cfg.metrics.emf);
+            .with_emf(cfg.metrics.emf)
+            .with_links(cfg.links.clone());
         if cfg.aws.enabled {
             source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
         }
@@ -155,6 +173,17 @@ pub fn sources_with_gpu_view(
             cfg.lifecycle.poll_interval,
             crate::aws::http_client(),
         )));
+    }
+    if cfg.links.fabric_manager {
+        out.push(Box::new(fabric_manager::FabricManagerSource::new(
+            cfg.clone(),
+        )));
+    }
+    if cfg.links.efa {
+        out.push(Box::new(efa::EfaSource {
+            cfg: cfg.links.clone(),
+            state_dir: cfg.state_dir.clone(),
+        }));
     }
     if cfg.aws.enabled && cfg.planned.enabled {
         out.push(Box::new(planned::PlannedSource::new(

@@ -1,7 +1,8 @@
 //! Plumbing every room uses: the one backoff ([`backoff`]), process hygiene for the programs
 //! gpu-medic runs ([`child`]), the one clock handed in above the engine ([`clock`]), size caps
 //! on everything read and the bounded reader ([`limits`]), the one atomic file write ([`fs`]),
-//! and the typed errors shared across modules ([`error`]).
+//! the typed errors shared across modules ([`error`]), and systemd units as `systemctl show`
+//! reports them ([`systemd`]).
 
 pub mod backoff;
 pub mod child;
@@ -10,3 +11,4 @@ pub mod error;
 pub mod fs;
 pub mod limits;
 pub mod lines;
+pub mod systemd;
