@@ -23,6 +23,11 @@ use serde_json::Value;
 /// Node 0 of `s` on the fake GPUs with the reboot rung on, every AWS service at `proxy`;
 /// short deadlines (`reboot`: how long a node may stay up after the reboot call).
 fn node(s: &Seeded, proxy: &Proxy, reboot_deadline: &str) -> Daemon {
+    node_with(s, proxy, reboot_deadline, "")
+}
+
+/// [`node`] with more policy text after the deadlines (a `[reboot]` ladder of its own).
+fn node_with(s: &Seeded, proxy: &Proxy, reboot_deadline: &str, policy_extra: &str) -> Daemon {
     let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"";
     let repair = "[repair]\nreboot = \"ec2\"\ncheck_interval = \"200ms\"\nsettle = \"1s\"\n";
     let d = aws::node(s, 0, Some(&proxy.url), "", "", fleet, repair);
@@ -30,7 +35,7 @@ fn node(s: &Seeded, proxy: &Proxy, reboot_deadline: &str) -> Daemon {
     std::fs::write(
         &policy,
         format!(
-            "version = 1\nextends = \"{}\"\n[deadlines]\nreboot = \"{reboot_deadline}\"\nboot_check = \"20s\"\n[retry]\ndelay = \"300ms\"\n",
+            "version = 1\nextends = \"{}\"\n[deadlines]\nreboot = \"{reboot_deadline}\"\nboot_check = \"20s\"\n[retry]\ndelay = \"300ms\"\n{policy_extra}",
             default_policy().display()
         ),
     )
@@ -208,6 +213,60 @@ async fn a_healed_node_is_back_in_service_after_the_boot_and_the_second_fault_re
     );
     d.stop(Duration::from_secs(10));
     assert_eq!(reboots(&proxy, &s), 1, "no second reboot");
+}
+
+/// The ladder forgets: with `[reboot] window = "3s"`, the same XID 79 after the window (and
+/// after `recur_within`) reboots again instead of replacing; the history keeps both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_window_the_same_fault_reboots_again() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "rb-window", 2).await;
+    let mut d = node_with(
+        &s,
+        &proxy,
+        "10m",
+        "[reboot]\nwindow = \"3s\"\nrecur_within = \"1s\"\n",
+    );
+    start(&mut d);
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_accepted(&d).await;
+    d.stop(Duration::from_secs(30));
+    boot(&mut d, "boot-2");
+    let inc = d.wait_closed(1, Duration::from_secs(30));
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    let returned = std::time::Instant::now();
+
+    // The window is time itself: wait it out (3 s from the reboot, 1 s from the return).
+    std::thread::sleep(
+        Duration::from_secs(3).saturating_sub(returned.elapsed()) + Duration::from_millis(500),
+    );
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_for(
+        "the second reboot accepted",
+        Duration::from_secs(40),
+        || {
+            let st = state(&d);
+            let n = reboots(&proxy, &s);
+            async move { st["remediation"]["step"] == "await-boot" && n == 2 }
+        },
+    )
+    .await;
+    let inc = d.incident(2);
+    assert_eq!(inc["action"], "reboot", "{inc:#}");
+    assert!(escalations(&inc).is_empty(), "{inc:#}");
+    d.stop(Duration::from_secs(30));
+    boot(&mut d, "boot-3");
+    let inc = d.wait_closed(2, Duration::from_secs(30));
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    assert_back_in_service(&sdk, &s).await;
+    let st = state(&d);
+    let h = st["repair"]["history"].as_array().unwrap();
+    assert_eq!(h.len(), 2, "{st:#}");
+    assert_eq!(h[1]["boot_before"], "boot-2");
+    assert_eq!(h[1]["boot_after"], "boot-3");
+    assert_eq!(reboots(&proxy, &s), 2);
+    d.stop(Duration::from_secs(10));
 }
 
 /// Still faulty after the boot (the GPU is lost again): replace, the slot held throughout.
