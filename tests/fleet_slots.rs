@@ -9,14 +9,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gpu_medic::aws::dynamo::HolderState;
 use gpu_medic::model::Command;
 use gpu_medic::remedy::aws::AwsControlPlane;
 use gpu_medic::remedy::{ControlPlane, RemedyError};
-use gpu_medic_testkit::aws::{self, Fault, Proxy, Seeded};
+use gpu_medic_testkit::aws::{self, Fault, Proxy, Sampler, Seeded, draining};
 use gpu_medic_testkit::{Daemon, wait_for};
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
@@ -222,76 +221,6 @@ fn daemon(s: &Seeded, i: usize, endpoint: Option<&str>, table: &str, skew_s: i64
 
 fn xid_79(d: &mut Daemon) {
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
-}
-
-/// Who is DRAINING among the instances still in the group, by moto.
-async fn draining(sdk: &aws_config::SdkConfig, s: &Seeded) -> Vec<String> {
-    let members = aws::asg_instance_ids(sdk, &s.asg).await;
-    let ecs = aws_sdk_ecs::Client::new(sdk);
-    let r = ecs
-        .describe_container_instances()
-        .cluster(&s.cluster)
-        .set_container_instances(Some(s.nodes.iter().map(|n| n.arn.clone()).collect()))
-        .send()
-        .await
-        .unwrap();
-    r.container_instances()
-        .iter()
-        .filter(|c| c.status() == Some("DRAINING"))
-        .filter_map(|c| c.ec2_instance_id().map(str::to_string))
-        .filter(|id| members.contains(id))
-        .collect()
-}
-
-/// The ground truth, sampled every 50 ms: the most instances DRAINING at once.
-struct Sampler {
-    max: Arc<AtomicUsize>,
-    samples: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<String>>,
-}
-
-impl Sampler {
-    fn start(moto: &aws_config::SdkConfig, s: &Arc<Seeded>) -> Sampler {
-        let (max, samples, stop) = (
-            Arc::new(AtomicUsize::new(0)),
-            Arc::new(AtomicUsize::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let task = {
-            let (sdk, s) = (moto.clone(), s.clone());
-            let (max, samples, stop) = (max.clone(), samples.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut worst = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let now = draining(&sdk, &s).await;
-                    if now.len() > max.load(Ordering::Relaxed) {
-                        max.store(now.len(), Ordering::Relaxed);
-                        worst = now;
-                    }
-                    samples.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                worst
-            })
-        };
-        Sampler {
-            max,
-            samples,
-            stop,
-            task,
-        }
-    }
-
-    async fn finish(self) -> (usize, usize, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let worst = self.task.await.unwrap();
-        (
-            self.max.load(Ordering::Relaxed),
-            self.samples.load(Ordering::Relaxed),
-            worst,
-        )
-    }
 }
 
 /// Issue 17's "done when": five supervisors faulting at once against one moto, wall clocks

@@ -8,7 +8,8 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aws_config::SdkConfig;
@@ -514,4 +515,76 @@ pub fn node(
     let mut d = crate::Daemon::in_temp(dir, &config);
     d.aws(endpoint);
     d
+}
+
+/// Who is DRAINING among the instances still in the group, by moto.
+pub async fn draining(sdk: &aws_config::SdkConfig, s: &Seeded) -> Vec<String> {
+    let members = asg_instance_ids(sdk, &s.asg).await;
+    let ecs = aws_sdk_ecs::Client::new(sdk);
+    let r = ecs
+        .describe_container_instances()
+        .cluster(&s.cluster)
+        .set_container_instances(Some(s.nodes.iter().map(|n| n.arn.clone()).collect()))
+        .send()
+        .await
+        .unwrap();
+    r.container_instances()
+        .iter()
+        .filter(|c| c.status() == Some("DRAINING"))
+        .filter_map(|c| c.ec2_instance_id().map(str::to_string))
+        .filter(|id| members.contains(id))
+        .collect()
+}
+
+/// The ground truth of a fleet budget, sampled from moto every 50 ms (never gpu-medic's own
+/// word): the most instances DRAINING at once.
+pub struct Sampler {
+    max: Arc<AtomicUsize>,
+    samples: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Sampler {
+    pub fn start(moto: &aws_config::SdkConfig, s: &Arc<Seeded>) -> Sampler {
+        let (max, samples, stop) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let task = {
+            let (sdk, s) = (moto.clone(), s.clone());
+            let (max, samples, stop) = (max.clone(), samples.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut worst = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let now = draining(&sdk, &s).await;
+                    if now.len() > max.load(Ordering::Relaxed) {
+                        max.store(now.len(), Ordering::Relaxed);
+                        worst = now;
+                    }
+                    samples.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                worst
+            })
+        };
+        Sampler {
+            max,
+            samples,
+            stop,
+            task,
+        }
+    }
+
+    /// The most instances DRAINING at once, how many samples, and who they were.
+    pub async fn finish(self) -> (usize, usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let worst = self.task.await.unwrap();
+        (
+            self.max.load(Ordering::Relaxed),
+            self.samples.load(Ordering::Relaxed),
+            worst,
+        )
+    }
 }
