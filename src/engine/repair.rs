@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Cx, Goal, NodePhase, Step};
 use crate::model::{
-    ActionId, Command, IncidentEvent, IncidentId, IncidentState, Outcome, OutcomeStatus, Timestamp,
-    Verdict,
+    ActionId, Command, IncidentEvent, IncidentId, IncidentState, Outcome, OutcomeStatus, Signal,
+    Timestamp, Verdict,
 };
 
 /// The rule name recorded when the ladder sends a reboot verdict on to `replace`.
@@ -417,12 +417,31 @@ impl Cx<'_> {
         self.st.node = NodePhase::InService;
         self.st.gpus.retain(|_, g| g.incident != Some(incident));
         let boot = self.st.repair.boot.clone().unwrap_or_default();
+        // A pending row remap takes effect at the reset a reboot makes; the boot check found
+        // none pending (its rule is itself a reboot verdict), so it was applied.
+        let pending = format!("{}@", Signal::RowRemapPending);
+        let remapped: Vec<&str> = self
+            .st
+            .attached
+            .get(&incident)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.strip_prefix(pending.as_str()))
+            .collect();
+        let applied = if remapped.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the pending row remap on GPU {} applied (none pending at the check after the boot)",
+                remapped.join(", ")
+            )
+        };
         self.settle(incident, RepairResult::Repaired, "");
         self.close(
             incident,
             IncidentState::Repaired,
             format!(
-                "repaired by reboot: healthy after the boot (boot id {boot}); quarantine cleared, container instance ACTIVE, fleet budget slot released"
+                "repaired by reboot: healthy after the boot (boot id {boot}); quarantine cleared, container instance ACTIVE, fleet budget slot released{applied}"
             ),
         );
     }

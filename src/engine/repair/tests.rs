@@ -184,6 +184,26 @@ fn a_first_xid_79_reboots_and_a_healthy_node_returns_to_service() {
 }
 
 #[test]
+fn a_pending_row_remap_is_shown_applied_after_the_reboot() {
+    let mut r = Run::new();
+    let out = r.feed(Input::Observation(
+        Observation::new(Signal::RowRemapPending).on_gpu(GpuId::index_only(0)),
+    ));
+    r.repair(out, "boot-2");
+    let (_, state, summary) = r.closed().pop().unwrap();
+    assert_eq!(state, IncidentState::Repaired);
+    assert!(
+        summary.contains("the pending row remap on GPU 0 applied"),
+        "{summary}"
+    );
+    // An XID 79 repair says nothing of remaps.
+    let mut r = Run::new();
+    let out = r.xid(79);
+    r.repair(out, "boot-2");
+    assert!(!r.closed().pop().unwrap().2.contains("row remap"));
+}
+
+#[test]
 fn a_node_still_faulty_after_the_boot_is_replaced_with_its_slot_held() {
     let mut r = Run::new();
     let out = r.xid(79);
