@@ -97,7 +97,8 @@ async fn node(name: &str, planned: &str) -> Node {
          [ecs]\ndrain_poll_interval = \"200ms\"\nagent_wait = \"100ms\"\n\
          [fleet]\nwarmup = \"0s\"\nclaim_settle = \"100ms\"\nretry_after = \"300ms\"\n\
          [lifecycle]\npoll_interval = \"200ms\"\n\
-         [planned]\npoll_interval = \"200ms\"\nboot_id_path = \"{}\"\n{lead}{planned}\n",
+         [repair]\nboot_id_path = \"{}\"\n\
+         [planned]\npoll_interval = \"200ms\"\n{lead}{planned}\n",
         default_policy().display(),
         aws::sections(&s, 0, ""),
         dir.path().join("boot_id").display(),

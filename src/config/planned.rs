@@ -5,7 +5,7 @@
 //! whether a rebalance drains) live here; the engine receives the choices as
 //! [`crate::policy::planned::PlannedRules`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -26,9 +26,6 @@ pub struct PlannedConfig {
     /// decides nothing.
     #[serde(default = "default_max_document")]
     pub max_document: usize,
-    /// The kernel's boot id: a new one after a reboot event says the instance rebooted.
-    #[serde(default = "default_boot_id_path")]
-    pub boot_id_path: PathBuf,
     /// Scheduled events: the drain starts this long before the event's NotBefore.
     #[serde(default = "default_lead", with = "humantime_serde")]
     pub lead: Duration,
@@ -54,9 +51,6 @@ fn default_poll_interval() -> Duration {
 fn default_max_document() -> usize {
     64 * 1024
 }
-fn default_boot_id_path() -> PathBuf {
-    PathBuf::from("/proc/sys/kernel/random/boot_id")
-}
 fn default_lead() -> Duration {
     Duration::from_secs(30 * 60)
 }
@@ -70,7 +64,6 @@ impl Default for PlannedConfig {
             enabled: true,
             poll_interval: default_poll_interval(),
             max_document: default_max_document(),
-            boot_id_path: default_boot_id_path(),
             lead: default_lead(),
             margin: default_margin(),
             replace_on_stop: true,
@@ -129,13 +122,6 @@ impl PlannedConfig {
                 path,
                 line("margin"),
                 "[planned] margin: at most 90s (a Spot interruption gives two minutes of notice)",
-            ));
-        }
-        if self.boot_id_path.as_os_str().is_empty() {
-            return Err(FileError::new(
-                path,
-                line("boot_id_path"),
-                "[planned] boot_id_path: must name a file",
             ));
         }
         Ok(())

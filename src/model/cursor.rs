@@ -185,16 +185,32 @@ impl Delivery {
 }
 
 /// The committed cursors a source resumes from, handed in by the supervisor (which owns the
-/// state) when it starts the source. Empty on a first start: each source then begins where
+/// state) when it starts the source, and the kernel's boot id as the supervisor read it once
+/// at start (`[repair] boot_id_path`). Empty on a first start: each source then begins where
 /// it always does (the kernel log from its start, a log file at its end).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Resume {
     delivery: Delivery,
+    boot: String,
 }
 
 impl Resume {
     pub fn new(delivery: Delivery) -> Resume {
-        Resume { delivery }
+        Resume {
+            delivery,
+            boot: String::new(),
+        }
+    }
+
+    /// This boot's id (empty when it could not be read: a reboot is then not told apart).
+    pub fn with_boot(mut self, boot: impl Into<String>) -> Resume {
+        self.boot = boot.into();
+        self
+    }
+
+    /// The kernel's boot id of this boot, one reading for every source.
+    pub fn boot(&self) -> &str {
+        &self.boot
     }
 
     /// Whether `pos` of `stream` is already journaled (a record read again is a duplicate).

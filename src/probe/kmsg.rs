@@ -192,12 +192,6 @@ pub struct KmsgReader {
     pub stop: Arc<AtomicBool>,
 }
 
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// At most this many dropped duplicates are remembered across a restart.
 const MAX_SKIPPED: usize = 256;
 
@@ -335,7 +329,7 @@ impl KmsgReader {
             .as_ref()
             .filter(|_| regular)
             .map(|m| (m.dev(), m.ino()));
-        let boot = boot_id();
+        let boot = self.committed.boot().to_string();
         let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
         let cap = crate::sys::limits::MAX_KMSG_LINE;
         if !regular {

@@ -11,7 +11,8 @@
 //! Each new event, and each change of an event's state or times, is one observation (a
 //! `maintenance-event`, `spot-interruption` or `rebalance-recommendation`); a document that
 //! did not change sends nothing. A scheduled event carries the kernel's boot id at the time
-//! of reading (`[planned] boot_id_path`), so the engine can tell that a reboot happened.
+//! of reading (the supervisor's one reading at start, `[repair] boot_id_path`, handed in with
+//! the source's [`crate::model::Resume`]), so the engine can tell that a reboot happened.
 //!
 //! What never decides anything, each said once in a warning until it changes: IMDS down or
 //! refusing (retried with backoff), a document larger than `[planned] max_document` (its
@@ -41,8 +42,6 @@ pub const SOURCE: &str = "imds-events";
 pub const SCHEDULED_PATH: &str = "/latest/meta-data/events/maintenance/scheduled";
 pub const SPOT_PATH: &str = "/latest/meta-data/spot/instance-action";
 pub const REBALANCE_PATH: &str = "/latest/meta-data/events/recommendations/rebalance";
-/// A boot id is 36 characters; anything past this is not one.
-const BOOT_ID_MAX: u64 = 128;
 /// Bytes of a malformed document quoted in its warning.
 const QUOTE: usize = 80;
 
@@ -236,17 +235,6 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The kernel's boot id (empty when it cannot be read: a reboot is then not told apart).
-pub fn boot_id(path: &std::path::Path) -> String {
-    match crate::sys::limits::read_text(path, BOOT_ID_MAX, "the boot id") {
-        Ok(t) => t.trim().to_string(),
-        Err(e) => {
-            tracing::warn!(probe = SOURCE, path = %path.display(), "cannot read the boot id ({e}): a reboot after a scheduled event is not told apart, the instance then returns to service only once AWS completes it");
-            String::new()
-        }
-    }
-}
-
 /// What the source last reported, to send only what changed.
 #[derive(Debug, Default)]
 pub struct Seen {
@@ -414,9 +402,14 @@ impl PlannedSource {
         PlannedSource { cfg, http }
     }
 
-    async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
+    async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken, boot: String) {
         let client = imds_client(self.http.clone(), 2);
-        let boot = boot_id(&self.cfg.boot_id_path);
+        if boot.is_empty() {
+            tracing::warn!(
+                probe = SOURCE,
+                "the kernel boot id is unknown: a reboot after a scheduled event is not told apart, the instance then returns to service only once AWS completes it"
+            );
+        }
         let interval = self.cfg.poll_interval;
         let mut seen = Seen::default();
         let mut failures = 0u32;
@@ -470,9 +463,10 @@ impl Source for PlannedSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
-        _resume: crate::model::Resume,
+        resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(async move { self.watch(tx, shutdown).await })
+        let boot = resume.boot().to_string();
+        Box::pin(async move { self.watch(tx, shutdown, boot).await })
     }
 }
 

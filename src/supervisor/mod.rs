@@ -145,8 +145,9 @@ impl Supervisor {
         // The kernel's boot id, stepped before any order is resumed: a reboot the engine
         // ordered that has happened is finished here, never handed out again. Only a node
         // with the reboot rung needs it (without the rung no reboot is ever ordered).
-        let boot = match crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path) {
-            Ok(id) => capabilities.reboot.then_some(id),
+        let boot_read = crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path);
+        let boot = match &boot_read {
+            Ok(id) => capabilities.reboot.then(|| id.clone()),
             Err(_) if !capabilities.reboot => None,
             Err(e) => {
                 tracing::warn!(
@@ -196,8 +197,10 @@ impl Supervisor {
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
         let (out_tx, mut out_rx) = mpsc::channel::<Outcome>(64);
         let mut sources = JoinSet::new();
-        // Each source resumes after what the journal holds (the state's committed cursors).
-        let resume = crate::model::Resume::new(engine.state.delivery.clone());
+        // Each source resumes after what the journal holds (the state's committed cursors),
+        // with the one reading of this boot's id.
+        let resume = crate::model::Resume::new(engine.state.delivery.clone())
+            .with_boot(boot_read.unwrap_or_default());
         for s in self.sources {
             tracing::info!(source = s.name(), "starting probe");
             sources.spawn(s.run(obs_tx.clone(), shutdown.child_token(), resume.clone()));
