@@ -75,7 +75,7 @@ async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_ca
     let s = aws::seed(&sdk, "drill-obs", 2).await;
     let mut d = aws::node(&s, 0, Some(&proxy.url), "", "gpu_view = false", "", ALLOW);
     d.start();
-    std::thread::sleep(Duration::from_millis(600)); // the first poll lists the GPUs
+    d.wait_polled();
     let seeded = proxy.calls().len();
     let out = cli(
         &d,
@@ -134,7 +134,7 @@ async fn a_live_xid_drill_drains_and_has_auto_scaling_replace_the_instance() {
     let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"";
     let mut d = aws::node(&s, 0, Some(&proxy.url), "", "", fleet, ALLOW);
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     let out = cli(&d, &["drill", "xid", "79", "--gpu", "0", "--wait", "60s"]).await;
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", d.log());

@@ -153,7 +153,7 @@ fn a_fabric_error_mid_run_replaces_and_links_are_shown_in_status_and_metrics() {
     )
     .unwrap();
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     d.inject(r#"{"gpu": 1, "fabric": {"status": 12}}"#);
     let r = opened(&d, "fabric-error");
     // The rule reboots; this node has no reboot rung (no AWS), so it is replaced and says so.
@@ -199,7 +199,7 @@ fn a_fabric_error_mid_run_replaces_and_links_are_shown_in_status_and_metrics() {
 fn an_nvlink_down_and_crc_rates_over_and_under_the_threshold() {
     let mut d = node("nvlink_window = \"60s\"");
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     // One burst of 500 CRC errors: 500 per minute over the window, under DCGM's 6000: logged.
     d.inject(r#"{"gpu": 0, "nvlink": {"link": 4, "crc_flit": 300, "crc_data": 200}}"#);
     let r = opened(&d, "nvlink-crc-errors");
@@ -220,7 +220,7 @@ fn an_nvlink_down_and_crc_rates_over_and_under_the_threshold() {
 fn an_nvlink_that_was_up_going_down_replaces() {
     let mut d = node("");
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     d.inject(r#"{"gpu": 2, "nvlink": {"link": 7, "active": false}}"#);
     let r = opened(&d, "nvlink-down");
     assert_eq!(r["verdict"], "replace");
@@ -236,7 +236,7 @@ fn an_nvlink_that_was_up_going_down_replaces() {
 fn a_pcie_link_downtrained_from_gen5_x16_to_gen4_x8_is_recorded() {
     let mut d = node("");
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     // Busy (no idle reason), so a lower generation is no power saving.
     d.inject(r#"{"gpu": 1, "pcie_link": {"generation": 4, "width": 8}, "throttle": 0}"#);
     let r = opened(&d, "pcie-downtrained");
@@ -284,7 +284,7 @@ fn fabric_manager_stopped_on_a_p5_drains_and_flapping_is_seen() {
     )
     .unwrap();
     d.start();
-    std::thread::sleep(Duration::from_millis(800));
+    d.wait_polled();
     // systemd restarts it three times.
     std::fs::write(
         d.path("fm-state"),
@@ -368,7 +368,7 @@ fn an_efa_port_flapping_drains() {
     let mut d = node("efa_flap_window = \"1m\"");
     efa_port(&d, "4: ACTIVE", 0);
     d.start();
-    std::thread::sleep(Duration::from_millis(800));
+    d.wait_polled();
     for i in 0..3 {
         efa_port(&d, "1: DOWN", i);
         std::thread::sleep(Duration::from_millis(500));
@@ -400,7 +400,7 @@ fn an_efa_port_flapping_drains() {
 fn sxid_lines_in_the_kernel_log_are_judged_by_severity_once() {
     let mut d = node("");
     d.start();
-    std::thread::sleep(Duration::from_millis(800));
+    d.wait_polled();
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(d.path("kmsg"))

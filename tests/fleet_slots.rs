@@ -246,7 +246,9 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
     for d in &mut ds {
         d.start();
     }
-    std::thread::sleep(Duration::from_millis(600));
+    for d in &ds {
+        d.wait_polled();
+    }
     let sampler = Sampler::start(&moto, &s);
     let id = |i: usize| s.nodes[i].instance_id.clone();
 
@@ -408,7 +410,7 @@ async fn a_throttled_table_means_quarantine_only_with_a_clear_incident() {
     ));
     let mut d = daemon(&s, 0, Some(&proxy.url), &table, 0);
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     xid_79(&mut d);
     expect_quarantine_only(&d, &sdk, &s, "ProvisionedThroughputExceededException").await;
     assert_eq!(proxy.count("PutItem"), 0);
@@ -431,7 +433,7 @@ async fn an_unreachable_table_means_quarantine_only_with_a_clear_incident() {
         format!("http://127.0.0.1:{port}"),
     );
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     xid_79(&mut d);
     expect_quarantine_only(&d, &sdk, &s, "table unreachable").await;
 }

@@ -26,7 +26,7 @@ fn polling_node(extra_nvml: &str, poll: &str) -> Daemon {
 /// Starts the daemon and lets the first poll establish counter baselines.
 fn start(node: &mut Daemon) {
     node.start();
-    std::thread::sleep(Duration::from_millis(600));
+    node.wait_polled();
 }
 
 /// Stops it with SIGTERM, which must end it cleanly; returns its log.
@@ -343,16 +343,22 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
         &node,
         "4,101,5100000,-;NVRM: Xid (PCI:0000:30:00): 13, pid=77, name=app, Graphics Exception",
     );
-    std::thread::sleep(Duration::from_millis(800));
+    // The reader goes in order: once a later line is journaled, the duplicate was read.
+    kmsg_append(
+        &node,
+        "4,102,5150000,-;NVRM: Xid (PCI:0000:30:00): 43, pid=77, name=app, Reset Channel Verif Error",
+    );
+    wait_until("the line after the duplicate", || {
+        xid_inputs(&node, 43) == 1
+    });
     assert_eq!(xid_inputs(&node, 13), 1);
     stop(&mut node);
     // After a restart the old lines are not reported again.
     let before = xid_inputs(&node, 79);
     start(&mut node);
-    std::thread::sleep(Duration::from_millis(800));
     kmsg_append(
         &node,
-        "4,102,5200000,-;NVRM: Xid (PCI:0000:40:00): 31, pid=78, name=app, MMU Fault",
+        "4,103,5200000,-;NVRM: Xid (PCI:0000:40:00): 31, pid=78, name=app, MMU Fault",
     );
     wait_until("the new line", || xid_inputs(&node, 31) == 1);
     assert_eq!(xid_inputs(&node, 79), before);
@@ -513,9 +519,22 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
     // One more restart reads the whole file again: nothing is journaled twice.
     stop(&mut node);
     start(&mut node);
-    std::thread::sleep(Duration::from_millis(800));
+    // A line after the file's end: once it is journaled, the whole file was read again.
+    let marker = 1000 + N;
+    kmsg_append(
+        &node,
+        &format!(
+            "4,{marker},6000000,-;NVRM: Xid (PCI:0000:40:00): 31, pid=78, name=app, MMU Fault"
+        ),
+    );
+    wait_until("the line after the file's end", || {
+        xid_inputs(&node, 31) == 1
+    });
     stop(&mut node);
-    let seqs = kmsg_seqs(&node);
+    let seqs: Vec<u64> = kmsg_seqs(&node)
+        .into_iter()
+        .filter(|&q| q != marker)
+        .collect();
     let distinct: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
     assert_eq!(distinct.len() as u64, N, "missing: some XIDs were lost");
     assert_eq!(

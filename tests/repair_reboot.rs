@@ -73,8 +73,7 @@ fn node_with(
 
 fn start(d: &mut Daemon) {
     d.start();
-    // The first NVML poll establishes its baselines.
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
 }
 
 /// The machine rebooted: a new boot id and a new kernel log.
@@ -205,7 +204,7 @@ async fn a_healed_node_is_back_in_service_after_the_boot_and_the_second_fault_re
     assert_eq!(h[0]["boot_after"], "boot-2");
 
     // The same fault again within 7 days: rule xid-fallen-off-bus allows one reboot.
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
     wait_for("the second incident", Duration::from_secs(20), || async {
         d.incident(2)["action"] == "replace"
@@ -497,8 +496,9 @@ async fn five_supervisors_rebooting_and_replacing_keep_the_budget() {
     for d in &mut ds {
         d.start();
     }
-    // The first NVML poll establishes its baselines.
-    std::thread::sleep(Duration::from_millis(600));
+    for d in &ds {
+        d.wait_polled();
+    }
     let sampler = Sampler::start(&moto, &s);
     for d in &mut ds {
         d.inject(r#"{"gpu": 0, "xid": 79}"#);

@@ -295,6 +295,7 @@ impl NvmlSource {
                     stop: stop.clone(),
                 });
             let mut poller = Some(self.poller());
+            let mut first = true;
             while let Some(mut p) = poller.take() {
                 let (n, s) = (nvml.clone(), shared.clone());
                 let job = tokio::task::spawn_blocking(move || {
@@ -345,11 +346,21 @@ impl NvmlSource {
                                 );
                             }
                         }
+                        let gpus = report.gpus.len();
                         for obs in report.observations {
                             if tx.send(obs).await.is_err() {
                                 stop.store(true, Ordering::Relaxed);
                                 return;
                             }
+                        }
+                        if std::mem::take(&mut first) {
+                            // A fact to wait on (tests, operators): what happens to a counter
+                            // from now on is a change, not its starting value.
+                            tracing::info!(
+                                probe = "nvml",
+                                gpus,
+                                "first NVML poll done: counter baselines set"
+                            );
                         }
                     }
                     Ok(Err(e)) => {
