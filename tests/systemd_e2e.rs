@@ -426,11 +426,15 @@ const BOOT_ID: &str = "/etc/gpu-medic/boot_id";
 /// Waits for gpu-medic's first NVML poll (`status --json` lists every GPU's links): the
 /// baselines an injected fault is judged against.
 fn wait_polled(sys: &Booted) {
-    sys.wait("gpu-medic's first NVML poll", Duration::from_secs(60), || {
-        let out = sys.cli(&["status", "--json"]);
-        serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .is_ok_and(|v| v["links"].as_array().is_some_and(|l| l.len() == 4))
-    });
+    sys.wait(
+        "gpu-medic's first NVML poll",
+        Duration::from_secs(60),
+        || {
+            let out = sys.cli(&["status", "--json"]);
+            serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .is_ok_and(|v| v["links"].as_array().is_some_and(|l| l.len() == 4))
+        },
+    );
 }
 
 /// Issue 22 under real systemd, the OS's own reboot (`[repair] reboot = "systemd"`): the
@@ -479,6 +483,9 @@ async fn xid_79_reboots_the_os_through_systemd_and_the_next_boot_returns_the_nod
         (DROPIN, dropin.as_str()),
         INJECT_TMPFILES,
         (BOOT_ID, "e2e-boot-1\n"),
+        // A persistent journal (the root's /var/log/journal is missing: volatile), so that the
+        // second boot can read what the first logged on its way down.
+        ("/var/log/journal/.gpu-medic-e2e", ""),
     ];
     let t0 = std::time::Instant::now();
     let sys = Booted::boot(&files);
@@ -493,8 +500,7 @@ async fn xid_79_reboots_the_os_through_systemd_and_the_next_boot_returns_the_nod
     // PID 1 asked to reboot ends the namespace: the kernel's SIGHUP, not our SIGKILL.
     let exit = sys.wait_ended(Duration::from_secs(120));
     let to_down = t_fault.elapsed();
-    let console =
-        std::fs::read_to_string(sys.run_dir().join("namespace.log")).unwrap_or_default();
+    let console = std::fs::read_to_string(sys.run_dir().join("namespace.log")).unwrap_or_default();
     assert_eq!(
         exit,
         128 + libc::SIGHUP,
@@ -503,17 +509,26 @@ async fn xid_79_reboots_the_os_through_systemd_and_the_next_boot_returns_the_nod
     );
     // The disk as the reboot left it: the reboot recorded (with the boot it ends) before it
     // was made; quarantine and drain done in moto; no EC2 call (the OS's reboot).
-    let records = gpu_medic_testkit::journal::read(&sys.upper("/var/lib/gpu-medic/incidents.jsonl"));
+    let records =
+        gpu_medic_testkit::journal::read(&sys.upper("/var/lib/gpu-medic/incidents.jsonl"));
     let started: Vec<String> = gpu_medic_testkit::journal::events(&records, "action-started")
         .iter()
-        .map(|r| r["order"]["command"]["kind"].as_str().unwrap_or("").to_string())
+        .map(|r| {
+            r["order"]["command"]["kind"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
         .collect();
     assert_eq!(started, ["quarantine", "drain", "reboot"], "{records:#?}");
     let reboot = gpu_medic_testkit::journal::events(&records, "action-started")
         .into_iter()
         .find(|r| r["order"]["command"]["kind"] == "reboot")
         .unwrap();
-    assert_eq!(reboot["order"]["command"]["boot"], "e2e-boot-1", "{reboot:#}");
+    assert_eq!(
+        reboot["order"]["command"]["boot"], "e2e-boot-1",
+        "{reboot:#}"
+    );
     let opened = gpu_medic_testkit::journal::events(&records, "opened");
     assert_eq!(opened[0]["verdict"], "reboot", "{records:#?}");
     let (status, _, attrs) = aws::instance(&sdk, &s.cluster, &me.arn).await;
@@ -531,12 +546,22 @@ async fn xid_79_reboots_the_os_through_systemd_and_the_next_boot_returns_the_nod
     let inc = sys.incident(inc["id"].as_u64().unwrap() as u32);
     assert_eq!(inc["state"], "repaired", "{inc:#}\n{}", sys.context());
     assert!(
-        inc["summary"].as_str().unwrap_or("").contains("repaired by reboot"),
+        inc["summary"]
+            .as_str()
+            .unwrap_or("")
+            .contains("repaired by reboot"),
         "{inc:#}"
     );
     assert_eq!(
         gpu_medic_testkit::journal::started_commands(&inc),
-        ["quarantine", "drain", "reboot", "quarantine", "boot-check", "restore"],
+        [
+            "quarantine",
+            "drain",
+            "reboot",
+            "quarantine",
+            "boot-check",
+            "restore"
+        ],
         "{inc:#}"
     );
     let (status, _, attrs) = aws::instance(&sdk, &s.cluster, &me.arn).await;
@@ -562,6 +587,24 @@ async fn xid_79_reboots_the_os_through_systemd_and_the_next_boot_returns_the_nod
     assert_eq!(h["boot_after"], "e2e-boot-2", "{state:#}");
     assert_eq!(proxy.count("RebootInstances"), 0, "{:?}", proxy.ops());
     assert_eq!(sys.state(MEDIC), "active/running");
+    // The first boot's way down, from the persistent journal (one kernel boot id for both:
+    // the namespace's boots are not the kernel's): gpu-medic ran the OS's reboot, systemd
+    // reached reboot.target, and gpu-medic was stopped and started again.
+    let out = sys.exec(&["journalctl", "--no-pager", "-o", "short-precise"]);
+    let all = String::from_utf8_lossy(&out.stdout);
+    let tail = || systemd::tail(&all, 80);
+    assert!(
+        all.contains("rebooting the instance (the OS's reboot)"),
+        "{}",
+        tail()
+    );
+    assert!(all.contains("reboot.target"), "{}", tail());
+    assert_eq!(
+        all.matches("Started gpu-medic.service").count(),
+        2,
+        "{}",
+        tail()
+    );
     eprintln!(
         "measured: boot -> fault {:?}; fault -> namespace ended by the reboot {to_down:?}; \
          second boot -> back in service {to_service:?}",
@@ -610,9 +653,11 @@ fn wait_opened(sys: &Booted, kind: &str) -> serde_json::Value {
             .into_iter()
             .find(|r| r["event"] == "opened" && r["observation"]["signal"]["kind"] == kind)
     };
-    sys.wait(&format!("an incident opened by {kind}"), Duration::from_secs(30), || {
-        find().is_some()
-    });
+    sys.wait(
+        &format!("an incident opened by {kind}"),
+        Duration::from_secs(30),
+        || find().is_some(),
+    );
     find().unwrap()
 }
 
@@ -620,8 +665,10 @@ fn wait_opened(sys: &Booted, kind: &str) -> serde_json::Value {
 /// recorded (withheld), and later node faults join that incident, so each case gets a node
 /// of its own. The state is gone, the units stay as they are.
 fn fresh_medic(sys: &Booted) {
-    sys.sh("systemctl stop gpu-medic.service && rm -rf /var/lib/gpu-medic/* /run/fm-looks && \
-            systemctl start gpu-medic.service");
+    sys.sh(
+        "systemctl stop gpu-medic.service && rm -rf /var/lib/gpu-medic/* /run/fm-looks && \
+            systemctl start gpu-medic.service",
+    );
     sys.wait("gpu-medic active again", Duration::from_secs(60), || {
         sys.state(MEDIC) == "active/running"
     });
@@ -681,12 +728,16 @@ fn a_fabric_manager_stopped_flapping_or_failing_under_systemd_is_a_drain() {
         detail.contains("inactive/dead") && detail.contains(FM),
         "not systemd's own words: {detail}"
     );
-    let inc = wait_closed(&sys, "the stopped case", 0, Duration::from_secs(20), |_| true);
+    let inc = wait_closed(&sys, "the stopped case", 0, Duration::from_secs(20), |_| {
+        true
+    });
     assert_eq!(inc["action"], "drain", "{inc:#}");
     sys.sh("systemctl start nvidia-fabricmanager.service");
-    sys.wait("the stand-in running again", Duration::from_secs(20), || {
-        sys.state(FM) == "active/running"
-    });
+    sys.wait(
+        "the stand-in running again",
+        Duration::from_secs(20),
+        || sys.state(FM) == "active/running",
+    );
 
     // 2. Flapping: systemd restarts it after each SIGKILL (Restart=on-failure). Each kill
     // waits for gpu-medic to have looked at it running again, so the down looks stay single
@@ -710,8 +761,7 @@ fn a_fabric_manager_stopped_flapping_or_failing_under_systemd_is_a_drain() {
         "{detail}"
     );
     assert!(
-        !sys
-            .records()
+        !sys.records()
             .iter()
             .any(|r| r["observation"]["signal"]["kind"] == "fabric-manager-down"),
         "a restart looked like a stop: {:?}",
@@ -750,7 +800,9 @@ fn a_fabric_manager_stopped_flapping_or_failing_under_systemd_is_a_drain() {
         detail.contains("last exit status 1") || detail.contains("failed/failed"),
         "{detail}"
     );
-    let inc = wait_closed(&sys, "the failing case", 0, Duration::from_secs(20), |_| true);
+    let inc = wait_closed(&sys, "the failing case", 0, Duration::from_secs(20), |_| {
+        true
+    });
     assert_eq!(inc["action"], "drain", "{inc:#}");
     assert!(
         ["fabric-manager-down", "fabric-manager-flapping"].contains(&inc["rule"].as_str().unwrap()),

@@ -271,8 +271,8 @@ impl Booted {
         let ended = crate::poll(limit, Duration::from_millis(100), || {
             !self.alive() && exit.exists()
         });
-        let console = std::fs::read_to_string(self.run_dir().join("namespace.log"))
-            .unwrap_or_default();
+        let console =
+            std::fs::read_to_string(self.run_dir().join("namespace.log")).unwrap_or_default();
         assert!(
             ended.is_some(),
             "the namespace did not end within {limit:?}\nconsole:\n{}",
