@@ -13,6 +13,10 @@
 //! the daemon writes them, so journald files them under the unit. Everything else is real: systemd's restarts and `NRestarts`, journald,
 //! `Type=notify`, the watchdog, the unit's sandbox, the daemon's own server-exit lines.
 //!
+//! Two more tests: the reboot rung's OS reboot for real (`systemctl reboot` ends the
+//! namespace, which is booted again over the same upper layer: issue 22), and a stand-in
+//! `nvidia-fabricmanager.service` under Fabric Manager's real unit name (issue 24).
+//!
 //! Needs root, `unshare`, `nsenter`, overlayfs, and `debootstrap` with Debian's registry for the
 //! first build of the root (`bash .ci/install-deps.sh`). `scripts/test.sh` checks first and,
 //! where the machine cannot run it, says so and sets `GPU_MEDIC_SYSTEMD_E2E=skip`; without
