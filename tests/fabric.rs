@@ -4,10 +4,9 @@
 //! Manager user guide shows, and a fake sysfs tree for the EFA ports.
 //!
 //! Fabric Manager's unit is read through a `systemctl` test double (`[links] systemctl`): a
-//! script that prints `systemctl show` properties from a file the test rewrites. There is no
-//! Fabric Manager here to run under real systemd (it needs NVSwitches); the adapter's parsing
-//! of real `systemctl show` output is tested with the MPS daemon's unit in
-//! tests/systemd_e2e.rs.
+//! script that prints `systemctl show` properties from a file the test rewrites. The real
+//! Fabric Manager needs NVSwitches; under real systemd, tests/systemd_e2e.rs runs a stand-in
+//! under its unit name and stops, kills and breaks it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
