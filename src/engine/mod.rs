@@ -241,7 +241,9 @@ impl Cx<'_> {
     fn close(&mut self, id: IncidentId, state: IncidentState, summary: impl Into<String>) {
         if self.st.open.remove(&id).is_some() {
             // A closed incident no longer takes signals unless a GPU or the node points at it.
+            // The withheld incident (`[aws]` off) goes on taking the node's later faults.
             let referenced = self.st.node_incident == Some(id)
+                || self.st.withheld.as_ref().is_some_and(|w| w.incident == id)
                 || self.st.gpus.values().any(|g| g.incident == Some(id));
             if !referenced {
                 self.st.attached.remove(&id);
@@ -1525,6 +1527,7 @@ impl Cx<'_> {
             .copied()
             .chain(self.st.gpus.values().filter_map(|g| g.incident))
             .chain(self.st.node_incident)
+            .chain(self.st.withheld.as_ref().map(|w| w.incident))
             .collect();
         self.st.attached.retain(|id, _| keep.contains(id));
         let longest = self.longest_window();

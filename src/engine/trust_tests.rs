@@ -174,6 +174,49 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
 }
 
 #[test]
+fn without_aws_a_node_fault_that_stays_is_journaled_once() {
+    // A node-level fault that stays (Fabric Manager down, seen on every look) is withheld
+    // once; its repeats join it once, not once per look: the journal does not grow while
+    // nothing changes (no GPU points at the incident to keep it).
+    let mut r = Run::new(Capabilities {
+        aws: false,
+        mps: true,
+        reboot: false,
+    });
+    let signals = |r: &Run| {
+        r.log
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::Log(Record {
+                        event: IncidentEvent::Signal { .. },
+                        ..
+                    })
+                )
+            })
+            .count()
+    };
+    for _ in 0..2 {
+        r.feed(Input::Observation(
+            Observation::new(Signal::FabricManagerDown).with_value(2),
+        ));
+    }
+    assert_eq!(r.opened(), 1);
+    assert!(r.st.withheld.is_some());
+    let once = signals(&r);
+    for _ in 0..5 {
+        r.now = r.now.plus(Duration::from_secs(30));
+        r.feed(Input::Tick);
+        r.feed(Input::Observation(
+            Observation::new(Signal::FabricManagerDown).with_value(2),
+        ));
+    }
+    assert_eq!(signals(&r), once, "journaled once while it stays");
+    assert_eq!(r.opened(), 1);
+}
+
+#[test]
 fn a_chain_that_failed_at_every_step_does_not_claim_the_node_drained() {
     let mut r = Run::new(Capabilities::default());
     let q = Run::orders(&r.feed(xid(1, 79))).remove(0);
