@@ -283,6 +283,64 @@ async fn past_the_window_the_same_fault_reboots_again() {
     d.stop(Duration::from_secs(10));
 }
 
+/// The ECS agent may register the instance again after the boot (a new container instance
+/// ARN, the old one gone): gpu-medic finds itself under the new ARN, quarantines and checks
+/// it, and returns it to service; the fleet budget's slot (kept by instance id in the slot
+/// table) is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_under_a_new_container_instance_arn_returns_to_service() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let table = aws::unique("rb-newarn");
+    aws::create_slot_table(&sdk, &table).await;
+    let s = aws::seed(&sdk, "rb-newarn", 2).await;
+    let fleet = format!("table = \"{table}\"\nmax_parallel = 1\nmax_unhealthy = \"100%\"\n");
+    let mut d = node_with(&s, 0, &proxy, "10m", &fleet, "");
+    start(&mut d);
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_accepted(&d).await;
+    d.stop(Duration::from_secs(30));
+
+    // The agent registers the rebooted instance anew; the old record is gone.
+    let old = s.nodes[0].arn.clone();
+    aws_sdk_ecs::Client::new(&sdk)
+        .deregister_container_instance()
+        .cluster(&s.cluster)
+        .container_instance(&old)
+        .force(true)
+        .send()
+        .await
+        .unwrap();
+    let new = aws::register(&sdk, &s.cluster, &s.nodes[0].instance_id).await;
+    assert_ne!(new, old);
+    // What the agent's introspection API would now report ([identity] stands in for it).
+    let text = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        text.replace(
+            &format!("container_instance_arn = \"{old}\""),
+            &format!("container_instance_arn = \"{new}\""),
+        ),
+    )
+    .unwrap();
+    boot(&mut d, "boot-2");
+    let inc = d.wait_closed(1, Duration::from_secs(30));
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    let (status, _, attrs) = aws::instance(&sdk, &s.cluster, &new).await;
+    assert_eq!(status, "ACTIVE", "{attrs:?}");
+    assert!(
+        attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
+        "{attrs:?}"
+    );
+    let item = aws::slot_item(&sdk, &table, &s.asg).await;
+    assert!(
+        !item.holders.contains_key(&s.nodes[0].instance_id),
+        "slot released: {item:?}"
+    );
+    assert_eq!(reboots(&proxy, &s), 1);
+    d.stop(Duration::from_secs(10));
+}
+
 /// Still faulty after the boot (the GPU is lost again): replace, the slot held throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_still_faulty_after_the_boot_is_replaced() {
