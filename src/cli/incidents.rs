@@ -90,6 +90,9 @@ pub struct IncidentLine<'a> {
     pub summary: &'a str,
     pub tasks: &'a [String],
     pub request_ids: &'a [String],
+    /// The evidence archive in S3 (docs/evidence.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<&'a crate::model::EvidenceRef>,
 }
 
 impl<'a> From<&'a Incident> for IncidentLine<'a> {
@@ -107,6 +110,7 @@ impl<'a> From<&'a Incident> for IncidentLine<'a> {
             summary: &i.summary,
             tasks: &i.tasks,
             request_ids: &i.request_ids,
+            evidence: i.evidence.as_ref(),
         }
     }
 }
@@ -472,6 +476,9 @@ pub fn print_timeline(i: &Incident) {
     }
     if !i.request_ids.is_empty() {
         println!("  requests: {}", i.request_ids.join(", "));
+    }
+    if let Some(e) = &i.evidence {
+        println!("  evidence: {}", e.summary());
     }
     println!("  timeline:");
     for r in &i.records {

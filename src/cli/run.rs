@@ -96,13 +96,14 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         .build()
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let config_arg = a.config.clone();
+    let config_arg_path = a.config.config.clone();
     rt.block_on(async move {
         let control = Control::default();
         spawn_signal_handler(control.clone(), config_arg)?;
         let mut current = Some((cfg, policy));
         while let Some((cfg, policy)) = current.take() {
             let shutdown = control.begin();
-            serve(cfg, policy, shutdown).await?;
+            serve(cfg, policy, shutdown, &config_arg_path).await?;
             current = control.take_reload();
             if current.is_some() {
                 tracing::info!("configuration and policy reloaded; supervisor restarted");
@@ -117,7 +118,9 @@ async fn serve(
     cfg: crate::config::Config,
     policy: Policy,
     shutdown: CancellationToken,
+    config_file: &Path,
 ) -> Result<(), CliError> {
+    let config_file = config_file.to_path_buf();
     // Handed to both sides: the MPS probe and remedy share one control client (and its
     // lock); the lifecycle watcher writes what the control plane's drain reads.
     let mps_client = ControlClient::new(&cfg.mps);
@@ -151,6 +154,17 @@ async fn serve(
             shutdown.child_token(),
         ));
         remedies.control_plane = Some(cp);
+    }
+    if cfg.evidence.enabled {
+        // Archives spooled before a reboot or while S3 was down go up now, then now and then.
+        let ev = Arc::new(
+            crate::remedy::evidence::Evidence::from_config(&cfg, Some(config_file.clone())).await,
+        );
+        tokio::spawn(crate::remedy::evidence::sweep_loop(
+            ev.clone(),
+            shutdown.child_token(),
+        ));
+        remedies.evidence = Some(ev);
     }
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(

@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 use crate::sys::error::FileError;
 
+mod evidence;
+pub use evidence::{EvidenceConfig, SafeMode, Sse, valid_bucket};
+
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-medic/config.toml";
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -48,6 +51,8 @@ pub struct Config {
     pub journal: JournalConfig,
     #[serde(default)]
     pub export: ExportConfig,
+    #[serde(default)]
+    pub evidence: EvidenceConfig,
 }
 
 /// Incidents shipped off the instance (`src/export`): every journal record to CloudWatch
@@ -1015,6 +1020,7 @@ impl Config {
         }
         self.check_aws(path, &line_of_key)?;
         self.check_export(path, text)?;
+        self.evidence.check(path, text)?;
         if !self.metrics.listen.ip().is_loopback() {
             return Err(FileError::new(
                 path,

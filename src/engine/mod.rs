@@ -15,8 +15,11 @@
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
+mod evidence;
 pub mod recover;
 mod state;
+
+pub use evidence::EvidenceWait;
 
 pub use state::{
     Delivery, Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
@@ -199,6 +202,11 @@ impl Cx<'_> {
             Command::Drain { .. } => d.drain,
             Command::Replace | Command::Restore => d.replace,
             Command::CompleteLifecycle { .. } => d.lifecycle,
+            Command::CollectEvidence => self
+                .st
+                .capabilities
+                .evidence
+                .map_or(d.drain, |p| p.deadline),
         }
     }
 
@@ -766,6 +774,9 @@ impl Cx<'_> {
             self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
         }
         self.remediate_in(id, verdict);
+        if self.st.remediation.is_some_and(|r| r.incident == id) {
+            self.evidence_begin(id, &obs);
+        }
     }
 
     /// Starts a node remediation within an existing incident.
@@ -853,6 +864,9 @@ impl Cx<'_> {
     }
 
     fn start_step(&mut self, incident: IncidentId, step: Step, attempt: u32) {
+        if self.evidence_holds(incident, step, attempt) {
+            return;
+        }
         if let Some(r) = self.st.remediation.as_mut() {
             r.step = step;
         }
@@ -1064,6 +1078,17 @@ impl Cx<'_> {
                 outcome: outcome.clone(),
             },
         );
+        if order.command == Command::CollectEvidence {
+            // Its own retries are the remedy's (the upload backs off); the engine only records
+            // the end and lets a held step go.
+            let why = if outcome.detail.is_empty() {
+                "failed".to_string()
+            } else {
+                outcome.detail.clone()
+            };
+            self.evidence_ended(&order, Some(&outcome), &why);
+            return;
+        }
         match outcome.status {
             OutcomeStatus::Done => self.order_done(&order),
             OutcomeStatus::Deferred { retry_after } => self.schedule(
@@ -1081,6 +1106,7 @@ impl Cx<'_> {
                 if retryable
                     && order.attempt < self.policy.retry.max_attempts
                     && order.command != Command::RestartMps
+                    && order.command != Command::CollectEvidence
                 {
                     let delay = self.policy.retry.delay;
                     self.schedule(
@@ -1122,6 +1148,7 @@ impl Cx<'_> {
             Command::Drain { .. } => self.advance(Step::Drain),
             Command::Replace => self.advance(Step::Replace),
             Command::CompleteLifecycle { .. } => self.advance(Step::CompleteLifecycle),
+            Command::CollectEvidence => self.evidence_ended(order, None, "no archive reported"),
             Command::Restore => {
                 self.st.remediation = None;
                 self.st.node = NodePhase::InService;
@@ -1188,6 +1215,7 @@ impl Cx<'_> {
             Command::Replace => self.step_failed(Step::Replace, why),
             Command::CompleteLifecycle { .. } => self.step_failed(Step::CompleteLifecycle, why),
             Command::Restore => self.step_failed(Step::Restore, why),
+            Command::CollectEvidence => self.evidence_ended(order, None, why),
         }
     }
 
@@ -1279,6 +1307,7 @@ impl Cx<'_> {
                 Command::Replace => "giving up on the replacement",
                 Command::Restore => "giving up on returning the instance to service",
                 Command::CompleteLifecycle { .. } => "leaving the hook to its timeout",
+                Command::CollectEvidence => "the repair goes on without the evidence",
             };
             self.record(
                 order.incident,

@@ -50,6 +50,9 @@ pub struct State {
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,
+    /// The evidence collection in flight, and the step waiting for it (engine/evidence.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<super::evidence::EvidenceWait>,
 }
 
 /// One of gpu-medic's own faults (see `Signal::SelfFault`).

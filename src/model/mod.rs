@@ -8,6 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod evidence;
+pub use evidence::{EvidenceMode, EvidencePlan, EvidenceRef, MissingPart};
+
 /// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
 /// the supervisor stamps every input, and replays reuse the recorded stamps. Arithmetic on it
 /// saturates (a deadline far in the future is "never", not a panic), and it is written as
@@ -603,6 +606,10 @@ pub enum Command {
         hook: LifecycleHook,
         result: LifecycleResult,
     },
+    /// Gathers the node's evidence into one archive and uploads it to S3 (docs/evidence.md).
+    /// Runs beside the drain; a reboot, replacement or hook completion waits for it at most
+    /// until its deadline.
+    CollectEvidence,
 }
 
 impl Command {
@@ -615,6 +622,7 @@ impl Command {
             Command::Replace => "replace",
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
+            Command::CollectEvidence => "collect-evidence",
         }
     }
 }
@@ -670,6 +678,9 @@ pub struct Outcome {
     /// AWS request ids of the calls made, for support cases and CloudTrail.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub request_ids: Vec<String>,
+    /// A `collect-evidence` order's archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Box<EvidenceRef>>,
 }
 
 /// What this node's remedies can carry out. A verdict whose remedy is missing is recorded as
@@ -681,6 +692,9 @@ pub struct Capabilities {
     pub aws: bool,
     /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
     pub mps: bool,
+    /// Evidence collection (`[evidence]`): collect-evidence, and how long a repair waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidencePlan>,
 }
 
 impl Default for Capabilities {
@@ -688,6 +702,7 @@ impl Default for Capabilities {
         Capabilities {
             aws: true,
             mps: true,
+            evidence: None,
         }
     }
 }
@@ -853,6 +868,9 @@ pub struct Incident {
     pub tasks: Vec<String>,
     pub pids: Vec<u32>,
     pub request_ids: Vec<String>,
+    /// The evidence archive, once a collection reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidenceRef>,
     pub records: Vec<Record>,
 }
 
@@ -886,6 +904,7 @@ impl Incident {
             tasks: Vec::new(),
             pids: Vec::new(),
             request_ids: Vec::new(),
+            evidence: None,
             records: Vec::new(),
         }
     }
@@ -911,6 +930,9 @@ impl Incident {
             IncidentEvent::Signal { observation } => inc.absorb(observation),
             IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
             IncidentEvent::ActionFinished { outcome } => {
+                if let Some(e) = &outcome.evidence {
+                    inc.evidence = Some((**e).clone());
+                }
                 for r in &outcome.request_ids {
                     if !inc.request_ids.contains(r) {
                         inc.request_ids.push(r.clone());

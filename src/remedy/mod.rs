@@ -7,6 +7,7 @@
 //! again on the next start.
 
 pub mod aws;
+pub mod evidence;
 pub mod mps;
 pub mod recorder;
 
@@ -119,6 +120,8 @@ pub trait ControlPlane: Send + Sync + 'static {
 pub struct Remedies {
     pub mps: Option<Arc<dyn MpsRemedy>>,
     pub control_plane: Option<Arc<dyn ControlPlane>>,
+    /// `[evidence]`: collect-evidence (src/remedy/evidence).
+    pub evidence: Option<Arc<dyn evidence::EvidenceRemedy>>,
 }
 
 impl Executor for Remedies {
@@ -126,11 +129,30 @@ impl Executor for Remedies {
         crate::model::Capabilities {
             aws: self.control_plane.is_some(),
             mps: self.mps.is_some(),
+            evidence: self.evidence.as_ref().map(|e| e.plan()),
         }
     }
 
     fn execute(&self, order: Order) -> BoxFuture<'_, Outcome> {
         Box::pin(async move {
+            if order.command == Command::CollectEvidence {
+                return match &self.evidence {
+                    Some(e) => match e.collect(&order).await {
+                        Ok((done, r)) => {
+                            let mut o = outcome(&order, Ok(done));
+                            o.evidence = Some(Box::new(r));
+                            o
+                        }
+                        Err(err) => outcome(&order, Err(err)),
+                    },
+                    None => outcome(
+                        &order,
+                        Err(RemedyError::fatal(
+                            "evidence collection is disabled ([evidence] enabled = false)",
+                        )),
+                    ),
+                };
+            }
             let result = match &order.command {
                 Command::RestartMps => match &self.mps {
                     Some(m) => m.restart(&order).await,
@@ -151,7 +173,7 @@ impl Executor for Remedies {
                         Command::CompleteLifecycle { hook, result } => {
                             cp.complete_lifecycle(&order, *hook, *result).await
                         }
-                        Command::RestartMps => unreachable_restart(),
+                        Command::RestartMps | Command::CollectEvidence => unreachable_restart(),
                     },
                 },
             };
@@ -197,5 +219,6 @@ pub fn outcome(order: &Order, result: Result<Done, RemedyError>) -> Outcome {
         status,
         detail,
         request_ids,
+        evidence: None,
     }
 }
