@@ -220,6 +220,7 @@ async fn play(
     let mut remedies = Remedies {
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
+        evidence: None,
     };
     if let Some(m) = &mps_cfg {
         let daemon = MpsDaemon::with_client(m.clone(), mps_client.clone());

@@ -51,6 +51,7 @@ fn done(id: ActionId) -> Input {
         status: OutcomeStatus::Done,
         detail: String::new(),
         request_ids: vec!["req-1".into()],
+        evidence: None,
     })
 }
 
@@ -60,6 +61,7 @@ fn failed(id: ActionId, retryable: bool) -> Input {
         status: OutcomeStatus::Failed { retryable },
         detail: "boom".into(),
         request_ids: vec![],
+        evidence: None,
     })
 }
 
@@ -241,6 +243,7 @@ fn a_deferred_order_waits_without_spending_attempts() {
             },
             detail: "fleet budget full".into(),
             request_ids: vec![],
+            evidence: None,
         }));
         let again = Run::only_order(&r.advance(Duration::from_secs(61)));
         assert!(matches!(again.command, Command::Drain { .. }));
@@ -608,6 +611,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
                     status,
                     detail: String::new(),
                     request_ids: vec![],
+                    evidence: None,
                 }),
                 Duration::ZERO,
             )

@@ -688,6 +688,7 @@ mod tests {
                 status: crate::model::OutcomeStatus::Done,
                 detail: String::new(),
                 request_ids: vec![],
+                evidence: None,
             }],
             tick: true,
             ..Batch::default()

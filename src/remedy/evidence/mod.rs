@@ -224,6 +224,7 @@ impl Evidence {
         let archive_path = self.spool.archive_path(id.0);
         let max = e.archive_max_mib * MIB;
         let room = self.spool.make_room(max, id.0);
+        let archiving = Instant::now();
         let (finished, mut missing) = tokio::task::spawn_blocking({
             let archive_path = archive_path.clone();
             let ident = ident.clone();
@@ -234,6 +235,14 @@ impl Evidence {
         .map_err(|err| RemedyError::fatal(format!("archive: {err}")))?
         .map_err(|err| RemedyError::fatal(format!("archive {}: {err}", archive_path.display())))?;
         let _ = std::fs::remove_dir_all(&work);
+        tracing::info!(
+            incident_id = id.0,
+            bytes = finished.bytes,
+            collect_ms = duration_ms(archiving.duration_since(now)),
+            archive_ms = duration_ms(archiving.elapsed()),
+            missing = missing.len(),
+            "evidence: archive made"
+        );
 
         let mut entry = Entry {
             incident: id.0,

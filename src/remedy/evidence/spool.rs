@@ -70,18 +70,15 @@ impl Spool {
         std::fs::create_dir_all(&self.dir)
     }
 
-    /// Saves a record atomically (temp file, fsync, rename).
+    /// Saves a record atomically and durably: a record that says "uploaded" must survive a
+    /// power cut, or the archive would be uploaded twice; one that says "waiting" must not be
+    /// torn, or the archive would be orphaned.
     pub fn save(&self, e: &Entry) -> std::io::Result<()> {
-        let path = self.record_path(e.incident);
-        let tmp = path.with_extension("json.tmp");
-        let text = serde_json::to_vec_pretty(e).map_err(std::io::Error::other)?;
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&text)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &path)
+        crate::sys::fs::write_json_atomic(
+            &self.record_path(e.incident),
+            e,
+            crate::sys::fs::Durability::Durable,
+        )
     }
 
     pub fn load(&self, incident: u64) -> Option<Entry> {
