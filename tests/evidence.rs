@@ -66,11 +66,18 @@ fn daemon(s: &Seeded, endpoint: &str, bucket: &str, double: &Path, extra: &str) 
          nvidia_smi = \"/nonexistent/nvidia-smi\"\n{extra}\n",
         double.display()
     );
-    aws::node(s, 0, Some(endpoint), "", "standalone_grace = \"500ms\"", fleet, &rest)
+    aws::node(
+        s,
+        0,
+        Some(endpoint),
+        "",
+        "standalone_grace = \"500ms\"",
+        fleet,
+        &rest,
+    )
 }
 
-const XID_79: &str =
-    "4,812,91000000,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n";
+const XID_79: &str = "4,812,91000000,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n";
 
 /// The driver's line in the kernel log, and NVML's event.
 fn fault(d: &mut Daemon) {
@@ -107,7 +114,12 @@ fn unpack(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
 fn member<'a>(m: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
     &m.iter()
         .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no {name} in {:?}", m.iter().map(|x| &x.0).collect::<Vec<_>>()))
+        .unwrap_or_else(|| {
+            panic!(
+                "no {name} in {:?}",
+                m.iter().map(|x| &x.0).collect::<Vec<_>>()
+            )
+        })
         .1
 }
 
@@ -146,18 +158,26 @@ async fn xid_79_with_evidence_on_leaves_an_archive_of_every_part_in_the_bucket()
     assert_eq!(ev["uploaded"], true, "{inc:#}");
 
     // The object is the archive the incident names: same size, same SHA-256.
-    let bytes = object(&c, &b, &key).await.expect("the archive in the bucket");
+    let bytes = object(&c, &b, &key)
+        .await
+        .expect("the archive in the bucket");
     assert_eq!(ev["bytes"].as_u64().unwrap(), bytes.len() as u64);
     assert_eq!(ev["sha256"], hex::encode(sha2::Sha256::digest(&bytes)));
     let m = unpack(&bytes);
     let kernel = String::from_utf8_lossy(member(&m, "kernel-log.txt")).to_string();
-    assert!(kernel.contains("NVRM: Xid (PCI:0000:10:00): 79"), "{kernel}");
+    assert!(
+        kernel.contains("NVRM: Xid (PCI:0000:10:00): 79"),
+        "{kernel}"
+    );
     let mut report = String::new();
     flate2::read::GzDecoder::new(member(&m, "nvidia-bug-report.log.gz"))
         .read_to_string(&mut report)
         .unwrap();
     // XID 79: the GPU fell off the bus, so the script runs in NVIDIA's safe mode.
-    assert!(report.contains("--safe-mode") && report.contains("test double"), "{report}");
+    assert!(
+        report.contains("--safe-mode") && report.contains("test double"),
+        "{report}"
+    );
     let incident: Value = serde_json::from_slice(member(&m, "incident.json")).unwrap();
     assert_eq!(incident["signal"], "xid 79");
     let inputs = String::from_utf8_lossy(member(&m, "inputs.jsonl")).to_string();
@@ -169,7 +189,10 @@ async fn xid_79_with_evidence_on_leaves_an_archive_of_every_part_in_the_bucket()
     assert_eq!(ident["cluster"], s.cluster.as_str());
     // No nvidia-smi here: gpu-medic's own NVML readings stand in, and the manifest says why.
     let nvml: Value = serde_json::from_slice(member(&m, "nvml-readings.json")).unwrap();
-    assert!(nvml["why"].as_str().unwrap().contains("nvidia-smi"), "{nvml:#}");
+    assert!(
+        nvml["why"].as_str().unwrap().contains("nvidia-smi"),
+        "{nvml:#}"
+    );
     let manifest: Value = serde_json::from_slice(member(&m, "manifest.json")).unwrap();
     let parts: Vec<&str> = manifest["parts"]
         .as_array()
@@ -177,22 +200,40 @@ async fn xid_79_with_evidence_on_leaves_an_archive_of_every_part_in_the_bucket()
         .iter()
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    for p in ["nvidia-bug-report.log.gz", "nvidia-smi-q.xml", "mps-daemon.log", "kernel-log.txt"] {
+    for p in [
+        "nvidia-bug-report.log.gz",
+        "nvidia-smi-q.xml",
+        "mps-daemon.log",
+        "kernel-log.txt",
+    ] {
         assert!(parts.contains(&p), "{manifest:#}");
     }
 
     // SSE-S3 on the PutObject; the replacement came after the collection, and both are in
     // `incidents show`.
     let calls = proxy.calls();
-    let put = calls.iter().find(|c| c.op == "PutObject").expect("PutObject");
+    let put = calls
+        .iter()
+        .find(|c| c.op == "PutObject")
+        .expect("PutObject");
     assert_eq!(put.header("x-amz-server-side-encryption"), Some("AES256"));
     let at = |op: &str| calls.iter().position(|c| c.op == op).unwrap();
-    assert!(at("PutObject") < at("SetInstanceHealth"), "{:?}", proxy.ops());
+    assert!(
+        at("PutObject") < at("SetInstanceHealth"),
+        "{:?}",
+        proxy.ops()
+    );
     let out = d.cli(&["incidents", "show", "1"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(&format!("evidence: s3://{b}/{key}")), "{text}");
+    assert!(
+        text.contains(&format!("evidence: s3://{b}/{key}")),
+        "{text}"
+    );
     let started = gpu_medic_testkit::journal::started_commands(&inc);
-    assert!(started.contains(&"collect-evidence".to_string()), "{started:?}");
+    assert!(
+        started.contains(&"collect-evidence".to_string()),
+        "{started:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,7 +246,13 @@ async fn a_bug_report_past_the_deadline_is_cut_and_the_replacement_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     // A hung script (as on a lost GPU): it forks a helper and both sleep far past the deadline.
     let double = bug_report_double(tmp.path(), "sleep 600 & sleep 600");
-    let mut d = daemon(&s, &proxy.url, &b, &double, "deadline = \"8s\"\nbug_report_timeout = \"10m\"");
+    let mut d = daemon(
+        &s,
+        &proxy.url,
+        &b,
+        &double,
+        "deadline = \"8s\"\nbug_report_timeout = \"10m\"",
+    );
     start(&mut d);
     let t0 = Instant::now();
     fault(&mut d);
@@ -219,9 +266,14 @@ async fn a_bug_report_past_the_deadline_is_cut_and_the_replacement_goes_on() {
         .iter()
         .find(|m| m["part"] == "nvidia-bug-report.log.gz")
         .unwrap_or_else(|| panic!("{inc:#}"));
-    assert!(bug["why"].as_str().unwrap().contains("did not finish"), "{bug}");
     assert!(
-        notes(&inc).iter().any(|n| n.starts_with("evidence not collected: nvidia-bug-report.log.gz")),
+        bug["why"].as_str().unwrap().contains("did not finish"),
+        "{bug}"
+    );
+    assert!(
+        notes(&inc)
+            .iter()
+            .any(|n| n.starts_with("evidence not collected: nvidia-bug-report.log.gz")),
         "{inc:#}"
     );
     // The script's whole process group went at the deadline.
@@ -249,10 +301,7 @@ async fn a_200_mb_bug_report_is_cut_at_the_part_cap_and_goes_up_in_parts_with_ss
     let b = bucket(&c, "ev-big").await;
     let tmp = tempfile::tempdir().unwrap();
     // 200 MB that does not compress, in place of the gzipped log.
-    let double = bug_report_double(
-        tmp.path(),
-        "head -c 200000000 /dev/urandom > \"$out.gz\"",
-    );
+    let double = bug_report_double(tmp.path(), "head -c 200000000 /dev/urandom > \"$out.gz\"");
     let kms = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab";
     let extra = format!(
         "deadline = \"60s\"\npart_max_mib = 12\nmultipart_threshold_mib = 5\nsse = \"aws:kms\"\nkms_key_id = \"{kms}\""
@@ -279,8 +328,14 @@ async fn a_200_mb_bug_report_is_cut_at_the_part_cap_and_goes_up_in_parts_with_ss
         .iter()
         .find(|c| c.op == "CreateMultipartUpload")
         .unwrap_or_else(|| panic!("{:?}", proxy.ops()));
-    assert_eq!(create.header("x-amz-server-side-encryption"), Some("aws:kms"));
-    assert_eq!(create.header("x-amz-server-side-encryption-aws-kms-key-id"), Some(kms));
+    assert_eq!(
+        create.header("x-amz-server-side-encryption"),
+        Some("aws:kms")
+    );
+    assert_eq!(
+        create.header("x-amz-server-side-encryption-aws-kms-key-id"),
+        Some(kms)
+    );
     assert_eq!(proxy.count("UploadPart"), 2, "{:?}", proxy.ops());
     assert_eq!(proxy.count("CompleteMultipartUpload"), 1);
     assert_eq!(proxy.count("PutObject"), 0);
@@ -317,17 +372,25 @@ async fn an_archive_made_while_s3_was_down_is_uploaded_once_after_a_restart() {
     // S3 is back: the next start uploads the spooled archive, once.
     d.env_remove("AWS_ENDPOINT_URL_S3");
     start(&mut d);
-    wait_for("the spooled archive in S3", Duration::from_secs(30), || async {
-        object(&c, &b, &key).await.is_some()
-    })
+    wait_for(
+        "the spooled archive in S3",
+        Duration::from_secs(30),
+        || async { object(&c, &b, &key).await.is_some() },
+    )
     .await;
     let bytes = object(&c, &b, &key).await.unwrap();
-    assert_eq!(inc["evidence"]["sha256"], hex::encode(sha2::Sha256::digest(&bytes)));
+    assert_eq!(
+        inc["evidence"]["sha256"],
+        hex::encode(sha2::Sha256::digest(&bytes))
+    );
     d.stop(Duration::from_secs(10));
     start(&mut d);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());
-    assert!(!d.path("state/evidence/1.tar.gz").exists(), "the uploaded file leaves the spool");
+    assert!(
+        !d.path("state/evidence/1.tar.gz").exists(),
+        "the uploaded file leaves the spool"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,7 +417,8 @@ async fn an_s3_refusal_is_one_clear_line_and_no_retry_storm() {
     assert_eq!(inc["evidence"]["uploaded"], false);
     let n = notes(&inc);
     assert!(
-        n.iter().any(|l| l.contains("S3 refused the upload (PutObject: AccessDenied")),
+        n.iter()
+            .any(|l| l.contains("S3 refused the upload (PutObject: AccessDenied")),
         "{n:#?}"
     );
     assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());

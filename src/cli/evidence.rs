@@ -36,8 +36,11 @@ pub fn run(a: EvidenceArgs) -> Result<i32, CliError> {
     let config_file = a.config.config.clone();
     let result = rt.block_on(async {
         let ev = Evidence::from_config(&cfg, Some(config_file)).await;
-        ev.collect_until(IncidentId(a.incident), Instant::now() + cfg.evidence.deadline)
-            .await
+        ev.collect_until(
+            IncidentId(a.incident),
+            Instant::now() + cfg.evidence.deadline,
+        )
+        .await
     });
     match result {
         Ok((r, _)) => {
@@ -46,7 +49,11 @@ pub fn run(a: EvidenceArgs) -> Result<i32, CliError> {
             } else {
                 println!("{}", r.summary());
             }
-            Ok(if r.uploaded { exit::OK } else { exit::UNHEALTHY })
+            Ok(if r.uploaded {
+                exit::OK
+            } else {
+                exit::UNHEALTHY
+            })
         }
         Err(RemedyError::Fatal { message, .. }) if message.starts_with("no incident") => {
             Err(CliError::NotFound(message))

@@ -177,14 +177,13 @@ impl EvidenceConfig {
         {
             return Err(err(
                 "bucket",
-                format!("bucket: {b:?} is not an S3 bucket name (3-63 of a-z 0-9 . -, starting and ending with a letter or digit)"),
+                format!(
+                    "bucket: {b:?} is not an S3 bucket name (3-63 of a-z 0-9 . -, starting and ending with a letter or digit)"
+                ),
             ));
         }
         if self.enabled && self.bucket.is_none() {
-            return Err(err(
-                "enabled",
-                "enabled: [evidence] needs a bucket".into(),
-            ));
+            return Err(err("enabled", "enabled: [evidence] needs a bucket".into()));
         }
         if self.prefix.len() > 512
             || self.prefix.starts_with('/')
@@ -193,15 +192,15 @@ impl EvidenceConfig {
         {
             return Err(err(
                 "prefix",
-                format!("prefix: {:?} must be a relative key prefix without empty segments, at most 512 characters", self.prefix),
+                format!(
+                    "prefix: {:?} must be a relative key prefix without empty segments, at most 512 characters",
+                    self.prefix
+                ),
             ));
         }
         match (self.sse, &self.kms_key_id) {
             (Sse::Kms, None) => {
-                return Err(err(
-                    "sse",
-                    "sse: \"aws:kms\" needs kms_key_id".into(),
-                ));
+                return Err(err("sse", "sse: \"aws:kms\" needs kms_key_id".into()));
             }
             (Sse::Aes256, Some(_)) => {
                 return Err(err(
@@ -221,18 +220,29 @@ impl EvidenceConfig {
             if d < min || d > max {
                 return Err(err(
                     key,
-                    format!("{key}: {} is not between 1s and 1h", humantime::format_duration(d)),
+                    format!(
+                        "{key}: {} is not between 1s and 1h",
+                        humantime::format_duration(d)
+                    ),
                 ));
             }
         }
         if self.window < min || self.window > Duration::from_secs(7 * 24 * 3600) {
-            return Err(err("window", "window: must be between 1s and 7 days".into()));
+            return Err(err(
+                "window",
+                "window: must be between 1s and 7 days".into(),
+            ));
         }
         for (key, v, lo, hi) in [
             ("part_max_mib", self.part_max_mib, 1, 4096),
             ("archive_max_mib", self.archive_max_mib, 1, 16384),
             ("spool_max_mib", self.spool_max_mib, 1, 65536),
-            ("multipart_threshold_mib", self.multipart_threshold_mib, 5, 4096),
+            (
+                "multipart_threshold_mib",
+                self.multipart_threshold_mib,
+                5,
+                4096,
+            ),
             ("upload_attempts", u64::from(self.upload_attempts), 1, 20),
         ] {
             if !(lo..=hi).contains(&v) {

@@ -23,12 +23,21 @@ pub struct EvidenceWait {
 
 /// Whether NVIDIA's catalog calls the signal fatal (a reset or more).
 fn is_fatal(signal: &Signal) -> bool {
-    xid_catalog::fatal_signals().iter().any(|f| match (f, signal) {
-        (Signal::Xid { code: a, decode: da }, Signal::Xid { code: b, decode: db }) => {
-            a == b && (da.is_none() || da == db)
-        }
-        (a, b) => a == b,
-    })
+    xid_catalog::fatal_signals()
+        .iter()
+        .any(|f| match (f, signal) {
+            (
+                Signal::Xid {
+                    code: a,
+                    decode: da,
+                },
+                Signal::Xid {
+                    code: b,
+                    decode: db,
+                },
+            ) => a == b && (da.is_none() || da == db),
+            (a, b) => a == b,
+        })
 }
 
 impl Cx<'_> {
@@ -56,7 +65,12 @@ impl Cx<'_> {
     }
 
     /// Holds `step` back while a collection of the same incident runs. Returns true when held.
-    pub(super) fn evidence_holds(&mut self, incident: IncidentId, step: Step, attempt: u32) -> bool {
+    pub(super) fn evidence_holds(
+        &mut self,
+        incident: IncidentId,
+        step: Step,
+        attempt: u32,
+    ) -> bool {
         if !matches!(step, Step::Replace | Step::CompleteLifecycle) {
             return false;
         }
@@ -75,7 +89,9 @@ impl Cx<'_> {
         };
         self.note(
             incident,
-            format!("{what} waits for the evidence collection ({action}), at most until {deadline}"),
+            format!(
+                "{what} waits for the evidence collection ({action}), at most until {deadline}"
+            ),
         );
         true
     }
@@ -91,7 +107,10 @@ impl Cx<'_> {
                     .iter()
                     .map(|m| format!("{} ({})", m.part, m.why))
                     .collect();
-                self.note(order.incident, format!("evidence not collected: {}", parts.join("; ")));
+                self.note(
+                    order.incident,
+                    format!("evidence not collected: {}", parts.join("; ")),
+                );
             }
             Some(_) => {}
             None => self.note(

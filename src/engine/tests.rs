@@ -812,3 +812,86 @@ fn tasks_over_their_reservation_are_one_logged_incident_each() {
         "a crossing after the window is a new incident"
     );
 }
+
+fn with_evidence(mode: crate::model::EvidenceMode) -> Run {
+    let mut r = Run::new(default_policy());
+    r.feed(Input::Started {
+        capabilities: crate::model::Capabilities {
+            evidence: Some(crate::model::EvidencePlan {
+                mode,
+                deadline: Duration::from_secs(300),
+            }),
+            ..crate::model::Capabilities::default()
+        },
+    });
+    r
+}
+
+fn kinds(out: &[Action]) -> Vec<&'static str> {
+    Run::orders(out).iter().map(|o| o.command.name()).collect()
+}
+
+#[test]
+fn the_replacement_waits_for_the_evidence_collection_then_goes() {
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    let out = r.feed(xid(0, 79));
+    assert_eq!(kinds(&out), ["quarantine", "collect-evidence"]);
+    let orders = Run::orders(&out);
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    // The drain is done before the collection: the replacement waits for it.
+    assert!(Run::orders(&r.feed(done(d))).is_empty());
+    assert_eq!(r.st.node, NodePhase::Draining);
+    let out = r.feed(done(ev));
+    assert_eq!(kinds(&out), ["replace"]);
+}
+
+#[test]
+fn the_replacement_goes_at_the_evidence_deadline_without_it() {
+    let mut r = with_evidence(crate::model::EvidenceMode::Always);
+    let orders = Run::orders(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(orders[0].id))).id;
+    assert!(Run::orders(&r.feed(done(d))).is_empty());
+    let out = r.advance(Duration::from_secs(301));
+    assert_eq!(kinds(&out), ["replace"]);
+    let notes: Vec<&str> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Log(Record {
+                event: IncidentEvent::Note { text },
+                ..
+            }) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("no evidence archive")),
+        "{notes:?}"
+    );
+    // A late outcome changes nothing.
+    assert!(Run::orders(&r.feed(done(orders[1].id))).is_empty());
+}
+
+#[test]
+fn evidence_off_or_a_non_fatal_signal_under_on_fatal_orders_no_collection() {
+    let mut r = with_evidence(crate::model::EvidenceMode::Off);
+    assert_eq!(kinds(&r.feed(xid(0, 79))), ["quarantine"]);
+    // A repeating application XID escalates to a drain; XID 13 is not fatal.
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    for _ in 0..4 {
+        r.feed(xid(2, 13));
+        r.advance(Duration::from_secs(60));
+    }
+    assert_eq!(kinds(&r.feed(xid(2, 13))), ["quarantine"]);
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+    // Under `always` the same drain collects.
+    let mut r = with_evidence(crate::model::EvidenceMode::Always);
+    for _ in 0..4 {
+        r.feed(xid(2, 13));
+        r.advance(Duration::from_secs(60));
+    }
+    assert_eq!(
+        kinds(&r.feed(xid(2, 13))),
+        ["quarantine", "collect-evidence"]
+    );
+}

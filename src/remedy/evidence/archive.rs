@@ -144,7 +144,13 @@ mod tests {
         let out = dir.path().join("a.tar.gz");
         let mut a = Archive::create(&out, 1 << 20, 0).unwrap();
         let added = a.add_file("big.txt", &big, 10_000).unwrap();
-        assert_eq!(added, Added { stored: 10_000, size: 100_000 });
+        assert_eq!(
+            added,
+            Added {
+                stored: 10_000,
+                size: 100_000
+            }
+        );
         a.add_bytes("m.json", b"{}").unwrap();
         let f = a.finish().unwrap();
         let bytes = std::fs::read(&out).unwrap();

@@ -44,7 +44,11 @@ impl Part {
 /// How a program ended under [`run_to_file`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ran {
-    Exited { code: Option<i32>, bytes: u64, cut: bool },
+    Exited {
+        code: Option<i32>,
+        bytes: u64,
+        cut: bool,
+    },
     /// Killed (with its group) at the deadline.
     TimedOut { bytes: u64 },
     /// Not there, or not executable.
@@ -147,20 +151,33 @@ pub async fn bug_report(
         .as_ref()
         .and_then(|p| std::fs::metadata(p).ok())
         .map_or(0, |m| m.len());
-    let cut = (size > cap).then(|| format!("cut at the {} part cap (it was {size} bytes)", crate::sys::limits::human_bytes(cap)));
+    let cut = (size > cap).then(|| {
+        format!(
+            "cut at the {} part cap (it was {size} bytes)",
+            crate::sys::limits::human_bytes(cap)
+        )
+    });
     let problem = match &ran {
         Ran::Missing(e) => Some(format!("{} not run{mode}: {e}", script.display())),
         Ran::TimedOut { .. } => Some(format!(
             "{}{mode} did not finish within {} (its process group was killed); {}",
             script.display(),
             humantime::format_duration(timeout),
-            if out.is_some() { "the partial log is kept" } else { "no log" }
+            if out.is_some() {
+                "the partial log is kept"
+            } else {
+                "no log"
+            }
         )),
         Ran::Exited { code, .. } if *code != Some(0) => Some(format!(
             "{}{mode} exited with {}{}",
             script.display(),
             code.map_or("a signal".to_string(), |c| format!("status {c}")),
-            if out.is_some() { "; its log is kept" } else { "; no log" }
+            if out.is_some() {
+                "; its log is kept"
+            } else {
+                "; no log"
+            }
         )),
         Ran::Exited { .. } if out.is_none() => {
             Some(format!("{}{mode} wrote no log", script.display()))
@@ -180,7 +197,12 @@ pub async fn bug_report(
 }
 
 /// `nvidia-smi -q -x`: every GPU's full state (ECC and remap counters included) as XML.
-pub async fn nvidia_smi(binary: &Path, work: &Path, cap: u64, timeout: Duration) -> Result<Part, String> {
+pub async fn nvidia_smi(
+    binary: &Path,
+    work: &Path,
+    cap: u64,
+    timeout: Duration,
+) -> Result<Part, String> {
     let started = Instant::now();
     let out = work.join("nvidia-smi-q.xml");
     let mut cmd = tokio::process::Command::new(binary);
@@ -226,7 +248,12 @@ fn kmsg_usec(line: &str) -> Option<u64> {
 /// The kernel log around the incident into `out`. `/dev/kmsg` (a character device) is read
 /// record by record without blocking, keeping those since `since_boot_us`; a regular file
 /// (a saved log, the tests' stand-in) is read from its last `cap` bytes. At most `cap` bytes.
-pub fn kernel_log(src: &Path, out: &Path, since_boot_us: Option<u64>, cap: u64) -> Result<bool, String> {
+pub fn kernel_log(
+    src: &Path,
+    out: &Path,
+    since_boot_us: Option<u64>,
+    cap: u64,
+) -> Result<bool, String> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let meta = std::fs::metadata(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let ft = meta.file_type();

@@ -111,9 +111,10 @@ impl Evidence {
             .get_or_init(|| async {
                 let cfg = &self.cfg;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-                let instance_id = crate::aws::identity::instance_id(cfg, self.http.clone(), deadline.into_std())
-                    .await
-                    .unwrap_or_else(|e| format!("unknown ({e})"));
+                let instance_id =
+                    crate::aws::identity::instance_id(cfg, self.http.clone(), deadline)
+                        .await
+                        .unwrap_or_else(|e| format!("unknown ({e})"));
                 let view = tokio::time::timeout(
                     Duration::from_secs(5),
                     crate::aws::identity::agent_view(cfg),
@@ -124,7 +125,12 @@ impl Evidence {
                 let ask = |path: &'static str| {
                     let imds = imds.clone();
                     async move {
-                        match tokio::time::timeout(Duration::from_secs(2), crate::aws::imds::get(&imds, path)).await {
+                        match tokio::time::timeout(
+                            Duration::from_secs(2),
+                            crate::aws::imds::get(&imds, path),
+                        )
+                        .await
+                        {
                             Ok(Ok(Some(v))) => v,
                             Ok(Ok(None)) => "(not in IMDS)".into(),
                             Ok(Err(e)) => format!("unknown ({e})"),
@@ -179,7 +185,13 @@ impl Evidence {
     pub fn key(&self, ident: &NodeIdentity, incident: IncidentId) -> String {
         let clean = |s: &str| -> String {
             s.chars()
-                .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
                 .collect()
         };
         let cluster = clean(ident.cluster.rsplit('/').next().unwrap_or(&ident.cluster));
@@ -219,7 +231,9 @@ impl Evidence {
         let reserve = (total / 3).min(UPLOAD_RESERVE);
         let collect_for = total.saturating_sub(reserve);
         let part_cap = e.part_max_mib * MIB;
-        let parts = self.parts(&incident, &ident, &work, collect_for, part_cap).await;
+        let parts = self
+            .parts(&incident, &ident, &work, collect_for, part_cap)
+            .await;
 
         let archive_path = self.spool.archive_path(id.0);
         let max = e.archive_max_mib * MIB;
@@ -229,7 +243,16 @@ impl Evidence {
             let archive_path = archive_path.clone();
             let ident = ident.clone();
             let incident_id = id;
-            move || build(&archive_path, max.min(room), part_cap, &parts, &ident, incident_id)
+            move || {
+                build(
+                    &archive_path,
+                    max.min(room),
+                    part_cap,
+                    &parts,
+                    &ident,
+                    incident_id,
+                )
+            }
         })
         .await
         .map_err(|err| RemedyError::fatal(format!("archive: {err}")))?
@@ -257,7 +280,9 @@ impl Evidence {
         self.spool
             .save(&entry)
             .map_err(|err| RemedyError::fatal(format!("spool: {err}")))?;
-        let (uploaded, ids) = self.upload(&mut entry, until.checked_sub(MARGIN).unwrap_or(until)).await;
+        let (uploaded, ids) = self
+            .upload(&mut entry, until.checked_sub(MARGIN).unwrap_or(until))
+            .await;
         if let Err(why) = &uploaded {
             missing.push(MissingPart {
                 part: "upload".into(),
@@ -285,7 +310,11 @@ impl Evidence {
             );
         };
         let _one = self.uploading.lock().await;
-        if self.spool.load(entry.incident).is_some_and(|e| e.uploaded && e.sha256 == entry.sha256) {
+        if self
+            .spool
+            .load(entry.incident)
+            .is_some_and(|e| e.uploaded && e.sha256 == entry.sha256)
+        {
             entry.uploaded = true;
             return (Ok(()), Vec::new());
         }
@@ -300,18 +329,27 @@ impl Evidence {
         match up.upload(entry, &file, until).await {
             Ok(ids) => {
                 if let Err(err) = self.spool.uploaded(entry) {
-                    tracing::warn!(incident_id = entry.incident, "evidence: spool record: {err}");
+                    tracing::warn!(
+                        incident_id = entry.incident,
+                        "evidence: spool record: {err}"
+                    );
                 }
                 tracing::info!(incident_id = entry.incident, uri = %entry.uri(), bytes = entry.bytes, sha256 = %entry.sha256, "evidence: archive uploaded");
                 (Ok(()), ids)
             }
             Err(err) => {
                 let why = if err.retryable {
-                    format!("upload failed ({}); the archive waits in the spool and is uploaded when S3 answers", err.message)
+                    format!(
+                        "upload failed ({}); the archive waits in the spool and is uploaded when S3 answers",
+                        err.message
+                    )
                 } else {
                     entry.refused = Some(err.message.clone());
                     let _ = self.spool.save(entry);
-                    format!("S3 refused the upload ({}); not retried until the next start: check the bucket policy, IAM and KMS key", err.message)
+                    format!(
+                        "S3 refused the upload ({}); not retried until the next start: check the bucket policy, IAM and KMS key",
+                        err.message
+                    )
                 };
                 tracing::warn!(incident_id = entry.incident, uri = %entry.uri(), "evidence: {why}");
                 (Err(why), err.request_ids)
@@ -348,13 +386,10 @@ impl Evidence {
         cap: u64,
     ) -> Vec<Part> {
         let e = &self.cfg.evidence;
-        let opened = incident
-            .records
-            .iter()
-            .find_map(|r| match &r.event {
-                IncidentEvent::Opened { observation, .. } => Some(observation.signal.clone()),
-                _ => None,
-            });
+        let opened = incident.records.iter().find_map(|r| match &r.event {
+            IncidentEvent::Opened { observation, .. } => Some(observation.signal.clone()),
+            _ => None,
+        });
         let lost = matches!(
             opened,
             Some(Signal::Xid { code: 79, .. })
@@ -380,7 +415,11 @@ impl Evidence {
         match smi {
             Ok(p) => parts.push(p),
             Err(why) => {
-                parts.push(Part::failed("nvidia-smi-q.xml", why.clone(), Duration::ZERO));
+                parts.push(Part::failed(
+                    "nvidia-smi-q.xml",
+                    why.clone(),
+                    Duration::ZERO,
+                ));
                 parts.push(self.nvml_readings(work, since, cap, &why));
             }
         }
@@ -394,7 +433,11 @@ impl Evidence {
         ] {
             let t = Instant::now();
             parts.push(match path {
-                None => Part::failed(name, "the config file's path is not known here", Duration::ZERO),
+                None => Part::failed(
+                    name,
+                    "the config file's path is not known here",
+                    Duration::ZERO,
+                ),
                 Some(p) => {
                     let out = work.join(name);
                     match collect::copy_capped(&p, &out, cap) {
@@ -428,7 +471,11 @@ impl Evidence {
             .clone()
             .or_else(|| self.cfg.nvml.kmsg.clone())
         else {
-            return Part::failed(name, "no kernel log configured ([nvml] kmsg unset)", Duration::ZERO);
+            return Part::failed(
+                name,
+                "no kernel log configured ([nvml] kmsg unset)",
+                Duration::ZERO,
+            );
         };
         let out = work.join(name);
         match collect::kernel_log(&src, &out, since_boot_us(since), cap) {
@@ -458,26 +505,31 @@ impl Evidence {
         let name = "inputs.jsonl";
         let out = work.join(name);
         let Ok(f) = std::fs::File::create(&out) else {
-            return Part::failed(name, format!("cannot write {}", out.display()), Duration::ZERO);
+            return Part::failed(
+                name,
+                format!("cannot write {}", out.display()),
+                Duration::ZERO,
+            );
         };
         let mut w = std::io::BufWriter::new(f);
         let (mut written, mut cut) = (0u64, false);
         let files = crate::journal::journal_files(&self.cfg.inputs_path());
-        let r = crate::journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
-            if let crate::journal::Entry::Item(i) = e
-                && i.stamped.at >= since
-                && let Ok(line) = serde_json::to_vec(&i)
-            {
-                if written + line.len() as u64 + 1 > cap {
-                    cut = true;
-                    return false;
+        let r =
+            crate::journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
+                if let crate::journal::Entry::Item(i) = e
+                    && i.stamped.at >= since
+                    && let Ok(line) = serde_json::to_vec(&i)
+                {
+                    if written + line.len() as u64 + 1 > cap {
+                        cut = true;
+                        return false;
+                    }
+                    written += line.len() as u64 + 1;
+                    let _ = w.write_all(&line);
+                    let _ = w.write_all(b"\n");
                 }
-                written += line.len() as u64 + 1;
-                let _ = w.write_all(&line);
-                let _ = w.write_all(b"\n");
-            }
-            true
-        });
+                true
+            });
         let _ = w.flush();
         match (r, cut) {
             (Err(err), _) => Part {
@@ -496,24 +548,27 @@ impl Evidence {
     /// holds and the NVML observations of the window.
     fn nvml_readings(&self, work: &Path, since: Timestamp, cap: u64, why: &str) -> Part {
         let name = "nvml-readings.json";
-        let state = crate::journal::load_state(&self.cfg.state_path()).ok().flatten();
+        let state = crate::journal::load_state(&self.cfg.state_path())
+            .ok()
+            .flatten();
         let mut observations = Vec::new();
         let mut size = 0usize;
         let files = crate::journal::journal_files(&self.cfg.inputs_path());
-        let _ = crate::journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
-            if let crate::journal::Entry::Item(i) = e
-                && i.stamped.at >= since
-                && let crate::model::Input::Observation(o) = &i.stamped.input
-                && o.source.starts_with("nvml")
-            {
-                size += 256;
-                if size as u64 > cap / 2 {
-                    return false;
+        let _ =
+            crate::journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
+                if let crate::journal::Entry::Item(i) = e
+                    && i.stamped.at >= since
+                    && let crate::model::Input::Observation(o) = &i.stamped.input
+                    && o.source.starts_with("nvml")
+                {
+                    size += 256;
+                    if size as u64 > cap / 2 {
+                        return false;
+                    }
+                    observations.push(serde_json::json!({"at": i.stamped.at, "observation": o}));
                 }
-                observations.push(serde_json::json!({"at": i.stamped.at, "observation": o}));
-            }
-            true
-        });
+                true
+            });
         let doc = serde_json::json!({
             "why": format!("nvidia-smi could not run ({why}): gpu-medic's own NVML readings instead"),
             "gpus": state.map(|s| serde_json::to_value(&s.gpus).unwrap_or_default()),
@@ -535,14 +590,24 @@ impl Evidence {
         let journal = matches!(m.logs, MpsLogs::Journald)
             || (matches!(m.logs, MpsLogs::Auto) && m.manage == crate::config::MpsManage::Systemd);
         if journal {
-            let mut cmd = tokio::process::Command::new(crate::mps::journalctl::default_journalctl());
-            cmd.args(["--no-pager", "--output=short-iso-precise", "--unit", &m.unit])
-                .arg(format!("--since=@{}", since.0 / 1000));
+            let mut cmd =
+                tokio::process::Command::new(crate::mps::journalctl::default_journalctl());
+            cmd.args([
+                "--no-pager",
+                "--output=short-iso-precise",
+                "--unit",
+                m.unit.as_str(),
+            ])
+            .arg(format!("--since=@{}", since.0 / 1000));
             if let Some(d) = &m.journal_directory {
                 cmd.arg("--directory").arg(d);
             }
             return match collect::run_to_file(cmd, &out, cap, timeout).await {
-                collect::Ran::Exited { code: Some(0), cut: false, .. } => Part::ok(name, out, t.elapsed()),
+                collect::Ran::Exited {
+                    code: Some(0),
+                    cut: false,
+                    ..
+                } => Part::ok(name, out, t.elapsed()),
                 collect::Ran::Exited { code, cut, .. } => Part {
                     problem: Some(if cut {
                         format!("cut at {cap} bytes")
@@ -552,10 +617,15 @@ impl Evidence {
                     ..Part::ok(name, out, t.elapsed())
                 },
                 collect::Ran::TimedOut { .. } => Part {
-                    problem: Some(format!("journalctl cut at {}", humantime::format_duration(timeout))),
+                    problem: Some(format!(
+                        "journalctl cut at {}",
+                        humantime::format_duration(timeout)
+                    )),
                     ..Part::ok(name, out, t.elapsed())
                 },
-                collect::Ran::Missing(e) => Part::failed(name, format!("journalctl not run: {e}"), t.elapsed()),
+                collect::Ran::Missing(e) => {
+                    Part::failed(name, format!("journalctl not run: {e}"), t.elapsed())
+                }
             };
         }
         let Ok(mut f) = std::fs::File::create(&out) else {
@@ -596,7 +666,11 @@ fn since_boot_us(since: Timestamp) -> Option<u64> {
 
 /// The driver's version from `/proc/driver/nvidia/version` (its first line).
 fn driver_version() -> String {
-    match crate::sys::limits::read_text(Path::new("/proc/driver/nvidia/version"), 64 * 1024, "driver version") {
+    match crate::sys::limits::read_text(
+        Path::new("/proc/driver/nvidia/version"),
+        64 * 1024,
+        "driver version",
+    ) {
         Ok(t) => t.lines().next().unwrap_or("").trim().to_string(),
         Err(e) => format!("unknown ({e})"),
     }
@@ -662,7 +736,10 @@ fn build(
         "parts": manifest,
         "made_at": Timestamp::now(),
     });
-    a.add_bytes("manifest.json", &serde_json::to_vec_pretty(&doc).unwrap_or_default())?;
+    a.add_bytes(
+        "manifest.json",
+        &serde_json::to_vec_pretty(&doc).unwrap_or_default(),
+    )?;
     Ok((a.finish()?, missing))
 }
 

@@ -137,7 +137,9 @@ impl Uploader<'_> {
                 let len = part.min(size - offset);
                 let etag = self
                     .s3
-                    .upload_part(&mut calls, bucket, key, &upload_id, number, file, offset, len)
+                    .upload_part(
+                        &mut calls, bucket, key, &upload_id, number, file, offset, len,
+                    )
                     .await?;
                 parts.push((number, etag));
                 offset += len;

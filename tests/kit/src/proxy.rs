@@ -427,7 +427,11 @@ fn s3_operation(head: &str) -> Option<&'static str> {
     let mut it = line.split_whitespace();
     let (method, target) = (it.next()?, it.next()?);
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let has = |k: &str| query.split('&').any(|kv| kv == k || kv.starts_with(&format!("{k}=")));
+    let has = |k: &str| {
+        query
+            .split('&')
+            .any(|kv| kv == k || kv.starts_with(&format!("{k}=")))
+    };
     let object = path.trim_start_matches('/').contains('/');
     Some(match (method, object) {
         ("PUT", true) if has("partNumber") => "UploadPart",
@@ -472,12 +476,18 @@ async fn handle(
     let arrived_ms = crate::now_ms();
     let head_s = String::from_utf8_lossy(&head).to_string();
     // S3 bodies (archive parts) are recorded by size only.
-    let body_s = if s3_operation(&head_s).is_some() && !head_s.contains("x-amz-target") && !body.starts_with(b"Action=") {
+    let body_s = if s3_operation(&head_s).is_some()
+        && !head_s.contains("x-amz-target")
+        && !body.starts_with(b"Action=")
+    {
         format!("({} bytes)", body.len())
     } else {
         String::from_utf8_lossy(&body).to_string()
     };
-    let (op, json) = operation(&head_s, &String::from_utf8_lossy(&body[..body.len().min(4096)]));
+    let (op, json) = operation(
+        &head_s,
+        &String::from_utf8_lossy(&body[..body.len().min(4096)]),
+    );
     let fault = {
         let mut g = st.lock().unwrap();
         let f = g.take_fault(&op, &body_s);
