@@ -2,6 +2,8 @@
 """Checks the packaging artefacts against each other and against packaging/config.toml.
 
     python3 scripts/packaging-lint.py [--require-hcl]
+    python3 scripts/packaging-lint.py --cfn-json   print the CloudFormation example as JSON
+                                                   (tests/dashboards.rs reads its metrics)
 
 Syntax: packaging/iam-policy.json, packaging/examples/cloudwatch-agent.json (JSON),
 packaging/imagebuilder-component.yaml, packaging/examples/cloudformation.yaml (YAML, with
@@ -65,6 +67,10 @@ def as_list(v) -> list:
 
 
 def main() -> int:
+    if "--cfn-json" in sys.argv[1:]:
+        with open(PKG / "examples" / "cloudformation.yaml") as f:
+            print(json.dumps(yaml.load(f, Loader=CfnLoader)))
+        return 0
     require_hcl = "--require-hcl" in sys.argv[1:]
     config = tomllib.loads((PKG / "config.toml").read_text())
     state_dir = config.get("state_dir", "/var/lib/gpu-medic")
@@ -225,6 +231,19 @@ def main() -> int:
         check(
             t.get("KeySchema") == [{"AttributeName": "group", "KeyType": "HASH"}],
             "cloudformation.yaml: the fleet table's key is `group` (HASH) only",
+        )
+    # The reboot rung: the instance may reboot only itself (docs/repair.md).
+    reboots = [s for s in statements if "ec2:RebootInstances" in as_list(s.get("Action", []))]
+    check(len(reboots) == 1, "iam-policy.json: one statement allows ec2:RebootInstances")
+    for s in reboots:
+        cond = s.get("Condition", {}).get("ArnEquals", {})
+        check(
+            s.get("Effect") == "Allow"
+            and as_list(s.get("Action")) == ["ec2:RebootInstances"]
+            and ":instance/" in json.dumps(s.get("Resource"))
+            and cond.get("ec2:SourceInstanceARN", "").endswith(":instance/${ec2:InstanceID}"),
+            "iam-policy.json: ec2:RebootInstances only with ArnEquals ec2:SourceInstanceARN = "
+            "the target's ARN (.../instance/${ec2:InstanceID}): an instance reboots only itself",
         )
     dyn = sorted(a for s in statements for a in as_list(s.get("Action", [])) if a.startswith("dynamodb:"))
     check(dyn == ["dynamodb:GetItem", "dynamodb:PutItem"], f"iam-policy.json: DynamoDB actions are GetItem and PutItem only, not {dyn}")

@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounting::usage::Accounting;
 use crate::engine::{GpuStatus, State};
-use crate::model::{Action, ActionId, Command, IncidentEvent, Input, OutcomeStatus, Signal};
+use crate::model::{
+    Action, ActionId, Command, IncidentEvent, IncidentState, Input, OutcomeStatus, Signal, Verdict,
+};
 use crate::policy::Policy;
 
 type Labels = Vec<(String, String)>;
@@ -30,8 +32,11 @@ pub struct Metrics {
     mps_probe_latency: Histogram,
     mps_restarts: Counter,
     remediations: Family<Labels, Counter>,
+    /// Node repairs by rung (drain, reboot, replace) and how they ended.
+    repairs: Family<Labels, Counter>,
     aws_call_errors: Family<Labels, Counter>,
     incidents_open: Gauge,
+    incidents: Family<Labels, Counter>,
     node_phase: Family<Labels, Gauge>,
     self_fault: Family<Labels, Gauge>,
     /// Components that ever had a self-fault (their gauge goes back to 0, not away).
@@ -47,6 +52,75 @@ pub struct Metrics {
     task_gpu_memory_over_reservation: Family<Labels, Gauge>,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
+    /// AWS-planned disruptions (docs/planned-events.md).
+    planned: PlannedMetrics,
+}
+
+/// The series of AWS-planned disruptions and the ECS agent's verdict.
+#[derive(Default)]
+struct PlannedMetrics {
+    events: Family<Labels, Gauge>,
+    next_drain: Gauge,
+    agent_impaired: Gauge,
+    /// Label sets ever set (back to 0, not left at their last value).
+    seen: Mutex<std::collections::BTreeSet<Labels>>,
+}
+
+impl PlannedMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let p = PlannedMetrics::default();
+        registry.register(
+            "planned_events",
+            "AWS-planned disruptions not yet over, by disruption (stop, reboot, maintenance, spot, rebalance) and phase (waiting, started, drained)",
+            p.events.clone(),
+        );
+        registry.register(
+            "planned_next_drain_timestamp_seconds",
+            "When the next planned drain starts (Unix seconds; 0: none waiting)",
+            p.next_drain.clone(),
+        );
+        registry.register(
+            "ecs_agent_accelerated_impaired",
+            "1 while the ECS agent reports ACCELERATED_COMPUTE IMPAIRED (a second opinion, not gpu-medic's verdict)",
+            p.agent_impaired.clone(),
+        );
+        p
+    }
+
+    fn record(&self, state: &State) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut now: BTreeMap<Labels, i64> = seen.iter().map(|l| (l.clone(), 0)).collect();
+        let mut next: Option<u64> = None;
+        for (_, e) in state.planned.pending() {
+            let d = serde_json::to_value(e.disruption)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let labels: Labels = vec![
+                ("disruption".into(), d),
+                ("phase".into(), e.phase.as_str().into()),
+            ];
+            *now.entry(labels).or_default() += 1;
+            if e.phase == crate::engine::planned::PlannedPhase::Waiting
+                && let Some(t) = e.drain_at
+            {
+                next = Some(next.map_or(t.0, |n| n.min(t.0)));
+            }
+        }
+        for (labels, n) in now {
+            self.events.get_or_create(&labels).set(n);
+            seen.insert(labels);
+        }
+        self.next_drain
+            .set(next.map_or(0, |ms| i64::try_from(ms / 1000).unwrap_or(i64::MAX)));
+        self.agent_impaired.set(i64::from(
+            state
+                .planned
+                .agent
+                .as_ref()
+                .is_some_and(crate::model::AgentVerdict::impaired),
+        ));
+    }
 }
 
 impl Default for Metrics {
@@ -91,6 +165,12 @@ impl Metrics {
             "Remediation actions, by action and outcome (done, failed, retryable, deferred; not-executed: observe-only, or the remedy is not available on this node)",
             remediations.clone(),
         );
+        let repairs = Family::<Labels, Counter>::default();
+        registry.register(
+            "repairs",
+            "Node repairs by rung and result (reboot: repaired, escalated, not-rebooted; replace: replaced; drain: drained)",
+            repairs.clone(),
+        );
         let aws_call_errors = Family::<Labels, Counter>::default();
         registry.register(
             "aws_call_errors",
@@ -102,6 +182,12 @@ impl Metrics {
             "incidents_open",
             "Incidents not yet closed",
             incidents_open.clone(),
+        );
+        let incidents = Family::<Labels, Counter>::default();
+        registry.register(
+            "incidents",
+            "Incidents opened, by first signal kind, verdict at opening and whether it is a drill (drill=\"true\": `gpu-medic drill`)",
+            incidents.clone(),
         );
         let node_phase = Family::<Labels, Gauge>::default();
         registry.register(
@@ -139,7 +225,9 @@ impl Metrics {
             "1 while an ECS task's processes together use more GPU memory than [nvml] reservation_alert of its reservation (the sum of its containers'), else 0",
             task_gpu_memory_over_reservation.clone(),
         );
+        let planned = PlannedMetrics::register(&mut registry);
         Metrics {
+            planned,
             task_gpu_memory,
             task_gpu_processes,
             task_gpu_memory_reserved,
@@ -155,8 +243,10 @@ impl Metrics {
             mps_probe_latency,
             mps_restarts,
             remediations,
+            repairs,
             aws_call_errors,
             incidents_open,
+            incidents,
             node_phase,
             started: Mutex::new(BTreeMap::new()),
         }
@@ -199,6 +289,19 @@ impl Metrics {
         for a in actions {
             let Action::Log(r) = a else { continue };
             match &r.event {
+                IncidentEvent::Opened {
+                    observation,
+                    verdict,
+                    ..
+                } => {
+                    self.incidents
+                        .get_or_create(&vec![
+                            ("signal".into(), observation.signal.kind().as_str().into()),
+                            ("action".into(), verdict.as_str().into()),
+                            ("drill".into(), r.drill.is_some().to_string()),
+                        ])
+                        .inc();
+                }
                 IncidentEvent::ActionStarted {
                     order,
                     dry_run: true,
@@ -243,6 +346,22 @@ impl Metrics {
                 IncidentEvent::DeadlineMissed { action, .. } => {
                     started.remove(action);
                 }
+                IncidentEvent::Escalated { rule, reason, .. }
+                    if rule == crate::engine::repair::RULE_REBOOT_FAILED =>
+                {
+                    let result = if reason.contains("did not happen") {
+                        "not-rebooted"
+                    } else {
+                        "escalated"
+                    };
+                    self.repair(Verdict::Reboot, result);
+                }
+                IncidentEvent::Closed { state: s, .. } => match s {
+                    IncidentState::Repaired => self.repair(Verdict::Reboot, "repaired"),
+                    IncidentState::Replaced => self.repair(Verdict::Replace, "replaced"),
+                    IncidentState::Drained => self.repair(Verdict::Drain, "drained"),
+                    _ => {}
+                },
                 _ => {}
             }
         }
@@ -295,6 +414,16 @@ impl Metrics {
                 .get_or_create(&vec![("phase".into(), phase.as_str().into())])
                 .set(i64::from(state.node == phase));
         }
+        self.planned.record(state);
+    }
+
+    fn repair(&self, rung: Verdict, result: &str) {
+        self.repairs
+            .get_or_create(&vec![
+                ("rung".into(), rung.as_str().into()),
+                ("result".into(), result.into()),
+            ])
+            .inc();
     }
 
     /// Refreshes the series fed by the NVML poller: every GPU it answered for has a health

@@ -40,6 +40,7 @@ fn note(i: u64, text: &str) -> Record {
     Record {
         at: Timestamp::now(),
         incident: IncidentId(i),
+        drill: None,
         event: IncidentEvent::Note { text: text.into() },
     }
 }
@@ -48,6 +49,7 @@ fn closed(i: u64) -> Record {
     Record {
         at: Timestamp::now(),
         incident: IncidentId(i),
+        drill: None,
         event: IncidentEvent::Closed {
             state: IncidentState::Logged,
             summary: format!("incident {i} done"),

@@ -54,6 +54,7 @@ impl Source for Feed {
         mut self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: gpu_medic::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             loop {
@@ -230,6 +231,7 @@ async fn an_order_in_flight_at_shutdown_finishes_within_the_grace() {
         mps: Some(Arc::new(hands)),
         control_plane: None,
         evidence: None,
+        repair: None,
     };
     let (sup, feed) = supervisor(dir.path(), Arc::new(remedies));
     let shutdown = CancellationToken::new();
@@ -548,7 +550,7 @@ async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays
 
 /// Stand-in for a state directory that takes no new file (full, or remounted read-only; the
 /// tests run as root, which permissions do not stop): once the supervisor has started, a
-/// directory stands where `state.json.tmp` is written, so the state cannot be replaced. The
+/// directory stands where the new `state.json` is written first (`.state.json.tmp`), so the state cannot be replaced. The
 /// input and the incident's records are on disk; the supervisor stops with an error naming
 /// state.json and hands out no order. The next start replays the input, does not journal the
 /// records again, and hands the order out once.
@@ -556,7 +558,7 @@ async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays
 async fn a_state_that_cannot_be_saved_hands_out_no_order_and_the_next_start_replays_it() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
-    let tmp = cfg.state_path().with_extension("json.tmp");
+    let tmp = gpu_medic::sys::fs::temp_path(&cfg.state_path());
     let block = tmp.clone();
     let (err, mut calls) =
         run_until_it_cannot_write(dir.path(), move || std::fs::create_dir_all(&block).unwrap())

@@ -221,6 +221,8 @@ async fn play(
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
         evidence: None,
+        // The demo shows the replace rung: its XID 79 is replaced, not rebooted.
+        repair: None,
     };
     if let Some(m) = &mps_cfg {
         let daemon = MpsDaemon::with_client(m.clone(), mps_client.clone());

@@ -9,6 +9,7 @@ use super::{CliError, ConfigArg, exit, print_json};
 use crate::model::IncidentId;
 use crate::remedy::RemedyError;
 use crate::remedy::evidence::Evidence;
+use crate::supervisor::evidence::JournalRecords;
 
 #[derive(Debug, clap::Args)]
 pub struct EvidenceArgs {
@@ -35,7 +36,8 @@ pub fn run(a: EvidenceArgs) -> Result<i32, CliError> {
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let config_file = a.config.config.clone();
     let result = rt.block_on(async {
-        let ev = Evidence::from_config(&cfg, Some(config_file)).await;
+        let records = std::sync::Arc::new(JournalRecords::new(&cfg));
+        let ev = Evidence::from_config(&cfg, Some(config_file), records).await;
         ev.collect_until(
             IncidentId(a.incident),
             Instant::now() + cfg.evidence.deadline,

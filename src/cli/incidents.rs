@@ -93,6 +93,9 @@ pub struct IncidentLine<'a> {
     /// The evidence archive in S3 (docs/evidence.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evidence: Option<&'a crate::model::EvidenceRef>,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drill: Option<&'a str>,
 }
 
 impl<'a> From<&'a Incident> for IncidentLine<'a> {
@@ -111,6 +114,7 @@ impl<'a> From<&'a Incident> for IncidentLine<'a> {
             tasks: &i.tasks,
             request_ids: &i.request_ids,
             evidence: i.evidence.as_ref(),
+            drill: i.drill.as_deref(),
         }
     }
 }
@@ -233,13 +237,105 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
                     config.load()?.incidents_path().display()
                 )));
             };
+            let repair = repair_view(&config, &i);
             if json {
-                print_json(&i);
+                print_json(&ShownLocal {
+                    incident: &i,
+                    repair,
+                });
             } else {
                 print_timeline(&i);
+                if let Some(r) = &repair {
+                    print_repair(r);
+                }
             }
             Ok(exit::OK)
         }
+    }
+}
+
+/// `incidents show` of a node remediation: the incident plus its rung of the repair ladder.
+#[derive(Serialize)]
+struct ShownLocal<'a> {
+    #[serde(flatten)]
+    incident: &'a Incident,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    repair: Option<RepairView>,
+}
+
+/// Where a node remediation stands on the ladder drain / reboot / replace, and why.
+#[derive(Serialize)]
+struct RepairView {
+    /// The rung in force (`reboot`, `replace`, ...).
+    rung: crate::model::Verdict,
+    /// The rung the first signal asked for.
+    asked: crate::model::Verdict,
+    /// Each climb: `rule: reason`.
+    climbed: Vec<String>,
+    /// This instance's reboots (state.json), oldest first.
+    history: Vec<crate::engine::repair::Repair>,
+}
+
+fn repair_view(config: &ConfigArg, i: &Incident) -> Option<RepairView> {
+    use crate::model::{IncidentEvent, Verdict};
+    let asked = i.records.iter().find_map(|r| match &r.event {
+        IncidentEvent::Opened { verdict, .. } => Some(*verdict),
+        _ => None,
+    })?;
+    if !i.action.is_node_remediation() && !asked.is_node_remediation() {
+        return None;
+    }
+    let climbed = i
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            IncidentEvent::Escalated {
+                verdict,
+                rule,
+                reason,
+            } if *verdict >= Verdict::Drain => Some(format!("{rule} -> {verdict}: {reason}")),
+            _ => None,
+        })
+        .collect();
+    let history = config
+        .load()
+        .ok()
+        .and_then(|cfg| crate::journal::load_state(&cfg.state_path()).ok().flatten())
+        .map(|st| st.repair.history)
+        .unwrap_or_default();
+    Some(RepairView {
+        rung: i.action,
+        asked,
+        climbed,
+        history,
+    })
+}
+
+fn print_repair(r: &RepairView) {
+    println!("  rung:     {} (asked: {})", r.rung, r.asked);
+    for c in &r.climbed {
+        println!("  went up:  {c}");
+    }
+    if r.history.is_empty() {
+        println!("  reboot history: none on this instance");
+        return;
+    }
+    println!("  reboot history (this instance):");
+    for h in &r.history {
+        let after = h.boot_after.as_deref().unwrap_or("-");
+        let why = if h.why.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", h.why)
+        };
+        println!(
+            "    {}  incident {}  {}  boot {} -> {after}  {}{why}",
+            h.at,
+            h.incident,
+            h.rule,
+            h.boot_before,
+            h.result.as_str()
+        );
     }
 }
 
@@ -423,7 +519,10 @@ impl Table {
             id,
             i.opened_at.to_string(),
             gpu_short(i.gpu.as_ref()),
-            i.signal,
+            match i.drill {
+                Some(_) => format!("{} [drill]", i.signal),
+                None => i.signal.clone(),
+            },
             i.action.as_str(),
             i.state.as_str(),
             i.rule
@@ -449,6 +548,9 @@ pub fn print_timeline(i: &Incident) {
             println!("  gpu:      {g}{serial}");
         }
         None => println!("  gpu:      - (node-level signal)"),
+    }
+    if let Some(d) = &i.drill {
+        println!("  drill:    {d} (a rehearsal: `gpu-medic drill`)");
     }
     if !i.tasks.is_empty() || !i.pids.is_empty() {
         let pids: Vec<String> = i.pids.iter().map(|p| p.to_string()).collect();

@@ -153,12 +153,27 @@ async fn serve(
             cp.clone(),
             shutdown.child_token(),
         ));
+        if cfg.repair.reboot != crate::config::RebootMethod::Off {
+            remedies.repair = Some(Arc::new(
+                crate::remedy::aws::reboot::Rebooter::from_config(
+                    &cfg,
+                    cp.clone(),
+                    boot_check(&cfg, &policy),
+                )
+                .await,
+            ));
+        }
         remedies.control_plane = Some(cp);
     }
     if cfg.evidence.enabled {
         // Archives spooled before a reboot or while S3 was down go up now, then now and then.
         let ev = Arc::new(
-            crate::remedy::evidence::Evidence::from_config(&cfg, Some(config_file.clone())).await,
+            crate::remedy::evidence::Evidence::from_config(
+                &cfg,
+                Some(config_file.clone()),
+                Arc::new(crate::supervisor::evidence::JournalRecords::new(&cfg)),
+            )
+            .await,
         );
         tokio::spawn(crate::remedy::evidence::sweep_loop(
             ev.clone(),
@@ -211,6 +226,39 @@ async fn serve(
         let _ = t.await;
     }
     Ok(())
+}
+
+/// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings
+/// in a line for the journal.
+fn boot_check(
+    cfg: &crate::config::Config,
+    policy: &Policy,
+) -> crate::remedy::aws::reboot::BootCheck {
+    let (cfg, policy) = (cfg.clone(), policy.clone());
+    Arc::new(move || {
+        let r = super::check::examine(&cfg, &policy).checked;
+        let mut found: Vec<String> = r
+            .findings
+            .iter()
+            .map(|f| match f.gpu {
+                Some(g) => format!("{} on GPU {g} ({})", f.signal, f.action),
+                None => format!("{} ({})", f.signal, f.action),
+            })
+            .collect();
+        found.extend(
+            r.probes
+                .iter()
+                .filter(|p| !p.ok)
+                .map(|p| format!("{}: {}", p.probe, p.error.clone().unwrap_or_default())),
+        );
+        let gpus = r.gpus.len();
+        let text = if found.is_empty() {
+            format!("{gpus} GPU(s), no finding")
+        } else {
+            format!("{gpus} GPU(s); {}", found.join("; "))
+        };
+        (r.verdict, text)
+    })
 }
 
 /// What the signal handler tells the main loop: the current life's shutdown token, and the

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json};
+use crate::config::StateDir;
 use crate::engine::State;
 use crate::journal::load_state;
 use crate::model::Timestamp;
@@ -24,7 +25,8 @@ struct StatusView<'a> {
     mps_phase: &'a str,
     #[serde(flatten)]
     state: &'a State,
-    /// What the fleet gate saw last (absent before the first drain or replacement).
+    /// What the fleet budget's admission check saw last (absent before the first drain or
+    /// replacement).
     fleet: Option<FleetSummary>,
     /// The slot table as this node last read or wrote it (`[fleet] table`; absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -33,13 +35,13 @@ struct StatusView<'a> {
     ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
 }
 
-fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
-    let text = std::fs::read_to_string(crate::remedy::aws::fleet_path(state_dir)).ok()?;
+fn read_fleet(files: &StateDir) -> Option<FleetSummary> {
+    let text = std::fs::read_to_string(files.fleet()).ok()?;
     serde_json::from_str(&text).ok()
 }
 
-fn read_slots(state_dir: &std::path::Path) -> Option<SlotsSummary> {
-    let text = std::fs::read_to_string(crate::remedy::aws::slots_path(state_dir)).ok()?;
+fn read_slots(files: &StateDir) -> Option<SlotsSummary> {
+    let text = std::fs::read_to_string(files.slots()).ok()?;
     serde_json::from_str(&text).ok()
 }
 
@@ -63,12 +65,22 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             node_phase: state.node.as_str(),
             mps_phase: state.mps.phase.as_str(),
             state: &state,
-            fleet: read_fleet(&cfg.state_dir),
-            slots: read_slots(&cfg.state_dir),
+            fleet: read_fleet(&cfg.files()),
+            slots: read_slots(&cfg.files()),
             ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
+    print_node(&state, updated_at);
+    print_gpus(&state);
+    print_gpu_view(&cfg);
+    print_orders(&state);
+    print_fleet(&cfg.files());
+    Ok(exit::OK)
+}
+
+/// The node, gpu-medic's own faults, the MPS daemon and the remediation.
+fn print_node(state: &State, updated_at: Option<Timestamp>) {
     println!("node:        {}", state.node.as_str());
     if let Some(w) = &state.withheld {
         println!(
@@ -106,6 +118,14 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         ),
         None => println!("remediation: none"),
     }
+    // AWS-planned disruptions with their plan, and the ECS agent's verdict beside ours.
+    for line in crate::engine::planned::status_lines(state) {
+        println!("{line}");
+    }
+}
+
+/// Each GPU that raised a signal.
+fn print_gpus(state: &State) {
     if let Some(f) = state.self_faults.get(crate::probe::nvml::COMPONENT) {
         println!(
             "gpus:        unknown: NVML cannot be used (self-fault, incident {})",
@@ -125,6 +145,10 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                 .unwrap_or_default()
         );
     }
+}
+
+/// ECS's view of the GPUs against NVML's at the last read.
+fn print_gpu_view(cfg: &crate::config::Config) {
     if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
         // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
         let policy = crate::policy::Policy::load(&cfg.policy).ok();
@@ -158,6 +182,10 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             );
         }
     }
+}
+
+/// Orders in flight and scheduled, and the open incidents.
+fn print_orders(state: &State) {
     for o in state.in_flight.values() {
         println!(
             "in flight:   {} {} for incident {} (attempt {}, deadline {})",
@@ -177,7 +205,11 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         );
     }
     println!("open incidents: {}", state.open.len());
-    match read_fleet(&cfg.state_dir) {
+}
+
+/// The fleet budget and the slot table as this node last saw them.
+fn print_fleet(files: &StateDir) {
+    match read_fleet(files) {
         Some(f) => {
             println!(
                 "fleet budget:  {} of {} slot(s) used in {} (desired {}), seen {}",
@@ -204,7 +236,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             "fleet budget:  no fleet view recorded (the AWS control plane has not checked it on this node)"
         ),
     }
-    if let Some(t) = read_slots(&cfg.state_dir) {
+    if let Some(t) = read_slots(files) {
         println!(
             "slot table:    {} group {}: {} holder(s), version {}, seen {}",
             t.table,
@@ -223,5 +255,4 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             );
         }
     }
-    Ok(exit::OK)
 }

@@ -71,7 +71,7 @@ impl Cx<'_> {
         step: Step,
         attempt: u32,
     ) -> bool {
-        if !matches!(step, Step::Replace | Step::CompleteLifecycle) {
+        if !matches!(step, Step::Reboot | Step::Replace | Step::CompleteLifecycle) {
             return false;
         }
         let Some(w) = self.st.evidence.as_mut() else {
@@ -84,6 +84,7 @@ impl Cx<'_> {
         w.held = Some((step, attempt));
         let (action, deadline) = (order.id, order.deadline);
         let what = match step {
+            Step::Reboot => "the reboot",
             Step::Replace => "the replacement",
             _ => "completing the lifecycle hook",
         };

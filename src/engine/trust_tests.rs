@@ -126,6 +126,7 @@ fn restart_mps_is_never_ordered_when_gpu_medic_does_not_manage_the_daemon() {
         aws: true,
         mps: false,
         evidence: None,
+        reboot: false,
     });
     // An uncorrectable ECC error: stop the tasks on the GPU; the stop fails; with MPS
     // unmanaged that must not escalate to restart-mps.
@@ -155,6 +156,7 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
         aws: false,
         mps: true,
         evidence: None,
+        reboot: false,
     });
     let out = r.feed(xid(1, 79));
     assert!(Run::orders(&out).is_empty(), "{out:?}");
@@ -233,6 +235,7 @@ proptest! {
             command: Command::Replace,
             attempt,
             deadline: Timestamp(u64::MAX),
+            planned: false,
         });
         st.scheduled.push(Scheduled { at: Timestamp(0), incident: IncidentId(next), command: Command::RestartMps, attempt });
         st.sightings.insert("x@gpu0".into(), vec![Timestamp(u64::MAX), Timestamp(0)]);

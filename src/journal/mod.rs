@@ -14,7 +14,7 @@
 //! start the next record on a fresh line. Nothing here is fatal to the reader.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
@@ -229,65 +229,7 @@ impl std::fmt::Display for SkippedLine {
     }
 }
 
-/// One line of a file read with a length cap.
-#[derive(Debug, PartialEq, Eq)]
-pub enum CappedLine {
-    /// A line (without its `\n`), read lossily: invalid UTF-8 becomes U+FFFD.
-    Text { text: String, complete: bool },
-    /// A line longer than the cap: its bytes were read and dropped, never held.
-    TooLong { len: usize },
-}
-
-/// Reads one line of at most `cap` bytes from `r`; `None` at the end. Memory is at most
-/// `cap` bytes whatever the input; at most `max_scan` bytes are consumed looking for the end
-/// of an overlong line (then it is `TooLong` with what was consumed).
-pub fn read_capped_line(
-    r: &mut impl BufRead,
-    buf: &mut Vec<u8>,
-    cap: usize,
-    max_scan: u64,
-) -> std::io::Result<Option<CappedLine>> {
-    buf.clear();
-    let mut len = 0usize;
-    let mut complete = false;
-    loop {
-        let chunk = match r.fill_buf() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if chunk.is_empty() {
-            break;
-        }
-        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (chunk.len(), false),
-        };
-        let body = if done { &chunk[..take - 1] } else { chunk };
-        if len.saturating_add(body.len()) <= cap {
-            buf.extend_from_slice(body);
-        }
-        len = len.saturating_add(body.len());
-        r.consume(take);
-        if done {
-            complete = true;
-            break;
-        }
-        if len as u64 >= max_scan {
-            return Ok(Some(CappedLine::TooLong { len }));
-        }
-    }
-    if len == 0 && !complete {
-        return Ok(None);
-    }
-    if len > cap {
-        return Ok(Some(CappedLine::TooLong { len }));
-    }
-    Ok(Some(CappedLine::Text {
-        text: String::from_utf8_lossy(buf).into_owned(),
-        complete,
-    }))
-}
+pub use crate::sys::lines::{CappedLine, read_capped_line};
 
 /// What a journal reader hands over for each line.
 #[derive(Debug)]
@@ -537,13 +479,13 @@ pub fn load_state_or_set_aside(
     }
 }
 
-/// The engine state the incident journal implies (see `engine::recover`), streamed one line
+/// The engine state the incident journal implies (see `engine::rebuild`), streamed one line
 /// at a time across its rotated files, oldest first; unreadable lines are skipped.
 pub fn rebuild_from_journal(
     incidents: &Path,
     now: crate::model::Timestamp,
 ) -> Result<State, JournalError> {
-    let mut rebuild = crate::engine::recover::Rebuild::new();
+    let mut rebuild = crate::engine::rebuild::Rebuild::new();
     stream_jsonl::<crate::model::Record>(&journal_files(incidents), None, |e| {
         if let Entry::Item(r) = e {
             rebuild.add(&r);
@@ -557,11 +499,11 @@ pub fn rebuild_from_journal(
 /// `state.json`, for a source that resumes reading. Unreadable or missing: none (the source
 /// reads from its start or end as it would on a first start; the supervisor still drops what
 /// it has seen). Reads the file without setting anything aside.
-pub fn committed_delivery(state_file: &Path) -> crate::engine::Delivery {
+pub fn committed_delivery(state_file: &Path) -> crate::model::Delivery {
     #[derive(Deserialize)]
     struct Partial {
         #[serde(default)]
-        delivery: crate::engine::Delivery,
+        delivery: crate::model::Delivery,
     }
     crate::sys::limits::read_text(
         state_file,
@@ -576,7 +518,7 @@ pub fn committed_delivery(state_file: &Path) -> crate::engine::Delivery {
 
 /// Where operator requests wait for the daemon (`gpu-medic incidents abort`).
 pub fn requests_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("requests")
+    crate::config::StateDir::new(state_dir).requests()
 }
 
 /// Drops a request for the running daemon, written whole (temp file, then rename).
@@ -647,6 +589,7 @@ pub(crate) mod tests {
         Record {
             at: Timestamp(1_700_000_000_000 + i),
             incident: IncidentId(i),
+            drill: None,
             event: IncidentEvent::Closed {
                 state: IncidentState::Logged,
                 summary: format!("r{i}"),

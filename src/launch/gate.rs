@@ -7,8 +7,8 @@
 //!    our hook `[lifecycle] launch_hook` (DescribeLifecycleHooks). A first heartbeat tells
 //!    whether an action is waiting; without one (no hook, already in service) the check still
 //!    runs and marks the container instance, but no lifecycle call is made.
-//! 2. The check (`examine`, the same as `gpu-medic check`), heartbeating the hook every third
-//!    of its heartbeat timeout. "Could not tell" is retried every `check_retry_delay` until
+//! 2. The check (`examine`, the same as `gpu-medic check`, judged by `engine::check`),
+//!    heartbeating the hook every third of its heartbeat timeout. "Could not tell" is retried every `check_retry_delay` until
 //!    `check_deadline`.
 //! 3. The decision:
 //!    - healthy: CONTINUE, `<prefix>.health=ok`;

@@ -3,6 +3,10 @@
 //! (`Record`, `Incident`). Everything here is plain data that serializes to stable JSON,
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
+pub mod cursor;
+
+pub use cursor::{Cursor, Delivery, Resume, StreamId};
+
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -10,6 +14,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod evidence;
 pub use evidence::{EvidenceMode, EvidencePlan, EvidenceRef, MissingPart};
+pub mod planned;
+pub use planned::{AgentVerdict, EventClass, EventState, ScheduledEvent};
 
 /// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
 /// the supervisor stamps every input, and replays reuse the recorded stamps. Arithmetic on it
@@ -275,6 +281,30 @@ pub enum Signal {
     SelfRecovered {
         component: String,
     },
+    /// The ECS agent's own verdict on the accelerators turned IMPAIRED
+    /// (`healthStatus` of DescribeContainerInstances, `ACCELERATED_COMPUTE`): a second opinion
+    /// beside gpu-medic's own, judged by the policy (default: corroborating, logged).
+    EcsAgentImpaired,
+    /// The ECS agent's verdict is no longer IMPAIRED (`status`: OK, INSUFFICIENT_DATA,
+    /// INITIALIZING); INSUFFICIENT_DATA is no fault.
+    EcsAgentHealth {
+        status: String,
+    },
+    /// AWS scheduled an event for this instance, or changed its state or time
+    /// (IMDS `events/maintenance/scheduled`).
+    MaintenanceEvent {
+        event: ScheduledEvent,
+    },
+    /// AWS will interrupt this Spot instance at `time` (IMDS `spot/instance-action`).
+    SpotInterruption {
+        action: String,
+        time: Timestamp,
+    },
+    /// AWS recommends moving work off this Spot instance (IMDS
+    /// `events/recommendations/rebalance`).
+    RebalanceRecommendation {
+        notice: Timestamp,
+    },
 }
 
 /// Defines [`SignalKind`] with each kind's name written once: the policy files' word for it,
@@ -331,12 +361,17 @@ signal_kinds! {
         EcsGpuCountMismatch = "ecs-gpu-count-mismatch",
         EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
         GpuMemoryOverReservation = "gpu-memory-over-reservation",
+        EcsAgentImpaired = "ecs-agent-impaired",
     }
     engine: {
         MpsUp = "mps-up",
         Lifecycle = "lifecycle",
         SelfFault = "self-fault",
         SelfRecovered = "self-recovered",
+        EcsAgentHealth = "ecs-agent-health",
+        MaintenanceEvent = "maintenance-event",
+        SpotInterruption = "spot-interruption",
+        RebalanceRecommendation = "rebalance-recommendation",
     }
 }
 
@@ -391,6 +426,11 @@ impl Signal {
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
             Signal::SelfRecovered { .. } => SignalKind::SelfRecovered,
+            Signal::EcsAgentImpaired => SignalKind::EcsAgentImpaired,
+            Signal::EcsAgentHealth { .. } => SignalKind::EcsAgentHealth,
+            Signal::MaintenanceEvent { .. } => SignalKind::MaintenanceEvent,
+            Signal::SpotInterruption { .. } => SignalKind::SpotInterruption,
+            Signal::RebalanceRecommendation { .. } => SignalKind::RebalanceRecommendation,
         }
     }
 }
@@ -407,6 +447,12 @@ impl fmt::Display for Signal {
             Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
             Signal::SelfFault { component } => write!(f, "self-fault {component}"),
             Signal::SelfRecovered { component } => write!(f, "self-recovered {component}"),
+            Signal::EcsAgentHealth { status } => write!(f, "ecs-agent-health {status}"),
+            Signal::MaintenanceEvent { event } => write!(f, "maintenance-event {event}"),
+            Signal::SpotInterruption { action, time } => {
+                write!(f, "spot-interruption {action} at {time}")
+            }
+            Signal::RebalanceRecommendation { .. } => f.write_str("rebalance-recommendation"),
             other => f.write_str(other.kind().as_str()),
         }
     }
@@ -439,20 +485,6 @@ pub struct Observation {
     /// and drops it as a duplicate when a restart reads it again. The engine ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<Cursor>,
-}
-
-/// A position in a source stream (see [`Observation::cursor`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cursor {
-    /// The stream: `kmsg:<boot id>`, `kmsg-file:<dev>:<inode>`, `mps-log:<dev>:<inode>`.
-    pub stream: String,
-    /// Increasing within the stream (a sequence number or the byte offset after the record).
-    pub pos: u64,
-    /// The source's own opaque position where it has one (a journald cursor,
-    /// `journald:<unit>` streams): the stream resumes after it, so a record read again is
-    /// impossible rather than detected, and `pos` only orders streams by age.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -498,7 +530,7 @@ impl Observation {
         self
     }
 
-    pub fn at_cursor(mut self, stream: impl Into<String>, pos: u64) -> Self {
+    pub fn at_cursor(mut self, stream: impl Into<StreamId>, pos: u64) -> Self {
         self.cursor = Some(Cursor {
             stream: stream.into(),
             pos,
@@ -519,6 +551,9 @@ pub enum Verdict {
     /// Restarts the daemon: every MPS client on the instance is affected.
     RestartMps,
     Drain,
+    /// Quarantine, drain, reboot the instance, check it after the boot and return it to
+    /// service; `replace` when the reboot does not happen or does not mend it (docs/repair.md).
+    Reboot,
     Replace,
 }
 
@@ -530,13 +565,20 @@ impl Verdict {
             Verdict::RestartMps => "restart-mps",
             Verdict::StopTasks => "stop-tasks",
             Verdict::Drain => "drain",
+            Verdict::Reboot => "reboot",
             Verdict::Replace => "replace",
         }
     }
 
-    /// Drain and replace take the node out of service; only one may be in flight.
+    /// Whether the verdict does something to the node (stop tasks, restart MPS, drain,
+    /// replace): what fails a one-shot check (`engine::check`).
+    pub fn acts(self) -> bool {
+        self > Verdict::Log
+    }
+
+    /// Drain, reboot and replace take the node out of service; only one may be in flight.
     pub fn is_node_remediation(self) -> bool {
-        matches!(self, Verdict::Drain | Verdict::Replace)
+        matches!(self, Verdict::Drain | Verdict::Reboot | Verdict::Replace)
     }
 }
 
@@ -600,7 +642,18 @@ pub enum Command {
         terminating: bool,
     },
     Replace,
-    /// Undoes quarantine and drain: the instance takes tasks again (operator abort).
+    /// Reboots the instance (EC2 `RebootInstances` on itself, or the OS's reboot). `boot` is
+    /// the kernel boot id when the order was given: a remedy that finds another boot id
+    /// knows the reboot already happened and does not reboot again.
+    Reboot {
+        #[serde(default)]
+        boot: String,
+    },
+    /// After a reboot: waits for the GPUs and the MPS daemon, then runs the launch gate's
+    /// checks; done when the node is healthy.
+    BootCheck,
+    /// Undoes quarantine and drain: the instance takes tasks again (operator abort, or
+    /// back in service after a reboot that mended it).
     Restore,
     CompleteLifecycle {
         hook: LifecycleHook,
@@ -620,6 +673,8 @@ impl Command {
             Command::Quarantine => "quarantine",
             Command::Drain { .. } => "drain",
             Command::Replace => "replace",
+            Command::Reboot { .. } => "reboot",
+            Command::BootCheck => "boot-check",
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
             Command::CollectEvidence => "collect-evidence",
@@ -637,11 +692,20 @@ pub struct Order {
     pub attempt: u32,
     /// The phase deadline; past it the engine escalates whether or not an outcome came.
     pub deadline: Timestamp,
+    /// For an AWS-planned disruption (docs/planned-events.md): AWS takes the instance out of
+    /// service anyway, so the drain or replacement takes no fleet-budget slot and is never
+    /// deferred (the instance still counts as in remediation: it is DRAINING).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub planned: bool,
 }
 
 /// What the engine emits. `Log` entries go to the journal; `Execute` orders go to remedies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a step returns a handful of actions that are moved once: a box would be one more allocation per decision"
+)]
 pub enum Action {
     Log(Record),
     Execute(Order),
@@ -695,6 +759,11 @@ pub struct Capabilities {
     /// Evidence collection (`[evidence]`): collect-evidence, and how long a repair waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<EvidencePlan>,
+    /// The reboot rung (`[repair] reboot`, with `[aws]`): reboot and boot-check. Without it a
+    /// `reboot` verdict is carried out as `replace`. Off until a supervisor says it has the
+    /// rung, and absent in inputs recorded before the rung existed (those nodes replaced).
+    #[serde(default)]
+    pub reboot: bool,
 }
 
 impl Default for Capabilities {
@@ -703,6 +772,7 @@ impl Default for Capabilities {
             aws: true,
             mps: true,
             evidence: None,
+            reboot: false,
         }
     }
 }
@@ -710,6 +780,10 @@ impl Default for Capabilities {
 /// Everything the engine consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "each input is built once and moved through the channel to the engine: a box would be one more allocation per signal"
+)]
 pub enum Input {
     Observation(Observation),
     Outcome(Outcome),
@@ -720,6 +794,11 @@ pub enum Input {
     },
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
+    /// The kernel's boot id at the supervisor's start (`/proc/sys/kernel/random/boot_id`):
+    /// a new one after a reboot the engine ordered resumes the repair after the boot.
+    Boot {
+        id: String,
+    },
     /// A person asked for something (`gpu-medic incidents abort`).
     Operator(OperatorRequest),
 }
@@ -727,6 +806,10 @@ pub enum Input {
 /// Requests from an operator, delivered through `state_dir/requests/`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "an operator request is read once from its file and moved to the engine: a box would buy nothing"
+)]
 pub enum OperatorRequest {
     /// Stop a node remediation that has not reached Auto Scaling and return the instance
     /// to service (the fault was a false alarm, or was fixed by hand).
@@ -747,6 +830,64 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_ids: Vec<String>,
     },
+    /// `gpu-medic drill`: a rehearsal on this instance. The incident the drill's signal opens
+    /// carries the drill's id in every record; with `observe` its orders are journaled and
+    /// none is executed.
+    Drill { drill: Drill },
+}
+
+/// A rehearsal asked for by `gpu-medic drill` ([`OperatorRequest::Drill`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drill {
+    /// `drill-<ms>-<pid>`: unique per run of the command; tags the incident.
+    pub id: String,
+    /// What is rehearsed, for people: `xid 79`, `mps-hang`, `gpu-lost`, ...
+    pub class: String,
+    /// Journal every order, execute none (for this incident only).
+    #[serde(default)]
+    pub observe: bool,
+    /// Who asked (the user running the command).
+    #[serde(default)]
+    pub by: String,
+    /// Which observation is the drill's: the first one matching, within
+    /// [`DRILL_ARM_WINDOW`] of the request, that opens an incident.
+    pub expect: DrillExpect,
+    /// The observation itself, for drills that cannot be played through a real source
+    /// (`gpu-lost`, `ecc`): judged at once, as if a probe had reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<Observation>,
+}
+
+/// How long an armed drill waits for its signal (the kernel log line, the MPS probe).
+pub const DRILL_ARM_WINDOW: Duration = Duration::from_secs(120);
+
+/// What a drill's observation looks like: one of `signals`, and where given the XID code,
+/// the GPU index and the process id (a drill's kernel-log XID names the drill's own pid, so
+/// a real XID is never mistaken for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrillExpect {
+    pub signals: Vec<SignalKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+impl DrillExpect {
+    pub fn matches(&self, obs: &Observation) -> bool {
+        let code = match &obs.signal {
+            Signal::Xid { code, .. } => Some(*code),
+            _ => None,
+        };
+        self.signals.contains(&obs.signal.kind())
+            && self.code.is_none_or(|c| code == Some(c))
+            && self
+                .gpu
+                .is_none_or(|g| obs.gpu.as_ref().is_some_and(|x| x.index == g))
+            && self.pid.is_none_or(|p| obs.pids.contains(&p))
+    }
 }
 
 /// One line of `inputs.jsonl`: an input with the time the supervisor saw it.
@@ -777,6 +918,8 @@ pub enum IncidentState {
     Observed,
     /// An operator stopped the remediation and the instance was returned to service.
     Aborted,
+    /// Rebooted, checked after the boot, and returned to service.
+    Repaired,
     /// gpu-medic gave up; an operator is needed.
     Failed,
 }
@@ -792,6 +935,7 @@ impl IncidentState {
             IncidentState::Terminated => "terminated",
             IncidentState::Observed => "observed",
             IncidentState::Aborted => "aborted",
+            IncidentState::Repaired => "repaired",
             IncidentState::Failed => "failed",
         }
     }
@@ -802,8 +946,24 @@ impl IncidentState {
 pub struct Record {
     pub at: Timestamp,
     pub incident: IncidentId,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`), on every record
+    /// of it, so whatever reads one record (CloudWatch Logs, EventBridge) can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     #[serde(flatten)]
     pub event: IncidentEvent,
+}
+
+impl Record {
+    /// A record of an incident that is not a drill.
+    pub fn new(at: Timestamp, incident: IncidentId, event: IncidentEvent) -> Record {
+        Record {
+            at,
+            incident,
+            drill: None,
+            event,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -871,6 +1031,9 @@ pub struct Incident {
     /// The evidence archive, once a collection reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<EvidenceRef>,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     pub records: Vec<Record>,
 }
 
@@ -905,6 +1068,7 @@ impl Incident {
             pids: Vec::new(),
             request_ids: Vec::new(),
             evidence: None,
+            drill: rec.drill.clone(),
             records: Vec::new(),
         }
     }
@@ -912,6 +1076,9 @@ impl Incident {
     /// Folds one more record (in file order) into the incident.
     pub fn push(&mut self, rec: Record) {
         let inc = self;
+        if inc.drill.is_none() {
+            inc.drill.clone_from(&rec.drill);
+        }
         match &rec.event {
             IncidentEvent::Opened {
                 observation,
@@ -1035,6 +1202,28 @@ mod tests {
             },
             Signal::SelfRecovered {
                 component: "nvml".into(),
+            },
+            Signal::EcsAgentImpaired,
+            Signal::EcsAgentHealth {
+                status: "OK".into(),
+            },
+            Signal::MaintenanceEvent {
+                event: ScheduledEvent {
+                    id: "instance-event-1".into(),
+                    code: "system-reboot".into(),
+                    state: EventState::Active,
+                    not_before: Timestamp(0),
+                    not_after: None,
+                    description: String::new(),
+                    boot_id: String::new(),
+                },
+            },
+            Signal::SpotInterruption {
+                action: "terminate".into(),
+                time: Timestamp(0),
+            },
+            Signal::RebalanceRecommendation {
+                notice: Timestamp(0),
             },
         ];
         let mut kinds: Vec<SignalKind> = samples.iter().map(Signal::kind).collect();

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::model::cursor::{Resume, StreamId};
 use crate::model::{Observation, Signal, XidDecode};
 use crate::policy::xid_catalog;
 use crate::probe::nvml::poll::{SharedState, lock};
@@ -181,10 +182,11 @@ pub fn same_pci(kernel: &str, nvml: &str) -> bool {
 /// The kmsg reader thread.
 pub struct KmsgReader {
     pub path: PathBuf,
-    /// The reader's own file in `state_dir` (see [`cursor_path`]): the records it dropped as
-    /// duplicates of NVML events. How far the journal reaches is read from `state.json`
-    /// next to it.
+    /// The reader's own file in `state_dir` (`StateDir::kmsg_skipped`): the records it
+    /// dropped as duplicates of NVML events.
     pub cursor_file: PathBuf,
+    /// How far the journal reaches (handed in by the supervisor).
+    pub committed: Resume,
     pub shared: SharedState,
     pub tx: mpsc::Sender<Observation>,
     pub stop: Arc<AtomicBool>,
@@ -236,23 +238,22 @@ fn position(
     boot: &str,
     file: Option<&(u64, u64)>,
     end: u64,
-) -> Option<(String, u64)> {
+) -> Option<(StreamId, u64)> {
     if x.seq != 0 {
-        return Some((format!("kmsg:{boot}"), x.seq));
+        return Some((StreamId::kmsg(boot), x.seq));
     }
     // A plain text line has no sequence number; in a regular file its end offset is one.
-    file.map(|(dev, ino)| (format!("kmsg-file:{dev}:{ino}"), end))
+    file.map(|(dev, ino)| (StreamId::kmsg_file(*dev, *ino), end))
 }
 
 struct Cursors {
-    committed: crate::engine::Delivery,
-    skipped: std::collections::VecDeque<(String, u64)>,
+    committed: Resume,
+    skipped: std::collections::VecDeque<(StreamId, u64)>,
     skip_file: PathBuf,
 }
 
 impl Cursors {
-    fn load(cursor_file: &Path) -> Cursors {
-        let state = cursor_file.with_file_name("state.json");
+    fn load(cursor_file: &Path, committed: Resume) -> Cursors {
         let mut skipped = std::collections::VecDeque::new();
         if let Ok(text) = crate::sys::limits::read_text(cursor_file, 64 * 1024, "kmsg cursor") {
             for line in text.lines() {
@@ -260,23 +261,23 @@ impl Cursors {
                     && let Ok(pos) = pos.parse()
                     && skipped.len() < MAX_SKIPPED
                 {
-                    skipped.push_back((stream.to_string(), pos));
+                    skipped.push_back((StreamId::from(stream), pos));
                 }
             }
         }
         Cursors {
-            committed: crate::journal::committed_delivery(&state),
+            committed,
             skipped,
             skip_file: cursor_file.to_path_buf(),
         }
     }
 
-    fn seen(&self, stream: &str, pos: u64) -> bool {
+    fn seen(&self, stream: &StreamId, pos: u64) -> bool {
         self.committed.seen(stream, pos)
             || self.skipped.iter().any(|(s, p)| s == stream && *p == pos)
     }
 
-    fn skip(&mut self, stream: String, pos: u64) {
+    fn skip(&mut self, stream: StreamId, pos: u64) {
         if self.skipped.len() >= MAX_SKIPPED {
             self.skipped.pop_front();
         }
@@ -335,7 +336,7 @@ impl KmsgReader {
             .filter(|_| regular)
             .map(|m| (m.dev(), m.ino()));
         let boot = boot_id();
-        let mut cursors = Cursors::load(&self.cursor_file);
+        let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
         let cap = crate::sys::limits::MAX_KMSG_LINE;
         if !regular {
             // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
@@ -348,17 +349,17 @@ impl KmsgReader {
                     let mut r = BufReader::with_capacity(2 * cap, file);
                     let mut buf = Vec::new();
                     loop {
-                        match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                        match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
                             Ok(None) => {
                                 let _ = ltx.send(None);
                                 return;
                             }
-                            Ok(Some(crate::journal::CappedLine::Text { text, .. })) => {
+                            Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
                                 if ltx.send(Some(text)).is_err() {
                                     return;
                                 }
                             }
-                            Ok(Some(crate::journal::CappedLine::TooLong { len })) => {
+                            Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
                                 tracing::warn!(probe = "kmsg", len, "kernel log record longer than {cap} bytes dropped");
                             }
                             // EPIPE: records were overwritten before we read them; go on.
@@ -390,9 +391,9 @@ impl KmsgReader {
             // again from there once its writer finishes it.
             let mut offset: u64 = 0;
             while !self.stop.load(Ordering::Relaxed) {
-                match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
                     Ok(None) => std::thread::sleep(Duration::from_millis(100)),
-                    Ok(Some(crate::journal::CappedLine::Text {
+                    Ok(Some(crate::sys::lines::CappedLine::Text {
                         text,
                         complete: true,
                     })) => {
@@ -402,14 +403,14 @@ impl KmsgReader {
                             .unwrap_or(offset.saturating_add(text.len() as u64 + 1));
                         self.handle(&text, &boot, ident.as_ref(), offset, &mut cursors);
                     }
-                    Ok(Some(crate::journal::CappedLine::Text { .. })) => {
+                    Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
                         // Not finished yet: read it again whole.
                         if r.seek(std::io::SeekFrom::Start(offset)).is_err() {
                             return;
                         }
                         std::thread::sleep(Duration::from_millis(20));
                     }
-                    Ok(Some(crate::journal::CappedLine::TooLong { len })) => {
+                    Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
                         offset = r
                             .stream_position()
                             .unwrap_or(offset.saturating_add(len as u64 + 1));
@@ -515,7 +516,7 @@ pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
 
 /// Where the cursor lives.
 pub fn cursor_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("kmsg.cursor")
+    crate::config::StateDir::new(state_dir).kmsg_skipped()
 }
 
 #[cfg(test)]

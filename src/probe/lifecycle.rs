@@ -138,6 +138,7 @@ impl Source for LifecycleSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move { self.watch(tx, shutdown).await })
     }

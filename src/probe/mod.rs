@@ -7,7 +7,9 @@
 //! - [`tasks`]: which ECS task a process belongs to.
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 //! - [`node`]: the ECS agent answering, and space for the journal.
-//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's.
+//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's, and the ECS agent's
+//!   own health verdict (`healthStatus`) from the same call.
+//! - [`planned`]: disruptions AWS plans (IMDS scheduled events, Spot notice, rebalance).
 
 pub mod ecs_gpus;
 pub mod kmsg;
@@ -15,6 +17,7 @@ pub mod lifecycle;
 pub mod mps;
 pub mod node;
 pub mod nvml;
+pub mod planned;
 pub mod tasks;
 
 use crate::aws::imds::TargetState;
@@ -28,13 +31,16 @@ use crate::config::Config;
 use crate::model::{GpuId, Observation};
 use crate::mps::control::ControlClient;
 
-/// A sense: turns the world into observations until shutdown.
+/// A sense: turns the world into observations until shutdown. `resume` holds the cursors
+/// the journal has committed (the supervisor owns the state and hands them in): a source
+/// that reads a stream starts after them; the others ignore it.
 pub trait Source: Send + 'static {
     fn name(&self) -> &'static str;
     fn run(
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
@@ -145,7 +151,6 @@ pub fn sources_with_gpu_view(
     if cfg.mps.enabled {
         out.push(Box::new(
             mps::MpsSource::new(cfg.mps.clone(), mps.clone())
-                .resuming_from(cfg.state_path())
                 .naming_tasks_with(crate::aws::agent::Agent::new(&cfg.ecs.agent_url)),
         ));
     }
@@ -154,6 +159,12 @@ pub fn sources_with_gpu_view(
             cfg.lifecycle.poll_interval,
             crate::aws::http_client(),
             seen.clone(),
+        )));
+    }
+    if cfg.aws.enabled && cfg.planned.enabled {
+        out.push(Box::new(planned::PlannedSource::new(
+            cfg.planned.clone(),
+            crate::aws::http_client(),
         )));
     }
     if cfg.node.enabled {

@@ -93,6 +93,17 @@ pub trait MpsRemedy: Send + Sync + 'static {
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
+/// The reboot rung's hands (src/remedy/aws/reboot.rs): the reboot itself and the check
+/// after the boot.
+pub trait RepairRemedy: Send + Sync + 'static {
+    /// Reboots this instance (EC2 `RebootInstances`, or the OS's reboot). Done once the
+    /// reboot is accepted, or when the boot id shows it already happened.
+    fn reboot(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Waits for the GPUs and the MPS daemon, then runs the launch gate's checks: done when
+    /// healthy, fatal when not.
+    fn boot_check(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+}
+
 /// The control plane's hands: ECS and Auto Scaling (`src/remedy/aws/`, over the adapters in `src/aws/`).
 pub trait ControlPlane: Send + Sync + 'static {
     /// Marks the container instance so placement constraints keep new tasks off.
@@ -122,6 +133,8 @@ pub struct Remedies {
     pub control_plane: Option<Arc<dyn ControlPlane>>,
     /// `[evidence]`: collect-evidence (src/remedy/evidence).
     pub evidence: Option<Arc<dyn evidence::EvidenceRemedy>>,
+    /// The reboot rung (`[repair] reboot` not `off`, with the control plane).
+    pub repair: Option<Arc<dyn RepairRemedy>>,
 }
 
 impl Executor for Remedies {
@@ -130,6 +143,7 @@ impl Executor for Remedies {
             aws: self.control_plane.is_some(),
             mps: self.mps.is_some(),
             evidence: self.evidence.as_ref().map(|e| e.plan()),
+            reboot: self.control_plane.is_some() && self.repair.is_some(),
         }
     }
 
@@ -160,6 +174,15 @@ impl Executor for Remedies {
                         "MPS remediation is disabled ([mps] enabled = false)",
                     )),
                 },
+                Command::Reboot { .. } | Command::BootCheck => match &self.repair {
+                    Some(r) if matches!(order.command, Command::BootCheck) => {
+                        r.boot_check(&order).await
+                    }
+                    Some(r) => r.reboot(&order).await,
+                    None => Err(RemedyError::fatal(
+                        "the reboot rung is off ([repair] reboot = \"off\", or [aws] disabled)",
+                    )),
+                },
                 other => match &self.control_plane {
                     None => Err(RemedyError::fatal(
                         "AWS remediation is disabled ([aws] enabled = false)",
@@ -173,7 +196,10 @@ impl Executor for Remedies {
                         Command::CompleteLifecycle { hook, result } => {
                             cp.complete_lifecycle(&order, *hook, *result).await
                         }
-                        Command::RestartMps | Command::CollectEvidence => unreachable_restart(),
+                        Command::RestartMps
+                        | Command::Reboot { .. }
+                        | Command::BootCheck
+                        | Command::CollectEvidence => unreachable_restart(),
                     },
                 },
             };
@@ -182,10 +208,11 @@ impl Executor for Remedies {
     }
 }
 
-/// `RestartMps` is routed above; kept as a value so no panic path exists.
+/// `RestartMps`, `Reboot` and `BootCheck` are routed above; kept as a value so no panic
+/// path exists.
 fn unreachable_restart() -> Result<Done, RemedyError> {
     Err(RemedyError::fatal(
-        "internal: restart-mps routed to the control plane",
+        "internal: restart-mps, reboot or boot-check routed to the control plane",
     ))
 }
 

@@ -6,6 +6,8 @@
 //! One shutdown token fans out to every task; orders in flight get a grace period to reach a
 //! safe point, then state is saved.
 
+pub mod evidence;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +45,8 @@ pub struct Supervisor {
     gpu_signal: Option<Arc<tokio::sync::Notify>>,
 }
 
-struct Engine {
+/// The task that owns the state and both journals: it steps the engine over each batch.
+struct Keeper {
     state: State,
     policy: Policy,
     cfg: Config,
@@ -70,6 +73,8 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
+        // The operator's choices for AWS-planned disruptions travel with the policy.
+        policy.planned = cfg.planned.rules();
         Supervisor {
             cfg,
             policy,
@@ -114,7 +119,7 @@ impl Supervisor {
             max_bytes: cfg.journal.max_file_size_mib.saturating_mul(1024 * 1024),
             keep: cfg.journal.keep_files,
         };
-        let mut engine = Engine {
+        let mut engine = Keeper {
             incidents: JsonlWriter::open_rotating(&cfg.incidents_path(), rotation)?,
             inputs: JsonlWriter::open_rotating(&cfg.inputs_path(), rotation)?,
             state,
@@ -127,8 +132,22 @@ impl Supervisor {
         engine.recover(resumed_state)?;
         journal::save_state(&cfg.state_path(), &engine.state)?;
         let capabilities = self.executor.capabilities();
+        // The kernel's boot id, stepped before any order is resumed: a reboot the engine
+        // ordered that has happened is finished here, never handed out again. Only a node
+        // with the reboot rung needs it (without the rung no reboot is ever ordered).
+        let boot = match crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path) {
+            Ok(id) => capabilities.reboot.then_some(id),
+            Err(_) if !capabilities.reboot => None,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting"
+                );
+                None
+            }
+        };
         engine.handle_batch(Batch {
             started: Some(capabilities),
+            boot,
             ..Batch::default()
         })?;
         if let Some(aside) = set_aside {
@@ -167,9 +186,11 @@ impl Supervisor {
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
         let (out_tx, mut out_rx) = mpsc::channel::<Outcome>(64);
         let mut sources = JoinSet::new();
+        // Each source resumes after what the journal holds (the state's committed cursors).
+        let resume = crate::model::Resume::new(engine.state.delivery.clone());
         for s in self.sources {
             tracing::info!(source = s.name(), "starting probe");
-            sources.spawn(s.run(obs_tx.clone(), shutdown.child_token()));
+            sources.spawn(s.run(obs_tx.clone(), shutdown.child_token(), resume.clone()));
         }
         drop(obs_tx);
 
@@ -283,6 +304,8 @@ impl Supervisor {
 struct Batch {
     /// The remedies this supervisor has (first, once, at start).
     started: Option<crate::model::Capabilities>,
+    /// The kernel's boot id (right after `started`, once, at start).
+    boot: Option<String>,
     requests: Vec<crate::model::OperatorRequest>,
     outcomes: Vec<Outcome>,
     observations: Vec<Observation>,
@@ -291,18 +314,16 @@ struct Batch {
 
 impl Batch {
     fn into_inputs(self, policy: &Policy) -> Vec<Input> {
-        let fatal = |o: &Observation| {
-            policy
-                .rule_for(&o.signal, o.value)
-                .is_some_and(|r| r.action >= crate::model::Verdict::Drain)
-        };
-        let (first, rest): (Vec<Observation>, Vec<Observation>) =
-            self.observations.into_iter().partition(|o| fatal(o));
+        let (first, rest): (Vec<Observation>, Vec<Observation>) = self
+            .observations
+            .into_iter()
+            .partition(|o| policy.is_fatal(&o.signal, o.value));
         let started = self
             .started
             .map(|capabilities| Input::Started { capabilities });
         started
             .into_iter()
+            .chain(self.boot.map(|id| Input::Boot { id }))
             .chain(self.requests.into_iter().map(Input::Operator))
             .chain(first.into_iter().map(Input::Observation))
             .chain(rest.into_iter().map(Input::Observation))
@@ -326,7 +347,7 @@ fn dispatch(
     });
 }
 
-impl Engine {
+impl Keeper {
     /// Brings the saved state up to the journal: inputs journaled after the state was last
     /// saved (a crash between the two writes of a batch) are stepped again with their own
     /// time stamps; their records are appended unless the journal already ends with them.
@@ -448,22 +469,10 @@ impl Engine {
     }
 }
 
-/// A finding (a rule takes it at its value) about a GPU or the node's GPUs, not raised by the
+/// A finding about a GPU or the node's GPUs ([`Policy::is_gpu_finding`]), not raised by the
 /// ECS GPU view (which would wake itself).
 fn is_gpu_signal(o: &Observation, policy: &Policy) -> bool {
-    use crate::model::SignalKind;
-    let about_gpus = o.gpu.is_some()
-        || matches!(
-            o.signal.kind(),
-            SignalKind::Xid
-                | SignalKind::GpuLost
-                | SignalKind::DeviceCountMismatch
-                | SignalKind::DriverNotLoaded
-                | SignalKind::RecoveryAction
-        );
-    about_gpus
-        && o.source != crate::probe::ecs_gpus::SOURCE
-        && policy.rule_for(&o.signal, o.value).is_some()
+    o.source != crate::probe::ecs_gpus::SOURCE && policy.is_gpu_finding(o)
 }
 
 /// Emits a journal record as a structured log event with stable field names.
@@ -650,7 +659,7 @@ mod tests {
         let state = journal::load_state(&cfg.state_path()).unwrap().unwrap();
         // 2, or 3 when the first tick (stamped now, years after the inputs) pruned windows.
         assert!(state.delivery.applied >= 2, "{:?}", state.delivery);
-        assert!(state.delivery.seen("kmsg:boot", 42));
+        assert!(state.delivery.seen(&"kmsg:boot".into(), 42));
         let after = journal::read_jsonl::<Record>(&cfg.incidents_path())
             .unwrap()
             .0;

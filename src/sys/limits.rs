@@ -43,6 +43,21 @@ pub enum ReadError {
     NotText { what: &'static str, offset: usize },
 }
 
+/// A kernel boot id (`/proc/sys/kernel/random/boot_id`) is a 36-character UUID.
+const MAX_BOOT_ID_BYTES: u64 = 128;
+
+/// The kernel's boot id, a new one at every boot: the reboot rung tells the boot after a
+/// reboot from the one before by it, never by a timer. An empty or oversized file is refused.
+pub fn read_boot_id(path: &Path) -> Result<String, String> {
+    let text = read_text(path, MAX_BOOT_ID_BYTES, "boot id")
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let id = text.trim();
+    if id.is_empty() || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{}: not a boot id: {id:?}", path.display()));
+    }
+    Ok(id.to_string())
+}
+
 /// Reads a whole text file of at most `limit` bytes. A bigger file (or an endless device)
 /// is refused after reading `limit + 1` bytes.
 pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {

@@ -7,3 +7,4 @@ pub mod child;
 pub mod error;
 pub mod fs;
 pub mod limits;
+pub mod lines;

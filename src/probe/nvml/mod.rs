@@ -170,13 +170,19 @@ impl Source for NvmlSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(async move { self.watch(tx, shutdown).await })
+        Box::pin(async move { self.watch(tx, shutdown, resume).await })
     }
 }
 
 impl NvmlSource {
-    async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
+    async fn watch(
+        self,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+        resume: crate::model::Resume,
+    ) {
         let interval = self.cfg.poll_interval;
         // One NVML call may hang on a broken GPU: a poll gets this long before it is abandoned.
         let poll_deadline = interval.max(Duration::from_secs(5)).saturating_mul(3);
@@ -269,6 +275,7 @@ impl NvmlSource {
                 .map(|path| kmsg::KmsgReader {
                     path,
                     cursor_file: kmsg::cursor_path(&self.state_dir),
+                    committed: resume.clone(),
                     shared: shared.clone(),
                     tx: tx.clone(),
                     stop: stop.clone(),

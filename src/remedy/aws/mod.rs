@@ -16,6 +16,7 @@
 
 pub mod drain;
 pub mod fleet;
+pub mod reboot;
 pub mod slots;
 mod table;
 pub use table::slots_path;
@@ -537,6 +538,8 @@ impl AwsControlPlane {
                 // budget slot and no kill switch holds it.
                 let slot = match term {
                     Some(_) => Slot::None,
+                    // AWS takes the instance out of service anyway (docs/planned-events.md).
+                    None if order.planned => Slot::None,
                     None => self.acquire_slot(&mut calls, id, &ecs, order).await?,
                 };
                 let ranked = Instant::now();
@@ -697,8 +700,13 @@ impl AwsControlPlane {
         if already {
             tracing::info!(instance_id = %id.instance_id, "already Unhealthy in Auto Scaling; not marking again");
         } else {
-            // Kill switches and, for an instance that holds no slot yet, the budget.
-            let slot = self.acquire_slot(&mut calls, id, &ecs, order).await?;
+            // Kill switches and, for an instance that holds no slot yet, the budget; none for
+            // an AWS-planned disruption (AWS stops the instance anyway).
+            let slot = if order.planned {
+                Slot::None
+            } else {
+                self.acquire_slot(&mut calls, id, &ecs, order).await?
+            };
             flushed = self.note_slot(&mut calls, id, &ecs, &slot).await;
             flushed.push_str(&self.flush_export("marking it Unhealthy").await);
             if let Err(e) = self.asg.set_unhealthy(&mut calls, &id.instance_id).await {
@@ -889,7 +897,7 @@ enum Slot {
 
 /// Where the last fleet view is kept.
 pub fn fleet_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    state_dir.join("fleet.json")
+    crate::config::StateDir::new(state_dir).fleet()
 }
 
 fn now_ms() -> u64 {

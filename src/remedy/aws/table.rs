@@ -34,7 +34,7 @@ const MAX_STEPS: u32 = 16;
 
 /// Where the slot table's last reading is kept (`gpu-medic status`).
 pub fn slots_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    state_dir.join("slots.json")
+    crate::config::StateDir::new(state_dir).slots()
 }
 
 impl AwsControlPlane {

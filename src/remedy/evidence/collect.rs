@@ -269,6 +269,8 @@ pub fn kernel_log(
     );
     let mut written = 0u64;
     let mut cut = false;
+    // A saved file read from its tail lost its head: that is a cut too.
+    let mut head_dropped = false;
     let mut keep = |line: &str, w: &mut std::io::BufWriter<std::fs::File>| {
         if let (Some(since), Some(at)) = (since_boot_us, kmsg_usec(line))
             && at < since
@@ -314,6 +316,7 @@ pub fn kernel_log(
         let text = String::from_utf8_lossy(&text);
         let mut lines = text.lines();
         if start > 0 {
+            head_dropped = true;
             lines.next(); // a torn first line
         }
         for line in lines {
@@ -325,7 +328,7 @@ pub fn kernel_log(
         return Err(format!("{} is neither /dev/kmsg nor a file", src.display()));
     }
     w.flush().map_err(|e| e.to_string())?;
-    Ok(cut)
+    Ok(cut || head_dropped)
 }
 
 /// Copies at most `cap` bytes of a regular file (config, policy, MPS log files).

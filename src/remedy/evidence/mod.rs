@@ -23,10 +23,9 @@ use self::spool::{Entry, Spool};
 use super::{BoxFuture, Done, RemedyError};
 use crate::aws::s3::{Encryption, S3};
 use crate::config::{Config, MpsLogs, SafeMode, Sse};
-use crate::journal::JournaledInput;
 use crate::model::{
-    EvidencePlan, EvidenceRef, Incident, IncidentEvent, IncidentId, MissingPart, Order, Record,
-    Signal, Timestamp,
+    EvidencePlan, EvidenceRef, Incident, IncidentEvent, IncidentId, MissingPart, Order, Signal,
+    Timestamp,
 };
 
 /// Time kept back at the end of an order for the outcome to reach the engine.
@@ -44,6 +43,25 @@ pub trait EvidenceRemedy: Send + Sync + 'static {
     fn plan(&self) -> EvidencePlan;
 }
 
+/// What the evidence reads of gpu-medic's own records (the incident journal, the journaled
+/// inputs, the engine's saved state). A remedy does not read the journal itself: whoever owns
+/// it hands this in at construction (the wiring's `supervisor::evidence::JournalRecords`).
+pub trait Records: Send + Sync + 'static {
+    /// The incident as the journal tells it; None when the journal has no record of it.
+    fn incident(&self, id: IncidentId) -> Option<Incident>;
+    /// Writes the inputs journaled at or after `since`, one JSON line each, into `out`, at
+    /// most `cap` bytes. Ok(true) when cut at the cap.
+    fn inputs_since(
+        &self,
+        since: Timestamp,
+        cap: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<bool, String>;
+    /// gpu-medic's own NVML readings: the GPU state the engine holds and the NVML
+    /// observations journaled at or after `since` (at most about `cap` bytes of them).
+    fn nvml_readings(&self, since: Timestamp, cap: u64) -> serde_json::Value;
+}
+
 /// This instance, for the archive and the S3 key.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct NodeIdentity {
@@ -59,6 +77,7 @@ pub struct NodeIdentity {
 pub struct Evidence {
     cfg: Arc<Config>,
     config_file: Option<PathBuf>,
+    records: Arc<dyn Records>,
     spool: Spool,
     s3: Option<S3>,
     http: aws_sdk_ecs::config::SharedHttpClient,
@@ -76,7 +95,11 @@ fn path_style(cfg: &Config) -> bool {
 }
 
 impl Evidence {
-    pub async fn from_config(cfg: &Config, config_file: Option<PathBuf>) -> Evidence {
+    pub async fn from_config(
+        cfg: &Config,
+        config_file: Option<PathBuf>,
+        records: Arc<dyn Records>,
+    ) -> Evidence {
         let s3 = if cfg.aws.enabled {
             let sdk = crate::aws::loader(&cfg.aws).load().await;
             Some(S3::new(&sdk, path_style(cfg)))
@@ -87,7 +110,8 @@ impl Evidence {
         Evidence {
             cfg: Arc::new(cfg.clone()),
             config_file,
-            spool: Spool::new(cfg.state_dir.join("evidence"), e.spool_max_mib * MIB),
+            records,
+            spool: Spool::new(cfg.files().evidence(), e.spool_max_mib * MIB),
             s3,
             http: crate::aws::http_client(),
             identity: tokio::sync::OnceCell::new(),
@@ -159,28 +183,6 @@ impl Evidence {
             .await
     }
 
-    /// The incident as the journal tells it.
-    fn incident(&self, id: IncidentId) -> Option<Incident> {
-        let mut found: Option<Incident> = None;
-        let files = crate::journal::journal_files(&self.cfg.incidents_path());
-        let _ = crate::journal::stream_jsonl::<Record>(&files, Some(MAX_JOURNAL_READ), |e| {
-            if let crate::journal::Entry::Item(r) = e
-                && r.incident == id
-            {
-                match found.as_mut() {
-                    Some(i) => i.push(r),
-                    None => {
-                        let mut i = Incident::stub(&r);
-                        i.push(r);
-                        found = Some(i);
-                    }
-                }
-            }
-            true
-        });
-        found
-    }
-
     /// The S3 key of an incident's archive.
     pub fn key(&self, ident: &NodeIdentity, incident: IncidentId) -> String {
         let clean = |s: &str| -> String {
@@ -215,6 +217,7 @@ impl Evidence {
             return Err(RemedyError::fatal("[evidence] has no bucket"));
         };
         let incident = self
+            .records
             .incident(id)
             .ok_or_else(|| RemedyError::fatal(format!("no incident {id} in the journal")))?;
         let ident = self.identity().await.clone();
@@ -500,7 +503,6 @@ impl Evidence {
     }
 
     fn inputs_part(&self, work: &Path, since: Timestamp, cap: u64) -> Part {
-        use std::io::Write;
         let t = Instant::now();
         let name = "inputs.jsonl";
         let out = work.join(name);
@@ -512,35 +514,18 @@ impl Evidence {
             );
         };
         let mut w = std::io::BufWriter::new(f);
-        let (mut written, mut cut) = (0u64, false);
-        let files = crate::journal::journal_files(&self.cfg.inputs_path());
-        let r =
-            crate::journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
-                if let crate::journal::Entry::Item(i) = e
-                    && i.stamped.at >= since
-                    && let Ok(line) = serde_json::to_vec(&i)
-                {
-                    if written + line.len() as u64 + 1 > cap {
-                        cut = true;
-                        return false;
-                    }
-                    written += line.len() as u64 + 1;
-                    let _ = w.write_all(&line);
-                    let _ = w.write_all(b"\n");
-                }
-                true
-            });
-        let _ = w.flush();
-        match (r, cut) {
-            (Err(err), _) => Part {
+        let r = self.records.inputs_since(since, cap, &mut w);
+        let flushed = std::io::Write::flush(&mut w).map_err(|e| e.to_string());
+        match r.and_then(|cut| flushed.map(|()| cut)) {
+            Err(err) => Part {
                 problem: Some(format!("inputs.jsonl: {err}")),
                 ..Part::ok(name, out, t.elapsed())
             },
-            (Ok(()), true) => Part {
+            Ok(true) => Part {
                 problem: Some(format!("cut at {cap} bytes")),
                 ..Part::ok(name, out, t.elapsed())
             },
-            (Ok(()), false) => Part::ok(name, out, t.elapsed()),
+            Ok(false) => Part::ok(name, out, t.elapsed()),
         }
     }
 
@@ -548,36 +533,17 @@ impl Evidence {
     /// holds and the NVML observations of the window.
     fn nvml_readings(&self, work: &Path, since: Timestamp, cap: u64, why: &str) -> Part {
         let name = "nvml-readings.json";
-        let state = crate::journal::load_state(&self.cfg.state_path())
-            .ok()
-            .flatten();
-        let mut observations = Vec::new();
-        let mut size = 0usize;
-        let files = crate::journal::journal_files(&self.cfg.inputs_path());
-        let _ =
-            crate::journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
-                if let crate::journal::Entry::Item(i) = e
-                    && i.stamped.at >= since
-                    && let crate::model::Input::Observation(o) = &i.stamped.input
-                    && o.source.starts_with("nvml")
-                {
-                    size += 256;
-                    if size as u64 > cap / 2 {
-                        return false;
-                    }
-                    observations.push(serde_json::json!({"at": i.stamped.at, "observation": o}));
-                }
-                true
-            });
         let doc = serde_json::json!({
             "why": format!("nvidia-smi could not run ({why}): gpu-medic's own NVML readings instead"),
-            "gpus": state.map(|s| serde_json::to_value(&s.gpus).unwrap_or_default()),
-            "observations": observations,
+            "readings": self.records.nvml_readings(since, cap),
         });
         let out = work.join(name);
-        match std::fs::write(&out, serde_json::to_vec_pretty(&doc).unwrap_or_default()) {
+        match serde_json::to_vec_pretty(&doc)
+            .map_err(|e| e.to_string())
+            .and_then(|b| std::fs::write(&out, b).map_err(|e| e.to_string()))
+        {
             Ok(()) => Part::ok(name, out, Duration::ZERO),
-            Err(err) => Part::failed(name, err.to_string(), Duration::ZERO),
+            Err(err) => Part::failed(name, err, Duration::ZERO),
         }
     }
 
@@ -648,8 +614,6 @@ impl Evidence {
 }
 
 const MIB: u64 = 1024 * 1024;
-/// Bound on the journal bytes read for one collection.
-const MAX_JOURNAL_READ: u64 = 512 * MIB;
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

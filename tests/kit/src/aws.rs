@@ -390,6 +390,7 @@ pub fn order(command: Command, deadline: Duration) -> Order {
         command,
         attempt: 1,
         deadline: Timestamp::now().plus(deadline),
+        planned: false,
     }
 }
 
@@ -479,7 +480,10 @@ pub async fn put_slot_holder(sdk: &SdkConfig, table: &str, group: &str, holder: 
 /// `gpu-medic run` for node `i` of `s` on the fake GPUs (not started): MPS off, 100 ms ticks,
 /// NVML and drain polls every 200 ms, no warmup; every AWS service at `endpoint` (None: the
 /// caller routes them, e.g. per-service `AWS_ENDPOINT_URL_*`). `top`: top-level keys; `ecs`,
-/// `fleet`: more lines of those sections; `rest`: more sections (`[export]`).
+/// `fleet`: more lines of those sections; `rest`: more sections (`[export]`). Without a
+/// `[repair]` section in `rest` the reboot rung is off (`reboot = "off"`): these nodes are
+/// about the replace rung, which a first XID 79 would otherwise not reach
+/// (tests/repair_reboot.rs turns it on).
 pub fn node(
     s: &Seeded,
     i: usize,
@@ -496,11 +500,16 @@ pub fn node(
          [mps]\nenabled = false\n\
          {}\
          [ecs]\ndrain_poll_interval = \"200ms\"\n{ecs}\n\
-         [fleet]\nwarmup = \"0s\"\n{fleet}\n{rest}",
+         [fleet]\nwarmup = \"0s\"\n{fleet}\n{repair}{rest}",
         crate::default_policy().display(),
         crate::fake_nvml().display(),
         dir.path().join("kmsg").display(),
         sections(s, i, ""),
+        repair = if rest.contains("[repair]") {
+            ""
+        } else {
+            "[repair]\nreboot = \"off\"\n"
+        },
     );
     let mut d = crate::Daemon::in_temp(dir, &config);
     d.aws(endpoint);

@@ -229,6 +229,8 @@ struct ProxyState {
     lifecycle: Option<Vec<(String, String)>>,
     /// `gpuDevices` added to DescribeContainerInstances answers, by container instance ARN.
     gpu_devices: Vec<(String, serde_json::Value)>,
+    /// `healthStatus` added to DescribeContainerInstances answers, by container instance ARN.
+    health: Vec<(String, serde_json::Value)>,
 }
 
 /// A form field of an awsQuery body (our hook names and instance ids need no decoding).
@@ -391,6 +393,17 @@ impl Proxy {
         }
     }
 
+    /// Adds `healthStatus` (the ECS agent's health checks; build it with [`health_status`]) to
+    /// the container instance `arn` in every DescribeContainerInstances answer from now on:
+    /// moto 5.2.5 has no such field. None removes it.
+    pub fn health_status(&self, arn: &str, health: Option<serde_json::Value>) {
+        let mut g = self.state.lock().unwrap();
+        g.health.retain(|(a, _)| a != arn);
+        if let Some(h) = health {
+            g.health.push((arn.to_string(), h));
+        }
+    }
+
     /// The calls recorded since the last take (and forgets them).
     pub fn take_calls(&self) -> Vec<Call> {
         std::mem::take(&mut self.state.lock().unwrap().calls)
@@ -534,9 +547,18 @@ async fn handle(
                         .nth(1)
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(0);
-                    let devices = st.lock().unwrap().gpu_devices.clone();
+                    let (devices, health) = {
+                        let g = st.lock().unwrap();
+                        (g.gpu_devices.clone(), g.health.clone())
+                    };
                     let resp = if op == "DescribeContainerInstances" && !devices.is_empty() {
-                        with_gpu_devices(&resp[..split], &resp[split..], &devices)
+                        with_field(&resp[..split], &resp[split..], "gpuDevices", &devices)
+                    } else {
+                        resp
+                    };
+                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
+                    let resp = if op == "DescribeContainerInstances" && !health.is_empty() {
+                        with_field(&resp[..split], &resp[split..], "healthStatus", &health)
                     } else {
                         resp
                     };
@@ -584,10 +606,28 @@ pub fn gpu_device(
     })
 }
 
-/// moto's DescribeContainerInstances answer (`head`, `body`) with `gpuDevices` added to the
+/// One `healthStatus` as ECS writes it (API type `ContainerInstanceHealthStatus`): the overall
+/// status and one `ACCELERATED_COMPUTE` detail with `accelerated` as its status.
+pub fn health_status(overall: &str, accelerated: &str) -> serde_json::Value {
+    serde_json::json!({
+        "overallStatus": overall,
+        "details": [
+            {"type": "CONTAINER_RUNTIME", "status": "OK"},
+            {"type": "ACCELERATED_COMPUTE", "status": accelerated,
+             "lastStatusChange": 1_700_000_000.0, "lastUpdated": 1_700_000_000.0},
+        ],
+    })
+}
+
+/// moto's DescribeContainerInstances answer (`head`, `body`) with `field` added to the
 /// container instances named in `devices`, and the Content-Length made to fit. An answer
 /// that is not the JSON expected is passed on unchanged.
-fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Value)]) -> Vec<u8> {
+fn with_field(
+    head: &[u8],
+    body: &[u8],
+    field: &str,
+    devices: &[(String, serde_json::Value)],
+) -> Vec<u8> {
     let unchanged = || [head, body].concat();
     let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
         return unchanged();
@@ -607,7 +647,7 @@ fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Va
         if let Some((_, d)) = devices.iter().find(|(a, _)| *a == arn)
             && let Some(obj) = ci.as_object_mut()
         {
-            obj.insert("gpuDevices".into(), d.clone());
+            obj.insert(field.into(), d.clone());
         }
     }
     let body = serde_json::to_vec(&v).unwrap();

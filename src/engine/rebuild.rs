@@ -80,7 +80,7 @@ impl Rebuild {
                     IncidentState::Drained => Some(NodePhase::Drained),
                     IncidentState::Replaced => Some(NodePhase::Replaced),
                     IncidentState::Terminated => Some(NodePhase::Terminated),
-                    IncidentState::Aborted => Some(NodePhase::InService),
+                    IncidentState::Aborted | IncidentState::Repaired => Some(NodePhase::InService),
                     _ => None,
                 };
                 if let Some(p) = phase {
@@ -122,7 +122,7 @@ impl Rebuild {
                 .cloned();
             let gpu = obs.as_ref().and_then(|o| o.gpu.clone());
             match inc.verdict {
-                Verdict::Drain | Verdict::Replace => {
+                Verdict::Drain | Verdict::Reboot | Verdict::Replace => {
                     if self.st.remediation.is_some() {
                         continue;
                     }
@@ -131,6 +131,7 @@ impl Rebuild {
                             Goal::Terminate
                         }
                         (_, Verdict::Drain) => Goal::Drain,
+                        (_, Verdict::Reboot) => Goal::Reboot,
                         _ => Goal::Replace,
                     };
                     let (step, command) = match order.as_ref().map(|o| &o.command) {
@@ -142,6 +143,8 @@ impl Rebuild {
                         ),
                         Some(Command::Replace) => (Step::Replace, Command::Replace),
                         Some(Command::Restore) => (Step::Restore, Command::Restore),
+                        Some(c @ Command::Reboot { .. }) => (Step::Reboot, c.clone()),
+                        Some(Command::BootCheck) => (Step::BootCheck, Command::BootCheck),
                         Some(c @ Command::CompleteLifecycle { .. }) => {
                             (Step::CompleteLifecycle, c.clone())
                         }
@@ -155,6 +158,8 @@ impl Rebuild {
                         Step::Replace => NodePhase::Replacing,
                         Step::CompleteLifecycle => NodePhase::Terminating,
                         Step::Restore => self.st.node,
+                        Step::Reboot | Step::AwaitBoot => NodePhase::Rebooting,
+                        Step::BootCheck => NodePhase::Verifying,
                     };
                     if let Some(g) = gpu {
                         self.st.gpus.insert(
@@ -294,6 +299,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(1),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Opened {
                 observation: obs.clone(),
                 rule: "gpu-lost".into(),
@@ -310,6 +316,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(1),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Opened {
                 observation: obs,
                 rule: "gpu-lost".into(),
@@ -320,6 +327,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(2),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Closed {
                 state: IncidentState::Replaced,
                 summary: String::new(),
