@@ -120,7 +120,6 @@ async fn serve(
     shutdown: CancellationToken,
     config_file: &Path,
 ) -> Result<(), CliError> {
-    let config_file = config_file.to_path_buf();
     // Handed to both sides: the MPS probe and remedy share one control client (and its
     // lock); the lifecycle watcher writes what the control plane's drain reads.
     let mps_client = ControlClient::new(&cfg.mps);
@@ -165,22 +164,7 @@ async fn serve(
         }
         remedies.control_plane = Some(cp);
     }
-    if cfg.evidence.enabled {
-        // Archives spooled before a reboot or while S3 was down go up now, then now and then.
-        let ev = Arc::new(
-            crate::remedy::evidence::Evidence::from_config(
-                &cfg,
-                Some(config_file.clone()),
-                Arc::new(crate::supervisor::evidence::JournalRecords::new(&cfg)),
-            )
-            .await,
-        );
-        tokio::spawn(crate::remedy::evidence::sweep_loop(
-            ev.clone(),
-            shutdown.child_token(),
-        ));
-        remedies.evidence = Some(ev);
-    }
+    remedies.evidence = evidence(&cfg, &config_file, &shutdown).await;
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(
             cfg.mps.clone(),
@@ -226,6 +210,31 @@ async fn serve(
         let _ = t.await;
     }
     Ok(())
+}
+
+/// With `[evidence] enabled`: the evidence remedy, its spool swept now (archives made before
+/// a reboot or while S3 was down go up) and then every few minutes until `shutdown`.
+async fn evidence(
+    cfg: &crate::config::Config,
+    config_file: &Path,
+    shutdown: &CancellationToken,
+) -> Option<Arc<dyn crate::remedy::evidence::EvidenceRemedy>> {
+    if !cfg.evidence.enabled {
+        return None;
+    }
+    let ev = Arc::new(
+        crate::remedy::evidence::Evidence::from_config(
+            cfg,
+            Some(config_file.to_path_buf()),
+            Arc::new(crate::supervisor::evidence::JournalRecords::new(cfg)),
+        )
+        .await,
+    );
+    tokio::spawn(crate::remedy::evidence::sweep_loop(
+        ev.clone(),
+        shutdown.child_token(),
+    ));
+    Some(ev)
 }
 
 /// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings
