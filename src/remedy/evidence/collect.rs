@@ -162,7 +162,7 @@ pub async fn bug_report(
         Ran::TimedOut { .. } => Some(format!(
             "{}{mode} did not finish within {} (its process group was killed); {}",
             script.display(),
-            humantime::format_duration(timeout),
+            super::shown(timeout),
             if out.is_some() {
                 "the partial log is kept"
             } else {
@@ -218,7 +218,7 @@ pub async fn nvidia_smi(
             problem: Some(format!(
                 "{} -q -x did not finish within {}",
                 binary.display(),
-                humantime::format_duration(timeout)
+                super::shown(timeout)
             )),
             took,
         }),

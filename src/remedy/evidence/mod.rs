@@ -283,9 +283,7 @@ impl Evidence {
         self.spool
             .save(&entry)
             .map_err(|err| RemedyError::fatal(format!("spool: {err}")))?;
-        let (uploaded, ids) = self
-            .upload(&mut entry, until.checked_sub(MARGIN).unwrap_or(until))
-            .await;
+        let (uploaded, ids) = self.upload(&mut entry, until).await;
         if let Err(why) = &uploaded {
             missing.push(MissingPart {
                 part: "upload".into(),
@@ -583,10 +581,7 @@ impl Evidence {
                     ..Part::ok(name, out, t.elapsed())
                 },
                 collect::Ran::TimedOut { .. } => Part {
-                    problem: Some(format!(
-                        "journalctl cut at {}",
-                        humantime::format_duration(timeout)
-                    )),
+                    problem: Some(format!("journalctl cut at {}", shown(timeout))),
                     ..Part::ok(name, out, t.elapsed())
                 },
                 collect::Ran::Missing(e) => {
@@ -614,6 +609,11 @@ impl Evidence {
 }
 
 const MIB: u64 = 1024 * 1024;
+
+/// A duration as people read it, to the millisecond (`3s 987ms`, not `3s 987ms 332us 461ns`).
+pub(crate) fn shown(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(duration_ms(d)))
+}
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

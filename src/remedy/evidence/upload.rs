@@ -75,10 +75,7 @@ impl Uploader<'_> {
             match tokio::time::timeout(left, self.attempt(entry, file)).await {
                 Ok(r) => r,
                 Err(_) => Err(UploadError {
-                    message: format!(
-                        "upload cut at the deadline after {}",
-                        humantime::format_duration(left)
-                    ),
+                    message: format!("upload cut at the deadline after {}", super::shown(left)),
                     retryable: true,
                     request_ids: Vec::new(),
                 }),

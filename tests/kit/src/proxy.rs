@@ -445,7 +445,28 @@ fn s3_operation(head: &str) -> Option<&'static str> {
             .split('&')
             .any(|kv| kv == k || kv.starts_with(&format!("{k}=")))
     };
-    let object = path.trim_start_matches('/').contains('/');
+    // The SDK names the operation itself (`?x-id=PutObject`) on most object calls.
+    if let Some(id) = query.split('&').find_map(|kv| kv.strip_prefix("x-id=")) {
+        for known in [
+            "PutObject",
+            "GetObject",
+            "UploadPart",
+            "CreateMultipartUpload",
+            "CompleteMultipartUpload",
+            "AbortMultipartUpload",
+            "ListParts",
+            "CreateBucket",
+        ] {
+            if id == known {
+                return Some(known);
+            }
+        }
+    }
+    // An object has a key after the bucket (`PUT /bucket/` is the bucket itself).
+    let object = path
+        .trim_start_matches('/')
+        .split_once('/')
+        .is_some_and(|(_, key)| !key.is_empty());
     Some(match (method, object) {
         ("PUT", true) if has("partNumber") => "UploadPart",
         ("PUT", true) => "PutObject",
@@ -662,4 +683,22 @@ fn with_field(
         body.len()
     );
     [head.into_bytes(), body].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::s3_operation;
+
+    #[test]
+    fn s3_calls_are_named_by_their_operation_not_their_method() {
+        let op = |line: &str| s3_operation(&format!("{line} HTTP/1.1\r\nhost: x\r\n"));
+        // The SDK's CreateBucket is `PUT /bucket/` (path-style): not an object.
+        assert_eq!(op("PUT /b/"), Some("CreateBucket"));
+        assert_eq!(op("PUT /b"), Some("CreateBucket"));
+        assert_eq!(op("PUT /b/k/1.tar.gz?x-id=PutObject"), Some("PutObject"));
+        assert_eq!(op("PUT /b/k?partNumber=2&uploadId=u"), Some("UploadPart"));
+        assert_eq!(op("POST /b/k?uploads"), Some("CreateMultipartUpload"));
+        assert_eq!(op("GET /b/k?x-id=GetObject"), Some("GetObject"));
+        assert_eq!(op("GET /b/?list-type=2"), Some("ListObjects"));
+    }
 }
