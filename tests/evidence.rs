@@ -426,3 +426,170 @@ async fn an_s3_refusal_is_one_clear_line_and_no_retry_storm() {
     );
     assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());
 }
+
+/// The reboot rung (docs/repair.md) destroys the GPU's volatile state too: the reboot waits
+/// for the collection (a bug report that takes 2 s here), the archive is in S3 before EC2 is
+/// asked to reboot, and after the boot (gpu-medic started again over the same `state_dir`
+/// with a new boot id) the repaired incident still names it and nothing is uploaded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reboot_waits_for_the_evidence_and_the_archive_outlives_it() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "ev-reboot", 2).await;
+    let c = s3(&proxy.url).await;
+    let b = bucket(&c, "ev-reboot").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let double = bug_report_double(tmp.path(), "sleep 2");
+    let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"";
+    let rest = format!(
+        "[repair]\nreboot = \"ec2\"\ncheck_interval = \"200ms\"\nsettle = \"1s\"\nboot_id_path = \"@BOOT@\"\n\
+         [evidence]\nenabled = true\nbucket = \"{b}\"\nprefix = \"ev\"\nbug_report = \"{}\"\n\
+         nvidia_smi = \"/nonexistent/nvidia-smi\"\ndeadline = \"30s\"\n",
+        double.display()
+    );
+    let mut d = aws::node(
+        &s,
+        0,
+        Some(&proxy.url),
+        "",
+        "standalone_grace = \"500ms\"",
+        fleet,
+        &rest,
+    );
+    let boot_id = d.path("boot_id");
+    std::fs::write(&boot_id, "boot-1\n").unwrap();
+    let text = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        text.replace("@BOOT@", &boot_id.display().to_string()),
+    )
+    .unwrap();
+    start(&mut d);
+    fault(&mut d);
+    wait_for("the reboot call", Duration::from_secs(60), || {
+        let n = proxy.count("RebootInstances");
+        async move { n >= 1 }
+    })
+    .await;
+    let ops = proxy.ops();
+    let at = |op: &str| {
+        ops.iter()
+            .position(|o| o == op)
+            .unwrap_or_else(|| panic!("no {op} in {ops:?}"))
+    };
+    assert!(at("PutObject") < at("RebootInstances"), "{ops:?}");
+    let put = proxy
+        .calls()
+        .into_iter()
+        .find(|c| c.op == "PutObject")
+        .unwrap();
+    assert_eq!(put.header("x-amz-server-side-encryption"), Some("AES256"));
+    d.stop(Duration::from_secs(30));
+
+    // The boot: a new boot id, an empty kernel log, the fake GPU healthy again.
+    std::fs::write(&boot_id, "boot-2\n").unwrap();
+    std::fs::write(d.path("kmsg"), "").unwrap();
+    start(&mut d);
+    let inc = d.wait_closed(1, Duration::from_secs(60));
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    let key = format!("ev/{}/{}/1.tar.gz", s.cluster, s.nodes[0].instance_id);
+    assert_eq!(inc["evidence"]["uri"], format!("s3://{b}/{key}"), "{inc:#}");
+    assert_eq!(inc["evidence"]["uploaded"], true, "{inc:#}");
+    assert!(
+        notes(&inc)
+            .iter()
+            .any(|n| n.starts_with("the reboot waits for the evidence collection")),
+        "{inc:#}"
+    );
+    let m = unpack(&object(&c, &b, &key).await.unwrap());
+    let kernel = String::from_utf8_lossy(member(&m, "kernel-log.txt")).to_string();
+    assert!(
+        kernel.contains("NVRM: Xid (PCI:0000:10:00): 79"),
+        "{kernel}"
+    );
+    let started = gpu_medic_testkit::journal::started_commands(&inc);
+    assert_eq!(
+        started.iter().filter(|c| *c == "collect-evidence").count(),
+        1,
+        "{started:?}"
+    );
+    assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());
+    let out = d.cli(&["incidents", "show", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("evidence: s3://{b}/{key}")),
+        "{text}"
+    );
+}
+
+/// Linked everywhere: the collection's record is an EventBridge event of its own ("GPU Medic
+/// Evidence Collected", the URI, size and SHA-256 in its outcome), and another instance's
+/// `incidents show --fleet` (CloudWatch Logs) prints the archive's line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archive_is_named_in_eventbridge_and_in_the_fleet_view() {
+    use gpu_medic_testkit::export::{events_to_queue, take_events};
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "ev-linked", 3).await;
+    let queue = events_to_queue(&sdk, "default", &aws::unique("ev-q")).await;
+    let c = s3(&proxy.url).await;
+    let b = bucket(&c, "ev-linked").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let double = bug_report_double(tmp.path(), "exit 0");
+    let export = "[export]\nenabled = true\ninterval = \"300ms\"\n";
+    let mut d = daemon(
+        &s,
+        &proxy.url,
+        &b,
+        &double,
+        &format!("deadline = \"30s\"\n{export}"),
+    );
+    start(&mut d);
+    fault(&mut d);
+    let inc = d.wait_closed(1, Duration::from_secs(60));
+    assert_eq!(inc["state"], "replaced", "{inc:#}");
+    let me = s.nodes[0].instance_id.clone();
+    let key = format!("ev/{}/{me}/1.tar.gz", s.cluster);
+    let uri = format!("s3://{b}/{key}");
+    assert_eq!(inc["evidence"]["uri"], uri.as_str(), "{inc:#}");
+
+    let mut collected: Vec<Value> = Vec::new();
+    wait_for("the evidence event", Duration::from_secs(20), || {
+        collected.extend(take_events(&queue).into_iter().filter(|e| {
+            e["detail"]["instance_id"] == me.as_str()
+                && e["detail-type"] == "GPU Medic Evidence Collected"
+        }));
+        let done = !collected.is_empty();
+        async move { done }
+    })
+    .await;
+    let outcome = &collected[0]["detail"]["outcome"];
+    assert_eq!(
+        outcome["evidence"]["uri"],
+        uri.as_str(),
+        "{:#}",
+        collected[0]
+    );
+    assert_eq!(outcome["evidence"]["sha256"], inc["evidence"]["sha256"]);
+    assert_eq!(outcome["evidence"]["bytes"], inc["evidence"]["bytes"]);
+    d.stop(Duration::from_secs(20));
+
+    // Another instance reads the incident back from CloudWatch Logs.
+    let other = aws::node(
+        &s,
+        1,
+        Some(&proxy.url),
+        "",
+        "standalone_grace = \"300ms\"",
+        "claim_settle = \"200ms\"\nretry_after = \"1s\"",
+        export,
+    );
+    let out = other.cli(&["incidents", "show", "--fleet", &format!("{me}/1")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&format!("evidence: {uri}")), "{text}");
+}
