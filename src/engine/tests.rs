@@ -895,3 +895,31 @@ fn evidence_off_or_a_non_fatal_signal_under_on_fatal_orders_no_collection() {
         ["quarantine", "collect-evidence"]
     );
 }
+
+#[test]
+fn the_reboot_waits_for_the_evidence_collection_too() {
+    let mut r = Run::new(default_policy());
+    r.feed(Input::Started {
+        capabilities: crate::model::Capabilities {
+            reboot: true,
+            evidence: Some(crate::model::EvidencePlan {
+                mode: crate::model::EvidenceMode::OnFatal,
+                deadline: Duration::from_secs(300),
+            }),
+            ..crate::model::Capabilities::default()
+        },
+    });
+    r.feed(Input::Boot {
+        id: "boot-1".into(),
+    });
+    // XID 79 the first time: the default policy reboots.
+    let out = r.feed(xid(0, 79));
+    assert_eq!(kinds(&out), ["quarantine", "collect-evidence"]);
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Reboot);
+    let orders = Run::orders(&out);
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    assert!(Run::orders(&r.feed(done(d))).is_empty(), "held");
+    let out = r.feed(done(ev));
+    assert_eq!(kinds(&out), ["reboot"]);
+}
