@@ -234,6 +234,40 @@ async fn xid_79_with_evidence_on_leaves_an_archive_of_every_part_in_the_bucket()
         started.contains(&"collect-evidence".to_string()),
         "{started:?}"
     );
+
+    // An operator collects again on demand: an archive of its own, the fault's one untouched.
+    let out = d.cli(&["evidence", "1", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let od: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let od_uri = od["uri"].as_str().unwrap();
+    let prefix = format!(
+        "s3://{b}/ev/{}/{}/1-on-demand-",
+        s.cluster, s.nodes[0].instance_id
+    );
+    assert!(
+        od_uri.starts_with(&prefix) && od_uri.ends_with(".tar.gz"),
+        "{od:#}"
+    );
+    assert_eq!(od["uploaded"], true, "{od:#}");
+    let od_key = od_uri.strip_prefix(&format!("s3://{b}/")).unwrap();
+    let od_bytes = object(&c, &b, od_key).await.expect("the on-demand archive");
+    assert_eq!(od["sha256"], hex::encode(sha2::Sha256::digest(&od_bytes)));
+    let m = unpack(&od_bytes);
+    let incident: Value = serde_json::from_slice(member(&m, "incident.json")).unwrap();
+    assert_eq!(incident["state"], "replaced");
+    assert_eq!(
+        object(&c, &b, &key).await.unwrap(),
+        bytes,
+        "the fault's archive is untouched"
+    );
+    // An incident the journal does not hold: not found (exit 3).
+    let out = d.cli(&["evidence", "99"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

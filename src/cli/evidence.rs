@@ -1,14 +1,15 @@
 //! `gpu-medic evidence <incident>`: the evidence collection on demand (docs/evidence.md).
 //! The same parts, archive, spool and upload as the daemon's `collect-evidence` order, for
 //! an operator who wants them now (a fault the policy only logged, a support case). The
-//! daemon's journal is not written: the URI, size and checksum are printed.
+//! daemon's journal is not written: the URI, size and checksum are printed. Its archive is
+//! `<incident>-on-demand-<ms>.tar.gz`, beside (never over) the one made at the fault.
 
 use std::time::Instant;
 
 use super::{CliError, ConfigArg, exit, print_json};
-use crate::model::IncidentId;
+use crate::model::{IncidentId, Timestamp};
 use crate::remedy::RemedyError;
-use crate::remedy::evidence::Evidence;
+use crate::remedy::evidence::{Evidence, on_demand_name};
 use crate::supervisor::evidence::JournalRecords;
 
 #[derive(Debug, clap::Args)]
@@ -38,11 +39,11 @@ pub fn run(a: EvidenceArgs) -> Result<i32, CliError> {
     let result = rt.block_on(async {
         let records = std::sync::Arc::new(JournalRecords::new(&cfg));
         let ev = Evidence::from_config(&cfg, Some(config_file), records).await;
-        ev.collect_until(
-            IncidentId(a.incident),
-            Instant::now() + cfg.evidence.deadline,
-        )
-        .await
+        let id = IncidentId(a.incident);
+        // Its own archive name: the archive made at the fault stays as it is.
+        let name = on_demand_name(id, Timestamp::now());
+        ev.collect_until(id, &name, Instant::now() + cfg.evidence.deadline)
+            .await
     });
     match result {
         Ok((r, _)) => {

@@ -164,7 +164,7 @@ async fn serve(
         }
         remedies.control_plane = Some(cp);
     }
-    remedies.evidence = evidence(&cfg, &config_file, &shutdown).await;
+    remedies.evidence = evidence(&cfg, config_file, &shutdown).await;
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(
             cfg.mps.clone(),

@@ -923,3 +923,28 @@ fn the_reboot_waits_for_the_evidence_collection_too() {
     let out = r.feed(done(ev));
     assert_eq!(kinds(&out), ["reboot"]);
 }
+
+#[test]
+fn the_terminate_hook_completes_after_the_evidence_collection_or_its_deadline() {
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    let orders = Run::orders(&r.feed(xid(0, 79)));
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    // Auto Scaling terminates the instance mid-drain: the hook waits for the collection.
+    r.feed(obs(Signal::Lifecycle {
+        state: LifecycleState::Terminating,
+    }));
+    let held: Vec<Order> = Run::orders(&r.feed(done(d)));
+    assert!(
+        held.iter()
+            .all(|o| !matches!(o.command, Command::CompleteLifecycle { .. })),
+        "{held:?}"
+    );
+    let out = r.feed(done(ev));
+    assert!(
+        Run::orders(&out)
+            .iter()
+            .any(|o| matches!(o.command, Command::CompleteLifecycle { .. })),
+        "{out:?}"
+    );
+}

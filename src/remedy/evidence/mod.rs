@@ -183,8 +183,8 @@ impl Evidence {
             .await
     }
 
-    /// The S3 key of an incident's archive.
-    pub fn key(&self, ident: &NodeIdentity, incident: IncidentId) -> String {
+    /// The S3 key of an archive (`name`: the incident's id, or an on-demand collection's).
+    pub fn key(&self, ident: &NodeIdentity, name: &str) -> String {
         let clean = |s: &str| -> String {
             s.chars()
                 .map(|c| {
@@ -202,16 +202,25 @@ impl Evidence {
             self.cfg.evidence.prefix.trim_end_matches('/'),
             cluster,
             clean(&ident.instance_id),
-            incident
+            name
         )
     }
 
-    /// Collects, archives and uploads one incident's evidence, reporting by `until`.
+    /// Collects, archives and uploads one incident's evidence, reporting by `until`. `name`
+    /// names the archive in the spool and in S3: the incident's id for the daemon's
+    /// collection, so a retried order replaces its own archive; an on-demand collection's own
+    /// name ([`on_demand_name`]), so it never overwrites the archive made at the fault.
     pub async fn collect_until(
         &self,
         id: IncidentId,
+        name: &str,
         until: Instant,
     ) -> Result<(EvidenceRef, Vec<String>), RemedyError> {
+        if !spool::valid_name(name) {
+            return Err(RemedyError::fatal(format!(
+                "{name:?} is not an archive name"
+            )));
+        }
         let e = &self.cfg.evidence;
         let Some(bucket) = e.bucket.clone() else {
             return Err(RemedyError::fatal("[evidence] has no bucket"));
@@ -224,7 +233,7 @@ impl Evidence {
         self.spool
             .ensure()
             .map_err(|err| RemedyError::fatal(format!("{}: {err}", self.spool.dir().display())))?;
-        let work = self.spool.work_dir(id.0);
+        let work = self.spool.work_dir(name);
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(&work)
             .map_err(|err| RemedyError::fatal(format!("{}: {err}", work.display())))?;
@@ -238,9 +247,9 @@ impl Evidence {
             .parts(&incident, &ident, &work, collect_for, part_cap)
             .await;
 
-        let archive_path = self.spool.archive_path(id.0);
+        let archive_path = self.spool.archive_path(name);
         let max = e.archive_max_mib * MIB;
-        let room = self.spool.make_room(max, id.0);
+        let room = self.spool.make_room(max, name);
         let archiving = Instant::now();
         let (finished, mut missing) = tokio::task::spawn_blocking({
             let archive_path = archive_path.clone();
@@ -272,8 +281,9 @@ impl Evidence {
 
         let mut entry = Entry {
             incident: id.0,
+            name: name.to_string(),
             bucket,
-            key: self.key(&ident, id),
+            key: self.key(&ident, name),
             bytes: finished.bytes,
             sha256: finished.sha256.clone(),
             created_ms: Timestamp::now().0,
@@ -313,7 +323,7 @@ impl Evidence {
         let _one = self.uploading.lock().await;
         if self
             .spool
-            .load(entry.incident)
+            .load(&entry.stem())
             .is_some_and(|e| e.uploaded && e.sha256 == entry.sha256)
         {
             entry.uploaded = true;
@@ -326,7 +336,7 @@ impl Evidence {
             multipart_threshold: self.cfg.evidence.multipart_threshold_mib * MIB,
             attempts: self.cfg.evidence.upload_attempts,
         };
-        let file = self.spool.archive_path(entry.incident);
+        let file = self.spool.archive_path(&entry.stem());
         match up.upload(entry, &file, until).await {
             Ok(ids) => {
                 if let Err(err) = self.spool.uploaded(entry) {
@@ -366,7 +376,7 @@ impl Evidence {
             if e.uploaded || (e.refused.is_some() && !first) {
                 continue;
             }
-            if !self.spool.archive_path(e.incident).is_file() {
+            if !self.spool.archive_path(&e.stem()).is_file() {
                 continue;
             }
             let until = Instant::now() + self.cfg.evidence.deadline;
@@ -610,6 +620,11 @@ impl Evidence {
 
 const MIB: u64 = 1024 * 1024;
 
+/// The archive name of an operator's collection for `incident` made at `at`.
+pub fn on_demand_name(incident: IncidentId, at: Timestamp) -> String {
+    format!("{}-on-demand-{}", incident.0, at.0)
+}
+
 /// A duration as people read it, to the millisecond (`3s 987ms`, not `3s 987ms 332us 461ns`).
 pub(crate) fn shown(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(Duration::from_millis(duration_ms(d)))
@@ -720,7 +735,8 @@ impl EvidenceRemedy for Evidence {
         Box::pin(async move {
             let left = Duration::from_millis(order.deadline.0.saturating_sub(Timestamp::now().0));
             let until = Instant::now() + left.saturating_sub(MARGIN);
-            let (r, ids) = self.collect_until(order.incident, until).await?;
+            let name = order.incident.0.to_string();
+            let (r, ids) = self.collect_until(order.incident, &name, until).await?;
             let detail = format!("evidence archive {}", r.summary());
             Ok((
                 Done {

@@ -1,5 +1,6 @@
 //! The local spool under `state_dir/evidence`: each archive waits here as
-//! `<incident>.tar.gz` beside `<incident>.json` (where it goes, its size and checksum, whether
+//! `<name>.tar.gz` beside `<name>.json` (the name is the incident's id for the daemon's
+//! collection, `<incident>-on-demand-<ms>` for `gpu-medic evidence`) (where it goes, its size and checksum, whether
 //! it was uploaded) until S3 has it, so an archive made before a reboot, or while S3 was
 //! unreachable, is uploaded after the next start, once. The spool is capped: making room
 //! drops the oldest archive with a log line. An uploaded archive's file is removed; its
@@ -13,6 +14,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub incident: u64,
+    /// The archive's name in the spool and in its S3 key; empty in records that predate it
+    /// (the incident's id then).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
     pub bucket: String,
     pub key: String,
     pub bytes: u64,
@@ -28,6 +33,15 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The name of the archive's files in the spool.
+    pub fn stem(&self) -> String {
+        if self.name.is_empty() {
+            self.incident.to_string()
+        } else {
+            self.name.clone()
+        }
+    }
+
     pub fn uri(&self) -> String {
         format!("s3://{}/{}", self.bucket, self.key)
     }
@@ -53,17 +67,17 @@ impl Spool {
         &self.dir
     }
 
-    pub fn archive_path(&self, incident: u64) -> PathBuf {
-        self.dir.join(format!("{incident}.tar.gz"))
+    pub fn archive_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.tar.gz"))
     }
 
-    fn record_path(&self, incident: u64) -> PathBuf {
-        self.dir.join(format!("{incident}.json"))
+    fn record_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.json"))
     }
 
     /// A scratch folder for one collection's parts (removed by the caller).
-    pub fn work_dir(&self, incident: u64) -> PathBuf {
-        self.dir.join(format!("work-{incident}"))
+    pub fn work_dir(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("work-{name}"))
     }
 
     pub fn ensure(&self) -> std::io::Result<()> {
@@ -75,15 +89,15 @@ impl Spool {
     /// torn, or the archive would be orphaned.
     pub fn save(&self, e: &Entry) -> std::io::Result<()> {
         crate::sys::fs::write_json_atomic(
-            &self.record_path(e.incident),
+            &self.record_path(&e.stem()),
             e,
             crate::sys::fs::Durability::Durable,
         )
     }
 
-    pub fn load(&self, incident: u64) -> Option<Entry> {
+    pub fn load(&self, name: &str) -> Option<Entry> {
         let text = crate::sys::limits::read_text(
-            &self.record_path(incident),
+            &self.record_path(name),
             MAX_RECORD,
             "evidence spool record",
         )
@@ -100,8 +114,8 @@ impl Spool {
             .filter_map(Result::ok)
             .filter_map(|d| {
                 let name = d.file_name().into_string().ok()?;
-                let id: u64 = name.strip_suffix(".json")?.parse().ok()?;
-                self.load(id)
+                let stem = name.strip_suffix(".json")?;
+                valid_name(stem).then(|| self.load(stem))?
             })
             .take(MAX_ENTRIES)
             .collect();
@@ -114,26 +128,26 @@ impl Spool {
         self.entries()
             .iter()
             .filter(|e| !e.uploaded)
-            .filter_map(|e| std::fs::metadata(self.archive_path(e.incident)).ok())
+            .filter_map(|e| std::fs::metadata(self.archive_path(&e.stem())).ok())
             .map(|m| m.len())
             .sum()
     }
 
     /// Makes room for `need` more bytes: drops the oldest waiting archives (never `keep`)
     /// with a log line each. Returns how much room there is now.
-    pub fn make_room(&self, need: u64, keep: u64) -> u64 {
+    pub fn make_room(&self, need: u64, keep: &str) -> u64 {
         let mut used = self.used();
         for e in self.entries() {
             if used.saturating_add(need) <= self.max_bytes {
                 break;
             }
-            if e.uploaded || e.incident == keep {
+            if e.uploaded || e.stem() == keep {
                 continue;
             }
-            let path = self.archive_path(e.incident);
+            let path = self.archive_path(&e.stem());
             let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             if std::fs::remove_file(&path).is_ok() {
-                let _ = std::fs::remove_file(self.record_path(e.incident));
+                let _ = std::fs::remove_file(self.record_path(&e.stem()));
                 used = used.saturating_sub(len);
                 tracing::warn!(
                     incident_id = e.incident,
@@ -151,9 +165,17 @@ impl Spool {
         e.uploaded = true;
         e.refused = None;
         self.save(e)?;
-        let _ = std::fs::remove_file(self.archive_path(e.incident));
+        let _ = std::fs::remove_file(self.archive_path(&e.stem()));
         Ok(())
     }
+}
+
+/// Whether `name` is an archive's name: an incident id, or `<id>-on-demand-<ms>`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
 #[cfg(test)]
@@ -163,6 +185,7 @@ mod tests {
     fn entry(incident: u64, created_ms: u64) -> Entry {
         Entry {
             incident,
+            name: String::new(),
             bucket: "b".into(),
             key: format!("k/{incident}.tar.gz"),
             bytes: 10,
@@ -179,17 +202,24 @@ mod tests {
         let s = Spool::new(dir.path().to_path_buf(), 25);
         s.ensure().unwrap();
         for (i, at) in [(1, 100), (2, 200), (3, 300)] {
-            std::fs::write(s.archive_path(i), [0u8; 10]).unwrap();
+            std::fs::write(s.archive_path(&i.to_string()), [0u8; 10]).unwrap();
             s.save(&entry(i, at)).unwrap();
         }
-        let mut done = s.load(3).unwrap();
+        let mut done = s.load("3").unwrap();
         s.uploaded(&mut done).unwrap();
-        assert!(!s.archive_path(3).exists());
+        assert!(!s.archive_path("3").exists());
         assert_eq!(s.used(), 20);
         // 10 more bytes need one archive out: the oldest waiting, 1.
-        assert_eq!(s.make_room(10, 9), 15);
-        assert!(!s.archive_path(1).exists() && s.load(1).is_none());
-        assert!(s.archive_path(2).exists());
-        assert!(s.load(3).unwrap().uploaded, "the uploaded record stays");
+        assert_eq!(s.make_room(10, "9"), 15);
+        assert!(!s.archive_path("1").exists() && s.load("1").is_none());
+        assert!(s.archive_path("2").exists());
+        assert!(s.load("3").unwrap().uploaded, "the uploaded record stays");
+        // An on-demand collection's archive has a name of its own beside the incident's.
+        let mut od = entry(2, 400);
+        od.name = "2-on-demand-400".into();
+        s.save(&od).unwrap();
+        assert_eq!(s.entries().len(), 3);
+        assert_eq!(s.load("2-on-demand-400").unwrap().stem(), "2-on-demand-400");
+        assert!(!valid_name("../x") && !valid_name("") && valid_name("7"));
     }
 }
