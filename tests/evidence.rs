@@ -627,3 +627,81 @@ async fn the_archive_is_named_in_eventbridge_and_in_the_fleet_view() {
     );
     assert!(text.contains(&format!("evidence: {uri}")), "{text}");
 }
+
+/// The GPU check: on a machine with NVIDIA's driver, `gpu-medic evidence` runs the real
+/// `nvidia-bug-report.sh` and `nvidia-smi -q -x` against the real driver (no S3 here: the
+/// archive stays in the spool, which the test unpacks). Without a driver it says SKIPPED and
+/// returns, unless `GPU_MEDIC_GPU_CHECK=1` makes a missing driver a failure (set it where the
+/// check must run).
+#[test]
+fn the_real_nvidia_bug_report_runs_against_the_real_driver() {
+    let must = std::env::var("GPU_MEDIC_GPU_CHECK").is_ok_and(|v| v == "1");
+    let driver = Path::new("/proc/driver/nvidia/version").exists();
+    let on_path = |p: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
+    };
+    if !(driver && on_path("nvidia-bug-report.sh") && on_path("nvidia-smi")) {
+        assert!(
+            !must,
+            "GPU_MEDIC_GPU_CHECK=1 but no NVIDIA driver, nvidia-bug-report.sh or nvidia-smi here"
+        );
+        eprintln!(
+            "SKIPPED: no NVIDIA driver on this machine; the real nvidia-bug-report.sh runs in the GPU check"
+        );
+        return;
+    }
+    let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", "poll_interval = \"200ms\"");
+    let text = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        format!(
+            "{text}[evidence]\nenabled = true\nbucket = \"not-uploaded\"\ndeadline = \"6m\"\n\
+             bug_report_timeout = \"5m\"\n"
+        ),
+    )
+    .unwrap();
+    start(&mut d);
+    fault(&mut d);
+    d.wait_closed(1, Duration::from_secs(60));
+    let out = d.cli(&["evidence", "1", "--json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(r["uploaded"], false, "AWS is off here: {r:#}");
+    let name = r["uri"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let bytes = std::fs::read(d.path(&format!("state/evidence/{name}"))).unwrap();
+    let m = unpack(&bytes);
+    let mut report = String::new();
+    flate2::read::GzDecoder::new(member(&m, "nvidia-bug-report.log.gz"))
+        .read_to_string(&mut report)
+        .unwrap();
+    assert!(
+        report.contains("Start of NVIDIA bug report log file") && !report.contains("test double"),
+        "{}",
+        &report[..report.len().min(2000)]
+    );
+    let smi = String::from_utf8_lossy(member(&m, "nvidia-smi-q.xml")).to_string();
+    assert!(
+        smi.contains("<nvidia_smi_log>"),
+        "{}",
+        &smi[..smi.len().min(2000)]
+    );
+    let missing: Vec<&Value> = r["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["part"] == "nvidia-bug-report.log.gz" || p["part"] == "nvidia-smi-q.xml")
+        .collect();
+    assert!(missing.is_empty(), "{r:#}");
+}
