@@ -1,7 +1,8 @@
 //! Evidence collection in the engine (docs/evidence.md): a `collect-evidence` order issued
-//! beside the quarantine when a node remediation starts (as `[evidence] mode` says: off, on
-//! fatal, always), the reboot, replacement or lifecycle completion held back while it runs
-//! but never past its deadline, and what was not collected noted in the incident.
+//! beside the quarantine when a node remediation starts (as the rule's `evidence`, or else
+//! `[evidence] mode`, says: off, on fatal, always), the reboot, replacement or lifecycle
+//! completion held back while it runs but never past its deadline, and what was not
+//! collected noted in the incident.
 
 use serde::{Deserialize, Serialize};
 
@@ -46,7 +47,12 @@ impl Cx<'_> {
         let Some(plan) = self.st.capabilities.evidence else {
             return;
         };
-        let wanted = match plan.mode {
+        // The rule's own `evidence`, where it has one, in place of `[evidence] mode`.
+        let rule_mode = self.st.open.get(&incident).and_then(|o| {
+            let name = o.rule.strip_suffix("/escalated").unwrap_or(&o.rule);
+            self.policy.rule_named(name).and_then(|r| r.evidence)
+        });
+        let wanted = match rule_mode.unwrap_or(plan.mode) {
             EvidenceMode::Off => false,
             EvidenceMode::OnFatal => is_fatal(&obs.signal),
             EvidenceMode::Always => true,

@@ -948,3 +948,39 @@ fn the_terminate_hook_completes_after_the_evidence_collection_or_its_deadline() 
         "{out:?}"
     );
 }
+
+#[test]
+fn a_rule_of_its_own_evidence_mode_overrides_the_config() {
+    let plan = |mode| crate::model::Capabilities {
+        evidence: Some(crate::model::EvidencePlan {
+            mode,
+            deadline: Duration::from_secs(300),
+        }),
+        ..crate::model::Capabilities::default()
+    };
+    let with_rule = |mode| {
+        let mut p = default_policy();
+        let rule = p
+            .rules
+            .iter_mut()
+            .find(|r| r.name == "xid-fallen-off-bus")
+            .expect("the default policy's XID 79 rule");
+        rule.evidence = Some(mode);
+        p
+    };
+    // The config says always; the rule says off: no collection.
+    let mut r = Run::new(with_rule(crate::model::EvidenceMode::Off));
+    r.feed(Input::Started {
+        capabilities: plan(crate::model::EvidenceMode::Always),
+    });
+    assert_eq!(kinds(&r.feed(xid(0, 79))), ["quarantine"]);
+    // The config says off; the rule says always: collected.
+    let mut r = Run::new(with_rule(crate::model::EvidenceMode::Always));
+    r.feed(Input::Started {
+        capabilities: plan(crate::model::EvidenceMode::Off),
+    });
+    assert_eq!(
+        kinds(&r.feed(xid(0, 79))),
+        ["quarantine", "collect-evidence"]
+    );
+}
