@@ -984,3 +984,43 @@ fn a_rule_of_its_own_evidence_mode_overrides_the_config() {
         ["quarantine", "collect-evidence"]
     );
 }
+
+#[test]
+fn a_drain_closes_without_waiting_and_the_archive_is_recorded_after() {
+    // A drain destroys nothing on the node: its incident closes when the drain is done, and
+    // the collection's outcome (with the archive) is recorded when it comes.
+    let mut r = with_evidence(crate::model::EvidenceMode::Always);
+    for _ in 0..4 {
+        r.feed(xid(2, 13));
+        r.advance(Duration::from_secs(60));
+    }
+    let orders = Run::orders(&r.feed(xid(2, 13)));
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    r.feed(done(d));
+    let id = orders[0].incident;
+    assert!(
+        r.closed().contains(&(id, IncidentState::Drained)),
+        "{:?}",
+        r.closed()
+    );
+    let mut o = done(ev);
+    if let Input::Outcome(out) = &mut o {
+        out.evidence = Some(Box::new(crate::model::EvidenceRef {
+            uri: "s3://b/k/1.tar.gz".into(),
+            bytes: 10,
+            sha256: "ab".into(),
+            uploaded: true,
+            missing: vec![],
+        }));
+    }
+    let out = r.feed(o);
+    assert!(
+        out.iter().any(|a| matches!(a, Action::Log(Record {
+            event: IncidentEvent::ActionFinished { outcome }, ..
+        }) if outcome.evidence.is_some())),
+        "{out:?}"
+    );
+    assert!(r.st.evidence.is_none());
+}

@@ -134,17 +134,6 @@ impl Evidence {
         self.identity
             .get_or_init(|| async {
                 let cfg = &self.cfg;
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-                let instance_id =
-                    crate::aws::identity::instance_id(cfg, self.http.clone(), deadline)
-                        .await
-                        .unwrap_or_else(|e| format!("unknown ({e})"));
-                let view = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    crate::aws::identity::agent_view(cfg),
-                )
-                .await
-                .ok();
                 let imds = crate::aws::imds::imds_client(self.http.clone(), 1);
                 let ask = |path: &'static str| {
                     let imds = imds.clone();
@@ -162,10 +151,32 @@ impl Evidence {
                         }
                     }
                 };
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+                let instance_id = async {
+                    crate::aws::identity::instance_id(cfg, self.http.clone(), deadline)
+                        .await
+                        .unwrap_or_else(|e| format!("unknown ({e})"))
+                };
+                let view = async {
+                    tokio::time::timeout(
+                        Duration::from_secs(5),
+                        crate::aws::identity::agent_view(cfg),
+                    )
+                    .await
+                    .ok()
+                };
+                // Side by side: each is bounded, and together they take the longest one's
+                // time (at most 5 s, once per process: the identity is kept).
+                let (instance_id, view, instance_type, ami_id) = tokio::join!(
+                    instance_id,
+                    view,
+                    ask(crate::aws::imds::INSTANCE_TYPE_PATH),
+                    ask("/latest/meta-data/ami-id")
+                );
                 NodeIdentity {
                     instance_id,
-                    instance_type: ask(crate::aws::imds::INSTANCE_TYPE_PATH).await,
-                    ami_id: ask("/latest/meta-data/ami-id").await,
+                    instance_type,
+                    ami_id,
                     driver_version: driver_version(),
                     cluster: view
                         .as_ref()

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::spool::Entry;
 use crate::aws::calls::{CallError, Calls};
@@ -57,13 +57,14 @@ impl Uploader<'_> {
         file: &std::path::Path,
         until: Instant,
     ) -> Result<Vec<String>, UploadError> {
-        let backoff = ExponentialBuilder::default()
+        let mut delays = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(500))
             .with_max_delay(Duration::from_secs(20))
             .with_factor(2.0)
             .with_jitter()
-            .with_max_times(self.attempts.saturating_sub(1) as usize);
-        let once = || async {
+            .with_max_times(self.attempts.saturating_sub(1) as usize)
+            .build();
+        loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(UploadError {
@@ -72,25 +73,30 @@ impl Uploader<'_> {
                     request_ids: Vec::new(),
                 });
             }
-            match tokio::time::timeout(left, self.attempt(entry, file)).await {
-                Ok(r) => r,
-                Err(_) => Err(UploadError {
+            let e = match tokio::time::timeout(left, self.attempt(entry, file)).await {
+                Ok(Ok(ids)) => return Ok(ids),
+                Ok(Err(e)) => e,
+                Err(_) => UploadError {
                     message: format!("upload cut at the deadline after {}", super::shown(left)),
                     retryable: true,
                     request_ids: Vec::new(),
-                }),
+                },
+            };
+            // A refusal is not retried; nor is anything once the attempts are spent or the
+            // next wait would end past the deadline (the caller must hear before it).
+            let Some(delay) = delays.next().filter(|_| e.retryable) else {
+                return Err(e);
+            };
+            if Instant::now() + delay >= until {
+                return Err(e);
             }
-        };
-        once.retry(backoff)
-            .when(|e: &UploadError| e.retryable && Instant::now() < until)
-            .notify(|e: &UploadError, delay: Duration| {
-                tracing::warn!(
-                    incident_id = entry.incident,
-                    uri = %entry.uri(),
-                    "evidence: upload failed: {e}; retrying in {delay:?}"
-                );
-            })
-            .await
+            tracing::warn!(
+                incident_id = entry.incident,
+                uri = %entry.uri(),
+                "evidence: upload failed: {e}; retrying in {delay:?}"
+            );
+            tokio::time::sleep(delay).await;
+        }
     }
 
     async fn attempt(
