@@ -1453,15 +1453,20 @@ impl Cx<'_> {
             self.note(incident, format!("abort requested by {who} refused: {why}"));
             return;
         }
+        // An evidence collection changes nothing on the node: it runs on and its archive is
+        // recorded, but the step it held back is dropped with the rest of the repair.
         let cancelled: Vec<ActionId> = self
             .st
             .in_flight
             .values()
-            .filter(|o| o.incident == incident)
+            .filter(|o| o.incident == incident && o.command != Command::CollectEvidence)
             .map(|o| o.id)
             .collect();
         for id in &cancelled {
             self.st.in_flight.remove(id);
+        }
+        if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
+            w.held = None;
         }
         self.st.scheduled.retain(|s| s.incident != incident);
         self.repair_aborted(incident);

@@ -1024,3 +1024,33 @@ fn a_drain_closes_without_waiting_and_the_archive_is_recorded_after() {
     );
     assert!(r.st.evidence.is_none());
 }
+
+#[test]
+fn an_abort_while_the_replacement_waits_for_the_evidence_drops_the_replacement() {
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    let orders = Run::orders(&r.feed(xid(0, 79)));
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    assert!(Run::orders(&r.feed(done(d))).is_empty(), "replacement held");
+    let restore = Run::only_order(&r.feed(abort(orders[0].incident)));
+    assert_eq!(restore.command, Command::Restore);
+    assert!(r.st.in_flight.contains_key(&ev), "the collection runs on");
+    // The collection ends: recorded, and no replacement of an instance the operator kept.
+    let out = r.feed(done(ev));
+    assert!(
+        Run::orders(&out)
+            .iter()
+            .all(|o| o.command != Command::Replace),
+        "{out:?}"
+    );
+    assert!(out.iter().any(|a| matches!(
+        a,
+        Action::Log(Record {
+            event: IncidentEvent::ActionFinished { .. },
+            ..
+        })
+    )));
+    r.feed(done(restore.id));
+    assert_eq!(r.st.node, NodePhase::InService);
+    assert!(r.st.evidence.is_none());
+}
