@@ -2,6 +2,8 @@
 //! They are derived from what the engine consumes and emits, in the supervisor's one
 //! engine task, so they can never disagree with the journal.
 
+mod links;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -54,6 +56,10 @@ pub struct Metrics {
     accounting: Option<Accounting>,
     /// AWS-planned disruptions (docs/planned-events.md).
     planned: PlannedMetrics,
+    /// The fabric, NVLinks, PCIe and RDMA ports (docs/fabric.md), from the link probes' views.
+    links: links::LinkMetrics,
+    /// Where those views are; `None`: no link series.
+    link_views: Option<crate::config::StateDir>,
 }
 
 /// The series of AWS-planned disruptions and the ECS agent's verdict.
@@ -226,8 +232,11 @@ impl Metrics {
             task_gpu_memory_over_reservation.clone(),
         );
         let planned = PlannedMetrics::register(&mut registry);
+        let links = links::LinkMetrics::register(&mut registry);
         Metrics {
             planned,
+            links,
+            link_views: None,
             task_gpu_memory,
             task_gpu_processes,
             task_gpu_memory_reserved,
@@ -255,6 +264,13 @@ impl Metrics {
     /// Per-task GPU memory and a health series for every GPU come from `accounting`.
     pub fn with_accounting(mut self, accounting: Accounting) -> Self {
         self.accounting = Some(accounting);
+        self
+    }
+
+    /// The link series come from the views the link probes write under `files` (read at
+    /// each scrape).
+    pub fn with_link_views(mut self, files: crate::config::StateDir) -> Self {
+        self.link_views = Some(files);
         self
     }
 
@@ -514,6 +530,9 @@ impl Metrics {
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         self.refresh_usage();
+        if let Some(files) = &self.link_views {
+            self.links.refresh(files);
+        }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -11,9 +11,10 @@
 //! order to the test, which answers it when it wants to, or never (a remedy that hangs).
 //!
 //! Time: tokio's clock is paused and jumps ahead whenever every task waits, so the 20 s
-//! shutdown grace and the 100 ms ticks cost no wall time. The engine stamps inputs with the
-//! wall clock (`Timestamp::now`), which barely moves here: no engine deadline or retry delay
-//! comes due in these tests.
+//! shutdown grace and the 100 ms ticks cost no wall time. The supervisor stamps inputs with
+//! the clock it is handed: the system's by default, which barely moves here (no engine
+//! deadline comes due), or a `TokioClock`, which follows the paused clock, so an order's
+//! deadline expires in virtual time (`an_order_that_hangs_overruns_its_deadline_in_virtual_time`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
@@ -575,4 +576,55 @@ async fn a_state_that_cannot_be_saved_hands_out_no_order_and_the_next_start_repl
 
     std::fs::remove_dir(&tmp).unwrap();
     next_start_hands_out_the_restart(dir.path()).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deadlines in virtual time
+
+/// The supervisor stamps inputs with the clock handed in: with one that follows tokio's
+/// paused clock, a quarantine the hands never finish overruns its deadline (2 min in the
+/// default policy) in virtual time, and the engine moves on to the drain.
+#[tokio::test(start_paused = true)]
+async fn an_order_that_hangs_overruns_its_deadline_in_virtual_time() {
+    use gpu_medic::sys::clock::TokioClock;
+    let dir = tempfile::tempdir().unwrap();
+    let (hands, mut calls) = Hands::new();
+    let (mut sup, feed) = supervisor(dir.path(), Arc::new(hands));
+    sup.with_clock(TokioClock::shared(1_700_000_000_000));
+    let shutdown = CancellationToken::new();
+    let test = async {
+        feed.send(xid_79()).unwrap();
+        let quarantine = next(&mut calls).await;
+        assert_eq!(quarantine.kind(), "quarantine");
+        let deadline = quarantine.order.deadline;
+        let t0 = Instant::now();
+        // Never answered: the remedy hangs.
+        let drain = tokio::time::timeout(Duration::from_secs(600), calls.recv())
+            .await
+            .expect("the engine moves on within 10 min (virtual)")
+            .expect("the hands are alive");
+        assert_eq!(drain.kind(), "drain");
+        assert!(
+            t0.elapsed() >= Duration::from_secs(110),
+            "only after the quarantine's deadline: {:?}",
+            t0.elapsed()
+        );
+        assert!(drain.order.deadline > deadline);
+        drop(quarantine);
+        shutdown.cancel();
+        drain
+    };
+    let (run, _drain) = tokio::join!(sup.run(shutdown.clone(), || {}), test);
+    run.unwrap();
+    let missed: Vec<Value> = records(dir.path())
+        .into_iter()
+        .filter(|r| r["event"] == "deadline-missed")
+        .collect();
+    assert_eq!(missed.len(), 1, "{missed:#?}");
+    assert!(
+        missed[0]["escalation"]
+            .as_str()
+            .is_some_and(|s| s.contains("moving on to the drain")),
+        "{missed:#?}"
+    );
 }

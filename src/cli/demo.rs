@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::incidents::{print_table, print_timeline};
 use super::{BUILTIN_DEFAULT_POLICY, CliError, exit};
-use crate::aws::imds::TargetState;
 use crate::config::Config;
 use crate::journal::read_jsonl;
 use crate::model::{Incident, IncidentState, Record};
@@ -215,7 +214,7 @@ async fn play(
 ) -> Result<i32, CliError> {
     let shutdown = CancellationToken::new();
     let mps_client = ControlClient::new(&cfg.mps);
-    let sources = crate::probe::sources(&cfg, &mps_client, &TargetState::new(), None);
+    let sources = crate::probe::sources(&cfg, &mps_client, None);
     let mps_cfg = cfg.mps.enabled.then(|| cfg.mps.clone());
     let mut remedies = Remedies {
         mps: None,

@@ -12,13 +12,13 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use super::{CliError, ConfigArg, exit};
-use crate::aws::imds::TargetState;
 use crate::mps::control::ControlClient;
 use crate::policy::Policy;
 use crate::remedy::Remedies;
 use crate::remedy::aws::AwsControlPlane;
 use crate::remedy::mps::MpsDaemon;
 use crate::supervisor::Supervisor;
+use crate::sys::clock::SystemClock;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -120,17 +120,17 @@ async fn serve(
     shutdown: CancellationToken,
     config_file: &Path,
 ) -> Result<(), CliError> {
-    // Handed to both sides: the MPS probe and remedy share one control client (and its
-    // lock); the lifecycle watcher writes what the control plane's drain reads.
+    // Handed to both sides: the MPS probe and remedy share one control client (and its lock).
     let mps_client = ControlClient::new(&cfg.mps);
-    let target_state = TargetState::new();
+    // The one clock above the engine: the supervisor stamps inputs with it, the control plane
+    // reads deadlines and claims from it.
+    let clock = SystemClock::shared();
     let accounting = crate::accounting::usage::Accounting::new();
     // Notified by the supervisor at every GPU signal: ECS's view of the GPUs is read again.
     let gpu_signal = Arc::new(tokio::sync::Notify::new());
     let sources = crate::probe::sources_with_gpu_view(
         &cfg,
         &mps_client,
-        &target_state,
         cfg.metrics.enabled.then_some(&accounting),
         Some(gpu_signal.clone()),
     );
@@ -139,19 +139,16 @@ async fn serve(
     let exporter = crate::export::Exporter::start(&cfg).await;
     let mut remedies = Remedies::default();
     if cfg.aws.enabled {
-        // Identity discovery waits for the first order: the ECS agent may not be up yet.
-        let mut cp = AwsControlPlane::from_config(&cfg)
-            .await
-            .with_target_state(target_state);
+        // Identity discovery waits for the first order: the ECS agent may not be up yet. The
+        // fleet budget's protocol (`[fleet] table` or the claims) is chosen here, once.
+        let mut cp = AwsControlPlane::from_config(&cfg, clock.clone()).await;
         if let Some(x) = &exporter {
             cp = cp.with_flush(x.flush.clone());
         }
         let cp = Arc::new(cp);
-        // With `[fleet] table`: entries of terminated instances are removed now and then.
-        tokio::spawn(AwsControlPlane::sweep_slots(
-            cp.clone(),
-            shutdown.child_token(),
-        ));
+        // The budget's upkeep (with `[fleet] table`: entries of terminated instances are
+        // removed now and then).
+        tokio::spawn(AwsControlPlane::upkeep(cp.clone(), shutdown.child_token()));
         if cfg.repair.reboot != crate::config::RebootMethod::Off {
             remedies.repair = Some(Arc::new(
                 crate::remedy::aws::reboot::Rebooter::from_config(
@@ -172,15 +169,21 @@ async fn serve(
         )));
     }
     let metrics_cfg = cfg.metrics.clone();
+    let link_views = cfg.files();
     let flush_wait = cfg.export.flush_wait;
     let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
+    supervisor.with_clock(clock);
     supervisor.notify_gpu_signals(gpu_signal);
     for s in sources {
         supervisor.add_source(s);
     }
     let mut metrics_task = None;
     if metrics_cfg.enabled {
-        let metrics = Arc::new(crate::metrics::Metrics::new().with_accounting(accounting));
+        let metrics = Arc::new(
+            crate::metrics::Metrics::new()
+                .with_accounting(accounting)
+                .with_link_views(link_views),
+        );
         supervisor.with_metrics(metrics.clone());
         let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
             .await

@@ -7,7 +7,7 @@ use crate::config::StateDir;
 use crate::engine::State;
 use crate::journal::load_state;
 use crate::model::Timestamp;
-use crate::remedy::aws::fleet::{FleetSummary, SlotsSummary};
+use crate::remedy::budget::group_view::{FleetSummary, SlotsSummary};
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -33,6 +33,61 @@ struct StatusView<'a> {
     slots: Option<SlotsSummary>,
     /// ECS's view of the GPUs against NVML's at the last read (`[ecs] gpu_view`).
     ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
+    /// Each GPU's fabric, NVLinks, PCIe link and clock event reasons at the last poll.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    links: Option<Vec<crate::probe::nvml::links::GpuLinks>>,
+    /// The EFA / RDMA ports at the last look.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ports: Option<Vec<crate::probe::efa::Port>>,
+}
+
+/// One line per GPU's links, one per RDMA port.
+fn print_links(state_dir: &std::path::Path) {
+    if let Some(gpus) = crate::probe::nvml::links::load_view(state_dir) {
+        for g in gpus {
+            let fabric = match &g.fabric_state {
+                Some(s) => format!(
+                    "fabric {s} (status {}, clique {})",
+                    g.fabric_status, g.clique_id
+                ),
+                None => "no fabric".into(),
+            };
+            let down = if g.nvlinks_down.is_empty() {
+                String::new()
+            } else {
+                format!(", down {:?}", g.nvlinks_down)
+            };
+            let [cg, cw, mg, mw] = g.pcie;
+            println!(
+                "links:       GPU {}: {fabric}; nvlinks {} up{down} (CRC {}/min, replay {}/min, recovery {}/min); PCIe Gen{cg} x{cw} of Gen{mg} x{mw} ({} replays/min); persistence {}; clock events {}",
+                g.index,
+                g.nvlinks.saturating_sub(g.nvlinks_down.len() as u32),
+                g.nvlink_crc_per_min,
+                g.nvlink_replay_per_min,
+                g.nvlink_recovery_per_min,
+                g.pcie_replays_per_min,
+                match g.persistence {
+                    Some(true) => "on",
+                    Some(false) => "off",
+                    None => "unknown",
+                },
+                if g.clock_event_reasons.is_empty() {
+                    "none".to_string()
+                } else {
+                    g.clock_event_reasons.join(",")
+                }
+            );
+        }
+    }
+    if let Some(ports) = crate::probe::efa::load_view(state_dir) {
+        for p in ports {
+            let errors: u64 = p.errors.values().fold(0u64, |a, v| a.saturating_add(*v));
+            println!(
+                "port:        {}/{}: {} ({errors} errors counted)",
+                p.device, p.port, p.state
+            );
+        }
+    }
 }
 
 fn read_fleet(files: &StateDir) -> Option<FleetSummary> {
@@ -68,6 +123,8 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             fleet: read_fleet(&cfg.files()),
             slots: read_slots(&cfg.files()),
             ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
+            links: crate::probe::nvml::links::load_view(&cfg.state_dir),
+            ports: crate::probe::efa::load_view(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
@@ -147,8 +204,9 @@ fn print_gpus(state: &State) {
     }
 }
 
-/// ECS's view of the GPUs against NVML's at the last read.
+/// ECS's view of the GPUs against NVML's at the last read, after each GPU's links.
 fn print_gpu_view(cfg: &crate::config::Config) {
+    print_links(&cfg.state_dir);
     if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
         // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
         let policy = crate::policy::Policy::load(&cfg.policy).ok();

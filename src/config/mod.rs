@@ -40,6 +40,8 @@ pub use mps::{
 };
 pub use node::NodeConfig;
 pub use nvml::{NvmlConfig, Share};
+pub mod links;
+pub use links::LinksConfig;
 pub use planned::PlannedConfig;
 pub use repair::{RebootMethod, RepairConfig};
 
@@ -84,6 +86,8 @@ pub struct Config {
     pub export: ExportConfig,
     #[serde(default)]
     pub evidence: EvidenceConfig,
+    #[serde(default)]
+    pub links: LinksConfig,
     #[serde(default)]
     pub drill: DrillConfig,
     #[serde(default)]
@@ -148,6 +152,7 @@ impl Config {
                 .map(|i| i + 1)
         };
         self.check_durations(path, text)?;
+        self.links.check(path, text)?;
         if self.mps.probe_timeout >= self.mps.probe_interval {
             return Err(FileError::new(
                 path,

@@ -13,6 +13,8 @@
 //! | `export/<lane>.cursor.json` | each export lane | the same lane at start |
 //! | `launch-gate.json` | `check --lifecycle` | an operator |
 //! | `evidence/` | the evidence remedy (archives waiting for S3, their records) | the same remedy's upload sweep at start and every five minutes |
+//! | `links.json` | the NVML poll (fabric, NVLink, PCIe per GPU) | `status`, the exporter's metrics |
+//! | `ports.json` | the EFA / RDMA port watch | `status`, the exporter's metrics |
 //!
 //! Only this type joins a file name onto `state_dir` (`tests/layout.rs` checks it).
 
@@ -94,6 +96,16 @@ impl StateDir {
     pub fn evidence(&self) -> PathBuf {
         self.root.join("evidence")
     }
+
+    /// The latest NVML poll's fabric, NVLink and PCIe state per GPU.
+    pub fn links(&self) -> PathBuf {
+        self.root.join("links.json")
+    }
+
+    /// The latest look at the EFA / RDMA ports.
+    pub fn ports(&self) -> PathBuf {
+        self.root.join("ports.json")
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +129,8 @@ mod tests {
             d.export_cursor("events"),
             d.launch_gate(),
             d.evidence(),
+            d.links(),
+            d.ports(),
         ];
         let names: Vec<String> = names
             .iter()
@@ -143,6 +157,8 @@ mod tests {
                 "export/events.cursor.json",
                 "launch-gate.json",
                 "evidence",
+                "links.json",
+                "ports.json",
             ]
         );
     }

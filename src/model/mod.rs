@@ -4,6 +4,7 @@
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
 pub mod cursor;
+pub mod links;
 
 pub use cursor::{Cursor, Delivery, Resume, StreamId};
 
@@ -269,6 +270,53 @@ pub enum Signal {
     Lifecycle {
         state: LifecycleState,
     },
+    /// The GPU's NVLink fabric registration (`nvmlDeviceGetGpuFabricInfo`) has not completed
+    /// within `[links] fabric_deadline` after boot (value: seconds since boot). On NVSwitch
+    /// systems such a GPU cannot run CUDA work at all, while NVML still lists it.
+    FabricNotCompleted,
+    /// The fabric registration completed with an error status (value: the `nvmlReturn_t`).
+    FabricError,
+    /// Fabric Manager (`nvidia-fabricmanager.service`) is not running on an instance type with
+    /// NVSwitches (value: consecutive looks).
+    FabricManagerDown,
+    /// systemd restarted Fabric Manager repeatedly within `[links] fm_flap_window` (value: the
+    /// restarts in the window).
+    FabricManagerFlapping,
+    /// An NVSwitch error (`SXid`) the driver or NVIDIA's table calls non-fatal.
+    SxidNonFatal {
+        code: u32,
+    },
+    /// An NVSwitch error the driver printed as `Fatal` (fatal to the port's partition).
+    SxidFatal {
+        code: u32,
+    },
+    /// An NVSwitch error NVIDIA documents as always fatal to the whole fabric.
+    SxidAlwaysFatal {
+        code: u32,
+    },
+    /// NVLinks of the GPU that were up are down (value: how many).
+    NvlinkDown,
+    /// NVLink CRC (flit + data) errors per minute over `[links] nvlink_window`, worst link.
+    NvlinkCrcErrors,
+    /// NVLink replay errors per minute over the window, worst link.
+    NvlinkReplayErrors,
+    /// NVLink recovery errors per minute over the window, worst link.
+    NvlinkRecoveryErrors,
+    /// The GPU's PCIe link runs below its maximum width, or below its maximum generation while
+    /// the GPU is busy (value: percent of the maximum bandwidth).
+    PcieDowntrained,
+    /// PCIe replays per minute over `[links] pcie_window`.
+    PcieReplays,
+    /// Persistence mode is off where `[links] expect_persistence` says it must be on.
+    PersistenceOff,
+    /// Software thermal slowdown (clock event reason 0x20) set (value: the reasons mask).
+    SwThermalSlowdown,
+    /// EFA / RDMA ports whose state is not ACTIVE (value: how many).
+    EfaPortDown,
+    /// EFA / RDMA port state changes within `[links] efa_flap_window` (value: changes).
+    EfaPortFlapping,
+    /// EFA / RDMA error counters (`hw_counters`) per minute over `[links] efa_window`.
+    EfaErrors,
     /// gpu-medic itself cannot do part of its job: a library that no longer loads, a control
     /// binary that went missing, NVML that cannot count the GPUs, a state file set aside.
     /// A fault of gpu-medic or its configuration, never of the hardware: it is journaled once
@@ -362,6 +410,24 @@ signal_kinds! {
         EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
         GpuMemoryOverReservation = "gpu-memory-over-reservation",
         EcsAgentImpaired = "ecs-agent-impaired",
+        FabricNotCompleted = "fabric-not-completed",
+        FabricError = "fabric-error",
+        FabricManagerDown = "fabric-manager-down",
+        FabricManagerFlapping = "fabric-manager-flapping",
+        SxidNonFatal = "sxid-non-fatal",
+        SxidFatal = "sxid-fatal",
+        SxidAlwaysFatal = "sxid-always-fatal",
+        NvlinkDown = "nvlink-down",
+        NvlinkCrcErrors = "nvlink-crc-errors",
+        NvlinkReplayErrors = "nvlink-replay-errors",
+        NvlinkRecoveryErrors = "nvlink-recovery-errors",
+        PcieDowntrained = "pcie-downtrained",
+        PcieReplays = "pcie-replays",
+        PersistenceOff = "persistence-off",
+        SwThermalSlowdown = "sw-thermal-slowdown",
+        EfaPortDown = "efa-port-down",
+        EfaPortFlapping = "efa-port-flapping",
+        EfaErrors = "efa-errors",
     }
     engine: {
         MpsUp = "mps-up",
@@ -422,6 +488,24 @@ impl Signal {
             Signal::EcsGpuCountMismatch => SignalKind::EcsGpuCountMismatch,
             Signal::EcsGpuMemoryInUse => SignalKind::EcsGpuMemoryInUse,
             Signal::GpuMemoryOverReservation => SignalKind::GpuMemoryOverReservation,
+            Signal::FabricNotCompleted => SignalKind::FabricNotCompleted,
+            Signal::FabricError => SignalKind::FabricError,
+            Signal::FabricManagerDown => SignalKind::FabricManagerDown,
+            Signal::FabricManagerFlapping => SignalKind::FabricManagerFlapping,
+            Signal::SxidNonFatal { .. } => SignalKind::SxidNonFatal,
+            Signal::SxidFatal { .. } => SignalKind::SxidFatal,
+            Signal::SxidAlwaysFatal { .. } => SignalKind::SxidAlwaysFatal,
+            Signal::NvlinkDown => SignalKind::NvlinkDown,
+            Signal::NvlinkCrcErrors => SignalKind::NvlinkCrcErrors,
+            Signal::NvlinkReplayErrors => SignalKind::NvlinkReplayErrors,
+            Signal::NvlinkRecoveryErrors => SignalKind::NvlinkRecoveryErrors,
+            Signal::PcieDowntrained => SignalKind::PcieDowntrained,
+            Signal::PcieReplays => SignalKind::PcieReplays,
+            Signal::PersistenceOff => SignalKind::PersistenceOff,
+            Signal::SwThermalSlowdown => SignalKind::SwThermalSlowdown,
+            Signal::EfaPortDown => SignalKind::EfaPortDown,
+            Signal::EfaPortFlapping => SignalKind::EfaPortFlapping,
+            Signal::EfaErrors => SignalKind::EfaErrors,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
@@ -446,6 +530,9 @@ impl fmt::Display for Signal {
             Signal::RecoveryAction { action } => write!(f, "recovery-action {}", action.as_str()),
             Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
             Signal::SelfFault { component } => write!(f, "self-fault {component}"),
+            Signal::SxidNonFatal { code }
+            | Signal::SxidFatal { code }
+            | Signal::SxidAlwaysFatal { code } => write!(f, "{} {code}", self.kind().as_str()),
             Signal::SelfRecovered { component } => write!(f, "self-recovered {component}"),
             Signal::EcsAgentHealth { status } => write!(f, "ecs-agent-health {status}"),
             Signal::MaintenanceEvent { event } => write!(f, "maintenance-event {event}"),
@@ -1204,6 +1291,24 @@ mod tests {
                 component: "nvml".into(),
             },
             Signal::EcsAgentImpaired,
+            Signal::FabricNotCompleted,
+            Signal::FabricError,
+            Signal::FabricManagerDown,
+            Signal::FabricManagerFlapping,
+            Signal::SxidNonFatal { code: 11 },
+            Signal::SxidFatal { code: 24 },
+            Signal::SxidAlwaysFatal { code: 22013 },
+            Signal::NvlinkDown,
+            Signal::NvlinkCrcErrors,
+            Signal::NvlinkReplayErrors,
+            Signal::NvlinkRecoveryErrors,
+            Signal::PcieDowntrained,
+            Signal::PcieReplays,
+            Signal::PersistenceOff,
+            Signal::SwThermalSlowdown,
+            Signal::EfaPortDown,
+            Signal::EfaPortFlapping,
+            Signal::EfaErrors,
             Signal::EcsAgentHealth {
                 status: "OK".into(),
             },

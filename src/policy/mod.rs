@@ -6,6 +6,7 @@
 
 pub mod planned;
 pub mod reboot;
+pub mod sxid_catalog;
 pub mod xid_catalog;
 
 pub use reboot::RebootPolicy;

@@ -438,6 +438,10 @@ impl KmsgReader {
         end: u64,
         cursors: &mut Cursors,
     ) {
+        if let Some(sx) = super::sxid::parse_line(line) {
+            self.handle_sxid(sx, boot, file, end, cursors);
+            return;
+        }
         let Some(x) = parse_line(line) else {
             return;
         };
@@ -484,6 +488,37 @@ impl KmsgReader {
             token: None,
         });
         // The supervisor moves the cursor once the observation is journaled.
+        let _ = self.tx.blocking_send(obs);
+    }
+}
+
+impl KmsgReader {
+    /// An NVSwitch error ([`super::sxid`]): positioned and deduplicated across restarts like an
+    /// XID, judged for the node (a switch is no GPU of NVML's).
+    fn handle_sxid(
+        &self,
+        sx: super::sxid::KernelSxid,
+        boot: &str,
+        file: Option<&(u64, u64)>,
+        end: u64,
+        cursors: &mut Cursors,
+    ) {
+        let at = if sx.seq != 0 {
+            Some((StreamId::kmsg(boot), sx.seq))
+        } else {
+            file.map(|(dev, ino)| (StreamId::kmsg_file(*dev, *ino), end))
+        };
+        if let Some((stream, pos)) = &at
+            && cursors.seen(stream, *pos)
+        {
+            return; // journaled before gpu-medic restarted
+        }
+        let mut obs = sx.observation();
+        obs.cursor = at.map(|(stream, pos)| crate::model::Cursor {
+            stream,
+            pos,
+            token: None,
+        });
         let _ = self.tx.blocking_send(obs);
     }
 }

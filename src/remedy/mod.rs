@@ -7,6 +7,8 @@
 //! again on the next start.
 
 pub mod aws;
+pub mod budget;
+pub mod calls;
 pub mod evidence;
 pub mod mps;
 pub mod recorder;
@@ -104,7 +106,8 @@ pub trait RepairRemedy: Send + Sync + 'static {
     fn boot_check(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
-/// The control plane's hands: ECS and Auto Scaling (`src/remedy/aws/`, over the adapters in `src/aws/`).
+/// The control plane's hands: ECS and Auto Scaling (src/remedy/aws/mod.rs routes each order to
+/// its file there; the fleet budget is src/remedy/budget/mod.rs).
 pub trait ControlPlane: Send + Sync + 'static {
     /// Marks the container instance so placement constraints keep new tasks off.
     fn quarantine(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;

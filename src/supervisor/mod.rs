@@ -25,6 +25,7 @@ use crate::model::{
 use crate::policy::Policy;
 use crate::probe::Source;
 use crate::remedy::Executor;
+use crate::sys::clock::{SharedClock, SystemClock};
 use crate::sys::error::JournalError;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,8 @@ pub struct Supervisor {
     sources: Vec<Box<dyn Source>>,
     metrics: Option<Arc<Metrics>>,
     gpu_signal: Option<Arc<tokio::sync::Notify>>,
+    /// The clock every input is stamped with (the engine reads none of its own).
+    clock: SharedClock,
 }
 
 /// The task that owns the state and both journals: it steps the engine over each batch.
@@ -52,6 +55,7 @@ struct Keeper {
     cfg: Config,
     metrics: Option<Arc<Metrics>>,
     gpu_signal: Option<Arc<tokio::sync::Notify>>,
+    clock: SharedClock,
     incidents: JsonlWriter<Record>,
     inputs: JsonlWriter<journal::JournaledInput>,
     /// The sequence number of the last input written to `inputs.jsonl`.
@@ -82,7 +86,14 @@ impl Supervisor {
             sources: Vec::new(),
             metrics: None,
             gpu_signal: None,
+            clock: SystemClock::shared(),
         }
+    }
+
+    /// Stamps inputs with `clock` instead of the system's (a test's clock follows tokio's
+    /// paused time, so deadlines expire in virtual time).
+    pub fn with_clock(&mut self, clock: SharedClock) {
+        self.clock = clock;
     }
 
     /// Notifies `wake` at every GPU signal (a finding about a GPU or the GPU count, from any
@@ -107,7 +118,7 @@ impl Supervisor {
         ready: impl FnOnce(),
     ) -> Result<(), SupervisorError> {
         let cfg = self.cfg;
-        let started = Timestamp::now();
+        let started = Timestamp(self.clock.now_ms());
         let (loaded, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
         let resumed_state = loaded.is_some();
         let state = match (loaded, &set_aside) {
@@ -127,6 +138,7 @@ impl Supervisor {
             cfg: cfg.clone(),
             metrics: self.metrics,
             gpu_signal: self.gpu_signal,
+            clock: self.clock,
             seq: 0,
         };
         engine.recover(resumed_state)?;
@@ -422,7 +434,7 @@ impl Keeper {
                 tracing::debug!(stream = %c.stream, pos = c.pos, "duplicate after restart dropped");
                 continue;
             }
-            let now = Timestamp::now();
+            let now = Timestamp(self.clock.now_ms());
             let (mut state, actions) = engine::step(&self.state, input.clone(), now, &self.policy);
             if let Some(m) = &self.metrics {
                 m.record(&input, &actions, &state, &self.policy);

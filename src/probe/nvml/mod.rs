@@ -9,6 +9,7 @@
 //! counter is a one-time warning, an unexpected counter error a reported problem.
 
 mod events;
+pub mod links;
 pub(crate) mod poll;
 mod raw;
 pub mod view;
@@ -107,6 +108,8 @@ pub struct NvmlSource {
     reservations: Option<reserve::Reservations>,
     /// One embedded-metric-format line per task, container and GPU per poll on stdout.
     emf: bool,
+    /// `[links]`: each GPU's fabric, NVLinks and PCIe link, read with the counters.
+    links: Option<crate::config::LinksConfig>,
 }
 
 impl NvmlSource {
@@ -121,7 +124,15 @@ impl NvmlSource {
             expected: None,
             reservations: None,
             emf: false,
+            links: None,
         }
+    }
+
+    /// Reads each GPU's links with the counters (`[links]`), and keeps the latest poll's in
+    /// `links.json` for `status`.
+    pub fn with_links(mut self, cfg: crate::config::LinksConfig) -> Self {
+        self.links = Some(cfg);
+        self
     }
 
     /// Publishes every poll's GPUs to `view`, and expects the GPU count `expected` holds
@@ -133,7 +144,10 @@ impl NvmlSource {
     }
 
     fn poller(&self) -> Poller {
-        let p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        let mut p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        if let Some(l) = &self.links {
+            p = p.with_links(l.clone());
+        }
         match &self.expected {
             Some(e) => p.learning_expected(e.clone()),
             None => p,
@@ -293,6 +307,9 @@ impl NvmlSource {
                         if let Some(v) = &self.view {
                             v.publish(report.view.clone());
                         }
+                        if self.links.as_ref().is_some_and(|l| l.enabled) {
+                            links::save_view(&self.state_dir, &report.links);
+                        }
                         let mut snap = report.usage;
                         if let Some(url) = &self.agent_url {
                             names.label(url, &mut snap).await;
@@ -372,16 +389,31 @@ async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
     }
 }
 
+/// At most this many SXids since boot are judged by `check` (the newest).
+const MAX_SXIDS_SINCE_BOOT: usize = 1024;
+
 /// The one-shot NVML probe for `gpu-medic check`.
 pub struct NvmlSnapshot {
     cfg: NvmlConfig,
+    links: Option<crate::config::LinksConfig>,
     /// Where the one poll's GPUs are published, and the expected count learnt meanwhile.
     view: Option<(view::NvmlView, view::ExpectedGpus)>,
 }
 
 impl NvmlSnapshot {
     pub fn new(cfg: NvmlConfig) -> Self {
-        NvmlSnapshot { cfg, view: None }
+        NvmlSnapshot {
+            cfg,
+            links: None,
+            view: None,
+        }
+    }
+
+    /// Also reads each GPU's links (`[links]`): a fabric still registering before its
+    /// deadline makes the check "could not tell" (asked again by the launch gate).
+    pub fn with_links(mut self, cfg: crate::config::LinksConfig) -> Self {
+        self.links = Some(cfg);
+        self
     }
 
     /// Publishes the poll's GPUs to `view`; expects `expected`'s count when
@@ -425,6 +457,9 @@ impl Snapshot for NvmlSnapshot {
         };
         let shared = SharedState::default();
         let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
+        if let Some(l) = &self.links {
+            poller = poller.with_links(l.clone());
+        }
         if let Some((_, expected)) = &self.view {
             poller = poller.learning_expected(expected.clone());
         }
@@ -460,6 +495,19 @@ impl Snapshot for NvmlSnapshot {
                     probe = "kmsg",
                     path = %path.display(),
                     "cannot read the kernel log ({e}); XIDs since boot are not checked"
+                ),
+            }
+            // NVSwitch errors since boot, for the node.
+            match crate::probe::sxid::read_since_boot(path, MAX_SXIDS_SINCE_BOOT) {
+                Ok(sxids) => report.observations.extend(sxids.iter().map(|x| {
+                    let mut o = x.observation();
+                    o.detail = o.detail.map(|d| format!("kernel log since boot: {d}"));
+                    o
+                })),
+                Err(e) => tracing::warn!(
+                    probe = "kmsg",
+                    path = %path.display(),
+                    "cannot read the kernel log ({e}); SXids since boot are not checked"
                 ),
             }
         }

@@ -150,6 +150,9 @@ pub struct PollReport {
     pub usage: crate::accounting::usage::Snapshot,
     /// Every GPU of this poll, lost ones included, with its memory (for the ECS cross-check).
     pub view: view::ViewSnapshot,
+    /// Each answering GPU's fabric, NVLinks, PCIe link and clock event reasons
+    /// ([`super::links`]), when `[links]` is on.
+    pub links: Vec<super::links::GpuLinks>,
 }
 
 pub struct Poller {
@@ -162,6 +165,8 @@ pub struct Poller {
     warned: BTreeSet<String>,
     /// NVML could not count the GPUs on the last poll (a self-fault is open).
     count_failed: bool,
+    /// The links of each GPU (`[links]`), when enabled.
+    links: Option<super::links::LinkReader>,
 }
 
 impl Poller {
@@ -173,7 +178,14 @@ impl Poller {
             corrected: BTreeMap::new(),
             warned: BTreeSet::new(),
             count_failed: false,
+            links: None,
         }
+    }
+
+    /// Also reads each GPU's links ([`super::links`]) as `cfg` says.
+    pub fn with_links(mut self, cfg: crate::config::LinksConfig) -> Self {
+        self.links = cfg.enabled.then(|| super::links::LinkReader::new(cfg));
+        self
     }
 
     /// Reads the expected GPU count from `learnt` whenever `[nvml] expected_gpus` is unset.
@@ -451,6 +463,39 @@ impl Poller {
             ),
             Ok(_) => {}
             Err(e) => self.failed(report, index, "clock event reasons", &e),
+        }
+
+        if let Some(mut links) = self.links.take() {
+            let mut errors: Vec<(String, bool, String)> = Vec::new();
+            let got = links.read(
+                nvml,
+                &device,
+                index,
+                std::time::Instant::now(),
+                &mut |what, e| {
+                    let unavailable = matches!(
+                        e,
+                        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)
+                    );
+                    errors.push((what.to_string(), unavailable, e.to_string()));
+                },
+            );
+            self.links = Some(links);
+            for (what, unavailable, e) in errors {
+                if unavailable {
+                    self.warn_once(
+                        format!("{what}@{index}"),
+                        format!("GPU {index}: {what} is not available ({e}); not watched"),
+                    );
+                } else {
+                    let msg = format!("GPU {index}: {what} failed: {e}");
+                    self.warn_once(format!("{what}@{index}:{e}"), msg.clone());
+                    report.problems.push(msg);
+                }
+            }
+            found.extend(got.observations);
+            report.problems.extend(got.pending);
+            report.links.push(got.view);
         }
 
         let s = lock(shared);

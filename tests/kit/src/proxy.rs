@@ -22,6 +22,8 @@ pub struct Call {
     pub body: String,
     /// Wall clock (ms) when the request was read in full, before it was forwarded.
     pub arrived_ms: f64,
+    /// Wall clock (ms) when the answer was ready, just before it was written back.
+    pub answered_ms: f64,
     /// 0 when the upstream did not answer.
     pub status: u16,
     /// Answered by the proxy itself (a fault or a simulated lifecycle action).
@@ -600,6 +602,7 @@ async fn handle(
         op,
         body: body_s,
         arrived_ms,
+        answered_ms: crate::now_ms(),
         status,
         injected,
         head: head_s.clone(),
