@@ -117,8 +117,8 @@ def main() -> int:
         check(s.get("Effect") in ("Allow", "Deny"), f"iam-policy.json {sid}: Effect")
         for action in as_list(s.get("Action", [])):
             check(
-                re.fullmatch(r"(ecs|autoscaling|logs|events|dynamodb|ec2):[A-Za-z]+", action) is not None,
-                f"iam-policy.json {sid}: {action!r} is not one named ECS, Auto Scaling, CloudWatch Logs, EventBridge, DynamoDB or EC2 action",
+                re.fullmatch(r"(ecs|autoscaling|logs|events|dynamodb|ec2|s3|kms):[A-Za-z]+", action) is not None,
+                f"iam-policy.json {sid}: {action!r} is not one named ECS, Auto Scaling, CloudWatch Logs, EventBridge, DynamoDB, EC2, S3 or KMS action",
             )
         check("Resource" in s, f"iam-policy.json {sid}: Resource")
         if s.get("Effect") == "Allow" and any(
@@ -251,6 +251,53 @@ def main() -> int:
         all(":table/" in json.dumps(s.get("Resource")) for s in statements if any(a.startswith("dynamodb:") for a in as_list(s.get("Action", [])))),
         "iam-policy.json: DynamoDB actions are scoped to the table's ARN",
     )
+
+    # The evidence bucket (docs/evidence.md): S3 writes on the evidence prefix only, KMS on
+    # one key only, and a bucket that is encrypted, never public and expires what it holds.
+    s3_actions = sorted(a for s in statements for a in as_list(s.get("Action", [])) if a.startswith("s3:"))
+    check(
+        s3_actions == ["s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:PutObject"],
+        f"iam-policy.json: S3 actions are PutObject and the multipart ones only, not {s3_actions}",
+    )
+    for s in statements:
+        acts = as_list(s.get("Action", []))
+        if any(a.startswith("s3:") for a in acts):
+            for r in as_list(s.get("Resource")):
+                check(
+                    r.startswith("arn:aws:s3:::") and r.count("/") >= 2 and "/gpu-medic/evidence/" in r and r.endswith("/*"),
+                    f"iam-policy.json {s.get('Sid')}: S3 access is on the evidence prefix only, not {r}",
+                )
+        if any(a.startswith("kms:") for a in acts):
+            check(
+                sorted(acts) == ["kms:Decrypt", "kms:GenerateDataKey"],
+                f"iam-policy.json {s.get('Sid')}: KMS actions are GenerateDataKey (and Decrypt, for multipart) only",
+            )
+            check(
+                all(":key/" in r for r in as_list(s.get("Resource"))),
+                f"iam-policy.json {s.get('Sid')}: KMS access is on the configured key only",
+            )
+            check(
+                "kms:ViaService" in json.dumps(s.get("Condition", {})),
+                f"iam-policy.json {s.get('Sid')}: the key is used through S3 only (kms:ViaService)",
+            )
+    buckets = by_type.get("AWS::S3::Bucket", [])
+    check(len(buckets) == 1, "cloudformation.yaml: one S3 bucket for evidence")
+    for bk in buckets:
+        enc = bk.get("BucketEncryption", {}).get("ServerSideEncryptionConfiguration", [])
+        check(
+            any(e.get("ServerSideEncryptionByDefault", {}).get("SSEAlgorithm") in ("aws:kms", "AES256") for e in enc),
+            "cloudformation.yaml: the evidence bucket is encrypted by default",
+        )
+        pab = bk.get("PublicAccessBlockConfiguration", {})
+        check(
+            all(pab.get(k) is True for k in ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets")),
+            "cloudformation.yaml: the evidence bucket blocks all public access",
+        )
+        rules = bk.get("LifecycleConfiguration", {}).get("Rules", [])
+        check(
+            any(r.get("Status") == "Enabled" and r.get("ExpirationInDays") for r in rules),
+            "cloudformation.yaml: the evidence bucket has a lifecycle rule that expires archives",
+        )
 
     # --- CloudWatch agent ----------------------------------------------------------------------
     cw = json.loads((PKG / "examples" / "cloudwatch-agent.json").read_text())

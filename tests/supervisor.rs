@@ -121,6 +121,7 @@ impl Executor for Hands {
                 status,
                 detail: "answered by the test".into(),
                 request_ids: vec![],
+                evidence: None,
             }
         })
     }
@@ -230,6 +231,7 @@ async fn an_order_in_flight_at_shutdown_finishes_within_the_grace() {
     let remedies = Remedies {
         mps: Some(Arc::new(hands)),
         control_plane: None,
+        evidence: None,
         repair: None,
     };
     let (sup, feed) = supervisor(dir.path(), Arc::new(remedies));

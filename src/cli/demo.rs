@@ -219,6 +219,7 @@ async fn play(
     let mut remedies = Remedies {
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
+        evidence: None,
         // The demo shows the replace rung: its XID 79 is replaced, not rebooted.
         repair: None,
     };

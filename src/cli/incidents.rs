@@ -90,6 +90,9 @@ pub struct IncidentLine<'a> {
     pub summary: &'a str,
     pub tasks: &'a [String],
     pub request_ids: &'a [String],
+    /// The evidence archive in S3 (docs/evidence.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<&'a crate::model::EvidenceRef>,
     /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drill: Option<&'a str>,
@@ -110,6 +113,7 @@ impl<'a> From<&'a Incident> for IncidentLine<'a> {
             summary: &i.summary,
             tasks: &i.tasks,
             request_ids: &i.request_ids,
+            evidence: i.evidence.as_ref(),
             drill: i.drill.as_deref(),
         }
     }
@@ -574,6 +578,9 @@ pub fn print_timeline(i: &Incident) {
     }
     if !i.request_ids.is_empty() {
         println!("  requests: {}", i.request_ids.join(", "));
+    }
+    if let Some(e) = &i.evidence {
+        println!("  evidence: {}", e.summary());
     }
     println!("  timeline:");
     for r in &i.records {

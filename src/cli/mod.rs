@@ -29,6 +29,7 @@ pub mod out;
 pub mod check;
 pub mod demo;
 pub mod drill;
+pub mod evidence;
 pub mod fleet;
 pub mod incidents;
 pub mod policy;
@@ -114,6 +115,9 @@ pub enum Command {
     /// observed, aborted, failed).
     #[command(subcommand)]
     Incidents(incidents::IncidentsCommand),
+    /// Collects an incident's evidence now (nvidia-bug-report, nvidia-smi, logs) and uploads
+    /// it to the `[evidence]` bucket.
+    Evidence(evidence::EvidenceArgs),
     /// Review a policy: check it, explain a signal, replay recorded inputs through it.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
@@ -218,6 +222,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Demo(a) => demo::run(a),
         Command::Check(a) => check::run(a),
         Command::Incidents(c) => incidents::run(c),
+        Command::Evidence(a) => evidence::run(a),
         Command::Policy(c) => policy::run(c),
         Command::Status(a) => status::run(a),
         Command::Tasks(a) => tasks::run(a),

@@ -96,13 +96,14 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         .build()
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let config_arg = a.config.clone();
+    let config_arg_path = a.config.config.clone();
     rt.block_on(async move {
         let control = Control::default();
         spawn_signal_handler(control.clone(), config_arg)?;
         let mut current = Some((cfg, policy));
         while let Some((cfg, policy)) = current.take() {
             let shutdown = control.begin();
-            serve(cfg, policy, shutdown).await?;
+            serve(cfg, policy, shutdown, &config_arg_path).await?;
             current = control.take_reload();
             if current.is_some() {
                 tracing::info!("configuration and policy reloaded; supervisor restarted");
@@ -117,6 +118,7 @@ async fn serve(
     cfg: crate::config::Config,
     policy: Policy,
     shutdown: CancellationToken,
+    config_file: &Path,
 ) -> Result<(), CliError> {
     // Handed to both sides: the MPS probe and remedy share one control client (and its lock).
     let mps_client = ControlClient::new(&cfg.mps);
@@ -159,6 +161,7 @@ async fn serve(
         }
         remedies.control_plane = Some(cp);
     }
+    remedies.evidence = evidence(&cfg, config_file, &shutdown).await;
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(
             cfg.mps.clone(),
@@ -210,6 +213,31 @@ async fn serve(
         let _ = t.await;
     }
     Ok(())
+}
+
+/// With `[evidence] enabled`: the evidence remedy, its spool swept now (archives made before
+/// a reboot or while S3 was down go up) and then every few minutes until `shutdown`.
+async fn evidence(
+    cfg: &crate::config::Config,
+    config_file: &Path,
+    shutdown: &CancellationToken,
+) -> Option<Arc<dyn crate::remedy::evidence::EvidenceRemedy>> {
+    if !cfg.evidence.enabled {
+        return None;
+    }
+    let ev = Arc::new(
+        crate::remedy::evidence::Evidence::from_config(
+            cfg,
+            Some(config_file.to_path_buf()),
+            Arc::new(crate::supervisor::evidence::JournalRecords::new(cfg)),
+        )
+        .await,
+    );
+    tokio::spawn(crate::remedy::evidence::sweep_loop(
+        ev.clone(),
+        shutdown.child_token(),
+    ));
+    Some(ev)
 }
 
 /// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings

@@ -15,6 +15,7 @@ use crate::sys::error::FileError;
 
 mod aws;
 pub mod drill;
+mod evidence;
 mod export;
 mod fleet;
 mod journal;
@@ -28,6 +29,7 @@ pub mod repair;
 
 pub use aws::{AwsConfig, EcsConfig, IdentityConfig};
 pub use drill::DrillConfig;
+pub use evidence::{EvidenceConfig, SafeMode, Sse, valid_bucket};
 pub use export::ExportConfig;
 pub use fleet::{FleetConfig, FleetLimit};
 pub use journal::JournalConfig;
@@ -82,6 +84,8 @@ pub struct Config {
     pub journal: JournalConfig,
     #[serde(default)]
     pub export: ExportConfig,
+    #[serde(default)]
+    pub evidence: EvidenceConfig,
     #[serde(default)]
     pub links: LinksConfig,
     #[serde(default)]
@@ -159,6 +163,7 @@ impl Config {
         self.check_aws(path, &line_of_key)?;
         self.check_export(path, text)?;
         self.planned.check(path, text)?;
+        self.evidence.check(path, text)?;
         if !self.metrics.listen.ip().is_loopback() {
             return Err(FileError::new(
                 path,

@@ -12,6 +12,7 @@
 //! | `fleet.json`, `slots.json` | the fleet budget | `status` |
 //! | `export/<lane>.cursor.json` | each export lane | the same lane at start |
 //! | `launch-gate.json` | `check --lifecycle` | an operator |
+//! | `evidence/` | the evidence remedy (archives waiting for S3, their records) | the same remedy's upload sweep at start and every five minutes |
 //! | `links.json` | the NVML poll (fabric, NVLink, PCIe per GPU) | `status`, the exporter's metrics |
 //! | `ports.json` | the EFA / RDMA port watch | `status`, the exporter's metrics |
 //!
@@ -90,6 +91,12 @@ impl StateDir {
         self.root.join("launch-gate.json")
     }
 
+    /// The evidence spool: `<incident>.tar.gz` archives waiting for S3 beside their
+    /// `<incident>.json` records (src/remedy/evidence/spool.rs).
+    pub fn evidence(&self) -> PathBuf {
+        self.root.join("evidence")
+    }
+
     /// The latest NVML poll's fabric, NVLink and PCIe state per GPU.
     pub fn links(&self) -> PathBuf {
         self.root.join("links.json")
@@ -121,6 +128,7 @@ mod tests {
             d.export_cursor("logs"),
             d.export_cursor("events"),
             d.launch_gate(),
+            d.evidence(),
             d.links(),
             d.ports(),
         ];
@@ -148,6 +156,7 @@ mod tests {
                 "export/logs.cursor.json",
                 "export/events.cursor.json",
                 "launch-gate.json",
+                "evidence",
                 "links.json",
                 "ports.json",
             ]

@@ -16,10 +16,13 @@
 //!   they last and are never remediated.
 
 pub mod check;
+mod evidence;
 pub mod planned;
 pub mod rebuild;
 pub mod repair;
 mod state;
+
+pub use evidence::EvidenceWait;
 
 pub use state::{
     ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS,
@@ -303,6 +306,11 @@ impl Cx<'_> {
             Command::Reboot { .. } => d.reboot,
             Command::BootCheck => d.boot_check,
             Command::CompleteLifecycle { .. } => d.lifecycle,
+            Command::CollectEvidence => self
+                .st
+                .capabilities
+                .evidence
+                .map_or(d.drain, |p| p.deadline),
         }
     }
 
@@ -892,6 +900,9 @@ impl Cx<'_> {
             self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
         }
         self.remediate_in(id, verdict);
+        if self.st.remediation.is_some_and(|r| r.incident == id) {
+            self.evidence_begin(id, &obs);
+        }
     }
 
     /// Starts a node remediation within an existing incident.
@@ -992,6 +1003,9 @@ impl Cx<'_> {
     }
 
     fn start_step(&mut self, incident: IncidentId, step: Step, attempt: u32) {
+        if self.evidence_holds(incident, step, attempt) {
+            return;
+        }
         if let Some(r) = self.st.remediation.as_mut() {
             r.step = step;
         }
@@ -1255,6 +1269,17 @@ impl Cx<'_> {
                 outcome: outcome.clone(),
             },
         );
+        if order.command == Command::CollectEvidence {
+            // Its own retries are the remedy's (the upload backs off); the engine only records
+            // the end and lets a held step go.
+            let why = if outcome.detail.is_empty() {
+                "failed".to_string()
+            } else {
+                outcome.detail.clone()
+            };
+            self.evidence_ended(&order, Some(&outcome), &why);
+            return;
+        }
         match outcome.status {
             OutcomeStatus::Done => self.order_done(&order),
             OutcomeStatus::Deferred { retry_after } => self.schedule(
@@ -1272,6 +1297,7 @@ impl Cx<'_> {
                 if retryable
                     && order.attempt < self.policy.retry.max_attempts
                     && order.command != Command::RestartMps
+                    && order.command != Command::CollectEvidence
                 {
                     let delay = self.policy.retry.delay;
                     self.schedule(
@@ -1313,6 +1339,7 @@ impl Cx<'_> {
             Command::Drain { .. } => self.advance(Step::Drain),
             Command::Replace => self.advance(Step::Replace),
             Command::CompleteLifecycle { .. } => self.advance(Step::CompleteLifecycle),
+            Command::CollectEvidence => self.evidence_ended(order, None, "no archive reported"),
             Command::Reboot { .. } => self.reboot_accepted(order.incident),
             Command::BootCheck => self.advance(Step::BootCheck),
             Command::Restore
@@ -1392,6 +1419,7 @@ impl Cx<'_> {
             Command::Replace => self.step_failed(Step::Replace, why),
             Command::CompleteLifecycle { .. } => self.step_failed(Step::CompleteLifecycle, why),
             Command::Restore => self.step_failed(Step::Restore, why),
+            Command::CollectEvidence => self.evidence_ended(order, None, why),
             Command::Reboot { .. } => self.step_failed(Step::Reboot, why),
             Command::BootCheck => self.step_failed(Step::BootCheck, why),
         }
@@ -1427,15 +1455,20 @@ impl Cx<'_> {
             self.note(incident, format!("abort requested by {who} refused: {why}"));
             return;
         }
+        // An evidence collection changes nothing on the node: it runs on and its archive is
+        // recorded, but the step it held back is dropped with the rest of the repair.
         let cancelled: Vec<ActionId> = self
             .st
             .in_flight
             .values()
-            .filter(|o| o.incident == incident)
+            .filter(|o| o.incident == incident && o.command != Command::CollectEvidence)
             .map(|o| o.id)
             .collect();
         for id in &cancelled {
             self.st.in_flight.remove(id);
+        }
+        if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
+            w.held = None;
         }
         self.st.scheduled.retain(|s| s.incident != incident);
         self.repair_aborted(incident);
@@ -1497,6 +1530,7 @@ impl Cx<'_> {
                 Command::Reboot { .. } => "the reboot did not happen: replacing",
                 Command::BootCheck => "not healthy after the reboot: replacing",
                 Command::CompleteLifecycle { .. } => "leaving the hook to its timeout",
+                Command::CollectEvidence => "the repair goes on without the evidence",
             };
             self.record(
                 order.incident,

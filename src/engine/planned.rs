@@ -1055,6 +1055,7 @@ mod tests {
                     status: OutcomeStatus::Done,
                     detail: String::new(),
                     request_ids: vec![],
+                    evidence: None,
                 }),
                 at,
             )

@@ -114,7 +114,12 @@ impl Rebuild {
                 );
                 continue;
             }
-            let order = self.orders.values().find(|o| o.incident == id).cloned();
+            // An evidence collection is not a step of the remediation: the step is the other order.
+            let order = self
+                .orders
+                .values()
+                .find(|o| o.incident == id && o.command != Command::CollectEvidence)
+                .cloned();
             let gpu = obs.as_ref().and_then(|o| o.gpu.clone());
             match inc.verdict {
                 Verdict::Drain | Verdict::Reboot | Verdict::Replace => {
@@ -263,6 +268,7 @@ mod tests {
             status: OutcomeStatus::Done,
             detail: String::new(),
             request_ids: vec![],
+            evidence: None,
         };
         let (s, a) = step(&st, Input::Outcome(done), Timestamp(2_000), &p);
         st = s;

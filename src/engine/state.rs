@@ -59,6 +59,9 @@ pub struct State {
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,
+    /// The evidence collection in flight, and the step waiting for it (engine/evidence.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<super::evidence::EvidenceWait>,
     /// Drills asked for (`gpu-medic drill`) whose signal has not opened an incident yet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub armed_drills: Vec<ArmedDrill>,

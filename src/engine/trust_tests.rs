@@ -74,6 +74,7 @@ impl Run {
             status: OutcomeStatus::Failed { retryable: false },
             detail: "refused".into(),
             request_ids: vec![],
+            evidence: None,
         }))
     }
 }
@@ -124,6 +125,7 @@ fn restart_mps_is_never_ordered_when_gpu_medic_does_not_manage_the_daemon() {
     let mut r = Run::new(Capabilities {
         aws: true,
         mps: false,
+        evidence: None,
         reboot: false,
     });
     // An uncorrectable ECC error: stop the tasks on the GPU; the stop fails; with MPS
@@ -153,6 +155,7 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
     let mut r = Run::new(Capabilities {
         aws: false,
         mps: true,
+        evidence: None,
         reboot: false,
     });
     let out = r.feed(xid(1, 79));
@@ -236,6 +239,7 @@ fn a_chain_that_failed_at_every_step_does_not_claim_the_node_drained() {
             status: OutcomeStatus::Done,
             detail: String::new(),
             request_ids: vec![],
+            evidence: None,
         })
     };
     let d = Run::orders(&r.feed(ok(&q))).remove(0);
@@ -285,7 +289,7 @@ proptest! {
                 1 => xid(0, 79),
                 2 => xid(1, 13),
                 3 => Input::Observation(Observation::new(Signal::MpsDown).with_value(u64::MAX)),
-                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![] }),
+                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![], evidence: None }),
                 5 => fault("nvml"),
                 _ => Input::Observation(Observation::new(Signal::EccUncorrected).on_gpu(GpuId::index_only(u32::MAX)).with_value(u64::MAX)),
             };

@@ -52,12 +52,18 @@ pub const ACTION_FAILED: &str = "GPU Medic Action Failed";
 pub const INCIDENT_ESCALATED: &str = "GPU Medic Incident Escalated";
 /// `detail-type` of an incident's last record.
 pub const INCIDENT_CLOSED: &str = "GPU Medic Incident Closed";
+/// `detail-type` of a finished evidence collection: the detail's outcome carries the S3 URI,
+/// size and SHA-256 of the archive (docs/evidence.md).
+pub const EVIDENCE_COLLECTED: &str = "GPU Medic Evidence Collected";
 
 /// The EventBridge `detail-type` of a record, if it is a transition on-call is told about.
 pub fn detail_type(e: &IncidentEvent) -> Option<&'static str> {
     match e {
         IncidentEvent::Opened { .. } => Some(INCIDENT_OPENED),
         IncidentEvent::ActionStarted { .. } => Some(ACTION_STARTED),
+        IncidentEvent::ActionFinished { outcome } if outcome.evidence.is_some() => {
+            Some(EVIDENCE_COLLECTED)
+        }
         IncidentEvent::Escalated { .. } => Some(INCIDENT_ESCALATED),
         IncidentEvent::ActionFinished { outcome }
             if matches!(outcome.status, OutcomeStatus::Failed { .. }) =>

@@ -13,6 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod evidence;
+pub use evidence::{EvidenceMode, EvidencePlan, EvidenceRef, MissingPart};
 pub mod planned;
 pub use planned::{AgentVerdict, EventClass, EventState, ScheduledEvent};
 
@@ -744,6 +746,10 @@ pub enum Command {
         hook: LifecycleHook,
         result: LifecycleResult,
     },
+    /// Gathers the node's evidence into one archive and uploads it to S3 (docs/evidence.md).
+    /// Runs beside the drain; a reboot, replacement or hook completion waits for it at most
+    /// until its deadline.
+    CollectEvidence,
 }
 
 impl Command {
@@ -758,6 +764,7 @@ impl Command {
             Command::BootCheck => "boot-check",
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
+            Command::CollectEvidence => "collect-evidence",
         }
     }
 }
@@ -822,6 +829,9 @@ pub struct Outcome {
     /// AWS request ids of the calls made, for support cases and CloudTrail.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub request_ids: Vec<String>,
+    /// A `collect-evidence` order's archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Box<EvidenceRef>>,
 }
 
 /// What this node's remedies can carry out. A verdict whose remedy is missing is recorded as
@@ -833,6 +843,9 @@ pub struct Capabilities {
     pub aws: bool,
     /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
     pub mps: bool,
+    /// Evidence collection (`[evidence]`): collect-evidence, and how long a repair waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidencePlan>,
     /// The reboot rung (`[repair] reboot`, with `[aws]`): reboot and boot-check. Without it a
     /// `reboot` verdict is carried out as `replace`. Off until a supervisor says it has the
     /// rung, and absent in inputs recorded before the rung existed (those nodes replaced).
@@ -845,6 +858,7 @@ impl Default for Capabilities {
         Capabilities {
             aws: true,
             mps: true,
+            evidence: None,
             reboot: false,
         }
     }
@@ -1101,6 +1115,9 @@ pub struct Incident {
     pub tasks: Vec<String>,
     pub pids: Vec<u32>,
     pub request_ids: Vec<String>,
+    /// The evidence archive, once a collection reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidenceRef>,
     /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<String>,
@@ -1137,6 +1154,7 @@ impl Incident {
             tasks: Vec::new(),
             pids: Vec::new(),
             request_ids: Vec::new(),
+            evidence: None,
             drill: rec.drill.clone(),
             records: Vec::new(),
         }
@@ -1166,6 +1184,9 @@ impl Incident {
             IncidentEvent::Signal { observation } => inc.absorb(observation),
             IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
             IncidentEvent::ActionFinished { outcome } => {
+                if let Some(e) = &outcome.evidence {
+                    inc.evidence = Some((**e).clone());
+                }
                 for r in &outcome.request_ids {
                     if !inc.request_ids.contains(r) {
                         inc.request_ids.push(r.clone());

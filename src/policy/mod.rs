@@ -46,6 +46,10 @@ pub struct Rule {
     /// For `reboot` rules: at most this many reboots for this rule within `[reboot] window`
     /// (e.g. 1: the first time only); `None`: only the node's `[reboot] limit` applies.
     pub reboots: Option<u32>,
+    /// For drain, reboot and replace rules: when this rule's remediation collects evidence
+    /// (docs/evidence.md), in place of `[evidence] mode`; `None` follows the config. Needs
+    /// `[evidence] enabled` on the node either way.
+    pub evidence: Option<crate::model::EvidenceMode>,
     /// Where the rule was written, for messages.
     pub origin: String,
 }
@@ -372,6 +376,7 @@ struct FileRule {
     #[serde(default)]
     silences_fatal: bool,
     reboots: Option<u32>,
+    evidence: Option<crate::model::EvidenceMode>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -789,6 +794,12 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
                 "reboots: only for rules whose action is `reboot`".into(),
             ));
         }
+        if r.evidence.is_some() && action < Verdict::Drain {
+            return Err(err(
+                rr.lines.action,
+                "evidence: only for rules whose action is `drain`, `reboot` or `replace` (the remediations that collect it)".into(),
+            ));
+        }
         if action == Verdict::Ignore && (confirm.is_some() || escalate.is_some()) {
             return Err(err(
                 rr.lines.action,
@@ -836,6 +847,7 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             source: r.source.trim().to_string(),
             silences_fatal: r.silences_fatal,
             reboots: r.reboots,
+            evidence: r.evidence,
             origin: format!("{}:{}", rr.path.display(), rr.text_line),
         });
     }
@@ -939,6 +951,17 @@ reason = "too hot"
         )
         .unwrap_err();
         assert!(e.message.contains("reboots: only"), "{e}");
+        // `evidence` only where a remediation collects it; a drain, reboot or replace takes it.
+        let e = parse(
+            "[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"log\"\nevidence=\"always\"\nreason=\"r\"\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("evidence: only"), "{e}");
+        let p = parse(
+            "[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"drain\"\nevidence=\"off\"\nreason=\"r\"\n",
+        )
+        .unwrap();
+        assert_eq!(p.rules[0].evidence, Some(crate::model::EvidenceMode::Off));
     }
 
     #[test]

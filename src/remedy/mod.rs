@@ -9,6 +9,7 @@
 pub mod aws;
 pub mod budget;
 pub mod calls;
+pub mod evidence;
 pub mod mps;
 pub mod recorder;
 
@@ -133,6 +134,8 @@ pub trait ControlPlane: Send + Sync + 'static {
 pub struct Remedies {
     pub mps: Option<Arc<dyn MpsRemedy>>,
     pub control_plane: Option<Arc<dyn ControlPlane>>,
+    /// `[evidence]`: collect-evidence (src/remedy/evidence).
+    pub evidence: Option<Arc<dyn evidence::EvidenceRemedy>>,
     /// The reboot rung (`[repair] reboot` not `off`, with the control plane).
     pub repair: Option<Arc<dyn RepairRemedy>>,
 }
@@ -142,12 +145,31 @@ impl Executor for Remedies {
         crate::model::Capabilities {
             aws: self.control_plane.is_some(),
             mps: self.mps.is_some(),
+            evidence: self.evidence.as_ref().map(|e| e.plan()),
             reboot: self.control_plane.is_some() && self.repair.is_some(),
         }
     }
 
     fn execute(&self, order: Order) -> BoxFuture<'_, Outcome> {
         Box::pin(async move {
+            if order.command == Command::CollectEvidence {
+                return match &self.evidence {
+                    Some(e) => match e.collect(&order).await {
+                        Ok((done, r)) => {
+                            let mut o = outcome(&order, Ok(done));
+                            o.evidence = Some(Box::new(r));
+                            o
+                        }
+                        Err(err) => outcome(&order, Err(err)),
+                    },
+                    None => outcome(
+                        &order,
+                        Err(RemedyError::fatal(
+                            "evidence collection is disabled ([evidence] enabled = false)",
+                        )),
+                    ),
+                };
+            }
             let result = match &order.command {
                 Command::RestartMps => match &self.mps {
                     Some(m) => m.restart(&order).await,
@@ -177,9 +199,10 @@ impl Executor for Remedies {
                         Command::CompleteLifecycle { hook, result } => {
                             cp.complete_lifecycle(&order, *hook, *result).await
                         }
-                        Command::RestartMps | Command::Reboot { .. } | Command::BootCheck => {
-                            unreachable_restart()
-                        }
+                        Command::RestartMps
+                        | Command::Reboot { .. }
+                        | Command::BootCheck
+                        | Command::CollectEvidence => unreachable_restart(),
                     },
                 },
             };
@@ -226,5 +249,6 @@ pub fn outcome(order: &Order, result: Result<Done, RemedyError>) -> Outcome {
         status,
         detail,
         request_ids,
+        evidence: None,
     }
 }

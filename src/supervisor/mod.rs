@@ -6,6 +6,8 @@
 //! One shutdown token fans out to every task; orders in flight get a grace period to reach a
 //! safe point, then state is saved.
 
+pub mod evidence;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -710,6 +712,7 @@ mod tests {
                 status: crate::model::OutcomeStatus::Done,
                 detail: String::new(),
                 request_ids: vec![],
+                evidence: None,
             }],
             tick: true,
             ..Batch::default()

@@ -41,6 +41,7 @@ impl Run {
                 aws: true,
                 mps: true,
                 reboot,
+                evidence: None,
             },
         });
         r.feed(Input::Boot {
@@ -79,6 +80,7 @@ impl Run {
             status,
             detail: detail.into(),
             request_ids: vec![],
+            evidence: None,
         }))
     }
 

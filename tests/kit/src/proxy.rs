@@ -28,6 +28,18 @@ pub struct Call {
     pub status: u16,
     /// Answered by the proxy itself (a fault or a simulated lifecycle action).
     pub injected: bool,
+    /// The request line and headers (S3 calls: `x-amz-server-side-encryption`, ...).
+    pub head: String,
+}
+
+impl Call {
+    /// A request header's value (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -423,6 +435,55 @@ impl Proxy {
     }
 }
 
+/// The S3 REST operation of a request without a target or an `Action` (path-style: the
+/// bucket is the first path segment).
+fn s3_operation(head: &str) -> Option<&'static str> {
+    let line = head.lines().next()?;
+    let mut it = line.split_whitespace();
+    let (method, target) = (it.next()?, it.next()?);
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let has = |k: &str| {
+        query
+            .split('&')
+            .any(|kv| kv == k || kv.starts_with(&format!("{k}=")))
+    };
+    // The SDK names the operation itself (`?x-id=PutObject`) on most object calls.
+    if let Some(id) = query.split('&').find_map(|kv| kv.strip_prefix("x-id=")) {
+        for known in [
+            "PutObject",
+            "GetObject",
+            "UploadPart",
+            "CreateMultipartUpload",
+            "CompleteMultipartUpload",
+            "AbortMultipartUpload",
+            "ListParts",
+            "CreateBucket",
+        ] {
+            if id == known {
+                return Some(known);
+            }
+        }
+    }
+    // An object has a key after the bucket (`PUT /bucket/` is the bucket itself).
+    let object = path
+        .trim_start_matches('/')
+        .split_once('/')
+        .is_some_and(|(_, key)| !key.is_empty());
+    Some(match (method, object) {
+        ("PUT", true) if has("partNumber") => "UploadPart",
+        ("PUT", true) => "PutObject",
+        ("POST", true) if has("uploads") => "CreateMultipartUpload",
+        ("POST", true) if has("uploadId") => "CompleteMultipartUpload",
+        ("DELETE", true) if has("uploadId") => "AbortMultipartUpload",
+        ("GET", true) if has("uploadId") => "ListParts",
+        ("GET", true) => "GetObject",
+        ("HEAD", true) => "HeadObject",
+        ("PUT", false) => "CreateBucket",
+        ("GET", false) => "ListObjects",
+        _ => return None,
+    })
+}
+
 /// (operation, is the ECS JSON protocol).
 fn operation(head: &str, body: &str) -> (String, bool) {
     for l in head.lines() {
@@ -435,8 +496,9 @@ fn operation(head: &str, body: &str) -> (String, bool) {
     let op = body
         .split('&')
         .find_map(|kv| kv.strip_prefix("Action="))
-        .unwrap_or("?")
-        .to_string();
+        .map(str::to_string)
+        .or_else(|| s3_operation(head).map(str::to_string))
+        .unwrap_or_else(|| "?".to_string());
     (op, false)
 }
 
@@ -449,8 +511,19 @@ async fn handle(
     let (head, body) = read_message(&mut client).await?;
     let arrived_ms = crate::now_ms();
     let head_s = String::from_utf8_lossy(&head).to_string();
-    let body_s = String::from_utf8_lossy(&body).to_string();
-    let (op, json) = operation(&head_s, &body_s);
+    // S3 bodies (archive parts) are recorded by size only.
+    let body_s = if s3_operation(&head_s).is_some()
+        && !head_s.contains("x-amz-target")
+        && !body.starts_with(b"Action=")
+    {
+        format!("({} bytes)", body.len())
+    } else {
+        String::from_utf8_lossy(&body).to_string()
+    };
+    let (op, json) = operation(
+        &head_s,
+        &String::from_utf8_lossy(&body[..body.len().min(4096)]),
+    );
     let fault = {
         let mut g = st.lock().unwrap();
         let f = g.take_fault(&op, &body_s);
@@ -532,6 +605,7 @@ async fn handle(
         answered_ms: crate::now_ms(),
         status,
         injected,
+        head: head_s.clone(),
     });
     if !response.is_empty() {
         client.write_all(&response).await?;
@@ -612,4 +686,22 @@ fn with_field(
         body.len()
     );
     [head.into_bytes(), body].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::s3_operation;
+
+    #[test]
+    fn s3_calls_are_named_by_their_operation_not_their_method() {
+        let op = |line: &str| s3_operation(&format!("{line} HTTP/1.1\r\nhost: x\r\n"));
+        // The SDK's CreateBucket is `PUT /bucket/` (path-style): not an object.
+        assert_eq!(op("PUT /b/"), Some("CreateBucket"));
+        assert_eq!(op("PUT /b"), Some("CreateBucket"));
+        assert_eq!(op("PUT /b/k/1.tar.gz?x-id=PutObject"), Some("PutObject"));
+        assert_eq!(op("PUT /b/k?partNumber=2&uploadId=u"), Some("UploadPart"));
+        assert_eq!(op("POST /b/k?uploads"), Some("CreateMultipartUpload"));
+        assert_eq!(op("GET /b/k?x-id=GetObject"), Some("GetObject"));
+        assert_eq!(op("GET /b/?list-type=2"), Some("ListObjects"));
+    }
 }
