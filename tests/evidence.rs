@@ -630,27 +630,21 @@ async fn the_archive_is_named_in_eventbridge_and_in_the_fleet_view() {
 
 /// The GPU check: on a machine with NVIDIA's driver, `gpu-medic evidence` runs the real
 /// `nvidia-bug-report.sh` and `nvidia-smi -q -x` against the real driver (no S3 here: the
-/// archive stays in the spool, which the test unpacks). Without a driver it says SKIPPED and
-/// returns, unless `GPU_MEDIC_GPU_CHECK=1` makes a missing driver a failure (set it where the
-/// check must run).
+/// archive stays in the spool, which the test unpacks). Reported as ignored where there is no
+/// GPU (CI); run it on one with `cargo test --workspace --locked --test evidence -- --ignored
+/// the_real_nvidia_bug_report`, where a missing driver is a failure.
 #[test]
+#[ignore = "needs an NVIDIA GPU and its driver: run with --ignored on a GPU instance"]
 fn the_real_nvidia_bug_report_runs_against_the_real_driver() {
-    let must = std::env::var("GPU_MEDIC_GPU_CHECK").is_ok_and(|v| v == "1");
     let driver = Path::new("/proc/driver/nvidia/version").exists();
     let on_path = |p: &str| {
         std::env::var_os("PATH")
             .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
     };
-    if !(driver && on_path("nvidia-bug-report.sh") && on_path("nvidia-smi")) {
-        assert!(
-            !must,
-            "GPU_MEDIC_GPU_CHECK=1 but no NVIDIA driver, nvidia-bug-report.sh or nvidia-smi here"
-        );
-        eprintln!(
-            "SKIPPED: no NVIDIA driver on this machine; the real nvidia-bug-report.sh runs in the GPU check"
-        );
-        return;
-    }
+    assert!(
+        driver && on_path("nvidia-bug-report.sh") && on_path("nvidia-smi"),
+        "no NVIDIA driver, nvidia-bug-report.sh or nvidia-smi here"
+    );
     let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", "poll_interval = \"200ms\"");
     let text = std::fs::read_to_string(d.config()).unwrap();
     std::fs::write(

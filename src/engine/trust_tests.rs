@@ -184,6 +184,7 @@ fn without_aws_a_node_fault_that_stays_is_journaled_once() {
     let mut r = Run::new(Capabilities {
         aws: false,
         mps: true,
+        evidence: None,
         reboot: false,
     });
     let signals = |r: &Run| {
