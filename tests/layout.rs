@@ -366,11 +366,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 27): wait, check, answer the hook",
     ),
     (
-        "src/cli/incidents.rs",
-        "run",
-        "to split (issue 27): one function per subcommand",
-    ),
-    (
         "src/metrics.rs",
         "record",
         "to split (issue 27): one function per metric family",
@@ -389,11 +384,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "src/engine/rebuild.rs",
         "finish",
         "to split (issue 27): one step per record kind",
-    ),
-    (
-        "src/cli/demo.rs",
-        "play",
-        "to split (issue 27): one function per act",
     ),
     (
         "src/metrics.rs",

@@ -131,58 +131,12 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             fleet,
             cluster,
         } => {
-            let since = since.as_deref().map(parse_since).transpose()?;
-            let state: Option<IncidentState> = state
-                .map(|s| {
-                    serde_json::from_value(serde_json::Value::String(s.clone())).map_err(|_| {
-                        CliError::Usage(format!("--state {s:?}: not an incident state"))
-                    })
-                })
-                .transpose()?;
-            let shown = |i: &Incident| {
-                (!open || i.state == IncidentState::Open)
-                    && state.is_none_or(|s| i.state == s)
-                    && gpu.is_none_or(|g| i.gpu.as_ref().is_some_and(|x| x.index == g))
-                    && since.is_none_or(|t| i.opened_at >= t)
-            };
-            let mut table = Table::default();
+            let filter = Filter::new(open, state, gpu, since)?;
             if fleet {
-                let view = super::fleet::read(&config, cluster.as_deref(), None, since)?;
-                table.id_width = view
-                    .incidents
-                    .iter()
-                    .map(|f| f.instance_id.len() + 1 + f.incident.id.0.to_string().len())
-                    .max()
-                    .unwrap_or(0);
-                for f in view.incidents.iter().filter(|f| shown(&f.incident)) {
-                    if json {
-                        print_json(&IncidentLine {
-                            instance_id: Some(&f.instance_id),
-                            ..IncidentLine::from(&f.incident)
-                        });
-                    } else {
-                        table.row_as(&format!("{}/{}", f.instance_id, f.incident.id), &f.incident);
-                    }
-                }
-                if !json && table.rows == 0 {
-                    println!("no incidents");
-                }
-                return Ok(exit::OK);
+                list_fleet(&config, cluster.as_deref(), &filter, json)
+            } else {
+                list_local(&config, &filter, json)
             }
-            stream_incidents(&config, |i| {
-                if !shown(&i) {
-                    return;
-                }
-                if json {
-                    print_json(&IncidentLine::from(&i));
-                } else {
-                    table.row(&i);
-                }
-            })?;
-            if !json && table.rows == 0 {
-                println!("no incidents");
-            }
-            Ok(exit::OK)
         }
         IncidentsCommand::Abort {
             id,
@@ -196,62 +150,165 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             json,
             fleet: true,
             cluster,
-        } => {
-            let (instance, n) = id
-                .rsplit_once('/')
-                .and_then(|(i, n)| Some((i.to_string(), n.parse::<u64>().ok()?)))
-                .filter(|(i, _)| !i.is_empty())
-                .ok_or_else(|| {
-                    CliError::Usage(format!(
-                        "{id:?}: give INSTANCE/ID (e.g. i-0abc/7) with --fleet"
-                    ))
-                })?;
-            let view = super::fleet::read(&config, cluster.as_deref(), Some((&instance, n)), None)?;
-            let Some(f) = view.incidents.into_iter().next() else {
-                return Err(CliError::NotFound(format!(
-                    "no incident {instance}/{n} in CloudWatch Logs"
-                )));
-            };
-            if json {
-                print_json(&super::fleet::Shown {
-                    instance_id: &f.instance_id,
-                    incident: &f.incident,
-                });
-            } else {
-                println!("Instance {}", f.instance_id);
-                print_timeline(&f.incident);
-            }
-            Ok(exit::OK)
-        }
+        } => show_fleet(&id, &config, cluster.as_deref(), json),
         IncidentsCommand::Show {
             id, config, json, ..
-        } => {
-            let id: u64 = id.parse().map_err(|_| {
-                CliError::Usage(format!(
-                    "{id:?}: not an incident id (INSTANCE/ID needs --fleet)"
-                ))
-            })?;
-            let Some(i) = load_one(&config, id)? else {
-                return Err(CliError::NotFound(format!(
-                    "no incident {id} in {}",
-                    config.load()?.incidents_path().display()
-                )));
-            };
-            let repair = repair_view(&config, &i);
-            if json {
-                print_json(&ShownLocal {
-                    incident: &i,
-                    repair,
-                });
-            } else {
-                print_timeline(&i);
-                if let Some(r) = &repair {
-                    print_repair(r);
-                }
-            }
-            Ok(exit::OK)
+        } => show_local(&id, &config, json),
+    }
+}
+
+/// Which incidents `incidents list` shows.
+struct Filter {
+    open: bool,
+    state: Option<IncidentState>,
+    gpu: Option<u32>,
+    since: Option<Timestamp>,
+}
+
+impl Filter {
+    fn new(
+        open: bool,
+        state: Option<String>,
+        gpu: Option<u32>,
+        since: Option<String>,
+    ) -> Result<Filter, CliError> {
+        let since = since.as_deref().map(parse_since).transpose()?;
+        let state: Option<IncidentState> = state
+            .map(|s| {
+                serde_json::from_value(serde_json::Value::String(s.clone()))
+                    .map_err(|_| CliError::Usage(format!("--state {s:?}: not an incident state")))
+            })
+            .transpose()?;
+        Ok(Filter {
+            open,
+            state,
+            gpu,
+            since,
+        })
+    }
+
+    fn shown(&self, i: &Incident) -> bool {
+        (!self.open || i.state == IncidentState::Open)
+            && self.state.is_none_or(|s| i.state == s)
+            && self
+                .gpu
+                .is_none_or(|g| i.gpu.as_ref().is_some_and(|x| x.index == g))
+            && self.since.is_none_or(|t| i.opened_at >= t)
+    }
+}
+
+/// `incidents list --fleet`: every instance's incidents from CloudWatch Logs.
+fn list_fleet(
+    config: &ConfigArg,
+    cluster: Option<&str>,
+    filter: &Filter,
+    json: bool,
+) -> Result<i32, CliError> {
+    let view = super::fleet::read(config, cluster, None, filter.since)?;
+    let mut table = Table {
+        id_width: view
+            .incidents
+            .iter()
+            .map(|f| f.instance_id.len() + 1 + f.incident.id.0.to_string().len())
+            .max()
+            .unwrap_or(0),
+        ..Table::default()
+    };
+    for f in view.incidents.iter().filter(|f| filter.shown(&f.incident)) {
+        if json {
+            print_json(&IncidentLine {
+                instance_id: Some(&f.instance_id),
+                ..IncidentLine::from(&f.incident)
+            });
+        } else {
+            table.row_as(&format!("{}/{}", f.instance_id, f.incident.id), &f.incident);
         }
     }
+    if !json && table.rows == 0 {
+        println!("no incidents");
+    }
+    Ok(exit::OK)
+}
+
+/// `incidents list`: this instance's journal.
+fn list_local(config: &ConfigArg, filter: &Filter, json: bool) -> Result<i32, CliError> {
+    let mut table = Table::default();
+    stream_incidents(config, |i| {
+        if !filter.shown(&i) {
+            return;
+        }
+        if json {
+            print_json(&IncidentLine::from(&i));
+        } else {
+            table.row(&i);
+        }
+    })?;
+    if !json && table.rows == 0 {
+        println!("no incidents");
+    }
+    Ok(exit::OK)
+}
+
+/// `incidents show INSTANCE/ID --fleet`: one incident of any instance, from CloudWatch Logs.
+fn show_fleet(
+    id: &str,
+    config: &ConfigArg,
+    cluster: Option<&str>,
+    json: bool,
+) -> Result<i32, CliError> {
+    let (instance, n) = id
+        .rsplit_once('/')
+        .and_then(|(i, n)| Some((i.to_string(), n.parse::<u64>().ok()?)))
+        .filter(|(i, _)| !i.is_empty())
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "{id:?}: give INSTANCE/ID (e.g. i-0abc/7) with --fleet"
+            ))
+        })?;
+    let view = super::fleet::read(config, cluster, Some((&instance, n)), None)?;
+    let Some(f) = view.incidents.into_iter().next() else {
+        return Err(CliError::NotFound(format!(
+            "no incident {instance}/{n} in CloudWatch Logs"
+        )));
+    };
+    if json {
+        print_json(&super::fleet::Shown {
+            instance_id: &f.instance_id,
+            incident: &f.incident,
+        });
+    } else {
+        println!("Instance {}", f.instance_id);
+        print_timeline(&f.incident);
+    }
+    Ok(exit::OK)
+}
+
+/// `incidents show ID`: one incident of this instance, with its repair's rung and history.
+fn show_local(id: &str, config: &ConfigArg, json: bool) -> Result<i32, CliError> {
+    let id: u64 = id.parse().map_err(|_| {
+        CliError::Usage(format!(
+            "{id:?}: not an incident id (INSTANCE/ID needs --fleet)"
+        ))
+    })?;
+    let Some(i) = load_one(config, id)? else {
+        return Err(CliError::NotFound(format!(
+            "no incident {id} in {}",
+            config.load()?.incidents_path().display()
+        )));
+    };
+    let repair = repair_view(config, &i);
+    if json {
+        print_json(&ShownLocal {
+            incident: &i,
+            repair,
+        });
+    } else {
+        print_timeline(&i);
+        if let Some(r) = &repair {
+            print_repair(r);
+        }
+    }
+    Ok(exit::OK)
 }
 
 /// `incidents show` of a node remediation: the incident plus its rung of the repair ladder.
