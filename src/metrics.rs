@@ -278,6 +278,13 @@ impl Metrics {
     /// when a rule of `policy` takes it at its value: a routine reading (a state disk 20 %
     /// used, an MPS probe that answered) is not a signal.
     pub fn record(&self, input: &Input, actions: &[Action], state: &State, policy: &Policy) {
+        self.record_input(input, policy);
+        self.record_events(actions);
+        self.record_state(state);
+    }
+
+    /// What an observation counts: signals a rule judges, XIDs by code, MPS probe latency.
+    fn record_input(&self, input: &Input, policy: &Policy) {
         if let Input::Observation(o) = input {
             if policy.rule_for(&o.signal, o.value).is_some() {
                 self.signals
@@ -301,6 +308,11 @@ impl Metrics {
                 _ => {}
             }
         }
+    }
+
+    /// What the journal's records count: incidents, remediations and their outcomes, AWS
+    /// call errors, MPS restarts, repairs by rung.
+    fn record_events(&self, actions: &[Action]) {
         let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
         for a in actions {
             let Action::Log(r) = a else { continue };
@@ -382,6 +394,11 @@ impl Metrics {
             }
         }
         drop(started);
+    }
+
+    /// The gauges that follow the engine's state: GPU health, open incidents, self-faults,
+    /// the node's phase, AWS-planned disruptions.
+    fn record_state(&self, state: &State) {
         let mut health_seen = self
             .gpu_health_seen
             .lock()

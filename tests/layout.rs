@@ -366,11 +366,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 27): wait, check, answer the hook",
     ),
     (
-        "src/metrics.rs",
-        "record",
-        "to split (issue 27): one function per metric family",
-    ),
-    (
         "src/export/tail.rs",
         "read",
         "to split (issue 27): open, seek, read",
@@ -381,14 +376,9 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 27): open, resume, follow",
     ),
     (
-        "src/engine/rebuild.rs",
-        "finish",
-        "to split (issue 27): one step per record kind",
-    ),
-    (
         "src/metrics.rs",
         "new",
-        "to split (issue 27): one registration per family",
+        "a flat list: one registration per metric family, each with its help text beside its handle",
     ),
     (
         "src/probe/nvml/poll.rs",
