@@ -366,11 +366,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 27): wait, check, answer the hook",
     ),
     (
-        "src/export/tail.rs",
-        "read",
-        "to split (issue 27): open, seek, read",
-    ),
-    (
         "src/probe/kmsg.rs",
         "run",
         "to split (issue 27): open, resume, follow",
