@@ -361,11 +361,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 27): read, compare, report",
     ),
     (
-        "src/launch/gate.rs",
-        "run",
-        "to split (issue 27): wait, check, answer the hook",
-    ),
-    (
         "src/probe/kmsg.rs",
         "run",
         "to split (issue 27): open, resume, follow",
