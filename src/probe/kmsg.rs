@@ -331,93 +331,110 @@ impl KmsgReader {
             .map(|m| (m.dev(), m.ino()));
         let boot = self.committed.boot().to_string();
         let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
-        let cap = crate::sys::limits::MAX_KMSG_LINE;
-        if !regular {
-            // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
-            // and forward lines through a channel, so `stop` is still noticed.
-            let (ltx, lrx) = std::sync::mpsc::sync_channel::<Option<String>>(1024);
-            let path = self.path.clone();
-            let _ = std::thread::Builder::new()
-                .name("kmsg-read".into())
-                .spawn(move || {
-                    let mut r = BufReader::with_capacity(2 * cap, file);
-                    let mut buf = Vec::new();
-                    loop {
-                        match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
-                            Ok(None) => {
-                                let _ = ltx.send(None);
-                                return;
-                            }
-                            Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
-                                if ltx.send(Some(text)).is_err() {
-                                    return;
-                                }
-                            }
-                            Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
-                                tracing::warn!(probe = "kmsg", len, "kernel log record longer than {cap} bytes dropped");
-                            }
-                            // EPIPE: records were overwritten before we read them; go on.
-                            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                            Err(e) => {
-                                tracing::error!(probe = "kmsg", path = %path.display(), "reading the kernel log failed: {e}; XIDs come from NVML events only");
-                                let _ = ltx.send(None);
-                                return;
-                            }
-                        }
-                    }
-                });
-            while !self.stop.load(Ordering::Relaxed) {
-                match lrx.recv_timeout(Duration::from_millis(500)) {
-                    Ok(Some(line)) => self.handle(&line, &boot, None, 0, &mut cursors),
-                    Ok(None) => {
-                        tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
-                        return;
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(_) => return,
-                }
-            }
+        if regular {
+            self.follow_file(file, &boot, ident, &mut cursors);
         } else {
-            let mut r = BufReader::with_capacity(64 * 1024, file);
-            let mut buf = Vec::new();
-            // Offset of the end of the last complete line; a partial last line is read
-            // again from there once its writer finishes it.
-            let mut offset: u64 = 0;
-            while !self.stop.load(Ordering::Relaxed) {
-                match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
-                    Ok(None) => std::thread::sleep(Duration::from_millis(100)),
-                    Ok(Some(crate::sys::lines::CappedLine::Text {
-                        text,
-                        complete: true,
-                    })) => {
-                        // Lossy text may differ in length from the bytes: ask the reader.
-                        offset = r
-                            .stream_position()
-                            .unwrap_or(offset.saturating_add(text.len() as u64 + 1));
-                        self.handle(&text, &boot, ident.as_ref(), offset, &mut cursors);
-                    }
-                    Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
-                        // Not finished yet: read it again whole.
-                        if r.seek(std::io::SeekFrom::Start(offset)).is_err() {
+            self.follow_device(file, &boot, &mut cursors);
+        }
+    }
+
+    /// `/dev/kmsg`: one record per read, blocking at the end of the buffer.
+    fn follow_device(&self, file: std::fs::File, boot: &str, cursors: &mut Cursors) {
+        let cap = crate::sys::limits::MAX_KMSG_LINE;
+        // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
+        // and forward lines through a channel, so `stop` is still noticed.
+        let (ltx, lrx) = std::sync::mpsc::sync_channel::<Option<String>>(1024);
+        let path = self.path.clone();
+        let _ = std::thread::Builder::new()
+            .name("kmsg-read".into())
+            .spawn(move || {
+                let mut r = BufReader::with_capacity(2 * cap, file);
+                let mut buf = Vec::new();
+                loop {
+                    match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                        Ok(None) => {
+                            let _ = ltx.send(None);
                             return;
                         }
-                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
+                            if ltx.send(Some(text)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
+                            tracing::warn!(probe = "kmsg", len, "kernel log record longer than {cap} bytes dropped");
+                        }
+                        // EPIPE: records were overwritten before we read them; go on.
+                        Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            tracing::error!(probe = "kmsg", path = %path.display(), "reading the kernel log failed: {e}; XIDs come from NVML events only");
+                            let _ = ltx.send(None);
+                            return;
+                        }
                     }
-                    Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
-                        offset = r
-                            .stream_position()
-                            .unwrap_or(offset.saturating_add(len as u64 + 1));
-                        tracing::warn!(
-                            probe = "kmsg",
-                            len,
-                            "kernel log line longer than {cap} bytes dropped"
-                        );
+                }
+            });
+        while !self.stop.load(Ordering::Relaxed) {
+            match lrx.recv_timeout(Duration::from_millis(500)) {
+                Ok(Some(line)) => self.handle(&line, boot, None, 0, cursors),
+                Ok(None) => {
+                    tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
+                    return;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// A regular file (tests, a saved log): followed by offset like a log file.
+    fn follow_file(
+        &self,
+        file: std::fs::File,
+        boot: &str,
+        ident: Option<(u64, u64)>,
+        cursors: &mut Cursors,
+    ) {
+        let cap = crate::sys::limits::MAX_KMSG_LINE;
+        let mut r = BufReader::with_capacity(64 * 1024, file);
+        let mut buf = Vec::new();
+        // Offset of the end of the last complete line; a partial last line is read
+        // again from there once its writer finishes it.
+        let mut offset: u64 = 0;
+        while !self.stop.load(Ordering::Relaxed) {
+            match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+                Ok(Some(crate::sys::lines::CappedLine::Text {
+                    text,
+                    complete: true,
+                })) => {
+                    // Lossy text may differ in length from the bytes: ask the reader.
+                    offset = r
+                        .stream_position()
+                        .unwrap_or(offset.saturating_add(text.len() as u64 + 1));
+                    self.handle(&text, boot, ident.as_ref(), offset, cursors);
+                }
+                Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
+                    // Not finished yet: read it again whole.
+                    if r.seek(std::io::SeekFrom::Start(offset)).is_err() {
+                        return;
                     }
-                    Err(e) => {
-                        tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
-                        std::thread::sleep(Duration::from_millis(500));
-                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
+                    offset = r
+                        .stream_position()
+                        .unwrap_or(offset.saturating_add(len as u64 + 1));
+                    tracing::warn!(
+                        probe = "kmsg",
+                        len,
+                        "kernel log line longer than {cap} bytes dropped"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
+                    std::thread::sleep(Duration::from_millis(500));
                 }
             }
         }

@@ -48,6 +48,55 @@ pub struct Supervisor {
     clock: SharedClock,
 }
 
+/// This boot's id, read once: for the engine (only with the reboot rung, which is all that
+/// needs it; without it no reboot is ever ordered) and for every source (empty when it
+/// cannot be read).
+fn boot_id(cfg: &Config, reboot: bool) -> (Option<String>, String) {
+    match crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path) {
+        Ok(id) => (reboot.then(|| id.clone()), id),
+        Err(_) if !reboot => (None, String::new()),
+        Err(e) => {
+            tracing::warn!(
+                "cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting"
+            );
+            (None, String::new())
+        }
+    }
+}
+
+/// `state.json` could not be read and was set aside: journaled as a self-fault that is
+/// already over (the state was rebuilt from the incident journal).
+fn report_set_aside(
+    engine: &mut Keeper,
+    cfg: &Config,
+    aside: &journal::SetAside,
+) -> Result<(), SupervisorError> {
+    tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
+    let detail = format!(
+        "{} could not be read ({}); set aside as {}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, node {}",
+        cfg.state_path().display(),
+        aside.why,
+        aside.moved_to.display(),
+        engine.state.open.len(),
+        engine.state.in_flight.len(),
+        engine.state.node.as_str()
+    );
+    let component = "state-file".to_string();
+    let fault = Observation::new(crate::model::Signal::SelfFault {
+        component: component.clone(),
+    })
+    .with_detail(detail)
+    .from_source("journal");
+    let ok = Observation::new(crate::model::Signal::SelfRecovered { component })
+        .with_detail("started from the journal; a new state.json is written")
+        .from_source("journal");
+    engine.handle_batch(Batch {
+        observations: vec![fault, ok],
+        ..Batch::default()
+    })?;
+    Ok(())
+}
+
 /// The task that owns the state and both journals: it steps the engine over each batch.
 struct Keeper {
     state: State,
@@ -145,48 +194,15 @@ impl Supervisor {
         journal::save_state(&cfg.state_path(), &engine.state)?;
         let capabilities = self.executor.capabilities();
         // The kernel's boot id, stepped before any order is resumed: a reboot the engine
-        // ordered that has happened is finished here, never handed out again. Only a node
-        // with the reboot rung needs it (without the rung no reboot is ever ordered).
-        let boot_read = crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path);
-        let boot = match &boot_read {
-            Ok(id) => capabilities.reboot.then(|| id.clone()),
-            Err(_) if !capabilities.reboot => None,
-            Err(e) => {
-                tracing::warn!(
-                    "cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting"
-                );
-                None
-            }
-        };
+        // ordered that has happened is finished here, never handed out again.
+        let (boot, boot_read) = boot_id(&cfg, capabilities.reboot);
         engine.handle_batch(Batch {
             started: Some(capabilities),
             boot,
             ..Batch::default()
         })?;
         if let Some(aside) = set_aside {
-            tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
-            let detail = format!(
-                "{} could not be read ({}); set aside as {}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, node {}",
-                cfg.state_path().display(),
-                aside.why,
-                aside.moved_to.display(),
-                engine.state.open.len(),
-                engine.state.in_flight.len(),
-                engine.state.node.as_str()
-            );
-            let component = "state-file".to_string();
-            let fault = Observation::new(crate::model::Signal::SelfFault {
-                component: component.clone(),
-            })
-            .with_detail(detail)
-            .from_source("journal");
-            let ok = Observation::new(crate::model::Signal::SelfRecovered { component })
-                .with_detail("started from the journal; a new state.json is written")
-                .from_source("journal");
-            engine.handle_batch(Batch {
-                observations: vec![fault, ok],
-                ..Batch::default()
-            })?;
+            report_set_aside(&mut engine, &cfg, &aside)?;
         }
         tracing::info!(
             policy = %engine.policy.origin,
@@ -201,8 +217,7 @@ impl Supervisor {
         let mut sources = JoinSet::new();
         // Each source resumes after what the journal holds (the state's committed cursors),
         // with the one reading of this boot's id.
-        let resume = crate::model::Resume::new(engine.state.delivery.clone())
-            .with_boot(boot_read.unwrap_or_default());
+        let resume = crate::model::Resume::new(engine.state.delivery.clone()).with_boot(boot_read);
         for s in self.sources {
             tracing::info!(source = s.name(), "starting probe");
             sources.spawn(s.run(obs_tx.clone(), shutdown.child_token(), resume.clone()));
