@@ -20,13 +20,6 @@ use gpu_medic_testkit::{Daemon, wait_for};
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
-/// The `[fleet]` lines of every test here: the table, budget 1, no breaker.
-fn fleet(table: &str) -> String {
-    format!(
-        "table = \"{table}\"\nmax_parallel = 1\nmax_unhealthy = \"100%\"\nreservation_lifetime = \"2s\"\n"
-    )
-}
-
 /// A recording proxy in front of moto, an SDK through it, a new slot table and a group of `n`.
 async fn setup(name: &str, n: usize) -> (Proxy, aws_config::SdkConfig, String, Seeded) {
     let proxy = Proxy::start().await;
@@ -40,7 +33,7 @@ async fn setup(name: &str, n: usize) -> (Proxy, aws_config::SdkConfig, String, S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserve_commit_drain_then_restore_releases_and_every_write_is_conditional() {
     let (proxy, sdk, table, s) = setup("slots-flow", 3).await;
-    let cp = |i| AwsControlPlane::new(&sdk, &aws::config(&s, i, "", &fleet(&table)));
+    let cp = |i| AwsControlPlane::new(&sdk, &aws::config(&s, i, "", &aws::table_fleet(&table)));
     let (cp0, cp1) = (cp(0), cp(1));
     let drain = || {
         aws::order(
@@ -143,7 +136,7 @@ async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
         "[identity]\ninstance_id = \"i-00000000000000001\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\n[fleet]\nwarmup = \"0s\"\n{}",
         s.cluster,
         s.nodes[0].arn,
-        fleet(&table)
+        aws::table_fleet(&table)
     );
     let cfg = gpu_medic::config::Config::parse(std::path::Path::new("/tmp/t.toml"), &text).unwrap();
     let cp = AwsControlPlane::new(&sdk, &cfg);
@@ -181,7 +174,7 @@ async fn a_refused_describe_instances_is_named_in_the_deferral() {
         "text/xml",
         "<Response><Errors><Error><Code>UnauthorizedOperation</Code><Message>You are not authorized to perform this operation.</Message></Error></Errors><RequestID>denied</RequestID></Response>".into(),
     ));
-    let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", &fleet(&table)));
+    let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", &aws::table_fleet(&table)));
     let drain = || {
         aws::order(
             Command::Drain { terminating: false },
@@ -209,7 +202,7 @@ async fn a_refused_describe_instances_is_named_in_the_deferral() {
 /// Node `i` of `s` as a `gpu-medic run` on the fake GPUs, every AWS service at `endpoint`
 /// (None: per-service variables set by the caller), its wall clock `skew_s` seconds off.
 fn daemon(s: &Seeded, i: usize, endpoint: Option<&str>, table: &str, skew_s: i64) -> Daemon {
-    let fleet = format!("retry_after = \"400ms\"\n{}", fleet(table));
+    let fleet = format!("retry_after = \"400ms\"\n{}", aws::table_fleet(table));
     let mut d = aws::node(s, i, endpoint, "", "", &fleet, "");
     if skew_s != 0 {
         d.env("LD_PRELOAD", LIBFAKETIME)

@@ -100,6 +100,15 @@ async fn wait_accepted(d: &Daemon) {
     .await;
 }
 
+/// Starts `d`, injects an XID 79 and waits for the reboot call's acceptance; then stops it
+/// as the OS going down would.
+async fn fault_until_rebooted(d: &mut Daemon) {
+    start(d);
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_accepted(d).await;
+    d.stop(Duration::from_secs(30));
+}
+
 async fn wait_phase(d: &Daemon, phase: &str, limit: Duration) {
     wait_for(&format!("node phase {phase}"), limit, || {
         let p = state(d)["node"].clone();
@@ -242,10 +251,7 @@ async fn past_the_window_the_same_fault_reboots_again() {
         "",
         "[reboot]\nwindow = \"3s\"\nrecur_within = \"1s\"\n",
     );
-    start(&mut d);
-    d.inject(r#"{"gpu": 0, "xid": 79}"#);
-    wait_accepted(&d).await;
-    d.stop(Duration::from_secs(30));
+    fault_until_rebooted(&mut d).await;
     boot(&mut d, "boot-2");
     let inc = d.wait_closed(1, Duration::from_secs(30));
     assert_eq!(inc["state"], "repaired", "{inc:#}");
@@ -294,12 +300,9 @@ async fn a_node_back_under_a_new_container_instance_arn_returns_to_service() {
     let table = aws::unique("rb-newarn");
     aws::create_slot_table(&sdk, &table).await;
     let s = aws::seed(&sdk, "rb-newarn", 2).await;
-    let fleet = format!("table = \"{table}\"\nmax_parallel = 1\nmax_unhealthy = \"100%\"\n");
+    let fleet = aws::table_fleet(&table);
     let mut d = node_with(&s, 0, &proxy, "10m", &fleet, "");
-    start(&mut d);
-    d.inject(r#"{"gpu": 0, "xid": 79}"#);
-    wait_accepted(&d).await;
-    d.stop(Duration::from_secs(30));
+    fault_until_rebooted(&mut d).await;
 
     // The agent registers the rebooted instance anew; the old record is gone.
     let old = s.nodes[0].arn.clone();
@@ -348,10 +351,7 @@ async fn a_node_still_faulty_after_the_boot_is_replaced() {
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "rb-faulty", 2).await;
     let mut d = node(&s, &proxy, "10m");
-    start(&mut d);
-    d.inject(r#"{"gpu": 0, "xid": 79}"#);
-    wait_accepted(&d).await;
-    d.stop(Duration::from_secs(30));
+    fault_until_rebooted(&mut d).await;
 
     d.inject(r#"{"gpu": 0, "lost": true}"#);
     boot(&mut d, "boot-2");
@@ -538,9 +538,7 @@ async fn five_supervisors_rebooting_and_replacing_keep_the_budget() {
     let table = aws::unique("rb-five");
     aws::create_slot_table(&sdk, &table).await;
     let s = Arc::new(aws::seed(&sdk, "rb-five", 5).await);
-    let fleet = format!(
-        "table = \"{table}\"\nmax_parallel = 1\nmax_unhealthy = \"100%\"\nreservation_lifetime = \"2s\"\n"
-    );
+    let fleet = aws::table_fleet(&table);
     let mut ds: Vec<Daemon> = (0..5)
         .map(|i| {
             if i < 3 {

@@ -517,6 +517,14 @@ pub fn node(
     d
 }
 
+/// `[fleet]` lines for the DynamoDB slot table `table`: budget 1, no breaker, reservations
+/// stale after 2 s.
+pub fn table_fleet(table: &str) -> String {
+    format!(
+        "table = \"{table}\"\nmax_parallel = 1\nmax_unhealthy = \"100%\"\nreservation_lifetime = \"2s\"\n"
+    )
+}
+
 /// Who is DRAINING among the instances still in the group, by moto.
 pub async fn draining(sdk: &aws_config::SdkConfig, s: &Seeded) -> Vec<String> {
     let members = asg_instance_ids(sdk, &s.asg).await;
