@@ -133,6 +133,15 @@ impl Booted {
             .unwrap_or_else(|_| panic!("no PID 1 from the boot: {out:?}"));
         let ns = std::fs::read_link(format!("/proc/{pid1}/ns/pid")).ok();
         assert!(ns.is_some(), "PID 1 ({pid1}) gone right after the boot");
+        // What runs in there may ask PID 1 to reboot (the reboot rung's test): it must be
+        // the init of a PID namespace of its own, never this machine's.
+        let ours = std::fs::read_link("/proc/self/ns/pid").ok();
+        if ours.is_none() || ns == ours {
+            crate::signal(pid1, libc::SIGKILL);
+            panic!(
+                "PID 1 ({pid1}) is not in a PID namespace of its own ({ns:?}, ours {ours:?}): refusing to run anything that reboots"
+            );
+        }
         Booted {
             pid1,
             ns,
