@@ -684,6 +684,24 @@ fn incidents_read_across_rotated_files_and_oversized_inputs_are_refused() {
         .assert()
         .code(78)
         .stderr(predicate::str::contains("cap"));
+    // A FIFO (no writer: a blocking open would wait for ever) or a directory where a file
+    // is expected: refused at once, saying what it is.
+    let fifo = dir.path().join("config.fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    gm().args(["check", "--config"])
+        .arg(&fifo)
+        .timeout(std::time::Duration::from_secs(20))
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("is a FIFO, not a file"));
+    gm().args(["policy", "check"])
+        .arg(dir.path())
+        .timeout(std::time::Duration::from_secs(20))
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("is a directory, not a file"));
     // `policy simulate` streams its input under a 1 GiB cap (tests/parsers_fuzz.rs checks
     // the cap with a small one; reading a GiB here would only cost time).
 }

@@ -90,13 +90,17 @@ fn print_links(state_dir: &std::path::Path) {
     }
 }
 
+/// A status file gpu-medic wrote itself; anything bigger is not one.
+const MAX_STATUS_FILE: u64 = 1024 * 1024;
+
 fn read_fleet(files: &StateDir) -> Option<FleetSummary> {
-    let text = std::fs::read_to_string(files.fleet()).ok()?;
+    let text = crate::sys::limits::read_text(&files.fleet(), MAX_STATUS_FILE, "fleet view").ok()?;
     serde_json::from_str(&text).ok()
 }
 
 fn read_slots(files: &StateDir) -> Option<SlotsSummary> {
-    let text = std::fs::read_to_string(files.slots()).ok()?;
+    let text =
+        crate::sys::limits::read_text(&files.slots(), MAX_STATUS_FILE, "slot table view").ok()?;
     serde_json::from_str(&text).ok()
 }
 

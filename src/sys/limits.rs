@@ -41,6 +41,11 @@ pub enum ReadError {
     TooLarge { what: &'static str, limit: u64 },
     #[error("{what} is not UTF-8 text (invalid byte at offset {offset})")]
     NotText { what: &'static str, offset: usize },
+    #[error("{what} is a {kind}, not a file (is this the right path?)")]
+    NotAFile {
+        what: &'static str,
+        kind: &'static str,
+    },
 }
 
 /// A kernel boot id (`/proc/sys/kernel/random/boot_id`) is a 36-character UUID.
@@ -60,8 +65,31 @@ pub fn read_boot_id(path: &Path) -> Result<String, String> {
 
 /// Reads a whole text file of at most `limit` bytes. A bigger file (or an endless device)
 /// is refused after reading `limit + 1` bytes.
+/// A FIFO, a socket or a directory is refused without blocking (the open does not wait for
+/// a writer); a device is read up to the cap like a file.
 pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {
-    let file = std::fs::File::open(path).map_err(|source| ReadError::Io { what, source })?;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| ReadError::Io { what, source })?;
+    let kind = file
+        .metadata()
+        .map_err(|source| ReadError::Io { what, source })?
+        .file_type();
+    let refused = if kind.is_fifo() {
+        Some("FIFO")
+    } else if kind.is_socket() {
+        Some("socket")
+    } else if kind.is_dir() {
+        Some("directory")
+    } else {
+        None
+    };
+    if let Some(kind) = refused {
+        return Err(ReadError::NotAFile { what, kind });
+    }
     let mut buf = Vec::new();
     file.take(limit.saturating_add(1))
         .read_to_end(&mut buf)
@@ -101,6 +129,34 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("4 KiB cap"), "{err}");
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // No writer: a blocking open would wait for ever.
+        let err = read_text(&fifo, 64, "boot id").unwrap_err();
+        assert!(
+            matches!(err, ReadError::NotAFile { kind: "FIFO", .. }),
+            "{err}"
+        );
+        let err = read_text(dir.path(), 64, "config").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ReadError::NotAFile {
+                    kind: "directory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = read_text(Path::new("/dev/urandom"), 64, "boot id").unwrap_err();
+        assert!(matches!(err, ReadError::TooLarge { .. }), "{err}");
     }
 
     #[test]

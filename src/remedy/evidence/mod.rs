@@ -648,7 +648,7 @@ fn duration_ms(d: Duration) -> u64 {
 /// `since` as microseconds after this boot (for `/dev/kmsg` record times), from
 /// `/proc/uptime`; None when it cannot be told.
 fn since_boot_us(since: Timestamp) -> Option<u64> {
-    let up = std::fs::read_to_string("/proc/uptime").ok()?;
+    let up = crate::sys::limits::read_text(Path::new("/proc/uptime"), 4096, "uptime").ok()?;
     let secs: f64 = up.split_whitespace().next()?.parse().ok()?;
     let boot_ms = Timestamp::now().0.saturating_sub((secs * 1000.0) as u64);
     Some(since.0.saturating_sub(boot_ms).saturating_mul(1000))
