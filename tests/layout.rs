@@ -79,21 +79,14 @@ fn probes_and_remedies_never_import_each_other() {
     );
 }
 
-/// Imports of the fleet budget's room that another change of issue 27 removes (the budget
-/// moves out of src/remedy/aws): the exporter's flush is still held by the control plane.
-const KNOWN_UPWARD: &[&str] = &["src/remedy/aws/mod.rs"];
-
 #[test]
 fn probes_and_remedies_import_no_wiring_engine_journal_or_exporter() {
     let forbidden = ["supervisor", "engine", "journal", "export"];
-    let bad: Vec<String> = [
+    let bad = [
         check("src/probe", &forbidden),
         check("src/remedy", &forbidden),
     ]
-    .concat()
-    .into_iter()
-    .filter(|l| !KNOWN_UPWARD.iter().any(|k| l.contains(k)))
-    .collect();
+    .concat();
     assert!(
         bad.is_empty(),
         "probes and remedies must not reach above themselves:\n{}",
@@ -331,34 +324,14 @@ const MAX_FUNCTION_LINES: usize = 100;
 /// test below, so the list never keeps a stale excuse.
 const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
     (
-        "src/probe/nvml/links.rs",
-        "read",
-        "to split (issue 24): one reader per link kind (fabric, NVLink, clocks, PCIe, persistence)",
-    ),
-    (
         "src/policy/mod.rs",
         "validate_rules",
         "to split (issue 27): one check per rule field",
     ),
     (
-        "src/probe/nvml/mod.rs",
-        "watch",
-        "to split (issue 27): event thread set-up and loop",
-    ),
-    (
         "src/config/mod.rs",
         "check_durations",
         "data: one (section, key, value, floor, ceiling) row per duration, spread over five lines each by rustfmt",
-    ),
-    (
-        "src/supervisor/mod.rs",
-        "run",
-        "to split (issue 27): the loop and the drain at shutdown (start-up moved out)",
-    ),
-    (
-        "src/probe/ecs_gpus.rs",
-        "watch",
-        "to split (issue 27): read, compare, report",
     ),
     (
         "src/metrics.rs",

@@ -40,6 +40,7 @@ use crate::aws::events::{self, Event, Events};
 use crate::aws::logs::{self, Batch, Full, LogEvent, Logs};
 use crate::config::Config;
 use crate::model::{IncidentEvent, OutcomeStatus, Record};
+pub use crate::remedy::FlushReport;
 
 /// `detail-type` of an incident's first record.
 pub const INCIDENT_OPENED: &str = "GPU Medic Incident Opened";
@@ -140,16 +141,9 @@ pub struct Flush {
     lanes: Vec<LaneHandle>,
 }
 
-/// How a flush went, for the order's detail.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FlushReport {
-    pub complete: bool,
-    pub detail: String,
-}
-
-impl std::fmt::Display for FlushReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.detail)
+impl crate::remedy::JournalFlush for Flush {
+    fn flush(&self, wait: Duration) -> crate::remedy::BoxFuture<'_, FlushReport> {
+        Box::pin(Flush::flush(self, wait))
     }
 }
 

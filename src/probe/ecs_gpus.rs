@@ -407,127 +407,18 @@ impl EcsGpuSource {
         let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
         let interval = self.cfg.ecs.gpu_view_interval;
         let spacing = WAKE_SPACING.min(interval);
-        let learn = self.cfg.nvml.expected_gpus.is_none();
-        // IMDS is asked until it answers (it may have no type: then `instance_type` stays None).
-        let mut instance_type: Option<String> = None;
-        let mut type_known = false;
-        let mut said_unregistered = false;
-        let mut target = None;
-        let mut failures = 0u32;
-        let mut faulted = false;
-        let mut warned_no_gpus = false;
-        let mut agent = AgentWatch::default();
+        let mut w = Watch::new(self.cfg.nvml.expected_gpus.is_none());
         loop {
-            if learn && !type_known {
-                let asked = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = imds::instance_type(http.clone()) => r,
-                };
-                match asked {
-                    Ok(t) => {
-                        instance_type = t;
-                        type_known = true;
-                    }
-                    Err(e) => tracing::debug!(probe = SOURCE, "IMDS instance-type: {e}"),
-                }
-            }
-            let mut retry_soon = false;
-            let mut out = Vec::new();
-            let read = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = read_instance(&self.cfg, &client, &http, &mut target) => r,
+            let Some((out, retry_soon)) = w.turn(&self, &client, &http, &shutdown).await else {
+                return;
             };
-            match read {
-                Ok(read) => {
-                    failures = 0;
-                    if std::mem::take(&mut faulted) {
-                        out.push(
-                            Observation::new(Signal::SelfRecovered {
-                                component: COMPONENT.into(),
-                            })
-                            .with_detail("DescribeContainerInstances answers again")
-                            .from_source(SOURCE),
-                        );
-                    }
-                    if learn {
-                        learn_expected(&self.expected, Some(&read), instance_type.as_deref());
-                    }
-                    out.extend(agent.read(read.agent_health.as_ref()));
-                    if read.count() == 0 && !warned_no_gpus {
-                        warned_no_gpus = true;
-                        tracing::info!(
-                            probe = SOURCE,
-                            "ECS lists no GPU for this container instance (no gpuDevices, no GPU resource): nothing to compare"
-                        );
-                    }
-                    let nvml = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        v = self.view.first(FIRST_POLL_WAIT) => v,
-                    };
-                    match nvml {
-                        Some(nvml) => {
-                            let (found, gpus) = compare(&read, &nvml);
-                            Comparison {
-                                observed_at: Timestamp::now(),
-                                ecs_count: read.count(),
-                                nvml_count: nvml.count,
-                                expected: match self.cfg.nvml.expected_gpus {
-                                    Some(n) => Some(Expected {
-                                        count: n,
-                                        source: "[nvml] expected_gpus".into(),
-                                    }),
-                                    None => self.expected.get(),
-                                },
-                                gpus,
-                                observations: found.clone(),
-                            }
-                            .save(&self.cfg.state_dir);
-                            out.extend(found);
-                        }
-                        None => retry_soon = true,
-                    }
-                }
-                Err(ReadError::NotRegistered(why)) => {
-                    if !std::mem::replace(&mut said_unregistered, true) {
-                        tracing::info!(probe = SOURCE, "ECS GPU view not read yet: {why}");
-                    }
-                    if learn {
-                        learn_expected(&self.expected, None, instance_type.as_deref());
-                    }
-                    target = None;
-                    retry_soon = true;
-                }
-                Err(ReadError::Failed { message, retryable }) => {
-                    failures += 1;
-                    if !retryable {
-                        // Perhaps the instance was registered anew: find it again.
-                        target = None;
-                    }
-                    retry_soon = true;
-                    tracing::warn!(
-                        probe = SOURCE,
-                        failures,
-                        retryable,
-                        "cannot read ECS's view of the GPUs: {message} (never a GPU signal)"
-                    );
-                    if learn {
-                        learn_expected(&self.expected, None, instance_type.as_deref());
-                    }
-                    if !faulted && (failures >= FAILURES_FOR_SELF_FAULT || !retryable) {
-                        faulted = true;
-                        out.push(self_fault(format!(
-                            "DescribeContainerInstances failed {failures} time(s) in a row: {message}"
-                        )));
-                    }
-                }
-            }
             for o in out {
                 if tx.send(o).await.is_err() {
                     return;
                 }
             }
             let wait = if retry_soon {
-                interval.min(Duration::from_secs(30) * failures.clamp(1, 10))
+                interval.min(Duration::from_secs(30) * w.failures.clamp(1, 10))
             } else {
                 interval
             };
@@ -543,6 +434,174 @@ impl EcsGpuSource {
                     }
                 }
             }
+        }
+    }
+
+    /// ECS's view against NVML's latest, saved for `status`; the mismatches found.
+    fn compare_and_save(&self, read: &EcsRead, nvml: &ViewSnapshot) -> Vec<Observation> {
+        let (found, gpus) = compare(read, nvml);
+        Comparison {
+            observed_at: Timestamp::now(),
+            ecs_count: read.count(),
+            nvml_count: nvml.count,
+            expected: match self.cfg.nvml.expected_gpus {
+                Some(n) => Some(Expected {
+                    count: n,
+                    source: "[nvml] expected_gpus".into(),
+                }),
+                None => self.expected.get(),
+            },
+            gpus,
+            observations: found.clone(),
+        }
+        .save(&self.cfg.state_dir);
+        found
+    }
+}
+
+/// The source's state between reads.
+struct Watch {
+    /// No `[nvml] expected_gpus`: the count is learned (instance type, ECS's registration).
+    learn: bool,
+    /// IMDS is asked until it answers (it may have no type: then `instance_type` stays None).
+    instance_type: Option<String>,
+    type_known: bool,
+    said_unregistered: bool,
+    target: Option<(Ecs, String)>,
+    failures: u32,
+    faulted: bool,
+    warned_no_gpus: bool,
+    agent: AgentWatch,
+}
+
+impl Watch {
+    fn new(learn: bool) -> Self {
+        Watch {
+            learn,
+            instance_type: None,
+            type_known: false,
+            said_unregistered: false,
+            target: None,
+            failures: 0,
+            faulted: false,
+            warned_no_gpus: false,
+            agent: AgentWatch::default(),
+        }
+    }
+
+    /// One read: the observations, and whether to read again soon. `None`: gpu-medic stops.
+    async fn turn(
+        &mut self,
+        src: &EcsGpuSource,
+        client: &aws_sdk_ecs::Client,
+        http: &aws_sdk_ecs::config::SharedHttpClient,
+        shutdown: &CancellationToken,
+    ) -> Option<(Vec<Observation>, bool)> {
+        if self.learn && !self.type_known {
+            let asked = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                r = imds::instance_type(http.clone()) => r,
+            };
+            match asked {
+                Ok(t) => {
+                    self.instance_type = t;
+                    self.type_known = true;
+                }
+                Err(e) => tracing::debug!(probe = SOURCE, "IMDS instance-type: {e}"),
+            }
+        }
+        let read = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            r = read_instance(&src.cfg, client, http, &mut self.target) => r,
+        };
+        let mut out = Vec::new();
+        let retry_soon = match read {
+            Ok(read) => {
+                self.answered(src, &read, &mut out);
+                let nvml = tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    v = src.view.first(FIRST_POLL_WAIT) => v,
+                };
+                match nvml {
+                    Some(nvml) => {
+                        out.extend(src.compare_and_save(&read, &nvml));
+                        false
+                    }
+                    None => true,
+                }
+            }
+            Err(ReadError::NotRegistered(why)) => {
+                if !std::mem::replace(&mut self.said_unregistered, true) {
+                    tracing::info!(probe = SOURCE, "ECS GPU view not read yet: {why}");
+                }
+                self.learn_type(src, None);
+                self.target = None;
+                true
+            }
+            Err(ReadError::Failed { message, retryable }) => {
+                self.failed(src, &message, retryable, &mut out);
+                true
+            }
+        };
+        Some((out, retry_soon))
+    }
+
+    fn learn_type(&self, src: &EcsGpuSource, read: Option<&EcsRead>) {
+        if self.learn {
+            learn_expected(&src.expected, read, self.instance_type.as_deref());
+        }
+    }
+
+    /// ECS answered: a self-fault recovered, the agent's health, the count learned.
+    fn answered(&mut self, src: &EcsGpuSource, read: &EcsRead, out: &mut Vec<Observation>) {
+        self.failures = 0;
+        if std::mem::take(&mut self.faulted) {
+            out.push(
+                Observation::new(Signal::SelfRecovered {
+                    component: COMPONENT.into(),
+                })
+                .with_detail("DescribeContainerInstances answers again")
+                .from_source(SOURCE),
+            );
+        }
+        self.learn_type(src, Some(read));
+        out.extend(self.agent.read(read.agent_health.as_ref()));
+        if read.count() == 0 && !self.warned_no_gpus {
+            self.warned_no_gpus = true;
+            tracing::info!(
+                probe = SOURCE,
+                "ECS lists no GPU for this container instance (no gpuDevices, no GPU resource): nothing to compare"
+            );
+        }
+    }
+
+    /// A read that failed: never a GPU signal; a self-fault after a few in a row (or one that
+    /// retrying cannot fix).
+    fn failed(
+        &mut self,
+        src: &EcsGpuSource,
+        message: &str,
+        retryable: bool,
+        out: &mut Vec<Observation>,
+    ) {
+        self.failures += 1;
+        if !retryable {
+            // Perhaps the instance was registered anew: find it again.
+            self.target = None;
+        }
+        tracing::warn!(
+            probe = SOURCE,
+            failures = self.failures,
+            retryable,
+            "cannot read ECS's view of the GPUs: {message} (never a GPU signal)"
+        );
+        self.learn_type(src, None);
+        if !self.faulted && (self.failures >= FAILURES_FOR_SELF_FAULT || !retryable) {
+            self.faulted = true;
+            out.push(self_fault(format!(
+                "DescribeContainerInstances failed {} time(s) in a row: {message}",
+                self.failures
+            )));
         }
     }
 }

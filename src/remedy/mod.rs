@@ -106,6 +106,27 @@ pub trait RepairRemedy: Send + Sync + 'static {
     fn boot_check(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
+/// Delivers what the incident journal holds before the instance goes away (the exporter,
+/// `crate::export`, implements it): the drain and the terminate hook wait on it, bounded.
+pub trait JournalFlush: Send + Sync + 'static {
+    /// Delivers every record journaled before the call, waiting at most `wait`.
+    fn flush(&self, wait: Duration) -> BoxFuture<'_, FlushReport>;
+}
+
+/// How a flush went, for the order's detail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Every lane delivered what it was asked for within the wait.
+    pub complete: bool,
+    pub detail: String,
+}
+
+impl std::fmt::Display for FlushReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
 /// The control plane's hands: ECS and Auto Scaling (src/remedy/aws/mod.rs routes each order to
 /// its file there; the fleet budget is src/remedy/budget/mod.rs).
 pub trait ControlPlane: Send + Sync + 'static {

@@ -166,52 +166,16 @@ impl Supervisor {
         shutdown: CancellationToken,
         ready: impl FnOnce(),
     ) -> Result<(), SupervisorError> {
-        let cfg = self.cfg;
-        let started = Timestamp(self.clock.now_ms());
-        let (loaded, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
-        let resumed_state = loaded.is_some();
-        let state = match (loaded, &set_aside) {
-            (Some(s), _) => s,
-            (None, Some(_)) => journal::rebuild_from_journal(&cfg.incidents_path(), started)?,
-            (None, None) => State::default(),
-        };
-        let rotation = journal::Rotation {
-            max_bytes: cfg.journal.max_file_size_mib.saturating_mul(1024 * 1024),
-            keep: cfg.journal.keep_files,
-        };
-        let mut engine = Keeper {
-            incidents: JsonlWriter::open_rotating(&cfg.incidents_path(), rotation)?,
-            inputs: JsonlWriter::open_rotating(&cfg.inputs_path(), rotation)?,
-            state,
-            policy: self.policy,
-            cfg: cfg.clone(),
-            metrics: self.metrics,
-            gpu_signal: self.gpu_signal,
-            clock: self.clock,
-            seq: 0,
-        };
-        engine.recover(resumed_state)?;
-        journal::save_state(&cfg.state_path(), &engine.state)?;
         let capabilities = self.executor.capabilities();
-        // The kernel's boot id, stepped before any order is resumed: a reboot the engine
-        // ordered that has happened is finished here, never handed out again.
-        let (boot, boot_read) = boot_id(&cfg, capabilities.reboot);
-        engine.handle_batch(Batch {
-            started: Some(capabilities),
-            boot,
-            ..Batch::default()
-        })?;
-        if let Some(aside) = set_aside {
-            report_set_aside(&mut engine, &cfg, &aside)?;
-        }
-        tracing::info!(
-            policy = %engine.policy.origin,
-            observe_only = engine.policy.observe_only,
-            state_dir = %cfg.state_dir.display(),
-            node_phase = engine.state.node.as_str(),
-            "gpu-medic supervisor started"
-        );
-
+        let (mut engine, boot_read) = Keeper::start(
+            self.cfg,
+            self.policy,
+            self.metrics,
+            self.gpu_signal,
+            self.clock,
+            capabilities,
+        )?;
+        let cfg = engine.cfg.clone();
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
         let (out_tx, mut out_rx) = mpsc::channel::<Outcome>(64);
         let mut sources = JoinSet::new();
@@ -270,6 +234,81 @@ impl Supervisor {
             }
         }
 
+        engine.stop(&mut obs_rx, &mut out_rx, &mut orders).await?;
+        sources.shutdown().await;
+        journal::save_state(&cfg.state_path(), &engine.state)?;
+        tracing::info!("gpu-medic supervisor stopped; state saved");
+        Ok(())
+    }
+}
+
+impl Keeper {
+    /// Loads the state (or sets a bad one aside and rebuilds it from the journal), opens both
+    /// journals, replays what was not applied, saves the state and steps the start: this
+    /// boot's id and what the remedies can do. Also returns the boot id as read, for sources.
+    fn start(
+        cfg: Config,
+        policy: Policy,
+        metrics: Option<Arc<Metrics>>,
+        gpu_signal: Option<Arc<tokio::sync::Notify>>,
+        clock: SharedClock,
+        capabilities: crate::model::Capabilities,
+    ) -> Result<(Keeper, String), SupervisorError> {
+        let started = Timestamp(clock.now_ms());
+        let (loaded, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
+        let resumed_state = loaded.is_some();
+        let state = match (loaded, &set_aside) {
+            (Some(s), _) => s,
+            (None, Some(_)) => journal::rebuild_from_journal(&cfg.incidents_path(), started)?,
+            (None, None) => State::default(),
+        };
+        let rotation = journal::Rotation {
+            max_bytes: cfg.journal.max_file_size_mib.saturating_mul(1024 * 1024),
+            keep: cfg.journal.keep_files,
+        };
+        let mut engine = Keeper {
+            incidents: JsonlWriter::open_rotating(&cfg.incidents_path(), rotation)?,
+            inputs: JsonlWriter::open_rotating(&cfg.inputs_path(), rotation)?,
+            state,
+            policy,
+            cfg: cfg.clone(),
+            metrics,
+            gpu_signal,
+            clock,
+            seq: 0,
+        };
+        engine.recover(resumed_state)?;
+        journal::save_state(&cfg.state_path(), &engine.state)?;
+        // The kernel's boot id, stepped before any order is resumed: a reboot the engine
+        // ordered that has happened is finished here, never handed out again.
+        let (boot, boot_read) = boot_id(&cfg, capabilities.reboot);
+        engine.handle_batch(Batch {
+            started: Some(capabilities),
+            boot,
+            ..Batch::default()
+        })?;
+        if let Some(aside) = set_aside {
+            report_set_aside(&mut engine, &cfg, &aside)?;
+        }
+        tracing::info!(
+            policy = %engine.policy.origin,
+            observe_only = engine.policy.observe_only,
+            state_dir = %cfg.state_dir.display(),
+            node_phase = engine.state.node.as_str(),
+            "gpu-medic supervisor started"
+        );
+
+        Ok((engine, boot_read))
+    }
+
+    /// Shutting down: what the probes already handed over is journaled; orders in flight get
+    /// `SHUTDOWN_GRACE` to reach a safe point (the rest resume on the next start).
+    async fn stop(
+        &mut self,
+        obs_rx: &mut mpsc::Receiver<Observation>,
+        out_rx: &mut mpsc::Receiver<Outcome>,
+        orders: &mut JoinSet<()>,
+    ) -> Result<(), SupervisorError> {
         tracing::info!(
             in_flight = orders.len(),
             "shutting down: letting orders in flight reach a safe point"
@@ -289,7 +328,7 @@ impl Supervisor {
             if batch.observations.is_empty() {
                 break;
             }
-            for order in engine.handle_batch(batch)? {
+            for order in self.handle_batch(batch)? {
                 tracing::info!(action_id = %order.id, action = order.command.name(), "order deferred to next start");
             }
         }
@@ -303,7 +342,7 @@ impl Supervisor {
                 }
                 Some(outcome) = out_rx.recv() => {
                     let batch = Batch { outcomes: vec![outcome], ..Batch::default() };
-                    for order in engine.handle_batch(batch)? {
+                    for order in self.handle_batch(batch)? {
                         // Follow-up steps wait for the next start; they are in state.json.
                         tracing::info!(action_id = %order.id, action = order.command.name(), "follow-up order deferred to next start");
                     }
@@ -315,10 +354,7 @@ impl Supervisor {
         while let Ok(outcome) = out_rx.try_recv() {
             rest.outcomes.push(outcome);
         }
-        engine.handle_batch(rest)?;
-        sources.shutdown().await;
-        journal::save_state(&cfg.state_path(), &engine.state)?;
-        tracing::info!("gpu-medic supervisor stopped; state saved");
+        self.handle_batch(rest)?;
         Ok(())
     }
 }

@@ -178,219 +178,267 @@ impl LinkReader {
             },
             ..LinkReport::default()
         };
+        let cfg = &self.cfg;
         let track = self.gpus.entry(index).or_default();
+        fabric(cfg, nvml, device, index, &mut r, failed);
+        nvlinks(cfg, device, track, now, &mut r, failed);
+        let reasons = clock_reasons(nvml, device, &mut r, failed);
+        pcie(cfg, device, track, now, reasons, &mut r, failed);
+        persistence(cfg, device, &mut r, failed);
+        r
+    }
+}
 
-        // The fabric registration.
-        match raw::fabric_info(nvml, device) {
-            Ok(f) if f.state == raw::FABRIC_NOT_SUPPORTED => {}
-            Ok(f) => {
-                r.view.fabric_state = Some(fabric_name(f.state).into());
-                r.view.fabric_status = f.status;
-                r.view.clique_id = f.clique_id;
-                r.view.cluster_uuid = f.cluster_uuid.iter().map(|b| format!("{b:02x}")).collect();
-                if f.state != raw::FABRIC_COMPLETED {
-                    let up = uptime_secs(&self.cfg.uptime_file);
-                    let deadline = self.cfg.fabric_deadline.as_secs();
-                    match up {
+/// The fabric registration: not completed past its deadline after boot, or completed with an
+/// error status.
+fn fabric(
+    cfg: &LinksConfig,
+    nvml: &Nvml,
+    device: &Device<'_>,
+    index: u32,
+    r: &mut LinkReport,
+    failed: &mut dyn FnMut(&str, &NvmlError),
+) {
+    match raw::fabric_info(nvml, device) {
+        Ok(f) if f.state == raw::FABRIC_NOT_SUPPORTED => {}
+        Ok(f) => {
+            r.view.fabric_state = Some(fabric_name(f.state).into());
+            r.view.fabric_status = f.status;
+            r.view.clique_id = f.clique_id;
+            r.view.cluster_uuid = f.cluster_uuid.iter().map(|b| format!("{b:02x}")).collect();
+            if f.state != raw::FABRIC_COMPLETED {
+                let up = uptime_secs(&cfg.uptime_file);
+                let deadline = cfg.fabric_deadline.as_secs();
+                match up {
                         Some(s) if s >= deadline => r.observations.push(
                             Observation::new(Signal::FabricNotCompleted)
                                 .with_value(s)
                                 .with_detail(format!(
                                     "NVLink fabric registration {} {s} s after boot (deadline {}): the GPU cannot run CUDA work",
                                     fabric_name(f.state),
-                                    humantime::format_duration(self.cfg.fabric_deadline)
+                                    humantime::format_duration(cfg.fabric_deadline)
                                 )),
                         ),
                         Some(s) => r.pending.push(format!(
                             "GPU {index}: NVLink fabric registration {} {s} s after boot (deadline {})",
                             fabric_name(f.state),
-                            humantime::format_duration(self.cfg.fabric_deadline)
+                            humantime::format_duration(cfg.fabric_deadline)
                         )),
                         None => r.pending.push(format!(
                             "GPU {index}: NVLink fabric registration {}; time since boot unknown ({})",
                             fabric_name(f.state),
-                            self.cfg.uptime_file.display()
+                            cfg.uptime_file.display()
                         )),
                     }
-                } else if f.status != 0 {
-                    r.observations.push(
-                        Observation::new(Signal::FabricError)
-                            .with_value(u64::from(f.status))
-                            .with_detail(format!(
-                                "NVLink fabric registration completed with error status {} (clique {})",
-                                f.status, f.clique_id
-                            )),
-                    );
-                }
-            }
-            Err(e) => failed("fabric info", &e),
-        }
-
-        // NVLinks: state and counters.
-        let window = self.cfg.nvlink_window;
-        let mut worst = [0u64; 3];
-        for link in 0..MAX_NVLINKS {
-            let l = device.link_wrapper_for(link);
-            let active = match l.is_active() {
-                Ok(a) => a,
-                Err(NvmlError::InvalidArg) => break, // past the last link
-                Err(e) => {
-                    if link == 0 {
-                        failed("NVLink state", &e);
-                    }
-                    break;
-                }
-            };
-            r.view.nvlinks += 1;
-            let t = track.links.entry(link).or_default();
-            if active {
-                t.seen_up = true;
-            } else if t.seen_up {
-                r.view.nvlinks_down.push(link);
-            }
-            let read = |c: ErrorCounter| l.error_counter(c).ok();
-            let crc = match (read(ErrorCounter::DlCrcFlit), read(ErrorCounter::DlCrcData)) {
-                (Some(a), Some(b)) => Some(a.saturating_add(b)),
-                (a, b) => a.or(b),
-            };
-            let replay = read(ErrorCounter::DlReplay);
-            let recovery = read(ErrorCounter::DlRecovery);
-            for (i, (value, rate)) in [
-                (crc, &mut t.crc),
-                (replay, &mut t.replay),
-                (recovery, &mut t.recovery),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                if let Some(v) = value {
-                    worst[i] = worst[i].max(rate.push(now, v, window));
-                }
-            }
-        }
-        [
-            r.view.nvlink_crc_per_min,
-            r.view.nvlink_replay_per_min,
-            r.view.nvlink_recovery_per_min,
-        ] = worst;
-        if !r.view.nvlinks_down.is_empty() {
-            r.observations.push(
-                Observation::new(Signal::NvlinkDown)
-                    .with_value(r.view.nvlinks_down.len() as u64)
-                    .with_detail(format!(
-                        "NVLink(s) {:?} down after being up ({} links)",
-                        r.view.nvlinks_down, r.view.nvlinks
-                    )),
-            );
-        }
-        let per = humantime::format_duration(window);
-        for (signal, what, v) in [
-            (Signal::NvlinkCrcErrors, "CRC (flit + data)", worst[0]),
-            (Signal::NvlinkReplayErrors, "replay", worst[1]),
-            (Signal::NvlinkRecoveryErrors, "recovery", worst[2]),
-        ] {
-            if v > 0 {
-                r.observations
-                    .push(Observation::new(signal).with_value(v).with_detail(format!(
-                        "NVLink {what} errors: {v} per minute over {per} (worst link)"
-                    )));
-            }
-        }
-
-        // Clock event reasons: the full set for status; software thermal slowdown is a
-        // signal (the hardware ones are the poller's hw-slowdown).
-        let reasons = match raw::clock_event_reasons(nvml, device) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                failed("clock event reasons", &e);
-                None
-            }
-        };
-        if let Some(m) = reasons {
-            r.view.clock_event_reasons = reason_names(m);
-            if m & REASON_SW_THERMAL != 0 {
+            } else if f.status != 0 {
                 r.observations.push(
-                    Observation::new(Signal::SwThermalSlowdown)
-                        .with_value(m)
-                        .with_detail(format!("clock event reasons {:?}", reason_names(m))),
+                    Observation::new(Signal::FabricError)
+                        .with_value(u64::from(f.status))
+                        .with_detail(format!(
+                            "NVLink fabric registration completed with error status {} (clique {})",
+                            f.status, f.clique_id
+                        )),
                 );
             }
         }
+        Err(e) => failed("fabric info", &e),
+    }
+}
 
-        // PCIe: the link against its maximum, and replays.
-        let pcie = [
-            device.current_pcie_link_gen(),
-            device.current_pcie_link_width(),
-            device.max_pcie_link_gen(),
-            device.max_pcie_link_width(),
-        ];
-        let mut got = [0u32; 4];
-        let mut complete = true;
-        for (i, v) in pcie.into_iter().enumerate() {
-            match v {
-                Ok(v) => got[i] = v,
-                Err(e) => {
-                    complete = false;
-                    if i == 0 {
-                        failed("PCIe link", &e);
-                    }
+/// NVLinks: which went down after being up, and the worst link's error rates.
+fn nvlinks(
+    cfg: &LinksConfig,
+    device: &Device<'_>,
+    track: &mut GpuTrack,
+    now: Instant,
+    r: &mut LinkReport,
+    failed: &mut dyn FnMut(&str, &NvmlError),
+) {
+    let window = cfg.nvlink_window;
+    let mut worst = [0u64; 3];
+    for link in 0..MAX_NVLINKS {
+        let l = device.link_wrapper_for(link);
+        let active = match l.is_active() {
+            Ok(a) => a,
+            Err(NvmlError::InvalidArg) => break, // past the last link
+            Err(e) => {
+                if link == 0 {
+                    failed("NVLink state", &e);
+                }
+                break;
+            }
+        };
+        r.view.nvlinks += 1;
+        let t = track.links.entry(link).or_default();
+        if active {
+            t.seen_up = true;
+        } else if t.seen_up {
+            r.view.nvlinks_down.push(link);
+        }
+        let read = |c: ErrorCounter| l.error_counter(c).ok();
+        let crc = match (read(ErrorCounter::DlCrcFlit), read(ErrorCounter::DlCrcData)) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            (a, b) => a.or(b),
+        };
+        let replay = read(ErrorCounter::DlReplay);
+        let recovery = read(ErrorCounter::DlRecovery);
+        for (i, (value, rate)) in [
+            (crc, &mut t.crc),
+            (replay, &mut t.replay),
+            (recovery, &mut t.recovery),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if let Some(v) = value {
+                worst[i] = worst[i].max(rate.push(now, v, window));
+            }
+        }
+    }
+    [
+        r.view.nvlink_crc_per_min,
+        r.view.nvlink_replay_per_min,
+        r.view.nvlink_recovery_per_min,
+    ] = worst;
+    if !r.view.nvlinks_down.is_empty() {
+        r.observations.push(
+            Observation::new(Signal::NvlinkDown)
+                .with_value(r.view.nvlinks_down.len() as u64)
+                .with_detail(format!(
+                    "NVLink(s) {:?} down after being up ({} links)",
+                    r.view.nvlinks_down, r.view.nvlinks
+                )),
+        );
+    }
+    let per = humantime::format_duration(window);
+    for (signal, what, v) in [
+        (Signal::NvlinkCrcErrors, "CRC (flit + data)", worst[0]),
+        (Signal::NvlinkReplayErrors, "replay", worst[1]),
+        (Signal::NvlinkRecoveryErrors, "recovery", worst[2]),
+    ] {
+        if v > 0 {
+            r.observations
+                .push(Observation::new(signal).with_value(v).with_detail(format!(
+                    "NVLink {what} errors: {v} per minute over {per} (worst link)"
+                )));
+        }
+    }
+}
+
+/// Clock event reasons: the full set for status; software thermal slowdown is a signal (the
+/// hardware ones are the poller's hw-slowdown).
+fn clock_reasons(
+    nvml: &Nvml,
+    device: &Device<'_>,
+    r: &mut LinkReport,
+    failed: &mut dyn FnMut(&str, &NvmlError),
+) -> Option<u64> {
+    let reasons = match raw::clock_event_reasons(nvml, device) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            failed("clock event reasons", &e);
+            None
+        }
+    };
+    if let Some(m) = reasons {
+        r.view.clock_event_reasons = reason_names(m);
+        if m & REASON_SW_THERMAL != 0 {
+            r.observations.push(
+                Observation::new(Signal::SwThermalSlowdown)
+                    .with_value(m)
+                    .with_detail(format!("clock event reasons {:?}", reason_names(m))),
+            );
+        }
+    }
+    reasons
+}
+
+/// PCIe: the link against its maximum (an idle GPU's lowered generation excepted), and replays.
+fn pcie(
+    cfg: &LinksConfig,
+    device: &Device<'_>,
+    track: &mut GpuTrack,
+    now: Instant,
+    reasons: Option<u64>,
+    r: &mut LinkReport,
+    failed: &mut dyn FnMut(&str, &NvmlError),
+) {
+    let pcie = [
+        device.current_pcie_link_gen(),
+        device.current_pcie_link_width(),
+        device.max_pcie_link_gen(),
+        device.max_pcie_link_width(),
+    ];
+    let mut got = [0u32; 4];
+    let mut complete = true;
+    for (i, v) in pcie.into_iter().enumerate() {
+        match v {
+            Ok(v) => got[i] = v,
+            Err(e) => {
+                complete = false;
+                if i == 0 {
+                    failed("PCIe link", &e);
                 }
             }
         }
-        r.view.pcie = got;
-        let [cur_gen, cur_w, max_gen, max_w] = got;
-        // An idle GPU lowers its link generation to save power; its width stays.
-        let idle = reasons.is_some_and(|m| m & REASON_GPU_IDLE != 0);
-        if complete
-            && max_w > 0
-            && lane_rate(max_gen) > 0
-            && (cur_w < max_w || (cur_gen < max_gen && !idle))
-        {
-            let now_bw = lane_rate(cur_gen) * u64::from(cur_w);
-            let max_bw = lane_rate(max_gen) * u64::from(max_w);
-            let pct = (now_bw * 100 / max_bw).min(100);
-            r.observations.push(
+    }
+    r.view.pcie = got;
+    let [cur_gen, cur_w, max_gen, max_w] = got;
+    // An idle GPU lowers its link generation to save power; its width stays.
+    let idle = reasons.is_some_and(|m| m & REASON_GPU_IDLE != 0);
+    if complete
+        && max_w > 0
+        && lane_rate(max_gen) > 0
+        && (cur_w < max_w || (cur_gen < max_gen && !idle))
+    {
+        let now_bw = lane_rate(cur_gen) * u64::from(cur_w);
+        let max_bw = lane_rate(max_gen) * u64::from(max_w);
+        let pct = (now_bw * 100 / max_bw).min(100);
+        r.observations.push(
                 Observation::new(Signal::PcieDowntrained)
                     .with_value(pct)
                     .with_detail(format!(
                         "PCIe link Gen{cur_gen} x{cur_w}, maximum Gen{max_gen} x{max_w} ({pct}% of its bandwidth)"
                     )),
             );
-        }
-        match device.pcie_replay_counter() {
-            Ok(n) => {
-                let v = track
-                    .pcie_replay
-                    .push(now, u64::from(n), self.cfg.pcie_window);
-                r.view.pcie_replays_per_min = v;
-                if v > 0 {
-                    r.observations.push(
-                        Observation::new(Signal::PcieReplays)
-                            .with_value(v)
-                            .with_detail(format!(
-                                "PCIe replays: {v} per minute over {} (counter {n})",
-                                humantime::format_duration(self.cfg.pcie_window)
-                            )),
-                    );
-                }
+    }
+    match device.pcie_replay_counter() {
+        Ok(n) => {
+            let v = track.pcie_replay.push(now, u64::from(n), cfg.pcie_window);
+            r.view.pcie_replays_per_min = v;
+            if v > 0 {
+                r.observations.push(
+                    Observation::new(Signal::PcieReplays)
+                        .with_value(v)
+                        .with_detail(format!(
+                            "PCIe replays: {v} per minute over {} (counter {n})",
+                            humantime::format_duration(cfg.pcie_window)
+                        )),
+                );
             }
-            Err(e) => failed("PCIe replay counter", &e),
         }
+        Err(e) => failed("PCIe replay counter", &e),
+    }
+}
 
-        // Persistence mode.
-        match device.is_in_persistent_mode() {
-            Ok(on) => {
-                r.view.persistence = Some(on);
-                if !on && self.cfg.expect_persistence {
-                    r.observations.push(
-                        Observation::new(Signal::PersistenceOff)
-                            .with_detail("persistence mode is off ([links] expect_persistence)"),
-                    );
-                }
+/// Persistence mode, a signal when `[links] expect_persistence` and it is off.
+fn persistence(
+    cfg: &LinksConfig,
+    device: &Device<'_>,
+    r: &mut LinkReport,
+    failed: &mut dyn FnMut(&str, &NvmlError),
+) {
+    match device.is_in_persistent_mode() {
+        Ok(on) => {
+            r.view.persistence = Some(on);
+            if !on && cfg.expect_persistence {
+                r.observations.push(
+                    Observation::new(Signal::PersistenceOff)
+                        .with_detail("persistence mode is off ([links] expect_persistence)"),
+                );
             }
-            Err(e) => failed("persistence mode", &e),
         }
-        r
+        Err(e) => failed("persistence mode", &e),
     }
 }
 

@@ -197,197 +197,252 @@ impl NvmlSource {
         shutdown: CancellationToken,
         resume: crate::model::Resume,
     ) {
+        let mut opener = Opener::default();
+        let mut wing = Wing {
+            names: usage::TaskNames::default(),
+            crossings: reserve::Crossings::default(),
+            history: history::Writer::open(&self.state_dir),
+            emf: crate::accounting::emf::Writer::default(),
+        };
+        loop {
+            let nvml = match opener.open(&self, &tx, &shutdown).await {
+                Opened::Nvml(n) => n,
+                Opened::Again => continue,
+                Opened::Stop => return,
+            };
+            tracing::info!(probe = "nvml", library = %self.cfg.library, "NVML opened");
+            let ended = self.serve(nvml, &mut wing, &tx, &shutdown, &resume).await;
+            if ended || shutdown.is_cancelled() {
+                return;
+            }
+        }
+    }
+
+    /// Polls one opened NVML until a poll hangs (false: reopen) or gpu-medic stops (true),
+    /// with the event thread and the kernel log reader beside it.
+    async fn serve(
+        &self,
+        nvml: Arc<Nvml>,
+        wing: &mut Wing,
+        tx: &mpsc::Sender<Observation>,
+        shutdown: &CancellationToken,
+        resume: &crate::model::Resume,
+    ) -> bool {
         let interval = self.cfg.poll_interval;
         // One NVML call may hang on a broken GPU: a poll gets this long before it is abandoned.
         let poll_deadline = interval.max(Duration::from_secs(5)).saturating_mul(3);
-        let mut warned_other = false;
-        // Reported once per episode; the engine keeps one incident while it lasts.
-        let mut unusable = false;
-        let mut names = usage::TaskNames::default();
-        let mut crossings = reserve::Crossings::default();
-        let mut history = history::Writer::open(&self.state_dir);
-        let mut emf = crate::accounting::emf::Writer::default();
-        'open: loop {
-            let library = self.cfg.library.clone();
-            let opened = tokio::task::spawn_blocking(move || open(&library)).await;
-            let nvml = match opened {
-                Ok(Ok(n)) => {
-                    if std::mem::take(&mut unusable)
-                        && tx
-                            .send(self_recovered(&format!("{} loads again", self.cfg.library)))
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                    Arc::new(n)
-                }
-                Ok(Err(OpenError::Unusable(detail))) => {
-                    if !unusable {
-                        tracing::error!(
-                            probe = "nvml",
-                            "{detail}: gpu-medic cannot watch the GPUs (self-fault; nothing is drained for it)"
-                        );
-                        unusable = true;
-                        if tx.send(self_fault(detail)).await.is_err() {
-                            return;
-                        }
-                    }
-                    if sleep_or_stop(&shutdown, interval).await {
-                        return;
-                    }
-                    continue 'open;
-                }
-                Ok(Err(OpenError::NoDriver(detail))) => {
-                    if tx.send(no_driver(detail)).await.is_err() {
-                        return;
-                    }
-                    if sleep_or_stop(&shutdown, interval).await {
-                        return;
-                    }
-                    continue 'open;
-                }
-                Ok(Err(OpenError::Other(msg))) => {
-                    if !warned_other {
-                        tracing::warn!(probe = "nvml", "{msg}; retrying");
-                        warned_other = true;
-                    }
-                    if sleep_or_stop(&shutdown, interval).await {
-                        return;
-                    }
-                    continue 'open;
-                }
-                Err(e) => {
-                    tracing::error!(probe = "nvml", "NVML open task failed: {e}");
-                    return;
-                }
-            };
-            tracing::info!(probe = "nvml", library = %self.cfg.library, "NVML opened");
-            let shared = SharedState::default();
-            let stop = Arc::new(AtomicBool::new(false));
-            let watcher = events::Watcher {
-                nvml: nvml.clone(),
+        let shared = SharedState::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = events::Watcher {
+            nvml: nvml.clone(),
+            shared: shared.clone(),
+            tx: tx.clone(),
+            stop: stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || watcher.run());
+        if let Err(e) = &thread {
+            tracing::error!(
+                probe = "nvml",
+                "cannot start the event thread: {e}; polling only"
+            );
+        }
+        // The kernel log maps PCI ids through the GPU list the first poll fills in.
+        let mut kmsg = self
+            .cfg
+            .kmsg
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|path| kmsg::KmsgReader {
+                path,
+                cursor_file: kmsg::cursor_path(&self.state_dir),
+                committed: resume.clone(),
                 shared: shared.clone(),
                 tx: tx.clone(),
                 stop: stop.clone(),
-            };
-            let thread = std::thread::Builder::new()
-                .name("nvml-events".into())
-                .spawn(move || watcher.run());
-            if let Err(e) = &thread {
-                tracing::error!(
-                    probe = "nvml",
-                    "cannot start the event thread: {e}; polling only"
-                );
-            }
-            // The kernel log maps PCI ids through the GPU list the first poll fills in.
-            let mut kmsg = self
-                .cfg
-                .kmsg
-                .clone()
-                .filter(|p| !p.as_os_str().is_empty())
-                .map(|path| kmsg::KmsgReader {
-                    path,
-                    cursor_file: kmsg::cursor_path(&self.state_dir),
-                    committed: resume.clone(),
-                    shared: shared.clone(),
-                    tx: tx.clone(),
-                    stop: stop.clone(),
-                });
-            let mut poller = Some(self.poller());
-            let mut first = true;
-            while let Some(mut p) = poller.take() {
-                let (n, s) = (nvml.clone(), shared.clone());
-                let job = tokio::task::spawn_blocking(move || {
-                    let report = p.poll(&n, &s);
-                    (p, report)
-                });
-                match tokio::time::timeout(poll_deadline, job).await {
-                    Ok(Ok((p, report))) => {
-                        poller = Some(p);
-                        if let Some(v) = &self.view {
-                            v.publish(report.view.clone());
-                        }
-                        if self.links.as_ref().is_some_and(|l| l.enabled) {
-                            links::save_view(&self.state_dir, &report.links);
-                        }
-                        let mut snap = report.usage;
-                        if let Some(url) = &self.agent_url {
-                            names.label(url, &mut snap).await;
-                        }
-                        if let Some(r) = &self.reservations {
-                            r.request(&snap);
-                        }
-                        let alert = self.cfg.reservation_alert;
-                        snap.tasks = reserve::per_task(&snap, self.reservations.as_ref(), alert);
-                        let crossed = crossings.update(&snap.tasks, alert);
-                        let now = crate::model::Timestamp::now();
-                        history.observe(&snap.tasks, now.0 / 1000);
-                        if self.emf {
-                            emf.write(&crate::accounting::emf::lines(&snap, now.0));
-                        }
-                        if let Some(a) = &self.accounting {
-                            a.publish(snap);
-                        }
-                        for obs in crossed {
-                            if tx.send(obs).await.is_err() {
-                                stop.store(true, Ordering::Relaxed);
-                                return;
-                            }
-                        }
-                        if let Some(reader) = kmsg.take() {
-                            let spawned = std::thread::Builder::new()
-                                .name("kmsg".into())
-                                .spawn(move || reader.run());
-                            if let Err(e) = spawned {
-                                tracing::warn!(
-                                    probe = "kmsg",
-                                    "cannot start the kernel log reader: {e}"
-                                );
-                            }
-                        }
-                        let gpus = report.gpus.len();
-                        for obs in report.observations {
-                            if tx.send(obs).await.is_err() {
-                                stop.store(true, Ordering::Relaxed);
-                                return;
-                            }
-                        }
-                        if std::mem::take(&mut first) {
-                            // A fact to wait on (tests, operators): what happens to a counter
-                            // from now on is a change, not its starting value.
-                            tracing::info!(
-                                probe = "nvml",
-                                gpus,
-                                "first NVML poll done: counter baselines set"
-                            );
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        tracing::error!(probe = "nvml", "poll task failed: {e}");
-                        poller = Some(self.poller());
-                    }
-                    Err(_) => {
-                        // The blocked call keeps its thread; NVML is reopened with a new poller.
-                        tracing::error!(
-                            probe = "nvml",
-                            "an NVML poll did not return within {:?}; reopening NVML",
-                            poll_deadline
-                        );
+            });
+        let mut poller = Some(self.poller());
+        let mut first = true;
+        let mut closed = false;
+        while let Some(mut p) = poller.take() {
+            let (n, s) = (nvml.clone(), shared.clone());
+            let job = tokio::task::spawn_blocking(move || {
+                let report = p.poll(&n, &s);
+                (p, report)
+            });
+            match tokio::time::timeout(poll_deadline, job).await {
+                Ok(Ok((p, report))) => {
+                    poller = Some(p);
+                    let gpus = report.gpus.len();
+                    if self.take(report, wing, tx).await.is_err() {
+                        closed = true;
                         break;
                     }
+                    if let Some(reader) = kmsg.take() {
+                        start_kmsg(reader);
+                    }
+                    if std::mem::take(&mut first) {
+                        // A fact to wait on (tests, operators): what happens to a counter
+                        // from now on is a change, not its starting value.
+                        tracing::info!(
+                            probe = "nvml",
+                            gpus,
+                            "first NVML poll done: counter baselines set"
+                        );
+                    }
                 }
-                if sleep_or_stop(&shutdown, interval).await {
+                Ok(Err(e)) => {
+                    tracing::error!(probe = "nvml", "poll task failed: {e}");
+                    poller = Some(self.poller());
+                }
+                Err(_) => {
+                    // The blocked call keeps its thread; NVML is reopened with a new poller.
+                    tracing::error!(
+                        probe = "nvml",
+                        "an NVML poll did not return within {:?}; reopening NVML",
+                        poll_deadline
+                    );
                     break;
                 }
             }
-            stop.store(true, Ordering::Relaxed);
-            if let Ok(t) = thread {
-                let _ = tokio::task::spawn_blocking(move || t.join()).await;
+            if sleep_or_stop(shutdown, interval).await {
+                break;
             }
-            if shutdown.is_cancelled() {
-                return;
+        }
+        stop.store(true, Ordering::Relaxed);
+        if let Ok(t) = thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        closed
+    }
+
+    /// One poll's report: the views for status, per-task GPU memory to the accounting wing,
+    /// then its observations to the supervisor. `Err`: the supervisor is gone.
+    async fn take(
+        &self,
+        report: poll::PollReport,
+        wing: &mut Wing,
+        tx: &mpsc::Sender<Observation>,
+    ) -> Result<(), ()> {
+        if let Some(v) = &self.view {
+            v.publish(report.view.clone());
+        }
+        if self.links.as_ref().is_some_and(|l| l.enabled) {
+            links::save_view(&self.state_dir, &report.links);
+        }
+        let mut snap = report.usage;
+        if let Some(url) = &self.agent_url {
+            wing.names.label(url, &mut snap).await;
+        }
+        if let Some(r) = &self.reservations {
+            r.request(&snap);
+        }
+        let alert = self.cfg.reservation_alert;
+        snap.tasks = reserve::per_task(&snap, self.reservations.as_ref(), alert);
+        let crossed = wing.crossings.update(&snap.tasks, alert);
+        let now = crate::model::Timestamp::now();
+        wing.history.observe(&snap.tasks, now.0 / 1000);
+        if self.emf {
+            wing.emf.write(&crate::accounting::emf::lines(&snap, now.0));
+        }
+        if let Some(a) = &self.accounting {
+            a.publish(snap);
+        }
+        for obs in crossed.into_iter().chain(report.observations) {
+            tx.send(obs).await.map_err(|_| ())?;
+        }
+        Ok(())
+    }
+}
+
+/// The accounting wing's state the poller feeds between polls: task names, reservation
+/// crossings, the usage history and the EMF writer.
+struct Wing {
+    names: usage::TaskNames,
+    crossings: reserve::Crossings,
+    history: history::Writer,
+    emf: crate::accounting::emf::Writer,
+}
+
+fn start_kmsg(reader: kmsg::KmsgReader) {
+    let spawned = std::thread::Builder::new()
+        .name("kmsg".into())
+        .spawn(move || reader.run());
+    if let Err(e) = spawned {
+        tracing::warn!(probe = "kmsg", "cannot start the kernel log reader: {e}");
+    }
+}
+
+/// What one try at opening NVML gave.
+enum Opened {
+    Nvml(Arc<Nvml>),
+    /// Not usable now: tried again (after `poll_interval`).
+    Again,
+    /// gpu-medic stops.
+    Stop,
+}
+
+/// Opens NVML, reporting an unusable library once per episode (the engine keeps one incident
+/// while it lasts) and its recovery.
+#[derive(Default)]
+struct Opener {
+    unusable: bool,
+    warned_other: bool,
+}
+
+impl Opener {
+    async fn open(
+        &mut self,
+        src: &NvmlSource,
+        tx: &mpsc::Sender<Observation>,
+        shutdown: &CancellationToken,
+    ) -> Opened {
+        let library = src.cfg.library.clone();
+        let report = match tokio::task::spawn_blocking(move || open(&library)).await {
+            Ok(Ok(n)) => {
+                if std::mem::take(&mut self.unusable)
+                    && tx
+                        .send(self_recovered(&format!("{} loads again", src.cfg.library)))
+                        .await
+                        .is_err()
+                {
+                    return Opened::Stop;
+                }
+                return Opened::Nvml(Arc::new(n));
             }
+            Ok(Err(OpenError::Unusable(detail))) => {
+                if std::mem::replace(&mut self.unusable, true) {
+                    None
+                } else {
+                    tracing::error!(
+                        probe = "nvml",
+                        "{detail}: gpu-medic cannot watch the GPUs (self-fault; nothing is drained for it)"
+                    );
+                    Some(self_fault(detail))
+                }
+            }
+            Ok(Err(OpenError::NoDriver(detail))) => Some(no_driver(detail)),
+            Ok(Err(OpenError::Other(msg))) => {
+                if !std::mem::replace(&mut self.warned_other, true) {
+                    tracing::warn!(probe = "nvml", "{msg}; retrying");
+                }
+                None
+            }
+            Err(e) => {
+                tracing::error!(probe = "nvml", "NVML open task failed: {e}");
+                return Opened::Stop;
+            }
+        };
+        if let Some(obs) = report
+            && tx.send(obs).await.is_err()
+        {
+            return Opened::Stop;
+        }
+        if sleep_or_stop(shutdown, src.cfg.poll_interval).await {
+            Opened::Stop
+        } else {
+            Opened::Again
         }
     }
 }

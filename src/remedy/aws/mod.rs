@@ -39,7 +39,7 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::{self, FleetBudget, Whoami};
-use super::{BoxFuture, ControlPlane, Done, RemedyError};
+use super::{BoxFuture, ControlPlane, Done, JournalFlush, RemedyError};
 use crate::aws::asg::Asg;
 use crate::aws::calls::Calls;
 use crate::aws::ecs::Ecs;
@@ -59,7 +59,7 @@ pub(crate) struct Hands {
     clock: SharedClock,
     budget: Arc<dyn FleetBudget>,
     /// The incident export, flushed before the instance goes away (none: export is off).
-    flush: Option<crate::export::Flush>,
+    flush: Option<Arc<dyn JournalFlush>>,
 }
 
 impl Hands {
@@ -128,8 +128,8 @@ impl AwsControlPlane {
 
     /// Flushes the incident export before completing the terminate hook or marking the
     /// instance Unhealthy (shared with the exporter).
-    pub fn with_flush(mut self, flush: crate::export::Flush) -> Self {
-        self.hands.flush = Some(flush);
+    pub fn with_flush(mut self, flush: impl JournalFlush) -> Self {
+        self.hands.flush = Some(Arc::new(flush));
         self
     }
 
