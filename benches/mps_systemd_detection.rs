@@ -14,10 +14,10 @@
 //! - `hang`: `systemctl kill --signal=SIGSTOP` of the daemon -> `mps-unresponsive`. Floor: two
 //!   probes unanswered for 3 s each, 5 s apart: 8-13 s after the stop, mean 10.5 s.
 //! - `daemon-loop`: the daemon SIGKILLed three times, each once systemd has restarted it
-//!   (`RestartSec=1`), measured from the last kill -> `mps-crash-loop` (`NRestarts`). Floor:
+//!   (`RestartSec=1`), measured from the last kill -> the `mps-crash-loop` rule (`NRestarts`). Floor:
 //!   systemd's restart 1 s after the kill, then the next probe turn: 1-6 s, mean 3.5 s.
 //! - `server-loop`: three `start_server -uid 0` (each server exits with status 1 without a
-//!   GPU: the daemon's own lines, through journald), from the third -> `mps-crash-loop`.
+//!   GPU: the daemon's own lines, through journald), from the third -> the `mps-crash-loop` rule.
 //!   Floor: the next probe turn reads the journal: 0-5 s, mean 2.5 s.
 //! - `server-fault`: the fatal-fault block (only a GPU makes one) written to the journal by a
 //!   process in the unit's cgroup, as a server's lines reach it -> `mps-server-fault`. Floor: 0-5 s, mean
@@ -77,8 +77,8 @@ fn main() {
     b.settle();
     for (name, signal) in [
         ("hang", "mps-unresponsive"),
-        ("daemon-loop", "mps-crash-loop"),
-        ("server-loop", "mps-crash-loop"),
+        ("daemon-loop", "mps-crash"),
+        ("server-loop", "mps-crash"),
         ("server-fault", "mps-server-fault"),
     ] {
         if !only.split(',').any(|s| s == name) {
@@ -128,7 +128,7 @@ impl Bench {
                 t0
             }
             "server-loop" => {
-                // Three: the third exit fills the crash-loop window. Each server exits within
+                // Three: the third exit fills the rule's confirm window. Each server exits within
                 // milliseconds of its start_server, before the control client returns.
                 let mut t0 = 0.0;
                 for i in 0..3 {

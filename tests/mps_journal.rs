@@ -76,14 +76,14 @@ async fn poll_for(w: &mut LogWatch, want: usize) -> Vec<Observation> {
     got
 }
 
-fn crash_loops(obs: &[Observation]) -> Vec<&Observation> {
+fn crashes_in(obs: &[Observation]) -> Vec<&Observation> {
     obs.iter()
-        .filter(|o| o.signal == Signal::MpsCrashLoop)
+        .filter(|o| o.signal == Signal::MpsCrash)
         .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_loop_from_the_journal_resumes_after_its_cursor_without_replay_or_loss() {
+async fn crashes_from_the_journal_resume_after_their_cursor_without_replay_or_loss() {
     let lines = captured();
     let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
     // The daemon's start-up lines are in the journal before gpu-medic's saved cursor.
@@ -98,19 +98,19 @@ async fn crash_loop_from_the_journal_resumes_after_its_cursor_without_replay_or_
     w.resume_from(&delivery_after(&start));
     // The rest arrives while gpu-medic follows: four servers exit with status 1.
     j.append(UNIT, 25654, &refs[3..]);
-    let got = poll_for(&mut w, 1).await;
-    let loops = crash_loops(&got);
-    assert_eq!(loops.len(), 1, "one crash loop: {got:#?}");
-    let first = loops[0];
-    let detail = first.detail.as_deref().unwrap_or("");
-    assert!(
-        detail.contains("25663") && detail.contains("25687"),
-        "{detail}"
-    );
-    let c = first
+    let got = poll_for(&mut w, 4).await;
+    let crashes = crashes_in(&got);
+    let pids = [25663, 25677, 25687, 25702];
+    assert_eq!(crashes.len(), 4, "one crash per failed server: {got:#?}");
+    for (c, pid) in crashes.iter().zip(pids) {
+        let detail = c.detail.as_deref().unwrap_or("");
+        assert!(detail.contains(&format!("server {pid} exited")), "{detail}");
+        assert_eq!(c.source, "mps");
+    }
+    let c = crashes[3]
         .cursor
         .clone()
-        .expect("a crash loop carries its journal cursor");
+        .expect("a crash carries its journal cursor");
     assert_eq!(c.stream, stream_of(UNIT));
     let token = c.token.expect("a journald cursor");
     assert!(token.contains("i="), "{token}");
@@ -134,14 +134,20 @@ async fn crash_loop_from_the_journal_resumes_after_its_cursor_without_replay_or_
             "[2026-11-30 12:35:34.919 Control 25654] Server 25742 exited with status 1",
         ],
     );
-    let got = poll_for(&mut w, 1).await;
-    let loops = crash_loops(&got);
-    assert_eq!(loops.len(), 1, "{got:#?}");
-    let detail = loops[0].detail.as_deref().unwrap_or("");
-    assert!(
-        detail.contains("[25720, 25731, 25742]"),
-        "the exit written while down counts, earlier ones are not replayed: {detail}"
+    let got = poll_for(&mut w, 3).await;
+    let crashes = crashes_in(&got);
+    let details: Vec<&str> = crashes
+        .iter()
+        .map(|c| c.detail.as_deref().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        crashes.len(),
+        3,
+        "the exit written while down counts, earlier ones are not replayed: {details:#?}"
     );
+    for (d, pid) in details.iter().zip([25720, 25731, 25742]) {
+        assert!(d.contains(&format!("server {pid} exited")), "{d}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,7 +92,7 @@ proptest! {
 
     #[test]
     fn mps_log_lines_and_blocks(lines in prop::collection::vec(prop_oneof![texty(), mutated(MPS_LOG)], 0..20)) {
-        use gpu_medic::probe::mps::logs::{observe, parse_line, CrashWindow, Parser};
+        use gpu_medic::probe::mps::logs::{observe, parse_line, ServerFailures, Parser};
         let mut p = Parser::default();
         let mut events = Vec::new();
         for l in &lines {
@@ -104,7 +104,7 @@ proptest! {
         }
         p.flush(&mut events);
         prop_assert!(events.len() <= lines.len() + 1);
-        let _ = observe(events, &mut CrashWindow::default());
+        let _ = observe(events, &mut ServerFailures::default());
     }
 
     #[test]

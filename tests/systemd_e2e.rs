@@ -332,18 +332,20 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
         "the server crash loop",
         last,
         Duration::from_secs(60),
-        |i| i["signal"] == "mps-crash-loop",
+        |i| i["rule"] == "mps-crash-loop",
     );
     assert_eq!(inc["action"], "restart-mps", "{inc:#}");
     assert_eq!(inc["state"], "resolved", "{inc:#}\n{}", sys.context());
     let shown = sys.cli(&["incidents", "show", &inc["id"].to_string()]);
     let text = String::from_utf8_lossy(&shown.stdout).into_owned();
-    assert!(text.contains("MPS servers failed"), "{text}");
+    assert!(text.contains("mps-crash"), "{text}");
+    assert!(text.contains("MPS server"), "{text}");
     assert!(text.contains("exited with status 1"), "{text}");
     last = inc["id"].as_u64().unwrap();
 
-    // 4. The daemon crash-loops: systemd restarts it each time (NRestarts); gpu-medic counts
-    // them and restarts it once, without racing systemd.
+    // 4. The daemon crash-loops: systemd restarts it each time (NRestarts); each restart is an
+    // `mps-crash`, the policy's window makes three a loop, and gpu-medic restarts it once,
+    // without racing systemd.
     let before = sys.n_restarts(MPS);
     let third = crash_daemon(&sys, 3);
     let inc = wait_closed(
@@ -351,7 +353,7 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
         "the daemon crash loop",
         last,
         Duration::from_secs(60),
-        |i| i["signal"] == "mps-crash-loop",
+        |i| i["rule"] == "mps-crash-loop",
     );
     assert_eq!(inc["action"], "restart-mps", "{inc:#}\n{}", sys.context());
     assert_eq!(inc["state"], "resolved", "{inc:#}\n{}", sys.context());
@@ -359,8 +361,8 @@ async fn mps_faults_under_systemd_are_handled_end_to_end_and_name_their_tasks() 
     let text = String::from_utf8_lossy(&detail.stdout).into_owned();
     assert!(text.contains("NRestarts"), "{text}");
     // The restarts of steps 2 and 3 were gpu-medic's own (a stop, then systemd's Restart=):
-    // systemd counted them in NRestarts, gpu-medic does not count them as crashes. The loop
-    // is the three kills, so it is seen only after the third.
+    // systemd counted them in NRestarts, the engine does not count them as crashes (it knows
+    // its own restart orders). The loop is the three kills, so it is seen only after the third.
     assert!(
         before >= 2,
         "our restarts went through Restart=: NRestarts {before}"

@@ -26,8 +26,8 @@ pub use evidence::EvidenceWait;
 
 pub use state::{
     ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS,
-    MAX_DRILL_INCIDENTS, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog, Remediation,
-    Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
+    MAX_DRILL_INCIDENTS, MpsPhase, MpsState, NodePhase, OpenIncident, OwnExit, RecentLog,
+    Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;
@@ -65,6 +65,9 @@ const MAX_ATTACHED_PER_INCIDENT: usize = 64;
 pub const MAX_RECENT_LOGS: usize = 256;
 /// Bound on the distinct signals counted per log-only class (the rest are counted together).
 pub const MAX_COUNTED_SIGNALS: usize = 16;
+/// How long after a restart of ours ended systemd's restart of the daemon it stopped may still
+/// be reported (`RestartSec` is 1 s on the ECS GPU AMI; the probe reads the unit every turn).
+pub const OWN_EXIT_MATCH: Duration = Duration::from_secs(30);
 /// Bound on the confirmation and escalation windows tracked at once (the stalest goes first).
 pub const MAX_SIGHTING_KEYS: usize = 1024;
 
@@ -454,6 +457,9 @@ impl Cx<'_> {
 
     fn judge(&mut self, obs: Observation) {
         let kind = obs.signal.kind();
+        if self.own_exit(&obs) {
+            return;
+        }
         let Some(rule) = self.policy.rule_for(&obs.signal, obs.value) else {
             if self.policy.rules.iter().any(|r| r.signal == kind) {
                 return; // below every threshold: not a finding
@@ -766,6 +772,19 @@ impl Cx<'_> {
         self.mps_try_restart(id);
     }
 
+    /// Whether `obs` is systemd's restart of the daemon that our own restart caused (its stop
+    /// of the running daemon): expected once per restart, while the order runs and for
+    /// [`OWN_EXIT_MATCH`] after it ended.
+    fn own_exit(&mut self, obs: &Observation) -> bool {
+        if obs.signal != Signal::MpsCrash || obs.source != crate::model::MPS_UNIT_SOURCE {
+            return false;
+        }
+        let Some(own) = self.st.mps.own_exit.take() else {
+            return false;
+        };
+        !own.ended || self.now.since(own.at) <= OWN_EXIT_MATCH
+    }
+
     /// Restarts the daemon if the budget allows; otherwise declares it failed.
     fn mps_try_restart(&mut self, incident: IncidentId) {
         let window = self.policy.mps.restart_window;
@@ -776,6 +795,10 @@ impl Cx<'_> {
             if self.issue(incident, Command::RestartMps, used.saturating_add(1)) {
                 self.st.mps.restarts.push(now);
                 self.st.mps.phase = MpsPhase::Restarting;
+                self.st.mps.own_exit = Some(OwnExit {
+                    at: now,
+                    ended: false,
+                });
             } else {
                 self.close(
                     incident,
@@ -1269,6 +1292,14 @@ impl Cx<'_> {
                 outcome: outcome.clone(),
             },
         );
+        if order.command == Command::RestartMps
+            && let Some(own) = &mut self.st.mps.own_exit
+        {
+            *own = OwnExit {
+                at: self.now,
+                ended: true,
+            };
+        }
         if order.command == Command::CollectEvidence {
             // Its own retries are the remedy's (the upload backs off); the engine only records
             // the end and lets a held step go.

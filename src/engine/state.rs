@@ -197,6 +197,19 @@ pub struct MpsState {
     /// When each restart was issued (pruned to the budget window).
     pub restarts: Vec<Timestamp>,
     pub incident: Option<IncidentId>,
+    /// A restart of ours stops the running daemon; under systemd's `Restart=` the unit then
+    /// starts it again and counts it in `NRestarts`. The one `mps-crash` from the unit that
+    /// follows is that, not a crash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_exit: Option<OwnExit>,
+}
+
+/// A restart of ours whose exit systemd may still report ([`MpsState::own_exit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnExit {
+    /// When the restart was issued, or when it ended once `ended`.
+    pub at: Timestamp,
+    pub ended: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -281,6 +281,76 @@ fn mps_down_restarts_until_the_budget_is_spent_then_replaces() {
     assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
 }
 
+fn crash(source: &str) -> Input {
+    Input::Observation(
+        Observation::new(Signal::MpsCrash)
+            .with_value(1)
+            .from_source(source),
+    )
+}
+
+#[test]
+fn three_crashes_within_a_minute_are_a_loop_and_two_or_slow_ones_are_not() {
+    let mut r = Run::new(default_policy());
+    assert!(Run::orders(&r.feed(crash("mps"))).is_empty());
+    r.advance(Duration::from_secs(20));
+    assert!(Run::orders(&r.feed(crash(crate::model::MPS_UNIT_SOURCE))).is_empty());
+    r.advance(Duration::from_secs(20));
+    let o = Run::only_order(&r.feed(crash("mps")));
+    assert_eq!(o.command, Command::RestartMps, "the third within 60 s");
+
+    // Three spread over more than the window: no loop.
+    let mut r = Run::new(default_policy());
+    for _ in 0..3 {
+        assert!(Run::orders(&r.feed(crash("mps"))).is_empty());
+        r.advance(Duration::from_secs(40));
+    }
+}
+
+#[test]
+fn the_unit_restart_our_own_restart_causes_is_not_a_crash() {
+    let unit = crate::model::MPS_UNIT_SOURCE;
+    let mut r = Run::new(default_policy());
+    r.feed(obs(Signal::MpsDown));
+    let o = Run::only_order(&r.feed(obs(Signal::MpsDown)));
+    assert_eq!(o.command, Command::RestartMps);
+    // systemd's restart of the daemon our restart stopped, seen while the order runs.
+    assert!(Run::orders(&r.feed(crash(unit))).is_empty());
+    r.feed(done(o.id));
+    // Then three real ones: the loop is seen at the third, not at the second.
+    assert!(Run::orders(&r.feed(crash(unit))).is_empty());
+    assert!(Run::orders(&r.feed(crash(unit))).is_empty());
+    let o = Run::only_order(&r.feed(crash(unit)));
+    assert_eq!(o.command, Command::RestartMps);
+
+    // Seen after the order ended, within the match window: also ours, once.
+    r.feed(done(o.id));
+    r.advance(Duration::from_secs(10));
+    assert!(Run::orders(&r.feed(crash(unit))).is_empty());
+    assert!(r.st.mps.own_exit.is_none(), "expected once per restart");
+    assert!(Run::orders(&r.feed(crash(unit))).is_empty());
+    assert!(Run::orders(&r.feed(crash(unit))).is_empty());
+    assert_eq!(
+        Run::only_order(&r.feed(crash(unit))).command,
+        Command::RestartMps
+    );
+}
+
+#[test]
+fn a_servers_crash_in_the_daemons_lines_is_never_taken_for_our_own_restart() {
+    let mut r = Run::new(default_policy());
+    r.feed(obs(Signal::MpsDown));
+    let o = Run::only_order(&r.feed(obs(Signal::MpsDown)));
+    r.feed(done(o.id));
+    r.feed(crash("mps"));
+    r.feed(crash("mps"));
+    assert!(r.st.mps.own_exit.is_some(), "still expected from the unit");
+    assert_eq!(
+        Run::only_order(&r.feed(crash("mps"))).command,
+        Command::RestartMps
+    );
+}
+
 #[test]
 fn a_healed_mps_daemon_closes_its_incident() {
     let mut r = Run::new(default_policy());
@@ -586,7 +656,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
             let s = match k {
                 0 => Signal::MpsDown,
                 1 => Signal::MpsUp,
-                2 => Signal::MpsCrashLoop,
+                2 => Signal::MpsCrash,
                 _ => Signal::MpsUnresponsive,
             };
             (

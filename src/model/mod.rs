@@ -214,6 +214,10 @@ pub enum LifecycleState {
     Pending,
 }
 
+/// The source of an [`Signal::MpsCrash`] that systemd's `Restart=` made: the engine does not
+/// count the one restart each of gpu-medic's own restarts causes.
+pub const MPS_UNIT_SOURCE: &str = "mps-unit";
+
 /// What a probe saw. One signal per observation; the engine judges it against the policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -246,7 +250,14 @@ pub enum Signal {
     MpsUnresponsive,
     MpsDown,
     MpsServerFault,
-    MpsCrashLoop,
+    /// The MPS daemon or one of its servers died: a server's failed start or exit in the
+    /// daemon's lines (source `mps`), or a restart of the daemon's unit by systemd's
+    /// `Restart=` (source [`MPS_UNIT_SOURCE`]). One per crash: how many make a loop is the
+    /// policy's `confirm` window (rule `mps-crash-loop`), not the probe's. Written
+    /// `mps-crash-loop` in journals of earlier gpu-medic builds, when the probe counted (read as
+    /// this).
+    #[serde(alias = "mps-crash-loop")]
+    MpsCrash,
     /// The ECS agent does not answer its introspection API (value: consecutive checks).
     EcsAgentDown,
     /// The filesystem holding `state_dir` is nearly full (value: percent used).
@@ -402,7 +413,7 @@ signal_kinds! {
         MpsUnresponsive = "mps-unresponsive",
         MpsDown = "mps-down",
         MpsServerFault = "mps-server-fault",
-        MpsCrashLoop = "mps-crash-loop",
+        MpsCrash = "mps-crash",
         EcsAgentDown = "ecs-agent-down",
         StateDiskFull = "state-disk-full",
         EcsGpuMissing = "ecs-gpu-missing",
@@ -449,7 +460,7 @@ impl SignalKind {
             SignalKind::MpsUnresponsive
                 | SignalKind::MpsDown
                 | SignalKind::MpsServerFault
-                | SignalKind::MpsCrashLoop
+                | SignalKind::MpsCrash
                 | SignalKind::MpsUp
         )
     }
@@ -481,7 +492,7 @@ impl Signal {
             Signal::MpsUnresponsive => SignalKind::MpsUnresponsive,
             Signal::MpsDown => SignalKind::MpsDown,
             Signal::MpsServerFault => SignalKind::MpsServerFault,
-            Signal::MpsCrashLoop => SignalKind::MpsCrashLoop,
+            Signal::MpsCrash => SignalKind::MpsCrash,
             Signal::EcsAgentDown => SignalKind::EcsAgentDown,
             Signal::StateDiskFull => SignalKind::StateDiskFull,
             Signal::EcsGpuMissing => SignalKind::EcsGpuMissing,
@@ -1273,7 +1284,7 @@ mod tests {
             Signal::MpsUnresponsive,
             Signal::MpsDown,
             Signal::MpsServerFault,
-            Signal::MpsCrashLoop,
+            Signal::MpsCrash,
             Signal::EcsAgentDown,
             Signal::StateDiskFull,
             Signal::EcsGpuMissing,

@@ -17,7 +17,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,17 +67,12 @@ pub enum ControlError {
     Io(String),
 }
 
-/// What the probe and the remedy of one pipe directory share: the control lock and the
-/// restart counts.
+/// What the probe and the remedy of one pipe directory share: the control lock, so the two
+/// never talk to the daemon at once. Nothing else: a restart gpu-medic made reaches the
+/// probe's judge as the order's outcome, through the engine.
 #[derive(Debug, Default)]
 struct Shared {
     lock: Arc<Mutex<()>>,
-    /// Bumped by every restart: the probe's count of consecutive failures starts over.
-    restarts: AtomicU64,
-    /// Bumped when a restart stopped a running daemon itself. Under systemd's `Restart=` that
-    /// exit makes systemd start the daemon again and count it in `NRestarts`: a restart of
-    /// ours, not a crash.
-    own_exits: AtomicU64,
 }
 
 /// `/run/mps-ecs/` and `/run/mps-ecs` name the same directory.
@@ -96,8 +90,8 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// A client for `cfg`'s pipe directory with a lock of its own. Clones share the lock and
-    /// the restart count: hand clones to everything that talks to this daemon.
+    /// A client for `cfg`'s pipe directory with a lock of its own. Clones share the lock: hand
+    /// clones to everything that talks to this daemon.
     pub fn new(cfg: &MpsConfig) -> Self {
         ControlClient {
             binary: cfg.control_binary.clone(),
@@ -140,26 +134,6 @@ impl ControlClient {
     /// Whether someone (a restart) holds the control lock right now.
     pub fn is_busy(&self) -> bool {
         self.shared.lock.try_lock().is_err()
-    }
-
-    /// Records that the daemon was (re)started.
-    pub fn mark_restarted(&self) {
-        self.shared.restarts.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// How many restarts were recorded for this pipe directory.
-    pub fn restarts(&self) -> u64 {
-        self.shared.restarts.load(Ordering::Relaxed)
-    }
-
-    /// Records that a restart stopped a running daemon (see `Shared::own_exits`).
-    pub fn mark_own_exit(&self) {
-        self.shared.own_exits.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// How many daemons our restarts stopped.
-    pub fn own_exits(&self) -> u64 {
-        self.shared.own_exits.load(Ordering::Relaxed)
     }
 
     /// Sends `commands` (one per line) in one session and returns the reply, or kills the

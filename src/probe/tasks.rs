@@ -510,7 +510,7 @@ mod tests {
             Observation::new(Signal::MpsServerFault)
                 .with_pids(vec![10, 11])
                 .with_detail("fault"),
-            Observation::new(Signal::MpsCrashLoop).with_pids(vec![10]),
+            Observation::new(Signal::MpsCrash).with_pids(vec![10]),
         ];
         namer.name(&mut obs).await;
         assert_eq!(obs[0].tasks, ["aa11"]);

@@ -156,17 +156,14 @@ impl MpsDaemon {
                 ),
             ),
             None => {
+                // Under systemd's Restart= a stopped daemon is started again and counted in
+                // NRestarts: the engine discounts that one (it knows this order ran).
                 let (old, stopped) = self.stop(guard).await?;
-                if !old.is_empty() {
-                    // systemd's Restart= may start it again: not a crash (the probe's count).
-                    self.client.mark_own_exit();
-                }
                 let cleaned = self.clean_stale().await?;
                 let started = self.start().await?;
                 (old, stopped, cleaned, started)
             }
         };
-        self.client.mark_restarted();
         let ready_in = self.wait_ready(guard).await?;
         let defaults = self.apply_defaults(guard).await?;
         let answer = self

@@ -2,7 +2,7 @@
 //! `"auto"` under systemd): what the ECS GPU AMI's `nvidia-mps.service` gives, since its
 //! daemon runs with `-f` and writes no log files (docs/mps.md#logging-under--f).
 //!
-//! The lines go through the same [`Parser`] and [`CrashWindow`] as the files' lines. Each
+//! The lines go through the same [`Parser`] and [`ServerFailures`] as the files' lines. Each
 //! observation read from the journal carries the entry's journald cursor as its
 //! [`Cursor::token`](crate::model::Cursor) (stream `journald:<unit>`); the supervisor saves it
 //! with the state only once the observation is journaled, and a restarted gpu-medic follows
@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::logs::{CrashWindow, Parser, observe};
+use super::logs::{Parser, ServerFailures, observe};
 use crate::model::{Cursor, Observation, Signal};
 use crate::mps::journalctl::{Reader, Spec};
 
@@ -70,7 +70,7 @@ impl JournalFollow {
     }
 
     /// Reads what is new; starts the reader first when none runs.
-    pub fn poll(&mut self, crashes: &mut CrashWindow) -> Vec<Observation> {
+    pub fn poll(&mut self, crashes: &mut ServerFailures) -> Vec<Observation> {
         let mut out = Vec::new();
         if self.reader.is_none() {
             if self.not_before.is_some_and(|t| Instant::now() < t) {

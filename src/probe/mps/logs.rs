@@ -1,5 +1,5 @@
 //! The daemon's logs: `control.log` and `server.log` in `CUDA_MPS_LOG_DIRECTORY`, tailed for
-//! what the control pipe cannot tell: servers that keep dying (a crash loop), servers that
+//! what the control pipe cannot tell: servers that die (each an `mps-crash`), servers that
 //! hit a fatal exception, and the Volta+ fatal-fault block naming the poisoned GPUs and the
 //! clients with sticky errors (docs/mps.md#log-formats, docs/mps.md#fault-containment-on-volta-and-later).
 //!
@@ -25,10 +25,11 @@ use std::time::Duration;
 
 use crate::model::{GpuId, Observation, Resume, Signal, StreamId};
 
-/// This many failed server starts or exits ...
-pub const CRASH_LOOP_COUNT: usize = 3;
-/// ... within this window (by the log's own timestamps) is a crash loop.
-pub const CRASH_LOOP_WINDOW: Duration = Duration::from_secs(60);
+/// A server's exit line and its own failure line name one failure: a pid seen this recently
+/// (by the log's own timestamps) is not reported again.
+pub const SAME_SERVER: Duration = Duration::from_secs(60);
+/// Server pids remembered for that at most.
+const RECENT_SERVERS: usize = 64;
 /// At most this much is read from one file per poll; the rest waits for the next poll.
 pub const MAX_READ: u64 = 8 * 1024 * 1024;
 /// A backlog larger than [`MAX_READ`] (a junk flood, a resumed offset far behind) is skipped
@@ -256,45 +257,38 @@ fn single_line_event(line: &LogLine<'_>, msg: &str) -> Option<LogEvent> {
     None
 }
 
-/// Counts server failures in a sliding window; one event per server pid.
+/// One `mps-crash` per failed server: its exit line and its own failure line are one. How
+/// many crashes make a loop is the policy's (`mps-crash-loop`'s `confirm` window), judged by
+/// the engine, not here.
 #[derive(Debug, Default)]
-pub struct CrashWindow {
-    seen: VecDeque<(i64, u32)>,
-    last: String,
+pub struct ServerFailures {
+    recent: VecDeque<(i64, u32)>,
 }
 
-impl CrashWindow {
-    /// Records a failure; returns a crash-loop observation when the window fills.
+impl ServerFailures {
+    /// A failure of server `pid` at `at_ms`; `None` when it was already reported.
     pub fn record(&mut self, at_ms: i64, pid: u32, what: String) -> Option<Observation> {
-        let window = CRASH_LOOP_WINDOW.as_millis() as i64;
-        self.seen
-            .retain(|(t, _)| at_ms - *t < window && *t <= at_ms);
-        if self.seen.iter().any(|(_, p)| *p == pid) {
-            return None; // the exit line and the server's own failure line: one failure
-        }
-        self.seen.push_back((at_ms, pid));
-        self.last = what;
-        if self.seen.len() < CRASH_LOOP_COUNT {
+        let horizon = SAME_SERVER.as_millis() as i64;
+        self.recent
+            .retain(|(t, _)| at_ms.saturating_sub(*t) < horizon && *t <= at_ms);
+        if self.recent.iter().any(|(_, p)| *p == pid) {
             return None;
         }
-        let n = self.seen.len();
-        let pids: Vec<u32> = self.seen.iter().map(|(_, p)| *p).collect();
-        self.seen.clear();
+        if self.recent.len() >= RECENT_SERVERS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((at_ms, pid));
         Some(
-            Observation::new(Signal::MpsCrashLoop)
-                .with_value(n as u64)
-                .with_detail(format!(
-                    "{n} MPS servers failed within {}s (server pids {pids:?}); last: {}",
-                    CRASH_LOOP_WINDOW.as_secs(),
-                    self.last
-                ))
+            Observation::new(Signal::MpsCrash)
+                .with_value(1)
+                .with_detail(format!("MPS {what}"))
                 .from_source("mps"),
         )
     }
 }
 
 /// Turns events into observations.
-pub fn observe(events: Vec<LogEvent>, crashes: &mut CrashWindow) -> Vec<Observation> {
+pub fn observe(events: Vec<LogEvent>, crashes: &mut ServerFailures) -> Vec<Observation> {
     let mut out = Vec::new();
     for ev in events {
         match ev {
@@ -514,7 +508,7 @@ impl Tail {
 pub struct LogWatch {
     files: Vec<(Tail, Parser)>,
     journal: Option<super::journald::JournalFollow>,
-    crashes: CrashWindow,
+    crashes: ServerFailures,
 }
 
 impl LogWatch {
@@ -526,7 +520,7 @@ impl LogWatch {
                 .map(|n| (Tail::new(log_dir.join(n)), Parser::default()))
                 .collect(),
             journal: None,
-            crashes: CrashWindow::default(),
+            crashes: ServerFailures::default(),
         }
     }
 
@@ -694,7 +688,7 @@ mod tests {
                 clients: vec![11641, 11643]
             }]
         );
-        let obs = observe(ev, &mut CrashWindow::default());
+        let obs = observe(ev, &mut ServerFailures::default());
         assert_eq!(obs.len(), 2);
         for (o, gpu) in obs.iter().zip([0, 1]) {
             assert_eq!(o.signal, Signal::MpsServerFault);
@@ -778,24 +772,21 @@ mod tests {
     ];
 
     #[test]
-    fn crash_loop_fires_once_per_window_fill() {
-        let mut crashes = CrashWindow::default();
+    fn every_failed_server_is_one_crash() {
+        let mut crashes = ServerFailures::default();
         let obs = observe(events(CRASH_LOOP), &mut crashes);
-        let loops: Vec<_> = obs
+        let crashed: Vec<_> = obs
             .iter()
-            .filter(|o| o.signal == Signal::MpsCrashLoop)
+            .filter(|o| o.signal == Signal::MpsCrash)
             .collect();
-        assert_eq!(loops.len(), 1, "{obs:?}");
-        assert_eq!(loops[0].value, 3);
-        assert!(
-            loops[0]
-                .detail
-                .as_deref()
-                .unwrap_or("")
-                .contains("[95, 98, 101]"),
-            "{:?}",
-            loops[0].detail
-        );
+        assert_eq!(crashed.len(), 3, "{obs:?}");
+        for (o, pid) in crashed.iter().zip([95, 98, 101]) {
+            let d = o.detail.as_deref().unwrap_or("");
+            assert!(
+                d.contains(&format!("server {pid} exited with status 1")),
+                "{d}"
+            );
+        }
         // Each fatal exception is also reported (without a GPU: the engine records it).
         let faults = obs
             .iter()
@@ -805,7 +796,7 @@ mod tests {
     }
 
     #[test]
-    fn slow_or_clean_exits_are_not_a_loop() {
+    fn clean_exits_are_no_crash_and_one_server_fails_once() {
         // Clean exits (status 0) never count.
         let clean: Vec<String> = (0..5)
             .map(|i| {
@@ -816,21 +807,24 @@ mod tests {
             })
             .collect();
         let clean: Vec<&str> = clean.iter().map(String::as_str).collect();
-        assert!(observe(events(&clean), &mut CrashWindow::default()).is_empty());
-        // Three failures spread over more than the window do not count.
-        let slow = [
-            "[2026-11-30 06:00:00.000 Control 7] Server 1 exited with status 1",
-            "[2026-11-30 06:00:50.000 Control 7] Server 2 exited with status 1",
-            "[2026-11-30 06:01:40.000 Control 7] Server 3 exited with status 1",
-        ];
-        assert!(observe(events(&slow), &mut CrashWindow::default()).is_empty());
+        assert!(observe(events(&clean), &mut ServerFailures::default()).is_empty());
         // A server's own failure line and its exit line are one failure.
         let dup = [
             "[2026-11-30 06:00:00.000 Legacy Server 425] Failed to start : invalid argument",
             "[2026-11-30 06:00:00.100 Control 7] Server 425 exited with status 1",
             "[2026-11-30 06:00:01.000 Other 426] MPS server failed to start",
         ];
-        assert!(observe(events(&dup), &mut CrashWindow::default()).is_empty());
+        let obs = observe(events(&dup), &mut ServerFailures::default());
+        assert_eq!(obs.len(), 2, "servers 425 and 426: {obs:?}");
+        // The same pid long after is a new failure (a reused pid).
+        let later = [
+            "[2026-11-30 06:00:00.000 Control 7] Server 9 exited with status 1",
+            "[2026-11-30 06:05:00.000 Control 7] Server 9 exited with status 1",
+        ];
+        assert_eq!(
+            observe(events(&later), &mut ServerFailures::default()).len(),
+            2
+        );
     }
 
     #[test]

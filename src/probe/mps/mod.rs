@@ -20,8 +20,9 @@
 //! Under `manage = "systemd"` each turn also reads the unit (`systemctl show`, see
 //! [`crate::mps::systemd`]): systemd restarts a daemon that exits (`Restart=always` on the
 //! ECS GPU AMI) within a second, so a daemon that keeps dying may answer every probe. Restarts
-//! systemd made (`NRestarts` rising) are counted: [`logs::CRASH_LOOP_COUNT`] of them within
-//! [`logs::CRASH_LOOP_WINDOW`] is an `mps-crash-loop`. A failed probe while systemd is itself
+//! systemd made (`NRestarts` rising) are each an `mps-crash` (source `mps-unit`); how many
+//! make a loop is the policy's (rule `mps-crash-loop`), and the one restart each of
+//! gpu-medic's own restarts causes is the engine's to discount. A failed probe while systemd is itself
 //! bringing the daemon back (`auto-restart`, `activating`) is not reported as `mps-down`: a
 //! restart by gpu-medic would race systemd's. What systemd cannot see stays gpu-medic's: a
 //! hung daemon (the probe deadline; the unit is `active/running`), servers that keep dying
@@ -64,8 +65,9 @@ pub struct MpsProbe {
     logs: LogWatch,
     failures: u64,
     was_up: Option<bool>,
-    /// The restart count last seen: a restart starts the failure count over.
-    restarts_seen: u64,
+    /// The daemon processes found at the last failed probe: another daemon (a restart, by
+    /// gpu-medic or anyone) starts the count of consecutive failures over.
+    failed_daemons: Option<Vec<u32>>,
     /// The control binary could not be run on the last probe (a self-fault is open).
     unrunnable: bool,
     /// An all-clear to report with the next turn.
@@ -81,43 +83,32 @@ struct UnitWatch {
     systemctl: Systemctl,
     /// `NRestarts` at the last look.
     last: Option<u64>,
-    /// When systemd's restarts were seen, within the crash-loop window.
-    seen: std::collections::VecDeque<std::time::Instant>,
     /// The state at the last look.
     state: Option<UnitState>,
     warned: bool,
-    /// Our restarts' stops of a running daemon ([`ControlClient::own_exits`]) at the last look.
-    own_seen: u64,
-    /// Those stops not yet matched with the restart systemd makes after each of them.
-    own_pending: std::collections::VecDeque<std::time::Instant>,
 }
 
-/// How long a stop by our own restart may wait for the `NRestarts` step it causes (systemd
-/// restarts after `RestartSec`, 1 s on the ECS GPU AMI); an unmatched one is then forgotten.
-const OWN_EXIT_MATCH: std::time::Duration = std::time::Duration::from_secs(30);
+/// At most this many `mps-crash` observations from one look at the unit (a counter that
+/// jumped by thousands is one storm, not thousands of findings).
+const MAX_UNIT_CRASHES: u64 = 8;
 
 impl UnitWatch {
     fn new(systemctl: Systemctl) -> UnitWatch {
         UnitWatch {
             systemctl,
             last: None,
-            seen: Default::default(),
             state: None,
             warned: false,
-            own_seen: 0,
-            own_pending: Default::default(),
         }
     }
 
-    /// Reads the unit; returns a crash-loop observation when systemd's restarts fill the
-    /// window. `own_exits`: how many running daemons our restarts have stopped so far; each
-    /// makes systemd's `Restart=` start one again, which is no crash and is not counted.
-    async fn look(&mut self, own_exits: u64) -> Option<Observation> {
+    /// Reads the unit; one `mps-crash` per restart systemd made since the last look.
+    async fn look(&mut self) -> Vec<Observation> {
         let state = match self.systemctl.show().await {
             Ok(s) if s.exists() => s,
             Ok(_) => {
                 self.state = None;
-                return None;
+                return Vec::new();
             }
             Err(e) => {
                 if !std::mem::replace(&mut self.warned, true) {
@@ -127,46 +118,26 @@ impl UnitWatch {
                     );
                 }
                 self.state = None;
-                return None;
+                return Vec::new();
             }
         };
         self.warned = false;
-        let now = std::time::Instant::now();
-        let fresh = own_exits.saturating_sub(std::mem::replace(&mut self.own_seen, own_exits));
-        for _ in 0..fresh.min(logs::CRASH_LOOP_COUNT as u64) {
-            self.own_pending.push_back(now);
-        }
-        self.own_pending
-            .retain(|t| now.duration_since(*t) < OWN_EXIT_MATCH);
         let before = self.last.replace(state.n_restarts);
-        let window = logs::CRASH_LOOP_WINDOW;
-        self.seen.retain(|t| now.duration_since(*t) < window);
-        let mut out = None;
+        let mut out = Vec::new();
         if let Some(b) = before
             && state.n_restarts > b
         {
-            let mut new = (state.n_restarts - b).min(logs::CRASH_LOOP_COUNT as u64 * 4);
-            let ours = new.min(self.own_pending.len() as u64);
-            for _ in 0..ours {
-                self.own_pending.pop_front();
-            }
-            new -= ours;
+            let new = (state.n_restarts - b).min(MAX_UNIT_CRASHES);
             for _ in 0..new {
-                self.seen.push_back(now);
-            }
-            if self.seen.len() >= logs::CRASH_LOOP_COUNT {
-                let n = self.seen.len();
-                self.seen.clear();
-                out = Some(
-                    Observation::new(Signal::MpsCrashLoop)
-                        .with_value(n as u64)
+                out.push(
+                    Observation::new(Signal::MpsCrash)
+                        .with_value(1)
                         .with_detail(format!(
-                            "systemd restarted the MPS control daemon {n} times within {}s (Restart=; NRestarts {b} -> {}); {}",
-                            window.as_secs(),
+                            "systemd restarted the MPS control daemon (Restart=; NRestarts {b} -> {}); {}",
                             state.n_restarts,
                             state.describe(self.systemctl.unit())
                         ))
-                        .from_source("mps"),
+                        .from_source(crate::model::MPS_UNIT_SOURCE),
                 );
             }
         }
@@ -193,7 +164,7 @@ impl MpsProbe {
             logs: LogWatch::for_config(&cfg),
             failures: 0,
             was_up: None,
-            restarts_seen: 0,
+            failed_daemons: None,
             unrunnable: false,
             recovered: None,
             unit: (cfg.manage == MpsManage::Systemd)
@@ -229,8 +200,8 @@ impl MpsProbe {
     /// One turn: the unit, the daemon probe, then the logs.
     pub async fn tick(&mut self) -> Vec<Observation> {
         let looped = match &mut self.unit {
-            Some(u) => u.look(self.client.own_exits()).await,
-            None => None,
+            Some(u) => u.look().await,
+            None => Vec::new(),
         };
         let mut seen = self.probe().await;
         if let Some(o) = &seen
@@ -260,11 +231,6 @@ impl MpsProbe {
     pub async fn probe(&mut self) -> Option<Observation> {
         let timeout = self.cfg.probe_timeout;
         let guard = self.client.lock_within(timeout).await?;
-        let restarts = self.client.restarts();
-        if restarts != self.restarts_seen {
-            self.restarts_seen = restarts;
-            self.failures = 0;
-        }
         let sent = self
             .client
             .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)
@@ -322,6 +288,7 @@ impl MpsProbe {
         }
         self.was_up = Some(true);
         self.failures = 0;
+        self.failed_daemons = None;
         let mut detail = format!(
             "answered {:.1} in {} ms; servers: {:?}",
             answer.percentage,
@@ -338,9 +305,17 @@ impl MpsProbe {
     }
 
     async fn down_or_unresponsive(&mut self, failure: Failure) -> Observation {
-        self.failures += 1;
         let why = failure.to_string();
         let scanned = self.scanner.scan().await;
+        if let Ok(found) = &scanned {
+            let mut pids: Vec<u32> = found.daemons.iter().map(|d| d.pid).collect();
+            pids.sort_unstable();
+            if self.failed_daemons.as_ref().is_some_and(|p| *p != pids) {
+                self.failures = 0; // another daemon than the one that failed before
+            }
+            self.failed_daemons = Some(pids);
+        }
+        self.failures = self.failures.saturating_add(1);
         let pipe = self.cfg.pipe_directory.display();
         let (signal, detail) = match &scanned {
             Ok(found) if !found.daemons.is_empty() => {
