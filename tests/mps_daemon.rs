@@ -726,3 +726,44 @@ async fn a_hung_systemctl_that_ignores_sigterm_leaves_nothing_behind() {
         wait_dead(pid);
     }
 }
+
+/// The restart reads its order's deadline on the clock the supervisor stamps orders with (here
+/// tokio's paused clock): with a control binary that never answers, the restart ends at the
+/// deadline in virtual time, with the deadline's message, not at whatever the wall clock says.
+#[tokio::test(start_paused = true)]
+async fn a_restart_ends_at_its_orders_deadline_in_virtual_time() {
+    use gpu_medic::model::{ActionId, Command, IncidentId, Order, Timestamp};
+    use gpu_medic::remedy::MpsRemedy;
+    use gpu_medic::sys::clock::TokioClock;
+    let mps = Mps::new();
+    let hangs = mps.script("hangs", "exec sleep 3600");
+    let cfg = MpsConfig {
+        control_binary: hangs,
+        ..mps.cfg()
+    };
+    // 2023: far from the wall clock, so a deadline read on the wall clock is long past.
+    let clock = TokioClock::shared(1_700_000_000_000);
+    let remedy = MpsDaemon::new(cfg)
+        .with_attempts(1_000, Duration::from_millis(500))
+        .with_clock(clock.clone());
+    let order = Order {
+        id: ActionId(1),
+        incident: IncidentId(1),
+        command: Command::RestartMps,
+        attempt: 1,
+        deadline: Timestamp(clock.now_ms() + 20_000),
+        planned: false,
+    };
+    let t0 = tokio::time::Instant::now();
+    let err = remedy.restart(&order).await.expect_err("a hung binary");
+    let took = t0.elapsed();
+    assert!(
+        err.to_string()
+            .contains("did not finish before its deadline"),
+        "{err}"
+    );
+    assert!(
+        took >= Duration::from_secs(20) && took < Duration::from_secs(21),
+        "virtual {took:?}"
+    );
+}

@@ -161,12 +161,11 @@ async fn serve(
         }
         remedies.control_plane = Some(cp);
     }
-    remedies.evidence = evidence(&cfg, config_file, &shutdown).await;
+    remedies.evidence = evidence(&cfg, config_file, &shutdown, clock.clone()).await;
     if cfg.mps.enabled {
-        remedies.mps = Some(Arc::new(MpsDaemon::with_client(
-            cfg.mps.clone(),
-            mps_client,
-        )));
+        remedies.mps = Some(Arc::new(
+            MpsDaemon::with_client(cfg.mps.clone(), mps_client).with_clock(clock.clone()),
+        ));
     }
     let metrics_cfg = cfg.metrics.clone();
     let link_views = cfg.files();
@@ -221,6 +220,7 @@ async fn evidence(
     cfg: &crate::config::Config,
     config_file: &Path,
     shutdown: &CancellationToken,
+    clock: crate::sys::clock::SharedClock,
 ) -> Option<Arc<dyn crate::remedy::evidence::EvidenceRemedy>> {
     if !cfg.evidence.enabled {
         return None;
@@ -231,7 +231,8 @@ async fn evidence(
             Some(config_file.to_path_buf()),
             Arc::new(crate::supervisor::evidence::JournalRecords::new(cfg)),
         )
-        .await,
+        .await
+        .with_clock(clock),
     );
     tokio::spawn(crate::remedy::evidence::sweep_loop(
         ev.clone(),

@@ -40,6 +40,7 @@ use crate::mps::procs::{self, Found, MpsProcess, Scanner};
 use crate::mps::systemd::{Systemctl, UnitState};
 use crate::mps::{PROBE_COMMAND, SERVER_LIST_COMMAND, parse_percentage, parse_reply};
 use crate::sys::child::{self, AfterExit, RunError};
+use crate::sys::clock::{SharedClock, SystemClock};
 
 /// Attempts per order; the engine's budget decides about more.
 const ATTEMPTS: usize = 2;
@@ -57,6 +58,8 @@ pub struct MpsDaemon {
     systemctl: PathBuf,
     attempts: usize,
     min_delay: Duration,
+    /// The daemon's one clock: an order's deadline is read against it.
+    clock: SharedClock,
 }
 
 impl MpsDaemon {
@@ -74,7 +77,14 @@ impl MpsDaemon {
             systemctl: PathBuf::from("systemctl"),
             attempts: ATTEMPTS,
             min_delay: Duration::from_millis(500),
+            clock: SystemClock::shared(),
         }
+    }
+
+    /// Reads order deadlines against `clock` (the supervisor's).
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Uses another `systemctl` (tests).
@@ -633,7 +643,7 @@ impl MpsRemedy for MpsDaemon {
                 mode = self.mode(),
                 "restarting the MPS control daemon"
             );
-            let left = deadline.since(Timestamp::now());
+            let left = deadline.since(Timestamp(self.clock.now_ms()));
             if left.is_zero() {
                 return self.restart_now().await;
             }

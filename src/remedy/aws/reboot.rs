@@ -22,7 +22,7 @@ use super::{AwsControlPlane, CallsExt};
 use crate::aws::calls::Calls;
 use crate::aws::ec2::Ec2;
 use crate::config::{Config, RebootMethod};
-use crate::model::{Command, Health, Order, Timestamp};
+use crate::model::{Command, Health, Order};
 use crate::remedy::{BoxFuture, Done, RemedyError, RepairRemedy};
 
 /// The check after the boot: the node's health and what was found, for the journal.
@@ -120,7 +120,7 @@ impl Rebooter {
     async fn do_boot_check(&self, order: &Order) -> Result<Done, RemedyError> {
         let r = &self.cfg.repair;
         let t0 = Instant::now();
-        let left = order.deadline.since(Timestamp::now());
+        let left = order.deadline.since(self.control_plane.hands.now());
         // Answer a little before the deadline, so the engine hears the check, not its timer.
         let until = t0 + left.saturating_sub((left / 20).min(Duration::from_secs(5)));
         let mut looks = 0u32;

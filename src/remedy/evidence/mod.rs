@@ -27,6 +27,7 @@ use crate::model::{
     EvidencePlan, EvidenceRef, Incident, IncidentEvent, IncidentId, MissingPart, Order, Signal,
     Timestamp,
 };
+use crate::sys::clock::SharedClock;
 
 /// Time kept back at the end of an order for the outcome to reach the engine.
 const MARGIN: Duration = Duration::from_secs(2);
@@ -84,6 +85,8 @@ pub struct Evidence {
     identity: tokio::sync::OnceCell<NodeIdentity>,
     /// One upload at a time (an order's and the sweep's).
     uploading: tokio::sync::Mutex<()>,
+    /// The daemon's one clock: an order's deadline is read against it.
+    clock: SharedClock,
 }
 
 /// Whether the S3 client must address buckets by path (an endpoint override: moto, a local
@@ -116,7 +119,14 @@ impl Evidence {
             http: crate::aws::http_client(),
             identity: tokio::sync::OnceCell::new(),
             uploading: tokio::sync::Mutex::new(()),
+            clock: crate::sys::clock::SystemClock::shared(),
         }
+    }
+
+    /// Reads order deadlines against `clock` (the supervisor's).
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn spool(&self) -> &Spool {
@@ -744,7 +754,7 @@ impl EvidenceRemedy for Evidence {
     fn collect(&self, order: &Order) -> BoxFuture<'_, Result<(Done, EvidenceRef), RemedyError>> {
         let order = order.clone();
         Box::pin(async move {
-            let left = Duration::from_millis(order.deadline.0.saturating_sub(Timestamp::now().0));
+            let left = order.deadline.since(Timestamp(self.clock.now_ms()));
             let until = Instant::now() + left.saturating_sub(MARGIN);
             let name = order.incident.0.to_string();
             let (r, ids) = self.collect_until(order.incident, &name, until).await?;
