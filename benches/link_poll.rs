@@ -35,7 +35,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpu_medic::config::{LinksConfig, StateDir};
-use gpu_medic::probe::nvml::{Poller, SharedState, links};
+use gpu_medic::probe::nvml::{Poller, SharedState};
 use gpu_medic_testkit::stats::machine;
 use gpu_medic_testkit::{fake_nvml, gpus_json};
 
@@ -114,7 +114,7 @@ fn main() {
             let (t0, c0) = (Instant::now(), thread_cpu());
             let report = run.poller.poll(&nvml, &shared);
             if *variant == "links+view" {
-                links::save_view(files.root(), &report.links);
+                files.save_view(gpu_medic::config::View::Links, &report.links);
             }
             let (w, c) = (t0.elapsed(), thread_cpu() - c0);
             if *variant == "links" {

@@ -3,10 +3,12 @@
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json};
-use crate::config::StateDir;
+use crate::config::{StateDir, View};
 use crate::engine::State;
 use crate::journal::load_state;
 use crate::model::Timestamp;
+use crate::model::gpu_view::Comparison;
+use crate::model::links::{GpuLinks, Port};
 use crate::remedy::budget::group_view::{FleetSummary, SlotsSummary};
 
 #[derive(Debug, clap::Args)]
@@ -32,18 +34,18 @@ struct StatusView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     slots: Option<SlotsSummary>,
     /// ECS's view of the GPUs against NVML's at the last read (`[ecs] gpu_view`).
-    ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
+    ecs_gpus: Option<Comparison>,
     /// Each GPU's fabric, NVLinks, PCIe link and clock event reasons at the last poll.
     #[serde(skip_serializing_if = "Option::is_none")]
-    links: Option<Vec<crate::probe::nvml::links::GpuLinks>>,
+    links: Option<Vec<GpuLinks>>,
     /// The EFA / RDMA ports at the last look.
     #[serde(skip_serializing_if = "Option::is_none")]
-    ports: Option<Vec<crate::probe::efa::Port>>,
+    ports: Option<Vec<Port>>,
 }
 
 /// One line per GPU's links, one per RDMA port.
 fn print_links(state_dir: &std::path::Path) {
-    if let Some(gpus) = crate::probe::nvml::links::load_view(state_dir) {
+    if let Some(gpus) = StateDir::new(state_dir).load_view::<Vec<GpuLinks>>(View::Links) {
         for g in gpus {
             let fabric = match &g.fabric_state {
                 Some(s) => format!(
@@ -79,7 +81,7 @@ fn print_links(state_dir: &std::path::Path) {
             );
         }
     }
-    if let Some(ports) = crate::probe::efa::load_view(state_dir) {
+    if let Some(ports) = StateDir::new(state_dir).load_view::<Vec<Port>>(View::Ports) {
         for p in ports {
             let errors: u64 = p.errors.values().fold(0u64, |a, v| a.saturating_add(*v));
             println!(
@@ -88,20 +90,6 @@ fn print_links(state_dir: &std::path::Path) {
             );
         }
     }
-}
-
-/// A status file gpu-medic wrote itself; anything bigger is not one.
-const MAX_STATUS_FILE: u64 = 1024 * 1024;
-
-fn read_fleet(files: &StateDir) -> Option<FleetSummary> {
-    let text = crate::sys::limits::read_text(&files.fleet(), MAX_STATUS_FILE, "fleet view").ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-fn read_slots(files: &StateDir) -> Option<SlotsSummary> {
-    let text =
-        crate::sys::limits::read_text(&files.slots(), MAX_STATUS_FILE, "slot table view").ok()?;
-    serde_json::from_str(&text).ok()
 }
 
 pub fn run(a: StatusArgs) -> Result<i32, CliError> {
@@ -124,11 +112,11 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             node_phase: state.node.as_str(),
             mps_phase: state.mps.phase.as_str(),
             state: &state,
-            fleet: read_fleet(&cfg.files()),
-            slots: read_slots(&cfg.files()),
-            ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
-            links: crate::probe::nvml::links::load_view(&cfg.state_dir),
-            ports: crate::probe::efa::load_view(&cfg.state_dir),
+            fleet: cfg.files().load_view::<FleetSummary>(View::Fleet),
+            slots: cfg.files().load_view::<SlotsSummary>(View::Slots),
+            ecs_gpus: cfg.files().load_view::<Comparison>(View::GpuView),
+            links: cfg.files().load_view(View::Links),
+            ports: cfg.files().load_view(View::Ports),
         });
         return Ok(exit::OK);
     }
@@ -211,7 +199,7 @@ fn print_gpus(state: &State) {
 /// ECS's view of the GPUs against NVML's at the last read, after each GPU's links.
 fn print_gpu_view(cfg: &crate::config::Config) {
     print_links(&cfg.state_dir);
-    if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
+    if let Some(c) = cfg.files().load_view::<Comparison>(View::GpuView) {
         // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
         let policy = crate::policy::Policy::load(&cfg.policy).ok();
         let findings: Vec<&crate::model::Observation> = c
@@ -271,7 +259,7 @@ fn print_orders(state: &State) {
 
 /// The fleet budget and the slot table as this node last saw them.
 fn print_fleet(files: &StateDir) {
-    match read_fleet(files) {
+    match files.load_view::<FleetSummary>(View::Fleet) {
         Some(f) => {
             println!(
                 "fleet budget:  {} of {} slot(s) used in {} (desired {}), seen {}",
@@ -298,7 +286,7 @@ fn print_fleet(files: &StateDir) {
             "fleet budget:  no fleet view recorded (the AWS control plane has not checked it on this node)"
         ),
     }
-    if let Some(t) = read_slots(files) {
+    if let Some(t) = files.load_view::<SlotsSummary>(View::Slots) {
         println!(
             "slot table:    {} group {}: {} holder(s), version {}, seen {}",
             t.table,

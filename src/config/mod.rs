@@ -4,7 +4,7 @@
 
 pub mod state_dir;
 
-pub use state_dir::StateDir;
+pub use state_dir::{StateDir, View};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

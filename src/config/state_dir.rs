@@ -16,9 +16,55 @@
 //! | `links.json` | the NVML poll (fabric, NVLink, PCIe per GPU) | `status`, the exporter's metrics |
 //! | `ports.json` | the EFA / RDMA port watch | `status`, the exporter's metrics |
 //!
-//! Only this type joins a file name onto `state_dir` (`tests/layout.rs` checks it).
+//! Only this type joins a file name onto `state_dir` (`tests/layout.rs` checks it). The status
+//! views (`ecs-gpus.json`, `fleet.json`, `slots.json`, `links.json`, `ports.json`) are also
+//! written and read only here ([`StateDir::save_view`], [`StateDir::load_view`]): one way to
+//! keep a reading for `status` and the metrics, with one durability and one size cap.
 
 use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A status view: what a probe or the fleet budget saw last, for `gpu-medic status` and the
+/// metrics. Rewritten whole at the next reading, so atomic but not synced (a view lost in a
+/// crash is replaced by the next one), and read with [`View::max_bytes`] as its cap: a view
+/// that is missing, too big or unreadable is no view, never an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// ECS's view of the GPUs against NVML's (the ECS GPU view probe).
+    GpuView,
+    /// The claim protocol's fleet view.
+    Fleet,
+    /// The slot table's last reading.
+    Slots,
+    /// The NVML poll's fabric, NVLink and PCIe state per GPU.
+    Links,
+    /// The EFA / RDMA ports.
+    Ports,
+}
+
+impl View {
+    /// No view gpu-medic writes is bigger (the links and ports views cap their own lists).
+    pub fn max_bytes(self) -> u64 {
+        match self {
+            View::Links => crate::model::links::MAX_LINKS_VIEW_BYTES,
+            View::Ports => crate::model::links::MAX_PORTS_VIEW_BYTES,
+            View::GpuView | View::Fleet | View::Slots => 1024 * 1024,
+        }
+    }
+
+    /// For messages.
+    pub fn what(self) -> &'static str {
+        match self {
+            View::GpuView => "the ECS GPU view",
+            View::Fleet => "the fleet view",
+            View::Slots => "the slot table's reading",
+            View::Links => "the links view",
+            View::Ports => "the ports view",
+        }
+    }
+}
 
 /// The directory gpu-medic keeps its state in, and the name of each file in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +152,49 @@ impl StateDir {
     pub fn ports(&self) -> PathBuf {
         self.root.join("ports.json")
     }
+
+    /// Where `view` is kept.
+    pub fn view(&self, view: View) -> PathBuf {
+        match view {
+            View::GpuView => self.gpu_view(),
+            View::Fleet => self.fleet(),
+            View::Slots => self.slots(),
+            View::Links => self.links(),
+            View::Ports => self.ports(),
+        }
+    }
+
+    /// Keeps `value` as `view` (best effort: a failure is a debug line, `status` then shows the
+    /// previous reading).
+    pub fn save_view<T: Serialize + ?Sized>(&self, view: View, value: &T) {
+        let path = self.view(view);
+        let written = serde_json::to_vec(value)
+            .map_err(std::io::Error::other)
+            .and_then(|body| {
+                crate::sys::fs::write_atomic(&path, &body, crate::sys::fs::Durability::Atomic)
+            });
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), "cannot keep {}: {e}", view.what());
+        }
+    }
+
+    /// The kept `view`, if one was written and reads back.
+    pub fn load_view<T: DeserializeOwned>(&self, view: View) -> Option<T> {
+        self.load_view_aged(view).map(|(v, _)| v)
+    }
+
+    /// The kept `view` and its age in seconds (from the file's modification time).
+    pub fn load_view_aged<T: DeserializeOwned>(&self, view: View) -> Option<(T, u64)> {
+        let path = self.view(view);
+        let text = crate::sys::limits::read_text(&path, view.max_bytes(), view.what()).ok()?;
+        let value = serde_json::from_str(&text).ok()?;
+        let age = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+            .map_or(0, |d| d.as_secs());
+        Some((value, age))
+    }
 }
 
 #[cfg(test)]
@@ -161,5 +250,26 @@ mod tests {
                 "ports.json",
             ]
         );
+    }
+
+    #[test]
+    fn a_view_reads_back_what_was_kept_and_a_bad_one_is_no_view() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = StateDir::new(dir.path());
+        assert_eq!(d.load_view::<Vec<u32>>(View::Ports), None, "none kept yet");
+        d.save_view(View::Ports, &vec![1u32, 2, 3]);
+        assert_eq!(d.load_view::<Vec<u32>>(View::Ports), Some(vec![1, 2, 3]));
+        let (_, age) = d.load_view_aged::<Vec<u32>>(View::Ports).unwrap();
+        assert!(age < 60, "{age}");
+        // Not JSON of that shape, over its cap, or not a regular file: no view, no error.
+        std::fs::write(d.view(View::Ports), b"{not json").unwrap();
+        assert_eq!(d.load_view::<Vec<u32>>(View::Ports), None);
+        let big = vec![b' '; usize::try_from(View::Links.max_bytes()).unwrap() + 1];
+        std::fs::write(d.view(View::Links), big).unwrap();
+        assert_eq!(d.load_view::<Vec<u32>>(View::Links), None);
+        std::fs::create_dir(d.view(View::Fleet)).unwrap();
+        assert_eq!(d.load_view::<Vec<u32>>(View::Fleet), None);
+        // A view that cannot be written (its path is a directory) is a debug line.
+        d.save_view(View::Fleet, &vec![1u32]);
     }
 }

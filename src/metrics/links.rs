@@ -5,17 +5,13 @@
 //! series, and `links_view_age_seconds` says how old each view is (a view that stops being
 //! rewritten, because the poll or the watch stopped, shows as growing age, not as health).
 
-use std::path::Path;
-use std::time::SystemTime;
-
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::de::DeserializeOwned;
 
 use super::Labels;
-use crate::config::StateDir;
-use crate::model::links::{GpuLinks, MAX_LINKS_VIEW_BYTES, MAX_PORTS_VIEW_BYTES, Port};
+use crate::config::{StateDir, View};
+use crate::model::links::{GpuLinks, Port};
 
 /// The series of the link views.
 #[derive(Default)]
@@ -46,19 +42,6 @@ fn with(mut labels: Labels, key: &str, value: &str) -> Labels {
 
 fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// A view and its age in seconds; `None` when no probe wrote it (or it cannot be read: the
-/// probe rewrites it whole, atomically, so a bad one is not waited for).
-fn read_view<T: DeserializeOwned>(path: &Path, limit: u64) -> Option<(T, u64)> {
-    let text = crate::sys::limits::read_text(path, limit, "links view").ok()?;
-    let view = serde_json::from_str(&text).ok()?;
-    let age = std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| SystemTime::now().duration_since(t).ok())
-        .map_or(0, |d| d.as_secs());
-    Some((view, age))
 }
 
 impl LinkMetrics {
@@ -156,8 +139,7 @@ impl LinkMetrics {
         ] {
             f.clear();
         }
-        if let Some((gpus, age)) = read_view::<Vec<GpuLinks>>(&files.links(), MAX_LINKS_VIEW_BYTES)
-        {
+        if let Some((gpus, age)) = files.load_view_aged::<Vec<GpuLinks>>(View::Links) {
             self.view_age
                 .get_or_create(&vec![("view".into(), "links".into())])
                 .set(int(age));
@@ -165,7 +147,7 @@ impl LinkMetrics {
                 self.gpu(g);
             }
         }
-        if let Some((ports, age)) = read_view::<Vec<Port>>(&files.ports(), MAX_PORTS_VIEW_BYTES) {
+        if let Some((ports, age)) = files.load_view_aged::<Vec<Port>>(View::Ports) {
             self.view_age
                 .get_or_create(&vec![("view".into(), "ports".into())])
                 .set(int(age));

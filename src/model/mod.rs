@@ -4,6 +4,7 @@
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
 pub mod cursor;
+pub mod gpu_view;
 pub mod links;
 
 pub use cursor::{Cursor, Delivery, Resume, StreamId};

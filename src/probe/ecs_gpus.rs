@@ -23,7 +23,6 @@
 //! `state_dir/ecs-gpus.json` for `gpu-medic status`.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,11 +31,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::nvml::view::{Expected, ExpectedGpus, NvmlView, ViewSnapshot};
+use super::nvml::view::{ExpectedGpus, NvmlView, ViewSnapshot};
 use crate::aws::calls::{CallError, Calls};
 use crate::aws::ecs::{Ecs, GpuDevice, InstanceState};
 use crate::aws::{identity, imds, instance_types};
 use crate::config::Config;
+pub use crate::model::gpu_view::{Comparison, Expected, GpuLine};
 use crate::model::{Observation, Signal, Timestamp};
 use crate::probe::Source;
 
@@ -52,11 +52,6 @@ const FAILURES_FOR_SELF_FAULT: u32 = 3;
 /// How long a read waits for the NVML poller's first view.
 const FIRST_POLL_WAIT: Duration = Duration::from_secs(30);
 const MIB: u64 = 1024 * 1024;
-
-/// The file the last comparison is kept in.
-pub fn comparison_path(state_dir: &Path) -> PathBuf {
-    crate::config::StateDir::new(state_dir).gpu_view()
-}
 
 /// ECS's view of this instance's GPUs at one read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,65 +89,6 @@ impl EcsRead {
 
     pub fn count(&self) -> u32 {
         u32::try_from(self.gpus().len()).unwrap_or(u32::MAX)
-    }
-}
-
-/// One GPU of the comparison, for `status` and `check`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuLine {
-    /// ECS's `gpuId`.
-    pub id: String,
-    /// NVML's index, where NVML knows the GPU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub index: Option<u32>,
-    /// `ok`, `lost` or `missing` (NVML does not see it).
-    pub nvml: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sharing_mode: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub containers: Option<i64>,
-    /// What ECS believes is free for new MPS tasks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ecs_remaining_mib: Option<i64>,
-    /// What NVML shows free.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nvml_free_mib: Option<u64>,
-}
-
-/// The last comparison, kept in `state_dir/ecs-gpus.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Comparison {
-    pub observed_at: Timestamp,
-    pub ecs_count: u32,
-    pub nvml_count: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expected: Option<Expected>,
-    pub gpus: Vec<GpuLine>,
-    /// Every disagreement, as sent to the engine; the policy decides which are findings (a
-    /// 4 MiB excess is below `ecs-gpu-memory-in-use`'s tolerance, a routine reading).
-    pub observations: Vec<Observation>,
-}
-
-impl Comparison {
-    /// Reads the kept comparison (None: none yet, or unreadable).
-    pub fn load(state_dir: &Path) -> Option<Comparison> {
-        let text = crate::sys::limits::read_text(
-            &comparison_path(state_dir),
-            1024 * 1024,
-            "the ECS GPU view",
-        )
-        .ok()?;
-        serde_json::from_str(&text).ok()
-    }
-
-    fn save(&self, state_dir: &Path) {
-        let path = comparison_path(state_dir);
-        // Atomic only: a status file for `gpu-medic status`, rewritten at the next comparison.
-        let written =
-            crate::sys::fs::write_json_atomic(&path, self, crate::sys::fs::Durability::Atomic);
-        if let Err(e) = written {
-            tracing::debug!(path = %path.display(), "cannot keep the ECS GPU view: {e}");
-        }
     }
 }
 
@@ -440,7 +376,7 @@ impl EcsGpuSource {
     /// ECS's view against NVML's latest, saved for `status`; the mismatches found.
     fn compare_and_save(&self, read: &EcsRead, nvml: &ViewSnapshot) -> Vec<Observation> {
         let (found, gpus) = compare(read, nvml);
-        Comparison {
+        let kept = Comparison {
             observed_at: Timestamp::now(),
             ecs_count: read.count(),
             nvml_count: nvml.count,
@@ -453,8 +389,10 @@ impl EcsGpuSource {
             },
             gpus,
             observations: found.clone(),
-        }
-        .save(&self.cfg.state_dir);
+        };
+        self.cfg
+            .files()
+            .save_view(crate::config::View::GpuView, &kept);
         found
     }
 }

@@ -189,33 +189,6 @@ impl PortWatch {
     }
 }
 
-/// Where the latest look's ports are kept for `status`.
-pub fn view_path(state_dir: &Path) -> PathBuf {
-    crate::config::StateDir::new(state_dir).ports()
-}
-
-/// The latest look's ports, if a daemon wrote them.
-pub fn load_view(state_dir: &Path) -> Option<Vec<Port>> {
-    let text = crate::sys::limits::read_text(
-        &view_path(state_dir),
-        crate::model::links::MAX_PORTS_VIEW_BYTES,
-        "ports view",
-    )
-    .ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-/// A status file the next look rewrites: atomic, not synced.
-fn save_view(state_dir: &Path, ports: &[Port]) {
-    let path = view_path(state_dir);
-    if let Ok(body) = serde_json::to_vec(ports)
-        && let Err(e) =
-            crate::sys::fs::write_atomic(&path, &body, crate::sys::fs::Durability::Atomic)
-    {
-        tracing::debug!(probe = "efa", path = %path.display(), "cannot save the ports view: {e}");
-    }
-}
-
 /// The continuous port watch for `gpu-medic run`.
 pub struct EfaSource {
     pub cfg: LinksConfig,
@@ -252,7 +225,8 @@ impl Source for EfaSource {
                 watch = w;
                 if !ports.is_empty() || had_ports {
                     had_ports = true;
-                    save_view(&self.state_dir, &ports);
+                    crate::config::StateDir::new(&self.state_dir)
+                        .save_view(crate::config::View::Ports, &ports);
                 }
                 for o in out {
                     if tx.send(o.from_source("efa")).await.is_err() {

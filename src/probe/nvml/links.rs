@@ -442,33 +442,6 @@ fn persistence(
     }
 }
 
-/// Where the latest poll's links are kept for `status` and metrics.
-pub fn view_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    crate::config::StateDir::new(state_dir).links()
-}
-
-pub use crate::model::links::MAX_LINKS_VIEW_BYTES as MAX_VIEW_BYTES;
-
-/// Writes the latest poll's links. A status file the next poll rewrites: atomic, not synced.
-/// A failure is a debug line: `status` then shows the previous poll's.
-pub fn save_view(state_dir: &std::path::Path, gpus: &[GpuLinks]) {
-    let path = view_path(state_dir);
-    let body = match serde_json::to_vec(gpus) {
-        Ok(b) => b,
-        Err(_) => return,
-    };
-    if let Err(e) = crate::sys::fs::write_atomic(&path, &body, crate::sys::fs::Durability::Atomic) {
-        tracing::debug!(probe = "nvml", path = %path.display(), "cannot save the links view: {e}");
-    }
-}
-
-/// The latest poll's links, if a daemon wrote them.
-pub fn load_view(state_dir: &std::path::Path) -> Option<Vec<GpuLinks>> {
-    let text =
-        crate::sys::limits::read_text(&view_path(state_dir), MAX_VIEW_BYTES, "links view").ok()?;
-    serde_json::from_str(&text).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -329,7 +329,8 @@ impl NvmlSource {
             v.publish(report.view.clone());
         }
         if self.links.as_ref().is_some_and(|l| l.enabled) {
-            links::save_view(&self.state_dir, &report.links);
+            crate::config::StateDir::new(&self.state_dir)
+                .save_view(crate::config::View::Links, &report.links);
         }
         let mut snap = report.usage;
         if let Some(url) = &self.agent_url {

@@ -82,14 +82,7 @@ impl NvmlView {
     }
 }
 
-/// Where the expected GPU count came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Expected {
-    pub count: u32,
-    /// `config`, `ecs` (the GPUs ECS registered for the instance) or `instance type
-    /// p5.48xlarge`.
-    pub source: String,
-}
+pub use crate::model::gpu_view::Expected;
 
 /// How many GPUs this instance should have when `[nvml] expected_gpus` is unset: set by the
 /// probe that learns it (from ECS, else from the instance type), read by the NVML poller each

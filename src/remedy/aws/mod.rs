@@ -28,7 +28,6 @@ mod replace;
 mod restore;
 mod stop_tasks;
 
-pub use crate::remedy::budget::{fleet_path, slots_path};
 pub use crate::remedy::calls::CallsExt;
 
 use std::sync::Arc;

@@ -16,8 +16,6 @@ pub mod group_view;
 pub mod slot_rules;
 pub mod slot_table;
 
-pub use slot_table::slots_path;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -266,13 +264,9 @@ impl Common {
 
     /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only).
     fn record_fleet(&self, summary: &FleetSummary) {
-        let path = fleet_path(&self.cfg.state_dir);
-        // Atomic only: a status file, rewritten at the next admission.
-        let written =
-            crate::sys::fs::write_json_atomic(&path, summary, crate::sys::fs::Durability::Atomic);
-        if let Err(e) = written {
-            tracing::debug!(path = %path.display(), "cannot keep the fleet view: {e}");
-        }
+        self.cfg
+            .files()
+            .save_view(crate::config::View::Fleet, summary);
     }
 
     /// Removes our claim and slot attributes from the container instance (`here.me`).
@@ -322,9 +316,4 @@ fn group_only(g: &GroupState, pause_tag: &str) -> FleetView {
             .iter()
             .any(|(k, v)| k == pause_tag && v.trim().eq_ignore_ascii_case("true")),
     }
-}
-
-/// Where the last fleet view is kept.
-pub fn fleet_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    crate::config::StateDir::new(state_dir).fleet()
 }

@@ -48,11 +48,6 @@ const MAX_CONFLICTS: u32 = 4;
 /// Decisions in one attempt: reserve, commit, act, removals of terminated holders, re-reads.
 const MAX_STEPS: u32 = 16;
 
-/// Where the slot table's last reading is kept (`gpu-medic status`).
-pub fn slots_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    crate::config::StateDir::new(state_dir).slots()
-}
-
 /// The slot table protocol, with EC2 for its terminated holders.
 pub struct SlotBudget {
     c: Common,
@@ -569,13 +564,10 @@ impl SlotBudget {
             budget: item.budget,
             holders: item.holders.clone(),
         };
-        let path = slots_path(&self.c.cfg.state_dir);
-        // Atomic only: a status file, rewritten at the next reading of the table.
-        let written =
-            crate::sys::fs::write_json_atomic(&path, &summary, crate::sys::fs::Durability::Atomic);
-        if let Err(e) = written {
-            tracing::debug!(path = %path.display(), "cannot keep the slot table's reading: {e}");
-        }
+        self.c
+            .cfg
+            .files()
+            .save_view(crate::config::View::Slots, &summary);
     }
 }
 
