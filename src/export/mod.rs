@@ -39,7 +39,7 @@ use crate::aws::calls::{CallError, Calls};
 use crate::aws::events::{self, Event, Events};
 use crate::aws::logs::{self, Batch, Full, LogEvent, Logs};
 use crate::config::Config;
-use crate::model::{IncidentEvent, OutcomeStatus, Record};
+use crate::model::{ExportLag, IncidentEvent, OutcomeStatus, Record};
 
 /// `detail-type` of an incident's first record.
 pub const INCIDENT_OPENED: &str = "GPU Medic Incident Opened";
@@ -221,6 +221,8 @@ impl Flush {
 /// The running export: its flush handle and its tasks.
 pub struct Exporter {
     pub flush: Flush,
+    /// Each lane's lag behind the journal after its last round (for the metrics).
+    pub lag: Vec<watch::Receiver<ExportLag>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -244,9 +246,15 @@ impl Exporter {
         let files = cfg.files();
         let mut lanes = Vec::new();
         let mut tasks = Vec::new();
+        let mut lag = Vec::new();
         let mut add = |name: &'static str, lane: &str, kind: Kind| {
             let wake = Arc::new(Notify::new());
             let (tx, rx) = watch::channel(Progress::default());
+            let (lag_tx, lag_rx) = watch::channel(ExportLag {
+                lane: lane.to_string(),
+                ..ExportLag::default()
+            });
+            lag.push(lag_rx);
             let lane = Lane {
                 name,
                 kind,
@@ -262,7 +270,7 @@ impl Exporter {
             };
             tasks.push(tokio::spawn(lane.run(
                 wake.clone(),
-                tx,
+                (tx, lag_tx),
                 cfg.export.interval,
                 stop.clone(),
             )));
@@ -296,6 +304,7 @@ impl Exporter {
         }
         Exporter {
             flush: Flush { lanes },
+            lag,
             stop,
             tasks,
         }
@@ -347,7 +356,7 @@ impl Lane {
     async fn run(
         mut self,
         wake: Arc<Notify>,
-        progress: watch::Sender<Progress>,
+        (progress, lag): (watch::Sender<Progress>, watch::Sender<ExportLag>),
         interval: Duration,
         stop: CancellationToken,
     ) {
@@ -357,6 +366,11 @@ impl Lane {
         loop {
             progress.send_modify(|p| p.started += 1);
             let r = self.round().await;
+            let (records, behind_since) = if r.is_ok() { (0, None) } else { self.behind() };
+            lag.send_modify(|l| {
+                l.records = records;
+                l.behind_since = behind_since;
+            });
             let (delivered, dropped) = (self.delivered, self.dropped);
             progress.send_modify(|p| {
                 p.finished = p.started;
@@ -441,6 +455,21 @@ impl Lane {
                 return Ok(());
             }
         }
+    }
+
+    /// What the journal holds past the cursor: how many lines, and when the first record
+    /// of them was journaled. Read with a tail of its own, so the lane's is untouched.
+    fn behind(&self) -> (u64, Option<crate::model::Timestamp>) {
+        let mut cur = self.cursor;
+        let (mut n, mut first) = (0u64, None);
+        let _ = Tail::new(&self.cfg.incidents_path()).read(&mut cur, |line| {
+            n += 1;
+            if first.is_none() {
+                first = line.record.map(|r| r.at);
+            }
+            true
+        });
+        (n, first)
     }
 
     fn shipped(dest: &Destination, seq: u64, record: Record) -> Shipped {

@@ -119,6 +119,12 @@ pub trait FleetBudget: Send + Sync {
         here: Here<'a>,
     ) -> BoxFuture<'a, Result<Released, RemedyError>>;
 
+    /// The group as the last `acquire` read it, taken (None: no read since the last take):
+    /// the drain's or replacement's outcome carries it to the engine and the metrics.
+    fn take_view(&self) -> Option<crate::model::FleetBudgetView> {
+        None
+    }
+
     /// Background upkeep until `shutdown` (the slot table's sweep of terminated holders).
     fn upkeep<'a>(
         &'a self,
@@ -135,6 +141,7 @@ pub fn for_config(sdk: &SdkConfig, cfg: &Config, clock: SharedClock) -> Arc<dyn 
         cfg: cfg.clone(),
         asg: Asg::new(aws_sdk_autoscaling::Client::new(sdk)),
         clock,
+        last: std::sync::Mutex::new(None),
     };
     match &cfg.fleet.table {
         Some(t) => Arc::new(slot_table::SlotBudget::new(sdk, t, common)),
@@ -147,6 +154,8 @@ pub(crate) struct Common {
     pub cfg: Config,
     pub asg: Asg,
     pub clock: SharedClock,
+    /// The group as the last admission read it, until the order's outcome takes it.
+    pub last: std::sync::Mutex<Option<crate::model::FleetBudgetView>>,
 }
 
 impl Common {
@@ -264,8 +273,22 @@ impl Common {
         Ok((view, states))
     }
 
-    /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only).
+    /// The group as the last admission read it, taken.
+    fn take_view(&self) -> Option<crate::model::FleetBudgetView> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only), and
+    /// for the order's outcome.
     fn record_fleet(&self, summary: &FleetSummary) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(crate::model::FleetBudgetView {
+                group: summary.group.clone(),
+                desired: summary.desired,
+                capacity: summary.budget,
+                in_use: summary.in_remediation.len() as u32,
+                observed_at: summary.observed_at,
+            });
         let path = fleet_path(&self.cfg.state_dir);
         // Atomic only: a status file, rewritten at the next admission.
         let written =
