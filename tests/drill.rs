@@ -170,6 +170,20 @@ async fn a_live_xid_drill_drains_and_has_auto_scaling_replace_the_instance() {
     assert_eq!(inc[0]["state"], "replaced");
     let drill = inc[0]["drill"].as_str().unwrap().to_string();
     all_tagged(&d, 1, &drill);
+    // The drain's outcome carries the fleet budget's read of the group, our claim in it
+    // (gpu_medic_fleet_budget_in_use / _capacity).
+    let fleet: Vec<Value> = d
+        .records()
+        .into_iter()
+        .filter_map(|r| r["outcome"].get("fleet").cloned())
+        .collect();
+    assert!(!fleet.is_empty(), "{:#?}", d.records());
+    assert!(
+        fleet[0]["group"].as_str().unwrap().contains(&s.asg),
+        "{fleet:?}"
+    );
+    assert_eq!(fleet[0]["in_use"], 1, "{fleet:?}");
+    assert!(fleet[0]["capacity"].as_u64().unwrap() >= 1, "{fleet:?}");
 }
 
 #[test]
