@@ -10,7 +10,8 @@
 //!
 //! Each new event, and each change of an event's state or times, is one observation (a
 //! `maintenance-event`, `spot-interruption` or `rebalance-recommendation`); a document that
-//! did not change sends nothing. A scheduled event carries the kernel's boot id at the time
+//! did not change sends nothing. A Spot notice that is no longer listed (404 again) is one
+//! `spot-notice-gone`. A scheduled event carries the kernel's boot id at the time
 //! of reading (the supervisor's one reading at start, `[repair] boot_id_path`, handed in with
 //! the source's [`crate::model::Resume`]), so the engine can tell that a reboot happened.
 //!
