@@ -447,7 +447,12 @@ pub(super) fn arm(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("  armed:   the daemon took the request");
+    let head = if what == "drill request" {
+        "armed:  "
+    } else {
+        "taken:  "
+    };
+    println!("  {head} the daemon took the request");
     Ok(())
 }
 
