@@ -458,18 +458,20 @@ impl Lane {
     }
 
     /// What the journal holds past the cursor: how many lines, and when the first record
-    /// of them was journaled. Read with a tail of its own, so the lane's is untouched.
-    fn behind(&self) -> (u64, Option<crate::model::Timestamp>) {
+    /// of them was journaled. Reads that one record from a copy of the cursor (the lane's
+    /// own stays where the last acknowledged batch put it); the count is the tail's, kept
+    /// up to date incrementally, so an outage costs no re-read of the journal.
+    fn behind(&mut self) -> (u64, Option<crate::model::Timestamp>) {
         let mut cur = self.cursor;
-        let (mut n, mut first) = (0u64, None);
-        let _ = Tail::new(&self.cfg.incidents_path()).read(&mut cur, |line| {
-            n += 1;
-            if first.is_none() {
-                first = line.record.map(|r| r.at);
+        let mut first = None;
+        let _ = self.tail.read(&mut cur, |line| match line.record {
+            Some(r) => {
+                first = Some(r.at);
+                false
             }
-            true
+            None => true,
         });
-        (n, first)
+        (self.tail.lines_after(&self.cursor), first)
     }
 
     fn shipped(dest: &Destination, seq: u64, record: Record) -> Shipped {
