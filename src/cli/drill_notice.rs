@@ -124,7 +124,7 @@ pub fn explain(policy: &Policy, signal: &Signal, id: &str) -> Explanation {
             "planned-spot-interruption".to_string(),
             "drain",
             format!(
-                "AWS interrupts this Spot instance ({action}) at {time}: drained at once, what still runs {margin} before it is stopped; never deferred by the fleet budget; the instance stays drained until {clear}"
+                "AWS interrupts this Spot instance ({action}) at {time}: drained at once, and what still runs {margin} before that time is stopped; never deferred by the fleet budget; the instance stays drained until {clear}"
             ),
         ),
         Signal::MaintenanceEvent { event } => {
