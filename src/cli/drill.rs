@@ -421,6 +421,19 @@ fn announce(
         println!(
             "  mode:    the daemon is observe-only (dry_run or the policy): nothing is executed (would {what})"
         );
+    } else if !cfg.aws.enabled
+        && [
+            Verdict::StopTasks,
+            Verdict::Drain,
+            Verdict::Reboot,
+            Verdict::Replace,
+        ]
+        .iter()
+        .any(|v| v.as_str() == e.action)
+    {
+        println!(
+            "  mode:    AWS remediation is disabled here ([aws] enabled = false): the decision is recorded, nothing is executed (would {what})"
+        );
     } else {
         println!("  mode:    LIVE: gpu-medic will {what} for real");
     }
