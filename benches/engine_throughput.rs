@@ -102,6 +102,7 @@ fn record(policy: &Policy, inputs: usize, seed: u64) -> Stream {
                     detail: "simulated".into(),
                     request_ids: vec![],
                     evidence: None,
+                    fleet: None,
                 });
             }
         }

@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 use crate::accounting::usage::Accounting;
 use crate::engine::{GpuStatus, State};
 use crate::model::{
-    Action, ActionId, Command, IncidentEvent, IncidentState, Input, OutcomeStatus, Signal, Verdict,
+    Action, ActionId, Command, ExportLag, FleetBudgetView, IncidentEvent, IncidentState, Input,
+    OutcomeStatus, Signal, Verdict,
 };
 use crate::policy::Policy;
 
@@ -60,6 +61,13 @@ pub struct Metrics {
     links: links::LinkMetrics,
     /// Where those views are; `None`: no link series.
     link_views: Option<crate::config::StateDir>,
+    /// The fleet budget as the last drain or replacement read it (from its outcome).
+    fleet_in_use: Family<Labels, Gauge>,
+    fleet_capacity: Family<Labels, Gauge>,
+    /// The export lanes' lag behind the journal, read at each scrape.
+    export_lag_seconds: Family<Labels, Gauge>,
+    export_lag_records: Family<Labels, Gauge>,
+    export_lag: Vec<tokio::sync::watch::Receiver<ExportLag>>,
 }
 
 /// The series of AWS-planned disruptions and the ECS agent's verdict.
@@ -231,9 +239,38 @@ impl Metrics {
             "1 while an ECS task's processes together use more GPU memory than [nvml] reservation_alert of its reservation (the sum of its containers'), else 0",
             task_gpu_memory_over_reservation.clone(),
         );
+        let fleet_in_use = Family::<Labels, Gauge>::default();
+        registry.register(
+            "fleet_budget_in_use",
+            "Instances of the group in remediation (draining, Unhealthy, a live claim, a replacement not yet in the group) when the fleet budget last read it for a drain or replacement of this instance",
+            fleet_in_use.clone(),
+        );
+        let fleet_capacity = Family::<Labels, Gauge>::default();
+        registry.register(
+            "fleet_budget_capacity",
+            "Instances of the group that may be in remediation at once ([fleet] budget of desired capacity), at the same read",
+            fleet_capacity.clone(),
+        );
+        let export_lag_seconds = Family::<Labels, Gauge>::default();
+        registry.register(
+            "export_lag_seconds",
+            "How long the oldest journal record not yet delivered by an export lane (logs: CloudWatch Logs, events: EventBridge) has waited, after the lane's last round (0: caught up)",
+            export_lag_seconds.clone(),
+        );
+        let export_lag_records = Family::<Labels, Gauge>::default();
+        registry.register(
+            "export_lag_records",
+            "Journal lines an export lane had not delivered after its last round (0: caught up)",
+            export_lag_records.clone(),
+        );
         let planned = PlannedMetrics::register(&mut registry);
         let links = links::LinkMetrics::register(&mut registry);
         Metrics {
+            fleet_in_use,
+            fleet_capacity,
+            export_lag_seconds,
+            export_lag_records,
+            export_lag: Vec::new(),
             planned,
             links,
             link_views: None,
@@ -271,6 +308,12 @@ impl Metrics {
     /// each scrape).
     pub fn with_link_views(mut self, files: crate::config::StateDir) -> Self {
         self.link_views = Some(files);
+        self
+    }
+
+    /// The export lanes' lag comes from these (the exporter's, one per lane).
+    pub fn with_export_lag(mut self, lag: Vec<tokio::sync::watch::Receiver<ExportLag>>) -> Self {
+        self.export_lag = lag;
         self
     }
 
@@ -351,6 +394,9 @@ impl Metrics {
                     }
                 }
                 IncidentEvent::ActionFinished { outcome } => {
+                    if let Some(f) = &outcome.fleet {
+                        self.fleet_budget(f);
+                    }
                     let action = started.remove(&outcome.action).unwrap_or("unknown");
                     let result = match outcome.status {
                         OutcomeStatus::Done => "done",
@@ -450,6 +496,34 @@ impl Metrics {
         self.planned.record(state);
     }
 
+    /// One series per gauge: the group the budget last read.
+    fn fleet_budget(&self, f: &FleetBudgetView) {
+        let labels: Labels = vec![("group".into(), f.group.clone())];
+        self.fleet_in_use.clear();
+        self.fleet_capacity.clear();
+        self.fleet_in_use
+            .get_or_create(&labels)
+            .set(i64::from(f.in_use));
+        self.fleet_capacity
+            .get_or_create(&labels)
+            .set(i64::from(f.capacity));
+    }
+
+    /// The export lanes' lag as their last rounds left it, the wait counted to now.
+    fn refresh_export_lag(&self) {
+        let now = crate::model::Timestamp::now();
+        for rx in &self.export_lag {
+            let l = rx.borrow().clone();
+            let labels: Labels = vec![("lane".into(), l.lane.clone())];
+            self.export_lag_seconds
+                .get_or_create(&labels)
+                .set(i64::try_from(l.seconds_at(now)).unwrap_or(i64::MAX));
+            self.export_lag_records
+                .get_or_create(&labels)
+                .set(i64::try_from(l.records).unwrap_or(i64::MAX));
+        }
+    }
+
     fn repair(&self, rung: Verdict, result: &str) {
         self.repairs
             .get_or_create(&vec![
@@ -547,6 +621,7 @@ impl Metrics {
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         self.refresh_usage();
+        self.refresh_export_lag();
         if let Some(files) = &self.link_views {
             self.links.refresh(files);
         }
@@ -727,6 +802,7 @@ mod tests {
                 detail: String::new(),
                 request_ids: vec![],
                 evidence: None,
+                fleet: None,
             }),
             &mut st,
             now,
@@ -748,6 +824,7 @@ mod tests {
                 detail: "AccessDenied".into(),
                 request_ids: vec!["r-1".into()],
                 evidence: None,
+                fleet: None,
             }),
             &mut st,
             now,
@@ -778,6 +855,65 @@ mod tests {
         for (name, want) in expect {
             assert_eq!(value(&text, name), Some(want), "{name} in\n{text}");
         }
+    }
+
+    /// The fleet budget comes from a drain's outcome; the export lag from the lanes' feeds,
+    /// its wait counted to the scrape.
+    #[test]
+    fn the_fleet_budget_and_the_export_lag_are_fed_by_their_owners() {
+        let policy = shipped_policy();
+        let since = Timestamp::now().minus(Duration::from_secs(30));
+        let (_tx, rx) = tokio::sync::watch::channel(ExportLag {
+            lane: "logs".into(),
+            records: 3,
+            behind_since: Some(since),
+        });
+        let m = Metrics::new().with_export_lag(vec![rx]);
+        let fleet = FleetBudgetView {
+            group: "Auto Scaling group g".into(),
+            desired: 10,
+            capacity: 2,
+            in_use: 1,
+            observed_at: since,
+        };
+        let record = crate::model::Record {
+            at: since,
+            incident: crate::model::IncidentId(1),
+            drill: None,
+            event: IncidentEvent::ActionFinished {
+                outcome: Outcome {
+                    action: ActionId(7),
+                    status: OutcomeStatus::Done,
+                    detail: String::new(),
+                    request_ids: vec![],
+                    evidence: None,
+                    fleet: Some(Box::new(fleet)),
+                },
+            },
+        };
+        m.record(
+            &Input::Tick,
+            &[Action::Log(record)],
+            &State::default(),
+            &policy,
+        );
+        let text = m.render();
+        let g = "{group=\"Auto Scaling group g\"}";
+        assert_eq!(
+            value(&text, &format!("gpu_medic_fleet_budget_in_use{g}")),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, &format!("gpu_medic_fleet_budget_capacity{g}")),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, "gpu_medic_export_lag_records{lane=\"logs\"}"),
+            Some(3.0)
+        );
+        let lag = value(&text, "gpu_medic_export_lag_seconds{lane=\"logs\"}").unwrap();
+        assert!((30.0..60.0).contains(&lag), "{lag}");
     }
 
     /// A GPU the engine forgets (an operator aborted its incident) is healthy again: its

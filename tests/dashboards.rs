@@ -3,7 +3,8 @@
 //! libnvidia-ml, the kernel log, ECS and Auto Scaling in moto behind the kit's proxy, the
 //! ECS agent (the kit's `FakeAgent`: the one double, it exists only on an instance) naming
 //! MPS clients that are real processes in ECS-shaped cgroups, a task definition with an MPS
-//! memory reservation, the metrics endpoint and EMF on stdout) rehearses a fatal XID with
+//! memory reservation, the incident export to CloudWatch Logs and EventBridge in moto, the
+//! metrics endpoint and EMF on stdout) rehearses a fatal XID with
 //! `gpu-medic drill` while one control-plane call is refused. Then:
 //! - every metric and label in `packaging/dashboards/grafana.json` (its exprs, legends and
 //!   variable queries) is in the scrape (`instance` and `job` are the labels Prometheus adds
@@ -497,6 +498,7 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
          [mps]\nenabled = false\n\
          [metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\nemf = true\n\
          [drill]\nallow = true\n\
+         [export]\nenabled = true\ninterval = \"300ms\"\n\
          [repair]\nreboot = \"off\"\n\
          {sections}[ecs]\nagent_url = \"{agent}\"\ndrain_poll_interval = \"200ms\"\n\
          [fleet]\nwarmup = \"0s\"\nclaim_settle = \"200ms\"\nretry_after = \"1s\"\n",
@@ -552,6 +554,8 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
         "gpu_medic_incidents_total",
         "gpu_medic_aws_call_errors_total",
         "gpu_medic_task_gpu_memory_bytes",
+        "gpu_medic_fleet_budget_in_use",
+        "gpu_medic_export_lag_seconds",
     ] {
         assert!(series.contains_key(needed), "{needed} not scraped:\n{body}");
     }

@@ -99,9 +99,27 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
     assert!(r.detail.contains("not flushed within"), "{r}");
     assert!(proxy.count("PutLogEvents") >= 2);
     assert_eq!(log_records(&sdk, &group, None).await.len(), 3);
+    // The lane's lag (gpu_medic_export_lag_*): the 17 records waiting, since the first of them.
+    let lag = x.lag[0].clone();
+    wait_for(
+        "the lag behind the journal",
+        Duration::from_secs(10),
+        || async { lag.borrow().records == 17 },
+    )
+    .await;
+    assert_eq!(lag.borrow().lane, "logs");
+    assert!(lag.borrow().behind_since.is_some());
     proxy.clear_faults();
     let r = x.flush.flush(Duration::from_secs(15)).await;
     assert!(r.complete, "{r}");
+    assert_eq!(
+        *lag.borrow(),
+        gpu_medic::model::ExportLag {
+            lane: "logs".into(),
+            ..Default::default()
+        },
+        "caught up"
+    );
     x.finish(Duration::from_secs(1)).await;
     let recs = log_records(&sdk, &group, Some("i-outage")).await;
     let counts = id_counts(&recs);

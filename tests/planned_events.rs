@@ -322,6 +322,17 @@ async fn a_spot_notice_stops_a_standalone_task_before_the_deadline() {
             .contains("AWS reclaims the instance"),
         "{inc:#}"
     );
+    // The notice is no longer listed and the instance still runs (a Spot stop it came back
+    // from): spot-notice-gone, and the instance drained for it returns to service.
+    n.imds.set_doc(SPOT, None);
+    n.wait_status("ACTIVE", Duration::from_secs(20)).await;
+    assert_eq!(n.health_attr().await.as_deref(), Some("ok"));
+    let signals: Vec<Value> =
+        n.d.records()
+            .into_iter()
+            .filter(|r| r["observation"]["signal"]["kind"] == "spot-notice-gone")
+            .collect();
+    assert_eq!(signals.len(), 1, "{:#?}", n.d.records());
     n.d.stop(Duration::from_secs(20));
 }
 

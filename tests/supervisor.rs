@@ -122,6 +122,7 @@ impl Executor for Hands {
                 detail: "answered by the test".into(),
                 request_ids: vec![],
                 evidence: None,
+                fleet: None,
             }
         })
     }

@@ -20,6 +20,10 @@ pub const INSTANCE_ID_PATH: &str = "/latest/meta-data/instance-id";
 /// The IMDS path of the instance type (`p5.48xlarge`).
 pub const INSTANCE_TYPE_PATH: &str = "/latest/meta-data/instance-type";
 
+/// The IMDS path of the instance tag that allows `gpu-medic drill` (instance tags in
+/// metadata must be on for the instance).
+pub const DRILL_TAG_PATH: &str = "/latest/meta-data/tags/instance/gpu-medic:drills";
+
 /// What asking IMDS went wrong with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("IMDS {path}: {message}")]

@@ -18,7 +18,9 @@
 //! incident's orders are journaled and none is executed. A drill's kernel-log XID names the
 //! drill's own pid, so a real XID arriving at the same time is never mistaken for it. Before
 //! anything happens the drill prints what the policy will do. Refused (exit 4) unless the
-//! config says `[drill] allow = true`.
+//! config says `[drill] allow = true` or the instance carries the EC2 tag
+//! `gpu-medic:drills=allowed` (read through IMDS). The planned-event drills (`spot`,
+//! `maintenance`) and `drill clear` are in src/cli/drill_notice.rs.
 
 use std::io::Write;
 use std::path::Path;
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 
-use super::{CliError, ConfigArg, exit};
+use super::{CliError, ConfigArg, drill_notice, exit};
 use crate::config::Config;
 use crate::model::{
     DRILL_ARM_WINDOW, Drill, DrillExpect, GpuId, IncidentState, Observation, OperatorRequest,
@@ -92,6 +94,43 @@ pub enum DrillClass {
         #[command(flatten)]
         common: Common,
     },
+    /// A Spot interruption notice, as IMDS `spot/instance-action` gives it two minutes ahead
+    /// (injected through the daemon); it stays until `drill clear`.
+    Spot {
+        /// What AWS would do to the instance.
+        #[arg(long, default_value = "terminate", value_parser = ["terminate", "stop", "hibernate"])]
+        action: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// An AWS scheduled event, as IMDS `events/maintenance/scheduled` lists it (injected
+    /// through the daemon); it stays until `drill clear`.
+    Maintenance {
+        /// The event's code.
+        #[arg(long, default_value = "system-maintenance", value_parser = [
+            "system-maintenance", "system-reboot", "instance-reboot", "instance-retirement", "instance-stop",
+        ])]
+        code: String,
+        /// How far ahead its NotBefore is (within `[planned] lead` the drain starts at once).
+        #[arg(long = "in", value_parser = humantime::parse_duration, default_value = "5m")]
+        not_before_in: Duration,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Ends a `spot` or `maintenance` drill: its notice is gone, as if IMDS no longer listed
+    /// it, and what it started is undone (the instance returns to service).
+    Clear {
+        /// The drill's id (`drill-<ms>-<pid>`, as the drill printed it and `incidents list` shows).
+        drill: String,
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Who clears it (default: $SUDO_USER, $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// How long to follow the return to service.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+        wait: Duration,
+    },
 }
 
 /// How a drill is played.
@@ -108,30 +147,47 @@ enum Play {
 }
 
 pub fn run(a: DrillArgs) -> Result<i32, CliError> {
-    let (common, class) = match &a.class {
+    let class = &a.class;
+    let common = match class {
+        DrillClass::Clear {
+            drill,
+            config,
+            by,
+            wait,
+        } => return drill_notice::clear(config, drill, by.clone(), *wait),
         DrillClass::Xid { common, .. }
         | DrillClass::MpsHang { common }
         | DrillClass::MpsCrash { common }
         | DrillClass::GpuLost { common, .. }
-        | DrillClass::Ecc { common, .. } => (common.clone(), &a.class),
+        | DrillClass::Ecc { common, .. }
+        | DrillClass::Spot { common, .. }
+        | DrillClass::Maintenance { common, .. } => common.clone(),
     };
     let cfg = common.config.load()?;
-    if !cfg.drill.allow {
-        eprintln!(
-            "gpu-medic drill: refused: drills are not allowed on this instance ({}: [drill] allow is not true). \
-             A drill really drains, restarts or replaces; allow it only on a staging instance \
-             (`[drill] allow = true`).",
-            common.config.config.display()
-        );
-        return Ok(exit::REFUSED);
-    }
+    let allowed_by = match drill_notice::allowed(&cfg) {
+        Ok(how) => how,
+        Err(why) => {
+            eprintln!("{}", drill_notice::refusal(&common.config.config, &why));
+            return Ok(exit::REFUSED);
+        }
+    };
     let policy = Policy::load(&cfg.policy)?;
     let me = std::process::id();
     let id = format!("drill-{}-{me}", crate::model::Timestamp::now().0);
     let by = common.by.clone().unwrap_or_else(whoami);
 
-    let (label, signal, value, expect, play, inject) = plan(&cfg, class, me)?;
-    announce(&cfg, &policy, &common, &id, &label, &by, &signal, value);
+    let (label, signal, value, expect, play, inject) = plan(&cfg, class, me, &id)?;
+    let notice = matches!(
+        class,
+        DrillClass::Spot { .. } | DrillClass::Maintenance { .. }
+    );
+    let e = if notice {
+        drill_notice::explain(&policy, &signal, &id)
+    } else {
+        super::policy::explanation_for(&policy, &signal, value)
+    };
+    announce(&cfg, &policy, &common, &id, &label, &by, e);
+    println!("  allowed: {allowed_by}");
     let request = OperatorRequest::Drill {
         drill: Drill {
             id: id.clone(),
@@ -142,9 +198,14 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
             inject,
         },
     };
-    arm(&cfg, &request)?;
+    arm(&cfg, &request, "drill request", "nothing was played")?;
     let stopped = play_it(&cfg, &common, play)?;
-    let code = follow(&cfg, &id, common.wait);
+    let code = follow(&cfg, &id, common.wait, notice);
+    if notice {
+        println!(
+            "  notice:  it stays until cleared: `gpu-medic drill clear {id}` (the instance then returns to service)"
+        );
+    }
     if let Some(d) = stopped
         && crate::mps::procs::state_letter(d.pid).is_some_and(|c| matches!(c, 'T' | 't'))
         && crate::mps::procs::signal(&d, libc::SIGCONT)
@@ -161,8 +222,11 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
 /// like, how it is played, and the observation itself for the injected classes.
 type Planned = (String, Signal, u64, DrillExpect, Play, Option<Observation>);
 
-fn plan(cfg: &Config, class: &DrillClass, me: u32) -> Result<Planned, CliError> {
+fn plan(cfg: &Config, class: &DrillClass, me: u32, id: &str) -> Result<Planned, CliError> {
     Ok(match class {
+        DrillClass::Spot { .. } | DrillClass::Maintenance { .. } | DrillClass::Clear { .. } => {
+            plan_notice(class, id)
+        }
         DrillClass::Xid { code, gpu, .. } => plan_xid(cfg, *code, *gpu, me)?,
         DrillClass::MpsHang { .. } | DrillClass::MpsCrash { .. } => {
             if !cfg.mps.enabled {
@@ -232,6 +296,40 @@ fn plan(cfg: &Config, class: &DrillClass, me: u32) -> Result<Planned, CliError> 
     })
 }
 
+/// `spot` and `maintenance`: the notice travels in the request, as IMDS would show it.
+fn plan_notice(class: &DrillClass, id: &str) -> Planned {
+    let now = crate::model::Timestamp::now();
+    let (label, obs, kind) = match class {
+        DrillClass::Spot { action, .. } => (
+            format!("spot interruption ({action})"),
+            drill_notice::spot_observation(action, now),
+            SignalKind::SpotInterruption,
+        ),
+        DrillClass::Maintenance {
+            code,
+            not_before_in,
+            ..
+        } => (
+            format!("scheduled event {code}"),
+            drill_notice::maintenance_observation(id, code, now.plus(*not_before_in)),
+            SignalKind::MaintenanceEvent,
+        ),
+        _ => (
+            String::new(),
+            Observation::new(Signal::GpuLost),
+            SignalKind::GpuLost,
+        ),
+    };
+    let expect = DrillExpect {
+        signals: vec![kind],
+        code: None,
+        gpu: None,
+        pid: None,
+    };
+    let signal = obs.signal.clone();
+    (label, signal, 0, expect, Play::Inject, Some(obs))
+}
+
 /// `xid N --gpu I`: a driver-shaped line for the kernel log, naming the drill's pid.
 fn plan_xid(cfg: &Config, code: u32, gpu: u32, me: u32) -> Result<Planned, CliError> {
     let Some(path) = cfg.nvml.kmsg.clone().filter(|p| !p.as_os_str().is_empty()) else {
@@ -271,9 +369,8 @@ fn plan_xid(cfg: &Config, code: u32, gpu: u32, me: u32) -> Result<Planned, CliEr
     ))
 }
 
-/// Says what will happen before it does: the rule that judges the signal, and whether its
-/// orders run.
-#[allow(clippy::too_many_arguments)]
+/// Says what will happen before it does: the rule that judges the signal (`e`), and whether
+/// its orders run.
 fn announce(
     cfg: &Config,
     policy: &Policy,
@@ -281,10 +378,8 @@ fn announce(
     id: &str,
     label: &str,
     by: &str,
-    signal: &Signal,
-    value: u64,
+    mut e: super::policy::Explanation,
 ) {
-    let mut e = super::policy::explanation_for(policy, signal, value);
     let observe = common.observe || cfg.dry_run || policy.observe_only;
     // The engine sends a `reboot` verdict on to `replace` where this node has no reboot rung.
     let no_rung = e.action == Verdict::Reboot.as_str()
@@ -326,6 +421,19 @@ fn announce(
         println!(
             "  mode:    the daemon is observe-only (dry_run or the policy): nothing is executed (would {what})"
         );
+    } else if !cfg.aws.enabled
+        && [
+            Verdict::StopTasks,
+            Verdict::Drain,
+            Verdict::Reboot,
+            Verdict::Replace,
+        ]
+        .iter()
+        .any(|v| v.as_str() == e.action)
+    {
+        println!(
+            "  mode:    AWS remediation is disabled here ([aws] enabled = false): the decision is recorded, nothing is executed (would {what})"
+        );
     } else {
         println!("  mode:    LIVE: gpu-medic will {what} for real");
     }
@@ -333,7 +441,12 @@ fn announce(
 
 /// Hands the request to the running daemon and waits until it took it: whatever the drill
 /// plays after this is judged after the drill is armed.
-fn arm(cfg: &Config, request: &OperatorRequest) -> Result<(), CliError> {
+pub(super) fn arm(
+    cfg: &Config,
+    request: &OperatorRequest,
+    what: &str,
+    undone: &str,
+) -> Result<(), CliError> {
     let path = crate::journal::submit_request(&cfg.state_dir, request)?;
     let taken_within = cfg.tick_interval.saturating_mul(4) + Duration::from_secs(10);
     let t0 = Instant::now();
@@ -341,13 +454,18 @@ fn arm(cfg: &Config, request: &OperatorRequest) -> Result<(), CliError> {
         if t0.elapsed() > taken_within {
             let _ = std::fs::remove_file(&path);
             return Err(CliError::Runtime(format!(
-                "the daemon did not take the drill request within {} (is `gpu-medic run` running on this config?); nothing was played",
+                "the daemon did not take the {what} within {} (is `gpu-medic run` running on this config?); {undone}",
                 humantime::format_duration(taken_within)
             )));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("  armed:   the daemon took the request");
+    let head = if what == "drill request" {
+        "armed:  "
+    } else {
+        "taken:  "
+    };
+    println!("  {head} the daemon took the request");
     Ok(())
 }
 
@@ -404,13 +522,14 @@ fn play_it(
     Ok(stopped)
 }
 
-/// Follows the drill's incident: prints its records as they come, until it closes or
-/// `wait` passes.
-fn follow(cfg: &Config, id: &str, wait: Duration) -> Result<i32, CliError> {
+/// Follows the drill's incident: prints its records as they come, until it closes (for a
+/// planned notice: or its drain is done) or `wait` passes.
+fn follow(cfg: &Config, id: &str, wait: Duration, notice: bool) -> Result<i32, CliError> {
     let t0 = Instant::now();
     let open_within = DRILL_ARM_WINDOW.min(wait);
     let mut incident = None;
     let mut printed = 0usize;
+    let mut drains: Vec<crate::model::ActionId> = Vec::new();
     loop {
         let recs: Vec<Record> = crate::journal::last_records(&cfg.incidents_path(), 512)?;
         let mine: Vec<&Record> = match incident {
@@ -428,10 +547,27 @@ fn follow(cfg: &Config, id: &str, wait: Duration) -> Result<i32, CliError> {
             Some(i) => recs.iter().filter(|x| x.incident == i).collect(),
         };
         // `last_records` is a window: count what was printed by record time.
+        let mut drained = false;
         for r in mine.iter().skip(printed) {
             println!("    {}  {}", r.at, super::policy::event_line(&r.event));
+            match &r.event {
+                crate::model::IncidentEvent::ActionStarted { order, .. }
+                    if matches!(order.command, crate::model::Command::Drain { .. }) =>
+                {
+                    drains.push(order.id)
+                }
+                crate::model::IncidentEvent::ActionFinished { outcome } => {
+                    drained |= drains.contains(&outcome.action)
+                        && outcome.status == crate::model::OutcomeStatus::Done;
+                }
+                _ => {}
+            }
         }
         printed = printed.max(mine.len());
+        if notice && drained {
+            println!("  drained: the instance is out of service for the rehearsed notice");
+            return Ok(exit::OK);
+        }
         if let Some(closed) = mine.iter().find_map(|r| match &r.event {
             crate::model::IncidentEvent::Closed { state, .. } => Some(*state),
             _ => None,
@@ -534,7 +670,7 @@ fn consequence(v: Verdict) -> &'static str {
     }
 }
 
-fn whoami() -> String {
+pub(super) fn whoami() -> String {
     std::env::var("SUDO_USER")
         .or_else(|_| std::env::var("USER"))
         .unwrap_or_else(|_| "operator".into())

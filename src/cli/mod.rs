@@ -29,6 +29,7 @@ pub mod out;
 pub mod check;
 pub mod demo;
 pub mod drill;
+mod drill_notice;
 pub mod evidence;
 pub mod fleet;
 pub mod incidents;

@@ -178,10 +178,12 @@ async fn serve(
     }
     let mut metrics_task = None;
     if metrics_cfg.enabled {
+        let lag = exporter.as_ref().map(|x| x.lag.clone()).unwrap_or_default();
         let metrics = Arc::new(
             crate::metrics::Metrics::new()
                 .with_accounting(accounting)
-                .with_link_views(link_views),
+                .with_link_views(link_views)
+                .with_export_lag(lag),
         );
         supervisor.with_metrics(metrics.clone());
         let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)

@@ -94,6 +94,7 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
             request_ids,
         }) => cx.launch_gate(&health, &summary, &findings, &request_ids),
         Input::Operator(OperatorRequest::Drill { drill }) => cx.drill(drill),
+        Input::Operator(OperatorRequest::DrillClear { drill, by }) => cx.drill_clear(&drill, &by),
     }
     (cx.st, cx.out)
 }

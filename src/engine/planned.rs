@@ -164,6 +164,7 @@ pub fn handles(signal: &Signal) -> bool {
         SignalKind::MaintenanceEvent
             | SignalKind::SpotInterruption
             | SignalKind::RebalanceRecommendation
+            | SignalKind::SpotNoticeGone
             | SignalKind::EcsAgentImpaired
             | SignalKind::EcsAgentHealth
     )
@@ -196,6 +197,10 @@ impl Cx<'_> {
             Signal::RebalanceRecommendation { notice } => {
                 let notice = *notice;
                 self.rebalance(&obs, notice)
+            }
+            Signal::SpotNoticeGone { time, .. } => {
+                let time = *time;
+                self.spot_gone(&obs, time)
             }
             Signal::EcsAgentImpaired => self.agent_impaired(obs),
             Signal::EcsAgentHealth { status } => {
@@ -720,6 +725,87 @@ impl Cx<'_> {
         self.planned_start(REBALANCE_KEY);
     }
 
+    // ---- notices that are gone ----
+
+    /// IMDS no longer lists the Spot notice (404 again) and the instance still runs: AWS did
+    /// not take it. What the notice started is undone, as for a canceled event.
+    fn spot_gone(&mut self, obs: &Observation, time: Timestamp) {
+        let Some(e) = self.st.planned.events.get(SPOT_KEY).cloned() else {
+            return;
+        };
+        if e.not_before != time || e.state != EventState::Active {
+            return;
+        }
+        if let Some(id) = e.incident {
+            self.attach(id, obs);
+        }
+        let why = format!("IMDS no longer lists the {} at {time}", e.what);
+        self.notice_gone(SPOT_KEY, &why);
+    }
+
+    /// A planned notice is gone (IMDS no longer lists it, or the operator cleared a drill's):
+    /// what it started is undone like a canceled event's, and a notice whose drain finished
+    /// (a Spot notice's incident closes once drained) gives the instance back too.
+    fn notice_gone(&mut self, key: &str, why: &str) {
+        let Some(e) = self.st.planned.events.get(key).cloned() else {
+            return;
+        };
+        if let Some(x) = self.st.planned.events.get_mut(key) {
+            x.state = EventState::Canceled;
+        }
+        let Some(id) = e.incident else {
+            return;
+        };
+        if e.phase == PlannedPhase::Done {
+            let held = self.st.node_incident == Some(id)
+                && matches!(
+                    self.st.node,
+                    NodePhase::Drained | NodePhase::Quarantined | NodePhase::Draining
+                );
+            if !held {
+                self.note(id, format!("{why}: nothing of it holds the instance now"));
+                return;
+            }
+            // Drained for it and left so: it is the notice's again to undo.
+            self.set_phase(key, PlannedPhase::Drained);
+        }
+        self.note(id, format!("{why}: what it started is undone"));
+        self.undo(
+            key,
+            &format!("{why} before its drain began; nothing to undo"),
+            format!("{why}: quarantine lifted, the instance is ACTIVE and takes tasks again"),
+        );
+    }
+
+    /// `gpu-medic drill clear <id>`: the drill's rehearsed notice is gone, as if IMDS no
+    /// longer listed it. A drill not yet judged is disarmed.
+    pub(super) fn drill_clear(&mut self, drill: &str, by: &str) {
+        self.st.armed_drills.retain(|a| a.drill.id != drill);
+        let who = if by.is_empty() { "an operator" } else { by };
+        let incidents: Vec<IncidentId> = self
+            .st
+            .drills
+            .iter()
+            .filter(|(_, m)| m.id == drill)
+            .map(|(i, _)| *i)
+            .collect();
+        for id in incidents {
+            let key = self
+                .st
+                .planned
+                .events
+                .iter()
+                .find(|(_, e)| e.incident == Some(id) && e.state == EventState::Active)
+                .map(|(k, _)| k.clone());
+            if let Some(key) = key {
+                let why = format!(
+                    "drill {drill} cleared by {who}: the rehearsed notice is gone, as if IMDS no longer listed it"
+                );
+                self.notice_gone(&key, &why);
+            }
+        }
+    }
+
     // ---- hooks the rest of the engine calls ----
 
     /// The deadline and budget exemption of an order for a planned disruption's incident
@@ -944,6 +1030,17 @@ pub fn status_lines(st: &State) -> Vec<String> {
             e.not_after.map(|t| format!(" to {t}")).unwrap_or_default(),
         ));
     }
+    for e in st.planned.events.values() {
+        let Some(d) = e.incident.and_then(|i| st.drills.get(&i)) else {
+            continue;
+        };
+        if e.state == EventState::Active {
+            out.push(format!(
+                "drill:       {} is rehearsed by drill {} until cleared: `gpu-medic drill clear {}`",
+                e.what, d.id, d.id
+            ));
+        }
+    }
     if let Some(a) = &st.planned.agent {
         let own = if st
             .gpus
@@ -1056,6 +1153,7 @@ mod tests {
                     detail: String::new(),
                     request_ids: vec![],
                     evidence: None,
+                    fleet: None,
                 }),
                 at,
             )
@@ -1362,5 +1460,103 @@ mod tests {
         }));
         assert!(r.step(nd, T0).is_empty());
         assert!(r.log.is_empty());
+    }
+
+    #[test]
+    fn a_spot_notice_imds_stops_listing_gives_the_drained_instance_back() {
+        let mut r = Run::new(policy());
+        let time = T0 + 2 * MIN;
+        let spot = Input::Observation(Observation::new(Signal::SpotInterruption {
+            action: "stop".into(),
+            time: Timestamp(time),
+        }));
+        let q = r.step(spot, T0);
+        let d = r.done(&q[0], T0);
+        assert!(r.done(&d[0], T0 + 1000).is_empty());
+        assert_eq!(r.closed(1).unwrap().0, IncidentState::Drained);
+        assert_eq!(r.st.node, NodePhase::Drained);
+        let gone = |t: u64| {
+            Input::Observation(Observation::new(Signal::SpotNoticeGone {
+                action: "stop".into(),
+                time: Timestamp(t),
+            }))
+        };
+        assert!(
+            r.step(gone(time + 1), T0 + 2000).is_empty(),
+            "another notice's"
+        );
+        let o = r.step(gone(time), T0 + 2000);
+        assert_eq!(o.len(), 1, "{o:?}");
+        assert_eq!(o[0].command, Command::Restore);
+        assert!(r.text().contains("IMDS no longer lists"), "{}", r.text());
+        assert!(r.done(&o[0], T0 + 3000).is_empty());
+        assert_eq!(r.st.node, NodePhase::InService);
+        assert!(!r.st.planned.spot_pending());
+    }
+
+    #[test]
+    fn a_cleared_drill_notice_is_gone_and_undone() {
+        let mut r = Run::new(policy());
+        let drill = |obs: Observation| {
+            Input::Operator(crate::model::OperatorRequest::Drill {
+                drill: crate::model::Drill {
+                    id: "drill-1".into(),
+                    class: "maintenance".into(),
+                    observe: false,
+                    by: "ops".into(),
+                    expect: crate::model::DrillExpect {
+                        signals: vec![obs.signal.kind()],
+                        code: None,
+                        gpu: None,
+                        pid: None,
+                    },
+                    inject: Some(obs),
+                },
+            })
+        };
+        let Input::Observation(ev) = event(
+            "drill-1",
+            "system-maintenance",
+            EventState::Active,
+            T0 + MIN,
+            "",
+        ) else {
+            unreachable!()
+        };
+        let q = r.step(drill(ev), T0);
+        assert_eq!(q[0].command, Command::Quarantine);
+        let d = r.done(&q[0], T0);
+        assert!(
+            r.done(&d[0], T0 + 1000).is_empty(),
+            "drained, waiting for the event to be over"
+        );
+        assert!(
+            status_lines(&r.st)
+                .iter()
+                .any(|l| l.contains("gpu-medic drill clear drill-1")),
+            "{:?}",
+            status_lines(&r.st)
+        );
+        let clear = |who: &str| {
+            Input::Operator(crate::model::OperatorRequest::DrillClear {
+                drill: "drill-1".into(),
+                by: who.into(),
+            })
+        };
+        let o = r.step(clear("ops"), T0 + 2000);
+        assert_eq!(o.len(), 1, "{o:?}");
+        assert_eq!(o[0].command, Command::Restore);
+        assert!(r.done(&o[0], T0 + 3000).is_empty());
+        let (state, _) = r.closed(1).unwrap();
+        assert_eq!(state, IncidentState::Resolved);
+        assert!(r.log.iter().all(|x| x.drill.as_deref() == Some("drill-1")));
+        assert!(r.text().contains("cleared by ops"), "{}", r.text());
+        // Cleared again: nothing more to do, nothing issued.
+        assert!(r.step(clear("ops"), T0 + 4000).is_empty());
+        assert!(
+            !status_lines(&r.st)
+                .iter()
+                .any(|l| l.contains("drill clear"))
+        );
     }
 }

@@ -280,6 +280,7 @@ mod tests {
             detail: String::new(),
             request_ids: vec![],
             evidence: None,
+            fleet: None,
         };
         let (s, a) = step(&st, Input::Outcome(done), Timestamp(2_000), &p);
         st = s;

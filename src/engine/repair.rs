@@ -298,7 +298,7 @@ impl Cx<'_> {
                             "the instance rebooted (gpu-medic stopped before the call returned): boot id {id}, was {before}"
                         ),
                         request_ids: Vec::new(),
-                        evidence: None,
+                        evidence: None, fleet: None,
                     },
                 },
             );

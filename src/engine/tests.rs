@@ -52,6 +52,7 @@ fn done(id: ActionId) -> Input {
         detail: String::new(),
         request_ids: vec!["req-1".into()],
         evidence: None,
+        fleet: None,
     })
 }
 
@@ -62,6 +63,7 @@ fn failed(id: ActionId, retryable: bool) -> Input {
         detail: "boom".into(),
         request_ids: vec![],
         evidence: None,
+        fleet: None,
     })
 }
 
@@ -244,6 +246,7 @@ fn a_deferred_order_waits_without_spending_attempts() {
             detail: "fleet budget full".into(),
             request_ids: vec![],
             evidence: None,
+            fleet: None,
         }));
         let again = Run::only_order(&r.advance(Duration::from_secs(61)));
         assert!(matches!(again.command, Command::Drain { .. }));
@@ -682,6 +685,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
                     detail: String::new(),
                     request_ids: vec![],
                     evidence: None,
+                    fleet: None,
                 }),
                 Duration::ZERO,
             )

@@ -75,6 +75,7 @@ impl Run {
             detail: "refused".into(),
             request_ids: vec![],
             evidence: None,
+            fleet: None,
         }))
     }
 }
@@ -241,6 +242,7 @@ fn a_chain_that_failed_at_every_step_does_not_claim_the_node_drained() {
             detail: String::new(),
             request_ids: vec![],
             evidence: None,
+            fleet: None,
         })
     };
     let d = Run::orders(&r.feed(ok(&q))).remove(0);
@@ -290,7 +292,7 @@ proptest! {
                 1 => xid(0, 79),
                 2 => xid(1, 13),
                 3 => Input::Observation(Observation::new(Signal::MpsDown).with_value(u64::MAX)),
-                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![], evidence: None }),
+                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![], evidence: None, fleet: None }),
                 5 => fault("nvml"),
                 _ => Input::Observation(Observation::new(Signal::EccUncorrected).on_gpu(GpuId::index_only(u32::MAX)).with_value(u64::MAX)),
             };

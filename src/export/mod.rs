@@ -39,7 +39,7 @@ use crate::aws::calls::{CallError, Calls};
 use crate::aws::events::{self, Event, Events};
 use crate::aws::logs::{self, Batch, Full, LogEvent, Logs};
 use crate::config::Config;
-use crate::model::{IncidentEvent, OutcomeStatus, Record};
+use crate::model::{ExportLag, IncidentEvent, OutcomeStatus, Record};
 pub use crate::remedy::FlushReport;
 
 /// `detail-type` of an incident's first record.
@@ -215,6 +215,8 @@ impl Flush {
 /// The running export: its flush handle and its tasks.
 pub struct Exporter {
     pub flush: Flush,
+    /// Each lane's lag behind the journal after its last round (for the metrics).
+    pub lag: Vec<watch::Receiver<ExportLag>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -238,9 +240,15 @@ impl Exporter {
         let files = cfg.files();
         let mut lanes = Vec::new();
         let mut tasks = Vec::new();
+        let mut lag = Vec::new();
         let mut add = |name: &'static str, lane: &str, kind: Kind| {
             let wake = Arc::new(Notify::new());
             let (tx, rx) = watch::channel(Progress::default());
+            let (lag_tx, lag_rx) = watch::channel(ExportLag {
+                lane: lane.to_string(),
+                ..ExportLag::default()
+            });
+            lag.push(lag_rx);
             let lane = Lane {
                 name,
                 kind,
@@ -256,7 +264,7 @@ impl Exporter {
             };
             tasks.push(tokio::spawn(lane.run(
                 wake.clone(),
-                tx,
+                (tx, lag_tx),
                 cfg.export.interval,
                 stop.clone(),
             )));
@@ -290,6 +298,7 @@ impl Exporter {
         }
         Exporter {
             flush: Flush { lanes },
+            lag,
             stop,
             tasks,
         }
@@ -341,7 +350,7 @@ impl Lane {
     async fn run(
         mut self,
         wake: Arc<Notify>,
-        progress: watch::Sender<Progress>,
+        (progress, lag): (watch::Sender<Progress>, watch::Sender<ExportLag>),
         interval: Duration,
         stop: CancellationToken,
     ) {
@@ -351,6 +360,11 @@ impl Lane {
         loop {
             progress.send_modify(|p| p.started += 1);
             let r = self.round().await;
+            let (records, behind_since) = if r.is_ok() { (0, None) } else { self.behind() };
+            lag.send_modify(|l| {
+                l.records = records;
+                l.behind_since = behind_since;
+            });
             let (delivered, dropped) = (self.delivered, self.dropped);
             progress.send_modify(|p| {
                 p.finished = p.started;
@@ -435,6 +449,23 @@ impl Lane {
                 return Ok(());
             }
         }
+    }
+
+    /// What the journal holds past the cursor: how many lines, and when the first record
+    /// of them was journaled. Reads that one record from a copy of the cursor (the lane's
+    /// own stays where the last acknowledged batch put it); the count is the tail's, kept
+    /// up to date incrementally, so an outage costs no re-read of the journal.
+    fn behind(&mut self) -> (u64, Option<crate::model::Timestamp>) {
+        let mut cur = self.cursor;
+        let mut first = None;
+        let _ = self.tail.read(&mut cur, |line| match line.record {
+            Some(r) => {
+                first = Some(r.at);
+                false
+            }
+            None => true,
+        });
+        (self.tail.lines_after(&self.cursor), first)
     }
 
     fn shipped(dest: &Destination, seq: u64, record: Record) -> Shipped {

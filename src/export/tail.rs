@@ -213,6 +213,13 @@ impl Tail {
         lost
     }
 
+    /// Complete journal lines past `cur`, as this tail counted them at its last read (its
+    /// count covers the files from the cursor's on).
+    pub fn lines_after(&self, cur: &Cursor) -> u64 {
+        let total: u64 = self.counted.values().map(|(_, lines)| *lines).sum();
+        total.saturating_sub(cur.line)
+    }
+
     /// Reads from `cur` (moved along), handing each line to `f`; `f` returns false to stop
     /// before that line (it is read again next time). Stops at the journal's end: at a last
     /// line still being written, or at the end of the live file.

@@ -3,9 +3,13 @@
 //! (`Record`, `Incident`). Everything here is plain data that serializes to stable JSON,
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
+mod budget;
 pub mod cursor;
 pub mod gpu_view;
 pub mod links;
+pub use budget::FleetBudgetView;
+mod export;
+pub use export::ExportLag;
 
 pub use cursor::{Cursor, Delivery, Resume, StreamId};
 
@@ -365,6 +369,12 @@ pub enum Signal {
     RebalanceRecommendation {
         notice: Timestamp,
     },
+    /// The Spot interruption notice IMDS gave (`spot/instance-action`) is no longer listed
+    /// (404 again) while the instance still runs: AWS did not take it.
+    SpotNoticeGone {
+        action: String,
+        time: Timestamp,
+    },
 }
 
 /// Defines [`SignalKind`] with each kind's name written once: the policy files' word for it,
@@ -450,6 +460,7 @@ signal_kinds! {
         MaintenanceEvent = "maintenance-event",
         SpotInterruption = "spot-interruption",
         RebalanceRecommendation = "rebalance-recommendation",
+        SpotNoticeGone = "spot-notice-gone",
     }
 }
 
@@ -527,6 +538,7 @@ impl Signal {
             Signal::MaintenanceEvent { .. } => SignalKind::MaintenanceEvent,
             Signal::SpotInterruption { .. } => SignalKind::SpotInterruption,
             Signal::RebalanceRecommendation { .. } => SignalKind::RebalanceRecommendation,
+            Signal::SpotNoticeGone { .. } => SignalKind::SpotNoticeGone,
         }
     }
 }
@@ -552,6 +564,9 @@ impl fmt::Display for Signal {
                 write!(f, "spot-interruption {action} at {time}")
             }
             Signal::RebalanceRecommendation { .. } => f.write_str("rebalance-recommendation"),
+            Signal::SpotNoticeGone { action, time } => {
+                write!(f, "spot-notice-gone {action} at {time}")
+            }
             other => f.write_str(other.kind().as_str()),
         }
     }
@@ -844,6 +859,9 @@ pub struct Outcome {
     /// A `collect-evidence` order's archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<Box<EvidenceRef>>,
+    /// A drain's or replacement's fleet budget: the group as the budget read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<Box<FleetBudgetView>>,
 }
 
 /// What this node's remedies can carry out. A verdict whose remedy is missing is recorded as
@@ -933,6 +951,13 @@ pub enum OperatorRequest {
     /// carries the drill's id in every record; with `observe` its orders are journaled and
     /// none is executed.
     Drill { drill: Drill },
+    /// `gpu-medic drill clear <id>`: the planned-event notice a drill rehearsed (`spot`,
+    /// `maintenance`) is gone, as if IMDS no longer listed it: what it started is undone.
+    DrillClear {
+        drill: String,
+        #[serde(default)]
+        by: String,
+    },
 }
 
 /// A rehearsal asked for by `gpu-medic drill` ([`OperatorRequest::Drill`]).
@@ -1341,6 +1366,10 @@ mod tests {
             },
             Signal::RebalanceRecommendation {
                 notice: Timestamp(0),
+            },
+            Signal::SpotNoticeGone {
+                action: "terminate".into(),
+                time: Timestamp(0),
             },
         ];
         let mut kinds: Vec<SignalKind> = samples.iter().map(Signal::kind).collect();

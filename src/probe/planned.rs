@@ -10,7 +10,8 @@
 //!
 //! Each new event, and each change of an event's state or times, is one observation (a
 //! `maintenance-event`, `spot-interruption` or `rebalance-recommendation`); a document that
-//! did not change sends nothing. A scheduled event carries the kernel's boot id at the time
+//! did not change sends nothing. A Spot notice that is no longer listed (404 again) is one
+//! `spot-notice-gone`. A scheduled event carries the kernel's boot id at the time
 //! of reading (the supervisor's one reading at start, `[repair] boot_id_path`, handed in with
 //! the source's [`crate::model::Resume`]), so the engine can tell that a reboot happened.
 //!
@@ -312,6 +313,22 @@ impl Seen {
                     }
                     Err(e) => self.warn(path, e.to_string()),
                 },
+                (SPOT_PATH, None) => {
+                    self.clear(path);
+                    // The notice is gone while we still run: AWS did not take the instance
+                    // (a Spot stop or hibernation it came back from).
+                    if let Some((action, time)) = self.spot.take() {
+                        tracing::info!(
+                            probe = SOURCE,
+                            "IMDS spot/instance-action: the {action} notice for {time} is no longer listed"
+                        );
+                        out.push(
+                            Observation::new(Signal::SpotNoticeGone { action, time })
+                                .with_detail("IMDS spot/instance-action is 404 again")
+                                .from_source(SOURCE),
+                        );
+                    }
+                }
                 (_, None) => self.clear(path),
                 _ => {}
             }
@@ -614,5 +631,24 @@ mod tests {
             now,
         );
         assert!(s.is_empty());
+        // 404 again while the instance runs: the notice is gone, said once.
+        let gone = |seen: &mut Seen| {
+            seen.read(
+                [
+                    (SCHEDULED_PATH, None),
+                    (SPOT_PATH, None),
+                    (REBALANCE_PATH, None),
+                ],
+                MAX,
+                "b",
+                now,
+            )
+        };
+        let g = gone(&mut seen);
+        assert!(
+            matches!(&g[..], [o] if matches!(o.signal, Signal::SpotNoticeGone { .. })),
+            "{g:?}"
+        );
+        assert!(gone(&mut seen).is_empty());
     }
 }

@@ -148,6 +148,11 @@ pub trait ControlPlane: Send + Sync + 'static {
         hook: LifecycleHook,
         result: LifecycleResult,
     ) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// The group as the fleet budget last read it for a drain or replacement, taken (None:
+    /// no read since): the order's outcome carries it.
+    fn take_fleet_view(&self) -> Option<crate::model::FleetBudgetView> {
+        None
+    }
 }
 
 /// Routes orders to the configured remedies; an order with no remedy fails with a clear note.
@@ -214,8 +219,16 @@ impl Executor for Remedies {
                     Some(cp) => match other {
                         Command::Quarantine => cp.quarantine(&order).await,
                         Command::StopTasks { .. } => cp.stop_tasks(&order).await,
-                        Command::Drain { .. } => cp.drain(&order).await,
-                        Command::Replace => cp.replace(&order).await,
+                        Command::Drain { .. } | Command::Replace => {
+                            let r = if order.command == Command::Replace {
+                                cp.replace(&order).await
+                            } else {
+                                cp.drain(&order).await
+                            };
+                            let mut o = outcome(&order, r);
+                            o.fleet = cp.take_fleet_view().map(Box::new);
+                            return o;
+                        }
                         Command::Restore => cp.restore(&order).await,
                         Command::CompleteLifecycle { hook, result } => {
                             cp.complete_lifecycle(&order, *hook, *result).await
@@ -271,5 +284,6 @@ pub fn outcome(order: &Order, result: Result<Done, RemedyError>) -> Outcome {
         detail,
         request_ids,
         evidence: None,
+        fleet: None,
     }
 }

@@ -764,6 +764,7 @@ mod tests {
                 detail: String::new(),
                 request_ids: vec![],
                 evidence: None,
+                fleet: None,
             }],
             tick: true,
             ..Batch::default()

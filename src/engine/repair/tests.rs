@@ -81,6 +81,7 @@ impl Run {
             detail: detail.into(),
             request_ids: vec![],
             evidence: None,
+            fleet: None,
         }))
     }
 

@@ -222,6 +222,10 @@ impl ControlPlane for AwsControlPlane {
         Box::pin(async move { self.with_identity(|h, id| restore::run(h, id, order)).await })
     }
 
+    fn take_fleet_view(&self) -> Option<crate::model::FleetBudgetView> {
+        self.hands.budget.take_view()
+    }
+
     fn complete_lifecycle(
         &self,
         _order: &Order,

@@ -122,6 +122,8 @@ impl ClaimBudget {
             Err(e) => return Err(std::mem::take(calls).fail(e)),
         };
         let now = self.c.clock.now_ms();
+        // The read with our claim in it: what the outcome reports as the budget in use.
+        self.c.record_fleet(&view.summary(now, fleet));
         let verdict = view
             .rank(me, claim_ms, now, fleet)
             .map_err(|d| d.to_string())
@@ -148,6 +150,10 @@ fn own(states: &[InstanceState], arn: &str) -> Option<InstanceState> {
 }
 
 impl FleetBudget for ClaimBudget {
+    fn take_view(&self) -> Option<crate::model::FleetBudgetView> {
+        self.c.take_view()
+    }
+
     fn first_reads<'a>(
         &'a self,
         id: &'a crate::aws::identity::Identity,

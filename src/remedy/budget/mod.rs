@@ -117,6 +117,12 @@ pub trait FleetBudget: Send + Sync {
         here: Here<'a>,
     ) -> BoxFuture<'a, Result<Released, RemedyError>>;
 
+    /// The group as the last `acquire` read it, taken (None: no read since the last take):
+    /// the drain's or replacement's outcome carries it to the engine and the metrics.
+    fn take_view(&self) -> Option<crate::model::FleetBudgetView> {
+        None
+    }
+
     /// Background upkeep until `shutdown` (the slot table's sweep of terminated holders).
     fn upkeep<'a>(
         &'a self,
@@ -133,6 +139,7 @@ pub fn for_config(sdk: &SdkConfig, cfg: &Config, clock: SharedClock) -> Arc<dyn 
         cfg: cfg.clone(),
         asg: Asg::new(aws_sdk_autoscaling::Client::new(sdk)),
         clock,
+        last: std::sync::Mutex::new(None),
     };
     match &cfg.fleet.table {
         Some(t) => Arc::new(slot_table::SlotBudget::new(sdk, t, common)),
@@ -145,6 +152,8 @@ pub(crate) struct Common {
     pub cfg: Config,
     pub asg: Asg,
     pub clock: SharedClock,
+    /// The group as the last admission read it, until the order's outcome takes it.
+    pub last: std::sync::Mutex<Option<crate::model::FleetBudgetView>>,
 }
 
 impl Common {
@@ -262,8 +271,22 @@ impl Common {
         Ok((view, states))
     }
 
-    /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only).
+    /// The group as the last admission read it, taken.
+    fn take_view(&self) -> Option<crate::model::FleetBudgetView> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only), and
+    /// for the order's outcome.
     fn record_fleet(&self, summary: &FleetSummary) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(crate::model::FleetBudgetView {
+                group: summary.group.clone(),
+                desired: summary.desired,
+                capacity: summary.budget,
+                in_use: u32::try_from(summary.in_remediation.len()).unwrap_or(u32::MAX),
+                observed_at: summary.observed_at,
+            });
         self.cfg
             .files()
             .save_view(crate::config::View::Fleet, summary);

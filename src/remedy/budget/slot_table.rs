@@ -572,6 +572,10 @@ impl SlotBudget {
 }
 
 impl FleetBudget for SlotBudget {
+    fn take_view(&self) -> Option<crate::model::FleetBudgetView> {
+        self.c.take_view()
+    }
+
     /// Auto Scaling's group, the group's item and the cluster's container instances, at once
     /// (nothing for an instance in no group: it holds no slot).
     fn first_reads<'a>(

@@ -6,8 +6,8 @@
 //!   `placement/region`, `autoscaling/target-lifecycle-state` (404 until set), `instance-type`
 //!   (404 until set);
 //! - any other document the test sets (`set_doc`: the planned-events documents
-//!   `events/maintenance/scheduled`, `spot/instance-action`, `events/recommendations/rebalance`),
-//!   404 until set;
+//!   `events/maintenance/scheduled`, `spot/instance-action`, `events/recommendations/rebalance`;
+//!   instance tags, `tags/instance/gpu-medic:drills`), 404 until set;
 //! - the test changes the target state at any time, or takes IMDS down (HTTP 500).
 //!
 //! And a fake ECS agent introspection API (`/v1/metadata`, `/v1/tasks`), which exists only on an
