@@ -46,7 +46,11 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
     let id = cp.identity().await.unwrap();
     assert_eq!(id, &want);
     assert_eq!(agent.requests(), 4, "three refusals, then the answer");
-    assert_eq!(proxy.ops()[before..], ["DescribeAutoScalingInstances"]);
+    assert_eq!(
+        proxy.ops()[before..],
+        ["DescribeContainerInstances", "DescribeAutoScalingInstances"],
+        "the agent's container instance is checked to be this instance's"
+    );
 
     // 2. No agent: ECS_CLUSTER from ecs.config, the instance found by its EC2 id.
     let dir = tempfile::tempdir().unwrap();
@@ -96,9 +100,24 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
         "{e:?}"
     );
 
-    // 4. Everything overridden: no call at all.
+    // 4. Everything overridden: one read, the container instance checked to be this one's.
     let before = proxy.calls().len();
     let cp = AwsControlPlane::new(&sdk, &config(&aws::sections(&s, 1, "")));
     assert_eq!(cp.identity().await.unwrap(), &want);
-    assert_eq!(proxy.calls().len(), before);
+    assert_eq!(proxy.ops()[before..], ["DescribeContainerInstances"]);
+
+    // 5. A container instance ARN that is another instance's (a copied config): refused for
+    // good, and nothing is written to ECS for either instance.
+    let other = &s.nodes[0];
+    let wrong = aws::sections(&s, 1, "").replace(&me.arn, &other.arn);
+    assert!(wrong.contains(&other.arn), "{wrong}");
+    let before = proxy.calls().len();
+    let cp = AwsControlPlane::new(&sdk, &config(&wrong));
+    let e = cp.identity().await.unwrap_err();
+    assert!(
+        matches!(&e, gpu_medic::remedy::RemedyError::Fatal { message, .. }
+            if message.contains(&other.instance_id) && message.contains(&me.instance_id)),
+        "{e:?}"
+    );
+    assert_eq!(proxy.ops()[before..], ["DescribeContainerInstances"]);
 }

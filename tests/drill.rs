@@ -124,7 +124,13 @@ async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_ca
     assert_eq!(o["observation"]["source"], "kmsg", "{o}");
     all_tagged(&d, 1, &drill);
     d.signal(libc::SIGTERM);
-    assert_eq!(proxy.calls().len(), seeded, "{:?}", &proxy.ops()[seeded..]);
+    assert_eq!(
+        proxy.calls().len(),
+        seeded,
+        "{:?}\n{}",
+        &proxy.ops()[seeded..],
+        d.log()
+    );
     assert_eq!(
         aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
         "ACTIVE"
@@ -275,7 +281,7 @@ async fn an_observe_spot_drill_is_judged_by_the_planned_rules_and_calls_nothing(
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "drill-spot-obs", 2).await;
-    let mut d = aws::node(&s, 0, Some(&proxy.url), "", "", "", ALLOW);
+    let mut d = aws::node(&s, 0, Some(&proxy.url), "", "gpu_view = false", "", ALLOW);
     d.start();
     d.wait_polled();
     let seeded = proxy.calls().len();
@@ -311,7 +317,13 @@ async fn an_observe_spot_drill_is_judged_by_the_planned_rules_and_calls_nothing(
     assert!(t.contains("cleared by"), "{t}");
     all_tagged(&d, 1, &id);
     d.signal(libc::SIGTERM);
-    assert_eq!(proxy.calls().len(), seeded, "{:?}", &proxy.ops()[seeded..]);
+    assert_eq!(
+        proxy.calls().len(),
+        seeded,
+        "{:?}\n{}",
+        &proxy.ops()[seeded..],
+        d.log()
+    );
     assert_eq!(
         aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
         "ACTIVE"
@@ -324,7 +336,7 @@ async fn a_live_spot_drill_drains_and_its_clear_returns_the_instance_to_service(
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "drill-spot-live", 2).await;
     let me = &s.nodes[0];
-    let mut d = aws::node(&s, 0, Some(&proxy.url), "", "", "", ALLOW);
+    let mut d = aws::node(&s, 0, Some(&proxy.url), "", "gpu_view = false", "", ALLOW);
     d.start();
     d.wait_polled();
     let out = cli(&d, &["drill", "spot", "--wait", "60s"]).await;
@@ -364,7 +376,7 @@ async fn a_live_maintenance_drill_drains_ahead_and_stays_drained_until_cleared()
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "drill-maint", 2).await;
     let me = &s.nodes[0];
-    let mut d = aws::node(&s, 0, Some(&proxy.url), "", "", "", ALLOW);
+    let mut d = aws::node(&s, 0, Some(&proxy.url), "", "gpu_view = false", "", ALLOW);
     d.start();
     d.wait_polled();
     let out = cli(

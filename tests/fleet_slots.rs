@@ -132,10 +132,21 @@ async fn reserve_commit_drain_then_restore_releases_and_every_write_is_condition
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
     let (proxy, sdk, table, s) = setup("slots-noasg", 2).await;
+    // An EC2 instance of no group, registered in the cluster.
+    let ran = aws_sdk_ec2::Client::new(&sdk)
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .min_count(1)
+        .max_count(1)
+        .send()
+        .await
+        .unwrap();
+    let lone_id = ran.instances()[0].instance_id().unwrap().to_string();
+    let lone = aws::register(&sdk, &s.cluster, &lone_id).await;
     let text = format!(
-        "[identity]\ninstance_id = \"i-00000000000000001\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\n[fleet]\nwarmup = \"0s\"\n{}",
+        "[identity]\ninstance_id = \"{lone_id}\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\n[fleet]\nwarmup = \"0s\"\n{}",
         s.cluster,
-        s.nodes[0].arn,
+        lone,
         aws::table_fleet(&table)
     );
     let cfg = gpu_medic::config::Config::parse(std::path::Path::new("/tmp/t.toml"), &text).unwrap();
@@ -153,10 +164,7 @@ async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
         message.contains("is in no Auto Scaling group") && message.contains("must not drain"),
         "{message}"
     );
-    assert_eq!(
-        aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
-        "ACTIVE"
-    );
+    assert_eq!(aws::instance(&sdk, &s.cluster, &lone).await.0, "ACTIVE");
     assert_eq!(proxy.count("PutItem") + proxy.count("GetItem"), 0);
 }
 

@@ -43,6 +43,16 @@ pub enum IdentityError {
     InstanceId(String),
     #[error("cannot find this instance's ECS container instance: {0}")]
     NotRegistered(String),
+    /// The container instance named (by `[identity]` or the agent) is another EC2 instance's:
+    /// a mistake in the configuration, never retried, and nothing is written to ECS for it.
+    #[error(
+        "the ECS container instance {arn} is EC2 instance {theirs}, not this instance ({ours}); fix [identity] container_instance_arn (or instance_id): nothing is written to ECS until it names this instance"
+    )]
+    Mismatch {
+        arn: String,
+        theirs: String,
+        ours: String,
+    },
     #[error(transparent)]
     Call(#[from] CallError),
 }
@@ -53,6 +63,7 @@ impl IdentityError {
     pub fn is_retryable(&self) -> bool {
         match self {
             IdentityError::Call(c) => c.retryable,
+            IdentityError::Mismatch { .. } => false,
             _ => true,
         }
     }
@@ -151,7 +162,21 @@ pub async fn discover(
 
     let imds_deadline = Instant::now() + IMDS_WAIT;
     let instance_id = match instance_id(cfg, http, imds_deadline).await {
-        Ok(i) => i,
+        Ok(i) => {
+            // A container instance named rather than found: proven to be this instance's
+            // before anything is written to it.
+            if let Some(arn) = &view.container_instance_arn {
+                let theirs = ecs.describe_one(calls, arn, false).await?.ec2_instance_id;
+                if theirs.as_deref() != Some(i.as_str()) {
+                    return Err(IdentityError::Mismatch {
+                        arn: arn.clone(),
+                        theirs: theirs.unwrap_or_else(|| "(none named)".into()),
+                        ours: i,
+                    });
+                }
+            }
+            i
+        }
         Err(imds_err) => match &view.container_instance_arn {
             Some(arn) => ecs
                 .describe_one(calls, arn, false)
