@@ -227,13 +227,68 @@ fn a_missing_control_binary_is_a_configuration_error_at_start() {
     assert!(!node.path("state/incidents.jsonl").exists());
 }
 
+/// Issue 26: any executable passed the start check as the MPS control binary (`/bin/true`, a
+/// junk script, one that hangs), and its silence was judged a dead daemon: restarted, then
+/// `replace`, so the launch gate would abandon every new instance. Now it must show NVIDIA's
+/// banner for `-h` first, and a pipe directory that is a regular file is refused too.
+#[test]
+fn a_control_binary_that_is_not_nvidias_or_a_pipe_dir_that_is_a_file_is_a_mistake() {
+    let probe = tempfile::tempdir().unwrap();
+    let junk = script(probe.path(), "junk", "echo hello; exit 0");
+    let hangs = script(probe.path(), "hangs", "sleep 600");
+    let fails = script(probe.path(), "fails", "echo 'CUDA MPS Control'; exit 3");
+    for (binary, why) in [
+        (PathBuf::from("/bin/true"), "without the"),
+        (junk, "first line: \"hello\""),
+        (hangs, "did not answer within"),
+        (fails, "exited exit status: 3"),
+    ] {
+        let node = Node::new(&format!(
+            "[nvml]\nenabled = false\n[aws]\nenabled = false\n[mps]\nmanage = \"direct\"\n\
+             control_binary = \"{}\"\n",
+            binary.display()
+        ));
+        for args in [&["run"][..], &["check", "--json"]] {
+            let (code, out, err) = node.text(args);
+            assert_eq!(code, 78, "{binary:?} {args:?}: {out}{err}");
+            let want = format!(
+                "{}:10: [mps] control_binary",
+                node.path("config.toml").display()
+            );
+            assert!(err.contains(&want), "{args:?}: {err}");
+            assert!(err.contains("not NVIDIA's MPS control"), "{err}");
+            assert!(err.contains(why), "{binary:?}: {err}");
+        }
+        assert!(!node.path("state/incidents.jsonl").exists());
+    }
+    // NVIDIA's own binary passes; its pipe directory being a regular file does not.
+    let node = Node::new("");
+    std::fs::write(node.path("pipe"), "not a directory").unwrap();
+    node.write_config(&format!(
+        "[nvml]\nenabled = false\n[aws]\nenabled = false\n[mps]\nmanage = \"direct\"\n\
+         control_binary = \"/usr/bin/nvidia-cuda-mps-control\"\npipe_directory = \"{}\"\n",
+        node.path("pipe").display()
+    ));
+    let (code, _, err) = node.text(&["check", "--json"]);
+    assert_eq!(code, 78, "{err}");
+    assert!(
+        err.contains("[mps] pipe_directory") && err.contains("not a directory"),
+        "{err}"
+    );
+}
+
 /// A control binary that vanishes while gpu-medic runs (a package removed): one self-fault
 /// incident, no mps-down, no restart, status says the daemon's state is unknown; when the
 /// binary is back the incident is resolved.
 #[test]
 fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
     let mut node = Node::new("");
-    let control = script(node.dir.path(), "mps-control", "cat >/dev/null; echo 100.0");
+    // A stand-in that shows NVIDIA's banner for `-h` (the start check) and answers probes.
+    let control = script(
+        node.dir.path(),
+        "mps-control",
+        "[ \"$1\" = -h ] && { echo 'CUDA MPS Control for Linux/Unix.'; exit 0; }\ncat >/dev/null; echo 100.0",
+    );
     node.write_config(&format!(
         "[nvml]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n\
          [mps]\nmanage = \"direct\"\ncontrol_binary = \"{}\"\npipe_directory = \"{}\"\n\

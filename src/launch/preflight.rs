@@ -56,13 +56,26 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
         }
     }
     if cfg.mps.enabled {
-        if let Err(why) = executable(&cfg.mps.control_binary) {
+        if let Err(why) = executable(&cfg.mps.control_binary).and_then(|p| nvidia_mps_control(&p)) {
             return Err(err(
                 Some("mps"),
                 "control_binary",
                 format!(
                     "[mps] control_binary {}: {why}; install NVIDIA's nvidia-cuda-mps-control, correct the path, or set [mps] enabled = false",
                     cfg.mps.control_binary.display()
+                ),
+            ));
+        }
+        if let Ok(m) = std::fs::symlink_metadata(&cfg.mps.pipe_directory)
+            && !m.is_dir()
+            && !std::fs::metadata(&cfg.mps.pipe_directory).is_ok_and(|m| m.is_dir())
+        {
+            return Err(err(
+                Some("mps"),
+                "pipe_directory",
+                format!(
+                    "[mps] pipe_directory {}: not a directory; the daemon's pipes live in a directory (remove what stands there or correct the path)",
+                    cfg.mps.pipe_directory.display()
                 ),
             ));
         }
@@ -247,6 +260,68 @@ pub fn executable(p: &Path) -> Result<PathBuf, String> {
 
 /// Whether gpu-medic may open `p` for reading. Only regular files and character devices are
 /// opened (opening a FIFO would wait for a writer).
+/// What NVIDIA's control binary prints for `-h` (checked against r535 and r550's
+/// `nvidia-cuda-mps-control`: "CUDA MPS Control for Linux/Unix.", NVIDIA's copyright).
+const MPS_CONTROL_BANNER: &str = "CUDA MPS Control";
+/// How long `-h` may take.
+const BANNER_WAIT: Duration = Duration::from_secs(5);
+
+/// Proves `binary` is NVIDIA's MPS control before its silence can mean a daemon fault: any
+/// executable would otherwise pass, and a junk one would be judged a dead daemon (restarted,
+/// then the node replaced). Runs `binary -h` (no daemon is contacted), bounded in time and
+/// output, its whole process group killed if it hangs.
+pub fn nvidia_mps_control(binary: &Path) -> Result<(), String> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new(binary)
+        .arg("-h")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot run it: {e}"))?;
+    let mut group = crate::sys::child::GroupKill::new(Some(child.id()));
+    let stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(out) = stdout {
+            let _ = out.take(16 * 1024).read_to_end(&mut buf);
+        }
+        buf
+    });
+    let until = std::time::Instant::now() + BANNER_WAIT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => break None,
+        }
+    };
+    group.kill();
+    let _ = child.wait();
+    let out = reader.join().unwrap_or_default();
+    let Some(status) = status else {
+        return Err(format!(
+            "`{} -h` did not answer within {}s: not NVIDIA's MPS control",
+            binary.display(),
+            BANNER_WAIT.as_secs()
+        ));
+    };
+    let text = String::from_utf8_lossy(&out);
+    if status.success() && text.contains(MPS_CONTROL_BANNER) {
+        return Ok(());
+    }
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    Err(format!(
+        "not NVIDIA's MPS control: `{} -h` exited {status} without the \"{MPS_CONTROL_BANNER}\" banner (first line: {:?})",
+        binary.display(),
+        crate::mps::control::clip(first, 120)
+    ))
+}
+
 fn readable(p: &Path) -> Result<(), String> {
     use std::os::unix::fs::FileTypeExt;
     let m = std::fs::metadata(p).map_err(|e| e.to_string())?;
