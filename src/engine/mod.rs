@@ -19,8 +19,8 @@ pub mod recover;
 mod state;
 
 pub use state::{
-    Delivery, Goal, GpuHealth, GpuStatus, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog,
-    Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
+    Delivery, Goal, GpuHealth, GpuStatus, MAX_COUNTER, MpsPhase, MpsState, NodePhase, OpenIncident,
+    RecentLog, Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;

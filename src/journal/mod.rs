@@ -56,15 +56,31 @@ impl<T: Serialize> JsonlWriter<T> {
     }
 
     fn open_with(path: &Path, rotation: Option<Rotation>) -> Result<Self, JournalError> {
+        use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
         }
+        // Whatever is in the way that is not a regular file (a FIFO, a directory, a symlink
+        // to a device) is set aside: a journal is never opened through it.
+        crate::sys::limits::set_aside_unless_regular(path)
+            .map_err(|e| JournalError::io(path, e))?;
         let mut file = OpenOptions::new()
             .create(true)
             .read(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| JournalError::io(path, e))?;
+        if !file
+            .metadata()
+            .map_err(|e| JournalError::io(path, e))?
+            .is_file()
+        {
+            return Err(JournalError::io(
+                path,
+                std::io::Error::other("not a regular file"),
+            ));
+        }
         // A torn last line (crash mid-write) must not swallow the next record.
         let mut len = file
             .metadata()
@@ -228,65 +244,7 @@ impl std::fmt::Display for SkippedLine {
     }
 }
 
-/// One line of a file read with a length cap.
-#[derive(Debug, PartialEq, Eq)]
-pub enum CappedLine {
-    /// A line (without its `\n`), read lossily: invalid UTF-8 becomes U+FFFD.
-    Text { text: String, complete: bool },
-    /// A line longer than the cap: its bytes were read and dropped, never held.
-    TooLong { len: usize },
-}
-
-/// Reads one line of at most `cap` bytes from `r`; `None` at the end. Memory is at most
-/// `cap` bytes whatever the input; at most `max_scan` bytes are consumed looking for the end
-/// of an overlong line (then it is `TooLong` with what was consumed).
-pub fn read_capped_line(
-    r: &mut impl BufRead,
-    buf: &mut Vec<u8>,
-    cap: usize,
-    max_scan: u64,
-) -> std::io::Result<Option<CappedLine>> {
-    buf.clear();
-    let mut len = 0usize;
-    let mut complete = false;
-    loop {
-        let chunk = match r.fill_buf() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if chunk.is_empty() {
-            break;
-        }
-        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (chunk.len(), false),
-        };
-        let body = if done { &chunk[..take - 1] } else { chunk };
-        if len.saturating_add(body.len()) <= cap {
-            buf.extend_from_slice(body);
-        }
-        len = len.saturating_add(body.len());
-        r.consume(take);
-        if done {
-            complete = true;
-            break;
-        }
-        if len as u64 >= max_scan {
-            return Ok(Some(CappedLine::TooLong { len }));
-        }
-    }
-    if len == 0 && !complete {
-        return Ok(None);
-    }
-    if len > cap {
-        return Ok(Some(CappedLine::TooLong { len }));
-    }
-    Ok(Some(CappedLine::Text {
-        text: String::from_utf8_lossy(buf).into_owned(),
-        complete,
-    }))
-}
+pub use crate::sys::limits::{CappedLine, read_capped_line};
 
 /// What a journal reader hands over for each line.
 #[derive(Debug)]
@@ -307,10 +265,23 @@ pub fn stream_jsonl<T: DeserializeOwned>(
     let mut total: u64 = 0;
     let mut buf = Vec::new();
     for path in files {
-        let file = match File::open(path) {
+        // Journals under state_dir are regular files; an input given to `policy simulate`
+        // (capped) may also be a pipe.
+        let kind = if max_bytes.is_some() {
+            crate::sys::limits::Kind::Stream
+        } else {
+            crate::sys::limits::Kind::Regular
+        };
+        let file = match crate::sys::limits::open_checked(path, kind, u64::MAX, "journal") {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(JournalError::io(path, e)),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => {
+                return Err(JournalError::Corrupt {
+                    path: path.clone(),
+                    line: 0,
+                    message: e.to_string(),
+                });
+            }
         };
         let mut reader = BufReader::new(file);
         let mut n = 0;
@@ -444,6 +415,11 @@ pub fn inputs_after(
     let mut last = 0;
     stream_jsonl::<JournaledInput>(&[path.to_path_buf()], None, |e| {
         if let Entry::Item(i) = e {
+            if i.seq > crate::engine::MAX_COUNTER {
+                // Not a number this journal wrote: a later input could never follow it.
+                tracing::warn!(path = %path.display(), seq = i.seq, "input with an out-of-range sequence number skipped");
+                return true;
+            }
             last = last.max(i.seq);
             if i.seq > applied && out.len() < max {
                 out.push(i);
@@ -483,7 +459,15 @@ pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
         message: format!("cannot encode state: {e}"),
     })?;
     let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
+        // A leftover temp file of any kind (a directory, a FIFO, a symlink) is cleared first;
+        // the new one is created, never opened through what was there.
+        if crate::sys::limits::set_aside_unless_regular(&tmp)?.is_none() {
+            match std::fs::remove_file(&tmp) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(&body)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -493,19 +477,35 @@ pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
 }
 
 /// Reads `state.json`; `None` when there is none yet (first start).
+/// Anything that is not a readable state (not a regular file, over its cap, not UTF-8, not
+/// the state's JSON, a number out of range) is `Corrupt`, which the daemon sets aside.
 pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(JournalError::io(path, e)),
+    let corrupt = |line, message| JournalError::Corrupt {
+        path: path.to_path_buf(),
+        line,
+        message,
     };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| JournalError::Corrupt {
-            path: path.to_path_buf(),
-            line: e.line(),
-            message: format!("state file unreadable: {e}"),
-        })
+    let text = match crate::sys::limits::read_text(
+        path,
+        crate::sys::limits::MAX_STATE_BYTES,
+        "state file",
+    ) {
+        Ok(t) => t,
+        Err(e) if e.is_not_found() => {
+            // A dangling symlink reads as missing: that is no first start either.
+            if std::fs::symlink_metadata(path).is_ok() {
+                return Err(corrupt(0, format!("state file unreadable: {e}")));
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(corrupt(0, format!("state file unreadable: {e}"))),
+    };
+    let state: State = serde_json::from_str(&text)
+        .map_err(|e| corrupt(e.line(), format!("state file unreadable: {e}")))?;
+    state
+        .check_ranges()
+        .map_err(|why| corrupt(0, format!("state file out of range: {why}")))?;
+    Ok(Some(state))
 }
 
 /// A `state.json` that could not be read, moved out of the way.
@@ -630,9 +630,13 @@ pub fn take_requests(state_dir: &Path) -> Vec<OperatorRequest> {
     names.sort();
     let mut out = Vec::new();
     for p in names {
-        match std::fs::read(&p)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<OperatorRequest>(&b).ok())
+        match crate::sys::limits::read_text(
+            &p,
+            crate::sys::limits::MAX_REQUEST_BYTES,
+            "operator request",
+        )
+        .ok()
+        .and_then(|b| serde_json::from_str::<OperatorRequest>(&b).ok())
         {
             Some(r) => {
                 let _ = std::fs::remove_file(&p);

@@ -8,6 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod bounds;
+pub use bounds::{MAX_COMPOSED, MAX_ITEMS, MAX_NAME, MAX_TEXT, cut};
+
 /// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
 /// the supervisor stamps every input, and replays reuse the recorded stamps. Arithmetic on it
 /// saturates (a deadline far in the future is "never", not a panic), and it is written as

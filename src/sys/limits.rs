@@ -28,6 +28,145 @@ pub const MAX_GPU_MEMORY_HISTORY_READ: u64 = 2 * MAX_GPU_MEMORY_HISTORY;
 /// One line of the GPU memory history; a longer one is not a row.
 pub const MAX_GPU_MEMORY_HISTORY_LINE: usize = 4 * 1024;
 
+/// One operator request file (`state_dir/requests/*.json`).
+pub const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+/// The kernel log as `check` reads it once (the ring buffer is at most a few MiB).
+pub const MAX_KMSG_SCAN: u64 = 64 * 1024 * 1024;
+
+/// What a path must be before gpu-medic reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file (a symlink to one is followed).
+    Regular,
+    /// A regular file, or the kernel log device (`/dev/kmsg`, character device 1:11).
+    RegularOrKmsg,
+    /// A regular file, a FIFO or a character device: a stream the reader caps by itself
+    /// (`policy simulate`'s input may come from a pipe).
+    Stream,
+}
+
+/// Major and minor number of `/dev/kmsg` (Linux `Documentation/admin-guide/devices.txt`).
+pub const KMSG_DEVICE: (u32, u32) = (1, 11);
+
+/// What a file type is, in words, for messages.
+pub fn kind_name(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_file() {
+        "a regular file"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a plain file"
+    }
+}
+
+/// Whether an open file is what `kind` asks for; the reason when not.
+fn check_kind(meta: &std::fs::Metadata, kind: Kind) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let ft = meta.file_type();
+    let ok = match kind {
+        Kind::Regular => ft.is_file(),
+        Kind::RegularOrKmsg => {
+            ft.is_file()
+                || (ft.is_char_device()
+                    && (libc::major(meta.rdev()), libc::minor(meta.rdev())) == KMSG_DEVICE)
+        }
+        Kind::Stream => ft.is_file() || ft.is_fifo() || ft.is_char_device(),
+    };
+    if ok {
+        return Ok(());
+    }
+    let want = match kind {
+        Kind::Regular => "a regular file",
+        Kind::RegularOrKmsg => "a regular file or the kernel log device (/dev/kmsg)",
+        Kind::Stream => "a regular file, a pipe or a character device",
+    };
+    let is = if ft.is_char_device() {
+        format!(
+            "character device {}:{}",
+            libc::major(meta.rdev()),
+            libc::minor(meta.rdev())
+        )
+    } else {
+        kind_name(ft).to_string()
+    };
+    Err(format!("is {is}, not {want}"))
+}
+
+/// Opens `path` for reading without blocking (a FIFO without a writer would wait forever),
+/// and checks it is what `kind` asks for and, for a regular file, at most `limit` bytes,
+/// before anything is read. The file is handed back in blocking mode.
+pub fn open_checked(
+    path: &Path,
+    kind: Kind,
+    limit: u64,
+    what: &'static str,
+) -> Result<std::fs::File, ReadError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|source| ReadError::Io { what, source })?;
+    let meta = file
+        .metadata()
+        .map_err(|source| ReadError::Io { what, source })?;
+    check_kind(&meta, kind).map_err(|why| ReadError::NotAFile { what, why })?;
+    if meta.is_file() && meta.len() > limit {
+        return Err(ReadError::TooLarge { what, limit });
+    }
+    // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns; no memory is passed.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
+/// Whether `path` names what `kind` asks for, following symlinks, without opening it (for
+/// paths handed to a library that opens them itself: `dlopen` of a FIFO would hang). A
+/// missing path is `Ok` (the library reports it).
+pub fn check_path_kind(path: &Path, kind: Kind) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(m) => check_kind(&m, kind),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Moves whatever is at `path` out of the way when it is not a regular file (a directory, a
+/// FIFO, a symlink, a device left where gpu-medic keeps its own file), as
+/// `NAME.bad-<unix ms>`; returns where it went. A missing path or a regular file stays.
+pub fn set_aside_unless_regular(path: &Path) -> std::io::Result<Option<std::path::PathBuf>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => Ok(None),
+        Ok(m) => {
+            let mut name = path.as_os_str().to_os_string();
+            name.push(format!(".bad-{}", crate::model::Timestamp::now().0));
+            let to = std::path::PathBuf::from(name);
+            std::fs::rename(path, &to)?;
+            tracing::error!(path = %path.display(), moved_to = %to.display(), "{} was {}; set aside", path.display(), kind_name(m.file_type()));
+            Ok(Some(to))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Why a capped read failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -41,12 +180,21 @@ pub enum ReadError {
     TooLarge { what: &'static str, limit: u64 },
     #[error("{what} is not UTF-8 text (invalid byte at offset {offset})")]
     NotText { what: &'static str, offset: usize },
+    #[error("{what} {why}")]
+    NotAFile { what: &'static str, why: String },
+}
+
+impl ReadError {
+    /// Whether the path holds nothing (a first start), as opposed to something unreadable.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ReadError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
 }
 
 /// Reads a whole text file of at most `limit` bytes. A bigger file (or an endless device)
 /// is refused after reading `limit + 1` bytes.
 pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {
-    let file = std::fs::File::open(path).map_err(|source| ReadError::Io { what, source })?;
+    let file = open_checked(path, Kind::Regular, limit, what)?;
     let mut buf = Vec::new();
     file.take(limit.saturating_add(1))
         .read_to_end(&mut buf)
@@ -58,6 +206,66 @@ pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, 
         what,
         offset: e.utf8_error().valid_up_to(),
     })
+}
+
+/// One line of a file read with a length cap.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CappedLine {
+    /// A line (without its `\n`), read lossily: invalid UTF-8 becomes U+FFFD.
+    Text { text: String, complete: bool },
+    /// A line longer than the cap: its bytes were read and dropped, never held.
+    TooLong { len: usize },
+}
+
+/// Reads one line of at most `cap` bytes from `r`; `None` at the end. Memory is at most
+/// `cap` bytes whatever the input; at most `max_scan` bytes are consumed looking for the end
+/// of an overlong line (then it is `TooLong` with what was consumed).
+pub fn read_capped_line(
+    r: &mut impl std::io::BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+    max_scan: u64,
+) -> std::io::Result<Option<CappedLine>> {
+    buf.clear();
+    let mut len = 0usize;
+    let mut complete = false;
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let body = if done { &chunk[..take - 1] } else { chunk };
+        if len.saturating_add(body.len()) <= cap {
+            buf.extend_from_slice(body);
+        }
+        len = len.saturating_add(body.len());
+        r.consume(take);
+        if done {
+            complete = true;
+            break;
+        }
+        if len as u64 >= max_scan {
+            return Ok(Some(CappedLine::TooLong { len }));
+        }
+    }
+    if len == 0 && !complete {
+        return Ok(None);
+    }
+    if len > cap {
+        return Ok(Some(CappedLine::TooLong { len }));
+    }
+    Ok(Some(CappedLine::Text {
+        text: String::from_utf8_lossy(buf).into_owned(),
+        complete,
+    }))
 }
 
 /// Formats a byte count for messages (`1 MiB`, `512 KiB`, `17 bytes`).
@@ -79,13 +287,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_endless_file_is_refused_at_the_cap() {
+    fn an_endless_file_is_refused_before_it_is_read() {
         let err = read_text(Path::new("/dev/zero"), 4096, "config").unwrap_err();
         assert!(
-            matches!(err, ReadError::TooLarge { limit: 4096, .. }),
+            err.to_string()
+                .contains("character device 1:5, not a regular file"),
             "{err}"
         );
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = read_text(&fifo, 4096, "state file").unwrap_err();
+        assert!(err.to_string().contains("is a FIFO"), "{err}");
+        let err = read_text(dir.path(), 4096, "state file").unwrap_err();
+        assert!(matches!(err, ReadError::NotAFile { .. }), "{err}");
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'a'; 5000]).unwrap();
+        let err = read_text(&big, 4096, "config").unwrap_err();
         assert!(err.to_string().contains("4 KiB cap"), "{err}");
+        let lp = dir.path().join("loop");
+        std::os::unix::fs::symlink(&lp, &lp).unwrap();
+        assert!(read_text(&lp, 4096, "config").is_err());
+        assert!(check_path_kind(&fifo, Kind::Regular).is_err());
+        assert!(check_path_kind(Path::new("/dev/zero"), Kind::RegularOrKmsg).is_err());
+        assert!(check_path_kind(&big, Kind::RegularOrKmsg).is_ok());
+        assert_eq!(set_aside_unless_regular(&big).unwrap(), None);
+        let aside = set_aside_unless_regular(&fifo).unwrap().unwrap();
+        assert!(!fifo.exists() && aside.exists());
     }
 
     #[test]

@@ -38,13 +38,82 @@ pub struct Shared {
     pub gpus: BTreeMap<u32, GpuId>,
     /// XIDs reported recently, by (GPU, code): the event watcher and the kernel log see the
     /// same XID; the first to claim it reports it.
-    pub recent_xids: Vec<(u32, u32, &'static str, std::time::Instant)>,
+    pub recent_xids: XidClaims,
     /// The kernel log reader is running: an XID whose verdict depends on its text (NVLink5)
     /// is then held by the event watcher until the reader brings the text.
     pub kmsg_active: bool,
     /// NVLink5 XIDs the event watcher saw and holds for their kernel log text, by (GPU,
     /// code), with when they were seen.
     pub awaiting_text: Vec<(u32, u32, std::time::Instant)>,
+}
+
+/// The XIDs each source reported within [`XID_DEDUPE_WINDOW`], for [`Shared::claim_xid`]:
+/// one queue per (GPU, code, source) and one of everything in arrival order, so a claim costs
+/// constant time however many XIDs a storm brings (a scan of every recent XID per claim made
+/// a storm of 50,000 quadratic).
+#[derive(Default)]
+pub struct XidClaims {
+    /// Per key, the ids and times of its claims still in the window, oldest first.
+    by_key: std::collections::HashMap<
+        (u32, u32, &'static str),
+        std::collections::VecDeque<(u64, std::time::Instant)>,
+    >,
+    /// Every claim in arrival order, for expiry.
+    order: std::collections::VecDeque<((u32, u32, &'static str), u64, std::time::Instant)>,
+    next_id: u64,
+}
+
+impl XidClaims {
+    /// Claims an XID seen by `source` at `now`: false when the other source reported the same
+    /// (GPU, code) within the window (that report is then used up: one pairing per XID).
+    pub fn claim(
+        &mut self,
+        index: u32,
+        code: u32,
+        source: &'static str,
+        now: std::time::Instant,
+    ) -> bool {
+        while let Some((key, id, at)) = self.order.front().copied() {
+            if now.saturating_duration_since(at) < XID_DEDUPE_WINDOW {
+                break;
+            }
+            self.order.pop_front();
+            if let Some(q) = self.by_key.get_mut(&key) {
+                // Claims leave a key's queue oldest first (expired or paired), so an expired
+                // claim still held is at its front.
+                if q.front().is_some_and(|(i, _)| *i == id) {
+                    q.pop_front();
+                }
+                if q.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+        }
+        let other = if source == "nvml" { "kmsg" } else { "nvml" };
+        if let Some(q) = self.by_key.get_mut(&(index, code, other))
+            && q.pop_front().is_some()
+        {
+            if q.is_empty() {
+                self.by_key.remove(&(index, code, other));
+            }
+            return false;
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let key = (index, code, source);
+        self.by_key.entry(key).or_default().push_back((id, now));
+        self.order.push_back((key, id, now));
+        true
+    }
+
+    /// Claims still in the window.
+    pub fn len(&self) -> usize {
+        self.by_key.values().map(|q| q.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
 }
 
 /// An XID seen by both sources within this window is one XID.
@@ -63,19 +132,8 @@ impl Shared {
     /// `XID_DEDUPE_WINDOW` is the same XID and is not reported again. Repeats from one source
     /// are distinct XIDs.
     pub fn claim_xid(&mut self, index: u32, code: u32, source: &'static str) -> bool {
-        let now = std::time::Instant::now();
         self.recent_xids
-            .retain(|x| now.duration_since(x.3) < XID_DEDUPE_WINDOW);
-        if let Some(pos) = self
-            .recent_xids
-            .iter()
-            .position(|x| x.0 == index && x.1 == code && x.2 != source)
-        {
-            self.recent_xids.remove(pos);
-            return false;
-        }
-        self.recent_xids.push((index, code, source, now));
-        true
+            .claim(index, code, source, std::time::Instant::now())
     }
 
     /// The kernel log reader has the text of an XID the event watcher holds: hand it over
