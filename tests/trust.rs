@@ -656,3 +656,146 @@ fn new_fleet_task_and_gpu_view_keys_are_validated_at_start() {
     // Line 6: after the three lines Node writes first, `[nvml]` and `enabled`.
     assert!(err.contains(&format!("{cfg}:6: bad share \"0%\"")), "{err}");
 }
+
+/// Issue 26, item 0: kernel-log XIDs that arrive in one write are each journaled once (five
+/// XID 13s and an XID 79, the 79 stepped first: the 13s were dropped as "duplicates after
+/// restart"), and a restart journals none of them again. A record whose sequence number is
+/// u64::MAX hides no later XID (in a file, a line's position is its offset).
+#[test]
+fn kernel_log_xids_written_together_are_each_journaled_once() {
+    use std::io::Write;
+    let mut node = Node::new("");
+    let kmsg = node.path("kmsg");
+    std::fs::write(&kmsg, "").unwrap();
+    node.write_config(&format!(
+        "[nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
+         [mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+        fake_nvml().display(),
+        kmsg.display()
+    ));
+    node.start();
+    let mut body = String::new();
+    body.push_str(
+        "4,18446744073709551615,1,-;NVRM: Xid (PCI:0000:10:00): 31, pid=9, name=x, poison\n",
+    );
+    for i in 0..5 {
+        body.push_str(&format!(
+            "4,{},2,-;NVRM: Xid (PCI:0000:10:00): 13, pid={}, name=p{i}, Graphics Exception\n",
+            100 + i,
+            1000 + i
+        ));
+    }
+    body.push_str(
+        "4,105,3,-;NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=y, GPU has fallen off the bus.\n",
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&kmsg)
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let kmsg_inputs = |node: &Node| -> Vec<u64> {
+        std::fs::read_to_string(node.path("state/inputs.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["source"] == "kmsg")
+            .map(|v| v["signal"]["code"].as_u64().unwrap_or(0))
+            .collect()
+    };
+    wait_until("all seven kernel-log XIDs journaled", || {
+        kmsg_inputs(&node).len() >= 7
+    });
+    let mut codes = kmsg_inputs(&node);
+    codes.sort();
+    assert_eq!(codes, [13, 13, 13, 13, 13, 31, 79], "{}", node.log());
+    node.stop();
+    // A restart reads the file again and journals none of it twice; a later XID 79 after
+    // the u64::MAX record is still journaled.
+    node.start();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&kmsg)
+        .unwrap()
+        .write_all(b"4,106,4,-;NVRM: Xid (PCI:0000:10:00): 79, pid=2, name=z, GPU has fallen off the bus.\n")
+        .unwrap();
+    wait_until("the XID 79 after the restart", || {
+        kmsg_inputs(&node).len() >= 8
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    node.stop();
+    let mut codes = kmsg_inputs(&node);
+    codes.sort();
+    assert_eq!(codes, [13, 13, 13, 13, 13, 31, 79, 79], "{}", node.log());
+}
+
+/// Issue 26, item 3: a state file of any bad kind (a FIFO, a directory, a symlink loop,
+/// invalid UTF-8, a counter at u64::MAX) and a leftover temp directory are set aside; the
+/// daemon starts from the journal every time. `check` with the kernel log at /dev/zero or
+/// /dev/urandom is refused at once instead of reading for ever.
+#[test]
+fn a_state_file_of_any_bad_kind_is_set_aside_and_endless_devices_are_refused() {
+    for bad in ["fifo", "dir", "loop", "utf8", "max", "tmpdir"] {
+        let mut node = Node::new(
+            "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+        );
+        let state = node.path("state/state.json");
+        std::fs::create_dir_all(node.path("state")).unwrap();
+        match bad {
+            "fifo" => {
+                let c = std::ffi::CString::new(state.to_str().unwrap()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }
+            "dir" => std::fs::create_dir(&state).unwrap(),
+            "loop" => std::os::unix::fs::symlink(&state, &state).unwrap(),
+            "utf8" => std::fs::write(&state, b"{\"next_incident\": \xff\xfe}").unwrap(),
+            "max" => std::fs::write(
+                &state,
+                format!(
+                    "{{\"next_incident\":1,\"next_action\":1,\"delivery\":{{\"applied\":{}}}}}",
+                    u64::MAX
+                ),
+            )
+            .unwrap(),
+            _ => std::fs::create_dir_all(node.path("state/state.json.tmp/x")).unwrap(),
+        }
+        let child = node
+            .cmd(&["run", "--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(node.path("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        node.daemon = Some(child);
+        wait_until(&format!("{bad}: a readable state.json"), || {
+            std::fs::metadata(&state).is_ok_and(|m| m.is_file())
+                && std::fs::read_to_string(&state).is_ok_and(|t| t.contains("next_incident"))
+        });
+        if bad != "tmpdir" {
+            wait_until(&format!("{bad}: the set-aside incident"), || {
+                node.records()
+                    .iter()
+                    .any(|r| is_self_fault(r, "state-file"))
+            });
+        }
+        node.stop();
+    }
+
+    let node = Node::new("");
+    for dev in ["/dev/zero", "/dev/urandom"] {
+        node.write_config(&format!(
+            "[nvml]\nlibrary = \"{}\"\nkmsg = \"{dev}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+            fake_nvml().display()
+        ));
+        let started = std::time::Instant::now();
+        let (code, out, err) = node.text(&["check"]);
+        assert!(started.elapsed() < Duration::from_secs(20), "{dev}");
+        assert_ne!(code, 0, "{dev}: {out}{err}");
+        let (code, _, err) = node.text(&["run"]);
+        assert_eq!(code, 78, "{dev}: {err}");
+        assert!(
+            err.contains("not a regular file or the kernel log device"),
+            "{err}"
+        );
+    }
+}
