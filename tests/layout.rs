@@ -255,3 +255,294 @@ fn citations_are_found_where_they_are_and_only_there() {
     assert!(citations(&urls).is_empty());
     assert!(citations("docs/ holds the facts").is_empty());
 }
+
+/// The longest a function outside tests may be, in lines that are neither blank nor comments.
+const MAX_FUNCTION_LINES: usize = 100;
+
+/// Functions allowed past [`MAX_FUNCTION_LINES`], each with why it is one piece: (file, name,
+/// reason). A function leaves this list when it is split; one that is no longer long fails the
+/// test below, so the list never keeps a stale excuse.
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
+    (
+        "src/cli/status.rs",
+        "run",
+        "to split (issue 27): one section per status block",
+    ),
+    (
+        "src/policy/mod.rs",
+        "validate_rules",
+        "to split (issue 27): one check per rule field",
+    ),
+    (
+        "src/probe/nvml/mod.rs",
+        "watch",
+        "to split (issue 27): event thread set-up and loop",
+    ),
+    (
+        "src/config/mod.rs",
+        "check_durations",
+        "to split (issue 27): a table of bounds",
+    ),
+    (
+        "src/supervisor/mod.rs",
+        "run",
+        "to split (issue 27): start, loop, drain",
+    ),
+    (
+        "src/cli/check.rs",
+        "examine",
+        "to split (issue 27): the verdict moves to the engine",
+    ),
+    (
+        "src/probe/ecs_gpus.rs",
+        "watch",
+        "to split (issue 27): read, compare, report",
+    ),
+    (
+        "src/remedy/aws/table.rs",
+        "table_slot",
+        "to split (issue 27): reserve, commit",
+    ),
+    (
+        "src/launch/gate.rs",
+        "run",
+        "to split (issue 27): wait, check, answer the hook",
+    ),
+    (
+        "src/cli/incidents.rs",
+        "run",
+        "to split (issue 27): one function per subcommand",
+    ),
+    (
+        "src/metrics.rs",
+        "record",
+        "to split (issue 27): one function per metric family",
+    ),
+    (
+        "src/export/tail.rs",
+        "read",
+        "to split (issue 27): open, seek, read",
+    ),
+    (
+        "src/probe/kmsg.rs",
+        "run",
+        "to split (issue 27): open, resume, follow",
+    ),
+    (
+        "src/engine/recover.rs",
+        "finish",
+        "to split (issue 27): one step per record kind",
+    ),
+    (
+        "src/cli/demo.rs",
+        "play",
+        "to split (issue 27): one function per act",
+    ),
+    (
+        "src/metrics.rs",
+        "new",
+        "to split (issue 27): one registration per family",
+    ),
+    (
+        "src/probe/nvml/poll.rs",
+        "poll_gpu",
+        "to split (issue 27): one reading per counter",
+    ),
+];
+
+/// (file, first line, name, length) of every function in `src/` outside test modules.
+fn functions() -> Vec<(String, usize, String, usize)> {
+    let mut out = Vec::new();
+    for f in rust_files(&root().join("src")) {
+        let rel = f
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines = without_test_modules(&text);
+        let mut i = 0;
+        while i < lines.len() {
+            let (n, l) = lines[i];
+            if let Some((indent, name)) = fn_head(l) {
+                let close = format!("{indent}}}");
+                let end = lines[i..]
+                    .iter()
+                    .position(|(_, x)| x.trim_end() == close)
+                    .map_or(lines.len(), |p| i + p + 1);
+                let len = lines[i..end]
+                    .iter()
+                    .filter(|(_, x)| !x.trim().is_empty() && !x.trim_start().starts_with("//"))
+                    .count();
+                out.push((rel.clone(), n, name, len));
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The numbered lines of a file, less `#[cfg(test)] mod … { … }` blocks at the top level.
+fn without_test_modules(text: &str) -> Vec<(usize, &str)> {
+    let all: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < all.len() {
+        let test_mod = all[i].starts_with("#[cfg(test)]")
+            && all
+                .get(i + 1)
+                .is_some_and(|n| n.starts_with("mod ") && n.trim_end().ends_with('{'));
+        if test_mod {
+            i += 2;
+            while i < all.len() && all[i] != "}" {
+                i += 1;
+            }
+            i += 1;
+            continue;
+        }
+        out.push((i + 1, all[i]));
+        i += 1;
+    }
+    out
+}
+
+/// The indentation and name of a function whose body starts on this line or below it.
+fn fn_head(line: &str) -> Option<(String, String)> {
+    let indent: String = line.chars().take_while(|c| *c == ' ').collect();
+    let mut rest = line.trim_start();
+    for q in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
+        rest = rest.strip_prefix(q).unwrap_or(rest);
+    }
+    for q in ["async ", "unsafe "] {
+        rest = rest.strip_prefix(q).unwrap_or(rest);
+    }
+    let name = rest.strip_prefix("fn ")?;
+    let name: String = name
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty() && !line.trim_end().ends_with(';')).then_some((indent, name))
+}
+
+#[test]
+fn no_function_is_longer_than_its_limit_without_a_reason() {
+    let found = functions();
+    let mut bad = Vec::new();
+    for (file, line, name, len) in &found {
+        let excused = LONG_FUNCTIONS
+            .iter()
+            .any(|(f, n, _)| f == file && n == name);
+        if *len > MAX_FUNCTION_LINES && !excused {
+            bad.push(format!(
+                "{file}:{line}: fn {name} has {len} lines (limit {MAX_FUNCTION_LINES}): split it, or name it in LONG_FUNCTIONS with why"
+            ));
+        }
+    }
+    for (file, name, _) in LONG_FUNCTIONS {
+        let still_long = found
+            .iter()
+            .any(|(f, _, n, len)| f == file && n == name && *len > MAX_FUNCTION_LINES);
+        if !still_long {
+            bad.push(format!(
+                "{file}: fn {name} is no longer over {MAX_FUNCTION_LINES} lines (or is gone): take it off LONG_FUNCTIONS"
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn the_function_scanner_measures_what_it_should() {
+    assert_eq!(
+        fn_head("    pub(crate) async fn poll_gpu("),
+        Some(("    ".into(), "poll_gpu".into()))
+    );
+    assert_eq!(fn_head("    fn name(&self) -> &str;"), None);
+    assert_eq!(fn_head("let f = |x| x;"), None);
+    let text =
+        "fn a() {\n    // c\n\n    x();\n}\n#[cfg(test)]\nmod tests {\n    fn t() {\n    }\n}\n";
+    let lines = without_test_modules(text);
+    assert_eq!(lines.len(), 5);
+}
+
+#[test]
+fn every_source_file_named_in_a_comment_exists() {
+    let mut missing = Vec::new();
+    let mut files = Vec::new();
+    for d in [
+        "src",
+        "tests",
+        "benches",
+        "examples",
+        "docs",
+        "policies",
+        "packaging",
+        "models",
+    ] {
+        let mut stack = vec![root().join(d)];
+        while let Some(dir) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    if !p.ends_with("target") {
+                        stack.push(p);
+                    }
+                } else {
+                    files.push(p);
+                }
+            }
+        }
+    }
+    files.push(root().join("README.md"));
+    files.push(root().join("BENCHMARKS.md"));
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        for (i, l) in text.lines().enumerate() {
+            for cited in source_citations(l) {
+                if !root().join(&cited).exists() {
+                    missing.push(format!("{}:{}: {cited}", f.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "source files named but not in the tree:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// `src/…rs` paths a line names (not parts of longer paths such as `tests/kit/src/…`).
+fn source_citations(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = line[from..].find("src/").map(|a| a + from) {
+        let before = line[..at].chars().next_back();
+        let tail = &line[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "/._".contains(c)))
+            .unwrap_or(tail.len());
+        from = at + len.max(1);
+        let cited = tail[..len].trim_end_matches('.');
+        let standalone = before.is_none_or(|c| !(c.is_ascii_alphanumeric() || "/.-_".contains(c)));
+        if standalone && cited.ends_with(".rs") {
+            out.push(cited.to_string());
+        }
+    }
+    out
+}

@@ -759,7 +759,7 @@ fn a_state_file_of_any_bad_kind_is_set_aside_and_endless_devices_are_refused() {
                 ),
             )
             .unwrap(),
-            _ => std::fs::create_dir_all(node.path("state/state.json.tmp/x")).unwrap(),
+            _ => std::fs::create_dir_all(node.path("state/.state.json.tmp/x")).unwrap(),
         }
         let child = node
             .cmd(&["run", "--log-format", "json"])

@@ -211,18 +211,8 @@ fn compact(path: &Path, now: u64) -> std::io::Result<u64> {
 }
 
 fn rewrite(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("jsonl.tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent()
-        && let Ok(d) = std::fs::File::open(dir)
-    {
-        let _ = d.sync_all();
-    }
+    // Durable: the compacted history replaces hours of rows that exist nowhere else.
+    crate::sys::fs::write_atomic(path, bytes, crate::sys::fs::Durability::Durable)?;
     Ok(())
 }
 

@@ -383,7 +383,7 @@ fn journal_gate(
     }
 }
 
-/// `check --lifecycle`: the launch gate (src/remedy/aws/launch.rs) around `examine`.
+/// `check --lifecycle`: the launch gate (src/launch/gate.rs) around `examine`.
 fn launch_gate(
     cfg: crate::config::Config,
     policy: Policy,

@@ -60,10 +60,10 @@ impl Stage {
     /// never read half-written).
     fn inject(&mut self, json: &str) -> Result<(), CliError> {
         self.n += 1;
-        let tmp = self.inject.join(format!("{:04}.json.tmp", self.n));
         let dst = self.inject.join(format!("{:04}.json", self.n));
-        std::fs::write(&tmp, json)
-            .and_then(|_| std::fs::rename(&tmp, &dst))
+        // Atomic only: the fake library must never read half an injection; the demo's
+        // folder does not outlive the demo.
+        crate::sys::fs::write_atomic(&dst, json.as_bytes(), crate::sys::fs::Durability::Atomic)
             .map_err(|e| CliError::Runtime(format!("demo: cannot inject a fault: {e}")))
     }
 

@@ -330,7 +330,7 @@ struct Lane {
 
 /// Backoff after a failed round: doubling from 1 s to 60 s.
 fn backoff(failures: u32) -> Duration {
-    Duration::from_secs(1u64 << failures.min(6)).min(Duration::from_secs(60))
+    crate::sys::backoff::doubling(Duration::from_secs(1), failures, Duration::from_secs(60))
 }
 
 impl Lane {

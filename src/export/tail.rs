@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Seek, SeekFrom, Write};
+use std::io::{BufReader, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -70,22 +70,14 @@ impl Cursor {
 
     /// Saves the cursor whole (temp file, fsync, rename).
     pub fn save(&self, path: &Path) -> Result<(), JournalError> {
-        let tmp = path.with_extension("tmp");
         let body = serde_json::to_vec(self).map_err(|e| JournalError::Corrupt {
             path: path.to_path_buf(),
             line: 0,
             message: format!("cannot encode cursor: {e}"),
         })?;
-        let write = || -> std::io::Result<()> {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut f = File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_data()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().map_err(|e| JournalError::io(path, e))
+        // Durable: a cursor lost to a power loss would ship what was shipped again.
+        crate::sys::fs::write_atomic(path, &body, crate::sys::fs::Durability::Durable)
+            .map_err(|e| JournalError::io(path, e))
     }
 }
 
@@ -338,6 +330,7 @@ mod tests {
     use super::*;
     use crate::journal::tests::rec;
     use crate::journal::{JsonlWriter, Rotation};
+    use std::io::Write;
 
     fn drain(tail: &mut Tail, cur: &mut Cursor, max: usize) -> (Vec<(u64, u64)>, Read) {
         let mut got = Vec::new();

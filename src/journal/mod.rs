@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::engine::State;
 use crate::model::{OperatorRequest, StampedInput};
 use crate::sys::error::JournalError;
+use crate::sys::fs::{Durability, write_atomic};
 
 /// When a journal file is rotated: at `max_bytes`, the live file becomes `NAME.1` (the
 /// older ones shift to `.2`, ...), `keep` rotated files are kept, the oldest is deleted.
@@ -450,30 +451,13 @@ pub fn last_records<T: DeserializeOwned>(path: &Path, n: usize) -> Result<Vec<T>
 
 /// Writes the engine state atomically: readers see the old or the new file, never half.
 pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
-    let tmp = path.with_extension("json.tmp");
     let body = serde_json::to_vec_pretty(state).map_err(|e| JournalError::Corrupt {
         path: path.to_path_buf(),
         line: 0,
         message: format!("cannot encode state: {e}"),
     })?;
-    let write = || -> std::io::Result<()> {
-        // A leftover temp file of any kind (a directory, a FIFO, a symlink) is cleared first;
-        // the new one is created, never opened through what was there.
-        if crate::sys::limits::set_aside_unless_regular(&tmp)?.is_none() {
-            match std::fs::remove_file(&tmp) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    };
-    write().map_err(|e| JournalError::io(path, e))
+    // Durable: the next start resumes from it, and orders handed out depend on it.
+    write_atomic(path, &body, Durability::Durable).map_err(|e| JournalError::io(path, e))
 }
 
 /// Reads `state.json`; `None` when there is none yet (first start).
@@ -599,16 +583,14 @@ pub fn submit_request(
         crate::model::Timestamp::now().0,
         std::process::id()
     );
-    let tmp = dir.join(format!(".{name}.tmp"));
     let dst = dir.join(name);
     let body = serde_json::to_vec(request).map_err(|e| JournalError::Corrupt {
         path: dst.clone(),
         line: 0,
         message: format!("cannot encode request: {e}"),
     })?;
-    std::fs::write(&tmp, body)
-        .and_then(|_| std::fs::rename(&tmp, &dst))
-        .map_err(|e| JournalError::io(&dst, e))?;
+    // Durable: an operator's request, once acknowledged, must not vanish with a power loss.
+    write_atomic(&dst, &body, Durability::Durable).map_err(|e| JournalError::io(&dst, e))?;
     Ok(dst)
 }
 

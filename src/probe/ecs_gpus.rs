@@ -143,11 +143,9 @@ impl Comparison {
 
     fn save(&self, state_dir: &Path) {
         let path = comparison_path(state_dir);
-        let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec_pretty(self)
-            .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|_| std::fs::rename(&tmp, &path));
+        // Atomic only: a status file for `gpu-medic status`, rewritten at the next comparison.
+        let written =
+            crate::sys::fs::write_json_atomic(&path, self, crate::sys::fs::Durability::Atomic);
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), "cannot keep the ECS GPU view: {e}");
         }

@@ -44,8 +44,11 @@ pub fn signal_for(target: &str) -> Option<LifecycleState> {
 
 /// The delay before the next poll after `failures` consecutive errors.
 pub fn backoff(interval: Duration, failures: u32) -> Duration {
-    let cap = (interval * 8).min(MAX_BACKOFF).max(interval);
-    interval.saturating_mul(1u32 << failures.min(16)).min(cap)
+    crate::sys::backoff::doubling(
+        interval,
+        failures,
+        interval.saturating_mul(8).min(MAX_BACKOFF),
+    )
 }
 
 /// The IMDS lifecycle watcher for `gpu-medic run`.

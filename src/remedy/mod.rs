@@ -92,7 +92,7 @@ pub trait MpsRemedy: Send + Sync + 'static {
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
-/// The control plane's hands: ECS and Auto Scaling (src/remedy/ecs.rs, asg.rs, fleet.rs).
+/// The control plane's hands: ECS and Auto Scaling (`src/remedy/aws/`, over the adapters in `src/aws/`).
 pub trait ControlPlane: Send + Sync + 'static {
     /// Marks the container instance so placement constraints keep new tasks off.
     fn quarantine(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;

@@ -284,11 +284,9 @@ impl AwsControlPlane {
     /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only).
     fn record_fleet(&self, summary: &fleet::FleetSummary) {
         let path = fleet_path(&self.cfg.state_dir);
-        let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec_pretty(summary)
-            .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|_| std::fs::rename(&tmp, &path));
+        // Atomic only: a status file, rewritten at the next admission.
+        let written =
+            crate::sys::fs::write_json_atomic(&path, summary, crate::sys::fs::Durability::Atomic);
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), "cannot keep the fleet view: {e}");
         }

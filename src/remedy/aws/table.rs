@@ -477,11 +477,9 @@ impl AwsControlPlane {
             holders: item.holders.clone(),
         };
         let path = slots_path(&self.cfg.state_dir);
-        let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec_pretty(&summary)
-            .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|_| std::fs::rename(&tmp, &path));
+        // Atomic only: a status file, rewritten at the next reading of the table.
+        let written =
+            crate::sys::fs::write_json_atomic(&path, &summary, crate::sys::fs::Durability::Atomic);
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), "cannot keep the slot table's reading: {e}");
         }

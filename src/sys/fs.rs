@@ -1,0 +1,123 @@
+//! The one atomic file write. Every file gpu-medic rewrites in place (its state, cursors,
+//! status files, requests) goes through [`write_atomic`]: the bytes go to a temporary file
+//! beside the target, which is then renamed over it, so a reader sees the old file or the
+//! new one, never half of either, and a value that cannot be serialised never touches the
+//! disk (the caller serialises first).
+//!
+//! How much a write survives is the caller's explicit choice ([`Durability`]), with the
+//! reason at the call site: a restart resumes from some files (they must survive a power
+//! loss), while status files are rebuilt on the next reading and may come back old.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What a finished [`write_atomic`] survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// A power loss or kernel crash right after the call: the file's data and the
+    /// directory entry are both synced. For what a restart resumes from (`state.json`,
+    /// cursors, requests an operator is waiting on).
+    Durable,
+    /// A crash of gpu-medic, not of the machine: the rename is atomic, nothing is synced,
+    /// so after a power loss the old version (or none) may be seen. For status files that
+    /// the next reading rewrites anyway.
+    Atomic,
+}
+
+/// The temporary file a write of `path` goes through: `.<name>.tmp` in the same folder
+/// (a rename stays within one file system).
+pub fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+/// Replaces `path` with `bytes` atomically, creating its folder if needed. A leftover
+/// temporary of a crashed write (a file, or anything else in the way) is replaced.
+pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir)?;
+    let tmp = temp_path(path);
+    match std::fs::symlink_metadata(&tmp) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&tmp)?,
+        Ok(_) => std::fs::remove_file(&tmp)?,
+        Err(_) => {}
+    }
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        if durability == Durability::Durable {
+            f.sync_all()?;
+        }
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        if durability == Durability::Durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// [`write_atomic`] of `value` as pretty JSON; a value that cannot be encoded is an error
+/// before anything is written.
+pub fn write_json_atomic<T: serde::Serialize>(
+    path: &Path,
+    value: &T,
+    durability: Durability,
+) -> std::io::Result<()> {
+    let body = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+    write_atomic(path, &body, durability)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_replaces_the_file_whole_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub").join("state.json");
+        write_atomic(&p, b"old", Durability::Durable).unwrap();
+        write_atomic(&p, b"new", Durability::Atomic).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        assert!(!temp_path(&p).exists());
+    }
+
+    #[test]
+    fn a_leftover_temporary_of_any_kind_is_no_obstacle() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cursor");
+        std::fs::create_dir_all(temp_path(&p).join("junk")).unwrap();
+        write_atomic(&p, b"1", Durability::Durable).unwrap();
+        std::fs::write(temp_path(&p), b"half").unwrap();
+        write_atomic(&p, b"2", Durability::Durable).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"2");
+    }
+
+    #[test]
+    fn a_value_that_cannot_be_encoded_leaves_the_old_file() {
+        struct Bad;
+        impl serde::Serialize for Bad {
+            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("no"))
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("status.json");
+        write_atomic(&p, b"{}", Durability::Atomic).unwrap();
+        assert!(write_json_atomic(&p, &Bad, Durability::Atomic).is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"{}");
+    }
+}
