@@ -241,6 +241,10 @@ pub fn item_attributes(group: &str, item: &SlotItem) -> HashMap<String, Attribut
     out
 }
 
+/// The largest version accepted from the table (the engine's counter ceiling, 2^62): one
+/// beyond could not advance for long, and u64::MAX not at all.
+pub const MAX_VERSION: u64 = 1 << 62;
+
 /// The item as GetItem returned it. Strict about what the protocol relies on (`version`, each
 /// holder's `state` and `token`); lenient about what is for people only.
 pub fn parse_item(
@@ -263,10 +267,10 @@ pub fn parse_item(
         .and_then(|v| number(v, "version"))?;
     // The fencing token is the version a write makes: one that cannot advance would let every
     // writer's conditional write "succeed" with the same token. Refused, never saturated.
-    if version >= crate::engine::MAX_COUNTER {
+    if version >= MAX_VERSION {
         return Err(bad(format!(
             "version {version} cannot advance (at most {} is accepted)",
-            crate::engine::MAX_COUNTER - 1
+            MAX_VERSION - 1
         )));
     }
     let mut holders = BTreeMap::new();
@@ -373,7 +377,7 @@ mod tests {
     /// version, is refused: no write is made with a token that cannot fence.
     #[test]
     fn a_version_that_cannot_advance_is_refused() {
-        for v in [u64::MAX, u64::MAX - 1, crate::engine::MAX_COUNTER] {
+        for v in [u64::MAX, u64::MAX - 1, MAX_VERSION] {
             let mut attrs = item_attributes("g", &sample());
             attrs.insert(attr::VERSION.into(), AttributeValue::N(v.to_string()));
             let e = parse_item("g", &attrs).unwrap_err();
