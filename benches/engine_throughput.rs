@@ -101,6 +101,7 @@ fn record(policy: &Policy, inputs: usize, seed: u64) -> Stream {
                     status,
                     detail: "simulated".into(),
                     request_ids: vec![],
+                    evidence: None,
                 });
             }
         }

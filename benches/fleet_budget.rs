@@ -97,6 +97,8 @@ fn latency(rt: &tokio::runtime::Runtime, proxy: &Proxy, runs: usize, name: &str,
         .unwrap();
     let mut to_drain = Vec::new();
     let mut quarantine_to_drain = Vec::new();
+    let mut trips = Vec::new();
+    let mut path_ops = String::new();
     let t_all = Instant::now();
     for i in 0..runs {
         let s = rt.block_on(async {
@@ -129,6 +131,9 @@ fn latency(rt: &tokio::runtime::Runtime, proxy: &Proxy, runs: usize, name: &str,
         d.signal(libc::SIGKILL);
         assert!(ok, "{name} run {i}: no drain within 60 s; log: {}", d.log());
         let (q, drain) = seen.unwrap();
+        let (depth, ops) = round_trips(&proxy.calls(), q, drain);
+        trips.push(depth);
+        path_ops = ops;
         to_drain.push(drain - t0);
         quarantine_to_drain.push(drain - q);
         drop(d);
@@ -144,6 +149,44 @@ fn latency(rt: &tokio::runtime::Runtime, proxy: &Proxy, runs: usize, name: &str,
         "  quarantine -> drain call:  {}",
         summary(&quarantine_to_drain)
     );
+    trips.sort_unstable();
+    println!(
+        "  round trips in series, quarantine -> drain call (the drain call included): median {} max {} (n = {}); last run's calls (trip:operation): {path_ops}",
+        trips.get(trips.len() / 2).copied().unwrap_or(0),
+        trips.last().copied().unwrap_or(0),
+        trips.len()
+    );
+}
+
+/// The round trips in series from the quarantine call to the drain call: the longest chain of
+/// calls each sent after the one before it was answered (calls in flight together count
+/// once), the drain call included; and the calls in that window, in order of arrival.
+fn round_trips(
+    calls: &[gpu_medic_testkit::proxy::Call],
+    quarantine_ms: f64,
+    drain_ms: f64,
+) -> (u32, String) {
+    let mut window: Vec<&gpu_medic_testkit::proxy::Call> = calls
+        .iter()
+        .filter(|c| c.arrived_ms > quarantine_ms && c.arrived_ms <= drain_ms)
+        .collect();
+    window.sort_by(|a, b| a.arrived_ms.total_cmp(&b.arrived_ms));
+    let mut depth: Vec<u32> = Vec::with_capacity(window.len());
+    for (i, c) in window.iter().enumerate() {
+        let before = (0..i)
+            .filter(|&j| window[j].answered_ms <= c.arrived_ms)
+            .map(|j| depth[j])
+            .max()
+            .unwrap_or(0);
+        depth.push(before + 1);
+    }
+    let ops = window
+        .iter()
+        .zip(&depth)
+        .map(|(c, d)| format!("{}:{}", d, c.op))
+        .collect::<Vec<_>>()
+        .join(" ");
+    (depth.last().copied().unwrap_or(0), ops)
 }
 
 fn calls(

@@ -25,13 +25,15 @@
 #   fleet_budget        the fleet budget's slot table vs claims: XID 79 -> drain call, and AWS
 #                       calls per deferred attempt for groups of BENCH_SIZES (default 3,10,30)
 #                       (BENCH_RUNS, default 20; BENCH_WINDOW_S, default 20; BENCH_ONLY=latency,calls)
+#   link_poll           the NVML poll at 8 GPUs x 18 NVLinks with and without [links], and a
+#                       metrics scrape with and without the link series (BENCH_POLLS, default 2000)
 # action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

@@ -2,6 +2,8 @@
 """Checks the packaging artefacts against each other and against packaging/config.toml.
 
     python3 scripts/packaging-lint.py [--require-hcl]
+    python3 scripts/packaging-lint.py --cfn-json   print the CloudFormation example as JSON
+                                                   (tests/dashboards.rs reads its metrics)
 
 Syntax: packaging/iam-policy.json, packaging/examples/cloudwatch-agent.json (JSON),
 packaging/imagebuilder-component.yaml, packaging/examples/cloudformation.yaml (YAML, with
@@ -65,6 +67,10 @@ def as_list(v) -> list:
 
 
 def main() -> int:
+    if "--cfn-json" in sys.argv[1:]:
+        with open(PKG / "examples" / "cloudformation.yaml") as f:
+            print(json.dumps(yaml.load(f, Loader=CfnLoader)))
+        return 0
     require_hcl = "--require-hcl" in sys.argv[1:]
     config = tomllib.loads((PKG / "config.toml").read_text())
     state_dir = config.get("state_dir", "/var/lib/gpu-medic")
@@ -111,8 +117,8 @@ def main() -> int:
         check(s.get("Effect") in ("Allow", "Deny"), f"iam-policy.json {sid}: Effect")
         for action in as_list(s.get("Action", [])):
             check(
-                re.fullmatch(r"(ecs|autoscaling|logs|events|dynamodb|ec2):[A-Za-z]+", action) is not None,
-                f"iam-policy.json {sid}: {action!r} is not one named ECS, Auto Scaling, CloudWatch Logs, EventBridge, DynamoDB or EC2 action",
+                re.fullmatch(r"(ecs|autoscaling|logs|events|dynamodb|ec2|s3|kms):[A-Za-z]+", action) is not None,
+                f"iam-policy.json {sid}: {action!r} is not one named ECS, Auto Scaling, CloudWatch Logs, EventBridge, DynamoDB, EC2, S3 or KMS action",
             )
         check("Resource" in s, f"iam-policy.json {sid}: Resource")
         if s.get("Effect") == "Allow" and any(
@@ -226,12 +232,72 @@ def main() -> int:
             t.get("KeySchema") == [{"AttributeName": "group", "KeyType": "HASH"}],
             "cloudformation.yaml: the fleet table's key is `group` (HASH) only",
         )
+    # The reboot rung: the instance may reboot only itself (docs/repair.md).
+    reboots = [s for s in statements if "ec2:RebootInstances" in as_list(s.get("Action", []))]
+    check(len(reboots) == 1, "iam-policy.json: one statement allows ec2:RebootInstances")
+    for s in reboots:
+        cond = s.get("Condition", {}).get("ArnEquals", {})
+        check(
+            s.get("Effect") == "Allow"
+            and as_list(s.get("Action")) == ["ec2:RebootInstances"]
+            and ":instance/" in json.dumps(s.get("Resource"))
+            and cond.get("ec2:SourceInstanceARN", "").endswith(":instance/${ec2:InstanceID}"),
+            "iam-policy.json: ec2:RebootInstances only with ArnEquals ec2:SourceInstanceARN = "
+            "the target's ARN (.../instance/${ec2:InstanceID}): an instance reboots only itself",
+        )
     dyn = sorted(a for s in statements for a in as_list(s.get("Action", [])) if a.startswith("dynamodb:"))
     check(dyn == ["dynamodb:GetItem", "dynamodb:PutItem"], f"iam-policy.json: DynamoDB actions are GetItem and PutItem only, not {dyn}")
     check(
         all(":table/" in json.dumps(s.get("Resource")) for s in statements if any(a.startswith("dynamodb:") for a in as_list(s.get("Action", [])))),
         "iam-policy.json: DynamoDB actions are scoped to the table's ARN",
     )
+
+    # The evidence bucket (docs/evidence.md): S3 writes on the evidence prefix only, KMS on
+    # one key only, and a bucket that is encrypted, never public and expires what it holds.
+    s3_actions = sorted(a for s in statements for a in as_list(s.get("Action", [])) if a.startswith("s3:"))
+    check(
+        s3_actions == ["s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:PutObject"],
+        f"iam-policy.json: S3 actions are PutObject and the multipart ones only, not {s3_actions}",
+    )
+    for s in statements:
+        acts = as_list(s.get("Action", []))
+        if any(a.startswith("s3:") for a in acts):
+            for r in as_list(s.get("Resource")):
+                check(
+                    r.startswith("arn:aws:s3:::") and r.count("/") >= 2 and "/gpu-medic/evidence/" in r and r.endswith("/*"),
+                    f"iam-policy.json {s.get('Sid')}: S3 access is on the evidence prefix only, not {r}",
+                )
+        if any(a.startswith("kms:") for a in acts):
+            check(
+                sorted(acts) == ["kms:Decrypt", "kms:GenerateDataKey"],
+                f"iam-policy.json {s.get('Sid')}: KMS actions are GenerateDataKey (and Decrypt, for multipart) only",
+            )
+            check(
+                all(":key/" in r for r in as_list(s.get("Resource"))),
+                f"iam-policy.json {s.get('Sid')}: KMS access is on the configured key only",
+            )
+            check(
+                "kms:ViaService" in json.dumps(s.get("Condition", {})),
+                f"iam-policy.json {s.get('Sid')}: the key is used through S3 only (kms:ViaService)",
+            )
+    buckets = by_type.get("AWS::S3::Bucket", [])
+    check(len(buckets) == 1, "cloudformation.yaml: one S3 bucket for evidence")
+    for bk in buckets:
+        enc = bk.get("BucketEncryption", {}).get("ServerSideEncryptionConfiguration", [])
+        check(
+            any(e.get("ServerSideEncryptionByDefault", {}).get("SSEAlgorithm") in ("aws:kms", "AES256") for e in enc),
+            "cloudformation.yaml: the evidence bucket is encrypted by default",
+        )
+        pab = bk.get("PublicAccessBlockConfiguration", {})
+        check(
+            all(pab.get(k) is True for k in ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets")),
+            "cloudformation.yaml: the evidence bucket blocks all public access",
+        )
+        rules = bk.get("LifecycleConfiguration", {}).get("Rules", [])
+        check(
+            any(r.get("Status") == "Enabled" and r.get("ExpirationInDays") for r in rules),
+            "cloudformation.yaml: the evidence bucket has a lifecycle rule that expires archives",
+        )
 
     # --- CloudWatch agent ----------------------------------------------------------------------
     cw = json.loads((PKG / "examples" / "cloudwatch-agent.json").read_text())

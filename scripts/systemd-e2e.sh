@@ -11,7 +11,10 @@
 #   scripts/systemd-e2e.sh boot RUNDIR        boots systemd over an overlay of the cached root
 #                                             (upper layer RUNDIR/upper: what the caller put
 #                                             there, plus the files below); prints the host pid
-#                                             of the namespace's PID 1 once the system is up
+#                                             of the namespace's PID 1 once the system is up;
+#                                             RUNDIR/ns-exit gets unshare's exit status when the
+#                                             namespace ends (129: PID 1 rebooted it). Booting
+#                                             RUNDIR again keeps its upper layer: a reboot
 #   scripts/systemd-e2e.sh stop PID1          SIGKILL to PID 1 (a SIGTERM to unshare leaves the
 #                                             namespace running; systemd as PID 1 ignores it)
 #
@@ -151,7 +154,13 @@ cmd_boot() {
     # The namespace: PID 1 is systemd. The overlay is mounted inside it, so it goes with it.
     # pivot_root, not chroot: with chroot "/" is no mount point and every hardened unit fails
     # at 226/NAMESPACE (docs/systemd.md).
-    setsid unshare --pid --fork --mount --uts --ipc sh -c '
+    # A subshell waits for unshare and records its exit status in RUNDIR/ns-exit: unshare
+    # --fork dies of the signal that ended PID 1, and when PID 1 calls reboot(2) the kernel
+    # ends a PID namespace's init as killed by SIGHUP (restart; SIGINT: halt or power-off),
+    # so a namespace that rebooted itself leaves 129 there, one killed by `stop` 137.
+    rm -f "$run/ns-exit" "$run/unshare.pid"
+    (
+        setsid unshare --pid --fork --mount --uts --ipc sh -c '
         set -e
         run="$1"; lower="$2"
         mount --make-rprivate /
@@ -168,8 +177,19 @@ cmd_boot() {
         cd /
         umount -l /.oldroot
         exec /usr/bin/env -i container=other /lib/systemd/systemd --system
-    ' sh "$run" "$lower" </dev/null >"$run/namespace.log" 2>&1 &
-    local unshare_pid=$!
+    ' sh "$run" "$lower" &
+        echo "$!" >"$run/unshare.pid"
+        rc=0
+        wait "$!" || rc=$?
+        echo "$rc" >"$run/ns-exit"
+    ) </dev/null >"$run/namespace.log" 2>&1 &
+    local unshare_pid=""
+    t0=$SECONDS
+    while [ -z "$unshare_pid" ]; do
+        unshare_pid="$(cat "$run/unshare.pid" 2>/dev/null || true)"
+        [ $((SECONDS - t0)) -lt 10 ] || die "unshare did not start"
+        [ -n "$unshare_pid" ] || sleep 0.05
+    done
     # PID 1 of the namespace is unshare's child.
     t0=$SECONDS
     pid1=""

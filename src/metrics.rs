@@ -2,6 +2,8 @@
 //! They are derived from what the engine consumes and emits, in the supervisor's one
 //! engine task, so they can never disagree with the journal.
 
+mod links;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounting::usage::Accounting;
 use crate::engine::{GpuStatus, State};
-use crate::model::{Action, ActionId, Command, IncidentEvent, Input, OutcomeStatus, Signal};
+use crate::model::{
+    Action, ActionId, Command, IncidentEvent, IncidentState, Input, OutcomeStatus, Signal, Verdict,
+};
 use crate::policy::Policy;
 
 type Labels = Vec<(String, String)>;
@@ -30,8 +34,11 @@ pub struct Metrics {
     mps_probe_latency: Histogram,
     mps_restarts: Counter,
     remediations: Family<Labels, Counter>,
+    /// Node repairs by rung (drain, reboot, replace) and how they ended.
+    repairs: Family<Labels, Counter>,
     aws_call_errors: Family<Labels, Counter>,
     incidents_open: Gauge,
+    incidents: Family<Labels, Counter>,
     node_phase: Family<Labels, Gauge>,
     self_fault: Family<Labels, Gauge>,
     /// Components that ever had a self-fault (their gauge goes back to 0, not away).
@@ -47,6 +54,79 @@ pub struct Metrics {
     task_gpu_memory_over_reservation: Family<Labels, Gauge>,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
+    /// AWS-planned disruptions (docs/planned-events.md).
+    planned: PlannedMetrics,
+    /// The fabric, NVLinks, PCIe and RDMA ports (docs/fabric.md), from the link probes' views.
+    links: links::LinkMetrics,
+    /// Where those views are; `None`: no link series.
+    link_views: Option<crate::config::StateDir>,
+}
+
+/// The series of AWS-planned disruptions and the ECS agent's verdict.
+#[derive(Default)]
+struct PlannedMetrics {
+    events: Family<Labels, Gauge>,
+    next_drain: Gauge,
+    agent_impaired: Gauge,
+    /// Label sets ever set (back to 0, not left at their last value).
+    seen: Mutex<std::collections::BTreeSet<Labels>>,
+}
+
+impl PlannedMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let p = PlannedMetrics::default();
+        registry.register(
+            "planned_events",
+            "AWS-planned disruptions not yet over, by disruption (stop, reboot, maintenance, spot, rebalance) and phase (waiting, started, drained)",
+            p.events.clone(),
+        );
+        registry.register(
+            "planned_next_drain_timestamp_seconds",
+            "When the next planned drain starts (Unix seconds; 0: none waiting)",
+            p.next_drain.clone(),
+        );
+        registry.register(
+            "ecs_agent_accelerated_impaired",
+            "1 while the ECS agent reports ACCELERATED_COMPUTE IMPAIRED (a second opinion, not gpu-medic's verdict)",
+            p.agent_impaired.clone(),
+        );
+        p
+    }
+
+    fn record(&self, state: &State) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut now: BTreeMap<Labels, i64> = seen.iter().map(|l| (l.clone(), 0)).collect();
+        let mut next: Option<u64> = None;
+        for (_, e) in state.planned.pending() {
+            let d = serde_json::to_value(e.disruption)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let labels: Labels = vec![
+                ("disruption".into(), d),
+                ("phase".into(), e.phase.as_str().into()),
+            ];
+            *now.entry(labels).or_default() += 1;
+            if e.phase == crate::engine::planned::PlannedPhase::Waiting
+                && let Some(t) = e.drain_at
+            {
+                next = Some(next.map_or(t.0, |n| n.min(t.0)));
+            }
+        }
+        for (labels, n) in now {
+            self.events.get_or_create(&labels).set(n);
+            seen.insert(labels);
+        }
+        self.next_drain
+            .set(next.map_or(0, |ms| i64::try_from(ms / 1000).unwrap_or(i64::MAX)));
+        self.agent_impaired.set(i64::from(
+            state
+                .planned
+                .agent
+                .as_ref()
+                .is_some_and(crate::model::AgentVerdict::impaired),
+        ));
+    }
 }
 
 impl Default for Metrics {
@@ -91,6 +171,12 @@ impl Metrics {
             "Remediation actions, by action and outcome (done, failed, retryable, deferred; not-executed: observe-only, or the remedy is not available on this node)",
             remediations.clone(),
         );
+        let repairs = Family::<Labels, Counter>::default();
+        registry.register(
+            "repairs",
+            "Node repairs by rung and result (reboot: repaired, escalated, not-rebooted; replace: replaced; drain: drained)",
+            repairs.clone(),
+        );
         let aws_call_errors = Family::<Labels, Counter>::default();
         registry.register(
             "aws_call_errors",
@@ -102,6 +188,12 @@ impl Metrics {
             "incidents_open",
             "Incidents not yet closed",
             incidents_open.clone(),
+        );
+        let incidents = Family::<Labels, Counter>::default();
+        registry.register(
+            "incidents",
+            "Incidents opened, by first signal kind, verdict at opening and whether it is a drill (drill=\"true\": `gpu-medic drill`)",
+            incidents.clone(),
         );
         let node_phase = Family::<Labels, Gauge>::default();
         registry.register(
@@ -139,7 +231,12 @@ impl Metrics {
             "1 while an ECS task's processes together use more GPU memory than [nvml] reservation_alert of its reservation (the sum of its containers'), else 0",
             task_gpu_memory_over_reservation.clone(),
         );
+        let planned = PlannedMetrics::register(&mut registry);
+        let links = links::LinkMetrics::register(&mut registry);
         Metrics {
+            planned,
+            links,
+            link_views: None,
             task_gpu_memory,
             task_gpu_processes,
             task_gpu_memory_reserved,
@@ -155,8 +252,10 @@ impl Metrics {
             mps_probe_latency,
             mps_restarts,
             remediations,
+            repairs,
             aws_call_errors,
             incidents_open,
+            incidents,
             node_phase,
             started: Mutex::new(BTreeMap::new()),
         }
@@ -168,10 +267,24 @@ impl Metrics {
         self
     }
 
+    /// The link series come from the views the link probes write under `files` (read at
+    /// each scrape).
+    pub fn with_link_views(mut self, files: crate::config::StateDir) -> Self {
+        self.link_views = Some(files);
+        self
+    }
+
     /// Updates the metrics from one engine step. An observation counts as a signal only
     /// when a rule of `policy` takes it at its value: a routine reading (a state disk 20 %
     /// used, an MPS probe that answered) is not a signal.
     pub fn record(&self, input: &Input, actions: &[Action], state: &State, policy: &Policy) {
+        self.record_input(input, policy);
+        self.record_events(actions);
+        self.record_state(state);
+    }
+
+    /// What an observation counts: signals a rule judges, XIDs by code, MPS probe latency.
+    fn record_input(&self, input: &Input, policy: &Policy) {
         if let Input::Observation(o) = input {
             if policy.rule_for(&o.signal, o.value).is_some() {
                 self.signals
@@ -195,10 +308,28 @@ impl Metrics {
                 _ => {}
             }
         }
+    }
+
+    /// What the journal's records count: incidents, remediations and their outcomes, AWS
+    /// call errors, MPS restarts, repairs by rung.
+    fn record_events(&self, actions: &[Action]) {
         let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
         for a in actions {
             let Action::Log(r) = a else { continue };
             match &r.event {
+                IncidentEvent::Opened {
+                    observation,
+                    verdict,
+                    ..
+                } => {
+                    self.incidents
+                        .get_or_create(&vec![
+                            ("signal".into(), observation.signal.kind().as_str().into()),
+                            ("action".into(), verdict.as_str().into()),
+                            ("drill".into(), r.drill.is_some().to_string()),
+                        ])
+                        .inc();
+                }
                 IncidentEvent::ActionStarted {
                     order,
                     dry_run: true,
@@ -243,10 +374,31 @@ impl Metrics {
                 IncidentEvent::DeadlineMissed { action, .. } => {
                     started.remove(action);
                 }
+                IncidentEvent::Escalated { rule, reason, .. }
+                    if rule == crate::engine::repair::RULE_REBOOT_FAILED =>
+                {
+                    let result = if reason.contains("did not happen") {
+                        "not-rebooted"
+                    } else {
+                        "escalated"
+                    };
+                    self.repair(Verdict::Reboot, result);
+                }
+                IncidentEvent::Closed { state: s, .. } => match s {
+                    IncidentState::Repaired => self.repair(Verdict::Reboot, "repaired"),
+                    IncidentState::Replaced => self.repair(Verdict::Replace, "replaced"),
+                    IncidentState::Drained => self.repair(Verdict::Drain, "drained"),
+                    _ => {}
+                },
                 _ => {}
             }
         }
         drop(started);
+    }
+
+    /// The gauges that follow the engine's state: GPU health, open incidents, self-faults,
+    /// the node's phase, AWS-planned disruptions.
+    fn record_state(&self, state: &State) {
         let mut health_seen = self
             .gpu_health_seen
             .lock()
@@ -295,6 +447,16 @@ impl Metrics {
                 .get_or_create(&vec![("phase".into(), phase.as_str().into())])
                 .set(i64::from(state.node == phase));
         }
+        self.planned.record(state);
+    }
+
+    fn repair(&self, rung: Verdict, result: &str) {
+        self.repairs
+            .get_or_create(&vec![
+                ("rung".into(), rung.as_str().into()),
+                ("result".into(), result.into()),
+            ])
+            .inc();
     }
 
     /// Refreshes the series fed by the NVML poller: every GPU it answered for has a health
@@ -385,6 +547,9 @@ impl Metrics {
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         self.refresh_usage();
+        if let Some(files) = &self.link_views {
+            self.links.refresh(files);
+        }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -561,6 +726,7 @@ mod tests {
                 status: OutcomeStatus::Done,
                 detail: String::new(),
                 request_ids: vec![],
+                evidence: None,
             }),
             &mut st,
             now,
@@ -581,6 +747,7 @@ mod tests {
                 status: OutcomeStatus::Failed { retryable: false },
                 detail: "AccessDenied".into(),
                 request_ids: vec!["r-1".into()],
+                evidence: None,
             }),
             &mut st,
             now,

@@ -23,7 +23,7 @@ fn daemon(s: &Seeded, endpoint: &str, ecs: &str, top: &str) -> Daemon {
 /// Starts it and lets the first NVML poll establish its baselines.
 fn start(d: &mut Daemon) {
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
 }
 
 fn incident(d: &Daemon, id: u32) -> Value {

@@ -572,18 +572,15 @@ async fn crash_mid_drain_resumes_without_repeating_or_skipping() {
 
     let second = AwsControlPlane::new(&sdk, &aws::config(&s, 0, ecs, ""));
     let resumed = tokio::spawn(async move { second.drain(&order).await });
-    // The standalone task is stopped once the original grace is over (about 2 s after the
-    // restart), not a full grace (3 s) after it.
+    // The standalone task is stopped once the original grace is over: the grace counts from
+    // the drain's first start, read back from the claim in moto (the rule itself is proven in
+    // virtual time by drain.rs `a_resumed_drain_counts_the_grace_from_its_first_start`; no
+    // wall-clock bound against moto here).
     let t = std::time::Instant::now();
     while aws::task_desired(&sdk, &s.cluster, &standalone).await != "STOPPED" {
-        assert!(t.elapsed() < Duration::from_secs(6));
+        assert!(t.elapsed() < Duration::from_secs(30), "never stopped");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        t.elapsed() < Duration::from_millis(2700),
-        "{:?}",
-        t.elapsed()
-    );
     aws::stop(&sdk, &s.cluster, &service).await;
     let d = resumed.await.unwrap().unwrap();
     assert!(d.detail.starts_with("resumed drain: drained"), "{d:?}");

@@ -52,7 +52,7 @@ fn version_and_help_name_the_exit_codes() {
 }
 
 #[test]
-fn explain_xid_79_says_replace() {
+fn explain_xid_79_says_reboot_the_first_time() {
     let out = gm()
         .args(["policy", "explain", "--xid", "79", "--json", "--policy"])
         .arg(default_policy())
@@ -62,8 +62,13 @@ fn explain_xid_79_says_replace() {
         .stdout
         .clone();
     let v = &json_lines(&out)[0];
-    assert_eq!(v["action"], "replace");
+    assert_eq!(v["action"], "reboot");
     assert_eq!(v["signal"], "xid 79");
+    let ladder = v["ladder"].as_str().unwrap();
+    assert!(
+        ladder.contains("at most 1 time(s) within 7days") && ladder.contains("2 reboot(s)"),
+        "{ladder}"
+    );
     assert!(v["rule"].as_str().unwrap().len() > 3);
     assert!(v["reason"].as_str().unwrap().len() > 10);
 }
@@ -149,7 +154,7 @@ fn every_catalog_xid_has_a_deliberate_rule() {
     let v = explain(&["--xid", "149", "--decode", "reset-gpu"]);
     assert_eq!(
         (v["action"].as_str(), v["signal"].as_str()),
-        (Some("replace"), Some("xid 149 (reset-gpu)"))
+        (Some("reboot"), Some("xid 149 (reset-gpu)"))
     );
     assert_eq!(
         explain(&["--xid", "147", "--decode", "ignore"])["action"],
@@ -679,6 +684,26 @@ fn incidents_read_across_rotated_files_and_oversized_inputs_are_refused() {
         .assert()
         .code(78)
         .stderr(predicate::str::contains("not a regular file"));
+    // A FIFO (no writer: a blocking open would wait for ever) or a directory where a file
+    // is expected: refused at once, saying what it is.
+    let fifo = dir.path().join("config.fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    gm().args(["check", "--config"])
+        .arg(&fifo)
+        .timeout(std::time::Duration::from_secs(20))
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("is a FIFO, not a regular file"));
+    gm().args(["policy", "check"])
+        .arg(dir.path())
+        .timeout(std::time::Duration::from_secs(20))
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains(
+            "is a directory, not a regular file",
+        ));
     // `policy simulate` streams its input under a 1 GiB cap (tests/parsers_fuzz.rs checks
     // the cap with a small one; reading a GiB here would only cost time).
 }
@@ -688,4 +713,48 @@ fn list_records(body: &str, id: u64) -> usize {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["incident"] == id)
         .count()
+}
+
+/// The reboot rung is counted by `policy check` and replayed by `policy simulate`: a stream
+/// recorded by a node with the rung (its `started` input says so) reboots on a first XID 79;
+/// the same stream from a node without it replaces.
+#[test]
+fn policy_check_counts_the_reboot_rung_and_simulate_replays_it() {
+    let out = gm()
+        .args(["policy", "check", "--json"])
+        .arg(default_policy())
+        .assert()
+        .success();
+    let v = &json_lines(&out.get_output().stdout)[0];
+    assert!(v["actions"]["reboot"].as_u64().unwrap() >= 8, "{v}");
+    assert!(v["actions"]["replace"].as_u64().unwrap() >= 5, "{v}");
+    assert!(
+        v["reboot_ladder"].as_str().unwrap().contains("2 reboot(s)"),
+        "{v}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    for (rung, want) in [(true, "reboot"), (false, "replace")] {
+        let inputs = dir.path().join(format!("inputs-{rung}.jsonl"));
+        std::fs::write(
+            &inputs,
+            format!(
+                "{{\"at\":\"2026-11-30T03:00:00.000Z\",\"input\":\"started\",\"capabilities\":{{\"aws\":true,\"mps\":true,\"reboot\":{rung}}}}}\n\
+                 {{\"at\":\"2026-11-30T03:00:00.000Z\",\"input\":\"boot\",\"id\":\"b1\"}}\n\
+                 {{\"at\":\"2026-11-30T03:00:01.000Z\",\"input\":\"observation\",\"signal\":{{\"kind\":\"xid\",\"code\":79}},\"gpu\":{{\"index\":0}}}}\n"
+            ),
+        )
+        .unwrap();
+        let out = gm()
+            .args(["policy", "simulate", "--json", "--policy"])
+            .arg(default_policy())
+            .arg(&inputs)
+            .assert()
+            .success();
+        let lines = json_lines(&out.get_output().stdout);
+        let opened: Vec<&serde_json::Value> =
+            lines.iter().filter(|l| l["event"] == "opened").collect();
+        assert_eq!(opened.len(), 1, "{lines:?}");
+        assert_eq!(opened[0]["verdict"].as_str(), Some(want), "{lines:?}");
+    }
 }

@@ -40,6 +40,7 @@ fn note(i: u64, text: &str) -> Record {
     Record {
         at: Timestamp::now(),
         incident: IncidentId(i),
+        drill: None,
         event: IncidentEvent::Note { text: text.into() },
     }
 }
@@ -48,6 +49,7 @@ fn closed(i: u64) -> Record {
     Record {
         at: Timestamp::now(),
         incident: IncidentId(i),
+        drill: None,
         event: IncidentEvent::Closed {
             state: IncidentState::Logged,
             summary: format!("incident {i} done"),
@@ -294,7 +296,7 @@ async fn xid_79_reaches_cloudwatch_and_eventbridge_and_outlives_the_instance() {
     let me = s.nodes[0].instance_id.clone();
     let mut d = daemon(&s, 0, &proxy.url);
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
     wait_for("the incident to close", Duration::from_secs(60), || async {
         d.incident(1)["state"] == "replaced"

@@ -9,24 +9,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gpu_medic::aws::dynamo::HolderState;
 use gpu_medic::model::Command;
 use gpu_medic::remedy::aws::AwsControlPlane;
 use gpu_medic::remedy::{ControlPlane, RemedyError};
-use gpu_medic_testkit::aws::{self, Fault, Proxy, Seeded};
+use gpu_medic_testkit::aws::{self, Fault, Proxy, Sampler, Seeded, draining};
 use gpu_medic_testkit::{Daemon, wait_for};
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-/// The `[fleet]` lines of every test here: the table, budget 1, no breaker.
-fn fleet(table: &str) -> String {
-    format!(
-        "table = \"{table}\"\nmax_parallel = 1\nmax_unhealthy = \"100%\"\nreservation_lifetime = \"2s\"\n"
-    )
-}
 
 /// A recording proxy in front of moto, an SDK through it, a new slot table and a group of `n`.
 async fn setup(name: &str, n: usize) -> (Proxy, aws_config::SdkConfig, String, Seeded) {
@@ -41,7 +33,7 @@ async fn setup(name: &str, n: usize) -> (Proxy, aws_config::SdkConfig, String, S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserve_commit_drain_then_restore_releases_and_every_write_is_conditional() {
     let (proxy, sdk, table, s) = setup("slots-flow", 3).await;
-    let cp = |i| AwsControlPlane::new(&sdk, &aws::config(&s, i, "", &fleet(&table)));
+    let cp = |i| AwsControlPlane::new(&sdk, &aws::config(&s, i, "", &aws::table_fleet(&table)));
     let (cp0, cp1) = (cp(0), cp(1));
     let drain = || {
         aws::order(
@@ -144,7 +136,7 @@ async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
         "[identity]\ninstance_id = \"i-00000000000000001\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\n[fleet]\nwarmup = \"0s\"\n{}",
         s.cluster,
         s.nodes[0].arn,
-        fleet(&table)
+        aws::table_fleet(&table)
     );
     let cfg = gpu_medic::config::Config::parse(std::path::Path::new("/tmp/t.toml"), &text).unwrap();
     let cp = AwsControlPlane::new(&sdk, &cfg);
@@ -182,7 +174,7 @@ async fn a_refused_describe_instances_is_named_in_the_deferral() {
         "text/xml",
         "<Response><Errors><Error><Code>UnauthorizedOperation</Code><Message>You are not authorized to perform this operation.</Message></Error></Errors><RequestID>denied</RequestID></Response>".into(),
     ));
-    let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", &fleet(&table)));
+    let cp = AwsControlPlane::new(&sdk, &aws::config(&s, 0, "", &aws::table_fleet(&table)));
     let drain = || {
         aws::order(
             Command::Drain { terminating: false },
@@ -210,7 +202,7 @@ async fn a_refused_describe_instances_is_named_in_the_deferral() {
 /// Node `i` of `s` as a `gpu-medic run` on the fake GPUs, every AWS service at `endpoint`
 /// (None: per-service variables set by the caller), its wall clock `skew_s` seconds off.
 fn daemon(s: &Seeded, i: usize, endpoint: Option<&str>, table: &str, skew_s: i64) -> Daemon {
-    let fleet = format!("retry_after = \"400ms\"\n{}", fleet(table));
+    let fleet = format!("retry_after = \"400ms\"\n{}", aws::table_fleet(table));
     let mut d = aws::node(s, i, endpoint, "", "", &fleet, "");
     if skew_s != 0 {
         d.env("LD_PRELOAD", LIBFAKETIME)
@@ -222,76 +214,6 @@ fn daemon(s: &Seeded, i: usize, endpoint: Option<&str>, table: &str, skew_s: i64
 
 fn xid_79(d: &mut Daemon) {
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
-}
-
-/// Who is DRAINING among the instances still in the group, by moto.
-async fn draining(sdk: &aws_config::SdkConfig, s: &Seeded) -> Vec<String> {
-    let members = aws::asg_instance_ids(sdk, &s.asg).await;
-    let ecs = aws_sdk_ecs::Client::new(sdk);
-    let r = ecs
-        .describe_container_instances()
-        .cluster(&s.cluster)
-        .set_container_instances(Some(s.nodes.iter().map(|n| n.arn.clone()).collect()))
-        .send()
-        .await
-        .unwrap();
-    r.container_instances()
-        .iter()
-        .filter(|c| c.status() == Some("DRAINING"))
-        .filter_map(|c| c.ec2_instance_id().map(str::to_string))
-        .filter(|id| members.contains(id))
-        .collect()
-}
-
-/// The ground truth, sampled every 50 ms: the most instances DRAINING at once.
-struct Sampler {
-    max: Arc<AtomicUsize>,
-    samples: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<String>>,
-}
-
-impl Sampler {
-    fn start(moto: &aws_config::SdkConfig, s: &Arc<Seeded>) -> Sampler {
-        let (max, samples, stop) = (
-            Arc::new(AtomicUsize::new(0)),
-            Arc::new(AtomicUsize::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let task = {
-            let (sdk, s) = (moto.clone(), s.clone());
-            let (max, samples, stop) = (max.clone(), samples.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut worst = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let now = draining(&sdk, &s).await;
-                    if now.len() > max.load(Ordering::Relaxed) {
-                        max.store(now.len(), Ordering::Relaxed);
-                        worst = now;
-                    }
-                    samples.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                worst
-            })
-        };
-        Sampler {
-            max,
-            samples,
-            stop,
-            task,
-        }
-    }
-
-    async fn finish(self) -> (usize, usize, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let worst = self.task.await.unwrap();
-        (
-            self.max.load(Ordering::Relaxed),
-            self.samples.load(Ordering::Relaxed),
-            worst,
-        )
-    }
 }
 
 /// Issue 17's "done when": five supervisors faulting at once against one moto, wall clocks
@@ -317,7 +239,9 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
     for d in &mut ds {
         d.start();
     }
-    std::thread::sleep(Duration::from_millis(600));
+    for d in &ds {
+        d.wait_polled();
+    }
     let sampler = Sampler::start(&moto, &s);
     let id = |i: usize| s.nodes[i].instance_id.clone();
 
@@ -479,7 +403,7 @@ async fn a_throttled_table_means_quarantine_only_with_a_clear_incident() {
     ));
     let mut d = daemon(&s, 0, Some(&proxy.url), &table, 0);
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     xid_79(&mut d);
     expect_quarantine_only(&d, &sdk, &s, "ProvisionedThroughputExceededException").await;
     assert_eq!(proxy.count("PutItem"), 0);
@@ -502,7 +426,7 @@ async fn an_unreachable_table_means_quarantine_only_with_a_clear_incident() {
         format!("http://127.0.0.1:{port}"),
     );
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
     xid_79(&mut d);
     expect_quarantine_only(&d, &sdk, &s, "table unreachable").await;
 }

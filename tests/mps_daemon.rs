@@ -209,12 +209,10 @@ async fn restart_replaces_a_killed_daemon_cleans_the_stale_dir_and_reapplies_def
         default_pinned_device_mem_limit: Some("0=2G,1=512M".into()),
         ..mps.cfg()
     };
-    let t0 = Instant::now();
     let done = MpsDaemon::new(cfg.clone())
         .restart_now()
         .await
         .expect("restart");
-    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert!(
         done.detail.contains("no daemon was running"),
         "{}",

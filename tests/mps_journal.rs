@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpu_medic::config::{MpsConfig, MpsLogs};
-use gpu_medic::engine::Delivery;
+use gpu_medic::model::{Delivery, Resume};
 use gpu_medic::model::{Observation, Signal, Timestamp};
 use gpu_medic::probe::mps::journald::stream_of;
 use gpu_medic::probe::mps::logs::LogWatch;
@@ -49,7 +49,8 @@ fn last_cursor(dir: &Path) -> String {
     v["__CURSOR"].as_str().expect("cursor").to_string()
 }
 
-fn delivery_after(cursor: &str) -> Delivery {
+/// What the supervisor hands the MPS source after `cursor` was journaled.
+fn delivery_after(cursor: &str) -> Resume {
     let mut d = Delivery::default();
     d.advance_cursor(
         &gpu_medic::model::Cursor {
@@ -59,7 +60,7 @@ fn delivery_after(cursor: &str) -> Delivery {
         },
         Timestamp::now(),
     );
-    d
+    Resume::new(d)
 }
 
 /// Polls until `want` observations arrived (or 15 s), then once more to catch extras.

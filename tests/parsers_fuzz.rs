@@ -139,7 +139,20 @@ proptest! {
     #[test]
     fn config_files(bytes in prop_oneof![texty(), mutated(CONFIG)]) {
         let text = String::from_utf8_lossy(&bytes);
-        let _ = gpu_medic::config::Config::parse(Path::new("/fuzz/config.toml"), &text);
+        let path = Path::new("/fuzz/config.toml");
+        match gpu_medic::config::Config::parse(path, &text) {
+            // A mistake is a clear error: this file, a line within it (when one is named),
+            // and words.
+            Err(e) => {
+                prop_assert_eq!(e.path.as_path(), path);
+                prop_assert!(!e.message.trim().is_empty());
+                if let Some(l) = e.line {
+                    prop_assert!(l >= 1 && l <= text.lines().count().max(1) + 1, "line {} of {}", l, text.lines().count());
+                }
+                prop_assert!(e.to_string().starts_with("/fuzz/config.toml"));
+            }
+            Ok(cfg) => prop_assert!(!cfg.state_dir.as_os_str().is_empty()),
+        }
     }
 
     #[test]

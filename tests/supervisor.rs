@@ -11,9 +11,10 @@
 //! order to the test, which answers it when it wants to, or never (a remedy that hangs).
 //!
 //! Time: tokio's clock is paused and jumps ahead whenever every task waits, so the 20 s
-//! shutdown grace and the 100 ms ticks cost no wall time. The engine stamps inputs with the
-//! wall clock (`Timestamp::now`), which barely moves here: no engine deadline or retry delay
-//! comes due in these tests.
+//! shutdown grace and the 100 ms ticks cost no wall time. The supervisor stamps inputs with
+//! the clock it is handed: the system's by default, which barely moves here (no engine
+//! deadline comes due), or a `TokioClock`, which follows the paused clock, so an order's
+//! deadline expires in virtual time (`an_order_that_hangs_overruns_its_deadline_in_virtual_time`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
@@ -54,6 +55,7 @@ impl Source for Feed {
         mut self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: gpu_medic::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             loop {
@@ -119,6 +121,7 @@ impl Executor for Hands {
                 status,
                 detail: "answered by the test".into(),
                 request_ids: vec![],
+                evidence: None,
             }
         })
     }
@@ -228,6 +231,8 @@ async fn an_order_in_flight_at_shutdown_finishes_within_the_grace() {
     let remedies = Remedies {
         mps: Some(Arc::new(hands)),
         control_plane: None,
+        evidence: None,
+        repair: None,
     };
     let (sup, feed) = supervisor(dir.path(), Arc::new(remedies));
     let shutdown = CancellationToken::new();
@@ -515,17 +520,41 @@ fn inputs(dir: &Path) -> Vec<Value> {
     gpu_medic_testkit::journal::read(&dir.join("state/inputs.jsonl"))
 }
 
-/// Stand-in for a full disk under the incident journal: `incidents.jsonl` is a link to
-/// /dev/full, whose every write fails with ENOSPC. The batch's input is on disk, its records
-/// are not: the supervisor stops with a retryable journal error naming the file, hands out no
-/// order and leaves state.json without the input. The next start, with room again, replays
-/// the input and hands the order out: nothing recorded is lost, nothing is done twice.
+/// A regular file that takes no more bytes, as a full disk would refuse them: an empty
+/// memfd sealed against growing (every append fails), reached through its `/proc` link. The
+/// journal writer opens it like any regular file (a device such as /dev/full, where every
+/// write fails too, is set aside instead: it is no journal).
+fn a_file_that_cannot_grow() -> (std::fs::File, std::path::PathBuf) {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a valid NUL-terminated name; the descriptor returned is owned by the File.
+    let fd = unsafe { libc::memfd_create(c"full".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    // SAFETY: fcntl on an open descriptor; no memory is passed.
+    let sealed = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_GROW) };
+    assert_eq!(sealed, 0, "F_SEAL_GROW");
+    let link = std::path::PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        file.as_raw_fd()
+    ));
+    (file, link)
+}
+
+/// Stand-in for a full disk under the incident journal: `incidents.jsonl` is a link to a
+/// regular file that cannot grow ([`a_file_that_cannot_grow`]), so every write fails. The
+/// batch's input is on disk, its records are not: the supervisor stops with a retryable
+/// journal error naming the file, hands out no order and leaves state.json without the
+/// input. The next start, with room again, replays the input and hands the order out:
+/// nothing recorded is lost, nothing is done twice.
 #[tokio::test(start_paused = true)]
 async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays_the_input() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     std::fs::create_dir_all(&cfg.state_dir).unwrap();
-    std::os::unix::fs::symlink("/dev/full", cfg.incidents_path()).unwrap();
+    let (_full, link) = a_file_that_cannot_grow();
+    std::os::unix::fs::symlink(&link, cfg.incidents_path()).unwrap();
     let (err, mut calls) = run_until_it_cannot_write(dir.path(), || {}).await;
     let SupervisorError::Journal(e) = &err;
     assert!(e.is_retryable(), "{err}");
@@ -546,7 +575,7 @@ async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays
 
 /// Stand-in for a state directory that takes no new file (full, or remounted read-only; the
 /// tests run as root, which permissions do not stop): once the supervisor has started, a
-/// directory stands where `state.json.tmp` is written, so the state cannot be replaced. The
+/// directory stands where the new `state.json` is written first (`.state.json.tmp`), so the state cannot be replaced. The
 /// input and the incident's records are on disk; the supervisor stops with an error naming
 /// state.json and hands out no order. The next start replays the input, does not journal the
 /// records again, and hands the order out once.
@@ -554,7 +583,7 @@ async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays
 async fn a_state_that_cannot_be_saved_hands_out_no_order_and_the_next_start_replays_it() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
-    let tmp = cfg.state_path().with_extension("json.tmp");
+    let tmp = gpu_medic::sys::fs::temp_path(&cfg.state_path());
     let block = tmp.clone();
     let (err, mut calls) =
         run_until_it_cannot_write(dir.path(), move || std::fs::create_dir_all(&block).unwrap())
@@ -571,4 +600,55 @@ async fn a_state_that_cannot_be_saved_hands_out_no_order_and_the_next_start_repl
 
     std::fs::remove_dir(&tmp).unwrap();
     next_start_hands_out_the_restart(dir.path()).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deadlines in virtual time
+
+/// The supervisor stamps inputs with the clock handed in: with one that follows tokio's
+/// paused clock, a quarantine the hands never finish overruns its deadline (2 min in the
+/// default policy) in virtual time, and the engine moves on to the drain.
+#[tokio::test(start_paused = true)]
+async fn an_order_that_hangs_overruns_its_deadline_in_virtual_time() {
+    use gpu_medic::sys::clock::TokioClock;
+    let dir = tempfile::tempdir().unwrap();
+    let (hands, mut calls) = Hands::new();
+    let (mut sup, feed) = supervisor(dir.path(), Arc::new(hands));
+    sup.with_clock(TokioClock::shared(1_700_000_000_000));
+    let shutdown = CancellationToken::new();
+    let test = async {
+        feed.send(xid_79()).unwrap();
+        let quarantine = next(&mut calls).await;
+        assert_eq!(quarantine.kind(), "quarantine");
+        let deadline = quarantine.order.deadline;
+        let t0 = Instant::now();
+        // Never answered: the remedy hangs.
+        let drain = tokio::time::timeout(Duration::from_secs(600), calls.recv())
+            .await
+            .expect("the engine moves on within 10 min (virtual)")
+            .expect("the hands are alive");
+        assert_eq!(drain.kind(), "drain");
+        assert!(
+            t0.elapsed() >= Duration::from_secs(110),
+            "only after the quarantine's deadline: {:?}",
+            t0.elapsed()
+        );
+        assert!(drain.order.deadline > deadline);
+        drop(quarantine);
+        shutdown.cancel();
+        drain
+    };
+    let (run, _drain) = tokio::join!(sup.run(shutdown.clone(), || {}), test);
+    run.unwrap();
+    let missed: Vec<Value> = records(dir.path())
+        .into_iter()
+        .filter(|r| r["event"] == "deadline-missed")
+        .collect();
+    assert_eq!(missed.len(), 1, "{missed:#?}");
+    assert!(
+        missed[0]["escalation"]
+            .as_str()
+            .is_some_and(|s| s.contains("moving on to the drain")),
+        "{missed:#?}"
+    );
 }

@@ -117,6 +117,13 @@ impl Node {
         }
     }
 
+    /// Waits for the first NVML poll (its log line): counters have their baselines.
+    fn wait_polled(&self) {
+        wait_until("the first NVML poll", || {
+            self.log().contains("first NVML poll done")
+        });
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
     }
@@ -311,7 +318,7 @@ fn nvml_that_cannot_count_the_gpus_is_a_self_fault_and_check_cannot_tell() {
 fn without_aws_status_says_would_replace_not_drained() {
     let mut node = Node::with_fake_nvml();
     node.start();
-    std::thread::sleep(Duration::from_millis(600));
+    node.wait_polled();
     node.inject(r#"{"gpu": 1, "xid": 79}"#);
     wait_until("the decision", || {
         node.records()

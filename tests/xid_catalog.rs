@@ -2,8 +2,9 @@
 //! (`xid-catalog.csv`: every XID and its immediate action; `xid-nvlink5-decode.csv`: the
 //! XID 144-150 decode sheet). Each XID's verdict must match NVIDIA's class:
 //!
-//! - RESET_GPU, RESTART_BM, RESTART_VM, CHECK_MECHANICALS, WORKFLOW_XID_48 (solo: reset),
-//!   WORKFLOW_NVLINK_ERR ("a GPU reset or node reboot is needed") -> drain or replace;
+//! - RESET_GPU, RESTART_BM, RESTART_VM -> reboot or replace (a reboot resets every GPU:
+//!   docs/repair.md); CHECK_MECHANICALS, WORKFLOW_XID_48 (solo: reset), WORKFLOW_NVLINK_ERR
+//!   ("a GPU reset or node reboot is needed") -> drain, reboot or replace;
 //! - RESTART_APP -> log or stop-tasks, escalating when it repeats on one GPU;
 //! - IGNORE -> log;
 //! - the NVLink5 XIDs, row by row of the decode sheet, and XID 159 (CHECK_UVM) by decode class,
@@ -74,9 +75,9 @@ const EXCEPTIONS: &[(&[u32], Option<XidDecode>, Verdict, &str)] = &[
     (
         &[119, 120],
         None,
-        Verdict::Replace,
-        "RESET_GPU 'if the error persists': replace, but only on the second sighting within an \
-         hour on one GPU (confirm); a driver reset verdict (XID 154) replaces at once.",
+        Verdict::Reboot,
+        "RESET_GPU 'if the error persists': reboot, but only on the second sighting within an \
+         hour on one GPU (confirm); a driver reset verdict (XID 154) reboots at once.",
     ),
     (
         &[162, 163, 164, 165],
@@ -94,16 +95,16 @@ const EXCEPTIONS: &[(&[u32], Option<XidDecode>, Verdict, &str)] = &[
     (
         &[167, 169],
         None,
-        Verdict::Replace,
+        Verdict::Reboot,
         "No class in the catalog; 167 PCIE_FATAL_TIMEOUT is a fatal timeout like 158 \
          (RESET_GPU), 169 SEC2_HALT_ERROR has the description of 62 PMU_HALT_ERROR (RESET_GPU).",
     ),
     (
         &[168],
         None,
-        Verdict::Replace,
+        Verdict::Reboot,
         "No class in the catalog; reduced memory capacity: NVIDIA says enable ECC or reboot, \
-         and ECC is on for EC2's GPUs, so a reboot: on EC2 a replacement.",
+         and ECC is on for EC2's GPUs, so a reboot (once: reboots = 1).",
     ),
     (
         &[171, 172],
@@ -158,14 +159,16 @@ fn check_class(class: &str, rule: &Rule) -> Option<Result<(), String>> {
         }
     };
     Some(match class {
-        "RESET_GPU"
-        | "RESTART_BM"
-        | "RESTART_VM"
-        | "CHECK_MECHANICALS"
-        | "WORKFLOW_XID_48"
-        | "WORKFLOW_NVLINK_ERR" => ok(
-            matches!(rule.action, Verdict::Drain | Verdict::Replace),
-            "drain or replace",
+        "RESET_GPU" | "RESTART_BM" | "RESTART_VM" => ok(
+            matches!(rule.action, Verdict::Reboot | Verdict::Replace),
+            "reboot or replace",
+        ),
+        "CHECK_MECHANICALS" | "WORKFLOW_XID_48" | "WORKFLOW_NVLINK_ERR" => ok(
+            matches!(
+                rule.action,
+                Verdict::Drain | Verdict::Reboot | Verdict::Replace
+            ),
+            "drain, reboot or replace",
         ),
         "RESTART_APP" | "XID_154_EVAL" => ok(
             matches!(rule.action, Verdict::Log | Verdict::StopTasks)

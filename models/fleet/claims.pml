@@ -1,6 +1,7 @@
 /*
- * The fleet budget's claim protocol as gpu-medic runs it today (src/remedy/aws/mod.rs
- * `acquire_slot` and `do_drain`, src/remedy/aws/fleet.rs `admit`, `rank`, `holds_slot`),
+ * The fleet budget's claim protocol as gpu-medic runs it today (src/remedy/budget/claims.rs
+ * `acquire_claim`, src/remedy/aws/drain.rs `begin`, src/remedy/budget/group_view.rs `admit`,
+ * `rank`, `holds_slot`),
  * and with -DREPAIRED the repair of issue 17 item 3. N gpu-medics of one Auto Scaling
  * group, budget B, every one of them wanting to drain its instance.
  *
@@ -228,7 +229,7 @@ proctype inst(byte me) {
   byte pc = P_START;
 end:
   do
-  :: /* acquire_slot: read the group; an own live claim (from before a restart) is
+  :: /* acquire_claim: read the group; an own live claim (from before a restart) is
       * resumed, otherwise an expired own claim is deleted, then admit */
      atomic {
        pc == P_START ->

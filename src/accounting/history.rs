@@ -70,7 +70,7 @@ pub struct Writer {
 impl Writer {
     /// The history in `state_dir`, checked (and set aside if unreadable) once, here.
     pub fn open(state_dir: &Path) -> Writer {
-        let path = state_dir.join(FILE);
+        let path = crate::config::StateDir::new(state_dir).gpu_memory_history();
         let size = check_at_start(&path);
         Writer {
             path,

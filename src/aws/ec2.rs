@@ -1,4 +1,5 @@
-//! The one EC2 fact the fleet budget's slot table needs: which instances are terminated.
+//! The one EC2 fact the fleet budget's slot table needs: which instances are terminated;
+//! and the one EC2 action the reboot rung takes: `RebootInstances` on this instance.
 //!
 //! `DescribeInstances` by id: state `terminated`, or the id unknown to EC2
 //! (`InvalidInstanceID.NotFound`: a terminated instance stays visible for about an hour, then
@@ -51,6 +52,15 @@ impl Ec2 {
             }
             other => other,
         }
+    }
+
+    /// Asks EC2 to reboot `id` (the reboot rung reboots only its own instance). EC2 waits
+    /// for the OS to shut down and hard-reboots it after about four minutes; the call returns
+    /// at once. moto answers it without a state change.
+    pub async fn reboot(&self, calls: &mut Calls, id: &str) -> Result<(), CallError> {
+        let r = self.client.reboot_instances().instance_ids(id).send().await;
+        calls.track("RebootInstances", r)?;
+        Ok(())
     }
 
     async fn describe(

@@ -75,6 +75,10 @@ pub struct InstanceState {
     /// The ids of the registered `GPU` resource (its `stringSetValue`: the GPU UUIDs the agent
     /// registered; empty on an instance without GPUs).
     pub registered_gpus: Vec<String>,
+    /// The ECS agent's verdict on the accelerators: the `ACCELERATED_COMPUTE` detail of
+    /// `healthStatus` (asked for with `include=CONTAINER_INSTANCE_HEALTH`), as (status, what
+    /// the agent says of it); None where the agent reports no such check.
+    pub accelerated_health: Option<(String, String)>,
 }
 
 /// One GPU as ECS sees it (DescribeContainerInstances `gpuDevices`, API type `GpuDevice`;
@@ -252,6 +256,7 @@ impl Ecs {
                 .describe_container_instances()
                 .cluster(&self.cluster)
                 .set_container_instances(Some(chunk.to_vec()))
+                .include(aws_sdk_ecs::types::ContainerInstanceField::ContainerInstanceHealth)
                 .send()
                 .await;
             let r = calls.track_unless(quiet, OP, r)?;
@@ -289,6 +294,27 @@ impl Ecs {
                         .filter(|r| r.name() == Some("GPU"))
                         .flat_map(|r| r.string_set_value().iter().cloned())
                         .collect(),
+                    accelerated_health: ci.health_status().and_then(|h| {
+                        h.details()
+                            .iter()
+                            .find(|d| d.r#type().map(|t| t.as_str()) == Some("ACCELERATED_COMPUTE"))
+                            .map(|d| {
+                                let status = d.status().map_or("", |s| s.as_str()).to_string();
+                                let since = d
+                                    .last_status_change()
+                                    .and_then(|t| u64::try_from(t.secs()).ok())
+                                    .map(|secs| {
+                                        let at = crate::model::Timestamp(secs.saturating_mul(1000));
+                                        format!("; changed {at}")
+                                    })
+                                    .unwrap_or_default();
+                                let overall = h
+                                    .overall_status()
+                                    .map(|o| format!("overall {}", o.as_str()))
+                                    .unwrap_or_default();
+                                (status, format!("{overall}{since}"))
+                            })
+                    }),
                 });
             }
         }

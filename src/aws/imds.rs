@@ -1,13 +1,8 @@
 //! The instance metadata service (IMDSv2), through aws-config's client on our HTTP stack
 //! (session token with its TTL header; `AWS_EC2_METADATA_SERVICE_ENDPOINT` honoured): the
-//! instance id and type, and Auto Scaling's target lifecycle state.
-//!
-//! [`TargetState`] is the lifecycle watcher's last reading, handed at construction to the
-//! lifecycle probe (which writes it) and the control plane (whose drain reads it to learn that
-//! a termination began mid-drain). It is an object passed to both, not a process-wide static.
+//! instance id and type, and Auto Scaling's target lifecycle state (read by the lifecycle
+//! probe, and by a running drain that must learn of a termination beginning mid-drain).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use aws_config::imds;
@@ -84,56 +79,9 @@ pub async fn instance_type(http: SharedHttpClient) -> Result<Option<String>, Imd
         .filter(|t| !t.is_empty()))
 }
 
-/// What IMDS last said of the target lifecycle state, shared between the lifecycle watcher
-/// (the writer) and the drain (a reader). Clones share one reading.
-#[derive(Debug, Clone, Default)]
-pub struct TargetState(Arc<AtomicU8>);
-
-const SEEN_NOTHING: u8 = 0;
-const SEEN_IN_SERVICE: u8 = 1;
-const SEEN_TERMINATED: u8 = 2;
-const SEEN_OTHER: u8 = 3;
-
-impl TargetState {
-    pub fn new() -> Self {
-        TargetState::default()
-    }
-
-    /// Records a reading (`None`: IMDS had no target state, e.g. 404).
-    pub fn remember(&self, state: Option<&str>) {
-        let v = match state {
-            Some("Terminated") => SEEN_TERMINATED,
-            Some("InService") => SEEN_IN_SERVICE,
-            Some(_) => SEEN_OTHER,
-            None => SEEN_NOTHING,
-        };
-        self.0.store(v, Ordering::Relaxed);
-    }
-
-    /// Whether IMDS last said `Terminated`.
-    pub fn terminating(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == SEEN_TERMINATED
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn target_state_is_shared_by_clones() {
-        let a = TargetState::new();
-        let b = a.clone();
-        assert!(!b.terminating());
-        a.remember(Some("Terminated"));
-        assert!(b.terminating());
-        a.remember(Some("InService"));
-        assert!(!b.terminating());
-        a.remember(None);
-        assert!(!b.terminating());
-        assert!(
-            !TargetState::new().terminating(),
-            "a new reading is not shared"
-        );
-    }
+/// Whether IMDS says Auto Scaling is terminating the instance (target lifecycle state
+/// `Terminated`). Asked by the drain itself on every poll: the lifecycle probe shares its
+/// readings with the engine only.
+pub async fn target_terminated(client: &imds::Client) -> Result<bool, ImdsFailure> {
+    Ok(get(client, TARGET_STATE_PATH).await?.as_deref() == Some("Terminated"))
 }

@@ -67,6 +67,27 @@ pub const GPU_INSTANCE_TYPES: &[(&str, u32)] = &[
     ("g6e.48xlarge", 8),
 ];
 
+/// Instance types whose GPUs talk through NVSwitches on the host, managed by NVIDIA Fabric
+/// Manager (`nvidia-fabricmanager.service`): HGX A100, H100, H200 and B200 8-GPU boards
+/// (docs/gpu-instance-types.md#nvswitch, docs/fabric.md). `p5.4xlarge` (one H100) has none;
+/// on `p6e-gb200` (NVL72) Fabric Manager runs on the switch trays, not on the instance.
+pub const NVSWITCH_INSTANCE_TYPES: &[&str] = &[
+    "p4d.24xlarge",
+    "p4de.24xlarge",
+    "p5.48xlarge",
+    "p5e.48xlarge",
+    "p5en.48xlarge",
+    "p6-b200.48xlarge",
+];
+
+/// Whether `instance_type` has NVSwitches that Fabric Manager must run for.
+pub fn has_nvswitch(instance_type: &str) -> bool {
+    let t = instance_type.trim();
+    NVSWITCH_INSTANCE_TYPES
+        .iter()
+        .any(|name| name.eq_ignore_ascii_case(t))
+}
+
 /// The NVIDIA GPUs of `instance_type` (as IMDS `instance-type` names it); None for a type
 /// the table does not know.
 pub fn gpu_count(instance_type: &str) -> Option<u32> {
@@ -88,6 +109,13 @@ mod tests {
         assert_eq!(gpu_count(" g4dn.xlarge\n"), Some(1));
         assert_eq!(gpu_count("m5.large"), None);
         assert_eq!(gpu_count(""), None);
+        assert!(has_nvswitch("p5.48xlarge") && has_nvswitch(" P4D.24xlarge"));
+        assert!(!has_nvswitch("p5.4xlarge") && !has_nvswitch("g6e.48xlarge"));
+        assert!(
+            NVSWITCH_INSTANCE_TYPES
+                .iter()
+                .all(|t| gpu_count(t) == Some(8))
+        );
     }
 
     /// docs/gpu-instance-types.md lists exactly this table (the facts and their sources).

@@ -6,7 +6,7 @@
 //! outcome ([`calls`]), IMDSv2 ([`imds`]), the ECS agent's introspection API ([`agent`]), this
 //! instance's identity, discovered once ([`identity`]), lifecycle-hook heartbeats
 //! ([`heartbeat`]), and where incidents are shipped: CloudWatch Logs ([`logs`]) and
-//! EventBridge ([`events`]).
+//! EventBridge ([`events`]); the evidence archives' S3 uploads ([`s3`]).
 //!
 //! Probes, remedies and the launch gate build on these; nothing here imports a probe, a remedy,
 //! the engine or the CLI. The call sequences and moto's gaps: docs/aws.md.
@@ -23,6 +23,7 @@ pub mod identity;
 pub mod imds;
 pub mod instance_types;
 pub mod logs;
+pub mod s3;
 pub mod taskdef;
 
 use std::time::Duration;

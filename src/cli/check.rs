@@ -1,13 +1,18 @@
 //! `gpu-medic check`: a one-shot health verdict from every enabled probe, judged by the
 //! policy. Exit 0 healthy, 1 unhealthy, 2 could not tell. `--json` is for the launch gate.
 //!
-//! A finding fails the check when the policy would restart MPS or take the node out of
-//! service for it; debounce windows do not apply to a one-shot look.
+//! The verdict is [`engine::check`]'s (a finding fails the check when the policy would act
+//! on it; debounce windows do not apply to a one-shot look): this file runs the probes and
+//! formats what the judge said.
 
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json, resolve_policy};
-use crate::model::{GpuId, Health, Observation, Signal, SignalKind, Verdict};
+use crate::engine::{
+    self,
+    check::{Checked, Look},
+};
+use crate::model::Health;
 use crate::policy::Policy;
 use crate::probe;
 
@@ -25,40 +30,10 @@ pub struct CheckArgs {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Finding {
-    pub signal: String,
-    pub gpu: Option<u32>,
-    pub value: u64,
-    pub action: String,
-    pub rule: String,
-    pub detail: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct GpuHealthLine {
-    #[serde(flatten)]
-    pub gpu: GpuId,
-    /// `ok` or `faulty`.
-    pub health: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ProbeResult {
-    pub probe: &'static str,
-    pub ok: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub problems: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
 pub struct CheckReport {
-    /// `healthy`, `unhealthy` or `unknown`.
-    pub verdict: Health,
-    pub gpus: Vec<GpuHealthLine>,
-    pub findings: Vec<Finding>,
-    pub probes: Vec<ProbeResult>,
+    /// The verdict, the GPUs, the findings and each probe's result ([`engine::check`]).
+    #[serde(flatten)]
+    pub checked: Checked,
     /// ECS's view of the GPUs against NVML's (`[ecs] gpu_view`; absent when off or when this
     /// instance is not registered with ECS yet).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -76,83 +51,31 @@ pub struct EcsGpuCheck {
     pub gpus: Vec<crate::probe::ecs_gpus::GpuLine>,
 }
 
-/// Runs every enabled snapshot probe and judges what they saw.
+/// Runs every enabled snapshot probe and has [`engine::check`] judge what they saw.
 pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
-    let mut probes = Vec::new();
-    let mut seen: Vec<Observation> = Vec::new();
-    let mut gpus: Vec<GpuId> = Vec::new();
+    let mut looks = Vec::new();
     // ECS's view first: it gives the expected GPU count before NVML is polled.
-    let view = probe::gpu_view_enabled(cfg).then(|| {
-        use crate::probe::ecs_gpus::{self, ReadError};
-        use crate::probe::nvml::view::{ExpectedGpus, NvmlView};
-        let read = match ecs_gpus::read_once(cfg) {
-            Ok(r) => r,
-            Err(e) => {
-                let message = match e {
-                    ReadError::Failed { message, .. } | ReadError::NotRegistered(message) => {
-                        message
-                    }
-                };
-                probes.push(ProbeResult {
-                    probe: ecs_gpus::SOURCE,
-                    ok: false,
-                    error: Some(format!(
-                        "cannot read ECS's view of the GPUs: {message} (not a GPU signal)"
-                    )),
-                    problems: vec![],
-                });
-                None
-            }
-        };
-        let expected = ExpectedGpus::new();
-        if cfg.nvml.expected_gpus.is_none() {
-            ecs_gpus::learn_expected_once(cfg, read.as_ref(), &expected);
-        }
-        (read, NvmlView::new(), expected)
-    });
+    let view = probe::gpu_view_enabled(cfg).then(|| read_gpu_view(cfg, &mut looks));
     let probe_view = view.as_ref().map(|(_, v, e)| (v.clone(), e.clone()));
     for p in probe::snapshot_probes_with_view(cfg, probe_view).iter_mut() {
-        match p.snapshot() {
-            Ok(mut r) => {
-                // gpu-medic's own faults make the check "could not tell", never a finding.
-                let (own, observations): (Vec<Observation>, Vec<Observation>) =
-                    r.observations.into_iter().partition(|o| {
-                        matches!(
-                            o.signal.kind(),
-                            SignalKind::SelfFault | SignalKind::SelfRecovered
-                        )
-                    });
-                for o in own {
-                    if let Signal::SelfFault { component } = &o.signal {
-                        let detail = o.detail.unwrap_or_default();
-                        if !r.problems.contains(&detail) {
-                            r.problems.push(format!("self-fault {component}: {detail}"));
-                        }
-                    }
-                }
-                probes.push(ProbeResult {
-                    probe: p.name(),
-                    ok: r.problems.is_empty(),
-                    error: None,
-                    problems: r.problems,
-                });
-                seen.extend(observations);
-                gpus.extend(r.gpus);
-            }
-            Err(e) => probes.push(ProbeResult {
+        looks.push(match p.snapshot() {
+            Ok(r) => Look {
                 probe: p.name(),
-                ok: false,
-                error: Some(e.to_string()),
-                problems: vec![],
-            }),
-        }
+                observations: r.observations,
+                problems: r.problems,
+                gpus: r.gpus,
+                error: None,
+            },
+            Err(e) => Look::failed(p.name(), e.to_string()),
+        });
     }
+    let mut extra = Vec::new();
     let mut ecs_gpus = None;
     if let Some((Some(read), nvml_view, expected)) = &view
         && let Some(nvml) = nvml_view.latest()
     {
         let (found, lines) = crate::probe::ecs_gpus::compare(read, &nvml);
-        seen.extend(found);
+        extra.extend(found);
         ecs_gpus = Some(EcsGpuCheck {
             ecs_count: read.count(),
             nvml_count: nvml.count,
@@ -166,61 +89,40 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
             gpus: lines,
         });
     }
-    let mut findings = Vec::new();
-    for o in &seen {
-        let Some(rule) = policy.rule_for(&o.signal, o.value) else {
-            continue;
-        };
-        if rule.action == Verdict::Ignore {
-            continue;
-        }
-        findings.push(Finding {
-            signal: o.signal.to_string(),
-            gpu: o.gpu.as_ref().map(|g| g.index),
-            value: o.value,
-            action: rule.action.as_str().to_string(),
-            rule: rule.name.clone(),
-            detail: o.detail.clone(),
-        });
-        if let Some(g) = &o.gpu
-            && !gpus.iter().any(|x| x.index == g.index)
-        {
-            gpus.push(g.clone());
-        }
-    }
-    let fails = |f: &Finding| {
-        matches!(
-            f.action.as_str(),
-            "restart-mps" | "stop-tasks" | "drain" | "replace"
-        )
-    };
-    let unhealthy = findings.iter().any(fails);
-    let could_not_look = probes.is_empty() || probes.iter().any(|r| !r.ok);
-    let verdict = if unhealthy {
-        Health::Unhealthy
-    } else if could_not_look {
-        Health::Unknown
-    } else {
-        Health::Healthy
-    };
-    gpus.sort_by_key(|g| g.index);
-    let gpus = gpus
-        .into_iter()
-        .map(|g| {
-            let bad = findings.iter().any(|f| f.gpu == Some(g.index) && fails(f));
-            GpuHealthLine {
-                gpu: g,
-                health: if bad { "faulty" } else { "ok" },
-            }
-        })
-        .collect();
     CheckReport {
-        verdict,
-        gpus,
-        findings,
-        probes,
+        checked: engine::check::check(looks, extra, policy),
         ecs_gpus,
     }
+}
+
+type GpuView = (
+    Option<crate::probe::ecs_gpus::EcsRead>,
+    crate::probe::nvml::view::NvmlView,
+    crate::probe::nvml::view::ExpectedGpus,
+);
+
+/// Reads ECS's view of the GPUs once; a failure is a look that could not be made.
+fn read_gpu_view(cfg: &crate::config::Config, looks: &mut Vec<Look>) -> GpuView {
+    use crate::probe::ecs_gpus::{self, ReadError};
+    use crate::probe::nvml::view::{ExpectedGpus, NvmlView};
+    let read = match ecs_gpus::read_once(cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = match e {
+                ReadError::Failed { message, .. } | ReadError::NotRegistered(message) => message,
+            };
+            looks.push(Look::failed(
+                ecs_gpus::SOURCE,
+                format!("cannot read ECS's view of the GPUs: {message} (not a GPU signal)"),
+            ));
+            None
+        }
+    };
+    let expected = ExpectedGpus::new();
+    if cfg.nvml.expected_gpus.is_none() {
+        ecs_gpus::learn_expected_once(cfg, read.as_ref(), &expected);
+    }
+    (read, NvmlView::new(), expected)
 }
 
 pub fn run(a: CheckArgs) -> Result<i32, CliError> {
@@ -243,26 +145,33 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     }
     mistake?;
     let report = examine(&cfg, &policy);
-    let code = match report.verdict {
+    let code = match report.checked.verdict {
         Health::Healthy => exit::OK,
         Health::Unhealthy => exit::UNHEALTHY,
         Health::Unknown => exit::UNKNOWN,
     };
     if a.json {
         print_json(&report);
-        return Ok(code);
+    } else {
+        print_report(&report, &a.config.config);
     }
-    println!("verdict: {}", report.verdict);
-    if !report.gpus.is_empty() {
+    Ok(code)
+}
+
+/// `check`'s human-readable report.
+fn print_report(report: &CheckReport, config: &std::path::Path) {
+    let c = &report.checked;
+    println!("verdict: {}", c.verdict);
+    if !c.gpus.is_empty() {
         println!("{:>3}  {:<42}  {:<16}  HEALTH", "GPU", "UUID", "PCI");
-        for g in &report.gpus {
+        for g in &c.gpus {
             println!(
                 "{:>3}  {:<42}  {:<16}  {}",
                 g.gpu.index, g.gpu.uuid, g.gpu.pci_bus_id, g.health
             );
         }
     }
-    for f in &report.findings {
+    for f in &c.findings {
         let gpu = f.gpu.map(|g| format!("GPU {g}: ")).unwrap_or_default();
         let detail = f
             .detail
@@ -283,13 +192,13 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
             println!("  {}", gpu_line(g));
         }
     }
-    if report.probes.is_empty() {
+    if c.probes.is_empty() {
         println!(
             "  no probe is enabled in {}: nothing was checked",
-            a.config.config.display()
+            config.display()
         );
     }
-    for p in &report.probes {
+    for p in &c.probes {
         match &p.error {
             Some(e) => println!("  probe {}: could not look: {e}", p.probe),
             None if p.problems.is_empty() => println!("  probe {}: ok", p.probe),
@@ -300,7 +209,6 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
             }
         }
     }
-    Ok(code)
 }
 
 /// "ECS lists 4, NVML counts 3; expected 4 (registered with ECS)", as `check` and `status`
@@ -363,7 +271,8 @@ fn journal_gate(
         .check
         .as_ref()
         .map(|c| {
-            c.findings
+            c.checked
+                .findings
                 .iter()
                 .map(|f| {
                     let gpu = f.gpu.map(|g| format!("GPU {g}: ")).unwrap_or_default();
@@ -410,22 +319,18 @@ fn launch_gate(
     let report = rt.block_on(gate::gate(&cfg, move || {
         let r = match &mistake {
             Some(e) => CheckReport {
-                verdict: Health::Unknown,
-                gpus: vec![],
-                findings: vec![],
-                probes: vec![ProbeResult {
-                    probe: "config",
-                    ok: false,
-                    error: Some(e.to_string()),
-                    problems: vec![],
-                }],
+                checked: engine::check::check(
+                    vec![Look::failed("config", e.to_string())],
+                    vec![],
+                    &policy,
+                ),
                 ecs_gpus: None,
             },
             None => examine(&check_cfg, &policy),
         };
-        (r.verdict, r)
+        (r.checked.verdict, r)
     }));
-    let saved = cfg.state_dir.join("launch-gate.json");
+    let saved = cfg.files().launch_gate();
     if let Err(e) = std::fs::create_dir_all(&cfg.state_dir).and_then(|_| {
         std::fs::write(
             &saved,
@@ -437,8 +342,14 @@ fn launch_gate(
     journal_gate(&cfg, &report);
     if json {
         print_json(&report);
-        return Ok(report.exit_code);
+    } else {
+        print_gate(&report);
     }
+    Ok(report.exit_code)
+}
+
+/// `check --lifecycle`'s human-readable report.
+fn print_gate(report: &crate::launch::gate::LaunchReport<CheckReport>) {
     let result = report.result.unwrap_or("(no lifecycle action completed)");
     println!(
         "launch gate: {:?} -> {:?}, hook {} {result}",
@@ -464,14 +375,14 @@ fn launch_gate(
         println!("  {n}");
     }
     if let Some(c) = &report.check {
-        for f in &c.findings {
+        for f in &c.checked.findings {
             let gpu = f.gpu.map(|g| format!("GPU {g}: ")).unwrap_or_default();
             println!(
                 "  finding: {gpu}{} -> {} (rule `{}`)",
                 f.signal, f.action, f.rule
             );
         }
-        for p in c.probes.iter().filter(|p| !p.ok) {
+        for p in c.checked.probes.iter().filter(|p| !p.ok) {
             println!(
                 "  probe {}: {}",
                 p.probe,
@@ -479,5 +390,4 @@ fn launch_gate(
             );
         }
     }
-    Ok(report.exit_code)
 }

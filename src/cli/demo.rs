@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::incidents::{print_table, print_timeline};
 use super::{BUILTIN_DEFAULT_POLICY, CliError, exit};
-use crate::aws::imds::TargetState;
 use crate::config::Config;
 use crate::journal::read_jsonl;
 use crate::model::{Incident, IncidentState, Record};
@@ -215,11 +214,14 @@ async fn play(
 ) -> Result<i32, CliError> {
     let shutdown = CancellationToken::new();
     let mps_client = ControlClient::new(&cfg.mps);
-    let sources = crate::probe::sources(&cfg, &mps_client, &TargetState::new(), None);
+    let sources = crate::probe::sources(&cfg, &mps_client, None);
     let mps_cfg = cfg.mps.enabled.then(|| cfg.mps.clone());
     let mut remedies = Remedies {
         mps: None,
         control_plane: Some(Arc::new(control_plane.clone())),
+        evidence: None,
+        // The demo shows the replace rung: its XID 79 is replaced, not rebooted.
+        repair: None,
     };
     if let Some(m) = &mps_cfg {
         let daemon = MpsDaemon::with_client(m.clone(), mps_client.clone());
@@ -245,6 +247,28 @@ async fn play(
     let _ = ready_rx.await;
     tokio::time::sleep(Duration::from_millis(1500)).await; // first NVML poll
 
+    acts(&mut stage, mps_cfg.as_ref()).await?;
+
+    shutdown.cancel();
+    let stopped = daemon.await;
+    if let Some(m) = &mps_cfg {
+        kill_mps(m).await;
+    }
+    match stopped {
+        Ok(r) => r?,
+        Err(e) => return Err(CliError::Runtime(format!("demo supervisor failed: {e}"))),
+    }
+
+    epilogue(&stage, &control_plane);
+    Ok(exit::OK)
+}
+
+/// The demo's acts: an application XID tolerated, the MPS daemon crashing and restarted,
+/// a GPU off the bus drained and replaced.
+async fn acts(
+    stage: &mut Stage,
+    mps_cfg: Option<&crate::config::MpsConfig>,
+) -> Result<(), CliError> {
     println!("1. An application bug on GPU 2 raises XID 13 (graphics engine exception).");
     stage.inject(r#"{"gpu": 2, "xid": 13}"#)?;
     if let Some(i) = stage
@@ -259,7 +283,7 @@ async fn play(
         );
     }
 
-    if let Some(m) = &mps_cfg {
+    if let Some(m) = mps_cfg {
         println!("2. The MPS control daemon crashes (SIGKILL), leaving a stale pipe directory.");
         kill_mps(m).await;
         if let Some(i) = stage
@@ -296,16 +320,11 @@ async fn play(
         );
     }
 
-    shutdown.cancel();
-    let stopped = daemon.await;
-    if let Some(m) = &mps_cfg {
-        kill_mps(m).await;
-    }
-    match stopped {
-        Ok(r) => r?,
-        Err(e) => return Err(CliError::Runtime(format!("demo supervisor failed: {e}"))),
-    }
+    Ok(())
+}
 
+/// What on-call sees afterwards, and the calls the control plane would have made.
+fn epilogue(stage: &Stage, control_plane: &RecordingControlPlane) {
     println!("What on-call sees: gpu-medic incidents list");
     let incidents = stage.incidents();
     print_table(incidents.iter());
@@ -317,5 +336,4 @@ async fn play(
     for c in control_plane.calls() {
         println!("  {}  {}({})", c.request_id, c.api, c.detail);
     }
-    Ok(exit::OK)
 }

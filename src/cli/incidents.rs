@@ -90,6 +90,12 @@ pub struct IncidentLine<'a> {
     pub summary: &'a str,
     pub tasks: &'a [String],
     pub request_ids: &'a [String],
+    /// The evidence archive in S3 (docs/evidence.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<&'a crate::model::EvidenceRef>,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drill: Option<&'a str>,
 }
 
 impl<'a> From<&'a Incident> for IncidentLine<'a> {
@@ -107,6 +113,8 @@ impl<'a> From<&'a Incident> for IncidentLine<'a> {
             summary: &i.summary,
             tasks: &i.tasks,
             request_ids: &i.request_ids,
+            evidence: i.evidence.as_ref(),
+            drill: i.drill.as_deref(),
         }
     }
 }
@@ -123,58 +131,12 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             fleet,
             cluster,
         } => {
-            let since = since.as_deref().map(parse_since).transpose()?;
-            let state: Option<IncidentState> = state
-                .map(|s| {
-                    serde_json::from_value(serde_json::Value::String(s.clone())).map_err(|_| {
-                        CliError::Usage(format!("--state {s:?}: not an incident state"))
-                    })
-                })
-                .transpose()?;
-            let shown = |i: &Incident| {
-                (!open || i.state == IncidentState::Open)
-                    && state.is_none_or(|s| i.state == s)
-                    && gpu.is_none_or(|g| i.gpu.as_ref().is_some_and(|x| x.index == g))
-                    && since.is_none_or(|t| i.opened_at >= t)
-            };
-            let mut table = Table::default();
+            let filter = Filter::new(open, state, gpu, since)?;
             if fleet {
-                let view = super::fleet::read(&config, cluster.as_deref(), None, since)?;
-                table.id_width = view
-                    .incidents
-                    .iter()
-                    .map(|f| f.instance_id.len() + 1 + f.incident.id.0.to_string().len())
-                    .max()
-                    .unwrap_or(0);
-                for f in view.incidents.iter().filter(|f| shown(&f.incident)) {
-                    if json {
-                        print_json(&IncidentLine {
-                            instance_id: Some(&f.instance_id),
-                            ..IncidentLine::from(&f.incident)
-                        });
-                    } else {
-                        table.row_as(&format!("{}/{}", f.instance_id, f.incident.id), &f.incident);
-                    }
-                }
-                if !json && table.rows == 0 {
-                    println!("no incidents");
-                }
-                return Ok(exit::OK);
+                list_fleet(&config, cluster.as_deref(), &filter, json)
+            } else {
+                list_local(&config, &filter, json)
             }
-            stream_incidents(&config, |i| {
-                if !shown(&i) {
-                    return;
-                }
-                if json {
-                    print_json(&IncidentLine::from(&i));
-                } else {
-                    table.row(&i);
-                }
-            })?;
-            if !json && table.rows == 0 {
-                println!("no incidents");
-            }
-            Ok(exit::OK)
         }
         IncidentsCommand::Abort {
             id,
@@ -188,54 +150,249 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             json,
             fleet: true,
             cluster,
-        } => {
-            let (instance, n) = id
-                .rsplit_once('/')
-                .and_then(|(i, n)| Some((i.to_string(), n.parse::<u64>().ok()?)))
-                .filter(|(i, _)| !i.is_empty())
-                .ok_or_else(|| {
-                    CliError::Usage(format!(
-                        "{id:?}: give INSTANCE/ID (e.g. i-0abc/7) with --fleet"
-                    ))
-                })?;
-            let view = super::fleet::read(&config, cluster.as_deref(), Some((&instance, n)), None)?;
-            let Some(f) = view.incidents.into_iter().next() else {
-                return Err(CliError::NotFound(format!(
-                    "no incident {instance}/{n} in CloudWatch Logs"
-                )));
-            };
-            if json {
-                print_json(&super::fleet::Shown {
-                    instance_id: &f.instance_id,
-                    incident: &f.incident,
-                });
-            } else {
-                println!("Instance {}", f.instance_id);
-                print_timeline(&f.incident);
-            }
-            Ok(exit::OK)
-        }
+        } => show_fleet(&id, &config, cluster.as_deref(), json),
         IncidentsCommand::Show {
             id, config, json, ..
-        } => {
-            let id: u64 = id.parse().map_err(|_| {
-                CliError::Usage(format!(
-                    "{id:?}: not an incident id (INSTANCE/ID needs --fleet)"
-                ))
-            })?;
-            let Some(i) = load_one(&config, id)? else {
-                return Err(CliError::NotFound(format!(
-                    "no incident {id} in {}",
-                    config.load()?.incidents_path().display()
-                )));
-            };
-            if json {
-                print_json(&i);
-            } else {
-                print_timeline(&i);
-            }
-            Ok(exit::OK)
+        } => show_local(&id, &config, json),
+    }
+}
+
+/// Which incidents `incidents list` shows.
+struct Filter {
+    open: bool,
+    state: Option<IncidentState>,
+    gpu: Option<u32>,
+    since: Option<Timestamp>,
+}
+
+impl Filter {
+    fn new(
+        open: bool,
+        state: Option<String>,
+        gpu: Option<u32>,
+        since: Option<String>,
+    ) -> Result<Filter, CliError> {
+        let since = since.as_deref().map(parse_since).transpose()?;
+        let state: Option<IncidentState> = state
+            .map(|s| {
+                serde_json::from_value(serde_json::Value::String(s.clone()))
+                    .map_err(|_| CliError::Usage(format!("--state {s:?}: not an incident state")))
+            })
+            .transpose()?;
+        Ok(Filter {
+            open,
+            state,
+            gpu,
+            since,
+        })
+    }
+
+    fn shown(&self, i: &Incident) -> bool {
+        (!self.open || i.state == IncidentState::Open)
+            && self.state.is_none_or(|s| i.state == s)
+            && self
+                .gpu
+                .is_none_or(|g| i.gpu.as_ref().is_some_and(|x| x.index == g))
+            && self.since.is_none_or(|t| i.opened_at >= t)
+    }
+}
+
+/// `incidents list --fleet`: every instance's incidents from CloudWatch Logs.
+fn list_fleet(
+    config: &ConfigArg,
+    cluster: Option<&str>,
+    filter: &Filter,
+    json: bool,
+) -> Result<i32, CliError> {
+    let view = super::fleet::read(config, cluster, None, filter.since)?;
+    let mut table = Table {
+        id_width: view
+            .incidents
+            .iter()
+            .map(|f| f.instance_id.len() + 1 + f.incident.id.0.to_string().len())
+            .max()
+            .unwrap_or(0),
+        ..Table::default()
+    };
+    for f in view.incidents.iter().filter(|f| filter.shown(&f.incident)) {
+        if json {
+            print_json(&IncidentLine {
+                instance_id: Some(&f.instance_id),
+                ..IncidentLine::from(&f.incident)
+            });
+        } else {
+            table.row_as(&format!("{}/{}", f.instance_id, f.incident.id), &f.incident);
         }
+    }
+    if !json && table.rows == 0 {
+        println!("no incidents");
+    }
+    Ok(exit::OK)
+}
+
+/// `incidents list`: this instance's journal.
+fn list_local(config: &ConfigArg, filter: &Filter, json: bool) -> Result<i32, CliError> {
+    let mut table = Table::default();
+    stream_incidents(config, |i| {
+        if !filter.shown(&i) {
+            return;
+        }
+        if json {
+            print_json(&IncidentLine::from(&i));
+        } else {
+            table.row(&i);
+        }
+    })?;
+    if !json && table.rows == 0 {
+        println!("no incidents");
+    }
+    Ok(exit::OK)
+}
+
+/// `incidents show INSTANCE/ID --fleet`: one incident of any instance, from CloudWatch Logs.
+fn show_fleet(
+    id: &str,
+    config: &ConfigArg,
+    cluster: Option<&str>,
+    json: bool,
+) -> Result<i32, CliError> {
+    let (instance, n) = id
+        .rsplit_once('/')
+        .and_then(|(i, n)| Some((i.to_string(), n.parse::<u64>().ok()?)))
+        .filter(|(i, _)| !i.is_empty())
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "{id:?}: give INSTANCE/ID (e.g. i-0abc/7) with --fleet"
+            ))
+        })?;
+    let view = super::fleet::read(config, cluster, Some((&instance, n)), None)?;
+    let Some(f) = view.incidents.into_iter().next() else {
+        return Err(CliError::NotFound(format!(
+            "no incident {instance}/{n} in CloudWatch Logs"
+        )));
+    };
+    if json {
+        print_json(&super::fleet::Shown {
+            instance_id: &f.instance_id,
+            incident: &f.incident,
+        });
+    } else {
+        println!("Instance {}", f.instance_id);
+        print_timeline(&f.incident);
+    }
+    Ok(exit::OK)
+}
+
+/// `incidents show ID`: one incident of this instance, with its repair's rung and history.
+fn show_local(id: &str, config: &ConfigArg, json: bool) -> Result<i32, CliError> {
+    let id: u64 = id.parse().map_err(|_| {
+        CliError::Usage(format!(
+            "{id:?}: not an incident id (INSTANCE/ID needs --fleet)"
+        ))
+    })?;
+    let Some(i) = load_one(config, id)? else {
+        return Err(CliError::NotFound(format!(
+            "no incident {id} in {}",
+            config.load()?.incidents_path().display()
+        )));
+    };
+    let repair = repair_view(config, &i);
+    if json {
+        print_json(&ShownLocal {
+            incident: &i,
+            repair,
+        });
+    } else {
+        print_timeline(&i);
+        if let Some(r) = &repair {
+            print_repair(r);
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `incidents show` of a node remediation: the incident plus its rung of the repair ladder.
+#[derive(Serialize)]
+struct ShownLocal<'a> {
+    #[serde(flatten)]
+    incident: &'a Incident,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    repair: Option<RepairView>,
+}
+
+/// Where a node remediation stands on the ladder drain / reboot / replace, and why.
+#[derive(Serialize)]
+struct RepairView {
+    /// The rung in force (`reboot`, `replace`, ...).
+    rung: crate::model::Verdict,
+    /// The rung the first signal asked for.
+    asked: crate::model::Verdict,
+    /// Each climb: `rule: reason`.
+    climbed: Vec<String>,
+    /// This instance's reboots (state.json), oldest first.
+    history: Vec<crate::engine::repair::Repair>,
+}
+
+fn repair_view(config: &ConfigArg, i: &Incident) -> Option<RepairView> {
+    use crate::model::{IncidentEvent, Verdict};
+    let asked = i.records.iter().find_map(|r| match &r.event {
+        IncidentEvent::Opened { verdict, .. } => Some(*verdict),
+        _ => None,
+    })?;
+    if !i.action.is_node_remediation() && !asked.is_node_remediation() {
+        return None;
+    }
+    let climbed = i
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            IncidentEvent::Escalated {
+                verdict,
+                rule,
+                reason,
+            } if *verdict >= Verdict::Drain => Some(format!("{rule} -> {verdict}: {reason}")),
+            _ => None,
+        })
+        .collect();
+    let history = config
+        .load()
+        .ok()
+        .and_then(|cfg| crate::journal::load_state(&cfg.state_path()).ok().flatten())
+        .map(|st| st.repair.history)
+        .unwrap_or_default();
+    Some(RepairView {
+        rung: i.action,
+        asked,
+        climbed,
+        history,
+    })
+}
+
+fn print_repair(r: &RepairView) {
+    println!("  rung:     {} (asked: {})", r.rung, r.asked);
+    for c in &r.climbed {
+        println!("  went up:  {c}");
+    }
+    if r.history.is_empty() {
+        println!("  reboot history: none on this instance");
+        return;
+    }
+    println!("  reboot history (this instance):");
+    for h in &r.history {
+        let after = h.boot_after.as_deref().unwrap_or("-");
+        let why = if h.why.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", h.why)
+        };
+        println!(
+            "    {}  incident {}  {}  boot {} -> {after}  {}{why}",
+            h.at,
+            h.incident,
+            h.rule,
+            h.boot_before,
+            h.result.as_str()
+        );
     }
 }
 
@@ -419,7 +576,10 @@ impl Table {
             id,
             i.opened_at.to_string(),
             gpu_short(i.gpu.as_ref()),
-            i.signal,
+            match i.drill {
+                Some(_) => format!("{} [drill]", i.signal),
+                None => i.signal.clone(),
+            },
             i.action.as_str(),
             i.state.as_str(),
             i.rule
@@ -445,6 +605,9 @@ pub fn print_timeline(i: &Incident) {
             println!("  gpu:      {g}{serial}");
         }
         None => println!("  gpu:      - (node-level signal)"),
+    }
+    if let Some(d) = &i.drill {
+        println!("  drill:    {d} (a rehearsal: `gpu-medic drill`)");
     }
     if !i.tasks.is_empty() || !i.pids.is_empty() {
         let pids: Vec<String> = i.pids.iter().map(|p| p.to_string()).collect();
@@ -472,6 +635,9 @@ pub fn print_timeline(i: &Incident) {
     }
     if !i.request_ids.is_empty() {
         println!("  requests: {}", i.request_ids.join(", "));
+    }
+    if let Some(e) = &i.evidence {
+        println!("  evidence: {}", e.summary());
     }
     println!("  timeline:");
     for r in &i.records {

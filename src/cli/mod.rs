@@ -28,6 +28,8 @@ pub mod out;
 
 pub mod check;
 pub mod demo;
+pub mod drill;
+pub mod evidence;
 pub mod fleet;
 pub mod incidents;
 pub mod policy;
@@ -55,6 +57,8 @@ pub mod exit {
     pub const NOT_FOUND: i32 = 3;
     /// A configuration or policy error (`file:line: message`), like sysexits' EX_CONFIG.
     pub const CONFIG: i32 = 78;
+    /// `drill`: refused on this instance (`[drill] allow` is not true).
+    pub const REFUSED: i32 = 4;
     /// A second SIGTERM/SIGINT forced the daemon out without its graceful stop.
     pub const FORCED: i32 = 130;
 }
@@ -72,7 +76,7 @@ judges each signal with a policy file, and heals the node: it restarts the MPS d
 or quarantines, drains and has Auto Scaling replace the instance, never taking more of the fleet out than the \
 budget allows. Every decision is an incident in the journal (`gpu-medic incidents`).\n\n\
 Exit codes: 0 ok/healthy; 1 unhealthy (check) or runtime failure; 2 could not tell (check) or usage error; \
-3 not found; 78 configuration or policy error (printed as file:line: message); 130 forced stop."
+3 not found; 4 drill refused on this instance; 78 configuration or policy error (printed as file:line: message); 130 forced stop."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -111,6 +115,9 @@ pub enum Command {
     /// observed, aborted, failed).
     #[command(subcommand)]
     Incidents(incidents::IncidentsCommand),
+    /// Collects an incident's evidence now (nvidia-bug-report, nvidia-smi, logs) and uploads
+    /// it to the `[evidence]` bucket.
+    Evidence(evidence::EvidenceArgs),
     /// Review a policy: check it, explain a signal, replay recorded inputs through it.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
@@ -123,6 +130,15 @@ pub enum Command {
     /// by), with a suggested sharingStrategy.nvidiaMps.memory = peak + 20 %, rounded up to
     /// 64 MiB. --json for tools; --family F for one family.
     Tasks(tasks::TasksArgs),
+    /// Rehearse a fault on this instance through the real path (staging only).
+    ///
+    /// `xid N --gpu I` writes a driver-shaped XID line to the kernel log the daemon reads;
+    /// `mps-hang` / `mps-crash` stop or kill the real MPS control daemon; `gpu-lost` and `ecc`
+    /// hand the daemon that observation. The incident is tagged as a drill everywhere it
+    /// shows; the drill prints what the policy will do first; `--observe` journals every
+    /// order and executes none; without it the real drain, restart or replacement runs.
+    /// Refused (exit 4) unless the config says `[drill] allow = true`.
+    Drill(drill::DrillArgs),
 }
 
 /// `--config PATH`, shared by the commands that read the daemon's files.
@@ -206,8 +222,10 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Demo(a) => demo::run(a),
         Command::Check(a) => check::run(a),
         Command::Incidents(c) => incidents::run(c),
+        Command::Evidence(a) => evidence::run(a),
         Command::Policy(c) => policy::run(c),
         Command::Status(a) => status::run(a),
         Command::Tasks(a) => tasks::run(a),
+        Command::Drill(a) => drill::run(a),
     }
 }

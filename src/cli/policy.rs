@@ -120,6 +120,10 @@ struct CheckSummary<'a> {
     catalog_xids_left_to_catch_all: Vec<u32>,
     /// Fatal signals judged `ignore`/`log` (with `silences_fatal = true`) or by no rule.
     silenced_fatal: Vec<SilencedFatal>,
+    /// Rules per action (`reboot`: the rules on the reboot rung).
+    actions: std::collections::BTreeMap<&'static str, usize>,
+    /// The reboot rung's ladder (`[reboot]`).
+    reboot_ladder: String,
 }
 
 #[derive(Serialize)]
@@ -150,7 +154,13 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
             action: r.map_or("log", |r| r.action.as_str()).to_string(),
         })
         .collect();
+    let mut actions = std::collections::BTreeMap::new();
+    for r in &p.rules {
+        *actions.entry(r.action.as_str()).or_insert(0) += 1;
+    }
     let s = CheckSummary {
+        actions,
+        reboot_ladder: ladder(&p),
         file: file.display().to_string(),
         ok: true,
         observe_only: p.observe_only,
@@ -170,6 +180,11 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
             s.xids_named,
             if p.observe_only { ", observe-only" } else { "" }
         );
+        let counts: Vec<String> = s.actions.iter().map(|(a, n)| format!("{n} {a}")).collect();
+        println!("  actions: {}", counts.join(", "));
+        if s.actions.contains_key("reboot") {
+            println!("  reboot ladder: {}", s.reboot_ladder);
+        }
         if !uncovered.is_empty() {
             println!(
                 "warning: no rule judges {}; such signals are only logged",
@@ -200,25 +215,46 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
     Ok(exit::OK)
 }
 
+/// Which rule judges a signal, its action and why (`policy explain`, `drill`).
 #[derive(Serialize)]
-struct Explanation {
-    signal: String,
-    action: String,
-    rule: String,
-    reason: String,
-    source: String,
-    origin: String,
+pub struct Explanation {
+    pub signal: String,
+    pub action: String,
+    pub rule: String,
+    pub reason: String,
+    pub source: String,
+    pub origin: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    threshold: Option<u64>,
+    pub threshold: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    confirm: Option<String>,
+    pub confirm: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    escalate: Option<String>,
+    pub escalate: Option<String>,
+    /// For `reboot`: when the ladder sends it on to `replace` instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ladder: Option<String>,
+}
+
+/// The reboot rung's ladder in words.
+fn ladder(p: &Policy) -> String {
+    let l = p.reboot;
+    format!(
+        "replace instead once the instance had {} reboot(s) within {}, or a fault comes within {} of a reboot's return to service, or the node has no reboot rung ([repair] reboot = \"off\", [aws] disabled)",
+        l.limit,
+        humantime::format_duration(l.window),
+        humantime::format_duration(l.recur_within)
+    )
 }
 
 fn explain(p: &Policy, sig: Signal, value: u64, json: bool) -> Result<i32, CliError> {
-    let e = match p.rule_for(&sig, value) {
-        Some(r) => explanation(&sig, r),
+    print_explanation(&explanation_for(p, &sig, value), json);
+    Ok(exit::OK)
+}
+
+/// The rule that judges `sig` at `value` and why, or the engine's "recorded only".
+pub fn explanation_for(p: &Policy, sig: &Signal, value: u64) -> Explanation {
+    let mut e = match p.rule_for(sig, value) {
+        Some(r) => explanation(sig, r),
         None => Explanation {
             signal: sig.to_string(),
             action: "log".into(),
@@ -229,10 +265,28 @@ fn explain(p: &Policy, sig: Signal, value: u64, json: bool) -> Result<i32, CliEr
             threshold: None,
             confirm: None,
             escalate: None,
+            ladder: None,
         },
     };
+    if e.action == "reboot" {
+        let own = p
+            .rule_named(&e.rule)
+            .and_then(|r| r.reboots)
+            .map(|k| {
+                format!(
+                    "this rule reboots at most {k} time(s) within {}; ",
+                    humantime::format_duration(p.reboot.window)
+                )
+            })
+            .unwrap_or_default();
+        e.ladder = Some(format!("{own}{}", ladder(p)));
+    }
+    e
+}
+
+fn print_explanation(e: &Explanation, json: bool) {
     if json {
-        print_json(&e);
+        print_json(e);
     } else {
         println!(
             "{} -> {}  (rule `{}`, {})",
@@ -251,8 +305,10 @@ fn explain(p: &Policy, sig: Signal, value: u64, json: bool) -> Result<i32, CliEr
         if let Some(x) = &e.escalate {
             println!("  escalate: {x}");
         }
+        if let Some(l) = &e.ladder {
+            println!("  ladder:   {l}");
+        }
     }
-    Ok(exit::OK)
 }
 
 fn explanation(sig: &Signal, r: &Rule) -> Explanation {
@@ -279,6 +335,7 @@ fn explanation(sig: &Signal, r: &Rule) -> Explanation {
                 e.action
             )
         }),
+        ladder: None,
     }
 }
 

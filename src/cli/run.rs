@@ -12,13 +12,13 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use super::{CliError, ConfigArg, exit};
-use crate::aws::imds::TargetState;
 use crate::mps::control::ControlClient;
 use crate::policy::Policy;
 use crate::remedy::Remedies;
 use crate::remedy::aws::AwsControlPlane;
 use crate::remedy::mps::MpsDaemon;
 use crate::supervisor::Supervisor;
+use crate::sys::clock::SystemClock;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -96,13 +96,14 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         .build()
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let config_arg = a.config.clone();
+    let config_arg_path = a.config.config.clone();
     rt.block_on(async move {
         let control = Control::default();
         spawn_signal_handler(control.clone(), config_arg)?;
         let mut current = Some((cfg, policy));
         while let Some((cfg, policy)) = current.take() {
             let shutdown = control.begin();
-            serve(cfg, policy, shutdown).await?;
+            serve(cfg, policy, shutdown, &config_arg_path).await?;
             current = control.take_reload();
             if current.is_some() {
                 tracing::info!("configuration and policy reloaded; supervisor restarted");
@@ -117,18 +118,19 @@ async fn serve(
     cfg: crate::config::Config,
     policy: Policy,
     shutdown: CancellationToken,
+    config_file: &Path,
 ) -> Result<(), CliError> {
-    // Handed to both sides: the MPS probe and remedy share one control client (and its
-    // lock); the lifecycle watcher writes what the control plane's drain reads.
+    // Handed to both sides: the MPS probe and remedy share one control client (and its lock).
     let mps_client = ControlClient::new(&cfg.mps);
-    let target_state = TargetState::new();
+    // The one clock above the engine: the supervisor stamps inputs with it, the control plane
+    // reads deadlines and claims from it.
+    let clock = SystemClock::shared();
     let accounting = crate::accounting::usage::Accounting::new();
     // Notified by the supervisor at every GPU signal: ECS's view of the GPUs is read again.
     let gpu_signal = Arc::new(tokio::sync::Notify::new());
     let sources = crate::probe::sources_with_gpu_view(
         &cfg,
         &mps_client,
-        &target_state,
         cfg.metrics.enabled.then_some(&accounting),
         Some(gpu_signal.clone()),
     );
@@ -137,21 +139,29 @@ async fn serve(
     let exporter = crate::export::Exporter::start(&cfg).await;
     let mut remedies = Remedies::default();
     if cfg.aws.enabled {
-        // Identity discovery waits for the first order: the ECS agent may not be up yet.
-        let mut cp = AwsControlPlane::from_config(&cfg)
-            .await
-            .with_target_state(target_state);
+        // Identity discovery waits for the first order: the ECS agent may not be up yet. The
+        // fleet budget's protocol (`[fleet] table` or the claims) is chosen here, once.
+        let mut cp = AwsControlPlane::from_config(&cfg, clock.clone()).await;
         if let Some(x) = &exporter {
             cp = cp.with_flush(x.flush.clone());
         }
         let cp = Arc::new(cp);
-        // With `[fleet] table`: entries of terminated instances are removed now and then.
-        tokio::spawn(AwsControlPlane::sweep_slots(
-            cp.clone(),
-            shutdown.child_token(),
-        ));
+        // The budget's upkeep (with `[fleet] table`: entries of terminated instances are
+        // removed now and then).
+        tokio::spawn(AwsControlPlane::upkeep(cp.clone(), shutdown.child_token()));
+        if cfg.repair.reboot != crate::config::RebootMethod::Off {
+            remedies.repair = Some(Arc::new(
+                crate::remedy::aws::reboot::Rebooter::from_config(
+                    &cfg,
+                    cp.clone(),
+                    boot_check(&cfg, &policy),
+                )
+                .await,
+            ));
+        }
         remedies.control_plane = Some(cp);
     }
+    remedies.evidence = evidence(&cfg, config_file, &shutdown).await;
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(MpsDaemon::with_client(
             cfg.mps.clone(),
@@ -159,15 +169,21 @@ async fn serve(
         )));
     }
     let metrics_cfg = cfg.metrics.clone();
+    let link_views = cfg.files();
     let flush_wait = cfg.export.flush_wait;
     let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
+    supervisor.with_clock(clock);
     supervisor.notify_gpu_signals(gpu_signal);
     for s in sources {
         supervisor.add_source(s);
     }
     let mut metrics_task = None;
     if metrics_cfg.enabled {
-        let metrics = Arc::new(crate::metrics::Metrics::new().with_accounting(accounting));
+        let metrics = Arc::new(
+            crate::metrics::Metrics::new()
+                .with_accounting(accounting)
+                .with_link_views(link_views),
+        );
         supervisor.with_metrics(metrics.clone());
         let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
             .await
@@ -197,6 +213,64 @@ async fn serve(
         let _ = t.await;
     }
     Ok(())
+}
+
+/// With `[evidence] enabled`: the evidence remedy, its spool swept now (archives made before
+/// a reboot or while S3 was down go up) and then every few minutes until `shutdown`.
+async fn evidence(
+    cfg: &crate::config::Config,
+    config_file: &Path,
+    shutdown: &CancellationToken,
+) -> Option<Arc<dyn crate::remedy::evidence::EvidenceRemedy>> {
+    if !cfg.evidence.enabled {
+        return None;
+    }
+    let ev = Arc::new(
+        crate::remedy::evidence::Evidence::from_config(
+            cfg,
+            Some(config_file.to_path_buf()),
+            Arc::new(crate::supervisor::evidence::JournalRecords::new(cfg)),
+        )
+        .await,
+    );
+    tokio::spawn(crate::remedy::evidence::sweep_loop(
+        ev.clone(),
+        shutdown.child_token(),
+    ));
+    Some(ev)
+}
+
+/// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings
+/// in a line for the journal.
+fn boot_check(
+    cfg: &crate::config::Config,
+    policy: &Policy,
+) -> crate::remedy::aws::reboot::BootCheck {
+    let (cfg, policy) = (cfg.clone(), policy.clone());
+    Arc::new(move || {
+        let r = super::check::examine(&cfg, &policy).checked;
+        let mut found: Vec<String> = r
+            .findings
+            .iter()
+            .map(|f| match f.gpu {
+                Some(g) => format!("{} on GPU {g} ({})", f.signal, f.action),
+                None => format!("{} ({})", f.signal, f.action),
+            })
+            .collect();
+        found.extend(
+            r.probes
+                .iter()
+                .filter(|p| !p.ok)
+                .map(|p| format!("{}: {}", p.probe, p.error.clone().unwrap_or_default())),
+        );
+        let gpus = r.gpus.len();
+        let text = if found.is_empty() {
+            format!("{gpus} GPU(s), no finding")
+        } else {
+            format!("{gpus} GPU(s); {}", found.join("; "))
+        };
+        (r.verdict, text)
+    })
 }
 
 /// What the signal handler tells the main loop: the current life's shutdown token, and the

@@ -3,10 +3,11 @@
 use serde::Serialize;
 
 use super::{CliError, ConfigArg, exit, print_json};
+use crate::config::StateDir;
 use crate::engine::State;
 use crate::journal::load_state;
 use crate::model::Timestamp;
-use crate::remedy::aws::fleet::{FleetSummary, SlotsSummary};
+use crate::remedy::budget::group_view::{FleetSummary, SlotsSummary};
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -24,22 +25,82 @@ struct StatusView<'a> {
     mps_phase: &'a str,
     #[serde(flatten)]
     state: &'a State,
-    /// What the fleet gate saw last (absent before the first drain or replacement).
+    /// What the fleet budget's admission check saw last (absent before the first drain or
+    /// replacement).
     fleet: Option<FleetSummary>,
     /// The slot table as this node last read or wrote it (`[fleet] table`; absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     slots: Option<SlotsSummary>,
     /// ECS's view of the GPUs against NVML's at the last read (`[ecs] gpu_view`).
     ecs_gpus: Option<crate::probe::ecs_gpus::Comparison>,
+    /// Each GPU's fabric, NVLinks, PCIe link and clock event reasons at the last poll.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    links: Option<Vec<crate::probe::nvml::links::GpuLinks>>,
+    /// The EFA / RDMA ports at the last look.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ports: Option<Vec<crate::probe::efa::Port>>,
 }
 
-fn read_fleet(state_dir: &std::path::Path) -> Option<FleetSummary> {
-    let text = std::fs::read_to_string(crate::remedy::aws::fleet_path(state_dir)).ok()?;
+/// One line per GPU's links, one per RDMA port.
+fn print_links(state_dir: &std::path::Path) {
+    if let Some(gpus) = crate::probe::nvml::links::load_view(state_dir) {
+        for g in gpus {
+            let fabric = match &g.fabric_state {
+                Some(s) => format!(
+                    "fabric {s} (status {}, clique {})",
+                    g.fabric_status, g.clique_id
+                ),
+                None => "no fabric".into(),
+            };
+            let down = if g.nvlinks_down.is_empty() {
+                String::new()
+            } else {
+                format!(", down {:?}", g.nvlinks_down)
+            };
+            let [cg, cw, mg, mw] = g.pcie;
+            println!(
+                "links:       GPU {}: {fabric}; nvlinks {} up{down} (CRC {}/min, replay {}/min, recovery {}/min); PCIe Gen{cg} x{cw} of Gen{mg} x{mw} ({} replays/min); persistence {}; clock events {}",
+                g.index,
+                g.nvlinks.saturating_sub(g.nvlinks_down.len() as u32),
+                g.nvlink_crc_per_min,
+                g.nvlink_replay_per_min,
+                g.nvlink_recovery_per_min,
+                g.pcie_replays_per_min,
+                match g.persistence {
+                    Some(true) => "on",
+                    Some(false) => "off",
+                    None => "unknown",
+                },
+                if g.clock_event_reasons.is_empty() {
+                    "none".to_string()
+                } else {
+                    g.clock_event_reasons.join(",")
+                }
+            );
+        }
+    }
+    if let Some(ports) = crate::probe::efa::load_view(state_dir) {
+        for p in ports {
+            let errors: u64 = p.errors.values().fold(0u64, |a, v| a.saturating_add(*v));
+            println!(
+                "port:        {}/{}: {} ({errors} errors counted)",
+                p.device, p.port, p.state
+            );
+        }
+    }
+}
+
+/// A status file gpu-medic wrote itself; anything bigger is not one.
+const MAX_STATUS_FILE: u64 = 1024 * 1024;
+
+fn read_fleet(files: &StateDir) -> Option<FleetSummary> {
+    let text = crate::sys::limits::read_text(&files.fleet(), MAX_STATUS_FILE, "fleet view").ok()?;
     serde_json::from_str(&text).ok()
 }
 
-fn read_slots(state_dir: &std::path::Path) -> Option<SlotsSummary> {
-    let text = std::fs::read_to_string(crate::remedy::aws::slots_path(state_dir)).ok()?;
+fn read_slots(files: &StateDir) -> Option<SlotsSummary> {
+    let text =
+        crate::sys::limits::read_text(&files.slots(), MAX_STATUS_FILE, "slot table view").ok()?;
     serde_json::from_str(&text).ok()
 }
 
@@ -63,12 +124,24 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             node_phase: state.node.as_str(),
             mps_phase: state.mps.phase.as_str(),
             state: &state,
-            fleet: read_fleet(&cfg.state_dir),
-            slots: read_slots(&cfg.state_dir),
+            fleet: read_fleet(&cfg.files()),
+            slots: read_slots(&cfg.files()),
             ecs_gpus: crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir),
+            links: crate::probe::nvml::links::load_view(&cfg.state_dir),
+            ports: crate::probe::efa::load_view(&cfg.state_dir),
         });
         return Ok(exit::OK);
     }
+    print_node(&state, updated_at);
+    print_gpus(&state);
+    print_gpu_view(&cfg);
+    print_orders(&state);
+    print_fleet(&cfg.files());
+    Ok(exit::OK)
+}
+
+/// The node, gpu-medic's own faults, the MPS daemon and the remediation.
+fn print_node(state: &State, updated_at: Option<Timestamp>) {
     println!("node:        {}", state.node.as_str());
     if let Some(w) = &state.withheld {
         println!(
@@ -106,6 +179,14 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         ),
         None => println!("remediation: none"),
     }
+    // AWS-planned disruptions with their plan, and the ECS agent's verdict beside ours.
+    for line in crate::engine::planned::status_lines(state) {
+        println!("{line}");
+    }
+}
+
+/// Each GPU that raised a signal.
+fn print_gpus(state: &State) {
     if let Some(f) = state.self_faults.get(crate::probe::nvml::COMPONENT) {
         println!(
             "gpus:        unknown: NVML cannot be used (self-fault, incident {})",
@@ -125,6 +206,11 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
                 .unwrap_or_default()
         );
     }
+}
+
+/// ECS's view of the GPUs against NVML's at the last read, after each GPU's links.
+fn print_gpu_view(cfg: &crate::config::Config) {
+    print_links(&cfg.state_dir);
     if let Some(c) = crate::probe::ecs_gpus::Comparison::load(&cfg.state_dir) {
         // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
         let policy = crate::policy::Policy::load(&cfg.policy).ok();
@@ -158,6 +244,10 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             );
         }
     }
+}
+
+/// Orders in flight and scheduled, and the open incidents.
+fn print_orders(state: &State) {
     for o in state.in_flight.values() {
         println!(
             "in flight:   {} {} for incident {} (attempt {}, deadline {})",
@@ -177,7 +267,11 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
         );
     }
     println!("open incidents: {}", state.open.len());
-    match read_fleet(&cfg.state_dir) {
+}
+
+/// The fleet budget and the slot table as this node last saw them.
+fn print_fleet(files: &StateDir) {
+    match read_fleet(files) {
         Some(f) => {
             println!(
                 "fleet budget:  {} of {} slot(s) used in {} (desired {}), seen {}",
@@ -204,7 +298,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             "fleet budget:  no fleet view recorded (the AWS control plane has not checked it on this node)"
         ),
     }
-    if let Some(t) = read_slots(&cfg.state_dir) {
+    if let Some(t) = read_slots(files) {
         println!(
             "slot table:    {} group {}: {} holder(s), version {}, seen {}",
             t.table,
@@ -223,5 +317,4 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             );
         }
     }
-    Ok(exit::OK)
 }

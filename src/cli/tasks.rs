@@ -137,7 +137,7 @@ pub fn sizes(rows: &[Row]) -> Vec<Sizing> {
 
 pub fn run(a: TasksArgs) -> Result<i32, CliError> {
     let cfg = a.config.load()?;
-    let path = cfg.state_dir.join(history::FILE);
+    let path = cfg.files().gpu_memory_history();
     let (mut rows, skipped) = history::read_rows(&path, MAX_READ)
         .map_err(|e| CliError::Runtime(format!("{}: {e}", path.display())))?;
     if std::fs::metadata(&path).is_ok_and(|m| m.len() > MAX_READ) {

@@ -15,20 +15,27 @@
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
-pub mod recover;
+pub mod check;
+mod evidence;
+pub mod planned;
+pub mod rebuild;
+pub mod repair;
 mod state;
 
+pub use evidence::EvidenceWait;
+
 pub use state::{
-    Delivery, Goal, GpuHealth, GpuStatus, MAX_COUNTER, MpsPhase, MpsState, NodePhase, OpenIncident,
-    RecentLog, Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
+    ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS, MAX_COUNTER,
+    MAX_DRILL_INCIDENTS, MpsPhase, MpsState, NodePhase, OpenIncident, RecentLog, Remediation,
+    Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;
 
 use crate::model::{
-    Action, ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Input,
-    LifecycleHook, LifecycleResult, LifecycleState, Observation, OperatorRequest, Order, Outcome,
-    OutcomeStatus, Record, Signal, SignalKind, Timestamp, Verdict,
+    Action, ActionId, Command, DRILL_ARM_WINDOW, Drill, GpuId, IncidentEvent, IncidentId,
+    IncidentState, Input, LifecycleHook, LifecycleResult, LifecycleState, Observation,
+    OperatorRequest, Order, Outcome, OutcomeStatus, Record, Signal, SignalKind, Timestamp, Verdict,
 };
 use crate::policy::Policy;
 
@@ -68,11 +75,13 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         out: Vec::new(),
         now,
         policy,
+        drill: None,
     };
     match input {
-        Input::Observation(obs) => cx.observe(obs),
+        Input::Observation(obs) => cx.observation(obs),
         Input::Outcome(outcome) => cx.outcome(outcome),
         Input::Tick => cx.tick(),
+        Input::Boot { id } => cx.boot(id),
         Input::Started { capabilities } => cx.st.capabilities = capabilities,
         Input::Operator(OperatorRequest::Abort { incident, by }) => cx.abort(incident, &by),
         Input::Operator(OperatorRequest::LaunchGate {
@@ -81,6 +90,7 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
             findings,
             request_ids,
         }) => cx.launch_gate(&health, &summary, &findings, &request_ids),
+        Input::Operator(OperatorRequest::Drill { drill }) => cx.drill(drill),
     }
     (cx.st, cx.out)
 }
@@ -90,6 +100,8 @@ struct Cx<'p> {
     out: Vec<Action>,
     now: Timestamp,
     policy: &'p Policy,
+    /// The armed drill whose signal this step judges: the incident it opens is the drill's.
+    drill: Option<String>,
 }
 
 impl Cx<'_> {
@@ -99,6 +111,7 @@ impl Cx<'_> {
         self.out.push(Action::Log(Record {
             at: self.now,
             incident,
+            drill: self.st.drills.get(&incident).map(|d| d.id.clone()),
             event,
         }));
     }
@@ -126,6 +139,21 @@ impl Cx<'_> {
             .entry(id)
             .or_default()
             .insert(attach_key(obs));
+        let drill = self.take_drill();
+        if let Some(d) = &drill {
+            if self.st.drills.len() >= MAX_DRILL_INCIDENTS
+                && let Some(oldest) = self.st.drills.keys().next().copied()
+            {
+                self.st.drills.remove(&oldest);
+            }
+            self.st.drills.insert(
+                id,
+                DrillMark {
+                    id: d.id.clone(),
+                    observe: d.observe,
+                },
+            );
+        }
         self.record(
             id,
             IncidentEvent::Opened {
@@ -135,13 +163,90 @@ impl Cx<'_> {
                 verdict,
             },
         );
+        if let Some(d) = drill {
+            let who = if d.by.is_empty() {
+                "an operator"
+            } else {
+                &d.by
+            };
+            let how = if d.observe {
+                "observe: every order is journaled and none is executed"
+            } else {
+                "the real remedies run"
+            };
+            self.note(
+                id,
+                format!("drill {} ({}) by {who}: a rehearsal; {how}", d.id, d.class),
+            );
+        }
+        self.corroborate(id, obs);
         id
+    }
+
+    /// Whether an order of `incident` is only journaled: observe-only, or an observe drill.
+    fn dry(&self, incident: IncidentId) -> bool {
+        self.policy.observe_only || self.st.drills.get(&incident).is_some_and(|d| d.observe)
+    }
+
+    // ---- drills ----
+
+    /// Arms a drill; one that brings its observation is judged at once.
+    fn drill(&mut self, drill: Drill) {
+        self.expire_drills();
+        self.st.armed_drills.retain(|a| a.drill.id != drill.id);
+        if self.st.armed_drills.len() >= MAX_ARMED_DRILLS {
+            self.st.armed_drills.remove(0);
+        }
+        let inject = drill.inject.clone();
+        let id = drill.id.clone();
+        self.st.armed_drills.push(ArmedDrill {
+            drill,
+            at: self.now,
+        });
+        if let Some(obs) = inject {
+            self.drill = Some(id.clone());
+            self.observe(obs);
+            self.drill = None;
+            // Judged once: it does not wait for another signal.
+            self.st.armed_drills.retain(|a| a.drill.id != id);
+        }
+    }
+
+    fn expire_drills(&mut self) {
+        let now = self.now;
+        self.st
+            .armed_drills
+            .retain(|a| now.since(a.at) <= DRILL_ARM_WINDOW);
+    }
+
+    /// The armed drill this step's incident belongs to, taken out of the armed list.
+    fn take_drill(&mut self) -> Option<Drill> {
+        let id = self.drill.take()?;
+        let at = self.st.armed_drills.iter().position(|a| a.drill.id == id)?;
+        Some(self.st.armed_drills.remove(at).drill)
+    }
+
+    /// An observation from a probe: the drill it is the signal of, if one is armed for it.
+    fn observation(&mut self, obs: Observation) {
+        if !self.st.armed_drills.is_empty() {
+            self.expire_drills();
+            self.drill = self
+                .st
+                .armed_drills
+                .iter()
+                .find(|a| a.drill.expect.matches(&obs))
+                .map(|a| a.drill.id.clone());
+        }
+        self.observe(obs);
+        self.drill = None;
     }
 
     fn close(&mut self, id: IncidentId, state: IncidentState, summary: impl Into<String>) {
         if self.st.open.remove(&id).is_some() {
             // A closed incident no longer takes signals unless a GPU or the node points at it.
+            // The withheld incident (`[aws]` off) goes on taking the node's later faults.
             let referenced = self.st.node_incident == Some(id)
+                || self.st.withheld.as_ref().is_some_and(|w| w.incident == id)
                 || self.st.gpus.values().any(|g| g.incident == Some(id));
             if !referenced {
                 self.st.attached.remove(&id);
@@ -198,7 +303,14 @@ impl Cx<'_> {
             Command::Quarantine => d.quarantine,
             Command::Drain { .. } => d.drain,
             Command::Replace | Command::Restore => d.replace,
+            Command::Reboot { .. } => d.reboot,
+            Command::BootCheck => d.boot_check,
             Command::CompleteLifecycle { .. } => d.lifecycle,
+            Command::CollectEvidence => self
+                .st
+                .capabilities
+                .evidence
+                .map_or(d.drain, |p| p.deadline),
         }
     }
 
@@ -206,14 +318,17 @@ impl Cx<'_> {
     /// Returns whether an executable order was emitted.
     fn issue(&mut self, incident: IncidentId, command: Command, attempt: u32) -> bool {
         self.st.next_action = self.st.next_action.saturating_add(1);
+        let (planned_deadline, planned) = self.planned_order(incident, &command);
         let order = Order {
             id: ActionId(self.st.next_action),
             incident,
-            deadline: self.now.plus(self.deadline_for(&command)),
+            deadline: planned_deadline
+                .unwrap_or_else(|| self.now.plus(self.deadline_for(&command))),
             command,
             attempt,
+            planned,
         };
-        let dry_run = self.policy.observe_only;
+        let dry_run = self.dry(incident);
         self.record(
             incident,
             IncidentEvent::ActionStarted {
@@ -251,6 +366,10 @@ impl Cx<'_> {
     // ---- observations ----
 
     fn observe(&mut self, obs: Observation) {
+        if planned::handles(&obs.signal) {
+            self.planned_observe(obs);
+            return;
+        }
         match &obs.signal {
             Signal::MpsUp => self.mps_up(&obs),
             Signal::Lifecycle { state } => {
@@ -316,6 +435,7 @@ impl Cx<'_> {
                 deadline: self.now.plus(self.deadline_for(&command)),
                 command,
                 attempt: 1,
+                planned: false,
             };
             self.record(
                 incident,
@@ -513,14 +633,27 @@ impl Cx<'_> {
             && let Some(id) = h.incident
         {
             self.attach(id, &obs);
+            // The same fault seen again after the reboot that was to mend it.
+            if self
+                .st
+                .remediation
+                .is_some_and(|r| r.incident == id && r.rebooted)
+            {
+                let (verdict, reason) = self.rung_available(verdict, reason);
+                self.fault_during_repair(verdict, rule, &reason);
+            }
             return;
         }
+        let (verdict, reason) = self.rung_available(verdict, reason);
+        let reason = reason.as_str();
         match verdict {
             Verdict::Ignore => {}
             Verdict::Log => self.log_incident(&obs, rule, reason, key),
             Verdict::RestartMps => self.mps_request(&obs, rule, reason),
             Verdict::StopTasks => self.stop_tasks(obs, rule, reason),
-            Verdict::Drain | Verdict::Replace => self.node_remediate(obs, verdict, rule, reason),
+            Verdict::Drain | Verdict::Reboot | Verdict::Replace => {
+                self.node_remediate(obs, verdict, rule, reason)
+            }
         }
     }
 
@@ -732,11 +865,12 @@ impl Cx<'_> {
                     format!("upgraded from drain to replace: {reason}"),
                 );
             }
+            self.fault_during_repair(verdict, rule, reason);
             return;
         }
         let finished = match self.st.node {
             NodePhase::Replaced | NodePhase::Terminating | NodePhase::Terminated => true,
-            NodePhase::Drained => verdict == Verdict::Drain,
+            NodePhase::Drained => verdict <= Verdict::Reboot,
             _ => false,
         };
         if finished {
@@ -766,10 +900,18 @@ impl Cx<'_> {
             self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
         }
         self.remediate_in(id, verdict);
+        if self.st.remediation.is_some_and(|r| r.incident == id) {
+            self.evidence_begin(id, &obs);
+        }
     }
 
     /// Starts a node remediation within an existing incident.
     fn remediate_in(&mut self, incident: IncidentId, verdict: Verdict) {
+        let verdict = if self.st.remediation.is_none() {
+            self.climb(incident, verdict)
+        } else {
+            verdict
+        };
         let Some(goal) = Goal::from_verdict(verdict) else {
             return;
         };
@@ -794,9 +936,15 @@ impl Cx<'_> {
             }
             return;
         }
-        if self.policy.observe_only {
+        if self.dry(incident) {
+            let boot = self.st.repair.boot.clone().unwrap_or_default();
             let steps = match goal {
                 Goal::Drain => vec![Command::Quarantine, Command::Drain { terminating: false }],
+                Goal::Reboot => vec![
+                    Command::Quarantine,
+                    Command::Drain { terminating: false },
+                    Command::Reboot { boot },
+                ],
                 _ => vec![
                     Command::Quarantine,
                     Command::Drain { terminating: false },
@@ -806,10 +954,12 @@ impl Cx<'_> {
             for c in steps {
                 self.issue(incident, c, 1);
             }
-            let what = if goal == Goal::Drain {
-                "quarantined and drained the instance"
-            } else {
-                "quarantined, drained and replaced the instance"
+            let what = match goal {
+                Goal::Drain => "quarantined and drained the instance",
+                Goal::Reboot => {
+                    "quarantined, drained and rebooted the instance (then checked it after the boot and returned it to service, or replaced it)"
+                }
+                _ => "quarantined, drained and replaced the instance",
             };
             self.close(
                 incident,
@@ -853,6 +1003,9 @@ impl Cx<'_> {
     }
 
     fn start_step(&mut self, incident: IncidentId, step: Step, attempt: u32) {
+        if self.evidence_holds(incident, step, attempt) {
+            return;
+        }
         if let Some(r) = self.st.remediation.as_mut() {
             r.step = step;
         }
@@ -873,6 +1026,24 @@ impl Cx<'_> {
                 NodePhase::Terminating,
             ),
             Step::Restore => (Command::Restore, self.st.node),
+            Step::Reboot => match self.reboot_command(incident) {
+                Some(c) => (c, NodePhase::Rebooting),
+                None => {
+                    if let Some(r) = self.st.remediation.as_mut() {
+                        r.goal = Goal::Replace;
+                    }
+                    return self.start_step(incident, Step::Replace, 1);
+                }
+            },
+            // Waiting for the boot has no order: `tick` enforces `Remediation::until`.
+            Step::AwaitBoot => return,
+            Step::BootCheck => (Command::BootCheck, NodePhase::Verifying),
+        };
+        let phase = match (self.st.remediation, step) {
+            (Some(r), Step::Quarantine | Step::Restore) if r.rebooted && r.goal == Goal::Reboot => {
+                NodePhase::Verifying
+            }
+            _ => phase,
         };
         if self.st.node != NodePhase::Terminating || step == Step::CompleteLifecycle {
             self.st.node = phase;
@@ -892,11 +1063,17 @@ impl Cx<'_> {
         }
         let rem = *rem;
         let next = match (done, rem.goal) {
+            (Step::Quarantine, Goal::Reboot) if rem.rebooted => Some(Step::BootCheck),
             (Step::Quarantine, _) => Some(Step::Drain),
             (Step::Drain, Goal::Drain) => None,
+            (Step::Drain, Goal::Reboot) => Some(Step::Reboot),
             (Step::Drain, Goal::Replace) => Some(Step::Replace),
             (Step::Drain | Step::Replace, Goal::Terminate) => Some(Step::CompleteLifecycle),
+            (Step::BootCheck, Goal::Reboot) => Some(Step::Restore),
+            (Step::BootCheck, Goal::Terminate) => Some(Step::CompleteLifecycle),
+            (Step::BootCheck, _) => Some(Step::Drain),
             (Step::Replace, _) | (Step::CompleteLifecycle, _) | (Step::Restore, _) => None,
+            (Step::Reboot | Step::AwaitBoot, _) => None,
         };
         match next {
             Some(step) => self.start_step(rem.incident, step, 1),
@@ -920,6 +1097,15 @@ impl Cx<'_> {
                     ),
                 };
                 self.st.node = phase;
+                if done == Step::Drain
+                    && rem.goal == Goal::Drain
+                    && self.planned_drained(rem.incident)
+                {
+                    return;
+                }
+                let summary = self
+                    .planned_summary(rem.incident, state)
+                    .unwrap_or_else(|| summary.to_string());
                 self.close(rem.incident, state, summary);
             }
         }
@@ -932,6 +1118,21 @@ impl Cx<'_> {
         };
         let id = rem.incident;
         match (step, rem.goal) {
+            (Step::Quarantine, Goal::Reboot) if rem.rebooted => {
+                self.note(
+                    id,
+                    format!("quarantine after the boot failed ({why}); checking the node anyway"),
+                );
+                self.start_step(id, Step::BootCheck, 1);
+            }
+            (Step::Reboot | Step::AwaitBoot | Step::BootCheck, _) => self.reboot_failed(step, why),
+            (Step::Drain, Goal::Reboot) => {
+                self.note(
+                    id,
+                    format!("drain did not finish ({why}); rebooting anyway, ECS reschedules what is left"),
+                );
+                self.start_step(id, Step::Reboot, 1);
+            }
             (Step::Quarantine, _) => {
                 self.note(id, format!("quarantine failed ({why}); draining anyway"));
                 self.start_step(id, Step::Drain, 1);
@@ -1027,6 +1228,10 @@ impl Cx<'_> {
             );
             if let Some(r) = self.st.remediation.as_mut() {
                 r.goal = Goal::Terminate;
+                r.until = None;
+            }
+            if rem.step == Step::AwaitBoot {
+                self.start_step(rem.incident, Step::CompleteLifecycle, 1);
             }
             return;
         }
@@ -1064,6 +1269,17 @@ impl Cx<'_> {
                 outcome: outcome.clone(),
             },
         );
+        if order.command == Command::CollectEvidence {
+            // Its own retries are the remedy's (the upload backs off); the engine only records
+            // the end and lets a held step go.
+            let why = if outcome.detail.is_empty() {
+                "failed".to_string()
+            } else {
+                outcome.detail.clone()
+            };
+            self.evidence_ended(&order, Some(&outcome), &why);
+            return;
+        }
         match outcome.status {
             OutcomeStatus::Done => self.order_done(&order),
             OutcomeStatus::Deferred { retry_after } => self.schedule(
@@ -1081,6 +1297,7 @@ impl Cx<'_> {
                 if retryable
                     && order.attempt < self.policy.retry.max_attempts
                     && order.command != Command::RestartMps
+                    && order.command != Command::CollectEvidence
                 {
                     let delay = self.policy.retry.delay;
                     self.schedule(
@@ -1122,16 +1339,30 @@ impl Cx<'_> {
             Command::Drain { .. } => self.advance(Step::Drain),
             Command::Replace => self.advance(Step::Replace),
             Command::CompleteLifecycle { .. } => self.advance(Step::CompleteLifecycle),
+            Command::CollectEvidence => self.evidence_ended(order, None, "no archive reported"),
+            Command::Reboot { .. } => self.reboot_accepted(order.incident),
+            Command::BootCheck => self.advance(Step::BootCheck),
+            Command::Restore
+                if self
+                    .st
+                    .remediation
+                    .is_some_and(|r| r.goal == Goal::Reboot && r.rebooted) =>
+            {
+                self.repaired(order.incident)
+            }
             Command::Restore => {
                 self.st.remediation = None;
                 self.st.node = NodePhase::InService;
                 let incident = order.incident;
                 self.st.gpus.retain(|_, g| g.incident != Some(incident));
-                self.close(
-                    incident,
-                    IncidentState::Aborted,
-                    "aborted by an operator: the instance is ACTIVE and takes tasks again",
-                );
+                match self.planned_restored(incident) {
+                    Some(summary) => self.close(incident, IncidentState::Resolved, summary),
+                    None => self.close(
+                        incident,
+                        IncidentState::Aborted,
+                        "aborted by an operator: the instance is ACTIVE and takes tasks again",
+                    ),
+                }
             }
         }
     }
@@ -1188,6 +1419,9 @@ impl Cx<'_> {
             Command::Replace => self.step_failed(Step::Replace, why),
             Command::CompleteLifecycle { .. } => self.step_failed(Step::CompleteLifecycle, why),
             Command::Restore => self.step_failed(Step::Restore, why),
+            Command::CollectEvidence => self.evidence_ended(order, None, why),
+            Command::Reboot { .. } => self.step_failed(Step::Reboot, why),
+            Command::BootCheck => self.step_failed(Step::BootCheck, why),
         }
     }
 
@@ -1212,23 +1446,32 @@ impl Cx<'_> {
             (_, Step::Replace | Step::CompleteLifecycle) => {
                 Some("Auto Scaling has already been asked to replace the instance")
             }
+            (_, Step::Reboot | Step::AwaitBoot) => {
+                Some("the instance has been asked to reboot; abort after the boot")
+            }
             _ => None,
         };
         if let Some(why) = refuse {
             self.note(incident, format!("abort requested by {who} refused: {why}"));
             return;
         }
+        // An evidence collection changes nothing on the node: it runs on and its archive is
+        // recorded, but the step it held back is dropped with the rest of the repair.
         let cancelled: Vec<ActionId> = self
             .st
             .in_flight
             .values()
-            .filter(|o| o.incident == incident)
+            .filter(|o| o.incident == incident && o.command != Command::CollectEvidence)
             .map(|o| o.id)
             .collect();
         for id in &cancelled {
             self.st.in_flight.remove(id);
         }
+        if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
+            w.held = None;
+        }
         self.st.scheduled.retain(|s| s.incident != incident);
+        self.repair_aborted(incident);
         self.escalated(
             incident,
             Verdict::Log,
@@ -1237,6 +1480,11 @@ impl Cx<'_> {
         );
         self.st.remediation = Some(Remediation {
             step: Step::Restore,
+            goal: if rem.goal == Goal::Reboot {
+                Goal::Drain
+            } else {
+                rem.goal
+            },
             ..rem
         });
         self.issue(incident, Command::Restore, 1);
@@ -1261,6 +1509,7 @@ impl Cx<'_> {
     }
 
     fn tick(&mut self) {
+        self.expire_drills();
         let now = self.now;
         let overdue: Vec<Order> = self
             .st
@@ -1278,7 +1527,10 @@ impl Cx<'_> {
                 Command::Drain { .. } => "moving on without a finished drain",
                 Command::Replace => "giving up on the replacement",
                 Command::Restore => "giving up on returning the instance to service",
+                Command::Reboot { .. } => "the reboot did not happen: replacing",
+                Command::BootCheck => "not healthy after the reboot: replacing",
                 Command::CompleteLifecycle { .. } => "leaving the hook to its timeout",
+                Command::CollectEvidence => "the repair goes on without the evidence",
             };
             self.record(
                 order.incident,
@@ -1297,6 +1549,8 @@ impl Cx<'_> {
         for s in due {
             self.reissue(s);
         }
+        self.await_boot_overdue();
+        self.planned_tick();
         self.st
             .recent_logs
             .retain(|_, r| now.since(r.at) < LOG_REPEAT_WINDOW || r.repeats > 0);
@@ -1307,6 +1561,7 @@ impl Cx<'_> {
             .copied()
             .chain(self.st.gpus.values().filter_map(|g| g.incident))
             .chain(self.st.node_incident)
+            .chain(self.st.withheld.as_ref().map(|w| w.incident))
             .collect();
         self.st.attached.retain(|id, _| keep.contains(id));
         let longest = self.longest_window();
@@ -1338,6 +1593,8 @@ impl Cx<'_> {
                         Command::Drain { .. } => Step::Drain,
                         Command::Replace => Step::Replace,
                         Command::Restore => Step::Restore,
+                        Command::Reboot { .. } => Step::Reboot,
+                        Command::BootCheck => Step::BootCheck,
                         _ => Step::CompleteLifecycle,
                     };
                     self.start_step(s.incident, step, s.attempt);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::model::cursor::{Delivery, StreamCursor};
 use crate::model::{ActionId, Command, GpuId, IncidentId, Order, Timestamp, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -47,9 +48,47 @@ pub struct State {
     /// What this node's remedies can do (from `Input::Started`).
     #[serde(default)]
     pub capabilities: crate::model::Capabilities,
+    /// The reboot rung: this boot's id and the instance's repair history (it survives the
+    /// reboots it records).
+    #[serde(default)]
+    pub repair: super::repair::Ledger,
+    /// Disruptions AWS plans for this instance, and the ECS agent's verdict
+    /// (`engine::planned`).
+    #[serde(default)]
+    pub planned: super::planned::Planned,
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
     #[serde(default)]
     pub delivery: Delivery,
+    /// The evidence collection in flight, and the step waiting for it (engine/evidence.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<super::evidence::EvidenceWait>,
+    /// Drills asked for (`gpu-medic drill`) whose signal has not opened an incident yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub armed_drills: Vec<ArmedDrill>,
+    /// Incidents that are drills: their records carry the drill's id, and an observe drill's
+    /// orders are journaled, not executed. The newest [`MAX_DRILL_INCIDENTS`] are kept.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drills: BTreeMap<IncidentId, DrillMark>,
+}
+
+/// Bound on the drills armed at once (the oldest goes first).
+pub const MAX_ARMED_DRILLS: usize = 8;
+/// Bound on the drill incidents remembered (the oldest goes first).
+pub const MAX_DRILL_INCIDENTS: usize = 64;
+
+/// A drill waiting for its signal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmedDrill {
+    pub drill: crate::model::Drill,
+    pub at: Timestamp,
+}
+
+/// What the engine keeps of a drill once it opened its incident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrillMark {
+    pub id: String,
+    #[serde(default)]
+    pub observe: bool,
 }
 
 /// The largest counter or position accepted from a file (`state.json`, `inputs.jsonl`, the
@@ -102,97 +141,6 @@ pub struct Withheld {
     pub since: Timestamp,
 }
 
-/// How far the inputs and the sources are applied to this state. Saved with it, so that the
-/// state, the journal and every source's cursor agree after any restart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Delivery {
-    /// The sequence number of the last `inputs.jsonl` entry this state includes.
-    #[serde(default)]
-    pub applied: u64,
-    /// Per source stream (`kmsg:<boot id>`, `mps-log:<file>`), the highest position applied:
-    /// a record at or below it, read again after a restart, is a duplicate.
-    #[serde(default)]
-    pub cursors: BTreeMap<String, StreamCursor>,
-}
-
-/// At most this many streams are remembered (a stream of an earlier boot is dropped first).
-pub const MAX_STREAMS: usize = 32;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamCursor {
-    pub pos: u64,
-    /// When it last moved, to drop the stalest stream first.
-    pub at: Timestamp,
-    /// The source's opaque position (a journald cursor), see `model::Cursor::token`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
-impl Delivery {
-    /// Whether the record at `c` is already applied. A stream with a token resumes after its
-    /// token (its reader never hands a record out twice), so nothing of it is a duplicate.
-    pub fn seen_cursor(&self, c: &crate::model::Cursor) -> bool {
-        c.token.is_none() && self.seen(&c.stream, c.pos)
-    }
-
-    /// Moves the stream of `c` past it. A token stream follows its reader's order (a
-    /// journald entry's time stamp may step back with the clock; its cursor still moves).
-    pub fn advance_cursor(&mut self, c: &crate::model::Cursor, at: Timestamp) {
-        if c.token.is_none() {
-            self.advance(&c.stream, c.pos, at);
-            return;
-        }
-        self.cursors.remove(&c.stream);
-        self.advance(&c.stream, c.pos, at);
-        if let Some(sc) = self.cursors.get_mut(&c.stream) {
-            sc.token = c.token.clone();
-        }
-    }
-
-    /// The token last applied for `stream` (a journald cursor to resume after).
-    pub fn token(&self, stream: &str) -> Option<&str> {
-        self.cursors.get(stream)?.token.as_deref()
-    }
-
-    /// Whether `pos` of `stream` is already applied.
-    pub fn seen(&self, stream: &str, pos: u64) -> bool {
-        self.cursors.get(stream).is_some_and(|c| pos <= c.pos)
-    }
-
-    /// Moves a stream's cursor forward (never back).
-    pub fn advance(&mut self, stream: &str, pos: u64, at: Timestamp) {
-        match self.cursors.get_mut(stream) {
-            Some(c) => {
-                if pos > c.pos {
-                    c.pos = pos;
-                    c.at = at;
-                }
-            }
-            None => {
-                while self.cursors.len() >= MAX_STREAMS {
-                    let Some(stalest) = self
-                        .cursors
-                        .iter()
-                        .min_by_key(|(_, c)| c.at)
-                        .map(|(k, _)| k.clone())
-                    else {
-                        break;
-                    };
-                    self.cursors.remove(&stalest);
-                }
-                self.cursors.insert(
-                    stream.to_string(),
-                    StreamCursor {
-                        pos,
-                        at,
-                        token: None,
-                    },
-                );
-            }
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecentLog {
     pub incident: IncidentId,
@@ -215,19 +163,25 @@ pub enum NodePhase {
     Replacing,
     /// Auto Scaling has been told to replace the instance.
     Replaced,
+    /// Reboot ordered: the call, then waiting for the new boot.
+    Rebooting,
+    /// Back from a reboot: checked before it takes tasks again.
+    Verifying,
     /// Auto Scaling is terminating the instance (lifecycle hook pending).
     Terminating,
     Terminated,
 }
 
 impl NodePhase {
-    pub const ALL: [NodePhase; 8] = [
+    pub const ALL: [NodePhase; 10] = [
         NodePhase::InService,
         NodePhase::Quarantined,
         NodePhase::Draining,
         NodePhase::Drained,
         NodePhase::Replacing,
         NodePhase::Replaced,
+        NodePhase::Rebooting,
+        NodePhase::Verifying,
         NodePhase::Terminating,
         NodePhase::Terminated,
     ];
@@ -240,6 +194,8 @@ impl NodePhase {
             NodePhase::Drained => "drained",
             NodePhase::Replacing => "replacing",
             NodePhase::Replaced => "replaced",
+            NodePhase::Rebooting => "rebooting",
+            NodePhase::Verifying => "verifying",
             NodePhase::Terminating => "terminating",
             NodePhase::Terminated => "terminated",
         }
@@ -308,6 +264,12 @@ pub struct Remediation {
     pub quarantined: bool,
     #[serde(default)]
     pub drained: bool,
+    /// The reboot happened (a new boot id): what follows is the check after the boot.
+    #[serde(default)]
+    pub rebooted: bool,
+    /// While waiting for the new boot (`Step::AwaitBoot`): when a node still up is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
 }
 
 impl Remediation {
@@ -318,6 +280,8 @@ impl Remediation {
             step,
             quarantined: false,
             drained: false,
+            rebooted: false,
+            until: None,
         }
     }
 }
@@ -328,6 +292,8 @@ impl Remediation {
 pub enum Goal {
     /// Drain and leave the instance for an operator.
     Drain,
+    /// Drain, reboot, check after the boot, return to service.
+    Reboot,
     /// Drain, then have Auto Scaling replace it.
     Replace,
     /// Auto Scaling is terminating it: drain, then complete our lifecycle hook.
@@ -338,6 +304,7 @@ impl Goal {
     pub fn from_verdict(v: Verdict) -> Option<Goal> {
         match v {
             Verdict::Drain => Some(Goal::Drain),
+            Verdict::Reboot => Some(Goal::Reboot),
             Verdict::Replace => Some(Goal::Replace),
             _ => None,
         }
@@ -351,8 +318,15 @@ pub enum Step {
     Drain,
     Replace,
     CompleteLifecycle,
-    /// Undoing quarantine and drain after an operator abort.
+    /// Undoing quarantine and drain after an operator abort, or returning the instance to
+    /// service after a reboot that mended it.
     Restore,
+    /// The reboot order is out.
+    Reboot,
+    /// The reboot call was accepted; waiting for the new boot (until `Remediation::until`).
+    AwaitBoot,
+    /// After the boot: the launch gate's checks.
+    BootCheck,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -378,7 +352,12 @@ impl State {
         let is_node = |c: &Command| {
             matches!(
                 c,
-                Command::Quarantine | Command::Drain { .. } | Command::Replace | Command::Restore
+                Command::Quarantine
+                    | Command::Drain { .. }
+                    | Command::Replace
+                    | Command::Restore
+                    | Command::Reboot { .. }
+                    | Command::BootCheck
             )
         };
         self.in_flight

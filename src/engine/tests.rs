@@ -51,6 +51,7 @@ fn done(id: ActionId) -> Input {
         status: OutcomeStatus::Done,
         detail: String::new(),
         request_ids: vec!["req-1".into()],
+        evidence: None,
     })
 }
 
@@ -60,6 +61,7 @@ fn failed(id: ActionId, retryable: bool) -> Input {
         status: OutcomeStatus::Failed { retryable },
         detail: "boom".into(),
         request_ids: vec![],
+        evidence: None,
     })
 }
 
@@ -241,6 +243,7 @@ fn a_deferred_order_waits_without_spending_attempts() {
             },
             detail: "fleet budget full".into(),
             request_ids: vec![],
+            evidence: None,
         }));
         let again = Run::only_order(&r.advance(Duration::from_secs(61)));
         assert!(matches!(again.command, Command::Drain { .. }));
@@ -608,6 +611,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
                     status,
                     detail: String::new(),
                     request_ids: vec![],
+                    evidence: None,
                 }),
                 Duration::ZERO,
             )
@@ -807,4 +811,246 @@ fn tasks_over_their_reservation_are_one_logged_incident_each() {
         3,
         "a crossing after the window is a new incident"
     );
+}
+
+fn with_evidence(mode: crate::model::EvidenceMode) -> Run {
+    let mut r = Run::new(default_policy());
+    r.feed(Input::Started {
+        capabilities: crate::model::Capabilities {
+            evidence: Some(crate::model::EvidencePlan {
+                mode,
+                deadline: Duration::from_secs(300),
+            }),
+            ..crate::model::Capabilities::default()
+        },
+    });
+    r
+}
+
+fn kinds(out: &[Action]) -> Vec<&'static str> {
+    Run::orders(out).iter().map(|o| o.command.name()).collect()
+}
+
+#[test]
+fn the_replacement_waits_for_the_evidence_collection_then_goes() {
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    let out = r.feed(xid(0, 79));
+    assert_eq!(kinds(&out), ["quarantine", "collect-evidence"]);
+    let orders = Run::orders(&out);
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    // The drain is done before the collection: the replacement waits for it.
+    assert!(Run::orders(&r.feed(done(d))).is_empty());
+    assert_eq!(r.st.node, NodePhase::Draining);
+    let out = r.feed(done(ev));
+    assert_eq!(kinds(&out), ["replace"]);
+}
+
+#[test]
+fn the_replacement_goes_at_the_evidence_deadline_without_it() {
+    let mut r = with_evidence(crate::model::EvidenceMode::Always);
+    let orders = Run::orders(&r.feed(xid(0, 79)));
+    let d = Run::only_order(&r.feed(done(orders[0].id))).id;
+    assert!(Run::orders(&r.feed(done(d))).is_empty());
+    let out = r.advance(Duration::from_secs(301));
+    assert_eq!(kinds(&out), ["replace"]);
+    let notes: Vec<&str> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Log(Record {
+                event: IncidentEvent::Note { text },
+                ..
+            }) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("no evidence archive")),
+        "{notes:?}"
+    );
+    // A late outcome changes nothing.
+    assert!(Run::orders(&r.feed(done(orders[1].id))).is_empty());
+}
+
+#[test]
+fn evidence_off_or_a_non_fatal_signal_under_on_fatal_orders_no_collection() {
+    let mut r = with_evidence(crate::model::EvidenceMode::Off);
+    assert_eq!(kinds(&r.feed(xid(0, 79))), ["quarantine"]);
+    // A repeating application XID escalates to a drain; XID 13 is not fatal.
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    for _ in 0..4 {
+        r.feed(xid(2, 13));
+        r.advance(Duration::from_secs(60));
+    }
+    assert_eq!(kinds(&r.feed(xid(2, 13))), ["quarantine"]);
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+    // Under `always` the same drain collects.
+    let mut r = with_evidence(crate::model::EvidenceMode::Always);
+    for _ in 0..4 {
+        r.feed(xid(2, 13));
+        r.advance(Duration::from_secs(60));
+    }
+    assert_eq!(
+        kinds(&r.feed(xid(2, 13))),
+        ["quarantine", "collect-evidence"]
+    );
+}
+
+#[test]
+fn the_reboot_waits_for_the_evidence_collection_too() {
+    let mut r = Run::new(default_policy());
+    r.feed(Input::Started {
+        capabilities: crate::model::Capabilities {
+            reboot: true,
+            evidence: Some(crate::model::EvidencePlan {
+                mode: crate::model::EvidenceMode::OnFatal,
+                deadline: Duration::from_secs(300),
+            }),
+            ..crate::model::Capabilities::default()
+        },
+    });
+    r.feed(Input::Boot {
+        id: "boot-1".into(),
+    });
+    // XID 79 the first time: the default policy reboots.
+    let out = r.feed(xid(0, 79));
+    assert_eq!(kinds(&out), ["quarantine", "collect-evidence"]);
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Reboot);
+    let orders = Run::orders(&out);
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    assert!(Run::orders(&r.feed(done(d))).is_empty(), "held");
+    let out = r.feed(done(ev));
+    assert_eq!(kinds(&out), ["reboot"]);
+}
+
+#[test]
+fn the_terminate_hook_completes_after_the_evidence_collection_or_its_deadline() {
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    let orders = Run::orders(&r.feed(xid(0, 79)));
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    // Auto Scaling terminates the instance mid-drain: the hook waits for the collection.
+    r.feed(obs(Signal::Lifecycle {
+        state: LifecycleState::Terminating,
+    }));
+    let held: Vec<Order> = Run::orders(&r.feed(done(d)));
+    assert!(
+        held.iter()
+            .all(|o| !matches!(o.command, Command::CompleteLifecycle { .. })),
+        "{held:?}"
+    );
+    let out = r.feed(done(ev));
+    assert!(
+        Run::orders(&out)
+            .iter()
+            .any(|o| matches!(o.command, Command::CompleteLifecycle { .. })),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_rule_of_its_own_evidence_mode_overrides_the_config() {
+    let plan = |mode| crate::model::Capabilities {
+        evidence: Some(crate::model::EvidencePlan {
+            mode,
+            deadline: Duration::from_secs(300),
+        }),
+        ..crate::model::Capabilities::default()
+    };
+    let with_rule = |mode| {
+        let mut p = default_policy();
+        let rule = p
+            .rules
+            .iter_mut()
+            .find(|r| r.name == "xid-fallen-off-bus")
+            .expect("the default policy's XID 79 rule");
+        rule.evidence = Some(mode);
+        p
+    };
+    // The config says always; the rule says off: no collection.
+    let mut r = Run::new(with_rule(crate::model::EvidenceMode::Off));
+    r.feed(Input::Started {
+        capabilities: plan(crate::model::EvidenceMode::Always),
+    });
+    assert_eq!(kinds(&r.feed(xid(0, 79))), ["quarantine"]);
+    // The config says off; the rule says always: collected.
+    let mut r = Run::new(with_rule(crate::model::EvidenceMode::Always));
+    r.feed(Input::Started {
+        capabilities: plan(crate::model::EvidenceMode::Off),
+    });
+    assert_eq!(
+        kinds(&r.feed(xid(0, 79))),
+        ["quarantine", "collect-evidence"]
+    );
+}
+
+#[test]
+fn a_drain_closes_without_waiting_and_the_archive_is_recorded_after() {
+    // A drain destroys nothing on the node: its incident closes when the drain is done, and
+    // the collection's outcome (with the archive) is recorded when it comes.
+    let mut r = with_evidence(crate::model::EvidenceMode::Always);
+    for _ in 0..4 {
+        r.feed(xid(2, 13));
+        r.advance(Duration::from_secs(60));
+    }
+    let orders = Run::orders(&r.feed(xid(2, 13)));
+    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    r.feed(done(d));
+    let id = orders[0].incident;
+    assert!(
+        r.closed().contains(&(id, IncidentState::Drained)),
+        "{:?}",
+        r.closed()
+    );
+    let mut o = done(ev);
+    if let Input::Outcome(out) = &mut o {
+        out.evidence = Some(Box::new(crate::model::EvidenceRef {
+            uri: "s3://b/k/1.tar.gz".into(),
+            bytes: 10,
+            sha256: "ab".into(),
+            uploaded: true,
+            missing: vec![],
+        }));
+    }
+    let out = r.feed(o);
+    assert!(
+        out.iter().any(|a| matches!(a, Action::Log(Record {
+            event: IncidentEvent::ActionFinished { outcome }, ..
+        }) if outcome.evidence.is_some())),
+        "{out:?}"
+    );
+    assert!(r.st.evidence.is_none());
+}
+
+#[test]
+fn an_abort_while_the_replacement_waits_for_the_evidence_drops_the_replacement() {
+    let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
+    let orders = Run::orders(&r.feed(xid(0, 79)));
+    let (q, ev) = (orders[0].id, orders[1].id);
+    let d = Run::only_order(&r.feed(done(q))).id;
+    assert!(Run::orders(&r.feed(done(d))).is_empty(), "replacement held");
+    let restore = Run::only_order(&r.feed(abort(orders[0].incident)));
+    assert_eq!(restore.command, Command::Restore);
+    assert!(r.st.in_flight.contains_key(&ev), "the collection runs on");
+    // The collection ends: recorded, and no replacement of an instance the operator kept.
+    let out = r.feed(done(ev));
+    assert!(
+        Run::orders(&out)
+            .iter()
+            .all(|o| o.command != Command::Replace),
+        "{out:?}"
+    );
+    assert!(out.iter().any(|a| matches!(
+        a,
+        Action::Log(Record {
+            event: IncidentEvent::ActionFinished { .. },
+            ..
+        })
+    )));
+    r.feed(done(restore.id));
+    assert_eq!(r.st.node, NodePhase::InService);
+    assert!(r.st.evidence.is_none());
 }

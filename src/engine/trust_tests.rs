@@ -74,6 +74,7 @@ impl Run {
             status: OutcomeStatus::Failed { retryable: false },
             detail: "refused".into(),
             request_ids: vec![],
+            evidence: None,
         }))
     }
 }
@@ -124,6 +125,8 @@ fn restart_mps_is_never_ordered_when_gpu_medic_does_not_manage_the_daemon() {
     let mut r = Run::new(Capabilities {
         aws: true,
         mps: false,
+        evidence: None,
+        reboot: false,
     });
     // An uncorrectable ECC error: stop the tasks on the GPU; the stop fails; with MPS
     // unmanaged that must not escalate to restart-mps.
@@ -152,6 +155,8 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
     let mut r = Run::new(Capabilities {
         aws: false,
         mps: true,
+        evidence: None,
+        reboot: false,
     });
     let out = r.feed(xid(1, 79));
     assert!(Run::orders(&out).is_empty(), "{out:?}");
@@ -169,6 +174,50 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
         assert!(Run::orders(&r.feed(xid(g, 79))).is_empty());
     }
     assert_eq!(r.opened(), before);
+}
+
+#[test]
+fn without_aws_a_node_fault_that_stays_is_journaled_once() {
+    // A node-level fault that stays (Fabric Manager down, seen on every look) is withheld
+    // once; its repeats join it once, not once per look: the journal does not grow while
+    // nothing changes (no GPU points at the incident to keep it).
+    let mut r = Run::new(Capabilities {
+        aws: false,
+        mps: true,
+        evidence: None,
+        reboot: false,
+    });
+    let signals = |r: &Run| {
+        r.log
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::Log(Record {
+                        event: IncidentEvent::Signal { .. },
+                        ..
+                    })
+                )
+            })
+            .count()
+    };
+    for _ in 0..2 {
+        r.feed(Input::Observation(
+            Observation::new(Signal::FabricManagerDown).with_value(2),
+        ));
+    }
+    assert_eq!(r.opened(), 1);
+    assert!(r.st.withheld.is_some());
+    let once = signals(&r);
+    for _ in 0..5 {
+        r.now = r.now.plus(Duration::from_secs(30));
+        r.feed(Input::Tick);
+        r.feed(Input::Observation(
+            Observation::new(Signal::FabricManagerDown).with_value(2),
+        ));
+    }
+    assert_eq!(signals(&r), once, "journaled once while it stays");
+    assert_eq!(r.opened(), 1);
 }
 
 #[test]
@@ -191,6 +240,7 @@ fn a_chain_that_failed_at_every_step_does_not_claim_the_node_drained() {
             status: OutcomeStatus::Done,
             detail: String::new(),
             request_ids: vec![],
+            evidence: None,
         })
     };
     let d = Run::orders(&r.feed(ok(&q))).remove(0);
@@ -229,6 +279,7 @@ proptest! {
             command: Command::Replace,
             attempt,
             deadline: Timestamp(u64::MAX),
+            planned: false,
         });
         st.scheduled.push(Scheduled { at: Timestamp(0), incident: IncidentId(next), command: Command::RestartMps, attempt });
         st.sightings.insert("x@gpu0".into(), vec![Timestamp(u64::MAX), Timestamp(0)]);
@@ -239,7 +290,7 @@ proptest! {
                 1 => xid(0, 79),
                 2 => xid(1, 13),
                 3 => Input::Observation(Observation::new(Signal::MpsDown).with_value(u64::MAX)),
-                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![] }),
+                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![], evidence: None }),
                 5 => fault("nvml"),
                 _ => Input::Observation(Observation::new(Signal::EccUncorrected).on_gpu(GpuId::index_only(u32::MAX)).with_value(u64::MAX)),
             };

@@ -47,14 +47,24 @@ pub const INCIDENT_OPENED: &str = "GPU Medic Incident Opened";
 pub const ACTION_STARTED: &str = "GPU Medic Action Started";
 /// `detail-type` of an order that failed.
 pub const ACTION_FAILED: &str = "GPU Medic Action Failed";
+/// `detail-type` of a verdict that went up (an escalation, the MPS restart budget spent, a
+/// drain upgraded to a replacement): `docs/paging.md` pages on it.
+pub const INCIDENT_ESCALATED: &str = "GPU Medic Incident Escalated";
 /// `detail-type` of an incident's last record.
 pub const INCIDENT_CLOSED: &str = "GPU Medic Incident Closed";
+/// `detail-type` of a finished evidence collection: the detail's outcome carries the S3 URI,
+/// size and SHA-256 of the archive (docs/evidence.md).
+pub const EVIDENCE_COLLECTED: &str = "GPU Medic Evidence Collected";
 
 /// The EventBridge `detail-type` of a record, if it is a transition on-call is told about.
 pub fn detail_type(e: &IncidentEvent) -> Option<&'static str> {
     match e {
         IncidentEvent::Opened { .. } => Some(INCIDENT_OPENED),
         IncidentEvent::ActionStarted { .. } => Some(ACTION_STARTED),
+        IncidentEvent::ActionFinished { outcome } if outcome.evidence.is_some() => {
+            Some(EVIDENCE_COLLECTED)
+        }
+        IncidentEvent::Escalated { .. } => Some(INCIDENT_ESCALATED),
         IncidentEvent::ActionFinished { outcome }
             if matches!(outcome.status, OutcomeStatus::Failed { .. }) =>
         {
@@ -231,17 +241,17 @@ impl Exporter {
         let stop = CancellationToken::new();
         let dest: Arc<OnceCell<Destination>> = Arc::new(OnceCell::new());
         let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
-        let dir = cfg.state_dir.join("export");
+        let files = cfg.files();
         let mut lanes = Vec::new();
         let mut tasks = Vec::new();
-        let mut add = |name: &'static str, file: &str, kind: Kind| {
+        let mut add = |name: &'static str, lane: &str, kind: Kind| {
             let wake = Arc::new(Notify::new());
             let (tx, rx) = watch::channel(Progress::default());
             let lane = Lane {
                 name,
                 kind,
                 tail: Tail::new(&cfg.incidents_path()),
-                cursor_path: dir.join(file),
+                cursor_path: files.export_cursor(lane),
                 cursor: Cursor::default(),
                 dest: dest.clone(),
                 cfg: cfg.clone(),
@@ -265,7 +275,7 @@ impl Exporter {
         if cfg.export.logs {
             add(
                 "CloudWatch Logs",
-                "logs.cursor.json",
+                "logs",
                 Kind::Logs {
                     logs: Logs::new(aws_sdk_cloudwatchlogs::Client::new(sdk)),
                     ready: false,
@@ -275,7 +285,7 @@ impl Exporter {
         if cfg.export.events {
             add(
                 "EventBridge",
-                "events.cursor.json",
+                "events",
                 Kind::Events {
                     events: Events::new(
                         aws_sdk_eventbridge::Client::new(sdk),

@@ -195,6 +195,37 @@ impl Tail {
         }
     }
 
+    /// The cursor's file (and maybe more) was rotated away before it was passed: counts
+    /// the records lost with it, warns once, and moves the cursor to the oldest file left.
+    fn skip_rotated(&mut self, cur: &mut Cursor, files: &[(PathBuf, u64, u64)]) -> u64 {
+        let lost: u64 = self
+            .counted
+            .iter()
+            .filter(|(ino, _)| !files.iter().any(|f| f.1 == **ino))
+            .map(|(ino, (_, lines))| {
+                if *ino == cur.inode {
+                    lines.saturating_sub(cur.line)
+                } else {
+                    *lines
+                }
+            })
+            .sum();
+        tracing::warn!(
+            lost,
+            "journal records rotated away before they were exported (raise [journal] max_file_size_mib or keep_files)"
+        );
+        cur.seq += lost;
+        cur.dropped += lost;
+        *cur = Cursor {
+            inode: files[0].1,
+            head: self.heads.get(&files[0].1).copied().unwrap_or(0),
+            ..*cur
+        };
+        cur.offset = 0;
+        cur.line = 0;
+        lost
+    }
+
     /// Reads from `cur` (moved along), handing each line to `f`; `f` returns false to stop
     /// before that line (it is read again next time). Stops at the journal's end: at a last
     /// line still being written, or at the end of the live file.
@@ -215,33 +246,7 @@ impl Tail {
             Some(i) => i,
             None if cur.inode == 0 => 0,
             None => {
-                // The cursor's file (and maybe more) was rotated away before it was passed.
-                let lost: u64 = self
-                    .counted
-                    .iter()
-                    .filter(|(ino, _)| !files.iter().any(|f| f.1 == **ino))
-                    .map(|(ino, (_, lines))| {
-                        if *ino == cur.inode {
-                            lines.saturating_sub(cur.line)
-                        } else {
-                            *lines
-                        }
-                    })
-                    .sum();
-                tracing::warn!(
-                    lost,
-                    "journal records rotated away before they were exported (raise [journal] max_file_size_mib or keep_files)"
-                );
-                cur.seq += lost;
-                cur.dropped += lost;
-                out.dropped = lost;
-                *cur = Cursor {
-                    inode: files[0].1,
-                    head: self.heads.get(&files[0].1).copied().unwrap_or(0),
-                    ..*cur
-                };
-                cur.offset = 0;
-                cur.line = 0;
+                out.dropped = self.skip_rotated(cur, &files);
                 0
             }
         };

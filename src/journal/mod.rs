@@ -62,14 +62,15 @@ impl<T: Serialize> JsonlWriter<T> {
             std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
         }
         // Whatever is in the way that is not a regular file (a FIFO, a directory, a symlink
-        // to a device) is set aside: a journal is never opened through it.
+        // to a device such as /dev/null, which would swallow every record) is set aside: a
+        // journal is never opened through it. A symlink to a regular file is followed.
         crate::sys::limits::set_aside_unless_regular(path)
             .map_err(|e| JournalError::io(path, e))?;
         let mut file = OpenOptions::new()
             .create(true)
             .read(true)
             .append(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| JournalError::io(path, e))?;
         if !file
@@ -245,7 +246,7 @@ impl std::fmt::Display for SkippedLine {
     }
 }
 
-pub use crate::sys::limits::{CappedLine, read_capped_line};
+pub use crate::sys::lines::{CappedLine, read_capped_line};
 
 /// What a journal reader hands over for each line.
 #[derive(Debug)]
@@ -504,12 +505,16 @@ pub struct SetAside {
 /// [`load_state`] for the daemon: an unreadable (corrupt) state file does not keep it from
 /// starting. The file is renamed `state.json.corrupt-<unix ms>` (kept for a post-mortem) and
 /// `None` is returned with what was done; the caller rebuilds from the journal
-/// ([`rebuild_from_journal`]). Errors are only those a restart cannot fix either (the folder
+/// ([`rebuild_from_journal`]). Anything but a file left at the state's temporary path (a
+/// directory a crashed tool left) is set aside too: the atomic write never deletes it, and
+/// every save would fail on it. Errors are only those a restart cannot fix either (the folder
 /// cannot be read or written).
 pub fn load_state_or_set_aside(
     path: &Path,
     now: crate::model::Timestamp,
 ) -> Result<(Option<State>, Option<SetAside>), JournalError> {
+    let tmp = crate::sys::fs::temp_path(path);
+    crate::sys::limits::set_aside_unless_regular(&tmp).map_err(|e| JournalError::io(&tmp, e))?;
     match load_state(path) {
         Ok(s) => Ok((s, None)),
         Err(JournalError::Corrupt { message, .. }) => {
@@ -529,13 +534,13 @@ pub fn load_state_or_set_aside(
     }
 }
 
-/// The engine state the incident journal implies (see `engine::recover`), streamed one line
+/// The engine state the incident journal implies (see `engine::rebuild`), streamed one line
 /// at a time across its rotated files, oldest first; unreadable lines are skipped.
 pub fn rebuild_from_journal(
     incidents: &Path,
     now: crate::model::Timestamp,
 ) -> Result<State, JournalError> {
-    let mut rebuild = crate::engine::recover::Rebuild::new();
+    let mut rebuild = crate::engine::rebuild::Rebuild::new();
     stream_jsonl::<crate::model::Record>(&journal_files(incidents), None, |e| {
         if let Entry::Item(r) = e {
             rebuild.add(&r);
@@ -549,11 +554,11 @@ pub fn rebuild_from_journal(
 /// `state.json`, for a source that resumes reading. Unreadable or missing: none (the source
 /// reads from its start or end as it would on a first start; the supervisor still drops what
 /// it has seen). Reads the file without setting anything aside.
-pub fn committed_delivery(state_file: &Path) -> crate::engine::Delivery {
+pub fn committed_delivery(state_file: &Path) -> crate::model::Delivery {
     #[derive(Deserialize)]
     struct Partial {
         #[serde(default)]
-        delivery: crate::engine::Delivery,
+        delivery: crate::model::Delivery,
     }
     crate::sys::limits::read_text(
         state_file,
@@ -568,7 +573,7 @@ pub fn committed_delivery(state_file: &Path) -> crate::engine::Delivery {
 
 /// Where operator requests wait for the daemon (`gpu-medic incidents abort`).
 pub fn requests_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("requests")
+    crate::config::StateDir::new(state_dir).requests()
 }
 
 /// Drops a request for the running daemon, written whole (temp file, then rename).
@@ -643,6 +648,7 @@ pub(crate) mod tests {
         Record {
             at: Timestamp(1_700_000_000_000 + i),
             incident: IncidentId(i),
+            drill: None,
             event: IncidentEvent::Closed {
                 state: IncidentState::Logged,
                 summary: format!("r{i}"),

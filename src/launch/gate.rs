@@ -7,8 +7,8 @@
 //!    our hook `[lifecycle] launch_hook` (DescribeLifecycleHooks). A first heartbeat tells
 //!    whether an action is waiting; without one (no hook, already in service) the check still
 //!    runs and marks the container instance, but no lifecycle call is made.
-//! 2. The check (`examine`, the same as `gpu-medic check`), heartbeating the hook every third
-//!    of its heartbeat timeout. "Could not tell" is retried every `check_retry_delay` until
+//! 2. The check (`examine`, the same as `gpu-medic check`, judged by `engine::check`),
+//!    heartbeating the hook every third of its heartbeat timeout. "Could not tell" is retried every `check_retry_delay` until
 //!    `check_deadline`.
 //! 3. The decision:
 //!    - healthy: CONTINUE, `<prefix>.health=ok`;
@@ -167,7 +167,51 @@ impl Gate<'_> {
         self.notes.push(text);
     }
 
-    async fn run<T, F>(&mut self, mut examine: F) -> LaunchReport<T>
+    /// Runs the GPU check, again after `[lifecycle] check_retry_delay` while it cannot tell,
+    /// until `deadline`: its health, its report (none when the check panicked) and how many
+    /// times it ran.
+    async fn check_until_known<T, F>(
+        &mut self,
+        mut examine: F,
+        deadline: Instant,
+    ) -> (Health, Option<T>, u32)
+    where
+        T: Send + 'static,
+        F: FnMut() -> (Health, T) + Send + 'static,
+    {
+        let cfg = self.cfg;
+        let lc = &cfg.lifecycle;
+        let mut attempts = 0u32;
+        let (health, check) = loop {
+            attempts += 1;
+            let job = tokio::task::spawn_blocking(move || {
+                let r = examine();
+                (examine, r)
+            })
+            .await;
+            let (f, (health, check)) = match job {
+                Ok(v) => v,
+                Err(e) => {
+                    // The check panicked: nothing to retry with.
+                    self.note(format!("the GPU check failed: {e}"));
+                    break (Health::Unknown, None);
+                }
+            };
+            examine = f;
+            if health != Health::Unknown || Instant::now() + lc.check_retry_delay >= deadline {
+                break (health, Some(check));
+            }
+            tracing::info!(
+                attempt = attempts,
+                "launch gate: the GPU check could not tell; trying again in {}",
+                humantime::format_duration(lc.check_retry_delay)
+            );
+            tokio::time::sleep(lc.check_retry_delay).await;
+        };
+        (health, check, attempts)
+    }
+
+    async fn run<T, F>(&mut self, examine: F) -> LaunchReport<T>
     where
         T: Send + 'static,
         F: FnMut() -> (Health, T) + Send + 'static,
@@ -201,33 +245,7 @@ impl Gate<'_> {
         });
 
         // The check, again while it cannot tell.
-        let mut attempts = 0u32;
-        let (health, check) = loop {
-            attempts += 1;
-            let job = tokio::task::spawn_blocking(move || {
-                let r = examine();
-                (examine, r)
-            })
-            .await;
-            let (f, (health, check)) = match job {
-                Ok(v) => v,
-                Err(e) => {
-                    // The check panicked: nothing to retry with.
-                    self.note(format!("the GPU check failed: {e}"));
-                    break (Health::Unknown, None);
-                }
-            };
-            examine = f;
-            if health != Health::Unknown || Instant::now() + lc.check_retry_delay >= deadline {
-                break (health, Some(check));
-            }
-            tracing::info!(
-                attempt = attempts,
-                "launch gate: the GPU check could not tell; trying again in {}",
-                humantime::format_duration(lc.check_retry_delay)
-            );
-            tokio::time::sleep(lc.check_retry_delay).await;
-        };
+        let (health, check, attempts) = self.check_until_known(examine, deadline).await;
         if health == Health::Unknown {
             self.note(format!(
                 "the GPU check could not tell after {attempts} attempt(s) within {}",
@@ -270,37 +288,56 @@ impl Gate<'_> {
             Decision::Continue => 0,
             _ => 1,
         };
-        if let Some(me) = &me {
-            // Marks first when the instance is to take no tasks, so it never runs unmarked.
-            if decision != Decision::Continue {
-                report.attribute = self.mark(me, decision.health_value()).await;
-            }
-            if waiting {
-                match self.complete(me, decision).await {
-                    Ok(r) => report.result = r,
-                    Err(e) => {
-                        tracing::error!(
-                            "launch gate: could not complete lifecycle hook {}: {e}; its DefaultResult applies at its timeout",
-                            lc.launch_hook
-                        );
-                        self.notes.push(format!(
-                            "could not complete lifecycle hook {}: {e}; its DefaultResult applies at its timeout",
-                            lc.launch_hook
-                        ));
-                        exit = 2;
-                    }
+        match &me {
+            Some(me) => {
+                if !self.answer(me, decision, waiting, &mut report).await {
+                    exit = 2;
                 }
             }
-            if decision == Decision::Continue {
-                report.attribute = self.mark(me, decision.health_value()).await;
-            }
-        } else {
-            exit = 2;
+            None => exit = 2,
         }
         report.exit_code = exit;
         report.notes = std::mem::take(&mut self.notes);
         report.request_ids = std::mem::take(&mut self.calls.entries);
         report
+    }
+
+    /// Marks the container instance and answers our launch hook when an action waits on it:
+    /// false when the hook could not be completed (its DefaultResult then applies).
+    async fn answer<T>(
+        &mut self,
+        me: &Me,
+        decision: Decision,
+        waiting: bool,
+        report: &mut LaunchReport<T>,
+    ) -> bool {
+        let cfg = self.cfg;
+        let lc = &cfg.lifecycle;
+        let mut answered = true;
+        // Marks first when the instance is to take no tasks, so it never runs unmarked.
+        if decision != Decision::Continue {
+            report.attribute = self.mark(me, decision.health_value()).await;
+        }
+        if waiting {
+            match self.complete(me, decision).await {
+                Ok(r) => report.result = r,
+                Err(e) => {
+                    tracing::error!(
+                        "launch gate: could not complete lifecycle hook {}: {e}; its DefaultResult applies at its timeout",
+                        lc.launch_hook
+                    );
+                    self.notes.push(format!(
+                        "could not complete lifecycle hook {}: {e}; its DefaultResult applies at its timeout",
+                        lc.launch_hook
+                    ));
+                    answered = false;
+                }
+            }
+        }
+        if decision == Decision::Continue {
+            report.attribute = self.mark(me, decision.health_value()).await;
+        }
+        answered
     }
 
     /// The instance, its group and, when an action waits on it, our launch hook.

@@ -6,8 +6,8 @@
 //! ([`crate::sys::limits::MAX_JOURNAL_LINE`]): whatever the journal writes, it reads back.
 
 use super::{
-    Command, GpuId, IncidentEvent, Input, Observation, OperatorRequest, Order, Outcome, Record,
-    Signal,
+    Command, Drill, EvidenceRef, GpuId, IncidentEvent, Input, Observation, OperatorRequest, Order,
+    Outcome, Record, ScheduledEvent, Signal,
 };
 
 /// Free text (a driver message, an AWS error, a log block): 8 KiB.
@@ -70,8 +70,36 @@ impl GpuId {
 
 impl Signal {
     pub fn bound(&mut self) {
-        if let Signal::SelfFault { component } | Signal::SelfRecovered { component } = self {
-            cut(component, MAX_NAME);
+        match self {
+            Signal::SelfFault { component } | Signal::SelfRecovered { component } => {
+                cut(component, MAX_NAME);
+            }
+            Signal::EcsAgentHealth { status: s } | Signal::SpotInterruption { action: s, .. } => {
+                cut(s, MAX_NAME);
+            }
+            Signal::MaintenanceEvent { event } => event.bound(),
+            _ => {}
+        }
+    }
+}
+
+impl ScheduledEvent {
+    pub fn bound(&mut self) {
+        cut(&mut self.id, MAX_NAME);
+        cut(&mut self.code, MAX_NAME);
+        cut(&mut self.description, MAX_TEXT);
+        cut(&mut self.boot_id, MAX_NAME);
+    }
+}
+
+impl EvidenceRef {
+    pub fn bound(&mut self) {
+        cut(&mut self.uri, MAX_TEXT);
+        cut(&mut self.sha256, MAX_NAME);
+        self.missing.truncate(MAX_ITEMS);
+        for m in self.missing.iter_mut() {
+            cut(&mut m.part, MAX_NAME);
+            cut(&mut m.why, MAX_TEXT);
         }
     }
 }
@@ -95,7 +123,9 @@ impl Observation {
         if let Some(c) = &mut self.cursor {
             // A stream name or token that does not fit is no position: drop it rather than
             // keep a cut one that would match another stream.
-            if c.stream.len() > MAX_NAME || c.token.as_ref().is_some_and(|t| t.len() > MAX_TEXT) {
+            if c.stream.as_str().len() > MAX_NAME
+                || c.token.as_ref().is_some_and(|t| t.len() > MAX_TEXT)
+            {
                 self.cursor = None;
             }
         }
@@ -105,6 +135,9 @@ impl Observation {
 impl Outcome {
     pub fn bound(&mut self) {
         cut(&mut self.detail, MAX_TEXT);
+        if let Some(e) = &mut self.evidence {
+            e.bound();
+        }
         let gone = cut_names(&mut self.request_ids);
         if gone > 0 {
             self.detail.push_str(&format!("; {gone} more request ids"));
@@ -148,6 +181,19 @@ impl OperatorRequest {
                 }
                 cut_names(request_ids);
             }
+            OperatorRequest::Drill { drill } => drill.bound(),
+        }
+    }
+}
+
+impl Drill {
+    pub fn bound(&mut self) {
+        cut(&mut self.id, MAX_NAME);
+        cut(&mut self.class, MAX_NAME);
+        cut(&mut self.by, MAX_NAME);
+        self.expect.signals.truncate(MAX_ITEMS);
+        if let Some(o) = &mut self.inject {
+            o.bound();
         }
     }
 }
@@ -160,6 +206,9 @@ impl Input {
             Input::Observation(o) => o.bound(),
             Input::Outcome(o) => o.bound(),
             Input::Operator(r) => r.bound(),
+            Input::Boot { id } => {
+                cut(id, MAX_NAME);
+            }
             Input::Started { .. } | Input::Tick => {}
         }
     }
@@ -169,6 +218,9 @@ impl Record {
     /// Bounds a record before it is journaled: its observation as on input, the engine's
     /// composed text to [`MAX_COMPOSED`].
     pub fn bound(&mut self) {
+        if let Some(d) = &mut self.drill {
+            cut(d, MAX_NAME);
+        }
         match &mut self.event {
             IncidentEvent::Opened {
                 observation,
@@ -225,12 +277,15 @@ mod tests {
     #[test]
     fn a_record_of_huge_parts_encodes_below_the_line_cap() {
         let huge = "x".repeat(3 * 1024 * 1024);
+        // Names in long lists: over their own cap, but small enough that a list of thousands
+        // stays cheap to build (thousands of 3 MiB strings would be gigabytes).
+        let long_name = "n".repeat(4 * MAX_NAME);
         let mut obs = Observation::new(Signal::SelfFault {
             component: huge.clone(),
         })
         .with_detail(huge.clone())
         .with_pids((0..50_000).collect());
-        obs.tasks = vec![huge.clone(); 1000];
+        obs.tasks = vec![long_name.clone(); 1000];
         obs.source = huge.clone();
         obs.gpu = Some(GpuId {
             index: 0,
@@ -241,6 +296,7 @@ mod tests {
         let mut r = Record {
             at: Timestamp(0),
             incident: IncidentId(1),
+            drill: Some(huge.clone()),
             event: IncidentEvent::Opened {
                 observation: obs,
                 rule: huge.clone(),
@@ -263,7 +319,8 @@ mod tests {
             action: ActionId(1),
             status: OutcomeStatus::Failed { retryable: true },
             detail: huge.clone(),
-            request_ids: vec![huge; 10_000],
+            request_ids: vec![long_name; 10_000],
+            evidence: None,
         };
         out.bound();
         assert!(serde_json::to_vec(&out).unwrap().len() < 256 * 1024);

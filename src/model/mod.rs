@@ -3,6 +3,11 @@
 //! (`Record`, `Incident`). Everything here is plain data that serializes to stable JSON,
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
+pub mod cursor;
+pub mod links;
+
+pub use cursor::{Cursor, Delivery, Resume, StreamId};
+
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -10,6 +15,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod bounds;
 pub use bounds::{MAX_COMPOSED, MAX_ITEMS, MAX_NAME, MAX_TEXT, cut};
+mod evidence;
+pub use evidence::{EvidenceMode, EvidencePlan, EvidenceRef, MissingPart};
+pub mod planned;
+pub use planned::{AgentVerdict, EventClass, EventState, ScheduledEvent};
 
 /// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
 /// the supervisor stamps every input, and replays reuse the recorded stamps. Arithmetic on it
@@ -263,6 +272,53 @@ pub enum Signal {
     Lifecycle {
         state: LifecycleState,
     },
+    /// The GPU's NVLink fabric registration (`nvmlDeviceGetGpuFabricInfo`) has not completed
+    /// within `[links] fabric_deadline` after boot (value: seconds since boot). On NVSwitch
+    /// systems such a GPU cannot run CUDA work at all, while NVML still lists it.
+    FabricNotCompleted,
+    /// The fabric registration completed with an error status (value: the `nvmlReturn_t`).
+    FabricError,
+    /// Fabric Manager (`nvidia-fabricmanager.service`) is not running on an instance type with
+    /// NVSwitches (value: consecutive looks).
+    FabricManagerDown,
+    /// systemd restarted Fabric Manager repeatedly within `[links] fm_flap_window` (value: the
+    /// restarts in the window).
+    FabricManagerFlapping,
+    /// An NVSwitch error (`SXid`) the driver or NVIDIA's table calls non-fatal.
+    SxidNonFatal {
+        code: u32,
+    },
+    /// An NVSwitch error the driver printed as `Fatal` (fatal to the port's partition).
+    SxidFatal {
+        code: u32,
+    },
+    /// An NVSwitch error NVIDIA documents as always fatal to the whole fabric.
+    SxidAlwaysFatal {
+        code: u32,
+    },
+    /// NVLinks of the GPU that were up are down (value: how many).
+    NvlinkDown,
+    /// NVLink CRC (flit + data) errors per minute over `[links] nvlink_window`, worst link.
+    NvlinkCrcErrors,
+    /// NVLink replay errors per minute over the window, worst link.
+    NvlinkReplayErrors,
+    /// NVLink recovery errors per minute over the window, worst link.
+    NvlinkRecoveryErrors,
+    /// The GPU's PCIe link runs below its maximum width, or below its maximum generation while
+    /// the GPU is busy (value: percent of the maximum bandwidth).
+    PcieDowntrained,
+    /// PCIe replays per minute over `[links] pcie_window`.
+    PcieReplays,
+    /// Persistence mode is off where `[links] expect_persistence` says it must be on.
+    PersistenceOff,
+    /// Software thermal slowdown (clock event reason 0x20) set (value: the reasons mask).
+    SwThermalSlowdown,
+    /// EFA / RDMA ports whose state is not ACTIVE (value: how many).
+    EfaPortDown,
+    /// EFA / RDMA port state changes within `[links] efa_flap_window` (value: changes).
+    EfaPortFlapping,
+    /// EFA / RDMA error counters (`hw_counters`) per minute over `[links] efa_window`.
+    EfaErrors,
     /// gpu-medic itself cannot do part of its job: a library that no longer loads, a control
     /// binary that went missing, NVML that cannot count the GPUs, a state file set aside.
     /// A fault of gpu-medic or its configuration, never of the hardware: it is journaled once
@@ -274,6 +330,30 @@ pub enum Signal {
     /// The component works again: the all-clear for its self-fault.
     SelfRecovered {
         component: String,
+    },
+    /// The ECS agent's own verdict on the accelerators turned IMPAIRED
+    /// (`healthStatus` of DescribeContainerInstances, `ACCELERATED_COMPUTE`): a second opinion
+    /// beside gpu-medic's own, judged by the policy (default: corroborating, logged).
+    EcsAgentImpaired,
+    /// The ECS agent's verdict is no longer IMPAIRED (`status`: OK, INSUFFICIENT_DATA,
+    /// INITIALIZING); INSUFFICIENT_DATA is no fault.
+    EcsAgentHealth {
+        status: String,
+    },
+    /// AWS scheduled an event for this instance, or changed its state or time
+    /// (IMDS `events/maintenance/scheduled`).
+    MaintenanceEvent {
+        event: ScheduledEvent,
+    },
+    /// AWS will interrupt this Spot instance at `time` (IMDS `spot/instance-action`).
+    SpotInterruption {
+        action: String,
+        time: Timestamp,
+    },
+    /// AWS recommends moving work off this Spot instance (IMDS
+    /// `events/recommendations/rebalance`).
+    RebalanceRecommendation {
+        notice: Timestamp,
     },
 }
 
@@ -331,12 +411,35 @@ signal_kinds! {
         EcsGpuCountMismatch = "ecs-gpu-count-mismatch",
         EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
         GpuMemoryOverReservation = "gpu-memory-over-reservation",
+        EcsAgentImpaired = "ecs-agent-impaired",
+        FabricNotCompleted = "fabric-not-completed",
+        FabricError = "fabric-error",
+        FabricManagerDown = "fabric-manager-down",
+        FabricManagerFlapping = "fabric-manager-flapping",
+        SxidNonFatal = "sxid-non-fatal",
+        SxidFatal = "sxid-fatal",
+        SxidAlwaysFatal = "sxid-always-fatal",
+        NvlinkDown = "nvlink-down",
+        NvlinkCrcErrors = "nvlink-crc-errors",
+        NvlinkReplayErrors = "nvlink-replay-errors",
+        NvlinkRecoveryErrors = "nvlink-recovery-errors",
+        PcieDowntrained = "pcie-downtrained",
+        PcieReplays = "pcie-replays",
+        PersistenceOff = "persistence-off",
+        SwThermalSlowdown = "sw-thermal-slowdown",
+        EfaPortDown = "efa-port-down",
+        EfaPortFlapping = "efa-port-flapping",
+        EfaErrors = "efa-errors",
     }
     engine: {
         MpsUp = "mps-up",
         Lifecycle = "lifecycle",
         SelfFault = "self-fault",
         SelfRecovered = "self-recovered",
+        EcsAgentHealth = "ecs-agent-health",
+        MaintenanceEvent = "maintenance-event",
+        SpotInterruption = "spot-interruption",
+        RebalanceRecommendation = "rebalance-recommendation",
     }
 }
 
@@ -387,10 +490,33 @@ impl Signal {
             Signal::EcsGpuCountMismatch => SignalKind::EcsGpuCountMismatch,
             Signal::EcsGpuMemoryInUse => SignalKind::EcsGpuMemoryInUse,
             Signal::GpuMemoryOverReservation => SignalKind::GpuMemoryOverReservation,
+            Signal::FabricNotCompleted => SignalKind::FabricNotCompleted,
+            Signal::FabricError => SignalKind::FabricError,
+            Signal::FabricManagerDown => SignalKind::FabricManagerDown,
+            Signal::FabricManagerFlapping => SignalKind::FabricManagerFlapping,
+            Signal::SxidNonFatal { .. } => SignalKind::SxidNonFatal,
+            Signal::SxidFatal { .. } => SignalKind::SxidFatal,
+            Signal::SxidAlwaysFatal { .. } => SignalKind::SxidAlwaysFatal,
+            Signal::NvlinkDown => SignalKind::NvlinkDown,
+            Signal::NvlinkCrcErrors => SignalKind::NvlinkCrcErrors,
+            Signal::NvlinkReplayErrors => SignalKind::NvlinkReplayErrors,
+            Signal::NvlinkRecoveryErrors => SignalKind::NvlinkRecoveryErrors,
+            Signal::PcieDowntrained => SignalKind::PcieDowntrained,
+            Signal::PcieReplays => SignalKind::PcieReplays,
+            Signal::PersistenceOff => SignalKind::PersistenceOff,
+            Signal::SwThermalSlowdown => SignalKind::SwThermalSlowdown,
+            Signal::EfaPortDown => SignalKind::EfaPortDown,
+            Signal::EfaPortFlapping => SignalKind::EfaPortFlapping,
+            Signal::EfaErrors => SignalKind::EfaErrors,
             Signal::MpsUp => SignalKind::MpsUp,
             Signal::Lifecycle { .. } => SignalKind::Lifecycle,
             Signal::SelfFault { .. } => SignalKind::SelfFault,
             Signal::SelfRecovered { .. } => SignalKind::SelfRecovered,
+            Signal::EcsAgentImpaired => SignalKind::EcsAgentImpaired,
+            Signal::EcsAgentHealth { .. } => SignalKind::EcsAgentHealth,
+            Signal::MaintenanceEvent { .. } => SignalKind::MaintenanceEvent,
+            Signal::SpotInterruption { .. } => SignalKind::SpotInterruption,
+            Signal::RebalanceRecommendation { .. } => SignalKind::RebalanceRecommendation,
         }
     }
 }
@@ -406,7 +532,16 @@ impl fmt::Display for Signal {
             Signal::RecoveryAction { action } => write!(f, "recovery-action {}", action.as_str()),
             Signal::Lifecycle { state } => write!(f, "lifecycle {state:?}"),
             Signal::SelfFault { component } => write!(f, "self-fault {component}"),
+            Signal::SxidNonFatal { code }
+            | Signal::SxidFatal { code }
+            | Signal::SxidAlwaysFatal { code } => write!(f, "{} {code}", self.kind().as_str()),
             Signal::SelfRecovered { component } => write!(f, "self-recovered {component}"),
+            Signal::EcsAgentHealth { status } => write!(f, "ecs-agent-health {status}"),
+            Signal::MaintenanceEvent { event } => write!(f, "maintenance-event {event}"),
+            Signal::SpotInterruption { action, time } => {
+                write!(f, "spot-interruption {action} at {time}")
+            }
+            Signal::RebalanceRecommendation { .. } => f.write_str("rebalance-recommendation"),
             other => f.write_str(other.kind().as_str()),
         }
     }
@@ -439,20 +574,6 @@ pub struct Observation {
     /// and drops it as a duplicate when a restart reads it again. The engine ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<Cursor>,
-}
-
-/// A position in a source stream (see [`Observation::cursor`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cursor {
-    /// The stream: `kmsg:<boot id>`, `kmsg-file:<dev>:<inode>`, `mps-log:<dev>:<inode>`.
-    pub stream: String,
-    /// Increasing within the stream (a sequence number or the byte offset after the record).
-    pub pos: u64,
-    /// The source's own opaque position where it has one (a journald cursor,
-    /// `journald:<unit>` streams): the stream resumes after it, so a record read again is
-    /// impossible rather than detected, and `pos` only orders streams by age.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -498,7 +619,7 @@ impl Observation {
         self
     }
 
-    pub fn at_cursor(mut self, stream: impl Into<String>, pos: u64) -> Self {
+    pub fn at_cursor(mut self, stream: impl Into<StreamId>, pos: u64) -> Self {
         self.cursor = Some(Cursor {
             stream: stream.into(),
             pos,
@@ -519,6 +640,9 @@ pub enum Verdict {
     /// Restarts the daemon: every MPS client on the instance is affected.
     RestartMps,
     Drain,
+    /// Quarantine, drain, reboot the instance, check it after the boot and return it to
+    /// service; `replace` when the reboot does not happen or does not mend it (docs/repair.md).
+    Reboot,
     Replace,
 }
 
@@ -530,13 +654,20 @@ impl Verdict {
             Verdict::RestartMps => "restart-mps",
             Verdict::StopTasks => "stop-tasks",
             Verdict::Drain => "drain",
+            Verdict::Reboot => "reboot",
             Verdict::Replace => "replace",
         }
     }
 
-    /// Drain and replace take the node out of service; only one may be in flight.
+    /// Whether the verdict does something to the node (stop tasks, restart MPS, drain,
+    /// replace): what fails a one-shot check (`engine::check`).
+    pub fn acts(self) -> bool {
+        self > Verdict::Log
+    }
+
+    /// Drain, reboot and replace take the node out of service; only one may be in flight.
     pub fn is_node_remediation(self) -> bool {
-        matches!(self, Verdict::Drain | Verdict::Replace)
+        matches!(self, Verdict::Drain | Verdict::Reboot | Verdict::Replace)
     }
 }
 
@@ -600,12 +731,27 @@ pub enum Command {
         terminating: bool,
     },
     Replace,
-    /// Undoes quarantine and drain: the instance takes tasks again (operator abort).
+    /// Reboots the instance (EC2 `RebootInstances` on itself, or the OS's reboot). `boot` is
+    /// the kernel boot id when the order was given: a remedy that finds another boot id
+    /// knows the reboot already happened and does not reboot again.
+    Reboot {
+        #[serde(default)]
+        boot: String,
+    },
+    /// After a reboot: waits for the GPUs and the MPS daemon, then runs the launch gate's
+    /// checks; done when the node is healthy.
+    BootCheck,
+    /// Undoes quarantine and drain: the instance takes tasks again (operator abort, or
+    /// back in service after a reboot that mended it).
     Restore,
     CompleteLifecycle {
         hook: LifecycleHook,
         result: LifecycleResult,
     },
+    /// Gathers the node's evidence into one archive and uploads it to S3 (docs/evidence.md).
+    /// Runs beside the drain; a reboot, replacement or hook completion waits for it at most
+    /// until its deadline.
+    CollectEvidence,
 }
 
 impl Command {
@@ -616,8 +762,11 @@ impl Command {
             Command::Quarantine => "quarantine",
             Command::Drain { .. } => "drain",
             Command::Replace => "replace",
+            Command::Reboot { .. } => "reboot",
+            Command::BootCheck => "boot-check",
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
+            Command::CollectEvidence => "collect-evidence",
         }
     }
 }
@@ -632,11 +781,20 @@ pub struct Order {
     pub attempt: u32,
     /// The phase deadline; past it the engine escalates whether or not an outcome came.
     pub deadline: Timestamp,
+    /// For an AWS-planned disruption (docs/planned-events.md): AWS takes the instance out of
+    /// service anyway, so the drain or replacement takes no fleet-budget slot and is never
+    /// deferred (the instance still counts as in remediation: it is DRAINING).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub planned: bool,
 }
 
 /// What the engine emits. `Log` entries go to the journal; `Execute` orders go to remedies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a step returns a handful of actions that are moved once: a box would be one more allocation per decision"
+)]
 pub enum Action {
     Log(Record),
     Execute(Order),
@@ -673,6 +831,9 @@ pub struct Outcome {
     /// AWS request ids of the calls made, for support cases and CloudTrail.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub request_ids: Vec<String>,
+    /// A `collect-evidence` order's archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Box<EvidenceRef>>,
 }
 
 /// What this node's remedies can carry out. A verdict whose remedy is missing is recorded as
@@ -684,6 +845,14 @@ pub struct Capabilities {
     pub aws: bool,
     /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
     pub mps: bool,
+    /// Evidence collection (`[evidence]`): collect-evidence, and how long a repair waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidencePlan>,
+    /// The reboot rung (`[repair] reboot`, with `[aws]`): reboot and boot-check. Without it a
+    /// `reboot` verdict is carried out as `replace`. Off until a supervisor says it has the
+    /// rung, and absent in inputs recorded before the rung existed (those nodes replaced).
+    #[serde(default)]
+    pub reboot: bool,
 }
 
 impl Default for Capabilities {
@@ -691,6 +860,8 @@ impl Default for Capabilities {
         Capabilities {
             aws: true,
             mps: true,
+            evidence: None,
+            reboot: false,
         }
     }
 }
@@ -698,6 +869,10 @@ impl Default for Capabilities {
 /// Everything the engine consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "each input is built once and moved through the channel to the engine: a box would be one more allocation per signal"
+)]
 pub enum Input {
     Observation(Observation),
     Outcome(Outcome),
@@ -708,6 +883,11 @@ pub enum Input {
     },
     /// Time passes: deadlines and scheduled retries are checked.
     Tick,
+    /// The kernel's boot id at the supervisor's start (`/proc/sys/kernel/random/boot_id`):
+    /// a new one after a reboot the engine ordered resumes the repair after the boot.
+    Boot {
+        id: String,
+    },
     /// A person asked for something (`gpu-medic incidents abort`).
     Operator(OperatorRequest),
 }
@@ -715,6 +895,10 @@ pub enum Input {
 /// Requests from an operator, delivered through `state_dir/requests/`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "kebab-case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "an operator request is read once from its file and moved to the engine: a box would buy nothing"
+)]
 pub enum OperatorRequest {
     /// Stop a node remediation that has not reached Auto Scaling and return the instance
     /// to service (the fault was a false alarm, or was fixed by hand).
@@ -735,6 +919,64 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_ids: Vec<String>,
     },
+    /// `gpu-medic drill`: a rehearsal on this instance. The incident the drill's signal opens
+    /// carries the drill's id in every record; with `observe` its orders are journaled and
+    /// none is executed.
+    Drill { drill: Drill },
+}
+
+/// A rehearsal asked for by `gpu-medic drill` ([`OperatorRequest::Drill`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drill {
+    /// `drill-<ms>-<pid>`: unique per run of the command; tags the incident.
+    pub id: String,
+    /// What is rehearsed, for people: `xid 79`, `mps-hang`, `gpu-lost`, ...
+    pub class: String,
+    /// Journal every order, execute none (for this incident only).
+    #[serde(default)]
+    pub observe: bool,
+    /// Who asked (the user running the command).
+    #[serde(default)]
+    pub by: String,
+    /// Which observation is the drill's: the first one matching, within
+    /// [`DRILL_ARM_WINDOW`] of the request, that opens an incident.
+    pub expect: DrillExpect,
+    /// The observation itself, for drills that cannot be played through a real source
+    /// (`gpu-lost`, `ecc`): judged at once, as if a probe had reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<Observation>,
+}
+
+/// How long an armed drill waits for its signal (the kernel log line, the MPS probe).
+pub const DRILL_ARM_WINDOW: Duration = Duration::from_secs(120);
+
+/// What a drill's observation looks like: one of `signals`, and where given the XID code,
+/// the GPU index and the process id (a drill's kernel-log XID names the drill's own pid, so
+/// a real XID is never mistaken for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrillExpect {
+    pub signals: Vec<SignalKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+impl DrillExpect {
+    pub fn matches(&self, obs: &Observation) -> bool {
+        let code = match &obs.signal {
+            Signal::Xid { code, .. } => Some(*code),
+            _ => None,
+        };
+        self.signals.contains(&obs.signal.kind())
+            && self.code.is_none_or(|c| code == Some(c))
+            && self
+                .gpu
+                .is_none_or(|g| obs.gpu.as_ref().is_some_and(|x| x.index == g))
+            && self.pid.is_none_or(|p| obs.pids.contains(&p))
+    }
 }
 
 /// One line of `inputs.jsonl`: an input with the time the supervisor saw it.
@@ -765,6 +1007,8 @@ pub enum IncidentState {
     Observed,
     /// An operator stopped the remediation and the instance was returned to service.
     Aborted,
+    /// Rebooted, checked after the boot, and returned to service.
+    Repaired,
     /// gpu-medic gave up; an operator is needed.
     Failed,
 }
@@ -780,6 +1024,7 @@ impl IncidentState {
             IncidentState::Terminated => "terminated",
             IncidentState::Observed => "observed",
             IncidentState::Aborted => "aborted",
+            IncidentState::Repaired => "repaired",
             IncidentState::Failed => "failed",
         }
     }
@@ -790,8 +1035,24 @@ impl IncidentState {
 pub struct Record {
     pub at: Timestamp,
     pub incident: IncidentId,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`), on every record
+    /// of it, so whatever reads one record (CloudWatch Logs, EventBridge) can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     #[serde(flatten)]
     pub event: IncidentEvent,
+}
+
+impl Record {
+    /// A record of an incident that is not a drill.
+    pub fn new(at: Timestamp, incident: IncidentId, event: IncidentEvent) -> Record {
+        Record {
+            at,
+            incident,
+            drill: None,
+            event,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -856,6 +1117,12 @@ pub struct Incident {
     pub tasks: Vec<String>,
     pub pids: Vec<u32>,
     pub request_ids: Vec<String>,
+    /// The evidence archive, once a collection reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidenceRef>,
+    /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
     pub records: Vec<Record>,
 }
 
@@ -889,6 +1156,8 @@ impl Incident {
             tasks: Vec::new(),
             pids: Vec::new(),
             request_ids: Vec::new(),
+            evidence: None,
+            drill: rec.drill.clone(),
             records: Vec::new(),
         }
     }
@@ -896,6 +1165,9 @@ impl Incident {
     /// Folds one more record (in file order) into the incident.
     pub fn push(&mut self, rec: Record) {
         let inc = self;
+        if inc.drill.is_none() {
+            inc.drill.clone_from(&rec.drill);
+        }
         match &rec.event {
             IncidentEvent::Opened {
                 observation,
@@ -914,6 +1186,9 @@ impl Incident {
             IncidentEvent::Signal { observation } => inc.absorb(observation),
             IncidentEvent::Escalated { verdict, .. } => inc.action = inc.action.max(*verdict),
             IncidentEvent::ActionFinished { outcome } => {
+                if let Some(e) = &outcome.evidence {
+                    inc.evidence = Some((**e).clone());
+                }
                 for r in &outcome.request_ids {
                     if !inc.request_ids.contains(r) {
                         inc.request_ids.push(r.clone());
@@ -1016,6 +1291,46 @@ mod tests {
             },
             Signal::SelfRecovered {
                 component: "nvml".into(),
+            },
+            Signal::EcsAgentImpaired,
+            Signal::FabricNotCompleted,
+            Signal::FabricError,
+            Signal::FabricManagerDown,
+            Signal::FabricManagerFlapping,
+            Signal::SxidNonFatal { code: 11 },
+            Signal::SxidFatal { code: 24 },
+            Signal::SxidAlwaysFatal { code: 22013 },
+            Signal::NvlinkDown,
+            Signal::NvlinkCrcErrors,
+            Signal::NvlinkReplayErrors,
+            Signal::NvlinkRecoveryErrors,
+            Signal::PcieDowntrained,
+            Signal::PcieReplays,
+            Signal::PersistenceOff,
+            Signal::SwThermalSlowdown,
+            Signal::EfaPortDown,
+            Signal::EfaPortFlapping,
+            Signal::EfaErrors,
+            Signal::EcsAgentHealth {
+                status: "OK".into(),
+            },
+            Signal::MaintenanceEvent {
+                event: ScheduledEvent {
+                    id: "instance-event-1".into(),
+                    code: "system-reboot".into(),
+                    state: EventState::Active,
+                    not_before: Timestamp(0),
+                    not_after: None,
+                    description: String::new(),
+                    boot_id: String::new(),
+                },
+            },
+            Signal::SpotInterruption {
+                action: "terminate".into(),
+                time: Timestamp(0),
+            },
+            Signal::RebalanceRecommendation {
+                notice: Timestamp(0),
             },
         ];
         let mut kinds: Vec<SignalKind> = samples.iter().map(Signal::kind).collect();

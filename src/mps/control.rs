@@ -68,9 +68,10 @@ pub enum ControlError {
     Io(String),
 }
 
-/// What the probe and the remedy of one pipe directory share.
+/// What the probe and the remedy of one pipe directory share: the control lock and the
+/// restart counts.
 #[derive(Debug, Default)]
-struct Gate {
+struct Shared {
     lock: Arc<Mutex<()>>,
     /// Bumped by every restart: the probe's count of consecutive failures starts over.
     restarts: AtomicU64,
@@ -91,7 +92,7 @@ pub struct ControlClient {
     binary: PathBuf,
     pipe_dir: PathBuf,
     log_dir: PathBuf,
-    gate: Arc<Gate>,
+    shared: Arc<Shared>,
 }
 
 impl ControlClient {
@@ -102,7 +103,7 @@ impl ControlClient {
             binary: cfg.control_binary.clone(),
             pipe_dir: cfg.pipe_directory.clone(),
             log_dir: cfg.log_directory.clone(),
-            gate: Arc::new(Gate::default()),
+            shared: Arc::new(Shared::default()),
         }
     }
 
@@ -128,7 +129,7 @@ impl ControlClient {
 
     /// Waits for the control lock.
     pub async fn lock(&self) -> ControlGuard {
-        self.gate.lock.clone().lock_owned().await
+        self.shared.lock.clone().lock_owned().await
     }
 
     /// Waits at most `wait` for the control lock.
@@ -138,27 +139,27 @@ impl ControlClient {
 
     /// Whether someone (a restart) holds the control lock right now.
     pub fn is_busy(&self) -> bool {
-        self.gate.lock.try_lock().is_err()
+        self.shared.lock.try_lock().is_err()
     }
 
     /// Records that the daemon was (re)started.
     pub fn mark_restarted(&self) {
-        self.gate.restarts.fetch_add(1, Ordering::Relaxed);
+        self.shared.restarts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many restarts were recorded for this pipe directory.
     pub fn restarts(&self) -> u64 {
-        self.gate.restarts.load(Ordering::Relaxed)
+        self.shared.restarts.load(Ordering::Relaxed)
     }
 
-    /// Records that a restart stopped a running daemon (see `Gate::own_exits`).
+    /// Records that a restart stopped a running daemon (see `Shared::own_exits`).
     pub fn mark_own_exit(&self) {
-        self.gate.own_exits.fetch_add(1, Ordering::Relaxed);
+        self.shared.own_exits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many daemons our restarts stopped.
     pub fn own_exits(&self) -> u64 {
-        self.gate.own_exits.load(Ordering::Relaxed)
+        self.shared.own_exits.load(Ordering::Relaxed)
     }
 
     /// Sends `commands` (one per line) in one session and returns the reply, or kills the
@@ -170,7 +171,7 @@ impl ControlClient {
         timeout: Duration,
     ) -> Result<Reply, ControlError> {
         debug_assert!(
-            Arc::ptr_eq(OwnedMutexGuard::mutex(guard), &self.gate.lock),
+            Arc::ptr_eq(OwnedMutexGuard::mutex(guard), &self.shared.lock),
             "control guard of another pipe directory"
         );
         let started = Instant::now();

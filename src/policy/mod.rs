@@ -4,7 +4,12 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod planned;
+pub mod reboot;
+pub mod sxid_catalog;
 pub mod xid_catalog;
+
+pub use reboot::RebootPolicy;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -38,6 +43,13 @@ pub struct Rule {
     /// The operator's opt-in to judging a fatal signal (`xid_catalog::fatal_signals`) with
     /// `ignore` or `log`; without it such a rule is refused.
     pub silences_fatal: bool,
+    /// For `reboot` rules: at most this many reboots for this rule within `[reboot] window`
+    /// (e.g. 1: the first time only); `None`: only the node's `[reboot] limit` applies.
+    pub reboots: Option<u32>,
+    /// For drain, reboot and replace rules: when this rule's remediation collects evidence
+    /// (docs/evidence.md), in place of `[evidence] mode`; `None` follows the config. Needs
+    /// `[evidence] enabled` on the node either way.
+    pub evidence: Option<crate::model::EvidenceMode>,
     /// Where the rule was written, for messages.
     pub origin: String,
 }
@@ -64,6 +76,10 @@ pub struct Deadlines {
     pub drain: Duration,
     pub replace: Duration,
     pub lifecycle: Duration,
+    /// The reboot call, then the instance going down: past it a node still up is replaced.
+    pub reboot: Duration,
+    /// After the boot: GPUs and the MPS daemon up, the launch gate's checks passed.
+    pub boot_check: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +103,12 @@ pub struct Policy {
     pub deadlines: Deadlines,
     pub retry: Retry,
     pub mps: MpsPolicy,
+    /// The reboot rung's ladder (`[reboot]`).
+    pub reboot: RebootPolicy,
     pub rules: Vec<Rule>,
+    /// Disruptions AWS plans (`[planned]` of the config; defaults until the supervisor sets
+    /// them).
+    pub planned: planned::PlannedRules,
 }
 
 impl Default for Deadlines {
@@ -99,6 +120,8 @@ impl Default for Deadlines {
             drain: Duration::from_secs(1800),
             replace: Duration::from_secs(900),
             lifecycle: Duration::from_secs(120),
+            reboot: Duration::from_secs(600),
+            boot_check: Duration::from_secs(900),
         }
     }
 }
@@ -163,6 +186,28 @@ impl Policy {
                 .filter(|r| r.threshold.unwrap_or(0) <= value)
                 .max_by_key(|r| r.threshold.unwrap_or(0)),
         }
+    }
+
+    /// Whether the rule for `signal` at `value` takes the node out of service (drain or
+    /// replace): such observations are stepped first in a batch, before lower classes.
+    pub fn is_fatal(&self, signal: &Signal, value: u64) -> bool {
+        self.rule_for(signal, value)
+            .is_some_and(|r| r.action.is_node_remediation())
+    }
+
+    /// Whether `o` is a finding about a GPU or the node's GPUs (a rule takes it at its
+    /// value, even with `ignore`): what makes the ECS GPU view look again.
+    pub fn is_gpu_finding(&self, o: &crate::model::Observation) -> bool {
+        let about_gpus = o.gpu.is_some()
+            || matches!(
+                o.signal.kind(),
+                SignalKind::Xid
+                    | SignalKind::GpuLost
+                    | SignalKind::DeviceCountMismatch
+                    | SignalKind::DriverNotLoaded
+                    | SignalKind::RecoveryAction
+            );
+        about_gpus && self.rule_for(&o.signal, o.value).is_some()
     }
 
     /// Catalog XIDs (any decode) that only the catch-all judges, or no rule at all.
@@ -248,6 +293,7 @@ struct FilePolicy {
     deadlines: Option<FileDeadlines>,
     retry: Option<FileRetry>,
     mps: Option<FileMps>,
+    reboot: Option<reboot::FileReboot>,
     #[serde(default)]
     rule: Vec<Spanned<FileRule>>,
 }
@@ -273,6 +319,10 @@ struct FileDeadlines {
     replace: Option<Duration>,
     #[serde(default, deserialize_with = "de_deadline")]
     lifecycle: Option<Duration>,
+    #[serde(default, deserialize_with = "de_deadline")]
+    reboot: Option<Duration>,
+    #[serde(default, deserialize_with = "de_deadline")]
+    boot_check: Option<Duration>,
 }
 
 /// The shortest deadline a phase may have: below it every order "overruns" before its remedy
@@ -325,6 +375,8 @@ struct FileRule {
     source: String,
     #[serde(default)]
     silences_fatal: bool,
+    reboots: Option<u32>,
+    evidence: Option<crate::model::EvidenceMode>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -479,7 +531,10 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
         drain: pick(od.drain, bd.drain),
         replace: pick(od.replace, bd.replace),
         lifecycle: pick(od.lifecycle, bd.lifecycle),
+        reboot: pick(od.reboot, bd.reboot),
+        boot_check: pick(od.boot_check, bd.boot_check),
     };
+    let reboot = reboot::FileReboot::merge(b.reboot, o.reboot);
     let (br, or) = (b.retry.unwrap_or_default(), o.retry.unwrap_or_default());
     let retry = FileRetry {
         max_attempts: pick(or.max_attempts, br.max_attempts),
@@ -509,6 +564,7 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
             deadlines: Some(deadlines),
             retry: Some(retry),
             mps: Some(mps),
+            reboot: Some(reboot),
             rule: Vec::new(),
         },
         extends: None,
@@ -531,7 +587,14 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         drain: d.drain.unwrap_or(dd.drain),
         replace: d.replace.unwrap_or(dd.replace),
         lifecycle: d.lifecycle.unwrap_or(dd.lifecycle),
+        reboot: d.reboot.unwrap_or(dd.reboot),
+        boot_check: d.boot_check.unwrap_or(dd.boot_check),
     };
+    let reboot = f
+        .reboot
+        .unwrap_or_default()
+        .build()
+        .map_err(|m| FileError::new(path, None, m))?;
     let r = f.retry.unwrap_or_default();
     let retry = Retry {
         max_attempts: r
@@ -571,7 +634,9 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         deadlines,
         retry,
         mps,
+        reboot,
         rules,
+        planned: planned::PlannedRules::default(),
     };
     // A rule that silences a fatal signal must say so (`silences_fatal = true`): a typo or a
     // careless overlay must not turn a fallen-off GPU into a log line.
@@ -723,6 +788,18 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             }
             None => None,
         };
+        if r.reboots.is_some() && action != Verdict::Reboot {
+            return Err(err(
+                rr.lines.action,
+                "reboots: only for rules whose action is `reboot`".into(),
+            ));
+        }
+        if r.evidence.is_some() && action < Verdict::Drain {
+            return Err(err(
+                rr.lines.action,
+                "evidence: only for rules whose action is `drain`, `reboot` or `replace` (the remediations that collect it)".into(),
+            ));
+        }
         if action == Verdict::Ignore && (confirm.is_some() || escalate.is_some()) {
             return Err(err(
                 rr.lines.action,
@@ -769,6 +846,8 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             reason: r.reason.trim().to_string(),
             source: r.source.trim().to_string(),
             silences_fatal: r.silences_fatal,
+            reboots: r.reboots,
+            evidence: r.evidence,
             origin: format!("{}:{}", rr.path.display(), rr.text_line),
         });
     }
@@ -861,10 +940,28 @@ reason = "too hot"
     fn bad_duration_and_bad_action() {
         let e = parse("[deadlines]\ndrain = \"soon\"\n").unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
-        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"reboot\"\nreason=\"r\"\n")
+        // `reboot` is an action now (the reboot rung); `explode` is not.
+        let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"explode\"\nreason=\"r\"\n")
             .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
-        assert!(e.message.contains("reboot"), "{e}");
+        assert!(e.message.contains("explode"), "{e}");
+        // `reboots` only on a reboot rule.
+        let e = parse(
+            "[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"replace\"\nreboots=1\nreason=\"r\"\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("reboots: only"), "{e}");
+        // `evidence` only where a remediation collects it; a drain, reboot or replace takes it.
+        let e = parse(
+            "[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"log\"\nevidence=\"always\"\nreason=\"r\"\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("evidence: only"), "{e}");
+        let p = parse(
+            "[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"drain\"\nevidence=\"off\"\nreason=\"r\"\n",
+        )
+        .unwrap();
+        assert_eq!(p.rules[0].evidence, Some(crate::model::EvidenceMode::Off));
     }
 
     #[test]

@@ -55,7 +55,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// The file the last comparison is kept in.
 pub fn comparison_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("ecs-gpus.json")
+    crate::config::StateDir::new(state_dir).gpu_view()
 }
 
 /// ECS's view of this instance's GPUs at one read.
@@ -64,6 +64,9 @@ pub struct EcsRead {
     pub devices: Vec<GpuDevice>,
     /// The registered `GPU` resource's ids.
     pub registered: Vec<String>,
+    /// The ECS agent's `ACCELERATED_COMPUTE` verdict (status, detail), from the same call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_health: Option<(String, String)>,
 }
 
 impl EcsRead {
@@ -71,6 +74,7 @@ impl EcsRead {
         EcsRead {
             devices: s.gpu_devices.clone(),
             registered: s.registered_gpus.clone(),
+            agent_health: s.accelerated_health.clone(),
         }
     }
 
@@ -382,6 +386,7 @@ impl Source for EcsGpuSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move { self.watch(tx, shutdown).await })
     }
@@ -411,6 +416,7 @@ impl EcsGpuSource {
         let mut failures = 0u32;
         let mut faulted = false;
         let mut warned_no_gpus = false;
+        let mut agent = AgentWatch::default();
         loop {
             if learn && !type_known {
                 let asked = tokio::select! {
@@ -446,6 +452,7 @@ impl EcsGpuSource {
                     if learn {
                         learn_expected(&self.expected, Some(&read), instance_type.as_deref());
                     }
+                    out.extend(agent.read(read.agent_health.as_ref()));
                     if read.count() == 0 && !warned_no_gpus {
                         warned_no_gpus = true;
                         tracing::info!(
@@ -537,6 +544,47 @@ impl EcsGpuSource {
                 }
             }
         }
+    }
+}
+
+/// The ECS agent's `ACCELERATED_COMPUTE` verdict (`healthStatus`, read by the same
+/// DescribeContainerInstances call as the GPU view), reported when it changes:
+/// `ecs-agent-impaired` when it turns IMPAIRED (a second opinion the policy judges, default
+/// corroborating only), `ecs-agent-health` for any other status (INSUFFICIENT_DATA is no
+/// fault). docs/planned-events.md#the-ecs-agents-verdict.
+#[derive(Debug, Default)]
+pub struct AgentWatch {
+    last: Option<String>,
+}
+
+impl AgentWatch {
+    pub fn read(&mut self, health: Option<&(String, String)>) -> Option<Observation> {
+        let (status, detail) = health?;
+        if self.last.as_deref() == Some(status.as_str()) || status.is_empty() {
+            return None;
+        }
+        self.last = Some(status.clone());
+        let text = format!(
+            "ECS agent (DescribeContainerInstances healthStatus): ACCELERATED_COMPUTE {status}{}",
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(", {detail}")
+            }
+        );
+        tracing::info!(probe = SOURCE, agent_status = %status, "{text}");
+        let signal = if status == "IMPAIRED" {
+            Signal::EcsAgentImpaired
+        } else {
+            Signal::EcsAgentHealth {
+                status: status.clone(),
+            }
+        };
+        Some(
+            Observation::new(signal)
+                .with_detail(text)
+                .from_source(SOURCE),
+        )
     }
 }
 
@@ -651,6 +699,7 @@ mod tests {
         let read = EcsRead {
             devices: vec![mps("GPU-a", 40_000, 1), mps("GPU-b", 80_000, 0)],
             registered: vec![],
+            agent_health: None,
         };
         let v = nvml(
             &[
@@ -671,6 +720,7 @@ mod tests {
         let read = EcsRead {
             devices: vec![mps("GPU-a", 40_000, 2), mps("GPU-b", 81_559, 0)],
             registered: vec![],
+            agent_health: None,
         };
         let v = nvml(
             &[
@@ -697,6 +747,7 @@ mod tests {
         let read = EcsRead {
             devices: vec![],
             registered: vec!["GPU-a".into(), "GPU-b".into(), "GPU-c".into()],
+            agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None)], 1);
         let (found, lines) = compare(&read, &v);
@@ -716,6 +767,7 @@ mod tests {
         let read = EcsRead {
             devices: vec![mps("GPU-a", 40_000, 1), mps("GPU-b", 40_000, 1)],
             registered: vec![],
+            agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None), (1, "", true, None)], 2);
         let (found, lines) = compare(&read, &v);
@@ -737,6 +789,7 @@ mod tests {
         let read = EcsRead {
             devices: vec![mps("GPU-a", 40_000, 1)],
             registered: vec![],
+            agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, Some((70 * GIB, 80 * GIB)))], 1);
         let (found, _) = compare(&read, &v);

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::model::cursor::{Resume, StreamId};
 use crate::model::{Observation, Signal, XidDecode};
 use crate::policy::xid_catalog;
 use crate::probe::nvml::poll::{SharedState, lock};
@@ -181,19 +182,14 @@ pub fn same_pci(kernel: &str, nvml: &str) -> bool {
 /// The kmsg reader thread.
 pub struct KmsgReader {
     pub path: PathBuf,
-    /// The reader's own file in `state_dir` (see [`cursor_path`]): the records it dropped as
-    /// duplicates of NVML events. How far the journal reaches is read from `state.json`
-    /// next to it.
+    /// The reader's own file in `state_dir` (`StateDir::kmsg_skipped`): the records it
+    /// dropped as duplicates of NVML events.
     pub cursor_file: PathBuf,
+    /// How far the journal reaches (handed in by the supervisor).
+    pub committed: Resume,
     pub shared: SharedState,
     pub tx: mpsc::Sender<Observation>,
     pub stop: Arc<AtomicBool>,
-}
-
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }
 
 /// At most this many dropped duplicates are remembered across a restart.
@@ -222,37 +218,37 @@ pub fn check_path(path: &Path) -> Result<(), String> {
 /// the last one read (`last_seq`), or that could not be passed (`u64::MAX`), is not a
 /// position, and the record is journaled without one rather than hiding every later record.
 fn position(
-    x: &KernelXid,
+    seq: u64,
     boot: &str,
     file: Option<&(u64, u64)>,
     end: u64,
     last_seq: &mut u64,
-) -> Option<(String, u64)> {
+) -> Option<(StreamId, u64)> {
     if let Some((dev, ino)) = file {
-        return Some((format!("kmsg-file:{dev}:{ino}"), end));
+        return Some((StreamId::kmsg_file(*dev, *ino), end));
     }
-    if x.seq == 0 {
+    if seq == 0 {
         return None;
     }
-    if x.seq == u64::MAX || x.seq <= *last_seq {
+    if seq == u64::MAX || seq <= *last_seq {
         tracing::warn!(
             probe = "kmsg",
-            seq = x.seq,
+            seq,
             last = *last_seq,
             "kernel log record with a sequence number that does not advance; journaled without a position"
         );
         return None;
     }
-    *last_seq = x.seq;
-    Some((format!("kmsg:{boot}"), x.seq))
+    *last_seq = seq;
+    Some((StreamId::kmsg(boot), seq))
 }
 
 struct Cursors {
-    committed: crate::engine::Delivery,
+    committed: Resume,
     /// Records dropped as duplicates of NVML events, oldest first, and the same as a set:
     /// each record is looked up by its own position, in constant time.
-    skipped: std::collections::VecDeque<(String, u64)>,
-    skipped_set: std::collections::HashSet<(String, u64)>,
+    skipped: std::collections::VecDeque<(StreamId, u64)>,
+    skipped_set: std::collections::HashSet<(StreamId, u64)>,
     skip_file: PathBuf,
     /// Skips not yet saved, and when they were last saved: a storm of duplicates costs one
     /// write of the cursor file per [`SKIP_SAVE_EVERY`], not one per record.
@@ -272,10 +268,9 @@ impl Drop for Cursors {
 const SKIP_SAVE_EVERY: Duration = Duration::from_millis(250);
 
 impl Cursors {
-    fn load(cursor_file: &Path) -> Cursors {
-        let state = cursor_file.with_file_name("state.json");
+    fn load(cursor_file: &Path, committed: Resume) -> Cursors {
         let mut c = Cursors {
-            committed: crate::journal::committed_delivery(&state),
+            committed,
             skipped: std::collections::VecDeque::new(),
             skipped_set: std::collections::HashSet::new(),
             skip_file: cursor_file.to_path_buf(),
@@ -289,18 +284,18 @@ impl Cursors {
                     && let Ok(pos) = pos.parse()
                     && c.skipped.len() < MAX_SKIPPED
                 {
-                    c.remember((stream.to_string(), pos));
+                    c.remember((StreamId::from(stream), pos));
                 }
             }
         }
         c
     }
 
-    fn seen(&self, stream: &str, pos: u64) -> bool {
-        self.committed.seen(stream, pos) || self.skipped_set.contains(&(stream.to_string(), pos))
+    fn seen(&self, stream: &StreamId, pos: u64) -> bool {
+        self.committed.seen(stream, pos) || self.skipped_set.contains(&(stream.clone(), pos))
     }
 
-    fn remember(&mut self, at: (String, u64)) {
+    fn remember(&mut self, at: (StreamId, u64)) {
         if !self.skipped_set.insert(at.clone()) {
             return;
         }
@@ -312,7 +307,7 @@ impl Cursors {
         self.skipped.push_back(at);
     }
 
-    fn skip(&mut self, stream: String, pos: u64) {
+    fn skip(&mut self, stream: StreamId, pos: u64) {
         self.remember((stream, pos));
         self.unsaved = true;
         if self.saved_at.elapsed() >= SKIP_SAVE_EVERY {
@@ -332,10 +327,15 @@ impl Cursors {
             .iter()
             .map(|(s, p)| format!("{s} {p}\n"))
             .collect();
-        let tmp = self.skip_file.with_extension("tmp");
-        if std::fs::write(&tmp, body)
-            .and_then(|_| std::fs::rename(&tmp, &self.skip_file))
-            .is_err()
+        // Atomic, not durable: on /dev/kmsg a power loss starts a new boot whose positions
+        // these never match; a lost update on a file only lets an XID NVML reported be
+        // reported once more.
+        if crate::sys::fs::write_atomic(
+            &self.skip_file,
+            body.as_bytes(),
+            crate::sys::fs::Durability::Atomic,
+        )
+        .is_err()
         {
             tracing::warn!(probe = "kmsg", path = %self.skip_file.display(), "cannot save the kmsg cursor file");
         }
@@ -385,98 +385,115 @@ impl KmsgReader {
             .as_ref()
             .filter(|_| regular)
             .map(|m| (m.dev(), m.ino()));
-        let boot = boot_id();
-        let mut cursors = Cursors::load(&self.cursor_file);
-        let cap = crate::sys::limits::MAX_KMSG_LINE;
-        if !regular {
-            // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
-            // and forward lines through a channel, so `stop` is still noticed.
-            let (ltx, lrx) = std::sync::mpsc::sync_channel::<Option<String>>(1024);
-            let path = self.path.clone();
-            let _ = std::thread::Builder::new()
-                .name("kmsg-read".into())
-                .spawn(move || {
-                    let mut r = BufReader::with_capacity(2 * cap, file);
-                    let mut buf = Vec::new();
-                    loop {
-                        match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
-                            Ok(None) => {
-                                let _ = ltx.send(None);
-                                return;
-                            }
-                            Ok(Some(crate::journal::CappedLine::Text { text, .. })) => {
-                                if ltx.send(Some(text)).is_err() {
-                                    return;
-                                }
-                            }
-                            Ok(Some(crate::journal::CappedLine::TooLong { len })) => {
-                                tracing::warn!(probe = "kmsg", len, "kernel log record longer than {cap} bytes dropped");
-                            }
-                            // EPIPE: records were overwritten before we read them; go on.
-                            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                            Err(e) => {
-                                tracing::error!(probe = "kmsg", path = %path.display(), "reading the kernel log failed: {e}; XIDs come from NVML events only");
-                                let _ = ltx.send(None);
-                                return;
-                            }
-                        }
-                    }
-                });
-            while !self.stop.load(Ordering::Relaxed) {
-                match lrx.recv_timeout(Duration::from_millis(500)) {
-                    Ok(Some(line)) => self.handle(&line, &boot, None, 0, &mut cursors),
-                    Ok(None) => {
-                        tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
-                        return;
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => cursors.save(),
-                    Err(_) => return,
-                }
-            }
+        let boot = self.committed.boot().to_string();
+        let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
+        if regular {
+            self.follow_file(file, &boot, ident, &mut cursors);
         } else {
-            let mut r = BufReader::with_capacity(64 * 1024, file);
-            let mut buf = Vec::new();
-            // Offset of the end of the last complete line; a partial last line is read
-            // again from there once its writer finishes it.
-            let mut offset: u64 = 0;
-            while !self.stop.load(Ordering::Relaxed) {
-                match crate::journal::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
-                    Ok(None) => {
-                        cursors.save();
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    Ok(Some(crate::journal::CappedLine::Text {
-                        text,
-                        complete: true,
-                    })) => {
-                        // Lossy text may differ in length from the bytes: ask the reader.
-                        offset = r
-                            .stream_position()
-                            .unwrap_or(offset.saturating_add(text.len() as u64 + 1));
-                        self.handle(&text, &boot, ident.as_ref(), offset, &mut cursors);
-                    }
-                    Ok(Some(crate::journal::CappedLine::Text { .. })) => {
-                        // Not finished yet: read it again whole.
-                        if r.seek(std::io::SeekFrom::Start(offset)).is_err() {
+            self.follow_device(file, &boot, &mut cursors);
+        }
+    }
+
+    /// `/dev/kmsg`: one record per read, blocking at the end of the buffer.
+    fn follow_device(&self, file: std::fs::File, boot: &str, cursors: &mut Cursors) {
+        let cap = crate::sys::limits::MAX_KMSG_LINE;
+        // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
+        // and forward lines through a channel, so `stop` is still noticed.
+        let (ltx, lrx) = std::sync::mpsc::sync_channel::<Option<String>>(1024);
+        let path = self.path.clone();
+        let _ = std::thread::Builder::new()
+            .name("kmsg-read".into())
+            .spawn(move || {
+                let mut r = BufReader::with_capacity(2 * cap, file);
+                let mut buf = Vec::new();
+                loop {
+                    match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                        Ok(None) => {
+                            let _ = ltx.send(None);
                             return;
                         }
-                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
+                            if ltx.send(Some(text)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
+                            tracing::warn!(probe = "kmsg", len, "kernel log record longer than {cap} bytes dropped");
+                        }
+                        // EPIPE: records were overwritten before we read them; go on.
+                        Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            tracing::error!(probe = "kmsg", path = %path.display(), "reading the kernel log failed: {e}; XIDs come from NVML events only");
+                            let _ = ltx.send(None);
+                            return;
+                        }
                     }
-                    Ok(Some(crate::journal::CappedLine::TooLong { len })) => {
-                        offset = r
-                            .stream_position()
-                            .unwrap_or(offset.saturating_add(len as u64 + 1));
-                        tracing::warn!(
-                            probe = "kmsg",
-                            len,
-                            "kernel log line longer than {cap} bytes dropped"
-                        );
+                }
+            });
+        while !self.stop.load(Ordering::Relaxed) {
+            match lrx.recv_timeout(Duration::from_millis(500)) {
+                Ok(Some(line)) => self.handle(&line, boot, None, 0, cursors),
+                Ok(None) => {
+                    tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
+                    return;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => cursors.save(),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// A regular file (tests, a saved log): followed by offset like a log file.
+    fn follow_file(
+        &self,
+        file: std::fs::File,
+        boot: &str,
+        ident: Option<(u64, u64)>,
+        cursors: &mut Cursors,
+    ) {
+        let cap = crate::sys::limits::MAX_KMSG_LINE;
+        let mut r = BufReader::with_capacity(64 * 1024, file);
+        let mut buf = Vec::new();
+        // Offset of the end of the last complete line; a partial last line is read
+        // again from there once its writer finishes it.
+        let mut offset: u64 = 0;
+        while !self.stop.load(Ordering::Relaxed) {
+            match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                Ok(None) => {
+                    cursors.save();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Ok(Some(crate::sys::lines::CappedLine::Text {
+                    text,
+                    complete: true,
+                })) => {
+                    // Lossy text may differ in length from the bytes: ask the reader.
+                    offset = r
+                        .stream_position()
+                        .unwrap_or(offset.saturating_add(text.len() as u64 + 1));
+                    self.handle(&text, boot, ident.as_ref(), offset, cursors);
+                }
+                Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
+                    // Not finished yet: read it again whole.
+                    if r.seek(std::io::SeekFrom::Start(offset)).is_err() {
+                        return;
                     }
-                    Err(e) => {
-                        tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
-                        std::thread::sleep(Duration::from_millis(500));
-                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
+                    offset = r
+                        .stream_position()
+                        .unwrap_or(offset.saturating_add(len as u64 + 1));
+                    tracing::warn!(
+                        probe = "kmsg",
+                        len,
+                        "kernel log line longer than {cap} bytes dropped"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
+                    std::thread::sleep(Duration::from_millis(500));
                 }
             }
         }
@@ -491,10 +508,14 @@ impl KmsgReader {
         end: u64,
         cursors: &mut Cursors,
     ) {
+        if let Some(sx) = super::sxid::parse_line(line) {
+            self.handle_sxid(sx, boot, file, end, cursors);
+            return;
+        }
         let Some(x) = parse_line(line) else {
             return;
         };
-        let at = position(&x, boot, file, end, &mut cursors.last_seq);
+        let at = position(x.seq, boot, file, end, &mut cursors.last_seq);
         if let Some((stream, pos)) = &at
             && cursors.seen(stream, *pos)
         {
@@ -541,6 +562,33 @@ impl KmsgReader {
     }
 }
 
+impl KmsgReader {
+    /// An NVSwitch error ([`super::sxid`]): positioned and deduplicated across restarts like an
+    /// XID, judged for the node (a switch is no GPU of NVML's).
+    fn handle_sxid(
+        &self,
+        sx: super::sxid::KernelSxid,
+        boot: &str,
+        file: Option<&(u64, u64)>,
+        end: u64,
+        cursors: &mut Cursors,
+    ) {
+        let at = position(sx.seq, boot, file, end, &mut cursors.last_seq);
+        if let Some((stream, pos)) = &at
+            && cursors.seen(stream, *pos)
+        {
+            return; // journaled before gpu-medic restarted
+        }
+        let mut obs = sx.observation();
+        obs.cursor = at.map(|(stream, pos)| crate::model::Cursor {
+            stream,
+            pos,
+            token: None,
+        });
+        let _ = self.tx.blocking_send(obs);
+    }
+}
+
 /// Every XID the kernel log still holds (since boot, as far as the ring buffer reaches), for
 /// one-shot checks. `/dev/kmsg` is read without blocking: it stops at the end of the buffer.
 pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
@@ -569,13 +617,13 @@ pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
     let cap = crate::sys::limits::MAX_KMSG_LINE;
     let mut read: u64 = 0;
     while read < crate::sys::limits::MAX_KMSG_SCAN {
-        match crate::journal::read_capped_line(&mut r, &mut buf, cap, 2 * cap as u64) {
+        match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, 2 * cap as u64) {
             Ok(None) => break,
-            Ok(Some(crate::journal::CappedLine::Text { text, .. })) => {
+            Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
                 read += text.len() as u64 + 1;
                 out.extend(parse_line(&text));
             }
-            Ok(Some(crate::journal::CappedLine::TooLong { len })) => read += len as u64,
+            Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => read += len as u64,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             // EPIPE: records were overwritten while we read; the next read goes on.
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
@@ -587,7 +635,7 @@ pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
 
 /// Where the cursor lives.
 pub fn cursor_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("kmsg.cursor")
+    crate::config::StateDir::new(state_dir).kmsg_skipped()
 }
 
 #[cfg(test)]

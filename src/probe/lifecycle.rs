@@ -15,8 +15,9 @@
 //! - IMDS errors → one warning, then quiet retries with backoff (up to 8 x the interval,
 //!   30 s at most) until IMDS answers again. A failing IMDS never produces a decision.
 //!
-//! Each reading is also written to the [`TargetState`] handed in at construction, which the
-//! control plane's drain reads to learn that a termination began mid-drain.
+//! The probe shares its readings with nobody but the engine: a drain that must learn of a
+//! termination beginning mid-drain asks IMDS and Auto Scaling itself
+//! (`src/remedy/aws/drain.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,7 +27,7 @@ use aws_sdk_ecs::config::SharedHttpClient;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::aws::imds::{TARGET_STATE_PATH, TargetState, get, imds_client};
+use crate::aws::imds::{TARGET_STATE_PATH, get, imds_client};
 use crate::model::{LifecycleState, Observation, Signal};
 use crate::probe::Source;
 
@@ -55,17 +56,11 @@ pub fn backoff(interval: Duration, failures: u32) -> Duration {
 pub struct LifecycleSource {
     interval: Duration,
     http: SharedHttpClient,
-    seen: TargetState,
 }
 
 impl LifecycleSource {
-    /// `seen` receives every reading (shared with the control plane).
-    pub fn new(interval: Duration, http: SharedHttpClient, seen: TargetState) -> Self {
-        LifecycleSource {
-            interval,
-            http,
-            seen,
-        }
+    pub fn new(interval: Duration, http: SharedHttpClient) -> Self {
+        LifecycleSource { interval, http }
     }
 
     async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
@@ -82,7 +77,6 @@ impl LifecycleSource {
                         );
                     }
                     failures = 0;
-                    self.seen.remember(state.as_deref());
                     let changed = state != last;
                     if changed {
                         tracing::info!(
@@ -138,6 +132,7 @@ impl Source for LifecycleSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move { self.watch(tx, shutdown).await })
     }

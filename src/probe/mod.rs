@@ -7,17 +7,24 @@
 //! - [`tasks`]: which ECS task a process belongs to.
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 //! - [`node`]: the ECS agent answering, and space for the journal.
-//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's.
+//! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's, and the ECS agent's
+//!   own health verdict (`healthStatus`) from the same call.
+//! - [`planned`]: disruptions AWS plans (IMDS scheduled events, Spot notice, rebalance).
+//! - [`fabric_manager`]: NVIDIA Fabric Manager on instance types with NVSwitches.
+//! - [`efa`]: the EFA / RDMA ports (sysfs). [`sxid`]: NVSwitch errors in the kernel log.
 
 pub mod ecs_gpus;
+pub mod efa;
+pub mod fabric_manager;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod mps;
 pub mod node;
 pub mod nvml;
+pub mod planned;
+pub mod sxid;
 pub mod tasks;
 
-use crate::aws::imds::TargetState;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -28,13 +35,16 @@ use crate::config::Config;
 use crate::model::{GpuId, Observation};
 use crate::mps::control::ControlClient;
 
-/// A sense: turns the world into observations until shutdown.
+/// A sense: turns the world into observations until shutdown. `resume` holds the cursors
+/// the journal has committed (the supervisor owns the state and hands them in): a source
+/// that reads a stream starts after them; the others ignore it.
 pub trait Source: Send + 'static {
     fn name(&self) -> &'static str;
     fn run(
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
@@ -76,7 +86,7 @@ pub fn snapshot_probes_with_view(
 ) -> Vec<Box<dyn Snapshot>> {
     let mut out: Vec<Box<dyn Snapshot>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone());
+        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone()).with_links(cfg.links.clone());
         if let Some((v, e)) = view {
             p = p.with_view(v, e);
         }
@@ -85,12 +95,23 @@ pub fn snapshot_probes_with_view(
     if cfg.mps.enabled {
         out.push(Box::new(mps::MpsSnapshot::new(cfg.mps.clone())));
     }
+    if fabric_manager::snapshot_enabled(cfg) {
+        out.push(Box::new(fabric_manager::FabricManagerSnapshot::new(
+            cfg.clone(),
+        )));
+    }
+    // Only an instance with RDMA devices has ports to look at: elsewhere this probe would
+    // pass for a look at nothing.
+    if cfg.links.efa && !efa::read_ports(&cfg.links.infiniband_root).is_empty() {
+        out.push(Box::new(efa::EfaSnapshot {
+            cfg: cfg.links.clone(),
+        }));
+    }
     out
 }
 
 /// The continuous probes enabled by `cfg`, for `gpu-medic run`. `mps` is the control client
-/// the MPS remedy also holds; `seen` receives the lifecycle watcher's readings for the control
-/// plane.
+/// the MPS remedy also holds.
 ///
 /// `accounting` receives every NVML poll's GPUs and per-task GPU memory (for the metrics).
 /// Per-task GPU memory is also checked against reservations (with `[aws]` on), kept in the
@@ -98,10 +119,9 @@ pub fn snapshot_probes_with_view(
 pub fn sources(
     cfg: &Config,
     mps: &ControlClient,
-    seen: &TargetState,
     accounting: Option<&crate::accounting::usage::Accounting>,
 ) -> Vec<Box<dyn Source>> {
-    sources_with_gpu_view(cfg, mps, seen, accounting, None)
+    sources_with_gpu_view(cfg, mps, accounting, None)
 }
 
 /// Whether ECS's view of the GPUs is compared with NVML's (`[ecs] gpu_view`, with `[aws]` and
@@ -115,14 +135,14 @@ pub fn gpu_view_enabled(cfg: &Config) -> bool {
 pub fn sources_with_gpu_view(
     cfg: &Config,
     mps: &ControlClient,
-    seen: &TargetState,
     accounting: Option<&crate::accounting::usage::Accounting>,
     wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 ) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
         let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
-            .with_emf(cfg.metrics.emf);
+            .with_emf(cfg.metrics.emf)
+            .with_links(cfg.links.clone());
         if cfg.aws.enabled {
             source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
         }
@@ -145,7 +165,6 @@ pub fn sources_with_gpu_view(
     if cfg.mps.enabled {
         out.push(Box::new(
             mps::MpsSource::new(cfg.mps.clone(), mps.clone())
-                .resuming_from(cfg.state_path())
                 .naming_tasks_with(crate::aws::agent::Agent::new(&cfg.ecs.agent_url)),
         ));
     }
@@ -153,7 +172,23 @@ pub fn sources_with_gpu_view(
         out.push(Box::new(lifecycle::LifecycleSource::new(
             cfg.lifecycle.poll_interval,
             crate::aws::http_client(),
-            seen.clone(),
+        )));
+    }
+    if cfg.links.fabric_manager {
+        out.push(Box::new(fabric_manager::FabricManagerSource::new(
+            cfg.clone(),
+        )));
+    }
+    if cfg.links.efa {
+        out.push(Box::new(efa::EfaSource {
+            cfg: cfg.links.clone(),
+            state_dir: cfg.state_dir.clone(),
+        }));
+    }
+    if cfg.aws.enabled && cfg.planned.enabled {
+        out.push(Box::new(planned::PlannedSource::new(
+            cfg.planned.clone(),
+            crate::aws::http_client(),
         )));
     }
     if cfg.node.enabled {

@@ -50,6 +50,7 @@ impl Source for NodeSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        _resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             let mut down = 0u64;
@@ -121,7 +122,7 @@ mod tests {
         });
         let (tx, mut rx) = mpsc::channel(16);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(src.run(tx, stop.clone()));
+        let task = tokio::spawn(src.run(tx, stop.clone(), Default::default()));
         let mut counts = vec![];
         while counts.len() < 2 {
             let o = rx.recv().await.unwrap();

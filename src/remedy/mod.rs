@@ -7,6 +7,9 @@
 //! again on the next start.
 
 pub mod aws;
+pub mod budget;
+pub mod calls;
+pub mod evidence;
 pub mod mps;
 pub mod recorder;
 
@@ -92,7 +95,19 @@ pub trait MpsRemedy: Send + Sync + 'static {
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
-/// The control plane's hands: ECS and Auto Scaling (`src/remedy/aws/`, over the adapters in `src/aws/`).
+/// The reboot rung's hands (src/remedy/aws/reboot.rs): the reboot itself and the check
+/// after the boot.
+pub trait RepairRemedy: Send + Sync + 'static {
+    /// Reboots this instance (EC2 `RebootInstances`, or the OS's reboot). Done once the
+    /// reboot is accepted, or when the boot id shows it already happened.
+    fn reboot(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Waits for the GPUs and the MPS daemon, then runs the launch gate's checks: done when
+    /// healthy, fatal when not.
+    fn boot_check(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+}
+
+/// The control plane's hands: ECS and Auto Scaling (src/remedy/aws/mod.rs routes each order to
+/// its file there; the fleet budget is src/remedy/budget/mod.rs).
 pub trait ControlPlane: Send + Sync + 'static {
     /// Marks the container instance so placement constraints keep new tasks off.
     fn quarantine(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
@@ -119,6 +134,10 @@ pub trait ControlPlane: Send + Sync + 'static {
 pub struct Remedies {
     pub mps: Option<Arc<dyn MpsRemedy>>,
     pub control_plane: Option<Arc<dyn ControlPlane>>,
+    /// `[evidence]`: collect-evidence (src/remedy/evidence).
+    pub evidence: Option<Arc<dyn evidence::EvidenceRemedy>>,
+    /// The reboot rung (`[repair] reboot` not `off`, with the control plane).
+    pub repair: Option<Arc<dyn RepairRemedy>>,
 }
 
 impl Executor for Remedies {
@@ -126,16 +145,45 @@ impl Executor for Remedies {
         crate::model::Capabilities {
             aws: self.control_plane.is_some(),
             mps: self.mps.is_some(),
+            evidence: self.evidence.as_ref().map(|e| e.plan()),
+            reboot: self.control_plane.is_some() && self.repair.is_some(),
         }
     }
 
     fn execute(&self, order: Order) -> BoxFuture<'_, Outcome> {
         Box::pin(async move {
+            if order.command == Command::CollectEvidence {
+                return match &self.evidence {
+                    Some(e) => match e.collect(&order).await {
+                        Ok((done, r)) => {
+                            let mut o = outcome(&order, Ok(done));
+                            o.evidence = Some(Box::new(r));
+                            o
+                        }
+                        Err(err) => outcome(&order, Err(err)),
+                    },
+                    None => outcome(
+                        &order,
+                        Err(RemedyError::fatal(
+                            "evidence collection is disabled ([evidence] enabled = false)",
+                        )),
+                    ),
+                };
+            }
             let result = match &order.command {
                 Command::RestartMps => match &self.mps {
                     Some(m) => m.restart(&order).await,
                     None => Err(RemedyError::fatal(
                         "MPS remediation is disabled ([mps] enabled = false)",
+                    )),
+                },
+                Command::Reboot { .. } | Command::BootCheck => match &self.repair {
+                    Some(r) if matches!(order.command, Command::BootCheck) => {
+                        r.boot_check(&order).await
+                    }
+                    Some(r) => r.reboot(&order).await,
+                    None => Err(RemedyError::fatal(
+                        "the reboot rung is off ([repair] reboot = \"off\", or [aws] disabled)",
                     )),
                 },
                 other => match &self.control_plane {
@@ -151,7 +199,10 @@ impl Executor for Remedies {
                         Command::CompleteLifecycle { hook, result } => {
                             cp.complete_lifecycle(&order, *hook, *result).await
                         }
-                        Command::RestartMps => unreachable_restart(),
+                        Command::RestartMps
+                        | Command::Reboot { .. }
+                        | Command::BootCheck
+                        | Command::CollectEvidence => unreachable_restart(),
                     },
                 },
             };
@@ -160,10 +211,11 @@ impl Executor for Remedies {
     }
 }
 
-/// `RestartMps` is routed above; kept as a value so no panic path exists.
+/// `RestartMps`, `Reboot` and `BootCheck` are routed above; kept as a value so no panic
+/// path exists.
 fn unreachable_restart() -> Result<Done, RemedyError> {
     Err(RemedyError::fatal(
-        "internal: restart-mps routed to the control plane",
+        "internal: restart-mps, reboot or boot-check routed to the control plane",
     ))
 }
 
@@ -197,5 +249,6 @@ pub fn outcome(order: &Order, result: Result<Done, RemedyError>) -> Outcome {
         status,
         detail,
         request_ids,
+        evidence: None,
     }
 }

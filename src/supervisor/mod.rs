@@ -6,6 +6,8 @@
 //! One shutdown token fans out to every task; orders in flight get a grace period to reach a
 //! safe point, then state is saved.
 
+pub mod evidence;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +25,7 @@ use crate::model::{
 use crate::policy::Policy;
 use crate::probe::Source;
 use crate::remedy::Executor;
+use crate::sys::clock::{SharedClock, SystemClock};
 use crate::sys::error::JournalError;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,14 +44,67 @@ pub struct Supervisor {
     sources: Vec<Box<dyn Source>>,
     metrics: Option<Arc<Metrics>>,
     gpu_signal: Option<Arc<tokio::sync::Notify>>,
+    /// The clock every input is stamped with (the engine reads none of its own).
+    clock: SharedClock,
 }
 
-struct Engine {
+/// This boot's id, read once: for the engine (only with the reboot rung, which is all that
+/// needs it; without it no reboot is ever ordered) and for every source (empty when it
+/// cannot be read).
+fn boot_id(cfg: &Config, reboot: bool) -> (Option<String>, String) {
+    match crate::sys::limits::read_boot_id(&cfg.repair.boot_id_path) {
+        Ok(id) => (reboot.then(|| id.clone()), id),
+        Err(_) if !reboot => (None, String::new()),
+        Err(e) => {
+            tracing::warn!(
+                "cannot read the kernel boot id ({e}); the reboot rung replaces instead of rebooting"
+            );
+            (None, String::new())
+        }
+    }
+}
+
+/// `state.json` could not be read and was set aside: journaled as a self-fault that is
+/// already over (the state was rebuilt from the incident journal).
+fn report_set_aside(
+    engine: &mut Keeper,
+    cfg: &Config,
+    aside: &journal::SetAside,
+) -> Result<(), SupervisorError> {
+    tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
+    let detail = format!(
+        "{} could not be read ({}); set aside as {}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, node {}",
+        cfg.state_path().display(),
+        aside.why,
+        aside.moved_to.display(),
+        engine.state.open.len(),
+        engine.state.in_flight.len(),
+        engine.state.node.as_str()
+    );
+    let component = "state-file".to_string();
+    let fault = Observation::new(crate::model::Signal::SelfFault {
+        component: component.clone(),
+    })
+    .with_detail(detail)
+    .from_source("journal");
+    let ok = Observation::new(crate::model::Signal::SelfRecovered { component })
+        .with_detail("started from the journal; a new state.json is written")
+        .from_source("journal");
+    engine.handle_batch(Batch {
+        observations: vec![fault, ok],
+        ..Batch::default()
+    })?;
+    Ok(())
+}
+
+/// The task that owns the state and both journals: it steps the engine over each batch.
+struct Keeper {
     state: State,
     policy: Policy,
     cfg: Config,
     metrics: Option<Arc<Metrics>>,
     gpu_signal: Option<Arc<tokio::sync::Notify>>,
+    clock: SharedClock,
     incidents: JsonlWriter<Record>,
     inputs: JsonlWriter<journal::JournaledInput>,
     /// The sequence number of the last input written to `inputs.jsonl`.
@@ -70,6 +126,8 @@ impl Supervisor {
         if cfg.dry_run {
             policy.observe_only = true;
         }
+        // The operator's choices for AWS-planned disruptions travel with the policy.
+        policy.planned = cfg.planned.rules();
         Supervisor {
             cfg,
             policy,
@@ -77,7 +135,14 @@ impl Supervisor {
             sources: Vec::new(),
             metrics: None,
             gpu_signal: None,
+            clock: SystemClock::shared(),
         }
+    }
+
+    /// Stamps inputs with `clock` instead of the system's (a test's clock follows tokio's
+    /// paused time, so deadlines expire in virtual time).
+    pub fn with_clock(&mut self, clock: SharedClock) {
+        self.clock = clock;
     }
 
     /// Notifies `wake` at every GPU signal (a finding about a GPU or the GPU count, from any
@@ -102,7 +167,7 @@ impl Supervisor {
         ready: impl FnOnce(),
     ) -> Result<(), SupervisorError> {
         let cfg = self.cfg;
-        let started = Timestamp::now();
+        let started = Timestamp(self.clock.now_ms());
         let (loaded, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
         let resumed_state = loaded.is_some();
         let state = match (loaded, &set_aside) {
@@ -114,7 +179,7 @@ impl Supervisor {
             max_bytes: cfg.journal.max_file_size_mib.saturating_mul(1024 * 1024),
             keep: cfg.journal.keep_files,
         };
-        let mut engine = Engine {
+        let mut engine = Keeper {
             incidents: JsonlWriter::open_rotating(&cfg.incidents_path(), rotation)?,
             inputs: JsonlWriter::open_rotating(&cfg.inputs_path(), rotation)?,
             state,
@@ -122,39 +187,22 @@ impl Supervisor {
             cfg: cfg.clone(),
             metrics: self.metrics,
             gpu_signal: self.gpu_signal,
+            clock: self.clock,
             seq: 0,
         };
         engine.recover(resumed_state)?;
         journal::save_state(&cfg.state_path(), &engine.state)?;
         let capabilities = self.executor.capabilities();
+        // The kernel's boot id, stepped before any order is resumed: a reboot the engine
+        // ordered that has happened is finished here, never handed out again.
+        let (boot, boot_read) = boot_id(&cfg, capabilities.reboot);
         engine.handle_batch(Batch {
             started: Some(capabilities),
+            boot,
             ..Batch::default()
         })?;
         if let Some(aside) = set_aside {
-            tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
-            let detail = format!(
-                "{} could not be read ({}); set aside as {}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, node {}",
-                cfg.state_path().display(),
-                aside.why,
-                aside.moved_to.display(),
-                engine.state.open.len(),
-                engine.state.in_flight.len(),
-                engine.state.node.as_str()
-            );
-            let component = "state-file".to_string();
-            let fault = Observation::new(crate::model::Signal::SelfFault {
-                component: component.clone(),
-            })
-            .with_detail(detail)
-            .from_source("journal");
-            let ok = Observation::new(crate::model::Signal::SelfRecovered { component })
-                .with_detail("started from the journal; a new state.json is written")
-                .from_source("journal");
-            engine.handle_batch(Batch {
-                observations: vec![fault, ok],
-                ..Batch::default()
-            })?;
+            report_set_aside(&mut engine, &cfg, &aside)?;
         }
         tracing::info!(
             policy = %engine.policy.origin,
@@ -167,9 +215,12 @@ impl Supervisor {
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
         let (out_tx, mut out_rx) = mpsc::channel::<Outcome>(64);
         let mut sources = JoinSet::new();
+        // Each source resumes after what the journal holds (the state's committed cursors),
+        // with the one reading of this boot's id.
+        let resume = crate::model::Resume::new(engine.state.delivery.clone()).with_boot(boot_read);
         for s in self.sources {
             tracing::info!(source = s.name(), "starting probe");
-            sources.spawn(s.run(obs_tx.clone(), shutdown.child_token()));
+            sources.spawn(s.run(obs_tx.clone(), shutdown.child_token(), resume.clone()));
         }
         drop(obs_tx);
 
@@ -283,6 +334,8 @@ impl Supervisor {
 struct Batch {
     /// The remedies this supervisor has (first, once, at start).
     started: Option<crate::model::Capabilities>,
+    /// The kernel's boot id (right after `started`, once, at start).
+    boot: Option<String>,
     requests: Vec<crate::model::OperatorRequest>,
     outcomes: Vec<Outcome>,
     observations: Vec<Observation>,
@@ -291,25 +344,23 @@ struct Batch {
 
 impl Batch {
     /// The inputs in stepping order, and the observations' stream positions in arrival
-    /// order (see [`Engine::handle_batch`]).
+    /// order (see [`Keeper::handle_batch`]).
     fn into_inputs(self, policy: &Policy) -> (Vec<Input>, Vec<crate::model::Cursor>) {
         let arrived: Vec<crate::model::Cursor> = self
             .observations
             .iter()
             .filter_map(|o| o.cursor.clone())
             .collect();
-        let fatal = |o: &Observation| {
-            policy
-                .rule_for(&o.signal, o.value)
-                .is_some_and(|r| r.action >= crate::model::Verdict::Drain)
-        };
-        let (first, rest): (Vec<Observation>, Vec<Observation>) =
-            self.observations.into_iter().partition(|o| fatal(o));
+        let (first, rest): (Vec<Observation>, Vec<Observation>) = self
+            .observations
+            .into_iter()
+            .partition(|o| policy.is_fatal(&o.signal, o.value));
         let started = self
             .started
             .map(|capabilities| Input::Started { capabilities });
         let inputs = started
             .into_iter()
+            .chain(self.boot.map(|id| Input::Boot { id }))
             .chain(self.requests.into_iter().map(Input::Operator))
             .chain(first.into_iter().map(Input::Observation))
             .chain(rest.into_iter().map(Input::Observation))
@@ -334,7 +385,7 @@ fn dispatch(
     });
 }
 
-impl Engine {
+impl Keeper {
     /// Brings the saved state up to the journal: inputs journaled after the state was last
     /// saved (a crash between the two writes of a batch) are stepped again with their own
     /// time stamps; their records are appended unless the journal already ends with them.
@@ -404,7 +455,7 @@ impl Engine {
         let mut orders = Vec::new();
         let mut dirty = false;
         let (inputs, arrived) = batch.into_inputs(&self.policy);
-        let mut in_batch: std::collections::HashSet<(String, u64)> =
+        let mut in_batch: std::collections::HashSet<(crate::model::StreamId, u64)> =
             std::collections::HashSet::new();
         for mut input in inputs {
             input.bound();
@@ -420,7 +471,7 @@ impl Engine {
                 tracing::debug!(stream = %c.stream, pos = c.pos, "duplicate after restart dropped");
                 continue;
             }
-            let now = Timestamp::now();
+            let now = Timestamp(self.clock.now_ms());
             let (mut state, actions) = engine::step(&self.state, input.clone(), now, &self.policy);
             if let Some(m) = &self.metrics {
                 m.record(&input, &actions, &state, &self.policy);
@@ -455,7 +506,7 @@ impl Engine {
             }
         }
         if !arrived.is_empty() {
-            let now = Timestamp::now();
+            let now = Timestamp(self.clock.now_ms());
             for c in &arrived {
                 self.state.delivery.advance_cursor(c, now);
             }
@@ -471,22 +522,10 @@ impl Engine {
     }
 }
 
-/// A finding (a rule takes it at its value) about a GPU or the node's GPUs, not raised by the
+/// A finding about a GPU or the node's GPUs ([`Policy::is_gpu_finding`]), not raised by the
 /// ECS GPU view (which would wake itself).
 fn is_gpu_signal(o: &Observation, policy: &Policy) -> bool {
-    use crate::model::SignalKind;
-    let about_gpus = o.gpu.is_some()
-        || matches!(
-            o.signal.kind(),
-            SignalKind::Xid
-                | SignalKind::GpuLost
-                | SignalKind::DeviceCountMismatch
-                | SignalKind::DriverNotLoaded
-                | SignalKind::RecoveryAction
-        );
-    about_gpus
-        && o.source != crate::probe::ecs_gpus::SOURCE
-        && policy.rule_for(&o.signal, o.value).is_some()
+    o.source != crate::probe::ecs_gpus::SOURCE && policy.is_gpu_finding(o)
 }
 
 /// Emits a journal record as a structured log event with stable field names.
@@ -673,7 +712,7 @@ mod tests {
         let state = journal::load_state(&cfg.state_path()).unwrap().unwrap();
         // 2, or 3 when the first tick (stamped now, years after the inputs) pruned windows.
         assert!(state.delivery.applied >= 2, "{:?}", state.delivery);
-        assert!(state.delivery.seen("kmsg:boot", 42));
+        assert!(state.delivery.seen(&"kmsg:boot".into(), 42));
         let after = journal::read_jsonl::<Record>(&cfg.incidents_path())
             .unwrap()
             .0;
@@ -711,6 +750,7 @@ mod tests {
                 status: crate::model::OutcomeStatus::Done,
                 detail: String::new(),
                 request_ids: vec![],
+                evidence: None,
             }],
             tick: true,
             ..Batch::default()

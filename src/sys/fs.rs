@@ -35,7 +35,8 @@ pub fn temp_path(path: &Path) -> PathBuf {
 }
 
 /// Replaces `path` with `bytes` atomically, creating its folder if needed. A leftover
-/// temporary of a crashed write (a file, or anything else in the way) is replaced.
+/// temporary file of a crashed write is replaced; anything else standing at the temporary's
+/// path (a directory) is not gpu-medic's to delete, and the write fails naming it.
 pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -44,7 +45,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> std::i
     std::fs::create_dir_all(dir)?;
     let tmp = temp_path(path);
     match std::fs::symlink_metadata(&tmp) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&tmp)?,
+        Ok(m) if m.is_dir() => {
+            return Err(std::io::Error::other(format!(
+                "{} is a directory in the way of the write",
+                tmp.display()
+            )));
+        }
         Ok(_) => std::fs::remove_file(&tmp)?,
         Err(_) => {}
     }
@@ -88,7 +94,7 @@ mod tests {
     #[test]
     fn a_write_replaces_the_file_whole_and_leaves_no_temporary() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("sub").join("state.json");
+        let p = dir.path().join("sub").join("saved.json");
         write_atomic(&p, b"old", Durability::Durable).unwrap();
         write_atomic(&p, b"new", Durability::Atomic).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"new");
@@ -96,14 +102,20 @@ mod tests {
     }
 
     #[test]
-    fn a_leftover_temporary_of_any_kind_is_no_obstacle() {
+    fn a_leftover_temporary_file_is_replaced_and_a_directory_in_the_way_refused() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("cursor");
-        std::fs::create_dir_all(temp_path(&p).join("junk")).unwrap();
         write_atomic(&p, b"1", Durability::Durable).unwrap();
         std::fs::write(temp_path(&p), b"half").unwrap();
         write_atomic(&p, b"2", Durability::Durable).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"2");
+        std::fs::create_dir_all(temp_path(&p).join("junk")).unwrap();
+        assert!(write_atomic(&p, b"3", Durability::Durable).is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"2", "the old file stands");
+        assert!(
+            temp_path(&p).join("junk").exists(),
+            "nothing of someone else's is deleted"
+        );
     }
 
     #[test]

@@ -149,11 +149,17 @@ pub fn check_path_kind(path: &Path, kind: Kind) -> Result<(), String> {
 }
 
 /// Moves whatever is at `path` out of the way when it is not a regular file (a directory, a
-/// FIFO, a symlink, a device left where gpu-medic keeps its own file), as
-/// `NAME.bad-<unix ms>`; returns where it went. A missing path or a regular file stays.
+/// FIFO, a device, a symlink to one of those, a dangling or looping symlink, left where
+/// gpu-medic keeps its own file), as `NAME.bad-<unix ms>`; returns where it went. A missing
+/// path, a regular file or a symlink to one (as [`Kind::Regular`] follows it) stays.
 pub fn set_aside_unless_regular(path: &Path) -> std::io::Result<Option<std::path::PathBuf>> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_file() => Ok(None),
+        Ok(m)
+            if m.file_type().is_symlink() && std::fs::metadata(path).is_ok_and(|t| t.is_file()) =>
+        {
+            Ok(None)
+        }
         Ok(m) => {
             let mut name = path.as_os_str().to_os_string();
             name.push(format!(".bad-{}", crate::model::Timestamp::now().0));
@@ -191,8 +197,25 @@ impl ReadError {
     }
 }
 
-/// Reads a whole text file of at most `limit` bytes. A bigger file (or an endless device)
-/// is refused after reading `limit + 1` bytes.
+/// A kernel boot id (`/proc/sys/kernel/random/boot_id`) is a 36-character UUID.
+const MAX_BOOT_ID_BYTES: u64 = 128;
+
+/// The kernel's boot id, a new one at every boot: the reboot rung tells the boot after a
+/// reboot from the one before by it, never by a timer. An empty or oversized file is refused.
+pub fn read_boot_id(path: &Path) -> Result<String, String> {
+    let text = read_text(path, MAX_BOOT_ID_BYTES, "boot id")
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let id = text.trim();
+    if id.is_empty() || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{}: not a boot id: {id:?}", path.display()));
+    }
+    Ok(id.to_string())
+}
+
+/// Reads a whole text file of at most `limit` bytes. Anything but a regular file (a FIFO, a
+/// socket, a directory, a device such as `/dev/zero`) is refused without blocking, by
+/// [`open_checked`]; a file that grows past the cap while read is refused after
+/// `limit + 1` bytes.
 pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {
     let file = open_checked(path, Kind::Regular, limit, what)?;
     let mut buf = Vec::new();
@@ -206,66 +229,6 @@ pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, 
         what,
         offset: e.utf8_error().valid_up_to(),
     })
-}
-
-/// One line of a file read with a length cap.
-#[derive(Debug, PartialEq, Eq)]
-pub enum CappedLine {
-    /// A line (without its `\n`), read lossily: invalid UTF-8 becomes U+FFFD.
-    Text { text: String, complete: bool },
-    /// A line longer than the cap: its bytes were read and dropped, never held.
-    TooLong { len: usize },
-}
-
-/// Reads one line of at most `cap` bytes from `r`; `None` at the end. Memory is at most
-/// `cap` bytes whatever the input; at most `max_scan` bytes are consumed looking for the end
-/// of an overlong line (then it is `TooLong` with what was consumed).
-pub fn read_capped_line(
-    r: &mut impl std::io::BufRead,
-    buf: &mut Vec<u8>,
-    cap: usize,
-    max_scan: u64,
-) -> std::io::Result<Option<CappedLine>> {
-    buf.clear();
-    let mut len = 0usize;
-    let mut complete = false;
-    loop {
-        let chunk = match r.fill_buf() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if chunk.is_empty() {
-            break;
-        }
-        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (chunk.len(), false),
-        };
-        let body = if done { &chunk[..take - 1] } else { chunk };
-        if len.saturating_add(body.len()) <= cap {
-            buf.extend_from_slice(body);
-        }
-        len = len.saturating_add(body.len());
-        r.consume(take);
-        if done {
-            complete = true;
-            break;
-        }
-        if len as u64 >= max_scan {
-            return Ok(Some(CappedLine::TooLong { len }));
-        }
-    }
-    if len == 0 && !complete {
-        return Ok(None);
-    }
-    if len > cap {
-        return Ok(Some(CappedLine::TooLong { len }));
-    }
-    Ok(Some(CappedLine::Text {
-        text: String::from_utf8_lossy(buf).into_owned(),
-        complete,
-    }))
 }
 
 /// Formats a byte count for messages (`1 MiB`, `512 KiB`, `17 bytes`).
@@ -316,6 +279,28 @@ mod tests {
         assert_eq!(set_aside_unless_regular(&big).unwrap(), None);
         let aside = set_aside_unless_regular(&fifo).unwrap().unwrap();
         assert!(!fifo.exists() && aside.exists());
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // No writer: a blocking open would wait for ever.
+        let err = read_text(&fifo, 64, "boot id").unwrap_err();
+        assert!(
+            matches!(&err, ReadError::NotAFile { why, .. } if why.starts_with("is a FIFO, not")),
+            "{err}"
+        );
+        let err = read_text(dir.path(), 64, "config").unwrap_err();
+        assert!(
+            matches!(&err, ReadError::NotAFile { why, .. } if why.starts_with("is a directory, not")),
+            "{err}"
+        );
+        let err = read_text(Path::new("/dev/urandom"), 64, "boot id").unwrap_err();
+        assert!(matches!(err, ReadError::NotAFile { .. }), "{err}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub struct JournalFollow {
     parser: Parser,
     /// The last entry read: a reader started again resumes after it.
     after: Option<String>,
-    stream: String,
+    stream: crate::model::StreamId,
     /// `journalctl` could not be run on the last try (a self-fault is open).
     unrunnable: bool,
     /// The reader exited or failed to start: warned once until it reads again.
@@ -54,8 +54,8 @@ impl JournalFollow {
     }
 
     /// Follows after the cursor journaled last for this unit, if any.
-    pub fn resume_from(&mut self, delivery: &crate::engine::Delivery) {
-        if let Some(t) = delivery.token(&self.stream) {
+    pub fn resume_from(&mut self, resume: &crate::model::Resume) {
+        if let Some(t) = resume.token(&self.stream) {
             self.after = Some(t.to_string());
         }
     }
@@ -65,7 +65,7 @@ impl JournalFollow {
     }
 
     /// The cursor stream name (`journald:<unit>`).
-    pub fn stream(&self) -> &str {
+    pub fn stream(&self) -> &crate::model::StreamId {
         &self.stream
     }
 
@@ -165,6 +165,6 @@ impl JournalFollow {
 }
 
 /// The cursor stream of a unit's journal.
-pub fn stream_of(unit: &str) -> String {
-    format!("journald:{unit}")
+pub fn stream_of(unit: &str) -> crate::model::StreamId {
+    crate::model::StreamId::journald(unit)
 }

@@ -23,7 +23,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::model::{GpuId, Observation, Signal};
+use crate::model::{GpuId, Observation, Resume, Signal, StreamId};
 
 /// This many failed server starts or exits ...
 pub const CRASH_LOOP_COUNT: usize = 3;
@@ -340,7 +340,7 @@ pub struct Tail {
     /// The bytes before the first line break are the tail of a skipped line.
     skip_to_newline: bool,
     /// Where the first look resumes: the journaled cursors (see [`Tail::resume_from`]).
-    resume: Option<crate::engine::Delivery>,
+    resume: Option<Resume>,
     /// Changes when the file is truncated in place, so that positions never repeat within
     /// one stream name.
     generation: u64,
@@ -374,15 +374,15 @@ impl Tail {
 
     /// The first look resumes at the position last journaled for this file (lines written
     /// while gpu-medic was down are read) instead of at its end.
-    pub fn resume_from(&mut self, delivery: crate::engine::Delivery) {
-        self.resume = Some(delivery);
+    pub fn resume_from(&mut self, resume: Resume) {
+        self.resume = Some(resume);
     }
 
     /// The cursor stream of the file now followed.
-    pub fn stream(&self) -> Option<String> {
+    pub fn stream(&self) -> Option<StreamId> {
         self.pos
             .filter(|p| p.ino != 0)
-            .map(|p| format!("mps-log:{}:{}:{}", p.dev, p.ino, self.generation))
+            .map(|p| StreamId::mps_log(p.dev, p.ino, self.generation))
     }
 
     /// The offset just past the last complete line handed out.
@@ -393,11 +393,9 @@ impl Tail {
 
     /// Where the first look starts: the journaled position of this file, else its end.
     fn first_offset(&mut self, dev: u64, ino: u64, len: u64) -> u64 {
-        let prefix = format!("mps-log:{dev}:{ino}:");
-        let found = self.resume.take().and_then(|d| {
-            d.cursors
-                .iter()
-                .filter_map(|(k, c)| Some((k.strip_prefix(&prefix)?.parse::<u64>().ok()?, c)))
+        let found = self.resume.take().and_then(|r| {
+            r.streams()
+                .filter_map(|(k, c)| Some((k.mps_log_generation(dev, ino)?, c)))
                 .max_by_key(|(_, c)| c.at)
                 .map(|(generation, c)| (generation, c.pos))
         });
@@ -564,12 +562,12 @@ impl LogWatch {
 
     /// Resumes each file at the position last journaled (see [`Tail::resume_from`]), and the
     /// journal after its last journaled cursor.
-    pub fn resume_from(&mut self, delivery: &crate::engine::Delivery) {
+    pub fn resume_from(&mut self, resume: &Resume) {
         for (tail, _) in &mut self.files {
-            tail.resume_from(delivery.clone());
+            tail.resume_from(resume.clone());
         }
         if let Some(j) = &mut self.journal {
-            j.resume_from(delivery);
+            j.resume_from(resume);
         }
     }
 
@@ -922,7 +920,7 @@ mod tests {
         assert_eq!(obs.len(), 2, "{obs:?}");
         // The last observation of a finished block carries the file's position.
         let c = obs[1].cursor.clone().expect("a cursor");
-        assert!(c.stream.starts_with("mps-log:"), "{c:?}");
+        assert!(c.stream.as_str().starts_with("mps-log:"), "{c:?}");
         assert_eq!(c.pos, std::fs::metadata(&path).unwrap().len());
     }
 
@@ -944,19 +942,19 @@ mod tests {
             .open(&path)
             .unwrap();
         f.write_all(line(2).as_bytes()).unwrap();
-        let mut delivery = crate::engine::Delivery::default();
+        let mut delivery = crate::model::Delivery::default();
         delivery.advance(&stream, journaled, crate::model::Timestamp(1));
         let mut again = Tail::new(path.clone());
-        again.resume_from(delivery.clone());
+        again.resume_from(Resume::new(delivery));
         let got = again.read_new();
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(got[0].0.contains("Server 2 "));
         // Truncated while down: read from the start under a new stream name.
         std::fs::write(&path, line(3)).unwrap();
         let mut t3 = Tail::new(path.clone());
-        let mut d = crate::engine::Delivery::default();
+        let mut d = crate::model::Delivery::default();
         d.advance(&stream, 10_000, crate::model::Timestamp(1));
-        t3.resume_from(d);
+        t3.resume_from(Resume::new(d));
         assert_eq!(t3.read_new().len(), 1);
         assert_ne!(t3.stream(), Some(stream));
     }

@@ -413,8 +413,6 @@ impl std::fmt::Display for Failure {
 pub struct MpsSource {
     cfg: MpsConfig,
     client: ControlClient,
-    /// `state.json`, whose journaled log positions the log tails resume from.
-    state_file: Option<std::path::PathBuf>,
     /// The ECS agent that names a server fault's tasks.
     agent: Option<Agent>,
 }
@@ -425,7 +423,6 @@ impl MpsSource {
         MpsSource {
             cfg,
             client,
-            state_file: None,
             agent: None,
         }
     }
@@ -434,13 +431,6 @@ impl MpsSource {
     /// (`[ecs] agent_url`, `/v1/tasks`).
     pub fn naming_tasks_with(mut self, agent: Agent) -> Self {
         self.agent = Some(agent);
-        self
-    }
-
-    /// The log tails resume where the journal ends (lines written while gpu-medic was down
-    /// are read), per the positions saved in `state_file`.
-    pub fn resuming_from(mut self, state_file: std::path::PathBuf) -> Self {
-        self.state_file = Some(state_file);
         self
     }
 }
@@ -454,15 +444,14 @@ impl Source for MpsSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             let mut probe = MpsProbe::with_client(self.cfg.clone(), self.client.clone())
                 .with_agent(self.agent.clone());
-            if let Some(state) = &self.state_file {
-                probe
-                    .logs
-                    .resume_from(&crate::journal::committed_delivery(state));
-            }
+            // The log tails resume where the journal ends (lines written while gpu-medic
+            // was down are read).
+            probe.logs.resume_from(&resume);
             let mut every = tokio::time::interval(self.cfg.probe_interval);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

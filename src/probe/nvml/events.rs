@@ -174,7 +174,19 @@ impl Watcher {
                 continue;
             }
             match set.register(&device, types) {
-                Ok(()) => registered += 1,
+                Ok(()) => {
+                    registered += 1;
+                    if warned.insert(format!("registered:{index}:{types:#x}")) {
+                        tracing::info!(
+                            probe = "nvml",
+                            gpu_index = index,
+                            event_types = format!("{types:#x}").as_str(),
+                            xid = types & EVENT_XID != 0,
+                            recovery_action = types & EVENT_RECOVERY_ACTION != 0,
+                            "NVML events registered"
+                        );
+                    }
+                }
                 Err(e) => {
                     if warned.insert(format!("register:{index}:{e}")) {
                         tracing::warn!(

@@ -9,6 +9,7 @@
 //! counter is a one-time warning, an unexpected counter error a reported problem.
 
 mod events;
+pub mod links;
 pub(crate) mod poll;
 mod raw;
 pub mod view;
@@ -118,6 +119,8 @@ pub struct NvmlSource {
     reservations: Option<reserve::Reservations>,
     /// One embedded-metric-format line per task, container and GPU per poll on stdout.
     emf: bool,
+    /// `[links]`: each GPU's fabric, NVLinks and PCIe link, read with the counters.
+    links: Option<crate::config::LinksConfig>,
 }
 
 impl NvmlSource {
@@ -132,7 +135,15 @@ impl NvmlSource {
             expected: None,
             reservations: None,
             emf: false,
+            links: None,
         }
+    }
+
+    /// Reads each GPU's links with the counters (`[links]`), and keeps the latest poll's in
+    /// `links.json` for `status`.
+    pub fn with_links(mut self, cfg: crate::config::LinksConfig) -> Self {
+        self.links = Some(cfg);
+        self
     }
 
     /// Publishes every poll's GPUs to `view`, and expects the GPU count `expected` holds
@@ -144,7 +155,10 @@ impl NvmlSource {
     }
 
     fn poller(&self) -> Poller {
-        let p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        let mut p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        if let Some(l) = &self.links {
+            p = p.with_links(l.clone());
+        }
         match &self.expected {
             Some(e) => p.learning_expected(e.clone()),
             None => p,
@@ -181,13 +195,19 @@ impl Source for NvmlSource {
         self: Box<Self>,
         tx: mpsc::Sender<Observation>,
         shutdown: CancellationToken,
+        resume: crate::model::Resume,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(async move { self.watch(tx, shutdown).await })
+        Box::pin(async move { self.watch(tx, shutdown, resume).await })
     }
 }
 
 impl NvmlSource {
-    async fn watch(self, tx: mpsc::Sender<Observation>, shutdown: CancellationToken) {
+    async fn watch(
+        self,
+        tx: mpsc::Sender<Observation>,
+        shutdown: CancellationToken,
+        resume: crate::model::Resume,
+    ) {
         let interval = self.cfg.poll_interval;
         // One NVML call may hang on a broken GPU: a poll gets this long before it is abandoned.
         let poll_deadline = interval.max(Duration::from_secs(5)).saturating_mul(3);
@@ -280,11 +300,13 @@ impl NvmlSource {
                 .map(|path| kmsg::KmsgReader {
                     path,
                     cursor_file: kmsg::cursor_path(&self.state_dir),
+                    committed: resume.clone(),
                     shared: shared.clone(),
                     tx: tx.clone(),
                     stop: stop.clone(),
                 });
             let mut poller = Some(self.poller());
+            let mut first = true;
             while let Some(mut p) = poller.take() {
                 let (n, s) = (nvml.clone(), shared.clone());
                 let job = tokio::task::spawn_blocking(move || {
@@ -296,6 +318,9 @@ impl NvmlSource {
                         poller = Some(p);
                         if let Some(v) = &self.view {
                             v.publish(report.view.clone());
+                        }
+                        if self.links.as_ref().is_some_and(|l| l.enabled) {
+                            links::save_view(&self.state_dir, &report.links);
                         }
                         let mut snap = report.usage;
                         if let Some(url) = &self.agent_url {
@@ -332,11 +357,21 @@ impl NvmlSource {
                                 );
                             }
                         }
+                        let gpus = report.gpus.len();
                         for obs in report.observations {
                             if tx.send(obs).await.is_err() {
                                 stop.store(true, Ordering::Relaxed);
                                 return;
                             }
+                        }
+                        if std::mem::take(&mut first) {
+                            // A fact to wait on (tests, operators): what happens to a counter
+                            // from now on is a change, not its starting value.
+                            tracing::info!(
+                                probe = "nvml",
+                                gpus,
+                                "first NVML poll done: counter baselines set"
+                            );
                         }
                     }
                     Ok(Err(e)) => {
@@ -376,16 +411,31 @@ async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
     }
 }
 
+/// At most this many SXids since boot are judged by `check` (the newest).
+const MAX_SXIDS_SINCE_BOOT: usize = 1024;
+
 /// The one-shot NVML probe for `gpu-medic check`.
 pub struct NvmlSnapshot {
     cfg: NvmlConfig,
+    links: Option<crate::config::LinksConfig>,
     /// Where the one poll's GPUs are published, and the expected count learnt meanwhile.
     view: Option<(view::NvmlView, view::ExpectedGpus)>,
 }
 
 impl NvmlSnapshot {
     pub fn new(cfg: NvmlConfig) -> Self {
-        NvmlSnapshot { cfg, view: None }
+        NvmlSnapshot {
+            cfg,
+            links: None,
+            view: None,
+        }
+    }
+
+    /// Also reads each GPU's links (`[links]`): a fabric still registering before its
+    /// deadline makes the check "could not tell" (asked again by the launch gate).
+    pub fn with_links(mut self, cfg: crate::config::LinksConfig) -> Self {
+        self.links = Some(cfg);
+        self
     }
 
     /// Publishes the poll's GPUs to `view`; expects `expected`'s count when
@@ -429,6 +479,9 @@ impl Snapshot for NvmlSnapshot {
         };
         let shared = SharedState::default();
         let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
+        if let Some(l) = &self.links {
+            poller = poller.with_links(l.clone());
+        }
         if let Some((_, expected)) = &self.view {
             poller = poller.learning_expected(expected.clone());
         }
@@ -464,6 +517,19 @@ impl Snapshot for NvmlSnapshot {
                     probe = "kmsg",
                     path = %path.display(),
                     "cannot read the kernel log ({e}); XIDs since boot are not checked"
+                ),
+            }
+            // NVSwitch errors since boot, for the node.
+            match crate::probe::sxid::read_since_boot(path, MAX_SXIDS_SINCE_BOOT) {
+                Ok(sxids) => report.observations.extend(sxids.iter().map(|x| {
+                    let mut o = x.observation();
+                    o.detail = o.detail.map(|d| format!("kernel log since boot: {d}"));
+                    o
+                })),
+                Err(e) => tracing::warn!(
+                    probe = "kmsg",
+                    path = %path.display(),
+                    "cannot read the kernel log ({e}); SXids since boot are not checked"
                 ),
             }
         }

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
@@ -47,6 +48,9 @@ pub struct Shared {
     pub awaiting_text: Vec<(u32, u32, std::time::Instant)>,
 }
 
+/// Whose claim: (GPU index, XID code, source).
+type ClaimKey = (u32, u32, &'static str);
+
 /// The XIDs each source reported within [`XID_DEDUPE_WINDOW`], for [`Shared::claim_xid`]:
 /// one queue per (GPU, code, source) and one of everything in arrival order, so a claim costs
 /// constant time however many XIDs a storm brings (a scan of every recent XID per claim made
@@ -54,12 +58,9 @@ pub struct Shared {
 #[derive(Default)]
 pub struct XidClaims {
     /// Per key, the ids and times of its claims still in the window, oldest first.
-    by_key: std::collections::HashMap<
-        (u32, u32, &'static str),
-        std::collections::VecDeque<(u64, std::time::Instant)>,
-    >,
+    by_key: std::collections::HashMap<ClaimKey, std::collections::VecDeque<(u64, Instant)>>,
     /// Every claim in arrival order, for expiry.
-    order: std::collections::VecDeque<((u32, u32, &'static str), u64, std::time::Instant)>,
+    order: std::collections::VecDeque<(ClaimKey, u64, Instant)>,
     next_id: u64,
 }
 
@@ -208,6 +209,9 @@ pub struct PollReport {
     pub usage: crate::accounting::usage::Snapshot,
     /// Every GPU of this poll, lost ones included, with its memory (for the ECS cross-check).
     pub view: view::ViewSnapshot,
+    /// Each answering GPU's fabric, NVLinks, PCIe link and clock event reasons
+    /// ([`super::links`]), when `[links]` is on.
+    pub links: Vec<super::links::GpuLinks>,
 }
 
 pub struct Poller {
@@ -220,6 +224,8 @@ pub struct Poller {
     warned: BTreeSet<String>,
     /// NVML could not count the GPUs on the last poll (a self-fault is open).
     count_failed: bool,
+    /// The links of each GPU (`[links]`), when enabled.
+    links: Option<super::links::LinkReader>,
 }
 
 impl Poller {
@@ -231,7 +237,14 @@ impl Poller {
             corrected: BTreeMap::new(),
             warned: BTreeSet::new(),
             count_failed: false,
+            links: None,
         }
+    }
+
+    /// Also reads each GPU's links ([`super::links`]) as `cfg` says.
+    pub fn with_links(mut self, cfg: crate::config::LinksConfig) -> Self {
+        self.links = cfg.enabled.then(|| super::links::LinkReader::new(cfg));
+        self
     }
 
     /// Reads the expected GPU count from `learnt` whenever `[nvml] expected_gpus` is unset.
@@ -509,6 +522,39 @@ impl Poller {
             ),
             Ok(_) => {}
             Err(e) => self.failed(report, index, "clock event reasons", &e),
+        }
+
+        if let Some(mut links) = self.links.take() {
+            let mut errors: Vec<(String, bool, String)> = Vec::new();
+            let got = links.read(
+                nvml,
+                &device,
+                index,
+                std::time::Instant::now(),
+                &mut |what, e| {
+                    let unavailable = matches!(
+                        e,
+                        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)
+                    );
+                    errors.push((what.to_string(), unavailable, e.to_string()));
+                },
+            );
+            self.links = Some(links);
+            for (what, unavailable, e) in errors {
+                if unavailable {
+                    self.warn_once(
+                        format!("{what}@{index}"),
+                        format!("GPU {index}: {what} is not available ({e}); not watched"),
+                    );
+                } else {
+                    let msg = format!("GPU {index}: {what} failed: {e}");
+                    self.warn_once(format!("{what}@{index}:{e}"), msg.clone());
+                    report.problems.push(msg);
+                }
+            }
+            found.extend(got.observations);
+            report.problems.extend(got.pending);
+            report.links.push(got.view);
         }
 
         let s = lock(shared);

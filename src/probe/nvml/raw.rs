@@ -143,3 +143,79 @@ impl Drop for EventSet<'_> {
         }
     }
 }
+
+/// `nvmlGpuFabricState_t`.
+pub const FABRIC_NOT_SUPPORTED: u8 = 0;
+pub const FABRIC_NOT_STARTED: u8 = 1;
+pub const FABRIC_IN_PROGRESS: u8 = 2;
+pub const FABRIC_COMPLETED: u8 = 3;
+
+/// A GPU's NVLink fabric registration (`nvmlDeviceGetGpuFabricInfoV`, docs/fabric.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricInfo {
+    pub state: u8,
+    /// The registration's `nvmlReturn_t` (0: success).
+    pub status: u32,
+    pub clique_id: u32,
+    pub cluster_uuid: [u8; 16],
+}
+
+/// The fabric registration, through `nvmlDeviceGetGpuFabricInfoV` (version 3, the NVML 13
+/// form) or, where the driver has no V entry point or refuses the version, the older
+/// `nvmlDeviceGetGpuFabricInfo`. NOT_SUPPORTED on GPUs without a fabric (no NVSwitch).
+pub fn fabric_info(nvml: &Nvml, device: &Device<'_>) -> Result<FabricInfo, NvmlError> {
+    use nvml_wrapper_sys::bindings::{nvmlGpuFabricInfo_t, nvmlGpuFabricInfoV_t};
+    if let Ok(f) = nvml_sym(nvml.lib().nvmlDeviceGetGpuFabricInfoV.as_ref()) {
+        let mut info = nvmlGpuFabricInfoV_t {
+            version: (std::mem::size_of::<nvmlGpuFabricInfoV_t>() as u32) | (3 << 24),
+            clusterUuid: [0; 16],
+            status: 0,
+            cliqueId: 0,
+            state: 0,
+            healthMask: 0,
+            healthSummary: 0,
+        };
+        // SAFETY: live device handle; `info` is an initialised v3 struct whose version word
+        // says so.
+        match nvml_try(unsafe { f(device.handle(), &mut info) }) {
+            Ok(()) => {
+                return Ok(FabricInfo {
+                    state: info.state,
+                    status: info.status,
+                    clique_id: info.cliqueId,
+                    cluster_uuid: info.clusterUuid,
+                });
+            }
+            Err(NvmlError::Unknown) | Err(NvmlError::UnexpectedVariant(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let f = nvml_sym(nvml.lib().nvmlDeviceGetGpuFabricInfo.as_ref())?;
+    let mut info = nvmlGpuFabricInfo_t {
+        clusterUuid: [0; 16],
+        status: 0,
+        cliqueId: 0,
+        state: 0,
+    };
+    // SAFETY: live device handle; `info` is a valid, initialised struct of the C layout.
+    nvml_try(unsafe { f(device.handle(), &mut info) })?;
+    Ok(FabricInfo {
+        state: info.state,
+        status: info.status,
+        clique_id: info.cliqueId,
+        cluster_uuid: info.clusterUuid,
+    })
+}
+
+/// Every clock event reason set now (`nvmlDeviceGetCurrentClocksEventReasons`, the NVML 13
+/// name; the wrapper calls the deprecated `…ThrottleReasons` and drops unknown bits).
+pub fn clock_event_reasons(nvml: &Nvml, device: &Device<'_>) -> Result<u64, NvmlError> {
+    let f = match nvml_sym(nvml.lib().nvmlDeviceGetCurrentClocksEventReasons.as_ref()) {
+        Ok(f) => f,
+        Err(_) => return device.current_throttle_reasons().map(|r| r.bits()),
+    };
+    let mut reasons = 0u64;
+    // SAFETY: live device handle and a valid out-pointer.
+    nvml_try(unsafe { f(device.handle(), &mut reasons) })?;
+    Ok(reasons)
+}

@@ -1,8 +1,22 @@
-//! The drain's timing rules as a pure plan, driven in virtual time: what to do after each
-//! poll of the container instance, given how long the drain has run. The control plane polls
-//! ECS, hands each reading to [`DrainPlan::observe`], carries out the stops it asks for,
-//! reports each stop back, and sleeps until [`DrainPlan::next_poll`]. No clock and no I/O here,
-//! so every rule is tested by stepping time, not by waiting.
+//! The drain, a workflow of its own: the order's first reads go out together (our container
+//! instance; the fleet budget's group, item and cluster reads, or, for a termination, our
+//! lifecycle hook); the budget's slot; DRAINING; then polls of the container instance handed
+//! to the pure [`DrainPlan`] until no task is left or the deadline nears. While Auto Scaling
+//! terminates the instance, our terminate hook is heartbeated (`lifecycle_hook.rs`) and the
+//! drain is bounded by the hook's global timeout, so the hook is completed by us (CONTINUE)
+//! before Auto Scaling gives up on it.
+//!
+//! The order says whether the engine knew of the termination when it gave it (the fact
+//! travels Observation -> engine -> Order). One that begins mid-drain is asked of the world
+//! by the drain itself, beside its polls: IMDS's target lifecycle state every poll, Auto
+//! Scaling's `Terminating:Wait` at once and then every 30 s. Nothing is shared with the
+//! lifecycle probe.
+//!
+//! The plan's timing rules, driven in virtual time: what to do after each poll of the
+//! container instance, given how long the drain has run. The workflow polls ECS, hands each
+//! reading to [`DrainPlan::observe`], carries out the stops it asks for, reports each stop
+//! back, and sleeps until [`DrainPlan::next_poll`]. No clock and no I/O in the plan, so every
+//! rule is tested by stepping time, not by waiting.
 //!
 //! The rules (all times from the drain's start in this process):
 //! - **drained**: no task listed and none running or pending: done.
@@ -20,7 +34,17 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::aws::ecs::EcsStatus;
+use super::Hands;
+use super::lifecycle_hook::{Termination, asg_terminating, merge, start_heartbeat, termination_in};
+use crate::aws::calls::{CallError, Calls};
+use crate::aws::ecs::{Ecs, EcsStatus, InstanceState, TaskInfo};
+use crate::aws::heartbeat::Heartbeat;
+use crate::aws::identity::Identity;
+use crate::aws::imds::{imds_client, target_terminated};
+use crate::model::{Command, Order, Timestamp};
+use crate::remedy::budget::{FirstReads, Here, Slot};
+use crate::remedy::calls::CallsExt;
+use crate::remedy::{Done, RemedyError};
 
 /// The timing settings of a drain (`[ecs]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,6 +237,328 @@ impl DrainPlan {
     /// When to poll next, from the drain's start, after a poll at `at`.
     pub fn next_poll(&self, at: Duration) -> Duration {
         at.saturating_add(self.times.poll_interval).min(self.end)
+    }
+}
+
+/// How often a drain that is not (yet) for a termination re-asks Auto Scaling whether one has
+/// begun (IMDS is asked on every drain poll).
+const ASG_RECHECK: Duration = Duration::from_secs(30);
+
+/// One drain order on this instance.
+struct Drain<'a> {
+    h: &'a Hands,
+    id: &'a Identity,
+    ecs: Ecs,
+    order: Order,
+}
+
+/// Carries out a drain order: returns when drained, or just before the order's deadline.
+pub(super) async fn run(h: &Hands, id: &Identity, order: Order) -> Result<Done, RemedyError> {
+    let d = Drain {
+        h,
+        id,
+        ecs: h.ecs_for(id),
+        order,
+    };
+    d.run().await
+}
+
+impl Drain<'_> {
+    async fn run(&self) -> Result<Done, RemedyError> {
+        let (h, id) = (self.h, self.id);
+        let arn = &id.container_instance_arn;
+        // Auto Scaling is terminating the instance (the engine knew): its drain takes no
+        // budget slot and no kill switch holds it.
+        let terminating = matches!(self.order.command, Command::Drain { terminating: true });
+        let mut calls = Calls::new();
+        let mut hook_calls = Calls::new();
+        let own = self.ecs.describe_one(&mut calls, arn, false);
+        let hook = async {
+            match id.auto_scaling_group.as_deref() {
+                Some(g) if terminating => Some(termination_in(h, &mut hook_calls, g).await),
+                _ => None,
+            }
+        };
+        // Nor does a disruption AWS planned: AWS takes the instance out of service anyway
+        // (docs/planned-events.md).
+        let first = async {
+            if terminating || self.order.planned {
+                None
+            } else {
+                Some(h.budget.first_reads(id, &self.ecs).await)
+            }
+        };
+        let (me, term, first) = tokio::join!(own, hook, first);
+        let me = match me {
+            Ok(m) => m,
+            Err(e) => return Err(calls.fail(e)),
+        };
+        calls.entries.extend(hook_calls.entries);
+        let mut slot_note = String::new();
+        let (started_ms, resumed) = match &me.status {
+            EcsStatus::Draining => {
+                calls
+                    .entries
+                    .extend(first.map(FirstReads::into_calls).unwrap_or_default());
+                (
+                    me.claim(&h.cfg.ecs.attribute_prefix).map(|(_, ms)| ms),
+                    true,
+                )
+            }
+            EcsStatus::Active => {
+                let (started, note) = self.begin(&mut calls, &me, first).await?;
+                slot_note = note;
+                (started, false)
+            }
+            other => {
+                return Ok(calls.done(format!("container instance is {other}; nothing to drain")));
+            }
+        };
+        let started_ms = started_ms.unwrap_or_else(|| h.clock.now_ms());
+        self.with_heartbeats(term, calls, started_ms, resumed)
+            .await
+            .map(|mut d| {
+                d.detail.push_str(&slot_note);
+                d
+            })
+    }
+
+    /// The budget's slot (none for a termination), then DRAINING, then the slot's mark:
+    /// when the drain's clock starts (the claim's time), and the slot's line for the detail.
+    async fn begin(
+        &self,
+        calls: &mut Calls,
+        me: &InstanceState,
+        first: Option<FirstReads>,
+    ) -> Result<(Option<u64>, String), RemedyError> {
+        let h = self.h;
+        let arn = &self.id.container_instance_arn;
+        let here = Here {
+            id: self.id,
+            ecs: &self.ecs,
+            me: Some(me),
+        };
+        let slot = match first {
+            None => Slot::None,
+            Some(first) => h.budget.acquire(calls, here, first, &self.order).await?,
+        };
+        let ranked = h.clock.instant();
+        if let Err(e) = self.ecs.set_draining(calls, arn).await {
+            return Err(std::mem::take(calls).fail(e));
+        }
+        // After the drain call, off its critical path (the slot is held in the table).
+        let note = h.budget.note(calls, here, &slot).await;
+        let settle = h.cfg.fleet.claim_settle;
+        let took = h.clock.instant().saturating_duration_since(ranked);
+        if matches!(slot, Slot::Claim(_)) && took > settle / 2 {
+            // The claim protocol assumes the re-read and the drain are close together
+            // (README, "The fleet budget: which protocol"): a slow DrainContainerInstances
+            // call eats into the margin another instance's view relies on.
+            tracing::warn!(
+                container_instance = %arn,
+                took_ms = took.as_millis() as u64,
+                "fleet budget: from the claim's ranking to DRAINING took longer than half the claim settle ({}); the claim protocol's margin is thin",
+                humantime::format_duration(settle)
+            );
+        }
+        tracing::warn!(container_instance = %arn, incident_id = self.order.incident.0, "container instance set to DRAINING");
+        let started = match slot {
+            Slot::Claim(ms) => Some(ms),
+            Slot::Table { .. } => Some(h.clock.now_ms()),
+            Slot::None => None,
+        };
+        Ok((started, note))
+    }
+
+    /// Waits for the drain (`wait_drained`) and, while Auto Scaling terminates the instance,
+    /// heartbeats our terminate hook. A termination known at the start also bounds the drain
+    /// by the hook's global timeout (tasks still running are stopped before it); one that
+    /// begins during the drain starts the heartbeats then, and the drain is cut short at the
+    /// hook's global timeout.
+    async fn with_heartbeats(
+        &self,
+        term: Option<Termination>,
+        calls: Calls,
+        started_ms: u64,
+        resumed: bool,
+    ) -> Result<Done, RemedyError> {
+        let h = self.h;
+        let mut hb = term.as_ref().and_then(|t| start_heartbeat(h, self.id, t));
+        let mut deadline = self.order.deadline;
+        if let Some(beat) = &hb {
+            let cap = h.now().plus(beat.hook.budget());
+            if cap < deadline {
+                tracing::info!(lifecycle_hook = %beat.hook.name, "drain bounded by the hook's global timeout");
+                deadline = cap;
+            }
+        }
+        let drain = self.wait_drained(calls, deadline, started_ms, resumed);
+        let result = if term.is_none() {
+            tokio::pin!(drain);
+            tokio::select! {
+                r = &mut drain => r,
+                why = self.watch_for_termination(&mut hb) => Err(RemedyError::fatal(why)),
+            }
+        } else {
+            drain.await
+        };
+        match hb {
+            Some(beat) => merge(result, beat.finish().await),
+            None => result,
+        }
+    }
+
+    /// Runs beside a drain that began without a termination: when one begins (IMDS, asked
+    /// every drain poll, or Auto Scaling's `Terminating:Wait`, read at once and then every
+    /// 30 s), starts the heartbeats, then returns (ending the drain) when the hook's global
+    /// timeout nears.
+    async fn watch_for_termination(&self, hb: &mut Option<Heartbeat>) -> String {
+        let (h, id) = (self.h, self.id);
+        let Some(group) = id.auto_scaling_group.clone() else {
+            return std::future::pending().await;
+        };
+        let poll = h.cfg.ecs.drain_poll_interval;
+        let imds = imds_client(h.http.clone(), 1);
+        let mut last_asg_check: Option<tokio::time::Instant> = None;
+        loop {
+            let now = h.clock.instant();
+            let asg_due =
+                last_asg_check.is_none_or(|t| now.saturating_duration_since(t) >= ASG_RECHECK);
+            if asg_due {
+                last_asg_check = Some(now);
+            }
+            let by_imds = async {
+                match tokio::time::timeout(poll, target_terminated(&imds)).await {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::debug!("target lifecycle state not read: {e}");
+                        false
+                    }
+                    Err(_) => false,
+                }
+            };
+            let by_asg = async { asg_due && asg_terminating(h, id).await };
+            let (by_imds, by_asg) = tokio::join!(by_imds, by_asg);
+            if by_imds || by_asg {
+                let mut calls = Calls::new();
+                let t = termination_in(h, &mut calls, &group).await;
+                tracing::warn!(instance_id = %id.instance_id, "Auto Scaling began terminating the instance during the drain");
+                let Some(beat) = start_heartbeat(h, id, &t) else {
+                    // No hook of ours to keep alive: the drain goes on to its own deadline.
+                    return std::future::pending().await;
+                };
+                let until = beat.must_complete_by();
+                let hook = beat.hook.clone();
+                *hb = Some(beat);
+                tokio::time::sleep_until(until).await;
+                return format!(
+                    "drain cut short: lifecycle hook {} reaches its global timeout ({}) soon",
+                    hook.name,
+                    humantime::format_duration(hook.global_timeout)
+                );
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+
+    /// Waits for the instance to run no task, stopping standalone tasks after the grace and
+    /// everything left `force_stop_lead` before the deadline; returns just before the deadline.
+    async fn wait_drained(
+        &self,
+        mut calls: Calls,
+        deadline: Timestamp,
+        started_ms: u64,
+        resumed: bool,
+    ) -> Result<Done, RemedyError> {
+        let (h, ecs) = (self.h, &self.ecs);
+        let arn = &self.id.container_instance_arn;
+        let e = &h.cfg.ecs;
+        let t0 = h.clock.instant();
+        let mut plan = DrainPlan::new(
+            DrainTimes {
+                standalone_grace: e.standalone_grace,
+                force_stop_lead: e.force_stop_lead,
+                agent_disconnected_wait: e.agent_disconnected_wait,
+                poll_interval: e.drain_poll_interval,
+            },
+            deadline.since(h.now()),
+            Duration::from_millis(h.clock.now_ms().saturating_sub(started_ms)),
+            resumed,
+        );
+        loop {
+            let poll = async {
+                let me = ecs.describe_one(&mut calls, arn, true).await?;
+                let tasks = ecs.running_tasks(&mut calls, arn, true).await?;
+                Ok::<_, CallError>((me, tasks))
+            }
+            .await;
+            let at = h.clock.instant().saturating_duration_since(t0);
+            match poll {
+                Err(err) if err.retryable => {
+                    tracing::warn!(container_instance = %arn, "drain poll failed, will retry: {err}");
+                    if let Some(why) = plan.poll_failed(at) {
+                        return Err(calls.fatal(why));
+                    }
+                }
+                Err(err) => return Err(calls.fail(err)),
+                Ok((me, tasks)) => match plan.observe(at, &reading(&me, &tasks)) {
+                    Next::Drained(detail) => return Ok(calls.done(detail)),
+                    Next::GiveUp(why) => return Err(calls.fatal(why)),
+                    Next::Act { stop, deadline } => {
+                        self.stop(&mut calls, &mut plan, stop).await?;
+                        if let Some(why) = deadline {
+                            return Err(calls.fatal(why));
+                        }
+                    }
+                },
+            }
+            let at = h.clock.instant().saturating_duration_since(t0);
+            tokio::time::sleep_until(t0 + plan.next_poll(at)).await;
+        }
+    }
+
+    /// Stops what the plan asks for and tells it how each stop went.
+    async fn stop(
+        &self,
+        calls: &mut Calls,
+        plan: &mut DrainPlan,
+        stop: Vec<(String, StopKind)>,
+    ) -> Result<(), RemedyError> {
+        let incident = self.order.incident;
+        for (task, kind) in stop {
+            let reason = match kind {
+                StopKind::Standalone => format!(
+                    "gpu-medic: instance draining (incident {incident}); standalone task stopped after the grace"
+                ),
+                StopKind::Forced => format!(
+                    "gpu-medic: drain deadline reached (incident {incident}); stopping what is left"
+                ),
+            };
+            match self.ecs.stop_task(calls, &task, &reason).await {
+                Ok(()) => plan.stopped(&task, kind, true),
+                Err(err) if err.retryable => plan.stopped(&task, kind, false),
+                Err(err) => return Err(std::mem::take(calls).fail(err)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One poll as the plan reads it.
+fn reading(me: &InstanceState, tasks: &[TaskInfo]) -> Reading {
+    Reading {
+        status: me.status.clone(),
+        running: me.running,
+        pending: me.pending,
+        agent_connected: me.agent_connected,
+        tasks: tasks
+            .iter()
+            .map(|t| TaskView {
+                arn: t.arn.clone(),
+                id: t.id().to_string(),
+                service: t.is_service(),
+            })
+            .collect(),
     }
 }
 

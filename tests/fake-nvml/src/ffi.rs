@@ -659,7 +659,7 @@ pub extern "C" fn nvmlDeviceSetComputeMode(device: NvmlDevice, mode: c_uint) -> 
     ))
 }
 
-/// `nvmlDeviceGetPersistenceMode`: always enabled.
+/// `nvmlDeviceGetPersistenceMode`: enabled unless injected off.
 ///
 /// # Safety
 /// `mode` must be NULL or valid for one write.
@@ -670,8 +670,12 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
 ) -> NvmlReturn {
     // SAFETY: forwarded contract.
     unsafe {
-        dev_get("nvmlDeviceGetPersistenceMode", device, mode, |_, _| {
-            Ok(FEATURE_ENABLED)
+        dev_get("nvmlDeviceGetPersistenceMode", device, mode, |g, i| {
+            Ok(if g.hw.gpus[i].persistence {
+                FEATURE_ENABLED
+            } else {
+                FEATURE_DISABLED
+            })
         })
     }
 }
@@ -1494,6 +1498,76 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
     }
 }
 
+/// `nvmlDeviceGetGpuFabricInfo`: the registration on Hopper and Blackwell (completed by
+/// default); NOT_SUPPORTED elsewhere.
+///
+/// # Safety
+/// `info` must be NULL or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
+    device: NvmlDevice,
+    info: *mut GpuFabricInfo,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe {
+        dev_get("nvmlDeviceGetGpuFabricInfo", device, info, |g, i| {
+            let f = g.hw.gpus[i].fabric;
+            if f.state == fabric_state::NOT_SUPPORTED {
+                return Err(ERROR_NOT_SUPPORTED);
+            }
+            Ok(GpuFabricInfo {
+                cluster_uuid: f.cluster_uuid,
+                status: f.status,
+                clique_id: f.clique_id,
+                state: f.state,
+            })
+        })
+    }
+}
+
+/// `nvmlDeviceGetGpuFabricInfoV`: versions 2 and 3 (checks the version word).
+///
+/// # Safety
+/// `info` must be NULL or valid for reading and writing one struct of the version it names.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    device: NvmlDevice,
+    info: *mut GpuFabricInfoV3,
+) -> NvmlReturn {
+    if info.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null and valid for reads by contract (the version word comes first).
+    let version = unsafe { (*info).version };
+    if version != FABRIC_INFO_V3_VERSION && version != FABRIC_INFO_V2_VERSION {
+        return ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    let got = state::device_call("nvmlDeviceGetGpuFabricInfoV", device, |g, i| {
+        let f = g.hw.gpus[i].fabric;
+        if f.state == fabric_state::NOT_SUPPORTED {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        Ok(f)
+    });
+    match got {
+        Ok(f) => {
+            // SAFETY: valid for writes of the named version; v2 ends before `health_summary`.
+            unsafe {
+                (*info).cluster_uuid = f.cluster_uuid;
+                (*info).status = f.status;
+                (*info).clique_id = f.clique_id;
+                (*info).state = f.state;
+                (*info).health_mask = 0;
+                if version == FABRIC_INFO_V3_VERSION {
+                    (*info).health_summary = 0;
+                }
+            }
+            SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
 fn check_link(g: &Global, i: usize, link: c_uint) -> Result<(), NvmlReturn> {
     match g.hw.gpus[i].spec.arch.nvlink_count() {
         0 => Err(ERROR_NOT_SUPPORTED),
@@ -1502,7 +1576,7 @@ fn check_link(g: &Global, i: usize, link: c_uint) -> Result<(), NvmlReturn> {
     }
 }
 
-/// `nvmlDeviceGetNvLinkState`: every link active; NOT_SUPPORTED without
+/// `nvmlDeviceGetNvLinkState`: active unless injected down; NOT_SUPPORTED without
 /// NVLink, INVALID_ARGUMENT past the last link.
 ///
 /// # Safety
@@ -1516,12 +1590,17 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetNvLinkState", device, is_active, |g, i| {
-            check_link(g, i, link).map(|()| FEATURE_ENABLED)
+            check_link(g, i, link)?;
+            Ok(if g.hw.gpus[i].nvlinks[link as usize].down {
+                FEATURE_DISABLED
+            } else {
+                FEATURE_ENABLED
+            })
         })
     }
 }
 
-/// `nvmlDeviceGetNvLinkErrorCounter`: counters 0..=4 read 0.
+/// `nvmlDeviceGetNvLinkErrorCounter`: counters 0..=4 as injected (0 by default).
 ///
 /// # Safety
 /// `counter_value` must be NULL or valid for one write.
@@ -1543,7 +1622,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
                 if counter > 4 {
                     return Err(ERROR_INVALID_ARGUMENT);
                 }
-                Ok(0)
+                Ok(g.hw.gpus[i].nvlinks[link as usize].counters[counter as usize])
             },
         )
     }

@@ -42,6 +42,20 @@ pub enum Command {
         generation: Option<u32>,
         width: Option<u32>,
     },
+    Persistence {
+        gpu: u32,
+        on: bool,
+    },
+    Fabric {
+        gpu: u32,
+        fabric: FabricChange,
+    },
+    /// One link (`link`) or every link of the GPU (`None`).
+    NvLink {
+        gpu: u32,
+        link: Option<u32>,
+        change: NvLinkChange,
+    },
     MpsClients {
         gpu: u32,
         pids: Vec<MpsClient>,
@@ -111,6 +125,9 @@ impl Command {
             | Command::Throttle { gpu, .. }
             | Command::PcieReplay { gpu, .. }
             | Command::PcieLink { gpu, .. }
+            | Command::Persistence { gpu, .. }
+            | Command::Fabric { gpu, .. }
+            | Command::NvLink { gpu, .. }
             | Command::MpsClients { gpu, .. }
             | Command::Ecc { gpu, .. }
             | Command::RemappedRows { gpu, .. }
@@ -150,6 +167,101 @@ impl From<ClientForm> for MpsClient {
             ClientForm::Full { pid, used_mib } => MpsClient { pid, used_mib },
         }
     }
+}
+
+/// `"fabric": {...}`: absolute values; absent keys keep theirs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FabricChange {
+    pub state: Option<u8>,
+    pub status: Option<u32>,
+    pub clique_id: Option<u32>,
+    pub cluster_uuid: Option<[u8; 16]>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FabricStateForm {
+    Code(u8),
+    Name(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFabric {
+    state: Option<FabricStateForm>,
+    status: Option<u32>,
+    clique_id: Option<u32>,
+    /// 32 hex digits (dashes allowed).
+    cluster_uuid: Option<String>,
+}
+
+impl RawFabric {
+    fn change(self) -> Result<FabricChange, String> {
+        let state = match self.state {
+            None => None,
+            Some(FabricStateForm::Code(c)) if c <= 3 => Some(c),
+            Some(FabricStateForm::Code(c)) => return Err(format!("fabric.state {c} is not 0..=3")),
+            Some(FabricStateForm::Name(n)) => {
+                Some(match n.to_ascii_lowercase().replace('_', "-").as_str() {
+                    "not-supported" => 0,
+                    "not-started" => 1,
+                    "in-progress" => 2,
+                    "completed" => 3,
+                    _ => {
+                        return Err(format!(
+                            "unknown fabric.state {n:?} (not-supported, not-started, in-progress, completed)"
+                        ));
+                    }
+                })
+            }
+        };
+        let cluster_uuid = match self.cluster_uuid {
+            None => None,
+            Some(u) => {
+                let hex: String = u.chars().filter(|c| *c != '-').collect();
+                if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(format!("fabric.cluster_uuid {u:?} is not 32 hex digits"));
+                }
+                let mut out = [0u8; 16];
+                for (i, b) in out.iter_mut().enumerate() {
+                    *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+                        .map_err(|e| e.to_string())?;
+                }
+                Some(out)
+            }
+        };
+        Ok(FabricChange {
+            state,
+            status: self.status,
+            clique_id: self.clique_id,
+            cluster_uuid,
+        })
+    }
+}
+
+/// `"nvlink": {...}`: `active` sets the link state; the counters are added.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvLinkChange {
+    pub active: Option<bool>,
+    /// DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA, DL_ECC_DATA.
+    pub counters: [u64; 5],
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNvLink {
+    link: Option<u32>,
+    active: Option<bool>,
+    #[serde(default)]
+    replay: u64,
+    #[serde(default)]
+    recovery: u64,
+    #[serde(default)]
+    crc_flit: u64,
+    #[serde(default)]
+    crc_data: u64,
+    #[serde(default)]
+    ecc_data: u64,
 }
 
 /// `"ecc": {...}`: amounts added to each counter.
@@ -223,6 +335,9 @@ struct Injection {
     throttle: Option<u64>,
     pcie_replay: Option<u32>,
     pcie_link: Option<PcieLink>,
+    persistence: Option<bool>,
+    fabric: Option<RawFabric>,
+    nvlink: Option<RawNvLink>,
     mps_clients: Option<Vec<MpsClient>>,
     ecc: Option<EccDelta>,
     remapped_rows: Option<RemappedRows>,
@@ -296,6 +411,28 @@ impl Injection {
                 gpu: gpu("pcie_link")?,
                 generation: l.generation,
                 width: l.width,
+            });
+        }
+        if let Some(on) = self.persistence {
+            out.push(Command::Persistence {
+                gpu: gpu("persistence")?,
+                on,
+            });
+        }
+        if let Some(f) = self.fabric {
+            out.push(Command::Fabric {
+                gpu: gpu("fabric")?,
+                fabric: f.change()?,
+            });
+        }
+        if let Some(l) = self.nvlink {
+            out.push(Command::NvLink {
+                gpu: gpu("nvlink")?,
+                link: l.link,
+                change: NvLinkChange {
+                    active: l.active,
+                    counters: [l.replay, l.recovery, l.crc_flit, l.crc_data, l.ecc_data],
+                },
             });
         }
         if let Some(pids) = self.mps_clients {
@@ -562,6 +699,53 @@ mod tests {
                 gpu: GpuSel::Any
             }
         );
+    }
+
+    #[test]
+    fn links() {
+        assert_eq!(
+            one(r#"{"gpu": 1, "persistence": false}"#),
+            Command::Persistence { gpu: 1, on: false }
+        );
+        assert_eq!(
+            one(
+                r#"{"gpu": 0, "fabric": {"state": "in-progress", "status": 3, "cluster_uuid": "00112233-4455-6677-8899-aabbccddeeff"}}"#
+            ),
+            Command::Fabric {
+                gpu: 0,
+                fabric: FabricChange {
+                    state: Some(2),
+                    status: Some(3),
+                    clique_id: None,
+                    cluster_uuid: Some([
+                        0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb,
+                        0xcc, 0xdd, 0xee, 0xff
+                    ]),
+                }
+            }
+        );
+        assert_eq!(
+            one(
+                r#"{"gpu": 2, "nvlink": {"link": 7, "active": false, "crc_flit": 5, "replay": 1}}"#
+            ),
+            Command::NvLink {
+                gpu: 2,
+                link: Some(7),
+                change: NvLinkChange {
+                    active: Some(false),
+                    counters: [1, 0, 5, 0, 0]
+                }
+            }
+        );
+        for bad in [
+            r#"{"gpu": 0, "fabric": {"state": "done"}}"#,
+            r#"{"gpu": 0, "fabric": {"state": 9}}"#,
+            r#"{"gpu": 0, "fabric": {"cluster_uuid": "xyz"}}"#,
+            r#"{"gpu": 0, "nvlink": {"crc": 1}}"#,
+            r#"{"nvlink": {"link": 0, "active": false}}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -89,8 +89,50 @@ pub struct Gpu {
     pub pcie_replay: u32,
     pub pcie_gen: u32,
     pub pcie_width: u32,
+    /// `nvmlDeviceGetPersistenceMode` (enabled by default).
+    pub persistence: bool,
+    /// Fabric registration: state (`fabric_state`), status, clique id, cluster UUID.
+    pub fabric: Fabric,
+    /// Per NVLink: down (`nvmlDeviceGetNvLinkState` disabled) and the five error counters
+    /// (DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA, DL_ECC_DATA).
+    pub nvlinks: Vec<NvLink>,
     /// Events raised while no set was registered for them (see README).
     pub backlog: VecDeque<Event>,
+}
+
+/// A GPU's NVLink fabric registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fabric {
+    pub state: u8,
+    pub status: u32,
+    pub clique_id: u32,
+    pub cluster_uuid: [u8; 16],
+}
+
+impl Fabric {
+    /// Hopper and Blackwell report a completed registration (status SUCCESS, clique 1);
+    /// older GPUs NOT_SUPPORTED.
+    fn healthy(arch: crate::identity::Arch) -> Fabric {
+        use crate::identity::Arch;
+        let supported = matches!(arch, Arch::Hopper | Arch::Blackwell);
+        Fabric {
+            state: if supported {
+                types::fabric_state::COMPLETED
+            } else {
+                types::fabric_state::NOT_SUPPORTED
+            },
+            status: 0,
+            clique_id: u32::from(supported),
+            cluster_uuid: if supported { [0x5a; 16] } else { [0; 16] },
+        }
+    }
+}
+
+/// One NVLink.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvLink {
+    pub down: bool,
+    pub counters: [u64; 5],
 }
 
 impl Gpu {
@@ -115,6 +157,9 @@ impl Gpu {
             pcie_replay: 0,
             pcie_gen: arch.pcie_gen(),
             pcie_width: 16,
+            persistence: true,
+            fabric: Fabric::healthy(arch),
+            nvlinks: vec![NvLink::default(); arch.nvlink_count() as usize],
             backlog: VecDeque::new(),
         }
     }
@@ -802,6 +847,30 @@ impl Global {
                 let g = &mut self.hw.gpus[gpu_idx];
                 g.pcie_gen = generation.unwrap_or(g.pcie_gen);
                 g.pcie_width = width.unwrap_or(g.pcie_width);
+            }
+            Command::Persistence { on, .. } => self.hw.gpus[gpu_idx].persistence = on,
+            Command::Fabric { fabric, .. } => {
+                let f = &mut self.hw.gpus[gpu_idx].fabric;
+                f.state = fabric.state.unwrap_or(f.state);
+                f.status = fabric.status.unwrap_or(f.status);
+                f.clique_id = fabric.clique_id.unwrap_or(f.clique_id);
+                f.cluster_uuid = fabric.cluster_uuid.unwrap_or(f.cluster_uuid);
+            }
+            Command::NvLink { link, change, .. } => {
+                let links = &mut self.hw.gpus[gpu_idx].nvlinks;
+                let selected: Vec<usize> = match link {
+                    Some(l) => vec![l as usize],
+                    None => (0..links.len()).collect(),
+                };
+                for l in selected {
+                    let Some(nl) = links.get_mut(l) else { continue };
+                    if let Some(active) = change.active {
+                        nl.down = !active;
+                    }
+                    for (c, d) in nl.counters.iter_mut().zip(change.counters) {
+                        *c = c.saturating_add(d);
+                    }
+                }
             }
             Command::MpsClients { pids, .. } => {
                 self.hw.gpus[gpu_idx].procs =

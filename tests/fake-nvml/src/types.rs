@@ -55,6 +55,43 @@ pub const VALUE_NOT_AVAILABLE_U64: u64 = u64::MAX;
 /// `0xFFFFFFFF`: not attributable to a MIG instance.
 pub const NO_MIG_INSTANCE: c_uint = 0xFFFF_FFFF;
 
+/// `nvmlGpuFabricState_t` values.
+pub mod fabric_state {
+    pub const NOT_SUPPORTED: u8 = 0;
+    pub const NOT_STARTED: u8 = 1;
+    pub const IN_PROGRESS: u8 = 2;
+    pub const COMPLETED: u8 = 3;
+}
+
+/// `nvmlGpuFabricInfo_t` (`nvmlDeviceGetGpuFabricInfo`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuFabricInfo {
+    pub cluster_uuid: [u8; 16],
+    pub status: NvmlReturn,
+    pub clique_id: c_uint,
+    pub state: u8,
+}
+
+/// `nvmlGpuFabricInfo_v3_t` (`nvmlGpuFabricInfoV_t`, `nvmlDeviceGetGpuFabricInfoV`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuFabricInfoV3 {
+    pub version: c_uint,
+    pub cluster_uuid: [u8; 16],
+    pub status: NvmlReturn,
+    pub clique_id: c_uint,
+    pub state: u8,
+    pub health_mask: c_uint,
+    pub health_summary: u8,
+}
+
+/// `nvmlGpuFabricInfo_v3` (`NVML_STRUCT_VERSION(GpuFabricInfo, 3)`).
+pub const FABRIC_INFO_V3_VERSION: c_uint =
+    (std::mem::size_of::<GpuFabricInfoV3>() as c_uint) | (3 << 24);
+/// `nvmlGpuFabricInfo_v2` (the same layout up to `health_mask`).
+pub const FABRIC_INFO_V2_VERSION: c_uint = 32 | (2 << 24);
+
 /// `nvmlPciInfo_t` (as filled by `nvmlDeviceGetPciInfo_v3`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -8,7 +8,8 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aws_config::SdkConfig;
@@ -390,6 +391,7 @@ pub fn order(command: Command, deadline: Duration) -> Order {
         command,
         attempt: 1,
         deadline: Timestamp::now().plus(deadline),
+        planned: false,
     }
 }
 
@@ -479,7 +481,10 @@ pub async fn put_slot_holder(sdk: &SdkConfig, table: &str, group: &str, holder: 
 /// `gpu-medic run` for node `i` of `s` on the fake GPUs (not started): MPS off, 100 ms ticks,
 /// NVML and drain polls every 200 ms, no warmup; every AWS service at `endpoint` (None: the
 /// caller routes them, e.g. per-service `AWS_ENDPOINT_URL_*`). `top`: top-level keys; `ecs`,
-/// `fleet`: more lines of those sections; `rest`: more sections (`[export]`).
+/// `fleet`: more lines of those sections; `rest`: more sections (`[export]`). Without a
+/// `[repair]` section in `rest` the reboot rung is off (`reboot = "off"`): these nodes are
+/// about the replace rung, which a first XID 79 would otherwise not reach
+/// (tests/repair_reboot.rs turns it on).
 pub fn node(
     s: &Seeded,
     i: usize,
@@ -496,13 +501,98 @@ pub fn node(
          [mps]\nenabled = false\n\
          {}\
          [ecs]\ndrain_poll_interval = \"200ms\"\n{ecs}\n\
-         [fleet]\nwarmup = \"0s\"\n{fleet}\n{rest}",
+         [fleet]\nwarmup = \"0s\"\n{fleet}\n{repair}{rest}",
         crate::default_policy().display(),
         crate::fake_nvml().display(),
         dir.path().join("kmsg").display(),
         sections(s, i, ""),
+        repair = if rest.contains("[repair]") {
+            ""
+        } else {
+            "[repair]\nreboot = \"off\"\n"
+        },
     );
     let mut d = crate::Daemon::in_temp(dir, &config);
     d.aws(endpoint);
     d
+}
+
+/// `[fleet]` lines for the DynamoDB slot table `table`: budget 1, no breaker, reservations
+/// stale after 2 s.
+pub fn table_fleet(table: &str) -> String {
+    format!(
+        "table = \"{table}\"\nmax_parallel = 1\nmax_unhealthy = \"100%\"\nreservation_lifetime = \"2s\"\n"
+    )
+}
+
+/// Who is DRAINING among the instances still in the group, by moto.
+pub async fn draining(sdk: &aws_config::SdkConfig, s: &Seeded) -> Vec<String> {
+    let members = asg_instance_ids(sdk, &s.asg).await;
+    let ecs = aws_sdk_ecs::Client::new(sdk);
+    let r = ecs
+        .describe_container_instances()
+        .cluster(&s.cluster)
+        .set_container_instances(Some(s.nodes.iter().map(|n| n.arn.clone()).collect()))
+        .send()
+        .await
+        .unwrap();
+    r.container_instances()
+        .iter()
+        .filter(|c| c.status() == Some("DRAINING"))
+        .filter_map(|c| c.ec2_instance_id().map(str::to_string))
+        .filter(|id| members.contains(id))
+        .collect()
+}
+
+/// The ground truth of a fleet budget, sampled from moto every 50 ms (never gpu-medic's own
+/// word): the most instances DRAINING at once.
+pub struct Sampler {
+    max: Arc<AtomicUsize>,
+    samples: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Sampler {
+    pub fn start(moto: &aws_config::SdkConfig, s: &Arc<Seeded>) -> Sampler {
+        let (max, samples, stop) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let task = {
+            let (sdk, s) = (moto.clone(), s.clone());
+            let (max, samples, stop) = (max.clone(), samples.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut worst = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let now = draining(&sdk, &s).await;
+                    if now.len() > max.load(Ordering::Relaxed) {
+                        max.store(now.len(), Ordering::Relaxed);
+                        worst = now;
+                    }
+                    samples.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                worst
+            })
+        };
+        Sampler {
+            max,
+            samples,
+            stop,
+            task,
+        }
+    }
+
+    /// The most instances DRAINING at once, how many samples, and who they were.
+    pub async fn finish(self) -> (usize, usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let worst = self.task.await.unwrap();
+        (
+            self.max.load(Ordering::Relaxed),
+            self.samples.load(Ordering::Relaxed),
+            worst,
+        )
+    }
 }

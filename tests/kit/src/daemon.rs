@@ -274,6 +274,23 @@ impl Daemon {
         );
     }
 
+    /// Waits for the first NVML poll (its log line): counters have their baselines, so what
+    /// a test injects from now on is a change. For daemons with `[nvml]` on; this run's log only
+    /// (a restarted daemon polls again).
+    pub fn wait_polled(&self) {
+        wait_sync(
+            "the first NVML poll",
+            START_LIMIT,
+            || {
+                let this_run = self.path(&format!("daemon-{}.log", self.runs));
+                std::fs::read_to_string(this_run)
+                    .unwrap_or_default()
+                    .contains("first NVML poll done")
+            },
+            || self.log(),
+        );
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }

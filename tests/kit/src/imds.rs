@@ -5,6 +5,9 @@
 //! - `GET /latest/meta-data/...` needs that token (401 otherwise): `instance-id`,
 //!   `placement/region`, `autoscaling/target-lifecycle-state` (404 until set), `instance-type`
 //!   (404 until set);
+//! - any other document the test sets (`set_doc`: the planned-events documents
+//!   `events/maintenance/scheduled`, `spot/instance-action`, `events/recommendations/rebalance`),
+//!   404 until set;
 //! - the test changes the target state at any time, or takes IMDS down (HTTP 500).
 //!
 //! And a fake ECS agent introspection API (`/v1/metadata`, `/v1/tasks`), which exists only on an
@@ -23,6 +26,8 @@ struct State {
     instance_type: Option<String>,
     down: bool,
     tokens: u32,
+    /// Documents by path under `/latest/meta-data/` (`events/maintenance/scheduled`).
+    docs: std::collections::BTreeMap<String, String>,
     /// (method, path, status) of every request.
     log: Vec<(String, String, u16)>,
 }
@@ -61,6 +66,32 @@ impl FakeImds {
     /// `instance-type` (`p5.48xlarge`), or None (404).
     pub fn set_instance_type(&self, instance_type: Option<&str>) {
         self.state.lock().unwrap().instance_type = instance_type.map(str::to_string);
+    }
+
+    /// The document at `/latest/meta-data/<path>` from now on (None: 404).
+    pub fn set_doc(&self, path: &str, doc: Option<&str>) {
+        let mut s = self.state.lock().unwrap();
+        match doc {
+            Some(d) => {
+                s.docs.insert(path.to_string(), d.to_string());
+            }
+            None => {
+                s.docs.remove(path);
+            }
+        }
+    }
+
+    /// Requests answered for `/latest/meta-data/<path>`, with their statuses.
+    pub fn reads(&self, path: &str) -> Vec<u16> {
+        let full = format!("/latest/meta-data/{path}");
+        self.state
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|(m, p, _)| m == "GET" && *p == full)
+            .map(|(_, _, s)| *s)
+            .collect()
     }
 
     /// Down: every request gets HTTP 500.
@@ -137,7 +168,13 @@ fn answer(
             Some(t) => (200, vec![], t.clone()),
             None => (404, vec![], String::new()),
         },
-        _ => (404, vec![], String::new()),
+        other => match other
+            .strip_prefix("/latest/meta-data/")
+            .and_then(|p| s.docs.get(p))
+        {
+            Some(d) => (200, vec![], d.clone()),
+            None => (404, vec![], String::new()),
+        },
     }
 }
 

@@ -22,10 +22,24 @@ pub struct Call {
     pub body: String,
     /// Wall clock (ms) when the request was read in full, before it was forwarded.
     pub arrived_ms: f64,
+    /// Wall clock (ms) when the answer was ready, just before it was written back.
+    pub answered_ms: f64,
     /// 0 when the upstream did not answer.
     pub status: u16,
     /// Answered by the proxy itself (a fault or a simulated lifecycle action).
     pub injected: bool,
+    /// The request line and headers (S3 calls: `x-amz-server-side-encryption`, ...).
+    pub head: String,
+}
+
+impl Call {
+    /// A request header's value (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -217,6 +231,8 @@ struct ProxyState {
     lifecycle: Option<Vec<(String, String)>>,
     /// `gpuDevices` added to DescribeContainerInstances answers, by container instance ARN.
     gpu_devices: Vec<(String, serde_json::Value)>,
+    /// `healthStatus` added to DescribeContainerInstances answers, by container instance ARN.
+    health: Vec<(String, serde_json::Value)>,
 }
 
 /// A form field of an awsQuery body (our hook names and instance ids need no decoding).
@@ -379,6 +395,17 @@ impl Proxy {
         }
     }
 
+    /// Adds `healthStatus` (the ECS agent's health checks; build it with [`health_status`]) to
+    /// the container instance `arn` in every DescribeContainerInstances answer from now on:
+    /// moto 5.2.5 has no such field. None removes it.
+    pub fn health_status(&self, arn: &str, health: Option<serde_json::Value>) {
+        let mut g = self.state.lock().unwrap();
+        g.health.retain(|(a, _)| a != arn);
+        if let Some(h) = health {
+            g.health.push((arn.to_string(), h));
+        }
+    }
+
     /// The calls recorded since the last take (and forgets them).
     pub fn take_calls(&self) -> Vec<Call> {
         std::mem::take(&mut self.state.lock().unwrap().calls)
@@ -408,6 +435,55 @@ impl Proxy {
     }
 }
 
+/// The S3 REST operation of a request without a target or an `Action` (path-style: the
+/// bucket is the first path segment).
+fn s3_operation(head: &str) -> Option<&'static str> {
+    let line = head.lines().next()?;
+    let mut it = line.split_whitespace();
+    let (method, target) = (it.next()?, it.next()?);
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let has = |k: &str| {
+        query
+            .split('&')
+            .any(|kv| kv == k || kv.starts_with(&format!("{k}=")))
+    };
+    // The SDK names the operation itself (`?x-id=PutObject`) on most object calls.
+    if let Some(id) = query.split('&').find_map(|kv| kv.strip_prefix("x-id=")) {
+        for known in [
+            "PutObject",
+            "GetObject",
+            "UploadPart",
+            "CreateMultipartUpload",
+            "CompleteMultipartUpload",
+            "AbortMultipartUpload",
+            "ListParts",
+            "CreateBucket",
+        ] {
+            if id == known {
+                return Some(known);
+            }
+        }
+    }
+    // An object has a key after the bucket (`PUT /bucket/` is the bucket itself).
+    let object = path
+        .trim_start_matches('/')
+        .split_once('/')
+        .is_some_and(|(_, key)| !key.is_empty());
+    Some(match (method, object) {
+        ("PUT", true) if has("partNumber") => "UploadPart",
+        ("PUT", true) => "PutObject",
+        ("POST", true) if has("uploads") => "CreateMultipartUpload",
+        ("POST", true) if has("uploadId") => "CompleteMultipartUpload",
+        ("DELETE", true) if has("uploadId") => "AbortMultipartUpload",
+        ("GET", true) if has("uploadId") => "ListParts",
+        ("GET", true) => "GetObject",
+        ("HEAD", true) => "HeadObject",
+        ("PUT", false) => "CreateBucket",
+        ("GET", false) => "ListObjects",
+        _ => return None,
+    })
+}
+
 /// (operation, is the ECS JSON protocol).
 fn operation(head: &str, body: &str) -> (String, bool) {
     for l in head.lines() {
@@ -420,8 +496,9 @@ fn operation(head: &str, body: &str) -> (String, bool) {
     let op = body
         .split('&')
         .find_map(|kv| kv.strip_prefix("Action="))
-        .unwrap_or("?")
-        .to_string();
+        .map(str::to_string)
+        .or_else(|| s3_operation(head).map(str::to_string))
+        .unwrap_or_else(|| "?".to_string());
     (op, false)
 }
 
@@ -434,8 +511,19 @@ async fn handle(
     let (head, body) = read_message(&mut client).await?;
     let arrived_ms = crate::now_ms();
     let head_s = String::from_utf8_lossy(&head).to_string();
-    let body_s = String::from_utf8_lossy(&body).to_string();
-    let (op, json) = operation(&head_s, &body_s);
+    // S3 bodies (archive parts) are recorded by size only.
+    let body_s = if s3_operation(&head_s).is_some()
+        && !head_s.contains("x-amz-target")
+        && !body.starts_with(b"Action=")
+    {
+        format!("({} bytes)", body.len())
+    } else {
+        String::from_utf8_lossy(&body).to_string()
+    };
+    let (op, json) = operation(
+        &head_s,
+        &String::from_utf8_lossy(&body[..body.len().min(4096)]),
+    );
     let fault = {
         let mut g = st.lock().unwrap();
         let f = g.take_fault(&op, &body_s);
@@ -482,9 +570,18 @@ async fn handle(
                         .nth(1)
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(0);
-                    let devices = st.lock().unwrap().gpu_devices.clone();
+                    let (devices, health) = {
+                        let g = st.lock().unwrap();
+                        (g.gpu_devices.clone(), g.health.clone())
+                    };
                     let resp = if op == "DescribeContainerInstances" && !devices.is_empty() {
-                        with_gpu_devices(&resp[..split], &resp[split..], &devices)
+                        with_field(&resp[..split], &resp[split..], "gpuDevices", &devices)
+                    } else {
+                        resp
+                    };
+                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
+                    let resp = if op == "DescribeContainerInstances" && !health.is_empty() {
+                        with_field(&resp[..split], &resp[split..], "healthStatus", &health)
                     } else {
                         resp
                     };
@@ -505,8 +602,10 @@ async fn handle(
         op,
         body: body_s,
         arrived_ms,
+        answered_ms: crate::now_ms(),
         status,
         injected,
+        head: head_s.clone(),
     });
     if !response.is_empty() {
         client.write_all(&response).await?;
@@ -531,10 +630,28 @@ pub fn gpu_device(
     })
 }
 
-/// moto's DescribeContainerInstances answer (`head`, `body`) with `gpuDevices` added to the
+/// One `healthStatus` as ECS writes it (API type `ContainerInstanceHealthStatus`): the overall
+/// status and one `ACCELERATED_COMPUTE` detail with `accelerated` as its status.
+pub fn health_status(overall: &str, accelerated: &str) -> serde_json::Value {
+    serde_json::json!({
+        "overallStatus": overall,
+        "details": [
+            {"type": "CONTAINER_RUNTIME", "status": "OK"},
+            {"type": "ACCELERATED_COMPUTE", "status": accelerated,
+             "lastStatusChange": 1_700_000_000.0, "lastUpdated": 1_700_000_000.0},
+        ],
+    })
+}
+
+/// moto's DescribeContainerInstances answer (`head`, `body`) with `field` added to the
 /// container instances named in `devices`, and the Content-Length made to fit. An answer
 /// that is not the JSON expected is passed on unchanged.
-fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Value)]) -> Vec<u8> {
+fn with_field(
+    head: &[u8],
+    body: &[u8],
+    field: &str,
+    devices: &[(String, serde_json::Value)],
+) -> Vec<u8> {
     let unchanged = || [head, body].concat();
     let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
         return unchanged();
@@ -554,7 +671,7 @@ fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Va
         if let Some((_, d)) = devices.iter().find(|(a, _)| *a == arn)
             && let Some(obj) = ci.as_object_mut()
         {
-            obj.insert("gpuDevices".into(), d.clone());
+            obj.insert(field.into(), d.clone());
         }
     }
     let body = serde_json::to_vec(&v).unwrap();
@@ -569,4 +686,22 @@ fn with_gpu_devices(head: &[u8], body: &[u8], devices: &[(String, serde_json::Va
         body.len()
     );
     [head.into_bytes(), body].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::s3_operation;
+
+    #[test]
+    fn s3_calls_are_named_by_their_operation_not_their_method() {
+        let op = |line: &str| s3_operation(&format!("{line} HTTP/1.1\r\nhost: x\r\n"));
+        // The SDK's CreateBucket is `PUT /bucket/` (path-style): not an object.
+        assert_eq!(op("PUT /b/"), Some("CreateBucket"));
+        assert_eq!(op("PUT /b"), Some("CreateBucket"));
+        assert_eq!(op("PUT /b/k/1.tar.gz?x-id=PutObject"), Some("PutObject"));
+        assert_eq!(op("PUT /b/k?partNumber=2&uploadId=u"), Some("UploadPart"));
+        assert_eq!(op("POST /b/k?uploads"), Some("CreateMultipartUpload"));
+        assert_eq!(op("GET /b/k?x-id=GetObject"), Some("GetObject"));
+        assert_eq!(op("GET /b/?list-type=2"), Some("ListObjects"));
+    }
 }

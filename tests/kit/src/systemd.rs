@@ -65,7 +65,11 @@ pub fn exclusive() -> Exclusive {
 pub struct Booted {
     /// The host pid of the namespace's PID 1.
     pub pid1: u32,
-    run: tempfile::TempDir,
+    /// PID 1's PID namespace (`pid:[inode]`) as booted: once it has ended, the pid may be
+    /// another process's, which is then never signalled.
+    ns: Option<PathBuf>,
+    /// The run folder (the overlay's upper layer); `None` once handed to the next boot.
+    run: Option<tempfile::TempDir>,
     /// cgroup directories made for clients (removed on drop, deepest first).
     cgroups: Vec<PathBuf>,
     /// The `nsenter` processes of clients, reaped on drop.
@@ -73,7 +77,8 @@ pub struct Booted {
 }
 
 impl Booted {
-    /// Boots with `files` ((absolute path inside, content): at least
+    /// Boots with `files` ((absolute path inside, content; a script, `#!` first, is made
+    /// executable): at least
     /// `/etc/gpu-medic/config.toml`; a drop-in such as
     /// `/etc/systemd/system/gpu-medic.service.d/e2e.conf`) in the overlay's upper layer.
     /// Returns once systemd reports the system up (`running` or `degraded`).
@@ -82,11 +87,33 @@ impl Booted {
             .prefix("gm-e2e-")
             .tempdir_in(crate::repo().join("target"))
             .unwrap();
+        Booted::boot_in(run, files)
+    }
+
+    /// Boots again over this namespace's run folder once it has ended by itself (PID 1 asked
+    /// to reboot: [`Booted::wait_ended`]): the same overlay upper layer, so what the first boot
+    /// wrote to disk (`/var/lib/gpu-medic`, `/etc`) is there, and `/run` and `/tmp` are new
+    /// tmpfs mounts, as after a reboot. `files` are written into the upper layer first.
+    pub fn boot_again(mut self, files: &[(&str, &str)]) -> Booted {
+        assert!(
+            !self.alive(),
+            "boot_again: PID 1 ({}) still runs; a reboot ends it first",
+            self.pid1
+        );
+        let run = self.run.take().expect("the run folder");
+        Booted::boot_in(run, files)
+    }
+
+    fn boot_in(run: tempfile::TempDir, files: &[(&str, &str)]) -> Booted {
         let upper = run.path().join("upper");
         for (path, text) in files {
             let at = upper.join(path.trim_start_matches('/'));
             std::fs::create_dir_all(at.parent().unwrap()).unwrap();
             std::fs::write(&at, text).unwrap();
+            if text.starts_with("#!") {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
         }
         let out = Command::new("bash")
             .arg(script())
@@ -104,9 +131,21 @@ impl Booted {
             .trim()
             .parse()
             .unwrap_or_else(|_| panic!("no PID 1 from the boot: {out:?}"));
+        let ns = std::fs::read_link(format!("/proc/{pid1}/ns/pid")).ok();
+        assert!(ns.is_some(), "PID 1 ({pid1}) gone right after the boot");
+        // What runs in there may ask PID 1 to reboot (the reboot rung's test): it must be
+        // the init of a PID namespace of its own, never this machine's.
+        let ours = std::fs::read_link("/proc/self/ns/pid").ok();
+        if ours.is_none() || ns == ours {
+            crate::signal(pid1, libc::SIGKILL);
+            panic!(
+                "PID 1 ({pid1}) is not in a PID namespace of its own ({ns:?}, ours {ours:?}): refusing to run anything that reboots"
+            );
+        }
         Booted {
             pid1,
-            run,
+            ns,
+            run: Some(run),
             cgroups: Vec::new(),
             clients: Vec::new(),
         }
@@ -226,9 +265,40 @@ impl Booted {
             .collect()
     }
 
+    /// Whether PID 1 of the namespace as booted still runs.
+    pub fn alive(&self) -> bool {
+        self.ns.is_some()
+            && std::fs::read_link(format!("/proc/{}/ns/pid", self.pid1)).ok() == self.ns
+    }
+
+    /// Waits up to `limit` for the namespace to end by itself; unshare's exit status, as
+    /// `scripts/systemd-e2e.sh` records it in `RUNDIR/ns-exit` (129: PID 1 was ended by the
+    /// kernel's answer to reboot(2) in a PID namespace, SIGHUP). Panics with the namespace's
+    /// console log when it does not end.
+    pub fn wait_ended(&self, limit: Duration) -> i32 {
+        let exit = self.run_dir().join("ns-exit");
+        let ended = crate::poll(limit, Duration::from_millis(100), || {
+            !self.alive() && exit.exists()
+        });
+        let console =
+            std::fs::read_to_string(self.run_dir().join("namespace.log")).unwrap_or_default();
+        assert!(
+            ended.is_some(),
+            "the namespace did not end within {limit:?}\nconsole:\n{}",
+            tail(&console, 60)
+        );
+        let text = std::fs::read_to_string(&exit).unwrap_or_default();
+        text.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{}: {text:?}", exit.display()))
+    }
+
     /// The processes of the namespace (host pids).
     pub fn processes(&self) -> Vec<u32> {
-        let Ok(ns) = std::fs::read_link(format!("/proc/{}/ns/pid", self.pid1)) else {
+        if !self.alive() {
+            return Vec::new();
+        }
+        let Some(ns) = self.ns.clone() else {
             return Vec::new();
         };
         std::fs::read_dir("/proc")
@@ -370,16 +440,24 @@ impl Booted {
 
     /// The namespace's run folder (the overlay's upper layer, the namespace's log).
     pub fn run_dir(&self) -> &Path {
-        self.run.path()
+        self.run.as_ref().expect("the run folder").path()
+    }
+
+    /// A path in the overlay's upper layer, as the host sees it: readable and writable while
+    /// the namespace is down (between the boots of a reboot).
+    pub fn upper(&self, p: &str) -> PathBuf {
+        self.run_dir().join("upper").join(p.trim_start_matches('/'))
     }
 }
 
 impl Drop for Booted {
     fn drop(&mut self) {
-        crate::signal(self.pid1, libc::SIGKILL);
+        if self.alive() {
+            crate::signal(self.pid1, libc::SIGKILL);
+        }
         // Every process of the namespace dies with its PID 1.
         for _ in 0..200 {
-            if !Path::new(&format!("/proc/{}", self.pid1)).exists() {
+            if !self.alive() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(25));

@@ -17,7 +17,7 @@ use super::state::{
     SelfFault, State, Step,
 };
 use crate::model::{
-    ActionId, Command, IncidentEvent, IncidentId, IncidentState, Observation, Order, Record,
+    ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Observation, Order, Record,
     Signal, Timestamp, Verdict,
 };
 
@@ -80,7 +80,7 @@ impl Rebuild {
                     IncidentState::Drained => Some(NodePhase::Drained),
                     IncidentState::Replaced => Some(NodePhase::Replaced),
                     IncidentState::Terminated => Some(NodePhase::Terminated),
-                    IncidentState::Aborted => Some(NodePhase::InService),
+                    IncidentState::Aborted | IncidentState::Repaired => Some(NodePhase::InService),
                     _ => None,
                 };
                 if let Some(p) = phase {
@@ -114,59 +114,16 @@ impl Rebuild {
                 );
                 continue;
             }
-            let order = self.orders.values().find(|o| o.incident == id).cloned();
+            // An evidence collection is not a step of the remediation: the step is the other order.
+            let order = self
+                .orders
+                .values()
+                .find(|o| o.incident == id && o.command != Command::CollectEvidence)
+                .cloned();
             let gpu = obs.as_ref().and_then(|o| o.gpu.clone());
             match inc.verdict {
-                Verdict::Drain | Verdict::Replace => {
-                    if self.st.remediation.is_some() {
-                        continue;
-                    }
-                    let goal = match (&order, inc.verdict) {
-                        (Some(o), _) if matches!(o.command, Command::CompleteLifecycle { .. }) => {
-                            Goal::Terminate
-                        }
-                        (_, Verdict::Drain) => Goal::Drain,
-                        _ => Goal::Replace,
-                    };
-                    let (step, command) = match order.as_ref().map(|o| &o.command) {
-                        Some(Command::Drain { terminating }) => (
-                            Step::Drain,
-                            Command::Drain {
-                                terminating: *terminating,
-                            },
-                        ),
-                        Some(Command::Replace) => (Step::Replace, Command::Replace),
-                        Some(Command::Restore) => (Step::Restore, Command::Restore),
-                        Some(c @ Command::CompleteLifecycle { .. }) => {
-                            (Step::CompleteLifecycle, c.clone())
-                        }
-                        _ => (Step::Quarantine, Command::Quarantine),
-                    };
-                    self.st.remediation = Some(Remediation::new(id, goal, step));
-                    self.st.node_incident = Some(id);
-                    self.st.node = match step {
-                        Step::Quarantine => NodePhase::Quarantined,
-                        Step::Drain => NodePhase::Draining,
-                        Step::Replace => NodePhase::Replacing,
-                        Step::CompleteLifecycle => NodePhase::Terminating,
-                        Step::Restore => self.st.node,
-                    };
-                    if let Some(g) = gpu {
-                        self.st.gpus.insert(
-                            g.index,
-                            GpuHealth {
-                                gpu: g,
-                                status: GpuStatus::Faulted,
-                                rule: inc.rule.clone(),
-                                verdict: inc.verdict,
-                                incident: Some(id),
-                                since: inc.opened_at,
-                            },
-                        );
-                    }
-                    if order.is_none() {
-                        self.schedule(id, command, now);
-                    }
+                Verdict::Drain | Verdict::Reboot | Verdict::Replace => {
+                    self.node_remediation(id, &inc, order, gpu, now);
                 }
                 Verdict::RestartMps => {
                     self.st.mps.incident = Some(id);
@@ -203,6 +160,70 @@ impl Rebuild {
             .filter(|(_, o)| open.contains_key(&o.incident))
             .collect();
         self.st
+    }
+
+    /// An open drain, reboot or replace incident: the node remediation it was at, resumed
+    /// from its last order (or started again from the quarantine).
+    fn node_remediation(
+        &mut self,
+        id: IncidentId,
+        inc: &OpenIncident,
+        order: Option<Order>,
+        gpu: Option<GpuId>,
+        now: Timestamp,
+    ) {
+        if self.st.remediation.is_some() {
+            return;
+        }
+        let goal = match (&order, inc.verdict) {
+            (Some(o), _) if matches!(o.command, Command::CompleteLifecycle { .. }) => {
+                Goal::Terminate
+            }
+            (_, Verdict::Drain) => Goal::Drain,
+            (_, Verdict::Reboot) => Goal::Reboot,
+            _ => Goal::Replace,
+        };
+        let (step, command) = match order.as_ref().map(|o| &o.command) {
+            Some(Command::Drain { terminating }) => (
+                Step::Drain,
+                Command::Drain {
+                    terminating: *terminating,
+                },
+            ),
+            Some(Command::Replace) => (Step::Replace, Command::Replace),
+            Some(Command::Restore) => (Step::Restore, Command::Restore),
+            Some(c @ Command::Reboot { .. }) => (Step::Reboot, c.clone()),
+            Some(Command::BootCheck) => (Step::BootCheck, Command::BootCheck),
+            Some(c @ Command::CompleteLifecycle { .. }) => (Step::CompleteLifecycle, c.clone()),
+            _ => (Step::Quarantine, Command::Quarantine),
+        };
+        self.st.remediation = Some(Remediation::new(id, goal, step));
+        self.st.node_incident = Some(id);
+        self.st.node = match step {
+            Step::Quarantine => NodePhase::Quarantined,
+            Step::Drain => NodePhase::Draining,
+            Step::Replace => NodePhase::Replacing,
+            Step::CompleteLifecycle => NodePhase::Terminating,
+            Step::Restore => self.st.node,
+            Step::Reboot | Step::AwaitBoot => NodePhase::Rebooting,
+            Step::BootCheck => NodePhase::Verifying,
+        };
+        if let Some(g) = gpu {
+            self.st.gpus.insert(
+                g.index,
+                GpuHealth {
+                    gpu: g,
+                    status: GpuStatus::Faulted,
+                    rule: inc.rule.clone(),
+                    verdict: inc.verdict,
+                    incident: Some(id),
+                    since: inc.opened_at,
+                },
+            );
+        }
+        if order.is_none() {
+            self.schedule(id, command, now);
+        }
     }
 
     fn schedule(&mut self, incident: IncidentId, command: Command, now: Timestamp) {
@@ -258,6 +279,7 @@ mod tests {
             status: OutcomeStatus::Done,
             detail: String::new(),
             request_ids: vec![],
+            evidence: None,
         };
         let (s, a) = step(&st, Input::Outcome(done), Timestamp(2_000), &p);
         st = s;
@@ -288,6 +310,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(1),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Opened {
                 observation: obs.clone(),
                 rule: "gpu-lost".into(),
@@ -304,6 +327,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(1),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Opened {
                 observation: obs,
                 rule: "gpu-lost".into(),
@@ -314,6 +338,7 @@ mod tests {
         r.add(&Record {
             at: Timestamp(2),
             incident: IncidentId(4),
+            drill: None,
             event: IncidentEvent::Closed {
                 state: IncidentState::Replaced,
                 summary: String::new(),

@@ -13,7 +13,7 @@
 //! - the budget: at most max(1, `max_parallel`) in remediation, ourselves included;
 //! - two instances deciding at once both write a claim (`<prefix>.claim.<unix ms>`), wait, and
 //!   re-read: claims rank by (time, instance id) and only those within the budget go ahead;
-//!   with `[fleet] table` the slot table (`slots.rs`) takes the claims' place, and this view
+//!   with `[fleet] table` the slot table (`slot_rules.rs`) takes the claims' place, and this view
 //!   still counts what the table does not hold (`admit_table`).
 
 use std::fmt;
@@ -288,7 +288,7 @@ impl FleetView {
         Ok(())
     }
 
-    /// Before reserving in the slot table (`slots.rs`): kill switches, the breaker, then the
+    /// Before reserving in the slot table (`slot_rules.rs`): kill switches, the breaker, then the
     /// budget less the instances this view shows in remediation that hold no entry of the
     /// table (drains, replacements and instance refreshes gpu-medic did not start, the
     /// replacement gap). Ok: how many of those there are; the table's budget is the rest.

@@ -3,29 +3,45 @@
 //! been written. The ECS/Auto Scaling view still runs first (kill switches, the breaker, and
 //! the instances in remediation that hold no entry), and every gpu-medic of a group removes
 //! the entries of terminated instances: with each read here, and in
-//! [`AwsControlPlane::sweep_slots`] (so a slot held by a terminated instance is released
-//! even when no other instance wants one), paced so the whole group sweeps about
-//! [`SWEEPS_PER_PERIOD`] times per `retry_after` whatever its size.
+//! [`SlotBudget::sweep`] (so a slot held by a terminated instance is released even when no
+//! other instance wants one), paced so the whole group sweeps about [`SWEEPS_PER_PERIOD`]
+//! times per `retry_after` whatever its size.
+//!
+//! The reads that depend on nothing (Auto Scaling's group, the item, the cluster's container
+//! instances) go out together, beside the drain's own status read ([`FirstReads`]).
 //!
 //! A table that throttles, cannot be reached, refuses the call or holds an unreadable item
 //! means no drain: the order is deferred with a line that says why (the instance stays
 //! quarantined). An instance with no Auto Scaling group has no slot to hold and never drains.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use aws_config::SdkConfig;
 use tokio_util::sync::CancellationToken;
 
-use super::slots::{self, Decision, Facts, Phase, Stamp, WriteKind};
-use super::{AwsControlPlane, CallsExt, Slot, jittered, now_ms};
+use super::group_view::{FleetView, SlotsSummary};
+use super::slot_rules::{self as slots, Decision, Facts, Phase, Stamp, WriteKind};
+use super::{Common, FirstReads, FleetBudget, Here, Released, Slot, Whoami, group_only};
 use crate::aws::calls::Calls;
 use crate::aws::dynamo::{SWEEPS_PER_PERIOD, SlotItem, SlotTable, TableError};
-use crate::aws::ecs::Ecs;
+use crate::aws::ec2::Ec2;
 use crate::aws::identity::Identity;
 use crate::model::{Order, Timestamp};
-use crate::remedy::RemedyError;
-use crate::remedy::aws::fleet::{FleetView, SlotsSummary};
+use crate::remedy::calls::CallsExt;
+use crate::remedy::{BoxFuture, RemedyError};
+
+/// One attempt's fixed facts, for the decisions after the first read.
+struct Steps<'a> {
+    me: &'a str,
+    group: &'a str,
+    /// The group's desired capacity, recorded in the item (the sweep's pacing).
+    members: u32,
+    budget: u32,
+    stamp: &'a Stamp,
+    view: &'a FleetView,
+}
 
 /// Lost races in a row (the item changed between our read and our write) before deferring.
 const MAX_CONFLICTS: u32 = 4;
@@ -34,32 +50,53 @@ const MAX_STEPS: u32 = 16;
 
 /// Where the slot table's last reading is kept (`gpu-medic status`).
 pub fn slots_path(state_dir: &std::path::Path) -> std::path::PathBuf {
-    state_dir.join("slots.json")
+    crate::config::StateDir::new(state_dir).slots()
 }
 
-impl AwsControlPlane {
-    /// `<prefix>.slot`: `<group>/<token>` of the committed entry, on the container instance.
-    pub(super) fn slot_attr(&self) -> String {
-        format!("{}.slot", self.prefix())
+/// The slot table protocol, with EC2 for its terminated holders.
+pub struct SlotBudget {
+    c: Common,
+    table: SlotTable,
+    ec2: Ec2,
+    /// The reservations this gpu-medic has seen in the table, by its own monotonic clock.
+    seen: Mutex<slots::Seen>,
+    /// When this gpu-medic last read the table with rule 1 (an attempt): the sweep skips a
+    /// period that had one.
+    swept: Mutex<Option<Instant>>,
+    /// Why the last check for terminated holders failed (for the next deferral's reason).
+    ec2_note: Mutex<Option<String>>,
+}
+
+impl SlotBudget {
+    pub(crate) fn new(sdk: &SdkConfig, table: &str, c: Common) -> Self {
+        SlotBudget {
+            c,
+            table: SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table),
+            ec2: Ec2::new(aws_sdk_ec2::Client::new(sdk)),
+            seen: Mutex::new(slots::Seen::default()),
+            swept: Mutex::new(None),
+            ec2_note: Mutex::new(None),
+        }
+    }
+
+    /// The monotonic clock (tokio's, through the clock handed in).
+    fn instant(&self) -> Instant {
+        self.c.clock.instant().into_std()
     }
 
     /// Marks the container instance with the slot it drains under (an operator sees who holds
     /// what); the text for the order's detail. A failed mark does not stop the drain (the
     /// slot is held in the table either way): it is said in the detail.
-    pub(super) async fn note_slot(
-        &self,
-        calls: &mut Calls,
-        id: &Identity,
-        ecs: &Ecs,
-        slot: &Slot,
-    ) -> String {
+    async fn note_slot(&self, calls: &mut Calls, here: Here<'_>, slot: &Slot) -> String {
         let Slot::Table { group, token } = slot else {
             return String::new();
         };
-        let table = self.slots.as_ref().map_or("", |t| t.table.as_str());
+        let id = here.id;
+        let table = self.table.table.as_str();
         let value = format!("{group}/{token}");
-        let attr = self.slot_attr();
-        match ecs
+        let attr = self.c.slot_attr();
+        match here
+            .ecs
             .put_attribute(calls, &id.container_instance_arn, &attr, Some(&value))
             .await
         {
@@ -73,88 +110,153 @@ impl AwsControlPlane {
 
     /// Reserve -> commit in the slot table, then the caller acts: the committed entry's group
     /// and token. Deferred when the budget is full or the table cannot be used.
-    pub(super) async fn table_slot(
+    async fn table_slot(
         &self,
         calls: &mut Calls,
-        id: &Identity,
-        ecs: &Ecs,
-        table: &SlotTable,
+        here: Here<'_>,
+        first: FirstReads,
         order: &Order,
-    ) -> Result<(String, u64), RemedyError> {
-        let fleet = &self.cfg.fleet;
-        let me = id.instance_id.as_str();
-        let Some(group) = id.auto_scaling_group.as_deref() else {
-            return Err(self.defer(format!(
+    ) -> Result<Slot, RemedyError> {
+        let fleet = &self.c.cfg.fleet;
+        let table = &self.table;
+        let me = here.id.instance_id.as_str();
+        let Some(group) = here.id.auto_scaling_group.as_deref() else {
+            return Err(self.c.defer(format!(
                 "{me} is in no Auto Scaling group: the slot table {} keeps one budget per group, so this instance holds no slot and must not drain; staying quarantined (no drain, no replacement)",
                 table.table
             )));
         };
-        // Auto Scaling first (one call): the kill switches, the budget, and who is terminated.
-        let g = match self.asg.group(calls, group).await {
-            Ok(g) => g,
-            Err(e) => return Err(std::mem::take(calls).fail(e)),
+        calls.entries.extend(first.calls.entries);
+        // Auto Scaling: the kill switches, the budget, and who is terminated.
+        let g = match first.group {
+            Some(Ok(g)) => g,
+            Some(Err(e)) => return Err(std::mem::take(calls).fail(e)),
+            None => self
+                .c
+                .asg
+                .group(calls, group)
+                .await
+                .map_err(|e| std::mem::take(calls).fail(e))?,
         };
-        let asg_view = super::group_only(&g, &fleet.pause_tag);
+        let asg_view = group_only(&g, &fleet.pause_tag);
         let g_desired = g.desired;
         if let Some(d) = asg_view.kill_switch() {
-            return Err(self.defer(d.to_string()));
+            return Err(self.c.defer(d.to_string()));
         }
-        let mut item = self.read_item(calls, table, group).await?;
-        let mut terminated = self
+        let item = match first.item {
+            Some(Ok(item)) => {
+                self.observe(group, &item);
+                item
+            }
+            Some(Err(e)) => return Err(self.table_unusable(&e)),
+            None => self.read_item(calls, group).await?,
+        };
+        let terminated = self
             .terminated_holders(calls, &item, me, Some(&asg_view))
             .await;
         if let Ok(mut s) = self.swept.lock() {
-            *s = Some(Instant::now());
+            *s = Some(self.instant());
         }
         let stamp = Stamp {
             incident: Some(order.incident.to_string()),
-            since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            since: humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_millis(self.c.clock.now_ms()),
+            )
+            .to_string(),
         };
-        let full_budget = asg_view.budget(fleet);
-        // A deferral at the whole budget is a deferral at any smaller one: the ECS reads (the
-        // whole group, in pages) are made only when a slot may be had. A deferred instance
-        // costs Auto Scaling, GetItem and DescribeInstances, whatever the group's size.
+        // A deferral at the whole budget is a deferral at any smaller one: the group's
+        // container instances are described only when a slot may be had.
         let seen = self.seen_now();
         let at_most = Facts {
             me,
             phase: Phase::Wants,
-            budget: full_budget,
+            budget: asg_view.budget(fleet),
             terminated: &terminated,
             seen: &seen,
-            now: Instant::now(),
+            now: self.instant(),
             reservation_lifetime: fleet.reservation_lifetime,
             stamp: &stamp,
         };
         if let Decision::Defer(why) = slots::decide(&item, &at_most) {
-            return Err(self.defer(self.with_ec2_note(why)));
+            return Err(self.c.defer(self.with_ec2_note(why)));
         }
-        let view = match self.fleet_view_of(calls, id, ecs, Some(g)).await {
-            Ok(v) => v,
+        let (view, outside) = self.group_view(calls, here, g, first.arns, &item).await?;
+        let budget = view.budget(fleet).saturating_sub(outside);
+        let steps = Steps {
+            me,
+            group,
+            members: g_desired,
+            budget,
+            stamp: &stamp,
+            view: &view,
+        };
+        self.reserve_and_commit(calls, steps, item, terminated)
+            .await
+            .map(|token| Slot::Table {
+                group: group.to_string(),
+                token,
+            })
+    }
+
+    /// The group as ECS and Auto Scaling show it, kept for `gpu-medic status`, and how many
+    /// instances out of service hold no slot in the table (they count against the budget).
+    async fn group_view(
+        &self,
+        calls: &mut Calls,
+        here: Here<'_>,
+        g: crate::aws::asg::GroupState,
+        arns: Option<Result<Vec<String>, crate::aws::calls::CallError>>,
+        item: &SlotItem,
+    ) -> Result<(FleetView, u32), RemedyError> {
+        let fleet = &self.c.cfg.fleet;
+        let me = here.id.instance_id.as_str();
+        let arns = match arns {
+            Some(a) => a,
+            None => here.ecs.list_instances(calls).await,
+        };
+        let view = match arns {
+            Ok(arns) => self.c.view(calls, here, Some(g), arns).await,
+            Err(e) => Err(e),
+        };
+        let view = match view {
+            Ok((v, _)) => v,
             Err(e) => return Err(std::mem::take(calls).fail(e)),
         };
-        let now = now_ms();
-        self.record_fleet(&view.summary(now, fleet));
+        let now = self.c.clock.now_ms();
+        self.c.record_fleet(&view.summary(now, fleet));
         let mut outside = 0;
         if !item.holders.contains_key(me) {
             let holders: BTreeSet<String> = item.holders.keys().cloned().collect();
             outside = match view.admit_table(me, &holders, now, fleet) {
                 Ok(n) => n,
-                Err(d) => return Err(self.defer(d.to_string())),
+                Err(d) => return Err(self.c.defer(d.to_string())),
             };
         }
-        let budget = view.budget(fleet).saturating_sub(outside);
+        Ok((view, outside))
+    }
+
+    /// The decisions of one attempt from the item read: reserve, commit, removals of
+    /// terminated holders, re-reads after a lost race; the committed token.
+    async fn reserve_and_commit(
+        &self,
+        calls: &mut Calls,
+        st: Steps<'_>,
+        mut item: SlotItem,
+        mut terminated: BTreeSet<String>,
+    ) -> Result<u64, RemedyError> {
+        let (me, group, table) = (st.me, st.group, &self.table);
         let mut conflicts = 0;
         for _ in 0..MAX_STEPS {
             let seen = self.seen_now();
             let facts = Facts {
                 me,
                 phase: Phase::Wants,
-                budget,
+                budget: st.budget,
                 terminated: &terminated,
                 seen: &seen,
-                now: Instant::now(),
-                reservation_lifetime: fleet.reservation_lifetime,
-                stamp: &stamp,
+                now: self.instant(),
+                reservation_lifetime: self.c.cfg.fleet.reservation_lifetime,
+                stamp: st.stamp,
             };
             match slots::decide(&item, &facts) {
                 Decision::Act { token } => {
@@ -164,11 +266,11 @@ impl AwsControlPlane {
                         token,
                         "fleet budget: slot committed in the slot table"
                     );
-                    return Ok((group.to_string(), token));
+                    return Ok(token);
                 }
-                Decision::Defer(why) => return Err(self.defer(self.with_ec2_note(why))),
+                Decision::Defer(why) => return Err(self.c.defer(self.with_ec2_note(why))),
                 Decision::Nothing => {
-                    return Err(self.defer(format!(
+                    return Err(self.c.defer(format!(
                         "slot table {}: nothing to do for an instance that wants a slot (item version {}); retrying",
                         table.table, item.version
                     )));
@@ -177,49 +279,50 @@ impl AwsControlPlane {
                     kind,
                     item: mut new,
                 } => {
-                    new.members = Some(g_desired);
+                    new.members = Some(st.members);
                     match table.write(calls, group, &item, &new).await {
                         Ok(()) => {
                             log_write(&kind, me, group, new.version);
                             item = new;
-                            self.observe(table, group, &item);
+                            self.observe(group, &item);
                         }
                         Err(TableError::Conflict) => {
                             conflicts += 1;
                             if conflicts > MAX_CONFLICTS {
-                                return Err(self.defer(format!(
+                                return Err(self.c.defer(format!(
                                     "slot table {}: {conflicts} writes in a row lost the race for group {group}'s item; retrying later",
                                     table.table
                                 )));
                             }
-                            item = self.read_item(calls, table, group).await?;
+                            item = self.read_item(calls, group).await?;
                             if item
                                 .holders
                                 .keys()
                                 .any(|h| h != me && !terminated.contains(h))
                             {
-                                terminated =
-                                    self.terminated_holders(calls, &item, me, Some(&view)).await;
+                                terminated = self
+                                    .terminated_holders(calls, &item, me, Some(st.view))
+                                    .await;
                             }
                         }
-                        Err(e) => return Err(self.table_unusable(table, &e)),
+                        Err(e) => return Err(self.table_unusable(&e)),
                     }
                 }
             }
         }
-        Err(self.defer(format!(
+        Err(self.c.defer(format!(
             "slot table {}: no decision for group {group} after {MAX_STEPS} steps; retrying",
             table.table
         )))
     }
 
     /// Removes our entry (remediation over: restored). The text for the order's detail.
-    pub(super) async fn release_table_slot(
+    async fn release_table_slot(
         &self,
         calls: &mut Calls,
         id: &Identity,
-        table: &SlotTable,
     ) -> Result<String, RemedyError> {
+        let table = &self.table;
         let me = id.instance_id.as_str();
         let Some(group) = id.auto_scaling_group.as_deref() else {
             return Ok(String::new());
@@ -235,7 +338,7 @@ impl AwsControlPlane {
         let stamp = Stamp::default();
         for _ in 0..=MAX_CONFLICTS {
             let item = table.read(calls, group).await.map_err(|e| fail(&e))?;
-            self.observe(table, group, &item);
+            self.observe(group, &item);
             let seen = self.seen_now();
             let facts = Facts {
                 me,
@@ -243,8 +346,8 @@ impl AwsControlPlane {
                 budget: item.budget.unwrap_or(1),
                 terminated: &none,
                 seen: &seen,
-                now: Instant::now(),
-                reservation_lifetime: self.cfg.fleet.reservation_lifetime,
+                now: self.instant(),
+                reservation_lifetime: self.c.cfg.fleet.reservation_lifetime,
                 stamp: &stamp,
             };
             let token = item.holders.get(me).map(|h| h.token);
@@ -253,7 +356,7 @@ impl AwsControlPlane {
                     match table.write(calls, group, &item, &new).await {
                         Ok(()) => {
                             log_write(&kind, me, group, new.version);
-                            self.observe(table, group, &new);
+                            self.observe(group, &new);
                             return Ok(format!(
                                 "; fleet slot {group}/{} released in table {}",
                                 token.unwrap_or_default(),
@@ -274,15 +377,14 @@ impl AwsControlPlane {
     /// until `shutdown`, `members` being the group size the item records: entries held by
     /// terminated instances are removed even when no instance of the group wants a slot.
     /// Only with `[fleet] table` and an Auto Scaling group; failures are logged and retried.
-    pub async fn sweep_slots(self: Arc<Self>, shutdown: CancellationToken) {
-        if self.slots.is_none() {
-            return;
-        }
+    async fn sweep(&self, who: &dyn Whoami, shutdown: CancellationToken) {
         // The group's size as the item last recorded it: the whole group sweeps about
         // SWEEPS_PER_PERIOD times per retry_after, whatever its size.
         let mut members: u32 = 1;
         loop {
-            let period = jittered(sweep_period(self.cfg.fleet.retry_after, members));
+            let period = self
+                .c
+                .jittered(sweep_period(self.c.cfg.fleet.retry_after, members));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
@@ -290,17 +392,17 @@ impl AwsControlPlane {
             // An attempt of ours ran rule 1 on a fresh read within two retry periods (an
             // attempt is retried after retry_after jittered up to 1.5x, plus its own calls): a
             // deferred instance's attempts stand in for the sweep.
-            let longest = self.cfg.fleet.retry_after.saturating_mul(2);
+            let longest = self.c.cfg.fleet.retry_after.saturating_mul(2);
             let recent = self
                 .swept
                 .lock()
                 .ok()
                 .and_then(|s| *s)
-                .is_some_and(|t| t.elapsed() < longest);
+                .is_some_and(|t| self.instant().saturating_duration_since(t) < longest);
             if recent {
                 continue;
             }
-            match self.sweep_once().await {
+            match self.sweep_once(who).await {
                 Ok(Some(m)) => members = m,
                 Ok(None) => {}
                 Err(why) => {
@@ -313,16 +415,11 @@ impl AwsControlPlane {
     }
 
     /// One pass of rule 1; the group size the item records (for pacing), when it has one.
-    async fn sweep_once(&self) -> Result<Option<u32>, String> {
-        let Some(table) = &self.slots else {
+    async fn sweep_once(&self, who: &dyn Whoami) -> Result<Option<u32>, String> {
+        let table = &self.table;
+        let Some(id) = who.whoami().await else {
+            tracing::debug!("fleet slot table: no identity yet");
             return Ok(None);
-        };
-        let id = match self.identity().await {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::debug!("fleet slot table: no identity yet: {e}");
-                return Ok(None);
-            }
         };
         let Some(group) = id.auto_scaling_group.as_deref() else {
             return Ok(None);
@@ -334,7 +431,7 @@ impl AwsControlPlane {
                 .read(&mut calls, group)
                 .await
                 .map_err(|e| e.to_string())?;
-            self.observe(table, group, &item);
+            self.observe(group, &item);
             let members = item.members;
             if !item.holders.keys().any(|h| h != me) {
                 return Ok(members);
@@ -354,7 +451,7 @@ impl AwsControlPlane {
             match table.write(&mut calls, group, &item, &new).await {
                 Ok(()) => {
                     log_write(&WriteKind::RemoveTerminated(gone), me, group, new.version);
-                    self.observe(table, group, &new);
+                    self.observe(group, &new);
                 }
                 Err(TableError::Conflict) => {}
                 Err(e) => return Err(e.to_string()),
@@ -365,29 +462,25 @@ impl AwsControlPlane {
 
     /// A consistent read of the group's item, taken in (reservations seen, status); a failure
     /// defers the order.
-    async fn read_item(
-        &self,
-        calls: &mut Calls,
-        table: &SlotTable,
-        group: &str,
-    ) -> Result<SlotItem, RemedyError> {
-        match table.read(calls, group).await {
+    async fn read_item(&self, calls: &mut Calls, group: &str) -> Result<SlotItem, RemedyError> {
+        match self.table.read(calls, group).await {
             Ok(item) => {
-                self.observe(table, group, &item);
+                self.observe(group, &item);
                 Ok(item)
             }
-            Err(e) => Err(self.table_unusable(table, &e)),
+            Err(e) => Err(self.table_unusable(&e)),
         }
     }
 
     /// No drain without the table: the order is deferred with the reason.
-    fn table_unusable(&self, table: &SlotTable, e: &TableError) -> RemedyError {
+    fn table_unusable(&self, e: &TableError) -> RemedyError {
+        let table = &self.table;
         let hint = if e.is_retryable() {
             ""
         } else {
             " (check [fleet] table, the table's key schema `group` (String) and the IAM policy: dynamodb:GetItem and dynamodb:PutItem on the table)"
         };
-        self.defer(format!(
+        self.c.defer(format!(
             "fleet slot table {}: {e}{hint}; no drain without the table: staying quarantined, retrying later",
             table.table
         ))
@@ -464,25 +557,87 @@ impl AwsControlPlane {
     }
 
     /// Takes in a read or a write of ours: the reservations seen, and what status shows.
-    fn observe(&self, table: &SlotTable, group: &str, item: &SlotItem) {
+    fn observe(&self, group: &str, item: &SlotItem) {
         if let Ok(mut s) = self.seen.lock() {
-            s.observe(item, Instant::now());
+            s.observe(item, self.instant());
         }
         let summary = SlotsSummary {
-            observed_at: Timestamp::now(),
-            table: table.table.clone(),
+            observed_at: Timestamp(self.c.clock.now_ms()),
+            table: self.table.table.clone(),
             group: group.to_string(),
             version: item.version,
             budget: item.budget,
             holders: item.holders.clone(),
         };
-        let path = slots_path(&self.cfg.state_dir);
+        let path = slots_path(&self.c.cfg.state_dir);
         // Atomic only: a status file, rewritten at the next reading of the table.
         let written =
             crate::sys::fs::write_json_atomic(&path, &summary, crate::sys::fs::Durability::Atomic);
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), "cannot keep the slot table's reading: {e}");
         }
+    }
+}
+
+impl FleetBudget for SlotBudget {
+    /// Auto Scaling's group, the group's item and the cluster's container instances, at once
+    /// (nothing for an instance in no group: it holds no slot).
+    fn first_reads<'a>(
+        &'a self,
+        id: &'a Identity,
+        ecs: &'a crate::aws::ecs::Ecs,
+    ) -> BoxFuture<'a, FirstReads> {
+        Box::pin(async move {
+            let Some(group) = id.auto_scaling_group.as_deref() else {
+                return FirstReads::default();
+            };
+            let mut c = Calls::new();
+            let (mut first, item) = tokio::join!(
+                self.c.group_and_arns(id, ecs),
+                self.table.read(&mut c, group)
+            );
+            first.calls.entries.extend(c.entries);
+            first.item = Some(item);
+            first
+        })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        calls: &'a mut Calls,
+        here: Here<'a>,
+        first: FirstReads,
+        order: &'a Order,
+    ) -> BoxFuture<'a, Result<Slot, RemedyError>> {
+        Box::pin(self.table_slot(calls, here, first, order))
+    }
+
+    fn note<'a>(
+        &'a self,
+        calls: &'a mut Calls,
+        here: Here<'a>,
+        slot: &'a Slot,
+    ) -> BoxFuture<'a, String> {
+        Box::pin(self.note_slot(calls, here, slot))
+    }
+
+    /// The table's entry first (once it is gone another instance may drain), then the marks.
+    fn release<'a>(
+        &'a self,
+        calls: &'a mut Calls,
+        here: Here<'a>,
+    ) -> BoxFuture<'a, Result<Released, RemedyError>> {
+        Box::pin(async move {
+            let note = self.release_table_slot(calls, here.id).await?;
+            match self.c.clear_marks(calls, here).await {
+                Ok(marks) => Ok(Released { marks, note }),
+                Err(e) => Err(std::mem::take(calls).fail(e)),
+            }
+        })
+    }
+
+    fn upkeep<'a>(&'a self, who: &'a dyn Whoami, shutdown: CancellationToken) -> BoxFuture<'a, ()> {
+        Box::pin(self.sweep(who, shutdown))
     }
 }
 

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# A prepared check on a real GPU (issue 26 item 8): runs in one go on a machine with an NVIDIA
+# GPU and its driver, without network, and prints a markdown table of what worked and what did
+# not. It never stops at the first failure; every step has its own time limit and the whole
+# run stays under 5 minutes.
+#
+#   scripts/device-check.sh [path/to/gpu-medic]
+#
+# Default binary: target/release/gpu-medic, else target/debug/gpu-medic. Output: the table on
+# stdout; every step's full output under $OUT (or a temp dir), named in the table.
+#
+# Steps: the driver and libnvidia-ml; `gpu-medic check` and a short `gpu-medic run` with AWS
+# and MPS off on the real library (event set registration for XIDs and the recovery action,
+# the links gpu-medic read: fabric, NVLink, PCIe, persistence, clock event reasons);
+# nvidia-smi cross-checks of every counter gpu-medic reads (ECC, remapped rows, retired pages,
+# clock event reasons, fabric, NVLink, PCIe); NVIDIA's real MPS daemon on the GPU with a CUDA
+# client (python3 + libcuda through ctypes) and its memory per process; nvidia-bug-report.sh.
+
+set -u
+
+START=$(date +%s)
+BIN=${1:-}
+if [ -z "$BIN" ]; then
+    for b in target/release/gpu-medic target/debug/gpu-medic; do
+        if [ -x "$b" ]; then BIN=$b; break; fi
+    done
+fi
+WORK=${OUT:-$(mktemp -d /tmp/gpu-medic-device-check.XXXXXX)}
+mkdir -p "$WORK"
+ROWS=()
+
+# row NAME RESULT DETAIL
+row() {
+    local detail=${3//|/\\|}
+    detail=${detail//$'\n'/ }
+    ROWS+=("| $1 | $2 | ${detail:0:300} |")
+}
+
+# step NAME SECONDS CMD...: runs CMD with a time limit, output to $WORK/NAME.log.
+# Sets STEP_RC and STEP_LOG.
+step() {
+    local name=$1 secs=$2
+    shift 2
+    STEP_LOG="$WORK/${name// /_}.log"
+    timeout --kill-after=5 "$secs" "$@" >"$STEP_LOG" 2>&1
+    STEP_RC=$?
+}
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+smi_query() { # NAME QUERY: one nvidia-smi --query-gpu cross-check
+    local name=$1 query=$2
+    if ! have nvidia-smi; then
+        row "$name (nvidia-smi)" "not available" "nvidia-smi not installed"
+        return
+    fi
+    step "smi $name" 20 nvidia-smi --query-gpu="$query" --format=csv,noheader
+    if [ "$STEP_RC" -eq 0 ]; then
+        row "$name (nvidia-smi)" ok "$(head -c 300 "$STEP_LOG")"
+    else
+        row "$name (nvidia-smi)" failed "rc $STEP_RC: $(head -c 200 "$STEP_LOG")"
+    fi
+}
+
+# 1. Driver and library.
+if have nvidia-smi; then
+    step "nvidia-smi -L" 20 nvidia-smi -L
+    if [ "$STEP_RC" -eq 0 ]; then
+        row "driver (nvidia-smi -L)" ok "$(head -c 300 "$STEP_LOG")"
+    else
+        row "driver (nvidia-smi -L)" failed "rc $STEP_RC: $(head -c 200 "$STEP_LOG")"
+    fi
+else
+    row "driver (nvidia-smi -L)" "not available" "nvidia-smi not installed: no NVIDIA driver here"
+fi
+LIB=$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}')
+if [ -n "$LIB" ]; then
+    row "libnvidia-ml" ok "$LIB"
+else
+    row "libnvidia-ml" "not available" "libnvidia-ml.so.1 not in the loader cache"
+    LIB=libnvidia-ml.so.1
+fi
+
+# 2. gpu-medic on the real library.
+if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
+    row "gpu-medic binary" "not available" "give its path as the argument, or build target/{release,debug}/gpu-medic"
+else
+    row "gpu-medic binary" ok "$BIN ($("$BIN" --version 2>/dev/null | head -1))"
+    STATE="$WORK/state"
+    mkdir -p "$STATE"
+    POLICY=""
+    for p in policies/default.toml /etc/gpu-medic/policy.toml; do
+        if [ -f "$p" ]; then POLICY=$(readlink -f "$p"); break; fi
+    done
+    CFG="$WORK/config.toml"
+    {
+        echo "state_dir = \"$STATE\""
+        [ -n "$POLICY" ] && echo "policy = \"$POLICY\""
+        echo "[nvml]"
+        echo "library = \"$LIB\""
+        echo "poll_interval = \"2s\""
+        echo "[mps]"
+        echo "enabled = false"
+        echo "[aws]"
+        echo "enabled = false"
+        echo "[metrics]"
+        echo "enabled = false"
+    } >"$CFG"
+    step "gpu-medic check" 60 "$BIN" check --json --config "$CFG"
+    case $STEP_RC in
+        0) row "gpu-medic check" ok "healthy ($(basename "$STEP_LOG"))" ;;
+        1) row "gpu-medic check" "ran: unhealthy" "$(grep -o '"signal":"[^"]*"' "$STEP_LOG" | sort -u | tr '\n' ' ')" ;;
+        2) row "gpu-medic check" "ran: could not tell" "$(grep -o '"problems":\[[^]]*\]' "$STEP_LOG" | head -c 250)" ;;
+        *) row "gpu-medic check" failed "rc $STEP_RC: $(tail -c 250 "$STEP_LOG")" ;;
+    esac
+    # A short run: 20 s, then SIGTERM (timeout's signal).
+    step "gpu-medic run" 20 "$BIN" run --config "$CFG" --log-format json
+    RUNLOG=$STEP_LOG
+    if grep -q "NVML opened" "$RUNLOG"; then
+        row "gpu-medic run (20 s)" ok "NVML opened; exit $STEP_RC after SIGTERM"
+    else
+        row "gpu-medic run (20 s)" failed "rc $STEP_RC: $(tail -c 250 "$RUNLOG")"
+    fi
+    REG=$(grep -c "NVML events registered" "$RUNLOG")
+    if [ "$REG" -gt 0 ]; then
+        row "event set: XIDs" "$(grep "NVML events registered" "$RUNLOG" | grep -q '"xid":true' && echo ok || echo failed)" "$REG GPU(s) registered"
+        row "event set: recovery action (0x8000)" "$(grep "NVML events registered" "$RUNLOG" | grep -q '"recovery_action":true' && echo ok || echo "not supported")" "$(grep -o '"event_types":"[^"]*"' "$RUNLOG" | sort -u | tr '\n' ' ')"
+    else
+        row "event set registration" failed "$(grep -i "event" "$RUNLOG" | tail -c 250)"
+    fi
+    if grep -q "is not available" "$RUNLOG"; then
+        row "counters not available" note "$(grep -o 'GPU [0-9]*: [^"]* is not available' "$RUNLOG" | sort -u | head -8 | tr '\n' ';')"
+    fi
+    if grep -q " failed: " "$RUNLOG"; then
+        row "counters that failed" failed "$(grep -o 'GPU [0-9]*: [^"]* failed: [^"]*' "$RUNLOG" | sort -u | head -5 | tr '\n' ';')"
+    fi
+    if [ -f "$STATE/links.json" ]; then
+        row "links as gpu-medic read them" ok "$(head -c 300 "$STATE/links.json")"
+    else
+        row "links as gpu-medic read them" failed "no $STATE/links.json after the run"
+    fi
+fi
+
+# 3. Cross-checks of every counter gpu-medic reads.
+smi_query "ECC" "index,ecc.mode.current,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total"
+smi_query "retired pages" "index,retired_pages.single_bit_ecc.count,retired_pages.double_bit.count,retired_pages.pending"
+smi_query "clock event reasons" "index,clocks_event_reasons.active"
+smi_query "PCIe" "index,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
+smi_query "persistence" "index,persistence_mode"
+if have nvidia-smi; then
+    step "smi remapped rows" 20 nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.correctable,remapped_rows.uncorrectable,remapped_rows.pending,remapped_rows.failure --format=csv,noheader
+    row "remapped rows (nvidia-smi)" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "$(head -c 250 "$STEP_LOG")"
+    step "smi fabric" 20 nvidia-smi -q
+    FAB=$(grep -A6 -i "^ *Fabric" "$STEP_LOG" | tr -s ' ' | head -c 250)
+    row "fabric (nvidia-smi -q)" "$([ -n "$FAB" ] && echo ok || echo "not reported")" "${FAB:-no Fabric section (no NVSwitch, or an older driver)}"
+    step "smi nvlink status" 20 nvidia-smi nvlink -s
+    row "NVLink state (nvidia-smi nvlink -s)" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "$(head -c 250 "$STEP_LOG")"
+    step "smi nvlink errors" 20 nvidia-smi nvlink -e
+    row "NVLink error counters (nvidia-smi nvlink -e)" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "$(head -c 250 "$STEP_LOG")"
+fi
+
+# 4. The real MPS daemon with a CUDA client.
+if ! have nvidia-cuda-mps-control; then
+    row "MPS daemon" "not available" "nvidia-cuda-mps-control not installed"
+elif ! ldconfig -p 2>/dev/null | grep -q "libcuda\.so\.1 " || ! have python3; then
+    row "MPS daemon" "not available" "no CUDA driver library (libcuda.so.1) or python3 for a client"
+else
+    MPSDIR=$(mktemp -d /tmp/mps.XXXXXX)
+    export CUDA_MPS_PIPE_DIRECTORY=$MPSDIR/pipe CUDA_MPS_LOG_DIRECTORY=$MPSDIR/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    step "mps start" 15 nvidia-cuda-mps-control -d
+    row "MPS daemon start" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "rc $STEP_RC $(head -c 200 "$STEP_LOG")"
+    cat >"$MPSDIR/client.py" <<'EOF'
+import ctypes, time
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0, "cuInit"
+dev = ctypes.c_int(); assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+ctx = ctypes.c_void_p(); assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0, "cuCtxCreate"
+ptr = ctypes.c_uint64(); assert cu.cuMemAlloc_v2(ctypes.byref(ptr), 256 << 20) == 0, "cuMemAlloc"
+print("client allocated 256 MiB", flush=True)
+time.sleep(12)
+EOF
+    timeout 30 python3 "$MPSDIR/client.py" >"$WORK/mps-client.log" 2>&1 &
+    CLIENT=$!
+    sleep 6
+    step "mps servers" 10 sh -c 'echo get_server_list | nvidia-cuda-mps-control'
+    row "MPS server list" "$([ -s "$STEP_LOG" ] && echo ok || echo failed)" "$(head -c 200 "$STEP_LOG")"
+    step "mps memory" 20 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+    row "MPS memory per process (nvidia-smi)" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "$(head -c 250 "$STEP_LOG")"
+    if [ -n "$BIN" ] && [ -x "$BIN" ]; then
+        step "gpu-medic tasks" 20 "$BIN" check --json --config "$CFG"
+        row "gpu-medic check with an MPS client" "rc $STEP_RC" "$(grep -o '"verdict":"[^"]*"' "$STEP_LOG")"
+    fi
+    wait "$CLIENT"
+    row "CUDA client under MPS" "$([ $? -eq 0 ] && echo ok || echo failed)" "$(head -c 200 "$WORK/mps-client.log")"
+    step "mps quit" 15 sh -c 'echo quit | nvidia-cuda-mps-control'
+    rm -rf "$MPSDIR"
+fi
+
+# 5. NVIDIA's bug report.
+if have nvidia-bug-report.sh; then
+    step "nvidia-bug-report" 120 nvidia-bug-report.sh --output-file "$WORK/nvidia-bug-report.log"
+    row "nvidia-bug-report.sh" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "rc $STEP_RC; $WORK/nvidia-bug-report.log.gz"
+else
+    row "nvidia-bug-report.sh" "not available" "not installed"
+fi
+
+echo "## gpu-medic device check ($(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ), $(( $(date +%s) - START )) s)"
+echo
+echo "| step | result | detail |"
+echo "|---|---|---|"
+printf '%s\n' "${ROWS[@]}"
+echo
+echo "Logs: $WORK"
+exit 0

@@ -1,0 +1,182 @@
+//! SXids: the NVSwitch driver's error lines in the kernel log, read by the same reader as XIDs
+//! ([`super::kmsg`]), with the same bounds (a capped line length), the same positions and the
+//! same deduplication across restarts. NVIDIA's Fabric Manager user guide shows them as
+//!
+//! `nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up`
+//!
+//! and follows some with a second line for the same error that carries its data
+//! (`…: 12028, Severity 0 Engine instance 32 Sub-engine instance 00`, `…: 12028, Data {…}`):
+//! that one is part of the first, never a second SXid. An SXid is about a switch, not a GPU:
+//! it is judged for the node. Severity: [`crate::policy::sxid_catalog`].
+
+use std::io::BufReader;
+use std::path::Path;
+
+use crate::model::Observation;
+use crate::policy::sxid_catalog::{self, Severity};
+
+/// One parsed `SXid` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSxid {
+    /// Sequence number of the kmsg record (0 for plain text lines).
+    pub seq: u64,
+    /// The switch device (`nvidia-nvswitch3`), when the line names it.
+    pub switch: Option<String>,
+    /// PCI address of the switch as printed (`0000:c3:00.0`).
+    pub pci: String,
+    pub code: u32,
+    pub severity: Severity,
+    /// The driver's text after the code.
+    pub text: String,
+}
+
+impl KernelSxid {
+    pub fn observation(&self) -> Observation {
+        let name = sxid_catalog::name(self.code)
+            .map(|n| format!(" [{n}]"))
+            .unwrap_or_default();
+        Observation::new(sxid_catalog::signal(self.code, self.severity))
+            .with_detail(format!(
+                "{} (PCI {}): SXid {}{name}: {}",
+                self.switch.as_deref().unwrap_or("NVSwitch"),
+                self.pci,
+                self.code,
+                self.text
+            ))
+            .from_source("kmsg")
+    }
+}
+
+/// Parses one kmsg record (`prio,seq,usec,flags;message`) or a plain log line; `None` for
+/// anything but the first line of an SXid.
+pub fn parse_line(line: &str) -> Option<KernelSxid> {
+    let (seq, message) = match line.split_once(';') {
+        Some((header, msg)) if header.split(',').count() >= 3 => {
+            (header.split(',').nth(1)?.trim().parse().unwrap_or(0), msg)
+        }
+        _ => (0, line),
+    };
+    let at = message.find("SXid (PCI:")?;
+    let switch = message[..at]
+        .trim_end()
+        .trim_end_matches(':')
+        .rsplit(|c: char| c.is_whitespace() || c == ']')
+        .next()
+        .filter(|s| s.starts_with("nvidia-nvswitch"))
+        .map(str::to_string);
+    let rest = &message[at + "SXid (PCI:".len()..];
+    let (pci, rest) = rest.split_once("):")?;
+    let (code, rest) = rest.split_once(',').unwrap_or((rest, ""));
+    let code: u32 = code.trim().parse().ok()?;
+    let rest = rest.trim();
+    if rest.starts_with("Severity") || rest.starts_with("Data") {
+        return None; // the data line of an SXid already read
+    }
+    let (word, text) = match rest.split_once(',') {
+        Some((w, t)) if w.trim().to_ascii_lowercase().contains("fatal") => (Some(w.trim()), t),
+        _ => (None, rest),
+    };
+    Some(KernelSxid {
+        seq,
+        switch,
+        pci: pci.trim().to_string(),
+        code,
+        severity: sxid_catalog::severity(code, word),
+        text: crate::mps::control::clip(text.trim(), 512),
+    })
+}
+
+/// Every SXid the kernel log still holds, for one-shot checks: read without blocking, each line
+/// capped at [`crate::sys::limits::MAX_KMSG_LINE`] (longer ones skipped), at most `limit`
+/// of them (the newest kept).
+pub fn read_since_boot(path: &Path, limit: usize) -> std::io::Result<Vec<KernelSxid>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    super::kmsg::check_path(path).map_err(std::io::Error::other)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let cap = crate::sys::limits::MAX_KMSG_LINE;
+    let mut r = BufReader::with_capacity(2 * cap, file);
+    let mut buf = Vec::new();
+    let mut out = std::collections::VecDeque::new();
+    // A regular file is read to its end; /dev/kmsg to the end of its ring buffer.
+    for _ in 0..1_000_000 {
+        match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+            Ok(None) => break,
+            Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
+                if let Some(x) = parse_line(&text) {
+                    if out.len() >= limit {
+                        out.pop_front();
+                    }
+                    out.push_back(x);
+                }
+            }
+            Ok(Some(crate::sys::lines::CappedLine::TooLong { .. })) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Signal;
+
+    /// Lines in the forms NVIDIA's Fabric Manager user guide shows.
+    #[test]
+    fn documented_forms_parse() {
+        let x = parse_line("4,812,6781753400584,-;nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up").unwrap();
+        assert_eq!(x.seq, 812);
+        assert_eq!(x.switch.as_deref(), Some("nvidia-nvswitch3"));
+        assert_eq!((x.pci.as_str(), x.code), ("0000:c3:00.0", 20034));
+        assert_eq!(x.severity, Severity::Fatal);
+        assert_eq!(x.text, "Link 46 LTSSM Fault Up");
+        assert_eq!(x.observation().signal, Signal::SxidFatal { code: 20034 });
+        let y = parse_line("[ 8123.456789] nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)").unwrap();
+        assert_eq!((y.seq, y.code, y.severity), (0, 12028, Severity::NonFatal));
+        let z =
+            parse_line("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 22003, Non-fatal, Minion halt")
+                .unwrap();
+        assert_eq!(z.severity, Severity::AlwaysFatal, "the table wins");
+        assert!(matches!(
+            z.observation().signal,
+            Signal::SxidAlwaysFatal { code: 22003 }
+        ));
+    }
+
+    #[test]
+    fn data_lines_and_other_lines_are_not_sxids() {
+        for l in [
+            "nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 12028, Severity 0 Engine instance 32 Sub-engine instance 00",
+            "nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 12028, Data {0x00000000, 0x00000001}",
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+            "nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): notanumber, Fatal",
+            "nvidia-nvswitch3: SXid (PCI:0000:c3",
+            "",
+        ] {
+            assert_eq!(parse_line(l), None, "{l}");
+        }
+    }
+
+    #[test]
+    fn a_log_file_is_read_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kmsg");
+        let mut text = String::new();
+        for i in 0..10 {
+            text.push_str(&format!(
+                "4,{i},1,-;nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 11012, Non-fatal, Link {i} single bit ECC\n"
+            ));
+        }
+        text.push_str(&format!("6,99,1,-;{}\n", "x".repeat(20_000)));
+        std::fs::write(&p, text).unwrap();
+        let got = read_since_boot(&p, 4).unwrap();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[3].seq, 9, "the newest kept");
+    }
+}

@@ -1,0 +1,330 @@
+//! The fleet budget: may this instance start a drain or a replacement now? One trait,
+//! [`FleetBudget`], with the two protocols gpu-medic knows as its implementations, chosen once
+//! at start ([`for_config`]):
+//!
+//! - the claim protocol ([`claims`]: `<prefix>.claim.<ms>` attributes ranked after a settle),
+//!   when `[fleet] table` is unset;
+//! - the DynamoDB slot table ([`slot_rules`] decides, [`slot_table`] reads, writes and sweeps),
+//!   when it is set.
+//!
+//! Both judge the group through [`group_view`] (kill switches, the circuit breaker, the budget
+//! of desired capacity), pure rules over what ECS and Auto Scaling say. A budget only
+//! decides and records whether a slot is held; the drain or replacement is the caller's.
+
+pub mod claims;
+pub mod group_view;
+pub mod slot_rules;
+pub mod slot_table;
+
+pub use slot_table::slots_path;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use tokio_util::sync::CancellationToken;
+
+use self::group_view::{FleetSummary, FleetView, KILL_SWITCH_PROCESSES, Member};
+use crate::aws::asg::{Asg, GroupState};
+use crate::aws::calls::{CallError, Calls};
+use crate::aws::dynamo::{SlotItem, TableError};
+use crate::aws::ecs::{Ecs, InstanceState};
+use crate::aws::identity::Identity;
+use crate::config::Config;
+use crate::model::Order;
+use crate::remedy::{BoxFuture, RemedyError};
+use crate::sys::clock::SharedClock;
+
+/// The budget slot a drain or replacement goes ahead with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// None needed: Auto Scaling is terminating the instance anyway.
+    None,
+    /// The claim protocol's claim (its time, unix ms).
+    Claim(u64),
+    /// The slot table's committed entry: its group and fencing token.
+    Table { group: String, token: u64 },
+}
+
+/// Where the caller stands: who we are, ECS for our cluster, and our own container instance
+/// when the caller has described it already (it is then not described again).
+#[derive(Clone, Copy)]
+pub struct Here<'a> {
+    pub id: &'a Identity,
+    pub ecs: &'a Ecs,
+    pub me: Option<&'a InstanceState>,
+}
+
+/// The reads a budget makes before deciding that need nothing but who we are (the Auto
+/// Scaling group, the cluster's container instances, the slot table's item): started
+/// together, beside the drain's own status read, and handed to [`FleetBudget::acquire`].
+#[derive(Default)]
+pub struct FirstReads {
+    calls: Calls,
+    group: Option<Result<GroupState, CallError>>,
+    arns: Option<Result<Vec<String>, CallError>>,
+    item: Option<Result<SlotItem, TableError>>,
+}
+
+impl FirstReads {
+    /// The calls made, when the reads go unused (a drain that resumes): they are still listed.
+    pub fn into_calls(self) -> Vec<String> {
+        self.calls.entries
+    }
+}
+
+/// What a release did, for the order's detail.
+#[derive(Debug, Default)]
+pub struct Released {
+    /// Claim and slot attributes removed from the container instance.
+    pub marks: usize,
+    /// The slot table's part ("; fleet slot g/3 released in table t"), empty for claims.
+    pub note: String,
+}
+
+/// Tells the budget's background work who this instance is, once discovery has succeeded.
+pub trait Whoami: Send + Sync {
+    fn whoami(&self) -> BoxFuture<'_, Option<Identity>>;
+}
+
+/// One fleet-budget protocol.
+pub trait FleetBudget: Send + Sync {
+    /// The reads `acquire` needs first, all at once (no call depends on another).
+    fn first_reads<'a>(&'a self, id: &'a Identity, ecs: &'a Ecs) -> BoxFuture<'a, FirstReads>;
+
+    /// A slot for this instance's drain or replacement, or why not (`Deferred`). An instance
+    /// that already holds one (DRAINING, Unhealthy, a live claim or a committed entry from
+    /// before a restart) keeps it.
+    fn acquire<'a>(
+        &'a self,
+        calls: &'a mut Calls,
+        here: Here<'a>,
+        first: FirstReads,
+        order: &'a Order,
+    ) -> BoxFuture<'a, Result<Slot, RemedyError>>;
+
+    /// After the drain call, off its critical path: marks the container instance with the
+    /// slot it drains under; the text for the order's detail.
+    fn note<'a>(
+        &'a self,
+        calls: &'a mut Calls,
+        here: Here<'a>,
+        slot: &'a Slot,
+    ) -> BoxFuture<'a, String>;
+
+    /// Remediation over (restored): gives the slot back. `here.me` must be described.
+    fn release<'a>(
+        &'a self,
+        calls: &'a mut Calls,
+        here: Here<'a>,
+    ) -> BoxFuture<'a, Result<Released, RemedyError>>;
+
+    /// Background upkeep until `shutdown` (the slot table's sweep of terminated holders).
+    fn upkeep<'a>(
+        &'a self,
+        _who: &'a dyn Whoami,
+        _shutdown: CancellationToken,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// The protocol `[fleet]` names: the slot table with `table`, else the claims.
+pub fn for_config(sdk: &SdkConfig, cfg: &Config, clock: SharedClock) -> Arc<dyn FleetBudget> {
+    let common = Common {
+        cfg: cfg.clone(),
+        asg: Asg::new(aws_sdk_autoscaling::Client::new(sdk)),
+        clock,
+    };
+    match &cfg.fleet.table {
+        Some(t) => Arc::new(slot_table::SlotBudget::new(sdk, t, common)),
+        None => Arc::new(claims::ClaimBudget::new(common)),
+    }
+}
+
+/// What both protocols work with.
+pub(crate) struct Common {
+    pub cfg: Config,
+    pub asg: Asg,
+    pub clock: SharedClock,
+}
+
+impl Common {
+    fn prefix(&self) -> &str {
+        &self.cfg.ecs.attribute_prefix
+    }
+
+    fn health_attr(&self) -> String {
+        format!("{}.health", self.prefix())
+    }
+
+    /// `<prefix>.slot`: `<group>/<token>` of the committed entry, on the container instance.
+    fn slot_attr(&self) -> String {
+        format!("{}.slot", self.prefix())
+    }
+
+    /// A deferral with jitter, so a fleet of waiting instances does not re-read in lockstep.
+    fn defer(&self, message: String) -> RemedyError {
+        tracing::info!("{message}");
+        RemedyError::Deferred {
+            message,
+            retry_after: self.jittered(self.cfg.fleet.retry_after),
+        }
+    }
+
+    /// `d` scaled by a factor in [0.5, 1.5), from the clock's milliseconds (no RNG needed).
+    fn jittered(&self, d: Duration) -> Duration {
+        d.mul_f64(0.5 + (self.clock.now_ms() % 1000) as f64 / 1000.0)
+    }
+
+    /// The Auto Scaling group and the cluster's container instances, read together.
+    async fn group_and_arns(&self, id: &Identity, ecs: &Ecs) -> FirstReads {
+        let (mut a, mut b) = (Calls::new(), Calls::new());
+        let group = async {
+            match &id.auto_scaling_group {
+                Some(g) => Some(self.asg.group(&mut a, g).await),
+                None => None,
+            }
+        };
+        let (group, arns) = tokio::join!(group, ecs.list_instances(&mut b));
+        let mut calls = a;
+        calls.entries.extend(b.entries);
+        FirstReads {
+            calls,
+            group,
+            arns: Some(arns),
+            item: None,
+        }
+    }
+
+    fn member(&self, s: &InstanceState) -> Member {
+        Member {
+            instance_id: s.ec2_instance_id.clone().unwrap_or_default(),
+            ecs_status: Some(s.status.clone()),
+            health: s
+                .attribute(&self.health_attr())
+                .and_then(|(_, v)| v.clone()),
+            claim_ms: s.claim(self.prefix()).map(|(_, ms)| ms),
+            registered_ms: s.registered_ms,
+            agent_connected: s.agent_connected,
+            lifecycle: None,
+            asg_health: None,
+        }
+    }
+
+    /// The group as the budget sees it: the Auto Scaling group's instances joined with their
+    /// container instances (or, outside any group, the cluster's instances). `arns` are the
+    /// cluster's container instances; `here.me`, when described, is not described again.
+    async fn view(
+        &self,
+        calls: &mut Calls,
+        here: Here<'_>,
+        group: Option<GroupState>,
+        arns: Vec<String>,
+    ) -> Result<(FleetView, Vec<InstanceState>), CallError> {
+        let skip = here.me.map(|m| m.arn.as_str());
+        let wanted: Vec<String> = arns
+            .into_iter()
+            .filter(|a| Some(a.as_str()) != skip)
+            .collect();
+        let mut states = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            here.ecs.describe(calls, &wanted, false).await?
+        };
+        if let Some(me) = here.me {
+            states.push(me.clone());
+        }
+        let Some(g) = group else {
+            let members: Vec<Member> = states.iter().map(|s| self.member(s)).collect();
+            let view = FleetView {
+                group: format!("cluster {}", here.id.cluster),
+                desired: members.len() as u32,
+                members,
+                ..FleetView::default()
+            };
+            return Ok((view, states));
+        };
+        let mut view = group_only(&g, &self.cfg.fleet.pause_tag);
+        view.members = g
+            .instances
+            .iter()
+            .map(|i| {
+                let mut m = states
+                    .iter()
+                    .find(|s| s.ec2_instance_id.as_deref() == Some(i.instance_id.as_str()))
+                    .map(|s| self.member(s))
+                    .unwrap_or_default();
+                m.instance_id = i.instance_id.clone();
+                m.lifecycle = i.lifecycle.clone();
+                m.asg_health = i.health.clone();
+                m
+            })
+            .collect();
+        Ok((view, states))
+    }
+
+    /// Keeps what the fleet gate saw for `gpu-medic status` (best effort: status only).
+    fn record_fleet(&self, summary: &FleetSummary) {
+        let path = fleet_path(&self.cfg.state_dir);
+        // Atomic only: a status file, rewritten at the next admission.
+        let written =
+            crate::sys::fs::write_json_atomic(&path, summary, crate::sys::fs::Durability::Atomic);
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), "cannot keep the fleet view: {e}");
+        }
+    }
+
+    /// Removes our claim and slot attributes from the container instance (`here.me`).
+    async fn clear_marks(&self, calls: &mut Calls, here: Here<'_>) -> Result<usize, CallError> {
+        let Some(me) = here.me else {
+            return Ok(0);
+        };
+        let head = format!("{}.claim.", self.prefix());
+        let slot_attr = self.slot_attr();
+        let marks: Vec<&String> = me
+            .attributes
+            .iter()
+            .filter(|(n, _)| n.starts_with(&head) || *n == slot_attr)
+            .map(|(n, _)| n)
+            .collect();
+        for name in &marks {
+            here.ecs.delete_attribute(calls, &me.arn, name).await?;
+        }
+        Ok(marks.len())
+    }
+}
+
+/// The group as Auto Scaling alone shows it: its kill switches, desired capacity and members'
+/// lifecycle and health (no ECS state yet).
+fn group_only(g: &GroupState, pause_tag: &str) -> FleetView {
+    FleetView {
+        group: format!("Auto Scaling group {}", g.name),
+        desired: g.desired,
+        members: g
+            .instances
+            .iter()
+            .map(|i| Member {
+                instance_id: i.instance_id.clone(),
+                lifecycle: i.lifecycle.clone(),
+                asg_health: i.health.clone(),
+                ..Member::default()
+            })
+            .collect(),
+        suspended: g
+            .suspended
+            .iter()
+            .filter(|p| KILL_SWITCH_PROCESSES.contains(&p.as_str()))
+            .cloned()
+            .collect(),
+        paused: g
+            .tags
+            .iter()
+            .any(|(k, v)| k == pause_tag && v.trim().eq_ignore_ascii_case("true")),
+    }
+}
+
+/// Where the last fleet view is kept.
+pub fn fleet_path(state_dir: &std::path::Path) -> std::path::PathBuf {
+    crate::config::StateDir::new(state_dir).fleet()
+}

@@ -1,0 +1,391 @@
+//! The parts of an evidence archive, each gathered on its own with its own deadline and size
+//! cap, each allowed to fail without failing the others (docs/evidence.md#parts). Programs
+//! run under `sys::child` hygiene: their own process group, killed with it at the deadline.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+
+use crate::sys::child::{GroupKill, contain};
+
+/// How one part went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// The member's name in the archive.
+    pub name: String,
+    /// The file holding it, when something was gathered.
+    pub file: Option<PathBuf>,
+    /// Why it is missing or incomplete; None when complete.
+    pub problem: Option<String>,
+    pub took: Duration,
+}
+
+impl Part {
+    pub fn ok(name: &str, file: PathBuf, took: Duration) -> Part {
+        Part {
+            name: name.into(),
+            file: Some(file),
+            problem: None,
+            took,
+        }
+    }
+    pub fn failed(name: &str, why: impl Into<String>, took: Duration) -> Part {
+        Part {
+            name: name.into(),
+            file: None,
+            problem: Some(why.into()),
+            took,
+        }
+    }
+}
+
+/// How a program ended under [`run_to_file`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ran {
+    Exited {
+        code: Option<i32>,
+        bytes: u64,
+        cut: bool,
+    },
+    /// Killed (with its group) at the deadline.
+    TimedOut { bytes: u64 },
+    /// Not there, or not executable.
+    Missing(String),
+}
+
+/// Runs `cmd` with its stdout copied into `out` (at most `cap` bytes; the rest is read and
+/// dropped so the program is not blocked), stderr dropped, for at most `timeout`. At the
+/// deadline the whole process group is SIGKILLed.
+pub async fn run_to_file(
+    mut cmd: tokio::process::Command,
+    out: &Path,
+    cap: u64,
+    timeout: Duration,
+) -> Ran {
+    contain(&mut cmd);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Ran::Missing(e.to_string()),
+    };
+    let mut group = GroupKill::new(child.id());
+    let stdout = child.stdout.take();
+    let file = std::fs::File::create(out);
+    let copy = async {
+        let (mut written, mut cut) = (0u64, false);
+        let (Some(mut so), Ok(mut f)) = (stdout, file) else {
+            return (written, cut);
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match so.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let room = usize::try_from(cap.saturating_sub(written)).unwrap_or(usize::MAX);
+            let keep = n.min(room);
+            if keep < n {
+                cut = true;
+            }
+            if keep > 0 && f.write_all(&buf[..keep]).is_ok() {
+                written += keep as u64;
+            }
+        }
+        (written, cut)
+    };
+    let both = async { tokio::join!(copy, child.wait()) };
+    match tokio::time::timeout(timeout, both).await {
+        Ok(((bytes, cut), status)) => {
+            group.kill();
+            Ran::Exited {
+                code: status.ok().and_then(|s| s.code()),
+                bytes,
+                cut,
+            }
+        }
+        Err(_) => {
+            group.kill();
+            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+            let bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+            Ran::TimedOut { bytes }
+        }
+    }
+}
+
+/// Where `nvidia-bug-report.sh` wrote its log (`<base>.gz` when gzip is there, else `<base>`).
+pub fn bug_report_output(base: &Path) -> Option<PathBuf> {
+    let gz = base.with_extension("log.gz");
+    [gz, base.to_path_buf()]
+        .into_iter()
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+}
+
+/// Runs NVIDIA's bug report script into `work`. `--output-file <base>` (the script appends
+/// `.gz` itself) and `--safe-mode` when asked (it skips the parts that may hang on a lost
+/// GPU). A timeout kills the script's group; a partial log is kept and said to be partial.
+pub async fn bug_report(
+    script: &Path,
+    work: &Path,
+    safe_mode: bool,
+    cap: u64,
+    timeout: Duration,
+) -> Part {
+    let started = Instant::now();
+    let name = "nvidia-bug-report.log.gz";
+    let base = work.join("nvidia-bug-report.log");
+    let mut cmd = tokio::process::Command::new(script);
+    cmd.arg("--output-file").arg(&base).current_dir(work);
+    if safe_mode {
+        cmd.arg("--safe-mode");
+    }
+    let console = work.join("nvidia-bug-report.console");
+    let ran = run_to_file(cmd, &console, 64 * 1024, timeout).await;
+    let out = bug_report_output(&base);
+    let took = started.elapsed();
+    let mode = if safe_mode { " --safe-mode" } else { "" };
+    let size = out
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len());
+    let cut = (size > cap).then(|| {
+        format!(
+            "cut at the {} part cap (it was {size} bytes)",
+            crate::sys::limits::human_bytes(cap)
+        )
+    });
+    let problem = match &ran {
+        Ran::Missing(e) => Some(format!("{} not run{mode}: {e}", script.display())),
+        Ran::TimedOut { .. } => Some(format!(
+            "{}{mode} did not finish within {} (its process group was killed); {}",
+            script.display(),
+            super::shown(timeout),
+            if out.is_some() {
+                "the partial log is kept"
+            } else {
+                "no log"
+            }
+        )),
+        Ran::Exited { code, .. } if *code != Some(0) => Some(format!(
+            "{}{mode} exited with {}{}",
+            script.display(),
+            code.map_or("a signal".to_string(), |c| format!("status {c}")),
+            if out.is_some() {
+                "; its log is kept"
+            } else {
+                "; no log"
+            }
+        )),
+        Ran::Exited { .. } if out.is_none() => {
+            Some(format!("{}{mode} wrote no log", script.display()))
+        }
+        Ran::Exited { .. } => None,
+    };
+    let problem = match (problem, cut) {
+        (Some(p), Some(c)) => Some(format!("{p}; {c}")),
+        (p, c) => p.or(c),
+    };
+    Part {
+        name: name.into(),
+        file: out,
+        problem,
+        took,
+    }
+}
+
+/// `nvidia-smi -q -x`: every GPU's full state (ECC and remap counters included) as XML.
+pub async fn nvidia_smi(
+    binary: &Path,
+    work: &Path,
+    cap: u64,
+    timeout: Duration,
+) -> Result<Part, String> {
+    let started = Instant::now();
+    let out = work.join("nvidia-smi-q.xml");
+    let mut cmd = tokio::process::Command::new(binary);
+    cmd.args(["-q", "-x"]);
+    let ran = run_to_file(cmd, &out, cap, timeout).await;
+    let took = started.elapsed();
+    let name = "nvidia-smi-q.xml";
+    match ran {
+        Ran::Missing(e) => Err(format!("{} not run: {e}", binary.display())),
+        Ran::TimedOut { .. } => Ok(Part {
+            name: name.into(),
+            file: Some(out),
+            problem: Some(format!(
+                "{} -q -x did not finish within {}",
+                binary.display(),
+                super::shown(timeout)
+            )),
+            took,
+        }),
+        Ran::Exited { code, cut, .. } => Ok(Part {
+            name: name.into(),
+            file: Some(out),
+            problem: match (code, cut) {
+                (Some(0), false) => None,
+                (Some(0), true) => Some(format!("cut at {} bytes", cap)),
+                (c, _) => Some(format!(
+                    "{} -q -x exited with {}",
+                    binary.display(),
+                    c.map_or("a signal".into(), |c| format!("status {c}"))
+                )),
+            },
+            took,
+        }),
+    }
+}
+
+/// A kmsg record's time (`pri,seq,usec,flags;text`), microseconds since boot.
+fn kmsg_usec(line: &str) -> Option<u64> {
+    let (head, _) = line.split_once(';')?;
+    head.split(',').nth(2)?.parse().ok()
+}
+
+/// The kernel log around the incident into `out`. `/dev/kmsg` (a character device) is read
+/// record by record without blocking, keeping those since `since_boot_us`; a regular file
+/// (a saved log, the tests' stand-in) is read from its last `cap` bytes. At most `cap` bytes.
+pub fn kernel_log(
+    src: &Path,
+    out: &Path,
+    since_boot_us: Option<u64>,
+    cap: u64,
+) -> Result<bool, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let meta = std::fs::metadata(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let ft = meta.file_type();
+    // A saved file's record times are another boot's: the window applies to the live ring.
+    let since_boot_us = since_boot_us.filter(|_| ft.is_char_device());
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(src)
+        .map_err(|e| format!("{}: {e}", src.display()))?;
+    let mut w = std::io::BufWriter::new(
+        std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?,
+    );
+    let mut written = 0u64;
+    let mut cut = false;
+    // A saved file read from its tail lost its head: that is a cut too.
+    let mut head_dropped = false;
+    let mut keep = |line: &str, w: &mut std::io::BufWriter<std::fs::File>| {
+        if let (Some(since), Some(at)) = (since_boot_us, kmsg_usec(line))
+            && at < since
+        {
+            return true;
+        }
+        let n = line.len() as u64 + 1;
+        if written + n > cap {
+            cut = true;
+            return false;
+        }
+        written += n;
+        let _ = w.write_all(line.as_bytes());
+        let _ = w.write_all(b"\n");
+        true
+    };
+    if ft.is_char_device() {
+        // Each read returns one record; EAGAIN at the end of the ring; EPIPE when a record was
+        // overwritten while we read (skip on).
+        let mut buf = vec![0u8; crate::sys::limits::MAX_KMSG_LINE];
+        for _ in 0..1_000_000 {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let line = String::from_utf8_lossy(&buf[..n]);
+                    if !keep(line.trim_end(), &mut w) {
+                        break;
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(_) => break,
+            }
+        }
+    } else if ft.is_file() {
+        let len = meta.len();
+        let start = len.saturating_sub(cap);
+        f.seek(SeekFrom::Start(start))
+            .map_err(|e| format!("{}: {e}", src.display()))?;
+        let mut text = Vec::new();
+        f.take(cap)
+            .read_to_end(&mut text)
+            .map_err(|e| format!("{}: {e}", src.display()))?;
+        let text = String::from_utf8_lossy(&text);
+        let mut lines = text.lines();
+        if start > 0 {
+            head_dropped = true;
+            lines.next(); // a torn first line
+        }
+        for line in lines {
+            if !keep(line, &mut w) {
+                break;
+            }
+        }
+    } else {
+        return Err(format!("{} is neither /dev/kmsg nor a file", src.display()));
+    }
+    w.flush().map_err(|e| e.to_string())?;
+    Ok(cut || head_dropped)
+}
+
+/// Copies at most `cap` bytes of a regular file (config, policy, MPS log files).
+pub fn copy_capped(src: &Path, out: &Path, cap: u64) -> Result<bool, String> {
+    let f = std::fs::File::open(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", src.display()));
+    }
+    let mut o = std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let n = std::io::copy(&mut f.take(cap), &mut o).map_err(|e| e.to_string())?;
+    Ok(n < meta.len())
+}
+
+/// The tail (at most `cap` bytes) of a regular file appended to `out`.
+pub fn append_tail(src: &Path, out: &mut std::fs::File, cap: u64) -> Result<(), String> {
+    let mut f = std::fs::File::open(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", src.display()));
+    }
+    f.seek(SeekFrom::Start(meta.len().saturating_sub(cap)))
+        .map_err(|e| e.to_string())?;
+    writeln!(out, "==> {} <==", src.display()).map_err(|e| e.to_string())?;
+    std::io::copy(&mut f.take(cap), out).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_log_keeps_a_saved_log_whole_within_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("kmsg");
+        std::fs::write(
+            &src,
+            "6,1,1000000,-;early\n4,2,5000000,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        assert!(!kernel_log(&src, &out, Some(2_000_000), 1 << 20).unwrap());
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(text.contains("early") && text.contains("Xid"), "{text}");
+        assert_eq!(kmsg_usec("4,2,5000000,-;x"), Some(5_000_000));
+        assert!(kernel_log(&src, &out, None, 40).unwrap(), "cut at the cap");
+    }
+
+    #[tokio::test]
+    async fn a_program_past_its_deadline_is_killed_with_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", "echo started; sleep 30 & sleep 30"]);
+        let t = Instant::now();
+        let ran = run_to_file(cmd, &dir.path().join("o"), 1024, Duration::from_millis(300)).await;
+        assert!(matches!(ran, Ran::TimedOut { .. }), "{ran:?}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,225 @@
+//! The local spool under `state_dir/evidence`: each archive waits here as
+//! `<name>.tar.gz` beside `<name>.json` (the name is the incident's id for the daemon's
+//! collection, `<incident>-on-demand-<ms>` for `gpu-medic evidence`) (where it goes, its size and checksum, whether
+//! it was uploaded) until S3 has it, so an archive made before a reboot, or while S3 was
+//! unreachable, is uploaded after the next start, once. The spool is capped: making room
+//! drops the oldest archive with a log line. An uploaded archive's file is removed; its
+//! small record stays, so it is never uploaded twice.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// What the spool knows about one archive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub incident: u64,
+    /// The archive's name in the spool and in its S3 key; empty in records that predate it
+    /// (the incident's id then).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    pub bucket: String,
+    pub key: String,
+    pub bytes: u64,
+    pub sha256: String,
+    /// Wall clock (ms) when the archive was made.
+    pub created_ms: u64,
+    #[serde(default)]
+    pub uploaded: bool,
+    /// The last refusal S3 gave (AccessDenied, a missing bucket): not retried until the next
+    /// start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+impl Entry {
+    /// The name of the archive's files in the spool.
+    pub fn stem(&self) -> String {
+        if self.name.is_empty() {
+            self.incident.to_string()
+        } else {
+            self.name.clone()
+        }
+    }
+
+    pub fn uri(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.key)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Spool {
+    dir: PathBuf,
+    max_bytes: u64,
+}
+
+/// Bound on the records read from the spool directory.
+const MAX_ENTRIES: usize = 4096;
+/// Bound on one record's size.
+const MAX_RECORD: u64 = 64 * 1024;
+
+impl Spool {
+    pub fn new(dir: PathBuf, max_bytes: u64) -> Spool {
+        Spool { dir, max_bytes }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn archive_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.tar.gz"))
+    }
+
+    fn record_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.json"))
+    }
+
+    /// A scratch folder for one collection's parts (removed by the caller).
+    pub fn work_dir(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("work-{name}"))
+    }
+
+    pub fn ensure(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)
+    }
+
+    /// Saves a record atomically and durably: a record that says "uploaded" must survive a
+    /// power cut, or the archive would be uploaded twice; one that says "waiting" must not be
+    /// torn, or the archive would be orphaned.
+    pub fn save(&self, e: &Entry) -> std::io::Result<()> {
+        crate::sys::fs::write_json_atomic(
+            &self.record_path(&e.stem()),
+            e,
+            crate::sys::fs::Durability::Durable,
+        )
+    }
+
+    pub fn load(&self, name: &str) -> Option<Entry> {
+        let text = crate::sys::limits::read_text(
+            &self.record_path(name),
+            MAX_RECORD,
+            "evidence spool record",
+        )
+        .ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Every record, oldest first.
+    pub fn entries(&self) -> Vec<Entry> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<Entry> = rd
+            .filter_map(Result::ok)
+            .filter_map(|d| {
+                let name = d.file_name().into_string().ok()?;
+                let stem = name.strip_suffix(".json")?;
+                valid_name(stem).then(|| self.load(stem))?
+            })
+            .take(MAX_ENTRIES)
+            .collect();
+        out.sort_by_key(|e| (e.created_ms, e.incident));
+        out
+    }
+
+    /// Bytes of the archives waiting in the spool.
+    pub fn used(&self) -> u64 {
+        self.entries()
+            .iter()
+            .filter(|e| !e.uploaded)
+            .filter_map(|e| std::fs::metadata(self.archive_path(&e.stem())).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    /// Makes room for `need` more bytes: drops the oldest waiting archives (never `keep`)
+    /// with a log line each. Returns how much room there is now.
+    pub fn make_room(&self, need: u64, keep: &str) -> u64 {
+        let mut used = self.used();
+        for e in self.entries() {
+            if used.saturating_add(need) <= self.max_bytes {
+                break;
+            }
+            if e.uploaded || e.stem() == keep {
+                continue;
+            }
+            let path = self.archive_path(&e.stem());
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            if std::fs::remove_file(&path).is_ok() {
+                let _ = std::fs::remove_file(self.record_path(&e.stem()));
+                used = used.saturating_sub(len);
+                tracing::warn!(
+                    incident_id = e.incident,
+                    uri = %e.uri(),
+                    bytes = len,
+                    "evidence: spool full; dropped the oldest archive, never uploaded"
+                );
+            }
+        }
+        self.max_bytes.saturating_sub(used)
+    }
+
+    /// Marks an archive uploaded and removes its file.
+    pub fn uploaded(&self, e: &mut Entry) -> std::io::Result<()> {
+        e.uploaded = true;
+        e.refused = None;
+        self.save(e)?;
+        let _ = std::fs::remove_file(self.archive_path(&e.stem()));
+        Ok(())
+    }
+}
+
+/// Whether `name` is an archive's name: an incident id, or `<id>-on-demand-<ms>`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(incident: u64, created_ms: u64) -> Entry {
+        Entry {
+            incident,
+            name: String::new(),
+            bucket: "b".into(),
+            key: format!("k/{incident}.tar.gz"),
+            bytes: 10,
+            sha256: String::new(),
+            created_ms,
+            uploaded: false,
+            refused: None,
+        }
+    }
+
+    #[test]
+    fn a_full_spool_drops_the_oldest_waiting_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::new(dir.path().to_path_buf(), 25);
+        s.ensure().unwrap();
+        for (i, at) in [(1, 100), (2, 200), (3, 300)] {
+            std::fs::write(s.archive_path(&i.to_string()), [0u8; 10]).unwrap();
+            s.save(&entry(i, at)).unwrap();
+        }
+        let mut done = s.load("3").unwrap();
+        s.uploaded(&mut done).unwrap();
+        assert!(!s.archive_path("3").exists());
+        assert_eq!(s.used(), 20);
+        // 10 more bytes need one archive out: the oldest waiting, 1.
+        assert_eq!(s.make_room(10, "9"), 15);
+        assert!(!s.archive_path("1").exists() && s.load("1").is_none());
+        assert!(s.archive_path("2").exists());
+        assert!(s.load("3").unwrap().uploaded, "the uploaded record stays");
+        // An on-demand collection's archive has a name of its own beside the incident's.
+        let mut od = entry(2, 400);
+        od.name = "2-on-demand-400".into();
+        s.save(&od).unwrap();
+        assert_eq!(s.entries().len(), 3);
+        assert_eq!(s.load("2-on-demand-400").unwrap().stem(), "2-on-demand-400");
+        assert!(!valid_name("../x") && !valid_name("") && valid_name("7"));
+    }
+}
