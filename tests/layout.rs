@@ -336,11 +336,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "to split (issue 24): one reader per link kind (fabric, NVLink, clocks, PCIe, persistence)",
     ),
     (
-        "src/policy/mod.rs",
-        "validate_rules",
-        "to split (issue 27): one check per rule field",
-    ),
-    (
         "src/probe/nvml/mod.rs",
         "watch",
         "to split (issue 27): event thread set-up and loop",

@@ -809,3 +809,157 @@ fn a_state_file_of_any_bad_kind_is_set_aside_and_endless_devices_are_refused() {
         );
     }
 }
+
+/// Issue 26, item 4: no setting silences a fatal signal through the side door. A confirm
+/// count or an escalation no window can reach, or a threshold that leaves XID 79, `gpu-lost`
+/// or a GPU-count mismatch unjudged, on a rule that must act: `policy check` exits 78 naming
+/// the key's file:line, and the same rule with `silences_fatal = true` passes. Zero or absurd
+/// retry delays, attempts, MPS windows and budgets, and windows longer than the engine keeps,
+/// are refused the same way (no opt-in: they silence nothing on purpose).
+#[test]
+fn settings_that_silence_a_fatal_signal_are_refused_unless_the_rule_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |name: &str, body: &str| {
+        let p = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &p,
+            format!("version = 1\nextends = \"{}\"\n{body}", policy().display()),
+        )
+        .unwrap();
+        let out = Command::new(bin())
+            .args(["policy", "check"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        (
+            p,
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // (case, the rule's lines from line 3, the offending line, what the message says)
+    let silencing = [
+        (
+            "confirm-count",
+            "[[rule]]\nname = \"xid-fallen-off-bus\"\nsignal = \"xid\"\nxids = [79]\naction = \"replace\"\nconfirm = { count = 1000, window = \"1h\" }\nreason = \"x\"\n",
+            8,
+            "the engine keeps the last 64",
+        ),
+        (
+            "confirm-window",
+            "[[rule]]\nname = \"gpu-lost\"\nsignal = \"gpu-lost\"\naction = \"replace\"\nconfirm = { count = 10, window = \"2s\" }\nreason = \"x\"\n",
+            7,
+            "cannot happen",
+        ),
+        (
+            "escalate",
+            "[[rule]]\nname = \"xid-13-graphics-exception\"\nsignal = \"xid\"\nxids = [13]\naction = \"log\"\nescalate = { count = 500, window = \"1h\", action = \"drain\" }\nreason = \"x\"\n",
+            8,
+            "never escalate to `drain`",
+        ),
+        (
+            "gpu-lost-threshold",
+            "[[rule]]\nname = \"gpu-lost\"\nsignal = \"gpu-lost\"\nthreshold = 5\naction = \"replace\"\nreason = \"x\"\n",
+            6,
+            "`gpu-lost` below 5 is judged by no rule",
+        ),
+        (
+            "count-mismatch-threshold",
+            "[[rule]]\nname = \"device-count-mismatch\"\nsignal = \"device-count-mismatch\"\nthreshold = 1000\naction = \"replace\"\nreason = \"x\"\n",
+            6,
+            "judged by no rule",
+        ),
+        (
+            "thermal-threshold",
+            "[[rule]]\nname = \"thermal-critical\"\nsignal = \"thermal\"\nthreshold = 5000\naction = \"drain\"\nreason = \"x\"\n",
+            6,
+            "above any reading",
+        ),
+    ];
+    for (name, body, line, says) in silencing {
+        let (p, code, err) = check(name, body);
+        assert_eq!(code, Some(78), "{name}: {err}");
+        assert!(
+            err.contains(&format!("{}:{line}:", p.display())),
+            "{name}: {err}"
+        );
+        assert!(
+            err.contains(says) && err.contains("silences_fatal"),
+            "{name}: {err}"
+        );
+        let opted = body.replacen(
+            "reason = \"x\"\n",
+            "reason = \"x\"\nsilences_fatal = true\n",
+            1,
+        );
+        let (_, code, err) = check(&format!("{name}-opted"), &opted);
+        assert_eq!(code, Some(0), "{name} with silences_fatal: {err}");
+    }
+    let absurd = [
+        (
+            "retry-delay",
+            "[retry]\ndelay = \"0s\"\n",
+            4,
+            "a retry delay of 0s",
+        ),
+        (
+            "retry-delay-long",
+            "[retry]\ndelay = \"30d\"\n",
+            4,
+            "out of range",
+        ),
+        (
+            "retry-attempts",
+            "[retry]\nmax_attempts = 1000000\n",
+            4,
+            "max_attempts",
+        ),
+        (
+            "mps-window",
+            "[mps]\nrestart_window = \"0s\"\n",
+            4,
+            "a restart window of 0s",
+        ),
+        (
+            "mps-window-long",
+            "[mps]\nrestart_window = \"365d\"\n",
+            4,
+            "out of range",
+        ),
+        (
+            "mps-budget",
+            "[mps]\nrestart_budget = 4000000\n",
+            4,
+            "restart_budget",
+        ),
+        (
+            "confirm-too-long",
+            "[[rule]]\nname = \"thermal\"\nsignal = \"thermal\"\nthreshold = 85\naction = \"log\"\nconfirm = { count = 3, window = \"30d\" }\nreason = \"x\"\nsilences_fatal = true\n",
+            8,
+            "longer than the engine keeps",
+        ),
+    ];
+    for (name, body, line, says) in absurd {
+        let (p, code, err) = check(name, body);
+        assert_eq!(code, Some(78), "{name}: {err}");
+        assert!(
+            err.contains(&format!("{}:{line}:", p.display())),
+            "{name}: {err}"
+        );
+        assert!(err.contains(says), "{name}: {err}");
+    }
+    // The packaged policies stand as they are.
+    for p in ["policies/default.toml", "policies/observe-only.toml"] {
+        let out = Command::new(bin())
+            .args(["policy", "check"])
+            .arg(repo().join(p))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{p}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -498,6 +498,12 @@ impl Cx<'_> {
         let seen = self.st.sightings.entry(key.clone()).or_default();
         seen.push(now);
         seen.retain(|t| now.since(*t) <= keep);
+        // The newest sightings only: no count the policy accepts needs more
+        // (`policy::limits::MAX_SIGHTINGS`), and a storm of one signal stays bounded.
+        let over = seen
+            .len()
+            .saturating_sub(crate::policy::limits::MAX_SIGHTINGS);
+        seen.drain(..over);
         let count_within = |seen: &Vec<Timestamp>, w: Duration| {
             u32::try_from(seen.iter().filter(|t| now.since(**t) <= w).count()).unwrap_or(u32::MAX)
         };
