@@ -963,3 +963,122 @@ fn settings_that_silence_a_fatal_signal_are_refused_unless_the_rule_says_so() {
         );
     }
 }
+
+/// Issue 26, item 2: numbers that cannot advance never hang, wrap or panic. `[journal]
+/// keep_files = 4294967295` is refused at the config check (file:line, exit 78) by `check`
+/// and `run` at once. An `inputs.jsonl` record with sequence number u64::MAX is skipped with
+/// a warning and the next input follows the last good one; one at the largest number
+/// gpu-medic accepts (2^62) cannot be followed: `run` stops with an error naming
+/// inputs.jsonl, never a panic.
+#[test]
+fn journal_numbers_that_cannot_advance_are_refused_not_wrapped() {
+    let off = "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n";
+    let node = Node::new(&format!("{off}[journal]\nkeep_files = 4294967295\n"));
+    let cfg = node.path("config.toml");
+    let line = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .lines()
+        .position(|l| l.starts_with("keep_files"))
+        .unwrap()
+        + 1;
+    for args in [&["check"][..], &["run"]] {
+        let started = std::time::Instant::now();
+        let out = node.cmd(args).timeout_output(Duration::from_secs(20));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{}:{line}:", cfg.display())),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("keep_files"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{args:?} took long"
+        );
+    }
+
+    let mut node = Node::new(off);
+    node.start();
+    let inputs = node.path("state/inputs.jsonl");
+    wait_until("an input journaled", || {
+        std::fs::read_to_string(&inputs).is_ok_and(|t| !t.trim().is_empty())
+    });
+    node.stop();
+    let text = std::fs::read_to_string(&inputs).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let good = last["seq"].as_u64().unwrap();
+    let with_seq = |seq: u64| {
+        let mut v = last.clone();
+        v["seq"] = Value::from(seq);
+        format!("{text}{v}\n")
+    };
+    // u64::MAX: not a number this journal wrote; skipped. A launch gate's report is the
+    // next input.
+    std::fs::write(&inputs, with_seq(u64::MAX)).unwrap();
+    let requests = node.path("state/requests");
+    let gate = || {
+        std::fs::create_dir_all(&requests).unwrap();
+        std::fs::write(
+            requests.join("1-1.json"),
+            r#"{"request":"launch-gate","health":"healthy","summary":"test"}"#,
+        )
+        .unwrap();
+    };
+    gate();
+    node.start();
+    wait_until("a new input after the bad one", || {
+        std::fs::read_to_string(&inputs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| v["seq"].as_u64() == Some(good + 1))
+    });
+    node.stop();
+    assert!(!node.log().contains("panicked"), "{}", node.log());
+    // 2^62: accepted, but nothing can follow it.
+    let text = std::fs::read_to_string(&inputs).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let mut v = last.clone();
+    v["seq"] = Value::from(1u64 << 62);
+    std::fs::write(&inputs, format!("{text}{v}\n")).unwrap();
+    gate();
+    let out = node.cmd(&["run"]).timeout_output(Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && out.status.code() != Some(101),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("inputs.jsonl") && err.contains("cannot advance"),
+        "{err}"
+    );
+}
+
+/// `Command::output` with a deadline: a command that hangs fails the test instead.
+trait TimeoutOutput {
+    fn timeout_output(&mut self, limit: Duration) -> std::process::Output;
+}
+
+impl TimeoutOutput for Command {
+    fn timeout_output(&mut self, limit: Duration) -> std::process::Output {
+        let mut child = self
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > limit {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "still running after {limit:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.wait_with_output().unwrap()
+    }
+}

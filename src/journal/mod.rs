@@ -181,30 +181,36 @@ pub fn rotated_path(path: &Path, n: u32) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Shifts `NAME` to `NAME.1`, `NAME.1` to `NAME.2`, ..., keeping `keep` rotated files.
-fn rotate_files(path: &Path, keep: u32) -> Result<(), JournalError> {
-    let io = |p: &Path, e| JournalError::io(p, e);
-    // Files beyond `keep` (also those left by a larger `keep` before) go.
-    let mut n = keep.max(1);
-    loop {
-        let p = rotated_path(path, n);
-        if !p.exists() {
-            break;
-        }
-        if n >= keep {
-            std::fs::remove_file(&p).map_err(|e| io(&p, e))?;
-        }
+/// The most rotated files a journal is looked for in (`NAME.1` ... `NAME.10000`).
+pub const MAX_ROTATED: u32 = 10_000;
+
+/// How many rotated files `NAME.1`, `NAME.2`, ... exist in a row (at most [`MAX_ROTATED`]).
+fn rotated_count(path: &Path) -> u32 {
+    let mut n = 0;
+    while n < MAX_ROTATED && rotated_path(path, n + 1).exists() {
         n += 1;
     }
+    n
+}
+
+/// Shifts `NAME` to `NAME.1`, `NAME.1` to `NAME.2`, ..., keeping `keep` rotated files. The
+/// work is one step per file that exists, whatever `keep` says.
+fn rotate_files(path: &Path, keep: u32) -> Result<(), JournalError> {
+    let io = |p: &Path, e| JournalError::io(p, e);
+    let have = rotated_count(path);
+    // Files beyond `keep` (also those left by a larger `keep` before) go.
+    for n in (keep.max(1)..=have).rev() {
+        let p = rotated_path(path, n);
+        std::fs::remove_file(&p).map_err(|e| io(&p, e))?;
+    }
+    let have = have.min(keep.saturating_sub(1));
     if keep == 0 {
         std::fs::remove_file(path).map_err(|e| io(path, e))?;
     } else {
-        for i in (1..keep).rev() {
+        for i in (1..=have).rev() {
             let from = rotated_path(path, i);
-            if from.exists() {
-                let to = rotated_path(path, i + 1);
-                std::fs::rename(&from, &to).map_err(|e| io(&from, e))?;
-            }
+            let to = rotated_path(path, i + 1);
+            std::fs::rename(&from, &to).map_err(|e| io(&from, e))?;
         }
         let to = rotated_path(path, 1);
         std::fs::rename(path, &to).map_err(|e| io(path, e))?;
@@ -220,11 +226,7 @@ fn rotate_files(path: &Path, keep: u32) -> Result<(), JournalError> {
 /// The files of a journal, oldest first: `NAME.n`, ..., `NAME.1`, `NAME` (those that exist).
 pub fn journal_files(path: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut n = 1;
-    while n <= 10_000 && rotated_path(path, n).exists() {
-        n += 1;
-    }
-    for i in (1..n).rev() {
+    for i in (1..=rotated_count(path)).rev() {
         out.push(rotated_path(path, i));
     }
     if path.exists() {
@@ -763,6 +765,28 @@ pub(crate) mod tests {
         // A batch is never split: nothing rotates while records wait for their commit.
         w.write(&rec(40)).unwrap();
         assert!(!w.rotate_if_due().unwrap());
+    }
+
+    #[test]
+    fn rotation_costs_one_step_per_file_whatever_keep_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("inputs.jsonl");
+        for keep in [u32::MAX, 3, 0] {
+            std::fs::write(&p, "{}\n").unwrap();
+            let started = std::time::Instant::now();
+            rotate_files(&p, keep).unwrap();
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{keep}"
+            );
+        }
+        // u32::MAX and 3 kept both rotations; 0 then removed every file.
+        assert!(journal_files(&p).is_empty(), "{:?}", journal_files(&p));
+        for _ in 0..5 {
+            std::fs::write(&p, "{}\n").unwrap();
+            rotate_files(&p, 3).unwrap();
+        }
+        assert_eq!(rotated_count(&p), 3);
     }
 
     #[test]

@@ -485,7 +485,7 @@ impl Keeper {
             // recorded: the engine is a pure function of state and input, so leaving it out of
             // inputs.jsonl changes no replay.
             if !actions.is_empty() || state != self.state {
-                self.seq += 1;
+                self.seq = next_seq(self.seq, self.inputs.path())?;
                 self.inputs.write(&journal::JournaledInput {
                     seq: self.seq,
                     stamped: StampedInput { at: now, input },
@@ -520,6 +520,19 @@ impl Keeper {
         }
         Ok(orders)
     }
+}
+
+/// The sequence number after `seq`. Numbers read back are range-checked (at most
+/// `engine::MAX_COUNTER`, far beyond any journal's life); one that cannot advance is a
+/// refusal naming the journal, never a wrap or a repeat.
+fn next_seq(seq: u64, inputs: &std::path::Path) -> Result<u64, crate::sys::error::JournalError> {
+    seq.checked_add(1)
+        .filter(|n| *n <= engine::MAX_COUNTER)
+        .ok_or_else(|| crate::sys::error::JournalError::Corrupt {
+            path: inputs.to_path_buf(),
+            line: 0,
+            message: format!("input sequence number {seq} cannot advance"),
+        })
 }
 
 /// A finding about a GPU or the node's GPUs ([`Policy::is_gpu_finding`]), not raised by the
