@@ -360,11 +360,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "new",
         "a flat list: one registration per metric family, each with its help text beside its handle",
     ),
-    (
-        "src/probe/nvml/poll.rs",
-        "poll_gpu",
-        "to split (issue 27): one reading per counter",
-    ),
 ];
 
 /// (file, first line, name, length) of every function in `src/` outside test modules.
