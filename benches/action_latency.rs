@@ -160,7 +160,7 @@ fn mps_fault(runs: usize, name: &str, sig: libc::c_int) {
     std::fs::write(
         d.join("policy.toml"),
         format!(
-            "extends = \"{}\"\n[mps]\nrestart_budget = 1000000\nrestart_window = \"30m\"\n",
+            "extends = \"{}\"\n[mps]\nrestart_budget = 100\nrestart_window = \"1m\"\n",
             default_policy().display()
         ),
     )

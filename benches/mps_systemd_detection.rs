@@ -52,7 +52,7 @@ fn main() {
                   policy = \"/etc/gpu-medic/policies/bench.toml\"\n\
                   [mps]\npreset = \"ecs-ami\"\n[aws]\nenabled = false\n\
                   [export]\nenabled = false\n[lifecycle]\nenabled = false\n";
-    let policy = "extends = \"default.toml\"\nversion = 1\n[mps]\nrestart_budget = 100000\n";
+    let policy = "extends = \"default.toml\"\nversion = 1\n[mps]\nrestart_budget = 100\nrestart_window = \"1m\"\n";
     let _one = systemd::exclusive();
     let sys = Booted::boot(&[
         ("/etc/gpu-medic/config.toml", config),

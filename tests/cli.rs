@@ -668,22 +668,22 @@ fn incidents_read_across_rotated_files_and_oversized_inputs_are_refused() {
         list_records(&body, 2)
     );
 
-    // Endless inputs stop at their caps with a clear message.
+    // Endless inputs are refused before they are read, with a clear message.
     gm().args(["check", "--config", "/dev/zero"])
         .assert()
         .code(78)
-        .stderr(predicate::str::contains("larger than the 1 MiB cap"));
+        .stderr(predicate::str::contains("not a regular file"));
     gm().args(["policy", "check", "/dev/zero"])
         .assert()
         .code(78)
-        .stderr(predicate::str::contains("larger than the 1 MiB cap"));
+        .stderr(predicate::str::contains("not a regular file"));
     let overlay = dir.path().join("overlay.toml");
     std::fs::write(&overlay, "version = 1\nextends = \"/dev/zero\"\n").unwrap();
     gm().args(["policy", "check"])
         .arg(&overlay)
         .assert()
         .code(78)
-        .stderr(predicate::str::contains("cap"));
+        .stderr(predicate::str::contains("not a regular file"));
     // A FIFO (no writer: a blocking open would wait for ever) or a directory where a file
     // is expected: refused at once, saying what it is.
     let fifo = dir.path().join("config.fifo");
@@ -695,13 +695,15 @@ fn incidents_read_across_rotated_files_and_oversized_inputs_are_refused() {
         .timeout(std::time::Duration::from_secs(20))
         .assert()
         .code(78)
-        .stderr(predicate::str::contains("is a FIFO, not a file"));
+        .stderr(predicate::str::contains("is a FIFO, not a regular file"));
     gm().args(["policy", "check"])
         .arg(dir.path())
         .timeout(std::time::Duration::from_secs(20))
         .assert()
         .code(78)
-        .stderr(predicate::str::contains("is a directory, not a file"));
+        .stderr(predicate::str::contains(
+            "is a directory, not a regular file",
+        ));
     // `policy simulate` streams its input under a 1 GiB cap (tests/parsers_fuzz.rs checks
     // the cap with a small one; reading a GiB here would only cost time).
 }

@@ -177,6 +177,51 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
     );
 }
 
+/// Issue 26, item 2: an export cursor at u64::MAX (or any count beyond what a journal can
+/// hold) cannot advance: it is refused with a warning and the export starts again from the
+/// journal's oldest file, never a panic or a wrapped sequence. The records keep their ids
+/// (a record's id is its line in the journal), so what is sent again is the same record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_cursor_that_cannot_advance_starts_again_without_a_panic() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let cluster = aws::unique("maxcursor");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = export_config(dir.path(), &identity("i-max", &cluster), "events = false");
+    let group = format!("/gpu-medic/{cluster}");
+    let mut w = JsonlWriter::open(&cfg.incidents_path()).unwrap();
+    for i in 1..=3 {
+        w.append(&note(i, "before")).unwrap();
+    }
+    std::fs::create_dir_all(dir.path().join("export")).unwrap();
+    std::fs::write(
+        dir.path().join("export/logs.cursor.json"),
+        format!(
+            "{{\"inode\":1,\"offset\":{m},\"line\":{m},\"seq\":{m},\"dropped\":{m},\"head\":0}}",
+            m = u64::MAX
+        ),
+    )
+    .unwrap();
+    let x = Exporter::with_sdk(&cfg, &sdk);
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
+    x.finish(Duration::from_secs(1)).await;
+    let recs = log_records(&sdk, &group, Some("i-max")).await;
+    let ids: Vec<String> = recs
+        .iter()
+        .map(|r| {
+            r["record_id"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids, ["1", "2", "3"], "{recs:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttling_is_retried_and_events_reach_the_bus() {
     let proxy = Proxy::start().await;

@@ -521,17 +521,41 @@ fn inputs(dir: &Path) -> Vec<Value> {
     gpu_medic_testkit::journal::read(&dir.join("state/inputs.jsonl"))
 }
 
-/// Stand-in for a full disk under the incident journal: `incidents.jsonl` is a link to
-/// /dev/full, whose every write fails with ENOSPC. The batch's input is on disk, its records
-/// are not: the supervisor stops with a retryable journal error naming the file, hands out no
-/// order and leaves state.json without the input. The next start, with room again, replays
-/// the input and hands the order out: nothing recorded is lost, nothing is done twice.
+/// A regular file that takes no more bytes, as a full disk would refuse them: an empty
+/// memfd sealed against growing (every append fails), reached through its `/proc` link. The
+/// journal writer opens it like any regular file (a device such as /dev/full, where every
+/// write fails too, is set aside instead: it is no journal).
+fn a_file_that_cannot_grow() -> (std::fs::File, std::path::PathBuf) {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a valid NUL-terminated name; the descriptor returned is owned by the File.
+    let fd = unsafe { libc::memfd_create(c"full".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    // SAFETY: fcntl on an open descriptor; no memory is passed.
+    let sealed = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_GROW) };
+    assert_eq!(sealed, 0, "F_SEAL_GROW");
+    let link = std::path::PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        file.as_raw_fd()
+    ));
+    (file, link)
+}
+
+/// Stand-in for a full disk under the incident journal: `incidents.jsonl` is a link to a
+/// regular file that cannot grow ([`a_file_that_cannot_grow`]), so every write fails. The
+/// batch's input is on disk, its records are not: the supervisor stops with a retryable
+/// journal error naming the file, hands out no order and leaves state.json without the
+/// input. The next start, with room again, replays the input and hands the order out:
+/// nothing recorded is lost, nothing is done twice.
 #[tokio::test(start_paused = true)]
 async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays_the_input() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     std::fs::create_dir_all(&cfg.state_dir).unwrap();
-    std::os::unix::fs::symlink("/dev/full", cfg.incidents_path()).unwrap();
+    let (_full, link) = a_file_that_cannot_grow();
+    std::os::unix::fs::symlink(&link, cfg.incidents_path()).unwrap();
     let (err, mut calls) = run_until_it_cannot_write(dir.path(), || {}).await;
     let SupervisorError::Journal(e) = &err;
     assert!(e.is_retryable(), "{err}");

@@ -718,3 +718,422 @@ fn new_fleet_task_and_gpu_view_keys_are_validated_at_start() {
     // Line 6: after the three lines Node writes first, `[nvml]` and `enabled`.
     assert!(err.contains(&format!("{cfg}:6: bad share \"0%\"")), "{err}");
 }
+
+/// Issue 26, item 0: kernel-log XIDs that arrive in one write are each journaled once (five
+/// XID 13s and an XID 79, the 79 stepped first: the 13s were dropped as "duplicates after
+/// restart"), and a restart journals none of them again. A record whose sequence number is
+/// u64::MAX hides no later XID (in a file, a line's position is its offset).
+#[test]
+fn kernel_log_xids_written_together_are_each_journaled_once() {
+    use std::io::Write;
+    let mut node = Node::new("");
+    let kmsg = node.path("kmsg");
+    std::fs::write(&kmsg, "").unwrap();
+    node.write_config(&format!(
+        "[nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\nkmsg = \"{}\"\n\
+         [mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+        fake_nvml().display(),
+        kmsg.display()
+    ));
+    node.start();
+    let mut body = String::new();
+    body.push_str(
+        "4,18446744073709551615,1,-;NVRM: Xid (PCI:0000:1b:00): 31, pid=9, name=x, poison\n",
+    );
+    for i in 0..5 {
+        body.push_str(&format!(
+            "4,{},2,-;NVRM: Xid (PCI:0000:1b:00): 13, pid={}, name=p{i}, Graphics Exception\n",
+            100 + i,
+            1000 + i
+        ));
+    }
+    body.push_str(
+        "4,105,3,-;NVRM: Xid (PCI:0000:29:00): 79, pid=1, name=y, GPU has fallen off the bus.\n",
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&kmsg)
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let kmsg_inputs = |node: &Node| -> Vec<u64> {
+        std::fs::read_to_string(node.path("state/inputs.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["source"] == "kmsg")
+            .map(|v| v["signal"]["code"].as_u64().unwrap_or(0))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while kmsg_inputs(&node).len() < 7 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut codes = kmsg_inputs(&node);
+    codes.sort();
+    assert_eq!(codes, [13, 13, 13, 13, 13, 31, 79], "{}", node.log());
+    node.stop();
+    // A restart reads the file again and journals none of it twice; a later XID 79 after
+    // the u64::MAX record is still journaled.
+    node.start();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&kmsg)
+        .unwrap()
+        .write_all(b"4,106,4,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=2, name=z, GPU has fallen off the bus.\n")
+        .unwrap();
+    wait_until("the XID 79 after the restart", || {
+        kmsg_inputs(&node).len() >= 8
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    node.stop();
+    let mut codes = kmsg_inputs(&node);
+    codes.sort();
+    assert_eq!(codes, [13, 13, 13, 13, 13, 31, 79, 79], "{}", node.log());
+}
+
+/// Issue 26, item 3: a state file of any bad kind (a FIFO, a directory, a symlink loop,
+/// invalid UTF-8, a counter at u64::MAX) and a leftover temp directory are set aside; the
+/// daemon starts from the journal every time. `check` with the kernel log at /dev/zero or
+/// /dev/urandom is refused at once instead of reading for ever.
+#[test]
+fn a_state_file_of_any_bad_kind_is_set_aside_and_endless_devices_are_refused() {
+    for bad in ["fifo", "dir", "loop", "utf8", "max", "tmpdir"] {
+        let mut node = Node::new(
+            "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+        );
+        let state = node.path("state/state.json");
+        std::fs::create_dir_all(node.path("state")).unwrap();
+        match bad {
+            "fifo" => {
+                let c = std::ffi::CString::new(state.to_str().unwrap()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }
+            "dir" => std::fs::create_dir(&state).unwrap(),
+            "loop" => std::os::unix::fs::symlink(&state, &state).unwrap(),
+            "utf8" => std::fs::write(&state, b"{\"next_incident\": \xff\xfe}").unwrap(),
+            "max" => std::fs::write(
+                &state,
+                format!(
+                    "{{\"next_incident\":1,\"next_action\":1,\"delivery\":{{\"applied\":{}}}}}",
+                    u64::MAX
+                ),
+            )
+            .unwrap(),
+            _ => std::fs::create_dir_all(node.path("state/.state.json.tmp/x")).unwrap(),
+        }
+        let child = node
+            .cmd(&["run", "--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(node.path("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        node.daemon = Some(child);
+        wait_until(&format!("{bad}: a readable state.json"), || {
+            std::fs::metadata(&state).is_ok_and(|m| m.is_file())
+                && std::fs::read_to_string(&state).is_ok_and(|t| t.contains("next_incident"))
+        });
+        if bad != "tmpdir" {
+            wait_until(&format!("{bad}: the set-aside incident"), || {
+                node.records()
+                    .iter()
+                    .any(|r| is_self_fault(r, "state-file"))
+            });
+        }
+        node.stop();
+    }
+
+    let node = Node::new("");
+    for dev in ["/dev/zero", "/dev/urandom"] {
+        node.write_config(&format!(
+            "[nvml]\nlibrary = \"{}\"\nkmsg = \"{dev}\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+            fake_nvml().display()
+        ));
+        let started = std::time::Instant::now();
+        let (_, out, err) = node.text(&["check"]);
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{dev}: {out}{err}"
+        );
+        let (code, _, err) = node.text(&["run"]);
+        assert_eq!(code, 78, "{dev}: {err}");
+        assert!(
+            err.contains("not a regular file or the kernel log device"),
+            "{err}"
+        );
+    }
+}
+
+/// Issue 26, item 4: no setting silences a fatal signal through the side door. A confirm
+/// count or an escalation no window can reach, or a threshold that leaves XID 79, `gpu-lost`
+/// or a GPU-count mismatch unjudged, on a rule that must act: `policy check` exits 78 naming
+/// the key's file:line, and the same rule with `silences_fatal = true` passes. Zero or absurd
+/// retry delays, attempts, MPS windows and budgets, and windows longer than the engine keeps,
+/// are refused the same way (no opt-in: they silence nothing on purpose).
+#[test]
+fn settings_that_silence_a_fatal_signal_are_refused_unless_the_rule_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |name: &str, body: &str| {
+        let p = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &p,
+            format!("version = 1\nextends = \"{}\"\n{body}", policy().display()),
+        )
+        .unwrap();
+        let out = Command::new(bin())
+            .args(["policy", "check"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        (
+            p,
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // (case, the rule's lines from line 3, the offending line, what the message says)
+    let silencing = [
+        (
+            "confirm-count",
+            "[[rule]]\nname = \"xid-fallen-off-bus\"\nsignal = \"xid\"\nxids = [79]\naction = \"replace\"\nconfirm = { count = 1000, window = \"1h\" }\nreason = \"x\"\n",
+            8,
+            "the engine keeps the last 64",
+        ),
+        (
+            "confirm-window",
+            "[[rule]]\nname = \"gpu-lost\"\nsignal = \"gpu-lost\"\naction = \"replace\"\nconfirm = { count = 10, window = \"2s\" }\nreason = \"x\"\n",
+            7,
+            "cannot happen",
+        ),
+        (
+            "escalate",
+            "[[rule]]\nname = \"xid-13-graphics-exception\"\nsignal = \"xid\"\nxids = [13]\naction = \"log\"\nescalate = { count = 500, window = \"1h\", action = \"drain\" }\nreason = \"x\"\n",
+            8,
+            "never escalate to `drain`",
+        ),
+        (
+            "gpu-lost-threshold",
+            "[[rule]]\nname = \"gpu-lost\"\nsignal = \"gpu-lost\"\nthreshold = 5\naction = \"replace\"\nreason = \"x\"\n",
+            6,
+            "`gpu-lost` below 5 is judged by no rule",
+        ),
+        (
+            "count-mismatch-threshold",
+            "[[rule]]\nname = \"device-count-mismatch\"\nsignal = \"device-count-mismatch\"\nthreshold = 1000\naction = \"replace\"\nreason = \"x\"\n",
+            6,
+            "judged by no rule",
+        ),
+        (
+            "thermal-threshold",
+            "[[rule]]\nname = \"thermal-critical\"\nsignal = \"thermal\"\nthreshold = 5000\naction = \"drain\"\nreason = \"x\"\n",
+            6,
+            "above any reading",
+        ),
+    ];
+    for (name, body, line, says) in silencing {
+        let (p, code, err) = check(name, body);
+        assert_eq!(code, Some(78), "{name}: {err}");
+        assert!(
+            err.contains(&format!("{}:{line}:", p.display())),
+            "{name}: {err}"
+        );
+        assert!(
+            err.contains(says) && err.contains("silences_fatal"),
+            "{name}: {err}"
+        );
+        let opted = body.replacen(
+            "reason = \"x\"\n",
+            "reason = \"x\"\nsilences_fatal = true\n",
+            1,
+        );
+        let (_, code, err) = check(&format!("{name}-opted"), &opted);
+        assert_eq!(code, Some(0), "{name} with silences_fatal: {err}");
+    }
+    let absurd = [
+        (
+            "retry-delay",
+            "[retry]\ndelay = \"0s\"\n",
+            4,
+            "a retry delay of 0s",
+        ),
+        (
+            "retry-delay-long",
+            "[retry]\ndelay = \"30d\"\n",
+            4,
+            "out of range",
+        ),
+        (
+            "retry-attempts",
+            "[retry]\nmax_attempts = 1000000\n",
+            4,
+            "max_attempts",
+        ),
+        (
+            "mps-window",
+            "[mps]\nrestart_window = \"0s\"\n",
+            4,
+            "a restart window of 0s",
+        ),
+        (
+            "mps-window-long",
+            "[mps]\nrestart_window = \"365d\"\n",
+            4,
+            "out of range",
+        ),
+        (
+            "mps-budget",
+            "[mps]\nrestart_budget = 4000000\n",
+            4,
+            "restart_budget",
+        ),
+        (
+            "confirm-too-long",
+            "[[rule]]\nname = \"thermal\"\nsignal = \"thermal\"\nthreshold = 85\naction = \"log\"\nconfirm = { count = 3, window = \"30d\" }\nreason = \"x\"\nsilences_fatal = true\n",
+            8,
+            "longer than the engine keeps",
+        ),
+    ];
+    for (name, body, line, says) in absurd {
+        let (p, code, err) = check(name, body);
+        assert_eq!(code, Some(78), "{name}: {err}");
+        assert!(
+            err.contains(&format!("{}:{line}:", p.display())),
+            "{name}: {err}"
+        );
+        assert!(err.contains(says), "{name}: {err}");
+    }
+    // The packaged policies stand as they are.
+    for p in ["policies/default.toml", "policies/observe-only.toml"] {
+        let out = Command::new(bin())
+            .args(["policy", "check"])
+            .arg(repo().join(p))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{p}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Issue 26, item 2: numbers that cannot advance never hang, wrap or panic. `[journal]
+/// keep_files = 4294967295` is refused at the config check (file:line, exit 78) by `check`
+/// and `run` at once. An `inputs.jsonl` record with sequence number u64::MAX is skipped with
+/// a warning and the next input follows the last good one; one at the largest number
+/// gpu-medic accepts (2^62) cannot be followed: `run` stops with an error naming
+/// inputs.jsonl, never a panic.
+#[test]
+fn journal_numbers_that_cannot_advance_are_refused_not_wrapped() {
+    let off = "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n";
+    let node = Node::new(&format!("{off}[journal]\nkeep_files = 4294967295\n"));
+    let cfg = node.path("config.toml");
+    let line = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .lines()
+        .position(|l| l.starts_with("keep_files"))
+        .unwrap()
+        + 1;
+    for args in [&["check"][..], &["run"]] {
+        let started = std::time::Instant::now();
+        let out = node.cmd(args).timeout_output(Duration::from_secs(20));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{}:{line}:", cfg.display())),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("keep_files"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{args:?} took long"
+        );
+    }
+
+    let mut node = Node::new(off);
+    node.start();
+    let inputs = node.path("state/inputs.jsonl");
+    wait_until("an input journaled", || {
+        std::fs::read_to_string(&inputs).is_ok_and(|t| !t.trim().is_empty())
+    });
+    node.stop();
+    let text = std::fs::read_to_string(&inputs).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let good = last["seq"].as_u64().unwrap();
+    let with_seq = |seq: u64| {
+        let mut v = last.clone();
+        v["seq"] = Value::from(seq);
+        format!("{text}{v}\n")
+    };
+    // u64::MAX: not a number this journal wrote; skipped. A launch gate's report is the
+    // next input.
+    std::fs::write(&inputs, with_seq(u64::MAX)).unwrap();
+    let requests = node.path("state/requests");
+    let gate = || {
+        std::fs::create_dir_all(&requests).unwrap();
+        std::fs::write(
+            requests.join("1-1.json"),
+            r#"{"request":"launch-gate","health":"healthy","summary":"test"}"#,
+        )
+        .unwrap();
+    };
+    gate();
+    node.start();
+    wait_until("a new input after the bad one", || {
+        std::fs::read_to_string(&inputs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| v["seq"].as_u64() == Some(good + 1))
+    });
+    node.stop();
+    assert!(!node.log().contains("panicked"), "{}", node.log());
+    // 2^62: accepted, but nothing can follow it.
+    let text = std::fs::read_to_string(&inputs).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let mut v = last.clone();
+    v["seq"] = Value::from(1u64 << 62);
+    std::fs::write(&inputs, format!("{text}{v}\n")).unwrap();
+    gate();
+    let out = node.cmd(&["run"]).timeout_output(Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && out.status.code() != Some(101),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("inputs.jsonl") && err.contains("cannot advance"),
+        "{err}"
+    );
+}
+
+/// `Command::output` with a deadline: a command that hangs fails the test instead.
+trait TimeoutOutput {
+    fn timeout_output(&mut self, limit: Duration) -> std::process::Output;
+}
+
+impl TimeoutOutput for Command {
+    fn timeout_output(&mut self, limit: Duration) -> std::process::Output {
+        let mut child = self
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > limit {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "still running after {limit:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.wait_with_output().unwrap()
+    }
+}

@@ -241,6 +241,10 @@ pub fn item_attributes(group: &str, item: &SlotItem) -> HashMap<String, Attribut
     out
 }
 
+/// The largest version accepted from the table (the engine's counter ceiling, 2^62): one
+/// beyond could not advance for long, and u64::MAX not at all.
+pub const MAX_VERSION: u64 = 1 << 62;
+
 /// The item as GetItem returned it. Strict about what the protocol relies on (`version`, each
 /// holder's `state` and `token`); lenient about what is for people only.
 pub fn parse_item(
@@ -261,6 +265,14 @@ pub fn parse_item(
         .get(attr::VERSION)
         .ok_or_else(|| bad("no `version`".into()))
         .and_then(|v| number(v, "version"))?;
+    // The fencing token is the version a write makes: one that cannot advance would let every
+    // writer's conditional write "succeed" with the same token. Refused, never saturated.
+    if version >= MAX_VERSION {
+        return Err(bad(format!(
+            "version {version} cannot advance (at most {} is accepted)",
+            MAX_VERSION - 1
+        )));
+    }
     let mut holders = BTreeMap::new();
     if let Some(h) = item.get(attr::HOLDERS) {
         let map = h
@@ -283,6 +295,11 @@ pub fn parse_item(
                 .get(attr::TOKEN)
                 .ok_or_else(|| bad(format!("holder {id} has no token")))
                 .and_then(|t| number(t, "token"))?;
+            if token > version {
+                return Err(bad(format!(
+                    "holder {id} has token {token}, beyond the item's version {version}"
+                )));
+            }
             let text = |k: &str| e.get(k).and_then(|v| v.as_s().ok()).cloned();
             holders.insert(
                 id.clone(),
@@ -354,6 +371,26 @@ mod tests {
         let attrs = item_attributes("g", &item);
         assert_eq!(attrs[attr::GROUP], AttributeValue::S("g".into()));
         assert_eq!(parse_item("g", &attrs).unwrap(), item);
+    }
+
+    /// A version at u64::MAX (or any that could not advance), or a holder token beyond the
+    /// version, is refused: no write is made with a token that cannot fence.
+    #[test]
+    fn a_version_that_cannot_advance_is_refused() {
+        for v in [u64::MAX, u64::MAX - 1, MAX_VERSION] {
+            let mut attrs = item_attributes("g", &sample());
+            attrs.insert(attr::VERSION.into(), AttributeValue::N(v.to_string()));
+            let e = parse_item("g", &attrs).unwrap_err();
+            assert!(
+                matches!(e, TableError::Malformed { .. }) && !e.is_retryable(),
+                "{e}"
+            );
+            assert!(e.to_string().contains("cannot advance"), "{e}");
+        }
+        let mut item = sample();
+        item.version = 40;
+        let e = parse_item("g", &item_attributes("g", &item)).unwrap_err();
+        assert!(e.to_string().contains("beyond the item's version"), "{e}");
     }
 
     #[test]

@@ -9,8 +9,9 @@ pub struct JournalConfig {
     /// A journal file is rotated (`NAME.1`, `NAME.2`, ...) once it reaches this size, in MiB.
     #[serde(default = "default_journal_size", deserialize_with = "de_journal_size")]
     pub max_file_size_mib: u64,
-    /// Rotated files kept per journal; the oldest beyond it is deleted.
-    #[serde(default = "default_journal_keep")]
+    /// Rotated files kept per journal; the oldest beyond it is deleted. At most
+    /// [`MAX_KEEP_FILES`]: the readers look for at most `journal::MAX_ROTATED` files.
+    #[serde(default = "default_journal_keep", deserialize_with = "de_journal_keep")]
     pub keep_files: u32,
 }
 
@@ -36,6 +37,19 @@ fn de_journal_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Err
     if !(1..=1024 * 1024).contains(&v) {
         return Err(serde::de::Error::custom(format!(
             "max_file_size_mib: {v} is not in 1..=1048576"
+        )));
+    }
+    Ok(v)
+}
+
+/// The most rotated files kept per journal (far below the 10,000 the readers look for).
+pub const MAX_KEEP_FILES: u32 = 1000;
+
+fn de_journal_keep<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = u32::deserialize(d)?;
+    if v > MAX_KEEP_FILES {
+        return Err(serde::de::Error::custom(format!(
+            "keep_files: {v} is not in 0..={MAX_KEEP_FILES}"
         )));
     }
     Ok(v)

@@ -25,7 +25,7 @@ mod state;
 pub use evidence::EvidenceWait;
 
 pub use state::{
-    ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS,
+    ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS, MAX_COUNTER,
     MAX_DRILL_INCIDENTS, MpsPhase, MpsState, NodePhase, OpenIncident, OwnExit, RecentLog,
     Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
 };
@@ -505,6 +505,12 @@ impl Cx<'_> {
         let seen = self.st.sightings.entry(key.clone()).or_default();
         seen.push(now);
         seen.retain(|t| now.since(*t) <= keep);
+        // The newest sightings only: no count the policy accepts needs more
+        // (`policy::limits::MAX_SIGHTINGS`), and a storm of one signal stays bounded.
+        let over = seen
+            .len()
+            .saturating_sub(crate::policy::limits::MAX_SIGHTINGS);
+        seen.drain(..over);
         let count_within = |seen: &Vec<Timestamp>, w: Duration| {
             u32::try_from(seen.iter().filter(|t| now.since(**t) <= w).count()).unwrap_or(u32::MAX)
         };

@@ -91,6 +91,38 @@ pub struct DrillMark {
     pub observe: bool,
 }
 
+/// The largest counter or position accepted from a file (`state.json`, `inputs.jsonl`, the
+/// export cursor): far beyond what a node's lifetime reaches (2^62 inputs), far enough below
+/// `u64::MAX` that every counter can still advance. A larger value is corruption, refused
+/// where it is read, never saturated later.
+pub const MAX_COUNTER: u64 = 1 << 62;
+
+impl State {
+    /// Whether every counter read from a file can still advance (see [`MAX_COUNTER`]).
+    pub fn check_ranges(&self) -> Result<(), String> {
+        let check = |what: &str, v: u64| {
+            if v > MAX_COUNTER {
+                Err(format!("{what} = {v} is beyond {MAX_COUNTER}"))
+            } else {
+                Ok(())
+            }
+        };
+        check("next_incident", self.next_incident)?;
+        check("next_action", self.next_action)?;
+        check("delivery.applied", self.delivery.applied)?;
+        for (stream, c) in &self.delivery.cursors {
+            check(&format!("delivery.cursors.{stream}.pos"), c.pos)?;
+        }
+        for id in self.open.keys() {
+            check("an open incident's id", id.0)?;
+        }
+        for id in self.in_flight.keys() {
+            check("an order's id", id.0)?;
+        }
+        Ok(())
+    }
+}
+
 /// One of gpu-medic's own faults (see `Signal::SelfFault`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SelfFault {

@@ -46,13 +46,26 @@ pub struct Cursor {
 impl Cursor {
     /// Reads a saved cursor; none (or an unreadable one, which is reported) starts afresh.
     pub fn load(path: &Path) -> Cursor {
-        match std::fs::read(path) {
-            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
-                tracing::warn!(path = %path.display(), "export cursor unreadable ({e}); reading the journal from its oldest file (records may be sent again)");
-                Cursor::default()
-            }),
-            Err(_) => Cursor::default(),
-        }
+        let parsed = match crate::sys::limits::read_text(path, 64 * 1024, "export cursor") {
+            Ok(b) => serde_json::from_str::<Cursor>(&b).map_err(|e| e.to_string()),
+            Err(e) if e.is_not_found() => return Cursor::default(),
+            Err(e) => Err(e.to_string()),
+        };
+        let checked = parsed.and_then(|c| {
+            let max = crate::engine::MAX_COUNTER;
+            if [c.offset, c.line, c.seq, c.dropped]
+                .iter()
+                .any(|v| *v > max)
+            {
+                Err(format!("a count beyond {max}"))
+            } else {
+                Ok(c)
+            }
+        });
+        checked.unwrap_or_else(|e| {
+            tracing::warn!(path = %path.display(), "export cursor unreadable ({e}); reading the journal from its oldest file (records may be sent again)");
+            Cursor::default()
+        })
     }
 
     /// Saves the cursor whole (temp file, fsync, rename).

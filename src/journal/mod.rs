@@ -57,15 +57,32 @@ impl<T: Serialize> JsonlWriter<T> {
     }
 
     fn open_with(path: &Path, rotation: Option<Rotation>) -> Result<Self, JournalError> {
+        use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
         }
+        // Whatever is in the way that is not a regular file (a FIFO, a directory, a symlink
+        // to a device such as /dev/null, which would swallow every record) is set aside: a
+        // journal is never opened through it. A symlink to a regular file is followed.
+        crate::sys::limits::set_aside_unless_regular(path)
+            .map_err(|e| JournalError::io(path, e))?;
         let mut file = OpenOptions::new()
             .create(true)
             .read(true)
             .append(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| JournalError::io(path, e))?;
+        if !file
+            .metadata()
+            .map_err(|e| JournalError::io(path, e))?
+            .is_file()
+        {
+            return Err(JournalError::io(
+                path,
+                std::io::Error::other("not a regular file"),
+            ));
+        }
         // A torn last line (crash mid-write) must not swallow the next record.
         let mut len = file
             .metadata()
@@ -164,30 +181,36 @@ pub fn rotated_path(path: &Path, n: u32) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Shifts `NAME` to `NAME.1`, `NAME.1` to `NAME.2`, ..., keeping `keep` rotated files.
-fn rotate_files(path: &Path, keep: u32) -> Result<(), JournalError> {
-    let io = |p: &Path, e| JournalError::io(p, e);
-    // Files beyond `keep` (also those left by a larger `keep` before) go.
-    let mut n = keep.max(1);
-    loop {
-        let p = rotated_path(path, n);
-        if !p.exists() {
-            break;
-        }
-        if n >= keep {
-            std::fs::remove_file(&p).map_err(|e| io(&p, e))?;
-        }
+/// The most rotated files a journal is looked for in (`NAME.1` ... `NAME.10000`).
+pub const MAX_ROTATED: u32 = 10_000;
+
+/// How many rotated files `NAME.1`, `NAME.2`, ... exist in a row (at most [`MAX_ROTATED`]).
+fn rotated_count(path: &Path) -> u32 {
+    let mut n = 0;
+    while n < MAX_ROTATED && rotated_path(path, n + 1).exists() {
         n += 1;
     }
+    n
+}
+
+/// Shifts `NAME` to `NAME.1`, `NAME.1` to `NAME.2`, ..., keeping `keep` rotated files. The
+/// work is one step per file that exists, whatever `keep` says.
+fn rotate_files(path: &Path, keep: u32) -> Result<(), JournalError> {
+    let io = |p: &Path, e| JournalError::io(p, e);
+    let have = rotated_count(path);
+    // Files beyond `keep` (also those left by a larger `keep` before) go.
+    for n in (keep.max(1)..=have).rev() {
+        let p = rotated_path(path, n);
+        std::fs::remove_file(&p).map_err(|e| io(&p, e))?;
+    }
+    let have = have.min(keep.saturating_sub(1));
     if keep == 0 {
         std::fs::remove_file(path).map_err(|e| io(path, e))?;
     } else {
-        for i in (1..keep).rev() {
+        for i in (1..=have).rev() {
             let from = rotated_path(path, i);
-            if from.exists() {
-                let to = rotated_path(path, i + 1);
-                std::fs::rename(&from, &to).map_err(|e| io(&from, e))?;
-            }
+            let to = rotated_path(path, i + 1);
+            std::fs::rename(&from, &to).map_err(|e| io(&from, e))?;
         }
         let to = rotated_path(path, 1);
         std::fs::rename(path, &to).map_err(|e| io(path, e))?;
@@ -203,11 +226,7 @@ fn rotate_files(path: &Path, keep: u32) -> Result<(), JournalError> {
 /// The files of a journal, oldest first: `NAME.n`, ..., `NAME.1`, `NAME` (those that exist).
 pub fn journal_files(path: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut n = 1;
-    while n <= 10_000 && rotated_path(path, n).exists() {
-        n += 1;
-    }
-    for i in (1..n).rev() {
+    for i in (1..=rotated_count(path)).rev() {
         out.push(rotated_path(path, i));
     }
     if path.exists() {
@@ -250,10 +269,23 @@ pub fn stream_jsonl<T: DeserializeOwned>(
     let mut total: u64 = 0;
     let mut buf = Vec::new();
     for path in files {
-        let file = match File::open(path) {
+        // Journals under state_dir are regular files; an input given to `policy simulate`
+        // (capped) may also be a pipe.
+        let kind = if max_bytes.is_some() {
+            crate::sys::limits::Kind::Stream
+        } else {
+            crate::sys::limits::Kind::Regular
+        };
+        let file = match crate::sys::limits::open_checked(path, kind, u64::MAX, "journal") {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(JournalError::io(path, e)),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => {
+                return Err(JournalError::Corrupt {
+                    path: path.clone(),
+                    line: 0,
+                    message: e.to_string(),
+                });
+            }
         };
         let mut reader = BufReader::new(file);
         let mut n = 0;
@@ -387,6 +419,11 @@ pub fn inputs_after(
     let mut last = 0;
     stream_jsonl::<JournaledInput>(&[path.to_path_buf()], None, |e| {
         if let Entry::Item(i) = e {
+            if i.seq > crate::engine::MAX_COUNTER {
+                // Not a number this journal wrote: a later input could never follow it.
+                tracing::warn!(path = %path.display(), seq = i.seq, "input with an out-of-range sequence number skipped");
+                return true;
+            }
             last = last.max(i.seq);
             if i.seq > applied && out.len() < max {
                 out.push(i);
@@ -427,19 +464,35 @@ pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
 }
 
 /// Reads `state.json`; `None` when there is none yet (first start).
+/// Anything that is not a readable state (not a regular file, over its cap, not UTF-8, not
+/// the state's JSON, a number out of range) is `Corrupt`, which the daemon sets aside.
 pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(JournalError::io(path, e)),
+    let corrupt = |line, message| JournalError::Corrupt {
+        path: path.to_path_buf(),
+        line,
+        message,
     };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| JournalError::Corrupt {
-            path: path.to_path_buf(),
-            line: e.line(),
-            message: format!("state file unreadable: {e}"),
-        })
+    let text = match crate::sys::limits::read_text(
+        path,
+        crate::sys::limits::MAX_STATE_BYTES,
+        "state file",
+    ) {
+        Ok(t) => t,
+        Err(e) if e.is_not_found() => {
+            // A dangling symlink reads as missing: that is no first start either.
+            if std::fs::symlink_metadata(path).is_ok() {
+                return Err(corrupt(0, format!("state file unreadable: {e}")));
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(corrupt(0, format!("state file unreadable: {e}"))),
+    };
+    let state: State = serde_json::from_str(&text)
+        .map_err(|e| corrupt(e.line(), format!("state file unreadable: {e}")))?;
+    state
+        .check_ranges()
+        .map_err(|why| corrupt(0, format!("state file out of range: {why}")))?;
+    Ok(Some(state))
 }
 
 /// A `state.json` that could not be read, moved out of the way.
@@ -454,12 +507,16 @@ pub struct SetAside {
 /// [`load_state`] for the daemon: an unreadable (corrupt) state file does not keep it from
 /// starting. The file is renamed `state.json.corrupt-<unix ms>` (kept for a post-mortem) and
 /// `None` is returned with what was done; the caller rebuilds from the journal
-/// ([`rebuild_from_journal`]). Errors are only those a restart cannot fix either (the folder
+/// ([`rebuild_from_journal`]). Anything but a file left at the state's temporary path (a
+/// directory a crashed tool left) is set aside too: the atomic write never deletes it, and
+/// every save would fail on it. Errors are only those a restart cannot fix either (the folder
 /// cannot be read or written).
 pub fn load_state_or_set_aside(
     path: &Path,
     now: crate::model::Timestamp,
 ) -> Result<(Option<State>, Option<SetAside>), JournalError> {
+    let tmp = crate::sys::fs::temp_path(path);
+    crate::sys::limits::set_aside_unless_regular(&tmp).map_err(|e| JournalError::io(&tmp, e))?;
     match load_state(path) {
         Ok(s) => Ok((s, None)),
         Err(JournalError::Corrupt { message, .. }) => {
@@ -562,9 +619,13 @@ pub fn take_requests(state_dir: &Path) -> Vec<OperatorRequest> {
     names.sort();
     let mut out = Vec::new();
     for p in names {
-        match std::fs::read(&p)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<OperatorRequest>(&b).ok())
+        match crate::sys::limits::read_text(
+            &p,
+            crate::sys::limits::MAX_REQUEST_BYTES,
+            "operator request",
+        )
+        .ok()
+        .and_then(|b| serde_json::from_str::<OperatorRequest>(&b).ok())
         {
             Some(r) => {
                 let _ = std::fs::remove_file(&p);
@@ -704,6 +765,28 @@ pub(crate) mod tests {
         // A batch is never split: nothing rotates while records wait for their commit.
         w.write(&rec(40)).unwrap();
         assert!(!w.rotate_if_due().unwrap());
+    }
+
+    #[test]
+    fn rotation_costs_one_step_per_file_whatever_keep_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("inputs.jsonl");
+        for keep in [u32::MAX, 3, 0] {
+            std::fs::write(&p, "{}\n").unwrap();
+            let started = std::time::Instant::now();
+            rotate_files(&p, keep).unwrap();
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{keep}"
+            );
+        }
+        // u32::MAX and 3 kept both rotations; 0 then removed every file.
+        assert!(journal_files(&p).is_empty(), "{:?}", journal_files(&p));
+        for _ in 0..5 {
+            std::fs::write(&p, "{}\n").unwrap();
+            rotate_files(&p, 3).unwrap();
+        }
+        assert_eq!(rotated_count(&p), 3);
     }
 
     #[test]

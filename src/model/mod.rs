@@ -18,6 +18,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod bounds;
+pub use bounds::{MAX_COMPOSED, MAX_ITEMS, MAX_NAME, MAX_TEXT, cut};
 mod evidence;
 pub use evidence::{EvidenceMode, EvidencePlan, EvidenceRef, MissingPart};
 pub mod planned;

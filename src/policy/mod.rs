@@ -4,6 +4,7 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod limits;
 pub mod planned;
 pub mod reboot;
 pub mod sxid_catalog;
@@ -344,16 +345,18 @@ fn de_deadline<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileRetry {
+    #[serde(default, deserialize_with = "limits::de_retry_attempts")]
     max_attempts: Option<u32>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "limits::de_retry_delay")]
     delay: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileMps {
+    #[serde(default, deserialize_with = "limits::de_mps_budget")]
     restart_budget: Option<u32>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "limits::de_mps_window")]
     restart_window: Option<Duration>,
     on_failed: Option<Spanned<Verdict>>,
 }
@@ -366,7 +369,7 @@ struct FileRule {
     xids: Option<Spanned<Vec<u32>>>,
     decode: Option<Spanned<Vec<XidDecode>>>,
     recovery: Option<Spanned<Vec<RecoveryAction>>>,
-    threshold: Option<u64>,
+    threshold: Option<Spanned<u64>>,
     action: Spanned<Verdict>,
     confirm: Option<Spanned<FileWindow>>,
     escalate: Option<Spanned<FileEscalation>>,
@@ -424,6 +427,7 @@ struct RuleLines {
     xids: usize,
     decode: usize,
     recovery: usize,
+    threshold: usize,
     action: usize,
     confirm: usize,
     escalate: usize,
@@ -496,6 +500,7 @@ fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
                     xids: r.xids.as_ref().map_or(0, |x| at(x.span())),
                     decode: r.decode.as_ref().map_or(0, |x| at(x.span())),
                     recovery: r.recovery.as_ref().map_or(0, |x| at(x.span())),
+                    threshold: r.threshold.as_ref().map_or(0, |x| at(x.span())),
                     action: at(r.action.span()),
                     confirm: r.confirm.as_ref().map_or(0, |x| at(x.span())),
                     escalate: r.escalate.as_ref().map_or(0, |x| at(x.span())),
@@ -640,206 +645,34 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
     };
     // A rule that silences a fatal signal must say so (`silences_fatal = true`): a typo or a
     // careless overlay must not turn a fallen-off GPU into a log line.
-    for (sig, rule) in policy.silenced_fatal_signals() {
-        let Some(r) = rule.filter(|r| !r.silences_fatal) else {
-            continue;
-        };
-        let rr = raw.rules.iter().find(|x| x.rule.name.get_ref() == &r.name);
-        return Err(FileError::new(
-            rr.map_or(path, |x| x.path.as_path()),
-            rr.map(|x| x.lines.action),
-            format!(
-                "rule `{}`: action `{}` silences `{sig}`, a fatal signal (NVIDIA: reset, reboot or replace); \
-                 add `silences_fatal = true` to the rule if that is intended",
-                r.name, r.action
-            ),
-        ));
-    }
+    check_fatal(path, &raw.rules, &policy)?;
     Ok(policy)
 }
 
+/// Checks every rule, one check per field, and builds them. The first mistake is the error,
+/// with the file and line of the key.
 fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
     let mut names = BTreeSet::new();
-    // (XID, decode class or None for "any decode") -> the rule that judges it.
-    let mut xid_owner: std::collections::BTreeMap<(u32, Option<XidDecode>), String> =
-        Default::default();
+    let mut xid_owner = XidOwners::default();
     let mut out: Vec<Rule> = Vec::with_capacity(raw.len());
     for rr in raw {
+        let name = check_name(rr, &mut names)?;
+        let signal = check_signal(rr)?;
+        check_lists(rr, signal)?;
+        claim_xids(rr, &mut xid_owner)?;
+        let confirm = check_confirm(rr)?;
+        let action = *rr.rule.action.get_ref();
+        let escalate = check_escalate(rr, action)?;
+        check_action_keys(rr, action, confirm.is_some() || escalate.is_some())?;
+        check_overlap(rr, signal, &out)?;
         let r = &rr.rule;
-        let err = |line: usize, msg: String| {
-            let name = r.name.get_ref();
-            FileError::new(&rr.path, Some(line), format!("rule `{name}`: {msg}"))
-        };
-        let name = r.name.get_ref().clone();
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-            return Err(err(
-                rr.lines.name,
-                "name must be non-empty kebab-case (letters, digits, -)".into(),
-            ));
-        }
-        if !names.insert(name.clone()) {
-            return Err(err(rr.lines.name, "name: defined twice".into()));
-        }
-        let signal = *r.signal.get_ref();
-        if matches!(
-            signal,
-            SignalKind::MpsUp
-                | SignalKind::Lifecycle
-                | SignalKind::SelfFault
-                | SignalKind::SelfRecovered
-        ) {
-            return Err(err(
-                rr.lines.signal,
-                format!(
-                    "signal: `{}` is handled by gpu-medic itself, not by rules",
-                    signal.as_str()
-                ),
-            ));
-        }
-        if r.xids.is_some() && signal != SignalKind::Xid {
-            return Err(err(rr.lines.xids, "xids: only for signal = \"xid\"".into()));
-        }
-        if let Some(d) = &r.decode {
-            if r.xids.is_none() {
-                return Err(err(
-                    rr.lines.decode,
-                    "decode: only for rules that name their xids".into(),
-                ));
-            }
-            if d.get_ref().is_empty() {
-                return Err(err(
-                    rr.lines.decode,
-                    "decode: empty list (omit the key to judge every decode)".into(),
-                ));
-            }
-        }
-        if r.recovery.is_some() && signal != SignalKind::RecoveryAction {
-            return Err(err(
-                rr.lines.recovery,
-                "recovery: only for signal = \"recovery-action\"".into(),
-            ));
-        }
-        if let Some(xids) = &r.xids {
-            if xids.get_ref().is_empty() {
-                return Err(err(
-                    rr.lines.xids,
-                    "xids: empty list (omit the key for the catch-all)".into(),
-                ));
-            }
-            let decodes: Vec<Option<XidDecode>> = match &r.decode {
-                Some(d) => d.get_ref().iter().copied().map(Some).collect(),
-                None => vec![None],
-            };
-            for x in xids.get_ref() {
-                for d in &decodes {
-                    if let Some(owner) = xid_owner.insert((*x, *d), name.clone()) {
-                        let what = match d {
-                            Some(d) => format!("XID {x} decoded `{}`", d.as_str()),
-                            None => format!("XID {x}"),
-                        };
-                        return Err(err(
-                            rr.lines.xids,
-                            format!("xids: {what} is already judged by rule `{owner}`"),
-                        ));
-                    }
-                }
-            }
-        }
-        let confirm = match &r.confirm {
-            Some(c) => {
-                let c = c.get_ref();
-                if c.count == 0 || c.window.is_zero() {
-                    return Err(err(
-                        rr.lines.confirm,
-                        "confirm: count and window must be > 0".into(),
-                    ));
-                }
-                Some(Window {
-                    count: c.count,
-                    window: c.window,
-                })
-            }
-            None => None,
-        };
-        let action = *r.action.get_ref();
-        let escalate = match &r.escalate {
-            Some(e) => {
-                let e = e.get_ref();
-                if e.count < 2 || e.window.is_zero() {
-                    return Err(err(
-                        rr.lines.escalate,
-                        "escalate: count must be >= 2 and window > 0".into(),
-                    ));
-                }
-                if e.action <= action {
-                    return Err(err(
-                        rr.lines.escalate,
-                        format!(
-                            "escalate: action `{}` is not more severe than `{}`",
-                            e.action, action
-                        ),
-                    ));
-                }
-                Some(Escalation {
-                    count: e.count,
-                    window: e.window,
-                    action: e.action,
-                })
-            }
-            None => None,
-        };
-        if r.reboots.is_some() && action != Verdict::Reboot {
-            return Err(err(
-                rr.lines.action,
-                "reboots: only for rules whose action is `reboot`".into(),
-            ));
-        }
-        if r.evidence.is_some() && action < Verdict::Drain {
-            return Err(err(
-                rr.lines.action,
-                "evidence: only for rules whose action is `drain`, `reboot` or `replace` (the remediations that collect it)".into(),
-            ));
-        }
-        if action == Verdict::Ignore && (confirm.is_some() || escalate.is_some()) {
-            return Err(err(
-                rr.lines.action,
-                "action `ignore` drops the signal; confirm/escalate would never count it".into(),
-            ));
-        }
-        // Two rules for the same non-XID signal must differ (threshold or recovery list).
-        for prev in &out {
-            if prev.signal != signal {
-                continue;
-            }
-            let clash = match signal {
-                SignalKind::Xid => prev.xids.is_none() && r.xids.is_none(),
-                SignalKind::RecoveryAction => {
-                    let theirs = prev.recovery.clone().unwrap_or_default();
-                    match &r.recovery {
-                        None => prev.recovery.is_none(),
-                        Some(list) => list.get_ref().iter().any(|a| theirs.contains(a)),
-                    }
-                }
-                _ => prev.threshold.unwrap_or(0) == r.threshold.unwrap_or(0),
-            };
-            if clash {
-                return Err(err(
-                    rr.lines.signal,
-                    format!(
-                        "overlaps rule `{}` (same signal `{}`); give them different xids, recovery lists or thresholds",
-                        prev.name,
-                        signal.as_str()
-                    ),
-                ));
-            }
-        }
         out.push(Rule {
             name,
             signal,
             xids: r.xids.as_ref().map(|x| x.get_ref().clone()),
             decode: r.decode.as_ref().map(|x| x.get_ref().clone()),
             recovery: r.recovery.as_ref().map(|x| x.get_ref().clone()),
-            threshold: r.threshold,
+            threshold: r.threshold.as_ref().map(|t| *t.get_ref()),
             action,
             confirm,
             escalate,
@@ -852,6 +685,279 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
         });
     }
     Ok(out)
+}
+
+/// (XID, decode class or None for "any decode") -> the rule that judges it.
+type XidOwners = std::collections::BTreeMap<(u32, Option<XidDecode>), String>;
+
+/// An error about `rr` at `line`, naming the rule.
+fn rule_err(rr: &RawRule, line: usize, msg: impl std::fmt::Display) -> FileError {
+    let name = rr.rule.name.get_ref();
+    FileError::new(&rr.path, Some(line), format!("rule `{name}`: {msg}"))
+}
+
+fn check_name(rr: &RawRule, names: &mut BTreeSet<String>) -> Result<String, FileError> {
+    let name = rr.rule.name.get_ref().clone();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(rule_err(
+            rr,
+            rr.lines.name,
+            "name must be non-empty kebab-case (letters, digits, -)",
+        ));
+    }
+    if !names.insert(name.clone()) {
+        return Err(rule_err(rr, rr.lines.name, "name: defined twice"));
+    }
+    Ok(name)
+}
+
+fn check_signal(rr: &RawRule) -> Result<SignalKind, FileError> {
+    let signal = *rr.rule.signal.get_ref();
+    if matches!(
+        signal,
+        SignalKind::MpsUp
+            | SignalKind::Lifecycle
+            | SignalKind::SelfFault
+            | SignalKind::SelfRecovered
+    ) {
+        return Err(rule_err(
+            rr,
+            rr.lines.signal,
+            format!(
+                "signal: `{}` is handled by gpu-medic itself, not by rules",
+                signal.as_str()
+            ),
+        ));
+    }
+    Ok(signal)
+}
+
+/// `xids`, `decode` and `recovery`: each only where it means something, never empty.
+fn check_lists(rr: &RawRule, signal: SignalKind) -> Result<(), FileError> {
+    let r = &rr.rule;
+    if r.xids.is_some() && signal != SignalKind::Xid {
+        return Err(rule_err(
+            rr,
+            rr.lines.xids,
+            "xids: only for signal = \"xid\"",
+        ));
+    }
+    if let Some(d) = &r.decode {
+        if r.xids.is_none() {
+            return Err(rule_err(
+                rr,
+                rr.lines.decode,
+                "decode: only for rules that name their xids",
+            ));
+        }
+        if d.get_ref().is_empty() {
+            return Err(rule_err(
+                rr,
+                rr.lines.decode,
+                "decode: empty list (omit the key to judge every decode)",
+            ));
+        }
+    }
+    if r.recovery.is_some() && signal != SignalKind::RecoveryAction {
+        return Err(rule_err(
+            rr,
+            rr.lines.recovery,
+            "recovery: only for signal = \"recovery-action\"",
+        ));
+    }
+    if r.xids.as_ref().is_some_and(|x| x.get_ref().is_empty()) {
+        return Err(rule_err(
+            rr,
+            rr.lines.xids,
+            "xids: empty list (omit the key for the catch-all)",
+        ));
+    }
+    Ok(())
+}
+
+/// Each (XID, decode class) is judged by one rule only.
+fn claim_xids(rr: &RawRule, owners: &mut XidOwners) -> Result<(), FileError> {
+    let r = &rr.rule;
+    let Some(xids) = &r.xids else {
+        return Ok(());
+    };
+    let decodes: Vec<Option<XidDecode>> = match &r.decode {
+        Some(d) => d.get_ref().iter().copied().map(Some).collect(),
+        None => vec![None],
+    };
+    for x in xids.get_ref() {
+        for d in &decodes {
+            if let Some(owner) = owners.insert((*x, *d), r.name.get_ref().clone()) {
+                let what = match d {
+                    Some(d) => format!("XID {x} decoded `{}`", d.as_str()),
+                    None => format!("XID {x}"),
+                };
+                return Err(rule_err(
+                    rr,
+                    rr.lines.xids,
+                    format!("xids: {what} is already judged by rule `{owner}`"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_confirm(rr: &RawRule) -> Result<Option<Window>, FileError> {
+    let Some(c) = &rr.rule.confirm else {
+        return Ok(None);
+    };
+    let c = c.get_ref();
+    if c.count == 0 || c.window.is_zero() {
+        return Err(rule_err(
+            rr,
+            rr.lines.confirm,
+            "confirm: count and window must be > 0",
+        ));
+    }
+    limits::check_window("confirm", c.window).map_err(|m| rule_err(rr, rr.lines.confirm, m))?;
+    Ok(Some(Window {
+        count: c.count,
+        window: c.window,
+    }))
+}
+
+fn check_escalate(rr: &RawRule, action: Verdict) -> Result<Option<Escalation>, FileError> {
+    let Some(e) = &rr.rule.escalate else {
+        return Ok(None);
+    };
+    let e = e.get_ref();
+    if e.count < 2 || e.window.is_zero() {
+        return Err(rule_err(
+            rr,
+            rr.lines.escalate,
+            "escalate: count must be >= 2 and window > 0",
+        ));
+    }
+    limits::check_window("escalate", e.window).map_err(|m| rule_err(rr, rr.lines.escalate, m))?;
+    if e.action <= action {
+        return Err(rule_err(
+            rr,
+            rr.lines.escalate,
+            format!(
+                "escalate: action `{}` is not more severe than `{}`",
+                e.action, action
+            ),
+        ));
+    }
+    Ok(Some(Escalation {
+        count: e.count,
+        window: e.window,
+        action: e.action,
+    }))
+}
+
+/// Keys that only some actions take (`reboots`, `evidence`, windows on `ignore`).
+fn check_action_keys(rr: &RawRule, action: Verdict, windows: bool) -> Result<(), FileError> {
+    let r = &rr.rule;
+    if r.reboots.is_some() && action != Verdict::Reboot {
+        return Err(rule_err(
+            rr,
+            rr.lines.action,
+            "reboots: only for rules whose action is `reboot`",
+        ));
+    }
+    if r.evidence.is_some() && action < Verdict::Drain {
+        return Err(rule_err(
+            rr,
+            rr.lines.action,
+            "evidence: only for rules whose action is `drain`, `reboot` or `replace` (the remediations that collect it)",
+        ));
+    }
+    if action == Verdict::Ignore && windows {
+        return Err(rule_err(
+            rr,
+            rr.lines.action,
+            "action `ignore` drops the signal; confirm/escalate would never count it",
+        ));
+    }
+    Ok(())
+}
+
+/// Two rules for the same non-XID signal must differ (threshold or recovery list).
+fn check_overlap(rr: &RawRule, signal: SignalKind, before: &[Rule]) -> Result<(), FileError> {
+    let r = &rr.rule;
+    let threshold = r.threshold.as_ref().map_or(0, |t| *t.get_ref());
+    for prev in before.iter().filter(|p| p.signal == signal) {
+        let clash = match signal {
+            SignalKind::Xid => prev.xids.is_none() && r.xids.is_none(),
+            SignalKind::RecoveryAction => {
+                let theirs = prev.recovery.clone().unwrap_or_default();
+                match &r.recovery {
+                    None => prev.recovery.is_none(),
+                    Some(list) => list.get_ref().iter().any(|a| theirs.contains(a)),
+                }
+            }
+            _ => prev.threshold.unwrap_or(0) == threshold,
+        };
+        if clash {
+            return Err(rule_err(
+                rr,
+                rr.lines.signal,
+                format!(
+                    "overlaps rule `{}` (same signal `{}`); give them different xids, recovery lists or thresholds",
+                    prev.name,
+                    signal.as_str()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// No rule may silence a fatal signal unless it says `silences_fatal = true`: by judging it
+/// `ignore` or `log`, by a threshold that leaves it unjudged at its lowest reading, or by a
+/// confirm, escalation or threshold that can never be reached (`limits`).
+fn check_fatal(path: &Path, raw: &[RawRule], policy: &Policy) -> Result<(), FileError> {
+    let raw_of = |name: &str| raw.iter().find(|x| x.rule.name.get_ref() == name);
+    let at = |name: &str, line: fn(&RuleLines) -> usize, msg: String| match raw_of(name) {
+        Some(rr) => rule_err(rr, line(&rr.lines), msg),
+        None => FileError::new(path, None, format!("rule `{name}`: {msg}")),
+    };
+    const OPT_IN: &str = "add `silences_fatal = true` to the rule if that is intended";
+    for (sig, rule) in policy.silenced_fatal_signals() {
+        if let Some(r) = rule.filter(|r| !r.silences_fatal) {
+            return Err(at(
+                &r.name,
+                |l| l.action,
+                format!(
+                    "action `{}` silences `{sig}`, a fatal signal (NVIDIA: reset, reboot or replace); {OPT_IN}",
+                    r.action
+                ),
+            ));
+        }
+    }
+    if let Some((sig, r)) = limits::fatal_below_threshold(policy).into_iter().next() {
+        return Err(at(
+            &r.name,
+            |l| l.threshold,
+            format!(
+                "threshold: `{sig}` below {} is judged by no rule, and it is a fatal signal (it is reported at 0); {OPT_IN}",
+                r.threshold.unwrap_or(0)
+            ),
+        ));
+    }
+    for r in &policy.rules {
+        let (line, msg): (fn(&RuleLines) -> usize, String) = match limits::silencer(policy, r) {
+            None => continue,
+            Some(limits::Silencer::Confirm(m)) => (|l| l.confirm, m),
+            Some(limits::Silencer::Escalate(m)) => (|l| l.escalate, m),
+            Some(limits::Silencer::Threshold(m)) => (|l| l.threshold, m),
+        };
+        return Err(at(
+            &r.name,
+            line,
+            format!(
+                "{msg}, and it takes the node out of service or judges a fatal signal; {OPT_IN}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! NVML's XID event carries only the code, so the event watcher holds an NVLink5 XID for up to
 //! [`TEXT_WAIT`] until this reader brings its line.
 
-use std::io::{BufRead, BufReader, Seek};
+use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -195,96 +195,147 @@ pub struct KmsgReader {
 /// At most this many dropped duplicates are remembered across a restart.
 const MAX_SKIPPED: usize = 256;
 
-/// Whether `path` can be the kernel log: a character device (`/dev/kmsg`) or a regular file
-/// (a copied log, tests). A FIFO, socket, block device or directory is refused with the
-/// reason; a missing path is accepted (the reader warns and XIDs come from NVML events).
+/// Whether `path` can be the kernel log: the kernel log device (`/dev/kmsg`, character
+/// device 1:11) or a regular file (a copied log, tests). Anything else (a FIFO, a socket, a
+/// directory, another character device such as `/dev/zero` or `/dev/urandom`, which never
+/// end) is refused with the reason; a missing path is accepted (the reader warns and XIDs
+/// come from NVML events).
 pub fn check_path(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::FileTypeExt;
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("[nvml] kmsg {}: {e}", path.display())),
-    };
-    let ft = meta.file_type();
-    if ft.is_char_device() || ft.is_file() {
-        return Ok(());
-    }
-    let what = if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else {
-        "not a plain file"
-    };
-    Err(format!(
-        "[nvml] kmsg {} is {what}: give the kernel log device (/dev/kmsg) or a regular file, or \"\" to turn it off",
-        path.display()
-    ))
+    crate::sys::limits::check_path_kind(path, crate::sys::limits::Kind::RegularOrKmsg).map_err(
+        |why| {
+            format!(
+                "[nvml] kmsg {} {why}: give the kernel log device (/dev/kmsg) or a regular file, or \"\" to turn it off",
+                path.display()
+            )
+        },
+    )
 }
 
-/// Where a line came from: its stream and position, for the cursor.
+/// Where a line came from: its stream and position, for the cursor. In a regular file the
+/// position is the line's end offset, whatever the line says (a sequence number written in a
+/// file is text, not the kernel's count). From the kernel log device it is the record's
+/// sequence number, which the kernel raises by one per record: one that does not move past
+/// the last one read (`last_seq`), or that could not be passed (`u64::MAX`), is not a
+/// position, and the record is journaled without one rather than hiding every later record.
 fn position(
-    x: &KernelXid,
+    seq: u64,
     boot: &str,
     file: Option<&(u64, u64)>,
     end: u64,
+    last_seq: &mut u64,
 ) -> Option<(StreamId, u64)> {
-    if x.seq != 0 {
-        return Some((StreamId::kmsg(boot), x.seq));
+    if let Some((dev, ino)) = file {
+        return Some((StreamId::kmsg_file(*dev, *ino), end));
     }
-    // A plain text line has no sequence number; in a regular file its end offset is one.
-    file.map(|(dev, ino)| (StreamId::kmsg_file(*dev, *ino), end))
+    if seq == 0 {
+        return None;
+    }
+    if seq == u64::MAX || seq <= *last_seq {
+        tracing::warn!(
+            probe = "kmsg",
+            seq,
+            last = *last_seq,
+            "kernel log record with a sequence number that does not advance; journaled without a position"
+        );
+        return None;
+    }
+    *last_seq = seq;
+    Some((StreamId::kmsg(boot), seq))
 }
 
 struct Cursors {
     committed: Resume,
+    /// Records dropped as duplicates of NVML events, oldest first, and the same as a set:
+    /// each record is looked up by its own position, in constant time.
     skipped: std::collections::VecDeque<(StreamId, u64)>,
+    skipped_set: std::collections::HashSet<(StreamId, u64)>,
     skip_file: PathBuf,
+    /// Skips not yet saved, and when they were last saved: a storm of duplicates costs one
+    /// write of the cursor file per [`SKIP_SAVE_EVERY`], not one per record.
+    unsaved: bool,
+    saved_at: std::time::Instant,
+    /// The last kernel sequence number read (see [`position`]).
+    last_seq: u64,
 }
+
+impl Drop for Cursors {
+    fn drop(&mut self) {
+        self.save();
+    }
+}
+
+/// How often dropped duplicates are saved while a storm lasts (and whenever the log is idle).
+const SKIP_SAVE_EVERY: Duration = Duration::from_millis(250);
 
 impl Cursors {
     fn load(cursor_file: &Path, committed: Resume) -> Cursors {
-        let mut skipped = std::collections::VecDeque::new();
+        let mut c = Cursors {
+            committed,
+            skipped: std::collections::VecDeque::new(),
+            skipped_set: std::collections::HashSet::new(),
+            skip_file: cursor_file.to_path_buf(),
+            unsaved: false,
+            saved_at: std::time::Instant::now(),
+            last_seq: 0,
+        };
         if let Ok(text) = crate::sys::limits::read_text(cursor_file, 64 * 1024, "kmsg cursor") {
             for line in text.lines() {
                 if let Some((stream, pos)) = line.rsplit_once(' ')
                     && let Ok(pos) = pos.parse()
-                    && skipped.len() < MAX_SKIPPED
+                    && c.skipped.len() < MAX_SKIPPED
                 {
-                    skipped.push_back((StreamId::from(stream), pos));
+                    c.remember((StreamId::from(stream), pos));
                 }
             }
         }
-        Cursors {
-            committed,
-            skipped,
-            skip_file: cursor_file.to_path_buf(),
-        }
+        c
     }
 
     fn seen(&self, stream: &StreamId, pos: u64) -> bool {
-        self.committed.seen(stream, pos)
-            || self.skipped.iter().any(|(s, p)| s == stream && *p == pos)
+        self.committed.seen(stream, pos) || self.skipped_set.contains(&(stream.clone(), pos))
+    }
+
+    fn remember(&mut self, at: (StreamId, u64)) {
+        if !self.skipped_set.insert(at.clone()) {
+            return;
+        }
+        if self.skipped.len() >= MAX_SKIPPED
+            && let Some(old) = self.skipped.pop_front()
+        {
+            self.skipped_set.remove(&old);
+        }
+        self.skipped.push_back(at);
     }
 
     fn skip(&mut self, stream: StreamId, pos: u64) {
-        if self.skipped.len() >= MAX_SKIPPED {
-            self.skipped.pop_front();
+        self.remember((stream, pos));
+        self.unsaved = true;
+        if self.saved_at.elapsed() >= SKIP_SAVE_EVERY {
+            self.save();
         }
-        self.skipped.push_back((stream, pos));
+    }
+
+    /// Writes the dropped duplicates out if some are not saved yet.
+    fn save(&mut self) {
+        if !self.unsaved {
+            return;
+        }
+        self.unsaved = false;
+        self.saved_at = std::time::Instant::now();
         let body: String = self
             .skipped
             .iter()
             .map(|(s, p)| format!("{s} {p}\n"))
             .collect();
-        let tmp = self.skip_file.with_extension("tmp");
-        if std::fs::write(&tmp, body)
-            .and_then(|_| std::fs::rename(&tmp, &self.skip_file))
-            .is_err()
+        // Atomic, not durable: on /dev/kmsg a power loss starts a new boot whose positions
+        // these never match; a lost update on a file only lets an XID NVML reported be
+        // reported once more.
+        if crate::sys::fs::write_atomic(
+            &self.skip_file,
+            body.as_bytes(),
+            crate::sys::fs::Durability::Atomic,
+        )
+        .is_err()
         {
             tracing::warn!(probe = "kmsg", path = %self.skip_file.display(), "cannot save the kmsg cursor file");
         }
@@ -301,7 +352,12 @@ impl KmsgReader {
             tracing::error!(probe = "kmsg", path = %self.path.display(), "{why}; XIDs come from NVML events only");
             return;
         }
-        let file = match std::fs::File::open(&self.path) {
+        let file = match crate::sys::limits::open_checked(
+            &self.path,
+            crate::sys::limits::Kind::RegularOrKmsg,
+            u64::MAX,
+            "kernel log",
+        ) {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(probe = "kmsg", path = %self.path.display(), "cannot read the kernel log ({e}); XIDs come from NVML events only");
@@ -382,7 +438,7 @@ impl KmsgReader {
                     tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
                     return;
                 }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => cursors.save(),
                 Err(_) => return,
             }
         }
@@ -404,7 +460,10 @@ impl KmsgReader {
         let mut offset: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
             match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
-                Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+                Ok(None) => {
+                    cursors.save();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 Ok(Some(crate::sys::lines::CappedLine::Text {
                     text,
                     complete: true,
@@ -456,7 +515,7 @@ impl KmsgReader {
         let Some(x) = parse_line(line) else {
             return;
         };
-        let at = position(&x, boot, file, end);
+        let at = position(x.seq, boot, file, end, &mut cursors.last_seq);
         if let Some((stream, pos)) = &at
             && cursors.seen(stream, *pos)
         {
@@ -514,11 +573,7 @@ impl KmsgReader {
         end: u64,
         cursors: &mut Cursors,
     ) {
-        let at = if sx.seq != 0 {
-            Some((StreamId::kmsg(boot), sx.seq))
-        } else {
-            file.map(|(dev, ino)| (StreamId::kmsg_file(*dev, *ino), end))
-        };
+        let at = position(sx.seq, boot, file, end, &mut cursors.last_seq);
         if let Some((stream, pos)) = &at
             && cursors.seen(stream, *pos)
         {
@@ -537,23 +592,41 @@ impl KmsgReader {
 /// Every XID the kernel log still holds (since boot, as far as the ring buffer reaches), for
 /// one-shot checks. `/dev/kmsg` is read without blocking: it stops at the end of the buffer.
 pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
+    use std::os::unix::io::AsRawFd;
+    let file = crate::sys::limits::open_checked(
+        path,
+        crate::sys::limits::Kind::RegularOrKmsg,
+        u64::MAX,
+        "kernel log",
+    )
+    .map_err(|e| match e {
+        crate::sys::limits::ReadError::Io { source, .. } => source,
+        other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+    })?;
+    // SAFETY: F_GETFL/F_SETFL on the descriptor just opened; no memory is passed.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+    }
     let mut r = BufReader::new(file);
     let mut out = Vec::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match r.read_line(&mut line) {
-            Ok(0) => break,
-            Ok(_) => out.extend(parse_line(&line)),
+    let mut buf = Vec::new();
+    let cap = crate::sys::limits::MAX_KMSG_LINE;
+    let mut read: u64 = 0;
+    while read < crate::sys::limits::MAX_KMSG_SCAN {
+        match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, 2 * cap as u64) {
+            Ok(None) => break,
+            Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
+                read += text.len() as u64 + 1;
+                out.extend(parse_line(&text));
+            }
+            Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => read += len as u64,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             // EPIPE: records were overwritten while we read; the next read goes on.
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => continue,
             Err(e) => return Err(e),
         }
     }

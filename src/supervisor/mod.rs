@@ -379,7 +379,14 @@ struct Batch {
 }
 
 impl Batch {
-    fn into_inputs(self, policy: &Policy) -> Vec<Input> {
+    /// The inputs in stepping order, and the observations' stream positions in arrival
+    /// order (see [`Keeper::handle_batch`]).
+    fn into_inputs(self, policy: &Policy) -> (Vec<Input>, Vec<crate::model::Cursor>) {
+        let arrived: Vec<crate::model::Cursor> = self
+            .observations
+            .iter()
+            .filter_map(|o| o.cursor.clone())
+            .collect();
         let (first, rest): (Vec<Observation>, Vec<Observation>) = self
             .observations
             .into_iter()
@@ -387,7 +394,7 @@ impl Batch {
         let started = self
             .started
             .map(|capabilities| Input::Started { capabilities });
-        started
+        let inputs = started
             .into_iter()
             .chain(self.boot.map(|id| Input::Boot { id }))
             .chain(self.requests.into_iter().map(Input::Operator))
@@ -395,7 +402,8 @@ impl Batch {
             .chain(rest.into_iter().map(Input::Observation))
             .chain(self.outcomes.into_iter().map(Input::Outcome))
             .chain(self.tick.then_some(Input::Tick))
-            .collect()
+            .collect();
+        (inputs, arrived)
     }
 }
 
@@ -470,20 +478,31 @@ impl Keeper {
     /// Steps every input of a batch, then commits: the inputs (one fsync), the incident
     /// records (one fsync), the state (one atomic write), and only then hands out the orders.
     /// A source's cursor moves with the state, so a restart reads again exactly what did not
-    /// reach the journal. An observation at or before its source's cursor is a duplicate and
-    /// is dropped.
+    /// reach the journal. An observation at or before its source's cursor *as the batch
+    /// began* is a duplicate (read again after a restart) and is dropped, and so is a second
+    /// copy of one record within the batch: each record is judged by its own position, never
+    /// by its neighbours'. Fatal signals are stepped first, but the cursors move only after
+    /// the whole batch is stepped, in arrival order: a batch holds every record of a stream
+    /// between its first and its last (a source hands them over in order), so the cursor
+    /// never passes a record that is not in this commit.
     fn handle_batch(&mut self, batch: Batch) -> Result<Vec<Order>, SupervisorError> {
         self.inputs.rotate_if_due()?;
         self.incidents.rotate_if_due()?;
         let mut orders = Vec::new();
         let mut dirty = false;
-        for input in batch.into_inputs(&self.policy) {
+        let (inputs, arrived) = batch.into_inputs(&self.policy);
+        let mut in_batch: std::collections::HashSet<(crate::model::StreamId, u64)> =
+            std::collections::HashSet::new();
+        for mut input in inputs {
+            input.bound();
             let cursor = match &input {
                 Input::Observation(o) => o.cursor.clone(),
                 _ => None,
             };
             if let Some(c) = &cursor
-                && self.state.delivery.seen_cursor(c)
+                && c.token.is_none()
+                && (self.state.delivery.seen_cursor(c)
+                    || !in_batch.insert((c.stream.clone(), c.pos)))
             {
                 tracing::debug!(stream = %c.stream, pos = c.pos, "duplicate after restart dropped");
                 continue;
@@ -502,7 +521,7 @@ impl Keeper {
             // recorded: the engine is a pure function of state and input, so leaving it out of
             // inputs.jsonl changes no replay.
             if !actions.is_empty() || state != self.state {
-                self.seq += 1;
+                self.seq = next_seq(self.seq, self.inputs.path())?;
                 self.inputs.write(&journal::JournaledInput {
                     seq: self.seq,
                     stamped: StampedInput { at: now, input },
@@ -510,20 +529,24 @@ impl Keeper {
                 state.delivery.applied = self.seq;
                 dirty = true;
             }
-            if let Some(c) = cursor {
-                state.delivery.advance_cursor(&c, now);
-                dirty = true;
-            }
             self.state = state;
             for action in actions {
                 match action {
-                    Action::Log(record) => {
+                    Action::Log(mut record) => {
+                        record.bound();
                         trace_record(&record);
                         self.incidents.write(&record)?;
                     }
                     Action::Execute(order) => orders.push(order),
                 }
             }
+        }
+        if !arrived.is_empty() {
+            let now = Timestamp(self.clock.now_ms());
+            for c in &arrived {
+                self.state.delivery.advance_cursor(c, now);
+            }
+            dirty = true;
         }
         if dirty {
             self.inputs.commit()?;
@@ -533,6 +556,19 @@ impl Keeper {
         }
         Ok(orders)
     }
+}
+
+/// The sequence number after `seq`. Numbers read back are range-checked (at most
+/// `engine::MAX_COUNTER`, far beyond any journal's life); one that cannot advance is a
+/// refusal naming the journal, never a wrap or a repeat.
+fn next_seq(seq: u64, inputs: &std::path::Path) -> Result<u64, crate::sys::error::JournalError> {
+    seq.checked_add(1)
+        .filter(|n| *n <= engine::MAX_COUNTER)
+        .ok_or_else(|| crate::sys::error::JournalError::Corrupt {
+            path: inputs.to_path_buf(),
+            line: 0,
+            message: format!("input sequence number {seq} cannot advance"),
+        })
 }
 
 /// A finding about a GPU or the node's GPUs ([`Policy::is_gpu_finding`]), not raised by the
@@ -771,6 +807,7 @@ mod tests {
         };
         let order: Vec<String> = batch
             .into_inputs(&policy)
+            .0
             .into_iter()
             .map(|i| match i {
                 Input::Observation(o) => o.signal.to_string(),

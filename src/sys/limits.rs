@@ -28,6 +28,151 @@ pub const MAX_GPU_MEMORY_HISTORY_READ: u64 = 2 * MAX_GPU_MEMORY_HISTORY;
 /// One line of the GPU memory history; a longer one is not a row.
 pub const MAX_GPU_MEMORY_HISTORY_LINE: usize = 4 * 1024;
 
+/// One operator request file (`state_dir/requests/*.json`).
+pub const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+/// The kernel log as `check` reads it once (the ring buffer is at most a few MiB).
+pub const MAX_KMSG_SCAN: u64 = 64 * 1024 * 1024;
+
+/// What a path must be before gpu-medic reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file (a symlink to one is followed).
+    Regular,
+    /// A regular file, or the kernel log device (`/dev/kmsg`, character device 1:11).
+    RegularOrKmsg,
+    /// A regular file, a FIFO or a character device: a stream the reader caps by itself
+    /// (`policy simulate`'s input may come from a pipe).
+    Stream,
+}
+
+/// Major and minor number of `/dev/kmsg` (Linux `Documentation/admin-guide/devices.txt`).
+pub const KMSG_DEVICE: (u32, u32) = (1, 11);
+
+/// What a file type is, in words, for messages.
+pub fn kind_name(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_file() {
+        "a regular file"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a plain file"
+    }
+}
+
+/// Whether an open file is what `kind` asks for; the reason when not.
+fn check_kind(meta: &std::fs::Metadata, kind: Kind) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let ft = meta.file_type();
+    let ok = match kind {
+        Kind::Regular => ft.is_file(),
+        Kind::RegularOrKmsg => {
+            ft.is_file()
+                || (ft.is_char_device()
+                    && (libc::major(meta.rdev()), libc::minor(meta.rdev())) == KMSG_DEVICE)
+        }
+        Kind::Stream => ft.is_file() || ft.is_fifo() || ft.is_char_device(),
+    };
+    if ok {
+        return Ok(());
+    }
+    let want = match kind {
+        Kind::Regular => "a regular file",
+        Kind::RegularOrKmsg => "a regular file or the kernel log device (/dev/kmsg)",
+        Kind::Stream => "a regular file, a pipe or a character device",
+    };
+    let is = if ft.is_char_device() {
+        format!(
+            "character device {}:{}",
+            libc::major(meta.rdev()),
+            libc::minor(meta.rdev())
+        )
+    } else {
+        kind_name(ft).to_string()
+    };
+    Err(format!("is {is}, not {want}"))
+}
+
+/// Opens `path` for reading without blocking (a FIFO without a writer would wait forever),
+/// and checks it is what `kind` asks for and, for a regular file, at most `limit` bytes,
+/// before anything is read. The file is handed back in blocking mode.
+pub fn open_checked(
+    path: &Path,
+    kind: Kind,
+    limit: u64,
+    what: &'static str,
+) -> Result<std::fs::File, ReadError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|source| ReadError::Io { what, source })?;
+    let meta = file
+        .metadata()
+        .map_err(|source| ReadError::Io { what, source })?;
+    check_kind(&meta, kind).map_err(|why| ReadError::NotAFile { what, why })?;
+    if meta.is_file() && meta.len() > limit {
+        return Err(ReadError::TooLarge { what, limit });
+    }
+    // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns; no memory is passed.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
+/// Whether `path` names what `kind` asks for, following symlinks, without opening it (for
+/// paths handed to a library that opens them itself: `dlopen` of a FIFO would hang). A
+/// missing path is `Ok` (the library reports it).
+pub fn check_path_kind(path: &Path, kind: Kind) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(m) => check_kind(&m, kind),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Moves whatever is at `path` out of the way when it is not a regular file (a directory, a
+/// FIFO, a device, a symlink to one of those, a dangling or looping symlink, left where
+/// gpu-medic keeps its own file), as `NAME.bad-<unix ms>`; returns where it went. A missing
+/// path, a regular file or a symlink to one (as [`Kind::Regular`] follows it) stays.
+pub fn set_aside_unless_regular(path: &Path) -> std::io::Result<Option<std::path::PathBuf>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => Ok(None),
+        Ok(m)
+            if m.file_type().is_symlink() && std::fs::metadata(path).is_ok_and(|t| t.is_file()) =>
+        {
+            Ok(None)
+        }
+        Ok(m) => {
+            let mut name = path.as_os_str().to_os_string();
+            name.push(format!(".bad-{}", crate::model::Timestamp::now().0));
+            let to = std::path::PathBuf::from(name);
+            std::fs::rename(path, &to)?;
+            tracing::error!(path = %path.display(), moved_to = %to.display(), "{} was {}; set aside", path.display(), kind_name(m.file_type()));
+            Ok(Some(to))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Why a capped read failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -41,11 +186,15 @@ pub enum ReadError {
     TooLarge { what: &'static str, limit: u64 },
     #[error("{what} is not UTF-8 text (invalid byte at offset {offset})")]
     NotText { what: &'static str, offset: usize },
-    #[error("{what} is a {kind}, not a file (is this the right path?)")]
-    NotAFile {
-        what: &'static str,
-        kind: &'static str,
-    },
+    #[error("{what} {why}")]
+    NotAFile { what: &'static str, why: String },
+}
+
+impl ReadError {
+    /// Whether the path holds nothing (a first start), as opposed to something unreadable.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ReadError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
 }
 
 /// A kernel boot id (`/proc/sys/kernel/random/boot_id`) is a 36-character UUID.
@@ -63,33 +212,12 @@ pub fn read_boot_id(path: &Path) -> Result<String, String> {
     Ok(id.to_string())
 }
 
-/// Reads a whole text file of at most `limit` bytes. A bigger file (or an endless device)
-/// is refused after reading `limit + 1` bytes.
-/// A FIFO, a socket or a directory is refused without blocking (the open does not wait for
-/// a writer); a device is read up to the cap like a file.
+/// Reads a whole text file of at most `limit` bytes. Anything but a regular file (a FIFO, a
+/// socket, a directory, a device such as `/dev/zero`) is refused without blocking, by
+/// [`open_checked`]; a file that grows past the cap while read is refused after
+/// `limit + 1` bytes.
 pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|source| ReadError::Io { what, source })?;
-    let kind = file
-        .metadata()
-        .map_err(|source| ReadError::Io { what, source })?
-        .file_type();
-    let refused = if kind.is_fifo() {
-        Some("FIFO")
-    } else if kind.is_socket() {
-        Some("socket")
-    } else if kind.is_dir() {
-        Some("directory")
-    } else {
-        None
-    };
-    if let Some(kind) = refused {
-        return Err(ReadError::NotAFile { what, kind });
-    }
+    let file = open_checked(path, Kind::Regular, limit, what)?;
     let mut buf = Vec::new();
     file.take(limit.saturating_add(1))
         .read_to_end(&mut buf)
@@ -122,13 +250,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_endless_file_is_refused_at_the_cap() {
+    fn an_endless_file_is_refused_before_it_is_read() {
         let err = read_text(Path::new("/dev/zero"), 4096, "config").unwrap_err();
         assert!(
-            matches!(err, ReadError::TooLarge { limit: 4096, .. }),
+            err.to_string()
+                .contains("character device 1:5, not a regular file"),
             "{err}"
         );
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = read_text(&fifo, 4096, "state file").unwrap_err();
+        assert!(err.to_string().contains("is a FIFO"), "{err}");
+        let err = read_text(dir.path(), 4096, "state file").unwrap_err();
+        assert!(matches!(err, ReadError::NotAFile { .. }), "{err}");
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'a'; 5000]).unwrap();
+        let err = read_text(&big, 4096, "config").unwrap_err();
         assert!(err.to_string().contains("4 KiB cap"), "{err}");
+        let lp = dir.path().join("loop");
+        std::os::unix::fs::symlink(&lp, &lp).unwrap();
+        assert!(read_text(&lp, 4096, "config").is_err());
+        assert!(check_path_kind(&fifo, Kind::Regular).is_err());
+        assert!(check_path_kind(Path::new("/dev/zero"), Kind::RegularOrKmsg).is_err());
+        assert!(check_path_kind(&big, Kind::RegularOrKmsg).is_ok());
+        assert_eq!(set_aside_unless_regular(&big).unwrap(), None);
+        let aside = set_aside_unless_regular(&fifo).unwrap().unwrap();
+        assert!(!fifo.exists() && aside.exists());
     }
 
     #[test]
@@ -141,22 +291,16 @@ mod tests {
         // No writer: a blocking open would wait for ever.
         let err = read_text(&fifo, 64, "boot id").unwrap_err();
         assert!(
-            matches!(err, ReadError::NotAFile { kind: "FIFO", .. }),
+            matches!(&err, ReadError::NotAFile { why, .. } if why.starts_with("is a FIFO, not")),
             "{err}"
         );
         let err = read_text(dir.path(), 64, "config").unwrap_err();
         assert!(
-            matches!(
-                err,
-                ReadError::NotAFile {
-                    kind: "directory",
-                    ..
-                }
-            ),
+            matches!(&err, ReadError::NotAFile { why, .. } if why.starts_with("is a directory, not")),
             "{err}"
         );
         let err = read_text(Path::new("/dev/urandom"), 64, "boot id").unwrap_err();
-        assert!(matches!(err, ReadError::TooLarge { .. }), "{err}");
+        assert!(matches!(err, ReadError::NotAFile { .. }), "{err}");
     }
 
     #[test]

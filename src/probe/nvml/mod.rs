@@ -48,6 +48,17 @@ pub enum OpenError {
 
 /// Opens NVML from a library name or path.
 pub fn open(library: &str) -> Result<Nvml, OpenError> {
+    // `dlopen` opens the path itself, blocking: a FIFO there would hang it for ever.
+    if library.contains('/')
+        && let Err(why) = crate::sys::limits::check_path_kind(
+            std::path::Path::new(library),
+            crate::sys::limits::Kind::Regular,
+        )
+    {
+        return Err(OpenError::Unusable(format!(
+            "[nvml] library {library} {why}"
+        )));
+    }
     match Nvml::builder().lib_path(OsStr::new(library)).init() {
         Ok(n) => Ok(n),
         Err(NvmlError::DriverNotLoaded) => Err(OpenError::NoDriver(format!(

@@ -8,11 +8,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::{Device, Nvml};
 
 use super::{raw, usage, view};
 use crate::model::{GpuId, Observation, RecoveryAction, Signal};
@@ -38,13 +39,82 @@ pub struct Shared {
     pub gpus: BTreeMap<u32, GpuId>,
     /// XIDs reported recently, by (GPU, code): the event watcher and the kernel log see the
     /// same XID; the first to claim it reports it.
-    pub recent_xids: Vec<(u32, u32, &'static str, std::time::Instant)>,
+    pub recent_xids: XidClaims,
     /// The kernel log reader is running: an XID whose verdict depends on its text (NVLink5)
     /// is then held by the event watcher until the reader brings the text.
     pub kmsg_active: bool,
     /// NVLink5 XIDs the event watcher saw and holds for their kernel log text, by (GPU,
     /// code), with when they were seen.
     pub awaiting_text: Vec<(u32, u32, std::time::Instant)>,
+}
+
+/// Whose claim: (GPU index, XID code, source).
+type ClaimKey = (u32, u32, &'static str);
+
+/// The XIDs each source reported within [`XID_DEDUPE_WINDOW`], for [`Shared::claim_xid`]:
+/// one queue per (GPU, code, source) and one of everything in arrival order, so a claim costs
+/// constant time however many XIDs a storm brings (a scan of every recent XID per claim made
+/// a storm of 50,000 quadratic).
+#[derive(Default)]
+pub struct XidClaims {
+    /// Per key, the ids and times of its claims still in the window, oldest first.
+    by_key: std::collections::HashMap<ClaimKey, std::collections::VecDeque<(u64, Instant)>>,
+    /// Every claim in arrival order, for expiry.
+    order: std::collections::VecDeque<(ClaimKey, u64, Instant)>,
+    next_id: u64,
+}
+
+impl XidClaims {
+    /// Claims an XID seen by `source` at `now`: false when the other source reported the same
+    /// (GPU, code) within the window (that report is then used up: one pairing per XID).
+    pub fn claim(
+        &mut self,
+        index: u32,
+        code: u32,
+        source: &'static str,
+        now: std::time::Instant,
+    ) -> bool {
+        while let Some((key, id, at)) = self.order.front().copied() {
+            if now.saturating_duration_since(at) < XID_DEDUPE_WINDOW {
+                break;
+            }
+            self.order.pop_front();
+            if let Some(q) = self.by_key.get_mut(&key) {
+                // Claims leave a key's queue oldest first (expired or paired), so an expired
+                // claim still held is at its front.
+                if q.front().is_some_and(|(i, _)| *i == id) {
+                    q.pop_front();
+                }
+                if q.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+        }
+        let other = if source == "nvml" { "kmsg" } else { "nvml" };
+        if let Some(q) = self.by_key.get_mut(&(index, code, other))
+            && q.pop_front().is_some()
+        {
+            if q.is_empty() {
+                self.by_key.remove(&(index, code, other));
+            }
+            return false;
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let key = (index, code, source);
+        self.by_key.entry(key).or_default().push_back((id, now));
+        self.order.push_back((key, id, now));
+        true
+    }
+
+    /// Claims still in the window.
+    pub fn len(&self) -> usize {
+        self.by_key.values().map(|q| q.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
 }
 
 /// An XID seen by both sources within this window is one XID.
@@ -63,19 +133,8 @@ impl Shared {
     /// `XID_DEDUPE_WINDOW` is the same XID and is not reported again. Repeats from one source
     /// are distinct XIDs.
     pub fn claim_xid(&mut self, index: u32, code: u32, source: &'static str) -> bool {
-        let now = std::time::Instant::now();
         self.recent_xids
-            .retain(|x| now.duration_since(x.3) < XID_DEDUPE_WINDOW);
-        if let Some(pos) = self
-            .recent_xids
-            .iter()
-            .position(|x| x.0 == index && x.1 == code && x.2 != source)
-        {
-            self.recent_xids.remove(pos);
-            return false;
-        }
-        self.recent_xids.push((index, code, source, now));
-        true
+            .claim(index, code, source, std::time::Instant::now())
     }
 
     /// The kernel log reader has the text of an XID the event watcher holds: hand it over
@@ -269,6 +328,9 @@ impl Poller {
         report
     }
 
+    /// One GPU's poll: its identity and memory, its MPS clients (every observation of the
+    /// GPU names them), then one reading per counter. A reading that fails is a problem of
+    /// this poll ([`Poller::failed`]), never a finding.
     fn poll_gpu(
         &mut self,
         nvml: &Nvml,
@@ -277,79 +339,109 @@ impl Poller {
         count: u32,
         report: &mut PollReport,
     ) {
-        let mut found = Vec::new();
         let device = match nvml.device_by_index(index) {
             Ok(d) => d,
-            Err(NvmlError::GpuLost) => {
-                let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
-                report.view.gpus.insert(index, lost_view(&obs, index));
-                report.observations.push(obs);
-                return;
-            }
+            Err(NvmlError::GpuLost) => return gpu_lost(shared, index, report),
             Err(_) if index >= count => return, // gone from the count: device-count-mismatch says so
+            Err(e) => return self.failed(report, index, "device handle", &e),
+        };
+        if !self.read_identity(&device, shared, index, report) {
+            return;
+        }
+        self.read_clients(&device, shared, index, report);
+        let mut found = Vec::new();
+        self.read_ecc(&device, shared, index, report, &mut found);
+        self.read_row_remap(nvml, &device, index, report, &mut found);
+        self.read_retired_pages(&device, index, report, &mut found);
+        self.read_recovery_action(&device, index, report, &mut found);
+        self.read_thermal(&device, index, report, &mut found);
+        self.read_links(nvml, &device, index, report, &mut found);
+        let s = lock(shared);
+        for obs in found {
+            report.observations.push(s.annotate(obs, index));
+        }
+    }
+
+    /// Identity, refreshed each poll (cheap, and a lost GPU keeps its last known one), and
+    /// memory use for the view. False when the GPU is lost (nothing more to read).
+    fn read_identity(
+        &mut self,
+        device: &Device<'_>,
+        shared: &SharedState,
+        index: u32,
+        report: &mut PollReport,
+    ) -> bool {
+        let g = match identity(device, index) {
+            Ok(g) => g,
+            Err(NvmlError::GpuLost) => {
+                gpu_lost(shared, index, report);
+                return false;
+            }
             Err(e) => {
-                self.failed(report, index, "device handle", &e);
-                return;
+                self.failed(report, index, "identity", &e);
+                return true;
             }
         };
-        // Identity, refreshed each poll (cheap, and a lost GPU keeps its last known one).
-        let gpu = identity(&device, index);
-        match &gpu {
-            Ok(g) => {
-                lock(shared).gpus.insert(index, g.clone());
-                report.gpus.push(g.clone());
-                report.usage.gpus.insert(index, (g.clone(), Vec::new()));
+        lock(shared).gpus.insert(index, g.clone());
+        report.gpus.push(g.clone());
+        report.usage.gpus.insert(index, (g.clone(), Vec::new()));
+        let memory = match device.memory_info() {
+            Ok(m) => Some((m.used, m.total)),
+            Err(e) => {
+                self.failed(report, index, "memory info", &e);
+                None
             }
-            Err(NvmlError::GpuLost) => {
-                let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
-                report.view.gpus.insert(index, lost_view(&obs, index));
-                report.observations.push(obs);
-                return;
-            }
-            Err(e) => self.failed(report, index, "identity", e),
-        }
-        if let Ok(g) = &gpu {
-            let memory = match device.memory_info() {
-                Ok(m) => Some((m.used, m.total)),
-                Err(e) => {
-                    self.failed(report, index, "memory info", &e);
-                    None
-                }
-            };
-            report.view.gpus.insert(
-                index,
-                view::GpuView {
-                    gpu: g.clone(),
-                    lost: false,
-                    memory,
-                },
-            );
-        }
+        };
+        report.view.gpus.insert(
+            index,
+            view::GpuView {
+                gpu: g,
+                lost: false,
+                memory,
+            },
+        );
+        true
+    }
 
-        // MPS clients first: every observation of this GPU names them.
-        match device.mps_running_compute_processes() {
-            Ok(procs) => {
-                let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
-                let tasks = tasks::task_ids(&self.proc_root, &pids);
-                lock(shared).clients.insert(index, (pids, tasks));
-                if let Some((_, per_task)) = report.usage.gpus.get_mut(&index) {
-                    let clients: Vec<usage::Client> = procs
-                        .iter()
-                        .map(|p| usage::Client {
-                            pid: p.pid,
-                            used_bytes: match p.used_gpu_memory {
-                                UsedGpuMemory::Used(b) => Some(b),
-                                UsedGpuMemory::Unavailable => None,
-                            },
-                        })
-                        .collect();
-                    *per_task = usage::sum(&self.proc_root, &clients);
-                }
-            }
-            Err(e) => self.failed(report, index, "MPS client list", &e),
+    /// MPS clients: their pids and ECS tasks, and each task's GPU memory.
+    fn read_clients(
+        &mut self,
+        device: &Device<'_>,
+        shared: &SharedState,
+        index: u32,
+        report: &mut PollReport,
+    ) {
+        let procs = match device.mps_running_compute_processes() {
+            Ok(p) => p,
+            Err(e) => return self.failed(report, index, "MPS client list", &e),
+        };
+        let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
+        let tasks = tasks::task_ids(&self.proc_root, &pids);
+        lock(shared).clients.insert(index, (pids, tasks));
+        if let Some((_, per_task)) = report.usage.gpus.get_mut(&index) {
+            let clients: Vec<usage::Client> = procs
+                .iter()
+                .map(|p| usage::Client {
+                    pid: p.pid,
+                    used_bytes: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                })
+                .collect();
+            *per_task = usage::sum(&self.proc_root, &clients);
         }
+    }
 
-        // ECC: uncorrected volatile (shared with the event watcher), corrected volatile.
+    /// ECC: uncorrected volatile (shared with the event watcher), corrected volatile.
+    fn read_ecc(
+        &mut self,
+        device: &Device<'_>,
+        shared: &SharedState,
+        index: u32,
+        report: &mut PollReport,
+        found: &mut Vec<Observation>,
+    ) {
         match device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
             Ok(now) => {
                 let mut s = lock(shared);
@@ -379,9 +471,18 @@ impl Poller {
             }
             Err(e) => self.failed(report, index, "corrected ECC count", &e),
         }
+    }
 
-        // Row remapping (Ampere and later), through raw calls: the wrapper has none.
-        match raw::remapped_rows(nvml, &device) {
+    /// Row remapping (Ampere and later), through raw calls: the wrapper has none.
+    fn read_row_remap(
+        &mut self,
+        nvml: &Nvml,
+        device: &Device<'_>,
+        index: u32,
+        report: &mut PollReport,
+        found: &mut Vec<Observation>,
+    ) {
+        match raw::remapped_rows(nvml, device) {
             Ok(r) => {
                 if r.pending {
                     found.push(
@@ -408,7 +509,7 @@ impl Poller {
             }
             Err(e) => self.failed(report, index, "remapped rows", &e),
         }
-        match raw::remapper_banks_exhausted(nvml, &device) {
+        match raw::remapper_banks_exhausted(nvml, device) {
             Ok(0) => {}
             Ok(n) => found.push(
                 Observation::new(Signal::RowRemapFailure)
@@ -417,8 +518,16 @@ impl Poller {
             ),
             Err(e) => self.failed(report, index, "row remapper histogram", &e),
         }
+    }
 
-        // Retired pages (before Ampere).
+    /// Retired pages (before Ampere).
+    fn read_retired_pages(
+        &mut self,
+        device: &Device<'_>,
+        index: u32,
+        report: &mut PollReport,
+        found: &mut Vec<Observation>,
+    ) {
         match device.are_pages_pending_retired() {
             Ok(true) => found.push(
                 Observation::new(Signal::RetiredPagesPending)
@@ -427,7 +536,7 @@ impl Poller {
             Ok(false) => {}
             Err(e) => self.failed(report, index, "retired pages pending", &e),
         }
-        match retired_total(&device) {
+        match retired_total(device) {
             Ok(0) => {}
             Ok(n) => found.push(
                 Observation::new(Signal::RetiredPages)
@@ -436,16 +545,33 @@ impl Poller {
             ),
             Err(e) => self.failed(report, index, "retired pages", &e),
         }
+    }
 
-        // The driver's own verdict.
-        match recovery_action(&device) {
+    /// The driver's own verdict.
+    fn read_recovery_action(
+        &mut self,
+        device: &Device<'_>,
+        index: u32,
+        report: &mut PollReport,
+        found: &mut Vec<Observation>,
+    ) {
+        match recovery_action(device) {
             Ok(Some(action)) if action != RecoveryAction::None => {
                 found.push(Observation::new(Signal::RecoveryAction { action }))
             }
             Ok(_) => {}
             Err(e) => self.failed(report, index, "recovery action field", &e),
         }
+    }
 
+    /// Temperature and hardware clock slowdowns.
+    fn read_thermal(
+        &mut self,
+        device: &Device<'_>,
+        index: u32,
+        report: &mut PollReport,
+        found: &mut Vec<Observation>,
+    ) {
         match device.temperature(TemperatureSensor::Gpu) {
             Ok(t) if t as u64 >= HOT_CELSIUS => found.push(
                 Observation::new(Signal::Thermal)
@@ -464,12 +590,23 @@ impl Poller {
             Ok(_) => {}
             Err(e) => self.failed(report, index, "clock event reasons", &e),
         }
+    }
 
+    /// Fabric, NVLink, clocks, PCIe and persistence ([`super::links`]): an unsupported reading
+    /// is said once and not watched, a failed one is a problem of this poll.
+    fn read_links(
+        &mut self,
+        nvml: &Nvml,
+        device: &Device<'_>,
+        index: u32,
+        report: &mut PollReport,
+        found: &mut Vec<Observation>,
+    ) {
         if let Some(mut links) = self.links.take() {
             let mut errors: Vec<(String, bool, String)> = Vec::new();
             let got = links.read(
                 nvml,
-                &device,
+                device,
                 index,
                 std::time::Instant::now(),
                 &mut |what, e| {
@@ -497,12 +634,14 @@ impl Poller {
             report.problems.extend(got.pending);
             report.links.push(got.view);
         }
-
-        let s = lock(shared);
-        for obs in found {
-            report.observations.push(s.annotate(obs, index));
-        }
     }
+}
+
+/// A lost GPU: the observation (with its last known identity) and its place in the view.
+fn gpu_lost(shared: &SharedState, index: u32, report: &mut PollReport) {
+    let obs = lock(shared).annotate(Observation::new(Signal::GpuLost), index);
+    report.view.gpus.insert(index, lost_view(&obs, index));
+    report.observations.push(obs);
 }
 
 /// A lost GPU in the view, with the identity it was last known by.
