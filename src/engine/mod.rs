@@ -832,7 +832,17 @@ impl Cx<'_> {
     }
 
     fn mps_up(&mut self, obs: &Observation) {
-        self.st.sightings.retain(|k, _| !k.ends_with("@mps"));
+        // An answer ends the daemon's "down" and "not answering" sightings, not its crashes:
+        // a daemon whose servers (or itself, under systemd's Restart=) keep dying may answer
+        // every probe in between.
+        let liveness: Vec<String> = self
+            .policy
+            .rules
+            .iter()
+            .filter(|r| matches!(r.signal, SignalKind::MpsDown | SignalKind::MpsUnresponsive))
+            .map(|r| format!("{}@mps", r.name))
+            .collect();
+        self.st.sightings.retain(|k, _| !liveness.contains(k));
         let restart_in_flight = self
             .st
             .in_flight

@@ -302,6 +302,16 @@ fn three_crashes_within_a_minute_are_a_loop_and_two_or_slow_ones_are_not() {
     let o = Run::only_order(&r.feed(crash("mps")));
     assert_eq!(o.command, Command::RestartMps, "the third within 60 s");
 
+    // The daemon answering between them does not start the count over: a daemon whose
+    // servers keep dying answers every probe.
+    let mut r = Run::new(default_policy());
+    r.feed(crash("mps"));
+    r.feed(obs(Signal::MpsUp));
+    r.feed(crash("mps"));
+    r.feed(obs(Signal::MpsUp));
+    let o = Run::only_order(&r.feed(crash("mps")));
+    assert_eq!(o.command, Command::RestartMps, "answers in between");
+
     // Three spread over more than the window: no loop.
     let mut r = Run::new(default_policy());
     for _ in 0..3 {

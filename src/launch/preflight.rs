@@ -56,52 +56,7 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
         }
     }
     if cfg.mps.enabled {
-        if let Err(why) = executable(&cfg.mps.control_binary).and_then(|p| nvidia_mps_control(&p)) {
-            return Err(err(
-                Some("mps"),
-                "control_binary",
-                format!(
-                    "[mps] control_binary {}: {why}; install NVIDIA's nvidia-cuda-mps-control, correct the path, or set [mps] enabled = false",
-                    cfg.mps.control_binary.display()
-                ),
-            ));
-        }
-        if let Ok(m) = std::fs::symlink_metadata(&cfg.mps.pipe_directory)
-            && !m.is_dir()
-            && !std::fs::metadata(&cfg.mps.pipe_directory).is_ok_and(|m| m.is_dir())
-        {
-            return Err(err(
-                Some("mps"),
-                "pipe_directory",
-                format!(
-                    "[mps] pipe_directory {}: not a directory; the daemon's pipes live in a directory (remove what stands there or correct the path)",
-                    cfg.mps.pipe_directory.display()
-                ),
-            ));
-        }
-        if cfg.mps.logs == MpsLogs::Journald
-            && let Err(why) = executable(Path::new("journalctl"))
-        {
-            return Err(err(
-                Some("mps"),
-                "logs",
-                format!(
-                    "[mps] logs = \"journald\": journalctl {why}; install systemd's journalctl or set logs = \"files\" for a daemon run with -d"
-                ),
-            ));
-        }
-        if mode == Mode::Run
-            && cfg.mps.manage == MpsManage::Systemd
-            && let Err(why) = executable(Path::new("systemctl"))
-        {
-            return Err(err(
-                Some("mps"),
-                "manage",
-                format!(
-                    "[mps] manage = \"systemd\": systemctl {why}; use manage = \"direct\" on hosts without systemd"
-                ),
-            ));
-        }
+        check_mps(cfg, mode, &err)?;
     }
     if mode == Mode::Run {
         if let Err(why) = writable_dir(&cfg.state_dir) {
@@ -260,6 +215,62 @@ pub fn executable(p: &Path) -> Result<PathBuf, String> {
 
 /// Whether gpu-medic may open `p` for reading. Only regular files and character devices are
 /// opened (opening a FIFO would wait for a writer).
+/// The `[mps]` checks: NVIDIA's control binary, a pipe directory that is one, journalctl for
+/// journald logs and systemctl for `manage = "systemd"`.
+fn check_mps(
+    cfg: &Config,
+    mode: Mode,
+    err: &dyn Fn(Option<&str>, &str, String) -> FileError,
+) -> Result<(), FileError> {
+    if let Err(why) = executable(&cfg.mps.control_binary).and_then(|p| nvidia_mps_control(&p)) {
+        return Err(err(
+            Some("mps"),
+            "control_binary",
+            format!(
+                "[mps] control_binary {}: {why}; install NVIDIA's nvidia-cuda-mps-control, correct the path, or set [mps] enabled = false",
+                cfg.mps.control_binary.display()
+            ),
+        ));
+    }
+    if let Ok(m) = std::fs::symlink_metadata(&cfg.mps.pipe_directory)
+        && !m.is_dir()
+        && !std::fs::metadata(&cfg.mps.pipe_directory).is_ok_and(|m| m.is_dir())
+    {
+        return Err(err(
+            Some("mps"),
+            "pipe_directory",
+            format!(
+                "[mps] pipe_directory {}: not a directory; the daemon's pipes live in a directory (remove what stands there or correct the path)",
+                cfg.mps.pipe_directory.display()
+            ),
+        ));
+    }
+    if cfg.mps.logs == MpsLogs::Journald
+        && let Err(why) = executable(Path::new("journalctl"))
+    {
+        return Err(err(
+            Some("mps"),
+            "logs",
+            format!(
+                "[mps] logs = \"journald\": journalctl {why}; install systemd's journalctl or set logs = \"files\" for a daemon run with -d"
+            ),
+        ));
+    }
+    if mode == Mode::Run
+        && cfg.mps.manage == MpsManage::Systemd
+        && let Err(why) = executable(Path::new("systemctl"))
+    {
+        return Err(err(
+            Some("mps"),
+            "manage",
+            format!(
+                "[mps] manage = \"systemd\": systemctl {why}; use manage = \"direct\" on hosts without systemd"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// What NVIDIA's control binary prints for `-h` (checked against r535 and r550's
 /// `nvidia-cuda-mps-control`: "CUDA MPS Control for Linux/Unix.", NVIDIA's copyright).
 const MPS_CONTROL_BANNER: &str = "CUDA MPS Control";

@@ -334,14 +334,19 @@ impl Booted {
     /// What a failed wait shows: both units' states and journals.
     pub fn context(&self) -> String {
         format!(
-            "nvidia-mps.service {} NRestarts {}\n{}\ngpu-medic.service {}\n{}\nincidents:\n{}",
+            "nvidia-mps.service {} NRestarts {}\n{}\ngpu-medic.service {}\n{}\nincidents:\n{}\nlast inputs:\n{}",
             self.state("nvidia-mps.service"),
             self.n_restarts("nvidia-mps.service"),
             tail(&without_probes(&self.journal("nvidia-mps.service")), 40),
             self.state("gpu-medic.service"),
             tail(&self.journal("gpu-medic.service"), 60),
             std::fs::read_to_string(self.path("/var/lib/gpu-medic/incidents.jsonl"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            tail(
+                &std::fs::read_to_string(self.path("/var/lib/gpu-medic/inputs.jsonl"))
+                    .unwrap_or_default(),
+                12
+            )
         )
     }
 
