@@ -154,6 +154,52 @@ impl crate::probe::Source for Endpoint {
     }
 }
 
+/// For `check`: why `[metrics] listen` cannot be bound by `run` (another program holds the
+/// port), or `None` (metrics off, the address free, or a gpu-medic already serving there).
+pub fn port_taken(cfg: &MetricsConfig) -> Option<String> {
+    if !cfg.enabled {
+        return None;
+    }
+    let e = match std::net::TcpListener::bind(cfg.listen) {
+        Ok(_) => return None,
+        Err(e) => e,
+    };
+    if e.kind() == std::io::ErrorKind::AddrInUse && serves_gpu_medic(cfg.listen) {
+        return None;
+    }
+    Some(format!(
+        "[metrics] listen: cannot listen on {}: {e}; `run` would go on without its metrics \
+         endpoint (a self-fault, tried again every {}); is another exporter on that port?",
+        cfg.listen,
+        humantime::format_duration(cfg.retry)
+    ))
+}
+
+/// Whether what listens at `addr` answers a scrape as gpu-medic does (within a second).
+fn serves_gpu_medic(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let wait = Duration::from_secs(1);
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, wait) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(wait));
+    let _ = s.set_write_timeout(Some(wait));
+    if s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 4096];
+    let mut got = 0;
+    while got < head.len() {
+        match s.read(&mut head[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    String::from_utf8_lossy(&head[..got]).contains("gpu_medic_")
+}
+
 /// Counts a recurring problem and says it at most once per [`WARN_INTERVAL`], with how many
 /// times it happened since it was last said.
 struct Throttled {
