@@ -49,6 +49,9 @@ pub const MAX_HEAD: usize = 8 * 1024;
 /// At most one warning per this long for accept errors and refused connections.
 pub const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How long a connection past the cap waits for a slot before it is closed.
+const SLOT_WAIT: Duration = Duration::from_millis(10);
+
 /// What bounds the endpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -256,6 +259,12 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
             r = listener.accept() => r,
         };
+        if accepted.is_ok() && conns.len() >= limits.max_connections {
+            // A connection that just answered may not have ended yet (its client saw the
+            // close first): a moment for its slot before refusing.
+            let _ = tokio::time::timeout(SLOT_WAIT, conns.join_next()).await;
+            while conns.try_join_next().is_some() {}
+        }
         match accepted {
             Ok((sock, _)) if conns.len() >= limits.max_connections => {
                 drop(sock);
