@@ -167,3 +167,51 @@ fn idle_connections_past_the_cap_leave_the_supervisor_deciding() {
     let status = d.stop(Duration::from_secs(10));
     assert!(status.is_some_and(|s| s.success()), "{}", d.log());
 }
+
+/// 5,000 distinct XIDs outside NVIDIA's catalog from the kernel log: one folded series
+/// (`code="other"`) in the scrape, not 5,000.
+#[test]
+fn unknown_xids_are_one_series_in_the_scrape() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut d = node(port);
+    d.start();
+    d.wait_polled();
+    let lines: String = (0..5000u32)
+        .map(|i| {
+            format!(
+                "4,{},{},-;NVRM: Xid (PCI:0000:10:00): {}, pid=1, name=x, unknown\n",
+                900 + i,
+                91_000_000 + u64::from(i),
+                100_000 + i
+            )
+        })
+        .collect();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(d.path("kmsg"))
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    let count = |body: &str| {
+        gpu_medic_testkit::http::series(body, "gpu_medic_xids_total{gpu=\"0\",code=\"other\"}")
+    };
+    wait_sync(
+        "the folded series to count XIDs",
+        Duration::from_secs(120),
+        || count(&scrape(&addr)).is_some_and(|n| n >= 1.0),
+        || d.log(),
+    );
+    let body = scrape(&addr);
+    let series = body
+        .lines()
+        .filter(|l| l.starts_with("gpu_medic_xids_total{"))
+        .count();
+    assert_eq!(series, 1, "{body}");
+    let status = d.stop(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "{}", d.log());
+}
