@@ -215,3 +215,59 @@ fn unknown_xids_are_one_series_in_the_scrape() {
     let status = d.stop(Duration::from_secs(10));
     assert!(status.is_some_and(|s| s.success()), "{}", d.log());
 }
+
+/// A client that sends its request head one byte every 200 ms (slowloris) is cut off at the
+/// head timeout, long before its 300-byte head is done (a minute), and a scrape beside it is
+/// answered.
+#[test]
+fn a_client_trickling_its_head_is_cut_off() {
+    use std::io::Read;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut d = node(port);
+    d.start();
+    wait_sync(
+        "the endpoint",
+        LIMIT,
+        || !scrape(&addr).is_empty(),
+        || d.log(),
+    );
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nX-Slow: {}\r\n\r\n",
+        "a".repeat(260)
+    );
+    let mut cut = false;
+    for b in head.bytes() {
+        if s.write_all(&[b]).is_err() {
+            cut = true;
+            break;
+        }
+        let mut buf = [0u8; 512];
+        match s.read(&mut buf) {
+            Ok(_) => {
+                cut = true;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => {
+                cut = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        cut,
+        "the whole head was trickled in without the endpoint closing"
+    );
+    assert!(scrape(&addr).starts_with("HTTP/1.1 200"));
+    let status = d.stop(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "{}", d.log());
+}
