@@ -3,9 +3,10 @@
 //! engine task, so they can never disagree with the journal.
 
 mod links;
+pub mod server;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -13,8 +14,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
 use crate::accounting::usage::Accounting;
 use crate::engine::{GpuStatus, State};
@@ -25,6 +24,40 @@ use crate::model::{
 use crate::policy::Policy;
 
 type Labels = Vec<(String, String)>;
+
+/// The value a label takes for what is folded into one series: an XID outside NVIDIA's
+/// catalog (`code="other"`), the tasks past [`MAX_TASK_SERIES`] (`task="other"`).
+pub const OTHER: &str = "other";
+
+/// Task label sets (task, family, revision, container) per scrape in each task family; the
+/// rest are summed into `task="other"` (their family, revision and container empty), per GPU.
+pub const MAX_TASK_SERIES: usize = 256;
+
+/// `labels` as they are while fewer than [`MAX_TASK_SERIES`] sets were `seen`, else folded
+/// into `task="other"`.
+fn bounded_task(labels: Labels, seen: &mut std::collections::BTreeSet<Labels>) -> Labels {
+    if seen.contains(&labels) || seen.len() < MAX_TASK_SERIES {
+        seen.insert(labels.clone());
+        return labels;
+    }
+    labels
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "task" => (k, OTHER.to_string()),
+            "family" | "revision" | "container" => (k, String::new()),
+            _ => (k, v),
+        })
+        .collect()
+}
+
+/// The `code` label of an XID: its number when NVIDIA's catalog has it, else [`OTHER`]
+/// (the code is unbounded: a kernel log can name any number).
+fn xid_code_label(code: u32) -> String {
+    match crate::policy::xid_catalog::get(code) {
+        Some(_) => code.to_string(),
+        None => OTHER.to_string(),
+    }
+}
 
 /// Every metric gpu-medic exports.
 pub struct Metrics {
@@ -153,7 +186,11 @@ impl Metrics {
             gpu_health.clone(),
         );
         let xids = Family::<Labels, Counter>::default();
-        registry.register("xids", "XIDs seen, by GPU and code", xids.clone());
+        registry.register(
+            "xids",
+            "XIDs seen, by GPU and code (code=\"other\": any XID outside NVIDIA's catalog)",
+            xids.clone(),
+        );
         let signals = Family::<Labels, Counter>::default();
         registry.register(
             "signals",
@@ -212,7 +249,7 @@ impl Metrics {
         let self_fault = Family::<Labels, Gauge>::default();
         registry.register(
             "self_fault",
-            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control, state-file, ecs-gpu-view): a mistake or a fault of gpu-medic, never remediated",
+            "1 while gpu-medic itself cannot do part of its job (component: nvml, mps-control, state-file, ecs-gpu-view, metrics): a mistake or a fault of gpu-medic, never remediated",
             self_fault.clone(),
         );
         let task_gpu_memory = Family::<Labels, Gauge>::default();
@@ -343,7 +380,7 @@ impl Metrics {
                     self.xids
                         .get_or_create(&vec![
                             ("gpu".into(), gpu),
-                            ("code".into(), code.to_string()),
+                            ("code".into(), xid_code_label(*code)),
                         ])
                         .inc();
                 }
@@ -542,6 +579,7 @@ impl Metrics {
         self.task_gpu_memory.clear();
         self.task_gpu_processes.clear();
         self.refresh_reservations(&snap);
+        let mut seen = std::collections::BTreeSet::new();
         for (index, (gpu, tasks)) in &snap.gpus {
             // Created at 0 (healthy) if absent; the engine's value is kept otherwise.
             drop(self.gpu_health.get_or_create(&vec![
@@ -571,20 +609,22 @@ impl Metrics {
                     ("gpu".into(), index.to_string()),
                     ("uuid".into(), gpu.uuid.clone()),
                 ];
+                // Cleared above: each series starts at 0 and sums what it stands for.
+                let labels = bounded_task(labels, &mut seen);
                 self.task_gpu_memory
                     .get_or_create(&labels)
-                    .set(i64::try_from(t.bytes).unwrap_or(i64::MAX));
+                    .inc_by(i64::try_from(t.bytes).unwrap_or(i64::MAX));
                 let mut known = labels.clone();
                 known.push(("unknown".into(), "false".into()));
                 self.task_gpu_processes
                     .get_or_create(&known)
-                    .set(i64::from(t.processes - t.unknown));
+                    .inc_by(i64::from(t.processes.saturating_sub(t.unknown)));
                 if t.unknown > 0 {
                     let mut unknown = labels;
                     unknown.push(("unknown".into(), "true".into()));
                     self.task_gpu_processes
                         .get_or_create(&unknown)
-                        .set(i64::from(t.unknown));
+                        .inc_by(i64::from(t.unknown));
                 }
             }
         }
@@ -595,6 +635,7 @@ impl Metrics {
     fn refresh_reservations(&self, snap: &crate::accounting::usage::Snapshot) {
         self.task_gpu_memory_reserved.clear();
         self.task_gpu_memory_over_reservation.clear();
+        let mut seen = std::collections::BTreeSet::new();
         for t in &snap.tasks {
             if t.reserved_bytes.is_none() {
                 continue;
@@ -604,16 +645,23 @@ impl Metrics {
                 ("family".into(), t.family.clone()),
                 ("revision".into(), t.revision.clone()),
             ];
+            let task = bounded_task(task, &mut seen);
             self.task_gpu_memory_over_reservation
                 .get_or_create(&task)
-                .set(i64::from(t.over));
+                .inc_by(i64::from(t.over));
             for c in &t.containers {
                 let Some(r) = c.reserved_bytes else { continue };
+                let folded = task.first().is_some_and(|(_, v)| v == OTHER);
                 let mut labels = task.clone();
-                labels.push(("container".into(), c.name.clone()));
+                let name = if folded {
+                    String::new()
+                } else {
+                    c.name.clone()
+                };
+                labels.push(("container".into(), name));
                 self.task_gpu_memory_reserved
                     .get_or_create(&labels)
-                    .set(i64::try_from(r).unwrap_or(i64::MAX));
+                    .inc_by(i64::try_from(r).unwrap_or(i64::MAX));
             }
         }
     }
@@ -630,77 +678,6 @@ impl Metrics {
             out.clear();
         }
         out
-    }
-}
-
-/// Serves `GET /metrics` on `addr` until shutdown. Loopback addresses only: the config
-/// check refuses others.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-) {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "metrics endpoint listening");
-    }
-    loop {
-        let (mut sock, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => { tracing::warn!("metrics accept failed: {e}"); continue; }
-            },
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let deadline = std::time::Duration::from_secs(5);
-            let Ok(Some(head)) = tokio::time::timeout(deadline, read_head(&mut sock)).await else {
-                return;
-            };
-            let request = String::from_utf8_lossy(&head);
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            let (status, body, ctype) = if path == "/metrics" {
-                (
-                    "200 OK",
-                    metrics.render(),
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )
-            } else {
-                ("404 Not Found", "try /metrics\n".to_string(), "text/plain")
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = sock.write_all(head.as_bytes()).await;
-            let _ = sock.write_all(body.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
-    }
-}
-
-/// The longest request head the endpoint reads (a scrape's is a few hundred bytes).
-const MAX_REQUEST_HEAD: usize = 8 * 1024;
-
-/// Reads a request head up to its blank line, however many writes the client split it into.
-/// `None` when the client closes first, or sends more than [`MAX_REQUEST_HEAD`] without one.
-/// Reading the whole head matters: bytes left unread when the socket closes make the close a
-/// reset, and the client loses the answer.
-async fn read_head<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Option<Vec<u8>> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    loop {
-        let n = r.read(&mut buf).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        head.extend_from_slice(&buf[..n]);
-        if head.windows(4).any(|w| w == b"\r\n\r\n") {
-            return Some(head);
-        }
-        if head.len() > MAX_REQUEST_HEAD {
-            return None;
-        }
     }
 }
 
@@ -727,35 +704,70 @@ mod tests {
         .unwrap()
     }
 
-    /// A scrape whose request arrives in several writes gets the whole answer.
-    #[tokio::test]
-    async fn a_request_split_over_several_writes_is_answered() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new()), stop.clone()));
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        for part in ["GET /metr", "ics HTTP/1.1\r\n", "Host: x\r\n", "\r\n"] {
-            s.write_all(part.as_bytes()).await.unwrap();
-            s.flush().await.unwrap();
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    /// XIDs outside NVIDIA's catalog are one series, however many distinct codes arrive.
+    #[test]
+    fn unknown_xids_are_folded_into_one_series() {
+        let policy = shipped_policy();
+        let m = Metrics::new();
+        let st = State::default();
+        let gpu = GpuId::index_only(0);
+        let unknown: Vec<u32> = (100_000..)
+            .filter(|c| crate::policy::xid_catalog::get(*c).is_none())
+            .take(5000)
+            .collect();
+        for code in unknown.iter().copied().chain([79]) {
+            let input = Input::Observation(Observation::new(Signal::xid(code)).on_gpu(gpu.clone()));
+            m.record(&input, &[], &st, &policy);
         }
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        assert!(out.contains("gpu_medic_"), "{out}");
-        stop.cancel();
-        server.await.unwrap();
+        let text = m.render();
+        let xids = text
+            .lines()
+            .filter(|l| l.starts_with("gpu_medic_xids_total{"))
+            .count();
+        assert_eq!(xids, 2, "{text}");
+        assert_eq!(
+            value(&text, "gpu_medic_xids_total{gpu=\"0\",code=\"other\"}"),
+            Some(5000.0)
+        );
+        assert_eq!(
+            value(&text, "gpu_medic_xids_total{gpu=\"0\",code=\"79\"}"),
+            Some(1.0)
+        );
     }
 
-    #[tokio::test]
-    async fn a_head_without_end_is_refused_once_over_the_cap() {
-        let long = vec![b'a'; MAX_REQUEST_HEAD + 2048];
-        assert_eq!(read_head(&mut long.as_slice()).await, None);
-        assert_eq!(read_head(&mut &b"GET / HTTP/1.1\r\n"[..]).await, None);
-        let ok = b"GET /metrics HTTP/1.1\r\n\r\n";
-        assert_eq!(read_head(&mut &ok[..]).await.as_deref(), Some(&ok[..]));
+    /// Past [`MAX_TASK_SERIES`] tasks, the rest are summed into `task="other"`.
+    #[test]
+    fn task_series_are_capped() {
+        use crate::accounting::usage::{Snapshot, TaskUsage};
+        let accounting = Accounting::new();
+        let m = Metrics::new().with_accounting(accounting.clone());
+        let gpu = GpuId {
+            index: 0,
+            uuid: "GPU-0".into(),
+            ..GpuId::default()
+        };
+        let n = MAX_TASK_SERIES + 100;
+        let tasks = (0..n)
+            .map(|i| TaskUsage {
+                task: format!("t{i:05}"),
+                container: Some("c".into()),
+                bytes: 1,
+                processes: 1,
+                unknown: 0,
+                names: None,
+            })
+            .collect();
+        let mut snap = Snapshot::default();
+        snap.gpus.insert(0, (gpu, tasks));
+        accounting.publish(snap);
+        let text = m.render();
+        let mem: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpu_medic_task_gpu_memory_bytes{"))
+            .collect();
+        assert_eq!(mem.len(), MAX_TASK_SERIES + 1, "{text}");
+        let other = "gpu_medic_task_gpu_memory_bytes{task=\"other\",family=\"\",revision=\"\",container=\"\",gpu=\"0\",uuid=\"GPU-0\"}";
+        assert_eq!(value(&text, other), Some(100.0), "{text}");
     }
 
     /// Drives the real engine and checks that every declared metric moves.

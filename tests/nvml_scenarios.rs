@@ -447,7 +447,7 @@ fn a_metrics_address_that_is_not_loopback_is_refused() {
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(
         &cfg,
-        format!("{text}[metrics]\nenabled = true\nlisten = \"0.0.0.0:9400\"\n"),
+        format!("{text}[metrics]\nenabled = true\nlisten = \"0.0.0.0:9469\"\n"),
     )
     .unwrap();
     let out = node

@@ -136,6 +136,10 @@ pub fn run(a: CheckArgs) -> Result<i32, CliError> {
     for w in crate::launch::preflight::warnings(&cfg, std::path::Path::new("systemctl")) {
         eprintln!("warning: {w}");
     }
+    // A taken metrics port is a warning, not a verdict: `run` goes on without the endpoint.
+    if let Some(w) = crate::metrics::server::port_taken(&cfg.metrics) {
+        eprintln!("warning: {w}");
+    }
     let policy = resolve_policy(Some(&cfg.policy), None)?;
     if a.lifecycle {
         // The gate must still answer the launch hook: a mistake on this machine is "could not

@@ -86,6 +86,14 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
     }
     let policy = Policy::load(&cfg.policy)?;
     init_logging(&a.log_format);
+    // Descriptors in reserve (src/sys/fds.rs): the hard limit, not systemd's soft 1,024.
+    match crate::sys::fds::raise_nofile_limit() {
+        Ok((before, after)) if after > before => {
+            tracing::debug!("open-file limit raised from {before} to {after}");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+    }
     for w in crate::launch::preflight::warnings(&cfg, Path::new("systemctl")) {
         tracing::warn!("{w}");
     }
@@ -176,7 +184,6 @@ async fn serve(
     for s in sources {
         supervisor.add_source(s);
     }
-    let mut metrics_task = None;
     if metrics_cfg.enabled {
         let lag = exporter.as_ref().map(|x| x.lag.clone()).unwrap_or_default();
         let metrics = Arc::new(
@@ -186,18 +193,11 @@ async fn serve(
                 .with_export_lag(lag),
         );
         supervisor.with_metrics(metrics.clone());
-        let listener = tokio::net::TcpListener::bind(metrics_cfg.listen)
-            .await
-            .map_err(|e| {
-                CliError::Runtime(format!(
-                    "metrics: cannot listen on {}: {e}",
-                    metrics_cfg.listen
-                ))
-            })?;
-        metrics_task = Some(tokio::spawn(crate::metrics::serve(
-            listener,
+        // A port that cannot be bound is a self-fault, never an exit (the endpoint tries
+        // again); the endpoint ends with this life, so a reload binds the address again.
+        supervisor.add_source(Box::new(crate::metrics::server::Endpoint::new(
+            &metrics_cfg,
             metrics,
-            shutdown.clone(),
         )));
     }
     supervisor
@@ -208,10 +208,6 @@ async fn serve(
     // The last records (the stop itself) leave before the process does, bounded.
     if let Some(x) = exporter {
         x.finish(flush_wait).await;
-    }
-    // The listener must be closed before a reloaded supervisor binds the address again.
-    if let Some(t) = metrics_task {
-        let _ = t.await;
     }
     Ok(())
 }

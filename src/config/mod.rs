@@ -164,6 +164,7 @@ impl Config {
         self.check_export(path, text)?;
         self.planned.check(path, text)?;
         self.evidence.check(path, text)?;
+        self.metrics.check(path, text)?;
         if !self.metrics.listen.ip().is_loopback() {
             return Err(FileError::new(
                 path,

@@ -1,6 +1,6 @@
 //! Plumbing every room uses: the one backoff ([`backoff`]), process hygiene for the programs
 //! gpu-medic runs ([`child`]), the one clock handed in above the engine ([`clock`]), size caps
-//! on everything read and the bounded reader ([`limits`]), the one atomic file write ([`fs`]),
+//! on everything read and the bounded reader ([`limits`]), the one atomic file write ([`fs`]), descriptors in reserve ([`fds`]),
 //! the typed errors shared across modules ([`error`]), and systemd units as `systemctl show`
 //! reports them ([`systemd`]).
 
@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod child;
 pub mod clock;
 pub mod error;
+pub mod fds;
 pub mod fs;
 pub mod limits;
 pub mod lines;
