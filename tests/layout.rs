@@ -97,6 +97,7 @@ fn probes_and_remedies_import_no_wiring_engine_journal_or_exporter() {
 #[test]
 fn accounting_and_metrics_never_import_a_probe() {
     let mut bad = check("src/accounting", &["probe"]);
+    bad.extend(check("src/metrics", &["probe"]));
     bad.extend(mentions(&root().join("src/metrics.rs"), &["probe"]));
     assert!(
         bad.is_empty(),

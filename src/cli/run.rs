@@ -195,9 +195,8 @@ async fn serve(
         supervisor.with_metrics(metrics.clone());
         // A port that cannot be bound is a self-fault, never an exit (the endpoint tries
         // again); the endpoint ends with this life, so a reload binds the address again.
-        supervisor.add_source(Box::new(crate::metrics::server::Endpoint::new(
-            &metrics_cfg,
-            metrics,
+        supervisor.add_source(Box::new(MetricsEndpoint(
+            crate::metrics::server::Endpoint::new(&metrics_cfg, metrics),
         )));
     }
     supervisor
@@ -374,4 +373,24 @@ fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<()
         }
     });
     Ok(())
+}
+
+/// The metrics endpoint beside the probes: its self-faults (a port that cannot be bound) and
+/// recoveries reach the engine on the probes' channel. The wiring joins the two, so the
+/// metrics import no probe.
+struct MetricsEndpoint(crate::metrics::server::Endpoint);
+
+impl crate::probe::Source for MetricsEndpoint {
+    fn name(&self) -> &'static str {
+        crate::metrics::server::COMPONENT
+    }
+
+    fn run(
+        self: Box<Self>,
+        tx: tokio::sync::mpsc::Sender<crate::model::Observation>,
+        shutdown: CancellationToken,
+        _resume: crate::model::Resume,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(self.0.run(tx, shutdown))
+    }
 }

@@ -16,7 +16,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -139,21 +138,6 @@ impl Endpoint {
                 _ = tokio::time::sleep(self.retry) => {}
             }
         }
-    }
-}
-
-impl crate::probe::Source for Endpoint {
-    fn name(&self) -> &'static str {
-        COMPONENT
-    }
-
-    fn run(
-        self: Box<Self>,
-        tx: mpsc::Sender<Observation>,
-        shutdown: CancellationToken,
-        _resume: crate::model::Resume,
-    ) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-        Box::pin(Endpoint::run(*self, tx, shutdown))
     }
 }
 
