@@ -970,6 +970,12 @@ fn settings_that_silence_a_fatal_signal_are_refused_unless_the_rule_says_so() {
             "max_attempts",
         ),
         (
+            "retry-attempts-zero",
+            "[retry]\nmax_attempts = 0\n",
+            4,
+            "at least 1",
+        ),
+        (
             "mps-window",
             "[mps]\nrestart_window = \"0s\"\n",
             4,

@@ -88,7 +88,13 @@ fn at_most<'de, D: serde::Deserializer<'de>>(
 pub(super) fn de_retry_attempts<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<u32>, D::Error> {
-    at_most(d, MAX_RETRY_ATTEMPTS, "max_attempts")
+    match at_most(d, MAX_RETRY_ATTEMPTS, "max_attempts")? {
+        // 0 would be taken for 1 without a word: the operator asked for something else.
+        Some(0) => Err(serde::de::Error::custom(
+            "max_attempts of 0 is out of range: at least 1 (1: no retry after the first attempt)",
+        )),
+        v => Ok(v),
+    }
 }
 
 pub(super) fn de_mps_budget<'de, D: serde::Deserializer<'de>>(
