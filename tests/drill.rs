@@ -79,6 +79,29 @@ fn all_tagged(d: &Daemon, incident: u64, drill: &str) {
     }
 }
 
+/// An observe drill's end: gpu-medic stopped, AWS saw no call since the cluster was seeded,
+/// and the instance is still ACTIVE.
+async fn stopped_having_called_nothing(
+    d: &mut Daemon,
+    proxy: &Proxy,
+    seeded: usize,
+    sdk: &aws_config::SdkConfig,
+    s: &aws::Seeded,
+) {
+    d.signal(libc::SIGTERM);
+    assert_eq!(
+        proxy.calls().len(),
+        seeded,
+        "{:?}\n{}",
+        &proxy.ops()[seeded..],
+        d.log()
+    );
+    assert_eq!(
+        aws::instance(sdk, &s.cluster, &s.nodes[0].arn).await.0,
+        "ACTIVE"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_calls_nothing() {
     let proxy = Proxy::start().await;
@@ -123,18 +146,7 @@ async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_ca
     let o = opened(&d, 1);
     assert_eq!(o["observation"]["source"], "kmsg", "{o}");
     all_tagged(&d, 1, &drill);
-    d.signal(libc::SIGTERM);
-    assert_eq!(
-        proxy.calls().len(),
-        seeded,
-        "{:?}\n{}",
-        &proxy.ops()[seeded..],
-        d.log()
-    );
-    assert_eq!(
-        aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
-        "ACTIVE"
-    );
+    stopped_having_called_nothing(&mut d, &proxy, seeded, &sdk, &s).await;
     // The table and the timeline say so too.
     let table = String::from_utf8_lossy(&d.cli(&["incidents", "list"]).stdout).to_string();
     assert!(table.contains("xid 79 [drill]"), "{table}");
@@ -316,18 +328,7 @@ async fn an_observe_spot_drill_is_judged_by_the_planned_rules_and_calls_nothing(
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", d.log());
     assert!(t.contains("cleared by"), "{t}");
     all_tagged(&d, 1, &id);
-    d.signal(libc::SIGTERM);
-    assert_eq!(
-        proxy.calls().len(),
-        seeded,
-        "{:?}\n{}",
-        &proxy.ops()[seeded..],
-        d.log()
-    );
-    assert_eq!(
-        aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
-        "ACTIVE"
-    );
+    stopped_having_called_nothing(&mut d, &proxy, seeded, &sdk, &s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

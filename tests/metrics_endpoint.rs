@@ -3,6 +3,8 @@
 //! start and on reload, never an exit); idle connections past the cap leave the supervisor
 //! deciding XIDs; `check` warns about a taken port without failing the verdict.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::io::Write;
 use std::time::Duration;
 
@@ -29,6 +31,26 @@ fn node(port: u16) -> Daemon {
     );
     d.gpus(FOUR_GPUS);
     d
+}
+
+/// gpu-medic on a free port, its first poll done and its endpoint answering; the address.
+fn serving() -> (Daemon, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut d = node(port);
+    d.start();
+    d.wait_polled();
+    wait_sync(
+        "the endpoint",
+        LIMIT,
+        || !scrape(&addr).is_empty(),
+        || d.log(),
+    );
+    (d, addr)
 }
 
 /// A port another program holds: `check` warns (and still judges the GPUs healthy), `run`
@@ -114,21 +136,7 @@ fn a_taken_port_is_one_self_fault_and_the_endpoint_comes_up_when_it_frees() {
 /// decided), a scrape is answered or refused at once, and the daemon keeps running.
 #[test]
 fn idle_connections_past_the_cap_leave_the_supervisor_deciding() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut d = node(port);
-    d.start();
-    d.wait_polled();
-    wait_sync(
-        "the endpoint",
-        LIMIT,
-        || !scrape(&addr).is_empty(),
-        || d.log(),
-    );
+    let (mut d, addr) = serving();
     let held: Vec<std::net::TcpStream> = (0..200)
         .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
         .collect();
@@ -172,15 +180,7 @@ fn idle_connections_past_the_cap_leave_the_supervisor_deciding() {
 /// (`code="other"`) in the scrape, not 5,000.
 #[test]
 fn unknown_xids_are_one_series_in_the_scrape() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut d = node(port);
-    d.start();
-    d.wait_polled();
+    let (mut d, addr) = serving();
     let lines: String = (0..5000u32)
         .map(|i| {
             format!(
@@ -222,20 +222,7 @@ fn unknown_xids_are_one_series_in_the_scrape() {
 #[test]
 fn a_client_trickling_its_head_is_cut_off() {
     use std::io::Read;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut d = node(port);
-    d.start();
-    wait_sync(
-        "the endpoint",
-        LIMIT,
-        || !scrape(&addr).is_empty(),
-        || d.log(),
-    );
+    let (mut d, addr) = serving();
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
