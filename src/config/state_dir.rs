@@ -168,11 +168,8 @@ impl StateDir {
     /// previous reading).
     pub fn save_view<T: Serialize + ?Sized>(&self, view: View, value: &T) {
         let path = self.view(view);
-        let written = serde_json::to_vec(value)
-            .map_err(std::io::Error::other)
-            .and_then(|body| {
-                crate::sys::fs::write_atomic(&path, &body, crate::sys::fs::Durability::Atomic)
-            });
+        let written =
+            crate::sys::fs::write_json_atomic(&path, value, crate::sys::fs::Durability::Atomic);
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), "cannot keep {}: {e}", view.what());
         }

@@ -78,7 +78,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> std::i
 
 /// [`write_atomic`] of `value` as pretty JSON; a value that cannot be encoded is an error
 /// before anything is written.
-pub fn write_json_atomic<T: serde::Serialize>(
+pub fn write_json_atomic<T: serde::Serialize + ?Sized>(
     path: &Path,
     value: &T,
     durability: Durability,
