@@ -665,6 +665,76 @@ fn sighup_reloads_a_valid_config_and_refuses_a_bad_one() {
     node.stop();
 }
 
+/// Issue 26, signals: a SIGHUP whose config, policy or kernel log has become a FIFO, a
+/// symlink to /dev/zero or a directory is refused at once (never a hang); the daemon keeps
+/// its configuration, and SIGTERM still stops it promptly afterwards.
+#[test]
+fn sighup_onto_a_fifo_or_an_endless_file_is_refused_and_sigterm_still_stops() {
+    let kmsg_line = |node: &Node| format!("kmsg = \"{}\"\n", node.path("kmsg").display());
+    for (what, target) in [
+        ("config", "config.toml"),
+        ("policy", "policy.toml"),
+        ("kmsg", "kmsg"),
+    ] {
+        for kind in ["fifo", "dev-zero", "directory"] {
+            let mut node = Node::new("");
+            std::fs::write(node.path("kmsg"), "").unwrap();
+            std::fs::copy(policy(), node.path("policy.toml")).unwrap();
+            let body = format!(
+                "[nvml]\nlibrary = \"{}\"\npoll_interval = \"200ms\"\n{}\
+                 [mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n",
+                fake_nvml().display(),
+                kmsg_line(&node)
+            );
+            let config = format!(
+                "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n{body}",
+                node.path("policy.toml").display()
+            );
+            std::fs::write(node.path("config.toml"), &config).unwrap();
+            node.start();
+            let path = node.path(target);
+            std::fs::remove_file(&path).unwrap();
+            match kind {
+                "fifo" => {
+                    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                    // SAFETY: a NUL-terminated path this test owns.
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                }
+                "dev-zero" => std::os::unix::fs::symlink("/dev/zero", &path).unwrap(),
+                _ => std::fs::create_dir(&path).unwrap(),
+            }
+            node.signal(libc::SIGHUP);
+            let refused = gpu_medic_testkit::wait_until(Duration::from_secs(10), || {
+                node.log().contains("reload refused")
+            });
+            assert!(refused, "{what} as {kind}: no refusal\n{}", node.log());
+            assert!(
+                node.log().contains(&path.display().to_string()),
+                "{what} as {kind}: the refusal names the file\n{}",
+                node.log()
+            );
+            // Another SIGHUP while the file is still bad, then SIGTERM: a prompt, clean stop.
+            node.signal(libc::SIGHUP);
+            std::thread::sleep(Duration::from_millis(200));
+            let started = std::time::Instant::now();
+            let mut child = node.daemon.take().unwrap();
+            let status = gpu_medic_testkit::stop_child(&mut child, Duration::from_secs(10));
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "{what} as {kind}: SIGTERM after the refused reload: {status:?}\n{}",
+                node.log()
+            );
+            assert!(started.elapsed() < Duration::from_secs(10));
+            assert_eq!(
+                node.log().matches("gpu-medic supervisor started").count(),
+                1,
+                "{what} as {kind}: the supervisor was not restarted\n{}",
+                node.log()
+            );
+        }
+    }
+}
+
 /// `policy simulate` on an input far in the future, with extreme values, does not panic.
 #[test]
 fn policy_simulate_on_a_far_future_tick_does_not_panic() {

@@ -71,20 +71,7 @@ pub fn init_logging_quiet() {
 }
 
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
-    let cfg = a.config.load_for(crate::launch::preflight::Mode::Run)?;
-    // A kernel log that cannot be followed (a FIFO, a directory) is a mistake: refused here.
-    if cfg.nvml.enabled
-        && let Some(kmsg) = cfg
-            .nvml
-            .kmsg
-            .as_deref()
-            .filter(|p| !p.as_os_str().is_empty())
-    {
-        crate::probe::kmsg::check_path(kmsg).map_err(|m| {
-            CliError::Config(crate::sys::error::FileError::new(&a.config.config, None, m))
-        })?;
-    }
-    let policy = Policy::load(&cfg.policy)?;
+    let (cfg, policy) = validate(&a.config).map_err(CliError::Config)?;
     init_logging(&a.log_format);
     // Descriptors in reserve (src/sys/fds.rs): the hard limit, not systemd's soft 1,024.
     match crate::sys::fds::raise_nofile_limit() {
@@ -119,6 +106,28 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         }
         Ok(exit::OK)
     })
+}
+
+/// The checks a configuration passes before a life starts on it, at start and on SIGHUP
+/// alike: the config (preflight included), the kernel log it names (a FIFO or a directory
+/// cannot be followed), and the policy. Every file is opened without blocking and checked
+/// for its kind and size first ([`crate::sys::limits::read_text`]), so none of this hangs.
+fn validate(
+    config: &super::ConfigArg,
+) -> Result<(crate::config::Config, Policy), crate::sys::error::FileError> {
+    let cfg = config.load_for(crate::launch::preflight::Mode::Run)?;
+    if cfg.nvml.enabled
+        && let Some(kmsg) = cfg
+            .nvml
+            .kmsg
+            .as_deref()
+            .filter(|p| !p.as_os_str().is_empty())
+    {
+        crate::probe::kmsg::check_path(kmsg)
+            .map_err(|m| crate::sys::error::FileError::new(&config.config, None, m))?;
+    }
+    let policy = Policy::load(&cfg.policy)?;
+    Ok((cfg, policy))
 }
 
 /// One life of the supervisor with one configuration, until `shutdown`.
@@ -328,6 +337,9 @@ impl Control {
 /// one stops the supervisor gracefully (orders in flight reach a safe point, state is saved)
 /// and starts it again in this process with the new files (systemd sees RELOADING=1, then
 /// READY=1).
+/// A reload's checked configuration, or why it was refused.
+type Checked = Result<(crate::config::Config, Policy), crate::sys::error::FileError>;
+
 fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<(), CliError> {
     use tokio::signal::unix::{SignalKind, signal};
     let watch = |kind: SignalKind, name: &str| {
@@ -336,28 +348,43 @@ fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<()
     let mut term = watch(SignalKind::terminate(), "SIGTERM")?;
     let mut int = watch(SignalKind::interrupt(), "SIGINT")?;
     let mut hup = watch(SignalKind::hangup(), "SIGHUP")?;
+    // The reload's checks run on a thread of their own, so that the loop below answers
+    // SIGTERM whatever a check meets (a stop never waits for a reload); only the newest
+    // SIGHUP's answer is applied. The thread is detached: a process that stops does not
+    // wait for it (a runtime's blocking pool would).
+    let (checked_tx, mut checked_rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Checked)>();
     tokio::spawn(async move {
         let mut seen = 0;
+        let mut asked: u64 = 0;
         loop {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
                 _ = hup.recv() => {
-                    let config = config.clone();
-                    let checked = tokio::task::spawn_blocking(move || {
-                        let cfg = config.load_for(crate::launch::preflight::Mode::Run)?;
-                        let policy = Policy::load(&cfg.policy)?;
-                        Ok::<_, crate::sys::error::FileError>((cfg, policy))
-                    })
-                    .await;
+                    asked = asked.wrapping_add(1);
+                    let (config, tx, ticket) = (config.clone(), checked_tx.clone(), asked);
+                    let spawned = std::thread::Builder::new()
+                        .name("gpu-medic-reload".into())
+                        .spawn(move || {
+                            let _ = tx.send((ticket, validate(&config)));
+                        });
+                    if let Err(e) = spawned {
+                        tracing::error!("SIGHUP: reload check could not start ({e}); still running with the previous configuration");
+                    }
+                    continue;
+                }
+                Some((ticket, checked)) = checked_rx.recv() => {
+                    if ticket != asked {
+                        // A later SIGHUP is being checked; its answer decides.
+                        continue;
+                    }
                     match checked {
-                        Ok(Ok((cfg, policy))) => {
+                        Ok((cfg, policy)) => {
                             tracing::info!(policy = %policy.origin, "SIGHUP: configuration and policy valid; restarting the supervisor with them");
                             let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
                             control.reload(cfg, policy);
                         }
-                        Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, still running with the previous configuration: {e}"),
-                        Err(e) => tracing::error!("SIGHUP: reload check failed: {e}"),
+                        Err(e) => tracing::error!("SIGHUP: reload refused, still running with the previous configuration: {e}"),
                     }
                     continue;
                 }
