@@ -92,7 +92,7 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let config_arg = a.config.clone();
     let config_arg_path = a.config.config.clone();
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let control = Control::default();
         spawn_signal_handler(control.clone(), config_arg)?;
         let mut current = Some((cfg, policy));
@@ -105,7 +105,11 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
             }
         }
         Ok(exit::OK)
-    })
+    });
+    // The state is saved: blocking work still running (a probe's call that does not
+    // return) does not hold the process past its stop.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// The checks a configuration passes before a life starts on it, at start and on SIGHUP

@@ -41,9 +41,14 @@ pub struct JsonlWriter<T> {
     file: File,
     len: u64,
     pending: Vec<u8>,
+    /// Lines dropped from `pending` while the disk refused them (see `commit`).
+    dropped: u64,
     rotation: Option<Rotation>,
     _t: PhantomData<fn(&T)>,
 }
+
+/// At most this many bytes of records wait in memory while the journal cannot be written.
+pub const MAX_PENDING: usize = 16 * 1024 * 1024;
 
 impl<T: Serialize> JsonlWriter<T> {
     /// Opens (creates) a journal that is never rotated.
@@ -104,6 +109,7 @@ impl<T: Serialize> JsonlWriter<T> {
             file,
             len,
             pending: Vec::new(),
+            dropped: 0,
             rotation,
             _t: PhantomData,
         })
@@ -133,18 +139,52 @@ impl<T: Serialize> JsonlWriter<T> {
         Ok(())
     }
 
-    /// Writes the pending batch and waits until it is on disk (one fsync).
+    /// Writes the pending batch and waits until it is on disk (one fsync). A write that
+    /// fails (a full disk) leaves the file as it was (a partial write is cut off again) and
+    /// the batch pending: the next commit writes it first, so records wait in memory, in
+    /// order, until the disk takes them. At most [`MAX_PENDING`] bytes wait; past it the
+    /// oldest whole lines are dropped, and the count is returned by [`take_dropped`].
     pub fn commit(&mut self) -> Result<(), JournalError> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        self.file
+        if let Err(e) = self
+            .file
             .write_all(&self.pending)
             .and_then(|_| self.file.sync_data())
-            .map_err(|e| JournalError::io(&self.path, e))?;
+        {
+            let _ = self.file.set_len(self.len);
+            self.bound_pending();
+            return Err(JournalError::io(&self.path, e));
+        }
         self.len += self.pending.len() as u64;
         self.pending.clear();
         Ok(())
+    }
+
+    /// Records waiting in memory for a commit (a full disk), as lines.
+    pub fn pending_lines(&self) -> usize {
+        self.pending.iter().filter(|b| **b == b'\n').count()
+    }
+
+    /// How many waiting lines were dropped (over [`MAX_PENDING`]) since last asked.
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+
+    fn bound_pending(&mut self) {
+        while self.pending.len() > MAX_PENDING {
+            match self.pending.iter().position(|b| *b == b'\n') {
+                Some(end) => {
+                    self.pending.drain(..=end);
+                    self.dropped += 1;
+                }
+                None => {
+                    self.pending.clear();
+                    self.dropped += 1;
+                }
+            }
+        }
     }
 
     /// Appends one record and waits until it is on disk.

@@ -109,6 +109,48 @@ struct Keeper {
     inputs: JsonlWriter<journal::JournaledInput>,
     /// The sequence number of the last input written to `inputs.jsonl`.
     seq: u64,
+    /// While the journal or the state cannot be written (a full disk): see [`Unsaved`].
+    unsaved: Unsaved,
+}
+
+/// A journal or state write that fails (a full disk under `state_dir`, an I/O error) is a
+/// self-fault of gpu-medic (component [`JOURNAL_COMPONENT`]), not an exit: healing goes on.
+///
+/// What must hold is *state before orders*: an order is started only once a restart would
+/// know it. While the state cannot be saved that holds only for orders a restart gives again
+/// by itself: the orders that take the node out of service (quarantine, drain, replace).
+/// Their signal's stream cursor is not on disk either, so a restart reads the signal again and
+/// decides the same order, which the control plane carries out idempotently. Those run at
+/// once; every other order (an MPS restart, a reboot, a task stop) waits here until the state
+/// is saved. Unwritten inputs and records wait in the journals' memory, in order (bounded by
+/// [`journal::MAX_PENDING`]), and are written first when the disk takes them again; the log
+/// says once which inputs wait, and again how many were written late or dropped.
+#[derive(Default)]
+struct Unsaved {
+    /// Why the last commit failed; `None` while journaling works.
+    failing: Option<String>,
+    /// Orders waiting for their state to be saved.
+    held: Vec<Order>,
+    /// The inputs of this batch (sequence number and signal), for the log if it fails.
+    batch: Vec<String>,
+    /// Inputs journaled late so far, and when the last reminder was logged.
+    waiting: usize,
+    reminded: Option<std::time::Instant>,
+    /// The self-fault or its recovery, stepped with the next batch.
+    say: Vec<Observation>,
+}
+
+/// The self-fault component of a journal or state that cannot be written.
+pub const JOURNAL_COMPONENT: &str = "journal";
+
+/// The orders that run while the state cannot be saved (see [`Unsaved`]).
+fn runs_unsaved(order: &Order) -> bool {
+    matches!(
+        order.command,
+        crate::model::Command::Quarantine
+            | crate::model::Command::Drain { .. }
+            | crate::model::Command::Replace
+    )
 }
 
 /// At most this many inputs are stepped between two commits: one write and one fsync of each
@@ -276,6 +318,7 @@ impl Keeper {
             gpu_signal,
             clock,
             seq: 0,
+            unsaved: Unsaved::default(),
         };
         engine.recover(resumed_state)?;
         journal::save_state(&cfg.state_path(), &engine.state)?;
@@ -485,11 +528,21 @@ impl Keeper {
     /// the whole batch is stepped, in arrival order: a batch holds every record of a stream
     /// between its first and its last (a source hands them over in order), so the cursor
     /// never passes a record that is not in this commit.
-    fn handle_batch(&mut self, batch: Batch) -> Result<Vec<Order>, SupervisorError> {
-        self.inputs.rotate_if_due()?;
-        self.incidents.rotate_if_due()?;
+    fn handle_batch(&mut self, mut batch: Batch) -> Result<Vec<Order>, SupervisorError> {
+        if self.unsaved.failing.is_none() {
+            for j in [
+                self.inputs.rotate_if_due().map(|_| ()),
+                self.incidents.rotate_if_due().map(|_| ()),
+            ] {
+                if let Err(e) = j {
+                    tracing::warn!("journal rotation failed (tried again later): {e}");
+                }
+            }
+        }
+        batch.observations.splice(0..0, self.unsaved.say.drain(..));
         let mut orders = Vec::new();
-        let mut dirty = false;
+        // While journaling fails, every batch (a tick at the latest) tries again.
+        let mut dirty = self.unsaved.failing.is_some();
         let (inputs, arrived) = batch.into_inputs(&self.policy);
         let mut in_batch: std::collections::HashSet<(crate::model::StreamId, u64)> =
             std::collections::HashSet::new();
@@ -519,9 +572,14 @@ impl Keeper {
             }
             // An input that changes nothing (an MPS probe that answered, a quiet tick) is not
             // recorded: the engine is a pure function of state and input, so leaving it out of
-            // inputs.jsonl changes no replay.
-            if !actions.is_empty() || state != self.state {
+            // inputs.jsonl changes no replay. A record read from a stream (a kernel-log XID
+            // the policy ignores) is journaled all the same: every record read is in the
+            // journal exactly once.
+            if !actions.is_empty() || state != self.state || cursor.is_some() {
                 self.seq = next_seq(self.seq, self.inputs.path())?;
+                if let Input::Observation(o) = &input {
+                    self.unsaved.batch.push(format!("#{} {}", self.seq, o.signal));
+                }
                 self.inputs.write(&journal::JournaledInput {
                     seq: self.seq,
                     stamped: StampedInput { at: now, input },
@@ -549,12 +607,112 @@ impl Keeper {
             dirty = true;
         }
         if dirty {
-            self.inputs.commit()?;
-            self.incidents.commit()?;
-            // State before orders: an order is never started that a restart would not know.
-            journal::save_state(&self.cfg.state_path(), &self.state)?;
+            // State before orders: an order is never started that a restart would not know
+            // (while the state cannot be saved, see `Unsaved`).
+            let committed = self
+                .inputs
+                .commit()
+                .and_then(|_| self.incidents.commit())
+                .and_then(|_| journal::save_state(&self.cfg.state_path(), &self.state));
+            match committed {
+                Ok(()) => {
+                    self.journaling_resumed();
+                    orders.splice(0..0, self.unsaved.held.drain(..));
+                }
+                Err(e) if e.is_retryable() => {
+                    self.journaling_failed(&e);
+                    let (run, hold): (Vec<Order>, Vec<Order>) =
+                        orders.into_iter().partition(runs_unsaved);
+                    for o in &run {
+                        tracing::warn!(action_id = %o.id, incident_id = %o.incident, action = o.command.name(), "state not saved: this order takes the node out of service and runs anyway (a restart decides it again)");
+                    }
+                    for o in &hold {
+                        tracing::warn!(action_id = %o.id, incident_id = %o.incident, action = o.command.name(), "state not saved: this order waits until it is");
+                    }
+                    self.unsaved.held.extend(hold);
+                    self.unsaved.batch.clear();
+                    return Ok(run);
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
+        self.unsaved.batch.clear();
         Ok(orders)
+    }
+
+    /// A commit failed: said once in full (why, which inputs and how many records wait), then
+    /// a reminder a minute at most; the self-fault is stepped with the next batch.
+    fn journaling_failed(&mut self, e: &JournalError) {
+        let u = &mut self.unsaved;
+        u.waiting += u.batch.len();
+        let (inputs, records) = (self.inputs.pending_lines(), self.incidents.pending_lines());
+        if u.failing.is_none() {
+            let why = e.to_string();
+            tracing::error!(
+                component = JOURNAL_COMPONENT,
+                inputs_waiting = inputs,
+                records_waiting = records,
+                "cannot write the journal or the state ({why}): healing goes on, orders that take the node out of service still run, the others wait; {inputs} input line(s) and {records} record(s) wait in memory and the state is not saved; this batch's inputs: {}",
+                u.batch.join(", ")
+            );
+            u.say.push(
+                Observation::new(crate::model::Signal::SelfFault {
+                    component: JOURNAL_COMPONENT.to_string(),
+                })
+                .with_detail(format!(
+                    "{why}; {inputs} input(s) and {records} record(s) wait in memory until the disk takes them"
+                ))
+                .from_source("journal"),
+            );
+            u.failing = Some(why);
+            u.reminded = Some(std::time::Instant::now());
+        } else if u
+            .reminded
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            tracing::warn!(
+                component = JOURNAL_COMPONENT,
+                inputs_waiting = inputs,
+                records_waiting = records,
+                "the journal still cannot be written ({e}); {inputs} input line(s) and {records} record(s) wait in memory; this batch's inputs: {}",
+                u.batch.join(", ")
+            );
+            u.reminded = Some(std::time::Instant::now());
+        } else {
+            tracing::debug!(inputs_waiting = inputs, "the journal still cannot be written: {e}");
+        }
+        let dropped = self.inputs.take_dropped() + self.incidents.take_dropped();
+        if dropped > 0 {
+            tracing::error!(
+                component = JOURNAL_COMPONENT,
+                dropped,
+                "journal lines waiting too long dropped (over {} in memory)",
+                crate::sys::limits::human_bytes(journal::MAX_PENDING as u64)
+            );
+        }
+    }
+
+    /// A commit succeeded after failing: said once, the recovery stepped with the next batch.
+    fn journaling_resumed(&mut self) {
+        let Some(why) = self.unsaved.failing.take() else {
+            return;
+        };
+        let late = std::mem::take(&mut self.unsaved.waiting);
+        tracing::warn!(
+            component = JOURNAL_COMPONENT,
+            inputs_written_late = late,
+            orders_released = self.unsaved.held.len(),
+            "the journal and the state are written again (they failed with: {why})"
+        );
+        self.unsaved.say.push(
+            Observation::new(crate::model::Signal::SelfRecovered {
+                component: JOURNAL_COMPONENT.to_string(),
+            })
+            .with_detail(format!(
+                "journal and state written again; {late} input(s) written late"
+            ))
+            .from_source("journal"),
+        );
     }
 }
 
@@ -784,6 +942,66 @@ mod tests {
                 .len(),
             before
         );
+    }
+
+    /// A state that cannot be saved (here a directory where its temp file goes; a full disk
+    /// in tests/full_disk.rs) is no error: the orders that take the node out of service are
+    /// handed out, every other order waits, and all of them are out once the state saves.
+    #[test]
+    fn orders_that_take_the_node_out_of_service_run_while_the_state_cannot_be_saved() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::parse(
+            &dir.path().join("config.toml"),
+            "state_dir = \"state\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+        )
+        .unwrap();
+        let caps = crate::model::Capabilities::default();
+        let (mut keeper, _) = Keeper::start(
+            cfg.clone(),
+            shipped_policy(),
+            None,
+            None,
+            SystemClock::shared(),
+            caps,
+        )
+        .unwrap();
+        let blocker = crate::sys::fs::temp_path(&cfg.state_path());
+        std::fs::create_dir_all(&blocker).unwrap();
+        let gpu = GpuId::index_only(0);
+        let batch = Batch {
+            observations: vec![
+                Observation::new(Signal::xid(79)).on_gpu(gpu.clone()).with_pids(vec![7]),
+                Observation::new(Signal::MpsDown).with_value(100),
+            ],
+            ..Batch::default()
+        };
+        let run = keeper.handle_batch(batch).unwrap();
+        assert!(!run.is_empty(), "the XID 79's orders run");
+        assert!(run.iter().all(runs_unsaved), "{run:?}");
+        assert!(keeper.unsaved.failing.is_some());
+        let held = keeper.unsaved.held.len();
+        std::fs::remove_dir(&blocker).unwrap();
+        let released = keeper
+            .handle_batch(Batch {
+                tick: true,
+                ..Batch::default()
+            })
+            .unwrap();
+        assert!(keeper.unsaved.failing.is_none());
+        assert!(released.len() >= held, "{released:?}");
+        assert!(keeper.unsaved.held.is_empty());
+        // The self-fault was stepped with that batch; its recovery goes with the next.
+        assert!(
+            keeper.state.open.values().any(|i| i.rule == "self-fault"),
+            "{:?}",
+            keeper.state.open
+        );
+        assert!(matches!(
+            &keeper.unsaved.say[..],
+            [o] if matches!(o.signal, Signal::SelfRecovered { .. })
+        ));
+        let saved = journal::load_state(&cfg.state_path()).unwrap().unwrap();
+        assert_eq!(saved.delivery.applied, keeper.state.delivery.applied);
     }
 
     /// Fatal first: in a batch, observations whose rule drains or replaces are stepped

@@ -244,6 +244,16 @@ impl NvmlSource {
         let poll_deadline = interval.max(Duration::from_secs(5)).saturating_mul(3);
         let shared = SharedState::default();
         let stop = Arc::new(AtomicBool::new(false));
+        // The threads beside the poll stop with it however it ends, also when the supervisor
+        // drops this task mid-await (a stop or a reload): a reader left running would follow
+        // the kernel log for the rest of the process.
+        struct StopOnDrop(Arc<AtomicBool>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop_on_drop = StopOnDrop(stop.clone());
         let watcher = events::Watcher {
             nvml: nvml.clone(),
             shared: shared.clone(),
