@@ -4,7 +4,8 @@
 //! each; only then are orders handed to the executor and sources' cursors moved (at least
 //! once from every source, duplicates dropped by position). Outcomes come back as inputs.
 //! One shutdown token fans out to every task; orders in flight get a grace period to reach a
-//! safe point, then state is saved.
+//! safe point, then state is saved. A commit that fails (a full disk) is a self-fault, not an
+//! exit: see [`Unsaved`] for what waits and which orders still run (docs/journal.md).
 
 pub mod evidence;
 
