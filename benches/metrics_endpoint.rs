@@ -10,9 +10,10 @@
 //!   builds the family as it was (one series per code), `after` through `Metrics::record`
 //!   (folded into `code="other"`);
 //! - an XID 79 decided by the real `gpu-medic run` (the fake libnvidia-ml, the kernel log a
-//!   file) while 2,000 connections hold its metrics port: a client thread keeps 2,000
-//!   connections open, opening a new one whenever the endpoint closes one (so past the cap
-//!   the endpoint accepts and refuses without pause). gpu-medic starts with systemd's
+//!   file) while 2,000 connections hold its metrics port: 2,000 clients each keep one
+//!   connection open and connect again as soon as the endpoint closes it (past the cap the
+//!   endpoint accepts and closes without pause; a connect the full listen queue leaves
+//!   waiting is given up after 1 s and tried again). gpu-medic starts with systemd's
 //!   descriptor limits (soft 1,024, hard 524,288 or the machine's hard limit if lower; it
 //!   raises the soft one itself) and, the
 //!   worst case, with a hard limit of 1,024 too. `BENCH_RUNS` runs (default 30), each a fresh
@@ -160,42 +161,53 @@ fn nofile() -> (u64, u64) {
     (lim.rlim_cur, lim.rlim_max)
 }
 
-/// Keeps `n` connections to `addr` open until `stop`, replacing each one the server closes.
-/// Returns how many connections it opened in all.
+/// Keeps `n` connections to `addr` open until `stop`, each opened again as soon as the
+/// server closes it (or a connect fails: the listen queue full). Returns how many connects
+/// it made in all.
 fn hold(
     addr: String,
     n: usize,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<u64> {
-    use std::io::Read;
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicU64, Ordering};
     std::thread::spawn(move || {
-        let connect = || {
-            let s = std::net::TcpStream::connect(&addr).ok()?;
-            s.set_nonblocking(true).ok()?;
-            Some(s)
-        };
-        let mut conns: Vec<Option<std::net::TcpStream>> = (0..n).map(|_| connect()).collect();
-        let mut opened = n as u64;
-        let mut buf = [0u8; 512];
-        while !stop.load(Ordering::Relaxed) {
-            for c in conns.iter_mut() {
-                let closed = match c {
-                    None => true,
-                    Some(s) => match s.read(&mut buf) {
-                        Ok(0) => true,
-                        Ok(_) => false,
-                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-                    },
-                };
-                if closed {
-                    *c = connect();
-                    opened += 1;
-                }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let connects = Arc::new(AtomicU64::new(0));
+        rt.block_on(async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..n {
+                let (addr, stop, connects) = (addr.clone(), stop.clone(), connects.clone());
+                tasks.spawn(async move {
+                    let mut buf = [0u8; 512];
+                    while !stop.load(Ordering::Relaxed) {
+                        connects.fetch_add(1, Ordering::Relaxed);
+                        let Ok(Ok(mut s)) = tokio::time::timeout(
+                            Duration::from_secs(1),
+                            tokio::net::TcpStream::connect(&addr),
+                        )
+                        .await
+                        else {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        };
+                        // Idle until the server closes it (or the run ends).
+                        while !stop.load(Ordering::Relaxed) {
+                            match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf))
+                                .await
+                            {
+                                Ok(Ok(0)) | Ok(Err(_)) => break,
+                                _ => {}
+                            }
+                        }
+                    }
+                });
             }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        opened
+            while tasks.join_next().await.is_some() {}
+        });
+        connects.load(Ordering::Relaxed)
     })
 }
 
@@ -342,7 +354,7 @@ fn main() {
     }
     if only.contains("xid79") {
         println!(
-            "| limits | held | connections opened per run | XID 79 decided | median | p99 | max | peak fds | descriptor errors | unclean exits |"
+            "| limits | held | connects per run | XID 79 decided | median | p99 | max | peak fds | descriptor errors | unclean exits |"
         );
         xid79("soft 1,024, hard 524,288", 0, None, runs);
         xid79("soft 1,024, hard 524,288", 2000, None, runs);
