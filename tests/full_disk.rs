@@ -113,18 +113,23 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
     let inside = |p: &str| -> PathBuf {
         PathBuf::from(format!("/proc/{pid}/root{}", state.join(p).display()))
     };
-    wait("the daemon to start on its tmpfs", &log, Duration::from_secs(20), || {
-        if let Ok(Some(s)) = child.0.try_wait() {
-            panic!(
-                "gpu-medic (or unshare/mount) ended at start ({s}): a mount namespace is needed\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        inside("state.json").exists()
-            && std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .contains("first NVML poll done")
-    });
+    wait(
+        "the daemon to start on its tmpfs",
+        &log,
+        Duration::from_secs(20),
+        || {
+            if let Ok(Some(s)) = child.0.try_wait() {
+                panic!(
+                    "gpu-medic (or unshare/mount) ended at start ({s}): a mount namespace is needed\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            inside("state.json").exists()
+                && std::fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .contains("first NVML poll done")
+        },
+    );
     assert!(
         !state.join("state.json").exists(),
         "the state is on the namespace's tmpfs, not on the host"
@@ -200,11 +205,11 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
                     && r["observation"]["signal"]["component"] == "journal"
             });
             let drained = records.iter().any(|r| {
-                    r["event"] == "closed"
-                        && r["summary"]
-                            .as_str()
-                            .is_some_and(|s| s.contains("would have quarantined, drained"))
-                });
+                r["event"] == "closed"
+                    && r["summary"]
+                        .as_str()
+                        .is_some_and(|s| s.contains("would have quarantined, drained"))
+            });
             let xid = lines(&inside("inputs.jsonl"))
                 .iter()
                 .filter(|v| v["signal"]["code"] == 79)

@@ -353,34 +353,44 @@ fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<()
     let mut int = watch(SignalKind::interrupt(), "SIGINT")?;
     let mut hup = watch(SignalKind::hangup(), "SIGHUP")?;
     // The reload's checks run on a thread of their own, so that the loop below answers
-    // SIGTERM whatever a check meets (a stop never waits for a reload); only the newest
-    // SIGHUP's answer is applied. The thread is detached: a process that stops does not
-    // wait for it (a runtime's blocking pool would).
-    let (checked_tx, mut checked_rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Checked)>();
+    // SIGTERM whatever a check meets (a stop never waits for a reload). One check at a time:
+    // SIGHUPs that come during a check are answered by one more check once it ends (its
+    // answer, on the files as they are then, is the one applied). The thread is detached: a
+    // process that stops does not wait for it (a runtime's blocking pool would).
+    let (checked_tx, mut checked_rx) = tokio::sync::mpsc::unbounded_channel::<Checked>();
+    let spawn_check = move |config: super::ConfigArg| {
+        let tx = checked_tx.clone();
+        std::thread::Builder::new()
+            .name("gpu-medic-reload".into())
+            .spawn(move || {
+                let _ = tx.send(validate(&config));
+            })
+            .map_err(|e| tracing::error!("SIGHUP: reload check could not start ({e}); still running with the previous configuration"))
+            .is_ok()
+    };
     tokio::spawn(async move {
         let mut seen = 0;
-        let mut asked: u64 = 0;
+        let (mut checking, mut again) = (false, false);
         loop {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
                 _ = hup.recv() => {
-                    asked = asked.wrapping_add(1);
-                    let (config, tx, ticket) = (config.clone(), checked_tx.clone(), asked);
-                    let spawned = std::thread::Builder::new()
-                        .name("gpu-medic-reload".into())
-                        .spawn(move || {
-                            let _ = tx.send((ticket, validate(&config)));
-                        });
-                    if let Err(e) = spawned {
-                        tracing::error!("SIGHUP: reload check could not start ({e}); still running with the previous configuration");
+                    if checking {
+                        again = true;
+                    } else {
+                        checking = spawn_check(config.clone());
                     }
                     continue;
                 }
-                Some((ticket, checked)) = checked_rx.recv() => {
-                    if ticket != asked {
-                        // A later SIGHUP is being checked; its answer decides.
-                        continue;
+                Some(checked) = checked_rx.recv() => {
+                    checking = false;
+                    if std::mem::take(&mut again) {
+                        // The files may have changed since this check began: check again.
+                        checking = spawn_check(config.clone());
+                        if checking {
+                            continue;
+                        }
                     }
                     match checked {
                         Ok((cfg, policy)) => {

@@ -579,7 +579,9 @@ impl Keeper {
             if !actions.is_empty() || state != self.state || cursor.is_some() {
                 self.seq = next_seq(self.seq, self.inputs.path())?;
                 if let Input::Observation(o) = &input {
-                    self.unsaved.batch.push(format!("#{} {}", self.seq, o.signal));
+                    self.unsaved
+                        .batch
+                        .push(format!("#{} {}", self.seq, o.signal));
                 }
                 self.inputs.write(&journal::JournaledInput {
                     seq: self.seq,
@@ -680,7 +682,10 @@ impl Keeper {
             );
             u.reminded = Some(std::time::Instant::now());
         } else {
-            tracing::debug!(inputs_waiting = inputs, "the journal still cannot be written: {e}");
+            tracing::debug!(
+                inputs_waiting = inputs,
+                "the journal still cannot be written: {e}"
+            );
         }
         let dropped = self.inputs.take_dropped() + self.incidents.take_dropped();
         if dropped > 0 {
@@ -971,7 +976,9 @@ mod tests {
         let gpu = GpuId::index_only(0);
         let batch = Batch {
             observations: vec![
-                Observation::new(Signal::xid(79)).on_gpu(gpu.clone()).with_pids(vec![7]),
+                Observation::new(Signal::xid(79))
+                    .on_gpu(gpu.clone())
+                    .with_pids(vec![7]),
                 Observation::new(Signal::MpsDown).with_value(100),
             ],
             ..Batch::default()
