@@ -358,7 +358,10 @@ fn storm(s: Storm) {
         "signal storm: {} reloads applied",
         lives.saturating_sub(run.runs as usize)
     );
-    assert!(lives > run.runs as usize, "seed {seed}: no reload applied\n{tail}");
+    assert!(
+        lives > run.runs as usize,
+        "seed {seed}: no reload applied\n{tail}"
+    );
 }
 
 /// CI: 15 s at 150 signals and lines a second, about 8 restarts.

@@ -354,8 +354,8 @@ fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<()
     let mut hup = watch(SignalKind::hangup(), "SIGHUP")?;
     // The reload's checks run on a thread of their own, so that the loop below answers
     // SIGTERM whatever a check meets (a stop never waits for a reload). One check at a time:
-    // SIGHUPs that come during a check are answered by one more check once it ends (its
-    // answer, on the files as they are then, is the one applied). The thread is detached: a
+    // SIGHUPs that come during a check are answered by one more check once it ends, on the
+    // files as they are then (each answer is applied in turn). The thread is detached: a
     // process that stops does not wait for it (a runtime's blocking pool would).
     let (checked_tx, mut checked_rx) = tokio::sync::mpsc::unbounded_channel::<Checked>();
     let spawn_check = move |config: super::ConfigArg| {
@@ -386,11 +386,9 @@ fn spawn_signal_handler(control: Control, config: super::ConfigArg) -> Result<()
                 Some(checked) = checked_rx.recv() => {
                     checking = false;
                     if std::mem::take(&mut again) {
-                        // The files may have changed since this check began: check again.
+                        // The files may have changed since this check began: this answer is
+                        // applied, and they are checked again.
                         checking = spawn_check(config.clone());
-                        if checking {
-                            continue;
-                        }
                     }
                     match checked {
                         Ok((cfg, policy)) => {
