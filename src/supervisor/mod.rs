@@ -610,37 +610,46 @@ impl Keeper {
             dirty = true;
         }
         if dirty {
-            // State before orders: an order is never started that a restart would not know
-            // (while the state cannot be saved, see `Unsaved`).
-            let committed = self
-                .inputs
-                .commit()
-                .and_then(|_| self.incidents.commit())
-                .and_then(|_| journal::save_state(&self.cfg.state_path(), &self.state));
-            match committed {
-                Ok(()) => {
-                    self.journaling_resumed();
-                    orders.splice(0..0, self.unsaved.held.drain(..));
-                }
-                Err(e) if e.is_retryable() => {
-                    self.journaling_failed(&e);
-                    let (run, hold): (Vec<Order>, Vec<Order>) =
-                        orders.into_iter().partition(runs_unsaved);
-                    for o in &run {
-                        tracing::warn!(action_id = %o.id, incident_id = %o.incident, action = o.command.name(), "state not saved: this order takes the node out of service and runs anyway (a restart decides it again)");
-                    }
-                    for o in &hold {
-                        tracing::warn!(action_id = %o.id, incident_id = %o.incident, action = o.command.name(), "state not saved: this order waits until it is");
-                    }
-                    self.unsaved.held.extend(hold);
-                    self.unsaved.batch.clear();
-                    return Ok(run);
-                }
-                Err(e) => return Err(e.into()),
-            }
+            return self.commit(orders);
         }
         self.unsaved.batch.clear();
         Ok(orders)
+    }
+
+    /// Commits the batch (inputs, records, state) and hands out its orders; a commit that
+    /// fails is a self-fault, and only the orders that may run unsaved are handed out (see
+    /// [`Unsaved`]).
+    fn commit(&mut self, mut orders: Vec<Order>) -> Result<Vec<Order>, SupervisorError> {
+        // State before orders: an order is never started that a restart would not know
+        // (while the state cannot be saved, see `Unsaved`).
+        let committed = self
+            .inputs
+            .commit()
+            .and_then(|_| self.incidents.commit())
+            .and_then(|_| journal::save_state(&self.cfg.state_path(), &self.state));
+        match committed {
+            Ok(()) => {
+                self.unsaved.batch.clear();
+                self.journaling_resumed();
+                orders.splice(0..0, self.unsaved.held.drain(..));
+                Ok(orders)
+            }
+            Err(e) if e.is_retryable() => {
+                self.journaling_failed(&e);
+                self.unsaved.batch.clear();
+                let (run, hold): (Vec<Order>, Vec<Order>) =
+                    orders.into_iter().partition(runs_unsaved);
+                for o in &run {
+                    tracing::warn!(action_id = %o.id, incident_id = %o.incident, action = o.command.name(), "state not saved: this order takes the node out of service and runs anyway (a restart decides it again)");
+                }
+                for o in &hold {
+                    tracing::warn!(action_id = %o.id, incident_id = %o.incident, action = o.command.name(), "state not saved: this order waits until it is");
+                }
+                self.unsaved.held.extend(hold);
+                Ok(run)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// A commit failed: said once in full (why, which inputs and how many records wait), then
