@@ -33,7 +33,7 @@ use gpu_medic::policy::Policy;
 use gpu_medic::probe::Source;
 use gpu_medic::remedy::Executor;
 use gpu_medic::remedy::{BoxFuture, Done, MpsRemedy, Remedies, RemedyError};
-use gpu_medic::supervisor::{SHUTDOWN_GRACE, Supervisor, SupervisorError};
+use gpu_medic::supervisor::{SHUTDOWN_GRACE, Supervisor};
 use gpu_medic_testkit::default_policy;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -476,22 +476,23 @@ async fn the_launch_gate_report_is_journaled_by_the_running_supervisor() {
 // A journal that cannot be written
 
 /// Runs a supervisor on `dir`, calls `break_it` once it has started (its first state saved),
-/// feeds it a wedged MPS daemon, and returns the error it stopped with and the orders it
-/// handed out.
-async fn run_until_it_cannot_write(
-    dir: &Path,
-    break_it: impl FnOnce(),
-) -> (SupervisorError, mpsc::UnboundedReceiver<Call>) {
-    let (hands, calls) = Hands::new();
+/// feeds it a wedged MPS daemon, and checks it keeps running without handing out the MPS
+/// restart (an order that waits for its state, docs/journal.md); then stops it.
+async fn run_while_it_cannot_write(dir: &Path, break_it: impl FnOnce()) {
+    let (hands, mut calls) = Hands::new();
     let (sup, feed) = supervisor(dir, Arc::new(hands));
     feed.send(mps_wedged()).unwrap();
-    let run = tokio::time::timeout(
-        Duration::from_secs(60),
-        sup.run(CancellationToken::new(), break_it),
-    )
-    .await
-    .expect("the supervisor stops by itself");
-    (run.unwrap_err(), calls)
+    let shutdown = CancellationToken::new();
+    let test = async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            calls.try_recv().is_err(),
+            "no MPS restart without its state"
+        );
+        shutdown.cancel();
+    };
+    let (run, ()) = tokio::join!(sup.run(shutdown.clone(), break_it), test);
+    run.expect("a journal that cannot be written does not stop the supervisor");
 }
 
 /// The next start on `dir`, once there is room again: the order the journaled input calls
@@ -512,7 +513,11 @@ async fn next_start_hands_out_the_restart(dir: &Path) {
     run.unwrap();
     assert!(state(dir).in_flight.is_empty());
     let recs = records(dir);
-    let opened = recs.iter().filter(|r| r["event"] == "opened").count();
+    // The MPS incident (the journal's own self-fault, journaled while it failed, aside).
+    let opened = recs
+        .iter()
+        .filter(|r| r["event"] == "opened" && r["observation"]["signal"]["kind"] != "self-fault")
+        .count();
     assert_eq!(opened, 1, "journaled once: {recs:#?}");
     assert_eq!(closed(dir)[0]["state"], "resolved");
 }
@@ -545,62 +550,64 @@ fn a_file_that_cannot_grow() -> (std::fs::File, std::path::PathBuf) {
 
 /// Stand-in for a full disk under the incident journal: `incidents.jsonl` is a link to a
 /// regular file that cannot grow ([`a_file_that_cannot_grow`]), so every write fails. The
-/// batch's input is on disk, its records are not: the supervisor stops with a retryable
-/// journal error naming the file, hands out no order and leaves state.json without the
-/// input. The next start, with room again, replays the input and hands the order out:
-/// nothing recorded is lost, nothing is done twice.
+/// batch's input is on disk, its records are not: the supervisor goes on (a self-fault), hands
+/// out no MPS restart and, stopping, keeps the last saved state. The next start, with room
+/// again, replays the input and hands the order out: nothing recorded is lost, nothing is
+/// done twice.
 #[tokio::test(start_paused = true)]
-async fn a_full_incident_journal_stops_the_supervisor_and_the_next_start_replays_the_input() {
+async fn a_full_incident_journal_is_a_self_fault_and_the_next_start_replays_the_input() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     std::fs::create_dir_all(&cfg.state_dir).unwrap();
     let (_full, link) = a_file_that_cannot_grow();
     std::os::unix::fs::symlink(&link, cfg.incidents_path()).unwrap();
-    let (err, mut calls) = run_until_it_cannot_write(dir.path(), || {}).await;
-    let SupervisorError::Journal(e) = &err;
-    assert!(e.is_retryable(), "{err}");
-    assert!(err.to_string().contains("incidents.jsonl"), "{err}");
-    assert!(calls.try_recv().is_err(), "no order was handed out");
+    run_while_it_cannot_write(dir.path(), || {}).await;
     let st = state(dir.path());
     assert!(st.open.is_empty() && st.in_flight.is_empty(), "{st:?}");
-    assert_eq!(inputs(dir.path()).len(), 1, "the input is journaled");
+    assert!(!inputs(dir.path()).is_empty(), "the input is journaled");
 
     std::fs::remove_file(cfg.incidents_path()).unwrap();
     next_start_hands_out_the_restart(dir.path()).await;
-    assert_eq!(
-        inputs(dir.path()).len(),
-        2,
-        "the input once, then the outcome"
-    );
 }
 
 /// Stand-in for a state directory that takes no new file (full, or remounted read-only; the
 /// tests run as root, which permissions do not stop): once the supervisor has started, a
-/// directory stands where the new `state.json` is written first (`.state.json.tmp`), so the state cannot be replaced. The
-/// input and the incident's records are on disk; the supervisor stops with an error naming
-/// state.json and hands out no order. The next start replays the input, does not journal the
-/// records again, and hands the order out once.
+/// directory stands where the new `state.json` is written first (`.state.json.tmp`). An XID 79
+/// has its quarantine handed out all the same (a restart would decide it again); the MPS
+/// restart waits, and is handed out once the state can be saved again.
 #[tokio::test(start_paused = true)]
-async fn a_state_that_cannot_be_saved_hands_out_no_order_and_the_next_start_replays_it() {
+async fn a_state_that_cannot_be_saved_still_runs_fatal_orders_and_holds_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let tmp = gpu_medic::sys::fs::temp_path(&cfg.state_path());
     let block = tmp.clone();
-    let (err, mut calls) =
-        run_until_it_cannot_write(dir.path(), move || std::fs::create_dir_all(&block).unwrap())
-            .await;
-    assert!(err.to_string().contains("state.json"), "{err}");
-    assert!(calls.try_recv().is_err(), "no order was handed out");
-    let st = state(dir.path());
-    assert!(st.open.is_empty() && st.in_flight.is_empty(), "{st:?}");
-    assert_eq!(inputs(dir.path()).len(), 1, "the input is journaled");
-    assert!(
-        records(dir.path()).iter().any(|r| r["event"] == "opened"),
-        "the records are journaled"
+    let (hands, mut calls) = Hands::new();
+    let (sup, feed) = supervisor(dir.path(), Arc::new(hands));
+    let shutdown = CancellationToken::new();
+    let test = async {
+        feed.send(mps_wedged()).unwrap();
+        feed.send(xid_79()).unwrap();
+        let first = next(&mut calls).await;
+        assert_eq!(first.kind(), "quarantine", "the fatal order runs unsaved");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(calls.try_recv().is_err(), "the MPS restart waits");
+        std::fs::remove_dir(&tmp).unwrap();
+        let released = next(&mut calls).await;
+        assert_eq!(released.order.command, Command::RestartMps);
+        drop((first, released));
+        shutdown.cancel();
+    };
+    let (run, ()) = tokio::join!(
+        sup.run(shutdown.clone(), move || std::fs::create_dir_all(&block)
+            .unwrap()),
+        test
     );
-
-    std::fs::remove_dir(&tmp).unwrap();
-    next_start_hands_out_the_restart(dir.path()).await;
+    run.unwrap();
+    assert!(
+        records(dir.path()).iter().any(|r| r["event"] == "opened"
+            && r["observation"]["signal"]["component"] == "journal"),
+        "the self-fault is journaled once the state saves"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -279,6 +279,17 @@ impl Supervisor {
 
         engine.stop(&mut obs_rx, &mut out_rx, &mut orders).await?;
         sources.shutdown().await;
+        if let Some(why) = &engine.unsaved.failing {
+            // The last saved state stays: the next start replays what the journal holds past
+            // it, and the streams are read again from its cursors.
+            tracing::error!(
+                component = JOURNAL_COMPONENT,
+                inputs_not_journaled = engine.inputs.pending_lines(),
+                records_not_journaled = engine.incidents.pending_lines(),
+                "gpu-medic supervisor stopped with the journal failing ({why}); the last saved state is kept"
+            );
+            return Ok(());
+        }
         journal::save_state(&cfg.state_path(), &engine.state)?;
         tracing::info!("gpu-medic supervisor stopped; state saved");
         Ok(())
