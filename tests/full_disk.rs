@@ -54,10 +54,10 @@ impl Drop for Killed {
 
 #[test]
 fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
-    // SAFETY: geteuid has no preconditions.
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "this test needs root (a tmpfs in a mount namespace); CI runs it as root"
     );
     let dir = tempfile::Builder::new()
