@@ -3,8 +3,9 @@
 //! CLI readers (`status`, `incidents list`, `incidents list --open --json`, `tasks`), on a
 //! state directory first as a short run leaves it, then with every file at its cap:
 //!
-//! - `state.json` at 64 MiB (`MAX_STATE_BYTES`): the run's own state, its repeat table grown
-//!   with entries (a hand or a corrupt writer could make them; the engine trims what it keeps);
+//! - `state.json` at 16 MiB (`MAX_STATE_BYTES`): the run's own state, its confirmation
+//!   windows grown far past what the engine keeps (a hand or a corrupt writer could make
+//!   them; the daemon sets such a state aside and rebuilds it from the journal);
 //! - `inputs.jsonl` and `incidents.jsonl` at 64 MiB each (the default rotation size), filled
 //!   with copies of the run's own lines, sequence numbers and incident ids going up;
 //! - `gpu-memory.jsonl` at 16 MiB (`MAX_GPU_MEMORY_HISTORY`), rows of one task;
@@ -12,9 +13,10 @@
 //!   1 MiB each; the kernel log at 64 MiB of lines that are no XID.
 //!
 //! Figures: the daemon's peak RSS (`VmHWM`) 5 s after its start, and each CLI command's peak
-//! RSS (`ru_maxrss` from `wait4`) and wall time. Run with `cargo bench --bench file_caps`
+//! RSS and wall time (GNU time's `%M` and `%e`: `/usr/bin/time`, Debian's `time`; a child
+//! forked from this bench would count the bench's own memory). Run with `cargo bench --bench file_caps`
 //! (release), or build it with the other targets and run `target/debug/deps/file_caps-*`
-//! for the dev profile.
+//! for the dev profile; `GPU_MEDIC_BIN=path` measures another gpu-medic binary.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // bench code: a failed assumption is a failed run
 
@@ -37,35 +39,32 @@ fn vm_hwm_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs a CLI command to its end: (exit code, peak RSS in KiB, wall ms).
+/// Runs a CLI command to its end under GNU time: (exit code, peak RSS in KiB, wall ms).
 fn cli(d: &Daemon, args: &[&str]) -> (i32, u64, f64) {
-    let t = Instant::now();
-    let child = d
-        .command()
+    let inner = d.command();
+    let mut c = std::process::Command::new("/usr/bin/time");
+    c.args(["-f", "%M %e"])
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let out = c
         .args(args)
         .arg("--config")
         .arg(d.config())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for the kernel to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `status` and `usage` are valid and writable for the call; the pid is our child's,
-    // not yet waited for (the Child is never waited on through std).
-    let rc = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    assert_eq!(rc, child.id() as libc::pid_t, "wait4");
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        -1
-    };
-    (
-        code,
-        usage.ru_maxrss as u64,
-        t.elapsed().as_secs_f64() * 1000.0,
-    )
+        .output()
+        .expect("/usr/bin/time (Debian's `time`)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or("");
+    let mut f = last.split_whitespace();
+    let rss = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let secs: f64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
+    (out.status.code().unwrap_or(-1), rss, secs * 1000.0)
 }
 
 /// Appends copies of `line` (its `field` numbered up from `from`) until `path` holds `cap`
@@ -101,19 +100,37 @@ fn padded(value: &str, cap: u64) -> Vec<u8> {
     b
 }
 
-fn measure(label: &str, d: &mut Daemon) {
+/// `run` is the daemon's `run`-th start (its log is `daemon-<run>.log`).
+fn measure(label: &str, d: &mut Daemon, run: u32) {
     d.spawn();
     let pid = d.pid().unwrap();
     let t = Instant::now();
+    let mut started = None;
+    while t.elapsed() < Duration::from_secs(60) {
+        let log = std::fs::read_to_string(d.path(&format!("daemon-{run}.log"))).unwrap_or_default();
+        if log.contains("supervisor started") {
+            started = Some(t.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::thread::sleep(Duration::from_secs(5));
     let hwm = vm_hwm_kib(pid);
-    let started = d.log().contains("supervisor started");
-    d.stop(Duration::from_secs(20));
+    let stopping = Instant::now();
+    d.stop(Duration::from_secs(30));
     println!(
-        "| {label} | `run` (5 s) | {} | {:.1} MiB | {} |",
-        if started { "started" } else { "NOT started" },
+        "| {label} | `run` (5 s after its start) | {} | {:.1} MiB | started in {}, stopped in {:.0} ms |",
+        if started.is_some() {
+            "started"
+        } else {
+            "NOT started in 60 s"
+        },
         hwm as f64 / 1024.0,
-        format_args!("{:.0} ms", t.elapsed().as_secs_f64() * 1000.0 - 5000.0)
+        started.map_or("-".into(), |d| format!(
+            "{:.0} ms",
+            d.as_secs_f64() * 1000.0
+        )),
+        stopping.elapsed().as_secs_f64() * 1000.0
     );
     for args in [
         &["status"][..],
@@ -134,6 +151,9 @@ fn main() {
     println!("{}", machine());
     let mut d = Daemon::fake_gpu_node("tick_interval = \"1s\"", "");
     d.gpus(gpu_medic_testkit::FOUR_GPUS);
+    if let Some(bin) = std::env::var_os("GPU_MEDIC_BIN") {
+        d.binary(bin.into());
+    }
     std::fs::write(d.path("kmsg"), "").unwrap();
     // A short run that opens an incident, so the files hold the daemon's own lines.
     d.start();
@@ -150,7 +170,7 @@ fn main() {
     d.stop(Duration::from_secs(10));
     println!("| files | command | result | peak RSS | time |");
     println!("|---|---|---|---|---|");
-    measure("as a short run left them", &mut d);
+    measure("as a short run left them", &mut d, 2);
 
     let state_dir = d.path("state");
     let read = |name: &str| std::fs::read_to_string(state_dir.join(name)).unwrap();
@@ -179,7 +199,7 @@ fn main() {
     let mut i = 0u64;
     let base = state.to_string().len() as u64;
     let mut size = base;
-    while size < 64 * MIB - 64 * 1024 {
+    while size < 16 * MIB - 64 * 1024 {
         let k = format!("gpu{}/xid{}", i % 4, 100_000 + i);
         size += k.len() as u64 + 40;
         repeats.insert(k, serde_json::json!(["2026-12-01T00:00:00.000Z"]));
@@ -187,7 +207,7 @@ fn main() {
     }
     state["sightings"] = Value::Object(repeats);
     let mut text = serde_json::to_vec(&state).unwrap();
-    while text.len() as u64 > 64 * MIB {
+    while text.len() as u64 > 16 * MIB {
         // The estimate ran over: drop entries until the state fits its cap.
         let m = state["sightings"].as_object_mut().unwrap();
         let drop: Vec<String> = m.keys().take(10_000).cloned().collect();
@@ -244,5 +264,5 @@ fn main() {
         })
         .collect();
     println!("<!-- at the cap: {} -->", sizes.join(", "));
-    measure("every file at its cap", &mut d);
+    measure("every file at its cap", &mut d, 3);
 }

@@ -505,7 +505,8 @@ pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
 
 /// Reads `state.json`; `None` when there is none yet (first start).
 /// Anything that is not a readable state (not a regular file, over its cap, not UTF-8, not
-/// the state's JSON, a number out of range) is `Corrupt`, which the daemon sets aside.
+/// the state's JSON, a number out of range, a collection larger than the engine keeps) is
+/// `Corrupt`, which the daemon sets aside.
 pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
     let corrupt = |line, message| JournalError::Corrupt {
         path: path.to_path_buf(),
