@@ -1,6 +1,7 @@
-//! The per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48 MPS clients: what
-//! one NVML poll does after the NVML calls themselves, measured in-process with the same
-//! functions `gpu-medic run` calls, in two variants:
+//! The per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48 MPS clients
+//! (`BENCH_GPUS`, `BENCH_CLIENTS` per GPU, a multiple of 16: e.g. 16 and 128): what one NVML
+//! poll does after the NVML calls themselves, measured in-process with the same functions
+//! `gpu-medic run` calls, in these variants:
 //!
 //! - `before`: what the accounting cost before reservations (each client's
 //!   `/proc/<pid>/cgroup` read and summed per task and container, tasks named through the ECS
@@ -8,7 +9,11 @@
 //! - `after`: the same plus each task's total against its reservation (`reserve::per_task`),
 //!   the crossing check and the history's per-minute peaks (the default configuration);
 //! - `after+emf`: and one EMF line per task, container and GPU (`[metrics] emf = true`; the
-//!   lines are built, not written: where stdout goes is the shipper's cost).
+//!   lines are built, not written: where stdout goes is the shipper's cost);
+//! - `2 reads`: `after` as the poller did it before issue 26, each client's cgroup read
+//!   twice a poll (its task ids for the incidents, its sums for the accounting);
+//! - `cached`: `after` as the poller does it now (`probe::tasks::Placements`: each cgroup
+//!   read once per process, one client in six checked by a `stat` per poll).
 //!
 //! The clients are real processes (`sleep`) in ECS-shaped cgroups (`kit::proc::EcsTaskProcs`,
 //! root needed): 64 tasks of two containers with three processes each, 8 tasks per GPU. The
@@ -32,14 +37,13 @@ use gpu_medic::accounting::usage::{self, Accounting, Client, Snapshot, TaskNames
 use gpu_medic::aws::taskdef::ContainerReservation;
 use gpu_medic::config::{AwsConfig, Share};
 use gpu_medic::model::GpuId;
+use gpu_medic::probe::tasks;
 use gpu_medic_testkit::imds::{AgentTask, FakeAgent};
 use gpu_medic_testkit::proc::EcsTaskProcs;
 use gpu_medic_testkit::stats::machine;
 
-const GPUS: u32 = 8;
 const TASKS_PER_GPU: u32 = 8;
 const CONTAINERS: [&str; 2] = ["app", "sidecar"];
-const PROCS: usize = 3;
 
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -61,10 +65,16 @@ fn us(d: Duration) -> String {
 }
 
 fn main() {
-    let polls: usize = std::env::var("BENCH_POLLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let polls = env("BENCH_POLLS", 2000);
+    let n_gpus = env("BENCH_GPUS", 8) as u32;
+    // Clients per GPU: 8 tasks x 2 containers x per_container processes.
+    let per_container = (env("BENCH_CLIENTS", 48) / 16).max(1);
     println!("{}", machine());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -73,15 +83,15 @@ fn main() {
 
     // 64 tasks x 2 containers x 3 processes = 384 clients, 48 per GPU.
     let mut procs = Vec::new();
-    let mut gpus: Vec<Vec<u32>> = vec![Vec::new(); GPUS as usize];
+    let mut gpus: Vec<Vec<u32>> = vec![Vec::new(); n_gpus as usize];
     let mut agent_tasks = Vec::new();
-    for g in 0..GPUS {
+    for g in 0..n_gpus {
         for t in 0..TASKS_PER_GPU {
             let task = format!("{:08x}{g:04x}{t:04x}{}", std::process::id(), "0".repeat(16));
             let mut containers = Vec::new();
             for (c, name) in CONTAINERS.iter().enumerate() {
                 let id = format!("{task}{c:032x}");
-                let p = EcsTaskProcs::start(&task, &id, PROCS)
+                let p = EcsTaskProcs::start(&task, &id, per_container)
                     .unwrap_or_else(|e| panic!("this bench needs root: {e}"));
                 gpus[g as usize].extend(p.pids());
                 procs.push(p);
@@ -119,7 +129,7 @@ fn main() {
                 .collect(),
         );
     }
-    let ids: Vec<GpuId> = (0..GPUS)
+    let ids: Vec<GpuId> = (0..n_gpus)
         .map(|i| GpuId {
             index: i,
             uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
@@ -129,10 +139,14 @@ fn main() {
     let proc_root = std::path::PathBuf::from("/proc");
     let state = tempfile::tempdir().unwrap();
     let alert = Share(100.0);
+    let mut placements = tasks::Placements::new(&proc_root);
 
     // The variants take turns poll by poll, so drift on a shared machine (other builds, page
     // cache) falls on all three alike.
-    const VARIANTS: [&str; 3] = ["before", "after", "after+emf"];
+    // `2 reads` is the poller as it was before issue 26 (the task ids and the sums each read
+    // every client's cgroup); `cached` the poller now (`tasks::Placements`: one read per
+    // process, a stat of one client in six per poll); both with the default configuration.
+    const VARIANTS: [&str; 5] = ["before", "after", "after+emf", "2 reads", "cached"];
     struct Run {
         accounting: Accounting,
         metrics: gpu_medic::metrics::Metrics,
@@ -180,9 +194,29 @@ fn main() {
         for (variant, run) in VARIANTS.iter().zip(runs.iter_mut()) {
             let (t0, c0) = (Instant::now(), thread_cpu());
             let mut snap = Snapshot::default();
+            if *variant == "cached" {
+                placements.begin_poll();
+            }
             for (g, c) in clients.iter().enumerate() {
-                snap.gpus
-                    .insert(g as u32, (ids[g].clone(), usage::sum(&proc_root, c)));
+                let per_task = match *variant {
+                    "2 reads" => {
+                        let pids: Vec<u32> = c.iter().map(|c| c.pid).collect();
+                        std::hint::black_box(tasks::task_ids(&proc_root, &pids));
+                        usage::sum(&proc_root, c)
+                    }
+                    "cached" => {
+                        let pids: Vec<u32> = c.iter().map(|c| c.pid).collect();
+                        placements.resolve(&pids);
+                        std::hint::black_box(placements.task_ids(&pids));
+                        let p = &placements;
+                        usage::sum_placed(c, |pid| p.get(pid))
+                    }
+                    _ => usage::sum(&proc_root, c),
+                };
+                snap.gpus.insert(g as u32, (ids[g].clone(), per_task));
+            }
+            if *variant == "cached" {
+                placements.end_poll();
             }
             rt.block_on(run.names.label(&agent.url, &mut snap));
             if *variant != "before" {
@@ -214,8 +248,8 @@ fn main() {
         run.scrape.sort();
         let per_hour = pct(&run.cpu, 50).as_secs_f64() * 360.0;
         println!(
-            "{variant:>9}: {GPUS} GPUs x {} clients, {polls} polls: poll wall median {} p99 {}; poll CPU median {} p99 {}; {per_hour:.2} CPU-s/hour at a 10 s poll; a scrape's CPU median {} p99 {}{}",
-            TASKS_PER_GPU as usize * CONTAINERS.len() * PROCS,
+            "{variant:>9}: {n_gpus} GPUs x {} clients, {polls} polls: poll wall median {} p99 {}; poll CPU median {} p99 {}; {per_hour:.2} CPU-s/hour at a 10 s poll; a scrape's CPU median {} p99 {}{}",
+            TASKS_PER_GPU as usize * CONTAINERS.len() * per_container,
             us(pct(&run.wall, 50)),
             us(pct(&run.wall, 99)),
             us(pct(&run.cpu, 50)),

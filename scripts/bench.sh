@@ -27,13 +27,17 @@
 #                       (BENCH_RUNS, default 20; BENCH_WINDOW_S, default 20; BENCH_ONLY=latency,calls)
 #   link_poll           the NVML poll at 8 GPUs x 18 NVLinks with and without [links], and a
 #                       metrics scrape with and without the link series (BENCH_POLLS, default 2000)
+#   incidents_list      `gpu-medic incidents list` (plain, --open, --json) on journals of
+#                       BENCH_SIZES incidents (default 10000,100000), closed or all open:
+#                       median, p99, peak RSS (BENCH_RUNS, default 5; GPU_MEDIC_BIN=path for
+#                       another binary)
 # action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll incidents_list)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do
