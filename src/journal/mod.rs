@@ -549,6 +549,9 @@ pub fn rebuild_from_journal(
         }
         true
     })?;
+    if rebuild.skipped() > 0 {
+        tracing::warn!(path = %incidents.display(), records = rebuild.skipped(), "records with out-of-range ids left out of the rebuilt state");
+    }
     Ok(rebuild.finish(now))
 }
 
