@@ -61,7 +61,8 @@ fn closed(i: u64) -> Record {
 fn journal(dir: &Path, n: u64, open: bool) -> std::path::PathBuf {
     let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
-    let mut w = std::io::BufWriter::new(std::fs::File::create(state.join("incidents.jsonl")).unwrap());
+    let mut w =
+        std::io::BufWriter::new(std::fs::File::create(state.join("incidents.jsonl")).unwrap());
     for i in 1..=n {
         serde_json::to_writer(&mut w, &opened(i)).unwrap();
         w.write_all(b"\n").unwrap();
@@ -89,7 +90,13 @@ fn journal(dir: &Path, n: u64, open: bool) -> std::path::PathBuf {
 }
 
 /// One run: wall time, peak RSS in KiB, rows printed; None when killed at the timeout.
-fn run(bin: &Path, args: &[&str], cfg: &Path, out: &Path, timeout: Duration) -> Option<(f64, u64, usize)> {
+fn run(
+    bin: &Path,
+    args: &[&str],
+    cfg: &Path,
+    out: &Path,
+    timeout: Duration,
+) -> Option<(f64, u64, usize)> {
     let t = Instant::now();
     let child = Command::new(bin)
         .args(args)
@@ -121,7 +128,10 @@ fn run(bin: &Path, args: &[&str], cfg: &Path, out: &Path, timeout: Duration) -> 
         std::thread::sleep(Duration::from_millis(2));
     }
     let wall = t.elapsed().as_secs_f64();
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{args:?}: exit {status}");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{args:?}: exit {status}"
+    );
     let rows = std::fs::read_to_string(out).unwrap().lines().count();
     Some((wall, usage.ru_maxrss as u64, rows))
 }
@@ -143,7 +153,9 @@ fn main() {
         for open in [false, true] {
             let dir = tempfile::tempdir().unwrap();
             let cfg = journal(dir.path(), n, open);
-            let size = std::fs::metadata(dir.path().join("state/incidents.jsonl")).unwrap().len();
+            let size = std::fs::metadata(dir.path().join("state/incidents.jsonl"))
+                .unwrap()
+                .len();
             let out = dir.path().join("out");
             for args in [
                 &["incidents", "list"][..],

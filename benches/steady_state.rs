@@ -187,7 +187,10 @@ fn main() {
         Ok(v) => v
             .split(',')
             .map(|c| {
-                let (g, n) = c.trim().split_once('x').expect("BENCH_CONFIGS: GPUSxCLIENTS,...");
+                let (g, n) = c
+                    .trim()
+                    .split_once('x')
+                    .expect("BENCH_CONFIGS: GPUSxCLIENTS,...");
                 (g.parse().unwrap(), n.parse().unwrap())
             })
             .collect(),

@@ -72,6 +72,13 @@ fn main() {
             .unwrap_or(d)
     };
     let polls = env("BENCH_POLLS", 2000);
+    // The fake libnvidia-ml, for its own listing time (below): it reads these at init.
+    let fake = tempfile::tempdir().unwrap();
+    // SAFETY: no other thread runs yet (the runtime and the fake library start later).
+    unsafe {
+        std::env::set_var("FAKE_NVML_CONFIG", fake.path().join("gpus.json"));
+        std::env::set_var("FAKE_NVML_INJECT_DIR", fake.path().join("inject"));
+    }
     let n_gpus = env("BENCH_GPUS", 8) as u32;
     // Clients per GPU: 8 tasks x 2 containers x per_container processes.
     let per_container = (env("BENCH_CLIENTS", 48) / 16).max(1);
@@ -263,6 +270,7 @@ fn main() {
             }
         );
     }
+    library_listing(fake.path(), &gpus, polls);
     // The once-a-minute append: every key's peak, one write, one fsync.
     let run = &mut runs[1];
     let mut appends = Vec::new();
@@ -284,4 +292,55 @@ fn main() {
         appends.len() * 2 + 1
     );
     drop(procs);
+}
+
+/// The fake libnvidia-ml's own time for what the poller asks of it per GPU for the accounting
+/// (`mps_running_compute_processes`: nvml-wrapper's two calls), reported apart from
+/// gpu-medic's: the thread's CPU time over `polls` polls of every GPU, its injection watcher
+/// (another thread, absent from a real library) not included.
+fn library_listing(dir: &std::path::Path, gpus: &[Vec<u32>], polls: usize) {
+    std::fs::write(dir.join("gpus.json"), gpu_medic_testkit::gpus_json(gpus.len())).unwrap();
+    std::fs::create_dir_all(dir.join("inject")).unwrap();
+    for (g, pids) in gpus.iter().enumerate() {
+        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+        gpu_medic_testkit::inject(
+            &dir.join("inject"),
+            g as u64,
+            &format!(r#"{{"gpu": {g}, "mps_clients": [{}]}}"#, list.join(",")),
+        );
+    }
+    let lib = gpu_medic_testkit::fake_nvml();
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .unwrap();
+    let devices: Vec<_> = (0..gpus.len() as u32)
+        .map(|i| nvml.device_by_index(i).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while devices
+        .iter()
+        .zip(gpus)
+        .any(|(d, p)| d.mps_running_compute_processes().map_or(0, |l| l.len()) != p.len())
+    {
+        assert!(Instant::now() < deadline, "the fake library never listed the clients");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cpu = Vec::with_capacity(polls);
+    for _ in 0..polls {
+        let c0 = thread_cpu();
+        for d in &devices {
+            std::hint::black_box(d.mps_running_compute_processes().unwrap());
+        }
+        cpu.push(thread_cpu() - c0);
+    }
+    cpu.sort();
+    println!(
+        "fake libnvidia-ml, listing {} clients on each of {} GPUs: CPU per poll median {} p99 {}; {:.2} CPU-s/hour at a 10 s poll (the library's own, apart)",
+        gpus.first().map_or(0, Vec::len),
+        gpus.len(),
+        us(pct(&cpu, 50)),
+        us(pct(&cpu, 99)),
+        pct(&cpu, 50).as_secs_f64() * 360.0
+    );
 }

@@ -1157,11 +1157,16 @@ fn cli_commands_refuse_a_fifo_or_dev_zero_in_the_state_directory() {
         ("incidents.jsonl", &["incidents", "show", "1"]),
         ("incidents.jsonl.1", &["incidents", "list", "--open"]),
         ("gpu-memory.jsonl", &["tasks"]),
-        ("inputs.jsonl", &["policy", "simulate", "STATE/inputs.jsonl"]),
+        (
+            "inputs.jsonl",
+            &["policy", "simulate", "STATE/inputs.jsonl"],
+        ),
     ];
     for (file, args) in cases {
         for kind in ["fifo", "zero"] {
-            let node = Node::new("[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n");
+            let node = Node::new(
+                "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+            );
             std::fs::create_dir_all(node.path("state")).unwrap();
             if file == "incidents.jsonl.1" {
                 std::fs::write(node.path("state/incidents.jsonl"), "").unwrap();

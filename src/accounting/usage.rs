@@ -64,10 +64,7 @@ pub fn sum(proc_root: &Path, clients: &[Client]) -> Vec<TaskUsage> {
     let by_pid: std::collections::HashMap<u32, (&str, Option<&str>)> = clients
         .iter()
         .zip(&placed)
-        .filter_map(|(c, p)| {
-            p.as_ref()
-                .map(|(t, k)| (c.pid, (t.as_str(), k.as_deref())))
-        })
+        .filter_map(|(c, p)| p.as_ref().map(|(t, k)| (c.pid, (t.as_str(), k.as_deref()))))
         .collect();
     sum_placed(clients, |pid| by_pid.get(&pid).copied())
 }

@@ -1,5 +1,6 @@
 //! `gpu-medic incidents list|show`: the journal as on-call reads it, or stable JSON. The
-//! journal is streamed across its rotated files; memory does not grow with its size.
+//! journal is streamed across its rotated files in linear time; memory grows with the
+//! incidents still open (a summary each), never with the journal's size.
 
 use std::time::Duration;
 
@@ -762,6 +763,9 @@ mod tests {
         // the time is the bench's (benches/incidents_list.rs), this checks the result.
         let got = fold_all(&records);
         assert_eq!(got.len(), 100_000);
-        assert!(got.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 == IncidentState::Open));
+        assert!(
+            got.windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 == IncidentState::Open)
+        );
     }
 }

@@ -304,7 +304,9 @@ impl Tail {
             if c.bytes >= f.len {
                 continue;
             }
-            let Ok(mut file) = open(&f.path) else { continue };
+            let Ok(mut file) = open(&f.path) else {
+                continue;
+            };
             if file.metadata().map(|m| m.ino()).ok() != Some(f.ino)
                 || file.seek(SeekFrom::Start(c.bytes)).is_err()
             {
@@ -600,7 +602,10 @@ mod tests {
         // line differs, which tells it apart.
         std::fs::write(&p, "").unwrap();
         append(&p, 100..=110);
-        assert_eq!(ids(&all(&mut tail, &mut cur)), (100..=110).collect::<Vec<_>>());
+        assert_eq!(
+            ids(&all(&mut tail, &mut cur)),
+            (100..=110).collect::<Vec<_>>()
+        );
         assert_eq!(cur.dropped, 2);
     }
 
@@ -671,7 +676,11 @@ mod tests {
         assert_eq!(ids(&all(&mut tail, &mut cur)), [3]);
         std::fs::write(&p, "").unwrap();
         append(&p, 4..=4);
-        assert_eq!(ids(&all(&mut tail, &mut cur)), [4], "the copy is not read again");
+        assert_eq!(
+            ids(&all(&mut tail, &mut cur)),
+            [4],
+            "the copy is not read again"
+        );
     }
 
     #[test]

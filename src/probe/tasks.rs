@@ -141,7 +141,10 @@ impl Placements {
     fn proc_id(&self, pid: u32) -> Option<(u64, i64)> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(self.proc_root.join(pid.to_string())).ok()?;
-        Some((m.ino(), m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec()))
+        Some((
+            m.ino(),
+            m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
+        ))
     }
 
     /// Reads a pid's cgroup (its procfs identity first, so a process that replaces it
@@ -155,7 +158,10 @@ impl Placements {
         let path = self.proc_root.join(pid.to_string()).join("cgroup");
         let (placement, unread) =
             match crate::sys::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file") {
-                Ok(text) => (crate::aws::agent::task_and_container_from_cgroup(&text), false),
+                Ok(text) => (
+                    crate::aws::agent::task_and_container_from_cgroup(&text),
+                    false,
+                ),
                 Err(e) if e.is_not_found() => {
                     self.entries.remove(&pid);
                     return;
@@ -713,7 +719,11 @@ mod tests {
         write_cgroup(dir.path(), 10, "aa11");
         write_cgroup(dir.path(), 11, "bb22");
         std::fs::create_dir_all(dir.path().join("12")).unwrap();
-        std::fs::write(dir.path().join("12/cgroup"), "0::/system.slice/sshd.service\n").unwrap();
+        std::fs::write(
+            dir.path().join("12/cgroup"),
+            "0::/system.slice/sshd.service\n",
+        )
+        .unwrap();
         let mut c = Placements::new(dir.path());
         for _ in 0..(3 * REVALIDATE_POLLS) {
             assert_eq!(poll(&mut c, &[10, 11, 12, 10]), ["aa11", "bb22"]);
@@ -747,7 +757,10 @@ mod tests {
         let mut polls = 0;
         while poll(&mut c, &[10]) != ["cc33"] {
             polls += 1;
-            assert!(polls < REVALIDATE_POLLS, "still the old task after {polls} polls");
+            assert!(
+                polls < REVALIDATE_POLLS,
+                "still the old task after {polls} polls"
+            );
         }
         assert_eq!(c.reads(), 2);
     }

@@ -323,7 +323,8 @@ mod tests {
         for dev in ["/dev/zero", "/dev/urandom", "/dev/full"] {
             let err = open_checked(Path::new(dev), Kind::Stream, 10, "input").unwrap_err();
             assert!(
-                err.to_string().contains("not a regular file, a pipe or a terminal"),
+                err.to_string()
+                    .contains("not a regular file, a pipe or a terminal"),
                 "{dev}: {err}"
             );
         }
