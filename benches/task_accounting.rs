@@ -299,7 +299,11 @@ fn main() {
 /// gpu-medic's: the thread's CPU time over `polls` polls of every GPU, its injection watcher
 /// (another thread, absent from a real library) not included.
 fn library_listing(dir: &std::path::Path, gpus: &[Vec<u32>], polls: usize) {
-    std::fs::write(dir.join("gpus.json"), gpu_medic_testkit::gpus_json(gpus.len())).unwrap();
+    std::fs::write(
+        dir.join("gpus.json"),
+        gpu_medic_testkit::gpus_json(gpus.len()),
+    )
+    .unwrap();
     std::fs::create_dir_all(dir.join("inject")).unwrap();
     for (g, pids) in gpus.iter().enumerate() {
         let list: Vec<String> = pids.iter().map(u32::to_string).collect();
@@ -323,7 +327,10 @@ fn library_listing(dir: &std::path::Path, gpus: &[Vec<u32>], polls: usize) {
         .zip(gpus)
         .any(|(d, p)| d.mps_running_compute_processes().map_or(0, |l| l.len()) != p.len())
     {
-        assert!(Instant::now() < deadline, "the fake library never listed the clients");
+        assert!(
+            Instant::now() < deadline,
+            "the fake library never listed the clients"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut cpu = Vec::with_capacity(polls);
