@@ -98,6 +98,8 @@ fn run(
     timeout: Duration,
 ) -> Option<(f64, u64, usize)> {
     let t = Instant::now();
+    // Reaped by wait4 below, which also gives its peak RSS (std's wait does not).
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(bin)
         .args(args)
         .arg("--config")
