@@ -1,7 +1,7 @@
 //! Steady-state cost of `gpu-medic run` on a healthy simulated node, at the default intervals
 //! (tick 1 s, NVML poll 10 s, MPS probe 5 s, lifecycle poll 5 s): CPU time per hour and peak
-//! RSS, for 1, 8 and 16 GPUs and 0 or 48 MPS clients per GPU. Run with `scripts/bench.sh` (or
-//! `cargo bench --bench steady_state`).
+//! RSS, for 1, 8 and 16 GPUs and 0 or 48 MPS clients per GPU (`BENCH_CONFIGS=16x0,16x128`:
+//! others). Run with `scripts/bench.sh` (or `cargo bench --bench steady_state`).
 //!
 //! Each node: the fake libnvidia-ml with N H200s, NVIDIA's real MPS control daemon (manage =
 //! "direct", probed every 5 s), the real `/dev/kmsg`, `[aws]` enabled with its identity
@@ -182,10 +182,24 @@ fn main() {
         ),
         0,
     ));
-    // Real processes to stand for MPS clients: 48 per GPU on up to 16 GPUs, shared by nodes.
-    let mut sleepers = Sleepers::start(16 * 48);
+    // `BENCH_CONFIGS=16x0,16x128`: other GPUs x clients per GPU than the default six.
+    let configs: Vec<(usize, usize)> = match std::env::var("BENCH_CONFIGS") {
+        Ok(v) => v
+            .split(',')
+            .map(|c| {
+                let (g, n) = c
+                    .trim()
+                    .split_once('x')
+                    .expect("BENCH_CONFIGS: GPUSxCLIENTS,...");
+                (g.parse().unwrap(), n.parse().unwrap())
+            })
+            .collect(),
+        Err(_) => vec![(1, 0), (8, 0), (16, 0), (1, 48), (8, 48), (16, 48)],
+    };
+    // Real processes to stand for MPS clients, shared by nodes.
+    let most = configs.iter().map(|(g, c)| g * c).max().unwrap_or(0);
+    let mut sleepers = Sleepers::start(most.max(1));
     let pids = sleepers.pids();
-    let configs = [(1, 0), (8, 0), (16, 0), (1, 48), (8, 48), (16, 48)];
     let mut results = Vec::new();
     if parallel {
         let mut nodes: Vec<Node> = configs

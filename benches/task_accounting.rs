@@ -1,6 +1,7 @@
-//! The per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48 MPS clients: what
-//! one NVML poll does after the NVML calls themselves, measured in-process with the same
-//! functions `gpu-medic run` calls, in two variants:
+//! The per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48 MPS clients
+//! (`BENCH_GPUS`, `BENCH_CLIENTS` per GPU, a multiple of 16: e.g. 16 and 128): what one NVML
+//! poll does after the NVML calls themselves, measured in-process with the same functions
+//! `gpu-medic run` calls, in these variants:
 //!
 //! - `before`: what the accounting cost before reservations (each client's
 //!   `/proc/<pid>/cgroup` read and summed per task and container, tasks named through the ECS
@@ -8,7 +9,11 @@
 //! - `after`: the same plus each task's total against its reservation (`reserve::per_task`),
 //!   the crossing check and the history's per-minute peaks (the default configuration);
 //! - `after+emf`: and one EMF line per task, container and GPU (`[metrics] emf = true`; the
-//!   lines are built, not written: where stdout goes is the shipper's cost).
+//!   lines are built, not written: where stdout goes is the shipper's cost);
+//! - `2 reads`: `after` as the poller did it before issue 26, each client's cgroup read
+//!   twice a poll (its task ids for the incidents, its sums for the accounting);
+//! - `cached`: `after` as the poller does it now (`probe::tasks::Placements`: each cgroup
+//!   read once per process, one client in six checked by a `stat` per poll).
 //!
 //! The clients are real processes (`sleep`) in ECS-shaped cgroups (`kit::proc::EcsTaskProcs`,
 //! root needed): 64 tasks of two containers with three processes each, 8 tasks per GPU. The
@@ -32,14 +37,13 @@ use gpu_medic::accounting::usage::{self, Accounting, Client, Snapshot, TaskNames
 use gpu_medic::aws::taskdef::ContainerReservation;
 use gpu_medic::config::{AwsConfig, Share};
 use gpu_medic::model::GpuId;
+use gpu_medic::probe::tasks;
 use gpu_medic_testkit::imds::{AgentTask, FakeAgent};
 use gpu_medic_testkit::proc::EcsTaskProcs;
 use gpu_medic_testkit::stats::machine;
 
-const GPUS: u32 = 8;
 const TASKS_PER_GPU: u32 = 8;
 const CONTAINERS: [&str; 2] = ["app", "sidecar"];
-const PROCS: usize = 3;
 
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -61,10 +65,23 @@ fn us(d: Duration) -> String {
 }
 
 fn main() {
-    let polls: usize = std::env::var("BENCH_POLLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let polls = env("BENCH_POLLS", 2000);
+    // The fake libnvidia-ml, for its own listing time (below): it reads these at init.
+    let fake = tempfile::tempdir().unwrap();
+    // SAFETY: no other thread runs yet (the runtime and the fake library start later).
+    unsafe {
+        std::env::set_var("FAKE_NVML_CONFIG", fake.path().join("gpus.json"));
+        std::env::set_var("FAKE_NVML_INJECT_DIR", fake.path().join("inject"));
+    }
+    let n_gpus = env("BENCH_GPUS", 8) as u32;
+    // Clients per GPU: 8 tasks x 2 containers x per_container processes.
+    let per_container = (env("BENCH_CLIENTS", 48) / 16).max(1);
     println!("{}", machine());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -73,15 +90,15 @@ fn main() {
 
     // 64 tasks x 2 containers x 3 processes = 384 clients, 48 per GPU.
     let mut procs = Vec::new();
-    let mut gpus: Vec<Vec<u32>> = vec![Vec::new(); GPUS as usize];
+    let mut gpus: Vec<Vec<u32>> = vec![Vec::new(); n_gpus as usize];
     let mut agent_tasks = Vec::new();
-    for g in 0..GPUS {
+    for g in 0..n_gpus {
         for t in 0..TASKS_PER_GPU {
             let task = format!("{:08x}{g:04x}{t:04x}{}", std::process::id(), "0".repeat(16));
             let mut containers = Vec::new();
             for (c, name) in CONTAINERS.iter().enumerate() {
                 let id = format!("{task}{c:032x}");
-                let p = EcsTaskProcs::start(&task, &id, PROCS)
+                let p = EcsTaskProcs::start(&task, &id, per_container)
                     .unwrap_or_else(|e| panic!("this bench needs root: {e}"));
                 gpus[g as usize].extend(p.pids());
                 procs.push(p);
@@ -119,7 +136,7 @@ fn main() {
                 .collect(),
         );
     }
-    let ids: Vec<GpuId> = (0..GPUS)
+    let ids: Vec<GpuId> = (0..n_gpus)
         .map(|i| GpuId {
             index: i,
             uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
@@ -129,10 +146,14 @@ fn main() {
     let proc_root = std::path::PathBuf::from("/proc");
     let state = tempfile::tempdir().unwrap();
     let alert = Share(100.0);
+    let mut placements = tasks::Placements::new(&proc_root);
 
     // The variants take turns poll by poll, so drift on a shared machine (other builds, page
     // cache) falls on all three alike.
-    const VARIANTS: [&str; 3] = ["before", "after", "after+emf"];
+    // `2 reads` is the poller as it was before issue 26 (the task ids and the sums each read
+    // every client's cgroup); `cached` the poller now (`tasks::Placements`: one read per
+    // process, a stat of one client in six per poll); both with the default configuration.
+    const VARIANTS: [&str; 5] = ["before", "after", "after+emf", "2 reads", "cached"];
     struct Run {
         accounting: Accounting,
         metrics: gpu_medic::metrics::Metrics,
@@ -180,9 +201,29 @@ fn main() {
         for (variant, run) in VARIANTS.iter().zip(runs.iter_mut()) {
             let (t0, c0) = (Instant::now(), thread_cpu());
             let mut snap = Snapshot::default();
+            if *variant == "cached" {
+                placements.begin_poll();
+            }
             for (g, c) in clients.iter().enumerate() {
-                snap.gpus
-                    .insert(g as u32, (ids[g].clone(), usage::sum(&proc_root, c)));
+                let per_task = match *variant {
+                    "2 reads" => {
+                        let pids: Vec<u32> = c.iter().map(|c| c.pid).collect();
+                        std::hint::black_box(tasks::task_ids(&proc_root, &pids));
+                        usage::sum(&proc_root, c)
+                    }
+                    "cached" => {
+                        let pids: Vec<u32> = c.iter().map(|c| c.pid).collect();
+                        placements.resolve(&pids);
+                        std::hint::black_box(placements.task_ids(&pids));
+                        let p = &placements;
+                        usage::sum_placed(c, |pid| p.get(pid))
+                    }
+                    _ => usage::sum(&proc_root, c),
+                };
+                snap.gpus.insert(g as u32, (ids[g].clone(), per_task));
+            }
+            if *variant == "cached" {
+                placements.end_poll();
             }
             rt.block_on(run.names.label(&agent.url, &mut snap));
             if *variant != "before" {
@@ -214,8 +255,8 @@ fn main() {
         run.scrape.sort();
         let per_hour = pct(&run.cpu, 50).as_secs_f64() * 360.0;
         println!(
-            "{variant:>9}: {GPUS} GPUs x {} clients, {polls} polls: poll wall median {} p99 {}; poll CPU median {} p99 {}; {per_hour:.2} CPU-s/hour at a 10 s poll; a scrape's CPU median {} p99 {}{}",
-            TASKS_PER_GPU as usize * CONTAINERS.len() * PROCS,
+            "{variant:>9}: {n_gpus} GPUs x {} clients, {polls} polls: poll wall median {} p99 {}; poll CPU median {} p99 {}; {per_hour:.2} CPU-s/hour at a 10 s poll; a scrape's CPU median {} p99 {}{}",
+            TASKS_PER_GPU as usize * CONTAINERS.len() * per_container,
             us(pct(&run.wall, 50)),
             us(pct(&run.wall, 99)),
             us(pct(&run.cpu, 50)),
@@ -229,6 +270,7 @@ fn main() {
             }
         );
     }
+    library_listing(fake.path(), &gpus, polls);
     // The once-a-minute append: every key's peak, one write, one fsync.
     let run = &mut runs[1];
     let mut appends = Vec::new();
@@ -250,4 +292,62 @@ fn main() {
         appends.len() * 2 + 1
     );
     drop(procs);
+}
+
+/// The fake libnvidia-ml's own time for what the poller asks of it per GPU for the accounting
+/// (`mps_running_compute_processes`: nvml-wrapper's two calls), reported apart from
+/// gpu-medic's: the thread's CPU time over `polls` polls of every GPU, its injection watcher
+/// (another thread, absent from a real library) not included.
+fn library_listing(dir: &std::path::Path, gpus: &[Vec<u32>], polls: usize) {
+    std::fs::write(
+        dir.join("gpus.json"),
+        gpu_medic_testkit::gpus_json(gpus.len()),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("inject")).unwrap();
+    for (g, pids) in gpus.iter().enumerate() {
+        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+        gpu_medic_testkit::inject(
+            &dir.join("inject"),
+            g as u64,
+            &format!(r#"{{"gpu": {g}, "mps_clients": [{}]}}"#, list.join(",")),
+        );
+    }
+    let lib = gpu_medic_testkit::fake_nvml();
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .unwrap();
+    let devices: Vec<_> = (0..gpus.len() as u32)
+        .map(|i| nvml.device_by_index(i).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while devices
+        .iter()
+        .zip(gpus)
+        .any(|(d, p)| d.mps_running_compute_processes().map_or(0, |l| l.len()) != p.len())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the fake library never listed the clients"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cpu = Vec::with_capacity(polls);
+    for _ in 0..polls {
+        let c0 = thread_cpu();
+        for d in &devices {
+            std::hint::black_box(d.mps_running_compute_processes().unwrap());
+        }
+        cpu.push(thread_cpu() - c0);
+    }
+    cpu.sort();
+    println!(
+        "fake libnvidia-ml, listing {} clients on each of {} GPUs: CPU per poll median {} p99 {}; {:.2} CPU-s/hour at a 10 s poll (the library's own, apart)",
+        gpus.first().map_or(0, Vec::len),
+        gpus.len(),
+        us(pct(&cpu, 50)),
+        us(pct(&cpu, 99)),
+        pct(&cpu, 50).as_secs_f64() * 360.0
+    );
 }

@@ -31,13 +31,17 @@
 #                       an XID 79 decided while 2,000 clients hold the port (BENCH_RUNS, default
 #                       30; BENCH_ONLY=scrapes,sizes,xid79; root, for the descriptor limits)
 #   file_caps           peak memory of run and the CLI readers with every file at its cap
+#   incidents_list      `gpu-medic incidents list` (plain, --open, --json) on journals of
+#                       BENCH_SIZES incidents (default 10000,100000), closed or all open:
+#                       median, p99, peak RSS (BENCH_RUNS, default 5; GPU_MEDIC_BIN=path for
+#                       another binary)
 # action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps incidents_list)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

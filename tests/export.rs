@@ -222,6 +222,60 @@ async fn an_export_cursor_that_cannot_advance_starts_again_without_a_panic() {
     assert_eq!(ids, ["1", "2", "3"], "{recs:?}");
 }
 
+/// Issue 26: records appended after `incidents.jsonl` is truncated in place (the writer
+/// goes on at the new end), or after logrotate's copy-and-truncate, are exported, each once;
+/// nothing sent before is sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_after_a_truncation_or_a_copy_truncate_are_exported_once() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let cluster = aws::unique("truncate");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = export_config(dir.path(), &identity("i-trunc", &cluster), "events = false");
+    let group = format!("/gpu-medic/{cluster}");
+    let journal = cfg.incidents_path();
+    let mut w = JsonlWriter::open(&journal).unwrap();
+    for i in 1..=3 {
+        w.append(&note(i, "before the truncation")).unwrap();
+    }
+    let x = Exporter::with_sdk(&cfg, &sdk);
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
+    // Truncated under the running writer, which goes on appending.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    for i in 4..=5 {
+        w.append(&note(i, "after the truncation")).unwrap();
+    }
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
+    // logrotate's copytruncate: the copy becomes NAME.1, NAME starts again.
+    w.append(&note(6, "copied, not yet exported")).unwrap();
+    std::fs::copy(&journal, gpu_medic::journal::rotated_path(&journal, 1)).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    w.append(&note(7, "after the copy-truncate")).unwrap();
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
+    x.finish(Duration::from_secs(1)).await;
+    let recs = log_records(&sdk, &group, Some("i-trunc")).await;
+    let counts = id_counts(&recs);
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    let incidents: Vec<u64> = recs
+        .iter()
+        .map(|r| r["incident"].as_u64().unwrap())
+        .collect();
+    assert_eq!(incidents, [1, 2, 3, 4, 5, 6, 7], "{recs:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttling_is_retried_and_events_reach_the_bus() {
     let proxy = Proxy::start().await;

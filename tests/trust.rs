@@ -1213,3 +1213,82 @@ impl TimeoutOutput for Command {
         child.wait_with_output().unwrap()
     }
 }
+
+/// Issue 26, item 6 (the CLI reads with the daemon's bounds): `status`, `incidents list`,
+/// `incidents show`, `tasks` and `policy simulate` with the file each reads from the state
+/// directory replaced by a FIFO (no writer: a blocking open waits for ever) or by a symlink
+/// to /dev/zero (a read that never ends) finish at once with an error naming what the file
+/// is, never a hang, a balloon or a panic. Each command runs under a 20 s watchdog.
+#[test]
+fn cli_commands_refuse_a_fifo_or_dev_zero_in_the_state_directory() {
+    let cases: [(&str, &[&str]); 6] = [
+        ("state.json", &["status"]),
+        ("incidents.jsonl", &["incidents", "list"]),
+        ("incidents.jsonl", &["incidents", "show", "1"]),
+        ("incidents.jsonl.1", &["incidents", "list", "--open"]),
+        ("gpu-memory.jsonl", &["tasks"]),
+        (
+            "inputs.jsonl",
+            &["policy", "simulate", "STATE/inputs.jsonl"],
+        ),
+    ];
+    for (file, args) in cases {
+        for kind in ["fifo", "zero"] {
+            let node = Node::new(
+                "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+            );
+            std::fs::create_dir_all(node.path("state")).unwrap();
+            if file == "incidents.jsonl.1" {
+                std::fs::write(node.path("state/incidents.jsonl"), "").unwrap();
+            }
+            let at = node.path(&format!("state/{file}"));
+            match kind {
+                "fifo" => {
+                    let c = std::ffi::CString::new(at.to_str().unwrap()).unwrap();
+                    // SAFETY: a valid NUL-terminated path.
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                }
+                _ => std::os::unix::fs::symlink("/dev/zero", &at).unwrap(),
+            }
+            let state = node.path("state");
+            let args: Vec<String> = args
+                .iter()
+                .map(|a| a.replace("STATE", state.to_str().unwrap()))
+                .collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut child = node
+                .cmd(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let started = std::time::Instant::now();
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break s;
+                }
+                if started.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("{args:?} with {file} as {kind}: still running after 20 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+            if args[0] == "policy" && kind == "fifo" {
+                // `policy simulate` takes a pipe by design: one without a writer has ended.
+                assert!(status.success(), "{err}");
+                assert!(out.stdout.is_empty());
+                continue;
+            }
+            assert!(!status.success(), "{args:?} with {file} as {kind}: {err}");
+            let says = match kind {
+                "fifo" => "is a FIFO",
+                _ => "character device 1:5",
+            };
+            assert!(err.contains(says), "{args:?} with {file} as {kind}: {err}");
+        }
+    }
+}

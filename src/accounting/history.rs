@@ -310,10 +310,17 @@ fn prune_set_aside(path: &Path) {
 /// line is skipped); returns them and how many lines were not rows (over `MAX_LINE`, not
 /// JSON, not a row). A missing file has no rows.
 pub fn read_rows(path: &Path, cap: u64) -> std::io::Result<(Vec<Row>, usize)> {
-    let mut f = match std::fs::File::open(path) {
+    // A FIFO or a device in its place is refused without blocking (it would hang or never
+    // end); a larger regular file is read from its last `cap` bytes.
+    let mut f = match crate::sys::limits::open_checked(
+        path,
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "GPU memory history",
+    ) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
-        Err(e) => return Err(e),
+        Err(e) if e.is_not_found() => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(std::io::Error::other(e.to_string())),
     };
     let len = f.metadata()?.len();
     let skip_first = len > cap;

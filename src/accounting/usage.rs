@@ -50,35 +50,60 @@ pub struct Names {
 }
 
 /// The MPS clients of one GPU summed per (task, container), sorted; processes outside ECS
-/// tasks or already gone are left out.
+/// tasks or already gone are left out. Reads each client's cgroup (bounded) on every call;
+/// the NVML poller places its clients once per process and calls [`sum_placed`].
 pub fn sum(proc_root: &Path, clients: &[Client]) -> Vec<TaskUsage> {
-    let mut by: BTreeMap<(String, Option<String>), TaskUsage> = BTreeMap::new();
+    let placed: Vec<Option<(String, Option<String>)>> = clients
+        .iter()
+        .map(|c| {
+            let path = proc_root.join(c.pid.to_string()).join("cgroup");
+            let text = crate::sys::limits::read_text(&path, 64 << 10, "a cgroup file").ok()?;
+            crate::aws::agent::task_and_container_from_cgroup(&text)
+        })
+        .collect();
+    let by_pid: std::collections::HashMap<u32, (&str, Option<&str>)> = clients
+        .iter()
+        .zip(&placed)
+        .filter_map(|(c, p)| p.as_ref().map(|(t, k)| (c.pid, (t.as_str(), k.as_deref()))))
+        .collect();
+    sum_placed(clients, |pid| by_pid.get(&pid).copied())
+}
+
+/// The MPS clients of one GPU summed per (task, container), sorted, each placed by `place`
+/// (its task id and container id; None: outside ECS tasks or gone, left out). One map
+/// update per client; the names are copied once per (task, container).
+pub fn sum_placed<'a>(
+    clients: &[Client],
+    place: impl Fn(u32) -> Option<(&'a str, Option<&'a str>)>,
+) -> Vec<TaskUsage> {
+    #[derive(Default)]
+    struct Sum {
+        bytes: u64,
+        processes: u32,
+        unknown: u32,
+    }
+    let mut by: BTreeMap<(&'a str, Option<&'a str>), Sum> = BTreeMap::new();
     for c in clients {
-        let Ok(text) = std::fs::read_to_string(proc_root.join(c.pid.to_string()).join("cgroup"))
-        else {
+        let Some(key) = place(c.pid) else {
             continue;
         };
-        let Some((task, container)) = crate::aws::agent::task_and_container_from_cgroup(&text)
-        else {
-            continue;
-        };
-        let u = by
-            .entry((task.clone(), container.clone()))
-            .or_insert(TaskUsage {
-                task,
-                container,
-                bytes: 0,
-                processes: 0,
-                unknown: 0,
-                names: None,
-            });
+        let u = by.entry(key).or_default();
         u.processes += 1;
         match c.used_bytes {
             Some(b) => u.bytes = u.bytes.saturating_add(b),
             None => u.unknown += 1,
         }
     }
-    by.into_values().collect()
+    by.into_iter()
+        .map(|((task, container), u)| TaskUsage {
+            task: task.to_string(),
+            container: container.map(str::to_string),
+            bytes: u.bytes,
+            processes: u.processes,
+            unknown: u.unknown,
+            names: None,
+        })
+        .collect()
 }
 
 /// The latest poll's GPUs and their per-task use.

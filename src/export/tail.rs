@@ -1,15 +1,33 @@
 //! Following `incidents.jsonl` across its rotations from a saved cursor.
 //!
 //! A cursor names a journal file by its inode (rotation renames `NAME` to `NAME.1`, so the
-//! inode follows the file), a byte offset in it, and `seq`: how many journal lines came
-//! before, counted since the first export, which numbers every record the same way however
-//! often it is read again (the record id is built from it). A cursor is saved only after
-//! what it passed over was acknowledged, so after a crash the last batch is read and sent
-//! again: at least once.
+//! inode follows the file) and a hash of its first line, a byte offset in it, and `seq`: how
+//! many journal lines came before, counted since the first export, which numbers every record
+//! the same way however often it is read again (the record id is built from it). A cursor is
+//! saved only after what it passed over was acknowledged, so after a crash the last batch is
+//! read and sent again: at least once.
 //!
-//! A file rotated away (deleted past `keep_files`) before the cursor reached its end loses
-//! the lines the cursor had not passed: the tail counts them (it keeps a line count of every
-//! file not yet passed, read incrementally) and carries on with the oldest file left.
+//! The cursor's file is the one it names only while that inode still holds at least
+//! `offset` bytes and the same first line. Otherwise it is gone, and where to go on depends
+//! on what happened to it:
+//!
+//! - **rotated away** (deleted past `keep_files`) before the cursor reached its end: the lines
+//!   the cursor had not passed are lost; the tail counts them (it keeps a line count of every
+//!   file not yet passed, read incrementally) and carries on with the oldest file left;
+//! - **truncated in place** (`: > incidents.jsonl`) or **replaced** (removed and written
+//!   again, maybe under the same inode): what it held past the cursor is lost (counted the
+//!   same way); the export goes on at the start of the first file newer than the last one the
+//!   cursor passed (its first line's hash is in the cursor: `passed`), which is the truncated
+//!   or new file itself, so nothing already sent is sent again and nothing written after is
+//!   missed;
+//! - **copied, then truncated** (logrotate's `copytruncate`): the copy has the cursor's first
+//!   line, and the export goes on in the copy at the same offset, then in the truncated file
+//!   from its start: no loss, no repeat (beyond what logrotate itself loses between its copy
+//!   and its truncation).
+//!
+//! Every open is checked ([`crate::sys::limits::open_checked`]: a regular file, opened
+//! without blocking) and fenced: the opened file must be the inode the listing named, or
+//! the read stops and the next one lists the files again.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -38,9 +56,13 @@ pub struct Cursor {
     #[serde(default)]
     pub dropped: u64,
     /// A hash of the file's first line (0: none yet): a deleted file's inode is soon reused
-    /// by a new file, which this tells apart.
+    /// by a new file, and a truncated file starts with another line, which this tells apart.
     #[serde(default)]
     pub head: u64,
+    /// The first line's hash of the last file the cursor passed (0: none): where to go on
+    /// when the cursor's file was truncated or replaced.
+    #[serde(default)]
+    pub passed: u64,
 }
 
 impl Cursor {
@@ -102,18 +124,42 @@ pub struct Read {
 /// A follower of one journal.
 pub struct Tail {
     path: PathBuf,
-    /// inode → (bytes counted, lines counted), for the files the cursor has not passed.
-    counted: HashMap<u64, (u64, u64)>,
-    /// inode → hash of its first line, as last seen.
-    heads: HashMap<u64, u64>,
+    /// inode → what was counted of it, for the files the cursor has not passed.
+    counted: HashMap<u64, Counted>,
+}
+
+/// The lines counted in one journal file, incrementally.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counted {
+    bytes: u64,
+    lines: u64,
+    /// Its first line's hash when it was counted (0: none yet).
+    head: u64,
+}
+
+/// One journal file as listed: path, inode, size, first line's hash.
+#[derive(Debug, Clone)]
+struct Listed {
+    path: PathBuf,
+    ino: u64,
+    len: u64,
+    head: u64,
+}
+
+/// Opens a journal file as every journal read does: a regular file, without blocking.
+fn open(p: &Path) -> Result<File, crate::sys::limits::ReadError> {
+    crate::sys::limits::open_checked(
+        p,
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "incident journal",
+    )
 }
 
 /// FNV-1a of a file's first line (at most 256 bytes); 0 while it has no complete line.
-fn head_hash(p: &Path) -> u64 {
+fn head_hash(f: &mut File) -> u64 {
     let mut buf = [0u8; 256];
-    let n = File::open(p)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
-        .unwrap_or(0);
+    let n = std::io::Read::read(f, &mut buf).unwrap_or(0);
     let Some(end) = buf[..n].iter().position(|b| *b == b'\n') else {
         return 0;
     };
@@ -127,109 +173,166 @@ impl Tail {
         Tail {
             path: path.to_path_buf(),
             counted: HashMap::new(),
-            heads: HashMap::new(),
         }
     }
 
-    /// The journal's files, oldest first, with their inodes and sizes. A file whose first
-    /// line differs from the one `heads` knows for its inode is another file (the inode was
-    /// reused): the old one is recorded as gone under a key no file has.
-    fn files(&mut self, cur: &mut Cursor) -> Vec<(PathBuf, u64, u64)> {
+    /// The journal's files, oldest first, with their inodes, sizes and first lines. A file
+    /// that is not a regular one (or vanished since the listing) is left out.
+    fn files(&self) -> Vec<Listed> {
         let mut out = Vec::new();
         for p in journal_files(&self.path) {
-            let Ok(m) = std::fs::metadata(&p) else {
-                continue;
-            };
-            let (ino, head) = (m.ino(), head_hash(&p));
-            if head != 0 {
-                if let Some(known) = self.heads.get(&ino).copied()
-                    && known != 0
-                    && known != head
-                {
-                    // The inode now names a new file: the old one was deleted.
-                    let gone = u64::MAX - ino;
-                    if let Some(c) = self.counted.remove(&ino) {
-                        self.counted.insert(gone, c);
-                    }
-                    if cur.inode == ino {
-                        cur.inode = gone;
-                    }
-                }
-                self.heads.insert(ino, head);
-                if cur.inode == ino && cur.head == 0 {
-                    cur.head = head;
-                }
-            }
-            out.push((p, ino, m.len()));
+            let Ok(mut f) = open(&p) else { continue };
+            let Ok(m) = f.metadata() else { continue };
+            let head = head_hash(&mut f);
+            out.push(Listed {
+                path: p,
+                ino: m.ino(),
+                len: m.len(),
+                head,
+            });
         }
         out
     }
 
-    /// Counts the lines of every file at or after the cursor's (only bytes not counted yet
-    /// are read), so a file rotated away can be accounted for.
-    fn count(&mut self, files: &[(PathBuf, u64, u64)], from: usize) {
-        let live: Vec<u64> = files[from..].iter().map(|f| f.1).collect();
-        self.counted.retain(|ino, _| live.contains(ino));
-        for (p, ino, len) in &files[from..] {
-            let (done, lines) = self.counted.entry(*ino).or_insert((0, 0));
-            if *done >= *len {
+    /// Where the cursor's file is in `files`, moving the cursor when that file is gone (see
+    /// the module's doc); returns its index and the lines newly found lost.
+    fn locate(&mut self, cur: &mut Cursor, files: &[Listed]) -> (usize, u64) {
+        if cur.inode == 0 {
+            cur.inode = files[0].ino;
+            cur.head = files[0].head;
+            return (0, 0);
+        }
+        if let Some(i) = files.iter().position(|f| f.ino == cur.inode) {
+            let f = &files[i];
+            // A file's first line never goes away: one that lost it was truncated.
+            if f.len >= cur.offset && (cur.head == 0 || f.head == cur.head) {
+                if cur.head == 0 {
+                    cur.head = f.head;
+                }
+                return (i, 0);
+            }
+        }
+        // A copy of it (copy-truncate): another file starting with its first line.
+        if cur.head != 0
+            && let Some(i) = files
+                .iter()
+                .position(|f| f.ino != cur.inode && f.head == cur.head)
+        {
+            self.counted.remove(&cur.inode);
+            if files[i].len >= cur.offset {
+                cur.inode = files[i].ino;
+                return (i, 0);
+            }
+            // The copy ends before the cursor: all of it was passed.
+            tracing::warn!(
+                "the incident journal was copied and truncated past what was exported; going on after the copy"
+            );
+            return (self.resume(cur, files, i + 1), 0);
+        }
+        // Lost: what the tail counted past the cursor in its file (when the count is of that
+        // file: the same first line).
+        let lost = match self.counted.remove(&cur.inode) {
+            Some(c) if cur.head == 0 || c.head == 0 || c.head == cur.head => {
+                c.lines.saturating_sub(cur.line)
+            }
+            _ => 0,
+        };
+        let after = if cur.passed == 0 {
+            None
+        } else {
+            files.iter().position(|f| f.head == cur.passed)
+        };
+        let at = self.resume(cur, files, after.map_or(0, |i| i + 1));
+        tracing::warn!(
+            lost,
+            "the exported incident journal file was rotated away, truncated or replaced before it was passed; going on with {}",
+            files[at].path.display()
+        );
+        (at, lost)
+    }
+
+    /// Puts the cursor at the start of `files[at]` (the last file's end when `at` is past
+    /// it).
+    fn resume(&self, cur: &mut Cursor, files: &[Listed], at: usize) -> usize {
+        let i = at.min(files.len() - 1);
+        let f = &files[i];
+        cur.inode = f.ino;
+        cur.head = f.head;
+        cur.line = 0;
+        cur.offset = if i < at { f.len } else { 0 };
+        i
+    }
+
+    /// Counts the lines of every file at or after `from` (only bytes not counted yet are
+    /// read), so a file rotated away can be accounted for. A counted file now shorter or
+    /// starting with another line was truncated or replaced, and one no longer listed was
+    /// deleted: what was counted of it is lost (unless another file holds its first line:
+    /// a copy) and returned; the cursor's own file is [`Tail::locate`]'s.
+    fn count(&mut self, files: &[Listed], from: usize, cursor_ino: u64) -> u64 {
+        let mut lost = 0u64;
+        let copied =
+            |head: u64, ino: u64| head != 0 && files.iter().any(|f| f.head == head && f.ino != ino);
+        let live: Vec<u64> = files[from..].iter().map(|f| f.ino).collect();
+        let passed: Vec<u64> = files[..from].iter().map(|f| f.ino).collect();
+        self.counted.retain(|ino, c| {
+            if live.contains(ino) || passed.contains(ino) || *ino == cursor_ino {
+                return live.contains(ino);
+            }
+            if !copied(c.head, *ino) {
+                lost = lost.saturating_add(c.lines);
+            }
+            false
+        });
+        for f in &files[from..] {
+            let c = self.counted.entry(f.ino).or_insert(Counted {
+                head: f.head,
+                ..Counted::default()
+            });
+            let replaced = f.len < c.bytes || (c.head != 0 && f.head != 0 && f.head != c.head);
+            if replaced {
+                if f.ino != cursor_ino && !copied(c.head, f.ino) {
+                    lost = lost.saturating_add(c.lines);
+                }
+                *c = Counted {
+                    head: f.head,
+                    ..Counted::default()
+                };
+            }
+            if c.head == 0 {
+                c.head = f.head;
+            }
+            if c.bytes >= f.len {
                 continue;
             }
-            let Ok(mut f) = File::open(p) else { continue };
-            if f.seek(SeekFrom::Start(*done)).is_err() {
+            let Ok(mut file) = open(&f.path) else {
+                continue;
+            };
+            if file.metadata().map(|m| m.ino()).ok() != Some(f.ino)
+                || file.seek(SeekFrom::Start(c.bytes)).is_err()
+            {
                 continue;
             }
             let mut buf = [0u8; 64 * 1024];
-            let mut left = *len - *done;
+            let mut left = f.len - c.bytes;
             while left > 0 {
                 let want = buf.len().min(left as usize);
-                match std::io::Read::read(&mut f, &mut buf[..want]) {
+                match std::io::Read::read(&mut file, &mut buf[..want]) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        *lines += buf[..n].iter().filter(|b| **b == b'\n').count() as u64;
-                        *done += n as u64;
+                        c.lines += buf[..n].iter().filter(|b| **b == b'\n').count() as u64;
+                        c.bytes += n as u64;
                         left -= n as u64;
                     }
                 }
             }
         }
-    }
-
-    /// The cursor's file (and maybe more) was rotated away before it was passed: counts
-    /// the records lost with it, warns once, and moves the cursor to the oldest file left.
-    fn skip_rotated(&mut self, cur: &mut Cursor, files: &[(PathBuf, u64, u64)]) -> u64 {
-        let lost: u64 = self
-            .counted
-            .iter()
-            .filter(|(ino, _)| !files.iter().any(|f| f.1 == **ino))
-            .map(|(ino, (_, lines))| {
-                if *ino == cur.inode {
-                    lines.saturating_sub(cur.line)
-                } else {
-                    *lines
-                }
-            })
-            .sum();
-        tracing::warn!(
-            lost,
-            "journal records rotated away before they were exported (raise [journal] max_file_size_mib or keep_files)"
-        );
-        cur.seq += lost;
-        cur.dropped += lost;
-        *cur = Cursor {
-            inode: files[0].1,
-            head: self.heads.get(&files[0].1).copied().unwrap_or(0),
-            ..*cur
-        };
-        cur.offset = 0;
-        cur.line = 0;
         lost
     }
 
     /// Complete journal lines past `cur`, as this tail counted them at its last read (its
     /// count covers the files from the cursor's on).
     pub fn lines_after(&self, cur: &Cursor) -> u64 {
-        let total: u64 = self.counted.values().map(|(_, lines)| *lines).sum();
+        let total: u64 = self.counted.values().map(|c| c.lines).sum();
         total.saturating_sub(cur.line)
     }
 
@@ -242,47 +345,42 @@ impl Tail {
         mut f: impl FnMut(Line) -> bool,
     ) -> Result<Read, JournalError> {
         let mut out = Read::default();
-        if cur.inode != 0 && cur.head != 0 {
-            self.heads.entry(cur.inode).or_insert(cur.head);
-        }
-        let mut files = self.files(cur);
+        let files = self.files();
         if files.is_empty() {
             return Ok(out);
         }
-        let mut at = match files.iter().position(|f| f.1 == cur.inode) {
-            Some(i) => i,
-            None if cur.inode == 0 => 0,
-            None => {
-                out.dropped = self.skip_rotated(cur, &files);
-                0
-            }
-        };
-        if cur.inode == 0 {
-            cur.inode = files[0].1;
-            cur.head = self.heads.get(&cur.inode).copied().unwrap_or(0);
+        let (mut at, lost) = self.locate(cur, &files);
+        let lost = lost.saturating_add(self.count(&files, at, cur.inode));
+        if lost > 0 {
+            out.dropped = lost;
+            cur.seq += lost;
+            cur.dropped += lost;
         }
-        self.count(&files, at);
         let mut buf = Vec::new();
         loop {
-            let (path, ino, _) = files[at].clone();
+            let listed = &files[at];
             let last = at + 1 == files.len();
-            let mut file = match File::open(&path) {
+            let file = match open(&listed.path) {
                 Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // Rotated between the listing and the open: list again.
-                    files = self.files(cur);
-                    match files.iter().position(|f| f.1 == ino) {
-                        Some(i) => {
-                            at = i;
-                            continue;
-                        }
-                        None => return Ok(out),
-                    }
+                // Rotated between the listing and the open: the next read lists again.
+                Err(e) if e.is_not_found() => return Ok(out),
+                Err(e) => {
+                    return Err(JournalError::Corrupt {
+                        path: listed.path.clone(),
+                        line: 0,
+                        message: e.to_string(),
+                    });
                 }
-                Err(e) => return Err(JournalError::io(&path, e)),
             };
+            // Fenced: the path must still name the file listed, as long as the cursor says
+            // (a rename, truncation or replacement since would put the offset elsewhere).
+            let mut file = file;
+            match file.metadata() {
+                Ok(m) if m.ino() == listed.ino && m.len() >= cur.offset => {}
+                _ => return Ok(out),
+            }
             file.seek(SeekFrom::Start(cur.offset))
-                .map_err(|e| JournalError::io(&path, e))?;
+                .map_err(|e| JournalError::io(&listed.path, e))?;
             let mut r = BufReader::new(file);
             loop {
                 let line = read_capped_line(
@@ -291,7 +389,7 @@ impl Tail {
                     crate::sys::limits::MAX_JOURNAL_LINE,
                     u64::MAX,
                 )
-                .map_err(|e| JournalError::io(&path, e))?;
+                .map_err(|e| JournalError::io(&listed.path, e))?;
                 let Some(line) = line else { break };
                 let (record, used) = match line {
                     CappedLine::Text { complete, .. } if !complete && last => {
@@ -324,13 +422,15 @@ impl Tail {
                 return Ok(out);
             }
             // This file is passed: on to the next newer one.
-            self.counted.remove(&ino);
+            self.counted.remove(&listed.ino);
+            let passed = listed.head;
             at += 1;
             *cur = Cursor {
-                inode: files[at].1,
-                head: self.heads.get(&files[at].1).copied().unwrap_or(0),
+                inode: files[at].ino,
+                head: files[at].head,
                 offset: 0,
                 line: 0,
+                passed,
                 ..*cur
             };
         }
@@ -447,5 +547,157 @@ mod tests {
         f.write_all(b"\n").unwrap();
         let (got, _) = drain(&mut tail, &mut cur, 10);
         assert_eq!(got, [(3, 3)]);
+    }
+
+    fn append(p: &Path, ids: std::ops::RangeInclusive<u64>) {
+        let mut w = JsonlWriter::open(p).unwrap();
+        for i in ids {
+            w.append(&rec(i)).unwrap();
+        }
+    }
+
+    /// Everything readable, as (seq, incident) pairs.
+    fn all(tail: &mut Tail, cur: &mut Cursor) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        loop {
+            let (got, r) = drain(tail, cur, 1000);
+            out.extend(got);
+            if !r.more {
+                return out;
+            }
+        }
+    }
+
+    fn ids(v: &[(u64, u64)]) -> Vec<u64> {
+        v.iter().map(|x| x.1).collect()
+    }
+
+    #[test]
+    fn records_written_after_a_truncation_are_read_once_and_the_loss_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        append(&p, 1..=3);
+        let mut tail = Tail::new(&p);
+        let mut cur = Cursor::default();
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [1, 2, 3]);
+        // Two more, counted but not read, then the file is truncated in place.
+        append(&p, 4..=5);
+        assert_eq!(drain(&mut tail, &mut cur, 0).0, []);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        // Nothing yet: the tail notices the file is shorter than the cursor.
+        assert_eq!(drain(&mut tail, &mut cur, 100).0, []);
+        assert_eq!(cur.dropped, 2, "4 and 5 were lost with the truncation");
+        append(&p, 6..=7);
+        let got = all(&mut tail, &mut cur);
+        assert_eq!(ids(&got), [6, 7]);
+        // Numbering goes on past the lost lines: no id is reused.
+        assert_eq!(got[0].0, 6);
+
+        // Truncated and written again past the old offset before the tail looked: the first
+        // line differs, which tells it apart.
+        std::fs::write(&p, "").unwrap();
+        append(&p, 100..=110);
+        assert_eq!(
+            ids(&all(&mut tail, &mut cur)),
+            (100..=110).collect::<Vec<_>>()
+        );
+        assert_eq!(cur.dropped, 2);
+    }
+
+    #[test]
+    fn a_replaced_live_file_is_read_from_its_start_and_older_files_are_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        let rot = Rotation {
+            max_bytes: 200,
+            keep: 5,
+        };
+        let mut w = JsonlWriter::open_rotating(&p, rot).unwrap();
+        for i in 1..=6 {
+            w.rotate_if_due().unwrap();
+            w.append(&rec(i)).unwrap();
+        }
+        drop(w);
+        assert!(crate::journal::journal_files(&p).len() > 1);
+        let mut tail = Tail::new(&p);
+        let mut cur = Cursor::default();
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [1, 2, 3, 4, 5, 6]);
+        // Saved and loaded: a restart in between.
+        let cp = dir.path().join("c.json");
+        cur.save(&cp).unwrap();
+        let mut cur = Cursor::load(&cp);
+        let mut tail = Tail::new(&p);
+        // The live file removed and written again (its inode may well be the old one).
+        std::fs::remove_file(&p).unwrap();
+        append(&p, 7..=8);
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [7, 8]);
+        // And replaced by a rename of another file (a new inode).
+        let other = dir.path().join("other");
+        std::fs::write(&other, "").unwrap();
+        append(&other, 9..=9);
+        std::fs::rename(&other, &p).unwrap();
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [9]);
+        assert_eq!(cur.dropped, 0);
+    }
+
+    #[test]
+    fn copy_truncate_goes_on_in_the_copy_without_a_loss_or_a_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        append(&p, 1..=4);
+        let mut tail = Tail::new(&p);
+        let mut cur = Cursor::default();
+        assert_eq!(ids(&drain(&mut tail, &mut cur, 2).0), [1, 2]);
+        // logrotate copytruncate: copy to NAME.1, truncate NAME, writing goes on in NAME.
+        std::fs::copy(&p, crate::journal::rotated_path(&p, 1)).unwrap();
+        std::fs::write(&p, "").unwrap();
+        append(&p, 5..=6);
+        let got = all(&mut tail, &mut cur);
+        assert_eq!(ids(&got), [3, 4, 5, 6]);
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [3, 4, 5, 6]);
+        assert_eq!(cur.dropped, 0);
+        append(&p, 7..=7);
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [7]);
+
+        // The same when the cursor had read past what the copy holds.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        append(&p, 1..=2);
+        let mut tail = Tail::new(&p);
+        let mut cur = Cursor::default();
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [1, 2]);
+        std::fs::copy(&p, crate::journal::rotated_path(&p, 1)).unwrap();
+        append(&p, 3..=3); // between logrotate's copy and its truncation
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [3]);
+        std::fs::write(&p, "").unwrap();
+        append(&p, 4..=4);
+        assert_eq!(
+            ids(&all(&mut tail, &mut cur)),
+            [4],
+            "the copy is not read again"
+        );
+    }
+
+    #[test]
+    fn a_journal_file_that_is_not_a_regular_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        append(&p, 1..=2);
+        let rotated = crate::journal::rotated_path(&p, 1);
+        let c = std::ffi::CString::new(rotated.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut tail = Tail::new(&p);
+        let mut cur = Cursor::default();
+        // The FIFO is left out (a blocking open would wait for ever); the live file is read.
+        assert_eq!(ids(&all(&mut tail, &mut cur)), [1, 2]);
+        std::fs::remove_file(&rotated).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &rotated).unwrap();
+        assert_eq!(ids(&all(&mut tail, &mut cur)), Vec::<u64>::new());
     }
 }

@@ -1199,8 +1199,15 @@ impl Incident {
         }
     }
 
-    /// Folds one more record (in file order) into the incident.
+    /// Folds one more record (in file order) into the incident, keeping it in the timeline.
     pub fn push(&mut self, rec: Record) {
+        self.fold_record(&rec);
+        self.records.push(rec);
+    }
+
+    /// Folds one more record (in file order) into the incident's summary without keeping
+    /// it (`incidents list` needs no timeline).
+    pub fn fold_record(&mut self, rec: &Record) {
         let inc = self;
         if inc.drill.is_none() {
             inc.drill.clone_from(&rec.drill);
@@ -1239,19 +1246,32 @@ impl Incident {
             }
             _ => {}
         }
-        inc.records.push(rec);
     }
 
     fn absorb(&mut self, obs: &Observation) {
-        for t in &obs.tasks {
-            if !self.tasks.contains(t) {
-                self.tasks.push(t.clone());
+        merge_unique(&mut self.tasks, &obs.tasks);
+        merge_unique(&mut self.pids, &obs.pids);
+    }
+}
+
+/// Appends the items of `from` not yet in `into`, in order. Linear: an incident folded from
+/// thousands of signals naming thousands of pids does not cost their product.
+fn merge_unique<T: Clone + Eq + std::hash::Hash>(into: &mut Vec<T>, from: &[T]) {
+    if from.is_empty() {
+        return;
+    }
+    if into.len().saturating_mul(from.len()) <= 256 {
+        for x in from {
+            if !into.contains(x) {
+                into.push(x.clone());
             }
         }
-        for p in &obs.pids {
-            if !self.pids.contains(p) {
-                self.pids.push(*p);
-            }
+        return;
+    }
+    let mut seen: std::collections::HashSet<T> = into.iter().cloned().collect();
+    for x in from {
+        if seen.insert(x.clone()) {
+            into.push(x.clone());
         }
     }
 }

@@ -14,11 +14,13 @@ use crate::aws::agent::{Agent, AgentTask, task_id_from_cgroup};
 use crate::model::{Observation, Signal};
 
 /// The ECS task ids of `pids`, in order, without duplicates; processes outside ECS tasks or
-/// already gone are left out.
+/// already gone are left out. Reads each cgroup (bounded) every call: the NVML poller uses
+/// [`Placements`], which reads it once per process.
 pub fn task_ids(proc_root: &Path, pids: &[u32]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for pid in pids {
-        let Ok(text) = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
+        let path = proc_root.join(pid.to_string()).join("cgroup");
+        let Ok(text) = crate::sys::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file")
         else {
             continue;
         };
@@ -29,6 +31,153 @@ pub fn task_ids(proc_root: &Path, pids: &[u32]) -> Vec<String> {
         }
     }
     out
+}
+
+/// Every this many polls a cached pid is checked to be the same process (spread over the
+/// polls by pid): the bound on how long a pid reused by another MPS client between two polls
+/// keeps the first one's task (at the default 10 s poll, 60 s).
+pub const REVALIDATE_POLLS: u64 = 6;
+
+/// The task and container of the NVML poller's MPS clients, by pid: each process's
+/// `/proc/<pid>/cgroup` is read once in its life (bounded: [`CGROUP_FILE_MAX`]), not twice
+/// a poll. A pid is forgotten at the end of the first poll whose client lists do not name
+/// it. A cached pid is checked every [`REVALIDATE_POLLS`] polls with one `stat` of
+/// `/proc/<pid>`: its inode number and change time are those of the process's procfs
+/// directory, which a new process with the same pid never shares (procfs makes a new inode
+/// for a new process), so a reused pid is read again; a process that moved between cgroups
+/// is seen the same way at most when its procfs inode is made again. A cgroup that could not
+/// be read (other than gone) is read again at that check.
+#[derive(Debug)]
+pub struct Placements {
+    proc_root: PathBuf,
+    entries: std::collections::HashMap<u32, Placed>,
+    poll: u64,
+    /// cgroup files read since the start (for the bench and tests).
+    reads: u64,
+}
+
+/// One cached pid.
+#[derive(Debug)]
+struct Placed {
+    /// `/proc/<pid>`'s (inode, change time in ns).
+    id: (u64, i64),
+    /// (task id, container id); None: not in an ECS task.
+    placement: Option<(String, Option<String>)>,
+    /// The cgroup could not be read: read it again at the next check.
+    unread: bool,
+    seen: u64,
+}
+
+impl Placements {
+    pub fn new(proc_root: &Path) -> Placements {
+        Placements {
+            proc_root: proc_root.to_path_buf(),
+            entries: std::collections::HashMap::new(),
+            poll: 0,
+            reads: 0,
+        }
+    }
+
+    /// Starts a poll.
+    pub fn begin_poll(&mut self) {
+        self.poll += 1;
+    }
+
+    /// Ends a poll: pids no client list named in it are forgotten.
+    pub fn end_poll(&mut self) {
+        let poll = self.poll;
+        self.entries.retain(|_, e| e.seen == poll);
+    }
+
+    /// Places every pid of `pids` not placed yet (or due for its check).
+    pub fn resolve(&mut self, pids: &[u32]) {
+        for &pid in pids {
+            let due = (self.poll.wrapping_add(u64::from(pid))).is_multiple_of(REVALIDATE_POLLS);
+            let keep = match self.entries.get(&pid) {
+                Some(_) if !due => true,
+                Some(e) => !e.unread && self.proc_id(pid) == Some(e.id),
+                None => false,
+            };
+            match self.entries.get_mut(&pid) {
+                Some(e) if keep => e.seen = self.poll,
+                _ => self.read(pid),
+            }
+        }
+    }
+
+    /// The (task id, container id) of a placed pid; None when it is in no ECS task, gone,
+    /// or not placed.
+    pub fn get(&self, pid: u32) -> Option<(&str, Option<&str>)> {
+        self.entries
+            .get(&pid)
+            .and_then(|e| e.placement.as_ref())
+            .map(|(t, c)| (t.as_str(), c.as_deref()))
+    }
+
+    /// The ECS task ids of `pids` (placed), in order, without duplicates.
+    pub fn task_ids(&self, pids: &[u32]) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        pids.iter()
+            .filter_map(|p| self.get(*p))
+            .filter(|(t, _)| seen.insert(*t))
+            .map(|(t, _)| t.to_string())
+            .collect()
+    }
+
+    /// Pids cached now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// cgroup files read since the start.
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    fn proc_id(&self, pid: u32) -> Option<(u64, i64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(self.proc_root.join(pid.to_string())).ok()?;
+        Some((
+            m.ino(),
+            m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
+        ))
+    }
+
+    /// Reads a pid's cgroup (its procfs identity first, so a process that replaces it
+    /// between the two is caught at the next check); a pid already gone is not cached.
+    fn read(&mut self, pid: u32) {
+        let Some(id) = self.proc_id(pid) else {
+            self.entries.remove(&pid);
+            return;
+        };
+        self.reads += 1;
+        let path = self.proc_root.join(pid.to_string()).join("cgroup");
+        let (placement, unread) =
+            match crate::sys::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file") {
+                Ok(text) => (
+                    crate::aws::agent::task_and_container_from_cgroup(&text),
+                    false,
+                ),
+                Err(e) if e.is_not_found() => {
+                    self.entries.remove(&pid);
+                    return;
+                }
+                Err(_) => (None, true),
+            };
+        self.entries.insert(
+            pid,
+            Placed {
+                id,
+                placement,
+                unread,
+                seen: self.poll,
+            },
+        );
+    }
 }
 
 /// The Docker container id in a cgroup file's text: the last path part that is
@@ -545,5 +694,74 @@ mod tests {
             task_ids(dir.path(), &[10, 11, 10]),
             vec!["aa11".to_string()]
         );
+    }
+
+    fn write_cgroup(dir: &Path, pid: u32, task: &str) {
+        std::fs::create_dir_all(dir.join(pid.to_string())).unwrap();
+        std::fs::write(
+            dir.join(format!("{pid}/cgroup")),
+            format!("0::/ecstasks.slice/ecstasks-{task}.slice/docker-{CID_A}.scope\n"),
+        )
+        .unwrap();
+    }
+
+    fn poll(c: &mut Placements, pids: &[u32]) -> Vec<String> {
+        c.begin_poll();
+        c.resolve(pids);
+        let t = c.task_ids(pids);
+        c.end_poll();
+        t
+    }
+
+    #[test]
+    fn placements_read_each_cgroup_once_and_forget_pids_that_leave() {
+        let dir = tempfile::tempdir().unwrap();
+        write_cgroup(dir.path(), 10, "aa11");
+        write_cgroup(dir.path(), 11, "bb22");
+        std::fs::create_dir_all(dir.path().join("12")).unwrap();
+        std::fs::write(
+            dir.path().join("12/cgroup"),
+            "0::/system.slice/sshd.service\n",
+        )
+        .unwrap();
+        let mut c = Placements::new(dir.path());
+        for _ in 0..(3 * REVALIDATE_POLLS) {
+            assert_eq!(poll(&mut c, &[10, 11, 12, 10]), ["aa11", "bb22"]);
+        }
+        // One read per pid, also for the one outside ECS: the checks are stats only.
+        assert_eq!(c.reads(), 3);
+        assert_eq!(c.get(10), Some(("aa11", Some(CID_A))));
+        assert_eq!(c.get(12), None);
+        // 11 leaves NVML's list: forgotten at the end of that poll.
+        assert_eq!(poll(&mut c, &[10, 12]), ["aa11"]);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.get(11), None);
+        // A gone pid (no /proc entry) is not cached and names no task.
+        assert_eq!(poll(&mut c, &[10, 77]), ["aa11"]);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn a_reused_pid_is_read_again_within_the_revalidation_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        write_cgroup(dir.path(), 10, "aa11");
+        let mut c = Placements::new(dir.path());
+        assert_eq!(poll(&mut c, &[10]), ["aa11"]);
+        // The process exits and another one gets pid 10 between two polls: its procfs
+        // directory is a new inode.
+        std::fs::remove_dir_all(dir.path().join("10")).unwrap();
+        std::fs::create_dir_all(dir.path().join("spacer")).unwrap();
+        // Past the file system's timestamp granularity, as a new process is.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        write_cgroup(dir.path(), 10, "cc33");
+        let mut polls = 0;
+        while poll(&mut c, &[10]) != ["cc33"] {
+            polls += 1;
+            assert!(
+                polls < REVALIDATE_POLLS,
+                "still the old task after {polls} polls"
+            );
+        }
+        assert_eq!(c.reads(), 2);
     }
 }

@@ -51,6 +51,12 @@ pub enum Kind {
 /// Major and minor number of `/dev/kmsg` (Linux `Documentation/admin-guide/devices.txt`).
 pub const KMSG_DEVICE: (u32, u32) = (1, 11);
 
+/// The major number of the kernel's memory devices (`/dev/mem`, `/dev/null`, `/dev/zero`,
+/// `/dev/urandom`, `/dev/kmsg`, ...; Linux `Documentation/admin-guide/devices.txt`).
+const MEMORY_DEVICES: u32 = 1;
+/// `/dev/null`: an input that ends at once.
+const NULL_DEVICE: (u32, u32) = (1, 3);
+
 /// What a file type is, in words, for messages.
 pub fn kind_name(ft: std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
@@ -84,7 +90,16 @@ fn check_kind(meta: &std::fs::Metadata, kind: Kind) -> Result<(), String> {
                 || (ft.is_char_device()
                     && (libc::major(meta.rdev()), libc::minor(meta.rdev())) == KMSG_DEVICE)
         }
-        Kind::Stream => ft.is_file() || ft.is_fifo() || ft.is_char_device(),
+        // A terminal or `/dev/null` is a stream that ends; the kernel's memory devices
+        // (`/dev/zero`, `/dev/urandom`, `/dev/mem`, ..., major 1) other than `/dev/null`
+        // never end or are no input at all.
+        Kind::Stream => {
+            ft.is_file()
+                || ft.is_fifo()
+                || (ft.is_char_device()
+                    && (libc::major(meta.rdev()) != MEMORY_DEVICES
+                        || (libc::major(meta.rdev()), libc::minor(meta.rdev())) == NULL_DEVICE))
+        }
     };
     if ok {
         return Ok(());
@@ -92,7 +107,7 @@ fn check_kind(meta: &std::fs::Metadata, kind: Kind) -> Result<(), String> {
     let want = match kind {
         Kind::Regular => "a regular file",
         Kind::RegularOrKmsg => "a regular file or the kernel log device (/dev/kmsg)",
-        Kind::Stream => "a regular file, a pipe or a character device",
+        Kind::Stream => "a regular file, a pipe or a terminal",
     };
     let is = if ft.is_char_device() {
         format!(
@@ -304,6 +319,28 @@ mod tests {
         );
         let err = read_text(Path::new("/dev/urandom"), 64, "boot id").unwrap_err();
         assert!(matches!(err, ReadError::NotAFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_stream_may_be_a_pipe_or_dev_null_but_never_an_endless_device() {
+        for dev in ["/dev/zero", "/dev/urandom", "/dev/full"] {
+            let err = open_checked(Path::new(dev), Kind::Stream, 10, "input").unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("not a regular file, a pipe or a terminal"),
+                "{dev}: {err}"
+            );
+        }
+        assert!(open_checked(Path::new("/dev/null"), Kind::Stream, 10, "input").is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opened without blocking; no writer: the read ends at once.
+        let mut f = open_checked(&fifo, Kind::Stream, 10, "input").unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(f.read_to_end(&mut buf).unwrap(), 0);
     }
 
     #[test]

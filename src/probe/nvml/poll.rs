@@ -219,13 +219,14 @@ pub struct Poller {
     /// The expected count learnt at run time when `expected_gpus` is unset (ECS, the
     /// instance type); `expected_gpus` wins.
     learnt: Option<view::ExpectedGpus>,
-    proc_root: PathBuf,
     corrected: BTreeMap<u32, u64>,
     warned: BTreeSet<String>,
     /// NVML could not count the GPUs on the last poll (a self-fault is open).
     count_failed: bool,
     /// The links of each GPU (`[links]`), when enabled.
     links: Option<super::links::LinkReader>,
+    /// The MPS clients' tasks, by pid: each cgroup read once per process.
+    placements: tasks::Placements,
 }
 
 impl Poller {
@@ -233,11 +234,11 @@ impl Poller {
         Poller {
             expected_gpus,
             learnt: None,
-            proc_root,
             corrected: BTreeMap::new(),
             warned: BTreeSet::new(),
             count_failed: false,
             links: None,
+            placements: tasks::Placements::new(&proc_root),
         }
     }
 
@@ -322,9 +323,11 @@ impl Poller {
         }
         let known: Vec<u32> = lock(shared).gpus.keys().copied().collect();
         let indices: BTreeSet<u32> = (0..count).chain(known).collect();
+        self.placements.begin_poll();
         for index in indices {
             self.poll_gpu(nvml, shared, index, count, &mut report);
         }
+        self.placements.end_poll();
         report
     }
 
@@ -416,7 +419,8 @@ impl Poller {
             Err(e) => return self.failed(report, index, "MPS client list", &e),
         };
         let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
-        let tasks = tasks::task_ids(&self.proc_root, &pids);
+        self.placements.resolve(&pids);
+        let tasks = self.placements.task_ids(&pids);
         lock(shared).clients.insert(index, (pids, tasks));
         if let Some((_, per_task)) = report.usage.gpus.get_mut(&index) {
             let clients: Vec<usage::Client> = procs
@@ -429,7 +433,8 @@ impl Poller {
                     },
                 })
                 .collect();
-            *per_task = usage::sum(&self.proc_root, &clients);
+            let placements = &self.placements;
+            *per_task = usage::sum_placed(&clients, |pid| placements.get(pid));
         }
     }
 
