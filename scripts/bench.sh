@@ -27,13 +27,17 @@
 #                       (BENCH_RUNS, default 20; BENCH_WINDOW_S, default 20; BENCH_ONLY=latency,calls)
 #   link_poll           the NVML poll at 8 GPUs x 18 NVLinks with and without [links], and a
 #                       metrics scrape with and without the link series (BENCH_POLLS, default 2000)
+#   metrics_endpoint    scrapes with idle connections held, the scrape after 50,000 unknown XIDs,
+#                       an XID 79 decided while 2,000 clients hold the port (BENCH_RUNS, default
+#                       30; BENCH_ONLY=scrapes,sizes,xid79; root, for the descriptor limits)
+#   file_caps           peak memory of run and the CLI readers with every file at its cap
 # action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

@@ -60,7 +60,7 @@ const MPS_NOT_MANAGED: &str =
 /// no new incident; the next incident says how many repeats there were.
 pub const LOG_REPEAT_WINDOW: Duration = Duration::from_secs(600);
 /// Bound on the distinct signals kept in one incident's timeline.
-const MAX_ATTACHED_PER_INCIDENT: usize = 64;
+pub const MAX_ATTACHED_PER_INCIDENT: usize = 64;
 /// Bound on the log-only classes remembered for repeat suppression (the stalest goes first).
 pub const MAX_RECENT_LOGS: usize = 256;
 /// Bound on the distinct signals counted per log-only class (the rest are counted together).

@@ -27,6 +27,7 @@ pub struct Rebuild {
     st: State,
     first: BTreeMap<IncidentId, Observation>,
     orders: BTreeMap<ActionId, Order>,
+    skipped: u64,
 }
 
 impl Rebuild {
@@ -34,8 +35,21 @@ impl Rebuild {
         Rebuild::default()
     }
 
+    /// Folds one record. A record whose incident or action id is beyond
+    /// [`MAX_COUNTER`](super::MAX_COUNTER) is not one this journal wrote (a counter there
+    /// could never advance): it is left out and counted in [`skipped`](Self::skipped).
     pub fn add(&mut self, r: &Record) {
         let id = r.incident;
+        let action = match &r.event {
+            IncidentEvent::ActionStarted { order, .. } => Some(order.id),
+            IncidentEvent::ActionFinished { outcome } => Some(outcome.action),
+            IncidentEvent::DeadlineMissed { action, .. } => Some(*action),
+            _ => None,
+        };
+        if id.0 > super::MAX_COUNTER || action.is_some_and(|a| a.0 > super::MAX_COUNTER) {
+            self.skipped += 1;
+            return;
+        }
         self.st.next_incident = self.st.next_incident.max(id.0);
         match &r.event {
             IncidentEvent::Opened {
@@ -90,6 +104,11 @@ impl Rebuild {
             }
             IncidentEvent::Signal { .. } | IncidentEvent::Note { .. } => {}
         }
+    }
+
+    /// Records left out: their ids are out of range (see [`add`](Self::add)).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
     }
 
     /// The state, with work for open incidents resumed or scheduled at `now`.

@@ -119,7 +119,52 @@ impl State {
         for id in self.in_flight.keys() {
             check("an order's id", id.0)?;
         }
-        Ok(())
+        self.check_sizes()
+    }
+
+    /// Whether no collection holds more than the engine ever keeps in it: a state that does
+    /// was not written by the engine (a hand, a corrupt writer), and would cost its size in
+    /// memory and time on every step, so it is refused like a number out of range.
+    fn check_sizes(&self) -> Result<(), String> {
+        let bounded = |what: &str, len: usize, max: usize| {
+            if len > max {
+                Err(format!(
+                    "{what} holds {len} entries, more than the engine keeps ({max})"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        bounded("sightings", self.sightings.len(), super::MAX_SIGHTING_KEYS)?;
+        for v in self.sightings.values() {
+            bounded("a sighting", v.len(), crate::policy::limits::MAX_SIGHTINGS)?;
+        }
+        bounded(
+            "recent_logs",
+            self.recent_logs.len(),
+            super::MAX_RECENT_LOGS,
+        )?;
+        for r in self.recent_logs.values() {
+            bounded(
+                "a recent log's counts",
+                r.counts.len(),
+                super::MAX_COUNTED_SIGNALS,
+            )?;
+        }
+        for a in self.attached.values() {
+            bounded(
+                "an incident's attached signals",
+                a.len(),
+                super::MAX_ATTACHED_PER_INCIDENT,
+            )?;
+        }
+        bounded("armed_drills", self.armed_drills.len(), MAX_ARMED_DRILLS)?;
+        bounded("drills", self.drills.len(), MAX_DRILL_INCIDENTS)?;
+        bounded(
+            "delivery.cursors",
+            self.delivery.cursors.len(),
+            crate::model::cursor::MAX_STREAMS,
+        )
     }
 }
 

@@ -261,6 +261,40 @@ fn far_future_times_saturate_and_still_serialize() {
     assert_eq!(back, Timestamp(crate::model::MAX_RFC3339_MS));
 }
 
+/// A state whose collections hold more than the engine ever keeps was not written by it: it
+/// is refused (and set aside by the daemon) instead of costing its size on every step.
+#[test]
+fn a_state_larger_than_the_engine_keeps_is_refused() {
+    let mut st = State::default();
+    for i in 0..MAX_SIGHTING_KEYS {
+        st.sightings.insert(format!("r@gpu{i}"), vec![Timestamp(1)]);
+    }
+    assert_eq!(st.check_ranges(), Ok(()), "at the bound");
+    st.sightings.insert("one@more".into(), vec![Timestamp(1)]);
+    let why = st.check_ranges().unwrap_err();
+    assert!(why.contains("sightings holds 1025 entries"), "{why}");
+
+    let mut st = State::default();
+    st.sightings.insert(
+        "r@gpu0".into(),
+        vec![Timestamp(1); crate::policy::limits::MAX_SIGHTINGS + 1],
+    );
+    assert!(st.check_ranges().is_err());
+    let mut st = State::default();
+    for i in 0..=MAX_RECENT_LOGS {
+        st.recent_logs.insert(
+            format!("c{i}"),
+            RecentLog {
+                incident: IncidentId(1),
+                at: Timestamp(1),
+                repeats: 0,
+                counts: Default::default(),
+            },
+        );
+    }
+    assert!(st.check_ranges().is_err());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 

@@ -465,7 +465,8 @@ pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
 
 /// Reads `state.json`; `None` when there is none yet (first start).
 /// Anything that is not a readable state (not a regular file, over its cap, not UTF-8, not
-/// the state's JSON, a number out of range) is `Corrupt`, which the daemon sets aside.
+/// the state's JSON, a number out of range, a collection larger than the engine keeps) is
+/// `Corrupt`, which the daemon sets aside.
 pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
     let corrupt = |line, message| JournalError::Corrupt {
         path: path.to_path_buf(),
@@ -549,6 +550,9 @@ pub fn rebuild_from_journal(
         }
         true
     })?;
+    if rebuild.skipped() > 0 {
+        tracing::warn!(path = %incidents.display(), records = rebuild.skipped(), "records with out-of-range ids left out of the rebuilt state");
+    }
     Ok(rebuild.finish(now))
 }
 

@@ -17,8 +17,11 @@ pub const MAX_JOURNAL_LINE: usize = 1024 * 1024;
 /// One kernel-log record. The kernel's own records are at most 1 KiB of text plus a header
 /// (`PRINTK_MESSAGE_MAX`); `/dev/kmsg` never hands out more than one record per read.
 pub const MAX_KMSG_LINE: usize = 8 * 1024;
-/// The state file written by gpu-medic itself (`state.json`); the engine keeps it far below.
-pub const MAX_STATE_BYTES: u64 = 64 * 1024 * 1024;
+/// The state file written by gpu-medic itself (`state.json`). The engine keeps it far below:
+/// every collection in it is bounded (`State::check_ranges`); at their bounds (1,024 windows
+/// of 64 sightings, 256 repeat classes, 32 cursors) it is under 4 MiB. A larger file was not
+/// written by the engine, and parsing it would cost several times its size in memory.
+pub const MAX_STATE_BYTES: u64 = 16 * 1024 * 1024;
 /// The GPU memory history (`gpu-memory.jsonl`) is compacted to half of this when it grows
 /// past it.
 pub const MAX_GPU_MEMORY_HISTORY: u64 = 16 * 1024 * 1024;

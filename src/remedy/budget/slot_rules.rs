@@ -116,9 +116,10 @@ pub struct Facts<'a> {
 }
 
 /// The item after a write of ours: the next version, with `holders` as given.
+/// Only after [`decide`] checked that the version can advance (below `MAX_VERSION`).
 fn next(item: &SlotItem, holders: BTreeMap<String, Holder>, f: &Facts<'_>) -> SlotItem {
     SlotItem {
-        version: item.version.saturating_add(1),
+        version: item.version + 1,
         exists: true,
         holders,
         budget: Some(f.budget),
@@ -131,7 +132,7 @@ fn next(item: &SlotItem, holders: BTreeMap<String, Holder>, f: &Facts<'_>) -> Sl
 fn mine(item: &SlotItem, state: HolderState, f: &Facts<'_>) -> Holder {
     Holder {
         state,
-        token: item.version.saturating_add(1),
+        token: item.version + 1,
         incident: f.stamp.incident.clone(),
         since: f.stamp.since.clone(),
     }
@@ -156,6 +157,14 @@ pub fn remove_terminated(
 
 /// The contract's rules 1 to 5, in that order, on one consistent read.
 pub fn decide(item: &SlotItem, f: &Facts<'_>) -> Decision {
+    // A write's token is the version after this one: one that cannot advance fences nothing,
+    // so nothing is written (`dynamo::parse_item` already refuses such an item).
+    if item.version >= crate::aws::dynamo::MAX_VERSION {
+        return Decision::Defer(format!(
+            "the slot table's version {} cannot advance",
+            item.version
+        ));
+    }
     // 1. Remove a terminated holder.
     if let Some((gone, holders)) = remove_terminated(item, f.me, f.terminated) {
         return Decision::Write {
@@ -489,13 +498,13 @@ mod tests {
             assert_eq!(new.version, it.version + 1, "{it:?}");
             assert!(new.exists);
         }
-        let top = item(u64::MAX, &[]);
-        let (_, new) = written(decide(&top, &w.facts("i-a", Phase::Wants, 1, 0)));
-        assert_eq!(
-            new.version,
-            u64::MAX,
-            "saturates, never wraps (then every write fails)"
-        );
+        for top in [crate::aws::dynamo::MAX_VERSION, u64::MAX] {
+            let d = decide(&item(top, &[]), &w.facts("i-a", Phase::Wants, 1, 0));
+            assert!(
+                matches!(&d, Decision::Defer(why) if why.contains("cannot advance")),
+                "a version that cannot advance is never written over, never saturated: {d:?}"
+            );
+        }
     }
 
     #[test]
