@@ -16,9 +16,11 @@
 #   mps_systemd_detection  MPS hang, daemon and server crash loops, server fault -> decision
 #                       under real systemd at the default intervals (needs root; BENCH_RUNS,
 #                       default 10 per scenario; BENCH_ONLY=hang,daemon-loop,server-loop,server-fault)
-#   storm               thousands of distinct kernel-log XIDs, then an XID 79: time to decide
-#                       the 79, time until CPU is idle again, CPU cost (BENCH_STORM, default
-#                       3000; GPU_MEDIC_BIN=path runs another gpu-medic binary side by side)
+#   storm               thousands of distinct XIDs with an XID 79: time to decide the 79, time
+#                       until CPU is idle again, CPU cost, peak RSS (BENCH_STORM, default 3000;
+#                       BENCH_ONLY=gap,same,nvml-gap,nvml,sustained, default gap; BENCH_RUNS;
+#                       BENCH_RATE/BENCH_SECONDS/BENCH_SOURCE for sustained; GPU_MEDIC_BIN=path
+#                       runs another gpu-medic binary side by side)
 #   task_accounting     per-poll cost of GPU memory accounting per ECS task at 8 GPUs x 48
 #                       clients, before/after reservations and EMF (BENCH_POLLS, default 2000;
 #                       root: real processes in ECS-shaped cgroups)

@@ -57,6 +57,7 @@ fn delivery_after(cursor: &str) -> Resume {
             stream: stream_of(UNIT),
             pos: 1,
             token: Some(cursor.to_string()),
+            ahead: false,
         },
         Timestamp::now(),
     );

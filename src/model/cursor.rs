@@ -91,6 +91,11 @@ pub struct Cursor {
     /// impossible rather than detected, and `pos` only orders streams by age.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// Set by the supervisor on a fatal signal it journals before earlier records of its
+    /// stream (a storm still waiting): the stream's cursor does not move with it, the record
+    /// is remembered as journaled ahead instead ([`Delivery::ahead`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ahead: bool,
 }
 
 /// How far the inputs and the sources are applied to this state. Saved with it, so that the
@@ -104,7 +109,16 @@ pub struct Delivery {
     /// after a restart, is a duplicate.
     #[serde(default)]
     pub cursors: BTreeMap<StreamId, StreamCursor>,
+    /// Records journaled ahead of their stream's cursor (a fatal signal stepped before the
+    /// storm that arrived with it): each is a duplicate when read again, and is forgotten
+    /// once the cursor passes it. At most [`MAX_AHEAD`].
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub ahead: std::collections::BTreeSet<(StreamId, u64)>,
 }
+
+/// At most this many records are journaled ahead of their streams' cursors at once; a fatal
+/// signal beyond them is stepped in arrival order.
+pub const MAX_AHEAD: usize = 1024;
 
 /// At most this many streams are remembered (a stream of an earlier boot is dropped first).
 pub const MAX_STREAMS: usize = 32;
@@ -126,9 +140,34 @@ impl Delivery {
         c.token.is_none() && self.seen(&c.stream, c.pos)
     }
 
-    /// Moves the stream of `c` past it. A token stream follows its reader's order (a
+    /// Remembers the record at `c` as journaled ahead of its stream's cursor. False (and
+    /// nothing remembered) when [`MAX_AHEAD`] records already are, or `c` has a token (its
+    /// reader never hands a record out twice, so it needs no such memory).
+    pub fn mark_ahead(&mut self, c: &Cursor) -> bool {
+        if c.token.is_some() || self.ahead.len() >= MAX_AHEAD {
+            return false;
+        }
+        if !self.seen(&c.stream, c.pos) {
+            self.ahead.insert((c.stream.clone(), c.pos));
+        }
+        true
+    }
+
+    /// Whether another record can be journaled ahead.
+    pub fn ahead_room(&self) -> bool {
+        self.ahead.len() < MAX_AHEAD
+    }
+
+    /// Moves the stream of `c` past it (a record journaled ahead is remembered instead). A
+    /// token stream follows its reader's order (a
     /// journald entry's time stamp may step back with the clock; its cursor still moves).
     pub fn advance_cursor(&mut self, c: &Cursor, at: Timestamp) {
+        if c.ahead {
+            // Never moved past the records before it; with no room left (the supervisor
+            // checks [`Delivery::ahead_room`] first) a restart may read it once more.
+            self.mark_ahead(c);
+            return;
+        }
         if c.token.is_none() {
             self.advance(&c.stream, c.pos, at);
             return;
@@ -148,10 +187,15 @@ impl Delivery {
     /// Whether `pos` of `stream` is already applied.
     pub fn seen(&self, stream: &StreamId, pos: u64) -> bool {
         self.cursors.get(stream).is_some_and(|c| pos <= c.pos)
+            || (!self.ahead.is_empty() && self.ahead.contains(&(stream.clone(), pos)))
     }
 
-    /// Moves a stream's cursor forward (never back).
+    /// Moves a stream's cursor forward (never back), forgetting what was journaled ahead of
+    /// it up to there.
     pub fn advance(&mut self, stream: &StreamId, pos: u64, at: Timestamp) {
+        if !self.ahead.is_empty() {
+            self.ahead.retain(|(s, p)| s != stream || *p > pos);
+        }
         match self.cursors.get_mut(stream) {
             Some(c) => {
                 if pos > c.pos {
@@ -170,6 +214,7 @@ impl Delivery {
                         break;
                     };
                     self.cursors.remove(&stalest);
+                    self.ahead.retain(|(s, _)| *s != stalest);
                 }
                 self.cursors.insert(
                     stream.clone(),
@@ -246,6 +291,43 @@ mod tests {
         let back: Delivery = serde_json::from_str(&json).unwrap();
         assert!(back.seen(&StreamId::mps_log(1, 2, 0), 9));
         assert!(!back.seen(&StreamId::mps_log(1, 2, 0), 10));
+    }
+
+    /// A record journaled ahead of its stream is seen (a duplicate when read again) while
+    /// the records before it are not, and is forgotten once the cursor passes it.
+    #[test]
+    fn a_record_journaled_ahead_is_seen_until_the_cursor_passes_it() {
+        let s = StreamId::kmsg("b");
+        let mut d = Delivery::default();
+        d.advance(&s, 10, Timestamp(1));
+        let fatal = Cursor {
+            stream: s.clone(),
+            pos: 50,
+            token: None,
+            ahead: true,
+        };
+        d.advance_cursor(&fatal, Timestamp(2));
+        assert!(d.seen(&s, 50) && d.seen(&s, 10));
+        assert!(!d.seen(&s, 11) && !d.seen(&s, 49) && !d.seen(&s, 51));
+        let back: Delivery = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
+        assert_eq!(back, d);
+        d.advance(&s, 49, Timestamp(3));
+        assert!(d.seen(&s, 50) && !d.ahead.is_empty());
+        d.advance(&s, 51, Timestamp(4));
+        assert!(d.ahead.is_empty() && d.seen(&s, 50));
+        // Bounded: beyond MAX_AHEAD a record is not remembered.
+        for p in 0..MAX_AHEAD as u64 {
+            assert!(d.mark_ahead(&Cursor {
+                pos: 1000 + p,
+                ..fatal.clone()
+            }));
+        }
+        assert!(!d.ahead_room());
+        assert!(!d.mark_ahead(&Cursor {
+            pos: 5000,
+            ..fatal.clone()
+        }));
+        assert_eq!(d.ahead.len(), MAX_AHEAD);
     }
 
     #[test]

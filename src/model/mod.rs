@@ -651,6 +651,7 @@ impl Observation {
             stream: stream.into(),
             pos,
             token: None,
+            ahead: false,
         });
         self
     }

@@ -556,6 +556,7 @@ impl KmsgReader {
             stream,
             pos,
             token: None,
+            ahead: false,
         });
         // The supervisor moves the cursor once the observation is journaled.
         let _ = self.tx.blocking_send(obs);
@@ -584,6 +585,7 @@ impl KmsgReader {
             stream,
             pos,
             token: None,
+            ahead: false,
         });
         let _ = self.tx.blocking_send(obs);
     }

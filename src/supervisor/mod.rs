@@ -160,7 +160,14 @@ fn runs_unsaved(order: &Order) -> bool {
 pub const BATCH_MAX: usize = 1024;
 /// Capacity of the probes' channel (a full channel makes probes wait; the kernel log and MPS
 /// logs are re-read from their cursors, nothing is dropped).
-const CHANNEL: usize = 1024;
+const CHANNEL: usize = 8 * 1024;
+/// At most this many observations wait in the supervisor, taken off the channel but not yet
+/// stepped ([`Pending`]): a fatal signal overtakes up to this many (plus [`CHANNEL`]) others;
+/// beyond them the probes wait, which bounds memory (a few hundred bytes each).
+pub const PENDING_MAX: usize = 64 * 1024;
+/// How long one batch of non-fatal observations may take to step: a fatal signal that
+/// arrives meanwhile waits at most this (and one commit) before it is stepped.
+const STEP_BUDGET: Duration = Duration::from_millis(20);
 /// At most this many unapplied inputs are replayed at start (a crash leaves one batch).
 const REPLAY_MAX: usize = 16 * BATCH_MAX;
 
@@ -243,41 +250,51 @@ impl Supervisor {
         let mut tick = tokio::time::interval(cfg.tick_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probes_open = true;
+        let mut pending = Pending::default();
+        let mut pace = Pace::default();
         loop {
             let mut batch = Batch::default();
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                o = obs_rx.recv(), if probes_open => match o {
-                    Some(o) => batch.observations.push(o),
-                    None => { probes_open = false; continue; }
-                },
-                Some(outcome) = out_rx.recv() => batch.outcomes.push(outcome),
-                _ = tick.tick() => {
-                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
-                    for request in journal::take_requests(&cfg.state_dir) {
-                        tracing::warn!(request = ?request, "operator request");
-                        batch.requests.push(request);
-                    }
-                    batch.tick = true;
+            if pending.is_empty() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    o = obs_rx.recv(), if probes_open => match o {
+                        Some(o) => pending.push(o, &engine.policy),
+                        None => { probes_open = false; continue; }
+                    },
+                    Some(outcome) = out_rx.recv() => batch.outcomes.push(outcome),
+                    _ = tick.tick() => tick_batch(&mut batch, &cfg),
+                    Some(_) = orders.join_next(), if !orders.is_empty() => continue,
                 }
-                Some(_) = orders.join_next(), if !orders.is_empty() => continue,
-            }
-            // Whatever else is waiting joins the batch (fatal signals first, see `Batch`).
-            while batch.observations.len() < BATCH_MAX {
-                match obs_rx.try_recv() {
-                    Ok(o) => batch.observations.push(o),
-                    Err(_) => break,
+            } else {
+                // Observations are waiting: look at shutdown and the tick without waiting.
+                if shutdown.is_cancelled() {
+                    break;
                 }
+                tokio::select! {
+                    biased;
+                    _ = tick.tick() => tick_batch(&mut batch, &cfg),
+                    _ = std::future::ready(()) => {}
+                }
+                while orders.try_join_next().is_some() {}
             }
+            // Whatever else is waiting is taken off the channel (up to `PENDING_MAX`), so
+            // a fatal signal behind a storm is seen now, not after the storm is stepped.
+            probes_open &= pending.take_from(&mut obs_rx, &engine.policy);
             while let Ok(outcome) = out_rx.try_recv() {
                 batch.outcomes.push(outcome);
             }
+            batch.observations = pending.next_batch(&engine.state.delivery, pace.chunk());
+            let stepped = batch.observations.len();
+            let t0 = std::time::Instant::now();
             for order in engine.handle_batch(batch)? {
                 dispatch(&mut orders, &self.executor, &out_tx, order);
             }
+            pace.took(stepped, t0.elapsed());
         }
 
-        engine.stop(&mut obs_rx, &mut out_rx, &mut orders).await?;
+        engine
+            .stop(&mut pending, &mut obs_rx, &mut out_rx, &mut orders)
+            .await?;
         sources.shutdown().await;
         if let Some(why) = &engine.unsaved.failing {
             // The last saved state stays: the next start replays what the journal holds past
@@ -360,6 +377,7 @@ impl Keeper {
     /// `SHUTDOWN_GRACE` to reach a safe point (the rest resume on the next start).
     async fn stop(
         &mut self,
+        pending: &mut Pending,
         obs_rx: &mut mpsc::Receiver<Observation>,
         out_rx: &mut mpsc::Receiver<Outcome>,
         orders: &mut JoinSet<()>,
@@ -373,13 +391,11 @@ impl Keeper {
         // is read again after the restart from their cursors.
         obs_rx.close();
         loop {
-            let mut batch = Batch::default();
-            while batch.observations.len() < BATCH_MAX {
-                match obs_rx.try_recv() {
-                    Ok(o) => batch.observations.push(o),
-                    Err(_) => break,
-                }
-            }
+            pending.take_from(obs_rx, &self.policy);
+            let batch = Batch {
+                observations: pending.next_batch(&self.state.delivery, BATCH_MAX),
+                ..Batch::default()
+            };
             if batch.observations.is_empty() {
                 break;
             }
@@ -459,6 +475,130 @@ impl Batch {
             .chain(self.tick.then_some(Input::Tick))
             .collect();
         (inputs, arrived)
+    }
+}
+
+/// The tick's part of a batch: the watchdog ping and the operator's requests.
+fn tick_batch(batch: &mut Batch, cfg: &Config) {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+    for request in journal::take_requests(&cfg.state_dir) {
+        tracing::warn!(request = ?request, "operator request");
+        batch.requests.push(request);
+    }
+    batch.tick = true;
+}
+
+/// Observations taken off the probes' channel and not yet stepped: the fatal ones (by the
+/// policy, as [`Batch`] orders them) apart, so each is stepped in a batch of its own before
+/// the storm it arrived with. At most [`PENDING_MAX`].
+#[derive(Default)]
+struct Pending {
+    fatal: std::collections::VecDeque<Observation>,
+    /// In arrival order.
+    other: std::collections::VecDeque<Observation>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.fatal.is_empty() && self.other.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.fatal.len() + self.other.len()
+    }
+
+    fn push(&mut self, o: Observation, policy: &Policy) {
+        if policy.is_fatal(&o.signal, o.value) {
+            self.fatal.push_back(o);
+        } else {
+            self.other.push_back(o);
+        }
+    }
+
+    /// Takes what the channel holds, up to [`PENDING_MAX`] waiting. False once every
+    /// probe is gone and the channel is empty.
+    fn take_from(&mut self, rx: &mut mpsc::Receiver<Observation>, policy: &Policy) -> bool {
+        while self.len() < PENDING_MAX {
+            match rx.try_recv() {
+                Ok(o) => self.push(o, policy),
+                Err(mpsc::error::TryRecvError::Empty) => return true,
+                Err(mpsc::error::TryRecvError::Disconnected) => return false,
+            }
+        }
+        true
+    }
+
+    /// The next batch: every fatal signal waiting (up to [`BATCH_MAX`]) on its own, else up
+    /// to `chunk` others in arrival order. A fatal record stepped before earlier records of
+    /// its stream that are still waiting is marked as journaled ahead (its stream's cursor
+    /// does not move with it, see [`crate::model::cursor::Delivery::ahead`]); when no more
+    /// can be, it waits in its stream's order instead.
+    fn next_batch(&mut self, delivery: &crate::model::Delivery, chunk: usize) -> Vec<Observation> {
+        if self.fatal.is_empty() {
+            let n = chunk.clamp(1, BATCH_MAX).min(self.other.len());
+            return self.other.drain(..n).collect();
+        }
+        let mut room = crate::model::cursor::MAX_AHEAD.saturating_sub(delivery.ahead.len());
+        let mut out = Vec::new();
+        while out.len() < BATCH_MAX
+            && let Some(mut o) = self.fatal.pop_front()
+        {
+            let earlier = o
+                .cursor
+                .as_ref()
+                .filter(|c| c.token.is_none())
+                .and_then(|c| {
+                    self.other.iter().rposition(|e| {
+                        e.cursor
+                            .as_ref()
+                            .is_some_and(|ec| ec.stream == c.stream && ec.pos < c.pos)
+                    })
+                });
+            match (earlier, o.cursor.as_mut()) {
+                (Some(_), Some(c)) if room > 0 => {
+                    c.ahead = true;
+                    room -= 1;
+                    out.push(o);
+                }
+                (Some(i), _) => self.other.insert(i + 1, o),
+                _ => out.push(o),
+            }
+        }
+        if out.is_empty() {
+            let n = chunk.clamp(1, BATCH_MAX).min(self.other.len());
+            return self.other.drain(..n).collect();
+        }
+        out
+    }
+}
+
+/// How many non-fatal observations one batch takes: as many as step within
+/// [`STEP_BUDGET`] at the pace of the last batches.
+struct Pace {
+    /// Average stepping time per observation, in nanoseconds.
+    per_input_ns: u64,
+}
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace {
+            per_input_ns: 50_000,
+        }
+    }
+}
+
+impl Pace {
+    fn chunk(&self) -> usize {
+        let n = STEP_BUDGET.as_nanos() / u128::from(self.per_input_ns.max(1));
+        usize::try_from(n).unwrap_or(BATCH_MAX).clamp(16, BATCH_MAX)
+    }
+
+    fn took(&mut self, inputs: usize, elapsed: Duration) {
+        if inputs < 16 {
+            return;
+        }
+        let per = u64::try_from(elapsed.as_nanos() / inputs as u128).unwrap_or(u64::MAX);
+        self.per_input_ns = (self.per_input_ns.saturating_mul(3) / 4).saturating_add(per / 4);
     }
 }
 
@@ -1074,5 +1214,114 @@ mod tests {
                 "tick"
             ]
         );
+    }
+
+    /// A fatal signal behind a storm of one stream is stepped first, journaled ahead of the
+    /// storm's records; a crash right after leaves the storm to be read again, which
+    /// journals its records and drops the 79 as already journaled: no record twice.
+    #[test]
+    fn a_fatal_signal_overtakes_a_storm_and_a_crash_journals_every_record_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::parse(
+            &dir.path().join("config.toml"),
+            "state_dir = \"state\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
+        )
+        .unwrap();
+        let stream = "kmsg:boot";
+        let storm = |n: u64| -> Vec<Observation> {
+            (0..n)
+                .map(|i| {
+                    Observation::new(Signal::xid(100_000 + i as u32))
+                        .on_gpu(GpuId::index_only((i % 4) as u32))
+                        .from_source("kmsg")
+                        .at_cursor(stream, 100 + i)
+                })
+                .collect()
+        };
+        let fatal = Observation::new(Signal::xid(79))
+            .on_gpu(GpuId::index_only(1))
+            .from_source("kmsg")
+            .at_cursor(stream, 100 + 3000);
+        let start = || {
+            Keeper::start(
+                cfg.clone(),
+                shipped_policy(),
+                None,
+                None,
+                SystemClock::shared(),
+                crate::model::Capabilities::default(),
+            )
+            .unwrap()
+            .0
+        };
+        let read = || {
+            let mut pending = Pending::default();
+            let policy = shipped_policy();
+            for o in storm(3000).into_iter().chain([fatal.clone()]) {
+                pending.push(o, &policy);
+            }
+            pending
+        };
+
+        let mut keeper = start();
+        let mut pending = read();
+        let first = pending.next_batch(&keeper.state.delivery, 256);
+        assert_eq!(first.len(), 1, "the 79 alone, before the storm");
+        assert!(first[0].cursor.as_ref().unwrap().ahead);
+        keeper
+            .handle_batch(Batch {
+                observations: first,
+                ..Batch::default()
+            })
+            .unwrap();
+        let d = &keeper.state.delivery;
+        assert!(d.seen(&stream.into(), 3100), "the 79 is journaled");
+        assert!(
+            !d.seen(&stream.into(), 100),
+            "the storm is not: its cursor did not move"
+        );
+        // A crash: the storm was never stepped. The next start reads everything again.
+        drop(keeper);
+        let mut keeper = start();
+        let mut pending = read();
+        while !pending.is_empty() {
+            let observations = pending.next_batch(&keeper.state.delivery, 256);
+            keeper
+                .handle_batch(Batch {
+                    observations,
+                    ..Batch::default()
+                })
+                .unwrap();
+        }
+        let d = &keeper.state.delivery;
+        assert!(
+            d.seen(&stream.into(), 3099) && d.seen(&stream.into(), 3100),
+            "{d:?}"
+        );
+        assert!(
+            d.ahead.len() <= 1,
+            "forgotten once a later record passes it: {d:?}"
+        );
+        let journaled = journal::read_jsonl::<journal::JournaledInput>(&cfg.inputs_path())
+            .unwrap()
+            .0;
+        let mut positions: Vec<u64> = journaled
+            .iter()
+            .filter_map(|e| match &e.stamped.input {
+                Input::Observation(o) => o.cursor.as_ref().map(|c| c.pos),
+                _ => None,
+            })
+            .collect();
+        // (A repeat that changes nothing is not journaled, see `handle_batch`.)
+        let n = positions.len();
+        assert!(n > 1000, "{n}");
+        assert_eq!(
+            positions.iter().filter(|p| **p == 3100).count(),
+            1,
+            "the 79 once"
+        );
+        positions.sort_unstable();
+        positions.dedup();
+        assert_eq!(positions.len(), n, "no record twice");
     }
 }

@@ -155,6 +155,7 @@ impl JournalFollow {
                     stream: self.stream.clone(),
                     pos: realtime_us,
                     token: Some(cursor.clone()),
+                    ahead: false,
                 });
             }
             self.after = Some(cursor);

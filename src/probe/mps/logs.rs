@@ -587,6 +587,7 @@ impl LogWatch {
                     stream,
                     pos: tail.consumed(),
                     token: None,
+                    ahead: false,
                 });
             }
             out.append(&mut obs);

@@ -24,6 +24,10 @@ use super::raw::{self, EVENT_DOUBLE_BIT_ECC, EVENT_RECOVERY_ACTION, EVENT_XID, E
 use crate::model::{Observation, RecoveryAction, Signal};
 use crate::probe::kmsg;
 
+/// The GPUs registered in the current event set, by handle value: an event names its GPU
+/// without an NVML call per GPU (a storm of events costs one lookup each).
+type Handles = Vec<(usize, u32)>;
+
 /// How long one wait blocks before checking for shutdown.
 pub const WAIT_MS: u32 = 1000;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -61,7 +65,8 @@ impl Watcher {
         let mut unknown_in_a_row: u64 = 0;
         let mut warned: BTreeSet<String> = BTreeSet::new();
         while !self.stopped() {
-            let set = match self.build_set(&lost, &mut warned) {
+            let mut handles = Handles::new();
+            let set = match self.build_set(&lost, &mut warned, &mut handles) {
                 Ok(Some(s)) => s,
                 Ok(None) => {
                     // Nothing to watch (no GPU supports events, or all are lost): poll only.
@@ -87,7 +92,7 @@ impl Watcher {
                     Wait::Timeout => {}
                     Wait::Event(ev) => {
                         unknown_in_a_row = 0;
-                        if !self.forward(ev) {
+                        if !self.forward(ev, &handles) {
                             return;
                         }
                     }
@@ -131,6 +136,7 @@ impl Watcher {
         &self,
         lost: &BTreeSet<u32>,
         warned: &mut BTreeSet<String>,
+        handles: &mut Handles,
     ) -> Result<Option<EventSet<'_>>, NvmlError> {
         let set = EventSet::create(&self.nvml)?;
         let count = self.nvml.device_count()?;
@@ -176,6 +182,9 @@ impl Watcher {
             match set.register(&device, types) {
                 Ok(()) => {
                     registered += 1;
+                    // SAFETY: the handle's value only, to find its index again; nothing is
+                    // dereferenced.
+                    handles.push((unsafe { device.handle() } as usize, index));
                     if warned.insert(format!("registered:{index}:{types:#x}")) {
                         tracing::info!(
                             probe = "nvml",
@@ -202,8 +211,12 @@ impl Watcher {
     }
 
     /// Turns one event into an observation. Returns false when the receiver is gone.
-    fn forward(&self, ev: raw::Event) -> bool {
-        let Some(index) = self.index_of(ev.device) else {
+    fn forward(&self, ev: raw::Event, handles: &Handles) -> bool {
+        let known = handles
+            .iter()
+            .find(|(h, _)| *h == ev.device as usize)
+            .map(|(_, i)| *i);
+        let Some(index) = known.or_else(|| self.index_of(ev.device)) else {
             tracing::warn!(
                 probe = "nvml",
                 event_type = ev.event_type,
