@@ -213,12 +213,33 @@ fn simulate_input_over_the_cap_is_an_error_naming_the_cap() {
     std::fs::write(&p, INPUT.repeat(4) + "\n").unwrap();
     let err = journal::stream_jsonl::<StampedInput>(&[p], Some(64), |_| true).unwrap_err();
     assert!(err.to_string().contains("64 bytes cap"), "{err}");
-    // An endless line (a device given as the input) stops at the cap too.
+    // An endless device is refused by its kind before a byte is read.
     let err = journal::stream_jsonl::<StampedInput>(
         &[std::path::PathBuf::from("/dev/zero")],
         Some(1 << 20),
         |_| true,
     )
     .unwrap_err();
+    assert!(err.to_string().contains("character device"), "{err}");
+    // An endless line through a pipe (which the input may be) stops at the cap.
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid, writable array of two descriptors for the call.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: the write end is ours alone from here on; the File closes it.
+    let mut w = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let zeros = [0u8; 64 * 1024];
+        while w.write_all(&zeros).is_ok() {}
+    });
+    let err = journal::stream_jsonl::<StampedInput>(
+        &[std::path::PathBuf::from(format!("/proc/self/fd/{}", fds[0]))],
+        Some(1 << 20),
+        |_| true,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("1 MiB cap"), "{err}");
+    // SAFETY: the read end is ours; closing it ends the writer (EPIPE).
+    unsafe { libc::close(fds[0]) };
+    writer.join().unwrap();
 }
