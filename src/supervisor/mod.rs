@@ -539,7 +539,19 @@ impl Pending {
             return self.other.drain(..n).collect();
         }
         let mut room = crate::model::cursor::MAX_AHEAD.saturating_sub(delivery.ahead.len());
+        // The lowest position waiting per stream, found in one pass: whether a fatal record
+        // has earlier records of its stream still waiting is then one lookup, however many
+        // fatal records a storm brings.
+        let mut lowest: std::collections::HashMap<&crate::model::StreamId, u64> =
+            std::collections::HashMap::new();
+        for c in self.other.iter().filter_map(|e| e.cursor.as_ref()) {
+            lowest
+                .entry(&c.stream)
+                .and_modify(|p| *p = (*p).min(c.pos))
+                .or_insert(c.pos);
+        }
         let mut out = Vec::new();
+        let mut wait = Vec::new();
         while out.len() < BATCH_MAX
             && let Some(mut o) = self.fatal.pop_front()
         {
@@ -547,21 +559,30 @@ impl Pending {
                 .cursor
                 .as_ref()
                 .filter(|c| c.token.is_none())
-                .and_then(|c| {
-                    self.other.iter().rposition(|e| {
-                        e.cursor
-                            .as_ref()
-                            .is_some_and(|ec| ec.stream == c.stream && ec.pos < c.pos)
-                    })
-                });
+                .is_some_and(|c| lowest.get(&c.stream).is_some_and(|p| *p < c.pos));
             match (earlier, o.cursor.as_mut()) {
-                (Some(_), Some(c)) if room > 0 => {
+                (true, Some(c)) if room > 0 => {
                     c.ahead = true;
                     room -= 1;
                     out.push(o);
                 }
-                (Some(i), _) => self.other.insert(i + 1, o),
+                (true, _) => wait.push(o),
                 _ => out.push(o),
+            }
+        }
+        // No room to journal these ahead: each waits in its stream's order, after the last
+        // earlier record of its stream (rare: more than `MAX_AHEAD` fatal records at once).
+        for o in wait {
+            let at = o.cursor.as_ref().and_then(|c| {
+                self.other.iter().rposition(|e| {
+                    e.cursor
+                        .as_ref()
+                        .is_some_and(|ec| ec.stream == c.stream && ec.pos < c.pos)
+                })
+            });
+            match at {
+                Some(i) => self.other.insert(i + 1, o),
+                None => self.other.push_back(o),
             }
         }
         if out.is_empty() {
