@@ -54,12 +54,18 @@ fn cpu_s(pid: u32) -> f64 {
 struct Follow {
     offset: u64,
     pending: String,
+    /// Complete lines read but not yet looked at (a search stops at its match; the lines
+    /// after it are the next search's).
+    lines: std::collections::VecDeque<String>,
 }
 
 impl Follow {
-    fn new_lines(&mut self, path: &Path) -> Vec<String> {
-        let mut out = Vec::new();
-        if let Ok(mut f) = std::fs::File::open(path) {
+    /// The next complete line, reading what was appended since the last call when none is
+    /// waiting.
+    fn next_line(&mut self, path: &Path) -> Option<String> {
+        if self.lines.is_empty()
+            && let Ok(mut f) = std::fs::File::open(path)
+        {
             let _ = f.seek(SeekFrom::Start(self.offset));
             let mut buf = String::new();
             if let Ok(n) = f.read_to_string(&mut buf) {
@@ -67,10 +73,10 @@ impl Follow {
                 self.pending.push_str(&buf);
             }
             while let Some(i) = self.pending.find('\n') {
-                out.push(self.pending.drain(..=i).collect());
+                self.lines.push_back(self.pending.drain(..=i).collect());
             }
         }
-        out
+        self.lines.pop_front()
     }
 }
 
@@ -88,9 +94,11 @@ fn stamp_after(
     pred: impl Fn(&str) -> bool,
 ) -> Option<f64> {
     loop {
-        if let Some(line) = follow.new_lines(path).into_iter().find(|l| pred(l)) {
-            let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
-            return parse_at(v["at"].as_str()?);
+        while let Some(line) = follow.next_line(path) {
+            if pred(&line) {
+                let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+                return parse_at(v["at"].as_str()?);
+            }
         }
         if Instant::now() > deadline {
             return None;

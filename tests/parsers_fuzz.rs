@@ -233,7 +233,10 @@ fn simulate_input_over_the_cap_is_an_error_naming_the_cap() {
         while w.write_all(&zeros).is_ok() {}
     });
     let err = journal::stream_jsonl::<StampedInput>(
-        &[std::path::PathBuf::from(format!("/proc/self/fd/{}", fds[0]))],
+        &[std::path::PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            fds[0]
+        ))],
         Some(1 << 20),
         |_| true,
     )

@@ -1138,3 +1138,26 @@ fn an_abort_while_the_replacement_waits_for_the_evidence_drops_the_replacement()
     assert_eq!(r.st.node, NodePhase::InService);
     assert!(r.st.evidence.is_none());
 }
+
+/// A storm of distinct lesser signals joining a node remediation fills at most
+/// `MAX_ATTACHED_PER_INCIDENT` places in its timeline; a fatal signal after the storm (another
+/// GPU off the bus) still has its own place there.
+#[test]
+fn a_fatal_signal_after_a_storm_still_joins_the_node_incidents_timeline() {
+    let mut r = Run::new(default_policy());
+    r.feed(xid(2, 79));
+    let node = r.st.node_incident.expect("a node remediation");
+    for i in 0..5_000 {
+        r.feed(xid(i % 2, 200_000 + i));
+    }
+    let out = r.feed(xid(3, 79));
+    let joined = out.iter().any(|a| {
+        matches!(a, Action::Log(Record { incident, event: IncidentEvent::Signal { observation }, .. })
+            if *incident == node && observation.gpu.as_ref().is_some_and(|g| g.index == 3))
+    });
+    assert!(
+        joined,
+        "the second GPU off the bus is not in the timeline: {out:?}"
+    );
+    assert!(r.st.check_ranges().is_ok());
+}
