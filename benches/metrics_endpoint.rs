@@ -233,11 +233,7 @@ fn xid79_opened(incidents: &std::path::Path) -> Option<f64> {
 fn xid79_once(held: usize, hard: Option<u64>) -> (Option<f64>, usize, u64, usize, bool) {
     use std::io::Write;
     use std::sync::atomic::Ordering;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = gpu_medic_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut d = gpu_medic_testkit::Daemon::fake_gpu_node(
         &format!("[metrics]\nenabled = true\nlisten = \"{addr}\"\n"),

@@ -138,11 +138,7 @@ fn a_fabric_stuck_in_progress_at_boot_fails_the_check_after_its_deadline() {
 
 #[test]
 fn a_fabric_error_mid_run_replaces_and_links_are_shown_in_status_and_metrics() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = gpu_medic_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut d = node("");
     let cfg = std::fs::read_to_string(d.config()).unwrap();

@@ -304,11 +304,7 @@ async fn a_throttled_ecs_read_is_a_self_fault_never_a_gpu_signal() {
 /// (this machine's, far below 95 % full) every 100 ms, and none of it is a signal.
 #[test]
 fn metrics_have_a_health_series_per_gpu_and_count_no_routine_reading() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = gpu_medic_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut node = Daemon::fake_gpu_node(
         &format!(

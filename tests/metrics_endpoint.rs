@@ -35,11 +35,7 @@ fn node(port: u16) -> Daemon {
 
 /// gpu-medic on a free port, its first poll done and its endpoint answering; the address.
 fn serving() -> (Daemon, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = gpu_medic_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut d = node(port);
     d.start();

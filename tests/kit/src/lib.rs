@@ -238,3 +238,11 @@ pub fn stop_child(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
     let _ = child.wait();
     None
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (for an endpoint a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
