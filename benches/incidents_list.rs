@@ -29,12 +29,21 @@ use gpu_medic::model::{
 };
 use gpu_medic_testkit::stats::{machine, percentile};
 
-fn opened(i: u64) -> Record {
+/// Incident `i`'s record of `event`, `offset_ms` into its second.
+fn record(i: u64, offset_ms: u64, event: IncidentEvent) -> Record {
     Record {
-        at: Timestamp(1_780_000_000_000 + i * 1000),
+        at: Timestamp(1_780_000_000_000 + offset_ms + i * 1000),
         incident: IncidentId(i),
         drill: None,
-        event: IncidentEvent::Opened {
+        event,
+    }
+}
+
+fn opened(i: u64) -> Record {
+    record(
+        i,
+        0,
+        IncidentEvent::Opened {
             observation: Observation::new(Signal::xid(13))
                 .on_gpu(GpuId::index_only((i % 8) as u32))
                 .with_detail("Graphics Engine Exception"),
@@ -42,19 +51,18 @@ fn opened(i: u64) -> Record {
             reason: "XID 13: an application fault; logged".into(),
             verdict: Verdict::Log,
         },
-    }
+    )
 }
 
 fn closed(i: u64) -> Record {
-    Record {
-        at: Timestamp(1_780_000_000_500 + i * 1000),
-        incident: IncidentId(i),
-        drill: None,
-        event: IncidentEvent::Closed {
+    record(
+        i,
+        500,
+        IncidentEvent::Closed {
             state: IncidentState::Logged,
             summary: "logged".into(),
         },
-    }
+    )
 }
 
 /// Writes a state directory with a journal of `n` incidents; returns its config file.

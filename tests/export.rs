@@ -36,6 +36,38 @@ fn identity(instance: &str, cluster: &str) -> String {
     format!("[identity]\ninstance_id = \"{instance}\"\ncluster = \"{cluster}\"\n")
 }
 
+/// An export of one log group only (events off) through a proxy to moto, for a new cluster
+/// named after `name`, in a new temp dir whose journal holds notes 1 to 3.
+struct LogsOnly {
+    _proxy: Proxy,
+    sdk: aws_config::SdkConfig,
+    dir: tempfile::TempDir,
+    cfg: Config,
+    group: String,
+    writer: JsonlWriter<Record>,
+}
+
+async fn logs_only(name: &str, instance: &str, text: &str) -> LogsOnly {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let cluster = aws::unique(name);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = export_config(dir.path(), &identity(instance, &cluster), "events = false");
+    let group = format!("/gpu-medic/{cluster}");
+    let mut writer = JsonlWriter::open(&cfg.incidents_path()).unwrap();
+    for i in 1..=3 {
+        writer.append(&note(i, text)).unwrap();
+    }
+    LogsOnly {
+        _proxy: proxy,
+        sdk,
+        dir,
+        cfg,
+        group,
+        writer,
+    }
+}
+
 fn note(i: u64, text: &str) -> Record {
     Record {
         at: Timestamp::now(),
@@ -183,16 +215,14 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
 /// (a record's id is its line in the journal), so what is sent again is the same record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_cursor_that_cannot_advance_starts_again_without_a_panic() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let cluster = aws::unique("maxcursor");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = export_config(dir.path(), &identity("i-max", &cluster), "events = false");
-    let group = format!("/gpu-medic/{cluster}");
-    let mut w = JsonlWriter::open(&cfg.incidents_path()).unwrap();
-    for i in 1..=3 {
-        w.append(&note(i, "before")).unwrap();
-    }
+    let LogsOnly {
+        sdk,
+        dir,
+        cfg,
+        group,
+        _proxy,
+        ..
+    } = logs_only("maxcursor", "i-max", "before").await;
     std::fs::create_dir_all(dir.path().join("export")).unwrap();
     std::fs::write(
         dir.path().join("export/logs.cursor.json"),
@@ -227,17 +257,15 @@ async fn an_export_cursor_that_cannot_advance_starts_again_without_a_panic() {
 /// nothing sent before is sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_after_a_truncation_or_a_copy_truncate_are_exported_once() {
-    let proxy = Proxy::start().await;
-    let sdk = aws::sdk(&proxy.url).await;
-    let cluster = aws::unique("truncate");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = export_config(dir.path(), &identity("i-trunc", &cluster), "events = false");
-    let group = format!("/gpu-medic/{cluster}");
+    let LogsOnly {
+        sdk,
+        cfg,
+        group,
+        writer: mut w,
+        _proxy,
+        dir: _dir,
+    } = logs_only("truncate", "i-trunc", "before the truncation").await;
     let journal = cfg.incidents_path();
-    let mut w = JsonlWriter::open(&journal).unwrap();
-    for i in 1..=3 {
-        w.append(&note(i, "before the truncation")).unwrap();
-    }
     let x = Exporter::with_sdk(&cfg, &sdk);
     let r = x.flush.flush(Duration::from_secs(10)).await;
     assert!(r.complete, "{r}");

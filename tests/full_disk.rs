@@ -44,6 +44,37 @@ fn lines(p: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Fills the file system of `filler` to the last byte.
+fn fill(filler: &Path) {
+    let mut f = std::fs::File::create(filler).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling the tmpfs: {e}"),
+        }
+    }
+    let _ = f.write(&[0u8; 1]);
+}
+
+/// Fails, naming what is missing, unless this runs as root (a tmpfs in a mount namespace).
+fn need_root() {
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test needs root (a tmpfs in a mount namespace); CI runs it as root"
+    );
+}
+
+/// The `sh -c` script that mounts a 4 MiB tmpfs on its `$0` in the mount namespace
+/// `unshare` made, then execs the rest of its arguments (gpu-medic): without `--fork`,
+/// unshare execs, so the pid is gpu-medic's and its mounts are seen through
+/// `/proc/<pid>/root`.
+const MOUNT_THEN_EXEC: &str = "mount -t tmpfs -o size=4m gm-full-test \"$0\" && exec \"$@\"";
+
 struct Killed(Child);
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -54,12 +85,7 @@ impl Drop for Killed {
 
 #[test]
 fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
-    // SAFETY: geteuid has no preconditions and touches no memory.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "this test needs root (a tmpfs in a mount namespace); CI runs it as root"
-    );
+    need_root();
     let dir = tempfile::Builder::new()
         .prefix("gm-full-")
         .tempdir_in("/tmp")
@@ -84,8 +110,6 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
     )
     .unwrap();
     let log = dir.path().join("daemon.log");
-    // unshare without --fork execs: the child's pid is gpu-medic's, and its mounts are seen
-    // from here through /proc/<pid>/root.
     let child = Command::new("unshare")
         .args([
             "--mount",
@@ -93,7 +117,7 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
             "private",
             "sh",
             "-c",
-            "mount -t tmpfs -o size=4m gm-full-test \"$0\" && exec \"$@\"",
+            MOUNT_THEN_EXEC,
         ])
         .arg(&state)
         .arg(bin())
@@ -135,19 +159,7 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
         "the state is on the namespace's tmpfs, not on the host"
     );
 
-    // Fill the tmpfs.
-    let mut filler = std::fs::File::create(inside("filler")).unwrap();
-    let block = vec![0u8; 64 * 1024];
-    loop {
-        match filler.write(&block) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-            Err(e) => panic!("filling the tmpfs: {e}"),
-        }
-    }
-    let _ = filler.write(&[0u8; 1]);
-    drop(filler);
+    fill(&inside("filler"));
 
     std::fs::OpenOptions::new()
         .append(true)
@@ -222,5 +234,113 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
         status.is_some_and(|s| s.success()),
         "stop: {status:?}\n{}",
         text()
+    );
+}
+
+/// The same with AWS on, against moto: with the disk full, the XID 79's quarantine and drain
+/// are real calls (ECS has the instance DRAINING and its health attribute `faulted`), the
+/// full disk is said once, and once space returns the incident, journaled, lists each call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_aws_a_full_state_disk_still_quarantines_and_drains_in_ecs() {
+    use gpu_medic_testkit::aws;
+    need_root();
+    let moto = aws::moto();
+    let sdk = aws::sdk(&moto.url).await;
+    let s = aws::seed(&sdk, "fulldisk", 2).await;
+    let me = &s.nodes[0];
+    let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"";
+    let mut d = aws::node(
+        &s,
+        0,
+        Some(&moto.url),
+        "",
+        "",
+        fleet,
+        "[node]\nenabled = false\n",
+    );
+    let state = d.path("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // gpu-medic under unshare, its state_dir on a tmpfs of its own.
+    let wrapper = d.path("in-namespace.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec unshare --mount --propagation private sh -c '{}' '{}' '{}' \"$@\"\n",
+            MOUNT_THEN_EXEC,
+            state.display(),
+            bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    d.binary(wrapper);
+    d.spawn();
+    let pid = d.pid().unwrap();
+    let inside = |p: &str| -> PathBuf {
+        PathBuf::from(format!("/proc/{pid}/root{}", state.join(p).display()))
+    };
+    let log = d.dir().join("daemon-1.log");
+    wait(
+        "the daemon to start on its tmpfs",
+        &log,
+        Duration::from_secs(30),
+        || inside("state.json").exists() && d.log().contains("first NVML poll done"),
+    );
+    assert!(
+        !state.join("state.json").exists(),
+        "the state is on the tmpfs"
+    );
+    fill(&inside("filler"));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(d.path("kmsg"))
+        .unwrap()
+        .write_all(XID_79.replace("0000:10:00", "0000:1b:00").as_bytes())
+        .unwrap();
+    gpu_medic_testkit::wait_for(
+        "DRAINING in ECS, with the disk full",
+        Duration::from_secs(30),
+        || async { aws::instance(&sdk, &s.cluster, &me.arn).await.0 == "DRAINING" },
+    )
+    .await;
+    let (_, _, attrs) = aws::instance(&sdk, &s.cluster, &me.arn).await;
+    assert!(
+        attrs.contains(&("gpu-medic.health".into(), Some("faulted".into()))),
+        "{attrs:?}"
+    );
+    let t = d.log();
+    assert_eq!(
+        t.matches("cannot write the journal or the state").count(),
+        1,
+        "the full disk is said once: {t}"
+    );
+    assert!(d.pid().is_some_and(|p| p == pid), "still running: {t}");
+    // Space returns: the incident is journaled with the calls that were made.
+    std::fs::remove_file(inside("filler")).unwrap();
+    wait(
+        "the incident journaled",
+        &log,
+        Duration::from_secs(30),
+        || {
+            lines(&inside("incidents.jsonl")).iter().any(|r| {
+                r["event"] == "action-finished"
+                    && r.to_string().contains("UpdateContainerInstancesState")
+            })
+        },
+    );
+    let records = lines(&inside("incidents.jsonl"));
+    let all = serde_json::to_string(&records).unwrap();
+    for op in ["PutAttributes", "UpdateContainerInstancesState"] {
+        assert!(all.contains(op), "{op} in the incident: {all}");
+    }
+    let status = d.stop(Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "stop: {status:?}\n{}",
+        d.log()
     );
 }

@@ -722,3 +722,66 @@ fn a_double_bit_ecc_event_is_reported_without_waiting_for_the_poller() {
     assert_eq!(r["observation"]["gpu"]["index"], 1);
     stop(&mut node);
 }
+
+/// The journaled XIDs of `source`, in journal order, as (GPU index, code).
+fn journaled_xids(node: &Daemon, source: &str) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for name in ["state/inputs.jsonl.1", "state/inputs.jsonl"] {
+        let text = std::fs::read_to_string(node.path(name)).unwrap_or_default();
+        out.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v["source"] == source && v["signal"]["kind"] == "xid")
+                .map(|v| {
+                    (
+                        v["gpu"]["index"].as_u64().unwrap_or(99),
+                        v["signal"]["code"].as_u64().unwrap_or(0),
+                    )
+                }),
+        );
+    }
+    out
+}
+
+/// Issue 26, items 0 and 5: an XID 79 that arrives in the same burst as a storm of distinct
+/// XIDs, last, is handed over before the storm by the kernel log reader and by the event
+/// watcher alike (it is journaled first); the storm is still journaled whole, each XID once,
+/// in its order.
+#[test]
+fn a_fatal_xid_last_in_a_storm_is_journaled_before_the_storm() {
+    const STORM: u64 = 3000;
+    let mut node = new_node("");
+    // Written before the start: the reader finds the whole storm at once.
+    let mut body = String::new();
+    for i in 0..STORM {
+        body.push_str(&format!(
+            "NVRM: Xid (PCI:0000:10:00): {}, pid={i}, name=p, storm\n",
+            100_000 + i
+        ));
+    }
+    body.push_str("NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=y, GPU has fallen off the bus.");
+    kmsg_append(&node, &body);
+    start(&mut node);
+    wait_until("the kernel log storm journaled", || {
+        journaled_xids(&node, "kmsg").len() as u64 > STORM
+    });
+    let kmsg = journaled_xids(&node, "kmsg");
+    assert_eq!(kmsg[0], (1, 79), "the 79 first");
+    let storm: Vec<u64> = kmsg[1..].iter().map(|x| x.1).collect();
+    assert_eq!(storm, (100_000..100_000 + STORM).collect::<Vec<_>>());
+    // The same through NVML's event queue: one injection, the 79 last.
+    let mut events: Vec<String> = (0..STORM)
+        .map(|i| format!(r#"{{"gpu": 2, "xid": {}}}"#, 200_000 + i))
+        .collect();
+    events.push(r#"{"gpu": 3, "xid": 79}"#.into());
+    node.inject(&format!("[{}]", events.join(",")));
+    wait_until("the NVML storm journaled", || {
+        journaled_xids(&node, "nvml").len() as u64 > STORM
+    });
+    let nvml = journaled_xids(&node, "nvml");
+    assert_eq!(nvml[0], (3, 79), "the 79 first");
+    let storm: Vec<u64> = nvml[1..].iter().map(|x| x.1).collect();
+    assert_eq!(storm, (200_000..200_000 + STORM).collect::<Vec<_>>());
+    stop(&mut node);
+    assert_eq!(journaled_xids(&node, "kmsg").len() as u64, STORM + 1);
+}

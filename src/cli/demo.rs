@@ -214,7 +214,8 @@ async fn play(
 ) -> Result<i32, CliError> {
     let shutdown = CancellationToken::new();
     let mps_client = ControlClient::new(&cfg.mps);
-    let sources = crate::probe::sources(&cfg, &mps_client, None);
+    let sources =
+        crate::probe::sources(&cfg, crate::probe::Urgency::of(&policy), &mps_client, None);
     let mps_cfg = cfg.mps.enabled.then(|| cfg.mps.clone());
     let mut remedies = Remedies {
         mps: None,

@@ -151,6 +151,7 @@ async fn serve(
     let gpu_signal = Arc::new(tokio::sync::Notify::new());
     let sources = crate::probe::sources_with_gpu_view(
         &cfg,
+        crate::probe::Urgency::of(&policy),
         &mps_client,
         cfg.metrics.enabled.then_some(&accounting),
         Some(gpu_signal.clone()),

@@ -8,6 +8,12 @@
 //! what was (at least once, never twice). XIDs already reported by the event watcher are
 //! skipped, and remembered in `kmsg.cursor` so that a restart skips them too.
 //!
+//! The reader reads whatever the log holds before handing anything over, and looks again
+//! between slices of a storm: fatal records (by the running policy, [`crate::probe::Urgency`])
+//! are handed over first, each marked as journaled ahead of the stream's cursor when records
+//! before it are still to come, so a fatal XID written with 50,000 others is decided first
+//! and a crash still loses or doubles none.
+//!
 //! It is also where an XID's verdict that depends on more than its code is decoded
 //! ([`decode_xid`]): the NVLink5 XIDs 144-150 by the error status in their text (NVIDIA's
 //! decode sheet, `docs/xid-nvlink5-decode.csv`), XID 159 by whether the UVM driver is in use.
@@ -107,6 +113,16 @@ impl KernelXid {
     /// ([`decode_xid`]), `detail` plus why it was decoded so, the process as its pid.
     pub fn observation(&self, detail: String) -> Observation {
         let (decode, why) = decode_xid(self.code, Some(&self.text), Path::new(UVM_REFCNT));
+        self.observation_decoded(detail, decode, why)
+    }
+
+    /// [`Self::observation`] with its decode already made.
+    pub fn observation_decoded(
+        &self,
+        detail: String,
+        decode: Option<XidDecode>,
+        why: Option<String>,
+    ) -> Observation {
         let detail = match why {
             Some(why) => format!("{detail}; {why}"),
             None => detail,
@@ -190,6 +206,8 @@ pub struct KmsgReader {
     pub shared: SharedState,
     pub tx: mpsc::Sender<Observation>,
     pub stop: Arc<AtomicBool>,
+    /// Which records of a burst are handed over first.
+    pub urgency: crate::probe::Urgency,
 }
 
 /// At most this many dropped duplicates are remembered across a restart.
@@ -211,21 +229,15 @@ pub fn check_path(path: &Path) -> Result<(), String> {
     )
 }
 
-/// Where a line came from: its stream and position, for the cursor. In a regular file the
-/// position is the line's end offset, whatever the line says (a sequence number written in a
-/// file is text, not the kernel's count). From the kernel log device it is the record's
-/// sequence number, which the kernel raises by one per record: one that does not move past
-/// the last one read (`last_seq`), or that could not be passed (`u64::MAX`), is not a
-/// position, and the record is journaled without one rather than hiding every later record.
-fn position(
-    seq: u64,
-    boot: &str,
-    file: Option<&(u64, u64)>,
-    end: u64,
-    last_seq: &mut u64,
-) -> Option<(StreamId, u64)> {
-    if let Some((dev, ino)) = file {
-        return Some((StreamId::kmsg_file(*dev, *ino), end));
+/// A line's position in its stream, for the cursor. In a regular file it is the line's end
+/// offset, whatever the line says (a sequence number written in a file is text, not the
+/// kernel's count). From the kernel log device it is the record's sequence number, which the
+/// kernel raises by one per record: one that does not move past the last one read
+/// (`last_seq`), or that could not be passed (`u64::MAX`), is not a position, and the record
+/// is journaled without one rather than hiding every later record.
+fn position(seq: u64, file: bool, end: u64, last_seq: &mut u64) -> Option<u64> {
+    if file {
+        return Some(end);
     }
     if seq == 0 {
         return None;
@@ -240,7 +252,7 @@ fn position(
         return None;
     }
     *last_seq = seq;
-    Some((StreamId::kmsg(boot), seq))
+    Some(seq)
 }
 
 struct Cursors {
@@ -292,7 +304,8 @@ impl Cursors {
     }
 
     fn seen(&self, stream: &StreamId, pos: u64) -> bool {
-        self.committed.seen(stream, pos) || self.skipped_set.contains(&(stream.clone(), pos))
+        self.committed.seen(stream, pos)
+            || (!self.skipped_set.is_empty() && self.skipped_set.contains(&(stream.clone(), pos)))
     }
 
     fn remember(&mut self, at: (StreamId, u64)) {
@@ -342,10 +355,158 @@ impl Cursors {
     }
 }
 
+/// At most this many kernel log records (XID and SXid lines; other lines are dropped as they
+/// are read) wait to be handed over, and at most this many bytes of their text: the memory a
+/// storm can hold. Beyond them the reader reads on only as records are handed over.
+const BACKLOG_MAX: usize = 65_536;
+const BACKLOG_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// At most this many records are handed over between two looks at the log, so a fatal record
+/// that comes while a storm is handed over waits behind at most these.
+const SLICE: usize = 256;
+
+/// At most this many records are handed over before records ahead of them in the log, while
+/// a backlog lasts (each is then journaled ahead of its stream's cursor; the supervisor
+/// remembers at most [`crate::model::cursor::MAX_AHEAD`] such records at once). Beyond them,
+/// fatal records keep their place in the log.
+const URGENT_MAX: usize = 64;
+
+/// One XID or SXid line, parsed, positioned and judged for urgency.
+struct Record {
+    kind: RecordKind,
+    pos: Option<u64>,
+    /// Handed over before records ahead of it in the log: journaled ahead of the cursor.
+    ahead: bool,
+    bytes: usize,
+}
+
+enum RecordKind {
+    Xid {
+        x: KernelXid,
+        decode: Option<XidDecode>,
+        why: Option<String>,
+    },
+    Sxid(Observation),
+}
+
+/// The records read and not yet handed over: the fatal ones (by the running policy) apart,
+/// handed over first. Every record read waits here until the supervisor has it; the cursor
+/// moves only once the supervisor has journaled it.
+#[derive(Default)]
+struct Backlog {
+    urgent: std::collections::VecDeque<Record>,
+    /// In log order.
+    rest: std::collections::VecDeque<Record>,
+    /// An observation made from the head of `rest` that the supervisor's channel had no room
+    /// for (its XID is claimed already): handed over before anything else of `rest`.
+    stalled: Option<Observation>,
+    /// Records of `rest` (and `stalled`) with a position: records an urgent one would pass.
+    positioned: usize,
+    /// Records handed over ahead since the backlog was last empty.
+    passed: usize,
+    bytes: usize,
+}
+
+impl Backlog {
+    fn full(&self) -> bool {
+        self.urgent.len() + self.rest.len() >= BACKLOG_MAX || self.bytes >= BACKLOG_MAX_BYTES
+    }
+
+    fn is_empty(&self) -> bool {
+        self.urgent.is_empty() && self.rest.is_empty() && self.stalled.is_none()
+    }
+
+    fn push(&mut self, mut r: Record, urgent: bool) {
+        self.bytes = self.bytes.saturating_add(r.bytes);
+        if urgent && self.passed < URGENT_MAX {
+            r.ahead = self.positioned > 0 && r.pos.is_some();
+            self.passed += usize::from(r.ahead);
+            self.urgent.push_back(r);
+        } else {
+            self.positioned += usize::from(r.pos.is_some());
+            self.rest.push_back(r);
+        }
+    }
+
+    fn pop_urgent(&mut self) -> Option<Record> {
+        let r = self.urgent.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(r.bytes);
+        Some(r)
+    }
+
+    fn pop_rest(&mut self) -> Option<Record> {
+        let r = self.rest.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(r.bytes);
+        if r.pos.is_some() {
+            // Still waiting (as `stalled`) until it is sent.
+            self.positioned = self.positioned.saturating_sub(1);
+        }
+        Some(r)
+    }
+
+    fn stall(&mut self, o: Observation) {
+        self.positioned += usize::from(o.cursor.is_some());
+        self.stalled = Some(o);
+    }
+
+    fn unstall(&mut self) -> Option<Observation> {
+        let o = self.stalled.take()?;
+        self.positioned = self
+            .positioned
+            .saturating_sub(usize::from(o.cursor.is_some()));
+        Some(o)
+    }
+}
+
+/// What a hand-over left.
+enum Pump {
+    /// Nothing left to hand over.
+    Empty,
+    /// More to hand over (a slice is done, or the supervisor's channel is full).
+    More,
+    /// The supervisor is gone.
+    Gone,
+}
+
+/// A buffered reader that counts the bytes taken from it: each line's end offset without
+/// asking the kernel (an `lseek` per line was a large part of reading a storm).
+struct Counted<R> {
+    inner: BufReader<R>,
+    pos: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos = self.pos.saturating_add(n as u64);
+        Ok(n)
+    }
+}
+
+impl<R: std::io::Read> std::io::BufRead for Counted<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos = self.pos.saturating_add(n as u64);
+        self.inner.consume(n);
+    }
+}
+
+/// Where the reader's records are: the stream of their positions, and whether it is a
+/// regular file (positions are end offsets) or the kernel log device (sequence numbers).
+struct Stream {
+    id: StreamId,
+    file: bool,
+}
+
 impl KmsgReader {
     /// Reads until `stop`. A regular file (tests, a copied log) is followed like `tail -f`.
     /// Every line is read whole up to [`crate::sys::limits::MAX_KMSG_LINE`] (longer ones are
-    /// dropped with a warning), invalid UTF-8 lossily.
+    /// dropped with a warning), invalid UTF-8 lossily. Whatever the log holds is read before
+    /// anything is handed over (up to [`BACKLOG_MAX`] records), and the log is looked at again
+    /// after every [`SLICE`] records handed over: fatal records go first.
     pub fn run(self) {
         use std::os::unix::fs::MetadataExt;
         if let Err(why) = check_path(&self.path) {
@@ -381,21 +542,26 @@ impl KmsgReader {
         let _active = Active(self.shared.clone());
         let meta = file.metadata().ok();
         let regular = meta.as_ref().is_some_and(|m| m.is_file());
-        let ident = meta
-            .as_ref()
-            .filter(|_| regular)
-            .map(|m| (m.dev(), m.ino()));
-        let boot = self.committed.boot().to_string();
+        let stream = match meta.as_ref().filter(|_| regular) {
+            Some(m) => Stream {
+                id: StreamId::kmsg_file(m.dev(), m.ino()),
+                file: true,
+            },
+            None => Stream {
+                id: StreamId::kmsg(self.committed.boot()),
+                file: false,
+            },
+        };
         let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
         if regular {
-            self.follow_file(file, &boot, ident, &mut cursors);
+            self.follow_file(file, &stream, &mut cursors);
         } else {
-            self.follow_device(file, &boot, &mut cursors);
+            self.follow_device(file, &stream, &mut cursors);
         }
     }
 
     /// `/dev/kmsg`: one record per read, blocking at the end of the buffer.
-    fn follow_device(&self, file: std::fs::File, boot: &str, cursors: &mut Cursors) {
+    fn follow_device(&self, file: std::fs::File, stream: &Stream, cursors: &mut Cursors) {
         let cap = crate::sys::limits::MAX_KMSG_LINE;
         // /dev/kmsg blocks at the end of the buffer: read from a thread we never join
         // and forward lines through a channel, so `stop` is still noticed.
@@ -431,96 +597,218 @@ impl KmsgReader {
                     }
                 }
             });
+        let mut backlog = Backlog::default();
+        let mut ended = false;
         while !self.stop.load(Ordering::Relaxed) {
-            match lrx.recv_timeout(Duration::from_millis(500)) {
-                Ok(Some(line)) => self.handle(&line, boot, None, 0, cursors),
-                Ok(None) => {
+            // What the reading thread has read by now; waiting only with nothing to hand over.
+            while !ended && !backlog.full() {
+                let next = if backlog.is_empty() {
+                    lrx.recv_timeout(Duration::from_millis(500))
+                } else {
+                    lrx.try_recv().map_err(|e| match e {
+                        std::sync::mpsc::TryRecvError::Empty => {
+                            std::sync::mpsc::RecvTimeoutError::Timeout
+                        }
+                        std::sync::mpsc::TryRecvError::Disconnected => {
+                            std::sync::mpsc::RecvTimeoutError::Disconnected
+                        }
+                    })
+                };
+                match next {
+                    Ok(Some(line)) => self.take(&line, stream, 0, cursors, &mut backlog),
+                    Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        ended = true;
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        if backlog.is_empty() {
+                            cursors.save();
+                        }
+                        break;
+                    }
+                }
+            }
+            match self.pump(&mut backlog, stream, cursors) {
+                Pump::Gone => return,
+                Pump::More => {
+                    if backlog.stalled.is_some() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                Pump::Empty if ended => {
                     tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
                     return;
                 }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => cursors.save(),
-                Err(_) => return,
+                Pump::Empty => {}
             }
         }
     }
 
-    /// A regular file (tests, a saved log): followed by offset like a log file.
-    fn follow_file(
-        &self,
-        file: std::fs::File,
-        boot: &str,
-        ident: Option<(u64, u64)>,
-        cursors: &mut Cursors,
-    ) {
+    /// A regular file (tests, a saved log): followed by offset like a log file, woken by its
+    /// writes (inotify; on a timer where that cannot be had).
+    fn follow_file(&self, file: std::fs::File, stream: &Stream, cursors: &mut Cursors) {
         let cap = crate::sys::limits::MAX_KMSG_LINE;
-        let mut r = BufReader::with_capacity(64 * 1024, file);
+        let writes = crate::sys::watch::Writes::watch(&self.path);
+        let mut r = Counted {
+            inner: BufReader::with_capacity(64 * 1024, file),
+            pos: 0,
+        };
         let mut buf = Vec::new();
+        let mut backlog = Backlog::default();
         // Offset of the end of the last complete line; a partial last line is read
         // again from there once its writer finishes it.
         let mut offset: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
-            match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
-                Ok(None) => {
-                    cursors.save();
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Ok(Some(crate::sys::lines::CappedLine::Text {
-                    text,
-                    complete: true,
-                })) => {
-                    // Lossy text may differ in length from the bytes: ask the reader.
-                    offset = r
-                        .stream_position()
-                        .unwrap_or(offset.saturating_add(text.len() as u64 + 1));
-                    self.handle(&text, boot, ident.as_ref(), offset, cursors);
-                }
-                Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
-                    // Not finished yet: read it again whole.
-                    if r.seek(std::io::SeekFrom::Start(offset)).is_err() {
-                        return;
+            // Whether the end of what is written was reached (and how long to wait there).
+            let mut idle = None;
+            while idle.is_none() && !backlog.full() {
+                match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
+                    Ok(None) => idle = Some(Duration::from_millis(100)),
+                    Ok(Some(crate::sys::lines::CappedLine::Text {
+                        text,
+                        complete: true,
+                    })) => {
+                        offset = r.pos;
+                        self.take(&text, stream, offset, cursors, &mut backlog);
                     }
-                    std::thread::sleep(Duration::from_millis(20));
+                    Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
+                        // Not finished yet: read it again whole.
+                        if r.inner.seek(std::io::SeekFrom::Start(offset)).is_err() {
+                            return;
+                        }
+                        r.pos = offset;
+                        idle = Some(Duration::from_millis(20));
+                    }
+                    Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
+                        offset = r.pos;
+                        tracing::warn!(
+                            probe = "kmsg",
+                            len,
+                            "kernel log line longer than {cap} bytes dropped"
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
+                        idle = Some(Duration::from_millis(500));
+                    }
                 }
-                Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => {
-                    offset = r
-                        .stream_position()
-                        .unwrap_or(offset.saturating_add(len as u64 + 1));
-                    tracing::warn!(
-                        probe = "kmsg",
-                        len,
-                        "kernel log line longer than {cap} bytes dropped"
-                    );
+            }
+            match self.pump(&mut backlog, stream, cursors) {
+                Pump::Gone => return,
+                Pump::More => {
+                    if backlog.stalled.is_some() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(probe = "kmsg", path = %self.path.display(), "reading the kernel log failed: {e}");
-                    std::thread::sleep(Duration::from_millis(500));
+                Pump::Empty => {
+                    if let Some(wait) = idle {
+                        cursors.save();
+                        match &writes {
+                            Some(w) => w.wait(wait),
+                            None => std::thread::sleep(wait.min(Duration::from_millis(25))),
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// Handles one line.
-    fn handle(
+    /// Takes one line into the backlog: an XID or SXid line, positioned (in log order) and
+    /// judged for urgency; a line journaled before gpu-medic restarted, or any other line,
+    /// is dropped.
+    fn take(
         &self,
         line: &str,
-        boot: &str,
-        file: Option<&(u64, u64)>,
+        stream: &Stream,
         end: u64,
         cursors: &mut Cursors,
+        backlog: &mut Backlog,
     ) {
-        if let Some(sx) = super::sxid::parse_line(line) {
-            self.handle_sxid(sx, boot, file, end, cursors);
-            return;
-        }
-        let Some(x) = parse_line(line) else {
+        let (kind, seq, signal) = if let Some(sx) = super::sxid::parse_line(line) {
+            let seq = sx.seq;
+            let obs = sx.observation();
+            let signal = obs.signal.clone();
+            (RecordKind::Sxid(obs), seq, signal)
+        } else if let Some(x) = parse_line(line) {
+            let (decode, why) = decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT));
+            let signal = Signal::Xid {
+                code: x.code,
+                decode,
+            };
+            let seq = x.seq;
+            (RecordKind::Xid { x, decode, why }, seq, signal)
+        } else {
             return;
         };
-        let at = position(x.seq, boot, file, end, &mut cursors.last_seq);
-        if let Some((stream, pos)) = &at
-            && cursors.seen(stream, *pos)
+        let pos = position(seq, stream.file, end, &mut cursors.last_seq);
+        if let Some(p) = pos
+            && cursors.seen(&stream.id, p)
         {
             return; // journaled before gpu-medic restarted
         }
+        let record = Record {
+            kind,
+            pos,
+            ahead: false,
+            bytes: line.len(),
+        };
+        backlog.push(record, self.urgency.is_urgent(&signal));
+    }
+
+    /// Hands over every urgent record (waiting for room in the supervisor's channel), then up
+    /// to [`SLICE`] others in log order (without waiting: what finds the channel full stays
+    /// in the backlog, so the log is read on meanwhile).
+    fn pump(&self, backlog: &mut Backlog, stream: &Stream, cursors: &mut Cursors) -> Pump {
+        use tokio::sync::mpsc::error::TrySendError;
+        while let Some(r) = backlog.pop_urgent() {
+            if let Some(obs) = self.observe(r, stream, cursors)
+                && self.tx.blocking_send(obs).is_err()
+            {
+                return Pump::Gone;
+            }
+        }
+        for _ in 0..SLICE {
+            let next = match backlog.unstall() {
+                Some(o) => Some(o),
+                None => match backlog.pop_rest() {
+                    Some(r) => self.observe(r, stream, cursors),
+                    None => break,
+                },
+            };
+            let Some(obs) = next else { continue };
+            match self.tx.try_send(obs) {
+                Ok(()) => {}
+                Err(TrySendError::Full(obs)) => {
+                    backlog.stall(obs);
+                    return Pump::More;
+                }
+                Err(TrySendError::Closed(_)) => return Pump::Gone,
+            }
+        }
+        if backlog.is_empty() {
+            backlog.passed = 0;
+            Pump::Empty
+        } else {
+            Pump::More
+        }
+    }
+
+    /// The observation of one record, for the supervisor (which moves the cursor once it is
+    /// journaled); `None` for an XID the event watcher reported already (remembered, so a
+    /// restart does not report it either) or one on a device NVML does not list.
+    fn observe(&self, r: Record, stream: &Stream, cursors: &mut Cursors) -> Option<Observation> {
+        let cursor = r.pos.map(|pos| crate::model::Cursor {
+            stream: stream.id.clone(),
+            pos,
+            token: None,
+            ahead: r.ahead,
+        });
+        let (x, decode, why) = match r.kind {
+            RecordKind::Sxid(mut obs) => {
+                obs.cursor = cursor;
+                return Some(obs);
+            }
+            RecordKind::Xid { x, decode, why } => (x, decode, why),
+        };
         let index = {
             let s = lock(&self.shared);
             s.gpus
@@ -530,7 +818,7 @@ impl KmsgReader {
         };
         let Some(index) = index else {
             tracing::warn!(probe = "kmsg", pci = %x.pci, xid = x.code, "XID for a device NVML does not list");
-            return;
+            return None;
         };
         {
             let mut s = lock(&self.shared);
@@ -538,56 +826,21 @@ impl KmsgReader {
             let held = s.take_awaiting(index, x.code);
             if !s.claim_xid(index, x.code, "kmsg") && !held {
                 drop(s);
-                // The event watcher reported it already: remember, so a restart does not.
-                if let Some((stream, pos)) = at {
-                    cursors.skip(stream, pos);
+                if let Some(pos) = r.pos {
+                    cursors.skip(stream.id.clone(), pos);
                 }
-                return;
+                return None;
             }
         }
         let detail = match &x.process {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
         };
-        let obs = x.observation(detail);
+        let obs = x.observation_decoded(detail, decode, why);
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
-        obs.cursor = at.map(|(stream, pos)| crate::model::Cursor {
-            stream,
-            pos,
-            token: None,
-            ahead: false,
-        });
-        // The supervisor moves the cursor once the observation is journaled.
-        let _ = self.tx.blocking_send(obs);
-    }
-}
-
-impl KmsgReader {
-    /// An NVSwitch error ([`super::sxid`]): positioned and deduplicated across restarts like an
-    /// XID, judged for the node (a switch is no GPU of NVML's).
-    fn handle_sxid(
-        &self,
-        sx: super::sxid::KernelSxid,
-        boot: &str,
-        file: Option<&(u64, u64)>,
-        end: u64,
-        cursors: &mut Cursors,
-    ) {
-        let at = position(sx.seq, boot, file, end, &mut cursors.last_seq);
-        if let Some((stream, pos)) = &at
-            && cursors.seen(stream, *pos)
-        {
-            return; // journaled before gpu-medic restarted
-        }
-        let mut obs = sx.observation();
-        obs.cursor = at.map(|(stream, pos)| crate::model::Cursor {
-            stream,
-            pos,
-            token: None,
-            ahead: false,
-        });
-        let _ = self.tx.blocking_send(obs);
+        obs.cursor = cursor;
+        Some(obs)
     }
 }
 
@@ -731,6 +984,123 @@ mod tests {
             decode_xid(159, None, &refcnt).0,
             Some(XidDecode::ResetGpu),
             "unknown: assumed in use"
+        );
+    }
+
+    /// Reads `log` to its end with the default policy's urgency and GPU 0 at bus 1b; returns
+    /// what was handed over, in order.
+    fn read_burst(log: &Path, state: &Path, committed: Resume) -> Vec<Observation> {
+        let shared = SharedState::default();
+        lock(&shared).gpus.insert(
+            0,
+            crate::model::GpuId {
+                index: 0,
+                pci_bus_id: "00000000:1B:00.0".into(),
+                ..Default::default()
+            },
+        );
+        let policy = crate::policy::Policy::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+        )
+        .unwrap();
+        let (tx, mut rx) = mpsc::channel(1 << 17);
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = KmsgReader {
+            path: log.to_path_buf(),
+            cursor_file: state.join("kmsg.cursor"),
+            committed,
+            shared,
+            tx,
+            stop: stop.clone(),
+            urgency: crate::probe::Urgency::of(&policy),
+        };
+        let t = std::thread::spawn(move || reader.run());
+        let mut out = Vec::new();
+        let mut quiet = 0;
+        while quiet < 10 {
+            match rx.try_recv() {
+                Ok(o) => {
+                    out.push(o);
+                    quiet = 0;
+                }
+                Err(_) => {
+                    quiet += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        t.join().unwrap();
+        out
+    }
+
+    /// Issue 26, items 0 and 5: fatal XIDs written with a storm are handed over first, marked
+    /// as journaled ahead; every record is handed over once, and a supervisor that journals
+    /// them in that order has every one of them seen after a restart (none read again).
+    #[test]
+    fn fatal_records_of_a_burst_go_first_and_every_record_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("kmsg");
+        let mut body = String::new();
+        for i in 0..3000 {
+            body.push_str(&format!(
+                "NVRM: Xid (PCI:0000:1b:00): {}, pid={i}, name=p, storm\n",
+                1000 + i
+            ));
+            if i == 1500 {
+                body.push_str(
+                    "NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=y, GPU has fallen off the bus.\n",
+                );
+            }
+        }
+        body.push_str("NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error\n");
+        std::fs::write(&log, &body).unwrap();
+        let got = read_burst(&log, dir.path(), Resume::new(Default::default()));
+        let codes: Vec<u32> = got
+            .iter()
+            .map(|o| match o.signal {
+                Signal::Xid { code, .. } => code,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(codes.len(), 3002);
+        assert_eq!(&codes[..2], &[79, 48], "the fatal ones first");
+        let mut sorted = codes.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 3002, "each once");
+        assert!(got[..2].iter().all(|o| o.cursor.as_ref().unwrap().ahead));
+        assert!(got[2..].iter().all(|o| !o.cursor.as_ref().unwrap().ahead));
+        // The storm keeps its order.
+        assert!(codes[2..].windows(2).all(|w| w[0] < w[1]));
+        // Journaled in that order, every record is seen: a restart hands none over again.
+        let mut d = crate::model::Delivery::default();
+        for o in &got {
+            d.advance_cursor(o.cursor.as_ref().unwrap(), crate::model::Timestamp(0));
+        }
+        for o in &got {
+            let c = o.cursor.as_ref().unwrap();
+            assert!(d.seen(&c.stream, c.pos), "{c:?}");
+        }
+        // The 79 is passed by the cursor; the 48, last in the log, is remembered as ahead.
+        let last = got[1].cursor.as_ref().unwrap();
+        assert_eq!(
+            d.ahead.iter().collect::<Vec<_>>(),
+            [&(last.stream.clone(), last.pos)]
+        );
+        assert!(read_burst(&log, dir.path(), Resume::new(d.clone())).is_empty());
+        // A crash after only the fatal ones were journaled: the rest is read again, they
+        // are not.
+        let mut early = crate::model::Delivery::default();
+        for o in &got[..2] {
+            early.advance_cursor(o.cursor.as_ref().unwrap(), crate::model::Timestamp(0));
+        }
+        let again = read_burst(&log, dir.path(), Resume::new(early));
+        assert_eq!(again.len(), 3000);
+        assert!(
+            again
+                .iter()
+                .all(|o| !matches!(o.signal, Signal::Xid { code: 79 | 48, .. }))
         );
     }
 

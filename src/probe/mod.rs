@@ -48,6 +48,106 @@ pub trait Source: Send + 'static {
     ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
+/// Which signals the running policy takes the node out of service for
+/// ([`crate::policy::Policy::is_fatal`]). A reader that takes a burst of records at once (the
+/// kernel log, NVML's event queue) hands these over first, so a fatal signal never waits
+/// behind a storm that arrived with it. It only orders a reader's hand-over: the supervisor
+/// judges every observation again with its own policy. The default knows no policy and
+/// finds nothing urgent (records keep their order).
+#[derive(Clone, Default)]
+pub struct Urgency(Option<std::sync::Arc<UrgencyTable>>);
+
+/// The policy's verdicts on XIDs, worked out once (a storm asks for every record): per code
+/// a rule names and per decode, and per decode for every other code (the catch-all's).
+struct UrgencyTable {
+    policy: crate::policy::Policy,
+    named: std::collections::HashMap<(u32, Option<crate::model::XidDecode>), bool>,
+    named_codes: std::collections::HashSet<u32>,
+    other: std::collections::HashMap<Option<crate::model::XidDecode>, bool>,
+}
+
+impl Urgency {
+    pub fn of(policy: &crate::policy::Policy) -> Urgency {
+        use crate::model::{Signal, XidDecode};
+        let named_codes: std::collections::HashSet<u32> = policy
+            .rules
+            .iter()
+            .filter_map(|r| r.xids.as_ref())
+            .flatten()
+            .copied()
+            .collect();
+        let decodes = || {
+            XidDecode::ALL
+                .into_iter()
+                .map(Some)
+                .chain(std::iter::once(None))
+        };
+        let fatal = |code, decode| policy.is_fatal(&Signal::Xid { code, decode }, 0);
+        let named = named_codes
+            .iter()
+            .flat_map(|&code| decodes().map(move |d| (code, d)))
+            .map(|(code, d)| ((code, d), fatal(code, d)))
+            .collect();
+        // A code no rule names: the lowest one (rules name few).
+        let unnamed = (0..=u32::MAX)
+            .find(|c| !named_codes.contains(c))
+            .unwrap_or(u32::MAX);
+        let other = decodes().map(|d| (d, fatal(unnamed, d))).collect();
+        Urgency(Some(std::sync::Arc::new(UrgencyTable {
+            policy: policy.clone(),
+            named,
+            named_codes,
+            other,
+        })))
+    }
+
+    /// Whether the policy takes the node out of service for `signal`.
+    pub fn is_urgent(&self, signal: &crate::model::Signal) -> bool {
+        let Some(t) = &self.0 else {
+            return false;
+        };
+        match signal {
+            crate::model::Signal::Xid { code, decode } if t.named_codes.contains(code) => {
+                t.named.get(&(*code, *decode)).copied().unwrap_or(false)
+            }
+            crate::model::Signal::Xid { decode, .. } => {
+                t.other.get(decode).copied().unwrap_or(false)
+            }
+            other => t.policy.is_fatal(other, 0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod urgency_tests {
+    use super::*;
+    use crate::model::{RecoveryAction, Signal, XidDecode};
+
+    /// The table answers as the policy does, for named and unnamed codes and every decode.
+    #[test]
+    fn urgency_is_the_policys_verdict() {
+        let policy = crate::policy::Policy::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+        )
+        .unwrap();
+        let u = Urgency::of(&policy);
+        let decodes = XidDecode::ALL.into_iter().map(Some).chain([None]);
+        for code in (0..400).chain([100_000, u32::MAX]) {
+            for d in decodes.clone() {
+                let s = Signal::Xid { code, decode: d };
+                assert_eq!(u.is_urgent(&s), policy.is_fatal(&s, 0), "{s:?}");
+            }
+        }
+        assert!(u.is_urgent(&Signal::xid(79)));
+        assert!(!u.is_urgent(&Signal::xid(13)));
+        for action in [RecoveryAction::None, RecoveryAction::GpuReset] {
+            let s = Signal::RecoveryAction { action };
+            assert_eq!(u.is_urgent(&s), policy.is_fatal(&s, 0));
+        }
+        assert!(!Urgency::default().is_urgent(&Signal::xid(79)));
+    }
+}
+
 /// A probe that can also answer once, for `gpu-medic check` and the launch gate.
 pub trait Snapshot {
     fn name(&self) -> &'static str;
@@ -110,18 +210,19 @@ pub fn snapshot_probes_with_view(
     out
 }
 
-/// The continuous probes enabled by `cfg`, for `gpu-medic run`. `mps` is the control client
-/// the MPS remedy also holds.
+/// The continuous probes enabled by `cfg`, for `gpu-medic run`. `urgency` orders bursts by
+/// the running policy ([`Urgency`]); `mps` is the control client the MPS remedy also holds.
 ///
 /// `accounting` receives every NVML poll's GPUs and per-task GPU memory (for the metrics).
 /// Per-task GPU memory is also checked against reservations (with `[aws]` on), kept in the
 /// history `gpu-medic tasks` reads, and written as EMF lines (`[metrics] emf`) either way.
 pub fn sources(
     cfg: &Config,
+    urgency: Urgency,
     mps: &ControlClient,
     accounting: Option<&crate::accounting::usage::Accounting>,
 ) -> Vec<Box<dyn Source>> {
-    sources_with_gpu_view(cfg, mps, accounting, None)
+    sources_with_gpu_view(cfg, urgency, mps, accounting, None)
 }
 
 /// Whether ECS's view of the GPUs is compared with NVML's (`[ecs] gpu_view`, with `[aws]` and
@@ -134,6 +235,7 @@ pub fn gpu_view_enabled(cfg: &Config) -> bool {
 /// supervisor at every GPU signal, so ECS's view is read again after it.
 pub fn sources_with_gpu_view(
     cfg: &Config,
+    urgency: Urgency,
     mps: &ControlClient,
     accounting: Option<&crate::accounting::usage::Accounting>,
     wake: Option<std::sync::Arc<tokio::sync::Notify>>,
@@ -141,6 +243,7 @@ pub fn sources_with_gpu_view(
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
         let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
+            .with_urgency(urgency)
             .with_emf(cfg.metrics.emf)
             .with_links(cfg.links.clone());
         if cfg.aws.enabled {

@@ -2,7 +2,9 @@
 //! XIDs, double-bit ECC errors and the driver's recovery action, forwarding each as an
 //! observation within milliseconds. It waits with a timeout so it notices shutdown, names the
 //! GPU that was lost when a wait says GPU_IS_LOST, recreates the set after UNKNOWN, and
-//! backs off instead of busy-looping when NVML keeps failing.
+//! backs off instead of busy-looping when NVML keeps failing. Every event already waiting
+//! is taken as one burst, and those the policy takes the node out of service for are handed
+//! over first: an XID 79 queued behind a storm of 50,000 is not forwarded last.
 //!
 //! An XID event carries only the code. The NVLink5 XIDs (144-150) need the error status in
 //! the driver's text to be judged, so while the kernel log reader runs the watcher holds them
@@ -37,7 +39,13 @@ pub struct Watcher {
     pub shared: SharedState,
     pub tx: mpsc::Sender<Observation>,
     pub stop: Arc<AtomicBool>,
+    /// Which events of a burst are handed over first.
+    pub urgency: crate::probe::Urgency,
 }
+
+/// At most this many events are taken off the set at once (a few words each) before any is
+/// handed over, so the fatal ones among those waiting go first.
+const BURST_MAX: usize = 65_536;
 
 impl Watcher {
     fn send(&self, obs: Observation) -> bool {
@@ -81,6 +89,8 @@ impl Watcher {
                     continue;
                 }
             };
+            // What ended the last burst (an error), judged as the next wait's answer.
+            let mut carried: Option<Wait> = None;
             loop {
                 if self.stopped() {
                     return;
@@ -88,11 +98,23 @@ impl Watcher {
                 if !self.flush_held() {
                     return;
                 }
-                match set.wait(WAIT_MS) {
+                match carried.take().unwrap_or_else(|| set.wait(WAIT_MS)) {
                     Wait::Timeout => {}
                     Wait::Event(ev) => {
                         unknown_in_a_row = 0;
-                        if !self.forward(ev, &handles) {
+                        // Every event already waiting is one burst.
+                        let mut burst = vec![ev];
+                        while burst.len() < BURST_MAX {
+                            match set.wait(0) {
+                                Wait::Event(ev) => burst.push(ev),
+                                Wait::Timeout => break,
+                                other => {
+                                    carried = Some(other);
+                                    break;
+                                }
+                            }
+                        }
+                        if !self.forward_burst(burst, &handles) {
                             return;
                         }
                     }
@@ -208,6 +230,31 @@ impl Watcher {
             }
         }
         Ok((registered > 0).then_some(set))
+    }
+
+    /// Forwards a burst of events: those the policy takes the node out of service for
+    /// first, then the others in the order NVML gave them. False when the receiver is gone.
+    fn forward_burst(&self, burst: Vec<raw::Event>, handles: &Handles) -> bool {
+        let (first, rest): (Vec<raw::Event>, Vec<raw::Event>) =
+            burst.into_iter().partition(|ev| self.urgent(ev));
+        first
+            .into_iter()
+            .chain(rest)
+            .all(|ev| self.forward(ev, handles))
+    }
+
+    /// Whether an event carries a signal the policy takes the node out of service for.
+    fn urgent(&self, ev: &raw::Event) -> bool {
+        let u = &self.urgency;
+        (ev.event_type & EVENT_XID != 0
+            && u.is_urgent(&Signal::Xid {
+                code: ev.data as u32,
+                decode: None,
+            }))
+            || (ev.event_type & EVENT_RECOVERY_ACTION != 0
+                && RecoveryAction::from_nvml(ev.data)
+                    .is_some_and(|action| u.is_urgent(&Signal::RecoveryAction { action })))
+            || (ev.event_type & EVENT_DOUBLE_BIT_ECC != 0 && u.is_urgent(&Signal::EccUncorrected))
     }
 
     /// Turns one event into an observation. Returns false when the receiver is gone.

@@ -121,6 +121,8 @@ pub struct NvmlSource {
     emf: bool,
     /// `[links]`: each GPU's fabric, NVLinks and PCIe link, read with the counters.
     links: Option<crate::config::LinksConfig>,
+    /// What the event watcher and the kernel log reader hand over first from a burst.
+    urgency: crate::probe::Urgency,
 }
 
 impl NvmlSource {
@@ -136,7 +138,14 @@ impl NvmlSource {
             reservations: None,
             emf: false,
             links: None,
+            urgency: crate::probe::Urgency::default(),
         }
+    }
+
+    /// Hands fatal signals of a burst (by the running policy) over first.
+    pub fn with_urgency(mut self, urgency: crate::probe::Urgency) -> Self {
+        self.urgency = urgency;
+        self
     }
 
     /// Reads each GPU's links with the counters (`[links]`), and keeps the latest poll's in
@@ -259,6 +268,7 @@ impl NvmlSource {
             shared: shared.clone(),
             tx: tx.clone(),
             stop: stop.clone(),
+            urgency: self.urgency.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("nvml-events".into())
@@ -282,6 +292,7 @@ impl NvmlSource {
                 shared: shared.clone(),
                 tx: tx.clone(),
                 stop: stop.clone(),
+                urgency: self.urgency.clone(),
             });
         let mut poller = Some(self.poller());
         let mut first = true;
