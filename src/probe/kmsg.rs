@@ -113,16 +113,6 @@ impl KernelXid {
     /// ([`decode_xid`]), `detail` plus why it was decoded so, the process as its pid.
     pub fn observation(&self, detail: String) -> Observation {
         let (decode, why) = decode_xid(self.code, Some(&self.text), Path::new(UVM_REFCNT));
-        self.observation_decoded(detail, decode, why)
-    }
-
-    /// [`Self::observation`] with its decode already made.
-    pub fn observation_decoded(
-        &self,
-        detail: String,
-        decode: Option<XidDecode>,
-        why: Option<String>,
-    ) -> Observation {
         let detail = match why {
             Some(why) => format!("{detail}; {why}"),
             None => detail,
@@ -139,16 +129,30 @@ impl KernelXid {
     }
 }
 
+/// What precedes an XID's PCI address in the driver's line.
+const XID_MARK: &str = "NVRM: Xid (PCI:";
+
+/// A kmsg record's sequence number and message (`prio,seq,usec,flags;message`); a plain log
+/// line is its own message, with sequence number 0.
+pub fn split_record(line: &str) -> (u64, &str) {
+    match line.split_once(';') {
+        Some((header, msg)) if header.split(',').count() >= 3 => (
+            header
+                .split(',')
+                .nth(1)
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0),
+            msg,
+        ),
+        _ => (0, line),
+    }
+}
+
 /// Parses one kmsg record (`prio,seq,usec,flags;message`) or a plain log line.
 pub fn parse_line(line: &str) -> Option<KernelXid> {
-    let (seq, message) = match line.split_once(';') {
-        Some((header, msg)) if header.split(',').count() >= 3 => {
-            (header.split(',').nth(1)?.trim().parse().unwrap_or(0), msg)
-        }
-        _ => (0, line),
-    };
-    let at = message.find("NVRM: Xid (PCI:")?;
-    let rest = &message[at + "NVRM: Xid (PCI:".len()..];
+    let (seq, message) = split_record(line);
+    let at = message.find(XID_MARK)?;
+    let rest = &message[at + XID_MARK.len()..];
     let (pci, rest) = rest.split_once("):")?;
     let mut fields = rest.splitn(2, ',');
     let code: u32 = fields.next()?.trim().parse().ok()?;
@@ -371,22 +375,35 @@ const SLICE: usize = 256;
 /// fatal records keep their place in the log.
 const URGENT_MAX: usize = 64;
 
-/// One XID or SXid line, parsed, positioned and judged for urgency.
+/// One XID or SXid line, positioned and judged for urgency; parsed whole when it is handed
+/// over (as it is read, a line is only glanced at, [`glance`]).
 struct Record {
-    kind: RecordKind,
+    line: String,
     pos: Option<u64>,
     /// Handed over before records ahead of it in the log: journaled ahead of the cursor.
     ahead: bool,
-    bytes: usize,
 }
 
-enum RecordKind {
-    Xid {
-        x: KernelXid,
-        decode: Option<XidDecode>,
-        why: Option<String>,
-    },
-    Sxid(Observation),
+/// What the reader needs of a line as it reads it: its sequence number and, for an XID or
+/// SXid line, the signal it carries (for its urgency). `None` for every other line, and for
+/// exactly the lines [`parse_line`] and [`super::sxid::parse_line`] refuse.
+fn glance(line: &str) -> Option<(u64, Signal)> {
+    let (seq, message) = split_record(line);
+    if message.contains("SXid (PCI:") {
+        let sx = super::sxid::parse_line(line)?;
+        return Some((seq, sx.observation().signal));
+    }
+    let at = message.find(XID_MARK)?;
+    let (_, rest) = message[at + XID_MARK.len()..].split_once("):")?;
+    let code: u32 = rest.split(',').next()?.trim().parse().ok()?;
+    // Only the XIDs whose verdict depends on their text are parsed whole now.
+    let decode = if needs_text(code) || code == xid_catalog::CHECK_UVM_XID {
+        let x = parse_line(line)?;
+        decode_xid(code, Some(&x.text), Path::new(UVM_REFCNT)).0
+    } else {
+        None
+    };
+    Some((seq, Signal::Xid { code, decode }))
 }
 
 /// The records read and not yet handed over: the fatal ones (by the running policy) apart,
@@ -417,7 +434,7 @@ impl Backlog {
     }
 
     fn push(&mut self, mut r: Record, urgent: bool) {
-        self.bytes = self.bytes.saturating_add(r.bytes);
+        self.bytes = self.bytes.saturating_add(r.line.len());
         if urgent && self.passed < URGENT_MAX {
             r.ahead = self.positioned > 0 && r.pos.is_some();
             self.passed += usize::from(r.ahead);
@@ -430,13 +447,13 @@ impl Backlog {
 
     fn pop_urgent(&mut self) -> Option<Record> {
         let r = self.urgent.pop_front()?;
-        self.bytes = self.bytes.saturating_sub(r.bytes);
+        self.bytes = self.bytes.saturating_sub(r.line.len());
         Some(r)
     }
 
     fn pop_rest(&mut self) -> Option<Record> {
         let r = self.rest.pop_front()?;
-        self.bytes = self.bytes.saturating_sub(r.bytes);
+        self.bytes = self.bytes.saturating_sub(r.line.len());
         if r.pos.is_some() {
             // Still waiting (as `stalled`) until it is sent.
             self.positioned = self.positioned.saturating_sub(1);
@@ -615,7 +632,7 @@ impl KmsgReader {
                     })
                 };
                 match next {
-                    Ok(Some(line)) => self.take(&line, stream, 0, cursors, &mut backlog),
+                    Ok(Some(line)) => self.take(line, stream, 0, cursors, &mut backlog),
                     Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                         ended = true;
                     }
@@ -668,7 +685,7 @@ impl KmsgReader {
                         complete: true,
                     })) => {
                         offset = r.pos;
-                        self.take(&text, stream, offset, cursors, &mut backlog);
+                        self.take(text, stream, offset, cursors, &mut backlog);
                     }
                     Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
                         // Not finished yet: read it again whole.
@@ -717,26 +734,13 @@ impl KmsgReader {
     /// is dropped.
     fn take(
         &self,
-        line: &str,
+        line: String,
         stream: &Stream,
         end: u64,
         cursors: &mut Cursors,
         backlog: &mut Backlog,
     ) {
-        let (kind, seq, signal) = if let Some(sx) = super::sxid::parse_line(line) {
-            let seq = sx.seq;
-            let obs = sx.observation();
-            let signal = obs.signal.clone();
-            (RecordKind::Sxid(obs), seq, signal)
-        } else if let Some(x) = parse_line(line) {
-            let (decode, why) = decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT));
-            let signal = Signal::Xid {
-                code: x.code,
-                decode,
-            };
-            let seq = x.seq;
-            (RecordKind::Xid { x, decode, why }, seq, signal)
-        } else {
+        let Some((seq, signal)) = glance(&line) else {
             return;
         };
         let pos = position(seq, stream.file, end, &mut cursors.last_seq);
@@ -746,10 +750,9 @@ impl KmsgReader {
             return; // journaled before gpu-medic restarted
         }
         let record = Record {
-            kind,
+            line,
             pos,
             ahead: false,
-            bytes: line.len(),
         };
         backlog.push(record, self.urgency.is_urgent(&signal));
     }
@@ -802,13 +805,12 @@ impl KmsgReader {
             token: None,
             ahead: r.ahead,
         });
-        let (x, decode, why) = match r.kind {
-            RecordKind::Sxid(mut obs) => {
-                obs.cursor = cursor;
-                return Some(obs);
-            }
-            RecordKind::Xid { x, decode, why } => (x, decode, why),
-        };
+        if let Some(sx) = super::sxid::parse_line(&r.line) {
+            let mut obs = sx.observation();
+            obs.cursor = cursor;
+            return Some(obs);
+        }
+        let x = parse_line(&r.line)?;
         let index = {
             let s = lock(&self.shared);
             s.gpus
@@ -836,7 +838,7 @@ impl KmsgReader {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
         };
-        let obs = x.observation_decoded(detail, decode, why);
+        let obs = x.observation(detail);
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
         obs.cursor = cursor;
@@ -1102,6 +1104,30 @@ mod tests {
                 .iter()
                 .all(|o| !matches!(o.signal, Signal::Xid { code: 79 | 48, .. }))
         );
+    }
+
+    proptest::proptest! {
+        /// A line is glanced at as an XID or SXid exactly when it parses as one, with the
+        /// same sequence number and code: what is read as a record is what is handed over.
+        #[test]
+        fn glance_takes_exactly_the_lines_the_parsers_take(
+            header in "([0-9]{1,3},[0-9]{0,20},[0-9]{0,5},[-c];)?",
+            mark in "(NVRM: Xid \\(PCI:|nvidia-nvswitch2: SXid \\(PCI:|NVRM: Xid \\(PC)",
+            pci in "[0-9a-f:.]{0,14}\\)?:?",
+            code in "[ 0-9]{0,11}[a-z]?",
+            rest in ", ?(Severity|Data|Fatal|pid=[0-9]{0,5}|[a-zA-Z ,=]{0,20}){0,3}",
+        ) {
+            let line = format!("{header}{mark}{pci}{code}{rest}");
+            let sx = super::super::sxid::parse_line(&line);
+            let x = parse_line(&line);
+            let expected = match (&sx, &x) {
+                (Some(sx), _) => Some((sx.seq, super::super::sxid::parse_line(&line).map(|s| s.observation().signal))),
+                (None, Some(x)) => Some((x.seq, Some(Signal::Xid { code: x.code, decode: decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT)).0 }))),
+                (None, None) => None,
+            };
+            let got = glance(&line).map(|(seq, signal)| (seq, Some(signal)));
+            proptest::prop_assert_eq!(got, expected, "{}", line);
+        }
     }
 
     #[test]

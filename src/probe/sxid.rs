@@ -50,12 +50,7 @@ impl KernelSxid {
 /// Parses one kmsg record (`prio,seq,usec,flags;message`) or a plain log line; `None` for
 /// anything but the first line of an SXid.
 pub fn parse_line(line: &str) -> Option<KernelSxid> {
-    let (seq, message) = match line.split_once(';') {
-        Some((header, msg)) if header.split(',').count() >= 3 => {
-            (header.split(',').nth(1)?.trim().parse().unwrap_or(0), msg)
-        }
-        _ => (0, line),
-    };
+    let (seq, message) = super::kmsg::split_record(line);
     let at = message.find("SXid (PCI:")?;
     let switch = message[..at]
         .trim_end()
