@@ -75,6 +75,9 @@ fn need_root() {
 /// `/proc/<pid>/root`.
 const MOUNT_THEN_EXEC: &str = "mount -t tmpfs -o size=4m gm-full-test \"$0\" && exec \"$@\"";
 
+/// [`MOUNT_THEN_EXEC`] with the tmpfs filled before gpu-medic starts.
+const MOUNT_FILL_THEN_EXEC: &str = "mount -t tmpfs -o size=4m gm-full-test \"$0\" && { head -c 8388608 /dev/zero > \"$0/filler\" 2>/dev/null; exec \"$@\"; }";
+
 struct Killed(Child);
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -85,6 +88,20 @@ impl Drop for Killed {
 
 #[test]
 fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
+    full_disk_heals(false);
+}
+
+/// A start on a disk already full: gpu-medic runs with the self-fault (it used to exit 1, and
+/// systemd's restarts would never have healed the node), and saves its state once space
+/// returns.
+#[test]
+fn a_start_on_a_full_state_disk_runs_and_still_acts_on_a_fatal_xid() {
+    full_disk_heals(true);
+}
+
+/// The XID 79 is acted on with `state_dir` full, filled while gpu-medic runs or
+/// (`fill_first`) before it starts.
+fn full_disk_heals(fill_first: bool) {
     need_root();
     let dir = tempfile::Builder::new()
         .prefix("gm-full-")
@@ -117,7 +134,11 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
             "private",
             "sh",
             "-c",
-            MOUNT_THEN_EXEC,
+            if fill_first {
+                MOUNT_FILL_THEN_EXEC
+            } else {
+                MOUNT_THEN_EXEC
+            },
         ])
         .arg(&state)
         .arg(bin())
@@ -148,10 +169,9 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            inside("state.json").exists()
-                && std::fs::read_to_string(&log)
-                    .unwrap_or_default()
-                    .contains("first NVML poll done")
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            (inside("state.json").exists() || (fill_first && log.contains("supervisor started")))
+                && log.contains("first NVML poll done")
         },
     );
     assert!(
@@ -159,7 +179,14 @@ fn a_full_state_disk_is_a_self_fault_and_a_fatal_xid_is_still_acted_on() {
         "the state is on the namespace's tmpfs, not on the host"
     );
 
-    fill(&inside("filler"));
+    if fill_first {
+        assert!(
+            !inside("state.json").exists(),
+            "no state saved on a full disk"
+        );
+    } else {
+        fill(&inside("filler"));
+    }
 
     std::fs::OpenOptions::new()
         .append(true)

@@ -350,7 +350,14 @@ impl Keeper {
             unsaved: Unsaved::default(),
         };
         engine.recover(resumed_state)?;
-        journal::save_state(&cfg.state_path(), &engine.state)?;
+        match journal::save_state(&cfg.state_path(), &engine.state) {
+            Ok(()) => {}
+            // A full disk at start: gpu-medic starts all the same, with the journal's
+            // self-fault, so a node that fails while its disk is full is still healed; the
+            // state is saved with the first commit the disk takes.
+            Err(e) if e.is_out_of_space() => engine.journaling_failed(&e),
+            Err(e) => return Err(e.into()),
+        }
         // The kernel's boot id, stepped before any order is resumed: a reboot the engine
         // ordered that has happened is finished here, never handed out again.
         let (boot, boot_read) = boot_id(&cfg, capabilities.reboot);

@@ -84,4 +84,11 @@ impl JournalError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, JournalError::Io { .. })
     }
+
+    /// The file system is full, or the quota reached (`ENOSPC`, `EDQUOT`): space may come
+    /// back, while a permission or a missing directory is a mistake to say at once.
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(self, JournalError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+    }
 }
