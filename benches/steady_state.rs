@@ -212,7 +212,7 @@ fn main() {
             n.mps.shutdown();
         }
     } else {
-        for (g, c) in configs {
+        for &(g, c) in &configs {
             let mut nodes = vec![start(g, c, &pids, &imds, &agent)];
             results.extend(measure(&mut nodes, warmup, window));
             for mut n in nodes {
@@ -227,9 +227,9 @@ fn main() {
         window.as_secs(),
         warmup.as_secs(),
         if parallel {
-            "six nodes at once"
+            format!("{} nodes at once", configs.len())
         } else {
-            "one node at a time"
+            "one node at a time".to_string()
         }
     );
     println!(

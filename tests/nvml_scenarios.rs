@@ -743,6 +743,18 @@ fn journaled_xids(node: &Daemon, source: &str) -> Vec<(u64, u64)> {
     out
 }
 
+/// Waits until `source` has journaled more than `storm` XIDs, then checks that the 79 (on GPU
+/// `gpu`) came first and the storm (codes `first` and up) whole after it, in order.
+fn assert_79_first(node: &Daemon, source: &str, gpu: u64, first: u64, storm: u64) {
+    wait_until(&format!("the {source} storm journaled"), || {
+        journaled_xids(node, source).len() as u64 > storm
+    });
+    let got = journaled_xids(node, source);
+    assert_eq!(got[0], (gpu, 79), "the 79 first ({source})");
+    let codes: Vec<u64> = got[1..].iter().map(|x| x.1).collect();
+    assert_eq!(codes, (first..first + storm).collect::<Vec<_>>(), "{source}");
+}
+
 /// Issue 26, items 0 and 5: an XID 79 that arrives in the same burst as a storm of distinct
 /// XIDs, last, is handed over before the storm by the kernel log reader and by the event
 /// watcher alike (it is journaled first); the storm is still journaled whole, each XID once,
@@ -762,26 +774,14 @@ fn a_fatal_xid_last_in_a_storm_is_journaled_before_the_storm() {
     body.push_str("NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=y, GPU has fallen off the bus.");
     kmsg_append(&node, &body);
     start(&mut node);
-    wait_until("the kernel log storm journaled", || {
-        journaled_xids(&node, "kmsg").len() as u64 > STORM
-    });
-    let kmsg = journaled_xids(&node, "kmsg");
-    assert_eq!(kmsg[0], (1, 79), "the 79 first");
-    let storm: Vec<u64> = kmsg[1..].iter().map(|x| x.1).collect();
-    assert_eq!(storm, (100_000..100_000 + STORM).collect::<Vec<_>>());
+    assert_79_first(&node, "kmsg", 1, 100_000, STORM);
     // The same through NVML's event queue: one injection, the 79 last.
     let mut events: Vec<String> = (0..STORM)
         .map(|i| format!(r#"{{"gpu": 2, "xid": {}}}"#, 200_000 + i))
         .collect();
     events.push(r#"{"gpu": 3, "xid": 79}"#.into());
     node.inject(&format!("[{}]", events.join(",")));
-    wait_until("the NVML storm journaled", || {
-        journaled_xids(&node, "nvml").len() as u64 > STORM
-    });
-    let nvml = journaled_xids(&node, "nvml");
-    assert_eq!(nvml[0], (3, 79), "the 79 first");
-    let storm: Vec<u64> = nvml[1..].iter().map(|x| x.1).collect();
-    assert_eq!(storm, (200_000..200_000 + STORM).collect::<Vec<_>>());
+    assert_79_first(&node, "nvml", 3, 200_000, STORM);
     stop(&mut node);
     assert_eq!(journaled_xids(&node, "kmsg").len() as u64, STORM + 1);
 }
