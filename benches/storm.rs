@@ -206,6 +206,9 @@ struct Run {
     /// Storm signals handed over (the 79s not counted).
     storm: u64,
     latencies_ms: Vec<f64>,
+    /// Through NVML, the same from when the fake library had queued the events (it deletes
+    /// the injection file then): without the library's own parsing of the file.
+    queued_ms: Vec<f64>,
     missed: usize,
     last_stepped_s: Option<f64>,
     absorbed_s: Option<f64>,
@@ -236,6 +239,7 @@ fn one_shot(feed: Feed, storm: u64, gap: bool, timeout: Duration) -> Run {
         t79 = now_ms();
         deliver(&mut d, feed, &items);
     }
+    let queued = (feed == Feed::Nvml && !gap).then(|| applied_at(d.path("inject")));
     drop(items);
     let deadline = Instant::now() + timeout;
     let journal = d.path("state/incidents.jsonl");
@@ -245,7 +249,8 @@ fn one_shot(feed: Feed, storm: u64, gap: bool, timeout: Duration) -> Run {
         l.contains(&last)
     });
     let absorbed = absorbed(pid, t_storm, timeout + Duration::from_secs(60));
-    finish(
+    let queued_at = queued.and_then(|t| t.join().ok().flatten());
+    let mut run = finish(
         &mut d,
         pid,
         storm,
@@ -254,7 +259,34 @@ fn one_shot(feed: Feed, storm: u64, gap: bool, timeout: Duration) -> Run {
         usize::from(decided_at.is_none()),
         last_at.map(|at| (at - t_storm_ms) / 1000.0),
         absorbed,
-    )
+    );
+    run.queued_ms = decided_at
+        .zip(queued_at)
+        .map(|(at, q)| at - q)
+        .into_iter()
+        .collect();
+    run
+}
+
+/// When the fake library had applied (and so deleted) every injection file in `dir`, in the
+/// clock of [`now_ms`], looked at every millisecond for up to 120 s.
+fn applied_at(dir: std::path::PathBuf) -> std::thread::JoinHandle<Option<f64>> {
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(120) {
+            let pending = std::fs::read_dir(&dir).map_or(0, |entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .count()
+            });
+            if pending == 0 {
+                return Some(now_ms());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    })
 }
 
 /// `rate` distinct XIDs a second for `seconds`, in writes every 10 ms, with an XID 79 on a
@@ -338,6 +370,7 @@ fn finish(
     Run {
         storm,
         latencies_ms,
+        queued_ms: Vec::new(),
         missed,
         last_stepped_s,
         absorbed_s: absorbed.map(|a| a.as_secs_f64()),
@@ -357,6 +390,13 @@ fn report(title: &str, runs: &[Run]) {
         "  XID 79 decided after it was handed over: {}",
         summary(&lat)
     );
+    let queued: Vec<f64> = runs.iter().flat_map(|r| r.queued_ms.clone()).collect();
+    if !queued.is_empty() {
+        println!(
+            "  XID 79 decided after the fake library had queued the events: {}",
+            summary(&queued)
+        );
+    }
     if missed > 0 {
         println!("  XID 79s not decided within the wait: {missed}");
     }

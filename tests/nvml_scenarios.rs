@@ -752,7 +752,11 @@ fn assert_79_first(node: &Daemon, source: &str, gpu: u64, first: u64, storm: u64
     let got = journaled_xids(node, source);
     assert_eq!(got[0], (gpu, 79), "the 79 first ({source})");
     let codes: Vec<u64> = got[1..].iter().map(|x| x.1).collect();
-    assert_eq!(codes, (first..first + storm).collect::<Vec<_>>(), "{source}");
+    assert_eq!(
+        codes,
+        (first..first + storm).collect::<Vec<_>>(),
+        "{source}"
+    );
 }
 
 /// Issue 26, items 0 and 5: an XID 79 that arrives in the same burst as a storm of distinct
