@@ -129,13 +129,18 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
             .map_err(|e| CliError::Runtime(format!("demo: cannot write {}: {e}", p.display())))
     };
     write(&policy_path, BUILTIN_DEFAULT_POLICY)?;
+    // A kernel log of the demo's own: this machine's /dev/kmsg holds whatever its driver (or
+    // an earlier drill) printed, which is no part of the simulated node.
+    let kmsg = dir.join("kmsg");
+    write(&kmsg, "")?;
     write(
         &config_path,
         &format!(
             "state_dir = \"state\"\npolicy = \"default.toml\"\ntick_interval = \"200ms\"\n\
-             [nvml]\nlibrary = \"{}\"\npoll_interval = \"1s\"\nexpected_gpus = 4\n\
+             [nvml]\nlibrary = \"{}\"\npoll_interval = \"1s\"\nexpected_gpus = 4\nkmsg = \"{}\"\n\
              {}[aws]\nenabled = false\n",
             lib.display(),
+            kmsg.display(),
             match &mps_binary {
                 Some(b) => format!(
                     "[mps]\ncontrol_binary = \"{}\"\nmanage = \"direct\"\npipe_directory = \"{}\"\n\
