@@ -464,17 +464,25 @@ fn a_metrics_address_that_is_not_loopback_is_refused() {
 /// below gives each line its own). Their cursor positions are file offsets: in a regular
 /// file the sequence number a line carries is text, not the kernel's count.
 fn kmsg_seqs(node: &Daemon) -> Vec<u64> {
-    let mut out = Vec::new();
-    for name in ["state/inputs.jsonl.1", "state/inputs.jsonl"] {
-        let text = std::fs::read_to_string(node.path(name)).unwrap_or_default();
-        out.extend(
-            text.lines()
+    journaled_inputs(node)
+        .iter()
+        .filter(|v| v["source"] == "kmsg" && v["signal"]["code"] == 13)
+        .filter_map(|v| v["pids"][0].as_u64())
+        .collect()
+}
+
+/// Every input journaled (the rotated file first), in journal order.
+fn journaled_inputs(node: &Daemon) -> Vec<Value> {
+    ["state/inputs.jsonl.1", "state/inputs.jsonl"]
+        .iter()
+        .flat_map(|name| {
+            std::fs::read_to_string(node.path(name))
+                .unwrap_or_default()
+                .lines()
                 .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|v| v["source"] == "kmsg" && v["signal"]["code"] == 13)
-                .filter_map(|v| v["pids"][0].as_u64()),
-        );
-    }
-    out
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// Issue 13, item 2: kernel-log XIDs written while gpu-medic restarts (SIGTERM and SIGKILL)
@@ -725,22 +733,16 @@ fn a_double_bit_ecc_event_is_reported_without_waiting_for_the_poller() {
 
 /// The journaled XIDs of `source`, in journal order, as (GPU index, code).
 fn journaled_xids(node: &Daemon, source: &str) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for name in ["state/inputs.jsonl.1", "state/inputs.jsonl"] {
-        let text = std::fs::read_to_string(node.path(name)).unwrap_or_default();
-        out.extend(
-            text.lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|v| v["source"] == source && v["signal"]["kind"] == "xid")
-                .map(|v| {
-                    (
-                        v["gpu"]["index"].as_u64().unwrap_or(99),
-                        v["signal"]["code"].as_u64().unwrap_or(0),
-                    )
-                }),
-        );
-    }
-    out
+    journaled_inputs(node)
+        .iter()
+        .filter(|v| v["source"] == source && v["signal"]["kind"] == "xid")
+        .map(|v| {
+            (
+                v["gpu"]["index"].as_u64().unwrap_or(99),
+                v["signal"]["code"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
 }
 
 /// Waits until `source` has journaled more than `storm` XIDs, then checks that the 79 (on GPU
