@@ -646,11 +646,7 @@ impl KmsgReader {
             }
             match self.pump(&mut backlog, stream, cursors) {
                 Pump::Gone => return,
-                Pump::More => {
-                    if backlog.stalled.is_some() {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
+                Pump::More => {}
                 Pump::Empty if ended => {
                     tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log ended; XIDs come from NVML events only");
                     return;
@@ -711,11 +707,7 @@ impl KmsgReader {
             }
             match self.pump(&mut backlog, stream, cursors) {
                 Pump::Gone => return,
-                Pump::More => {
-                    if backlog.stalled.is_some() {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
+                Pump::More => {}
                 Pump::Empty => {
                     if let Some(wait) = idle {
                         cursors.save();
@@ -781,7 +773,9 @@ impl KmsgReader {
             match self.tx.try_send(obs) {
                 Ok(()) => {}
                 Err(TrySendError::Full(obs)) => {
+                    // The supervisor is behind: the log is read on after a breath.
                     backlog.stall(obs);
+                    std::thread::sleep(Duration::from_millis(1));
                     return Pump::More;
                 }
                 Err(TrySendError::Closed(_)) => return Pump::Gone,
