@@ -87,6 +87,27 @@ fn xid_79_is_a_replace_decision_naming_the_gpu() {
     assert!(text.contains("00000000:20:00.0"), "{text}");
 }
 
+/// An XID event whose data does not fit the 32-bit code (0x1_0000_004F) is no XID: cut to
+/// 32 bits it would read as 79 and replace a healthy node. It is said and ignored, and the
+/// watcher goes on: the XID 13 after it is journaled.
+#[test]
+fn an_xid_event_past_32_bits_is_not_cut_into_a_fatal_code() {
+    let mut node = new_node("");
+    start(&mut node);
+    node.inject(r#"{"gpu": 1, "event": {"type": 8, "data": 4294967375}}"#);
+    node.inject(r#"{"gpu": 2, "xid": 13}"#);
+    wait_opened(&node, "the XID 13 after it", |r| is_xid(r, 13));
+    let log = stop(&mut node);
+    assert!(
+        !node
+            .records()
+            .iter()
+            .any(|r| r["observation"]["signal"]["code"] == 79),
+        "no XID 79 was made of it"
+    );
+    assert!(log.contains("does not fit 32 bits"), "{log}");
+}
+
 #[test]
 fn application_xids_are_logged_then_escalate_when_they_repeat() {
     let mut node = new_node("");

@@ -30,6 +30,8 @@ pub const MAX_FILE: u64 = crate::sys::limits::MAX_GPU_MEMORY_HISTORY;
 pub const MAX_FILE_SET_ASIDE: u64 = crate::sys::limits::MAX_GPU_MEMORY_HISTORY_READ;
 /// The longest line read; a longer one is not a row.
 pub const MAX_LINE: usize = crate::sys::limits::MAX_GPU_MEMORY_HISTORY_LINE;
+/// The longest family, revision or container name recorded (ECS allows 255 characters).
+pub const MAX_NAME: usize = 255;
 /// Keys (revision, container) recorded per minute at most.
 pub const MAX_KEYS: usize = 1024;
 /// Set-aside files kept.
@@ -108,6 +110,12 @@ impl Writer {
         if !self.peaks.contains_key(&key) && self.peaks.len() >= MAX_KEYS {
             return;
         }
+        // ECS names a family or a container in at most 255 characters: a longer one did not
+        // come from ECS, and its row could be longer than the reader takes.
+        let too_long = |s: &str| s.len() > MAX_NAME;
+        if too_long(&key.0) || too_long(&key.1) || key.2.as_deref().is_some_and(too_long) {
+            return;
+        }
         let e = self.peaks.entry(key).or_insert((0, None));
         e.0 = e.0.max(bytes);
         if reserved.is_some() {
@@ -132,7 +140,10 @@ impl Writer {
                 peak_bytes: peak,
                 reserved_bytes: reserved,
             };
-            if let Ok(line) = serde_json::to_string(&row) {
+            // What is written is what the reader takes: never a line over its cap.
+            if let Ok(line) = serde_json::to_string(&row)
+                && line.len() < MAX_LINE
+            {
                 text.push_str(&line);
                 text.push('\n');
             }
@@ -174,10 +185,21 @@ impl Drop for Writer {
 }
 
 fn append(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Without blocking (a FIFO put in its place has no reader), and only onto a regular file.
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
+    let kind = f.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is {}, not a regular file",
+            path.display(),
+            crate::sys::limits::kind_name(kind)
+        )));
+    }
     f.write_all(bytes)?;
     f.sync_data()
 }
@@ -453,6 +475,54 @@ mod tests {
         assert_eq!(
             n, KEEP_SET_ASIDE,
             "only the newest set-aside files are kept"
+        );
+    }
+
+    /// Names no ECS task carries (over 255 bytes; the agent's answer is only capped as a
+    /// whole) are not recorded: every row written is one the reader takes back, and the file
+    /// is never set aside for what the daemon wrote itself.
+    #[test]
+    fn what_the_writer_appends_the_reader_takes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path());
+        let mut long = task("infer", 7, None);
+        long.containers[0].name = "c".repeat(3 * MAX_LINE);
+        let mut long_family = task(&"f".repeat(MAX_NAME + 1), 7, None);
+        long_family.revision = "r".repeat(2 * MAX_LINE);
+        w.observe(&[long, long_family, task("ok", 9, None)], 60);
+        w.observe(&[], 120);
+        let (rows, bad) = read_rows(w.path(), MAX_FILE).unwrap();
+        assert_eq!(bad, 0);
+        let kept: Vec<(&str, Option<&str>)> = rows
+            .iter()
+            .map(|r| (r.family.as_str(), r.container.as_deref()))
+            .collect();
+        assert_eq!(kept, [("infer", None), ("ok", None), ("ok", Some("app"))]);
+        let _ = Writer::open(dir.path());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "nothing set aside"
+        );
+    }
+
+    /// A FIFO put in place of the history after the start check: the append neither blocks
+    /// nor writes into it.
+    #[test]
+    fn an_append_onto_a_fifo_fails_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(append(&fifo, b"{}\n").is_err());
+        let _reader =
+            crate::sys::limits::open_checked(&fifo, crate::sys::limits::Kind::Stream, 0, "test")
+                .unwrap();
+        let err = append(&fifo, b"{}\n").unwrap_err();
+        assert!(
+            err.to_string().contains("a FIFO, not a regular file"),
+            "{err}"
         );
     }
 

@@ -57,7 +57,7 @@ pub fn sum(proc_root: &Path, clients: &[Client]) -> Vec<TaskUsage> {
         .iter()
         .map(|c| {
             let path = proc_root.join(c.pid.to_string()).join("cgroup");
-            let text = crate::sys::limits::read_text(&path, 64 << 10, "a cgroup file").ok()?;
+            let text = crate::sys::limits::read_pseudo(&path, 64 << 10, "a cgroup file").ok()?;
             crate::aws::agent::task_and_container_from_cgroup(&text)
         })
         .collect();

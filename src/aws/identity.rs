@@ -225,10 +225,19 @@ pub async fn discover(
 }
 
 /// `ECS_CLUSTER` from the agent's config file; the agent's own default is `default`.
+/// The file is read like any other input (a regular file, at most 64 KiB): one that cannot
+/// be read is said, then taken as holding no cluster.
 pub fn cluster_from_ecs_config(path: &std::path::Path) -> String {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|text| parse_ecs_cluster(&text))
+    const MAX_ECS_CONFIG: u64 = 64 * 1024;
+    let text = match crate::sys::limits::read_text(path, MAX_ECS_CONFIG, "the ECS agent's config") {
+        Ok(text) => Some(text),
+        Err(e) if e.is_not_found() => None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "{e}; taking the agent's default cluster");
+            None
+        }
+    };
+    text.and_then(|text| parse_ecs_cluster(&text))
         .unwrap_or_else(|| "default".to_string())
 }
 
@@ -287,6 +296,21 @@ mod tests {
         assert_eq!(parse_ecs_cluster("ECS_LOGLEVEL=info\n"), None);
         assert_eq!(
             cluster_from_ecs_config(std::path::Path::new("/nonexistent/ecs.config")),
+            "default"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let ok = dir.path().join("ecs.config");
+        std::fs::write(&ok, "ECS_CLUSTER=gpu-prod\n").unwrap();
+        assert_eq!(cluster_from_ecs_config(&ok), "gpu-prod");
+        // Neither a FIFO (no writer: a plain read waits for ever) nor an endless device is
+        // read: both are said and taken as no cluster.
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(cluster_from_ecs_config(&fifo), "default");
+        assert_eq!(
+            cluster_from_ecs_config(std::path::Path::new("/dev/zero")),
             "default"
         );
     }

@@ -210,7 +210,8 @@ impl Logs {
             let old = info
                 .too_old_log_event_end_index()
                 .max(info.expired_log_event_end_index())
-                .map_or(0, |i| usize::try_from(i + 1).unwrap_or(0));
+                .and_then(|i| usize::try_from(i).ok())
+                .map_or(0, |i| i.saturating_add(1).min(n));
             let new = info
                 .too_new_log_event_start_index()
                 .map_or(0, |i| n.saturating_sub(usize::try_from(i).unwrap_or(n)));

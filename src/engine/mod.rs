@@ -73,6 +73,11 @@ pub const MAX_SIGHTING_KEYS: usize = 1024;
 
 /// Advances the engine by one input.
 pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (State, Vec<Action>) {
+    // One bound for every caller (the live loop, the replay at start, `policy simulate`):
+    // what comes in and what goes out is cut the same way, so a replay reproduces the
+    // records the journal holds, and every record fits the journal's line cap.
+    let mut input = input;
+    input.bound();
     let mut cx = Cx {
         st: state.clone(),
         out: Vec::new(),
@@ -95,6 +100,12 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         }) => cx.launch_gate(&health, &summary, &findings, &request_ids),
         Input::Operator(OperatorRequest::Drill { drill }) => cx.drill(drill),
         Input::Operator(OperatorRequest::DrillClear { drill, by }) => cx.drill_clear(&drill, &by),
+    }
+    for action in &mut cx.out {
+        match action {
+            Action::Log(record) => record.bound(),
+            Action::Execute(order) => order.bound(),
+        }
     }
     (cx.st, cx.out)
 }

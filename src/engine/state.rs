@@ -91,11 +91,7 @@ pub struct DrillMark {
     pub observe: bool,
 }
 
-/// The largest counter or position accepted from a file (`state.json`, `inputs.jsonl`, the
-/// export cursor): far beyond what a node's lifetime reaches (2^62 inputs), far enough below
-/// `u64::MAX` that every counter can still advance. A larger value is corruption, refused
-/// where it is read, never saturated later.
-pub const MAX_COUNTER: u64 = 1 << 62;
+pub use crate::model::MAX_COUNTER;
 
 impl State {
     /// Whether every counter read from a file can still advance (see [`MAX_COUNTER`]).
@@ -164,6 +160,26 @@ impl State {
             "delivery.cursors",
             self.delivery.cursors.len(),
             crate::model::cursor::MAX_STREAMS,
+        )?;
+        bounded(
+            "delivery.ahead",
+            self.delivery.ahead.len(),
+            crate::model::cursor::MAX_AHEAD,
+        )?;
+        for (_, pos) in &self.delivery.ahead {
+            if *pos > MAX_COUNTER {
+                return Err(format!("delivery.ahead holds {pos}, beyond {MAX_COUNTER}"));
+            }
+        }
+        bounded(
+            "planned.events",
+            self.planned.events.len(),
+            super::planned::MAX_PLANNED,
+        )?;
+        bounded(
+            "repair.history",
+            self.repair.history.len(),
+            super::repair::MAX_HISTORY,
         )
     }
 }

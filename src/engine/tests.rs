@@ -1161,3 +1161,61 @@ fn a_fatal_signal_after_a_storm_still_joins_the_node_incidents_timeline() {
     );
     assert!(r.st.check_ranges().is_ok());
 }
+
+/// Every caller of `step` (the live loop, the replay at start, `policy simulate`) gets the
+/// same bound: an input journaled unbounded (by an older build, or by hand) steps to the
+/// records the bounded one gives, each within the journal's line cap, so a replay finds the
+/// records already journaled instead of appending them again.
+#[test]
+fn step_bounds_what_comes_in_and_what_goes_out_for_every_caller() {
+    let policy = default_policy();
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let unbounded = Input::Observation(
+        Observation::new(Signal::xid(79))
+            .on_gpu(gpu(0))
+            .with_detail(huge.clone())
+            .with_pids((0..10_000).collect()),
+    );
+    let mut bounded = unbounded.clone();
+    bounded.bound();
+    let st = State::default();
+    let (s1, a1) = step(&st, unbounded, Timestamp(1_000), &policy);
+    let (s2, a2) = step(&st, bounded, Timestamp(1_000), &policy);
+    assert_eq!(s1, s2);
+    assert_eq!(a1, a2);
+    assert!(!a1.is_empty());
+    for a in &a1 {
+        let n = match a {
+            Action::Log(r) => serde_json::to_vec(r).unwrap().len(),
+            Action::Execute(o) => serde_json::to_vec(o).unwrap().len(),
+        };
+        assert!(n < crate::sys::limits::MAX_JOURNAL_LINE / 2, "{n}");
+    }
+    // An outcome's AWS message of 2 MiB: the records it makes are cut the same way.
+    let orders: Vec<ActionId> = a1
+        .iter()
+        .filter_map(|a| match a {
+            Action::Execute(o) => Some(o.id),
+            Action::Log(_) => None,
+        })
+        .collect();
+    assert!(!orders.is_empty(), "an XID 79 is acted on: {a1:?}");
+    for id in orders {
+        let outcome = Input::Outcome(Outcome {
+            action: id,
+            status: OutcomeStatus::Failed { retryable: false },
+            detail: huge.clone(),
+            request_ids: vec![huge.clone(); 3],
+            evidence: None,
+            fleet: None,
+        });
+        let (_, out) = step(&s1, outcome, Timestamp(2_000), &policy);
+        for a in &out {
+            if let Action::Log(r) = a {
+                assert!(
+                    serde_json::to_vec(r).unwrap().len() < crate::sys::limits::MAX_JOURNAL_LINE / 2
+                );
+            }
+        }
+    }
+}

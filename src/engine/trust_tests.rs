@@ -293,6 +293,31 @@ fn a_state_larger_than_the_engine_keeps_is_refused() {
         );
     }
     assert!(st.check_ranges().is_err());
+
+    // Records journaled ahead, beyond what the supervisor keeps or beyond a position.
+    let stream = crate::model::StreamId::kmsg("boot");
+    let mut st = State::default();
+    for i in 0..=crate::model::cursor::MAX_AHEAD as u64 {
+        st.delivery.ahead.insert((stream.clone(), i));
+    }
+    assert!(st.check_ranges().unwrap_err().contains("delivery.ahead"));
+    let mut st = State::default();
+    st.delivery.ahead.insert((stream, u64::MAX));
+    assert!(st.check_ranges().unwrap_err().contains("beyond"));
+    // A repair history longer than the engine remembers.
+    let mut st = State::default();
+    let one = super::repair::Repair {
+        incident: IncidentId(1),
+        rule: "r".into(),
+        at: Timestamp(1),
+        boot_before: "b".into(),
+        boot_after: None,
+        back_at: None,
+        result: super::repair::RepairResult::Repaired,
+        why: String::new(),
+    };
+    st.repair.history = vec![one; super::repair::MAX_HISTORY + 1];
+    assert!(st.check_ranges().unwrap_err().contains("repair.history"));
 }
 
 proptest! {

@@ -629,12 +629,13 @@ pub fn submit_request(
 ) -> Result<PathBuf, JournalError> {
     let dir = requests_dir(state_dir);
     std::fs::create_dir_all(&dir).map_err(|e| JournalError::io(&dir, e))?;
-    let name = format!(
-        "{}-{}.json",
-        crate::model::Timestamp::now().0,
-        std::process::id()
-    );
-    let dst = dir.join(name);
+    // Named by time, then process, then a number: two requests in the same millisecond are
+    // two files (never one renamed over the other), and names sort in the order submitted.
+    let (at, pid) = (crate::model::Timestamp::now().0, std::process::id());
+    let dst = (0u32..)
+        .map(|n| dir.join(format!("{at:013}-{pid}-{n:06}.json")))
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| dir.join(format!("{at:013}-{pid}.json")));
     let body = serde_json::to_vec(request).map_err(|e| JournalError::Corrupt {
         path: dst.clone(),
         line: 0,
@@ -645,7 +646,14 @@ pub fn submit_request(
     Ok(dst)
 }
 
-/// Takes the waiting requests, oldest first, deleting each. An unreadable one is renamed
+/// Requests taken in one call (a tick): a flood of request files is worked off over several
+/// ticks, never stepped as one unbounded batch.
+pub const MAX_REQUESTS_PER_TAKE: usize = 64;
+/// Directory entries looked through in one call.
+const MAX_REQUEST_SCAN: usize = 16 * 1024;
+
+/// Takes the waiting requests, oldest first, deleting each: at most
+/// [`MAX_REQUESTS_PER_TAKE`] a call, the rest at the next. An unreadable one is renamed
 /// `*.bad` and reported, so it is neither lost nor retried forever.
 pub fn take_requests(state_dir: &Path) -> Vec<OperatorRequest> {
     let dir = requests_dir(state_dir);
@@ -653,6 +661,7 @@ pub fn take_requests(state_dir: &Path) -> Vec<OperatorRequest> {
         return Vec::new();
     };
     let mut names: Vec<PathBuf> = entries
+        .take(MAX_REQUEST_SCAN)
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .filter(|p| {
@@ -661,6 +670,7 @@ pub fn take_requests(state_dir: &Path) -> Vec<OperatorRequest> {
         })
         .collect();
     names.sort();
+    names.truncate(MAX_REQUESTS_PER_TAKE);
     let mut out = Vec::new();
     for p in names {
         match crate::sys::limits::read_text(
@@ -749,6 +759,40 @@ pub(crate) mod tests {
         assert_eq!(take_requests(dir.path()), vec![a]);
         assert!(take_requests(dir.path()).is_empty());
         assert!(requests_dir(dir.path()).join("zzz.bad").exists());
+    }
+
+    /// A flood of requests is taken a bounded number at a time, oldest first, none lost.
+    #[test]
+    fn a_flood_of_requests_is_taken_a_bounded_batch_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 3 * MAX_REQUESTS_PER_TAKE + 5;
+        for i in 0..n {
+            submit_request(
+                dir.path(),
+                &OperatorRequest::Abort {
+                    incident: IncidentId(i as u64),
+                    by: "alice".into(),
+                },
+            )
+            .unwrap();
+        }
+        let mut taken = Vec::new();
+        loop {
+            let batch = take_requests(dir.path());
+            assert!(batch.len() <= MAX_REQUESTS_PER_TAKE);
+            if batch.is_empty() {
+                break;
+            }
+            taken.extend(batch);
+        }
+        let ids: Vec<u64> = taken
+            .iter()
+            .map(|r| match r {
+                OperatorRequest::Abort { incident, .. } => incident.0,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(ids, (0..n as u64).collect::<Vec<_>>());
     }
 
     #[test]

@@ -58,6 +58,11 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
     if cfg.mps.enabled {
         check_mps(cfg, mode, &err)?;
     }
+    if cfg.aws.enabled
+        && let Err(why) = cert_environment()
+    {
+        return Err(FileError::new(path, None, why));
+    }
     if mode == Mode::Run {
         if let Err(why) = writable_dir(&cfg.state_dir) {
             return Err(err(
@@ -83,6 +88,45 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
                     humantime::format_duration(w),
                     humantime::format_duration(w / 2)
                 ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The largest CA bundle read (Amazon Linux's is about 200 KiB).
+const MAX_CA_BUNDLE: u64 = 16 * 1024 * 1024;
+
+/// `SSL_CERT_FILE` and `SSL_CERT_DIR`, when set, are what the TLS stack reads for AWS's
+/// certificates, by itself and without bounds: a FIFO there would hang every AWS client, a
+/// device never ends. So they must be a regular file (within [`MAX_CA_BUNDLE`]) and a
+/// directory.
+fn cert_environment() -> Result<(), String> {
+    use crate::sys::limits::{Kind, check_path_kind};
+    if let Some(f) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
+        let f = PathBuf::from(f);
+        check_path_kind(&f, Kind::Regular)
+            .and_then(|()| match std::fs::metadata(&f) {
+                Ok(m) if m.len() > MAX_CA_BUNDLE => Err(format!(
+                    "is larger than {}",
+                    crate::sys::limits::human_bytes(MAX_CA_BUNDLE)
+                )),
+                _ => Ok(()),
+            })
+            .map_err(|why| {
+                format!(
+                    "the environment's SSL_CERT_FILE {} {why}; the TLS stack reads it for AWS's certificates: point it at the CA bundle or unset it",
+                    f.display()
+                )
+            })?;
+    }
+    // A list, like PATH.
+    let dirs = std::env::var_os("SSL_CERT_DIR").unwrap_or_default();
+    for d in std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()) {
+        if std::fs::metadata(&d).is_ok_and(|m| !m.is_dir()) {
+            return Err(format!(
+                "the environment's SSL_CERT_DIR {} is not a directory; point it at the certificate directory or unset it",
+                d.display()
             ));
         }
     }
@@ -121,24 +165,24 @@ pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
         return out;
     }
     let unit = &cfg.mps.unit;
-    let shown = std::process::Command::new(systemctl)
-        .args([
+    // Bounded like every program gpu-medic runs: a wedged systemd must not hold the start
+    // (or the launch gate) for ever.
+    let shown = crate::sys::child::stdout_within_blocking(
+        std::process::Command::new(systemctl).args([
             "show",
             &format!("--property={}", crate::mps::systemd::PROPERTIES),
             unit,
-        ])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output();
+        ]),
+        SYSTEMCTL_WAIT,
+    );
     let state = match shown {
-        Ok(o) if o.status.success() => {
-            crate::mps::systemd::UnitState::parse(&String::from_utf8_lossy(&o.stdout))
+        Ok((status, stdout)) if status.success() => {
+            crate::mps::systemd::UnitState::parse(&String::from_utf8_lossy(&stdout))
         }
-        Ok(o) => {
+        Ok((status, _)) => {
             out.push(format!(
-                "this node does not look like an ECS GPU AMI: `{} show {unit}` exited with {} (is systemd running?)",
+                "this node does not look like an ECS GPU AMI: `{} show {unit}` exited with {status} (is systemd running?)",
                 systemctl.display(),
-                o.status
             ));
             return out;
         }
@@ -213,8 +257,6 @@ pub fn executable(p: &Path) -> Result<PathBuf, String> {
     Err(last)
 }
 
-/// Whether gpu-medic may open `p` for reading. Only regular files and character devices are
-/// opened (opening a FIFO would wait for a writer).
 /// The `[mps]` checks: NVIDIA's control binary, a pipe directory that is one, journalctl for
 /// journald logs and systemctl for `manage = "systemd"`.
 fn check_mps(
@@ -274,6 +316,8 @@ fn check_mps(
 /// What NVIDIA's control binary prints for `-h` (checked against r535 and r550's
 /// `nvidia-cuda-mps-control`: "CUDA MPS Control for Linux/Unix.", NVIDIA's copyright).
 const MPS_CONTROL_BANNER: &str = "CUDA MPS Control";
+/// How long `systemctl show` may take at start.
+const SYSTEMCTL_WAIT: Duration = Duration::from_secs(10);
 /// How long `-h` may take.
 const BANNER_WAIT: Duration = Duration::from_secs(5);
 
@@ -282,45 +326,19 @@ const BANNER_WAIT: Duration = Duration::from_secs(5);
 /// then the node replaced). Runs `binary -h` (no daemon is contacted), bounded in time and
 /// output, its whole process group killed if it hangs.
 pub fn nvidia_mps_control(binary: &Path) -> Result<(), String> {
-    use std::io::Read;
-    use std::os::unix::process::CommandExt;
-    let mut child = std::process::Command::new(binary)
-        .arg("-h")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("cannot run it: {e}"))?;
-    let mut group = crate::sys::child::GroupKill::new(Some(child.id()));
-    let stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(out) = stdout {
-            let _ = out.take(16 * 1024).read_to_end(&mut buf);
-        }
-        buf
-    });
-    let until = std::time::Instant::now() + BANNER_WAIT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if std::time::Instant::now() < until => {
-                std::thread::sleep(Duration::from_millis(20));
+    use crate::sys::child::{RunError, stdout_within_blocking};
+    let (status, out) =
+        match stdout_within_blocking(std::process::Command::new(binary).arg("-h"), BANNER_WAIT) {
+            Ok(done) => done,
+            Err(RunError::Timeout(_)) => {
+                return Err(format!(
+                    "`{} -h` did not answer within {}s: not NVIDIA's MPS control",
+                    binary.display(),
+                    BANNER_WAIT.as_secs()
+                ));
             }
-            _ => break None,
-        }
-    };
-    group.kill();
-    let _ = child.wait();
-    let out = reader.join().unwrap_or_default();
-    let Some(status) = status else {
-        return Err(format!(
-            "`{} -h` did not answer within {}s: not NVIDIA's MPS control",
-            binary.display(),
-            BANNER_WAIT.as_secs()
-        ));
-    };
+            Err(e) => return Err(format!("cannot run it: {e}")),
+        };
     let text = String::from_utf8_lossy(&out);
     if status.success() && text.contains(MPS_CONTROL_BANNER) {
         return Ok(());
@@ -333,14 +351,20 @@ pub fn nvidia_mps_control(binary: &Path) -> Result<(), String> {
     ))
 }
 
+/// Whether gpu-medic may read `p` as its kernel log.
 fn readable(p: &Path) -> Result<(), String> {
-    use std::os::unix::fs::FileTypeExt;
-    let m = std::fs::metadata(p).map_err(|e| e.to_string())?;
-    let t = m.file_type();
-    if t.is_file() || t.is_char_device() {
-        std::fs::File::open(p).map_err(|e| format!("cannot be read: {e}"))?;
-    }
-    Ok(())
+    // Only the kernel log device or a regular file is ever opened (a FIFO would wait for a
+    // writer; another device's open may have effects of its own), then opened the way the
+    // reader opens it.
+    crate::sys::limits::check_path_kind(p, crate::sys::limits::Kind::RegularOrKmsg)?;
+    crate::sys::limits::open_checked(
+        p,
+        crate::sys::limits::Kind::RegularOrKmsg,
+        u64::MAX,
+        "the kernel log",
+    )
+    .map(drop)
+    .map_err(|e| format!("cannot be read: {e}"))
 }
 
 /// Creates `dir` if needed and checks a file can be created in it.

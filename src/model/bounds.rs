@@ -125,8 +125,10 @@ impl Observation {
         if let Some(c) = &mut self.cursor {
             // A stream name or token that does not fit is no position: drop it rather than
             // keep a cut one that would match another stream.
+            // Nor is one past what a saved position may be (a state holding it is refused).
             if c.stream.as_str().len() > MAX_NAME
                 || c.token.as_ref().is_some_and(|t| t.len() > MAX_TEXT)
+                || c.pos > crate::model::MAX_COUNTER
             {
                 self.cursor = None;
             }

@@ -214,13 +214,36 @@ fn serves(environ: &[std::ffi::OsString], want: &Path) -> bool {
     normalize(&dir) == want
 }
 
-/// The `State:` letter of `/proc/<pid>/status`; `None` when the process is gone.
+/// The `State:` letter of `/proc/<pid>/status`; `None` when the process is gone. A status
+/// that cannot be read for another reason is `Some('?')`: a process that is there but
+/// unreadable (a name that is not UTF-8 is read lossily) must never count as gone.
 pub fn state_letter(pid: u32) -> Option<char> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("State:"))
-        .and_then(|s| s.trim_start().chars().next())
+    let path = PathBuf::from(format!("/proc/{pid}/status"));
+    match crate::sys::limits::read_pseudo(&path, MAX_STATUS, "a process status") {
+        Ok(text) => Some(
+            text.lines()
+                .find_map(|l| l.strip_prefix("State:"))
+                .and_then(|s| s.trim_start().chars().next())
+                .unwrap_or('?'),
+        ),
+        Err(e) if e.is_not_found() => None,
+        Err(crate::sys::limits::ReadError::Io { source, .. })
+            if source.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            None
+        }
+        Err(_) => Some('?'),
+    }
 }
+
+/// `/proc/<pid>/status` is about 1.5 KiB.
+const MAX_STATUS: u64 = 64 * 1024;
+/// What is read of `/proc/<pid>/cmdline` for its `argv[0]` (the whole can be 6 MiB).
+const MAX_ARG0: u64 = 4096;
+/// How much of `/proc/locks` is looked through, and its longest line: a workload may hold
+/// millions of locks, and the file lists every one on the machine.
+const MAX_LOCKS_SCAN: u64 = 256 * 1024 * 1024;
+const MAX_LOCKS_LINE: usize = 1024;
 
 /// Alive and not a zombie.
 pub fn is_alive(pid: u32) -> bool {
@@ -258,7 +281,17 @@ pub fn signal(p: &MpsProcess, sig: libc::c_int) -> bool {
 
 /// `argv[0]` of a live process.
 fn arg0_of(pid: u32) -> Option<String> {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    use std::io::Read;
+    let path = PathBuf::from(format!("/proc/{pid}/cmdline"));
+    let file = crate::sys::limits::open_checked(
+        &path,
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "a command line",
+    )
+    .ok()?;
+    let mut cmdline = Vec::new();
+    file.take(MAX_ARG0).read_to_end(&mut cmdline).ok()?;
     let arg0 = cmdline.split(|b| *b == 0).next()?;
     if arg0.is_empty() {
         return None; // a zombie or kernel thread
@@ -278,12 +311,38 @@ pub fn lock_holder(path: &Path) -> Option<Option<u32>> {
         libc::minor(dev),
         meta.ino()
     );
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    Some(parse_lock_holder(&locks, &id))
+    let Ok(file) = crate::sys::limits::open_checked(
+        Path::new("/proc/locks"),
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "/proc/locks",
+    ) else {
+        return Some(None);
+    };
+    Some(parse_lock_holder(std::io::BufReader::new(file), &id))
 }
 
-fn parse_lock_holder(locks: &str, id: &str) -> Option<u32> {
-    for line in locks.lines() {
+/// The holder of the lock on `id` in a `/proc/locks` listing, read line by line (each line
+/// capped, at most [`MAX_LOCKS_SCAN`] bytes in all).
+fn parse_lock_holder(mut locks: impl std::io::BufRead, id: &str) -> Option<u32> {
+    use crate::sys::lines::{CappedLine, read_capped_line};
+    let mut buf = Vec::new();
+    let mut scanned = 0u64;
+    while scanned < MAX_LOCKS_SCAN {
+        let line = match read_capped_line(
+            &mut locks,
+            &mut buf,
+            MAX_LOCKS_LINE,
+            MAX_LOCKS_SCAN - scanned,
+        ) {
+            Ok(Some(CappedLine::Text { text, .. })) => text,
+            Ok(Some(CappedLine::TooLong { len })) => {
+                scanned = scanned.saturating_add(len as u64 + 1);
+                continue;
+            }
+            Ok(None) | Err(_) => return None,
+        };
+        scanned = scanned.saturating_add(line.len() as u64 + 1);
         let fields: Vec<&str> = line.split_whitespace().collect();
         // "1: POSIX  ADVISORY  WRITE 6424 00:2f:1234 0 EOF"; waiters carry a "->" field.
         let Some(pos) = fields.iter().position(|f| *f == id) else {
@@ -324,10 +383,44 @@ mod tests {
         let locks = "1: POSIX  ADVISORY  WRITE 6424 00:2f:1234 0 EOF\n\
                      1: -> POSIX  ADVISORY  WRITE 7777 00:2f:1234 0 EOF\n\
                      2: FLOCK  ADVISORY  WRITE 99 08:01:55 0 EOF\n";
-        assert_eq!(parse_lock_holder(locks, "00:2f:1234"), Some(6424));
-        assert_eq!(parse_lock_holder(locks, "08:01:55"), Some(99));
-        assert_eq!(parse_lock_holder(locks, "00:2f:9"), None);
-        assert_eq!(parse_lock_holder("garbage\n\n", "00:2f:9"), None);
+        let holder = |text: &str, id: &str| parse_lock_holder(text.as_bytes(), id);
+        assert_eq!(holder(locks, "00:2f:1234"), Some(6424));
+        assert_eq!(holder(locks, "08:01:55"), Some(99));
+        assert_eq!(holder(locks, "00:2f:9"), None);
+        assert_eq!(holder("garbage\n\n", "00:2f:9"), None);
+        // An overlong line is skipped, never held; the holder after it is still found.
+        let long = format!("{}\n{locks}", "x".repeat(10 * MAX_LOCKS_LINE));
+        assert_eq!(holder(&long, "08:01:55"), Some(99));
+    }
+
+    /// A process whose name is not UTF-8 (its program's file name, here) is alive: its
+    /// status is read lossily, never taken for a process that is gone.
+    #[test]
+    fn a_process_named_with_bytes_that_are_not_utf8_is_alive() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let name = dir
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"sl\xff\xfeep"));
+        std::os::unix::fs::symlink("/bin/sleep", &name).unwrap();
+        let mut child = std::process::Command::new(&name).arg("30").spawn().unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read(format!("/proc/{pid}/status"))
+            .is_ok_and(|s| s.windows(2).any(|w| w == b"\xff\xfe"))
+        {
+            assert!(Instant::now() < deadline, "the child never showed its name");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(std::fs::read_to_string(format!("/proc/{pid}/status")).is_err());
+        assert!(is_alive(pid));
+        assert_eq!(
+            state_letter(pid).map(|c| c.is_ascii_alphabetic()),
+            Some(true)
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!is_alive(pid));
     }
 
     #[test]

@@ -37,6 +37,13 @@ pub const MIN_MPS_WINDOW: Duration = Duration::from_secs(60);
 /// `[mps] restart_budget`: more restarts than this within the window and `on_failed` never
 /// applies in practice.
 pub const MAX_MPS_BUDGET: u32 = 100;
+/// `[deadlines]`: at most a week. A phase stuck longer is never escalated in practice.
+pub const MAX_DEADLINE: Duration = MAX_WINDOW;
+/// `[reboot] limit` and a rule's `reboots`: the engine remembers this many reboots of a node
+/// (`engine::repair::MAX_HISTORY`); a limit above it is never reached, and the node would be
+/// rebooted for ever instead of replaced.
+pub const MAX_REBOOTS: u32 = crate::engine::repair::MAX_HISTORY as u32;
+
 /// The hottest reading a GPU reports (°C; GPUs shut down near 100): a `thermal` threshold
 /// above it is never reached.
 pub const MAX_CELSIUS: u64 = 200;
@@ -95,6 +102,26 @@ pub(super) fn de_retry_attempts<'de, D: serde::Deserializer<'de>>(
         )),
         v => Ok(v),
     }
+}
+
+pub(super) fn de_reboot_limit<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u32>, D::Error> {
+    let v: Option<u32> = serde::Deserialize::deserialize(d)?;
+    match v {
+        Some(v) if v > MAX_REBOOTS => Err(serde::de::Error::custom(format!(
+            "[reboot] limit of {v} is never reached: the engine remembers the last {MAX_REBOOTS} reboots of a node, which would be rebooted for ever instead of replaced"
+        ))),
+        v => Ok(v),
+    }
+}
+
+/// `[reboot] window` and `recur_within`: at most [`MAX_WINDOW`] (0 allowed: no ladder, no
+/// recurrence).
+pub(super) fn de_reboot_window<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    bounded(d, Duration::ZERO, MAX_WINDOW, "a reboot window")
 }
 
 pub(super) fn de_mps_budget<'de, D: serde::Deserializer<'de>>(

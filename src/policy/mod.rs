@@ -237,13 +237,15 @@ impl Policy {
             .collect()
     }
 
-    /// Fatal signals (`xid_catalog::fatal_signals`) this policy judges with `ignore` or `log`, or
-    /// judges not at all (`None`): what `policy check` warns about.
+    /// Fatal signals (`xid_catalog::fatal_signals`) this policy judges with less than taking
+    /// the node out of service (`ignore`, `log`, or `stop-tasks` and `restart-mps`, which leave
+    /// a GPU that needs a reset or a reboot in service), or judges not at all (`None`): what
+    /// `policy check` warns about.
     pub fn silenced_fatal_signals(&self) -> Vec<(Signal, Option<&Rule>)> {
         xid_catalog::fatal_signals()
             .into_iter()
             .filter_map(|sig| match self.rule_for(&sig, u64::MAX) {
-                Some(r) if r.action <= Verdict::Log => Some((sig, Some(r))),
+                Some(r) if !r.action.is_node_remediation() => Some((sig, Some(r))),
                 Some(_) => None,
                 None => Some((sig, None)),
             })
@@ -337,6 +339,11 @@ fn de_deadline<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration
             "a deadline of {} is too short: at least {}",
             humantime::format_duration(v),
             humantime::format_duration(MIN_DEADLINE)
+        ))),
+        Some(v) if v > limits::MAX_DEADLINE => Err(serde::de::Error::custom(format!(
+            "a deadline of {} is too long: at most {} (a phase stuck that long is never escalated)",
+            humantime::format_duration(v),
+            humantime::format_duration(limits::MAX_DEADLINE)
         ))),
         v => Ok(v),
     }
@@ -855,6 +862,18 @@ fn check_escalate(rr: &RawRule, action: Verdict) -> Result<Option<Escalation>, F
 /// Keys that only some actions take (`reboots`, `evidence`, windows on `ignore`).
 fn check_action_keys(rr: &RawRule, action: Verdict, windows: bool) -> Result<(), FileError> {
     let r = &rr.rule;
+    if let Some(n) = r.reboots
+        && n > limits::MAX_REBOOTS
+    {
+        return Err(rule_err(
+            rr,
+            rr.lines.action,
+            format!(
+                "reboots: {n} is never reached: the engine remembers the last {} reboots of a node",
+                limits::MAX_REBOOTS
+            ),
+        ));
+    }
     if r.reboots.is_some() && action != Verdict::Reboot {
         return Err(rule_err(
             rr,
@@ -1173,6 +1192,39 @@ reason = "too hot"
             "a fatal signal no rule judges is reported too"
         );
         assert!(p.catalog_xids_left_to_catch_all().contains(&13));
+        // Acting, but not taking the node out of service, silences it just the same: the GPU
+        // that fell off the bus stays in service under tasks stopped or a daemon restarted.
+        for action in ["stop-tasks", "restart-mps"] {
+            let e = parse(&rule.replace("\"log\"", &format!("{action:?}"))).unwrap_err();
+            assert_eq!(e.line, Some(5), "{e}");
+            assert!(
+                e.message
+                    .contains(&format!("action `{action}` silences `xid 79`")),
+                "{e}"
+            );
+        }
+        assert!(parse(&rule.replace("\"log\"", "\"drain\"")).is_ok());
+    }
+
+    /// Numbers that keep a guarantee from ever holding are refused with their line: a
+    /// deadline no phase is escalated by, a reboot limit the engine never counts to.
+    #[test]
+    fn deadlines_and_reboot_limits_that_cannot_hold_are_refused() {
+        let e = parse("[deadlines]\ndrain = \"100years\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("too long"), "{e}");
+        assert!(parse("[deadlines]\ndrain = \"7days\"\n").is_ok());
+        let e = parse("[reboot]\nlimit = 4294967295\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("never reached"), "{e}");
+        assert!(parse("[reboot]\nlimit = 32\n").is_ok());
+        let e = parse("[reboot]\nwindow = \"100years\"\n").unwrap_err();
+        assert!(e.message.contains("out of range"), "{e}");
+        let e = parse(
+            "[[rule]]\nname = \"r\"\nsignal = \"xid\"\nxids = [79]\naction = \"reboot\"\nreboots = 1000\nreason = \"r\"\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("reboots: 1000 is never reached"), "{e}");
     }
 
     #[test]

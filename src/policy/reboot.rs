@@ -35,10 +35,11 @@ impl Default for RebootPolicy {
 #[derive(Debug, Deserialize, Default, Clone, Copy)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FileReboot {
+    #[serde(default, deserialize_with = "super::limits::de_reboot_limit")]
     pub limit: Option<u32>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "super::limits::de_reboot_window")]
     pub window: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, deserialize_with = "super::limits::de_reboot_window")]
     pub recur_within: Option<Duration>,
 }
 

@@ -35,7 +35,7 @@ pub fn is_error_counter(name: &str) -> bool {
 }
 
 fn small(path: &Path) -> Option<String> {
-    crate::sys::limits::read_text(path, MAX_FILE, "sysfs").ok()
+    crate::sys::limits::read_pseudo(path, MAX_FILE, "sysfs").ok()
 }
 
 fn sorted_dirs(dir: &Path, cap: usize) -> Vec<(String, PathBuf)> {

@@ -59,37 +59,38 @@ pub fn decode_xid(
         return (Some(d.class), Some(d.explanation));
     }
     if code == xid_catalog::CHECK_UVM_XID {
-        let (class, why) = match std::fs::read_to_string(uvm_refcnt) {
-            Ok(t) => match t.trim().parse::<u64>() {
-                Ok(0) => (
+        let (class, why) =
+            match crate::sys::limits::read_pseudo(uvm_refcnt, 4096, "nvidia_uvm refcnt") {
+                Ok(t) => match t.trim().parse::<u64>() {
+                    Ok(0) => (
+                        XidDecode::Ignore,
+                        "UVM not in use (nvidia_uvm refcnt 0)".to_string(),
+                    ),
+                    Ok(n) => (
+                        XidDecode::ResetGpu,
+                        format!("UVM in use (nvidia_uvm refcnt {n})"),
+                    ),
+                    Err(_) => (
+                        XidDecode::ResetGpu,
+                        format!(
+                            "UVM use unknown ({}: {:?}); assumed in use",
+                            uvm_refcnt.display(),
+                            t.trim()
+                        ),
+                    ),
+                },
+                Err(e) if e.is_not_found() => (
                     XidDecode::Ignore,
-                    "UVM not in use (nvidia_uvm refcnt 0)".to_string(),
+                    "UVM not in use (nvidia_uvm module not loaded)".to_string(),
                 ),
-                Ok(n) => (
-                    XidDecode::ResetGpu,
-                    format!("UVM in use (nvidia_uvm refcnt {n})"),
-                ),
-                Err(_) => (
+                Err(e) => (
                     XidDecode::ResetGpu,
                     format!(
-                        "UVM use unknown ({}: {:?}); assumed in use",
-                        uvm_refcnt.display(),
-                        t.trim()
+                        "UVM use unknown ({}: {e}); assumed in use",
+                        uvm_refcnt.display()
                     ),
                 ),
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
-                XidDecode::Ignore,
-                "UVM not in use (nvidia_uvm module not loaded)".to_string(),
-            ),
-            Err(e) => (
-                XidDecode::ResetGpu,
-                format!(
-                    "UVM use unknown ({}: {e}); assumed in use",
-                    uvm_refcnt.display()
-                ),
-            ),
-        };
+            };
         return (Some(class), Some(format!("CHECK_UVM: {why}")));
     }
     (None, None)
@@ -237,7 +238,8 @@ pub fn check_path(path: &Path) -> Result<(), String> {
 /// offset, whatever the line says (a sequence number written in a file is text, not the
 /// kernel's count). From the kernel log device it is the record's sequence number, which the
 /// kernel raises by one per record: one that does not move past the last one read
-/// (`last_seq`), or that could not be passed (`u64::MAX`), is not a position, and the record
+/// (`last_seq`), or that is past what a position may be (`model::MAX_COUNTER`, 2^62: it
+/// could never be passed, and a saved state holding it is refused), is not a position, and the record
 /// is journaled without one rather than hiding every later record.
 fn position(seq: u64, file: bool, end: u64, last_seq: &mut u64) -> Option<u64> {
     if file {
@@ -246,7 +248,7 @@ fn position(seq: u64, file: bool, end: u64, last_seq: &mut u64) -> Option<u64> {
     if seq == 0 {
         return None;
     }
-    if seq == u64::MAX || seq <= *last_seq {
+    if seq > crate::model::MAX_COUNTER || seq <= *last_seq {
         tracing::warn!(
             probe = "kmsg",
             seq,

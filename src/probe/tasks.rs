@@ -20,7 +20,7 @@ pub fn task_ids(proc_root: &Path, pids: &[u32]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for pid in pids {
         let path = proc_root.join(pid.to_string()).join("cgroup");
-        let Ok(text) = crate::sys::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file")
+        let Ok(text) = crate::sys::limits::read_pseudo(&path, CGROUP_FILE_MAX, "a cgroup file")
         else {
             continue;
         };
@@ -143,7 +143,10 @@ impl Placements {
         let m = std::fs::metadata(self.proc_root.join(pid.to_string())).ok()?;
         Some((
             m.ino(),
-            m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
+            // An identity, not a count: wrapping keeps it distinct without overflowing.
+            m.ctime()
+                .wrapping_mul(1_000_000_000)
+                .wrapping_add(m.ctime_nsec()),
         ))
     }
 
@@ -157,7 +160,7 @@ impl Placements {
         self.reads += 1;
         let path = self.proc_root.join(pid.to_string()).join("cgroup");
         let (placement, unread) =
-            match crate::sys::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file") {
+            match crate::sys::limits::read_pseudo(&path, CGROUP_FILE_MAX, "a cgroup file") {
                 Ok(text) => (
                     crate::aws::agent::task_and_container_from_cgroup(&text),
                     false,
@@ -220,7 +223,7 @@ pub struct Placement {
 /// container at all).
 pub fn placement_of(proc_root: &Path, pid: u32) -> Result<Placement, String> {
     let path = proc_root.join(pid.to_string()).join("cgroup");
-    let text = match crate::sys::limits::read_text(&path, CGROUP_FILE_MAX, "a cgroup file") {
+    let text = match crate::sys::limits::read_pseudo(&path, CGROUP_FILE_MAX, "a cgroup file") {
         Ok(t) => t,
         Err(crate::sys::limits::ReadError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>

@@ -727,6 +727,8 @@ impl Keeper {
         let mut in_batch: std::collections::HashSet<(crate::model::StreamId, u64)> =
             std::collections::HashSet::new();
         for mut input in inputs {
+            // Bounded before it is looked at or journaled (the engine bounds it again, the
+            // same way, for every caller).
             input.bound();
             let cursor = match &input {
                 Input::Observation(o) => o.cursor.clone(),
@@ -772,8 +774,7 @@ impl Keeper {
             self.state = state;
             for action in actions {
                 match action {
-                    Action::Log(mut record) => {
-                        record.bound();
+                    Action::Log(record) => {
                         trace_record(&record);
                         self.incidents.write(&record)?;
                     }

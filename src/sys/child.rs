@@ -96,6 +96,50 @@ pub async fn output_within(
     }
 }
 
+/// [`output_within`] for code that runs before the runtime or outside it (the start
+/// checks): `cmd` in a process group of its own, stdin from /dev/null, stderr dropped, at
+/// most [`MAX_OUTPUT`] of stdout kept, and its whole group killed when it does not exit
+/// within `timeout` or once it has.
+pub fn stdout_within_blocking(
+    cmd: &mut std::process::Command,
+    timeout: Duration,
+) -> Result<(std::process::ExitStatus, Vec<u8>), RunError> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(RunError::Spawn)?;
+    let mut group = GroupKill::new(Some(child.id()));
+    let stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(out) = stdout {
+            let _ = out.take(MAX_OUTPUT).read_to_end(&mut buf);
+        }
+        buf
+    });
+    let until = std::time::Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Ok(s),
+            Ok(None) if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) => break Err(RunError::Timeout(timeout)),
+            Err(e) => break Err(RunError::Wait(e)),
+        }
+    };
+    // The group is killed either way: what the child left behind holds the pipe open.
+    group.kill();
+    let _ = child.wait();
+    let out = reader.join().unwrap_or_default();
+    status.map(|s| (s, out))
+}
+
 async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> Vec<u8> {
     let mut buf = Vec::new();
     if let Some(r) = r {

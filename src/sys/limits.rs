@@ -249,6 +249,23 @@ pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, 
     })
 }
 
+/// Reads a kernel pseudo-file (`/proc`, `/sys`) of at most `limit` bytes. Their sizes say
+/// nothing (`/proc` files report 0 bytes, a sysfs attribute the page size), so the cap is
+/// applied to what is read, never to the size `stat` reports; and bytes that are not UTF-8
+/// (a process may name itself, or a cgroup, with any bytes) become U+FFFD instead of failing
+/// the read: a live process must never read as gone because of its name.
+pub fn read_pseudo(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {
+    let file = open_checked(path, Kind::Regular, u64::MAX, what)?;
+    let mut buf = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(|source| ReadError::Io { what, source })?;
+    if buf.len() as u64 > limit {
+        return Err(ReadError::TooLarge { what, limit });
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
 /// Formats a byte count for messages (`1 MiB`, `512 KiB`, `17 bytes`).
 pub fn human_bytes(n: u64) -> String {
     const K: u64 = 1024;
@@ -362,5 +379,36 @@ mod tests {
         ));
         assert_eq!(human_bytes(1024 * 1024), "1 MiB");
         assert_eq!(human_bytes(17), "17 bytes");
+    }
+
+    /// A sysfs attribute reports the page size and a `/proc` file 0 bytes: neither is what
+    /// it holds, so the pseudo-file reader caps what it reads; a name that is not UTF-8 is
+    /// read with U+FFFD, never refused (a process may call itself anything).
+    #[test]
+    fn pseudo_files_are_capped_by_what_is_read_not_by_their_stated_size() {
+        let attr = Path::new("/sys/class/net/lo/mtu");
+        if attr.exists() {
+            assert!(std::fs::metadata(attr).unwrap().len() > 64);
+            assert!(matches!(
+                read_text(attr, 64, "sysfs"),
+                Err(ReadError::TooLarge { .. })
+            ));
+            let mtu = read_pseudo(attr, 64, "sysfs").unwrap();
+            assert!(mtu.trim().parse::<u32>().is_ok(), "{mtu:?}");
+        }
+        let status = read_pseudo(Path::new("/proc/self/status"), 64 << 10, "status").unwrap();
+        assert!(status.contains("State:"), "{status}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("comm");
+        std::fs::write(&p, b"ab\xffcd\n").unwrap();
+        assert_eq!(read_pseudo(&p, 100, "comm").unwrap(), "ab\u{fffd}cd\n");
+        std::fs::write(&p, vec![b'a'; 101]).unwrap();
+        assert!(matches!(
+            read_pseudo(&p, 100, "comm"),
+            Err(ReadError::TooLarge { .. })
+        ));
+        for bad in ["/dev/zero", "/dev/urandom"] {
+            assert!(read_pseudo(Path::new(bad), 100, "comm").is_err(), "{bad}");
+        }
     }
 }

@@ -409,8 +409,16 @@ impl Tail {
     /// New complete lines since the last call, each with the offset just past it.
     pub fn read_new(&mut self) -> Vec<(String, u64)> {
         use std::os::unix::fs::MetadataExt;
-        let Ok(mut f) = std::fs::File::open(&self.path) else {
-            // Missing (not yet created, or rotated away): whatever appears next is new.
+        // Opened without blocking and checked to be a regular file: a FIFO in its place would
+        // hang the probe, a device never ends.
+        let Ok(mut f) = crate::sys::limits::open_checked(
+            &self.path,
+            crate::sys::limits::Kind::Regular,
+            u64::MAX,
+            "an MPS log",
+        ) else {
+            // Missing (not yet created, or rotated away), or not a log file: whatever appears
+            // next is new.
             self.pos = Some(Pos {
                 ino: 0,
                 dev: 0,

@@ -247,10 +247,8 @@ impl Watcher {
     fn urgent(&self, ev: &raw::Event) -> bool {
         let u = &self.urgency;
         (ev.event_type & EVENT_XID != 0
-            && u.is_urgent(&Signal::Xid {
-                code: ev.data as u32,
-                decode: None,
-            }))
+            && u32::try_from(ev.data)
+                .is_ok_and(|code| u.is_urgent(&Signal::Xid { code, decode: None })))
             || (ev.event_type & EVENT_RECOVERY_ACTION != 0
                 && RecoveryAction::from_nvml(ev.data)
                     .is_some_and(|action| u.is_urgent(&Signal::RecoveryAction { action })))
@@ -272,8 +270,23 @@ impl Watcher {
             return true;
         };
         let mut out = Vec::new();
-        if ev.event_type & EVENT_XID != 0 {
-            let code = ev.data as u32;
+        // An XID is a 32-bit code: a value past it is no XID (cut to 32 bits, 0x1_0000_004F
+        // would read as 79 and take the node out of service).
+        let xid = (ev.event_type & EVENT_XID != 0)
+            .then(|| match u32::try_from(ev.data) {
+                Ok(code) => Some(code),
+                Err(_) => {
+                    tracing::warn!(
+                        probe = "nvml",
+                        gpu_index = index,
+                        value = ev.data,
+                        "XID event whose code does not fit 32 bits; not an XID, ignored"
+                    );
+                    None
+                }
+            })
+            .flatten();
+        if let Some(code) = xid {
             let mut s = lock(&self.shared);
             if s.claim_xid(index, code, "nvml") {
                 if kmsg::needs_text(code) && s.kmsg_active {

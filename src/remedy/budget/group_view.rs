@@ -69,13 +69,17 @@ pub enum Denial {
         desired: u32,
         limit: u32,
     },
+    /// `busy` names them (the replacement gap listed up to [`GAP_LISTED`]); `count` is how
+    /// many there are.
     Budget {
         busy: Vec<String>,
+        count: u32,
         budget: u32,
     },
     /// Claims were written at once and ours ranks outside the budget.
     Outranked {
         ahead: Vec<String>,
+        count: u32,
         budget: u32,
     },
 }
@@ -92,13 +96,16 @@ impl fmt::Display for Denial {
                 f,
                 "circuit breaker open: {unhealthy} of {desired} instances unhealthy (limit {limit}); staying quarantined"
             ),
-            Denial::Budget { busy, budget } => write!(
+            Denial::Budget {
+                busy,
+                count,
+                budget,
+            } => write!(
                 f,
-                "fleet budget full: {} of {budget} in remediation ({}); staying quarantined",
-                busy.len(),
+                "fleet budget full: {count} of {budget} in remediation ({}); staying quarantined",
                 busy.join(", ")
             ),
-            Denial::Outranked { ahead, budget } => write!(
+            Denial::Outranked { ahead, budget, .. } => write!(
                 f,
                 "fleet budget full: claims ahead of ours ({}) fill the {budget} slot(s); staying quarantined",
                 ahead.join(", ")
@@ -106,6 +113,9 @@ impl fmt::Display for Denial {
         }
     }
 }
+
+/// The replacement gap's entries listed by name at most (the rest are counted in one entry).
+pub const GAP_LISTED: u32 = 8;
 
 /// The instances in a group that a rule counts, with why.
 fn in_remediation(m: &Member, now_ms: u64, cfg: &FleetConfig) -> Option<&'static str> {
@@ -198,7 +208,7 @@ impl FleetView {
                     .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
                 Some(format!("{} {why}", m.instance_id))
             })
-            .chain(self.gap_entries())
+            .chain(self.gap_entries().0)
             .collect();
         let unhealthy = self
             .members
@@ -229,16 +239,21 @@ impl FleetView {
         self.desired.saturating_sub(self.members.len() as u32)
     }
 
-    fn gap_entries(&self) -> Vec<String> {
-        (0..self.replacement_gap())
-            .map(|i| {
-                format!(
-                    "(replacement {} of {}) not yet in the group",
-                    i + 1,
-                    self.replacement_gap()
-                )
-            })
-            .collect()
+    /// The replacement gap as entries of a list (at most [`GAP_LISTED`] of them, then one
+    /// that says how many more: the group's desired capacity is AWS's number, and a list as
+    /// long as it could be would not fit in memory) and as a count.
+    fn gap_entries(&self) -> (Vec<String>, u32) {
+        let gap = self.replacement_gap();
+        let mut out: Vec<String> = (0..gap.min(GAP_LISTED))
+            .map(|i| format!("(replacement {} of {gap}) not yet in the group", i + 1))
+            .collect();
+        if gap > GAP_LISTED {
+            out.push(format!(
+                "({} more replacements) not yet in the group",
+                gap - GAP_LISTED
+            ));
+        }
+        (out, gap)
     }
 
     /// The budget for this group: max(1, `max_parallel` of desired capacity).
@@ -281,9 +296,13 @@ impl FleetView {
         }
         self.breaker(me, now_ms, cfg)?;
         let budget = self.budget(cfg);
-        let busy = self.busy(me, now_ms, cfg, |_| false);
-        if busy.len() as u32 >= budget {
-            return Err(Denial::Budget { busy, budget });
+        let (busy, count) = self.busy(me, now_ms, cfg, |_| false);
+        if count >= budget {
+            return Err(Denial::Budget {
+                busy,
+                count,
+                budget,
+            });
         }
         Ok(())
     }
@@ -304,23 +323,28 @@ impl FleetView {
         }
         self.breaker(me, now_ms, cfg)?;
         let budget = self.budget(cfg);
-        let busy = self.busy(me, now_ms, cfg, |id| holders.contains(id));
-        if busy.len() as u32 >= budget {
-            return Err(Denial::Budget { busy, budget });
+        let (busy, count) = self.busy(me, now_ms, cfg, |id| holders.contains(id));
+        if count >= budget {
+            return Err(Denial::Budget {
+                busy,
+                count,
+                budget,
+            });
         }
-        Ok(busy.len() as u32)
+        Ok(count)
     }
 
     /// The others in remediation or with a live claim, and the replacement gap, except those
-    /// `skip` names.
+    /// `skip` names: as a list, and how many.
     fn busy(
         &self,
         me: &str,
         now_ms: u64,
         cfg: &FleetConfig,
         skip: impl Fn(&str) -> bool,
-    ) -> Vec<String> {
-        self.members
+    ) -> (Vec<String>, u32) {
+        let mut busy: Vec<String> = self
+            .members
             .iter()
             .filter(|m| m.instance_id != me && !skip(&m.instance_id))
             .filter_map(|m| {
@@ -328,8 +352,11 @@ impl FleetView {
                     .or_else(|| claim_live(m, now_ms, cfg).then_some("claimed"))?;
                 Some(format!("{} {why}", m.instance_id))
             })
-            .chain(self.gap_entries())
-            .collect()
+            .collect();
+        let (gap, gap_count) = self.gap_entries();
+        let count = (busy.len() as u32).saturating_add(gap_count);
+        busy.extend(gap);
+        (busy, count)
     }
 
     /// The circuit breaker: in a group of more than 5, more unhealthy instances (ourselves
@@ -367,19 +394,26 @@ impl FleetView {
         cfg: &FleetConfig,
     ) -> Result<(), Denial> {
         let budget = self.budget(cfg);
-        let mut ahead = self.gap_entries();
+        let (mut ahead, gap) = self.gap_entries();
+        let mut count = gap;
         for m in self.members.iter().filter(|m| m.instance_id != me) {
             if let Some(why) = in_remediation(m, now_ms, cfg) {
                 ahead.push(format!("{} {why}", m.instance_id));
+                count = count.saturating_add(1);
             } else if let Some(c) = m.claim_ms
                 && claim_live(m, now_ms, cfg)
                 && (c, m.instance_id.as_str()) < (my_claim_ms, me)
             {
                 ahead.push(format!("{} claimed", m.instance_id));
+                count = count.saturating_add(1);
             }
         }
-        if ahead.len() as u32 >= budget {
-            return Err(Denial::Outranked { ahead, budget });
+        if count >= budget {
+            return Err(Denial::Outranked {
+                ahead,
+                count,
+                budget,
+            });
         }
         Ok(())
     }
@@ -430,7 +464,10 @@ mod tests {
         f.members[1].ecs_status = Some(EcsStatus::Draining);
         assert!(f.admit("i-0", NOW, &cfg(2)).is_ok());
         f.members[2].registered_ms = Some(NOW - 1000);
-        let Err(Denial::Budget { busy, budget: 2 }) = f.admit("i-0", NOW, &cfg(2)) else {
+        let Err(Denial::Budget {
+            busy, budget: 2, ..
+        }) = f.admit("i-0", NOW, &cfg(2))
+        else {
             panic!("two in flight fill a budget of 2")
         };
         assert_eq!(busy, ["i-1 draining", "i-2 warming up"]);
@@ -547,6 +584,30 @@ mod tests {
         let mut f = fleet(10);
         f.desired = 8;
         assert_eq!(f.replacement_gap(), 0);
+    }
+
+    /// A desired capacity of billions (AWS's number, however it came to be) is counted, never
+    /// listed: the gap fills the budget at once, in a few entries.
+    #[test]
+    fn a_huge_replacement_gap_is_counted_not_listed() {
+        let mut f = fleet(10);
+        f.desired = u32::MAX;
+        let c = cfg(1_000_000);
+        let Err(Denial::Budget { busy, count, .. }) = f.admit("i-0", NOW, &c) else {
+            panic!("the gap fills the budget")
+        };
+        assert_eq!(count, u32::MAX - 10);
+        assert_eq!(busy.len() as u32, GAP_LISTED + 1);
+        assert!(
+            busy.last().unwrap().contains("more replacements"),
+            "{busy:?}"
+        );
+        let Err(Denial::Outranked { ahead, count, .. }) = f.rank("i-0", NOW, NOW, &c) else {
+            panic!("the gap ranks ahead")
+        };
+        assert_eq!((ahead.len() as u32, count), (GAP_LISTED + 1, u32::MAX - 10));
+        assert!(f.summary(NOW, &c).in_remediation.len() as u32 <= GAP_LISTED + 1);
+        assert!(f.admit_table("i-0", &Default::default(), NOW, &c).is_err());
     }
 
     #[test]

@@ -668,8 +668,16 @@ fn log_write(kind: &WriteKind, me: &str, group: &str, version: u64) {
 /// How long one gpu-medic waits between sweeps in a group of `members` instances: the group
 /// as a whole sweeps about [`SWEEPS_PER_PERIOD`] times per `retry_after`.
 fn sweep_period(retry_after: Duration, members: u32) -> Duration {
-    retry_after.saturating_mul(members.div_ceil(SWEEPS_PER_PERIOD).max(1))
+    retry_after
+        .saturating_mul(members.div_ceil(SWEEPS_PER_PERIOD).max(1))
+        .min(MAX_SWEEP_PERIOD.max(retry_after))
 }
+
+/// The longest wait between two sweeps of one instance: `members` is a number read from the
+/// table (any writer's), and a group of billions must not stop the sweep for centuries. Past
+/// about 1,800 instances at the default `retry_after` the group sweeps more often than
+/// [`SWEEPS_PER_PERIOD`].
+const MAX_SWEEP_PERIOD: Duration = Duration::from_secs(6 * 3600);
 
 #[cfg(test)]
 mod tests {
@@ -681,7 +689,7 @@ mod tests {
         assert_eq!(sweep_period(r, 0), r);
         assert_eq!(sweep_period(r, 3), r);
         assert_eq!(sweep_period(r, 10), r * 2);
-        for n in [10u32, 100, 1000, 5000] {
+        for n in [10u32, 100, 1000] {
             let sweeps_per_period =
                 f64::from(n) * r.as_secs_f64() / sweep_period(r, n).as_secs_f64();
             assert!(
@@ -689,5 +697,13 @@ mod tests {
                 "{n}: {sweeps_per_period}"
             );
         }
+        assert_eq!(
+            sweep_period(r, 5000),
+            MAX_SWEEP_PERIOD,
+            "past 1,800: the cap"
+        );
+        assert_eq!(sweep_period(r, u32::MAX), MAX_SWEEP_PERIOD);
+        let long = Duration::from_secs(7 * 3600);
+        assert_eq!(sweep_period(long, u32::MAX), long);
     }
 }

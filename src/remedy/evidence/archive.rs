@@ -98,14 +98,14 @@ impl Archive {
     /// Adds a member from a file on disk, at most `cap` bytes of it (and what the archive
     /// cap leaves). Only regular files are read.
     pub fn add_file(&mut self, name: &str, file: &Path, cap: u64) -> std::io::Result<Added> {
-        let f = File::open(file)?;
+        let f = crate::sys::limits::open_checked(
+            file,
+            crate::sys::limits::Kind::Regular,
+            u64::MAX,
+            "an evidence part",
+        )
+        .map_err(|e| std::io::Error::other(format!("{}: {e}", file.display())))?;
         let meta = f.metadata()?;
-        if !meta.is_file() {
-            return Err(std::io::Error::other(format!(
-                "{} is not a regular file",
-                file.display()
-            )));
-        }
         let size = meta.len();
         let stored = size.min(cap).min(self.budget.saturating_sub(1024));
         let mut h = self.header(stored);

@@ -255,6 +255,9 @@ pub fn kernel_log(
     cap: u64,
 ) -> Result<bool, String> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    // Only the kernel log device or a saved file: `/dev/zero` is no kernel log.
+    crate::sys::limits::check_path_kind(src, crate::sys::limits::Kind::RegularOrKmsg)
+        .map_err(|why| format!("{} {why}", src.display()))?;
     let meta = std::fs::metadata(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let ft = meta.file_type();
     // A saved file's record times are another boot's: the window applies to the live ring.
@@ -331,13 +334,22 @@ pub fn kernel_log(
     Ok(cut || head_dropped)
 }
 
+/// Opens a file the evidence copies, without blocking on a FIFO put in its place; anything
+/// but a regular file is refused.
+fn open_regular(src: &Path) -> Result<std::fs::File, String> {
+    crate::sys::limits::open_checked(
+        src,
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "an evidence file",
+    )
+    .map_err(|e| format!("{}: {e}", src.display()))
+}
+
 /// Copies at most `cap` bytes of a regular file (config, policy, MPS log files).
 pub fn copy_capped(src: &Path, out: &Path, cap: u64) -> Result<bool, String> {
-    let f = std::fs::File::open(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let f = open_regular(src)?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", src.display()));
-    }
     let mut o = std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let n = std::io::copy(&mut f.take(cap), &mut o).map_err(|e| e.to_string())?;
     Ok(n < meta.len())
@@ -345,11 +357,8 @@ pub fn copy_capped(src: &Path, out: &Path, cap: u64) -> Result<bool, String> {
 
 /// The tail (at most `cap` bytes) of a regular file appended to `out`.
 pub fn append_tail(src: &Path, out: &mut std::fs::File, cap: u64) -> Result<(), String> {
-    let mut f = std::fs::File::open(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let mut f = open_regular(src)?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", src.display()));
-    }
     f.seek(SeekFrom::Start(meta.len().saturating_sub(cap)))
         .map_err(|e| e.to_string())?;
     writeln!(out, "==> {} <==", src.display()).map_err(|e| e.to_string())?;

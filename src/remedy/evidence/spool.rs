@@ -55,6 +55,10 @@ pub struct Spool {
 
 /// Bound on the records read from the spool directory.
 const MAX_ENTRIES: usize = 4096;
+/// Bound on the directory entries looked through for them.
+const MAX_SCAN: usize = 4 * MAX_ENTRIES;
+/// Records of uploaded archives kept.
+const KEEP_UPLOADED: usize = 64;
 /// Bound on one record's size.
 const MAX_RECORD: u64 = 64 * 1024;
 
@@ -105,22 +109,46 @@ impl Spool {
         serde_json::from_str(&text).ok()
     }
 
-    /// Every record, oldest first.
+    /// Every record, oldest first: at most [`MAX_ENTRIES`], archives still waiting before
+    /// uploaded ones (an uploaded record only guards against a second upload), whatever
+    /// order the directory lists them in.
     pub fn entries(&self) -> Vec<Entry> {
+        let mut out = self.records();
+        out.truncate(MAX_ENTRIES);
+        out.sort_by_key(|e| (e.created_ms, e.incident));
+        out
+    }
+
+    /// The records among the first [`MAX_SCAN`] directory entries, waiting ones first.
+    fn records(&self) -> Vec<Entry> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
         let mut out: Vec<Entry> = rd
             .filter_map(Result::ok)
+            .take(MAX_SCAN)
             .filter_map(|d| {
                 let name = d.file_name().into_string().ok()?;
                 let stem = name.strip_suffix(".json")?;
                 valid_name(stem).then(|| self.load(stem))?
             })
-            .take(MAX_ENTRIES)
             .collect();
-        out.sort_by_key(|e| (e.created_ms, e.incident));
+        out.sort_by_key(|e| (e.uploaded, e.created_ms, e.incident));
         out
+    }
+
+    /// Removes the records of uploaded archives but the newest [`KEEP_UPLOADED`]: their
+    /// archives are gone, and a record is only needed while a second upload of the same
+    /// archive could still be under way.
+    fn prune_uploaded(&self) {
+        let mut done: Vec<Entry> = self.records().into_iter().filter(|e| e.uploaded).collect();
+        if done.len() <= KEEP_UPLOADED {
+            return;
+        }
+        done.sort_by_key(|e| std::cmp::Reverse((e.created_ms, e.incident)));
+        for e in &done[KEEP_UPLOADED..] {
+            let _ = std::fs::remove_file(self.record_path(&e.stem()));
+        }
     }
 
     /// Bytes of the archives waiting in the spool.
@@ -166,6 +194,7 @@ impl Spool {
         e.refused = None;
         self.save(e)?;
         let _ = std::fs::remove_file(self.archive_path(&e.stem()));
+        self.prune_uploaded();
         Ok(())
     }
 }
@@ -221,5 +250,38 @@ mod tests {
         assert_eq!(s.entries().len(), 3);
         assert_eq!(s.load("2-on-demand-400").unwrap().stem(), "2-on-demand-400");
         assert!(!valid_name("../x") && !valid_name("") && valid_name("7"));
+    }
+
+    /// Records of uploaded archives do not pile up, and an archive still waiting is found
+    /// however many records there are.
+    #[test]
+    fn uploaded_records_are_pruned_and_waiting_ones_always_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::new(dir.path().to_path_buf(), 1 << 20);
+        s.ensure().unwrap();
+        for i in 1..=(MAX_ENTRIES as u64 + 10) {
+            let mut e = entry(i, 1_000 + i);
+            e.uploaded = true;
+            s.save(&e).unwrap();
+        }
+        std::fs::write(s.archive_path("1"), [0u8; 10]).unwrap();
+        s.save(&entry(1, 1)).unwrap(); // waiting, and the oldest of all
+        let waiting: Vec<u64> = s
+            .entries()
+            .iter()
+            .filter(|e| !e.uploaded)
+            .map(|e| e.incident)
+            .collect();
+        assert_eq!(waiting, [1]);
+        assert_eq!(s.used(), 10);
+        let mut one = s.load("2").unwrap();
+        s.uploaded(&mut one).unwrap();
+        let left = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(
+            left,
+            KEEP_UPLOADED + 2,
+            "kept: the newest uploaded, the waiting one and its archive"
+        );
+        assert!(s.load("1").is_some_and(|e| !e.uploaded));
     }
 }
