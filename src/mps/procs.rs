@@ -4,15 +4,13 @@
 //! process is the daemon of our pipe directory when its command line names the control
 //! binary in daemon mode (`-d` or `-f`) and its environment holds our
 //! `CUDA_MPS_PIPE_DIRECTORY` (unset means NVIDIA's default, `/tmp/nvidia-mps`). A server is
-//! an `nvidia-cuda-mps-server` with the same environment or a daemon as parent. `sysinfo`
-//! lists processes with their command lines, environments and states; `/proc` answers what
-//! it does not (the lock on `control_lock`, a cheap state check while waiting for a death).
+//! an `nvidia-cuda-mps-server` with the same environment or a daemon as parent. Everything
+//! is read from `/proc`, bounded (see [`Scanner`]), as is the lock on `control_lock` and the
+//! state checked while waiting for a death.
 //! A zombie is dead: `kill -0` succeeds on it but it serves nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-use sysinfo::{ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System, UpdateKind};
 
 use super::control::normalize;
 
@@ -59,17 +57,26 @@ impl Found {
     }
 }
 
-/// Lists processes through `sysinfo`, keeping its tables between scans.
+/// Lists processes from `/proc`, reading what it needs of each and never more: every
+/// process's `stat` (its `comm`, state and parent) and executable's name; command line and
+/// environment only of the few whose name is an MPS binary's, each capped ([`MAX_CMDLINE`],
+/// [`MAX_ENVIRON`]). A workload's processes with command lines of megabytes cost nothing.
 pub struct Scanner {
-    sys: Option<System>,
     control_binary: PathBuf,
     pipe_dir: PathBuf,
 }
 
+/// What is read of a candidate's command line and environment.
+const MAX_CMDLINE: u64 = 64 * 1024;
+const MAX_ENVIRON: u64 = 256 * 1024;
+/// `/proc/<pid>/stat` is one line of a few hundred bytes.
+const MAX_STAT: u64 = 4096;
+/// The kernel keeps 15 bytes of a program's name as its `comm`.
+const COMM_LEN: usize = 15;
+
 impl Scanner {
     pub fn new(control_binary: &Path, pipe_dir: &Path) -> Self {
         Scanner {
-            sys: None,
             control_binary: control_binary.to_path_buf(),
             pipe_dir: pipe_dir.to_path_buf(),
         }
@@ -77,35 +84,15 @@ impl Scanner {
 
     /// Scans without blocking the runtime.
     pub async fn scan(&mut self) -> Result<Found, String> {
-        let sys = self.sys.take();
         let (binary, pipe) = (self.control_binary.clone(), self.pipe_dir.clone());
-        let job = tokio::task::spawn_blocking(move || {
-            let mut sys = match sys {
-                Some(s) => s,
-                None => System::new().map_err(|e| format!("cannot list processes: {e}"))?,
-            };
-            let found = scan_with(&mut sys, &binary, &pipe);
-            Ok::<_, String>((sys, found))
-        });
-        match job.await {
-            Ok(Ok((sys, found))) => {
-                self.sys = Some(sys);
-                Ok(found)
-            }
-            Ok(Err(e)) => Err(e),
-            Err(e) => Err(format!("process scan failed: {e}")),
-        }
+        tokio::task::spawn_blocking(move || scan_with(Path::new("/proc"), &binary, &pipe))
+            .await
+            .map_err(|e| format!("process scan failed: {e}"))?
     }
 
     /// Scans on the calling thread.
     pub fn scan_blocking(&mut self) -> Result<Found, String> {
-        if self.sys.is_none() {
-            self.sys = Some(System::new().map_err(|e| format!("cannot list processes: {e}"))?);
-        }
-        match self.sys.as_mut() {
-            Some(sys) => Ok(scan_with(sys, &self.control_binary, &self.pipe_dir)),
-            None => Err("cannot list processes".into()),
-        }
+        scan_with(Path::new("/proc"), &self.control_binary, &self.pipe_dir)
     }
 }
 
@@ -113,32 +100,110 @@ fn basename(s: &std::ffi::OsStr) -> &std::ffi::OsStr {
     Path::new(s).file_name().unwrap_or(s)
 }
 
-fn scan_with(sys: &mut System, control_binary: &Path, pipe_dir: &Path) -> Found {
+/// What `/proc/<pid>/stat` says of a process: its `comm`, state letter and parent.
+fn read_stat(dir: &Path) -> Option<(Vec<u8>, char, Option<u32>)> {
+    use std::io::Read;
+    let f = crate::sys::limits::open_checked(
+        &dir.join("stat"),
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "a process stat",
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    f.take(MAX_STAT).read_to_end(&mut buf).ok()?;
+    // "pid (comm) S ppid ...": the comm may hold spaces and parentheses; it ends at the last ')'.
+    let open = buf.iter().position(|b| *b == b'(')?;
+    let close = buf.iter().rposition(|b| *b == b')')?;
+    let comm = buf.get(open + 1..close)?.to_vec();
+    let rest = String::from_utf8_lossy(buf.get(close + 1..)?).into_owned();
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let parent = fields
+        .next()
+        .and_then(|p| p.parse::<u32>().ok())
+        .filter(|p| *p > 0);
+    Some((comm, state, parent))
+}
+
+/// At most `cap` bytes of a `\0`-separated `/proc` file, split.
+fn read_list(path: &Path, cap: u64) -> Vec<std::ffi::OsString> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStringExt;
+    let Ok(f) = crate::sys::limits::open_checked(
+        path,
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "a process list",
+    ) else {
+        return Vec::new();
+    };
+    let mut buf = Vec::new();
+    if f.take(cap).read_to_end(&mut buf).is_err() {
+        return Vec::new();
+    }
+    buf.split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| std::ffi::OsString::from_vec(a.to_vec()))
+        .collect()
+}
+
+fn scan_with(proc_root: &Path, control_binary: &Path, pipe_dir: &Path) -> Result<Found, String> {
+    use std::os::unix::ffi::OsStrExt;
     let binary_name = control_binary
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
-    // Pass 1: command lines and executables of everything (cheap), to pick candidates.
-    sys.refresh_processes_specifics(
-        ProcessesToUpdate::All,
-        true,
-        ProcessRefreshKind::nothing()
-            .without_tasks()
-            .with_cmd(UpdateKind::Always)
-            .with_exe(UpdateKind::Always),
-    );
-    let mut candidates = Vec::new();
-    for (pid, p) in sys.processes() {
-        if p.status() == ProcessStatus::Zombie || p.status() == ProcessStatus::Dead {
+    let comm_of = |name: &[u8]| name[..name.len().min(COMM_LEN)].to_vec();
+    let names: Vec<Vec<u8>> = [
+        DAEMON_NAME.as_bytes(),
+        SERVER_NAME.as_bytes(),
+        binary_name.as_bytes(),
+    ]
+    .iter()
+    .filter(|n| !n.is_empty())
+    .map(|n| comm_of(n))
+    .collect();
+    let rd = std::fs::read_dir(proc_root)
+        .map_err(|e| format!("cannot list processes in {}: {e}", proc_root.display()))?;
+    let want = normalize(pipe_dir);
+    let mut found = Found::default();
+    let mut daemon_pids = Vec::new();
+    let mut servers = Vec::new();
+    for entry in rd.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = entry.path();
+        let Some((comm, state, parent)) = read_stat(&dir) else {
+            continue; // gone since the listing
+        };
+        if matches!(state, 'Z' | 'X') {
             continue;
         }
-        let arg0 = p.cmd().first().map(|a| basename(a));
-        let exe = p.exe().and_then(|e| e.file_name());
-        let named = |n: &str| arg0 == Some(n.as_ref()) || exe == Some(n.as_ref());
+        let exe = std::fs::read_link(dir.join("exe")).ok();
+        let exe_name = exe.as_deref().and_then(|e| e.file_name()).map(|n| {
+            n.as_bytes()
+                .strip_suffix(b" (deleted)")
+                .unwrap_or(n.as_bytes())
+                .to_vec()
+        });
+        // Only a process named like an MPS binary is looked at further.
+        let by_exe = |n: &str| exe_name.as_deref() == Some(n.as_bytes());
+        if !names.contains(&comm) && !by_exe(DAEMON_NAME) && !by_exe(SERVER_NAME) {
+            continue;
+        }
+        let cmd = read_list(&dir.join("cmdline"), MAX_CMDLINE);
+        let arg0 = cmd.first().map(|a| basename(a));
+        let named = |n: &str| arg0 == Some(n.as_ref()) || by_exe(n);
         let role = if named(DAEMON_NAME)
             || (!binary_name.is_empty() && arg0 == Some(binary_name.as_os_str()))
         {
-            let daemon_mode = p.cmd().iter().skip(1).any(|a| a == "-d" || a == "-f");
+            let daemon_mode = cmd.iter().skip(1).any(|a| a == "-d" || a == "-f");
             if !daemon_mode {
                 continue; // a control client, not the daemon
             }
@@ -148,41 +213,17 @@ fn scan_with(sys: &mut System, control_binary: &Path, pipe_dir: &Path) -> Found 
         } else {
             continue;
         };
-        candidates.push((*pid, role));
-    }
-    if candidates.is_empty() {
-        return Found::default();
-    }
-    // Pass 2: environments of the candidates only.
-    let pids: Vec<sysinfo::Pid> = candidates.iter().map(|(p, _)| *p).collect();
-    sys.refresh_processes_specifics(
-        ProcessesToUpdate::Some(&pids),
-        true,
-        ProcessRefreshKind::nothing()
-            .without_tasks()
-            .with_environ(UpdateKind::Always),
-    );
-    let want = normalize(pipe_dir);
-    let mut found = Found::default();
-    let mut daemon_pids = Vec::new();
-    let mut servers = Vec::new();
-    for (pid, role) in candidates {
-        let Some(p) = sys.process(pid) else { continue };
-        let ours = serves(p.environ(), &want);
+        let ours = serves(&read_list(&dir.join("environ"), MAX_ENVIRON), &want);
         let proc = MpsProcess {
-            pid: pid.as_u32(),
-            parent: p.parent().map(|x| x.as_u32()),
+            pid,
+            parent,
             role,
-            state: state_letter(pid.as_u32()).unwrap_or('?'),
-            arg0: p
-                .cmd()
+            state,
+            arg0: cmd
                 .first()
                 .map(|a| a.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         };
-        if proc.state == 'Z' || proc.state == 'X' {
-            continue;
-        }
         match role {
             Role::Daemon if ours => {
                 daemon_pids.push(proc.pid);
@@ -199,7 +240,7 @@ fn scan_with(sys: &mut System, control_binary: &Path, pipe_dir: &Path) -> Found 
     }
     found.daemons.sort_by_key(|p| p.pid);
     found.servers.sort_by_key(|p| p.pid);
-    found
+    Ok(found)
 }
 
 /// Whether an environment selects `want` as its pipe directory.
@@ -421,6 +462,47 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!is_alive(pid));
+    }
+
+    /// A server is found by its name and its environment, read from `/proc` within caps: a
+    /// command line of a megabyte is no cost and no error.
+    #[test]
+    fn a_server_is_found_by_name_and_environment_from_proc() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = dir.path().join(SERVER_NAME);
+        std::os::unix::fs::symlink("/bin/sleep", &server).unwrap();
+        let pipe = dir.path().join("pipe");
+        std::fs::create_dir(&pipe).unwrap();
+        let mut child = std::process::Command::new(&server)
+            .arg("30")
+            // Another 0 seconds, ten times, a megabyte in all (one argument may be 128 KiB).
+            .args(std::iter::repeat_n("0".repeat(100 * 1024), 10))
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let control = Path::new(DAEMON_NAME);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let found = loop {
+            let f = Scanner::new(control, &pipe).scan_blocking().unwrap();
+            if !f.servers.is_empty() || Instant::now() > deadline {
+                break f;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let s = found
+            .servers
+            .iter()
+            .find(|s| s.pid == pid)
+            .unwrap_or_else(|| panic!("the stand-in server {pid} was not found: {found:?}"));
+        assert_eq!(s.role, Role::Server);
+        assert!(s.arg0.ends_with(SERVER_NAME), "{}", s.arg0);
+        let other = Scanner::new(control, &dir.path().join("elsewhere"))
+            .scan_blocking()
+            .unwrap();
+        assert!(other.servers.iter().all(|s| s.pid != pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -132,6 +132,12 @@ pub fn open_checked(
 ) -> Result<std::fs::File, ReadError> {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
+    // Looked at before it is opened: opening a device can act by itself (a watchdog is armed
+    // by its open), and a path that names the wrong kind of file is refused unopened. The
+    // opened file is checked again below, so a swap between the two is caught too.
+    if let Ok(meta) = std::fs::metadata(path) {
+        check_kind(&meta, kind).map_err(|why| ReadError::NotAFile { what, why })?;
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
