@@ -64,6 +64,7 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
         return Err(FileError::new(path, None, why));
     }
     if mode == Mode::Run {
+        check_acting_parts(cfg, Path::new("systemctl"), &err)?;
         if let Err(why) = writable_dir(&cfg.state_dir) {
             return Err(err(
                 None,
@@ -165,31 +166,11 @@ pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
         return out;
     }
     let unit = &cfg.mps.unit;
-    // Bounded like every program gpu-medic runs: a wedged systemd must not hold the start
-    // (or the launch gate) for ever.
-    let shown = crate::sys::child::stdout_within_blocking(
-        std::process::Command::new(systemctl).args([
-            "show",
-            &format!("--property={}", crate::mps::systemd::PROPERTIES),
-            unit,
-        ]),
-        SYSTEMCTL_WAIT,
-    );
-    let state = match shown {
-        Ok((status, stdout)) if status.success() => {
-            crate::mps::systemd::UnitState::parse(&String::from_utf8_lossy(&stdout))
-        }
-        Ok((status, _)) => {
+    let state = match show_unit(systemctl, unit) {
+        Ok(state) => state,
+        Err(why) => {
             out.push(format!(
-                "this node does not look like an ECS GPU AMI: `{} show {unit}` exited with {status} (is systemd running?)",
-                systemctl.display(),
-            ));
-            return out;
-        }
-        Err(e) => {
-            out.push(format!(
-                "this node does not look like an ECS GPU AMI: cannot run {}: {e}",
-                systemctl.display()
+                "this node does not look like an ECS GPU AMI: {why}"
             ));
             return out;
         }
@@ -211,6 +192,88 @@ pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
         )),
     }
     out
+}
+
+/// What systemd says of `unit` (`systemctl show`), bounded like every program gpu-medic runs:
+/// a wedged systemd must not hold the start (or the launch gate) for ever. `Err` says why
+/// systemd could not tell (not running, no systemctl).
+pub fn show_unit(systemctl: &Path, unit: &str) -> Result<crate::mps::systemd::UnitState, String> {
+    let shown = crate::sys::child::stdout_within_blocking(
+        std::process::Command::new(systemctl).args([
+            "show",
+            &format!("--property={}", crate::mps::systemd::PROPERTIES),
+            unit,
+        ]),
+        SYSTEMCTL_WAIT,
+    );
+    match shown {
+        Ok((status, stdout)) if status.success() => Ok(crate::mps::systemd::UnitState::parse(
+            &String::from_utf8_lossy(&stdout),
+        )),
+        Ok((status, _)) => Err(format!(
+            "`{} show {unit}` exited with {status} (is systemd running?)",
+            systemctl.display(),
+        )),
+        Err(e) => Err(format!("cannot run {}: {e}", systemctl.display())),
+    }
+}
+
+/// The units and programs `run` would act through, where a mistake would otherwise be
+/// judged as a fault of the node: `[mps] unit` under `manage = "systemd"` (a restart
+/// through a unit systemd does not have fails, and the failed daemon is replaced), a
+/// `[links] fabric_manager_unit` named in the config that systemd does not have (read as
+/// Fabric Manager down: a drain), and `[repair] command` for `reboot = "systemd"` (a reboot
+/// that cannot run ends in a replacement). Only a definite answer counts: where systemd
+/// cannot tell (not running here), nothing is refused.
+fn check_acting_parts(
+    cfg: &Config,
+    systemctl: &Path,
+    err: &dyn Fn(Option<&str>, &str, String) -> FileError,
+) -> Result<(), FileError> {
+    let missing = |unit: &str| show_unit(systemctl, unit).is_ok_and(|s| !s.exists());
+    if cfg.mps.enabled && cfg.mps.manage == MpsManage::Systemd && missing(&cfg.mps.unit) {
+        return Err(err(
+            Some("mps"),
+            "unit",
+            format!(
+                "[mps] unit {}: systemd has no such unit, so the daemon could never be restarted through it; correct the name, or use manage = \"direct\"",
+                cfg.mps.unit
+            ),
+        ));
+    }
+    let links = &cfg.links;
+    if links.enabled
+        && links.fabric_manager
+        && links.fabric_manager_unit != crate::config::LinksConfig::default().fabric_manager_unit
+        && missing(&links.fabric_manager_unit)
+    {
+        return Err(err(
+            Some("links"),
+            "fabric_manager_unit",
+            format!(
+                "[links] fabric_manager_unit {}: systemd has no such unit; it would be read as Fabric Manager down. Correct the name",
+                links.fabric_manager_unit
+            ),
+        ));
+    }
+    if cfg.aws.enabled && cfg.repair.reboot == crate::config::RebootMethod::Systemd {
+        let program = cfg.repair.command.first().map(PathBuf::from);
+        if let Err(why) = program
+            .as_deref()
+            .ok_or_else(|| "is empty".to_string())
+            .and_then(executable)
+        {
+            return Err(err(
+                Some("repair"),
+                "command",
+                format!(
+                    "[repair] command {:?}: {why}; a reboot that cannot run ends in a replacement",
+                    cfg.repair.command
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Loads the library once. Only `Unusable` matters here: a library that loads and reports no
@@ -439,5 +502,70 @@ mod tests {
         std::fs::write(&f, "").unwrap();
         assert!(executable(&f).unwrap_err().contains("not executable"));
         assert!(executable(dir.path()).unwrap_err().contains("not a file"));
+    }
+
+    /// A stand-in `systemctl` that knows the units named in `have` (one line each) and
+    /// answers `LoadState=not-found` for others, as systemd does.
+    fn systemctl(dir: &Path, have: &[&str]) -> PathBuf {
+        let p = dir.join("systemctl");
+        let known = have.join(" ");
+        std::fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\nfor a; do unit=$a; done\nfor u in {known}; do [ \"$u\" = \"$unit\" ] && {{ echo LoadState=loaded; echo ActiveState=active; exit 0; }}; done\necho LoadState=not-found\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    /// A unit or program `run` would act through that is definitely not there is a mistake
+    /// in the config, refused at start with its line: never a daemon restart that fails
+    /// and a node replaced for it, a Fabric Manager read as down, a reboot that cannot run.
+    #[test]
+    fn units_and_programs_acted_through_must_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let sc = systemctl(
+            dir.path(),
+            &["nvidia-mps.service", "nvidia-fabricmanager.service"],
+        );
+        let path = Path::new("/etc/gpu-medic/config.toml");
+        let run = |text: &str, sc: &Path| {
+            let cfg = Config::parse(path, text).unwrap();
+            check_acting_parts(&cfg, sc, &|section, key, msg| {
+                FileError::new(path, key_line(text, section, key), msg)
+            })
+        };
+        assert!(run("", &sc).is_ok(), "the defaults, where systemd has them");
+        let text = "[mps]\nunit = \"nvidia-msp.service\"\n";
+        let e = run(text, &sc).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("systemd has no such unit"), "{e}");
+        assert!(
+            run(
+                "[mps]\nunit = \"nvidia-msp.service\"\nmanage = \"direct\"\n",
+                &sc
+            )
+            .is_ok()
+        );
+        let text = "[links]\nfabric_manager_unit = \"nvidia-fabricmanger.service\"\n";
+        let e = run(text, &sc).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("read as Fabric Manager down"), "{e}");
+        let text = "[repair]\nreboot = \"systemd\"\ncommand = [\"/sbin/rebot\"]\n";
+        let e = run(text, &sc).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("does not exist"), "{e}");
+        assert!(
+            run(
+                "[repair]\nreboot = \"systemd\"\ncommand = [\"sh\", \"-c\", \"true\"]\n",
+                &sc
+            )
+            .is_ok()
+        );
+        // Where systemd cannot tell (not PID 1 here, no systemctl), nothing is refused.
+        let gone = dir.path().join("no-systemctl");
+        assert!(run("[mps]\nunit = \"nvidia-msp.service\"\n", &gone).is_ok());
     }
 }
