@@ -268,6 +268,74 @@ async fn without_gpu_devices_the_instance_type_gives_the_expected_count() {
     assert!(!list.contains("ecs-gpu"), "{list}");
 }
 
+/// One AMI's config baked for another instance type: `expected_gpus = 8` on a g5.12xlarge
+/// (4 GPUs, all there) is gpu-medic's mistake, said once as a self-fault, never a
+/// device-count mismatch that would replace every such instance; the instance type's count
+/// is what NVML's is held to, so a GPU really missing is still caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expected_count_the_instance_type_contradicts_is_a_mistake_not_a_fault() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "gpuview-baked", 1).await;
+    let imds = FakeImds::start(&s.nodes[0].instance_id).await;
+    imds.set_instance_type(Some("g5.12xlarge"));
+    let mut d = daemon(&s, &proxy, &imds, "expected_gpus = 8");
+    d.gpus(FOUR_GPUS);
+
+    let out = d.cli(&["check", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ne!(out.status.code(), Some(1), "not unhealthy: {v:#}");
+    assert!(!v.to_string().contains("device-count-mismatch"), "{v:#}");
+
+    d.start();
+    let o = wait_signal(&d, "self-fault");
+    assert_eq!(o["signal"]["component"], "expected-gpus", "{o:#}");
+    assert!(
+        detail(&o).contains(
+            "[nvml] expected_gpus = 8 contradicts the instance type g5.12xlarge with 4 GPUs"
+        ),
+        "{o:#}"
+    );
+    // Polls go on (a GPU view compared a few times): still no mismatch.
+    wait_sync(
+        "a few comparisons",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(d.path("state/ecs-gpus.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some_and(|v| v["nvml_count"] == 4)
+        },
+        String::new,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    d.stop(Duration::from_secs(20));
+    assert!(
+        !d.records()
+            .iter()
+            .any(|r| r["observation"]["signal"]["kind"] == "device-count-mismatch"),
+        "no mismatch while all 4 GPUs are there"
+    );
+
+    // A GPU really missing is held to the instance type's 4.
+    d.gpus(&gpu_medic_testkit::gpus_json(3));
+    d.start();
+    let o = wait_signal(&d, "device-count-mismatch");
+    assert!(
+        detail(&o).contains("expected 4 GPUs (instance type g5.12xlarge), NVML sees 3"),
+        "{o:#}"
+    );
+    d.stop(Duration::from_secs(20));
+    let opened = d
+        .records()
+        .iter()
+        .filter(|r| {
+            r["event"] == "opened" && r["observation"]["signal"]["component"] == "expected-gpus"
+        })
+        .count();
+    assert_eq!(opened, 1, "one incident for the mistake");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_ecs_read_is_a_self_fault_never_a_gpu_signal() {
     let (proxy, _s, _imds, mut d) = node("gpuview-throttle", idle(), None).await;

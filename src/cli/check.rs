@@ -118,10 +118,9 @@ fn read_gpu_view(cfg: &crate::config::Config, looks: &mut Vec<Look>) -> GpuView 
             None
         }
     };
+    // Learnt also when `[nvml] expected_gpus` is set: the instance type checks it.
     let expected = ExpectedGpus::new();
-    if cfg.nvml.expected_gpus.is_none() {
-        ecs_gpus::learn_expected_once(cfg, read.as_ref(), &expected);
-    }
+    ecs_gpus::learn_expected_once(cfg, read.as_ref(), &expected);
     (read, NvmlView::new(), expected)
 }
 

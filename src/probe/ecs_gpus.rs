@@ -225,13 +225,16 @@ fn count(c: Option<i64>) -> u64 {
     c.and_then(|c| u64::try_from(c).ok()).unwrap_or(0)
 }
 
-/// Sets the expected GPU count: ECS's registered GPUs, else the instance type's.
+/// Sets the expected GPU count: ECS's registered GPUs, else the instance type's; and the
+/// instance type's apart, which a set `[nvml] expected_gpus` is checked against.
 fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type: Option<&str>) {
+    let by_type = instance_type.and_then(|t| Some((t, instance_types::gpu_count(t)?)));
+    if let Some((t, n)) = by_type {
+        expected.set_type(n, t);
+    }
     if let Some(n) = read.map(EcsRead::count).filter(|n| *n > 0) {
         expected.set(n, "registered with ECS");
-    } else if let Some((t, n)) =
-        instance_type.and_then(|t| Some((t, instance_types::gpu_count(t)?)))
-    {
+    } else if let Some((t, n)) = by_type {
         expected.set(n, format!("instance type {t}"));
     }
 }
@@ -343,7 +346,7 @@ impl EcsGpuSource {
         let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
         let interval = self.cfg.ecs.gpu_view_interval;
         let spacing = WAKE_SPACING.min(interval);
-        let mut w = Watch::new(self.cfg.nvml.expected_gpus.is_none());
+        let mut w = Watch::new();
         loop {
             let Some((out, retry_soon)) = w.turn(&self, &client, &http, &shutdown).await else {
                 return;
@@ -380,13 +383,7 @@ impl EcsGpuSource {
             observed_at: Timestamp::now(),
             ecs_count: read.count(),
             nvml_count: nvml.count,
-            expected: match self.cfg.nvml.expected_gpus {
-                Some(n) => Some(Expected {
-                    count: n,
-                    source: "[nvml] expected_gpus".into(),
-                }),
-                None => self.expected.get(),
-            },
+            expected: self.expected.resolve(self.cfg.nvml.expected_gpus).expected,
             gpus,
             observations: found.clone(),
         };
@@ -399,8 +396,6 @@ impl EcsGpuSource {
 
 /// The source's state between reads.
 struct Watch {
-    /// No `[nvml] expected_gpus`: the count is learned (instance type, ECS's registration).
-    learn: bool,
     /// IMDS is asked until it answers (it may have no type: then `instance_type` stays None).
     instance_type: Option<String>,
     type_known: bool,
@@ -413,9 +408,8 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(learn: bool) -> Self {
+    fn new() -> Self {
         Watch {
-            learn,
             instance_type: None,
             type_known: false,
             said_unregistered: false,
@@ -435,7 +429,9 @@ impl Watch {
         http: &aws_sdk_ecs::config::SharedHttpClient,
         shutdown: &CancellationToken,
     ) -> Option<(Vec<Observation>, bool)> {
-        if self.learn && !self.type_known {
+        // The instance type's count is learnt whether `[nvml] expected_gpus` is set or not:
+        // it is the default when unset and the check when set.
+        if !self.type_known {
             let asked = tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 r = imds::instance_type(http.clone()) => r,
@@ -447,6 +443,16 @@ impl Watch {
                 }
                 Err(e) => tracing::debug!(probe = SOURCE, "IMDS instance-type: {e}"),
             }
+            // Told before the first read of ECS: the poller holds a set
+            // `[nvml] expected_gpus` to the type's count from its first comparison on.
+            if let Some((t, n)) = self
+                .instance_type
+                .as_deref()
+                .and_then(|t| Some((t, instance_types::gpu_count(t)?)))
+            {
+                src.expected.set_type(n, t);
+            }
+            src.expected.type_asked();
         }
         let read = tokio::select! {
             _ = shutdown.cancelled() => return None,
@@ -484,10 +490,9 @@ impl Watch {
         Some((out, retry_soon))
     }
 
+    /// Learns the count (used while `[nvml] expected_gpus` is unset, checking it when set).
     fn learn_type(&self, src: &EcsGpuSource, read: Option<&EcsRead>) {
-        if self.learn {
-            learn_expected(&src.expected, read, self.instance_type.as_deref());
-        }
+        learn_expected(&src.expected, read, self.instance_type.as_deref());
     }
 
     /// ECS answered: a self-fault recovered, the agent's health, the count learned.
@@ -629,7 +634,8 @@ fn block_on<F: Future>(f: F) -> Result<F::Output, String> {
 
 /// `gpu-medic check`: the expected count from ECS's read, else the instance type (IMDS).
 pub fn learn_expected_once(cfg: &Config, read: Option<&EcsRead>, expected: &ExpectedGpus) {
-    let from_ecs = read.is_some_and(|r| r.count() > 0);
+    // A set `[nvml] expected_gpus` is checked against the instance type: asked for then too.
+    let from_ecs = read.is_some_and(|r| r.count() > 0) && cfg.nvml.expected_gpus.is_none();
     let instance_type = if from_ecs {
         None
     } else {

@@ -254,7 +254,7 @@ pub fn sources_with_gpu_view(
         }
         if let Some(wake) = wake.filter(|_| gpu_view_enabled(cfg)) {
             let view = nvml::view::NvmlView::new();
-            let expected = nvml::view::ExpectedGpus::new();
+            let expected = nvml::view::ExpectedGpus::learning();
             source = source.with_view(view.clone(), expected.clone());
             out.push(Box::new(ecs_gpus::EcsGpuSource::new(
                 cfg.clone(),

@@ -214,15 +214,21 @@ pub struct PollReport {
     pub links: Vec<super::links::GpuLinks>,
 }
 
+/// The self-fault component of an `[nvml] expected_gpus` that contradicts the instance type.
+pub const EXPECTED_GPUS: &str = "expected-gpus";
+
 pub struct Poller {
     expected_gpus: Option<u32>,
-    /// The expected count learnt at run time when `expected_gpus` is unset (ECS, the
-    /// instance type); `expected_gpus` wins.
+    /// The expected count learnt at run time (ECS, the instance type): used when
+    /// `expected_gpus` is unset, and checking it when set ([`view::ExpectedGpus::resolve`]).
     learnt: Option<view::ExpectedGpus>,
     corrected: BTreeMap<u32, u64>,
     warned: BTreeSet<String>,
     /// NVML could not count the GPUs on the last poll (a self-fault is open).
     count_failed: bool,
+    /// Why `[nvml] expected_gpus` is not used, while it contradicts the instance type (a
+    /// self-fault is open).
+    expected_mistake: Option<String>,
     /// The links of each GPU (`[links]`), when enabled.
     links: Option<super::links::LinkReader>,
     /// The MPS clients' tasks, by pid: each cgroup read once per process.
@@ -237,6 +243,7 @@ impl Poller {
             corrected: BTreeMap::new(),
             warned: BTreeSet::new(),
             count_failed: false,
+            expected_mistake: None,
             links: None,
             placements: tasks::Placements::new(&proc_root),
         }
@@ -248,10 +255,39 @@ impl Poller {
         self
     }
 
-    /// Reads the expected GPU count from `learnt` whenever `[nvml] expected_gpus` is unset.
+    /// Reads the expected GPU count from `learnt` ([`view::ExpectedGpus::resolve`]).
     pub fn learning_expected(mut self, learnt: view::ExpectedGpus) -> Self {
         self.learnt = Some(learnt);
         self
+    }
+
+    /// A set `[nvml] expected_gpus` that contradicts the instance type is gpu-medic's fault
+    /// (component [`EXPECTED_GPUS`]), said once when it appears and once when it clears:
+    /// never a device-count mismatch.
+    fn say_expected_mistake(&mut self, mistake: Option<String>, report: &mut PollReport) {
+        if mistake == self.expected_mistake {
+            return;
+        }
+        match &mistake {
+            Some(why) => {
+                tracing::error!(probe = "nvml", "{why}");
+                report.observations.push(
+                    Observation::new(Signal::SelfFault {
+                        component: EXPECTED_GPUS.into(),
+                    })
+                    .with_detail(why.clone())
+                    .from_source("nvml"),
+                );
+            }
+            None => report.observations.push(
+                Observation::new(Signal::SelfRecovered {
+                    component: EXPECTED_GPUS.into(),
+                })
+                .with_detail("[nvml] expected_gpus agrees with the instance type")
+                .from_source("nvml"),
+            ),
+        }
+        self.expected_mistake = mistake;
     }
 
     /// Logs a warning once per key (NOT_SUPPORTED counters, missing symbols).
@@ -301,13 +337,12 @@ impl Poller {
             }
         };
         report.view.count = count;
-        let expected = match self.expected_gpus {
-            Some(n) => Some(view::Expected {
-                count: n,
-                source: "[nvml] expected_gpus".into(),
-            }),
-            None => self.learnt.as_ref().and_then(view::ExpectedGpus::get),
+        let resolved = match &self.learnt {
+            Some(l) => l.resolve(self.expected_gpus),
+            None => view::ExpectedGpus::new().resolve(self.expected_gpus),
         };
+        self.say_expected_mistake(resolved.mistake, &mut report);
+        let expected = resolved.expected;
         if let Some(expected) = expected
             && count < expected.count
         {

@@ -84,15 +84,56 @@ impl NvmlView {
 
 pub use crate::model::gpu_view::Expected;
 
-/// How many GPUs this instance should have when `[nvml] expected_gpus` is unset: set by the
-/// probe that learns it (from ECS, else from the instance type), read by the NVML poller each
-/// poll. Clones share one value.
+/// How many GPUs this instance should have: learnt by the probe that learns it (from ECS,
+/// else from the instance type), read by the NVML poller each poll. The instance type's
+/// count is kept apart as well: it is AWS's fact, against which a set `[nvml] expected_gpus`
+/// is checked ([`ExpectedGpus::resolve`]). Clones share one value.
 #[derive(Clone, Default, Debug)]
-pub struct ExpectedGpus(Arc<Mutex<Option<Expected>>>);
+pub struct ExpectedGpus(Arc<Mutex<Learnt>>);
+
+#[derive(Default, Debug)]
+struct Learnt {
+    /// The count to expect while `[nvml] expected_gpus` is unset.
+    best: Option<Expected>,
+    /// The instance type's count (docs/gpu-instance-types.md), whatever the config says.
+    by_type: Option<Expected>,
+    /// A probe is about to ask for the instance type and has not asked yet: a set
+    /// `[nvml] expected_gpus` is not relied on before it could be checked.
+    type_pending: bool,
+}
+
+/// What to compare NVML's count with, and, when `[nvml] expected_gpus` contradicts the
+/// instance type, why that setting is not used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub expected: Option<Expected>,
+    pub mistake: Option<String>,
+}
+
+/// Where a set `[nvml] expected_gpus` came from, in messages and views.
+pub const CONFIGURED: &str = "[nvml] expected_gpus";
 
 impl ExpectedGpus {
     pub fn new() -> Self {
         ExpectedGpus::default()
+    }
+
+    /// One that a probe will teach the instance type ([`ExpectedGpus::type_asked`] once it
+    /// asked): until then no count is held to a set `[nvml] expected_gpus`.
+    pub fn learning() -> Self {
+        let e = ExpectedGpus::default();
+        e.lock().type_pending = true;
+        e
+    }
+
+    /// The instance type was asked for (answered or not): a set `[nvml] expected_gpus` is
+    /// relied on from now where the type's count is not known.
+    pub fn type_asked(&self) {
+        self.lock().type_pending = false;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Learnt> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn set(&self, count: u32, source: impl Into<String>) {
@@ -100,25 +141,101 @@ impl ExpectedGpus {
             count,
             source: source.into(),
         };
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if g.as_ref() != Some(&e) {
+        let mut g = self.lock();
+        if g.best.as_ref() != Some(&e) {
             tracing::info!(
                 expected_gpus = e.count,
                 source = %e.source,
                 "expected GPU count ([nvml] expected_gpus unset)"
             );
-            *g = Some(e);
+            g.best = Some(e);
         }
     }
 
+    /// The instance type's GPU count (`instance_type` names it).
+    pub fn set_type(&self, count: u32, instance_type: &str) {
+        self.lock().by_type = Some(Expected {
+            count,
+            source: format!("instance type {instance_type}"),
+        });
+    }
+
     pub fn get(&self) -> Option<Expected> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.lock().best.clone()
+    }
+
+    /// The count to compare NVML's with. Unset in the config: what was learnt. Set: the
+    /// config's, unless the instance type says otherwise; then the setting is a mistake (one
+    /// AMI's config baked for another instance type), said, and the instance type's count is
+    /// used, so that the mistake never replaces a node whose GPUs are all there.
+    pub fn resolve(&self, configured: Option<u32>) -> Resolved {
+        let g = self.lock();
+        match (configured, &g.by_type) {
+            (None, _) => Resolved {
+                expected: g.best.clone(),
+                mistake: None,
+            },
+            (Some(_), None) if g.type_pending => Resolved {
+                expected: None,
+                mistake: None,
+            },
+            (Some(n), Some(t)) if t.count != n => Resolved {
+                expected: Some(t.clone()),
+                mistake: Some(format!(
+                    "{CONFIGURED} = {n} contradicts the {} with {} GPUs (AWS's count, docs/gpu-instance-types.md): the setting is not used; correct or remove it",
+                    t.source, t.count
+                )),
+            },
+            (Some(n), _) => Resolved {
+                expected: Some(Expected {
+                    count: n,
+                    source: CONFIGURED.into(),
+                }),
+                mistake: None,
+            },
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_set_count_is_held_to_the_instance_type() {
+        let e = ExpectedGpus::new();
+        assert_eq!(e.resolve(None).expected, None);
+        let set = e.resolve(Some(8));
+        assert_eq!(
+            set.expected.map(|x| x.count),
+            Some(8),
+            "nothing to check it by"
+        );
+        let early = ExpectedGpus::learning();
+        assert_eq!(
+            early.resolve(Some(8)).expected,
+            None,
+            "not before the type is asked"
+        );
+        early.type_asked();
+        assert_eq!(early.resolve(Some(8)).expected.map(|x| x.count), Some(8));
+        e.set(7, "registered with ECS");
+        e.set_type(8, "p5.48xlarge");
+        assert_eq!(e.resolve(None).expected.map(|x| x.count), Some(7));
+        let agrees = e.resolve(Some(8));
+        assert_eq!(agrees.mistake, None);
+        assert_eq!(agrees.expected.unwrap().source, CONFIGURED);
+        e.set_type(4, "g5.12xlarge");
+        let baked = e.resolve(Some(8));
+        assert_eq!(baked.expected.as_ref().map(|x| x.count), Some(4));
+        assert!(
+            baked
+                .mistake
+                .unwrap()
+                .contains("contradicts the instance type g5.12xlarge"),
+            "the config's count is not used"
+        );
+    }
 
     #[test]
     fn gpus_are_found_by_uuid_in_any_case_or_by_index() {
