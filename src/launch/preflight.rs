@@ -231,15 +231,36 @@ fn check_acting_parts(
     err: &dyn Fn(Option<&str>, &str, String) -> FileError,
 ) -> Result<(), FileError> {
     let missing = |unit: &str| show_unit(systemctl, unit).is_ok_and(|s| !s.exists());
-    if cfg.mps.enabled && cfg.mps.manage == MpsManage::Systemd && missing(&cfg.mps.unit) {
-        return Err(err(
-            Some("mps"),
-            "unit",
-            format!(
-                "[mps] unit {}: systemd has no such unit, so the daemon could never be restarted through it; correct the name, or use manage = \"direct\"",
-                cfg.mps.unit
-            ),
-        ));
+    if cfg.mps.enabled && cfg.mps.manage == MpsManage::Systemd {
+        let unit = &cfg.mps.unit;
+        let state = show_unit(systemctl, unit).ok();
+        if state.as_ref().is_some_and(|s| !s.exists()) {
+            return Err(err(
+                Some("mps"),
+                "unit",
+                format!(
+                    "[mps] unit {unit}: systemd has no such unit, so the daemon could never be restarted through it; correct the name, or use manage = \"direct\""
+                ),
+            ));
+        }
+        // The unit's own `Environment=` naming another pipe directory: gpu-medic would watch
+        // a pipe no daemon serves, take that for a dead daemon, restart it through the unit
+        // (which serves the other one) and end in `on_failed`.
+        let ours = crate::mps::control::normalize(&cfg.mps.pipe_directory);
+        if let Some(theirs) = state
+            .as_ref()
+            .and_then(|s| s.env("CUDA_MPS_PIPE_DIRECTORY"))
+            .filter(|t| crate::mps::control::normalize(Path::new(t)) != ours)
+        {
+            return Err(err(
+                Some("mps"),
+                "pipe_directory",
+                format!(
+                    "[mps] pipe_directory {}: {unit} runs the daemon with CUDA_MPS_PIPE_DIRECTORY={theirs}; gpu-medic would watch a pipe no daemon serves and take it for a dead daemon. Make them the same",
+                    cfg.mps.pipe_directory.display()
+                ),
+            ));
+        }
     }
     let links = &cfg.links;
     if links.enabled
@@ -512,7 +533,7 @@ mod tests {
         std::fs::write(
             &p,
             format!(
-                "#!/bin/sh\nfor a; do unit=$a; done\nfor u in {known}; do [ \"$u\" = \"$unit\" ] && {{ echo LoadState=loaded; echo ActiveState=active; exit 0; }}; done\necho LoadState=not-found\n"
+                "#!/bin/sh\nfor a; do unit=$a; done\nfor u in {known}; do [ \"$u\" = \"$unit\" ] && {{ echo LoadState=loaded; echo ActiveState=active; echo Environment=CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs; exit 0; }}; done\necho LoadState=not-found\n"
             ),
         )
         .unwrap();
@@ -564,6 +585,15 @@ mod tests {
             )
             .is_ok()
         );
+        // The unit serves another pipe directory than the one watched.
+        let text = "[mps]\npipe_directory = \"/run/mps-esc\"\n";
+        let e = run(text, &sc).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(
+            e.message.contains("CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs"),
+            "{e}"
+        );
+        assert!(run("[mps]\npipe_directory = \"/run/mps-ecs/\"\n", &sc).is_ok());
         // Where systemd cannot tell (not PID 1 here, no systemctl), nothing is refused.
         let gone = dir.path().join("no-systemctl");
         assert!(run("[mps]\nunit = \"nvidia-msp.service\"\n", &gone).is_ok());
