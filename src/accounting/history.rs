@@ -512,9 +512,7 @@ mod tests {
     fn an_append_onto_a_fifo_fails_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::sys::limits::mkfifo(&fifo);
         assert!(append(&fifo, b"{}\n").is_err());
         let _reader =
             crate::sys::limits::open_checked(&fifo, crate::sys::limits::Kind::Stream, 0, "test")

@@ -305,9 +305,7 @@ mod tests {
         // Neither a FIFO (no writer: a plain read waits for ever) nor an endless device is
         // read: both are said and taken as no cluster.
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::sys::limits::mkfifo(&fifo);
         assert_eq!(cluster_from_ecs_config(&fifo), "default");
         assert_eq!(
             cluster_from_ecs_config(std::path::Path::new("/dev/zero")),

@@ -689,9 +689,7 @@ mod tests {
         let p = dir.path().join("incidents.jsonl");
         append(&p, 1..=2);
         let rotated = crate::journal::rotated_path(&p, 1);
-        let c = std::ffi::CString::new(rotated.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::sys::limits::mkfifo(&rotated);
         let mut tail = Tail::new(&p);
         let mut cur = Cursor::default();
         // The FIFO is left out (a blocking open would wait for ever); the live file is read.

@@ -102,16 +102,7 @@ fn basename(s: &std::ffi::OsStr) -> &std::ffi::OsStr {
 
 /// What `/proc/<pid>/stat` says of a process: its `comm`, state letter and parent.
 fn read_stat(dir: &Path) -> Option<(Vec<u8>, char, Option<u32>)> {
-    use std::io::Read;
-    let f = crate::sys::limits::open_checked(
-        &dir.join("stat"),
-        crate::sys::limits::Kind::Regular,
-        u64::MAX,
-        "a process stat",
-    )
-    .ok()?;
-    let mut buf = Vec::new();
-    f.take(MAX_STAT).read_to_end(&mut buf).ok()?;
+    let buf = crate::sys::limits::read_head(&dir.join("stat"), MAX_STAT, "a process stat").ok()?;
     // "pid (comm) S ppid ...": the comm may hold spaces and parentheses; it ends at the last ')'.
     let open = buf.iter().position(|b| *b == b'(')?;
     let close = buf.iter().rposition(|b| *b == b')')?;
@@ -128,20 +119,10 @@ fn read_stat(dir: &Path) -> Option<(Vec<u8>, char, Option<u32>)> {
 
 /// At most `cap` bytes of a `\0`-separated `/proc` file, split.
 fn read_list(path: &Path, cap: u64) -> Vec<std::ffi::OsString> {
-    use std::io::Read;
     use std::os::unix::ffi::OsStringExt;
-    let Ok(f) = crate::sys::limits::open_checked(
-        path,
-        crate::sys::limits::Kind::Regular,
-        u64::MAX,
-        "a process list",
-    ) else {
+    let Ok(buf) = crate::sys::limits::read_head(path, cap, "a process list") else {
         return Vec::new();
     };
-    let mut buf = Vec::new();
-    if f.take(cap).read_to_end(&mut buf).is_err() {
-        return Vec::new();
-    }
     buf.split(|b| *b == 0)
         .filter(|a| !a.is_empty())
         .map(|a| std::ffi::OsString::from_vec(a.to_vec()))
@@ -322,17 +303,8 @@ pub fn signal(p: &MpsProcess, sig: libc::c_int) -> bool {
 
 /// `argv[0]` of a live process.
 fn arg0_of(pid: u32) -> Option<String> {
-    use std::io::Read;
     let path = PathBuf::from(format!("/proc/{pid}/cmdline"));
-    let file = crate::sys::limits::open_checked(
-        &path,
-        crate::sys::limits::Kind::Regular,
-        u64::MAX,
-        "a command line",
-    )
-    .ok()?;
-    let mut cmdline = Vec::new();
-    file.take(MAX_ARG0).read_to_end(&mut cmdline).ok()?;
+    let cmdline = crate::sys::limits::read_head(&path, MAX_ARG0, "a command line").ok()?;
     let arg0 = cmdline.split(|b| *b == 0).next()?;
     if arg0.is_empty() {
         return None; // a zombie or kernel thread

@@ -241,14 +241,7 @@ pub fn read_boot_id(path: &Path) -> Result<String, String> {
 /// [`open_checked`]; a file that grows past the cap while read is refused after
 /// `limit + 1` bytes.
 pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {
-    let file = open_checked(path, Kind::Regular, limit, what)?;
-    let mut buf = Vec::new();
-    file.take(limit.saturating_add(1))
-        .read_to_end(&mut buf)
-        .map_err(|source| ReadError::Io { what, source })?;
-    if buf.len() as u64 > limit {
-        return Err(ReadError::TooLarge { what, limit });
-    }
+    let buf = read_bytes(path, limit, limit, what)?;
     String::from_utf8(buf).map_err(|e| ReadError::NotText {
         what,
         offset: e.utf8_error().valid_up_to(),
@@ -261,7 +254,30 @@ pub fn read_text(path: &Path, limit: u64, what: &'static str) -> Result<String, 
 /// (a process may name itself, or a cgroup, with any bytes) become U+FFFD instead of failing
 /// the read: a live process must never read as gone because of its name.
 pub fn read_pseudo(path: &Path, limit: u64, what: &'static str) -> Result<String, ReadError> {
+    let buf = read_bytes(path, u64::MAX, limit, what)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The first `max` bytes of a regular file (a pseudo-file's head: `/proc/<pid>/cmdline` of
+/// megabytes, of which only `argv[0]` is wanted), whatever its size.
+pub fn read_head(path: &Path, max: u64, what: &'static str) -> Result<Vec<u8>, ReadError> {
     let file = open_checked(path, Kind::Regular, u64::MAX, what)?;
+    let mut buf = Vec::new();
+    file.take(max)
+        .read_to_end(&mut buf)
+        .map_err(|source| ReadError::Io { what, source })?;
+    Ok(buf)
+}
+
+/// A whole regular file stated at most `stated` bytes, read to at most `limit` bytes (a file
+/// that grows past it while read is refused after `limit + 1`).
+fn read_bytes(
+    path: &Path,
+    stated: u64,
+    limit: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, ReadError> {
+    let file = open_checked(path, Kind::Regular, stated, what)?;
     let mut buf = Vec::new();
     file.take(limit.saturating_add(1))
         .read_to_end(&mut buf)
@@ -269,7 +285,7 @@ pub fn read_pseudo(path: &Path, limit: u64, what: &'static str) -> Result<String
     if buf.len() as u64 > limit {
         return Err(ReadError::TooLarge { what, limit });
     }
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    Ok(buf)
 }
 
 /// Formats a byte count for messages (`1 MiB`, `512 KiB`, `17 bytes`).
@@ -286,6 +302,15 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// Makes a FIFO at `path` (tests: a reader of it must never block).
+#[cfg(test)]
+pub fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: `c` is a valid NUL-terminated path that lives across the call.
+    let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(made, 0, "mkfifo {}", path.display());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,9 +325,7 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::sys::limits::mkfifo(&fifo);
         let err = read_text(&fifo, 4096, "state file").unwrap_err();
         assert!(err.to_string().contains("is a FIFO"), "{err}");
         let err = read_text(dir.path(), 4096, "state file").unwrap_err();
@@ -326,9 +349,7 @@ mod tests {
     fn a_fifo_or_a_directory_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: `c` is a valid NUL-terminated path that lives across the call.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::sys::limits::mkfifo(&fifo);
         // No writer: a blocking open would wait for ever.
         let err = read_text(&fifo, 64, "boot id").unwrap_err();
         assert!(
@@ -357,9 +378,7 @@ mod tests {
         assert!(open_checked(Path::new("/dev/null"), Kind::Stream, 10, "input").is_ok());
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::sys::limits::mkfifo(&fifo);
         // Opened without blocking; no writer: the read ends at once.
         let mut f = open_checked(&fifo, Kind::Stream, 10, "input").unwrap();
         let mut buf = Vec::new();
