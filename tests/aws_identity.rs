@@ -100,11 +100,15 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
         "{e:?}"
     );
 
-    // 4. Everything overridden: one read, the container instance checked to be this one's.
+    // 4. Everything overridden: two reads, the container instance and the group checked to
+    // be this one's.
     let before = proxy.calls().len();
     let cp = AwsControlPlane::new(&sdk, &config(&aws::sections(&s, 1, "")));
     assert_eq!(cp.identity().await.unwrap(), &want);
-    assert_eq!(proxy.ops()[before..], ["DescribeContainerInstances"]);
+    assert_eq!(
+        proxy.ops()[before..],
+        ["DescribeContainerInstances", "DescribeAutoScalingInstances"]
+    );
 
     // 5. A container instance ARN that is another instance's (a copied config): refused for
     // good, and nothing is written to ECS for either instance.
@@ -120,4 +124,19 @@ async fn identity_is_discovered_from_imds_the_agent_and_auto_scaling() {
         "{e:?}"
     );
     assert_eq!(proxy.ops()[before..], ["DescribeContainerInstances"]);
+
+    // 6. A group that Auto Scaling does not have this instance in (a copied config): refused
+    // for good, naming both; the fleet budget never counts another group's instances.
+    let wrong = aws::sections(&s, 1, "").replace(
+        &format!("auto_scaling_group = \"{}\"", s.asg),
+        "auto_scaling_group = \"gpu-other-group\"",
+    );
+    assert!(wrong.contains("gpu-other-group"), "{wrong}");
+    let cp = AwsControlPlane::new(&sdk, &config(&wrong));
+    let e = cp.identity().await.unwrap_err();
+    assert!(
+        matches!(&e, gpu_medic::remedy::RemedyError::Fatal { message, .. }
+            if message.contains("gpu-other-group") && message.contains(&s.asg)),
+        "{e:?}"
+    );
 }

@@ -53,6 +53,16 @@ pub enum IdentityError {
         theirs: String,
         ours: String,
     },
+    /// `[identity] auto_scaling_group` names another group than the one Auto Scaling puts
+    /// this instance in: a mistake in the configuration, never retried.
+    #[error(
+        "[identity] auto_scaling_group is {named}, but Auto Scaling has {instance} in {theirs}; fix or remove the setting: the fleet budget would count another group's instances"
+    )]
+    GroupMismatch {
+        named: String,
+        theirs: String,
+        instance: String,
+    },
     #[error(transparent)]
     Call(#[from] CallError),
 }
@@ -63,7 +73,7 @@ impl IdentityError {
     pub fn is_retryable(&self) -> bool {
         match self {
             IdentityError::Call(c) => c.retryable,
-            IdentityError::Mismatch { .. } => false,
+            IdentityError::Mismatch { .. } | IdentityError::GroupMismatch { .. } => false,
             _ => true,
         }
     }
@@ -135,15 +145,32 @@ pub async fn find_container_instance(
         .map(|s| s.arn))
 }
 
-/// Step 4: the Auto Scaling group, from `[identity]` or DescribeAutoScalingInstances.
+/// Step 4: the Auto Scaling group, from `[identity]` or DescribeAutoScalingInstances. A group
+/// named in `[identity]` is checked against what Auto Scaling says of this instance when it
+/// says anything: another group's name would run the fleet budget on that group's members.
+/// Where Auto Scaling cannot tell (no answer, the instance in no group) the setting stands.
 pub async fn group(
     cfg: &Config,
     asg: &Asg,
     instance_id: &str,
     calls: &mut Calls,
-) -> Result<Option<String>, CallError> {
+) -> Result<Option<String>, IdentityError> {
     match &cfg.identity.auto_scaling_group {
-        Some(g) => Ok(Some(g.clone())),
+        Some(g) => match asg.instance(calls, instance_id).await {
+            Ok(Some((theirs, _))) if theirs != *g => Err(IdentityError::GroupMismatch {
+                named: g.clone(),
+                theirs,
+                instance: instance_id.to_string(),
+            }),
+            Ok(_) => Ok(Some(g.clone())),
+            Err(e) => {
+                tracing::warn!(
+                    auto_scaling_group = %g,
+                    "DescribeAutoScalingInstances: {e}; [identity] auto_scaling_group taken as set"
+                );
+                Ok(Some(g.clone()))
+            }
+        },
         None => Ok(asg.instance(calls, instance_id).await?.map(|(g, _)| g)),
     }
 }
