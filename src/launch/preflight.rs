@@ -153,6 +153,7 @@ pub fn fleet_warnings(cfg: &Config) -> Vec<String> {
 /// `systemctl` (`systemctl` here) reports the unit.
 pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
     let mut out = fleet_warnings(cfg);
+    out.extend(evidence_warnings(cfg));
     if cfg.aws.enabled && crate::aws::ca_bundle().is_none() {
         out.push(
             "no CA certificates found (SSL_CERT_FILE, SSL_CERT_DIR, /etc/pki/tls/certs, /etc/ssl/certs): every HTTPS call to AWS will fail with a certificate error; install the distribution's ca-certificates package".to_string(),
@@ -192,6 +193,27 @@ pub fn warnings(cfg: &Config, systemctl: &Path) -> Vec<String> {
         )),
     }
     out
+}
+
+/// With `[evidence]` on: NVIDIA's programs it runs that cannot run here. Not a refusal (the
+/// archive then says the part is missing, and why), but said at start rather than first
+/// found in the middle of an incident.
+fn evidence_warnings(cfg: &Config) -> Vec<String> {
+    let e = &cfg.evidence;
+    if !e.enabled {
+        return Vec::new();
+    }
+    [("bug_report", &e.bug_report), ("nvidia_smi", &e.nvidia_smi)]
+        .into_iter()
+        .filter_map(|(key, program)| {
+            executable(program).err().map(|why| {
+                format!(
+                    "[evidence] {key} {}: {why}; evidence archives will say that part is missing",
+                    program.display()
+                )
+            })
+        })
+        .collect()
 }
 
 /// What systemd says of `unit` (`systemctl show`), bounded like every program gpu-medic runs:
@@ -523,6 +545,23 @@ mod tests {
         std::fs::write(&f, "").unwrap();
         assert!(executable(&f).unwrap_err().contains("not executable"));
         assert!(executable(dir.path()).unwrap_err().contains("not a file"));
+    }
+
+    #[test]
+    fn evidence_programs_that_cannot_run_are_said_at_start() {
+        let cfg = |text: &str| Config::parse(Path::new("/tmp/t.toml"), text).unwrap();
+        assert!(evidence_warnings(&cfg("")).is_empty(), "evidence off");
+        let on = "[evidence]\nenabled = true\nbucket = \"gpu-evidence\"\n";
+        let w = evidence_warnings(&cfg(&format!(
+            "{on}bug_report = \"/nonexistent/nvidia-bug-report.sh\"\nnvidia_smi = \"sh\"\n"
+        )));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains(
+                "[evidence] bug_report /nonexistent/nvidia-bug-report.sh: does not exist"
+            ),
+            "{w:?}"
+        );
     }
 
     /// A stand-in `systemctl` that knows the units named in `have` (one line each) and
