@@ -244,8 +244,9 @@ fn storm(s: Storm) {
     let t0 = Instant::now();
     let mut next = t0;
     let mut sent = 0u64;
-    // The last signal sent to the running life (0 once it was started again).
-    let mut last_sig = 0;
+    // Whether the running life was sent a SIGTERM or SIGKILL (false once it was started
+    // again): a SIGHUP after a SIGTERM does not call the stop off.
+    let mut ending = false;
     while t0.elapsed() < Duration::from_secs(s.secs) {
         next += every;
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
@@ -256,7 +257,7 @@ fn storm(s: Storm) {
             // systemd's RestartSec, shortened.
             std::thread::sleep(Duration::from_millis(50));
             run.start();
-            last_sig = 0;
+            ending = false;
             next = Instant::now();
             continue;
         }
@@ -281,14 +282,15 @@ fn storm(s: Storm) {
             libc::SIGHUP
         };
         signal(pid, sig);
-        last_sig = sig;
+        ending |= sig != libc::SIGHUP;
     }
     let ends = writer.join().unwrap();
     assert!(!writing.load(Ordering::Relaxed));
-    // The storm is over: a last life (started again if the last signal ended it) catches up.
-    // A SIGTERM's graceful stop takes a moment: the life it ends is waited for first, or the
-    // catch-up would watch a daemon on its way out.
-    if matches!(last_sig, libc::SIGTERM | libc::SIGKILL) {
+    // The storm is over: a last life (started again if a signal ended it) catches up. A
+    // SIGTERM's graceful stop takes a moment, and SIGHUPs may follow it: a life sent any
+    // SIGTERM or SIGKILL is waited for first, or the catch-up would watch a daemon on its way
+    // out.
+    if ending {
         let t = Instant::now();
         while !run.ended() && t.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(20));
