@@ -185,21 +185,7 @@ impl Drop for Writer {
 }
 
 fn append(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // Without blocking (a FIFO put in its place has no reader), and only onto a regular file.
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
-    let kind = f.metadata()?.file_type();
-    if !kind.is_file() {
-        return Err(std::io::Error::other(format!(
-            "{} is {}, not a regular file",
-            path.display(),
-            crate::sys::limits::kind_name(kind)
-        )));
-    }
+    let mut f = crate::sys::fs::open_append(path, false)?;
     f.write_all(bytes)?;
     f.sync_data()
 }

@@ -13,7 +13,7 @@
 //! A crash mid-write leaves at most a torn last line. Readers skip it with a warning; writers
 //! start the next record on a fresh line. Nothing here is fatal to the reader.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -62,7 +62,6 @@ impl<T: Serialize> JsonlWriter<T> {
     }
 
     fn open_with(path: &Path, rotation: Option<Rotation>) -> Result<Self, JournalError> {
-        use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, e))?;
         }
@@ -71,23 +70,8 @@ impl<T: Serialize> JsonlWriter<T> {
         // journal is never opened through it. A symlink to a regular file is followed.
         crate::sys::limits::set_aside_unless_regular(path)
             .map_err(|e| JournalError::io(path, e))?;
-        let mut file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|e| JournalError::io(path, e))?;
-        if !file
-            .metadata()
-            .map_err(|e| JournalError::io(path, e))?
-            .is_file()
-        {
-            return Err(JournalError::io(
-                path,
-                std::io::Error::other("not a regular file"),
-            ));
-        }
+        let mut file =
+            crate::sys::fs::open_append(path, true).map_err(|e| JournalError::io(path, e))?;
         // A torn last line (crash mid-write) must not swallow the next record.
         let mut len = file
             .metadata()
@@ -731,7 +715,7 @@ pub(crate) mod tests {
         let mut w = JsonlWriter::open(&p).unwrap();
         w.append(&rec(1)).unwrap();
         drop(w);
-        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
         f.write_all(br#"{"at":"2026-11-30T00:00:00.000Z","incid"#)
             .unwrap();
         drop(f);

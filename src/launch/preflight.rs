@@ -103,23 +103,19 @@ const MAX_CA_BUNDLE: u64 = 16 * 1024 * 1024;
 /// device never ends. So they must be a regular file (within [`MAX_CA_BUNDLE`]) and a
 /// directory.
 fn cert_environment() -> Result<(), String> {
-    use crate::sys::limits::{Kind, check_path_kind};
+    use crate::sys::limits::{Kind, open_checked};
     if let Some(f) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
         let f = PathBuf::from(f);
-        check_path_kind(&f, Kind::Regular)
-            .and_then(|()| match std::fs::metadata(&f) {
-                Ok(m) if m.len() > MAX_CA_BUNDLE => Err(format!(
-                    "is larger than {}",
-                    crate::sys::limits::human_bytes(MAX_CA_BUNDLE)
-                )),
-                _ => Ok(()),
-            })
-            .map_err(|why| {
-                format!(
-                    "the environment's SSL_CERT_FILE {} {why}; the TLS stack reads it for AWS's certificates: point it at the CA bundle or unset it",
+        match open_checked(&f, Kind::Regular, MAX_CA_BUNDLE, "the CA bundle") {
+            // A missing bundle is `warnings`' to say (no CA certificates found).
+            Err(e) if !e.is_not_found() => {
+                return Err(format!(
+                    "the environment's SSL_CERT_FILE {}: {e}; the TLS stack reads it for AWS's certificates: point it at the CA bundle or unset it",
                     f.display()
-                )
-            })?;
+                ));
+            }
+            _ => {}
+        }
     }
     // A list, like PATH.
     let dirs = std::env::var_os("SSL_CERT_DIR").unwrap_or_default();
@@ -597,11 +593,18 @@ mod tests {
                 FileError::new(path, key_line(text, section, key), msg)
             })
         };
+        // Refused with its line and why.
+        let refused = |text: &str, line: usize, why: &str| {
+            let e = run(text, &sc).unwrap_err();
+            assert_eq!(e.line, Some(line), "{e}");
+            assert!(e.message.contains(why), "{e}");
+        };
         assert!(run("", &sc).is_ok(), "the defaults, where systemd has them");
-        let text = "[mps]\nunit = \"nvidia-msp.service\"\n";
-        let e = run(text, &sc).unwrap_err();
-        assert_eq!(e.line, Some(2), "{e}");
-        assert!(e.message.contains("systemd has no such unit"), "{e}");
+        refused(
+            "[mps]\nunit = \"nvidia-msp.service\"\n",
+            2,
+            "systemd has no such unit",
+        );
         assert!(
             run(
                 "[mps]\nunit = \"nvidia-msp.service\"\nmanage = \"direct\"\n",
@@ -609,14 +612,16 @@ mod tests {
             )
             .is_ok()
         );
-        let text = "[links]\nfabric_manager_unit = \"nvidia-fabricmanger.service\"\n";
-        let e = run(text, &sc).unwrap_err();
-        assert_eq!(e.line, Some(2), "{e}");
-        assert!(e.message.contains("read as Fabric Manager down"), "{e}");
-        let text = "[repair]\nreboot = \"systemd\"\ncommand = [\"/sbin/rebot\"]\n";
-        let e = run(text, &sc).unwrap_err();
-        assert_eq!(e.line, Some(3), "{e}");
-        assert!(e.message.contains("does not exist"), "{e}");
+        refused(
+            "[links]\nfabric_manager_unit = \"nvidia-fabricmanger.service\"\n",
+            2,
+            "read as Fabric Manager down",
+        );
+        refused(
+            "[repair]\nreboot = \"systemd\"\ncommand = [\"/sbin/rebot\"]\n",
+            3,
+            "does not exist",
+        );
         assert!(
             run(
                 "[repair]\nreboot = \"systemd\"\ncommand = [\"sh\", \"-c\", \"true\"]\n",
@@ -625,12 +630,10 @@ mod tests {
             .is_ok()
         );
         // The unit serves another pipe directory than the one watched.
-        let text = "[mps]\npipe_directory = \"/run/mps-esc\"\n";
-        let e = run(text, &sc).unwrap_err();
-        assert_eq!(e.line, Some(2), "{e}");
-        assert!(
-            e.message.contains("CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs"),
-            "{e}"
+        refused(
+            "[mps]\npipe_directory = \"/run/mps-esc\"\n",
+            2,
+            "CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs",
         );
         assert!(run("[mps]\npipe_directory = \"/run/mps-ecs/\"\n", &sc).is_ok());
         // Where systemd cannot tell (not PID 1 here, no systemctl), nothing is refused.

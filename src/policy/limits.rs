@@ -78,24 +78,32 @@ pub(super) fn de_mps_window<'de, D: serde::Deserializer<'de>>(
     bounded(d, MIN_MPS_WINDOW, MAX_WINDOW, "a restart window")
 }
 
+/// A count of at most `max`; above it, `refused` says why.
 fn at_most<'de, D: serde::Deserializer<'de>>(
     d: D,
     max: u32,
-    what: &str,
+    refused: impl Fn(u32) -> String,
 ) -> Result<Option<u32>, D::Error> {
     let v: Option<u32> = serde::Deserialize::deserialize(d)?;
     match v {
-        Some(v) if v > max => Err(serde::de::Error::custom(format!(
-            "{what} of {v} is out of range: at most {max}"
-        ))),
+        Some(v) if v > max => Err(serde::de::Error::custom(refused(v))),
         v => Ok(v),
     }
+}
+
+/// The plain refusal of [`at_most`]: `what of v is out of range: at most max`.
+fn out_of_range(what: &'static str, max: u32) -> impl Fn(u32) -> String {
+    move |v| format!("{what} of {v} is out of range: at most {max}")
 }
 
 pub(super) fn de_retry_attempts<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<u32>, D::Error> {
-    match at_most(d, MAX_RETRY_ATTEMPTS, "max_attempts")? {
+    match at_most(
+        d,
+        MAX_RETRY_ATTEMPTS,
+        out_of_range("max_attempts", MAX_RETRY_ATTEMPTS),
+    )? {
         // 0 would be taken for 1 without a word: the operator asked for something else.
         Some(0) => Err(serde::de::Error::custom(
             "max_attempts of 0 is out of range: at least 1 (1: no retry after the first attempt)",
@@ -107,13 +115,11 @@ pub(super) fn de_retry_attempts<'de, D: serde::Deserializer<'de>>(
 pub(super) fn de_reboot_limit<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<u32>, D::Error> {
-    let v: Option<u32> = serde::Deserialize::deserialize(d)?;
-    match v {
-        Some(v) if v > MAX_REBOOTS => Err(serde::de::Error::custom(format!(
+    at_most(d, MAX_REBOOTS, |v| {
+        format!(
             "[reboot] limit of {v} is never reached: the engine remembers the last {MAX_REBOOTS} reboots of a node, which would be rebooted for ever instead of replaced"
-        ))),
-        v => Ok(v),
-    }
+        )
+    })
 }
 
 /// `[reboot] window` and `recur_within`: at most [`MAX_WINDOW`] (0 allowed: no ladder, no
@@ -127,7 +133,11 @@ pub(super) fn de_reboot_window<'de, D: serde::Deserializer<'de>>(
 pub(super) fn de_mps_budget<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<u32>, D::Error> {
-    at_most(d, MAX_MPS_BUDGET, "restart_budget")
+    at_most(
+        d,
+        MAX_MPS_BUDGET,
+        out_of_range("restart_budget", MAX_MPS_BUDGET),
+    )
 }
 
 /// A `confirm` or `escalate` window's own bounds, for every rule: `Err` says why.

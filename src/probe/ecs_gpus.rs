@@ -228,15 +228,25 @@ fn count(c: Option<i64>) -> u64 {
 /// Sets the expected GPU count: ECS's registered GPUs, else the instance type's; and the
 /// instance type's apart, which a set `[nvml] expected_gpus` is checked against.
 fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type: Option<&str>) {
-    let by_type = instance_type.and_then(|t| Some((t, instance_types::gpu_count(t)?)));
-    if let Some((t, n)) = by_type {
-        expected.set_type(n, t);
-    }
+    let by_type = learn_type_count(expected, instance_type);
     if let Some(n) = read.map(EcsRead::count).filter(|n| *n > 0) {
         expected.set(n, "registered with ECS");
     } else if let Some((t, n)) = by_type {
         expected.set(n, format!("instance type {t}"));
     }
+}
+
+/// The instance type's GPU count (docs/gpu-instance-types.md), kept apart in `expected`;
+/// `None` for a type not in the table.
+fn learn_type_count<'a>(
+    expected: &ExpectedGpus,
+    instance_type: Option<&'a str>,
+) -> Option<(&'a str, u32)> {
+    let by_type = instance_type.and_then(|t| Some((t, instance_types::gpu_count(t)?)));
+    if let Some((t, n)) = by_type {
+        expected.set_type(n, t);
+    }
+    by_type
 }
 
 /// Why a read did not give ECS's view.
@@ -445,13 +455,7 @@ impl Watch {
             }
             // Told before the first read of ECS: the poller holds a set
             // `[nvml] expected_gpus` to the type's count from its first comparison on.
-            if let Some((t, n)) = self
-                .instance_type
-                .as_deref()
-                .and_then(|t| Some((t, instance_types::gpu_count(t)?)))
-            {
-                src.expected.set_type(n, t);
-            }
+            learn_type_count(&src.expected, self.instance_type.as_deref());
             src.expected.type_asked();
         }
         let read = tokio::select! {

@@ -1,4 +1,4 @@
-//! The one atomic file write. Every file gpu-medic rewrites in place (its state, cursors,
+//! The one atomic file write, and the one open for appending. Every file gpu-medic rewrites in place (its state, cursors,
 //! status files, requests) goes through [`write_atomic`]: the bytes go to a temporary file
 //! beside the target, which is then renamed over it, so a reader sees the old file or the
 //! new one, never half of either, and a value that cannot be serialised never touches the
@@ -7,6 +7,9 @@
 //! How much a write survives is the caller's explicit choice ([`Durability`]), with the
 //! reason at the call site: a restart resumes from some files (they must survive a power
 //! loss), while status files are rebuilt on the next reading and may come back old.
+//!
+//! Files gpu-medic appends to (its journals, the GPU memory history) are opened by
+//! [`open_append`]: without blocking, and only onto a regular file.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,6 +25,28 @@ pub enum Durability {
     /// so after a power loss the old version (or none) may be seen. For status files that
     /// the next reading rewrites anyway.
     Atomic,
+}
+
+/// Opens `path` for appending (created if missing; also for reading with `read`) without
+/// blocking (a FIFO put in its place has no reader and would hold the writer for ever), and
+/// only onto a regular file: anything else is refused, naming what it is.
+pub fn open_append(path: &Path, read: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .read(read)
+        .append(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is {}, not a regular file",
+            path.display(),
+            crate::sys::limits::kind_name(kind)
+        )));
+    }
+    Ok(file)
 }
 
 /// The temporary file a write of `path` goes through: `.<name>.tmp` in the same folder
