@@ -146,6 +146,37 @@ fn packaged_unit_is_ready_reaches_what_it_watches_and_the_watchdog_restarts_it()
         assert!(!log.contains(bad), "{bad} in gpu-medic's journal:\n{log}");
     }
 
+    // Mistakes in what `run` acts through, refused at start against this systemd (exit 78,
+    // file:line), never a daemon judged dead: a unit systemd lacks, and a pipe directory the
+    // AMI's unit does not give its daemon.
+    for (extra, line, why) in [
+        (
+            "unit = \"nvidia-msp.service\"\n",
+            5,
+            "[mps] unit nvidia-msp.service: systemd has no such unit",
+        ),
+        (
+            "pipe_directory = \"/run/mps-esc\"\n",
+            5,
+            "runs the daemon with CUDA_MPS_PIPE_DIRECTORY=/run/mps-ecs",
+        ),
+    ] {
+        let bad = "/etc/gpu-medic/bad.toml";
+        std::fs::write(
+            sys.path(bad),
+            config("[aws]\nenabled = false\n").replace(
+                "[mps]\npreset = \"ecs-ami\"\n",
+                &format!("[mps]\npreset = \"ecs-ami\"\n{extra}"),
+            ),
+        )
+        .unwrap();
+        let out = sys.exec(&["gpu-medic", "run", "--config", bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{extra}: {err}");
+        assert!(err.contains(&format!("{bad}:{line}:")), "{err}");
+        assert!(err.contains(why), "{err}");
+    }
+
     // The watchdog: a stopped gpu-medic pings no more; systemd kills it (WatchdogSec=30s)
     // and starts it again (Restart=always).
     let before = sys.main_pid(MEDIC);

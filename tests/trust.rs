@@ -606,6 +606,54 @@ fn intervals_deadlines_and_the_watchdog_are_validated() {
     );
 }
 
+/// Mistakes that would end in a fault of the node are refused through the binary with their
+/// file:line: a fatal XID judged `restart-mps` (the GPU off the bus left in service), a
+/// deadline no phase is escalated by, a reboot limit the engine never counts to, and a
+/// reboot command that cannot run (the reboot would fail and the node be replaced).
+#[test]
+fn side_doors_and_unrunnable_remedies_are_refused_with_their_line() {
+    for (body, line, why) in [
+        (
+            "[[rule]]\nname = \"xid-fallen-off-bus\"\nsignal = \"xid\"\nxids = [79]\naction = \"restart-mps\"\nreason = \"r\"\n",
+            6,
+            "action `restart-mps` silences `xid 79`",
+        ),
+        ("[deadlines]\ndrain = \"100years\"\n", 3, "too long"),
+        ("[reboot]\nlimit = 4294967295\n", 3, "never reached"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.toml");
+        std::fs::write(&p, format!("extends = \"{}\"\n{body}", policy().display())).unwrap();
+        let out = Command::new(bin())
+            .args(["policy", "check"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{body}: {err}");
+        assert!(err.contains(&format!("{}:{line}:", p.display())), "{err}");
+        assert!(err.contains(why), "{err}");
+    }
+    let node = Node::new(
+        "[nvml]\nenabled = false\n[mps]\nenabled = false\n[repair]\nreboot = \"systemd\"\ncommand = [\"/sbin/rebot\"]\n",
+    );
+    let out = node.cmd(&["run"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}:10: [repair] command",
+            node.path("config.toml").display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(
+        node.records().is_empty(),
+        "nothing journaled, nothing acted on"
+    );
+}
+
 /// The packaged unit's watchdog is the one the config's ceiling is derived from.
 #[test]
 fn the_packaged_watchdog_matches_the_tick_ceiling() {

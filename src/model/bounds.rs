@@ -268,6 +268,26 @@ mod tests {
     use super::*;
     use crate::model::{ActionId, IncidentId, OutcomeStatus, Timestamp};
 
+    /// A cursor past what a saved position may be is dropped, never journaled.
+    #[test]
+    fn a_cursor_past_the_counter_ceiling_is_no_position() {
+        use crate::model::cursor::{Cursor, StreamId};
+        let with = |pos: u64| {
+            let mut o = Observation::new(Signal::xid(13));
+            o.cursor = Some(Cursor {
+                stream: StreamId::kmsg("b"),
+                pos,
+                token: None,
+                ahead: false,
+            });
+            o.bound();
+            o.cursor
+        };
+        assert!(with(crate::model::MAX_COUNTER).is_some());
+        assert!(with(crate::model::MAX_COUNTER + 1).is_none());
+        assert!(with(u64::MAX).is_none());
+    }
+
     #[test]
     fn text_is_cut_at_a_character_boundary_with_a_marker() {
         let mut s = "é".repeat(10_000);

@@ -895,6 +895,24 @@ pub fn cursor_path(state_dir: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
+    /// A kernel sequence number past 2^62 is no position (a saved state holding it would be
+    /// refused at the next start): the record is journaled without one, and the positions
+    /// after it still count.
+    #[test]
+    fn a_sequence_past_what_a_position_may_be_is_no_position() {
+        let mut last = 0;
+        assert_eq!(position(5, false, 0, &mut last), Some(5));
+        for seq in [crate::model::MAX_COUNTER + 1, u64::MAX] {
+            assert_eq!(position(seq, false, 0, &mut last), None, "{seq}");
+        }
+        assert_eq!(last, 5, "not taken as the last position");
+        assert_eq!(position(6, false, 0, &mut last), Some(6));
+        assert_eq!(
+            position(crate::model::MAX_COUNTER, false, 0, &mut last),
+            Some(crate::model::MAX_COUNTER)
+        );
+    }
+
     #[test]
     fn parses_kmsg_records_and_plain_lines() {
         let x = parse_line("4,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n").unwrap();

@@ -961,4 +961,29 @@ mod tests {
         assert_eq!(t3.read_new().len(), 1);
         assert_ne!(t3.stream(), Some(stream));
     }
+
+    /// A FIFO (or a directory) where the log should be is read as no log, at once: the
+    /// probe is never held by it, and the log written there afterwards is followed.
+    #[test]
+    fn a_fifo_in_place_of_the_log_is_no_log_and_never_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.log");
+        crate::sys::limits::mkfifo(&path);
+        let mut t = Tail::new(path.clone());
+        let started = std::time::Instant::now();
+        assert!(t.read_new().is_empty());
+        assert!(t.read_new().is_empty());
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(
+            &path,
+            "[2026-11-30 06:00:01.000 Control 7] Server 1 exited with status 1\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.read_new().len(),
+            1,
+            "the real log is followed from its start"
+        );
+    }
 }
