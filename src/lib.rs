@@ -16,6 +16,7 @@
 //! - [`metrics`]: the Prometheus endpoint.
 //! - [`launch`]: workflows that are not the daemon: the launch gate (`gpu-medic check
 //!   --lifecycle`) and the preflight checks `run` and `check` make before they start.
+//! - [`diagnose`]: active tests of the GPUs (DCGM's diagnostics, the built-in CUDA check).
 //! - [`aws`], [`mps`]: adapters to the outside world (AWS APIs and IMDS, the MPS control
 //!   daemon) that probes, remedies and the launch gate build on; they import none of those.
 //! - [`sys`]: process hygiene for every program gpu-medic runs, size caps and the bounded
@@ -26,6 +27,7 @@ pub mod accounting;
 pub mod aws;
 pub mod cli;
 pub mod config;
+pub mod diagnose;
 pub mod engine;
 pub mod export;
 pub mod journal;

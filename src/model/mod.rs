@@ -5,6 +5,7 @@
 
 mod budget;
 pub mod cursor;
+pub mod diagnosis;
 pub mod gpu_view;
 pub mod links;
 pub use budget::FleetBudgetView;
