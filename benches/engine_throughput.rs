@@ -103,6 +103,7 @@ fn record(policy: &Policy, inputs: usize, seed: u64) -> Stream {
                     request_ids: vec![],
                     evidence: None,
                     fleet: None,
+                    diagnosis: None,
                 });
             }
         }

@@ -815,6 +815,7 @@ mod tests {
                 request_ids: vec![],
                 evidence: None,
                 fleet: None,
+                diagnosis: None,
             }),
             &mut st,
             now,
@@ -837,6 +838,7 @@ mod tests {
                 request_ids: vec!["r-1".into()],
                 evidence: None,
                 fleet: None,
+                diagnosis: None,
             }),
             &mut st,
             now,
@@ -900,6 +902,7 @@ mod tests {
                     request_ids: vec![],
                     evidence: None,
                     fleet: Some(Box::new(fleet)),
+                    diagnosis: None,
                 },
             },
         };

@@ -148,6 +148,7 @@ fn outcome(action: ActionId, status: OutcomeStatus) -> Outcome {
         request_ids: vec![],
         evidence: None,
         fleet: None,
+        diagnosis: None,
     }
 }
 

@@ -123,6 +123,7 @@ impl Executor for Hands {
                 request_ids: vec![],
                 evidence: None,
                 fleet: None,
+                diagnosis: None,
             }
         })
     }
@@ -234,6 +235,7 @@ async fn an_order_in_flight_at_shutdown_finishes_within_the_grace() {
         control_plane: None,
         evidence: None,
         repair: None,
+        diagnose: None,
     };
     let (sup, feed) = supervisor(dir.path(), Arc::new(remedies));
     let shutdown = CancellationToken::new();

@@ -228,6 +228,7 @@ async fn play(
         evidence: None,
         // The demo shows the replace rung: its XID 79 is replaced, not rebooted.
         repair: None,
+        diagnose: None,
     };
     if let Some(m) = &mps_cfg {
         let daemon = MpsDaemon::with_client(m.clone(), mps_client.clone());

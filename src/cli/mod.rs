@@ -28,6 +28,7 @@ pub mod out;
 
 pub mod check;
 pub mod demo;
+pub mod diagnose;
 pub mod drill;
 mod drill_notice;
 pub mod evidence;
@@ -140,6 +141,15 @@ pub enum Command {
     /// order and executes none; without it the real drain, restart or replacement runs.
     /// Refused (exit 4) unless the config says `[drill] allow = true`.
     Drill(drill::DrillArgs),
+    /// Test the GPUs before trusting them: DCGM's diagnostics and the built-in CUDA check.
+    ///
+    /// Runs `dcgmi diag` where DCGM is installed and gpu-medic's own check through the
+    /// driver's libcuda (a context, memory written and verified, a kernel with a known answer,
+    /// copy and arithmetic figures held against the GPU's siblings; as an MPS client when
+    /// gpu-medic manages MPS), each in a child process with `[diagnose] timeout`. Exit 0 only
+    /// when something ran and passed on every GPU asked; 1 a test failed (the GPU's index and
+    /// UUID, the test, the tool's message); 2 nothing could tell (no tool ran, a timeout).
+    Diagnose(diagnose::DiagnoseArgs),
 }
 
 /// `--config PATH`, shared by the commands that read the daemon's files.
@@ -228,5 +238,6 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Status(a) => status::run(a),
         Command::Tasks(a) => tasks::run(a),
         Command::Drill(a) => drill::run(a),
+        Command::Diagnose(a) => diagnose::run(a),
     }
 }

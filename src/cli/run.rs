@@ -184,6 +184,7 @@ async fn serve(
         remedies.control_plane = Some(cp);
     }
     remedies.evidence = evidence(&cfg, config_file, &shutdown, clock.clone()).await;
+    remedies.diagnose = diagnose(&cfg, config_file);
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(
             MpsDaemon::with_client(cfg.mps.clone(), mps_client).with_clock(clock.clone()),
@@ -250,6 +251,29 @@ async fn evidence(
         shutdown.child_token(),
     ));
     Some(ev)
+}
+
+/// With a `[diagnose]` tier that can run here, the diagnose order's remedy; the tiers that
+/// cannot are said once (a drained node is then judged by the passive checks alone).
+fn diagnose(
+    cfg: &crate::config::Config,
+    config_file: &Path,
+) -> Option<Arc<dyn crate::remedy::diagnose::DiagnoseRemedy>> {
+    let d = &cfg.diagnose;
+    let (ok, not) = crate::diagnose::usable(d.dcgmi().as_deref(), d.cuda_library().as_deref());
+    for why in &not {
+        tracing::info!(target: "gpu_medic::diagnose", "diagnosis tier unavailable: {why}");
+    }
+    if ok.is_empty() {
+        tracing::warn!(
+            target: "gpu_medic::diagnose",
+            "no diagnosis tool can run on this node: a drained or rebooted node is returned on the passive checks alone"
+        );
+        return None;
+    }
+    Some(Arc::new(
+        crate::remedy::diagnose::DiagnoseCommand::from_config(cfg, config_file),
+    ))
 }
 
 /// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::sys::error::FileError;
 
 mod aws;
+pub mod diagnose;
 pub mod drill;
 mod evidence;
 mod export;
@@ -28,6 +29,7 @@ pub mod planned;
 pub mod repair;
 
 pub use aws::{AwsConfig, EcsConfig, IdentityConfig};
+pub use diagnose::DiagnoseConfig;
 pub use drill::DrillConfig;
 pub use evidence::{EvidenceConfig, SafeMode, Sse, valid_bucket};
 pub use export::ExportConfig;
@@ -94,6 +96,8 @@ pub struct Config {
     pub repair: RepairConfig,
     #[serde(default)]
     pub planned: PlannedConfig,
+    #[serde(default)]
+    pub diagnose: DiagnoseConfig,
 }
 
 fn de_positive_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -208,7 +212,14 @@ impl Config {
             &self.lifecycle,
         );
         // (section, key, value, floor, ceiling)
-        let table: [(Option<&str>, &str, Duration, Duration, Duration); 25] = [
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 26] = [
+            (
+                Some("diagnose"),
+                "timeout",
+                self.diagnose.timeout,
+                ms(100),
+                diagnose::MAX_TIMEOUT,
+            ),
             (
                 Some("repair"),
                 "check_interval",

@@ -143,6 +143,12 @@ impl StateDir {
         self.root.join("evidence")
     }
 
+    /// The last diagnoses the daemon ran (`<incident>-<action>.json`, each tool's raw output
+    /// kept; src/remedy/diagnose.rs).
+    pub fn diagnoses(&self) -> PathBuf {
+        self.root.join("diagnoses")
+    }
+
     /// The latest NVML poll's fabric, NVLink and PCIe state per GPU.
     pub fn links(&self) -> PathBuf {
         self.root.join("links.json")

@@ -95,3 +95,61 @@ pub fn run(plan: &Plan) -> Diagnosis {
     let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     Diagnosis::combine(plan.level, &asked, tiers, ms)
 }
+
+/// Which tiers can run on this machine, and why the others cannot (said once at start; a
+/// tier that cannot run is a configuration or installation matter, never a GPU fault).
+pub fn usable(
+    dcgmi: Option<&std::path::Path>,
+    cuda_library: Option<&std::path::Path>,
+) -> (Vec<crate::model::diagnosis::Tier>, Vec<String>) {
+    use crate::model::diagnosis::Tier;
+    let mut ok = Vec::new();
+    let mut not = Vec::new();
+    match dcgmi {
+        None => not.push("dcgm: turned off ([diagnose] dcgmi = \"\")".to_string()),
+        Some(p) => match executable(p) {
+            Ok(()) => ok.push(Tier::Dcgm),
+            Err(why) => not.push(format!("dcgm: {} {why}", p.display())),
+        },
+    }
+    match cuda_library {
+        None => not.push("cuda: turned off ([diagnose] cuda_library = \"\")".to_string()),
+        Some(p) => match loadable(p) {
+            Ok(()) => ok.push(Tier::Cuda),
+            Err(why) => not.push(format!("cuda: {why}")),
+        },
+    }
+    (ok, not)
+}
+
+fn executable(p: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let m = std::fs::metadata(p).map_err(|e| format!("cannot be run: {e}"))?;
+    if !m.is_file() || m.permissions().mode() & 0o111 == 0 {
+        return Err("is not an executable file".into());
+    }
+    Ok(())
+}
+
+/// Whether the dynamic loader can load `library` (a name it searches for, or a path).
+fn loadable(library: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    if library.as_os_str().as_bytes().contains(&b'/') {
+        // dlopen opens a path itself, blocking: a FIFO there would hang it.
+        crate::sys::limits::check_path_kind(library, crate::sys::limits::Kind::Regular)
+            .map_err(|why| format!("{} {why}", library.display()))?;
+    }
+    let name = std::ffi::CString::new(library.as_os_str().as_bytes())
+        .map_err(|_| format!("{} has a NUL byte", library.display()))?;
+    // SAFETY: `name` is a NUL-terminated string that lives across the call. RTLD_LAZY |
+    // RTLD_LOCAL loads the library without binding its symbols into the process; the handle
+    // is closed at once and nothing from the library is used, so no symbol outlives it.
+    unsafe {
+        let h = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if h.is_null() {
+            return Err(format!("{} cannot be loaded", library.display()));
+        }
+        libc::dlclose(h);
+    }
+    Ok(())
+}

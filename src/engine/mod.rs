@@ -16,6 +16,7 @@
 //!   they last and are never remediated.
 
 pub mod check;
+pub mod diagnose;
 mod evidence;
 pub mod planned;
 pub mod rebuild;
@@ -320,6 +321,7 @@ impl Cx<'_> {
             Command::Replace | Command::Restore => d.replace,
             Command::Reboot { .. } => d.reboot,
             Command::BootCheck => d.boot_check,
+            Command::Diagnose { .. } => d.diagnose,
             Command::CompleteLifecycle { .. } => d.lifecycle,
             Command::CollectEvidence => self
                 .st
@@ -989,13 +991,24 @@ impl Cx<'_> {
         }
         if self.dry(incident) {
             let boot = self.st.repair.boot.clone().unwrap_or_default();
+            let test = self
+                .st
+                .capabilities
+                .diagnose
+                .map(|level| Command::Diagnose { level });
             let steps = match goal {
-                Goal::Drain => vec![Command::Quarantine, Command::Drain { terminating: false }],
-                Goal::Reboot => vec![
+                Goal::Drain => [Command::Quarantine, Command::Drain { terminating: false }]
+                    .into_iter()
+                    .chain(test.clone().filter(|_| self.policy.diagnose.after_drain))
+                    .collect(),
+                Goal::Reboot => [
                     Command::Quarantine,
                     Command::Drain { terminating: false },
                     Command::Reboot { boot },
-                ],
+                ]
+                .into_iter()
+                .chain(test.clone().filter(|_| self.policy.diagnose.after_reboot))
+                .collect(),
                 _ => vec![
                     Command::Quarantine,
                     Command::Drain { terminating: false },
@@ -1006,6 +1019,9 @@ impl Cx<'_> {
                 self.issue(incident, c, 1);
             }
             let what = match goal {
+                Goal::Drain if test.is_some() && self.policy.diagnose.after_drain => {
+                    "quarantined and drained the instance, then diagnosed its GPUs (back in service on a pass, the next rung on a failure)"
+                }
                 Goal::Drain => "quarantined and drained the instance",
                 Goal::Reboot => {
                     "quarantined, drained and rebooted the instance (then checked it after the boot and returned it to service, or replaced it)"
@@ -1089,6 +1105,16 @@ impl Cx<'_> {
             // Waiting for the boot has no order: `tick` enforces `Remediation::until`.
             Step::AwaitBoot => return,
             Step::BootCheck => (Command::BootCheck, NodePhase::Verifying),
+            Step::Diagnose => (
+                Command::Diagnose {
+                    level: self
+                        .st
+                        .capabilities
+                        .diagnose
+                        .unwrap_or(crate::model::diagnosis::Level::Quick),
+                },
+                NodePhase::Verifying,
+            ),
         };
         let phase = match (self.st.remediation, step) {
             (Some(r), Step::Quarantine | Step::Restore) if r.rebooted && r.goal == Goal::Reboot => {
@@ -1116,15 +1142,23 @@ impl Cx<'_> {
         let next = match (done, rem.goal) {
             (Step::Quarantine, Goal::Reboot) if rem.rebooted => Some(Step::BootCheck),
             (Step::Quarantine, _) => Some(Step::Drain),
+            (Step::Drain, Goal::Drain) if self.diagnoses_after(done, rem.goal, rem.incident) => {
+                Some(Step::Diagnose)
+            }
             (Step::Drain, Goal::Drain) => None,
             (Step::Drain, Goal::Reboot) => Some(Step::Reboot),
             (Step::Drain, Goal::Replace) => Some(Step::Replace),
             (Step::Drain | Step::Replace, Goal::Terminate) => Some(Step::CompleteLifecycle),
+            (Step::BootCheck, Goal::Reboot)
+                if self.diagnoses_after(done, rem.goal, rem.incident) =>
+            {
+                Some(Step::Diagnose)
+            }
             (Step::BootCheck, Goal::Reboot) => Some(Step::Restore),
             (Step::BootCheck, Goal::Terminate) => Some(Step::CompleteLifecycle),
             (Step::BootCheck, _) => Some(Step::Drain),
             (Step::Replace, _) | (Step::CompleteLifecycle, _) | (Step::Restore, _) => None,
-            (Step::Reboot | Step::AwaitBoot, _) => None,
+            (Step::Reboot | Step::AwaitBoot | Step::Diagnose, _) => None,
         };
         match next {
             Some(step) => self.start_step(rem.incident, step, 1),
@@ -1177,6 +1211,10 @@ impl Cx<'_> {
                 self.start_step(id, Step::BootCheck, 1);
             }
             (Step::Reboot | Step::AwaitBoot | Step::BootCheck, _) => self.reboot_failed(step, why),
+            (Step::Diagnose, _) => {
+                let why = format!("the diagnosis could not run ({why})");
+                self.diagnosis_unknown(id, &why);
+            }
             (Step::Drain, Goal::Reboot) => {
                 self.note(
                     id,
@@ -1328,6 +1366,12 @@ impl Cx<'_> {
                 ended: true,
             };
         }
+        if matches!(order.command, Command::Diagnose { .. })
+            && outcome.status == OutcomeStatus::Done
+        {
+            self.diagnosed(order.incident, outcome.diagnosis.as_deref());
+            return;
+        }
         if order.command == Command::CollectEvidence {
             // Its own retries are the remedy's (the upload backs off); the engine only records
             // the end and lets a held step go.
@@ -1401,6 +1445,15 @@ impl Cx<'_> {
             Command::CollectEvidence => self.evidence_ended(order, None, "no archive reported"),
             Command::Reboot { .. } => self.reboot_accepted(order.incident),
             Command::BootCheck => self.advance(Step::BootCheck),
+            Command::Diagnose { .. } => self.diagnosed(order.incident, None),
+            Command::Restore
+                if self
+                    .st
+                    .remediation
+                    .is_some_and(|r| r.diagnosed && !r.rebooted) =>
+            {
+                self.diagnosed_healthy(order.incident)
+            }
             Command::Restore
                 if self
                     .st
@@ -1481,6 +1534,7 @@ impl Cx<'_> {
             Command::CollectEvidence => self.evidence_ended(order, None, why),
             Command::Reboot { .. } => self.step_failed(Step::Reboot, why),
             Command::BootCheck => self.step_failed(Step::BootCheck, why),
+            Command::Diagnose { .. } => self.step_failed(Step::Diagnose, why),
         }
     }
 
@@ -1588,6 +1642,7 @@ impl Cx<'_> {
                 Command::Restore => "giving up on returning the instance to service",
                 Command::Reboot { .. } => "the reboot did not happen: replacing",
                 Command::BootCheck => "not healthy after the reboot: replacing",
+                Command::Diagnose { .. } => "the diagnosis did not finish: it could not tell",
                 Command::CompleteLifecycle { .. } => "leaving the hook to its timeout",
                 Command::CollectEvidence => "the repair goes on without the evidence",
             };
@@ -1654,6 +1709,7 @@ impl Cx<'_> {
                         Command::Restore => Step::Restore,
                         Command::Reboot { .. } => Step::Reboot,
                         Command::BootCheck => Step::BootCheck,
+                        Command::Diagnose { .. } => Step::Diagnose,
                         _ => Step::CompleteLifecycle,
                     };
                     self.start_step(s.incident, step, s.attempt);

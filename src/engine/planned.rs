@@ -143,7 +143,7 @@ impl Planned {
             .filter(|(_, e)| e.phase != PlannedPhase::Done)
     }
 
-    fn by_incident(&self, id: IncidentId) -> Option<String> {
+    pub(super) fn by_incident(&self, id: IncidentId) -> Option<String> {
         self.events
             .iter()
             .find(|(_, e)| e.incident == Some(id) && e.phase != PlannedPhase::Done)
@@ -1154,6 +1154,7 @@ mod tests {
                     request_ids: vec![],
                     evidence: None,
                     fleet: None,
+                    diagnosis: None,
                 }),
                 at,
             )

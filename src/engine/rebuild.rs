@@ -213,6 +213,7 @@ impl Rebuild {
             Some(Command::Restore) => (Step::Restore, Command::Restore),
             Some(c @ Command::Reboot { .. }) => (Step::Reboot, c.clone()),
             Some(Command::BootCheck) => (Step::BootCheck, Command::BootCheck),
+            Some(c @ Command::Diagnose { .. }) => (Step::Diagnose, c.clone()),
             Some(c @ Command::CompleteLifecycle { .. }) => (Step::CompleteLifecycle, c.clone()),
             _ => (Step::Quarantine, Command::Quarantine),
         };
@@ -225,7 +226,7 @@ impl Rebuild {
             Step::CompleteLifecycle => NodePhase::Terminating,
             Step::Restore => self.st.node,
             Step::Reboot | Step::AwaitBoot => NodePhase::Rebooting,
-            Step::BootCheck => NodePhase::Verifying,
+            Step::BootCheck | Step::Diagnose => NodePhase::Verifying,
         };
         if let Some(g) = gpu {
             self.st.gpus.insert(
@@ -300,6 +301,7 @@ mod tests {
             request_ids: vec![],
             evidence: None,
             fleet: None,
+            diagnosis: None,
         };
         let (s, a) = step(&st, Input::Outcome(done), Timestamp(2_000), &p);
         st = s;

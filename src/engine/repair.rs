@@ -243,7 +243,7 @@ impl Cx<'_> {
         Some(Command::Reboot { boot })
     }
 
-    fn settle(&mut self, incident: IncidentId, result: RepairResult, why: &str) {
+    pub(super) fn settle(&mut self, incident: IncidentId, result: RepairResult, why: &str) {
         let now = self.now;
         if let Some(r) = self.st.repair.pending_mut(incident) {
             r.result = result;
@@ -299,6 +299,7 @@ impl Cx<'_> {
                         ),
                         request_ids: Vec::new(),
                         evidence: None, fleet: None,
+                    diagnosis: None,
                     },
                 },
             );

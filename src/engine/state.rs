@@ -344,6 +344,10 @@ pub struct Remediation {
     /// While waiting for the new boot (`Step::AwaitBoot`): when a node still up is replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<Timestamp>,
+    /// The GPUs passed a diagnosis: the restore that follows closes the incident as
+    /// diagnosed healthy.
+    #[serde(default)]
+    pub diagnosed: bool,
 }
 
 impl Remediation {
@@ -356,6 +360,7 @@ impl Remediation {
             drained: false,
             rebooted: false,
             until: None,
+            diagnosed: false,
         }
     }
 }
@@ -401,6 +406,8 @@ pub enum Step {
     AwaitBoot,
     /// After the boot: the launch gate's checks.
     BootCheck,
+    /// The GPUs tested on the drained node (`gpu-medic diagnose`) before it is trusted again.
+    Diagnose,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

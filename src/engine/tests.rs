@@ -53,6 +53,7 @@ fn done(id: ActionId) -> Input {
         request_ids: vec!["req-1".into()],
         evidence: None,
         fleet: None,
+        diagnosis: None,
     })
 }
 
@@ -64,6 +65,7 @@ fn failed(id: ActionId, retryable: bool) -> Input {
         request_ids: vec![],
         evidence: None,
         fleet: None,
+        diagnosis: None,
     })
 }
 
@@ -247,6 +249,7 @@ fn a_deferred_order_waits_without_spending_attempts() {
             request_ids: vec![],
             evidence: None,
             fleet: None,
+            diagnosis: None,
         }));
         let again = Run::only_order(&r.advance(Duration::from_secs(61)));
         assert!(matches!(again.command, Command::Drain { .. }));
@@ -696,6 +699,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
                     request_ids: vec![],
                     evidence: None,
                     fleet: None,
+                    diagnosis: None,
                 }),
                 Duration::ZERO,
             )
@@ -1208,6 +1212,7 @@ fn step_bounds_what_comes_in_and_what_goes_out_for_every_caller() {
             request_ids: vec![huge.clone(); 3],
             evidence: None,
             fleet: None,
+            diagnosis: None,
         });
         let (_, out) = step(&s1, outcome, Timestamp(2_000), &policy);
         for a in &out {

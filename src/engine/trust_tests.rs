@@ -76,6 +76,7 @@ impl Run {
             request_ids: vec![],
             evidence: None,
             fleet: None,
+            diagnosis: None,
         }))
     }
 }
@@ -128,6 +129,7 @@ fn restart_mps_is_never_ordered_when_gpu_medic_does_not_manage_the_daemon() {
         mps: false,
         evidence: None,
         reboot: false,
+        diagnose: None,
     });
     // An uncorrectable ECC error: stop the tasks on the GPU; the stop fails; with MPS
     // unmanaged that must not escalate to restart-mps.
@@ -158,6 +160,7 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
         mps: true,
         evidence: None,
         reboot: false,
+        diagnose: None,
     });
     let out = r.feed(xid(1, 79));
     assert!(Run::orders(&out).is_empty(), "{out:?}");
@@ -187,6 +190,7 @@ fn without_aws_a_node_fault_that_stays_is_journaled_once() {
         mps: true,
         evidence: None,
         reboot: false,
+        diagnose: None,
     });
     let signals = |r: &Run| {
         r.log
@@ -243,6 +247,7 @@ fn a_chain_that_failed_at_every_step_does_not_claim_the_node_drained() {
             request_ids: vec![],
             evidence: None,
             fleet: None,
+            diagnosis: None,
         })
     };
     let d = Run::orders(&r.feed(ok(&q))).remove(0);
@@ -351,7 +356,7 @@ proptest! {
                 1 => xid(0, 79),
                 2 => xid(1, 13),
                 3 => Input::Observation(Observation::new(Signal::MpsDown).with_value(u64::MAX)),
-                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![], evidence: None, fleet: None }),
+                4 => Input::Outcome(Outcome { action: ActionId(next), status: OutcomeStatus::Failed { retryable: true }, detail: String::new(), request_ids: vec![], evidence: None, fleet: None, diagnosis: None }),
                 5 => fault("nvml"),
                 _ => Input::Observation(Observation::new(Signal::EccUncorrected).on_gpu(GpuId::index_only(u32::MAX)).with_value(u64::MAX)),
             };

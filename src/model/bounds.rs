@@ -353,6 +353,7 @@ mod tests {
             request_ids: vec![long_name; 10_000],
             evidence: None,
             fleet: None,
+            diagnosis: None,
         };
         out.bound();
         assert!(serde_json::to_vec(&out).unwrap().len() < 256 * 1024);

@@ -143,8 +143,11 @@ pub struct TestResult {
     pub unit: String,
 }
 
+/// Figures are finite ([`Diagnosis::bound`] drops any other), so equality is an equivalence.
+impl Eq for TestResult {}
+
 /// Every test on one GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuDiagnosis {
     /// The GPU's index as NVML and the CUDA driver (in PCI bus order) number it.
     pub index: u32,
@@ -156,7 +159,7 @@ pub struct GpuDiagnosis {
 }
 
 /// One tier's run: whether it ran at all, and why not.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TierRun {
     pub tier: Tier,
     /// False when the tier could not start (turned off, not installed, no driver, no
@@ -174,7 +177,7 @@ pub struct TierRun {
 }
 
 /// A whole diagnosis.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Diagnosis {
     pub level: Level,
     pub result: DiagResult,

@@ -787,6 +787,13 @@ pub enum Command {
     /// Runs beside the drain; a reboot, replacement or hook completion waits for it at most
     /// until its deadline.
     CollectEvidence,
+    /// Tests the GPUs (`gpu-medic diagnose`, docs/diagnose.md) on a drained node before it is
+    /// trusted with tasks again: after the boot check of a reboot, after the drain of a
+    /// `drain` verdict. Done with the diagnosis, whatever it found; failed only when no
+    /// diagnosis could be made.
+    Diagnose {
+        level: diagnosis::Level,
+    },
 }
 
 impl Command {
@@ -802,6 +809,7 @@ impl Command {
             Command::Restore => "restore",
             Command::CompleteLifecycle { .. } => "complete-lifecycle-action",
             Command::CollectEvidence => "collect-evidence",
+            Command::Diagnose { .. } => "diagnose",
         }
     }
 }
@@ -872,6 +880,9 @@ pub struct Outcome {
     /// A drain's or replacement's fleet budget: the group as the budget read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<Box<FleetBudgetView>>,
+    /// A `diagnose` order's diagnosis (without the tools' raw output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<Box<diagnosis::Diagnosis>>,
 }
 
 /// What this node's remedies can carry out. A verdict whose remedy is missing is recorded as
@@ -891,6 +902,10 @@ pub struct Capabilities {
     /// rung, and absent in inputs recorded before the rung existed (those nodes replaced).
     #[serde(default)]
     pub reboot: bool,
+    /// The active test of the GPUs (`[diagnose]`, a tier that can run here) and the level it
+    /// runs at; none: a drained or rebooted node is judged by the passive checks alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnose: Option<diagnosis::Level>,
 }
 
 impl Default for Capabilities {
@@ -900,6 +915,7 @@ impl Default for Capabilities {
             mps: true,
             evidence: None,
             reboot: false,
+            diagnose: None,
         }
     }
 }

@@ -11,6 +11,8 @@ pub mod sxid_catalog;
 pub mod xid_catalog;
 
 pub use reboot::RebootPolicy;
+pub mod diagnose;
+pub use diagnose::DiagnosePolicy;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -81,6 +83,9 @@ pub struct Deadlines {
     pub reboot: Duration,
     /// After the boot: GPUs and the MPS daemon up, the launch gate's checks passed.
     pub boot_check: Duration,
+    /// The diagnosis of a drained node (`gpu-medic diagnose`, both tiers); past it the
+    /// diagnosis could not tell.
+    pub diagnose: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +111,8 @@ pub struct Policy {
     pub mps: MpsPolicy,
     /// The reboot rung's ladder (`[reboot]`).
     pub reboot: RebootPolicy,
+    /// Where the GPUs are tested before a node is trusted again (`[diagnose]`).
+    pub diagnose: DiagnosePolicy,
     pub rules: Vec<Rule>,
     /// Disruptions AWS plans (`[planned]` of the config; defaults until the supervisor sets
     /// them).
@@ -123,6 +130,7 @@ impl Default for Deadlines {
             lifecycle: Duration::from_secs(120),
             reboot: Duration::from_secs(600),
             boot_check: Duration::from_secs(900),
+            diagnose: Duration::from_secs(1800),
         }
     }
 }
@@ -297,6 +305,7 @@ struct FilePolicy {
     retry: Option<FileRetry>,
     mps: Option<FileMps>,
     reboot: Option<reboot::FileReboot>,
+    diagnose: Option<diagnose::FileDiagnose>,
     #[serde(default)]
     rule: Vec<Spanned<FileRule>>,
 }
@@ -326,6 +335,8 @@ struct FileDeadlines {
     reboot: Option<Duration>,
     #[serde(default, deserialize_with = "de_deadline")]
     boot_check: Option<Duration>,
+    #[serde(default, deserialize_with = "de_deadline")]
+    diagnose: Option<Duration>,
 }
 
 /// The shortest deadline a phase may have: below it every order "overruns" before its remedy
@@ -545,8 +556,10 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
         lifecycle: pick(od.lifecycle, bd.lifecycle),
         reboot: pick(od.reboot, bd.reboot),
         boot_check: pick(od.boot_check, bd.boot_check),
+        diagnose: pick(od.diagnose, bd.diagnose),
     };
     let reboot = reboot::FileReboot::merge(b.reboot, o.reboot);
+    let diagnose = diagnose::FileDiagnose::merge(b.diagnose, o.diagnose);
     let (br, or) = (b.retry.unwrap_or_default(), o.retry.unwrap_or_default());
     let retry = FileRetry {
         max_attempts: pick(or.max_attempts, br.max_attempts),
@@ -577,6 +590,7 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
             retry: Some(retry),
             mps: Some(mps),
             reboot: Some(reboot),
+            diagnose: Some(diagnose),
             rule: Vec::new(),
         },
         extends: None,
@@ -601,9 +615,15 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         lifecycle: d.lifecycle.unwrap_or(dd.lifecycle),
         reboot: d.reboot.unwrap_or(dd.reboot),
         boot_check: d.boot_check.unwrap_or(dd.boot_check),
+        diagnose: d.diagnose.unwrap_or(dd.diagnose),
     };
     let reboot = f
         .reboot
+        .unwrap_or_default()
+        .build()
+        .map_err(|m| FileError::new(path, None, m))?;
+    let diagnose = f
+        .diagnose
         .unwrap_or_default()
         .build()
         .map_err(|m| FileError::new(path, None, m))?;
@@ -647,6 +667,7 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         retry,
         mps,
         reboot,
+        diagnose,
         rules,
         planned: planned::PlannedRules::default(),
     };

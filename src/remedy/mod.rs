@@ -9,6 +9,7 @@
 pub mod aws;
 pub mod budget;
 pub mod calls;
+pub mod diagnose;
 pub mod evidence;
 pub mod mps;
 pub mod recorder;
@@ -164,6 +165,8 @@ pub struct Remedies {
     pub evidence: Option<Arc<dyn evidence::EvidenceRemedy>>,
     /// The reboot rung (`[repair] reboot` not `off`, with the control plane).
     pub repair: Option<Arc<dyn RepairRemedy>>,
+    /// The active test of the GPUs (`[diagnose]`, a tier that can run on this node).
+    pub diagnose: Option<Arc<dyn diagnose::DiagnoseRemedy>>,
 }
 
 impl Executor for Remedies {
@@ -173,6 +176,7 @@ impl Executor for Remedies {
             mps: self.mps.is_some(),
             evidence: self.evidence.as_ref().map(|e| e.plan()),
             reboot: self.control_plane.is_some() && self.repair.is_some(),
+            diagnose: self.diagnose.as_ref().map(|d| d.level()),
         }
     }
 
@@ -192,6 +196,24 @@ impl Executor for Remedies {
                         &order,
                         Err(RemedyError::fatal(
                             "evidence collection is disabled ([evidence] enabled = false)",
+                        )),
+                    ),
+                };
+            }
+            if let Command::Diagnose { level } = order.command {
+                return match &self.diagnose {
+                    Some(d) => match d.diagnose(&order, level).await {
+                        Ok(diagnosis) => {
+                            let mut o = outcome(&order, Ok(Done::new(diagnosis.summary.clone())));
+                            o.diagnosis = Some(Box::new(diagnosis.without_raw()));
+                            o
+                        }
+                        Err(err) => outcome(&order, Err(err)),
+                    },
+                    None => outcome(
+                        &order,
+                        Err(RemedyError::fatal(
+                            "no diagnosis tool can run on this node ([diagnose])",
                         )),
                     ),
                 };
@@ -236,7 +258,8 @@ impl Executor for Remedies {
                         Command::RestartMps
                         | Command::Reboot { .. }
                         | Command::BootCheck
-                        | Command::CollectEvidence => unreachable_restart(),
+                        | Command::CollectEvidence
+                        | Command::Diagnose { .. } => unreachable_restart(),
                     },
                 },
             };
@@ -285,5 +308,6 @@ pub fn outcome(order: &Order, result: Result<Done, RemedyError>) -> Outcome {
         request_ids,
         evidence: None,
         fleet: None,
+        diagnosis: None,
     }
 }

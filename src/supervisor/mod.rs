@@ -1216,6 +1216,7 @@ mod tests {
                 request_ids: vec![],
                 evidence: None,
                 fleet: None,
+                diagnosis: None,
             }],
             tick: true,
             ..Batch::default()

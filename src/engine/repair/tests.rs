@@ -42,6 +42,7 @@ impl Run {
                 mps: true,
                 reboot,
                 evidence: None,
+                diagnose: None,
             },
         });
         r.feed(Input::Boot {
@@ -82,6 +83,7 @@ impl Run {
             request_ids: vec![],
             evidence: None,
             fleet: None,
+            diagnosis: None,
         }))
     }
 

@@ -1,0 +1,167 @@
+//! The diagnose step: a drained node's GPUs are tested before the node is trusted with tasks
+//! again (docs/diagnose.md; the policy's `[diagnose]`). It runs, with the node's fleet-budget
+//! slot still held,
+//!
+//! - after a reboot's boot check (`after_reboot`): a pass returns the node to service, a
+//!   failure replaces it, "could not tell" does what `on_unknown` says;
+//! - after the drain of a `drain` verdict (`after_drain`): a pass returns the node to service
+//!   (the incident closes as diagnosed healthy), a failure climbs to `on_fail` (`reboot`,
+//!   through the ladder, or `replace`), "could not tell" does what `on_unknown` says.
+//!
+//! A node with no tool that can run (`Capabilities::diagnose` none) skips the step and is
+//! judged as before. Only a diagnosis a tool was seen to pass returns a node: an order that
+//! failed, overran its deadline or brought no diagnosis is "could not tell".
+
+use super::repair::RepairResult;
+use super::{Cx, Goal, NodePhase, Step};
+use crate::model::diagnosis::{DiagResult, Diagnosis};
+use crate::model::{IncidentId, IncidentState, Verdict};
+use crate::policy::diagnose::OnUnknown;
+
+/// The rule recorded when a failed diagnosis moves a node up the ladder.
+pub const RULE_DIAGNOSIS_FAILED: &str = "diagnosis-failed";
+/// The rule recorded when a diagnosis that could not tell replaces a node (`on_unknown`).
+pub const RULE_DIAGNOSIS_UNKNOWN: &str = "diagnosis-unknown";
+
+impl Cx<'_> {
+    /// Whether this node diagnoses at this point of a remediation.
+    pub(super) fn diagnoses_after(&self, done: Step, goal: Goal, incident: IncidentId) -> bool {
+        if self.st.capabilities.diagnose.is_none() {
+            return false;
+        }
+        let p = self.policy.diagnose;
+        match (done, goal) {
+            (Step::BootCheck, Goal::Reboot) => p.after_reboot,
+            (Step::Drain, Goal::Drain) => {
+                // A drain ahead of AWS's planned event waits for the event, not a test.
+                p.after_drain && self.st.planned.by_incident(incident).is_none()
+            }
+            _ => false,
+        }
+    }
+
+    /// A `diagnose` order came back with a diagnosis (or without one: could not tell).
+    pub(super) fn diagnosed(&mut self, incident: IncidentId, d: Option<&Diagnosis>) {
+        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
+            return;
+        };
+        let Some(d) = d else {
+            return self.diagnosis_unknown(incident, "the remedy brought back no diagnosis");
+        };
+        let level = d.level.as_str();
+        match d.result {
+            DiagResult::Pass => {
+                self.note(
+                    incident,
+                    format!(
+                        "diagnosis ({level}) passed: {}; returning the instance to service",
+                        d.summary
+                    ),
+                );
+                if let Some(r) = self.st.remediation.as_mut() {
+                    r.diagnosed = true;
+                }
+                self.start_step(incident, Step::Restore, 1);
+            }
+            DiagResult::Fail => {
+                let why = format!("diagnosis ({level}) failed: {}", d.summary);
+                if rem.rebooted || rem.goal != Goal::Drain {
+                    // After a reboot the node had its repair: a failure replaces it.
+                    self.reboot_failed(Step::Diagnose, &why);
+                } else {
+                    self.climb_after_diagnosis(incident, why);
+                }
+            }
+            DiagResult::Unknown => {
+                let why = format!("diagnosis ({level}) could not tell: {}", d.summary);
+                self.diagnosis_unknown(incident, &why);
+            }
+        }
+    }
+
+    /// A drained node failed its diagnosis: the policy's next rung (`on_fail`).
+    fn climb_after_diagnosis(&mut self, incident: IncidentId, why: String) {
+        let wanted = self.policy.diagnose.on_fail;
+        self.escalated(
+            incident,
+            wanted,
+            RULE_DIAGNOSIS_FAILED,
+            format!("{why}: the GPU is suspected; the next rung is `{wanted}`"),
+        );
+        let verdict = self.climb(incident, wanted);
+        let (goal, step) = if verdict == Verdict::Reboot {
+            (Goal::Reboot, Step::Reboot)
+        } else {
+            (Goal::Replace, Step::Replace)
+        };
+        if let Some(r) = self.st.remediation.as_mut() {
+            r.goal = goal;
+            r.until = None;
+        }
+        self.start_step(incident, step, 1);
+    }
+
+    /// The diagnosis could not tell (no tool answered, a timeout, the order failed): what
+    /// `on_unknown` says. Never a pass.
+    pub(super) fn diagnosis_unknown(&mut self, incident: IncidentId, why: &str) {
+        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
+            return;
+        };
+        match self.policy.diagnose.on_unknown {
+            OnUnknown::Keep => {
+                self.st.remediation = None;
+                self.st.node = NodePhase::Drained;
+                let after = if rem.rebooted {
+                    "after the reboot"
+                } else {
+                    "after the drain"
+                };
+                if rem.rebooted {
+                    self.settle(incident, RepairResult::Escalated, why);
+                }
+                self.close(
+                    incident,
+                    IncidentState::Drained,
+                    format!(
+                        "{why}; {after} the instance stays quarantined and drained for an operator ([diagnose] on_unknown = \"keep\"); the fleet budget slot stays held"
+                    ),
+                );
+            }
+            OnUnknown::Return => {
+                self.note(
+                    incident,
+                    format!("{why}; returning the instance to service on the passive checks ([diagnose] on_unknown = \"return\")"),
+                );
+                self.start_step(incident, Step::Restore, 1);
+            }
+            OnUnknown::Replace => {
+                if rem.rebooted || rem.goal != Goal::Drain {
+                    self.reboot_failed(Step::Diagnose, why);
+                    return;
+                }
+                self.escalated(
+                    incident,
+                    Verdict::Replace,
+                    RULE_DIAGNOSIS_UNKNOWN,
+                    format!("{why}: replacing ([diagnose] on_unknown = \"replace\")"),
+                );
+                if let Some(r) = self.st.remediation.as_mut() {
+                    r.goal = Goal::Replace;
+                }
+                self.start_step(incident, Step::Replace, 1);
+            }
+        }
+    }
+
+    /// Back in service after a diagnosis passed on a drained node (no reboot).
+    pub(super) fn diagnosed_healthy(&mut self, incident: IncidentId) {
+        self.st.remediation = None;
+        self.st.node = NodePhase::InService;
+        self.st.gpus.retain(|_, g| g.incident != Some(incident));
+        self.close(
+            incident,
+            IncidentState::Resolved,
+            "diagnosed healthy: the GPUs passed their diagnosis after the drain; quarantine cleared, container instance ACTIVE, fleet budget slot released",
+        );
+    }
+}
