@@ -165,3 +165,6 @@ impl Cx<'_> {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;
