@@ -70,6 +70,9 @@ pub struct Metrics {
     remediations: Family<Labels, Counter>,
     /// Node repairs by rung (drain, reboot, replace) and how they ended.
     repairs: Family<Labels, Counter>,
+    /// Diagnoses of the GPUs by level and result, and how long they took.
+    diagnoses: Family<Labels, Counter>,
+    diagnosis_duration: Histogram,
     aws_call_errors: Family<Labels, Counter>,
     incidents_open: Gauge,
     incidents: Family<Labels, Counter>,
@@ -222,6 +225,30 @@ impl Metrics {
             "Node repairs by rung and result (reboot: repaired, escalated, not-rebooted; replace: replaced; drain: drained)",
             repairs.clone(),
         );
+        let diagnoses = Family::<Labels, Counter>::default();
+        registry.register(
+            "diagnoses",
+            "Diagnoses of the GPUs (gpu-medic diagnose) the daemon ran, by level (quick, standard, long) and result (pass, fail, unknown)",
+            diagnoses.clone(),
+        );
+        // Every level and result from the start at zero: a dashboard's rate has a series to
+        // read before the first diagnosis.
+        for level in ["quick", "standard", "long"] {
+            for result in ["pass", "fail", "unknown"] {
+                diagnoses.get_or_create(&vec![
+                    ("level".into(), level.into()),
+                    ("result".into(), result.into()),
+                ]);
+            }
+        }
+        let diagnosis_duration = Histogram::new([
+            1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+        ]);
+        registry.register(
+            "diagnosis_duration_seconds",
+            "How long a diagnosis of the GPUs took, every tier together",
+            diagnosis_duration.clone(),
+        );
         let aws_call_errors = Family::<Labels, Counter>::default();
         registry.register(
             "aws_call_errors",
@@ -327,6 +354,8 @@ impl Metrics {
             mps_restarts,
             remediations,
             repairs,
+            diagnoses,
+            diagnosis_duration,
             aws_call_errors,
             incidents_open,
             incidents,
@@ -434,6 +463,16 @@ impl Metrics {
                     if let Some(f) = &outcome.fleet {
                         self.fleet_budget(f);
                     }
+                    if let Some(d) = &outcome.diagnosis {
+                        self.diagnoses
+                            .get_or_create(&vec![
+                                ("level".into(), d.level.as_str().into()),
+                                ("result".into(), d.result.as_str().into()),
+                            ])
+                            .inc();
+                        self.diagnosis_duration
+                            .observe(d.duration_ms as f64 / 1000.0);
+                    }
                     let action = started.remove(&outcome.action).unwrap_or("unknown");
                     let result = match outcome.status {
                         OutcomeStatus::Done => "done",
@@ -447,7 +486,7 @@ impl Metrics {
                             ("outcome".into(), result.into()),
                         ])
                         .inc();
-                    let aws = !matches!(action, "restart-mps" | "unknown");
+                    let aws = !matches!(action, "restart-mps" | "unknown" | "diagnose");
                     if aws && matches!(outcome.status, OutcomeStatus::Failed { .. }) {
                         self.aws_call_errors
                             .get_or_create(&vec![("action".into(), action.into())])

@@ -38,6 +38,10 @@ pub struct CheckReport {
     /// instance is not registered with ECS yet).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ecs_gpus: Option<EcsGpuCheck>,
+    /// The launch gate's active test of the GPUs (`[diagnose] launch_level`), run once the
+    /// passive checks found the node healthy; absent where no diagnosis tool can run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<crate::model::diagnosis::Diagnosis>,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,6 +96,7 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     CheckReport {
         checked: engine::check::check(looks, extra, policy),
         ecs_gpus,
+        diagnosis: None,
     }
 }
 
@@ -328,10 +333,13 @@ fn launch_gate(
                     &policy,
                 ),
                 ecs_gpus: None,
+                diagnosis: None,
             },
             None => examine(&check_cfg, &policy),
         };
-        (r.checked.verdict, r)
+        let mut r = r;
+        let verdict = launch_diagnosis(&check_cfg, &mut r);
+        (verdict, r)
     }));
     let saved = cfg.files().launch_gate();
     if let Err(e) = std::fs::create_dir_all(&cfg.state_dir).and_then(|_| {
@@ -349,6 +357,40 @@ fn launch_gate(
         print_gate(&report);
     }
     Ok(report.exit_code)
+}
+
+/// The launch gate tests the GPUs of a node the passive checks found healthy, at `[diagnose]
+/// launch_level`, where a diagnosis tool can run: a failure makes the node unhealthy, "could
+/// not tell" makes the gate look again (under the hook's heartbeats) until its deadline.
+fn launch_diagnosis(cfg: &crate::config::Config, r: &mut CheckReport) -> Health {
+    let verdict = r.checked.verdict;
+    let d = &cfg.diagnose;
+    if verdict != Health::Healthy
+        || crate::diagnose::usable(d.dcgmi().as_deref(), d.cuda_library().as_deref())
+            .0
+            .is_empty()
+    {
+        return verdict;
+    }
+    let diagnosis = match super::diagnose::diagnose_node(cfg, d.launch_level, &[]) {
+        Ok(x) => x.without_raw(),
+        Err(why) => {
+            tracing::warn!("launch gate: the diagnosis could not be asked: {why}");
+            return Health::Unknown;
+        }
+    };
+    tracing::info!(
+        "launch gate: diagnosis ({}): {}",
+        diagnosis.level.as_str(),
+        diagnosis.summary
+    );
+    let health = match diagnosis.result {
+        crate::model::diagnosis::DiagResult::Pass => Health::Healthy,
+        crate::model::diagnosis::DiagResult::Fail => Health::Unhealthy,
+        crate::model::diagnosis::DiagResult::Unknown => Health::Unknown,
+    };
+    r.diagnosis = Some(diagnosis);
+    health
 }
 
 /// `check --lifecycle`'s human-readable report.
@@ -390,6 +432,14 @@ fn print_gate(report: &crate::launch::gate::LaunchReport<CheckReport>) {
                 "  probe {}: {}",
                 p.probe,
                 p.error.clone().unwrap_or_else(|| p.problems.join("; "))
+            );
+        }
+        if let Some(d) = &c.diagnosis {
+            println!(
+                "  diagnosis ({}): {}: {}",
+                d.level.as_str(),
+                d.result.as_str(),
+                d.summary
             );
         }
     }

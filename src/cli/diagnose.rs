@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use super::{CliError, ConfigArg, exit, print_json};
 use crate::config::Config;
 use crate::diagnose::{self, Plan, cuda::CudaPlan};
-use crate::model::diagnosis::{DiagResult, Diagnosis, Level, TestStatus};
+use crate::model::diagnosis::{DiagResult, Diagnosis, Level};
 
 #[derive(Debug, clap::Args)]
 pub struct DiagnoseArgs {
@@ -158,6 +158,18 @@ pub fn diagnose_node(cfg: &Config, level: Level, wanted: &[String]) -> Result<Di
 fn print_text(d: &Diagnosis) {
     println!("diagnosis ({}): {}", d.level.as_str(), d.result.as_str());
     println!("  {}", d.summary);
+    for line in lines(d) {
+        println!("{line}");
+    }
+    if d.result == DiagResult::Unknown {
+        println!("could not tell: this is not a pass");
+    }
+}
+
+/// Each tier's run and each GPU's result per test, one line each (`diagnose` and
+/// `incidents show`).
+pub fn lines(d: &Diagnosis) -> Vec<String> {
+    let mut out = Vec::new();
     for t in &d.tiers {
         let state = if t.ran {
             t.result.as_str()
@@ -169,40 +181,38 @@ fn print_text(d: &Diagnosis) {
         } else {
             format!(": {}", t.why)
         };
-        println!(
+        out.push(format!(
             "  {:<5} {state} ({:.1}s){why}",
             t.tier.as_str(),
             t.duration_ms as f64 / 1000.0
-        );
+        ));
     }
     for g in &d.gpus {
-        println!(
-            "GPU {} {}: {}",
+        out.push(format!(
+            "  GPU {} {}: {}",
             g.index,
             if g.uuid.is_empty() { "?" } else { &g.uuid },
             g.result.as_str()
-        );
+        ));
         for t in &g.tests {
             let figure = t
                 .value
                 .map(|v| format!(" {v:.1} {}", t.unit))
                 .unwrap_or_default();
-            let msg = if t.message.is_empty() || t.status == TestStatus::Pass && figure.len() > 1 {
+            let msg = if t.message.is_empty() {
                 String::new()
             } else {
                 format!(": {}", t.message)
             };
-            println!(
-                "  {:<5} {:<12} {}{figure}{msg}",
+            out.push(format!(
+                "    {:<5} {:<12} {}{figure}{msg}",
                 t.tier.as_str(),
                 t.test,
                 t.status.as_str()
-            );
+            ));
         }
     }
-    if d.result == DiagResult::Unknown {
-        println!("could not tell: this is not a pass");
-    }
+    out
 }
 
 #[cfg(test)]

@@ -689,6 +689,13 @@ pub fn print_timeline(i: &Incident) {
             offset.to_string(),
             event_line(&r.event)
         );
+        if let crate::model::IncidentEvent::ActionFinished { outcome } = &r.event
+            && let Some(d) = &outcome.diagnosis
+        {
+            for line in super::diagnose::lines(d) {
+                println!("      {line}");
+            }
+        }
     }
 }
 
