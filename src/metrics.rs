@@ -235,7 +235,7 @@ impl Metrics {
         // read before the first diagnosis.
         for level in ["quick", "standard", "long"] {
             for result in ["pass", "fail", "unknown"] {
-                diagnoses.get_or_create(&vec![
+                let _ = diagnoses.get_or_create(&vec![
                     ("level".into(), level.into()),
                     ("result".into(), result.into()),
                 ]);
