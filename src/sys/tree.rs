@@ -136,7 +136,19 @@ pub fn output_tree_within(
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(TreeError::Spawn)?;
+    // A program file just written may still be open for writing in a child another thread
+    // is forking (ETXTBSY until that child execs): try again a few times.
+    let mut tries = 0;
+    let mut child = loop {
+        match cmd.spawn() {
+            Ok(c) => break c,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(TreeError::Spawn(e)),
+        }
+    };
     let pid = child.id();
     let mut tree = Tree::new(pid, marker);
     let out = Capture::start(child.stdout.take(), max_out);
