@@ -1,6 +1,7 @@
 //! The DCGM tier of `gpu-medic diagnose` against stand-in `dcgmi` scripts that print DCGM 3.x
 //! and 4.x documents (tests/fixtures/dcgm, shaped after DCGM's source), hang, print garbage or
 //! far too much, or fail the way dcgmi does without a host engine.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -49,7 +50,11 @@ fn plan(binary: PathBuf, gpus: Option<Vec<u32>>, timeout: Duration) -> DcgmPlan 
     }
 }
 
-fn test_on<'a>(gpus: &'a [GpuDiagnosis], gpu: u32, test: &str) -> &'a gpu_medic::model::diagnosis::TestResult {
+fn test_on<'a>(
+    gpus: &'a [GpuDiagnosis],
+    gpu: u32,
+    test: &str,
+) -> &'a gpu_medic::model::diagnosis::TestResult {
     gpus.iter()
         .find(|g| g.index == gpu)
         .and_then(|g| g.tests.iter().find(|t| t.test == test))
@@ -85,7 +90,10 @@ fn dcgm3_pass() {
     let (run, gpus) = dcgm::run(&plan(bin, None, Duration::from_secs(30)));
     assert_eq!(run.result, DiagResult::Pass, "{}", run.why);
     assert_eq!(gpus.iter().map(|g| g.index).collect::<Vec<_>>(), vec![0, 1]);
-    assert_eq!(test_on(&gpus, 0, "Persistence Mode").status, TestStatus::Pass);
+    assert_eq!(
+        test_on(&gpus, 0, "Persistence Mode").status,
+        TestStatus::Pass
+    );
     let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
     assert_eq!(args.trim(), "diag -r 2 -j");
 }
@@ -105,8 +113,9 @@ fn dcgm4_fail_on_one_gpu_names_it_even_with_exit_0() {
         let d = combined((run, gpus));
         assert_eq!(d.result, DiagResult::Fail);
         assert!(
-            d.summary
-                .contains("GPU 1 (GPU-bbbb) failed dcgm memory: Found 3 faulty memory elements on GPU 1"),
+            d.summary.contains(
+                "GPU 1 (GPU-bbbb) failed dcgm memory: Found 3 faulty memory elements on GPU 1"
+            ),
             "{}",
             d.summary
         );
@@ -121,7 +130,10 @@ fn dcgm3_fail_on_one_gpu() {
     assert_eq!(run.result, DiagResult::Fail, "{}", run.why);
     let t = test_on(&gpus, 0, "GPU Memory");
     assert_eq!(t.status, TestStatus::Fail);
-    assert!(t.message.contains("Detected 2 volatile double-bit ECC error(s) in GPU 0."));
+    assert!(
+        t.message
+            .contains("Detected 2 volatile double-bit ECC error(s) in GPU 0.")
+    );
     let t = test_on(&gpus, 0, "Page Retirement/Row Remap");
     assert_eq!(t.status, TestStatus::Fail);
     assert!(t.message.contains("pending retired page"), "{}", t.message);
@@ -143,7 +155,11 @@ fn a_warning_is_a_pass_with_the_warning_kept() {
             .filter(|t| t.status == TestStatus::Warn)
             .collect();
         assert_eq!(warned.len(), 1, "{name}: {gpus:#?}");
-        assert!(warned[0].message.contains("thermal violation in GPU 0"), "{}", warned[0].message);
+        assert!(
+            warned[0].message.contains("thermal violation in GPU 0"),
+            "{}",
+            warned[0].message
+        );
         let d = combined((run, gpus));
         assert_eq!(d.result, DiagResult::Pass, "{name}: {}", d.summary);
     }
@@ -168,16 +184,29 @@ fn a_hang_is_unknown_and_its_whole_tree_dies() {
     assert!(run.why.contains("timed out after 2s"), "{}", run.why);
     assert!(gpus.is_empty());
     // The script ignores SIGTERM: it is killed after the grace.
-    assert!(took < Duration::from_secs(2) + dcgm::TERM_GRACE + Duration::from_secs(5), "{took:?}");
-    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(
+        took < Duration::from_secs(2) + dcgm::TERM_GRACE + Duration::from_secs(5),
+        "{took:?}"
+    );
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    assert!(stat.is_empty(), "the setsid grandchild is still there: {stat}");
+    assert!(
+        stat.is_empty(),
+        "the setsid grandchild is still there: {stat}"
+    );
 }
 
 #[test]
 fn garbage_is_unknown() {
     let dir = tempfile::tempdir().unwrap();
-    let bin = dcgmi(dir.path(), "echo 'Segmentation fault {oops'; printf '\\377\\376{]]'; exit 0");
+    let bin = dcgmi(
+        dir.path(),
+        "echo 'Segmentation fault {oops'; printf '\\377\\376{]]'; exit 0",
+    );
     let (run, gpus) = dcgm::run(&plan(bin, None, Duration::from_secs(30)));
     assert!(run.ran);
     assert_eq!(run.result, DiagResult::Unknown);
@@ -229,11 +258,23 @@ fn no_host_engine_means_the_tier_did_not_run() {
     p.host = Some("unix:///run/nvidia-dcgm/nv-hostengine".into());
     let (run, gpus) = dcgm::run(&p);
     assert!(!run.ran, "{run:?}");
-    assert!(run.why.starts_with("nv-hostengine is not running or not reachable"), "{}", run.why);
-    assert!(run.why.contains("Unable to connect to host engine"), "{}", run.why);
+    assert!(
+        run.why
+            .starts_with("nv-hostengine is not running or not reachable"),
+        "{}",
+        run.why
+    );
+    assert!(
+        run.why.contains("Unable to connect to host engine"),
+        "{}",
+        run.why
+    );
     assert!(gpus.is_empty());
     let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
-    assert!(args.contains("--host unix:///run/nvidia-dcgm/nv-hostengine"), "{args}");
+    assert!(
+        args.contains("--host unix:///run/nvidia-dcgm/nv-hostengine"),
+        "{args}"
+    );
     // Without --host, none running and no embedded one (dcgmi/Diag.cpp
     // StartDiag::DoExecuteConnectionFailure).
     let bin = dcgmi(
@@ -242,7 +283,11 @@ fn no_host_engine_means_the_tier_did_not_run() {
     );
     let (run, _) = dcgm::run(&plan(bin, None, Duration::from_secs(30)));
     assert!(!run.ran);
-    assert!(run.why.contains("could not start an embedded one"), "{}", run.why);
+    assert!(
+        run.why.contains("could not start an embedded one"),
+        "{}",
+        run.why
+    );
     // It never counts: with nothing else run, the diagnosis could not tell.
     let d = combined((run, Vec::new()));
     assert_eq!(d.result, DiagResult::Unknown);
@@ -256,7 +301,11 @@ fn a_runtime_error_could_not_tell() {
     let (run, gpus) = dcgm::run(&plan(bin, None, Duration::from_secs(30)));
     assert!(run.ran);
     assert_eq!(run.result, DiagResult::Unknown);
-    assert!(run.why.contains("A diag instance is already running"), "{}", run.why);
+    assert!(
+        run.why.contains("A diag instance is already running"),
+        "{}",
+        run.why
+    );
     assert!(gpus.is_empty());
 }
 
@@ -275,7 +324,13 @@ fn a_missing_binary_did_not_run() {
     let missing = dir.path().join("no-such-dcgmi");
     let (run, gpus) = dcgm::run(&plan(missing.clone(), None, Duration::from_secs(5)));
     assert!(!run.ran);
-    assert_eq!(run.why, format!("dcgmi not found at {} (DCGM is not installed?)", missing.display()));
+    assert_eq!(
+        run.why,
+        format!(
+            "dcgmi not found at {} (DCGM is not installed?)",
+            missing.display()
+        )
+    );
     assert!(gpus.is_empty());
     let not_exec = dir.path().join("dcgmi-not-exec");
     std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();

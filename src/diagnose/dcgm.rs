@@ -89,9 +89,21 @@ const EXIT_CODES: &[(i32, &str, &str)] = &[
         "DCGM_ST_CONNECTION_NOT_VALID",
         "Host engine connection invalid/disconnected",
     ),
-    (231, "DCGM_ST_LIBRARY_NOT_FOUND", "DCGM library could not be found"),
-    (227, "DCGM_ST_REQUIRES_ROOT", "Host engine is running as non-root"),
-    (226, "DCGM_ST_NVVS_ERROR", "DCGM GPU Diagnostic returned an error"),
+    (
+        231,
+        "DCGM_ST_LIBRARY_NOT_FOUND",
+        "DCGM library could not be found",
+    ),
+    (
+        227,
+        "DCGM_ST_REQUIRES_ROOT",
+        "Host engine is running as non-root",
+    ),
+    (
+        226,
+        "DCGM_ST_NVVS_ERROR",
+        "DCGM GPU Diagnostic returned an error",
+    ),
     (
         217,
         "DCGM_ST_DIAG_ALREADY_RUNNING",
@@ -137,7 +149,11 @@ const EXIT_CODES: &[(i32, &str, &str)] = &[
         "DCGM_ST_NVVS_NO_AVAILABLE_TEST",
         "Requested tests were not found among possible test choices",
     ),
-    (190, "DCGM_ST_DIAG_STOPPED", "The DCGM Diagnostic was stopped"),
+    (
+        190,
+        "DCGM_ST_DIAG_STOPPED",
+        "The DCGM Diagnostic was stopped",
+    ),
 ];
 
 /// Exit codes that say the diagnostic could not start here (no host engine, DCGM or its
@@ -191,15 +207,24 @@ pub fn run(plan: &DcgmPlan) -> (TierRun, Vec<GpuDiagnosis>) {
         Ok(out) => out,
         Err(TreeError::Spawn(e)) => {
             let why = spawn_why(&plan.binary, &e);
-            return (tier(false, DiagResult::Unknown, why, ms(start), String::new()), Vec::new());
+            return (
+                tier(false, DiagResult::Unknown, why, ms(start), String::new()),
+                Vec::new(),
+            );
         }
         Err(TreeError::Subreaper(e)) => {
             let why = format!("cannot run dcgmi with a deadline here: {e}");
-            return (tier(false, DiagResult::Unknown, why, ms(start), String::new()), Vec::new());
+            return (
+                tier(false, DiagResult::Unknown, why, ms(start), String::new()),
+                Vec::new(),
+            );
         }
         Err(TreeError::Wait(e)) => {
             let why = format!("lost track of dcgmi: {e}");
-            return (tier(true, DiagResult::Unknown, why, ms(start), String::new()), Vec::new());
+            return (
+                tier(true, DiagResult::Unknown, why, ms(start), String::new()),
+                Vec::new(),
+            );
         }
     };
     let raw = raw_output(&plan.binary, &argv, &out);
@@ -240,8 +265,16 @@ fn spawn_why(binary: &std::path::Path, e: &std::io::Error) -> String {
 fn judge(out: &TreeOutput, asked: Option<&[u32]>) -> (bool, DiagResult, String, Vec<GpuDiagnosis>) {
     let unknown = |why: String| (true, DiagResult::Unknown, why, Vec::new());
     if let Ended::TimedOut(t) = out.ended {
+        let stuck = if out.unkilled > 0 {
+            format!(
+                "; {} would not die (stuck in the kernel, as in a hung GPU driver call?)",
+                out.unkilled
+            )
+        } else {
+            String::new()
+        };
         return unknown(format!(
-            "timed out after {}; dcgmi's process tree was killed ({} process(es))",
+            "timed out after {}; dcgmi's process tree was killed ({} process(es)){stuck}",
             humantime::format_duration(t),
             out.killed
         ));
@@ -278,7 +311,9 @@ fn judge(out: &TreeOutput, asked: Option<&[u32]>) -> (bool, DiagResult, String, 
         Found::Absent => None,
     };
     let report = doc.as_ref().map(|d| parse_document(d, asked));
-    let has_tests = report.as_ref().is_some_and(|r| !r.gpus.is_empty() || !r.node_failures.is_empty());
+    let has_tests = report
+        .as_ref()
+        .is_some_and(|r| !r.gpus.is_empty() || !r.node_failures.is_empty());
     // No host engine, no diagnostic, no permission: the tier could not run.
     if !has_tests {
         let setup = code.is_some_and(|c| NOT_SET_UP.contains(&c))
@@ -707,7 +742,11 @@ fn words(r: &Value) -> (Vec<String>, Vec<String>) {
     };
     let list = |v: Option<&Value>| -> Vec<String> {
         match v {
-            Some(Value::Array(a)) => a.iter().filter_map(text).filter(|s| !s.is_empty()).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(text)
+                .filter(|s| !s.is_empty())
+                .collect(),
             Some(v) => text(v).into_iter().filter(|s| !s.is_empty()).collect(),
             None => Vec::new(),
         }
@@ -740,7 +779,10 @@ fn test_result(name: &str, r: &Value) -> TestResult {
 }
 
 fn read_test(test: &Value, all: &BTreeSet<u32>, report: &mut Report) {
-    let name = test.get("name").and_then(Value::as_str).unwrap_or("(unnamed test)");
+    let name = test
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("(unnamed test)");
     let results = test
         .get("results")
         .and_then(Value::as_array)
@@ -837,7 +879,12 @@ mod tests {
         assert_eq!(status(&r, 0, "memory"), TestStatus::Pass);
         assert_eq!(status(&r, 1, "memory"), TestStatus::Fail);
         let t = r.gpus[&1].iter().find(|t| t.test == "memory").unwrap();
-        assert!(t.message.contains("Found 3 faulty memory elements on GPU 1"), "{}", t.message);
+        assert!(
+            t.message
+                .contains("Found 3 faulty memory elements on GPU 1"),
+            "{}",
+            t.message
+        );
         assert!(r.node_failures.is_empty(), "{:?}", r.node_failures);
     }
 
@@ -877,8 +924,14 @@ mod tests {
         assert!(matches!(find_document(&text), Found::Document(_)));
         let pass = fixture("dcgm4-pass.json");
         assert!(matches!(find_document(&pass[..pass.len() / 2]), Found::Cut));
-        assert!(matches!(find_document(b"garbage {{{ ]]] \xff\xfe"), Found::Absent));
-        assert!(matches!(find_document(&[b'{'; 100_000]), Found::Absent | Found::Cut));
+        assert!(matches!(
+            find_document(b"garbage {{{ ]]] \xff\xfe"),
+            Found::Absent
+        ));
+        assert!(matches!(
+            find_document(&[b'{'; 100_000]),
+            Found::Absent | Found::Cut
+        ));
         assert!(matches!(find_document(b"{\"other\": 1}"), Found::Absent));
     }
 
@@ -911,7 +964,10 @@ mod tests {
         let r = parse_document(&doc, None);
         assert_eq!(status(&r, 0, "nvbandwidth"), TestStatus::Pass);
         assert!(!r.gpus[&0].iter().any(|t| t.test == "cpu_eud"));
-        assert_eq!(r.node_failures, vec!["nvbandwidth: NVLink down".to_string()]);
+        assert_eq!(
+            r.node_failures,
+            vec!["nvbandwidth: NVLink down".to_string()]
+        );
     }
 
     #[test]

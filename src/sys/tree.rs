@@ -42,6 +42,8 @@ const POLL: Duration = Duration::from_millis(10);
 const MAX_ROUNDS: usize = 64;
 /// How long the output readers get, once the tree is dead, to see the end of the pipes.
 const READER_GRACE: Duration = Duration::from_secs(2);
+/// How long a killed program gets to be reaped.
+const REAP_GRACE: Duration = Duration::from_secs(5);
 /// At most this many `/proc` entries are looked at per scan.
 const MAX_PROCS: usize = 1 << 20;
 /// `/proc/<pid>/stat` is one line of well under 1 KiB (the command name is at most 16 bytes).
@@ -71,6 +73,9 @@ pub struct TreeOutput {
     pub stderr_total: u64,
     /// How many processes of the tree were killed (at the deadline, or left behind).
     pub killed: usize,
+    /// How many were still alive after every kill round (stuck in uninterruptible sleep, as a
+    /// process inside a hung GPU driver call can be): they die when they leave it.
+    pub unkilled: usize,
     pub elapsed: Duration,
 }
 
@@ -189,8 +194,13 @@ pub fn output_tree_within(
     };
     // Whether the program is still unreaped (its pid is ours until it is).
     let alive = matches!(child.try_wait(), Ok(None));
-    let killed = tree.kill_all(alive);
-    let _ = child.wait();
+    let (killed, unkilled) = tree.kill_all(alive);
+    // A process in uninterruptible sleep (stuck in the driver) dies only when it leaves it:
+    // never wait for it without bound.
+    let until = Instant::now() + REAP_GRACE;
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < until {
+        std::thread::sleep(POLL);
+    }
     tree.reap();
     drop(subreaper);
     let (stdout, stdout_total) = out.finish(READER_GRACE);
@@ -203,6 +213,7 @@ pub fn output_tree_within(
         stdout_total,
         stderr_total,
         killed,
+        unkilled,
         elapsed: start.elapsed(),
     })
 }
@@ -242,8 +253,8 @@ impl Subreaper {
         if r != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // SAFETY: PR_SET_CHILD_SUBREAPER takes a plain integer and touches no memory.
         let on: libc::c_ulong = 1;
+        // SAFETY: PR_SET_CHILD_SUBREAPER takes a plain integer and touches no memory.
         let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, on) };
         if r != 0 {
             return Err(std::io::Error::last_os_error());
@@ -306,7 +317,8 @@ pub fn parse_stat(text: &str) -> Option<Proc> {
 
 fn read_proc(pid: u32) -> Option<Proc> {
     let path = format!("/proc/{pid}/stat");
-    let text = crate::sys::limits::read_pseudo(Path::new(&path), MAX_STAT, "a process's stat").ok()?;
+    let text =
+        crate::sys::limits::read_pseudo(Path::new(&path), MAX_STAT, "a process's stat").ok()?;
     parse_stat(&text)
 }
 
@@ -379,7 +391,7 @@ impl Tree {
                 continue;
             }
             // Orphans reparented to us: only those provably from the program.
-            if p.ppid == self.me && self.from_us(p) {
+            if p.ppid == self.me && self.of_the_run(p) {
                 roots.push(i);
             }
         }
@@ -397,7 +409,10 @@ impl Tree {
                 queue.extend(kids.iter().copied());
             }
         }
-        let members: Vec<Proc> = order.into_iter().filter_map(|i| procs.get(i).copied()).collect();
+        let members: Vec<Proc> = order
+            .into_iter()
+            .filter_map(|i| procs.get(i).copied())
+            .collect();
         for p in &members {
             self.known.insert((p.pid, p.start));
         }
@@ -405,7 +420,7 @@ impl Tree {
     }
 
     /// Whether a process reparented to us is from the program.
-    fn from_us(&self, p: &Proc) -> bool {
+    fn of_the_run(&self, p: &Proc) -> bool {
         if self.root_start.is_some_and(|s| p.start < s) {
             return false;
         }
@@ -421,15 +436,17 @@ impl Tree {
     }
 
     /// Stops and kills every live process of the tree, round after round until none is left;
-    /// returns how many processes were killed.
-    fn kill_all(&mut self, root_alive: bool) -> usize {
-        for _ in 0..MAX_ROUNDS {
+    /// returns how many processes were killed and how many were still alive at the end.
+    fn kill_all(&mut self, root_alive: bool) -> (usize, usize) {
+        let mut left = 0;
+        for round in 0..=MAX_ROUNDS {
             let live: Vec<Proc> = self
                 .members(root_alive)
                 .into_iter()
                 .filter(|p| !p.dead())
                 .collect();
-            if live.is_empty() {
+            left = live.len();
+            if live.is_empty() || round == MAX_ROUNDS {
                 break;
             }
             // Parents first: a stopped parent cannot reap (and so free the pid of) a child
@@ -443,7 +460,7 @@ impl Tree {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        self.killed.len()
+        (self.killed.len(), left)
     }
 
     /// Reaps the tree's processes that were reparented to us (never the program itself: its
@@ -452,13 +469,15 @@ impl Tree {
         for _ in 0..200 {
             let mine: Vec<Proc> = scan()
                 .into_iter()
-                .filter(|p| p.ppid == self.me && p.pid != self.root && self.from_us(p))
+                .filter(|p| p.ppid == self.me && p.pid != self.root && self.of_the_run(p))
                 .collect();
             if mine.is_empty() {
                 return;
             }
             for p in mine.iter().filter(|p| p.dead()) {
-                let Ok(pid) = i32::try_from(p.pid) else { continue };
+                let Ok(pid) = i32::try_from(p.pid) else {
+                    continue;
+                };
                 let mut status: libc::c_int = 0;
                 // SAFETY: waitpid writes one int through the pointer, a live local; `pid` is a
                 // positive pid of a zombie child of ours from the tree (checked above), so
@@ -570,9 +589,13 @@ mod tests {
 
     #[test]
     fn stat_lines_parse_whatever_the_name() {
-        let p = parse_stat("42 (a) b (c)) S 7 42 42 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 9999 1 2")
-            .unwrap();
-        assert_eq!((p.pid, p.state, p.ppid, p.pgid, p.sid), (42, 'S', 7, 42, 42));
+        let p =
+            parse_stat("42 (a) b (c)) S 7 42 42 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 9999 1 2")
+                .unwrap();
+        assert_eq!(
+            (p.pid, p.state, p.ppid, p.pgid, p.sid),
+            (42, 'S', 7, 42, 42)
+        );
         assert_eq!(p.start, 9999);
         assert!(parse_stat("garbage").is_none());
         assert!(parse_stat("1 (x) S 0").is_none());
@@ -601,6 +624,7 @@ mod tests {
         assert!(!alive(grandchild), "the setsid grandchild survived");
         assert!(!exists(grandchild), "the grandchild was not reaped");
         assert!(out.killed >= 2, "killed {}", out.killed);
+        assert_eq!(out.unkilled, 0);
         assert!(out.elapsed < Duration::from_secs(10));
     }
 
@@ -651,8 +675,13 @@ mod tests {
         );
         assert!(matches!(r, Err(TreeError::Spawn(e)) if e.kind() == std::io::ErrorKind::NotFound));
         // A child of ours that is not from the run is never signalled.
-        let out = output_tree_within(&mut sh("exit 0"), Duration::from_secs(5), Duration::ZERO, 16)
-            .unwrap();
+        let out = output_tree_within(
+            &mut sh("exit 0"),
+            Duration::from_secs(5),
+            Duration::ZERO,
+            16,
+        )
+        .unwrap();
         assert_eq!(out.killed, 0);
         assert!(matches!(other.try_wait(), Ok(None)));
         let _ = other.kill();
