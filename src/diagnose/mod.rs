@@ -67,6 +67,7 @@ pub fn run(plan: &Plan) -> Diagnosis {
             level: plan.level,
             gpus: indexes.clone(),
             timeout: plan.timeout,
+            host: None,
         }),
         None => off(Tier::Dcgm, "turned off ([diagnose] dcgmi = \"\")"),
     });

@@ -2,7 +2,8 @@
 //! gpu-medic runs ([`child`]), the one clock handed in above the engine ([`clock`]), size caps
 //! on everything read and the bounded reader ([`limits`]), the one atomic file write ([`fs`]), descriptors in reserve ([`fds`]),
 //! the typed errors shared across modules ([`error`]), and systemd units as `systemctl show`
-//! reports them ([`systemd`]), and waiting for a followed file to be written ([`watch`]).
+//! reports them ([`systemd`]), a deadline that kills a program's whole process tree, setsid'd
+//! descendants included ([`tree`], for short-lived CLI runs), and waiting for a followed file to be written ([`watch`]).
 
 pub mod backoff;
 pub mod child;
@@ -13,4 +14,5 @@ pub mod fs;
 pub mod limits;
 pub mod lines;
 pub mod systemd;
+pub mod tree;
 pub mod watch;
