@@ -135,6 +135,7 @@ pub fn plan(cfg: &Config, level: Level, gpus: Vec<(u32, String)>, explicit: bool
         gpus: gpus.clone(),
         explicit,
         dcgmi: d.dcgmi(),
+        dcgm_host: d.dcgm_host(),
         cuda: d.cuda_library().map(|library| CudaPlan {
             library,
             level,

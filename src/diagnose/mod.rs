@@ -29,6 +29,8 @@ pub struct Plan {
     pub explicit: bool,
     /// `dcgmi`; `None` turns the DCGM tier off.
     pub dcgmi: Option<PathBuf>,
+    /// `dcgmi --host`, if any.
+    pub dcgm_host: Option<String>,
     /// The CUDA tier; `None` turns it off.
     pub cuda: Option<cuda::CudaPlan>,
     /// Each tier's deadline.
@@ -67,7 +69,7 @@ pub fn run(plan: &Plan) -> Diagnosis {
             level: plan.level,
             gpus: indexes.clone(),
             timeout: plan.timeout,
-            host: None,
+            host: plan.dcgm_host.clone(),
         }),
         None => off(Tier::Dcgm, "turned off ([diagnose] dcgmi = \"\")"),
     });
