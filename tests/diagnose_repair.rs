@@ -1,0 +1,322 @@
+//! The diagnose step through the real `gpu-medic run` binary (docs/diagnose.md): a drained
+//! or rebooted node's GPUs are tested with `gpu-medic diagnose` (run by the daemon as a child)
+//! before the node takes tasks again, against moto behind the kit's recording proxy, the fake
+//! libnvidia-ml's four GPUs, and a stand-in `dcgmi` that prints DCGM 4.x's JSON for those
+//! four GPUs (passing, or failing one GPU's memory test). A test double only for what cannot
+//! exist here: DCGM on a GPU.
+//!
+//! "The boot" is the one repair_reboot.rs plays: gpu-medic stopped and started again over the
+//! same state_dir with a new boot id.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpu_medic_testkit::aws::{self, Proxy, Seeded};
+use gpu_medic_testkit::journal::started_commands;
+use gpu_medic_testkit::{Daemon, default_policy, wait_for};
+use serde_json::{Value, json};
+
+/// DCGM 4.x's `dcgmi diag -j` document for GPUs 0-3, the memory test of `failing` failed.
+fn dcgm_document(failing: Option<u32>) -> String {
+    let result = |gpu: u32, test: &str| {
+        let fail = failing == Some(gpu) && test == "memory";
+        let mut r = json!({
+            "entity_group": "GPU", "entity_group_id": 1, "entity_id": gpu,
+            "status": if fail { "Fail" } else { "Pass" },
+        });
+        if fail {
+            r["warnings"] = json!([{
+                "warning": format!("GPU {gpu}: memory miscompare at 0x1c0000400: expected 0xaaaaaaaa, found 0xaaaa2aaa"),
+                "error_id": 83, "error_category": 4, "error_severity": 3,
+            }]);
+        }
+        r
+    };
+    let test = |name: &str| {
+        let results: Vec<Value> = (0..4).map(|g| result(g, name)).collect();
+        let failed = results.iter().any(|r| r["status"] == "Fail");
+        json!({"name": name, "results": results,
+               "test_summary": {"status": if failed { "Fail" } else { "Pass" }}})
+    };
+    let doc = json!({
+        "DCGM Diagnostic": {
+            "test_categories": [
+                {"category": "Deployment", "tests": [test("software")]},
+                {"category": "Hardware", "tests": [test("memory")]},
+            ],
+        },
+        "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1,
+            "entities": (0..4).map(|g| json!({"entity_id": g, "serial_num": format!("16549220023{g}"), "device_id": "2335"})).collect::<Vec<_>>()}],
+        "metadata": {"version": "4.2.3", "Driver Version Detected": "570.172.08"},
+    });
+    format!("Successfully ran diagnostic for group.\n{doc}\n")
+}
+
+/// The stand-in `dcgmi` in `dir`: prints `dir/<mode>.json` where `dir/mode` says `pass` or
+/// `fail`, exits as dcgmi does (0, or 205 for a failed test), and appends its arguments to
+/// `dir/calls`.
+fn stand_in(dir: &Path) -> PathBuf {
+    std::fs::write(dir.join("pass.json"), dcgm_document(None)).unwrap();
+    std::fs::write(dir.join("fail.json"), dcgm_document(Some(1))).unwrap();
+    std::fs::write(dir.join("mode"), "pass").unwrap();
+    let path = dir.join("dcgmi");
+    let d = dir.display();
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{d}/calls'\nmode=$(cat '{d}/mode')\ncat \"{d}/$mode.json\"\n[ \"$mode\" = pass ] || exit 205\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+struct Node {
+    d: Daemon,
+    tools: tempfile::TempDir,
+}
+
+impl Node {
+    fn mode(&self, m: &str) {
+        std::fs::write(self.tools.path().join("mode"), m).unwrap();
+    }
+
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.tools.path().join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The machine rebooted: a new boot id and a new kernel log.
+    fn boot(&mut self, id: &str) {
+        std::fs::write(self.tools.path().join("boot_id"), format!("{id}\n")).unwrap();
+        std::fs::write(self.d.path("kmsg"), "").unwrap();
+        self.d.start();
+    }
+}
+
+/// Node 0 of `s` with the reboot rung, the DCGM tier (the stand-in) and no CUDA tier.
+fn node(s: &Seeded, proxy: &Proxy, policy_extra: &str) -> Node {
+    let tools = tempfile::tempdir().unwrap();
+    let dcgmi = stand_in(tools.path());
+    let boot = tools.path().join("boot_id");
+    std::fs::write(&boot, "boot-1\n").unwrap();
+    let rest = format!(
+        "[repair]\nreboot = \"ec2\"\ncheck_interval = \"200ms\"\nsettle = \"1s\"\nboot_id_path = \"{}\"\n\
+         [diagnose]\ndcgmi = \"{}\"\ndcgm_host = \"\"\ncuda_library = \"\"\ntimeout = \"20s\"\n",
+        boot.display(),
+        dcgmi.display()
+    );
+    let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"\n";
+    let d = aws::node(s, 0, Some(&proxy.url), "", "", fleet, &rest);
+    let policy = d.path("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = 1\nextends = \"{}\"\n[deadlines]\nreboot = \"10m\"\nboot_check = \"20s\"\ndiagnose = \"60s\"\n[retry]\ndelay = \"300ms\"\n{policy_extra}",
+            default_policy().display()
+        ),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(d.config()).unwrap();
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("policy = ") {
+                format!("policy = \"{}\"", policy.display())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(d.config(), text.join("\n")).unwrap();
+    Node { d, tools }
+}
+
+fn state(d: &Daemon) -> Value {
+    std::fs::read_to_string(d.path("state/state.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+async fn wait_step(d: &Daemon, step: &str) {
+    wait_for(
+        &format!("remediation step {step}"),
+        Duration::from_secs(40),
+        || {
+            let s = state(d)["remediation"]["step"].clone();
+            async move { s == step }
+        },
+    )
+    .await;
+}
+
+async fn assert_back_in_service(sdk: &aws_config::SdkConfig, s: &Seeded) {
+    let (status, _, attrs) = aws::instance(sdk, &s.cluster, &s.nodes[0].arn).await;
+    assert_eq!(status, "ACTIVE", "{attrs:?}");
+    assert!(
+        attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
+        "{attrs:?}"
+    );
+    assert!(
+        !attrs
+            .iter()
+            .any(|(n, _)| n.contains(".claim.") || n.ends_with(".slot")),
+        "fleet budget released: {attrs:?}"
+    );
+}
+
+fn diagnosis_of(inc: &Value) -> Vec<Value> {
+    inc["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["outcome"].get("diagnosis").cloned())
+        .collect()
+}
+
+/// The driver asks for a drain (recovery action drain-p2p): quarantine, drain, diagnose at
+/// `[diagnose] level` with the slot held, a pass, and the node back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_that_passes_its_diagnosis_is_back_in_service() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "dg-pass", 2).await;
+    let mut n = node(&s, &proxy, "");
+    n.d.start();
+    n.d.wait_polled();
+    n.d.inject(r#"{"gpu": 0, "recovery_action": "drain-p2p"}"#);
+    wait_step(&n.d, "diagnose").await;
+    // While the GPUs are tested the instance stays drained and holds its slot.
+    assert_eq!(
+        aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await.0,
+        "DRAINING"
+    );
+    assert_eq!(state(&n.d)["node"], "verifying");
+    n.d.inject(r#"{"gpu": 0, "recovery_action": "none"}"#);
+    let inc = n.d.wait_closed(1, Duration::from_secs(40));
+    assert_eq!(inc["state"], "resolved", "{inc:#}");
+    assert!(
+        inc["summary"]
+            .as_str()
+            .unwrap()
+            .contains("diagnosed healthy"),
+        "{inc:#}"
+    );
+    assert_eq!(
+        started_commands(&inc),
+        ["quarantine", "drain", "diagnose", "restore"],
+        "{inc:#}"
+    );
+    let d = diagnosis_of(&inc);
+    assert_eq!(d.len(), 1, "{inc:#}");
+    assert_eq!(d[0]["result"], "pass");
+    assert_eq!(d[0]["gpus"].as_array().unwrap().len(), 4, "{:#}", d[0]);
+    assert_back_in_service(&sdk, &s).await;
+    let calls = n.calls();
+    assert!(
+        calls.iter().any(|c| c.contains("diag -r 1 -j")),
+        "{calls:?}"
+    );
+    // On-call sees each GPU's result per test.
+    let out = n.d.cli(&["incidents", "show", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("GPU 3") && text.contains("memory"), "{text}");
+    n.d.stop(Duration::from_secs(10));
+}
+
+/// A failed diagnosis of a drained node climbs to the reboot; after the boot the diagnosis
+/// fails again (naming GPU 1 and DCGM's own message) and the node is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_gpu_is_rebooted_then_replaced_when_it_fails_again() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "dg-fail", 2).await;
+    let mut n = node(&s, &proxy, "");
+    n.mode("fail");
+    n.d.start();
+    n.d.wait_polled();
+    n.d.inject(r#"{"gpu": 0, "recovery_action": "drain-p2p"}"#);
+    wait_step(&n.d, "await-boot").await;
+    n.d.inject(r#"{"gpu": 0, "recovery_action": "none"}"#);
+    assert_eq!(
+        proxy.count_with(
+            "RebootInstances",
+            &format!("InstanceId.1={}", s.nodes[0].instance_id)
+        ),
+        1
+    );
+    let inc = n.d.incident(1);
+    let why: Vec<String> = inc["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["event"] == "escalated")
+        .map(|r| format!("{}: {}", r["rule"], r["reason"]))
+        .collect();
+    let why = why.join("\n");
+    assert!(
+        why.contains("diagnosis-failed") && why.contains("GPU 1") && why.contains("miscompare"),
+        "{why}"
+    );
+    n.d.stop(Duration::from_secs(30));
+    n.boot("boot-2");
+    wait_for("replaced", Duration::from_secs(40), || async {
+        n.d.incident(1)["state"] == "replaced"
+    })
+    .await;
+    let inc = n.d.incident(1);
+    let cmds = started_commands(&inc);
+    assert_eq!(
+        cmds.iter().filter(|c| *c == "diagnose").count(),
+        2,
+        "{cmds:?}"
+    );
+    assert!(
+        aws::asg_health(&sdk, &s.asg)
+            .await
+            .contains(&(s.nodes[0].instance_id.clone(), "Unhealthy".into())),
+        "{inc:#}"
+    );
+    n.d.stop(Duration::from_secs(10));
+}
+
+/// XID 79: the reboot, the boot check, then the diagnosis before the node goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reboot_the_node_returns_only_once_its_diagnosis_passed() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "dg-boot", 2).await;
+    let mut n = node(&s, &proxy, "");
+    n.d.start();
+    n.d.wait_polled();
+    n.d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_step(&n.d, "await-boot").await;
+    n.d.stop(Duration::from_secs(30));
+    n.boot("boot-2");
+    let inc = n.d.wait_closed(1, Duration::from_secs(40));
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    assert_eq!(
+        started_commands(&inc),
+        [
+            "quarantine",
+            "drain",
+            "reboot",
+            "quarantine",
+            "boot-check",
+            "diagnose",
+            "restore"
+        ],
+        "{inc:#}"
+    );
+    assert_eq!(diagnosis_of(&inc)[0]["result"], "pass");
+    assert_back_in_service(&sdk, &s).await;
+    n.d.stop(Duration::from_secs(10));
+}
