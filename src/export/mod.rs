@@ -57,6 +57,10 @@ pub const INCIDENT_CLOSED: &str = "GPU Medic Incident Closed";
 /// size and SHA-256 of the archive (docs/evidence.md).
 pub const EVIDENCE_COLLECTED: &str = "GPU Medic Evidence Collected";
 
+/// `detail-type` of a finished diagnosis of the GPUs: the detail's outcome carries each GPU's
+/// result per test (docs/diagnose.md).
+pub const GPUS_DIAGNOSED: &str = "GPU Medic GPUs Diagnosed";
+
 /// The EventBridge `detail-type` of a record, if it is a transition on-call is told about.
 pub fn detail_type(e: &IncidentEvent) -> Option<&'static str> {
     match e {
@@ -64,6 +68,9 @@ pub fn detail_type(e: &IncidentEvent) -> Option<&'static str> {
         IncidentEvent::ActionStarted { .. } => Some(ACTION_STARTED),
         IncidentEvent::ActionFinished { outcome } if outcome.evidence.is_some() => {
             Some(EVIDENCE_COLLECTED)
+        }
+        IncidentEvent::ActionFinished { outcome } if outcome.diagnosis.is_some() => {
+            Some(GPUS_DIAGNOSED)
         }
         IncidentEvent::Escalated { .. } => Some(INCIDENT_ESCALATED),
         IncidentEvent::ActionFinished { outcome }
