@@ -163,6 +163,7 @@ pub fn explain(policy: &Policy, signal: &Signal, id: &str) -> Explanation {
         confirm: None,
         escalate: None,
         ladder: None,
+        diagnosis: None,
     }
 }
 

@@ -124,6 +124,8 @@ struct CheckSummary<'a> {
     actions: std::collections::BTreeMap<&'static str, usize>,
     /// The reboot rung's ladder (`[reboot]`).
     reboot_ladder: String,
+    /// Where the GPUs are tested before a node is trusted again (`[diagnose]`).
+    diagnosis: String,
 }
 
 #[derive(Serialize)]
@@ -161,6 +163,7 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
     let s = CheckSummary {
         actions,
         reboot_ladder: ladder(&p),
+        diagnosis: diagnosis(&p),
         file: file.display().to_string(),
         ok: true,
         observe_only: p.observe_only,
@@ -185,6 +188,7 @@ fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
         if s.actions.contains_key("reboot") {
             println!("  reboot ladder: {}", s.reboot_ladder);
         }
+        println!("  diagnosis: {}", s.diagnosis);
         if !uncovered.is_empty() {
             println!(
                 "warning: no rule judges {}; such signals are only logged",
@@ -233,6 +237,38 @@ pub struct Explanation {
     /// For `reboot`: when the ladder sends it on to `replace` instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ladder: Option<String>,
+    /// For `drain` and `reboot`: the diagnosis before the node is trusted again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<String>,
+}
+
+/// Where the policy tests the GPUs before it trusts a node again, in words.
+fn diagnosis(p: &Policy) -> String {
+    let d = p.diagnose;
+    let mut when = Vec::new();
+    if d.after_drain {
+        when.push(format!(
+            "after the drain of a drain verdict (pass: back in service; fail: {}{})",
+            d.on_fail,
+            if d.on_fail == crate::model::Verdict::Reboot {
+                ", the ladder applies"
+            } else {
+                ""
+            }
+        ));
+    }
+    if d.after_reboot {
+        when.push("after a reboot's boot check (pass: back in service; fail: replace)".into());
+    }
+    if when.is_empty() {
+        return "never: a drained node is kept for an operator, a rebooted one returns on the passive checks".into();
+    }
+    format!(
+        "gpu-medic diagnose (DCGM's diagnostics, the built-in CUDA check; config [diagnose]) {}; could not tell: {} (on_unknown), deadline {}; a node with no tool that can run skips it",
+        when.join(" and "),
+        d.on_unknown.as_str(),
+        humantime::format_duration(p.deadlines.diagnose)
+    )
 }
 
 /// The reboot rung's ladder in words.
@@ -266,6 +302,7 @@ pub fn explanation_for(p: &Policy, sig: &Signal, value: u64) -> Explanation {
             confirm: None,
             escalate: None,
             ladder: None,
+            diagnosis: None,
         },
     };
     if e.action == "reboot" {
@@ -280,6 +317,13 @@ pub fn explanation_for(p: &Policy, sig: &Signal, value: u64) -> Explanation {
             })
             .unwrap_or_default();
         e.ladder = Some(format!("{own}{}", ladder(p)));
+    }
+    let escalates_to_drain = e
+        .escalate
+        .as_deref()
+        .is_some_and(|x| x.contains("drain") || x.contains("reboot"));
+    if matches!(e.action.as_str(), "drain" | "reboot") || escalates_to_drain {
+        e.diagnosis = Some(diagnosis(p));
     }
     e
 }
@@ -307,6 +351,9 @@ fn print_explanation(e: &Explanation, json: bool) {
         }
         if let Some(l) = &e.ladder {
             println!("  ladder:   {l}");
+        }
+        if let Some(d) = &e.diagnosis {
+            println!("  diagnose: {d}");
         }
     }
 }
@@ -336,6 +383,7 @@ fn explanation(sig: &Signal, r: &Rule) -> Explanation {
             )
         }),
         ladder: None,
+        diagnosis: None,
     }
 }
 
