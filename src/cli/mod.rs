@@ -140,6 +140,9 @@ pub enum Command {
     /// order and executes none; without it the real drain, restart or replacement runs.
     /// Refused (exit 4) unless the config says `[drill] allow = true`.
     Drill(drill::DrillArgs),
+    /// The CUDA tier's worker (`diagnose` starts it in a process group of its own).
+    #[command(hide = true, name = "__cuda-worker")]
+    CudaWorker(crate::diagnose::cuda::WorkerArgs),
 }
 
 /// `--config PATH`, shared by the commands that read the daemon's files.
@@ -228,5 +231,6 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Status(a) => status::run(a),
         Command::Tasks(a) => tasks::run(a),
         Command::Drill(a) => drill::run(a),
+        Command::CudaWorker(a) => Ok(crate::diagnose::cuda::worker_main(&a)),
     }
 }
