@@ -481,8 +481,11 @@ fn test_gpu(api: &Api, dev: CuDevice, ordinal: u32, name: &str, args: &WorkerArg
     });
     let Some(ctx) = ctx else { return };
     let level = args.level;
-    let mut w = api.host(words(CHUNK));
-    let mut r = api.host(words(CHUNK));
+    // Staging buffers no larger than the region the memory test will ask for.
+    let free = api.mem_info().map(|(f, _)| f as u64).unwrap_or(0);
+    let staging = CHUNK.min(region_bytes(free, level)).max(4096);
+    let mut w = api.host(words(staging));
+    let mut r = api.host(words(staging));
     step("memory", |t| memory(api, level, &mut w, &mut r, t));
     // The module once for both kernels. A JIT that refuses our PTX says nothing of the GPU.
     let module = api.module(PTX);
@@ -573,7 +576,11 @@ fn memory(
         }
     };
     let bytes = region.bytes as u64;
-    let chunk = CHUNK.min(bytes);
+    let staged = (w.as_mut_slice().len().min(r.as_mut_slice().len()) as u64) * 4;
+    let chunk = staged.min(bytes);
+    if chunk == 0 {
+        return fail("no host staging buffer".into());
+    }
     for p in Pattern::ALL {
         // Write the whole region, then read it all back: each cell holds its value while
         // the rest is written.
@@ -700,8 +707,7 @@ fn bandwidth(
     t: Instant,
 ) -> TestResult {
     let fail = |s: String| result("bandwidth", TestStatus::Fail, s, t);
-    let free = api.mem_info().map(|(f, _)| f as u64).unwrap_or(0);
-    let bytes = CHUNK.min(region_bytes(free, level).max(4096));
+    let bytes = (w.as_mut_slice().len().min(r.as_mut_slice().len()) as u64) * 4;
     let buf = match api.alloc(bytes as usize) {
         Ok(b) => b,
         Err(e) => return fail(format!("cannot allocate {}: {e}", mib(bytes))),
@@ -801,7 +807,9 @@ fn throughput(api: &Api, m: &Module<'_>, level: Level, t: Instant) -> TestResult
     if let Err(e) = api.dtoh(&mut host, buf.ptr) {
         return fail(format!("cannot read the answer back: {e}"));
     }
-    let expected = fma_expected(FMA_ITERS);
+    // The same for every GPU: computed once per worker.
+    static EXPECTED: std::sync::OnceLock<[f32; 16]> = std::sync::OnceLock::new();
+    let expected = EXPECTED.get_or_init(|| fma_expected(FMA_ITERS));
     if let Some((i, v)) = host
         .iter()
         .enumerate()

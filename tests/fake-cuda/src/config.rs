@@ -62,7 +62,7 @@ struct RawGpu {
 
 pub const DEFAULT_NAME: &str = "NVIDIA H200";
 pub const DEFAULT_MEMORY_MIB: u64 = 143_771;
-pub const DEFAULT_FREE_MIB: u64 = 256;
+pub const DEFAULT_FREE_MIB: u64 = 64;
 pub const DEFAULT_COPY_GBPS: f64 = 25.0;
 pub const DEFAULT_GFLOPS: f64 = 40_000.0;
 pub const DEFAULT_GPUS: u32 = 4;
