@@ -299,6 +299,9 @@ fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes / MIB)
 }
 
+/// A listed GPU's handle and UUID, or why the driver cannot give them.
+type Listed = Result<(CuDevice, String), CuError>;
+
 /// Runs the check; always 0 (what it found is in the events).
 pub fn worker_main(args: &WorkerArgs) -> i32 {
     let api = match Api::load(&args.library) {
@@ -340,7 +343,7 @@ pub fn worker_main(args: &WorkerArgs) -> i32 {
         return 0;
     }
     // Every GPU the driver lists: ordinal, handle and UUID (or why not).
-    let listed: Vec<(u32, Result<(CuDevice, String), CuError>)> = (0..count)
+    let listed: Vec<(u32, Listed)> = (0..count)
         .map(|o| {
             let id = api
                 .device(o)
