@@ -79,14 +79,16 @@ GM_INDEX_DONE:
     add.rn.f32 %f2, %f1, 0f3E800000;
     add.rn.f32 %f3, %f1, 0f3F000000;
     add.rn.f32 %f4, %f1, 0f3F400000;
+    mov.f32 %f9, 0f3F7FBE77;
+    mov.f32 %f10, 0f3A83126F;
     mov.u32 %r8, 0;
 GM_FMA_LOOP:
     setp.ge.u32 %p2, %r8, %r2;
     @%p2 bra GM_FMA_STORE;
-    fma.rn.f32 %f1, %f1, 0f3F7FBE77, 0f3A83126F;
-    fma.rn.f32 %f2, %f2, 0f3F7FBE77, 0f3A83126F;
-    fma.rn.f32 %f3, %f3, 0f3F7FBE77, 0f3A83126F;
-    fma.rn.f32 %f4, %f4, 0f3F7FBE77, 0f3A83126F;
+    fma.rn.f32 %f1, %f1, %f9, %f10;
+    fma.rn.f32 %f2, %f2, %f9, %f10;
+    fma.rn.f32 %f3, %f3, %f9, %f10;
+    fma.rn.f32 %f4, %f4, %f9, %f10;
     add.u32 %r8, %r8, 1;
     bra GM_FMA_LOOP;
 GM_FMA_STORE:
