@@ -401,7 +401,6 @@ fn assemble(
     ms: u64,
 ) -> (TierRun, Vec<GpuDiagnosis>) {
     let mut f = fold(&c.stdout);
-    let tail = stderr_tail(&c.stderr);
     let mut raw = String::from_utf8_lossy(&c.stdout).into_owned();
     if !c.stderr.is_empty() {
         raw.push_str("\n--- stderr ---\n");
@@ -419,44 +418,12 @@ fn assemble(
     if let Some(why) = f.unusable.take() {
         return (tier(false, DiagResult::Unknown, why), Vec::new());
     }
-    // Why the worker did not finish, if it did not.
-    let interrupted: Option<String> = if f.end {
-        None
-    } else {
-        let with_tail = |s: String| {
-            if tail.is_empty() {
-                s
-            } else {
-                format!("{s}: {tail}")
-            }
-        };
-        Some(match &c.ending {
-            Ending::TimedOut => format!(
-                "timed out after {} (the worker's process group was killed)",
-                humantime::format_duration(timeout)
-            ),
-            Ending::Exited(s) => with_tail(format!("the worker {} before finishing", describe(s))),
-            Ending::Lost(e) => with_tail(format!("lost the worker: {e}")),
-        })
-    };
+    let interrupted = interruption(&f, &c.ending, timeout, &stderr_tail(&c.stderr));
     if let Some(why) = f.mps_refused.take() {
-        let gpus = asked
-            .iter()
-            .map(|(index, uuid)| {
-                let mut g = GpuDiagnosis {
-                    index: *index,
-                    uuid: uuid.clone(),
-                    result: DiagResult::Unknown,
-                    tests: vec![TestResult {
-                        status: TestStatus::Fail,
-                        ..unknown("mps-client", why.clone())
-                    }],
-                };
-                g.judge();
-                g
-            })
-            .collect();
-        return (tier(true, DiagResult::Fail, why), gpus);
+        return (
+            tier(true, DiagResult::Fail, why.clone()),
+            mps_refused(asked, &why),
+        );
     }
     // Where the worker was cut off, the test under way could not tell.
     if let Some(why) = &interrupted {
@@ -468,49 +435,12 @@ fn assemble(
         }
     }
     judge_figures(&mut f.devices);
-    let mut gpus: Vec<GpuDiagnosis> = Vec::new();
-    if asked.is_empty() {
-        for d in &f.devices {
-            let Some(ordinal) = d.ordinal else { continue };
-            gpus.push(GpuDiagnosis {
-                index: ordinal,
-                uuid: d.uuid.clone(),
-                result: DiagResult::Unknown,
-                tests: d.tests.clone(),
-            });
-        }
-    } else {
-        for (index, uuid) in asked {
-            let key = asked_key(*index, uuid);
-            let tests = match f.devices.iter().find(|d| d.asked.as_deref() == Some(&key)) {
-                Some(d) => d.tests.clone(),
-                None => vec![unknown(
-                    "cuda",
-                    match &interrupted {
-                        Some(why) => format!("not reached: {why}"),
-                        None => "the worker did not report this GPU".to_string(),
-                    },
-                )],
-            };
-            let uuid = if uuid.is_empty() {
-                f.devices
-                    .iter()
-                    .find(|d| d.asked.as_deref() == Some(&key))
-                    .map(|d| d.uuid.clone())
-                    .unwrap_or_default()
-            } else {
-                uuid.clone()
-            };
-            gpus.push(GpuDiagnosis {
-                index: *index,
-                uuid,
-                result: DiagResult::Unknown,
-                tests,
-            });
-        }
-    }
-    for g in &mut gpus {
-        g.judge();
+    let gpus = per_gpu(asked, &f.devices, interrupted.as_deref());
+    if gpus.is_empty() && interrupted.is_none() {
+        return (
+            tier(false, DiagResult::Unknown, "the worker found no GPU".into()),
+            gpus,
+        );
     }
     let mut why = interrupted.clone().unwrap_or_default();
     if f.bad_lines > 0 {
@@ -523,12 +453,6 @@ fn assemble(
         } else {
             format!("{why}; {bad}")
         };
-    }
-    if gpus.is_empty() && interrupted.is_none() {
-        return (
-            tier(false, DiagResult::Unknown, "the worker found no GPU".into()),
-            gpus,
-        );
     }
     let result = if gpus.iter().any(|g| g.result == DiagResult::Fail) {
         DiagResult::Fail
@@ -545,6 +469,97 @@ fn assemble(
         why = "could not tell on every GPU".to_string();
     }
     (tier(true, result, why), gpus)
+}
+
+/// Why the worker did not finish, if it did not.
+fn interruption(f: &Folded, ending: &Ending, timeout: Duration, tail: &str) -> Option<String> {
+    if f.end {
+        return None;
+    }
+    let with_tail = |s: String| {
+        if tail.is_empty() {
+            s
+        } else {
+            format!("{s}: {tail}")
+        }
+    };
+    Some(match ending {
+        Ending::TimedOut => format!(
+            "timed out after {} (the worker's process group was killed)",
+            humantime::format_duration(timeout)
+        ),
+        Ending::Exited(s) => with_tail(format!("the worker {} before finishing", describe(s))),
+        Ending::Lost(e) => with_tail(format!("lost the worker: {e}")),
+    })
+}
+
+/// Every GPU asked fails `mps-client`: the driver would not start as an MPS client.
+fn mps_refused(asked: &[(u32, String)], why: &str) -> Vec<GpuDiagnosis> {
+    asked
+        .iter()
+        .map(|(index, uuid)| {
+            let mut g = GpuDiagnosis {
+                index: *index,
+                uuid: uuid.clone(),
+                result: DiagResult::Unknown,
+                tests: vec![TestResult {
+                    status: TestStatus::Fail,
+                    ..unknown("mps-client", why.to_string())
+                }],
+            };
+            g.judge();
+            g
+        })
+        .collect()
+}
+
+/// The findings per GPU asked (or per GPU the worker found, when none was asked), judged.
+fn per_gpu(
+    asked: &[(u32, String)],
+    devices: &[Found],
+    interrupted: Option<&str>,
+) -> Vec<GpuDiagnosis> {
+    let mut gpus: Vec<GpuDiagnosis> = Vec::new();
+    if asked.is_empty() {
+        for d in devices {
+            let Some(ordinal) = d.ordinal else { continue };
+            gpus.push(GpuDiagnosis {
+                index: ordinal,
+                uuid: d.uuid.clone(),
+                result: DiagResult::Unknown,
+                tests: d.tests.clone(),
+            });
+        }
+    } else {
+        for (index, uuid) in asked {
+            let key = asked_key(*index, uuid);
+            let found = devices.iter().find(|d| d.asked.as_deref() == Some(&key));
+            let tests = match found {
+                Some(d) => d.tests.clone(),
+                None => vec![unknown(
+                    "cuda",
+                    match interrupted {
+                        Some(why) => format!("not reached: {why}"),
+                        None => "the worker did not report this GPU".to_string(),
+                    },
+                )],
+            };
+            let uuid = match (uuid.is_empty(), found) {
+                (true, Some(d)) => d.uuid.clone(),
+                _ => uuid.clone(),
+            };
+            gpus.push(GpuDiagnosis {
+                index: *index,
+                uuid,
+                result: DiagResult::Unknown,
+                tests,
+            });
+        }
+    }
+    for g in &mut gpus {
+        g.judge();
+    }
+    gpus
 }
 
 /// Low floors per GPU model for the two figures: (model token in the CUDA device name,

@@ -306,138 +306,165 @@ type Listed = Result<(CuDevice, String), CuError>;
 
 /// Runs the check; always 0 (what it found is in the events).
 pub fn worker_main(args: &WorkerArgs) -> i32 {
+    if let Some((api, count)) = start_driver(args) {
+        // Every GPU the driver lists: ordinal, handle and UUID (or why not).
+        let listed: Vec<(u32, Listed)> = (0..count)
+            .map(|o| {
+                let id = api
+                    .device(o)
+                    .and_then(|d| api.device_uuid(d).map(|u| (d, format_uuid(&u))));
+                (o, id)
+            })
+            .collect();
+        let mut fma = None;
+        for (asked, ordinal) in targets(args, &listed, count) {
+            match ordinal {
+                Some(ordinal) => one_gpu(&api, &listed, asked, ordinal, args, &mut fma),
+                None => unlisted(asked, &listed),
+            }
+        }
+    }
+    emit(&Event::End);
+    0
+}
+
+/// Loads the library and starts the driver; or says why the tier can tell nothing (or, as
+/// an MPS client, that the daemon refused it).
+fn start_driver(args: &WorkerArgs) -> Option<(Api, u32)> {
     let api = match Api::load(&args.library) {
         Ok(a) => a,
         Err(e) => {
             emit(&Event::Unusable { why: e.to_string() });
-            emit(&Event::End);
-            return 0;
+            return None;
         }
     };
     if let Err(e) = api.init() {
-        if args.mps && ffi::is_mps_error(e.code) {
-            emit(&Event::MpsRefused {
+        emit(&if args.mps && ffi::is_mps_error(e.code) {
+            Event::MpsRefused {
                 why: format!("the CUDA driver cannot start as a client of the MPS daemon: {e}"),
-            });
+            }
         } else {
-            emit(&Event::Unusable {
+            Event::Unusable {
                 why: format!("the CUDA driver cannot start: {e}"),
-            });
-        }
-        emit(&Event::End);
-        return 0;
+            }
+        });
+        return None;
     }
-    let count = match api.device_count() {
-        Ok(n) => n,
+    match api.device_count() {
+        Ok(0) => {
+            emit(&Event::Unusable {
+                why: "the CUDA driver lists no GPU".to_string(),
+            });
+            None
+        }
+        Ok(n) => Some((api, n)),
         Err(e) => {
             emit(&Event::Unusable {
                 why: format!("the CUDA driver cannot list GPUs: {e}"),
             });
-            emit(&Event::End);
-            return 0;
+            None
         }
-    };
-    if count == 0 {
-        emit(&Event::Unusable {
-            why: "the CUDA driver lists no GPU".to_string(),
-        });
-        emit(&Event::End);
-        return 0;
     }
-    // Every GPU the driver lists: ordinal, handle and UUID (or why not).
-    let listed: Vec<(u32, Listed)> = (0..count)
-        .map(|o| {
-            let id = api
-                .device(o)
-                .and_then(|d| api.device_uuid(d).map(|u| (d, format_uuid(&u))));
-            (o, id)
+}
+
+/// The GPUs to test: (the `--gpu` argument, the CUDA ordinal it names if the driver lists
+/// it); every listed GPU when none was asked.
+fn targets(
+    args: &WorkerArgs,
+    listed: &[(u32, Listed)],
+    count: u32,
+) -> Vec<(Option<String>, Option<u32>)> {
+    if args.gpus.is_empty() {
+        return listed.iter().map(|(o, _)| (None, Some(*o))).collect();
+    }
+    args.gpus
+        .iter()
+        .map(|a| {
+            let by_uuid = listed.iter().find(|(_, id)| {
+                id.as_ref()
+                    .is_ok_and(|(_, u)| u.eq_ignore_ascii_case(a.trim()))
+            });
+            let ordinal = match by_uuid {
+                Some((o, _)) => Some(*o),
+                None => a.trim().parse::<u32>().ok().filter(|o| *o < count),
+            };
+            (Some(a.clone()), ordinal)
         })
+        .collect()
+}
+
+/// A GPU asked for that the driver does not list: it fails `device`.
+fn unlisted(asked: Option<String>, listed: &[(u32, Listed)]) {
+    let shown = asked.clone().unwrap_or_default();
+    emit(&Event::Device {
+        asked,
+        ordinal: None,
+        uuid: if shown.starts_with("GPU-") {
+            shown.clone()
+        } else {
+            String::new()
+        },
+        name: String::new(),
+    });
+    let uuids: Vec<String> = listed
+        .iter()
+        .filter_map(|(_, id)| id.as_ref().ok().map(|(_, u)| u.clone()))
         .collect();
-    let targets: Vec<(Option<String>, Option<u32>)> = if args.gpus.is_empty() {
-        listed.iter().map(|(o, _)| (None, Some(*o))).collect()
-    } else {
-        args.gpus
-            .iter()
-            .map(|a| {
-                let by_uuid = listed.iter().find(|(_, id)| {
-                    id.as_ref()
-                        .is_ok_and(|(_, u)| u.eq_ignore_ascii_case(a.trim()))
-                });
-                let ordinal = match by_uuid {
-                    Some((o, _)) => Some(*o),
-                    None => a.trim().parse::<u32>().ok().filter(|o| *o < count),
-                };
-                (Some(a.clone()), ordinal)
-            })
-            .collect()
+    emit(&Event::Test {
+        result: result(
+            "device",
+            TestStatus::Fail,
+            format!(
+                "the CUDA driver does not list {shown} (it lists {} GPU(s): {})",
+                listed.len(),
+                uuids.join(", ")
+            ),
+            Instant::now(),
+        ),
+    });
+}
+
+/// Announces the GPU at `ordinal` and tests it; a GPU the driver cannot open fails `device`.
+fn one_gpu(
+    api: &Api,
+    listed: &[(u32, Listed)],
+    asked: Option<String>,
+    ordinal: u32,
+    args: &WorkerArgs,
+    fma: &mut Option<[f32; 16]>,
+) {
+    let t = Instant::now();
+    let Some((_, id)) = listed.iter().find(|(o, _)| *o == ordinal) else {
+        return;
     };
-    for (asked, ordinal) in targets {
-        let Some(ordinal) = ordinal else {
-            let shown = asked.clone().unwrap_or_default();
+    let (dev, uuid) = match id {
+        Ok(x) => x.clone(),
+        Err(e) => {
             emit(&Event::Device {
                 asked,
-                ordinal: None,
-                uuid: if shown.starts_with("GPU-") {
-                    shown.clone()
-                } else {
-                    String::new()
-                },
+                ordinal: Some(ordinal),
+                uuid: String::new(),
                 name: String::new(),
             });
             emit(&Event::Test {
                 result: result(
                     "device",
                     TestStatus::Fail,
-                    format!(
-                        "the CUDA driver does not list {shown} (it lists {count} GPU(s): {})",
-                        listed
-                            .iter()
-                            .filter_map(|(_, id)| id.as_ref().ok().map(|(_, u)| u.clone()))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                    Instant::now(),
+                    format!("the CUDA driver cannot open ordinal {ordinal}: {e}"),
+                    t,
                 ),
             });
-            continue;
-        };
-        let t = Instant::now();
-        let id = listed
-            .iter()
-            .find(|(o, _)| *o == ordinal)
-            .map(|(_, id)| id.clone());
-        let (dev, uuid) = match id {
-            Some(Ok(x)) => x,
-            Some(Err(e)) => {
-                emit(&Event::Device {
-                    asked,
-                    ordinal: Some(ordinal),
-                    uuid: String::new(),
-                    name: String::new(),
-                });
-                emit(&Event::Test {
-                    result: result(
-                        "device",
-                        TestStatus::Fail,
-                        format!("the CUDA driver cannot open ordinal {ordinal}: {e}"),
-                        t,
-                    ),
-                });
-                continue;
-            }
-            None => continue,
-        };
-        let name = api.device_name(dev).unwrap_or_default();
-        emit(&Event::Device {
-            asked,
-            ordinal: Some(ordinal),
-            uuid,
-            name: name.clone(),
-        });
-        test_gpu(&api, dev, ordinal, &name, args);
-    }
-    emit(&Event::End);
-    0
+            return;
+        }
+    };
+    let name = api.device_name(dev).unwrap_or_default();
+    emit(&Event::Device {
+        asked,
+        ordinal: Some(ordinal),
+        uuid,
+        name: name.clone(),
+    });
+    test_gpu(api, dev, ordinal, &name, args, fma);
 }
 
 /// Runs `test`, announcing it first and printing its result.
@@ -451,7 +478,14 @@ fn step(test: &str, f: impl FnOnce(Instant) -> TestResult) -> TestStatus {
     status
 }
 
-fn test_gpu(api: &Api, dev: CuDevice, ordinal: u32, name: &str, args: &WorkerArgs) {
+fn test_gpu(
+    api: &Api,
+    dev: CuDevice,
+    ordinal: u32,
+    name: &str,
+    args: &WorkerArgs,
+    fma: &mut Option<[f32; 16]>,
+) {
     let ctx_test = if args.mps { "mps-client" } else { "context" };
     let mut ctx = None;
     step(ctx_test, |t| match api.context(dev) {
@@ -500,7 +534,7 @@ fn test_gpu(api: &Api, dev: CuDevice, ordinal: u32, name: &str, args: &WorkerArg
     });
     step("bandwidth", |t| bandwidth(api, level, &mut w, &mut r, t));
     step("throughput", |t| match &module {
-        Ok(m) => throughput(api, m, level, t),
+        Ok(m) => throughput(api, m, level, fma, t),
         Err(e) => refused("throughput", e, t),
     });
     drop(module);
@@ -763,7 +797,13 @@ fn bandwidth(
     r
 }
 
-fn throughput(api: &Api, m: &Module<'_>, level: Level, t: Instant) -> TestResult {
+fn throughput(
+    api: &Api,
+    m: &Module<'_>,
+    level: Level,
+    fma: &mut Option<[f32; 16]>,
+    t: Instant,
+) -> TestResult {
     let fail = |s: String| result("throughput", TestStatus::Fail, s, t);
     let f = match m.function(c"gm_fma") {
         Ok(f) => f,
@@ -813,8 +853,7 @@ fn throughput(api: &Api, m: &Module<'_>, level: Level, t: Instant) -> TestResult
         return fail(format!("cannot read the answer back: {e}"));
     }
     // The same for every GPU: computed once per worker.
-    static EXPECTED: std::sync::OnceLock<[f32; 16]> = std::sync::OnceLock::new();
-    let expected = EXPECTED.get_or_init(|| fma_expected(FMA_ITERS));
+    let expected = *fma.get_or_insert_with(|| fma_expected(FMA_ITERS));
     if let Some((i, v)) = host
         .iter()
         .enumerate()
