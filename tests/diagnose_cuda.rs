@@ -423,3 +423,32 @@ fn no_library_is_not_run_and_never_a_pass() {
     assert!(!run.ran);
     assert!(run.why.contains("cannot start the worker"), "{}", run.why);
 }
+
+#[test]
+fn the_long_level_tests_more_and_measures_longer() {
+    let mut s = setup(Some(&config([None; 4])), Duration::from_secs(20));
+    s.plan.level = Level::Long;
+    s.plan.gpus.truncate(1);
+    let (run, gpus) = cuda::run(&s.plan);
+    assert_eq!(run.result, DiagResult::Pass, "{}", show(&run, &gpus));
+    // Half of the 64 MiB free, 16 timed copies each way, the best of 10 arithmetic runs.
+    assert!(
+        test(&gpus[0], "memory")
+            .message
+            .starts_with("32 MiB of 64 MiB free"),
+        "{:?}",
+        gpus[0]
+    );
+    assert!(
+        test(&gpus[0], "bandwidth").message.contains("(16 x "),
+        "{:?}",
+        gpus[0]
+    );
+    assert!(
+        test(&gpus[0], "throughput")
+            .message
+            .contains("best of 10 runs"),
+        "{:?}",
+        gpus[0]
+    );
+}
