@@ -109,6 +109,8 @@ pub enum Event {
     Begin { test: String },
     /// A test's result on the current GPU.
     Test { result: TestResult },
+    /// The current GPU's context and memory were released (closes a `teardown` begun).
+    Released,
     /// Every GPU was tested.
     End,
 }
@@ -356,6 +358,11 @@ fn fold(stdout: &[u8]) -> Folded {
                     d.current = None;
                     result.tier = Tier::Cuda;
                     d.tests.push(result);
+                }
+            }
+            Event::Released => {
+                if let Some(d) = f.devices.last_mut() {
+                    d.current = None;
                 }
             }
             Event::End => f.end = true,
@@ -893,6 +900,35 @@ mod tests {
             gpus[2].tests[0]
                 .message
                 .starts_with("not reached: timed out")
+        );
+    }
+
+    #[test]
+    fn a_hang_releasing_a_gpu_is_charged_to_it() {
+        let mut out = String::new();
+        full_gpu(&mut out, Some("GPU-0"), 0, 50.0, 40_000.0);
+        out.push_str(&line(&Event::Begin {
+            test: "teardown".into(),
+        }));
+        out.push_str(&line(&Event::Released));
+        full_gpu(&mut out, Some("GPU-1"), 1, 50.0, 40_000.0);
+        out.push_str(&line(&Event::Begin {
+            test: "teardown".into(),
+        }));
+        let (run, gpus) = assemble(
+            &asked(2),
+            Duration::from_secs(3),
+            &collected(out, Ending::TimedOut),
+            1,
+        );
+        assert_eq!(run.result, DiagResult::Unknown);
+        assert_eq!(gpus[0].result, DiagResult::Pass, "{gpus:#?}");
+        assert_eq!(gpus[1].result, DiagResult::Unknown);
+        assert!(
+            gpus[1]
+                .tests
+                .iter()
+                .any(|t| t.test == "teardown" && t.message.contains("timed out after 3s"))
         );
     }
 

@@ -551,10 +551,16 @@ fn test_gpu(
         Ok(m) => throughput(api, m, level, fma, t),
         Err(e) => refused("throughput", e, t),
     });
+    // Releasing what the tests held can hang on a faulty GPU too: announced, so a timeout
+    // here is charged to this GPU rather than to the next.
+    emit(&Event::Begin {
+        test: "teardown".to_string(),
+    });
     drop(module);
     drop(w);
     drop(r);
     drop(ctx);
+    emit(&Event::Released);
 }
 
 fn words(bytes: u64) -> usize {
