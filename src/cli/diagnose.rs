@@ -143,6 +143,7 @@ pub fn plan(cfg: &Config, level: Level, gpus: Vec<(u32, String)>, explicit: bool
             timeout: d.timeout,
             mps_pipe: (cfg.mps.enabled && d.through_mps).then(|| cfg.mps.pipe_directory.clone()),
             exe,
+            env: Vec::new(),
         }),
         timeout: d.timeout,
     }

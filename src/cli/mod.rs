@@ -150,6 +150,9 @@ pub enum Command {
     /// when something ran and passed on every GPU asked; 1 a test failed (the GPU's index and
     /// UUID, the test, the tool's message); 2 nothing could tell (no tool ran, a timeout).
     Diagnose(diagnose::DiagnoseArgs),
+    /// The CUDA tier's worker (`diagnose` starts it in a process group of its own).
+    #[command(hide = true, name = "__cuda-worker")]
+    CudaWorker(crate::diagnose::cuda::WorkerArgs),
 }
 
 /// `--config PATH`, shared by the commands that read the daemon's files.
@@ -239,5 +242,6 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Tasks(a) => tasks::run(a),
         Command::Drill(a) => drill::run(a),
         Command::Diagnose(a) => diagnose::run(a),
+        Command::CudaWorker(a) => Ok(crate::diagnose::cuda::worker_main(&a)),
     }
 }

@@ -2,7 +2,7 @@
 //! benchmarks (`benches/*.rs`) and the soak (`examples/soak.rs`) need to run the real parts
 //! around gpu-medic. A dev-only workspace crate (`publish = false`), like `tests/fake-nvml`.
 //!
-//! - here: where the binaries are ([`bin`], [`fake_nvml`], [`repo`], [`default_policy`]),
+//! - here: where the binaries are ([`bin`], [`fake_nvml`], [`fake_cuda`], [`repo`], [`default_policy`]),
 //!   waiting ([`wait_for`], [`wait_until`], [`wait_sync`]), fake-NVML files ([`gpus_json`],
 //!   [`inject`]), signals ([`signal`], [`stop_child`]) and wall-clock stamps ([`now_ms`],
 //!   [`parse_at`]);
@@ -114,6 +114,30 @@ pub fn fake_nvml() -> PathBuf {
         .unwrap_or_else(|| {
             panic!(
                 "libfake_nvml.so not found above {}: build the workspace (cargo build --workspace)",
+                exe.display()
+            )
+        })
+}
+
+/// The fake libcuda (tests/fake-cuda), found as [`fake_nvml`] is: cargo builds the cdylib
+/// into `target/<profile>/deps/` for whatever uses the kit.
+pub fn fake_cuda() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dirs: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(3)
+        .map(Path::to_path_buf)
+        .collect();
+    if let Some(d) = bin().parent() {
+        dirs.push(d.to_path_buf());
+    }
+    dirs.iter()
+        .flat_map(|d| [d.join("deps/libfake_cuda.so"), d.join("libfake_cuda.so")])
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfake_cuda.so not found above {}: build the workspace (cargo build --workspace)",
                 exe.display()
             )
         })
