@@ -315,33 +315,8 @@ fn judge(out: &TreeOutput, asked: Option<&[u32]>) -> (bool, DiagResult, String, 
         .as_ref()
         .is_some_and(|r| !r.gpus.is_empty() || !r.node_failures.is_empty());
     // No host engine, no diagnostic, no permission: the tier could not run.
-    if !has_tests {
-        let setup = code.is_some_and(|c| NOT_SET_UP.contains(&c))
-            || text.contains("Unable to connect to host engine")
-            || text.contains("Unable to start an embedded host engine");
-        if setup {
-            let said = report
-                .as_ref()
-                .and_then(|r| r.runtime_error.clone())
-                .or_else(|| error_line(&text))
-                .unwrap_or_else(|| tail(&text));
-            let what = if text.contains("embedded host engine") {
-                "nv-hostengine is not running and dcgmi could not start an embedded one"
-            } else if code == Some(235)
-                || text.contains("host engine")
-                || said.contains("host engine")
-            {
-                "nv-hostengine is not running or not reachable"
-            } else {
-                "DCGM's diagnostic cannot run here"
-            };
-            return (
-                false,
-                DiagResult::Unknown,
-                format!("{what}: {}{}", said.trim(), exit_words(code, signal)),
-                Vec::new(),
-            );
-        }
+    if !has_tests && let Some(why) = not_set_up(code, signal, report.as_ref(), &text) {
+        return (false, DiagResult::Unknown, why, Vec::new());
     }
     let Some(report) = report else {
         if out.stdout_cut() {
@@ -357,6 +332,15 @@ fn judge(out: &TreeOutput, asked: Option<&[u32]>) -> (bool, DiagResult, String, 
             tail(&text)
         ));
     };
+    judge_report(&report, code, signal)
+}
+
+/// A document with test results: fail, could not tell or pass, by what it and the exit say.
+fn judge_report(
+    report: &Report,
+    code: Option<i32>,
+    signal: Option<i32>,
+) -> (bool, DiagResult, String, Vec<GpuDiagnosis>) {
     let gpus: Vec<GpuDiagnosis> = report
         .gpus
         .iter()
@@ -429,6 +413,38 @@ fn judge(out: &TreeOutput, asked: Option<&[u32]>) -> (bool, DiagResult, String, 
         format!("{version}DCGM ran no test (every test skipped or not run)"),
         gpus,
     )
+}
+
+/// Why dcgmi could not run a diagnostic at all (no host engine, no diagnostic, no permission),
+/// when its exit or its words say so.
+fn not_set_up(
+    code: Option<i32>,
+    signal: Option<i32>,
+    report: Option<&Report>,
+    text: &str,
+) -> Option<String> {
+    let setup = code.is_some_and(|c| NOT_SET_UP.contains(&c))
+        || text.contains("Unable to connect to host engine")
+        || text.contains("Unable to start an embedded host engine");
+    if !setup {
+        return None;
+    }
+    let said = report
+        .and_then(|r| r.runtime_error.clone())
+        .or_else(|| error_line(text))
+        .unwrap_or_else(|| tail(text));
+    let what = if text.contains("embedded host engine") {
+        "nv-hostengine is not running and dcgmi could not start an embedded one"
+    } else if code == Some(235) || text.contains("host engine") || said.contains("host engine") {
+        "nv-hostengine is not running or not reachable"
+    } else {
+        "DCGM's diagnostic cannot run here"
+    };
+    Some(format!(
+        "{what}: {}{}",
+        said.trim(),
+        exit_words(code, signal)
+    ))
 }
 
 fn exit_words(code: Option<i32>, signal: Option<i32>) -> String {

@@ -15,7 +15,7 @@
 use super::repair::RepairResult;
 use super::{Cx, Goal, NodePhase, Step};
 use crate::model::diagnosis::{DiagResult, Diagnosis};
-use crate::model::{IncidentId, IncidentState, Verdict};
+use crate::model::{Command, IncidentId, IncidentState, Verdict};
 use crate::policy::diagnose::OnUnknown;
 
 /// The rule recorded when a failed diagnosis moves a node up the ladder.
@@ -151,6 +151,21 @@ impl Cx<'_> {
                 self.start_step(incident, Step::Replace, 1);
             }
         }
+    }
+
+    /// The diagnose order failed for good or overran its deadline: could not tell.
+    pub(super) fn diagnosis_not_run(&mut self, incident: IncidentId, why: &str) {
+        let why = format!("the diagnosis could not run ({why})");
+        self.diagnosis_unknown(incident, &why);
+    }
+
+    /// What observe-only records for a remediation's `steps`, the diagnosis after them when
+    /// this node diagnoses there (`wanted`).
+    pub(super) fn with_diagnosis(&self, mut steps: Vec<Command>, wanted: bool) -> Vec<Command> {
+        if let Some(level) = self.st.capabilities.diagnose.filter(|_| wanted) {
+            steps.push(Command::Diagnose { level });
+        }
+        steps
     }
 
     /// Back in service after a diagnosis passed on a drained node (no reboot).

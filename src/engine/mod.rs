@@ -990,49 +990,7 @@ impl Cx<'_> {
             return;
         }
         if self.dry(incident) {
-            let boot = self.st.repair.boot.clone().unwrap_or_default();
-            let test = self
-                .st
-                .capabilities
-                .diagnose
-                .map(|level| Command::Diagnose { level });
-            let steps = match goal {
-                Goal::Drain => [Command::Quarantine, Command::Drain { terminating: false }]
-                    .into_iter()
-                    .chain(test.clone().filter(|_| self.policy.diagnose.after_drain))
-                    .collect(),
-                Goal::Reboot => [
-                    Command::Quarantine,
-                    Command::Drain { terminating: false },
-                    Command::Reboot { boot },
-                ]
-                .into_iter()
-                .chain(test.clone().filter(|_| self.policy.diagnose.after_reboot))
-                .collect(),
-                _ => vec![
-                    Command::Quarantine,
-                    Command::Drain { terminating: false },
-                    Command::Replace,
-                ],
-            };
-            for c in steps {
-                self.issue(incident, c, 1);
-            }
-            let what = match goal {
-                Goal::Drain if test.is_some() && self.policy.diagnose.after_drain => {
-                    "quarantined and drained the instance, then diagnosed its GPUs (back in service on a pass, the next rung on a failure)"
-                }
-                Goal::Drain => "quarantined and drained the instance",
-                Goal::Reboot => {
-                    "quarantined, drained and rebooted the instance (then checked it after the boot and returned it to service, or replaced it)"
-                }
-                _ => "quarantined, drained and replaced the instance",
-            };
-            self.close(
-                incident,
-                IncidentState::Observed,
-                format!("observe-only: would have {what}"),
-            );
+            self.would_remediate(incident, goal);
             return;
         }
         if !self.st.capabilities.aws {
@@ -1067,6 +1025,50 @@ impl Cx<'_> {
         self.st.remediation = Some(Remediation::new(incident, goal, step));
         self.st.node_incident = Some(incident);
         self.start_step(incident, step, 1);
+    }
+
+    /// Observe-only (or a dry run): the remediation's orders recorded, none executed, and the
+    /// incident closed saying what would have been done.
+    fn would_remediate(&mut self, incident: IncidentId, goal: Goal) {
+        let boot = self.st.repair.boot.clone().unwrap_or_default();
+        let steps = match goal {
+            Goal::Drain => self.with_diagnosis(
+                vec![Command::Quarantine, Command::Drain { terminating: false }],
+                self.policy.diagnose.after_drain,
+            ),
+            Goal::Reboot => self.with_diagnosis(
+                vec![
+                    Command::Quarantine,
+                    Command::Drain { terminating: false },
+                    Command::Reboot { boot },
+                ],
+                self.policy.diagnose.after_reboot,
+            ),
+            _ => vec![
+                Command::Quarantine,
+                Command::Drain { terminating: false },
+                Command::Replace,
+            ],
+        };
+        let diagnoses = steps.iter().any(|c| matches!(c, Command::Diagnose { .. }));
+        for c in steps {
+            self.issue(incident, c, 1);
+        }
+        let what = match goal {
+            Goal::Drain if diagnoses => {
+                "quarantined and drained the instance, then diagnosed its GPUs (back in service on a pass, the next rung on a failure)"
+            }
+            Goal::Drain => "quarantined and drained the instance",
+            Goal::Reboot => {
+                "quarantined, drained and rebooted the instance (then checked it after the boot and returned it to service, or replaced it)"
+            }
+            _ => "quarantined, drained and replaced the instance",
+        };
+        self.close(
+            incident,
+            IncidentState::Observed,
+            format!("observe-only: would have {what}"),
+        );
     }
 
     fn start_step(&mut self, incident: IncidentId, step: Step, attempt: u32) {
@@ -1211,10 +1213,7 @@ impl Cx<'_> {
                 self.start_step(id, Step::BootCheck, 1);
             }
             (Step::Reboot | Step::AwaitBoot | Step::BootCheck, _) => self.reboot_failed(step, why),
-            (Step::Diagnose, _) => {
-                let why = format!("the diagnosis could not run ({why})");
-                self.diagnosis_unknown(id, &why);
-            }
+            (Step::Diagnose, _) => self.diagnosis_not_run(id, why),
             (Step::Drain, Goal::Reboot) => {
                 self.note(
                     id,

@@ -27,7 +27,6 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -101,8 +100,9 @@ pub enum TreeError {
 }
 
 /// One run at a time per process: the subreaper flag is process-wide.
+// layout: static allowed: the kernel's child-subreaper flag is one per process; this lock
+// only keeps two runs from setting and clearing it under each other, it holds no state.
 static RUNS: Mutex<()> = Mutex::new(());
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `cmd` (stdin from /dev/null, stdout and stderr captured, each capped at `max_out`
 /// bytes kept; the rest is read and discarded so the program never blocks on a full pipe) and
@@ -119,12 +119,8 @@ pub fn output_tree_within(
     let _one = RUNS.lock().unwrap_or_else(|e| e.into_inner());
     let start = Instant::now();
     let subreaper = Subreaper::become_one().map_err(TreeError::Subreaper)?;
-    let marker = format!(
-        "{}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed),
-        nanos_now()
-    );
+    // Runs are serialized by RUNS, so the process id and the clock name this run alone.
+    let marker = format!("{}-{}", std::process::id(), nanos_now());
     cmd.env(MARKER_VAR, &marker)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
