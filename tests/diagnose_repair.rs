@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpu_medic_testkit::aws::{self, Proxy, Seeded};
+use gpu_medic_testkit::aws::{self, Proxy, Sampler, Seeded};
 use gpu_medic_testkit::journal::started_commands;
 use gpu_medic_testkit::{Daemon, default_policy, wait_for};
 use serde_json::{Value, json};
@@ -67,7 +67,7 @@ fn stand_in(dir: &Path) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{d}/calls'\nmode=$(cat '{d}/mode')\ncat \"{d}/$mode.json\"\n[ \"$mode\" = pass ] || exit 205\n"
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{d}/calls'\n[ -f '{d}/delay' ] && sleep \"$(cat '{d}/delay')\"\nmode=$(cat '{d}/mode')\ncat \"{d}/$mode.json\"\n[ \"$mode\" = pass ] || exit 205\n"
         ),
     )
     .unwrap();
@@ -103,6 +103,11 @@ impl Node {
 
 /// Node 0 of `s` with the reboot rung, the DCGM tier (the stand-in) and no CUDA tier.
 fn node(s: &Seeded, proxy: &Proxy, policy_extra: &str) -> Node {
+    node_i(s, 0, proxy, "", policy_extra)
+}
+
+/// Node `i` of [`node`], with more `[fleet]` lines.
+fn node_i(s: &Seeded, i: usize, proxy: &Proxy, fleet_extra: &str, policy_extra: &str) -> Node {
     let tools = tempfile::tempdir().unwrap();
     let dcgmi = stand_in(tools.path());
     let boot = tools.path().join("boot_id");
@@ -113,8 +118,8 @@ fn node(s: &Seeded, proxy: &Proxy, policy_extra: &str) -> Node {
         boot.display(),
         dcgmi.display()
     );
-    let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"\n";
-    let d = aws::node(s, 0, Some(&proxy.url), "", "", fleet, &rest);
+    let fleet = format!("claim_settle = \"200ms\"\nretry_after = \"1s\"\n{fleet_extra}");
+    let d = aws::node(s, i, Some(&proxy.url), "", "", &fleet, &rest);
     let policy = d.path("policy.toml");
     std::fs::write(
         &policy,
@@ -319,4 +324,77 @@ async fn after_a_reboot_the_node_returns_only_once_its_diagnosis_passed() {
     assert_eq!(diagnosis_of(&inc)[0]["result"], "pass");
     assert_back_in_service(&sdk, &s).await;
     n.d.stop(Duration::from_secs(10));
+}
+
+/// Three supervisors under a budget of one (the DynamoDB slot table) each drain for the
+/// driver's drain-p2p, and each diagnosis takes a while: the slot is held from the drain to the
+/// return to service, so moto never shows two instances out of service at once, and all three
+/// come back in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_supervisors_diagnosing_at_once_keep_the_budget() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let moto = aws::sdk(&aws::moto().url).await;
+    let table = aws::unique("dg-three");
+    aws::create_slot_table(&sdk, &table).await;
+    let s = std::sync::Arc::new(aws::seed(&sdk, "dg-three", 3).await);
+    let fleet = aws::table_fleet(&table);
+    let mut ns: Vec<Node> = (0..3).map(|i| node_i(&s, i, &proxy, &fleet, "")).collect();
+    for n in &mut ns {
+        std::fs::write(n.tools.path().join("delay"), "1.5").unwrap();
+        n.d.start();
+    }
+    for n in &ns {
+        n.d.wait_polled();
+    }
+    let sampler = Sampler::start(&moto, &s);
+    for n in &mut ns {
+        n.d.inject(r#"{"gpu": 0, "recovery_action": "drain-p2p"}"#);
+    }
+    let mut cleared = [false; 3];
+    let t0 = std::time::Instant::now();
+    loop {
+        let mut all = true;
+        for (i, n) in ns.iter_mut().enumerate() {
+            // The driver's verdict clears once the node was drained (a reset would clear it).
+            if !cleared[i] && state(&n.d)["remediation"]["step"] == "diagnose" {
+                n.d.inject(r#"{"gpu": 0, "recovery_action": "none"}"#);
+                cleared[i] = true;
+            }
+            all &= n.d.incident(1)["state"] == "resolved";
+        }
+        if all {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(150),
+            "not all three back in 150 s: {}",
+            ns.iter()
+                .map(|n| n.d.log())
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (max, samples, worst) = sampler.finish().await;
+    assert!(samples > 10, "{samples} samples");
+    assert_eq!(max, 1, "at most 1 out of service at once, saw {worst:?}");
+    for (i, n) in ns.iter().enumerate() {
+        let inc = n.d.incident(1);
+        // A drain the budget deferred is started again: once the slot is had, in that order.
+        let mut cmds = started_commands(&inc);
+        cmds.dedup();
+        assert_eq!(
+            cmds,
+            ["quarantine", "drain", "diagnose", "restore"],
+            "node {i}: {inc:#}"
+        );
+        let (status, _, _) = aws::instance(&moto, &s.cluster, &s.nodes[i].arn).await;
+        assert_eq!(status, "ACTIVE", "node {i}");
+    }
+    let item = aws::slot_item(&moto, &table, &s.asg).await;
+    assert!(item.holders.is_empty(), "every slot released: {item:?}");
+    for n in &mut ns {
+        n.d.stop(Duration::from_secs(10));
+    }
 }
