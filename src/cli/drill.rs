@@ -193,9 +193,9 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
         },
     };
     arm(&cfg, &request, "drill request", "nothing was played")?;
-    // The daemon decides by its own config: a refusal comes with the request's taking.
-    std::thread::sleep(Duration::from_millis(200));
-    if let Some(why) = refused_by_daemon(&cfg, &id) {
+    // The daemon decides by its own config (or the instance tag it reads), whatever this
+    // command's config says: nothing is played before it armed the drill.
+    if let Err(why) = decided_by_daemon(&cfg, &id) {
         eprintln!("gpu-medic drill: refused by the daemon: {why}; nothing was played");
         return Ok(exit::REFUSED);
     }
@@ -520,12 +520,6 @@ fn follow(cfg: &Config, id: &str, wait: Duration, notice: bool) -> Result<i32, C
     let mut printed = 0usize;
     let mut drains: Vec<crate::model::ActionId> = Vec::new();
     loop {
-        if incident.is_none()
-            && let Some(why) = refused_by_daemon(cfg, id)
-        {
-            eprintln!("gpu-medic drill: refused by the daemon: {why}");
-            return Ok(exit::REFUSED);
-        }
         let recs: Vec<Record> = crate::journal::last_records(&cfg.incidents_path(), 512)?;
         let mine: Vec<&Record> = match incident {
             None => match recs.iter().find(|r| r.drill.as_deref() == Some(id)) {
@@ -594,14 +588,36 @@ fn follow(cfg: &Config, id: &str, wait: Duration, notice: bool) -> Result<i32, C
     }
 }
 
-/// The daemon's refusal of drill `id` (it allows drills by its own config, whatever this
-/// command's config says), taken: `None` when it left none.
-fn refused_by_daemon(cfg: &Config, id: &str) -> Option<String> {
-    let name = crate::supervisor::drill_gate::refusal_name(id)?;
-    let path = crate::journal::requests_dir(&cfg.state_dir).join(name);
-    let why = crate::sys::limits::read_text(&path, 4096, "drill refusal").ok()?;
-    let _ = std::fs::remove_file(&path);
-    Some(why.trim().to_string())
+/// How long the daemon may take to decide on a drill it took (it may read the instance tag).
+const DECIDED_WITHIN: Duration = Duration::from_secs(30);
+
+/// Waits for the daemon's decision on drill `id`, taken: `Err` with its reason when it refused
+/// the drill (it allows drills by its own config, whatever this command's config says) or
+/// did not decide in time.
+fn decided_by_daemon(cfg: &Config, id: &str) -> Result<(), String> {
+    let dir = crate::journal::requests_dir(&cfg.state_dir);
+    let (Some(armed), Some(refused)) = (
+        crate::supervisor::drill_gate::decision_name(id, true),
+        crate::supervisor::drill_gate::decision_name(id, false),
+    ) else {
+        return Err(format!("{id} is no drill id"));
+    };
+    let (armed, refused) = (dir.join(armed), dir.join(refused));
+    let t0 = Instant::now();
+    while t0.elapsed() < DECIDED_WITHIN {
+        if std::fs::remove_file(&armed).is_ok() {
+            return Ok(());
+        }
+        if let Ok(why) = crate::sys::limits::read_text(&refused, 4096, "drill refusal") {
+            let _ = std::fs::remove_file(&refused);
+            return Err(why.trim().to_string());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "it took the request but did not arm the drill within {}",
+        humantime::format_duration(DECIDED_WITHIN)
+    ))
 }
 
 /// The NVML view of GPU `index` (its UUID and PCI bus id), through the config's library.

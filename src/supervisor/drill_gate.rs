@@ -2,8 +2,10 @@
 //! written by whoever can write there, with whatever config they ran `gpu-medic drill` with:
 //! the daemon takes a drill only when its own config says `[drill] allow = true` or the
 //! instance carries the tag `gpu-medic:drills=allowed` (read through IMDS by the daemon), and
-//! takes of the request only what a drill may do ([`clamp`]). A refused request is logged
-//! with its reason and left as `requests/<drill id>.refused` for the drill command to print.
+//! takes of the request only what a drill may do ([`clamp`]). The decision is left for the
+//! drill command, which plays nothing before it: `requests/<drill id>.armed` (handed to the
+//! engine in this tick's batch), or `requests/<drill id>.refused` with the reason (also
+//! logged).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -14,14 +16,14 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::model::{Drill, DrillExpect, OperatorRequest, Signal, SignalKind};
 
-/// How long an answer about the instance tag is trusted.
+/// How long the instance tag's permission is trusted (a refusal is not kept).
 const TAG_FRESH: Duration = Duration::from_secs(60);
 /// How long a drill request waits for the tag to be read before it is refused.
 const HOLD_MAX: Duration = Duration::from_secs(20);
 /// At most this many drill requests wait for the tag.
 const HELD_MAX: usize = 16;
-/// At most this many refusals are left for the drill command to read.
-const REFUSED_FILES_MAX: usize = 64;
+/// At most this many decisions are left for drill commands to read.
+const DECISION_FILES_MAX: usize = 64;
 
 /// The tag's answer: allowed, or why not.
 type TagAnswer = (Instant, Result<(), String>);
@@ -67,6 +69,7 @@ impl Gate {
                 }
             };
             if self.allow {
+                self.decide(&drill.id, None);
                 out.push(OperatorRequest::Drill { drill });
             } else if self.held.len() >= HELD_MAX {
                 self.refuse(&drill, "too many drill requests wait for the instance tag");
@@ -85,15 +88,19 @@ impl Gate {
             .filter(|(at, _)| at.elapsed() < TAG_FRESH);
         match answer {
             Some((_, Ok(()))) => {
-                out.extend(
-                    self.held
-                        .drain(..)
-                        .map(|(_, drill)| OperatorRequest::Drill { drill }),
-                );
+                for (_, drill) in std::mem::take(&mut self.held) {
+                    self.decide(&drill.id, None);
+                    out.push(OperatorRequest::Drill { drill });
+                }
             }
             Some((_, Err(why))) => {
                 for (_, d) in std::mem::take(&mut self.held) {
                     self.refuse(&d, &why);
+                }
+                // A refusal is not kept: the next request reads the tag again (an operator
+                // who just tagged the instance is not refused for a minute).
+                if let Ok(mut t) = self.tag.lock() {
+                    *t = None;
                 }
             }
             None => {
@@ -149,32 +156,45 @@ impl Gate {
             by = %crate::mps::control::clip(&d.by, 64),
             "drill request refused: {why}"
         );
-        let Some(name) = refusal_name(&d.id) else {
+        self.decide(&d.id, Some(&why));
+    }
+
+    /// Leaves the decision on drill `id` for the drill command: armed (`refused` = `None`)
+    /// or refused with the reason.
+    fn decide(&self, id: &str, refused: Option<&str>) {
+        let Some(name) = decision_name(id, refused.is_none()) else {
             return;
         };
         let room = std::fs::read_dir(&self.requests_dir).map_or(0, |it| {
-            it.take(4 * REFUSED_FILES_MAX)
+            it.take(4 * DECISION_FILES_MAX)
                 .filter_map(Result::ok)
-                .filter(|e| e.path().extension().is_some_and(|x| x == "refused"))
+                .filter(|e| {
+                    e.path()
+                        .extension()
+                        .is_some_and(|x| x == "refused" || x == "armed")
+                })
                 .count()
-        }) < REFUSED_FILES_MAX;
+        }) < DECISION_FILES_MAX;
         if room {
             let _ = crate::sys::fs::write_atomic(
                 &self.requests_dir.join(name),
-                why.as_bytes(),
+                refused.unwrap_or("").as_bytes(),
                 crate::sys::fs::Durability::Atomic,
             );
         }
     }
 }
 
-/// Where the refusal of drill `id` is left for the drill command (`<id>.refused` in the
-/// requests directory); `None` for an id that is no drill's (`drill-<ms>-<pid>`).
-pub fn refusal_name(id: &str) -> Option<String> {
+/// Where the decision on drill `id` is left for the drill command (`<id>.armed` or
+/// `<id>.refused` in the requests directory); `None` for an id that is no drill's
+/// (`drill-<ms>-<pid>`).
+pub fn decision_name(id: &str, armed: bool) -> Option<String> {
     let mut parts = id.strip_prefix("drill-")?.split('-');
-    let ok = |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit()));
-    (ok(parts.next()) && ok(parts.next()) && parts.next().is_none())
-        .then(|| format!("{id}.refused"))
+    let ok = |p: Option<&str>| {
+        p.is_some_and(|p| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let ext = if armed { "armed" } else { "refused" };
+    (ok(parts.next()) && ok(parts.next()) && parts.next().is_none()).then(|| format!("{id}.{ext}"))
 }
 
 /// What a drill may do, whatever its request says: an observation of its own only of the
@@ -184,7 +204,7 @@ pub fn refusal_name(id: &str) -> Option<String> {
 /// waiting only for the MPS daemon's signals (the `mps-hang` and `mps-crash` drills, which
 /// stop or kill the daemon for its probe to find). Anything else is refused with the reason.
 pub fn clamp(mut d: Drill) -> Result<Drill, (Drill, String)> {
-    if refusal_name(&d.id).is_none() {
+    if decision_name(&d.id, true).is_none() {
         return Err((d, "the request's drill id is not drill-<ms>-<pid>".into()));
     }
     match d.inject.take() {
@@ -295,8 +315,9 @@ mod tests {
         let mut bad = drill(None, vec![SignalKind::MpsDown]);
         bad.id = "../../etc/x".into();
         assert!(clamp(bad).is_err());
-        assert_eq!(refusal_name("drill-1-2").as_deref(), Some("drill-1-2.refused"));
-        assert_eq!(refusal_name("drill-1-2-3"), None);
-        assert_eq!(refusal_name("drill-1-/"), None);
+        assert_eq!(decision_name("drill-1-2", false).as_deref(), Some("drill-1-2.refused"));
+        assert_eq!(decision_name("drill-1-2", true).as_deref(), Some("drill-1-2.armed"));
+        assert_eq!(decision_name("drill-1-2-3", true), None);
+        assert_eq!(decision_name("drill-1-/", true), None);
     }
 }
