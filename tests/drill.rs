@@ -538,7 +538,10 @@ async fn a_daemon_that_does_not_allow_drills_refuses_one_asked_with_another_conf
     }
     assert!(listed(&d).is_empty(), "{:#?}", listed(&d));
     assert!(d.log().contains("drill request refused"), "{}", d.log());
-    assert!(!imds.reads(TAG_PATH).is_empty(), "the daemon asked for the tag");
+    assert!(
+        !imds.reads(TAG_PATH).is_empty(),
+        "the daemon asked for the tag"
+    );
     // The request files are gone, and so are the decisions (the command took them).
     let left: Vec<_> = std::fs::read_dir(d.path("state/requests"))
         .unwrap()
@@ -548,9 +551,17 @@ async fn a_daemon_that_does_not_allow_drills_refuses_one_asked_with_another_conf
     // With the tag, the daemon allows it (a refusal is not kept: the tag is read again).
     imds.set_doc(TAG_PATH, Some("allowed"));
     let mut c = d.command();
-    c.args(["drill", "gpu-lost", "--gpu", "1", "--observe", "--wait", "20s"])
-        .arg("--config")
-        .arg(&other);
+    c.args([
+        "drill",
+        "gpu-lost",
+        "--gpu",
+        "1",
+        "--observe",
+        "--wait",
+        "20s",
+    ])
+    .arg("--config")
+    .arg(&other);
     let out = tokio::task::spawn_blocking(move || c.output().unwrap())
         .await
         .unwrap();
@@ -594,10 +605,16 @@ fn an_xid_drill_through_the_real_dev_kmsg() {
     d.start();
     d.wait_polled();
     // The fake's GPU 1 is at bus 0x20.
-    w.write_all(b"<3>NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=forged, GPU has fallen off the bus.\n")
-        .unwrap();
+    w.write_all(
+        b"<3>NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=forged, GPU has fallen off the bus.\n",
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    assert!(listed(&d).is_empty(), "a forged record judged: {:#?}", listed(&d));
+    assert!(
+        listed(&d).is_empty(),
+        "a forged record judged: {:#?}",
+        listed(&d)
+    );
     let out = d.cli(&[
         "drill",
         "xid",

@@ -152,7 +152,9 @@ fn a_rotated_kernel_log_file_loses_nothing() {
     d.start();
     d.wait_polled();
     let noise: Vec<String> = (0..40)
-        .map(|i| format!("6,{i},{i},-;usb 1-1: new high-speed USB device number {i} using xhci_hcd"))
+        .map(|i| {
+            format!("6,{i},{i},-;usb 1-1: new high-speed USB device number {i} using xhci_hcd")
+        })
         .collect();
     let mut first: Vec<&str> = noise.iter().map(String::as_str).collect();
     first.push("4,100,100,-;NVRM: Xid (PCI:0000:10:00): 13, pid=1, name=a, Graphics Exception");
@@ -216,7 +218,12 @@ fn an_xid_that_needs_its_text_waits_for_a_reader_that_is_still_starting() {
         "opened",
         |r| r["observation"]["signal"]["code"] == 145,
     );
-    assert_eq!(r["observation"]["signal"]["decode"], "ignore", "{r}\n{}", d.log());
+    assert_eq!(
+        r["observation"]["signal"]["decode"],
+        "ignore",
+        "{r}\n{}",
+        d.log()
+    );
     assert_eq!(r["observation"]["source"], "kmsg", "{r}");
     assert_ne!(r["verdict"], "drain", "{r}");
     d.stop(Duration::from_secs(10));

@@ -356,10 +356,22 @@ mod tests {
         let s = StreamId::mps_log(3, 4, 2);
         assert_eq!(s.mps_log_generation(3, 4), Some(2));
         assert_eq!(StreamId::kmsg_file(3, 4, 0).as_str(), "kmsg-file:3:4");
-        assert_eq!(StreamId::kmsg_file(3, 4, 0).kmsg_file_generation(3, 4), Some(0));
-        assert_eq!(StreamId::kmsg_file(3, 4, 9).kmsg_file_generation(3, 4), Some(9));
-        assert_eq!(StreamId::kmsg_file(3, 45, 9).kmsg_file_generation(3, 4), None);
-        assert_eq!(StreamId::kmsg_file(3, 4, 9).kmsg_file_generation(3, 45), None);
+        assert_eq!(
+            StreamId::kmsg_file(3, 4, 0).kmsg_file_generation(3, 4),
+            Some(0)
+        );
+        assert_eq!(
+            StreamId::kmsg_file(3, 4, 9).kmsg_file_generation(3, 4),
+            Some(9)
+        );
+        assert_eq!(
+            StreamId::kmsg_file(3, 45, 9).kmsg_file_generation(3, 4),
+            None
+        );
+        assert_eq!(
+            StreamId::kmsg_file(3, 4, 9).kmsg_file_generation(3, 45),
+            None
+        );
         assert_eq!(s.mps_log_generation(3, 5), None);
         assert_eq!(StreamId::kmsg("3:4:2").mps_log_generation(3, 4), None);
     }

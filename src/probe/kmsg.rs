@@ -255,7 +255,11 @@ fn xid_fields(message: &str) -> Option<(&str, u32, &str)> {
     let rest = message.strip_prefix(XID_PREFIX)?;
     let rest = rest.strip_prefix("PCI:").unwrap_or(rest);
     let (pci, rest) = rest.split_once("):")?;
-    if pci.is_empty() || !pci.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+    if pci.is_empty()
+        || !pci
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+    {
         return None;
     }
     let mut fields = rest.splitn(2, ',');
@@ -836,7 +840,11 @@ impl KmsgReader {
                             let file = match rotated {
                                 Rotation::Truncated { dev, ino } => {
                                     tracing::warn!(probe = "kmsg", path = %self.path.display(), offset, "the kernel log file was truncated (copytruncate, or recreated on its inode); read again from its start");
-                                    stream.id = StreamId::kmsg_file(dev, ino, next_generation(&stream.id, dev, ino));
+                                    stream.id = StreamId::kmsg_file(
+                                        dev,
+                                        ino,
+                                        next_generation(&stream.id, dev, ino),
+                                    );
                                     if r.inner.seek(std::io::SeekFrom::Start(0)).is_err() {
                                         return;
                                     }
@@ -846,7 +854,11 @@ impl KmsgReader {
                                     use std::os::unix::fs::MetadataExt;
                                     let Ok(m) = f.metadata() else { return };
                                     tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log file was replaced (rotated); reading the new one from its start");
-                                    stream.id = StreamId::kmsg_file(m.dev(), m.ino(), next_generation(&stream.id, m.dev(), m.ino()));
+                                    stream.id = StreamId::kmsg_file(
+                                        m.dev(),
+                                        m.ino(),
+                                        next_generation(&stream.id, m.dev(), m.ino()),
+                                    );
                                     writes = crate::sys::watch::Writes::watch(&self.path);
                                     Some(f)
                                 }
@@ -1196,15 +1208,60 @@ mod tests {
     #[test]
     fn real_driver_lines_in_every_log_format_are_read() {
         for (l, code, pid, text) in [
-            ("3,1,2,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.", 79, Some(1234), "GPU has fallen off the bus."),
-            ("Dec  3 12:00:00 ip-10-0-0-1 kernel: [12345.678901] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.", 79, Some(1234), "GPU has fallen off the bus."),
-            ("Dec 13 12:00:00 host kernel: NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error", 48, None, "An uncorrectable double bit error"),
-            ("2026-12-03T12:00:00.123456+00:00 host kernel: NVRM: Xid (PCI:0000:1b:00): 94, pid=2453, name=app, Contained ECC error.", 94, Some(2453), "Contained ECC error."),
-            ("[Thu Dec  3 12:00:00 2026] NVRM: Xid (PCI:0000:1b:00): 31, pid=7, name=app, Ch 00000008, intr 10000000. MMU Fault", 31, Some(7), "Ch 00000008, intr 10000000. MMU Fault"),
-            ("NVRM: Xid (0000:1b:00): 79, pid=..., GPU has fallen off the bus.", 79, None, "GPU has fallen off the bus."),
-            ("[  431.100101] NVRM: Xid (0000:1b:00): 13, 0003 00000000 0000a097 00000f04 00000000 00000000", 13, None, "0003 00000000 0000a097 00000f04 00000000 00000000"),
-            ("4,77,5,-;NVRM: Xid (PCI:0000:1b:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address", 13, None, "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"),
-            ("4,78,5,-;NVRM: Xid (PCI:0000:1b:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x50da30=0x102000e 0x50da34=0x20 0x50da28=0x0 0x50da2c=0x0", 13, None, "Graphics Exception: ESR 0x50da30=0x102000e 0x50da34=0x20 0x50da28=0x0 0x50da2c=0x0"),
+            (
+                "3,1,2,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+                79,
+                Some(1234),
+                "GPU has fallen off the bus.",
+            ),
+            (
+                "Dec  3 12:00:00 ip-10-0-0-1 kernel: [12345.678901] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+                79,
+                Some(1234),
+                "GPU has fallen off the bus.",
+            ),
+            (
+                "Dec 13 12:00:00 host kernel: NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error",
+                48,
+                None,
+                "An uncorrectable double bit error",
+            ),
+            (
+                "2026-12-03T12:00:00.123456+00:00 host kernel: NVRM: Xid (PCI:0000:1b:00): 94, pid=2453, name=app, Contained ECC error.",
+                94,
+                Some(2453),
+                "Contained ECC error.",
+            ),
+            (
+                "[Thu Dec  3 12:00:00 2026] NVRM: Xid (PCI:0000:1b:00): 31, pid=7, name=app, Ch 00000008, intr 10000000. MMU Fault",
+                31,
+                Some(7),
+                "Ch 00000008, intr 10000000. MMU Fault",
+            ),
+            (
+                "NVRM: Xid (0000:1b:00): 79, pid=..., GPU has fallen off the bus.",
+                79,
+                None,
+                "GPU has fallen off the bus.",
+            ),
+            (
+                "[  431.100101] NVRM: Xid (0000:1b:00): 13, 0003 00000000 0000a097 00000f04 00000000 00000000",
+                13,
+                None,
+                "0003 00000000 0000a097 00000f04 00000000 00000000",
+            ),
+            (
+                "4,77,5,-;NVRM: Xid (PCI:0000:1b:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+                13,
+                None,
+                "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+            ),
+            (
+                "4,78,5,-;NVRM: Xid (PCI:0000:1b:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x50da30=0x102000e 0x50da34=0x20 0x50da28=0x0 0x50da2c=0x0",
+                13,
+                None,
+                "Graphics Exception: ESR 0x50da30=0x102000e 0x50da34=0x20 0x50da28=0x0 0x50da2c=0x0",
+            ),
         ] {
             let x = parse_line(l).unwrap_or_else(|| panic!("{l}"));
             assert_eq!((x.code, x.pid, x.text.as_str()), (code, pid, text), "{l}");
@@ -1217,7 +1274,11 @@ mod tests {
             "[ 8123.456789] nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up",
         ] {
             let x = super::super::sxid::parse_line(l).unwrap_or_else(|| panic!("{l}"));
-            assert_eq!((x.code, x.switch.as_deref()), (20034, Some("nvidia-nvswitch3")), "{l}");
+            assert_eq!(
+                (x.code, x.switch.as_deref()),
+                (20034, Some("nvidia-nvswitch3")),
+                "{l}"
+            );
         }
     }
 

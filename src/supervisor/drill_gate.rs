@@ -135,7 +135,9 @@ impl Gate {
                 )),
                 Ok(Ok(None)) => Err("IMDS lists no instance tag gpu-medic:drills".into()),
                 Ok(Err(e)) => Err(format!("the instance tag could not be read: {e}")),
-                Err(_) => Err("the instance tag could not be read: IMDS did not answer within 5s".into()),
+                Err(_) => {
+                    Err("the instance tag could not be read: IMDS did not answer within 5s".into())
+                }
             };
             if let Ok(mut t) = tag.lock() {
                 *t = Some((Instant::now(), answer));
@@ -297,10 +299,20 @@ mod tests {
         assert!(o.detail.as_deref().unwrap().starts_with("drill: "));
         assert!(o.pids.is_empty() && o.tasks.is_empty() && o.cursor.is_none());
         assert_eq!(d.expect.signals, vec![SignalKind::Xid]);
-        assert_eq!((d.expect.code, d.expect.gpu, d.expect.pid), (Some(79), Some(0), None));
+        assert_eq!(
+            (d.expect.code, d.expect.gpu, d.expect.pid),
+            (Some(79), Some(0), None)
+        );
         // An ECC drill is one error, whatever the request says.
         let ecc = Observation::new(Signal::EccUncorrected).with_value(1_000_000);
-        assert_eq!(clamp(drill(Some(ecc), vec![])).unwrap().inject.unwrap().value, 1);
+        assert_eq!(
+            clamp(drill(Some(ecc), vec![]))
+                .unwrap()
+                .inject
+                .unwrap()
+                .value,
+            1
+        );
         // Nothing a drill does not inject.
         for s in [Signal::MpsDown, Signal::RowRemapFailure] {
             assert!(clamp(drill(Some(Observation::new(s)), vec![])).is_err());
@@ -310,13 +322,22 @@ mod tests {
         assert!(clamp(drill(None, vec![SignalKind::Xid])).is_err());
         let m = clamp(drill(None, vec![SignalKind::Xid, SignalKind::MpsDown])).unwrap();
         assert_eq!(m.expect.signals, vec![SignalKind::MpsDown]);
-        assert_eq!((m.expect.code, m.expect.gpu, m.expect.pid), (None, None, None));
+        assert_eq!(
+            (m.expect.code, m.expect.gpu, m.expect.pid),
+            (None, None, None)
+        );
         // An id that is no drill's names no file.
         let mut bad = drill(None, vec![SignalKind::MpsDown]);
         bad.id = "../../etc/x".into();
         assert!(clamp(bad).is_err());
-        assert_eq!(decision_name("drill-1-2", false).as_deref(), Some("drill-1-2.refused"));
-        assert_eq!(decision_name("drill-1-2", true).as_deref(), Some("drill-1-2.armed"));
+        assert_eq!(
+            decision_name("drill-1-2", false).as_deref(),
+            Some("drill-1-2.refused")
+        );
+        assert_eq!(
+            decision_name("drill-1-2", true).as_deref(),
+            Some("drill-1-2.armed")
+        );
         assert_eq!(decision_name("drill-1-2-3", true), None);
         assert_eq!(decision_name("drill-1-/", true), None);
     }
