@@ -25,6 +25,23 @@ const HELD_MAX: usize = 16;
 /// At most this many decisions are left for drill commands to read.
 const DECISION_FILES_MAX: usize = 64;
 
+/// Who asked for a drill, for its refusal.
+struct Who {
+    id: String,
+    class: String,
+    by: String,
+}
+
+impl Who {
+    fn of(d: &Drill) -> Who {
+        Who {
+            id: d.id.clone(),
+            class: d.class.clone(),
+            by: d.by.clone(),
+        }
+    }
+}
+
 /// The tag's answer: allowed, or why not.
 type TagAnswer = (Instant, Result<(), String>);
 
@@ -61,10 +78,11 @@ impl Gate {
                     continue;
                 }
             };
+            let who = Who::of(&drill);
             let drill = match clamp(drill) {
                 Ok(d) => d,
-                Err((d, why)) => {
-                    self.refuse(&d, &why);
+                Err(why) => {
+                    self.refuse(&who, &why);
                     continue;
                 }
             };
@@ -72,7 +90,10 @@ impl Gate {
                 self.decide(&drill.id, None);
                 out.push(OperatorRequest::Drill { drill });
             } else if self.held.len() >= HELD_MAX {
-                self.refuse(&drill, "too many drill requests wait for the instance tag");
+                self.refuse(
+                    &Who::of(&drill),
+                    "too many drill requests wait for the instance tag",
+                );
             } else {
                 self.held.push_back((Instant::now(), drill));
             }
@@ -95,7 +116,7 @@ impl Gate {
             }
             Some((_, Err(why))) => {
                 for (_, d) in std::mem::take(&mut self.held) {
-                    self.refuse(&d, &why);
+                    self.refuse(&Who::of(&d), &why);
                 }
                 // A refusal is not kept: the next request reads the tag again (an operator
                 // who just tagged the instance is not refused for a minute).
@@ -109,7 +130,7 @@ impl Gate {
                         break;
                     }
                     self.held.pop_front();
-                    self.refuse(&d, "the instance tag could not be read in time");
+                    self.refuse(&Who::of(&d), "the instance tag could not be read in time");
                 }
                 self.read_tag();
             }
@@ -147,7 +168,7 @@ impl Gate {
     }
 
     /// Logs a refused drill and leaves its reason for the drill command.
-    fn refuse(&self, d: &Drill, why: &str) {
+    fn refuse(&self, d: &Who, why: &str) {
         let why = format!(
             "this daemon does not allow drills ([drill] allow = {}; {why})",
             self.allow
@@ -205,9 +226,9 @@ pub fn decision_name(id: &str, armed: bool) -> Option<String> {
 /// task and no stream position, the drill waiting for that observation alone; without one,
 /// waiting only for the MPS daemon's signals (the `mps-hang` and `mps-crash` drills, which
 /// stop or kill the daemon for its probe to find). Anything else is refused with the reason.
-pub fn clamp(mut d: Drill) -> Result<Drill, (Drill, String)> {
+pub fn clamp(mut d: Drill) -> Result<Drill, String> {
     if decision_name(&d.id, true).is_none() {
-        return Err((d, "the request's drill id is not drill-<ms>-<pid>".into()));
+        return Err("the request's drill id is not drill-<ms>-<pid>".into());
     }
     match d.inject.take() {
         Some(mut obs) => {
@@ -224,7 +245,7 @@ pub fn clamp(mut d: Drill) -> Result<Drill, (Drill, String)> {
                         "a drill does not inject {}: only an XID, a lost GPU, an uncorrected ECC error, a Spot or maintenance notice",
                         kind.as_str()
                     );
-                    return Err((d, why));
+                    return Err(why);
                 }
             };
             obs.value = value;
@@ -250,10 +271,9 @@ pub fn clamp(mut d: Drill) -> Result<Drill, (Drill, String)> {
                 .signals
                 .retain(|k| matches!(k, SignalKind::MpsUnresponsive | SignalKind::MpsDown));
             if d.expect.signals.is_empty() {
-                return Err((
-                    d,
+                return Err(
                     "a drill without an observation of its own waits only for the MPS daemon's signals".into(),
-                ));
+                );
             }
             d.expect.code = None;
             d.expect.gpu = None;
