@@ -892,7 +892,7 @@ impl KmsgReader {
                 ino: now.ino(),
             });
         }
-        let at_path = std::fs::symlink_metadata(&self.path).ok()?;
+        let at_path = std::fs::metadata(&self.path).ok()?;
         if !at_path.is_file() || (at_path.dev(), at_path.ino()) == (now.dev(), now.ino()) {
             return None;
         }
