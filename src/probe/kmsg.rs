@@ -14,6 +14,12 @@
 //! before it are still to come, so a fatal XID written with 50,000 others is decided first
 //! and a crash still loses or doubles none.
 //!
+//! Only the driver's own records are read ([`kernel_message`], [`driver_message`]): a
+//! `/dev/kmsg` record at kernel facility, a syslog line under the tag `kernel:`, or a dmesg
+//! line, whose message begins with the driver's prefix. What a process writes to `/dev/kmsg`
+//! is at user facility, and the driver's text quoted inside another kernel message (an audit
+//! record naming a file, a USB product string) does not begin it: neither is an XID.
+//!
 //! It is also where an XID's verdict that depends on more than its code is decoded
 //! ([`decode_xid`]): the NVLink5 XIDs 144-150 by the error status in their text (NVIDIA's
 //! decode sheet, `docs/xid-nvlink5-decode.csv`), XID 159 by whether the UVM driver is in use.
