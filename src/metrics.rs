@@ -392,9 +392,18 @@ impl Metrics {
         self.record_state(state);
     }
 
-    /// What an observation counts: signals a rule judges, XIDs by code, MPS probe latency.
+    /// What an observation counts: signals a rule judges, XIDs by code, MPS probe latency. A
+    /// drill's own observation (`gpu-medic drill xid`, `gpu-lost`, ...: it travels in the
+    /// request, judged as if its probe had reported it) counts as that observation would.
     fn record_input(&self, input: &Input, policy: &Policy) {
-        if let Input::Observation(o) = input {
+        let observed = match input {
+            Input::Observation(o) => Some(o),
+            Input::Operator(crate::model::OperatorRequest::Drill { drill }) => {
+                drill.inject.as_ref()
+            }
+            _ => None,
+        };
+        if let Some(o) = observed {
             if policy.rule_for(&o.signal, o.value).is_some() {
                 self.signals
                     .get_or_create(&vec![("signal".into(), o.signal.kind().as_str().into())])

@@ -1,10 +1,8 @@
 //! `gpu-medic drill` through the real binary, against a running `gpu-medic run`:
-//! - `drill xid 79` writes a driver-shaped line to the kernel log the daemon reads (here the
-//!   `[nvml] kmsg` file of the test's directory: this machine's real `/dev/kmsg` is shared
-//!   with other test runs whose `gpu-medic check` reads the kernel log since boot, so no
-//!   drill line is written there); the incident opens from the kernel-log reader, tagged
-//!   drill; with `--observe` moto sees no call, without it the drain and SetInstanceHealth
-//!   happen;
+//! - `drill xid 79` hands the daemon an XID observation through the request directory,
+//!   marked as a drill (source `drill`; nothing is written to the kernel log, where only the
+//!   driver's own records are XIDs); the incident opens tagged drill; with `--observe` moto
+//!   sees no call, without it the drain and SetInstanceHealth happen;
 //! - `drill mps-hang` stops NVIDIA's real MPS control daemon; gpu-medic restarts it;
 //! - `drill gpu-lost` hands the daemon the observation;
 //! - `drill spot` / `drill maintenance` hand the daemon a planned-event notice shaped like the
@@ -13,9 +11,11 @@
 //! - without `[drill] allow = true` or the instance tag `gpu-medic:drills=allowed` (the kit's
 //!   IMDS stand-in answers `tags/instance/gpu-medic:drills`) the drill is refused (exit 4) and
 //!   nothing is played; with the tag it runs;
-//! - as root, `drill xid 79` through the real `/dev/kmsg` (ignored unless asked for with
-//!   `--ignored`: the line stays in the machine's kernel log, which other gpu-medic runs on
-//!   a shared machine read).
+//! - a daemon whose own config does not allow drills refuses a drill requested with another
+//!   config that does (same `state_dir`): nothing is played, nothing is judged;
+//! - as root, through the real `/dev/kmsg` (ignored unless asked for with `--ignored`: a
+//!   forged line stays in the machine's kernel log): a record a process writes there is at
+//!   user facility and is no XID; `drill xid 79` still reaches the daemon.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
@@ -103,7 +103,7 @@ async fn stopped_having_called_nothing(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_calls_nothing() {
+async fn an_observe_xid_drill_opens_a_tagged_incident_through_the_daemon_and_calls_nothing() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "drill-obs", 2).await;
@@ -131,11 +131,8 @@ async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_ca
     assert!(t.contains("policy:  xid 79 -> replace"), "{t}");
     assert!(t.contains("mode:    observe"), "{t}");
     assert!(t.contains("closed:  observed"), "{t}");
-    // The line is the driver's shape, naming the drill's pid, in the daemon's kernel log.
-    let kmsg = std::fs::read_to_string(d.path("kmsg")).unwrap();
-    let line = kmsg.lines().next().unwrap();
-    assert!(line.starts_with("NVRM: Xid (PCI:0000:"), "{line}");
-    assert!(line.contains("): 79, pid="), "{line}");
+    // Nothing was written to the kernel log: the XID travelled in the request.
+    assert_eq!(std::fs::read_to_string(d.path("kmsg")).unwrap(), "");
     let inc = listed(&d);
     assert_eq!(inc.len(), 1, "{inc:#?}");
     let drill = inc[0]["drill"].as_str().unwrap().to_string();
@@ -144,7 +141,14 @@ async fn an_observe_xid_drill_opens_a_tagged_incident_from_the_kernel_log_and_ca
     assert_eq!(inc[0]["gpu"]["index"], 1);
     assert_eq!(inc[0]["state"], "observed");
     let o = opened(&d, 1);
-    assert_eq!(o["observation"]["source"], "kmsg", "{o}");
+    assert_eq!(o["observation"]["source"], "drill", "{o}");
+    assert!(
+        o["observation"]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("drill: XID 79"),
+        "{o}"
+    );
     all_tagged(&d, 1, &drill);
     stopped_having_called_nothing(&mut d, &proxy, seeded, &sdk, &s).await;
     // The table and the timeline say so too.
@@ -502,16 +506,82 @@ async fn a_drill_is_refused_unless_the_config_or_the_instance_tag_allows_it() {
     assert_eq!(std::fs::read_to_string(d.path("kmsg")).unwrap(), "");
 }
 
-/// `drill xid 79` through this machine's real `/dev/kmsg`, as root: the daemon's kernel-log
-/// reader (`[nvml] kmsg = "/dev/kmsg"`) opens the drill's incident from the line. Ignored by
-/// default: the line stays in the kernel log until the next boot, where every gpu-medic that
-/// reads `/dev/kmsg` since boot on the same machine (other test runs' `gpu-medic check`)
-/// would find an XID 79. Run it on a machine of its own with
+/// Issue 4/5 item 4: the daemon decides what a request may do. A drill requested with
+/// another config file that allows drills (same `state_dir`) is refused by a daemon whose own
+/// config does not (and no instance tag allows them): the command says so and plays nothing,
+/// no incident opens, the node stays in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_does_not_allow_drills_refuses_one_asked_with_another_config() {
+    let imds = FakeImds::start("i-0drill").await;
+    let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", "");
+    d.env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.url);
+    d.start();
+    d.wait_polled();
+    let other = d.path("other.toml");
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(&other, format!("{cfg}{ALLOW}")).unwrap();
+    for args in [
+        &["drill", "xid", "79", "--gpu", "1", "--wait", "10s"][..],
+        &["drill", "gpu-lost", "--gpu", "1", "--wait", "10s"][..],
+        &["drill", "ecc", "--gpu", "0", "--wait", "10s"][..],
+    ] {
+        let mut c = d.command();
+        c.args(args).arg("--config").arg(&other);
+        let out = tokio::task::spawn_blocking(move || c.output().unwrap())
+            .await
+            .unwrap();
+        let t = text(&out);
+        assert!(t.contains("allowed: [drill] allow = true"), "{t}");
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {t}\n{}", d.log());
+        assert!(t.contains("refused by the daemon"), "{t}");
+        assert!(t.contains("[drill] allow = false"), "{t}");
+    }
+    assert!(listed(&d).is_empty(), "{:#?}", listed(&d));
+    assert!(d.log().contains("drill request refused"), "{}", d.log());
+    assert!(
+        !imds.reads(TAG_PATH).is_empty(),
+        "the daemon asked for the tag"
+    );
+    // The request files are gone, and so are the decisions (the command took them).
+    let left: Vec<_> = std::fs::read_dir(d.path("state/requests"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // With the tag, the daemon allows it (a refusal is not kept: the tag is read again).
+    imds.set_doc(TAG_PATH, Some("allowed"));
+    let mut c = d.command();
+    c.args([
+        "drill",
+        "gpu-lost",
+        "--gpu",
+        "1",
+        "--observe",
+        "--wait",
+        "20s",
+    ])
+    .arg("--config")
+    .arg(&other);
+    let out = tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), d.log());
+    assert_eq!(listed(&d).len(), 1);
+    d.stop(Duration::from_secs(10));
+}
+
+/// Through this machine's real `/dev/kmsg`, as root: a record written there by a process
+/// (the driver's text at the driver's level, `<3>`) is at user facility, and the daemon's
+/// kernel-log reader (`[nvml] kmsg = "/dev/kmsg"`) judges no XID from it; `drill xid 79` then
+/// reaches the daemon through its request directory and opens the drill's incident. Ignored
+/// by default: the forged line stays in the kernel log until the next boot. Run it on a
+/// machine of its own with
 /// `cargo test --workspace --locked --test drill -- --ignored real_dev_kmsg`; there it fails,
 /// never passes, when it cannot write `/dev/kmsg`.
 #[test]
-#[ignore = "writes an XID 79 line to this machine's real /dev/kmsg (root): run with --ignored on a machine of its own"]
+#[ignore = "writes a forged XID 79 line to this machine's real /dev/kmsg (root): run with --ignored on a machine of its own"]
 fn an_xid_drill_through_the_real_dev_kmsg() {
+    use std::io::Write;
     let kmsg = Path::new("/dev/kmsg");
     // SAFETY: geteuid(2) takes nothing and always succeeds.
     let euid = unsafe { libc::geteuid() };
@@ -519,9 +589,10 @@ fn an_xid_drill_through_the_real_dev_kmsg() {
         euid, 0,
         "not root: /dev/kmsg cannot be written, so this test cannot test anything"
     );
-    if let Err(e) = std::fs::OpenOptions::new().append(true).open(kmsg) {
-        panic!("/dev/kmsg cannot be opened for writing ({e}): nothing would be tested");
-    }
+    let mut w = match std::fs::OpenOptions::new().append(true).open(kmsg) {
+        Ok(w) => w,
+        Err(e) => panic!("/dev/kmsg cannot be opened for writing ({e}): nothing would be tested"),
+    };
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "state_dir = \"state\"\npolicy = \"{}\"\ntick_interval = \"100ms\"\n\
@@ -532,6 +603,18 @@ fn an_xid_drill_through_the_real_dev_kmsg() {
     );
     let mut d = Daemon::in_temp(dir, &config);
     d.start();
+    d.wait_polled();
+    // The fake's GPU 1 is at bus 0x20.
+    w.write_all(
+        b"<3>NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=forged, GPU has fallen off the bus.\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        listed(&d).is_empty(),
+        "a forged record judged: {:#?}",
+        listed(&d)
+    );
     let out = d.cli(&[
         "drill",
         "xid",
@@ -544,9 +627,7 @@ fn an_xid_drill_through_the_real_dev_kmsg() {
     ]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", d.log());
-    assert!(t.contains("-> /dev/kmsg"), "{t}");
     let id = drill_id(&t);
-    // Read back through the kernel log reader: the incident opened from it.
     let inc: Vec<Value> = listed(&d)
         .into_iter()
         .filter(|i| i["drill"] == id.as_str())
@@ -554,7 +635,8 @@ fn an_xid_drill_through_the_real_dev_kmsg() {
     assert_eq!(inc.len(), 1, "{inc:#?}\n{}", d.log());
     assert_eq!(inc[0]["signal"], "xid 79");
     let n = inc[0]["id"].as_u64().unwrap();
-    assert_eq!(opened(&d, n)["observation"]["source"], "kmsg");
+    assert_eq!(opened(&d, n)["observation"]["source"], "drill");
     all_tagged(&d, n, &id);
+    assert_eq!(listed(&d).len(), 1, "{:#?}", listed(&d));
     d.stop(Duration::from_secs(10));
 }

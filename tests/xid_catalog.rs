@@ -114,6 +114,29 @@ const EXCEPTIONS: &[(&[u32], Option<XidDecode>, Verdict, &str)] = &[
          judged like 48.",
     ),
     (
+        &[160],
+        None,
+        Verdict::Reboot,
+        "IGNORE, but a repair the driver holds pending until a reset: its text says so ('Marking \
+         Channel <n> in FBPA <n> along with its pair for repair. Perform <reset> to activate \
+         repair.'); judged like a pending row remap (row-remap-pending: reboot), as is 177.",
+    ),
+    (
+        &[157],
+        None,
+        Verdict::Replace,
+        "IGNORE (the GPU still runs), but no spare left to repair with; judged by NVIDIA's \
+         investigatory action, CONTACT_SUPPORT ('no possible repairs ... due to lack of \
+         resources'): an RMA condition like 64, replaced.",
+    ),
+    (
+        &[161],
+        None,
+        Verdict::Drain,
+        "IGNORE (the GPU still runs), but no spare channel or L2 slice left; judged by NVIDIA's \
+         investigatory action, INVESTIGATE_SW: drained for an operator to investigate.",
+    ),
+    (
         &[144, 145, 146, 147, 148, 149, 150],
         Some(XidDecode::Undecoded),
         Verdict::Drain,
@@ -364,4 +387,66 @@ fn every_row_of_the_nvlink5_decode_sheet_decodes_to_its_class() {
 fn the_compiled_in_catalog_is_the_file_in_docs() {
     assert_eq!(xid_catalog::xids(), catalog_xids().as_slice());
     assert_eq!(xid_catalog::decode_rows(), decode_rows().as_slice());
+}
+
+/// Issue 4/5 item 12: the driver's repairs, as its lines read in real logs. A repair pending
+/// until a reset (160, and 177 newer than the catalog) is a reboot like a pending row remap;
+/// the failures for want of a spare (157, 161) follow NVIDIA's investigatory action; each
+/// line is read by the kernel-log parser with its text.
+#[test]
+fn the_drivers_repairs_are_judged_from_their_real_lines() {
+    let p = default_policy();
+    let pending = p.rule_for(&Signal::RowRemapPending, 1).unwrap().action;
+    for (line, code, rule, action) in [
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 160, pid=<unknown>, name=<unknown>, Marking Channel 3 in FBPA 1 along with its pair for repair. Perform GPU reset to activate repair.",
+            160,
+            "xid-repair-pending",
+            pending,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 160, Marking LTS 2 in FPB 0 along with its pair for repair. Perform drain and reset to activate repair.",
+            160,
+            "xid-repair-pending",
+            pending,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 177, Bank Remapper: New bank marked for remapping, reset gpu to activate.",
+            177,
+            "xid-repair-pending",
+            pending,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 161, Repairing Channel failed as there are no more spare channels.",
+            161,
+            "xid-repair-no-spare-investigate",
+            Verdict::Drain,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 161, Repairing LTS failed as there are no more spare L2 slices.",
+            161,
+            "xid-repair-no-spare-investigate",
+            Verdict::Drain,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 157, Retiring TPC 3 from GPC 1 failed: no spare TPC.",
+            157,
+            "xid-repair-no-spare-contact-support",
+            Verdict::Replace,
+        ),
+    ] {
+        let x = gpu_medic::probe::kmsg::parse_line(line).unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(x.code, code, "{line}");
+        assert!(!x.text.is_empty(), "{line}");
+        let r = judge(&p, x.code, None);
+        assert_eq!((r.name.as_str(), r.action), (rule, action), "{line}");
+        assert!(
+            r.source.contains(&code.to_string()),
+            "the rule says where its verdict comes from: {r:?}"
+        );
+    }
+    assert_eq!(pending, Verdict::Reboot);
+    // 177 is past the catalog read, judged by a rule of its own, not the catch-all.
+    assert!(xid_catalog::get(177).is_none());
+    assert!(judge(&p, 177, None).xids.is_some());
 }

@@ -2,27 +2,25 @@
 //! operator sees a drain, a restart or a replacement happen on staging before trusting it
 //! with a fleet.
 //!
-//! - `xid N --gpu I` writes a line shaped like the NVIDIA driver's
-//!   (`NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., ...`) to the kernel log the
-//!   daemon reads (`[nvml] kmsg`: `/dev/kmsg` as root, or a file), so the kernel-log reader,
-//!   the engine, the fleet budget and the remedies all run for real;
+//! - `xid N --gpu I`, `gpu-lost` and `ecc` cannot be played through a real source without
+//!   breaking the hardware (and only the driver's own kernel-log records are XIDs: a line
+//!   written to the kernel log is refused like any forged one): their observation travels in
+//!   the request itself, marked as a drill (source `drill`), and the daemon judges it as if
+//!   its probe had reported it, so the engine, the fleet budget and the remedies all run for
+//!   real;
 //! - `mps-hang` stops (SIGSTOP) and `mps-crash` kills (SIGKILL) the real MPS control daemon,
-//!   for the MPS probe to find;
-//! - `gpu-lost` and `ecc` cannot be played through a real source without breaking the
-//!   hardware: their observation travels in the request itself and the daemon judges it as
-//!   if NVML had reported it.
+//!   for the MPS probe to find.
 //!
 //! Every drill first asks the running daemon (`state_dir/requests/`) to arm it: the incident
 //! its signal opens carries the drill's id in every record (incidents list/show, the metrics'
 //! `drill` label, CloudWatch Logs, EventBridge, `--fleet`), and with `--observe` that
-//! incident's orders are journaled and none is executed. A drill's kernel-log XID names the
-//! drill's own pid, so a real XID arriving at the same time is never mistaken for it. Before
+//! incident's orders are journaled and none is executed. Before
 //! anything happens the drill prints what the policy will do. Refused (exit 4) unless the
 //! config says `[drill] allow = true` or the instance carries the EC2 tag
-//! `gpu-medic:drills=allowed` (read through IMDS). The planned-event drills (`spot`,
+//! `gpu-medic:drills=allowed` (read through IMDS); the daemon checks its own config and the
+//! tag again, whatever the request's writer was allowed (src/supervisor/drill_gate.rs). The planned-event drills (`spot`,
 //! `maintenance`) and `drill clear` are in src/cli/drill_notice.rs.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -60,7 +58,8 @@ pub struct Common {
 
 #[derive(Debug, Subcommand)]
 pub enum DrillClass {
-    /// An XID in the kernel log, shaped like the NVIDIA driver's line.
+    /// An XID, as the kernel log reader reports the NVIDIA driver's line (injected through
+    /// the daemon, marked as a drill).
     Xid {
         /// The XID code (79: fallen off the bus; 13: an application fault; ...).
         code: u32,
@@ -135,11 +134,6 @@ pub enum DrillClass {
 
 /// How a drill is played.
 enum Play {
-    /// A driver-shaped line to the kernel log.
-    Kmsg {
-        line: String,
-        path: std::path::PathBuf,
-    },
     /// A signal to the MPS control daemon.
     Mps { sig: libc::c_int },
     /// The observation travels in the request.
@@ -176,7 +170,7 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
     let id = format!("drill-{}-{me}", crate::model::Timestamp::now().0);
     let by = common.by.clone().unwrap_or_else(whoami);
 
-    let (label, signal, value, expect, play, inject) = plan(&cfg, class, me, &id)?;
+    let (label, signal, value, expect, play, inject) = plan(&cfg, class, &id)?;
     let notice = matches!(
         class,
         DrillClass::Spot { .. } | DrillClass::Maintenance { .. }
@@ -199,6 +193,12 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
         },
     };
     arm(&cfg, &request, "drill request", "nothing was played")?;
+    // The daemon decides by its own config (or the instance tag it reads), whatever this
+    // command's config says: nothing is played before it armed the drill.
+    if let Err(why) = decided_by_daemon(&cfg, &id) {
+        eprintln!("gpu-medic drill: refused by the daemon: {why}; nothing was played");
+        return Ok(exit::REFUSED);
+    }
     let stopped = play_it(&cfg, &common, play)?;
     let code = follow(&cfg, &id, common.wait, notice);
     if notice {
@@ -222,12 +222,12 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
 /// like, how it is played, and the observation itself for the injected classes.
 type Planned = (String, Signal, u64, DrillExpect, Play, Option<Observation>);
 
-fn plan(cfg: &Config, class: &DrillClass, me: u32, id: &str) -> Result<Planned, CliError> {
+fn plan(cfg: &Config, class: &DrillClass, id: &str) -> Result<Planned, CliError> {
     Ok(match class {
         DrillClass::Spot { .. } | DrillClass::Maintenance { .. } | DrillClass::Clear { .. } => {
             plan_notice(class, id)
         }
-        DrillClass::Xid { code, gpu, .. } => plan_xid(cfg, *code, *gpu, me)?,
+        DrillClass::Xid { code, gpu, .. } => plan_xid(cfg, *code, *gpu),
         DrillClass::MpsHang { .. } | DrillClass::MpsCrash { .. } => {
             if !cfg.mps.enabled {
                 return Err(CliError::Usage(
@@ -330,43 +330,41 @@ fn plan_notice(class: &DrillClass, id: &str) -> Planned {
     (label, signal, 0, expect, Play::Inject, Some(obs))
 }
 
-/// `xid N --gpu I`: a driver-shaped line for the kernel log, naming the drill's pid.
-fn plan_xid(cfg: &Config, code: u32, gpu: u32, me: u32) -> Result<Planned, CliError> {
-    let Some(path) = cfg.nvml.kmsg.clone().filter(|p| !p.as_os_str().is_empty()) else {
-        return Err(CliError::Usage(
-            "the kernel log reader is off ([nvml] kmsg = \"\"): an XID drill has nowhere to go"
-                .into(),
-        ));
-    };
-    crate::probe::kmsg::check_path(&path).map_err(CliError::Usage)?;
-    let g = gpu_id(cfg, gpu)?;
-    let pci = kernel_pci(&g.pci_bus_id).ok_or_else(|| {
-        CliError::Runtime(format!(
-            "GPU {gpu}: NVML gave no usable PCI bus id ({:?})",
-            g.pci_bus_id
-        ))
-    })?;
+/// `xid N --gpu I`: an XID observation, as the kernel log reader would report the driver's
+/// line, handed to the daemon in the request and marked as a drill (its source is `drill`, its
+/// text says so). Nothing is written to the kernel log: only the driver's own records are
+/// XIDs there, and a forged one would be refused like any other.
+fn plan_xid(cfg: &Config, code: u32, gpu: u32) -> Planned {
+    let g = gpu_id(cfg, gpu).unwrap_or_else(|_| GpuId::index_only(gpu));
     let text = xid_text(code);
-    let line = format!("NVRM: Xid (PCI:{pci}): {code}, pid={me}, name=gpu-medic, {text}");
-    let (decode, _) = crate::probe::kmsg::decode_xid(
+    let (decode, why) = crate::probe::kmsg::decode_xid(
         code,
         Some(&text),
         Path::new(crate::probe::kmsg::UVM_REFCNT),
     );
+    let mut detail = format!("drill: XID {code}, {text}, injected by gpu-medic drill");
+    if let Some(why) = why {
+        detail = format!("{detail}; {why}");
+    }
+    let signal = Signal::Xid { code, decode };
+    let obs = Observation::new(signal.clone())
+        .on_gpu(g)
+        .with_detail(detail)
+        .from_source("drill");
     let expect = DrillExpect {
         signals: vec![SignalKind::Xid],
         code: Some(code),
         gpu: Some(gpu),
-        pid: Some(me),
+        pid: None,
     };
-    Ok((
+    (
         format!("xid {code} on GPU {gpu}"),
-        Signal::Xid { code, decode },
+        signal,
         0,
         expect,
-        Play::Kmsg { line, path },
-        None,
-    ))
+        Play::Inject,
+        Some(obs),
+    )
 }
 
 /// Says what will happen before it does: the rule that judges the signal (`e`), and whether
@@ -477,15 +475,6 @@ fn play_it(
 ) -> Result<Option<crate::mps::procs::MpsProcess>, CliError> {
     let mut stopped: Option<crate::mps::procs::MpsProcess> = None;
     match play {
-        Play::Kmsg { line, path } => {
-            write_kmsg(&path, &line).map_err(|e| {
-                CliError::Runtime(format!(
-                    "cannot write to the kernel log {}: {e}",
-                    path.display()
-                ))
-            })?;
-            println!("  played:  {line}  -> {}", path.display());
-        }
         Play::Mps { sig } => {
             let mut scan =
                 crate::mps::procs::Scanner::new(&cfg.mps.control_binary, &cfg.mps.pipe_directory);
@@ -599,6 +588,38 @@ fn follow(cfg: &Config, id: &str, wait: Duration, notice: bool) -> Result<i32, C
     }
 }
 
+/// How long the daemon may take to decide on a drill it took (it may read the instance tag).
+const DECIDED_WITHIN: Duration = Duration::from_secs(30);
+
+/// Waits for the daemon's decision on drill `id`, taken: `Err` with its reason when it refused
+/// the drill (it allows drills by its own config, whatever this command's config says) or
+/// did not decide in time.
+fn decided_by_daemon(cfg: &Config, id: &str) -> Result<(), String> {
+    let dir = crate::journal::requests_dir(&cfg.state_dir);
+    let (Some(armed), Some(refused)) = (
+        crate::supervisor::drill_gate::decision_name(id, true),
+        crate::supervisor::drill_gate::decision_name(id, false),
+    ) else {
+        return Err(format!("{id} is no drill id"));
+    };
+    let (armed, refused) = (dir.join(armed), dir.join(refused));
+    let t0 = Instant::now();
+    while t0.elapsed() < DECIDED_WITHIN {
+        if std::fs::remove_file(&armed).is_ok() {
+            return Ok(());
+        }
+        if let Ok(why) = crate::sys::limits::read_text(&refused, 4096, "drill refusal") {
+            let _ = std::fs::remove_file(&refused);
+            return Err(why.trim().to_string());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "it took the request but did not arm the drill within {}",
+        humantime::format_duration(DECIDED_WITHIN)
+    ))
+}
+
 /// The NVML view of GPU `index` (its UUID and PCI bus id), through the config's library.
 fn gpu_id(cfg: &Config, index: u32) -> Result<GpuId, CliError> {
     let nvml = crate::probe::nvml::open(&cfg.nvml.library).map_err(|e| {
@@ -621,38 +642,12 @@ fn gpu_id(cfg: &Config, index: u32) -> Result<GpuId, CliError> {
     })
 }
 
-/// NVML's `00000000:3B:00.0` as the driver prints it in an XID line: `0000:3b:00`.
-pub fn kernel_pci(nvml: &str) -> Option<String> {
-    let s = nvml.split('.').next()?;
-    let mut it = s.split(':').map(|p| u32::from_str_radix(p.trim(), 16));
-    let (d, b, dev) = (it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?);
-    Some(format!("{:04x}:{b:02x}:{dev:02x}", d & 0xffff))
-}
-
 /// The text the driver prints after the code, from NVIDIA's catalog where it has one.
 fn xid_text(code: u32) -> String {
     match crate::policy::xid_catalog::get(code) {
         Some(x) if !x.description.is_empty() => x.description.clone(),
         _ => "drill".into(),
     }
-}
-
-/// Appends one line to the kernel log: a single write, as `/dev/kmsg` takes one record per
-/// write (with the driver's error level, `<3>`), or a line appended to a regular file.
-fn write_kmsg(path: &Path, line: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let meta = std::fs::metadata(path)?;
-    let body = if meta.file_type().is_char_device() {
-        format!("<3>{line}\n")
-    } else if meta.is_file() {
-        format!("{line}\n")
-    } else {
-        return Err(std::io::Error::other(
-            "not the kernel log device or a regular file",
-        ));
-    };
-    let mut f = std::fs::OpenOptions::new().append(true).open(path)?;
-    f.write_all(body.as_bytes())
 }
 
 /// What a verdict does to this instance, in words.
@@ -679,23 +674,6 @@ pub(super) fn whoami() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nvml_bus_ids_read_as_the_driver_prints_them() {
-        assert_eq!(
-            kernel_pci("00000000:3B:00.0").as_deref(),
-            Some("0000:3b:00")
-        );
-        assert_eq!(kernel_pci("0000:07:1f.0").as_deref(), Some("0000:07:1f"));
-        assert_eq!(kernel_pci("nope"), None);
-        let line = format!(
-            "NVRM: Xid (PCI:{}): 79, pid=42, name=gpu-medic, x",
-            kernel_pci("00000000:3B:00.0").unwrap_or_default()
-        );
-        let x = crate::probe::kmsg::parse_line(&line).unwrap();
-        assert!(crate::probe::kmsg::same_pci(&x.pci, "00000000:3B:00.0"));
-        assert_eq!((x.code, x.pid), (79, Some(42)));
-    }
 
     #[test]
     fn a_drill_matches_only_its_own_signal() {

@@ -24,6 +24,7 @@ use super::Timestamp;
 pub struct StreamId(String);
 
 const MPS_LOG: &str = "mps-log:";
+const KMSG_FILE: &str = "kmsg-file:";
 
 impl StreamId {
     /// The kernel log of one boot (`/dev/kmsg` sequence numbers restart at each boot).
@@ -31,9 +32,29 @@ impl StreamId {
         StreamId(format!("kmsg:{boot}"))
     }
 
-    /// A regular file read as the kernel log (a copy, tests), by device and inode.
-    pub fn kmsg_file(dev: u64, ino: u64) -> StreamId {
-        StreamId(format!("kmsg-file:{dev}:{ino}"))
+    /// A regular file read as the kernel log (a copy, tests), by device and inode;
+    /// `generation` changes when it is truncated in place or recreated on the same inode, so
+    /// positions never repeat within one stream (generation 0 is named as before
+    /// generations existed: saved states stay valid).
+    pub fn kmsg_file(dev: u64, ino: u64, generation: u64) -> StreamId {
+        if generation == 0 {
+            StreamId(format!("{KMSG_FILE}{dev}:{ino}"))
+        } else {
+            StreamId(format!("{KMSG_FILE}{dev}:{ino}:{generation}"))
+        }
+    }
+
+    /// For a kernel log file stream of this file: its generation.
+    pub fn kmsg_file_generation(&self, dev: u64, ino: u64) -> Option<u64> {
+        let rest = self
+            .0
+            .strip_prefix(KMSG_FILE)?
+            .strip_prefix(&format!("{dev}:{ino}"))?;
+        match rest.strip_prefix(':') {
+            None if rest.is_empty() => Some(0),
+            None => None,
+            Some(g) => g.parse().ok(),
+        }
     }
 
     /// One MPS log file, by device and inode; `generation` changes when it is truncated in
@@ -334,6 +355,23 @@ mod tests {
     fn an_mps_log_stream_names_its_generation() {
         let s = StreamId::mps_log(3, 4, 2);
         assert_eq!(s.mps_log_generation(3, 4), Some(2));
+        assert_eq!(StreamId::kmsg_file(3, 4, 0).as_str(), "kmsg-file:3:4");
+        assert_eq!(
+            StreamId::kmsg_file(3, 4, 0).kmsg_file_generation(3, 4),
+            Some(0)
+        );
+        assert_eq!(
+            StreamId::kmsg_file(3, 4, 9).kmsg_file_generation(3, 4),
+            Some(9)
+        );
+        assert_eq!(
+            StreamId::kmsg_file(3, 45, 9).kmsg_file_generation(3, 4),
+            None
+        );
+        assert_eq!(
+            StreamId::kmsg_file(3, 4, 9).kmsg_file_generation(3, 45),
+            None
+        );
         assert_eq!(s.mps_log_generation(3, 5), None);
         assert_eq!(StreamId::kmsg("3:4:2").mps_log_generation(3, 4), None);
     }

@@ -14,6 +14,12 @@
 //! before it are still to come, so a fatal XID written with 50,000 others is decided first
 //! and a crash still loses or doubles none.
 //!
+//! Only the driver's own records are read ([`kernel_message`], [`driver_message`]): a
+//! `/dev/kmsg` record at kernel facility, a syslog line under the tag `kernel:`, or a dmesg
+//! line, whose message begins with the driver's prefix. What a process writes to `/dev/kmsg`
+//! is at user facility, and the driver's text quoted inside another kernel message (an audit
+//! record naming a file, a USB product string) does not begin it: neither is an XID.
+//!
 //! It is also where an XID's verdict that depends on more than its code is decoded
 //! ([`decode_xid`]): the NVLink5 XIDs 144-150 by the error status in their text (NVIDIA's
 //! decode sheet, `docs/xid-nvlink5-decode.csv`), XID 159 by whether the UVM driver is in use.
@@ -36,6 +42,11 @@ use crate::probe::nvml::poll::{SharedState, lock};
 /// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
 /// the line when it raises the event; a reader that is running sees it within milliseconds.
 pub const TEXT_WAIT: Duration = Duration::from_secs(2);
+
+/// How long the event watcher holds such an XID while the configured reader has not started
+/// yet (it starts after NVML's first poll): on a loaded node that may take seconds, and an XID
+/// judged without its text is judged wrong.
+pub const START_WAIT: Duration = Duration::from_secs(30);
 
 /// The UVM driver's module reference count: every CUDA process holds `/dev/nvidia-uvm` open,
 /// so a count above zero means UVM is in use (CHECK_UVM of XID 159).
@@ -130,34 +141,146 @@ impl KernelXid {
     }
 }
 
-/// What precedes an XID's PCI address in the driver's line.
-const XID_MARK: &str = "NVRM: Xid (PCI:";
+/// What the driver's XID line begins with. The address that follows is `PCI:0000:3b:00` in
+/// the drivers of the last decade and a bare `0000:3b:00` in older ones; both are read.
+const XID_PREFIX: &str = "NVRM: Xid (";
+
+/// What the NVSwitch driver's lines begin with (`nvidia-nvswitch3: SXid (PCI:...`), before
+/// the switch's number.
+pub(crate) const NVSWITCH_PREFIX: &str = "nvidia-nvswitch";
 
 /// A kmsg record's sequence number and message (`prio,seq,usec,flags;message`); a plain log
-/// line is its own message, with sequence number 0.
+/// line is its own message, with sequence number 0. Says nothing of who wrote the record:
+/// [`driver_message`] does.
 pub fn split_record(line: &str) -> (u64, &str) {
-    match line.split_once(';') {
-        Some((header, msg)) if header.split(',').count() >= 3 => (
-            header
-                .split(',')
-                .nth(1)
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0),
-            msg,
-        ),
-        _ => (0, line),
+    match record_header(line) {
+        Some((_, seq, msg)) => (seq, msg),
+        None => (0, line),
     }
 }
 
-/// Parses one kmsg record (`prio,seq,usec,flags;message`) or a plain log line.
-pub fn parse_line(line: &str) -> Option<KernelXid> {
-    let (seq, message) = split_record(line);
-    let at = message.find(XID_MARK)?;
-    let rest = &message[at + XID_MARK.len()..];
+/// A kmsg record's priority, sequence number and message: `None` unless the line starts with
+/// a header of decimal fields (`prio,seq,usec,flags[,...];`).
+fn record_header(line: &str) -> Option<(u64, u64, &str)> {
+    let (header, msg) = line.split_once(';')?;
+    let mut fields = header.split(',');
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    let (prio, seq, usec) = (fields.next()?, fields.next()?, fields.next()?);
+    if !(digits(prio) && digits(seq) && digits(usec)) {
+        return None;
+    }
+    Some((prio.parse().ok()?, seq.parse().unwrap_or(0), msg))
+}
+
+/// A syslog time stamp at the start of `line` (`Dec  3 12:00:00` or an RFC 3339 one such as
+/// `2026-12-03T12:00:00.123456+00:00`); what follows it.
+fn syslog_stamp(line: &str) -> Option<&str> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let b = line.as_bytes();
+    if b.len() > 16
+        && MONTHS.iter().any(|m| line.starts_with(m))
+        && b[3] == b' '
+        && (b[4] == b' ' || b[4].is_ascii_digit())
+        && b[5].is_ascii_digit()
+        && b[6] == b' '
+        && b[7].is_ascii_digit()
+        && b[8].is_ascii_digit()
+        && b[9] == b':'
+        && b[12] == b':'
+        && b[15] == b' '
+    {
+        return line.get(16..);
+    }
+    if b.len() > 20
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+    {
+        let (_, rest) = line.split_once(' ')?;
+        return Some(rest);
+    }
+    None
+}
+
+/// Strips a leading `[  12.345678]` (the kernel's time stamp as dmesg and syslog print it).
+fn strip_kernel_time(msg: &str) -> &str {
+    match msg.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        Some((_, rest)) => rest.trim_start(),
+        None => msg,
+    }
+}
+
+/// The message of a kernel log line the kernel itself logged, with its sequence number: a
+/// `/dev/kmsg` record at kernel facility (priority 0 to 7: what a process writes to
+/// `/dev/kmsg` is at user facility or another it names, never the kernel's, see the kernel's
+/// `devkmsg_write`), a syslog line (`kern.log`, `messages`, `journalctl -k`) whose tag is
+/// `kernel:`, or a plain dmesg line; after the kernel's time stamp, if any. `None` for a
+/// record of any other facility or a syslog line with another tag: a driver's text there was
+/// written by someone else.
+pub fn kernel_message(line: &str) -> Option<(u64, &str)> {
+    if let Some((prio, seq, msg)) = record_header(line) {
+        return (prio < 8).then_some((seq, msg));
+    }
+    if let Some(rest) = syslog_stamp(line) {
+        let (_host, rest) = rest.trim_start().split_once(' ')?;
+        let msg = rest.strip_prefix("kernel:")?;
+        return Some((0, strip_kernel_time(msg.trim_start())));
+    }
+    Some((0, strip_kernel_time(line)))
+}
+
+/// Which of the NVIDIA drivers' lines a kernel message is, by how it begins: only the
+/// driver's own message begins with its prefix (a message that quotes the driver's text
+/// elsewhere, an audit or AppArmor record naming a file, a USB device's product string, is
+/// someone else's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DriverLine {
+    Xid,
+    Sxid,
+}
+
+/// The driver line a log line carries, with its sequence number and message: `None` unless
+/// the kernel logged it ([`kernel_message`]) and its message begins with the driver's prefix.
+pub(crate) fn driver_message(line: &str) -> Option<(u64, &str, DriverLine)> {
+    let (seq, msg) = kernel_message(line)?;
+    if msg.starts_with(XID_PREFIX) {
+        return Some((seq, msg, DriverLine::Xid));
+    }
+    let rest = msg.strip_prefix(NVSWITCH_PREFIX)?;
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    rest.starts_with(": SXid (")
+        .then_some((seq, msg, DriverLine::Sxid))
+}
+
+/// The address, code and the rest of an XID message (`NVRM: Xid (PCI:0000:3b:00): 79, ...`
+/// or the older `NVRM: Xid (0000:3b:00): 79, ...`).
+fn xid_fields(message: &str) -> Option<(&str, u32, &str)> {
+    let rest = message.strip_prefix(XID_PREFIX)?;
+    let rest = rest.strip_prefix("PCI:").unwrap_or(rest);
     let (pci, rest) = rest.split_once("):")?;
+    if pci.is_empty()
+        || !pci
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+    {
+        return None;
+    }
     let mut fields = rest.splitn(2, ',');
     let code: u32 = fields.next()?.trim().parse().ok()?;
-    let mut rest = fields.next().unwrap_or("").trim_start();
+    Some((pci, code, fields.next().unwrap_or("")))
+}
+
+/// Parses one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line:
+/// `None` unless it is the driver's own XID line ([`driver_message`]).
+pub fn parse_line(line: &str) -> Option<KernelXid> {
+    let (seq, message, DriverLine::Xid) = driver_message(line)? else {
+        return None;
+    };
+    let (pci, code, rest) = xid_fields(message)?;
+    let mut rest = rest.trim_start();
     let mut pid = None;
     let mut process = None;
     loop {
@@ -390,14 +513,12 @@ struct Record {
 /// SXid line, the signal it carries (for its urgency). `None` for every other line, and for
 /// exactly the lines [`parse_line`] and [`super::sxid::parse_line`] refuse.
 fn glance(line: &str) -> Option<(u64, Signal)> {
-    let (seq, message) = split_record(line);
-    if message.contains("SXid (PCI:") {
+    let (seq, message, kind) = driver_message(line)?;
+    if kind == DriverLine::Sxid {
         let sx = super::sxid::parse_line(line)?;
         return Some((seq, sx.observation().signal));
     }
-    let at = message.find(XID_MARK)?;
-    let (_, rest) = message[at + XID_MARK.len()..].split_once("):")?;
-    let code: u32 = rest.split(',').next()?.trim().parse().ok()?;
+    let (_, code, _) = xid_fields(message)?;
     // Only the XIDs whose verdict depends on their text are parsed whole now.
     let decode = if needs_text(code) || code == xid_catalog::CHECK_UVM_XID {
         let x = parse_line(line)?;
@@ -528,6 +649,18 @@ impl KmsgReader {
     /// after every [`SLICE`] records handed over: fatal records go first.
     pub fn run(self) {
         use std::os::unix::fs::MetadataExt;
+        // Held XIDs wait for this reader from the start (the event watcher was told it is
+        // configured); however it ends, they are let go.
+        struct Active(SharedState);
+        impl Drop for Active {
+            fn drop(&mut self) {
+                let mut s = lock(&self.0);
+                s.kmsg_active = false;
+                s.kmsg_started = None;
+            }
+        }
+        lock(&self.shared).kmsg_active = true;
+        let _active = Active(self.shared.clone());
         if let Err(why) = check_path(&self.path) {
             tracing::error!(probe = "kmsg", path = %self.path.display(), "{why}; XIDs come from NVML events only");
             return;
@@ -544,26 +677,17 @@ impl KmsgReader {
                 return;
             }
         };
-        // While this reader runs, the event watcher holds NVLink5 XIDs for their text.
-        struct Active(SharedState);
-        impl Drop for Active {
-            fn drop(&mut self) {
-                let mut s = lock(&self.0);
-                s.kmsg_active = false;
-                // Nothing will bring the text now: let the watcher report them at once.
-                let now = std::time::Instant::now();
-                for x in s.awaiting_text.iter_mut() {
-                    x.2 = now.checked_sub(TEXT_WAIT).unwrap_or(x.2);
-                }
-            }
-        }
-        lock(&self.shared).kmsg_active = true;
-        let _active = Active(self.shared.clone());
+        // Reading: a held XID waits TEXT_WAIT from now at the earliest.
+        lock(&self.shared).kmsg_started = Some(std::time::Instant::now());
         let meta = file.metadata().ok();
         let regular = meta.as_ref().is_some_and(|m| m.is_file());
         let stream = match meta.as_ref().filter(|_| regular) {
             Some(m) => Stream {
-                id: StreamId::kmsg_file(m.dev(), m.ino()),
+                id: StreamId::kmsg_file(
+                    m.dev(),
+                    m.ino(),
+                    file_generation(&self.committed, m.dev(), m.ino(), m.len()),
+                ),
                 file: true,
             },
             None => Stream {
@@ -573,7 +697,7 @@ impl KmsgReader {
         };
         let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
         if regular {
-            self.follow_file(file, &stream, &mut cursors);
+            self.follow_file(file, stream, &mut cursors);
         } else {
             self.follow_device(file, &stream, &mut cursors);
         }
@@ -660,9 +784,14 @@ impl KmsgReader {
 
     /// A regular file (tests, a saved log): followed by offset like a log file, woken by its
     /// writes (inotify; on a timer where that cannot be had).
-    fn follow_file(&self, file: std::fs::File, stream: &Stream, cursors: &mut Cursors) {
+    ///
+    /// A rotated log loses nothing: a file truncated in place (copytruncate) or recreated on
+    /// the same inode (shorter than what was read of it) and a file replaced by another one
+    /// (a new inode at the path, once the old one is read to its end) are read from their
+    /// start, as a new stream (a new generation: positions in it never repeat the old ones).
+    fn follow_file(&self, file: std::fs::File, mut stream: Stream, cursors: &mut Cursors) {
         let cap = crate::sys::limits::MAX_KMSG_LINE;
-        let writes = crate::sys::watch::Writes::watch(&self.path);
+        let mut writes = crate::sys::watch::Writes::watch(&self.path);
         let mut r = Counted {
             inner: BufReader::with_capacity(64 * 1024, file),
             pos: 0,
@@ -683,7 +812,7 @@ impl KmsgReader {
                         complete: true,
                     })) => {
                         offset = r.pos;
-                        self.take(text, stream, offset, cursors, &mut backlog);
+                        self.take(text, &stream, offset, cursors, &mut backlog);
                     }
                     Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
                         // Not finished yet: read it again whole.
@@ -707,12 +836,46 @@ impl KmsgReader {
                     }
                 }
             }
-            match self.pump(&mut backlog, stream, cursors) {
+            match self.pump(&mut backlog, &stream, cursors) {
                 Pump::Gone => return,
                 Pump::More => {}
                 Pump::Empty => {
                     if let Some(wait) = idle {
                         cursors.save();
+                        if let Some(rotated) = self.rotation(r.inner.get_ref(), offset) {
+                            let file = match rotated {
+                                Rotation::Truncated { dev, ino } => {
+                                    tracing::warn!(probe = "kmsg", path = %self.path.display(), offset, "the kernel log file was truncated (copytruncate, or recreated on its inode); read again from its start");
+                                    stream.id = StreamId::kmsg_file(
+                                        dev,
+                                        ino,
+                                        next_generation(&stream.id, dev, ino),
+                                    );
+                                    if r.inner.seek(std::io::SeekFrom::Start(0)).is_err() {
+                                        return;
+                                    }
+                                    None
+                                }
+                                Rotation::Replaced(f) => {
+                                    use std::os::unix::fs::MetadataExt;
+                                    let Ok(m) = f.metadata() else { return };
+                                    tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log file was replaced (rotated); reading the new one from its start");
+                                    stream.id = StreamId::kmsg_file(
+                                        m.dev(),
+                                        m.ino(),
+                                        next_generation(&stream.id, m.dev(), m.ino()),
+                                    );
+                                    writes = crate::sys::watch::Writes::watch(&self.path);
+                                    Some(f)
+                                }
+                            };
+                            if let Some(f) = file {
+                                r.inner = BufReader::with_capacity(64 * 1024, f);
+                            }
+                            r.pos = 0;
+                            offset = 0;
+                            continue;
+                        }
                         match &writes {
                             Some(w) => w.wait(wait),
                             None => std::thread::sleep(wait.min(Duration::from_millis(25))),
@@ -721,6 +884,32 @@ impl KmsgReader {
                 }
             }
         }
+    }
+
+    /// Whether the followed file was rotated, read to `offset`: truncated (shorter than
+    /// that) or replaced at the path by another file (opened here). A path that is gone or not
+    /// a regular file now is no rotation yet: the old file is read on.
+    fn rotation(&self, open: &std::fs::File, offset: u64) -> Option<Rotation> {
+        use std::os::unix::fs::MetadataExt;
+        let now = open.metadata().ok()?;
+        if now.len() < offset {
+            return Some(Rotation::Truncated {
+                dev: now.dev(),
+                ino: now.ino(),
+            });
+        }
+        let at_path = std::fs::metadata(&self.path).ok()?;
+        if !at_path.is_file() || (at_path.dev(), at_path.ino()) == (now.dev(), now.ino()) {
+            return None;
+        }
+        crate::sys::limits::open_checked(
+            &self.path,
+            crate::sys::limits::Kind::Regular,
+            u64::MAX,
+            "kernel log",
+        )
+        .ok()
+        .map(Rotation::Replaced)
     }
 
     /// Takes one line into the backlog: an XID or SXid line, positioned (in log order) and
@@ -842,6 +1031,44 @@ impl KmsgReader {
     }
 }
 
+/// How a followed kernel log file was rotated.
+enum Rotation {
+    /// Shorter than what was read of it: truncated in place or recreated on its inode.
+    Truncated { dev: u64, ino: u64 },
+    /// Another file is at the path now, opened.
+    Replaced(std::fs::File),
+}
+
+/// Milliseconds since the epoch: a new generation of a kernel log file.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A generation for a file rotated while it was followed: new, and past the one followed.
+fn next_generation(current: &StreamId, dev: u64, ino: u64) -> u64 {
+    let before = current.kmsg_file_generation(dev, ino).unwrap_or(0);
+    now_ms().max(before.saturating_add(1))
+}
+
+/// The generation of a kernel log file when the reader starts: the one journaled last for
+/// this file when the file still reaches that far, a new one when it is shorter now (it was
+/// truncated or recreated while gpu-medic was down: what it holds is new), 0 for a file never
+/// journaled.
+fn file_generation(committed: &Resume, dev: u64, ino: u64, len: u64) -> u64 {
+    let last = committed
+        .streams()
+        .filter_map(|(k, c)| Some((k.kmsg_file_generation(dev, ino)?, c)))
+        .max_by_key(|(_, c)| c.at)
+        .map(|(generation, c)| (generation, c.pos));
+    match last {
+        Some((generation, pos)) if pos <= len => generation,
+        Some((generation, _)) => now_ms().max(generation.saturating_add(1)),
+        None => 0,
+    }
+}
+
 /// Every XID the kernel log still holds (since boot, as far as the ring buffer reaches), for
 /// one-shot checks. `/dev/kmsg` is read without blocking: it stops at the end of the buffer.
 pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
@@ -943,6 +1170,121 @@ mod tests {
             "NVRM: loading NVIDIA UNIX x86_64 Kernel Module",
         ] {
             assert_eq!(parse_line(l), None, "{l}");
+        }
+    }
+
+    /// Issue 4/5 item 1: only the driver's own records are XIDs. A record at user facility
+    /// (what a process's write to `/dev/kmsg` becomes), the driver's text quoted inside
+    /// another kernel message (an audit or AppArmor denial naming a file, a USB product
+    /// string), and a syslog line under another tag are not.
+    #[test]
+    fn only_the_drivers_own_records_are_xids() {
+        for l in [
+            "12,900,5,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+            "14,901,5,-;NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.",
+            "8,902,5,-;NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error",
+            "191,903,5,-;NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.",
+            "5,904,5,-;audit: type=1400 audit(1700000000.123:45): apparmor=\"DENIED\" operation=\"open\" profile=\"p\" name=\"/tmp/NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.\" pid=1",
+            "6,905,5,-;usb 1-1: Product: NVRM: Xid (PCI:0000:1b:00): 79, x",
+            "6,906,5,-;audit: NVRM: Xid (PCI:0000:1b:00): 79, x",
+            "4,907,5,-; NVRM: Xid (PCI:0000:1b:00): 79, x",
+            "Dec  3 12:00:00 host myapp[123]: NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.",
+            "Dec  3 12:00:00 host root: kernel: NVRM: Xid (PCI:0000:1b:00): 79, x",
+            "2026-12-03T12:00:00.123456+00:00 host logger: NVRM: Xid (PCI:0000:1b:00): 79, x",
+            "Dec  3 12:00:00 host kernel: [ 1.2] audit: name=\"NVRM: Xid (PCI:0000:1b:00): 79, x\"",
+            "x NVRM: Xid (PCI:0000:1b:00): 79, x",
+        ] {
+            assert_eq!(parse_line(l), None, "{l}");
+            assert_eq!(glance(l), None, "{l}");
+        }
+        for l in [
+            "12,900,5,-;nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 20034, Fatal, Link 46 LTSSM Fault Up",
+            "6,901,5,-;usb 1-1: Product: nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 20034, Fatal, x",
+            "Dec  3 12:00:00 host app: nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 20034, Fatal, x",
+            "x nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 20034, Fatal, x",
+        ] {
+            assert_eq!(super::super::sxid::parse_line(l), None, "{l}");
+            assert_eq!(glance(l), None, "{l}");
+        }
+    }
+
+    /// The driver's lines as real logs show them: `/dev/kmsg` records at kernel facility,
+    /// kern.log and `journalctl -k` lines, dmesg lines, the older address without `PCI:`, and
+    /// a text that has parentheses and colons of its own.
+    #[test]
+    fn real_driver_lines_in_every_log_format_are_read() {
+        for (l, code, pid, text) in [
+            (
+                "3,1,2,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+                79,
+                Some(1234),
+                "GPU has fallen off the bus.",
+            ),
+            (
+                "Dec  3 12:00:00 ip-10-0-0-1 kernel: [12345.678901] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+                79,
+                Some(1234),
+                "GPU has fallen off the bus.",
+            ),
+            (
+                "Dec 13 12:00:00 host kernel: NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error",
+                48,
+                None,
+                "An uncorrectable double bit error",
+            ),
+            (
+                "2026-12-03T12:00:00.123456+00:00 host kernel: NVRM: Xid (PCI:0000:1b:00): 94, pid=2453, name=app, Contained ECC error.",
+                94,
+                Some(2453),
+                "Contained ECC error.",
+            ),
+            (
+                "[Thu Dec  3 12:00:00 2026] NVRM: Xid (PCI:0000:1b:00): 31, pid=7, name=app, Ch 00000008, intr 10000000. MMU Fault",
+                31,
+                Some(7),
+                "Ch 00000008, intr 10000000. MMU Fault",
+            ),
+            (
+                "NVRM: Xid (0000:1b:00): 79, pid=..., GPU has fallen off the bus.",
+                79,
+                None,
+                "GPU has fallen off the bus.",
+            ),
+            (
+                "[  431.100101] NVRM: Xid (0000:1b:00): 13, 0003 00000000 0000a097 00000f04 00000000 00000000",
+                13,
+                None,
+                "0003 00000000 0000a097 00000f04 00000000 00000000",
+            ),
+            (
+                "4,77,5,-;NVRM: Xid (PCI:0000:1b:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+                13,
+                None,
+                "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+            ),
+            (
+                "4,78,5,-;NVRM: Xid (PCI:0000:1b:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x50da30=0x102000e 0x50da34=0x20 0x50da28=0x0 0x50da2c=0x0",
+                13,
+                None,
+                "Graphics Exception: ESR 0x50da30=0x102000e 0x50da34=0x20 0x50da28=0x0 0x50da2c=0x0",
+            ),
+        ] {
+            let x = parse_line(l).unwrap_or_else(|| panic!("{l}"));
+            assert_eq!((x.code, x.pid, x.text.as_str()), (code, pid, text), "{l}");
+            assert_eq!(x.pci, "0000:1b:00", "{l}");
+            assert!(glance(l).is_some(), "{l}");
+        }
+        for l in [
+            "4,1,2,-;nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up",
+            "Dec  3 12:00:00 host kernel: [ 8123.456789] nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up",
+            "[ 8123.456789] nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up",
+        ] {
+            let x = super::super::sxid::parse_line(l).unwrap_or_else(|| panic!("{l}"));
+            assert_eq!(
+                (x.code, x.switch.as_deref()),
+                (20034, Some("nvidia-nvswitch3")),
+                "{l}"
+            );
         }
     }
 

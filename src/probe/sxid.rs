@@ -47,19 +47,17 @@ impl KernelSxid {
     }
 }
 
-/// Parses one kmsg record (`prio,seq,usec,flags;message`) or a plain log line; `None` for
-/// anything but the first line of an SXid.
+/// Parses one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line;
+/// `None` for anything but the first line of an SXid that the NVSwitch driver itself logged
+/// (its message begins with `nvidia-nvswitchN: SXid (`, at kernel facility or under the
+/// syslog tag `kernel:`, see [`super::kmsg::driver_message`]).
 pub fn parse_line(line: &str) -> Option<KernelSxid> {
-    let (seq, message) = super::kmsg::split_record(line);
-    let at = message.find("SXid (PCI:")?;
-    let switch = message[..at]
-        .trim_end()
-        .trim_end_matches(':')
-        .rsplit(|c: char| c.is_whitespace() || c == ']')
-        .next()
-        .filter(|s| s.starts_with("nvidia-nvswitch"))
-        .map(str::to_string);
-    let rest = &message[at + "SXid (PCI:".len()..];
+    let (seq, message, super::kmsg::DriverLine::Sxid) = super::kmsg::driver_message(line)? else {
+        return None;
+    };
+    let (switch, rest) = message.split_once(": SXid (")?;
+    let switch = Some(switch.to_string());
+    let rest = rest.strip_prefix("PCI:").unwrap_or(rest);
     let (pci, rest) = rest.split_once("):")?;
     let (code, rest) = rest.split_once(',').unwrap_or((rest, ""));
     let code: u32 = code.trim().parse().ok()?;

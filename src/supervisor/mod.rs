@@ -7,6 +7,7 @@
 //! safe point, then state is saved. A commit that fails (a full disk) is a self-fault, not an
 //! exit: see [`Unsaved`] for what waits and which orders still run (docs/journal.md).
 
+pub mod drill_gate;
 pub mod evidence;
 
 use std::sync::Arc;
@@ -252,6 +253,7 @@ impl Supervisor {
         let mut probes_open = true;
         let mut pending = Pending::default();
         let mut pace = Pace::default();
+        let mut gate = drill_gate::Gate::new(&cfg);
         loop {
             let mut batch = Batch::default();
             if pending.is_empty() {
@@ -262,7 +264,7 @@ impl Supervisor {
                         None => { probes_open = false; continue; }
                     },
                     Some(outcome) = out_rx.recv() => batch.outcomes.push(outcome),
-                    _ = tick.tick() => tick_batch(&mut batch, &cfg),
+                    _ = tick.tick() => tick_batch(&mut batch, &cfg, &mut gate),
                     Some(_) = orders.join_next(), if !orders.is_empty() => continue,
                 }
             } else {
@@ -272,7 +274,7 @@ impl Supervisor {
                 }
                 tokio::select! {
                     biased;
-                    _ = tick.tick() => tick_batch(&mut batch, &cfg),
+                    _ = tick.tick() => tick_batch(&mut batch, &cfg, &mut gate),
                     _ = std::future::ready(()) => {}
                 }
                 while orders.try_join_next().is_some() {}
@@ -486,9 +488,11 @@ impl Batch {
 }
 
 /// The tick's part of a batch: the watchdog ping and the operator's requests.
-fn tick_batch(batch: &mut Batch, cfg: &Config) {
+/// A drill request is the daemon's to allow, by its own config (or the instance tag), and
+/// gets only what a drill may do ([`drill_gate`]).
+fn tick_batch(batch: &mut Batch, cfg: &Config, gate: &mut drill_gate::Gate) {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
-    for request in journal::take_requests(&cfg.state_dir) {
+    for request in gate.admit(journal::take_requests(&cfg.state_dir)) {
         tracing::warn!(request = ?request, "operator request");
         batch.requests.push(request);
     }

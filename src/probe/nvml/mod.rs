@@ -252,6 +252,13 @@ impl NvmlSource {
         // One NVML call may hang on a broken GPU: a poll gets this long before it is abandoned.
         let poll_deadline = interval.max(Duration::from_secs(5)).saturating_mul(3);
         let shared = SharedState::default();
+        // A configured reader holds the XIDs that need their text from the first event on,
+        // before it starts (after the first poll): a start-up race must not decide a verdict.
+        poll::lock(&shared).kmsg_active = self
+            .cfg
+            .kmsg
+            .as_ref()
+            .is_some_and(|p| !p.as_os_str().is_empty());
         let stop = Arc::new(AtomicBool::new(false));
         // The threads beside the poll stop with it however it ends, also when the supervisor
         // drops this task mid-await (a stop or a reload): a reader left running would follow

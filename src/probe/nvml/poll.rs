@@ -40,9 +40,15 @@ pub struct Shared {
     /// XIDs reported recently, by (GPU, code): the event watcher and the kernel log see the
     /// same XID; the first to claim it reports it.
     pub recent_xids: XidClaims,
-    /// The kernel log reader is running: an XID whose verdict depends on its text (NVLink5)
-    /// is then held by the event watcher until the reader brings the text.
+    /// A kernel log reader is configured and has not given up (set from the config before
+    /// the event watcher starts, not when the reader gets going): an XID whose verdict
+    /// depends on its text (NVLink5) is then held by the event watcher until the reader
+    /// brings the text, also one that arrives while the reader is still starting.
     pub kmsg_active: bool,
+    /// When the reader started reading: a held XID waits [`crate::probe::kmsg::TEXT_WAIT`]
+    /// from then at the earliest; while it has not started, up to
+    /// [`crate::probe::kmsg::START_WAIT`] from the event.
+    pub kmsg_started: Option<std::time::Instant>,
     /// NVLink5 XIDs the event watcher saw and holds for their kernel log text, by (GPU,
     /// code), with when they were seen.
     pub awaiting_text: Vec<(u32, u32, std::time::Instant)>,
@@ -157,9 +163,16 @@ impl Shared {
     /// undecoded.
     pub fn expired_awaiting(&mut self, wait: std::time::Duration) -> Vec<(u32, u32)> {
         let now = std::time::Instant::now();
+        let (active, started) = (self.kmsg_active, self.kmsg_started);
+        let expired = |seen: std::time::Instant| match (active, started) {
+            // Nothing will bring the text.
+            (false, _) => true,
+            (true, Some(t)) => now.saturating_duration_since(seen.max(t)) >= wait,
+            (true, None) => now.saturating_duration_since(seen) >= crate::probe::kmsg::START_WAIT,
+        };
         let (gone, keep) = std::mem::take(&mut self.awaiting_text)
             .into_iter()
-            .partition(|x| now.duration_since(x.2) >= wait);
+            .partition(|x| expired(x.2));
         self.awaiting_text = keep;
         gone.into_iter().map(|(i, c, _)| (i, c)).collect()
     }
