@@ -566,8 +566,9 @@ pub fn load_state_or_set_aside(
 pub fn rebuild_from_journal(
     incidents: &Path,
     now: crate::model::Timestamp,
+    reboot_deadline: std::time::Duration,
 ) -> Result<State, JournalError> {
-    let mut rebuild = crate::engine::rebuild::Rebuild::new();
+    let mut rebuild = crate::engine::rebuild::Rebuild::new().with_reboot_deadline(reboot_deadline);
     stream_jsonl::<crate::model::Record>(&journal_files(incidents), None, |e| {
         if let Entry::Item(r) = e {
             rebuild.add(&r);
@@ -578,6 +579,14 @@ pub fn rebuild_from_journal(
         tracing::warn!(path = %incidents.display(), records = rebuild.skipped(), "records with out-of-range ids left out of the rebuilt state");
     }
     Ok(rebuild.finish(now))
+}
+
+/// Whether the incident journal (any of its files) holds anything: a start with no state
+/// beside it is not a first start.
+pub fn has_records(incidents: &Path) -> bool {
+    journal_files(incidents)
+        .iter()
+        .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
 }
 
 /// The stream positions already journaled, as the supervisor last saved them in
