@@ -461,6 +461,72 @@ async fn imds_trouble_and_past_events_decide_nothing() {
     n.d.stop(Duration::from_secs(20));
 }
 
+/// Implausible notices are not notices: a Spot interruption dated years ahead, a scheduled
+/// event whose window is fifty years long and one scheduled decades ahead are each a logged
+/// incident that says why (docs/planned-events.md#plausible-notices); nothing is drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn implausible_notices_are_logged_and_drain_nothing() {
+    let mut n = node("pl-implausible", "").await;
+    n.d.start();
+    let years = 3 * 365 * 24 * 3600;
+    n.imds.set_doc(
+        SPOT,
+        Some(&format!(
+            r#"{{"action": "terminate", "time": "{}"}}"#,
+            rfc3339(years)
+        )),
+    );
+    let inc = n.d.wait_closed(1, Duration::from_secs(15));
+    assert_eq!(inc["state"], "logged", "{inc:#}");
+    assert!(
+        inc["reason"].as_str().unwrap().contains("implausible notice"),
+        "{inc:#}"
+    );
+    n.imds.set_doc(SPOT, None);
+    n.imds.set_doc(
+        SCHEDULED,
+        Some(&format!(
+            "[{}, {}]",
+            scheduled(
+                "instance-event-50y",
+                "system-maintenance",
+                "active",
+                &imds_time(20),
+                &imds_time(50 * 365 * 24 * 3600),
+            )
+            .trim_matches(|c| c == '[' || c == ']'),
+            scheduled(
+                "instance-event-far",
+                "instance-retirement",
+                "active",
+                &imds_time(30 * 365 * 24 * 3600),
+                &imds_time(30 * 365 * 24 * 3600 + 3600),
+            )
+            .trim_matches(|c| c == '[' || c == ']'),
+        )),
+    );
+    wait_sync(
+        "both events logged",
+        Duration::from_secs(15),
+        || {
+            n.d.records()
+                .iter()
+                .filter(|r| {
+                    r["event"] == "closed"
+                        && r["summary"].as_str().is_some_and(|t| t.contains("implausible notice"))
+                })
+                .count()
+                >= 3
+        },
+        || n.d.log(),
+    );
+    // Past NotBefore of the 50-year window and then some: still nothing drained.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(n.ecs_status().await, "ACTIVE");
+    assert_eq!(n.started(), 0, "nothing was ordered: {:#?}", n.d.records());
+    n.d.stop(Duration::from_secs(20));
+}
+
 /// A node on the fake GPUs with the ECS GPU view on (it reads `healthStatus`), observe-only.
 async fn gpu_node(name: &str) -> (Proxy, Seeded, FakeImds, Daemon) {
     let proxy = Proxy::start().await;
