@@ -238,14 +238,35 @@ impl Supervisor {
         ready: impl FnOnce(),
     ) -> Result<(), SupervisorError> {
         let capabilities = self.executor.capabilities();
-        let (mut engine, boot_read) = Keeper::start(
-            self.cfg,
-            self.policy,
-            self.metrics,
-            self.gpu_signal,
-            self.clock,
-            capabilities,
-        )?;
+        // The start (state, journal replay) runs off the runtime's threads, so a SIGTERM
+        // that arrives meanwhile is answered at once: nothing was handed out yet, and what the
+        // start wrote is crash-safe like every write of the journal and the state.
+        let starting = tokio::task::spawn_blocking(move || {
+            Keeper::start(
+                self.cfg,
+                self.policy,
+                self.metrics,
+                self.gpu_signal,
+                self.clock,
+                capabilities,
+            )
+        });
+        let (mut engine, boot_read) = tokio::select! {
+            _ = shutdown.cancelled() => {
+                tracing::info!("gpu-medic supervisor stopped while starting; nothing was ordered");
+                return Ok(());
+            }
+            started = starting => match started {
+                Ok(r) => r?,
+                Err(e) => {
+                    return Err(SupervisorError::Journal(JournalError::Corrupt {
+                        path: std::path::PathBuf::new(),
+                        line: 0,
+                        message: format!("the start did not finish: {e}"),
+                    }));
+                }
+            },
+        };
         let cfg = engine.cfg.clone();
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
         let (out_tx, mut out_rx) = mpsc::channel::<Outcome>(64);
