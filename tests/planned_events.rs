@@ -647,3 +647,44 @@ async fn the_agents_impaired_with_an_xid_shows_both_verdicts() {
     );
     d.stop(Duration::from_secs(20));
 }
+
+/// Caps before parsing: a 64 MiB lifecycle answer from IMDS and a 10 MB scheduled-events
+/// document of whitespace around a valid event are refused as they are read; the daemon's
+/// memory stays small, no log line carries them, nothing is drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imds_answers_are_capped_as_they_are_read() {
+    let mut n = node("pl-caps", "").await;
+    n.d.start();
+    n.imds.set_target(Some(&"T".repeat(64 << 20)));
+    let event = scheduled(
+        "instance-event-big",
+        "instance-retirement",
+        "active",
+        &imds_time(5),
+        &imds_time(3600),
+    );
+    n.imds.set_doc(
+        SCHEDULED,
+        Some(&format!("{event}{}", " ".repeat(10 << 20))),
+    );
+    wait_sync(
+        "the oversized document refused",
+        Duration::from_secs(20),
+        || n.d.log().contains("exceeds [planned] max_document"),
+        || n.d.log(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = n.d.pid().unwrap();
+    let hwm_kib = gpu_medic_testkit::proc::status_field(pid, "VmHWM").unwrap();
+    n.d.stop(Duration::from_secs(20));
+    assert!(hwm_kib < 120 * 1024, "peak memory {hwm_kib} KiB");
+    let longest = n.d.log().lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 16 * 1024, "a log line of {longest} bytes");
+    assert_eq!(n.started(), 0, "nothing was ordered");
+    assert!(
+        !n.d.records()
+            .iter()
+            .any(|r| r["observation"]["signal"]["kind"] == "maintenance-event"),
+        "the oversized document decided nothing"
+    );
+}
