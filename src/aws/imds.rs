@@ -42,8 +42,9 @@ pub struct ImdsFailure {
 /// interval by much), and every answer read to at most [`MAX_BODY`] bytes as it arrives, so
 /// an answer of megabytes costs neither memory nor a log line of its size. The endpoint is
 /// `AWS_EC2_METADATA_SERVICE_ENDPOINT`, else `[fd00:ec2::254]` with
-/// `AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv6`, else `169.254.169.254`, port 80;
-/// `AWS_EC2_METADATA_DISABLED=true` turns it off.
+/// `AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv6`, else `169.254.169.254`, port 80
+/// (`AWS_EC2_METADATA_DISABLED` is the SDK's credential chain's switch, as before: it does
+/// not turn off gpu-medic's own reads).
 #[derive(Debug, Clone)]
 pub struct Client {
     endpoint: Result<Endpoint, String>,
@@ -61,9 +62,6 @@ struct Endpoint {
 }
 
 fn endpoint_from_env() -> Result<Endpoint, String> {
-    if std::env::var("AWS_EC2_METADATA_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true")) {
-        return Err("IMDS is disabled (AWS_EC2_METADATA_DISABLED=true)".into());
-    }
     let url = match std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT") {
         Ok(u) if !u.trim().is_empty() => u.trim().to_string(),
         _ if std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE")
