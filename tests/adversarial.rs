@@ -639,7 +639,8 @@ fn readers() -> Vec<(&'static str, &'static str, Reader)> {
                 format!(
                     "{:?} {:?}",
                     journal::last_records::<Record>(p, 3).map(|r| r.len()),
-                    journal::rebuild_from_journal(p, Timestamp(T0), Duration::ZERO).map(|s| s.next_incident)
+                    journal::rebuild_from_journal(p, Timestamp(T0), Duration::ZERO)
+                        .map(|s| s.next_incident)
                 )
             })),
         ),

@@ -733,19 +733,37 @@ async fn only_archives_gpu_medic_made_leave_the_node_under_its_own_keys() {
         .to_string()
     };
     std::os::unix::fs::symlink(&secret, spool.join("70.tar.gz")).unwrap();
-    std::fs::write(spool.join("70.json"), record("70", &secret_bytes, "stolen/symlink")).unwrap();
+    std::fs::write(
+        spool.join("70.json"),
+        record("70", &secret_bytes, "stolen/symlink"),
+    )
+    .unwrap();
     std::fs::hard_link(&secret, spool.join("71.tar.gz")).unwrap();
-    std::fs::write(spool.join("71.json"), record("71", &secret_bytes, "stolen/hardlink")).unwrap();
+    std::fs::write(
+        spool.join("71.json"),
+        record("71", &secret_bytes, "stolen/hardlink"),
+    )
+    .unwrap();
     std::fs::write(spool.join("72.tar.gz"), &secret_bytes).unwrap();
-    std::fs::write(spool.join("72.json"), record("72", b"something else", "stolen/sum")).unwrap();
+    std::fs::write(
+        spool.join("72.json"),
+        record("72", b"something else", "stolen/sum"),
+    )
+    .unwrap();
     let archive = b"an archive gpu-medic made".to_vec();
     std::fs::write(spool.join("73.tar.gz"), &archive).unwrap();
-    std::fs::write(spool.join("73.json"), record("73", &archive, "stolen/chosen-key")).unwrap();
+    std::fs::write(
+        spool.join("73.json"),
+        record("73", &archive, "stolen/chosen-key"),
+    )
+    .unwrap();
     start(&mut d);
     let key = format!("ev/{}/{}/73.tar.gz", s.cluster, s.nodes[0].instance_id);
-    wait_for("the real archive under its derived key", Duration::from_secs(30), || async {
-        object(&c, &b, &key).await.is_some()
-    })
+    wait_for(
+        "the real archive under its derived key",
+        Duration::from_secs(30),
+        || async { object(&c, &b, &key).await.is_some() },
+    )
     .await;
     std::thread::sleep(Duration::from_secs(2));
     d.stop(Duration::from_secs(10));
@@ -760,5 +778,9 @@ async fn only_archives_gpu_medic_made_leave_the_node_under_its_own_keys() {
     assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());
     let log = d.log();
     assert!(log.contains("not an archive gpu-medic made"), "{log}");
-    assert_eq!(std::fs::read(&secret).unwrap(), secret_bytes, "the secret untouched");
+    assert_eq!(
+        std::fs::read(&secret).unwrap(),
+        secret_bytes,
+        "the secret untouched"
+    );
 }

@@ -332,14 +332,14 @@ fn an_unreadable_systemctl_answer_is_a_self_fault_not_fabric_manager_down() {
     std::thread::sleep(Duration::from_secs(2));
     d.stop(Duration::from_secs(30));
     assert!(
-        !d.records().iter().any(|r| is_kind(r, "fabric-manager-down")),
+        !d.records()
+            .iter()
+            .any(|r| is_kind(r, "fabric-manager-down")),
         "{:#?}",
         d.records()
     );
     assert!(
-        !d.records()
-            .iter()
-            .any(|r| r["event"] == "action-started"),
+        !d.records().iter().any(|r| r["event"] == "action-started"),
         "nothing drained: {:#?}",
         d.records()
     );

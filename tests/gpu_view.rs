@@ -236,7 +236,11 @@ async fn a_gpu_missing_at_boot_is_caught_with_the_count_ecs_registered() {
 /// ECS says has 10,000: the instance type's 4 is what NVML's count is held to (a count
 /// beyond any instance type is never used), and the disagreement is `ecs-gpu-count-mismatch`
 /// (logged), never `device-count-mismatch` nor `ecs-gpu-missing` (both replace).
-async fn an_orchestrator_count_is_not_the_hardware(name: &str, ecs: usize, instance_type: Option<&str>) {
+async fn an_orchestrator_count_is_not_the_hardware(
+    name: &str,
+    ecs: usize,
+    instance_type: Option<&str>,
+) {
     let mut devices = idle();
     for i in 4..ecs {
         devices.push(gpu_device(
@@ -251,7 +255,9 @@ async fn an_orchestrator_count_is_not_the_hardware(name: &str, ecs: usize, insta
     d.start();
     let o = wait_signal(&d, "ecs-gpu-count-mismatch");
     assert!(
-        detail(&o).contains(&format!("ECS registered {ecs} GPU(s) for this instance, NVML counts 4")),
+        detail(&o).contains(&format!(
+            "ECS registered {ecs} GPU(s) for this instance, NVML counts 4"
+        )),
         "{o:#}"
     );
     // A few more comparisons and polls: still nothing that replaces.

@@ -479,7 +479,10 @@ async fn implausible_notices_are_logged_and_drain_nothing() {
     let inc = n.d.wait_closed(1, Duration::from_secs(15));
     assert_eq!(inc["state"], "logged", "{inc:#}");
     assert!(
-        inc["reason"].as_str().unwrap().contains("implausible notice"),
+        inc["reason"]
+            .as_str()
+            .unwrap()
+            .contains("implausible notice"),
         "{inc:#}"
     );
     n.imds.set_doc(SPOT, None);
@@ -513,7 +516,9 @@ async fn implausible_notices_are_logged_and_drain_nothing() {
                 .iter()
                 .filter(|r| {
                     r["event"] == "closed"
-                        && r["summary"].as_str().is_some_and(|t| t.contains("implausible notice"))
+                        && r["summary"]
+                            .as_str()
+                            .is_some_and(|t| t.contains("implausible notice"))
                 })
                 .count()
                 >= 3
@@ -663,10 +668,8 @@ async fn imds_answers_are_capped_as_they_are_read() {
         &imds_time(5),
         &imds_time(3600),
     );
-    n.imds.set_doc(
-        SCHEDULED,
-        Some(&format!("{event}{}", " ".repeat(10 << 20))),
-    );
+    n.imds
+        .set_doc(SCHEDULED, Some(&format!("{event}{}", " ".repeat(10 << 20))));
     wait_sync(
         "the oversized document refused",
         Duration::from_secs(20),

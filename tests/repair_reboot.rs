@@ -700,10 +700,14 @@ async fn lost_state_keeps_the_ladder(loss: Loss, name: &str) {
             .filter(|r| r["observation"]["signal"]["code"] == 79)
             .collect::<Vec<_>>()
     };
-    wait_for("the second XID 79's incident", Duration::from_secs(20), || {
-        let n = xid79(&d).len();
-        async move { n >= 2 }
-    })
+    wait_for(
+        "the second XID 79's incident",
+        Duration::from_secs(20),
+        || {
+            let n = xid79(&d).len();
+            async move { n >= 2 }
+        },
+    )
     .await;
     let second = xid79(&d)[1].clone();
     // Incident 2 is the lost state (a self-fault, already over); the XID comes after it.
@@ -713,13 +717,19 @@ async fn lost_state_keeps_the_ladder(loss: Loss, name: &str) {
     let lost = d.incident(2);
     assert!(
         lost["summary"].to_string().contains("state")
-            || lost.to_string().contains("resumed from the incident journal"),
+            || lost
+                .to_string()
+                .contains("resumed from the incident journal"),
         "{loss:?}: {lost:#}"
     );
-    wait_for("the second incident replaced", Duration::from_secs(20), || {
-        let action = d.incident(id)["action"].clone();
-        async move { action == "replace" }
-    })
+    wait_for(
+        "the second incident replaced",
+        Duration::from_secs(20),
+        || {
+            let action = d.incident(id)["action"].clone();
+            async move { action == "replace" }
+        },
+    )
     .await;
     let inc = d.incident(id);
     let why = escalations(&inc).join("\n");

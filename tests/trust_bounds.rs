@@ -137,7 +137,10 @@ fn policies_check_in_linear_time_and_refusals_name_their_line() {
     let many = dir.path().join("many.toml");
     std::fs::write(&many, &text).unwrap();
     let (code, out, took) = policy_check(&many);
-    assert!(took < Duration::from_secs(5), "2,000 rules took {took:?}: {out}");
+    assert!(
+        took < Duration::from_secs(5),
+        "2,000 rules took {took:?}: {out}"
+    );
     assert!(code.is_some(), "{out}");
 
     let mut big = String::from("version = 1\n");
@@ -153,7 +156,10 @@ fn policies_check_in_linear_time_and_refusals_name_their_line() {
     let p = dir.path().join("big.toml");
     std::fs::write(&p, &big).unwrap();
     let (code, out, took) = policy_check(&p);
-    assert!(took < Duration::from_secs(5), "a 1 MiB policy took {took:?}: {out}");
+    assert!(
+        took < Duration::from_secs(5),
+        "a 1 MiB policy took {took:?}: {out}"
+    );
     assert!(code.is_some(), "{out}");
 
     let p = dir.path().join("mps.toml");

@@ -121,11 +121,13 @@ impl Client {
         cut: bool,
     ) -> Result<Answer, String> {
         let ep = self.endpoint.as_ref().map_err(Clone::clone)?;
-        let mut stream =
-            tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(&ep.addr))
-                .await
-                .map_err(|_| format!("connecting to {} timed out", ep.addr))?
-                .map_err(|e| format!("connecting to {}: {e}", ep.addr))?;
+        let mut stream = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(&ep.addr),
+        )
+        .await
+        .map_err(|_| format!("connecting to {} timed out", ep.addr))?
+        .map_err(|e| format!("connecting to {}: {e}", ep.addr))?;
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\n{}: {}\r\nAccept: */*\r\nUser-Agent: gpu-medic\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
             ep.host, header.0, header.1
@@ -219,7 +221,10 @@ async fn read_answer<R: tokio::io::AsyncRead + Unpin>(
         if buf.len() > MAX_HEAD {
             return Err(format!("the answer's head is over {MAX_HEAD} bytes"));
         }
-        let n = r.read(&mut chunk).await.map_err(|e| format!("reading: {e}"))?;
+        let n = r
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("reading: {e}"))?;
         if n == 0 {
             return Err("the connection closed before the answer's head ended".into());
         }
@@ -242,8 +247,7 @@ async fn read_answer<R: tokio::io::AsyncRead + Unpin>(
         let (k, v) = (k.trim(), v.trim());
         if k.eq_ignore_ascii_case("content-length") {
             length = Some(v.parse().map_err(|_| "a bad Content-Length".to_string())?);
-        } else if k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
-        {
+        } else if k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked") {
             chunked = true;
         }
     }
@@ -264,7 +268,10 @@ async fn read_answer<R: tokio::io::AsyncRead + Unpin>(
             }
             return Err(too_long());
         }
-        let n = r.read(&mut chunk).await.map_err(|e| format!("reading: {e}"))?;
+        let n = r
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("reading: {e}"))?;
         if n == 0 {
             break;
         }
@@ -375,15 +382,21 @@ mod tests {
 
     #[tokio::test]
     async fn answers_are_capped_as_they_are_read() {
-        let ok = answer(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", 64, false)
-            .await
-            .unwrap();
+        let ok = answer(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+            64,
+            false,
+        )
+        .await
+        .unwrap();
         assert_eq!((ok.status, ok.body.as_slice()), (200, &b"hello"[..]));
-        let big = format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
-            64 << 20
+        let big = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 64 << 20);
+        assert!(
+            answer(big.as_bytes(), 64, false)
+                .await
+                .unwrap_err()
+                .contains("longer")
         );
-        assert!(answer(big.as_bytes(), 64, false).await.unwrap_err().contains("longer"));
         let mut endless = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
         endless.extend(std::iter::repeat_n(b' ', 1 << 20));
         assert!(answer(&endless, 64, false).await.is_err());

@@ -215,7 +215,13 @@ impl Rebuild {
 
     /// A reboot order for `incident` (`repair::reboot_command`): a pending repair, once per
     /// repair (a retried order is the same reboot).
-    fn reboot_ordered(&mut self, incident: IncidentId, action: ActionId, boot: &str, at: Timestamp) {
+    fn reboot_ordered(
+        &mut self,
+        incident: IncidentId,
+        action: ActionId,
+        boot: &str,
+        at: Timestamp,
+    ) {
         if self.reboots.len() >= MAX_REBOOT_ACTIONS {
             self.reboots.pop_first();
         }
@@ -227,7 +233,12 @@ impl Rebuild {
             .st
             .open
             .get(&incident)
-            .map(|o| o.rule.strip_suffix("/escalated").unwrap_or(&o.rule).to_string())
+            .map(|o| {
+                o.rule
+                    .strip_suffix("/escalated")
+                    .unwrap_or(&o.rule)
+                    .to_string()
+            })
             .unwrap_or_default();
         let h = &mut self.st.repair.history;
         if h.len() >= super::repair::MAX_HISTORY {

@@ -224,7 +224,9 @@ impl FatalJudges {
                         let (mut exact, mut any_decode, mut fallback) = (None, None, None);
                         for (i, r) in candidates {
                             match (&r.xids, &r.decode) {
-                                (Some(list), Some(d)) if list.contains(code) && d.contains(&decode) => {
+                                (Some(list), Some(d))
+                                    if list.contains(code) && d.contains(&decode) =>
+                                {
                                     exact = exact.or(Some(i));
                                 }
                                 (Some(list), None) if list.contains(code) => any_decode = Some(i),

@@ -979,10 +979,7 @@ fn check_overlap(rr: &RawRule, signal: SignalKind, claims: &mut Claims) -> Resul
         _ => {
             let threshold = r.threshold.as_ref().map_or(0, |t| *t.get_ref());
             let prev = claims.thresholds.get(&(signal, threshold)).cloned();
-            claims
-                .thresholds
-                .entry((signal, threshold))
-                .or_insert(name);
+            claims.thresholds.entry((signal, threshold)).or_insert(name);
             prev
         }
     };
@@ -1033,7 +1030,8 @@ fn check_fatal(path: &Path, raw: &[RawRule], policy: &Policy) -> Result<(), File
     }
     let judges = limits::FatalJudges::new(policy);
     for (idx, r) in policy.rules.iter().enumerate() {
-        let (line, msg): (fn(&RuleLines) -> usize, String) = match limits::silencer(&judges, idx, r) {
+        let (line, msg): (fn(&RuleLines) -> usize, String) = match limits::silencer(&judges, idx, r)
+        {
             None => continue,
             Some(limits::Silencer::Confirm(m)) => (|l| l.confirm, m),
             Some(limits::Silencer::Escalate(m)) => (|l| l.escalate, m),

@@ -80,9 +80,10 @@ impl LifecycleSource {
                     let changed = state != last;
                     if changed {
                         // A logged value is capped: IMDS's answer is anything up to its cap.
-                        let shown = state
-                            .as_deref()
-                            .map_or_else(|| "(none: 404)".to_string(), |s| crate::mps::control::clip(s, 128));
+                        let shown = state.as_deref().map_or_else(
+                            || "(none: 404)".to_string(),
+                            |s| crate::mps::control::clip(s, 128),
+                        );
                         tracing::info!(
                             probe = "lifecycle",
                             target_lifecycle_state = %shown,

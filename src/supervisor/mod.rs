@@ -90,7 +90,9 @@ fn report_lost_state(
             )
         }
         LostState::Missing(why) => {
-            tracing::error!("state.json {why} while the incident journal has records; resuming from the incident journal");
+            tracing::error!(
+                "state.json {why} while the incident journal has records; resuming from the incident journal"
+            );
             why.clone()
         }
     };

@@ -239,11 +239,8 @@ fn descendants(root: i32) -> Vec<i32> {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
         };
-        let Ok(bytes) = crate::sys::limits::read_head(
-            &e.path().join("stat"),
-            4096,
-            "process stat",
-        ) else {
+        let Ok(bytes) = crate::sys::limits::read_head(&e.path().join("stat"), 4096, "process stat")
+        else {
             continue;
         };
         if let Some(ppid) = stat_ppid(&String::from_utf8_lossy(&bytes)) {

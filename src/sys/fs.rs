@@ -54,7 +54,10 @@ pub fn make_private(state_dir: &Path) -> std::io::Result<()> {
             let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
         }
     };
-    for e in std::fs::read_dir(state_dir)?.filter_map(Result::ok).take(4096) {
+    for e in std::fs::read_dir(state_dir)?
+        .filter_map(Result::ok)
+        .take(4096)
+    {
         let p = e.path();
         let Ok(m) = std::fs::symlink_metadata(&p) else {
             continue;

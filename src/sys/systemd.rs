@@ -125,8 +125,8 @@ impl UnitState {
                 MAX_SHOW
             ));
         }
-        let text = std::str::from_utf8(bytes)
-            .map_err(|e| format!("the output is not text ({e})"))?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| format!("the output is not text ({e})"))?;
         let mut seen = (false, false);
         for line in text.lines() {
             let Some((k, v)) = line.split_once('=') else {
@@ -367,8 +367,16 @@ mod tests {
         assert!(UnitState::parse_answer(ok).unwrap().running());
         let mut bad = ok.to_vec();
         bad.extend_from_slice(&[0xff, 0xfe, b'\n']);
-        assert!(UnitState::parse_answer(&bad).unwrap_err().contains("not text"));
-        let long = format!("{}{}", "LoadState=loaded\nActiveState=active\n", "x".repeat(MAX_SHOW));
+        assert!(
+            UnitState::parse_answer(&bad)
+                .unwrap_err()
+                .contains("not text")
+        );
+        let long = format!(
+            "{}{}",
+            "LoadState=loaded\nActiveState=active\n",
+            "x".repeat(MAX_SHOW)
+        );
         assert!(UnitState::parse_answer(long.as_bytes()).is_err());
         assert!(UnitState::parse_answer(b"").is_err());
         assert!(UnitState::parse_answer(b"garbage\n").is_err());
@@ -378,6 +386,9 @@ mod tests {
                 .contains("MainPID")
         );
         let gone = UnitState::parse_answer(b"LoadState=not-found\nActiveState=inactive\n").unwrap();
-        assert!(!gone.exists(), "a unit systemd does not know is still an answer");
+        assert!(
+            !gone.exists(),
+            "a unit systemd does not know is still an answer"
+        );
     }
 }

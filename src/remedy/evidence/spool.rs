@@ -200,20 +200,35 @@ impl Spool {
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
-            .map_err(|err| format!("{}: {err} (not a regular file gpu-medic wrote?)", path.display()))?;
+            .map_err(|err| {
+                format!(
+                    "{}: {err} (not a regular file gpu-medic wrote?)",
+                    path.display()
+                )
+            })?;
         let m = file
             .metadata()
             .map_err(|err| format!("{}: {err}", path.display()))?;
         // SAFETY: geteuid(2) has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
         let why = if !m.is_file() {
-            Some(format!("is a {}, not a regular file", crate::sys::limits::kind_name(m.file_type())))
+            Some(format!(
+                "is a {}, not a regular file",
+                crate::sys::limits::kind_name(m.file_type())
+            ))
         } else if m.nlink() != 1 {
-            Some(format!("has {} links (a file elsewhere linked in)", m.nlink()))
+            Some(format!(
+                "has {} links (a file elsewhere linked in)",
+                m.nlink()
+            ))
         } else if m.uid() != me {
             Some(format!("is owned by uid {}, not gpu-medic's {me}", m.uid()))
         } else if m.len() != e.bytes {
-            Some(format!("holds {} bytes, its record says {}", m.len(), e.bytes))
+            Some(format!(
+                "holds {} bytes, its record says {}",
+                m.len(),
+                e.bytes
+            ))
         } else {
             None
         };
@@ -253,10 +268,14 @@ impl Spool {
                 continue;
             }
             let path = self.archive_path(&e.stem());
-            let len = std::fs::symlink_metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let len = std::fs::symlink_metadata(&path)
+                .map(|m| m.len())
+                .unwrap_or(0);
             if std::fs::remove_file(&path).is_ok() {
                 let record = self.record_path(&e.stem());
-                let rec_len = std::fs::symlink_metadata(&record).map(|m| m.len()).unwrap_or(0);
+                let rec_len = std::fs::symlink_metadata(&record)
+                    .map(|m| m.len())
+                    .unwrap_or(0);
                 if std::fs::remove_file(&record).is_ok() {
                     used = used.saturating_sub(rec_len);
                 }
@@ -345,7 +364,11 @@ mod tests {
         s.uploaded(&mut done).unwrap();
         assert!(!s.archive_path("3").exists());
         let records: u64 = (1..=3)
-            .map(|i| std::fs::metadata(s.record_path(&i.to_string())).unwrap().len())
+            .map(|i| {
+                std::fs::metadata(s.record_path(&i.to_string()))
+                    .unwrap()
+                    .len()
+            })
             .sum();
         assert_eq!(s.used(), 20 + records, "archives and records");
         let s = Spool::new(dir.path().to_path_buf(), 25 + records);
