@@ -72,7 +72,8 @@ pub fn init_logging_quiet() {
 
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
     // gpu-medic's files are private whatever umask it was started with (the unit's is
-    // 0077; a shell's is often 0022): folders 0700, files 0600.
+    // 0077; a shell's is often 0022): folders 0700, files 0600 (also set in `main` for every
+    // command; again here for `run` called as a library).
     // SAFETY: umask(2) has no preconditions and cannot fail.
     unsafe {
         libc::umask(0o077);
