@@ -773,7 +773,11 @@ async fn only_archives_gpu_medic_made_leave_the_node_under_its_own_keys() {
         .iter()
         .filter_map(|o| o.key().map(str::to_string))
         .collect();
-    assert_eq!(keys, [key.clone()], "only the derived key: {keys:?}");
+    assert_eq!(
+        keys,
+        std::slice::from_ref(&key),
+        "only the derived key: {keys:?}"
+    );
     assert_eq!(object(&c, &b, &key).await.unwrap(), archive);
     assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());
     let log = d.log();

@@ -371,6 +371,41 @@ async fn fetch(
     }
 }
 
+/// The instance id from IMDSv2, retried with backoff until `deadline` (IMDS may come up after
+/// us at boot). The one instance-id lookup: identity discovery and the launch gate use it.
+pub async fn instance_id(http: SharedHttpClient, deadline: Instant) -> Result<String, String> {
+    let client = imds_client(http, 2);
+    let mut delay = Duration::from_millis(500);
+    loop {
+        let err = match get(&client, INSTANCE_ID_PATH).await {
+            Ok(Some(id)) if !id.is_empty() => return Ok(id),
+            Ok(_) => "IMDS has no instance-id".to_string(),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() + delay >= deadline {
+            return Err(err);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The instance type from IMDSv2 (one attempt with the client's own retry). Ok(None): IMDS
+/// has none.
+pub async fn instance_type(http: SharedHttpClient) -> Result<Option<String>, ImdsFailure> {
+    let client = imds_client(http, 2);
+    Ok(get(&client, INSTANCE_TYPE_PATH)
+        .await?
+        .filter(|t| !t.is_empty()))
+}
+
+/// Whether IMDS says Auto Scaling is terminating the instance (target lifecycle state
+/// `Terminated`). Asked by the drain itself on every poll: the lifecycle probe shares its
+/// readings with the engine only.
+pub async fn target_terminated(client: &Client) -> Result<bool, ImdsFailure> {
+    Ok(get(client, TARGET_STATE_PATH).await?.as_deref() == Some("Terminated"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,39 +446,4 @@ mod tests {
         .unwrap();
         assert_eq!(chunked.body, b"hello");
     }
-}
-
-/// The instance id from IMDSv2, retried with backoff until `deadline` (IMDS may come up after
-/// us at boot). The one instance-id lookup: identity discovery and the launch gate use it.
-pub async fn instance_id(http: SharedHttpClient, deadline: Instant) -> Result<String, String> {
-    let client = imds_client(http, 2);
-    let mut delay = Duration::from_millis(500);
-    loop {
-        let err = match get(&client, INSTANCE_ID_PATH).await {
-            Ok(Some(id)) if !id.is_empty() => return Ok(id),
-            Ok(_) => "IMDS has no instance-id".to_string(),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() + delay >= deadline {
-            return Err(err);
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// The instance type from IMDSv2 (one attempt with the client's own retry). Ok(None): IMDS
-/// has none.
-pub async fn instance_type(http: SharedHttpClient) -> Result<Option<String>, ImdsFailure> {
-    let client = imds_client(http, 2);
-    Ok(get(&client, INSTANCE_TYPE_PATH)
-        .await?
-        .filter(|t| !t.is_empty()))
-}
-
-/// Whether IMDS says Auto Scaling is terminating the instance (target lifecycle state
-/// `Terminated`). Asked by the drain itself on every poll: the lifecycle probe shares its
-/// readings with the engine only.
-pub async fn target_terminated(client: &Client) -> Result<bool, ImdsFailure> {
-    Ok(get(client, TARGET_STATE_PATH).await?.as_deref() == Some("Terminated"))
 }
