@@ -737,6 +737,15 @@ impl Cx<'_> {
             restore_summary: String::new(),
             awaiting_boot: false,
         };
+        // A recommendation is dated when AWS issued it: one dated well ahead is not AWS's.
+        if let Some(why) = crate::model::planned::implausible_spot(self.now, notice) {
+            let reason = format!(
+                "implausible notice: rebalance recommendation: {why}; not AWS's practice (docs/planned-events.md#plausible-notices), so nothing is drained"
+            );
+            entry.incident = Some(self.planned_log(obs, &rule, &reason));
+            self.remember(REBALANCE_KEY.to_string(), entry);
+            return;
+        }
         if self.policy.planned.rebalance == Rebalance::Log {
             let reason = format!(
                 "AWS recommends moving work off this Spot instance (rebalance recommendation of {notice}); logged only ([planned] rebalance = \"log\")"

@@ -166,3 +166,27 @@ impl AgentVerdict {
         self.status == "IMPAIRED"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_beyond_aws_practice_are_implausible() {
+        let now = Timestamp(1_000_000_000);
+        let min = |m: u64| Duration::from_secs(m * 60);
+        assert!(implausible_spot(now, now.plus(min(2))).is_none());
+        assert!(implausible_spot(now, now.plus(min(11))).is_some());
+        assert!(
+            implausible_spot(now, Timestamp(0)).is_none(),
+            "past: another check"
+        );
+        let day = Duration::from_secs(86_400);
+        assert!(
+            implausible_event(now, now.plus(day * 14), Some(now.plus(day * 14 + min(120))))
+                .is_none()
+        );
+        assert!(implausible_event(now, now.plus(min(5)), Some(now.plus(day * 365 * 50))).is_some());
+        assert!(implausible_event(now, now.plus(day * 365 * 30), None).is_some());
+    }
+}
