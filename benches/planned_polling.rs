@@ -49,7 +49,7 @@ fn main() {
         let mut seen = Seen::default();
         // Warm up: the session token and the connection.
         for _ in 0..20 {
-            let docs = read_docs(&client).await.unwrap();
+            let docs = read_docs(&client, 64 * 1024).await.unwrap();
             let docs = docs.each_ref().map(|(p, d)| (*p, d.as_deref()));
             seen.read(docs, 64 * 1024, "boot", Timestamp::now());
         }
@@ -59,7 +59,7 @@ fn main() {
         let mut sent = 0usize;
         for _ in 0..polls {
             let t = Instant::now();
-            let docs = read_docs(&client).await.unwrap();
+            let docs = read_docs(&client, 64 * 1024).await.unwrap();
             let docs = docs.each_ref().map(|(p, d)| (*p, d.as_deref()));
             sent += seen.read(docs, 64 * 1024, "boot", Timestamp::now()).len();
             wall.push(t.elapsed().as_secs_f64() * 1000.0);

@@ -5,6 +5,12 @@ use std::io::Write;
 use clap::Parser;
 
 fn main() {
+    // Every file gpu-medic writes (state, journals, evidence archives, request files) is
+    // private whatever umask it was started with: folders 0700, files 0600.
+    // SAFETY: umask(2) has no preconditions and cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
     let cli = gpu_medic::cli::Cli::parse();
     let code = match gpu_medic::cli::dispatch(cli) {
         Ok(code) => code,

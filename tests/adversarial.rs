@@ -385,7 +385,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("incidents.jsonl");
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-        let st = journal::rebuild_from_journal(&path, Timestamp(now)).unwrap();
+        let st = journal::rebuild_from_journal(&path, Timestamp(now), Duration::ZERO).unwrap();
         prop_assert!(st.check_ranges().is_ok(), "rebuilt out of range: {:?}", st.check_ranges());
         exercise_state(st, now, dir.path())?;
         let _ = journal::last_records::<Record>(&path, 5).unwrap();
@@ -640,7 +640,8 @@ fn readers() -> Vec<(&'static str, &'static str, Reader)> {
                 format!(
                     "{:?} {:?}",
                     journal::last_records::<Record>(p, 3).map(|r| r.len()),
-                    journal::rebuild_from_journal(p, Timestamp(T0)).map(|s| s.next_incident)
+                    journal::rebuild_from_journal(p, Timestamp(T0), Duration::ZERO)
+                        .map(|s| s.next_incident)
                 )
             })),
         ),

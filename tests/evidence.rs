@@ -699,3 +699,92 @@ fn the_real_nvidia_bug_report_runs_against_the_real_driver() {
         .collect();
     assert!(missing.is_empty(), "{r:#}");
 }
+
+/// Nothing leaves the node that gpu-medic did not make: records in the spool beside a symlink
+/// to a secret, a hard link to it, and a file whose checksum is not its record's upload
+/// nothing; a real archive whose record names a key of its own goes up under the key
+/// gpu-medic derives, never the record's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_archives_gpu_medic_made_leave_the_node_under_its_own_keys() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "ev-foreign", 3).await;
+    let c = s3(&proxy.url).await;
+    let b = bucket(&c, "ev-foreign").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let double = bug_report_double(tmp.path(), "exit 0");
+    let mut d = daemon(&s, &proxy.url, &b, &double, "");
+    let spool = d.path("state/evidence");
+    std::fs::create_dir_all(&spool).unwrap();
+    let secret = d.path("shadow");
+    let secret_bytes = b"root:$6$TOP-SECRET-HASH:19000:0:99999:7:::\n".to_vec();
+    std::fs::write(&secret, &secret_bytes).unwrap();
+    let record = |name: &str, bytes: &[u8], key: &str| {
+        serde_json::json!({
+            "incident": name.parse::<u64>().unwrap(),
+            "name": name,
+            "bucket": b,
+            "key": key,
+            "bytes": bytes.len(),
+            "sha256": hex::encode(sha2::Sha256::digest(bytes)),
+            "created_ms": 1_000,
+            "uploaded": false,
+        })
+        .to_string()
+    };
+    std::os::unix::fs::symlink(&secret, spool.join("70.tar.gz")).unwrap();
+    std::fs::write(
+        spool.join("70.json"),
+        record("70", &secret_bytes, "stolen/symlink"),
+    )
+    .unwrap();
+    std::fs::hard_link(&secret, spool.join("71.tar.gz")).unwrap();
+    std::fs::write(
+        spool.join("71.json"),
+        record("71", &secret_bytes, "stolen/hardlink"),
+    )
+    .unwrap();
+    std::fs::write(spool.join("72.tar.gz"), &secret_bytes).unwrap();
+    std::fs::write(
+        spool.join("72.json"),
+        record("72", b"something else", "stolen/sum"),
+    )
+    .unwrap();
+    let archive = b"an archive gpu-medic made".to_vec();
+    std::fs::write(spool.join("73.tar.gz"), &archive).unwrap();
+    std::fs::write(
+        spool.join("73.json"),
+        record("73", &archive, "stolen/chosen-key"),
+    )
+    .unwrap();
+    start(&mut d);
+    let key = format!("ev/{}/{}/73.tar.gz", s.cluster, s.nodes[0].instance_id);
+    wait_for(
+        "the real archive under its derived key",
+        Duration::from_secs(30),
+        || async { object(&c, &b, &key).await.is_some() },
+    )
+    .await;
+    std::thread::sleep(Duration::from_secs(2));
+    d.stop(Duration::from_secs(10));
+    let listed = c.list_objects_v2().bucket(&b).send().await.unwrap();
+    let keys: Vec<String> = listed
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_string))
+        .collect();
+    assert_eq!(
+        keys,
+        std::slice::from_ref(&key),
+        "only the derived key: {keys:?}"
+    );
+    assert_eq!(object(&c, &b, &key).await.unwrap(), archive);
+    assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());
+    let log = d.log();
+    assert!(log.contains("not an archive gpu-medic made"), "{log}");
+    assert_eq!(
+        std::fs::read(&secret).unwrap(),
+        secret_bytes,
+        "the secret untouched"
+    );
+}

@@ -303,6 +303,48 @@ fn fabric_manager_stopped_on_a_p5_drains_and_flapping_is_seen() {
     );
 }
 
+/// Unreadable is not down: a `systemctl show` answer of bytes that are not text, one of
+/// megabytes, and an empty one, on a p5, are each a self-fault of gpu-medic's view of the
+/// unit, never `fabric-manager-down` (which drains).
+#[test]
+fn an_unreadable_systemctl_answer_is_a_self_fault_not_fabric_manager_down() {
+    let mut d = node("instance_type = \"p5.48xlarge\"");
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("{cfg}{}", systemctl_double(&d, ""))).unwrap();
+    let binary = [0xff, 0xfe, 0x00, 0x80, b'\n'].repeat(100);
+    std::fs::write(d.path("fm-state"), &binary).unwrap();
+    d.start();
+    d.wait_polled();
+    let r = d.wait_record("the self-fault", Duration::from_secs(30), "opened", |r| {
+        r["observation"]["signal"]["component"] == "fabric-manager"
+    });
+    assert!(
+        r["observation"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("unreadable answer"),
+        "{r:#}"
+    );
+    let huge = format!("{}{}", FM_STOPPED, "X=y\n".repeat(3 << 20));
+    std::fs::write(d.path("fm-state"), huge).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::write(d.path("fm-state"), "").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    d.stop(Duration::from_secs(30));
+    assert!(
+        !d.records()
+            .iter()
+            .any(|r| is_kind(r, "fabric-manager-down")),
+        "{:#?}",
+        d.records()
+    );
+    assert!(
+        !d.records().iter().any(|r| r["event"] == "action-started"),
+        "nothing drained: {:#?}",
+        d.records()
+    );
+}
+
 #[test]
 fn fabric_manager_stopped_from_the_start_drains_on_the_second_look() {
     let mut d = node("instance_type = \"p4d.24xlarge\"");

@@ -202,8 +202,8 @@ async fn memory_ecs_believes_free_that_nvml_shows_in_use_is_a_signal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_missing_at_boot_is_caught_with_the_count_ecs_registered() {
-    // The instance type would say 8: ECS's registration wins.
-    let (_proxy, _s, _imds, mut d) = node("gpuview-boot", idle(), Some("p5.48xlarge")).await;
+    // No instance type (IMDS has none the table knows): ECS's registration is the count.
+    let (_proxy, _s, _imds, mut d) = node("gpuview-boot", idle(), None).await;
     // NVML sees three of the four GPUs ECS registered; expected_gpus is not set.
     let three = FOUR_GPUS.replace(
         ",\n  {\"uuid\": \"GPU-33333333-aaaa-bbbb-cccc-333333333333\", \"pci_bus_id\": \"00000000:40:00.0\", \"serial\": \"S3\"}",
@@ -229,6 +229,78 @@ async fn a_gpu_missing_at_boot_is_caught_with_the_count_ecs_registered() {
         "{status}"
     );
     d.stop(Duration::from_secs(20));
+}
+
+/// ECS's count against the hardware's: a g5.12xlarge whose four GPUs NVML sees healthy,
+/// ECS registering 8 (`gpuDevices` naming four GPUs that are not there), or an instance
+/// ECS says has 10,000: the instance type's 4 is what NVML's count is held to (a count
+/// beyond any instance type is never used), and the disagreement is `ecs-gpu-count-mismatch`
+/// (logged), never `device-count-mismatch` nor `ecs-gpu-missing` (both replace).
+async fn an_orchestrator_count_is_not_the_hardware(
+    name: &str,
+    ecs: usize,
+    instance_type: Option<&str>,
+) {
+    let mut devices = idle();
+    for i in 4..ecs {
+        devices.push(gpu_device(
+            &format!("GPU-ffffffff-0000-0000-0000-{i:012}"),
+            "IDLE",
+            H200_MIB,
+            H200_MIB,
+            0,
+        ));
+    }
+    let (_proxy, _s, _imds, mut d) = node(name, devices, instance_type).await;
+    d.start();
+    let o = wait_signal(&d, "ecs-gpu-count-mismatch");
+    assert!(
+        detail(&o).contains(&format!(
+            "ECS registered {ecs} GPU(s) for this instance, NVML counts 4"
+        )),
+        "{o:#}"
+    );
+    // A few more comparisons and polls: still nothing that replaces.
+    wait_sync(
+        "a few comparisons",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(d.path("state/ecs-gpus.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some_and(|v| v["nvml_count"] == 4)
+        },
+        String::new,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    d.stop(Duration::from_secs(20));
+    let records = d.records();
+    for kind in ["device-count-mismatch", "ecs-gpu-missing"] {
+        assert!(
+            !records
+                .iter()
+                .any(|r| r["observation"]["signal"]["kind"] == kind),
+            "{name}: no {kind} while all 4 GPUs are there: {records:#?}"
+        );
+    }
+    assert!(
+        !records
+            .iter()
+            .any(|r| r["event"] == "opened" && r["verdict"] != "log"),
+        "{name}: only logged: {records:#?}"
+    );
+    let status = stdout(&d.cli(&["status"]));
+    assert!(!status.contains(&format!("expected {ecs} ")), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecs_registering_more_gpus_than_the_instance_type_has_is_only_logged() {
+    an_orchestrator_count_is_not_the_hardware("gpuview-ecs8", 8, Some("g5.12xlarge")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ecs_count_beyond_any_instance_type_is_ignored() {
+    an_orchestrator_count_is_not_the_hardware("gpuview-ecs10k", 10_000, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

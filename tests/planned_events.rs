@@ -461,6 +461,77 @@ async fn imds_trouble_and_past_events_decide_nothing() {
     n.d.stop(Duration::from_secs(20));
 }
 
+/// Implausible notices are not notices: a Spot interruption dated years ahead, a scheduled
+/// event whose window is fifty years long and one scheduled decades ahead are each a logged
+/// incident that says why (docs/planned-events.md#plausible-notices); nothing is drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn implausible_notices_are_logged_and_drain_nothing() {
+    let mut n = node("pl-implausible", "").await;
+    n.d.start();
+    let years = 3 * 365 * 24 * 3600;
+    n.imds.set_doc(
+        SPOT,
+        Some(&format!(
+            r#"{{"action": "terminate", "time": "{}"}}"#,
+            rfc3339(years)
+        )),
+    );
+    let inc = n.d.wait_closed(1, Duration::from_secs(15));
+    assert_eq!(inc["state"], "logged", "{inc:#}");
+    assert!(
+        inc["reason"]
+            .as_str()
+            .unwrap()
+            .contains("implausible notice"),
+        "{inc:#}"
+    );
+    n.imds.set_doc(SPOT, None);
+    n.imds.set_doc(
+        SCHEDULED,
+        Some(&format!(
+            "[{}, {}]",
+            scheduled(
+                "instance-event-50y",
+                "system-maintenance",
+                "active",
+                &imds_time(20),
+                &imds_time(50 * 365 * 24 * 3600),
+            )
+            .trim_matches(|c| c == '[' || c == ']'),
+            scheduled(
+                "instance-event-far",
+                "instance-retirement",
+                "active",
+                &imds_time(30 * 365 * 24 * 3600),
+                &imds_time(30 * 365 * 24 * 3600 + 3600),
+            )
+            .trim_matches(|c| c == '[' || c == ']'),
+        )),
+    );
+    wait_sync(
+        "both events logged",
+        Duration::from_secs(15),
+        || {
+            n.d.records()
+                .iter()
+                .filter(|r| {
+                    r["event"] == "closed"
+                        && r["summary"]
+                            .as_str()
+                            .is_some_and(|t| t.contains("implausible notice"))
+                })
+                .count()
+                >= 3
+        },
+        || n.d.log(),
+    );
+    // Past NotBefore of the 50-year window and then some: still nothing drained.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(n.ecs_status().await, "ACTIVE");
+    assert_eq!(n.started(), 0, "nothing was ordered: {:#?}", n.d.records());
+    n.d.stop(Duration::from_secs(20));
+}
+
 /// A node on the fake GPUs with the ECS GPU view on (it reads `healthStatus`), observe-only.
 async fn gpu_node(name: &str) -> (Proxy, Seeded, FakeImds, Daemon) {
     let proxy = Proxy::start().await;
@@ -580,4 +651,43 @@ async fn the_agents_impaired_with_an_xid_shows_both_verdicts() {
         "{t}"
     );
     d.stop(Duration::from_secs(20));
+}
+
+/// Caps before parsing: a 64 MiB lifecycle answer from IMDS and a 10 MB scheduled-events
+/// document of whitespace around a valid event are refused as they are read; the daemon's
+/// memory stays small, no log line carries them, nothing is drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imds_answers_are_capped_as_they_are_read() {
+    let mut n = node("pl-caps", "").await;
+    n.d.start();
+    n.imds.set_target(Some(&"T".repeat(64 << 20)));
+    let event = scheduled(
+        "instance-event-big",
+        "instance-retirement",
+        "active",
+        &imds_time(5),
+        &imds_time(3600),
+    );
+    n.imds
+        .set_doc(SCHEDULED, Some(&format!("{event}{}", " ".repeat(10 << 20))));
+    wait_sync(
+        "the oversized document refused",
+        Duration::from_secs(20),
+        || n.d.log().contains("exceeds [planned] max_document"),
+        || n.d.log(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = n.d.pid().unwrap();
+    let hwm_kib = gpu_medic_testkit::proc::status_field(pid, "VmHWM").unwrap();
+    n.d.stop(Duration::from_secs(20));
+    assert!(hwm_kib < 120 * 1024, "peak memory {hwm_kib} KiB");
+    let longest = n.d.log().lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 16 * 1024, "a log line of {longest} bytes");
+    assert_eq!(n.started(), 0, "nothing was ordered");
+    assert!(
+        !n.d.records()
+            .iter()
+            .any(|r| r["observation"]["signal"]["kind"] == "maintenance-event"),
+        "the oversized document decided nothing"
+    );
 }

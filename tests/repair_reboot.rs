@@ -642,3 +642,139 @@ async fn five_supervisors_rebooting_and_replacing_keep_the_budget() {
         d.signal(libc::SIGKILL);
     }
 }
+
+/// What happens to `state.json` between two boots.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    Deleted,
+    Truncated,
+    Empty,
+}
+
+fn lose_state(d: &Daemon, loss: Loss) {
+    let p = d.path("state/state.json");
+    match loss {
+        Loss::Deleted => std::fs::remove_file(&p).unwrap(),
+        Loss::Truncated => {
+            let text = std::fs::read(&p).unwrap();
+            std::fs::write(&p, &text[..text.len() / 3]).unwrap();
+        }
+        Loss::Empty => std::fs::write(&p, "{}").unwrap(),
+    }
+}
+
+/// Opened records per incident id in the journal: each id once.
+fn assert_ids_unique(d: &Daemon) {
+    let opened = gpu_medic_testkit::journal::events(&d.records(), "opened");
+    let mut ids: Vec<u64> = opened
+        .iter()
+        .map(|r| r["incident"].as_u64().unwrap())
+        .collect();
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "an incident id reused: {opened:#?}");
+}
+
+/// Reboot, healed, then `state.json` lost; at the next boot a second XID 79 within the
+/// ladder's window still replaces (the repair history is rebuilt from the journal), and its
+/// incident is 2, not a second incident 1.
+async fn lost_state_keeps_the_ladder(loss: Loss, name: &str) {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, name, 2).await;
+    let mut d = node(&s, &proxy, "10m");
+    fault_until_rebooted(&mut d).await;
+    boot(&mut d, "boot-2");
+    let inc = d.wait_closed(1, Duration::from_secs(30));
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    d.wait_polled();
+    d.stop(Duration::from_secs(10));
+    lose_state(&d, loss);
+    boot(&mut d, "boot-3");
+    d.wait_polled();
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    let xid79 = |d: &Daemon| {
+        gpu_medic_testkit::journal::events(&d.records(), "opened")
+            .into_iter()
+            .filter(|r| r["observation"]["signal"]["code"] == 79)
+            .collect::<Vec<_>>()
+    };
+    wait_for(
+        "the second XID 79's incident",
+        Duration::from_secs(20),
+        || {
+            let n = xid79(&d).len();
+            async move { n >= 2 }
+        },
+    )
+    .await;
+    let second = xid79(&d)[1].clone();
+    // Incident 2 is the lost state (a self-fault, already over); the XID comes after it.
+    let id = second["incident"].as_u64().unwrap() as u32;
+    assert!(id > 1, "{loss:?}: {second:#}");
+    assert_ids_unique(&d);
+    let lost = d.incident(2);
+    assert!(
+        lost["summary"].to_string().contains("state")
+            || lost
+                .to_string()
+                .contains("resumed from the incident journal"),
+        "{loss:?}: {lost:#}"
+    );
+    wait_for(
+        "the second incident replaced",
+        Duration::from_secs(20),
+        || {
+            let action = d.incident(id)["action"].clone();
+            async move { action == "replace" }
+        },
+    )
+    .await;
+    let inc = d.incident(id);
+    let why = escalations(&inc).join("\n");
+    assert!(
+        why.contains("reboot-ladder") && why.contains("allows 1 reboot"),
+        "{loss:?}: {inc:#}\n{}",
+        d.log()
+    );
+    assert_ids_unique(&d);
+    d.stop(Duration::from_secs(10));
+    assert_eq!(reboots(&proxy, &s), 1, "{loss:?}: no second reboot");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_state_keeps_the_reboot_ladder_and_the_incident_ids() {
+    lost_state_keeps_the_ladder(Loss::Deleted, "rb-lost-del").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_state_keeps_the_reboot_ladder_and_the_incident_ids() {
+    lost_state_keeps_the_ladder(Loss::Truncated, "rb-lost-trunc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_state_keeps_the_reboot_ladder_and_the_incident_ids() {
+    lost_state_keeps_the_ladder(Loss::Empty, "rb-lost-empty").await;
+}
+
+/// `state.json` lost while the accepted reboot was under way: the new boot finishes the
+/// repair (quarantine, boot check, restore) with no second reboot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_lost_during_the_reboot_does_not_reboot_again() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "rb-lost-mid", 2).await;
+    let mut d = node(&s, &proxy, "10m");
+    fault_until_rebooted(&mut d).await;
+    lose_state(&d, Loss::Deleted);
+    boot(&mut d, "boot-2");
+    let inc = d.wait_closed(1, Duration::from_secs(30));
+    assert_eq!(inc["state"], "repaired", "{inc:#}\n{}", d.log());
+    assert_eq!(reboots(&proxy, &s), 1, "one reboot");
+    let st = state(&d);
+    assert_eq!(st["repair"]["history"][0]["result"], "repaired", "{st:#}");
+    assert_eq!(st["repair"]["history"][0]["boot_after"], "boot-2", "{st:#}");
+    assert_back_in_service(&sdk, &s).await;
+    d.stop(Duration::from_secs(10));
+}

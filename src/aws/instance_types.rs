@@ -88,6 +88,21 @@ pub fn has_nvswitch(instance_type: &str) -> bool {
         .any(|name| name.eq_ignore_ascii_case(t))
 }
 
+/// The most NVIDIA GPUs any instance type in the table has: a count of GPUs beyond it (an
+/// orchestrator's registration of 10,000) is no instance's hardware.
+pub fn max_gpu_count() -> u32 {
+    GPU_INSTANCE_TYPES
+        .iter()
+        .map(|(_, n)| *n)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether `count` GPUs is a count some instance type has room for.
+pub fn plausible_gpu_count(count: u32) -> bool {
+    count <= max_gpu_count()
+}
+
 /// The NVIDIA GPUs of `instance_type` (as IMDS `instance-type` names it); None for a type
 /// the table does not know.
 pub fn gpu_count(instance_type: &str) -> Option<u32> {
@@ -108,6 +123,8 @@ mod tests {
         assert_eq!(gpu_count("g5.12xlarge"), Some(4));
         assert_eq!(gpu_count(" g4dn.xlarge\n"), Some(1));
         assert_eq!(gpu_count("m5.large"), None);
+        assert_eq!(max_gpu_count(), 16);
+        assert!(plausible_gpu_count(8) && !plausible_gpu_count(10_000));
         assert_eq!(gpu_count(""), None);
         assert!(has_nvswitch("p5.48xlarge") && has_nvswitch(" P4D.24xlarge"));
         assert!(!has_nvswitch("p5.4xlarge") && !has_nvswitch("g6e.48xlarge"));

@@ -78,7 +78,8 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     if let Some((Some(read), nvml_view, expected)) = &view
         && let Some(nvml) = nvml_view.latest()
     {
-        let (found, lines) = crate::probe::ecs_gpus::compare(read, &nvml);
+        let hardware = expected.by_type().map(|e| e.count);
+        let (found, lines) = crate::probe::ecs_gpus::compare(read, &nvml, hardware);
         extra.extend(found);
         ecs_gpus = Some(EcsGpuCheck {
             ecs_count: read.count(),

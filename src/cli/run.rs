@@ -71,8 +71,18 @@ pub fn init_logging_quiet() {
 }
 
 pub fn run(a: RunArgs) -> Result<i32, CliError> {
+    // gpu-medic's files are private whatever umask it was started with (the unit's is
+    // 0077; a shell's is often 0022): folders 0700, files 0600 (also set in `main` for every
+    // command; again here for `run` called as a library).
+    // SAFETY: umask(2) has no preconditions and cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
     let (cfg, policy) = validate(&a.config).map_err(CliError::Config)?;
     init_logging(&a.log_format);
+    if let Err(e) = crate::sys::fs::make_private(&cfg.state_dir) {
+        tracing::warn!(state_dir = %cfg.state_dir.display(), "cannot make the state directory private: {e}");
+    }
     // Descriptors in reserve (src/sys/fds.rs): the hard limit, not systemd's soft 1,024.
     match crate::sys::fds::raise_nofile_limit() {
         Ok((before, after)) if after > before => {

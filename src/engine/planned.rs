@@ -261,6 +261,19 @@ impl Cx<'_> {
         let times_changed = known.not_before != ev.not_before || known.not_after != ev.not_after;
         let rebooted =
             !ev.boot_id.is_empty() && !known.boot_id.is_empty() && ev.boot_id != known.boot_id;
+        if times_changed
+            && let Some(why) =
+                crate::model::planned::implausible_event(self.now, ev.not_before, ev.not_after)
+        {
+            // Moved to times AWS never gives: the event keeps the times it had.
+            if let Some(id) = known.incident.filter(|id| self.st.open.contains_key(id)) {
+                self.note(
+                    id,
+                    format!("implausible reschedule ignored: {why} (docs/planned-events.md#plausible-notices)"),
+                );
+            }
+            return;
+        }
         if let Some(e) = self.st.planned.events.get_mut(&key) {
             e.state = ev.state;
             e.not_before = ev.not_before;
@@ -319,6 +332,17 @@ impl Cx<'_> {
             let reason = format!(
                 "AWS lists {} (NotBefore {}) whose window ended at {end}: an event in the past; nothing is drained",
                 entry.what, ev.not_before
+            );
+            entry.incident = Some(self.planned_log(obs, &rule, &reason));
+            self.remember(key, entry);
+            return;
+        }
+        if let Some(why) =
+            crate::model::planned::implausible_event(self.now, ev.not_before, ev.not_after)
+        {
+            let reason = format!(
+                "implausible notice: {} {why}; not AWS's practice (docs/planned-events.md#plausible-notices), so nothing is drained",
+                entry.what
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
             self.remember(key, entry);
@@ -662,6 +686,14 @@ impl Cx<'_> {
             self.remember(SPOT_KEY.to_string(), entry);
             return;
         }
+        if let Some(why) = crate::model::planned::implausible_spot(self.now, time) {
+            let reason = format!(
+                "implausible notice: Spot interruption ({action}): {why}; not AWS's practice (docs/planned-events.md#plausible-notices), so nothing is drained"
+            );
+            entry.incident = Some(self.planned_log(obs, &rule, &reason));
+            self.remember(SPOT_KEY.to_string(), entry);
+            return;
+        }
         let reason = format!(
             "AWS interrupts this Spot instance ({action}) at {time}: a planned disruption, not a GPU fault; drained at once, never deferred by the fleet budget"
         );
@@ -705,6 +737,15 @@ impl Cx<'_> {
             restore_summary: String::new(),
             awaiting_boot: false,
         };
+        // A recommendation is dated when AWS issued it: one dated well ahead is not AWS's.
+        if let Some(why) = crate::model::planned::implausible_spot(self.now, notice) {
+            let reason = format!(
+                "implausible notice: rebalance recommendation: {why}; not AWS's practice (docs/planned-events.md#plausible-notices), so nothing is drained"
+            );
+            entry.incident = Some(self.planned_log(obs, &rule, &reason));
+            self.remember(REBALANCE_KEY.to_string(), entry);
+            return;
+        }
         if self.policy.planned.rebalance == Rebalance::Log {
             let reason = format!(
                 "AWS recommends moving work off this Spot instance (rebalance recommendation of {notice}); logged only ([planned] rebalance = \"log\")"

@@ -7,19 +7,32 @@
 //! every remedy is idempotent); the node remediation, MPS restart and stop-tasks work each
 //! open incident owns (an open one with no order in flight gets its next step scheduled at
 //! once, because the retry it was waiting for is only in the lost state); the node phase
-//! the last closed node incident left; gpu-medic's own open faults; and the counters, so no
-//! incident or action id is reused. Confirmation windows and repeat counts start over.
+//! the last closed node incident left; gpu-medic's own open faults; the counters, so no
+//! incident or action id is reused; and the reboot ladder's history (every reboot order,
+//! whether the boot after it happened, when the node went back into service), so a lost
+//! state never turns a `replace` the ladder owes back into another reboot. A reboot whose
+//! call was accepted with no new boot seen yet is waited for (`[deadlines] reboot` from the
+//! acceptance), never ordered again. Confirmation windows and repeat counts start over.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use super::repair::{RULE_LADDER, RULE_REBOOT_FAILED, Repair, RepairResult};
 use super::state::{
     Goal, GpuHealth, GpuStatus, MpsPhase, NodePhase, OpenIncident, Remediation, Scheduled,
     SelfFault, State, Step,
 };
 use crate::model::{
-    ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Observation, Order, Record,
-    Signal, Timestamp, Verdict,
+    ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Observation, Order,
+    OutcomeStatus, Record, Signal, Timestamp, Verdict,
 };
+
+fn insert_capped(set: &mut BTreeSet<IncidentId>, id: IncidentId) {
+    if set.len() >= MAX_TRACKED {
+        set.pop_first();
+    }
+    set.insert(id);
+}
 
 /// Folds journal records, oldest first, into a state.
 #[derive(Default)]
@@ -28,11 +41,49 @@ pub struct Rebuild {
     first: BTreeMap<IncidentId, Observation>,
     orders: BTreeMap<ActionId, Order>,
     skipped: u64,
+    /// Reboot orders handed out, by action: their incident.
+    reboots: BTreeMap<ActionId, IncidentId>,
+    /// Reboot calls accepted (no new boot seen since), by incident: when.
+    accepted: BTreeMap<IncidentId, Timestamp>,
+    /// Incidents whose quarantine (resp. drain) was carried out.
+    quarantined: BTreeSet<IncidentId>,
+    drained: BTreeSet<IncidentId>,
+    /// Every non-dry-run order seen, by action: its incident and command, for outcomes.
+    started: BTreeMap<ActionId, (IncidentId, StartedKind)>,
+    reboot_deadline: Duration,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StartedKind {
+    Quarantine,
+    Drain,
+    Other,
+}
+
+/// The boot id a note of `repair::boot` names: `new boot <id> (was <before>): ...`.
+fn new_boot_in(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix("new boot ")?;
+    rest.split_once(" (was ").map(|(id, _)| id)
+}
+
+/// At most this many reboot orders are remembered while folding (the ledger keeps
+/// [`MAX_HISTORY`](super::repair::MAX_HISTORY)); old ones are forgotten oldest first.
+const MAX_REBOOT_ACTIONS: usize = 4 * super::repair::MAX_HISTORY;
+/// At most this many finished quarantines/drains and started orders are remembered while
+/// folding (for open incidents only ever a handful matter).
+const MAX_TRACKED: usize = 4096;
 
 impl Rebuild {
     pub fn new() -> Self {
         Rebuild::default()
+    }
+
+    /// How long a reboot accepted before the state was lost is waited for, from its
+    /// acceptance (`[deadlines] reboot`); zero (the default) replaces at the first tick a node
+    /// that has not rebooted.
+    pub fn with_reboot_deadline(mut self, d: Duration) -> Self {
+        self.reboot_deadline = d;
+        self
     }
 
     /// Folds one record. A record whose incident or action id is beyond
@@ -69,24 +120,80 @@ impl Rebuild {
                 );
                 self.first.insert(id, observation.clone());
             }
-            IncidentEvent::Escalated { verdict, .. } => {
+            IncidentEvent::Escalated { verdict, rule, .. } => {
                 if let Some(o) = self.st.open.get_mut(&id) {
                     o.verdict = o.verdict.max(*verdict);
+                }
+                // A reboot that did not happen or did not mend the node, or a fault that
+                // took the repair on to replace: the repair is settled (`repair::settle`).
+                if *verdict == Verdict::Replace && rule != RULE_LADDER {
+                    self.accepted.remove(&id);
+                    if let Some(p) = self.pending_mut(id) {
+                        p.result = match (p.boot_after.is_some(), rule == RULE_REBOOT_FAILED) {
+                            (true, _) => RepairResult::Escalated,
+                            (false, true) => RepairResult::NotRebooted,
+                            (false, false) => RepairResult::Aborted,
+                        };
+                    }
                 }
             }
             IncidentEvent::ActionStarted { order, dry_run } => {
                 self.st.next_action = self.st.next_action.max(order.id.0);
                 if !dry_run {
                     self.orders.insert(order.id, order.clone());
+                    let kind = match order.command {
+                        Command::Quarantine => StartedKind::Quarantine,
+                        Command::Drain { .. } => StartedKind::Drain,
+                        _ => StartedKind::Other,
+                    };
+                    if self.started.len() >= MAX_TRACKED {
+                        self.started.pop_first();
+                    }
+                    self.started.insert(order.id, (id, kind));
+                    if let Command::Reboot { boot } = &order.command {
+                        self.reboot_ordered(id, order.id, boot, r.at);
+                    }
                 }
             }
             IncidentEvent::ActionFinished { outcome } => {
                 self.orders.remove(&outcome.action);
+                if outcome.status == OutcomeStatus::Done {
+                    match self.started.get(&outcome.action) {
+                        Some((inc, StartedKind::Quarantine)) => {
+                            insert_capped(&mut self.quarantined, *inc);
+                        }
+                        Some((inc, StartedKind::Drain)) => insert_capped(&mut self.drained, *inc),
+                        _ => {}
+                    }
+                    if self.reboots.contains_key(&outcome.action) {
+                        self.accepted.insert(id, r.at);
+                    }
+                }
             }
             IncidentEvent::DeadlineMissed { action, .. } => {
                 self.orders.remove(action);
             }
+            IncidentEvent::Note { text } => {
+                if let Some(boot) = new_boot_in(text) {
+                    self.accepted.remove(&id);
+                    if let Some(p) = self.pending_mut(id) {
+                        p.boot_after = Some(boot.to_string());
+                    }
+                }
+            }
             IncidentEvent::Closed { state, .. } => {
+                self.accepted.remove(&id);
+                let at = r.at;
+                if let Some(p) = self.pending_mut(id) {
+                    match state {
+                        IncidentState::Repaired => {
+                            p.result = RepairResult::Repaired;
+                            p.back_at = Some(at);
+                        }
+                        _ if p.boot_after.is_some() => p.result = RepairResult::Escalated,
+                        _ => p.result = RepairResult::Aborted,
+                    }
+                }
                 self.st.open.remove(&id);
                 self.first.remove(&id);
                 self.orders.retain(|_, o| o.incident != id);
@@ -102,8 +209,60 @@ impl Rebuild {
                     self.st.node_incident = Some(id);
                 }
             }
-            IncidentEvent::Signal { .. } | IncidentEvent::Note { .. } => {}
+            IncidentEvent::Signal { .. } => {}
         }
+    }
+
+    /// A reboot order for `incident` (`repair::reboot_command`): a pending repair, once per
+    /// repair (a retried order is the same reboot).
+    fn reboot_ordered(
+        &mut self,
+        incident: IncidentId,
+        action: ActionId,
+        boot: &str,
+        at: Timestamp,
+    ) {
+        if self.reboots.len() >= MAX_REBOOT_ACTIONS {
+            self.reboots.pop_first();
+        }
+        self.reboots.insert(action, incident);
+        if self.pending_mut(incident).is_some() {
+            return;
+        }
+        let rule = self
+            .st
+            .open
+            .get(&incident)
+            .map(|o| {
+                o.rule
+                    .strip_suffix("/escalated")
+                    .unwrap_or(&o.rule)
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let h = &mut self.st.repair.history;
+        if h.len() >= super::repair::MAX_HISTORY {
+            h.remove(0);
+        }
+        h.push(Repair {
+            incident,
+            rule,
+            at,
+            boot_before: boot.to_string(),
+            boot_after: None,
+            back_at: None,
+            result: RepairResult::Pending,
+            why: String::new(),
+        });
+    }
+
+    fn pending_mut(&mut self, incident: IncidentId) -> Option<&mut Repair> {
+        self.st
+            .repair
+            .history
+            .iter_mut()
+            .rev()
+            .find(|r| r.incident == incident && r.result == RepairResult::Pending)
     }
 
     /// Records left out: their ids are out of range (see [`add`](Self::add)).
@@ -217,7 +376,31 @@ impl Rebuild {
             Some(c @ Command::CompleteLifecycle { .. }) => (Step::CompleteLifecycle, c.clone()),
             _ => (Step::Quarantine, Command::Quarantine),
         };
-        self.st.remediation = Some(Remediation::new(id, goal, step));
+        let rebooted = self
+            .st
+            .repair
+            .history
+            .iter()
+            .rev()
+            .find(|r| r.incident == id && r.result == RepairResult::Pending)
+            .is_some_and(|r| r.boot_after.is_some());
+        // The reboot call was accepted and no new boot is in the journal: wait for it (the
+        // boot id stepped at start settles it), never order it again.
+        let awaiting = match (&order, self.accepted.get(&id)) {
+            (None, Some(at)) if !rebooted && goal == Goal::Reboot => Some(*at),
+            _ => None,
+        };
+        let step = if awaiting.is_some() {
+            Step::AwaitBoot
+        } else {
+            step
+        };
+        let mut rem = Remediation::new(id, goal, step);
+        rem.quarantined = self.quarantined.contains(&id);
+        rem.drained = self.drained.contains(&id);
+        rem.rebooted = rebooted;
+        rem.until = awaiting.map(|at| at.plus(self.reboot_deadline));
+        self.st.remediation = Some(rem);
         self.st.node_incident = Some(id);
         self.st.node = match step {
             Step::Quarantine => NodePhase::Quarantined,
@@ -241,7 +424,7 @@ impl Rebuild {
                 },
             );
         }
-        if order.is_none() {
+        if order.is_none() && awaiting.is_none() {
             self.schedule(id, command, now);
         }
     }

@@ -288,6 +288,26 @@ pub enum Entry<T> {
 pub fn stream_jsonl<T: DeserializeOwned>(
     files: &[PathBuf],
     max_bytes: Option<u64>,
+    f: impl FnMut(Entry<T>) -> bool,
+) -> Result<(), JournalError> {
+    stream_jsonl_from(files, max_bytes, None, f)
+}
+
+/// [`stream_jsonl`] over the last `tail` bytes of each file only (from the first line that
+/// begins in them): bounded work whatever the file holds before (a start never scans
+/// gigabytes for a replay that needs its last lines).
+pub fn stream_jsonl_tail<T: DeserializeOwned>(
+    files: &[PathBuf],
+    tail: u64,
+    f: impl FnMut(Entry<T>) -> bool,
+) -> Result<(), JournalError> {
+    stream_jsonl_from(files, None, Some(tail), f)
+}
+
+fn stream_jsonl_from<T: DeserializeOwned>(
+    files: &[PathBuf],
+    max_bytes: Option<u64>,
+    tail: Option<u64>,
     mut f: impl FnMut(Entry<T>) -> bool,
 ) -> Result<(), JournalError> {
     let mut total: u64 = 0;
@@ -312,6 +332,22 @@ pub fn stream_jsonl<T: DeserializeOwned>(
             }
         };
         let mut reader = BufReader::new(file);
+        if let Some(t) = tail {
+            let len = reader
+                .get_ref()
+                .metadata()
+                .map_err(|e| JournalError::io(path, e))?
+                .len();
+            if len > t {
+                reader
+                    .seek(SeekFrom::Start(len - t - 1))
+                    .map_err(|e| JournalError::io(path, e))?;
+                // The line the window begins in is not whole: skipped (found within the
+                // window, or the window is one overlong line and nothing is read).
+                read_capped_line(&mut reader, &mut buf, 0, t.saturating_add(1))
+                    .map_err(|e| JournalError::io(path, e))?;
+            }
+        }
         let mut n = 0;
         loop {
             let max_scan = max_bytes.map_or(u64::MAX, |m| m.saturating_sub(total) + 1);
@@ -441,7 +477,7 @@ pub fn inputs_after(
 ) -> Result<(Vec<JournaledInput>, u64), JournalError> {
     let mut out = Vec::new();
     let mut last = 0;
-    stream_jsonl::<JournaledInput>(&[path.to_path_buf()], None, |e| {
+    stream_jsonl_tail::<JournaledInput>(&[path.to_path_buf()], REPLAY_SCAN_BYTES, |e| {
         if let Entry::Item(i) = e {
             if i.seq > crate::engine::MAX_COUNTER {
                 // Not a number this journal wrote: a later input could never follow it.
@@ -458,13 +494,19 @@ pub fn inputs_after(
     Ok((out, last))
 }
 
-/// The last `n` records of the live journal file, oldest first.
+/// The most of `inputs.jsonl` a start reads for its replay: its last 64 MiB. The inputs a
+/// replay needs (those journaled after the last saved state, at most `REPLAY_MAX`) are the
+/// file's last lines; whatever lies before (a line of gigabytes) is never scanned.
+pub const REPLAY_SCAN_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The last `n` records of the live journal file, oldest first (read from its last
+/// [`REPLAY_SCAN_BYTES`] only).
 pub fn last_records<T: DeserializeOwned>(path: &Path, n: usize) -> Result<Vec<T>, JournalError> {
     let mut ring = std::collections::VecDeque::with_capacity(n.min(4096));
     if n == 0 {
         return Ok(Vec::new());
     }
-    stream_jsonl::<T>(&[path.to_path_buf()], None, |e| {
+    stream_jsonl_tail::<T>(&[path.to_path_buf()], REPLAY_SCAN_BYTES, |e| {
         if let Entry::Item(v) = e {
             if ring.len() == n {
                 ring.pop_front();
@@ -566,8 +608,9 @@ pub fn load_state_or_set_aside(
 pub fn rebuild_from_journal(
     incidents: &Path,
     now: crate::model::Timestamp,
+    reboot_deadline: std::time::Duration,
 ) -> Result<State, JournalError> {
-    let mut rebuild = crate::engine::rebuild::Rebuild::new();
+    let mut rebuild = crate::engine::rebuild::Rebuild::new().with_reboot_deadline(reboot_deadline);
     stream_jsonl::<crate::model::Record>(&journal_files(incidents), None, |e| {
         if let Entry::Item(r) = e {
             rebuild.add(&r);
@@ -578,6 +621,14 @@ pub fn rebuild_from_journal(
         tracing::warn!(path = %incidents.display(), records = rebuild.skipped(), "records with out-of-range ids left out of the rebuilt state");
     }
     Ok(rebuild.finish(now))
+}
+
+/// Whether the incident journal (any of its files) holds anything: a start with no state
+/// beside it is not a first start.
+pub fn has_records(incidents: &Path) -> bool {
+    journal_files(incidents)
+        .iter()
+        .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
 }
 
 /// The stream positions already journaled, as the supervisor last saved them in

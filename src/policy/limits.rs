@@ -186,25 +186,117 @@ pub(super) enum Silencer {
     Threshold(String),
 }
 
-/// Whether `rule` takes the node out of service (itself or by escalation) or judges a fatal
-/// signal (`xid_catalog::fatal_signals`): a rule that must be able to act.
-fn must_act(policy: &Policy, rule: &Rule) -> bool {
+/// Which rule judges each fatal signal (`xid_catalog::fatal_signals`) at a reading, indexed
+/// once: what [`must_act`] asks of every rule then costs a lookup, not a scan of every rule
+/// (thousands of rules were quadratic). Answers as `Policy::rule_for` does, by rule index.
+pub(super) struct FatalJudges {
+    per_signal: Vec<Judge>,
+}
+
+enum Judge {
+    /// An XID: the rule naming it, whatever the reading; else the catch-all rule (no `xids`)
+    /// and the threshold it needs.
+    Xid {
+        found: Option<usize>,
+        fallback: Option<(usize, u64)>,
+    },
+    /// A recovery action: the rule naming it, else the last rule without a list.
+    Recovery(Option<usize>),
+    /// Other kinds: by threshold, the rule that judges from it (the last of equal ones).
+    Levels(std::collections::BTreeMap<u64, usize>),
+}
+
+impl FatalJudges {
+    pub(super) fn new(policy: &Policy) -> FatalJudges {
+        use crate::model::{Signal, XidDecode};
+        let per_signal = super::xid_catalog::fatal_signals()
+            .iter()
+            .map(|sig| {
+                let kind = sig.kind();
+                let candidates = policy
+                    .rules
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.signal == kind);
+                match sig {
+                    Signal::Xid { code, decode } => {
+                        let decode = decode.unwrap_or(XidDecode::Undecoded);
+                        let (mut exact, mut any_decode, mut fallback) = (None, None, None);
+                        for (i, r) in candidates {
+                            match (&r.xids, &r.decode) {
+                                (Some(list), Some(d))
+                                    if list.contains(code) && d.contains(&decode) =>
+                                {
+                                    exact = exact.or(Some(i));
+                                }
+                                (Some(list), None) if list.contains(code) => any_decode = Some(i),
+                                (None, _) => {
+                                    fallback = fallback.or(Some((i, r.threshold.unwrap_or(0))));
+                                }
+                                _ => {}
+                            }
+                        }
+                        Judge::Xid {
+                            found: exact.or(any_decode),
+                            fallback,
+                        }
+                    }
+                    Signal::RecoveryAction { action } => {
+                        let (mut named, mut fallback) = (None, None);
+                        for (i, r) in candidates {
+                            match &r.recovery {
+                                Some(list) if list.contains(action) => {
+                                    named = named.or(Some(i));
+                                }
+                                None => fallback = Some(i),
+                                _ => {}
+                            }
+                        }
+                        Judge::Recovery(named.or(fallback))
+                    }
+                    _ => Judge::Levels(
+                        candidates
+                            .map(|(i, r)| (r.threshold.unwrap_or(0), i))
+                            .collect(),
+                    ),
+                }
+            })
+            .collect();
+        FatalJudges { per_signal }
+    }
+
+    /// Whether rule `idx` judges some fatal signal at reading `value`.
+    fn judges(&self, idx: usize, value: u64) -> bool {
+        self.per_signal.iter().any(|j| {
+            let judge = match j {
+                Judge::Xid { found, fallback } => {
+                    found.or(fallback.filter(|(_, t)| *t <= value).map(|(i, _)| i))
+                }
+                Judge::Recovery(r) => *r,
+                Judge::Levels(m) => m.range(..=value).next_back().map(|(_, i)| *i),
+            };
+            judge == Some(idx)
+        })
+    }
+}
+
+/// Whether rule `idx` takes the node out of service (itself or by escalation) or judges a
+/// fatal signal (`xid_catalog::fatal_signals`): a rule that must be able to act.
+fn must_act(judges: &FatalJudges, idx: usize, rule: &Rule) -> bool {
     rule.action.is_node_remediation()
         || rule
             .escalate
             .is_some_and(|e| e.action.is_node_remediation())
-        || super::xid_catalog::fatal_signals().iter().any(|sig| {
-            [0, u64::MAX]
-                .into_iter()
-                .chain(rule.threshold)
-                .any(|v| policy.rule_for(sig, v).is_some_and(|r| r.name == rule.name))
-        })
+        || [0, u64::MAX]
+            .into_iter()
+            .chain(rule.threshold)
+            .any(|v| judges.judges(idx, v))
 }
 
-/// The first setting of `rule` that keeps it from ever acting when it must act
+/// The first setting of rule `idx` that keeps it from ever acting when it must act
 /// ([`must_act`]) and does not say `silences_fatal = true`.
-pub(super) fn silencer(policy: &Policy, rule: &Rule) -> Option<Silencer> {
-    if rule.silences_fatal || !must_act(policy, rule) {
+pub(super) fn silencer(judges: &FatalJudges, idx: usize, rule: &Rule) -> Option<Silencer> {
+    if rule.silences_fatal || !must_act(judges, idx, rule) {
         return None;
     }
     if let Some(c) = rule.confirm

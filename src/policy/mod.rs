@@ -422,6 +422,8 @@ struct RawPolicy {
     file: FilePolicy,
     extends: Option<LineValue<String>>,
     rules: Vec<RawRule>,
+    /// Where `[mps] on_failed` was set (the file that won the merge, and its line).
+    on_failed_at: Option<(PathBuf, usize)>,
 }
 
 struct LineValue<T> {
@@ -502,7 +504,20 @@ fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
         value: e.get_ref().clone(),
         line: line_of(text, e.span().start),
     });
-    let at = |s: std::ops::Range<usize>| line_of(text, s.start);
+    // Line numbers from one index of the text's line ends: every key's line in O(log n),
+    // whatever the size of the file (counting newlines from the start for each key made a
+    // large policy quadratic).
+    let ends: Vec<usize> = text
+        .bytes()
+        .enumerate()
+        .filter_map(|(i, b)| (b == b'\n').then_some(i))
+        .collect();
+    let at = |s: std::ops::Range<usize>| ends.partition_point(|&nl| nl < s.start) + 1;
+    let on_failed_at = file
+        .mps
+        .as_ref()
+        .and_then(|m| m.on_failed.as_ref())
+        .map(|v| (path.to_path_buf(), at(v.span())));
     let rules = file
         .rule
         .iter()
@@ -530,6 +545,7 @@ fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
         file,
         extends,
         rules,
+        on_failed_at,
     })
 }
 
@@ -566,22 +582,33 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
         delay: pick(or.delay, br.delay),
     };
     let (bm, om) = (b.mps.unwrap_or_default(), o.mps.unwrap_or_default());
+    let om_on_failed_set = om.on_failed.is_some();
     let mps = FileMps {
         restart_budget: pick(om.restart_budget, bm.restart_budget),
         restart_window: pick(om.restart_window, bm.restart_window),
         on_failed: pick(om.on_failed, bm.on_failed),
     };
     let mut rules = base.rules;
+    let mut by_name: std::collections::HashMap<String, usize> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.rule.name.get_ref().clone(), i))
+        .collect();
     for r in overlay.rules {
-        match rules
-            .iter_mut()
-            .find(|x| x.rule.name.get_ref() == r.rule.name.get_ref())
-        {
-            Some(slot) => *slot = r,
-            None => rules.push(r),
+        match by_name.get(r.rule.name.get_ref()) {
+            Some(&i) => rules[i] = r,
+            None => {
+                by_name.insert(r.rule.name.get_ref().clone(), rules.len());
+                rules.push(r);
+            }
         }
     }
     RawPolicy {
+        on_failed_at: if om_on_failed_set {
+            overlay.on_failed_at
+        } else {
+            base.on_failed_at
+        },
         file: FilePolicy {
             version: o.version.or(b.version),
             extends: None,
@@ -638,9 +665,13 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
     let m = f.mps.unwrap_or_default();
     let on_failed = match m.on_failed {
         Some(v) if *v.get_ref() == Verdict::RestartMps || *v.get_ref() == Verdict::StopTasks => {
+            let (file, line) = match &raw.on_failed_at {
+                Some((p, l)) => (p.as_path(), Some(*l)),
+                None => (path, None),
+            };
             return Err(FileError::new(
-                path,
-                None,
+                file,
+                line,
                 format!(
                     "[mps] on_failed: `{}` cannot follow a failed daemon; use log, drain or replace",
                     v.get_ref()
@@ -683,6 +714,7 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
     let mut names = BTreeSet::new();
     let mut xid_owner = XidOwners::default();
     let mut out: Vec<Rule> = Vec::with_capacity(raw.len());
+    let mut claims = Claims::default();
     for rr in raw {
         let name = check_name(rr, &mut names)?;
         let signal = check_signal(rr)?;
@@ -692,7 +724,7 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
         let action = *rr.rule.action.get_ref();
         let escalate = check_escalate(rr, action)?;
         check_action_keys(rr, action, confirm.is_some() || escalate.is_some())?;
-        check_overlap(rr, signal, &out)?;
+        check_overlap(rr, signal, &mut claims)?;
         let r = &rr.rule;
         out.push(Rule {
             name,
@@ -919,33 +951,68 @@ fn check_action_keys(rr: &RawRule, action: Verdict, windows: bool) -> Result<(),
     Ok(())
 }
 
-/// Two rules for the same non-XID signal must differ (threshold or recovery list).
-fn check_overlap(rr: &RawRule, signal: SignalKind, before: &[Rule]) -> Result<(), FileError> {
+/// Two rules for the same non-XID signal must differ (threshold or recovery list). What the
+/// rules before claimed, per signal, so each rule is checked in constant time (pairwise
+/// checks made thousands of rules quadratic).
+#[derive(Default)]
+struct Claims {
+    /// An XID rule without `xids`, by signal: its name.
+    xid_catch_all: Option<String>,
+    /// Recovery actions claimed (None: the rule without a list).
+    recovery: std::collections::HashMap<Option<RecoveryAction>, String>,
+    /// Thresholds claimed per signal.
+    thresholds: std::collections::HashMap<(SignalKind, u64), String>,
+}
+
+fn check_overlap(rr: &RawRule, signal: SignalKind, claims: &mut Claims) -> Result<(), FileError> {
     let r = &rr.rule;
-    let threshold = r.threshold.as_ref().map_or(0, |t| *t.get_ref());
-    for prev in before.iter().filter(|p| p.signal == signal) {
-        let clash = match signal {
-            SignalKind::Xid => prev.xids.is_none() && r.xids.is_none(),
-            SignalKind::RecoveryAction => {
-                let theirs = prev.recovery.clone().unwrap_or_default();
-                match &r.recovery {
-                    None => prev.recovery.is_none(),
-                    Some(list) => list.get_ref().iter().any(|a| theirs.contains(a)),
-                }
+    let name = r.name.get_ref().clone();
+    let clash: Option<String> = match signal {
+        SignalKind::Xid => {
+            if r.xids.is_none() {
+                let prev = claims.xid_catch_all.clone();
+                claims.xid_catch_all.get_or_insert(name);
+                prev
+            } else {
+                None
             }
-            _ => prev.threshold.unwrap_or(0) == threshold,
-        };
-        if clash {
-            return Err(rule_err(
-                rr,
-                rr.lines.signal,
-                format!(
-                    "overlaps rule `{}` (same signal `{}`); give them different xids, recovery lists or thresholds",
-                    prev.name,
-                    signal.as_str()
-                ),
-            ));
         }
+        SignalKind::RecoveryAction => match &r.recovery {
+            None => {
+                let prev = claims.recovery.get(&None).cloned();
+                claims.recovery.entry(None).or_insert(name);
+                prev
+            }
+            Some(list) => {
+                let prev = list
+                    .get_ref()
+                    .iter()
+                    .find_map(|a| claims.recovery.get(&Some(*a)).cloned());
+                for a in list.get_ref() {
+                    claims
+                        .recovery
+                        .entry(Some(*a))
+                        .or_insert_with(|| name.clone());
+                }
+                prev
+            }
+        },
+        _ => {
+            let threshold = r.threshold.as_ref().map_or(0, |t| *t.get_ref());
+            let prev = claims.thresholds.get(&(signal, threshold)).cloned();
+            claims.thresholds.entry((signal, threshold)).or_insert(name);
+            prev
+        }
+    };
+    if let Some(prev) = clash {
+        return Err(rule_err(
+            rr,
+            rr.lines.signal,
+            format!(
+                "overlaps rule `{prev}` (same signal `{}`); give them different xids, recovery lists or thresholds",
+                signal.as_str()
+            ),
+        ));
     }
     Ok(())
 }
@@ -982,8 +1049,10 @@ fn check_fatal(path: &Path, raw: &[RawRule], policy: &Policy) -> Result<(), File
             ),
         ));
     }
-    for r in &policy.rules {
-        let (line, msg): (fn(&RuleLines) -> usize, String) = match limits::silencer(policy, r) {
+    let judges = limits::FatalJudges::new(policy);
+    for (idx, r) in policy.rules.iter().enumerate() {
+        let (line, msg): (fn(&RuleLines) -> usize, String) = match limits::silencer(&judges, idx, r)
+        {
             None => continue,
             Some(limits::Silencer::Confirm(m)) => (|l| l.confirm, m),
             Some(limits::Silencer::Escalate(m)) => (|l| l.escalate, m),

@@ -14,8 +14,13 @@
 //!   tolerance).
 //!
 //! It also gives `[nvml] expected_gpus` its default while the key is unset ([`ExpectedGpus`]):
-//! the GPUs ECS registered for the instance, else the instance type's count
-//! (`crate::aws::instance_types`, from IMDS `instance-type`).
+//! the instance type's count (`crate::aws::instance_types`, from IMDS `instance-type`), else
+//! the GPUs ECS registered for the instance. ECS's count is an orchestrator's, not the
+//! hardware's: where the instance type is known it never becomes the expected count, and a
+//! count beyond any instance type's is never used. A disagreement between ECS and the
+//! hardware is `ecs-gpu-count-mismatch` (logged), never `device-count-mismatch`; GPUs ECS lists
+//! that NVML does not see, on an instance where NVML sees every GPU the type has (or with an
+//! ECS count no instance has), are that count mismatch, not `ecs-gpu-missing`.
 //!
 //! A read that fails (throttled, denied, unreachable) is never a GPU signal: it is retried, and
 //! after 3 failures in a row (or one that cannot succeed) it is a self-fault of component
@@ -94,8 +99,13 @@ impl EcsRead {
 
 /// Compares ECS's view with NVML's: the observations (every disagreement, each a finding,
 /// never a routine reading) and a line per GPU ECS lists. Nothing is compared when ECS lists
-/// no GPU (it then places no GPU task here).
-pub fn compare(read: &EcsRead, nvml: &ViewSnapshot) -> (Vec<Observation>, Vec<GpuLine>) {
+/// no GPU (it then places no GPU task here). `hardware`: the instance type's GPU count, when
+/// known.
+pub fn compare(
+    read: &EcsRead,
+    nvml: &ViewSnapshot,
+    hardware: Option<u32>,
+) -> (Vec<Observation>, Vec<GpuLine>) {
     let mut found = Vec::new();
     let mut lines = Vec::new();
     let ecs_gpus = read.gpus();
@@ -166,7 +176,13 @@ pub fn compare(read: &EcsRead, nvml: &ViewSnapshot) -> (Vec<Observation>, Vec<Gp
         }
         lines.push(line);
     }
-    if !unseen.is_empty() {
+    let ecs = read.count();
+    let implausible = !instance_types::plausible_gpu_count(ecs);
+    // NVML sees every GPU the instance type has (or ECS counts more GPUs than any instance
+    // has): what ECS lists beyond them is ECS's registration, not hardware that went missing.
+    let all_there = hardware.is_some_and(|h| nvml.count >= h && unnamed_lost == 0);
+    let not_hardware = !unseen.is_empty() && (all_there || implausible);
+    if !unseen.is_empty() && !not_hardware {
         // One observation for all of them: they have no NVML index to tell them apart, and
         // two in one read must not count as a repeat.
         found.push(
@@ -184,15 +200,31 @@ pub fn compare(read: &EcsRead, nvml: &ViewSnapshot) -> (Vec<Observation>, Vec<Gp
                 )),
         );
     }
-    let ecs = read.count();
     if ecs != nvml.count {
+        let mut detail = format!(
+            "ECS registered {ecs} GPU(s) for this instance, NVML counts {}",
+            nvml.count
+        );
+        if let Some(h) = hardware {
+            detail.push_str(&format!("; the instance type has {h}"));
+        }
+        if implausible {
+            detail.push_str(&format!(
+                " (ECS's count is more than any instance type has, {}: not a count of hardware)",
+                instance_types::max_gpu_count()
+            ));
+        }
+        if not_hardware {
+            detail.push_str(&format!(
+                "; ECS lists {} GPU(s) NVML does not see, not hardware missing: {}",
+                unseen.len(),
+                cap_list(&unseen)
+            ));
+        }
         found.push(
             Observation::new(Signal::EcsGpuCountMismatch)
                 .with_value(u64::from(ecs.abs_diff(nvml.count)))
-                .with_detail(format!(
-                    "ECS registered {ecs} GPU(s) for this instance, NVML counts {}",
-                    nvml.count
-                )),
+                .with_detail(detail),
         );
     }
     let found = found.into_iter().map(|o| o.from_source(SOURCE)).collect();
@@ -225,14 +257,35 @@ fn count(c: Option<i64>) -> u64 {
     c.and_then(|c| u64::try_from(c).ok()).unwrap_or(0)
 }
 
-/// Sets the expected GPU count: ECS's registered GPUs, else the instance type's; and the
-/// instance type's apart, which a set `[nvml] expected_gpus` is checked against.
+/// The first few of `items`, joined, and how many more: a detail stays short whatever ECS
+/// lists.
+fn cap_list(items: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut s = items
+        .iter()
+        .take(SHOWN)
+        .map(|i| crate::mps::control::clip(i, 200))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if items.len() > SHOWN {
+        s.push_str(&format!(" and {} more", items.len() - SHOWN));
+    }
+    s
+}
+
+/// Sets the expected GPU count: the instance type's (the hardware's), else ECS's registered
+/// GPUs when that is a count some instance could have; and the instance type's apart, which a
+/// set `[nvml] expected_gpus` is checked against. ECS's count never overrides the type's: an
+/// orchestrator's registration is not the hardware.
 fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type: Option<&str>) {
     let by_type = learn_type_count(expected, instance_type);
-    if let Some(n) = read.map(EcsRead::count).filter(|n| *n > 0) {
-        expected.set(n, "registered with ECS");
-    } else if let Some((t, n)) = by_type {
-        expected.set(n, format!("instance type {t}"));
+    let ecs = read.map(EcsRead::count).filter(|n| *n > 0);
+    match (by_type, ecs) {
+        (Some((t, n)), _) => expected.set(n, format!("instance type {t}")),
+        (None, Some(n)) if instance_types::plausible_gpu_count(n) => {
+            expected.set(n, "registered with ECS");
+        }
+        _ => {}
     }
 }
 
@@ -388,7 +441,8 @@ impl EcsGpuSource {
 
     /// ECS's view against NVML's latest, saved for `status`; the mismatches found.
     fn compare_and_save(&self, read: &EcsRead, nvml: &ViewSnapshot) -> Vec<Observation> {
-        let (found, gpus) = compare(read, nvml);
+        let hardware = self.expected.by_type().map(|e| e.count);
+        let (found, gpus) = compare(read, nvml, hardware);
         let kept = Comparison {
             observed_at: Timestamp::now(),
             ecs_count: read.count(),
@@ -636,21 +690,16 @@ fn block_on<F: Future>(f: F) -> Result<F::Output, String> {
     }
 }
 
-/// `gpu-medic check`: the expected count from ECS's read, else the instance type (IMDS).
+/// `gpu-medic check`: the expected count from the instance type (IMDS), else ECS's read.
+/// The type is always asked: it is the hardware's count, which ECS's never overrides.
 pub fn learn_expected_once(cfg: &Config, read: Option<&EcsRead>, expected: &ExpectedGpus) {
-    // A set `[nvml] expected_gpus` is checked against the instance type: asked for then too.
-    let from_ecs = read.is_some_and(|r| r.count() > 0) && cfg.nvml.expected_gpus.is_none();
-    let instance_type = if from_ecs {
-        None
-    } else {
-        block_on(async {
-            let sdk = crate::aws::loader(&cfg.aws).load().await;
-            let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
-            imds::instance_type(http).await.ok().flatten()
-        })
-        .ok()
-        .flatten()
-    };
+    let instance_type = block_on(async {
+        let sdk = crate::aws::loader(&cfg.aws).load().await;
+        let http = sdk.http_client().unwrap_or_else(crate::aws::http_client);
+        imds::instance_type(http).await.ok().flatten()
+    })
+    .ok()
+    .flatten();
     learn_expected(expected, read, instance_type.as_deref());
 }
 
@@ -715,7 +764,7 @@ mod tests {
             ],
             2,
         );
-        let (found, lines) = compare(&read, &v);
+        let (found, lines) = compare(&read, &v, None);
         assert!(found.is_empty(), "{found:?}");
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].nvml, "ok");
@@ -736,7 +785,7 @@ mod tests {
             ],
             2,
         );
-        let (found, lines) = compare(&read, &v);
+        let (found, lines) = compare(&read, &v, None);
         assert_eq!(kinds(&found), ["ecs-gpu-missing"]);
         assert_eq!(found[0].gpu.as_ref().map(|g| g.index), Some(0));
         assert_eq!(found[0].value, 2);
@@ -757,7 +806,7 @@ mod tests {
             agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None)], 1);
-        let (found, lines) = compare(&read, &v);
+        let (found, lines) = compare(&read, &v, None);
         assert_eq!(kinds(&found), ["ecs-gpu-missing", "ecs-gpu-count-mismatch"]);
         assert!(found[0].gpu.is_none());
         assert_eq!(found[0].value, 2);
@@ -777,7 +826,7 @@ mod tests {
             agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None), (1, "", true, None)], 2);
-        let (found, lines) = compare(&read, &v);
+        let (found, lines) = compare(&read, &v, None);
         assert_eq!(kinds(&found), ["ecs-gpu-missing"]);
         assert!(
             found[0]
@@ -799,23 +848,23 @@ mod tests {
             agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, Some((70 * GIB, 80 * GIB)))], 1);
-        let (found, _) = compare(&read, &v);
+        let (found, _) = compare(&read, &v, None);
         assert_eq!(kinds(&found), ["ecs-gpu-memory-in-use"]);
         assert_eq!(found[0].value, 40_000 - 10_240);
         // A dedicated GPU's remaining memory means nothing for MPS placement.
         let mut dedicated = read.clone();
         dedicated.devices[0].sharing_mode = Some("DEDICATED".into());
-        assert!(compare(&dedicated, &v).0.is_empty());
+        assert!(compare(&dedicated, &v, None).0.is_empty());
     }
 
     #[test]
     fn an_instance_ecs_lists_no_gpu_for_is_not_compared() {
         let v = nvml(&[(0, "GPU-a", false, None)], 1);
-        assert!(compare(&EcsRead::default(), &v).0.is_empty());
+        assert!(compare(&EcsRead::default(), &v, None).0.is_empty());
     }
 
     #[test]
-    fn the_expected_count_comes_from_ecs_else_the_instance_type() {
+    fn the_expected_count_comes_from_the_instance_type_else_a_plausible_ecs_count() {
         let e = ExpectedGpus::new();
         learn_expected(&e, None, Some("m5.large"));
         assert_eq!(e.get(), None, "a type without GPUs sets nothing");
@@ -824,14 +873,65 @@ mod tests {
             e.get().map(|x| (x.count, x.source)),
             Some((8, "instance type p5.48xlarge".into()))
         );
-        let read = EcsRead {
-            registered: vec!["GPU-a".into(), "GPU-b".into()],
+        let read = |n: usize| EcsRead {
+            registered: (0..n).map(|i| format!("GPU-{i}")).collect(),
             ..EcsRead::default()
         };
-        learn_expected(&e, Some(&read), Some("p5.48xlarge"));
+        learn_expected(&e, Some(&read(2)), Some("p5.48xlarge"));
         assert_eq!(
             e.get().map(|x| (x.count, x.source)),
-            Some((2, "registered with ECS".into()))
+            Some((8, "instance type p5.48xlarge".into())),
+            "the orchestrator's count never overrides the hardware's"
         );
+        let e = ExpectedGpus::new();
+        learn_expected(&e, Some(&read(10_000)), None);
+        assert_eq!(e.get(), None, "a count beyond any instance type is ignored");
+        learn_expected(&e, Some(&read(4)), Some("an-unknown.type"));
+        assert_eq!(
+            e.get().map(|x| (x.count, x.source)),
+            Some((4, "registered with ECS".into()))
+        );
+    }
+
+    /// ECS lists GPUs NVML does not see on an instance where NVML sees every GPU the type
+    /// has: a count mismatch (logged), not missing hardware (replace).
+    #[test]
+    fn extra_gpus_ecs_lists_beside_all_the_hardware_are_a_count_mismatch() {
+        let v = nvml(
+            &[
+                (0, "GPU-0", false, None),
+                (1, "GPU-1", false, None),
+                (2, "GPU-2", false, None),
+                (3, "GPU-3", false, None),
+            ],
+            4,
+        );
+        let read = EcsRead {
+            registered: (0..8).map(|i| format!("GPU-{i}")).collect(),
+            ..EcsRead::default()
+        };
+        let (found, _) = compare(&read, &v, Some(4));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert_eq!(found[0].signal, Signal::EcsGpuCountMismatch, "{found:#?}");
+        assert!(
+            found[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("the instance type has 4")),
+            "{found:#?}"
+        );
+        let (found, _) = compare(&read, &v, None);
+        assert!(
+            found.iter().any(|o| o.signal == Signal::EcsGpuMissing),
+            "type unknown: ECS's plausible count may be missing hardware"
+        );
+        let huge = EcsRead {
+            registered: (0..10_000).map(|i| format!("GPU-{i}")).collect(),
+            ..EcsRead::default()
+        };
+        let (found, _) = compare(&huge, &v, None);
+        assert_eq!(found.len(), 1, "{}", found.len());
+        assert_eq!(found[0].signal, Signal::EcsGpuCountMismatch);
+        assert!(found[0].detail.as_deref().is_some_and(|d| d.len() < 2048));
     }
 }

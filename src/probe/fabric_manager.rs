@@ -152,7 +152,9 @@ impl Source for FabricManagerSource {
                             );
                         }
                     }
-                    Err(e @ SystemctlError::Spawn { .. }) => {
+                    // Unrunnable, or its answer unreadable: gpu-medic cannot see the unit,
+                    // which says nothing about Fabric Manager (never a drain).
+                    Err(e @ (SystemctlError::Spawn { .. } | SystemctlError::Unreadable { .. })) => {
                         if !std::mem::replace(&mut unrunnable, true) {
                             tracing::error!(
                                 probe = "fabric-manager",

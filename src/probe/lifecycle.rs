@@ -79,9 +79,14 @@ impl LifecycleSource {
                     failures = 0;
                     let changed = state != last;
                     if changed {
+                        // A logged value is capped: IMDS's answer is anything up to its cap.
+                        let shown = state.as_deref().map_or_else(
+                            || "(none: 404)".to_string(),
+                            |s| crate::mps::control::clip(s, 128),
+                        );
                         tracing::info!(
                             probe = "lifecycle",
-                            target_lifecycle_state = state.as_deref().unwrap_or("(none: 404)"),
+                            target_lifecycle_state = %shown,
                             "Auto Scaling target lifecycle state"
                         );
                     }

@@ -26,13 +26,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use aws_config::imds;
 use aws_sdk_ecs::config::SharedHttpClient;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::aws::imds::{get, imds_client};
+use crate::aws::imds::{get_document, imds_client};
 use crate::config::PlannedConfig;
 use crate::model::{EventState, Observation, ScheduledEvent, Signal, Timestamp};
 use crate::probe::Source;
@@ -288,7 +287,7 @@ impl Seen {
                                 Observation::new(Signal::SpotInterruption { action, time })
                                     .with_detail(format!(
                                         "IMDS spot/instance-action = {}",
-                                        text.trim()
+                                        crate::mps::control::clip(text.trim(), 256)
                                     ))
                                     .from_source(SOURCE),
                             );
@@ -305,7 +304,7 @@ impl Seen {
                                 Observation::new(Signal::RebalanceRecommendation { notice })
                                     .with_detail(format!(
                                         "IMDS events/recommendations/rebalance = {}",
-                                        text.trim()
+                                        crate::mps::control::clip(text.trim(), 256)
                                     ))
                                     .from_source(SOURCE),
                             );
@@ -395,12 +394,15 @@ impl Seen {
 }
 
 /// One reading of the three documents. Err: IMDS could not be asked (the first error).
+/// Each document is read to at most `max + 1` bytes (a longer one is then refused by its
+/// length, unparsed, and never held whole).
 pub async fn read_docs(
-    client: &imds::Client,
+    client: &crate::aws::imds::Client,
+    max: usize,
 ) -> Result<[(&'static str, Option<String>); 3], crate::aws::imds::ImdsFailure> {
-    let scheduled = get(client, SCHEDULED_PATH).await?;
-    let spot = get(client, SPOT_PATH).await?;
-    let rebalance = get(client, REBALANCE_PATH).await?;
+    let scheduled = get_document(client, SCHEDULED_PATH, max).await?;
+    let spot = get_document(client, SPOT_PATH, max).await?;
+    let rebalance = get_document(client, REBALANCE_PATH, max).await?;
     Ok([
         (SCHEDULED_PATH, scheduled),
         (SPOT_PATH, spot),
@@ -433,7 +435,7 @@ impl PlannedSource {
         loop {
             let read = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                r = read_docs(&client) => r,
+                r = read_docs(&client, self.cfg.max_document) => r,
             };
             let delay = match read {
                 Ok(docs) => {

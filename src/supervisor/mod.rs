@@ -66,21 +66,44 @@ fn boot_id(cfg: &Config, reboot: bool) -> (Option<String>, String) {
     }
 }
 
-/// `state.json` could not be read and was set aside: journaled as a self-fault that is
-/// already over (the state was rebuilt from the incident journal).
-fn report_set_aside(
+/// Why the state was rebuilt from the journal.
+enum LostState {
+    SetAside(journal::SetAside),
+    /// Missing, or with no history: what was wrong with it.
+    Missing(String),
+}
+
+/// `state.json` could not be read and was set aside, or was missing (or empty of any history)
+/// beside a journal that has some: journaled as a self-fault that is already over (the state
+/// was rebuilt from the incident journal).
+fn report_lost_state(
     engine: &mut Keeper,
     cfg: &Config,
-    aside: &journal::SetAside,
+    lost: &LostState,
 ) -> Result<(), SupervisorError> {
-    tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
+    let what = match lost {
+        LostState::SetAside(aside) => {
+            tracing::error!(moved_to = %aside.moved_to.display(), "state.json unreadable ({}); set aside, resuming from the incident journal", aside.why);
+            format!(
+                "could not be read ({}); set aside as {}",
+                aside.why,
+                aside.moved_to.display()
+            )
+        }
+        LostState::Missing(why) => {
+            tracing::error!(
+                "state.json {why} while the incident journal has records; resuming from the incident journal"
+            );
+            why.clone()
+        }
+    };
     let detail = format!(
-        "{} could not be read ({}); set aside as {}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, node {}",
+        "{} {what}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, {} reboot(s) in the repair history, next incident id {}, node {}",
         cfg.state_path().display(),
-        aside.why,
-        aside.moved_to.display(),
         engine.state.open.len(),
         engine.state.in_flight.len(),
+        engine.state.repair.history.len(),
+        engine.state.next_incident.saturating_add(1),
         engine.state.node.as_str()
     );
     let component = "state-file".to_string();
@@ -218,14 +241,35 @@ impl Supervisor {
         ready: impl FnOnce(),
     ) -> Result<(), SupervisorError> {
         let capabilities = self.executor.capabilities();
-        let (mut engine, boot_read) = Keeper::start(
-            self.cfg,
-            self.policy,
-            self.metrics,
-            self.gpu_signal,
-            self.clock,
-            capabilities,
-        )?;
+        // The start (state, journal replay) runs off the runtime's threads, so a SIGTERM
+        // that arrives meanwhile is answered at once: nothing was handed out yet, and what the
+        // start wrote is crash-safe like every write of the journal and the state.
+        let starting = tokio::task::spawn_blocking(move || {
+            Keeper::start(
+                self.cfg,
+                self.policy,
+                self.metrics,
+                self.gpu_signal,
+                self.clock,
+                capabilities,
+            )
+        });
+        let (mut engine, boot_read) = tokio::select! {
+            _ = shutdown.cancelled() => {
+                tracing::info!("gpu-medic supervisor stopped while starting; nothing was ordered");
+                return Ok(());
+            }
+            started = starting => match started {
+                Ok(r) => r?,
+                Err(e) => {
+                    return Err(SupervisorError::Journal(JournalError::Corrupt {
+                        path: std::path::PathBuf::new(),
+                        line: 0,
+                        message: format!("the start did not finish: {e}"),
+                    }));
+                }
+            },
+        };
         let cfg = engine.cfg.clone();
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
         let (out_tx, mut out_rx) = mpsc::channel::<Outcome>(64);
@@ -329,10 +373,27 @@ impl Keeper {
     ) -> Result<(Keeper, String), SupervisorError> {
         let started = Timestamp(clock.now_ms());
         let (loaded, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
-        let resumed_state = loaded.is_some();
-        let state = match (loaded, &set_aside) {
-            (Some(s), _) => s,
-            (None, Some(_)) => journal::rebuild_from_journal(&cfg.incidents_path(), started)?,
+        // A state with no history (none, or one that never counted an incident) beside a
+        // journal that has records was lost (deleted, replaced by `{}`): it is rebuilt from
+        // the journal like an unreadable one, so no guarantee (the reboot ladder, the incident
+        // ids) starts over.
+        let journal_has = || journal::has_records(&cfg.incidents_path());
+        let lost = match (&loaded, set_aside) {
+            (_, Some(aside)) => Some(LostState::SetAside(aside)),
+            (None, None) if journal_has() => Some(LostState::Missing("is missing".into())),
+            (Some(s), None) if s.next_incident == 0 && s.next_action == 0 && journal_has() => {
+                Some(LostState::Missing("holds no history".into()))
+            }
+            _ => None,
+        };
+        let resumed_state = loaded.is_some() && lost.is_none();
+        let state = match (loaded, &lost) {
+            (_, Some(_)) => journal::rebuild_from_journal(
+                &cfg.incidents_path(),
+                started,
+                policy.deadlines.reboot,
+            )?,
+            (Some(s), None) => s,
             (None, None) => State::default(),
         };
         let rotation = journal::Rotation {
@@ -368,8 +429,8 @@ impl Keeper {
             boot,
             ..Batch::default()
         })?;
-        if let Some(aside) = set_aside {
-            report_set_aside(&mut engine, &cfg, &aside)?;
+        if let Some(lost) = lost {
+            report_lost_state(&mut engine, &cfg, &lost)?;
         }
         tracing::info!(
             policy = %engine.policy.origin,

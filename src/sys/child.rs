@@ -89,7 +89,7 @@ pub async fn output_within(
             })
         }
         Err(_) => {
-            group.kill();
+            group.kill_tree();
             let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
             Err(RunError::Timeout(timeout))
         }
@@ -133,7 +133,11 @@ pub fn stdout_within_blocking(
             Err(e) => break Err(RunError::Wait(e)),
         }
     };
-    // The group is killed either way: what the child left behind holds the pipe open.
+    // The group is killed either way: what the child left behind holds the pipe open. Not
+    // reaped yet, a child past its deadline is killed with every descendant.
+    if status.is_err() {
+        group.kill_tree();
+    }
     group.kill();
     let _ = child.wait();
     let out = reader.join().unwrap_or_default();
@@ -170,14 +174,106 @@ impl GroupKill {
         }
     }
 
+    /// [`kill`](Self::kill), and before it every descendant of the child, found by walking
+    /// `/proc` parent links from it, in whatever group or session it put itself (a helper
+    /// that called `setsid` left the group). Only while the child is not reaped: its pid
+    /// then still names it, and its descendants' parent links lead to it. Each is stopped
+    /// first (a stopped process forks nothing), the walk repeated until it finds no new one,
+    /// then all are killed.
+    pub fn kill_tree(&mut self) {
+        let Some(root) = self.0 else {
+            return;
+        };
+        let mut found: Vec<i32> = Vec::new();
+        for _ in 0..MAX_TREE_PASSES {
+            let now = descendants(root);
+            let new: Vec<i32> = now.into_iter().filter(|p| !found.contains(p)).collect();
+            if new.is_empty() {
+                break;
+            }
+            for p in &new {
+                // SAFETY: kill(2) has no memory-safety preconditions; `p` is a descendant of
+                // the unreaped child, found an instant ago.
+                unsafe {
+                    libc::kill(*p, libc::SIGSTOP);
+                }
+            }
+            found.extend(new);
+        }
+        self.kill();
+        for p in found {
+            // SAFETY: as above; stopped, the process cannot have exited since.
+            unsafe {
+                libc::kill(p, libc::SIGKILL);
+            }
+        }
+    }
+
     /// Leaves the group alone (a daemon started on purpose lives in it).
     pub fn disarm(&mut self) {
         self.0 = None;
     }
 }
 
+/// Walks of `/proc` made by [`GroupKill::kill_tree`] at most.
+const MAX_TREE_PASSES: usize = 5;
+/// `/proc` entries looked at in one walk at most.
+const MAX_PROC_SCAN: usize = 1 << 20;
+/// Descendants found at most.
+const MAX_DESCENDANTS: usize = 4096;
+
+/// The parent pid in a `/proc/<pid>/stat` line (the field after the command name, which may
+/// itself hold spaces and parentheses).
+fn stat_ppid(stat: &str) -> Option<i32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+/// The descendants of `root` now, by their parent links in `/proc`.
+fn descendants(root: i32) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut links: Vec<(i32, i32)> = Vec::new();
+    for e in rd.filter_map(Result::ok).take(MAX_PROC_SCAN) {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(bytes) = crate::sys::limits::read_head(&e.path().join("stat"), 4096, "process stat")
+        else {
+            continue;
+        };
+        if let Some(ppid) = stat_ppid(&String::from_utf8_lossy(&bytes)) {
+            links.push((pid, ppid));
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for (pid, _) in links.iter().filter(|(_, pp)| *pp == parent) {
+            if *pid != root && !out.contains(pid) && out.len() < MAX_DESCENDANTS {
+                out.push(*pid);
+                frontier.push(*pid);
+            }
+        }
+    }
+    out
+}
+
 impl Drop for GroupKill {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_names_its_parent_whatever_the_command() {
+        assert_eq!(stat_ppid("42 (a) b (c)) S 7 42 42 0"), Some(7));
+        assert_eq!(stat_ppid("42 (sleep) S 1 42 42 0"), Some(1));
+        assert_eq!(stat_ppid("garbage"), None);
     }
 }

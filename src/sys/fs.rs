@@ -27,6 +27,63 @@ pub enum Durability {
     Atomic,
 }
 
+/// The mode of every file gpu-medic creates: its own only.
+pub const PRIVATE_FILE: u32 = 0o600;
+/// The mode of every folder gpu-medic creates.
+pub const PRIVATE_DIR: u32 = 0o700;
+
+/// Creates `dir` and its missing parents, each new one 0700 whatever the umask.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR)
+        .create(dir)
+}
+
+/// Makes the state directory private: created 0700 if missing, else its mode narrowed to
+/// 0700, and the regular files directly in it (and in its folders, one level down) narrowed
+/// to 0600 (a state directory made by an older run, or under a looser umask). Symlinks are
+/// left alone: they are not followed.
+pub fn make_private(state_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    create_private_dir(state_dir)?;
+    std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(PRIVATE_DIR))?;
+    let narrow = |p: &Path, m: &std::fs::Metadata, mode: u32| {
+        if m.permissions().mode() & 0o077 != 0 {
+            let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+        }
+    };
+    for e in std::fs::read_dir(state_dir)?
+        .filter_map(Result::ok)
+        .take(4096)
+    {
+        let p = e.path();
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if m.is_file() {
+            narrow(&p, &m, PRIVATE_FILE);
+        } else if m.is_dir() {
+            narrow(&p, &m, PRIVATE_DIR);
+            let Ok(rd) = std::fs::read_dir(&p) else {
+                continue;
+            };
+            for f in rd.filter_map(Result::ok).take(4096) {
+                let q = f.path();
+                if let Ok(n) = std::fs::symlink_metadata(&q) {
+                    if n.is_file() {
+                        narrow(&q, &n, PRIVATE_FILE);
+                    } else if n.is_dir() {
+                        narrow(&q, &n, PRIVATE_DIR);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens `path` for appending (created if missing; also for reading with `read`) without
 /// blocking (a FIFO put in its place has no reader and would hold the writer for ever), and
 /// only onto a regular file: anything else is refused, naming what it is.
@@ -36,6 +93,7 @@ pub fn open_append(path: &Path, read: bool) -> std::io::Result<std::fs::File> {
         .create(true)
         .read(read)
         .append(true)
+        .mode(PRIVATE_FILE)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
     let kind = file.metadata()?.file_type();
@@ -67,7 +125,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> std::i
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::create_dir_all(dir)?;
+    create_private_dir(dir)?;
     let tmp = temp_path(path);
     match std::fs::symlink_metadata(&tmp) {
         Ok(m) if m.is_dir() => {
@@ -80,10 +138,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> std::i
         Err(_) => {}
     }
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
+        let mut f = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(PRIVATE_FILE)
+                .open(&tmp)?
+        };
         f.write_all(bytes)?;
         if durability == Durability::Durable {
             f.sync_all()?;

@@ -84,6 +84,9 @@ pub struct UnitState {
     pub environment: String,
 }
 
+/// `systemctl show` output this long or longer is not an answer (it prints a few lines).
+pub const MAX_SHOW: usize = 16 * 1024;
+
 /// The properties read.
 pub const PROPERTIES: &str =
     "LoadState,ActiveState,SubState,MainPID,NRestarts,ExecMainStatus,Result,Environment";
@@ -110,6 +113,44 @@ impl UnitState {
             }
         }
         s
+    }
+
+    /// Parses `systemctl show` output that must be a readable answer: text (UTF-8), within
+    /// [`MAX_SHOW`], naming `LoadState` and `ActiveState`, every number present a number.
+    /// Anything else is no answer (`Err` says why): unreadable is not down.
+    pub fn parse_answer(bytes: &[u8]) -> Result<UnitState, String> {
+        if bytes.len() >= MAX_SHOW {
+            return Err(format!(
+                "the output is {} bytes or more, not the few lines `systemctl show` prints",
+                MAX_SHOW
+            ));
+        }
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| format!("the output is not text ({e})"))?;
+        let mut seen = (false, false);
+        for line in text.lines() {
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            let (k, v) = (k.trim(), v.trim());
+            match k {
+                "LoadState" => seen.0 = true,
+                "ActiveState" => seen.1 = true,
+                "MainPID" | "NRestarts" | "ExecMainStatus"
+                    if !v.is_empty() && v.parse::<i128>().is_err() =>
+                {
+                    return Err(format!("{k}={} is not a number", clip(v, 40)));
+                }
+                _ => {}
+            }
+        }
+        if seen != (true, true) {
+            return Err(format!(
+                "the output names no LoadState or ActiveState; it begins {:?}",
+                clip(text.trim(), 80)
+            ));
+        }
+        Ok(UnitState::parse(text))
     }
 
     /// Whether systemd knows the unit.
@@ -163,6 +204,14 @@ pub enum SystemctlError {
         args: String,
         timeout: Duration,
     },
+    /// It ran, but what it printed is not a readable answer (not text, far too long, not
+    /// `systemctl show`'s lines): a fault of gpu-medic's view, never the unit's state.
+    #[error("{binary} {args}: unreadable answer: {why}")]
+    Unreadable {
+        binary: String,
+        args: String,
+        why: String,
+    },
     #[error("{binary} {args} failed ({status}): {output}")]
     Failed {
         binary: String,
@@ -204,18 +253,28 @@ impl Systemctl {
         &self.binary
     }
 
-    /// The unit's state now.
+    /// The unit's state now. Output that is not a readable answer is
+    /// [`SystemctlError::Unreadable`], never a state.
     pub async fn show(&self) -> Result<UnitState, SystemctlError> {
-        let out = self
-            .call(&["show", &format!("--property={PROPERTIES}"), &self.unit])
-            .await?;
-        Ok(UnitState::parse(&out))
+        let args = ["show", &format!("--property={PROPERTIES}"), &self.unit];
+        let out = self.call_bytes(&args).await?;
+        UnitState::parse_answer(&out).map_err(|why| SystemctlError::Unreadable {
+            binary: self.binary.display().to_string(),
+            args: args.join(" "),
+            why,
+        })
     }
 
     /// Runs `systemctl <args...>` (the unit appended by the caller) and returns stdout. The
     /// call is contained like every child (`crate::sys::child`): on a timeout its whole process
     /// group is killed, so a hung systemctl leaves nothing behind.
     pub async fn call(&self, args: &[&str]) -> Result<String, SystemctlError> {
+        let stdout = self.call_bytes(args).await?;
+        Ok(clip(&String::from_utf8_lossy(&stdout), 64 * 1024))
+    }
+
+    /// [`call`](Self::call)'s stdout as it came (at most [`child::MAX_OUTPUT`] bytes).
+    async fn call_bytes(&self, args: &[&str]) -> Result<Vec<u8>, SystemctlError> {
         let mut cmd = tokio::process::Command::new(&self.binary);
         cmd.args(args).env("SYSTEMD_PAGER", "");
         let joined = args.join(" ");
@@ -244,8 +303,8 @@ impl Systemctl {
                 });
             }
         };
-        let stdout = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
+            let stdout = String::from_utf8_lossy(&out.stdout);
             let err = String::from_utf8_lossy(&out.stderr);
             return Err(SystemctlError::Failed {
                 binary,
@@ -254,7 +313,7 @@ impl Systemctl {
                 output: clip(format!("{} {}", stdout.trim(), err.trim()).trim(), 300),
             });
         }
-        Ok(clip(&stdout, 64 * 1024))
+        Ok(out.stdout)
     }
 }
 
@@ -298,5 +357,38 @@ mod tests {
         assert!(s.running() && !s.restarting());
         assert_eq!(s.n_restarts, 0);
         assert_eq!(UnitState::parse(""), UnitState::default());
+    }
+
+    /// Unreadable is not down: bytes that are not text, an answer far too long, one with no
+    /// LoadState/ActiveState (empty), a number that is not one: each is no answer at all.
+    #[test]
+    fn an_unreadable_show_is_no_answer() {
+        let ok = b"LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=42\n";
+        assert!(UnitState::parse_answer(ok).unwrap().running());
+        let mut bad = ok.to_vec();
+        bad.extend_from_slice(&[0xff, 0xfe, b'\n']);
+        assert!(
+            UnitState::parse_answer(&bad)
+                .unwrap_err()
+                .contains("not text")
+        );
+        let long = format!(
+            "{}{}",
+            "LoadState=loaded\nActiveState=active\n",
+            "x".repeat(MAX_SHOW)
+        );
+        assert!(UnitState::parse_answer(long.as_bytes()).is_err());
+        assert!(UnitState::parse_answer(b"").is_err());
+        assert!(UnitState::parse_answer(b"garbage\n").is_err());
+        assert!(
+            UnitState::parse_answer(b"LoadState=loaded\nActiveState=active\nMainPID=x1\n")
+                .unwrap_err()
+                .contains("MainPID")
+        );
+        let gone = UnitState::parse_answer(b"LoadState=not-found\nActiveState=inactive\n").unwrap();
+        assert!(
+            !gone.exists(),
+            "a unit systemd does not know is still an answer"
+        );
     }
 }

@@ -164,6 +164,11 @@ impl ExpectedGpus {
         self.lock().best.clone()
     }
 
+    /// The instance type's count, once known: the hardware's.
+    pub fn by_type(&self) -> Option<Expected> {
+        self.lock().by_type.clone()
+    }
+
     /// The count to compare NVML's with. Unset in the config: what was learnt. Set: the
     /// config's, unless the instance type says otherwise; then the setting is a mistake (one
     /// AMI's config baked for another instance type), said, and the instance type's count is

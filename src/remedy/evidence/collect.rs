@@ -57,7 +57,8 @@ pub enum Ran {
 
 /// Runs `cmd` with its stdout copied into `out` (at most `cap` bytes; the rest is read and
 /// dropped so the program is not blocked), stderr dropped, for at most `timeout`. At the
-/// deadline the whole process group is SIGKILLed.
+/// deadline the whole process group is SIGKILLed, and every descendant of the program in
+/// another group or session with it.
 pub async fn run_to_file(
     mut cmd: tokio::process::Command,
     out: &Path,
@@ -108,7 +109,8 @@ pub async fn run_to_file(
             }
         }
         Err(_) => {
-            group.kill();
+            // Not reaped yet: every descendant (one that called `setsid` too) goes with it.
+            group.kill_tree();
             let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
             let bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
             Ran::TimedOut { bytes }
@@ -396,5 +398,48 @@ mod tests {
         let ran = run_to_file(cmd, &dir.path().join("o"), 1024, Duration::from_millis(300)).await;
         assert!(matches!(ran, Ran::TimedOut { .. }), "{ran:?}");
         assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    /// Whether `pid` is a live process (not gone, not a zombie).
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = s[s.rfind(')')? + 1..].trim_start().to_string();
+                rest.chars().next()
+            })
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    }
+
+    /// A collector that forked a helper into a session of its own (`setsid`): at the
+    /// deadline the helper is killed with the collector, though it left the group.
+    #[tokio::test]
+    async fn a_descendant_that_called_setsid_is_killed_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c").arg(format!(
+            "setsid sleep 1000 & echo $! > {}; sleep 1000",
+            pidfile.display()
+        ));
+        let ran = run_to_file(cmd, &dir.path().join("o"), 1024, Duration::from_millis(500)).await;
+        assert!(matches!(ran, Ran::TimedOut { .. }), "{ran:?}");
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let t = Instant::now();
+        while alive(pid) && t.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let still = alive(pid);
+        if still {
+            // SAFETY: test cleanup of the helper this test started.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        assert!(!still, "the setsid helper {pid} outlived its collector");
     }
 }

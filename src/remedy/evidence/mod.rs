@@ -350,6 +350,35 @@ impl Evidence {
             entry.uploaded = true;
             return (Ok(()), Vec::new());
         }
+        // Only what gpu-medic made leaves the node: its own regular file in the spool, of the
+        // record's size and checksum, under a key derived here (never the record's).
+        let Some(bucket) = self.cfg.evidence.bucket.clone() else {
+            return (Err("[evidence] has no bucket".into()), Vec::new());
+        };
+        let verified = tokio::task::spawn_blocking({
+            let spool = self.spool.clone();
+            let e = entry.clone();
+            move || spool.verify(&e)
+        })
+        .await
+        .unwrap_or_else(|err| Err(format!("checking the archive: {err}")));
+        let opened = match verified {
+            Ok(f) => f,
+            Err(why) => {
+                let why = format!(
+                    "not uploaded: not an archive gpu-medic made ({}); left in the spool",
+                    crate::mps::control::clip(&why, 512)
+                );
+                tracing::warn!(incident_id = entry.incident, "evidence: {why}");
+                // Tried again only at the next start, not at every sweep.
+                entry.refused = Some(why.clone());
+                let _ = self.spool.save(entry);
+                return (Err(why), Vec::new());
+            }
+        };
+        let ident = self.identity().await.clone();
+        entry.bucket = bucket;
+        entry.key = self.key(&ident, &entry.stem());
         let enc = self.encryption();
         let up = upload::Uploader {
             s3,
@@ -357,8 +386,14 @@ impl Evidence {
             multipart_threshold: self.cfg.evidence.multipart_threshold_mib * MIB,
             attempts: self.cfg.evidence.upload_attempts,
         };
-        let file = self.spool.archive_path(&entry.stem());
-        match up.upload(entry, &file, until).await {
+        // The file checked, read through its descriptor: a path swapped since is not followed.
+        let file = std::path::PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&opened)
+        ));
+        let result = up.upload(entry, &file, until).await;
+        drop(opened);
+        match result {
             Ok(ids) => {
                 if let Err(err) = self.spool.uploaded(entry) {
                     tracing::warn!(

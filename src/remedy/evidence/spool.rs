@@ -5,6 +5,13 @@
 //! unreachable, is uploaded after the next start, once. The spool is capped: making room
 //! drops the oldest archive with a log line. An uploaded archive's file is removed; its
 //! small record stays, so it is never uploaded twice.
+//!
+//! Nothing leaves the node that gpu-medic did not make: a record only names an archive (by
+//! its own file name; the S3 key and bucket are derived again at upload, never taken from
+//! it), and the archive is uploaded only when it is a regular file in the spool (not a
+//! symlink, not a hard link to a file elsewhere), owned by gpu-medic's user, of the size and
+//! SHA-256 its record says ([`Spool::verify`]). Files gpu-medic did not make count against
+//! the spool's cap like its own.
 
 use std::path::{Path, PathBuf};
 
@@ -130,7 +137,10 @@ impl Spool {
             .filter_map(|d| {
                 let name = d.file_name().into_string().ok()?;
                 let stem = name.strip_suffix(".json")?;
-                valid_name(stem).then(|| self.load(stem))?
+                // A record names the archive beside it, never another.
+                valid_name(stem)
+                    .then(|| self.load(stem))?
+                    .filter(|e| e.stem() == stem && valid_name(&e.stem()))
             })
             .collect();
         out.sort_by_key(|e| (e.uploaded, e.created_ms, e.incident));
@@ -151,14 +161,99 @@ impl Spool {
         }
     }
 
-    /// Bytes of the archives waiting in the spool.
+    /// Bytes in the spool: its archives, records and anything else in it (a file gpu-medic
+    /// did not make counts against the cap too), symlinks by their own size, folders but the
+    /// collections' scratch ones by what they hold (a bounded walk).
     pub fn used(&self) -> u64 {
-        self.entries()
-            .iter()
-            .filter(|e| !e.uploaded)
-            .filter_map(|e| std::fs::metadata(self.archive_path(&e.stem())).ok())
-            .map(|m| m.len())
-            .sum()
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut budget = MAX_SCAN;
+        let mut total = 0u64;
+        for d in rd.filter_map(Result::ok).take(MAX_SCAN) {
+            let scratch = d.file_name().to_string_lossy().starts_with("work-");
+            match d.path().symlink_metadata() {
+                Ok(m) if m.is_dir() && !scratch => {
+                    total = total.saturating_add(dir_bytes(&d.path(), 4, &mut budget));
+                }
+                Ok(m) if !m.is_dir() => total = total.saturating_add(m.len()),
+                _ => {}
+            }
+        }
+        total
+    }
+
+    /// The archive of `e`, opened for upload when it is gpu-medic's own: a regular file (the
+    /// path's last component is not followed) with one link, in the spool under the record's
+    /// own name, owned by this process's user, of the record's size and SHA-256. The file
+    /// stays open: the upload reads this file, whatever happens to the path meanwhile.
+    pub fn verify(&self, e: &Entry) -> Result<std::fs::File, String> {
+        use sha2::Digest;
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let stem = e.stem();
+        if !valid_name(&stem) {
+            return Err(format!("{stem:?} is not an archive name"));
+        }
+        let path = self.archive_path(&stem);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|err| {
+                format!(
+                    "{}: {err} (not a regular file gpu-medic wrote?)",
+                    path.display()
+                )
+            })?;
+        let m = file
+            .metadata()
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+        // SAFETY: geteuid(2) has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let why = if !m.is_file() {
+            Some(format!(
+                "is a {}, not a regular file",
+                crate::sys::limits::kind_name(m.file_type())
+            ))
+        } else if m.nlink() != 1 {
+            Some(format!(
+                "has {} links (a file elsewhere linked in)",
+                m.nlink()
+            ))
+        } else if m.uid() != me {
+            Some(format!("is owned by uid {}, not gpu-medic's {me}", m.uid()))
+        } else if m.len() != e.bytes {
+            Some(format!(
+                "holds {} bytes, its record says {}",
+                m.len(),
+                e.bytes
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(format!("{} {why}", path.display()));
+        }
+        let mut hash = sha2::Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut f = &file;
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => hash.update(&buf[..n]),
+                Err(err) => return Err(format!("{}: {err}", path.display())),
+            }
+        }
+        let sum = hex::encode(hash.finalize());
+        if e.sha256.is_empty() || !sum.eq_ignore_ascii_case(&e.sha256) {
+            return Err(format!(
+                "{}: SHA-256 {sum} is not the {:?} its record says",
+                path.display(),
+                e.sha256
+            ));
+        }
+        Ok(file)
     }
 
     /// Makes room for `need` more bytes: drops the oldest waiting archives (never `keep`)
@@ -173,9 +268,17 @@ impl Spool {
                 continue;
             }
             let path = self.archive_path(&e.stem());
-            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let len = std::fs::symlink_metadata(&path)
+                .map(|m| m.len())
+                .unwrap_or(0);
             if std::fs::remove_file(&path).is_ok() {
-                let _ = std::fs::remove_file(self.record_path(&e.stem()));
+                let record = self.record_path(&e.stem());
+                let rec_len = std::fs::symlink_metadata(&record)
+                    .map(|m| m.len())
+                    .unwrap_or(0);
+                if std::fs::remove_file(&record).is_ok() {
+                    used = used.saturating_sub(rec_len);
+                }
                 used = used.saturating_sub(len);
                 tracing::warn!(
                     incident_id = e.incident,
@@ -197,6 +300,29 @@ impl Spool {
         self.prune_uploaded();
         Ok(())
     }
+}
+
+/// Bytes under `dir`, at most `depth` folders down and `budget` entries in all; symlinks by
+/// their own size.
+fn dir_bytes(dir: &Path, depth: u32, budget: &mut usize) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0u64;
+    for d in rd.filter_map(Result::ok) {
+        if *budget == 0 {
+            break;
+        }
+        *budget -= 1;
+        match d.path().symlink_metadata() {
+            Ok(m) if m.is_dir() && depth > 0 => {
+                total = total.saturating_add(dir_bytes(&d.path(), depth - 1, budget));
+            }
+            Ok(m) if !m.is_dir() => total = total.saturating_add(m.len()),
+            _ => {}
+        }
+    }
+    total
 }
 
 /// Whether `name` is an archive's name: an incident id, or `<id>-on-demand-<ms>`.
@@ -237,9 +363,18 @@ mod tests {
         let mut done = s.load("3").unwrap();
         s.uploaded(&mut done).unwrap();
         assert!(!s.archive_path("3").exists());
-        assert_eq!(s.used(), 20);
+        let records: u64 = (1..=3)
+            .map(|i| {
+                std::fs::metadata(s.record_path(&i.to_string()))
+                    .unwrap()
+                    .len()
+            })
+            .sum();
+        assert_eq!(s.used(), 20 + records, "archives and records");
+        let s = Spool::new(dir.path().to_path_buf(), 25 + records);
         // 10 more bytes need one archive out: the oldest waiting, 1.
-        assert_eq!(s.make_room(10, "9"), 15);
+        let r1 = std::fs::metadata(s.record_path("1")).unwrap().len();
+        assert_eq!(s.make_room(10, "9"), 15 + r1);
         assert!(!s.archive_path("1").exists() && s.load("1").is_none());
         assert!(s.archive_path("2").exists());
         assert!(s.load("3").unwrap().uploaded, "the uploaded record stays");
@@ -273,7 +408,7 @@ mod tests {
             .map(|e| e.incident)
             .collect();
         assert_eq!(waiting, [1]);
-        assert_eq!(s.used(), 10);
+        assert!(s.used() >= 10, "the archive and every record");
         let mut one = s.load("2").unwrap();
         s.uploaded(&mut one).unwrap();
         let left = std::fs::read_dir(dir.path()).unwrap().count();
