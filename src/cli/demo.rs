@@ -197,7 +197,10 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
                 None => "[mps]\nenabled = false\n".to_string(),
             },
             boot_id.display(),
-            cuda.as_deref().map(Path::display).map(|d| d.to_string()).unwrap_or_default(),
+            cuda.as_deref()
+                .map(Path::display)
+                .map(|d| d.to_string())
+                .unwrap_or_default(),
         ),
     )?;
     // SAFETY: set before any thread is started (the runtime is built below); the fake NVML
@@ -236,7 +239,7 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
             c.display()
         ),
         None => println!(
-            "  diagnosis:     the fake libcuda (libfake_cuda.so) is not next to this binary: skipped (the node returns on the passive checks)"
+            "  diagnosis:     the fake libcuda (libfake_cuda.so) was not found: skipped (the node returns on the passive checks)"
         ),
     }
     println!("  policy:        the default policy (policies/default.toml)");
@@ -300,11 +303,8 @@ impl Node {
             &self.mps_client,
             None,
         );
-        let mut supervisor = Supervisor::new(
-            self.cfg.clone(),
-            self.policy.clone(),
-            self.remedies.clone(),
-        );
+        let mut supervisor =
+            Supervisor::new(self.cfg.clone(), self.policy.clone(), self.remedies.clone());
         for s in sources {
             supervisor.add_source(s);
         }

@@ -186,3 +186,70 @@ impl RepairRemedy for SimulatedReboot {
         Box::pin(self.do_boot_check())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ActionId, IncidentId, Timestamp};
+
+    fn reboot(boot: &str) -> Order {
+        Order {
+            id: ActionId(4),
+            incident: IncidentId(3),
+            command: Command::Reboot { boot: boot.into() },
+            attempt: 1,
+            deadline: Timestamp(u64::MAX / 2),
+            planned: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_simulated_reboot_records_one_call_and_never_reboots_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let boot_id_path = dir.path().join("boot_id");
+        std::fs::write(&boot_id_path, "boot-1\n").unwrap();
+        let cp = RecordingControlPlane::default();
+        let r = SimulatedReboot {
+            control_plane: cp.clone(),
+            boot_id_path: boot_id_path.clone(),
+            check: Arc::new(|| (Health::Healthy, "4 GPU(s), no finding".to_string())),
+            check_interval: Duration::from_millis(10),
+            settle: Duration::from_millis(50),
+        };
+        let done = r.reboot(&reboot("boot-1")).await.unwrap();
+        assert_eq!(done.request_ids, vec!["simulated-0001".to_string()]);
+        assert_eq!(cp.calls()[0].api, "ec2:RebootInstances");
+        // The order handed over again after the boot: already rebooted, no second call.
+        std::fs::write(&boot_id_path, "boot-2\n").unwrap();
+        let again = r.reboot(&reboot("boot-1")).await.unwrap();
+        assert!(
+            again.detail.contains("already rebooted"),
+            "{}",
+            again.detail
+        );
+        assert_eq!(cp.calls().len(), 1);
+        let checked = r.boot_check(&reboot("")).await.unwrap();
+        assert!(checked.detail.contains("healthy after the boot"));
+        // An unreadable boot id: no reboot.
+        std::fs::remove_file(&boot_id_path).unwrap();
+        assert!(matches!(
+            r.reboot(&reboot("boot-2")).await,
+            Err(RemedyError::Fatal { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_simulated_boot_check_fails_a_node_still_unhealthy_after_settle() {
+        let r = SimulatedReboot {
+            control_plane: RecordingControlPlane::default(),
+            boot_id_path: PathBuf::from("/nonexistent"),
+            check: Arc::new(|| (Health::Unhealthy, "xid 79 on GPU 0".to_string())),
+            check_interval: Duration::from_millis(10),
+            settle: Duration::from_millis(50),
+        };
+        let Err(RemedyError::Fatal { message, .. }) = r.boot_check(&reboot("")).await else {
+            panic!("an unhealthy node fails the check")
+        };
+        assert!(message.contains("xid 79 on GPU 0"), "{message}");
+    }
+}
