@@ -22,11 +22,23 @@ fn the_demo_plays_its_script_and_cleans_up() {
         text.contains("incident 1: logged (rule `xid-13-graphics-exception`)"),
         "{text}"
     );
+    // XID 79: rebooted (recorded), checked and diagnosed after the simulated boot, and back
+    // in service: repaired, not replaced.
     assert!(
-        text.contains("replaced (rule `xid-fallen-off-bus`)"),
+        text.contains("repaired (rule `xid-fallen-off-bus`)"),
         "{text}"
     );
-    assert!(text.contains("autoscaling:SetInstanceHealth"), "{text}");
+    assert!(text.contains("ec2:RebootInstances"), "{text}");
+    assert!(!text.contains("SetInstanceHealth"), "{text}");
+    assert!(text.contains("new boot demo-boot-2"), "{text}");
+    assert!(text.contains("healthy after the boot"), "{text}");
+    // The diagnosis after the boot: the built-in CUDA check on the fake libcuda, each GPU's
+    // tests in the timeline.
+    assert!(text.contains("diagnosis (quick) pass"), "{text}");
+    for gpu in 0..4 {
+        assert!(text.contains(&format!("GPU {gpu} GPU-")), "{text}");
+    }
+    assert!(text.contains("status=ACTIVE"), "{text}");
     let mps_installed = std::path::Path::new("/usr/bin/nvidia-cuda-mps-control").exists();
     if mps_installed {
         assert!(text.contains("resolved (rule `mps-down`)"), "{text}");

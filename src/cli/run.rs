@@ -287,8 +287,8 @@ fn diagnose(
 }
 
 /// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings
-/// in a line for the journal.
-fn boot_check(
+/// in a line for the journal (also the demo's, on its simulated node).
+pub(super) fn boot_check(
     cfg: &crate::config::Config,
     policy: &Policy,
 ) -> crate::remedy::aws::reboot::BootCheck {
