@@ -194,6 +194,9 @@ pub const PENDING_MAX: usize = 64 * 1024;
 const STEP_BUDGET: Duration = Duration::from_millis(20);
 /// At most this many unapplied inputs are replayed at start (a crash leaves one batch).
 const REPLAY_MAX: usize = 16 * BATCH_MAX;
+/// How long a stop asked for while the supervisor starts waits for the start to end (then
+/// stops gracefully, the state saved) before it leaves the start behind.
+const START_GRACE: Duration = Duration::from_secs(2);
 
 impl Supervisor {
     pub fn new(cfg: Config, mut policy: Policy, executor: Arc<dyn Executor>) -> Self {
@@ -254,12 +257,24 @@ impl Supervisor {
                 capabilities,
             )
         });
-        let (mut engine, boot_read) = tokio::select! {
+        let mut starting = starting;
+        let started = tokio::select! {
             _ = shutdown.cancelled() => {
-                tracing::info!("gpu-medic supervisor stopped while starting; nothing was ordered");
-                return Ok(());
+                // An ordinary start ends within moments: it ends, and the stop below is the
+                // graceful one (state saved). One that does not (a huge journal, a stuck
+                // disk) is left; nothing was handed out yet.
+                match tokio::time::timeout(START_GRACE, &mut starting).await {
+                    Ok(started) => started,
+                    Err(_) => {
+                        tracing::info!("gpu-medic supervisor stopped while starting; nothing was ordered");
+                        return Ok(());
+                    }
+                }
             }
-            started = starting => match started {
+            started = &mut starting => started,
+        };
+        let (mut engine, boot_read) = {
+            match started {
                 Ok(r) => r?,
                 Err(e) => {
                     return Err(SupervisorError::Journal(JournalError::Corrupt {
@@ -268,7 +283,7 @@ impl Supervisor {
                         message: format!("the start did not finish: {e}"),
                     }));
                 }
-            },
+            }
         };
         let cfg = engine.cfg.clone();
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
@@ -377,11 +392,23 @@ impl Keeper {
         // journal that has records was lost (deleted, replaced by `{}`): it is rebuilt from
         // the journal like an unreadable one, so no guarantee (the reboot ladder, the incident
         // ids) starts over.
+        // A state saved before the first input (a crash before the first commit) is no loss:
+        // the inputs journaled right after it explain the records, and the replay below
+        // steps them again.
         let journal_has = || journal::has_records(&cfg.incidents_path());
+        let explained = |s: &State| {
+            let applied = s.delivery.applied;
+            journal::inputs_after(&cfg.inputs_path(), applied, 1).is_ok_and(|(tail, last)| {
+                tail.first().map(|e| e.seq) == Some(applied + 1)
+                    && last - applied <= REPLAY_MAX as u64
+            })
+        };
         let lost = match (&loaded, set_aside) {
             (_, Some(aside)) => Some(LostState::SetAside(aside)),
             (None, None) if journal_has() => Some(LostState::Missing("is missing".into())),
-            (Some(s), None) if s.next_incident == 0 && s.next_action == 0 && journal_has() => {
+            (Some(s), None)
+                if s.next_incident == 0 && s.next_action == 0 && journal_has() && !explained(s) =>
+            {
                 Some(LostState::Missing("holds no history".into()))
             }
             _ => None,
