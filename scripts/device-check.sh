@@ -276,14 +276,14 @@ diag_run() {
     base="$WORK/${label// /_}"
     json="$base.json"
     t0=$(date +%s)
-    timeout --kill-after=5 150 "$BIN" diagnose --level "$level" --json --config "$cfg" >"$json" 2>"$base.err"
+    timeout --kill-after=5 90 "$BIN" diagnose --level "$level" --json --config "$cfg" >"$json" 2>"$base.err"
     rc=$?
     summary=$(grep -o '"summary":"[^"]*"' "$json" | head -c 250)
     case $rc in
         0) row "$label" "ok: pass" "$(( $(date +%s) - t0 )) s; $summary" ;;
         1) row "$label" "ran: a test failed" "$(( $(date +%s) - t0 )) s; $summary" ;;
         2) row "$label" "ran: could not tell" "$(( $(date +%s) - t0 )) s; ${summary:-$(tail -c 250 "$base.err")}" ;;
-        124 | 137) row "$label" failed "timed out after 150 s ($(basename "$base.err"))" ;;
+        124 | 137) row "$label" failed "timed out after 90 s ($(basename "$base.err"))" ;;
         *) row "$label" failed "rc $rc: $(tail -c 250 "$base.err")" ;;
     esac
     [ -s "$json" ] && diag_rows "$label" "$json"
@@ -301,7 +301,7 @@ else
     diag_config "$DCFG" "dcgmi = \"\"
 dcgm_host = \"\"
 cuda_library = \"${CUDALIB:-libcuda.so.1}\"
-timeout = \"120s\"" "enabled = false"
+timeout = \"75s\"" "enabled = false"
     for level in $DIAG_LEVELS; do
         diag_run "diagnose cuda $level" "$DCFG" "$level"
     done
@@ -322,7 +322,7 @@ timeout = \"120s\"" "enabled = false"
 dcgm_host = \"\"
 cuda_library = \"${CUDALIB:-libcuda.so.1}\"
 through_mps = true
-timeout = \"120s\"" "enabled = true
+timeout = \"75s\"" "enabled = true
 manage = \"direct\"
 control_binary = \"$(command -v nvidia-cuda-mps-control)\"
 pipe_directory = \"$DMPS/pipe\"
@@ -348,7 +348,7 @@ log_directory = \"$DMPS/log\""
         diag_config "$GCFG" "dcgmi = \"$(command -v dcgmi)\"
 dcgm_host = \"auto\"
 cuda_library = \"\"
-timeout = \"120s\"" "enabled = false"
+timeout = \"75s\"" "enabled = false"
         diag_run "diagnose dcgm quick" "$GCFG" quick
     fi
 fi
