@@ -274,13 +274,11 @@ fn cuda_tier() -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_gate_diagnoses_the_gpus_and_abandons_a_launch_whose_gpu_fails() {
+async fn the_gate_diagnoses_the_gpus_and_continues_when_they_pass() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
-    let s = aws::seed(&sdk, "lc-diag", 2).await;
+    let s = aws::seed(&sdk, "lc-diag-ok", 1).await;
     put_launch_hook(&sdk, &s.asg).await;
-
-    // Node 0: every GPU passes; the launch continues, the diagnosis in the report.
     proxy.lifecycle_wait(HOOK, &s.nodes[0].instance_id);
     let l = Launch::new(&s, &proxy, 0, &s.cluster, &cuda_tier()).await;
     let (code, r, stderr) = l.check(&[]);
@@ -303,12 +301,20 @@ async fn the_gate_diagnoses_the_gpus_and_abandons_a_launch_whose_gpu_fails() {
         proxy.count_with("CompleteLifecycleAction", "LifecycleActionResult=CONTINUE"),
         1
     );
+    assert!(abandon_tag(&sdk, &s.asg).await.is_empty());
+}
 
-    // Node 1: the fake libcuda gets GPU 2's kernel answer wrong; the passive checks are
-    // healthy, the diagnosis fails it, the launch is abandoned.
-    let me = &s.nodes[1];
+/// The fake libcuda gets GPU 2's kernel answer wrong: the passive checks are healthy, the
+/// diagnosis fails the GPU, the launch is abandoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_abandons_a_launch_whose_gpu_fails_the_diagnosis() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "lc-diag-bad", 1).await;
+    put_launch_hook(&sdk, &s.asg).await;
+    let me = &s.nodes[0];
     proxy.lifecycle_wait(HOOK, &me.instance_id);
-    let l = Launch::new(&s, &proxy, 1, &s.cluster, &cuda_tier()).await;
+    let l = Launch::new(&s, &proxy, 0, &s.cluster, &cuda_tier()).await;
     let faults = l.d.path("cuda.json");
     std::fs::write(
         &faults,
