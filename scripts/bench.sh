@@ -37,13 +37,17 @@
 #                       BENCH_SIZES incidents (default 10000,100000), closed or all open:
 #                       median, p99, peak RSS (BENCH_RUNS, default 5; GPU_MEDIC_BIN=path for
 #                       another binary)
+#   diagnose            `gpu-medic diagnose --level quick|standard|long --json` on the fakes (four
+#                       GPUs, CUDA tier on the fake libcuda, DCGM off) and `check --json`: median,
+#                       p99, the CUDA tier's time, what a diagnosis adds to the check (BENCH_RUNS,
+#                       default 10; GPU_MEDIC_BIN=path)
 # action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps incidents_list)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps incidents_list diagnose)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

@@ -8,13 +8,20 @@
 #
 # Default binary: target/release/gpu-medic, else target/debug/gpu-medic. Output: the table on
 # stdout; every step's full output under $OUT (or a temp dir), named in the table.
+# DEVICE_CHECK_NVML / DEVICE_CHECK_CUDA name other libraries than the loader's libnvidia-ml.so.1
+# and libcuda.so.1 (a dry run of the table's shape on the test fakes, tests/fake-nvml and
+# tests/fake-cuda; never a GPU result).
 #
 # Steps: the driver and libnvidia-ml; `gpu-medic check` and a short `gpu-medic run` with AWS
 # and MPS off on the real library (event set registration for XIDs and the recovery action,
 # the links gpu-medic read: fabric, NVLink, PCIe, persistence, clock event reasons);
 # nvidia-smi cross-checks of every counter gpu-medic reads (ECC, remapped rows, retired pages,
 # clock event reasons, fabric, NVLink, PCIe); NVIDIA's real MPS daemon on the GPU with a CUDA
-# client (python3 + libcuda through ctypes) and its memory per process; nvidia-bug-report.sh.
+# client (python3 + libcuda through ctypes) and its memory per process; `gpu-medic diagnose
+# --json` on the real driver (the built-in CUDA tier on its own at each of $DIAG_LEVELS, default
+# "quick standard"; as a client of an MPS daemon of its own; DCGM's tier where dcgmi is
+# installed): a row per tier and per GPU and test, with its time and figure, the copy bandwidth
+# held against the H200's published host link; nvidia-bug-report.sh.
 
 set -u
 
@@ -73,7 +80,7 @@ if have nvidia-smi; then
 else
     row "driver (nvidia-smi -L)" "not available" "nvidia-smi not installed: no NVIDIA driver here"
 fi
-LIB=$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}')
+LIB=${DEVICE_CHECK_NVML:-$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}')}
 if [ -n "$LIB" ]; then
     row "libnvidia-ml" ok "$LIB"
 else
@@ -197,7 +204,156 @@ EOF
     rm -rf "$MPSDIR"
 fi
 
-# 5. NVIDIA's bug report.
+# 5. gpu-medic diagnose on the real driver: the built-in CUDA tier on its own, as a client of
+#    NVIDIA's MPS daemon, and DCGM's tier where dcgmi is installed. A row per tier and per GPU
+#    and test (its time, its figure); the copy bandwidth held against the H200's published
+#    host link: PCIe Gen5 x16, 128 GB/s both ways, so 64 GB/s per direction (NVIDIA's H200
+#    datasheet). The check reports the slower direction.
+H200_LINK_GBPS=64
+CUDALIB=${DEVICE_CHECK_CUDA:-$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')}
+DIAG_LEVELS=${DIAG_LEVELS:-quick standard}
+
+# diag_config FILE DIAGNOSE_LINES MPS_LINES: a config for `gpu-medic diagnose`.
+diag_config() {
+    {
+        echo "state_dir = \"$WORK/diag-state\""
+        echo "[nvml]"
+        echo "library = \"$LIB\""
+        echo "[mps]"
+        printf '%s\n' "$3"
+        echo "[aws]"
+        echo "enabled = false"
+        echo "[metrics]"
+        echo "enabled = false"
+        echo "[diagnose]"
+        printf '%s\n' "$2"
+    } >"$1"
+}
+
+# diag_rows LABEL JSON: a row per tier and per GPU and test of `diagnose --json`'s output.
+diag_rows() {
+    local label=$1 json=$2 name result detail
+    if ! have python3; then
+        row "$label: tests" "not available" "python3 not installed to read $json"
+        return
+    fi
+    while IFS=$'\t' read -r name result detail; do
+        row "$name" "$result" "$detail"
+    done < <(python3 - "$json" "$label" "$H200_LINK_GBPS" <<'EOF'
+import json, sys
+path, label, link = sys.argv[1], sys.argv[2], float(sys.argv[3])
+clean = lambda s: " ".join(str(s).split())
+try:
+    d = json.load(open(path))
+except Exception as e:
+    print(f"{label}: output\tfailed\tnot a diagnosis ({clean(e)}): see {path}")
+    sys.exit(0)
+for t in d.get("tiers", []):
+    state = t.get("result", "?") if t.get("ran") else "did not run"
+    print(f"{label}: tier {t.get('tier')}\t{state}\t{t.get('duration_ms', 0)} ms; {clean(t.get('why', ''))}")
+for g in d.get("gpus", []):
+    if not g.get("tests"):
+        print(f"{label}: GPU {g.get('index')} {g.get('uuid', '')}\t{g.get('result')}\tno test ran on it")
+    for t in g.get("tests", []):
+        ms = t.get("duration_ms")
+        detail = f"{ms} ms" if ms is not None else "no time"
+        v = t.get("value")
+        if v is not None:
+            detail += f"; {v:.1f} {t.get('unit', '')}"
+            if t.get("test") == "bandwidth":
+                detail += f" = {100 * v / link:.0f} % of the H200's published {link:.0f} GB/s per direction (PCIe Gen5 x16)"
+        if t.get("message"):
+            detail += f"; {clean(t['message'])}"
+        print(f"{label}: GPU {g.get('index')} {t.get('tier')} {t.get('test')}\t{t.get('status')}\t{detail}")
+EOF
+)
+}
+
+# diag_run LABEL CONFIG LEVEL: `gpu-medic diagnose --level LEVEL --json`, stdout to
+# $WORK/LABEL.json; a row for its exit code and summary, then diag_rows.
+diag_run() {
+    local label=$1 cfg=$2 level=$3 base json rc t0 summary
+    base="$WORK/${label// /_}"
+    json="$base.json"
+    t0=$(date +%s)
+    timeout --kill-after=5 90 "$BIN" diagnose --level "$level" --json --config "$cfg" >"$json" 2>"$base.err"
+    rc=$?
+    summary=$(grep -o '"summary":"[^"]*"' "$json" | head -c 250)
+    case $rc in
+        0) row "$label" "ok: pass" "$(( $(date +%s) - t0 )) s; $summary" ;;
+        1) row "$label" "ran: a test failed" "$(( $(date +%s) - t0 )) s; $summary" ;;
+        2) row "$label" "ran: could not tell" "$(( $(date +%s) - t0 )) s; ${summary:-$(tail -c 250 "$base.err")}" ;;
+        124 | 137) row "$label" failed "timed out after 90 s ($(basename "$base.err"))" ;;
+        *) row "$label" failed "rc $rc: $(tail -c 250 "$base.err")" ;;
+    esac
+    [ -s "$json" ] && diag_rows "$label" "$json"
+}
+
+if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
+    row "gpu-medic diagnose" "not available" "no gpu-medic binary (see above)"
+else
+    if [ -z "$CUDALIB" ]; then
+        row "CUDA driver library" "not available" "libcuda.so.1 not in the loader cache: the CUDA tier will say it cannot load it"
+    else
+        row "CUDA driver library" ok "$CUDALIB"
+    fi
+    DCFG="$WORK/diagnose.toml"
+    diag_config "$DCFG" "dcgmi = \"\"
+dcgm_host = \"\"
+cuda_library = \"${CUDALIB:-libcuda.so.1}\"
+timeout = \"75s\"" "enabled = false"
+    for level in $DIAG_LEVELS; do
+        diag_run "diagnose cuda $level" "$DCFG" "$level"
+    done
+    if ! have nvidia-cuda-mps-control; then
+        row "diagnose through MPS" "not available" "nvidia-cuda-mps-control not installed"
+    else
+        # A daemon of our own in a short directory (socket paths are short).
+        DMPS=$(mktemp -d /tmp/gm-mps.XXXXXX)
+        mkdir -p "$DMPS/pipe" "$DMPS/log"
+        CUDA_MPS_PIPE_DIRECTORY=$DMPS/pipe CUDA_MPS_LOG_DIRECTORY=$DMPS/log \
+            step "diagnose mps start" 15 nvidia-cuda-mps-control -d
+        if [ "$STEP_RC" -ne 0 ]; then
+            row "diagnose through MPS" failed "the MPS daemon did not start: rc $STEP_RC $(head -c 200 "$STEP_LOG")"
+        else
+            row "diagnose through MPS: daemon started" ok "nvidia-cuda-mps-control -d, pipe directory $DMPS/pipe"
+            MCFG="$WORK/diagnose-mps.toml"
+            diag_config "$MCFG" "dcgmi = \"\"
+dcgm_host = \"\"
+cuda_library = \"${CUDALIB:-libcuda.so.1}\"
+through_mps = true
+timeout = \"75s\"" "enabled = true
+manage = \"direct\"
+control_binary = \"$(command -v nvidia-cuda-mps-control)\"
+pipe_directory = \"$DMPS/pipe\"
+log_directory = \"$DMPS/log\""
+            diag_run "diagnose cuda through MPS" "$MCFG" quick
+            if grep -q '"tier":"cuda","ran":false' "$WORK/diagnose_cuda_through_MPS.json" 2>/dev/null; then
+                row "diagnose through MPS: as a client" "not available" "the CUDA tier did not run (its row above says why): nothing reached the daemon"
+            elif grep -q '"mps-client"' "$WORK/diagnose_cuda_through_MPS.json" 2>/dev/null; then
+                row "diagnose through MPS: as a client" ok "the check ran its mps-client test against the daemon in $DMPS/pipe"
+            else
+                row "diagnose through MPS: as a client" failed "no mps-client test in the output (see diagnose_cuda_through_MPS.json)"
+            fi
+            cp "$DMPS"/log/*.log "$WORK/" 2>/dev/null
+            CUDA_MPS_PIPE_DIRECTORY=$DMPS/pipe step "diagnose mps quit" 15 sh -c 'echo quit | nvidia-cuda-mps-control'
+            row "diagnose through MPS: daemon stopped" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "rc $STEP_RC $(head -c 200 "$STEP_LOG")"
+        fi
+        rm -rf "$DMPS"
+    fi
+    if ! have dcgmi; then
+        row "diagnose dcgm" "not available" "dcgmi not installed (DCGM's tier tells nothing without it)"
+    else
+        GCFG="$WORK/diagnose-dcgm.toml"
+        diag_config "$GCFG" "dcgmi = \"$(command -v dcgmi)\"
+dcgm_host = \"auto\"
+cuda_library = \"\"
+timeout = \"75s\"" "enabled = false"
+        diag_run "diagnose dcgm quick" "$GCFG" quick
+    fi
+fi
+
+# 6. NVIDIA's bug report.
 if have nvidia-bug-report.sh; then
     step "nvidia-bug-report" 120 nvidia-bug-report.sh --output-file "$WORK/nvidia-bug-report.log"
     row "nvidia-bug-report.sh" "$([ "$STEP_RC" -eq 0 ] && echo ok || echo failed)" "rc $STEP_RC; $WORK/nvidia-bug-report.log.gz"

@@ -1,7 +1,9 @@
 //! The launch gate through the real binary: `gpu-medic check --lifecycle` on a node of fake
 //! GPUs (tests/fake-nvml), the instance id from the fake IMDS, ECS in moto (through
 //! `AWS_ENDPOINT_URL_ECS`), Auto Scaling through a proxy that answers the lifecycle actions
-//! moto lacks (through `AWS_ENDPOINT_URL_AUTO_SCALING`; `[aws] endpoint_url` unset).
+//! moto lacks (through `AWS_ENDPOINT_URL_AUTO_SCALING`; `[aws] endpoint_url` unset). The
+//! gate's diagnosis runs the CUDA tier on the fake libcuda (tests/fake-cuda): a double only for
+//! what cannot exist here, a GPU's driver.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
@@ -10,7 +12,7 @@ use std::time::Duration;
 use aws_config::SdkConfig;
 use gpu_medic_testkit::aws::{self, Proxy, Seeded};
 use gpu_medic_testkit::imds::FakeImds;
-use gpu_medic_testkit::{Daemon, default_policy, fake_nvml};
+use gpu_medic_testkit::{Daemon, default_policy, fake_cuda, fake_nvml};
 use serde_json::Value;
 
 const HOOK: &str = "gpu-medic-launch";
@@ -261,4 +263,83 @@ async fn could_not_tell_is_retried_then_continues_pending() {
     let (_, _, attrs) = aws::instance(&sdk, &s.cluster, &me.arn).await;
     assert_eq!(health(&attrs).as_deref(), Some("pending"), "{attrs:?}");
     assert!(abandon_tag(&sdk, &s.asg).await.is_empty());
+}
+
+/// `[diagnose]` for the gate: only the CUDA tier, on the fake libcuda.
+fn cuda_tier() -> String {
+    format!(
+        "[diagnose]\ndcgmi = \"\"\ndcgm_host = \"\"\ncuda_library = \"{}\"\nlaunch_level = \"quick\"\ntimeout = \"20s\"\n",
+        fake_cuda().display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_diagnoses_the_gpus_and_continues_when_they_pass() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "lc-diag-ok", 1).await;
+    put_launch_hook(&sdk, &s.asg).await;
+    proxy.lifecycle_wait(HOOK, &s.nodes[0].instance_id);
+    let l = Launch::new(&s, &proxy, 0, &s.cluster, &cuda_tier()).await;
+    let (code, r, stderr) = l.check(&[]);
+    assert_eq!(code, 0, "{r:#}\n{stderr}");
+    assert_eq!(r["health"], "healthy", "{r:#}");
+    assert_eq!(r["result"], "CONTINUE");
+    let d = &r["check"]["diagnosis"];
+    assert_eq!(d["result"], "pass", "{r:#}");
+    assert_eq!(d["level"], "quick");
+    assert_eq!(d["gpus"].as_array().unwrap().len(), 4, "{r:#}");
+    assert!(
+        d["gpus"][3]["tests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["tier"] == "cuda" && t["test"] == "kernel" && t["status"] == "pass"),
+        "{r:#}"
+    );
+    assert_eq!(
+        proxy.count_with("CompleteLifecycleAction", "LifecycleActionResult=CONTINUE"),
+        1
+    );
+    assert!(abandon_tag(&sdk, &s.asg).await.is_empty());
+}
+
+/// The fake libcuda gets GPU 2's kernel answer wrong: the passive checks are healthy, the
+/// diagnosis fails the GPU, the launch is abandoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_abandons_a_launch_whose_gpu_fails_the_diagnosis() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "lc-diag-bad", 1).await;
+    put_launch_hook(&sdk, &s.asg).await;
+    let me = &s.nodes[0];
+    proxy.lifecycle_wait(HOOK, &me.instance_id);
+    let l = Launch::new(&s, &proxy, 0, &s.cluster, &cuda_tier()).await;
+    let faults = l.d.path("cuda.json");
+    std::fs::write(
+        &faults,
+        r#"{"gpus": [{}, {}, {"fault": "wrong-result"}, {}]}"#,
+    )
+    .unwrap();
+    let (code, r, stderr) = l.check(&[("FAKE_CUDA_CONFIG", faults.to_str().unwrap())]);
+    assert_eq!(code, 1, "{r:#}\n{stderr}");
+    assert_eq!(r["health"], "unhealthy", "{r:#}");
+    assert_eq!(r["decision"], "abandon");
+    assert_eq!(r["result"], "ABANDON");
+    let d = &r["check"]["diagnosis"];
+    assert_eq!(d["result"], "fail", "{r:#}");
+    let uuid = d["gpus"][2]["uuid"].as_str().unwrap();
+    assert!(
+        d["summary"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("GPU 2 ({uuid}) failed cuda kernel")),
+        "{r:#}"
+    );
+    assert_eq!(
+        proxy.count_with("CompleteLifecycleAction", "LifecycleActionResult=ABANDON"),
+        1
+    );
+    assert_eq!(abandon_tag(&sdk, &s.asg).await.len(), 1);
+    assert!(proxy.lifecycle_waiting().is_empty());
 }
