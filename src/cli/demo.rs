@@ -148,6 +148,39 @@ async fn kill_mps(cfg: &crate::config::MpsConfig) -> usize {
     n
 }
 
+/// What the demo runs on, printed before it starts.
+fn banner(lib: &Path, mps_binary: Option<&Path>, cuda: Option<&Path>, dir: &Path) {
+    println!("gpu-medic demo: the real supervisor on a simulated node");
+    println!(
+        "  GPUs:          4 x NVIDIA H200 from the fake libnvidia-ml ({})",
+        lib.display()
+    );
+    match mps_binary {
+        Some(b) => println!(
+            "  MPS daemon:    NVIDIA's real control daemon ({})",
+            b.display()
+        ),
+        None => println!(
+            "  MPS daemon:    not installed here (Debian non-free: nvidia-cuda-mps); that part is skipped"
+        ),
+    }
+    println!(
+        "  control plane: simulated (records the ECS, Auto Scaling and EC2 calls it would make)"
+    );
+    match cuda {
+        Some(c) => println!(
+            "  diagnosis:     gpu-medic diagnose, the built-in CUDA check on the fake libcuda ({}); DCGM off",
+            c.display()
+        ),
+        None => println!(
+            "  diagnosis:     the fake libcuda (libfake_cuda.so) was not found: skipped (the node returns on the passive checks)"
+        ),
+    }
+    println!("  policy:        the default policy (policies/default.toml)");
+    println!("  state:         {}", dir.join("state").display());
+    println!();
+}
+
 pub fn run(a: DemoArgs) -> Result<i32, CliError> {
     let Some(lib) = find_fake(a.nvml, "libfake_nvml.so") else {
         eprintln!(
@@ -216,35 +249,7 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
     let policy = Policy::load(&cfg.policy)?;
     crate::cli::run::init_logging_quiet();
 
-    println!("gpu-medic demo: the real supervisor on a simulated node");
-    println!(
-        "  GPUs:          4 x NVIDIA H200 from the fake libnvidia-ml ({})",
-        lib.display()
-    );
-    match &mps_binary {
-        Some(b) => println!(
-            "  MPS daemon:    NVIDIA's real control daemon ({})",
-            b.display()
-        ),
-        None => println!(
-            "  MPS daemon:    not installed here (Debian non-free: nvidia-cuda-mps); that part is skipped"
-        ),
-    }
-    println!(
-        "  control plane: simulated (records the ECS, Auto Scaling and EC2 calls it would make)"
-    );
-    match &cuda {
-        Some(c) => println!(
-            "  diagnosis:     gpu-medic diagnose, the built-in CUDA check on the fake libcuda ({}); DCGM off",
-            c.display()
-        ),
-        None => println!(
-            "  diagnosis:     the fake libcuda (libfake_cuda.so) was not found: skipped (the node returns on the passive checks)"
-        ),
-    }
-    println!("  policy:        the default policy (policies/default.toml)");
-    println!("  state:         {}", dir.join("state").display());
-    println!();
+    banner(&lib, mps_binary.as_deref(), cuda.as_deref(), &dir);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -86,6 +86,56 @@ impl Rebuild {
         self
     }
 
+    /// An escalation: the incident's verdict, and a reboot repair it settled.
+    fn escalated(&mut self, id: IncidentId, verdict: Verdict, rule: &str) {
+        if let Some(o) = self.st.open.get_mut(&id) {
+            o.verdict = o.verdict.max(verdict);
+        }
+        // A reboot that did not happen or did not mend the node, or a fault that
+        // took the repair on to replace: the repair is settled (`repair::settle`).
+        if verdict == Verdict::Replace && rule != RULE_LADDER {
+            self.accepted.remove(&id);
+            if let Some(p) = self.pending_mut(id) {
+                p.result = match (p.boot_after.is_some(), rule == RULE_REBOOT_FAILED) {
+                    (true, _) => RepairResult::Escalated,
+                    (false, true) => RepairResult::NotRebooted,
+                    (false, false) => RepairResult::Aborted,
+                };
+            }
+        }
+    }
+
+    /// An incident's close: its repair settled, the node phase it left.
+    fn closed(&mut self, id: IncidentId, state: IncidentState, at: Timestamp) {
+        self.accepted.remove(&id);
+        if let Some(p) = self.pending_mut(id) {
+            match state {
+                IncidentState::Repaired => {
+                    p.result = RepairResult::Repaired;
+                    p.back_at = Some(at);
+                }
+                _ if p.boot_after.is_some() => p.result = RepairResult::Escalated,
+                _ => p.result = RepairResult::Aborted,
+            }
+        }
+        self.st.open.remove(&id);
+        self.first.remove(&id);
+        self.orders.retain(|_, o| o.incident != id);
+        let phase = match state {
+            IncidentState::Drained => Some(NodePhase::Drained),
+            IncidentState::Replaced => Some(NodePhase::Replaced),
+            IncidentState::Terminated => Some(NodePhase::Terminated),
+            IncidentState::Aborted | IncidentState::Repaired => Some(NodePhase::InService),
+            // A drained node diagnosed healthy is back in service.
+            IncidentState::Resolved if self.drained.contains(&id) => Some(NodePhase::InService),
+            _ => None,
+        };
+        if let Some(p) = phase {
+            self.st.node = p;
+            self.st.node_incident = Some(id);
+        }
+    }
+
     /// Folds one record. A record whose incident or action id is beyond
     /// [`MAX_COUNTER`](super::MAX_COUNTER) is not one this journal wrote (a counter there
     /// could never advance): it is left out and counted in [`skipped`](Self::skipped).
@@ -120,23 +170,7 @@ impl Rebuild {
                 );
                 self.first.insert(id, observation.clone());
             }
-            IncidentEvent::Escalated { verdict, rule, .. } => {
-                if let Some(o) = self.st.open.get_mut(&id) {
-                    o.verdict = o.verdict.max(*verdict);
-                }
-                // A reboot that did not happen or did not mend the node, or a fault that
-                // took the repair on to replace: the repair is settled (`repair::settle`).
-                if *verdict == Verdict::Replace && rule != RULE_LADDER {
-                    self.accepted.remove(&id);
-                    if let Some(p) = self.pending_mut(id) {
-                        p.result = match (p.boot_after.is_some(), rule == RULE_REBOOT_FAILED) {
-                            (true, _) => RepairResult::Escalated,
-                            (false, true) => RepairResult::NotRebooted,
-                            (false, false) => RepairResult::Aborted,
-                        };
-                    }
-                }
-            }
+            IncidentEvent::Escalated { verdict, rule, .. } => self.escalated(id, *verdict, rule),
             IncidentEvent::ActionStarted { order, dry_run } => {
                 self.st.next_action = self.st.next_action.max(order.id.0);
                 if !dry_run {
@@ -181,34 +215,7 @@ impl Rebuild {
                     }
                 }
             }
-            IncidentEvent::Closed { state, .. } => {
-                self.accepted.remove(&id);
-                let at = r.at;
-                if let Some(p) = self.pending_mut(id) {
-                    match state {
-                        IncidentState::Repaired => {
-                            p.result = RepairResult::Repaired;
-                            p.back_at = Some(at);
-                        }
-                        _ if p.boot_after.is_some() => p.result = RepairResult::Escalated,
-                        _ => p.result = RepairResult::Aborted,
-                    }
-                }
-                self.st.open.remove(&id);
-                self.first.remove(&id);
-                self.orders.retain(|_, o| o.incident != id);
-                let phase = match state {
-                    IncidentState::Drained => Some(NodePhase::Drained),
-                    IncidentState::Replaced => Some(NodePhase::Replaced),
-                    IncidentState::Terminated => Some(NodePhase::Terminated),
-                    IncidentState::Aborted | IncidentState::Repaired => Some(NodePhase::InService),
-                    _ => None,
-                };
-                if let Some(p) = phase {
-                    self.st.node = p;
-                    self.st.node_incident = Some(id);
-                }
-            }
+            IncidentEvent::Closed { state, .. } => self.closed(id, *state, r.at),
             IncidentEvent::Signal { .. } => {}
         }
     }
