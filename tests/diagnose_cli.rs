@@ -169,40 +169,10 @@ fn tier<'a>(d: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no tier {name} in {d:#}"))
 }
 
-/// DCGM 4.x's `dcgmi diag -j` document for GPUs 0-3, the memory test of `failing` failed.
+/// DCGM 4.x's `dcgmi diag -j` document for the fake NVML's four GPUs, the memory test of
+/// `failing` failed.
 fn dcgm_document(failing: Option<u32>) -> String {
-    let result = |gpu: u32, test: &str| {
-        let fail = failing == Some(gpu) && test == "memory";
-        let mut r = json!({
-            "entity_group": "GPU", "entity_group_id": 1, "entity_id": gpu,
-            "status": if fail { "Fail" } else { "Pass" },
-        });
-        if fail {
-            r["warnings"] = json!([{
-                "warning": format!("GPU {gpu}: memory miscompare at 0x1c0000400: expected 0xaaaaaaaa, found 0xaaaa2aaa"),
-                "error_id": 83, "error_category": 4, "error_severity": 3,
-            }]);
-        }
-        r
-    };
-    let test = |name: &str| {
-        let results: Vec<Value> = (0..4).map(|g| result(g, name)).collect();
-        let failed = results.iter().any(|r| r["status"] == "Fail");
-        json!({"name": name, "results": results,
-               "test_summary": {"status": if failed { "Fail" } else { "Pass" }}})
-    };
-    let doc = json!({
-        "DCGM Diagnostic": {
-            "test_categories": [
-                {"category": "Deployment", "tests": [test("software")]},
-                {"category": "Hardware", "tests": [test("memory")]},
-            ],
-        },
-        "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1,
-            "entities": (0..4).map(|g| json!({"entity_id": g, "serial_num": format!("16549220023{g}"), "device_id": "2335"})).collect::<Vec<_>>()}],
-        "metadata": {"version": "4.2.3", "Driver Version Detected": "570.172.08"},
-    });
-    format!("Successfully ran diagnostic for group.\n{doc}\n")
+    gpu_medic_testkit::dcgm::document(4, failing)
 }
 
 /// A stand-in `dcgmi` in `dir` printing `dcgm_document(failing)`, exiting as dcgmi does (0,

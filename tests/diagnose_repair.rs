@@ -17,42 +17,12 @@ use std::time::Duration;
 use gpu_medic_testkit::aws::{self, Proxy, Sampler, Seeded};
 use gpu_medic_testkit::journal::started_commands;
 use gpu_medic_testkit::{Daemon, default_policy, wait_for};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-/// DCGM 4.x's `dcgmi diag -j` document for GPUs 0-3, the memory test of `failing` failed.
+/// DCGM 4.x's `dcgmi diag -j` document for the fake NVML's four GPUs, the memory test of
+/// `failing` failed.
 fn dcgm_document(failing: Option<u32>) -> String {
-    let result = |gpu: u32, test: &str| {
-        let fail = failing == Some(gpu) && test == "memory";
-        let mut r = json!({
-            "entity_group": "GPU", "entity_group_id": 1, "entity_id": gpu,
-            "status": if fail { "Fail" } else { "Pass" },
-        });
-        if fail {
-            r["warnings"] = json!([{
-                "warning": format!("GPU {gpu}: memory miscompare at 0x1c0000400: expected 0xaaaaaaaa, found 0xaaaa2aaa"),
-                "error_id": 83, "error_category": 4, "error_severity": 3,
-            }]);
-        }
-        r
-    };
-    let test = |name: &str| {
-        let results: Vec<Value> = (0..4).map(|g| result(g, name)).collect();
-        let failed = results.iter().any(|r| r["status"] == "Fail");
-        json!({"name": name, "results": results,
-               "test_summary": {"status": if failed { "Fail" } else { "Pass" }}})
-    };
-    let doc = json!({
-        "DCGM Diagnostic": {
-            "test_categories": [
-                {"category": "Deployment", "tests": [test("software")]},
-                {"category": "Hardware", "tests": [test("memory")]},
-            ],
-        },
-        "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1,
-            "entities": (0..4).map(|g| json!({"entity_id": g, "serial_num": format!("16549220023{g}"), "device_id": "2335"})).collect::<Vec<_>>()}],
-        "metadata": {"version": "4.2.3", "Driver Version Detected": "570.172.08"},
-    });
-    format!("Successfully ran diagnostic for group.\n{doc}\n")
+    gpu_medic_testkit::dcgm::document(4, failing)
 }
 
 /// The stand-in `dcgmi` in `dir`: prints `dir/<mode>.json` where `dir/mode` says `pass` or
@@ -145,10 +115,7 @@ fn node_i(s: &Seeded, i: usize, proxy: &Proxy, fleet_extra: &str, policy_extra: 
 }
 
 fn state(d: &Daemon) -> Value {
-    std::fs::read_to_string(d.path("state/state.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null)
+    d.state()
 }
 
 async fn wait_step(d: &Daemon, step: &str) {
@@ -164,18 +131,7 @@ async fn wait_step(d: &Daemon, step: &str) {
 }
 
 async fn assert_back_in_service(sdk: &aws_config::SdkConfig, s: &Seeded) {
-    let (status, _, attrs) = aws::instance(sdk, &s.cluster, &s.nodes[0].arn).await;
-    assert_eq!(status, "ACTIVE", "{attrs:?}");
-    assert!(
-        attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
-        "{attrs:?}"
-    );
-    assert!(
-        !attrs
-            .iter()
-            .any(|(n, _)| n.contains(".claim.") || n.ends_with(".slot")),
-        "fleet budget released: {attrs:?}"
-    );
+    aws::assert_back_in_service(sdk, s, 0).await;
 }
 
 fn diagnosis_of(inc: &Value) -> Vec<Value> {
@@ -195,6 +151,9 @@ async fn a_drained_node_that_passes_its_diagnosis_is_back_in_service() {
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "dg-pass", 2).await;
     let mut n = node(&s, &proxy, "");
+    // The diagnosis takes a moment, long enough for the driver's verdict to clear before the
+    // node goes back (a recovery action still asking for a drain would drain it again).
+    std::fs::write(n.tools.path().join("delay"), "1").unwrap();
     n.d.start();
     n.d.wait_polled();
     n.d.inject(r#"{"gpu": 0, "recovery_action": "drain-p2p"}"#);

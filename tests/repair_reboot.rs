@@ -85,10 +85,7 @@ fn boot(d: &mut Daemon, id: &str) {
 
 /// The engine's state as last committed (`Null` before the first commit).
 fn state(d: &Daemon) -> Value {
-    std::fs::read_to_string(d.path("state/state.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null)
+    d.state()
 }
 
 /// The reboot call accepted: the engine waits for the boot.
@@ -135,23 +132,7 @@ fn escalations(inc: &Value) -> Vec<String> {
 }
 
 async fn assert_back_in_service(sdk: &aws_config::SdkConfig, s: &Seeded) {
-    let (status, _, attrs) = aws::instance(sdk, &s.cluster, &s.nodes[0].arn).await;
-    assert_eq!(status, "ACTIVE", "{attrs:?}");
-    assert!(
-        attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
-        "{attrs:?}"
-    );
-    assert!(
-        !attrs
-            .iter()
-            .any(|(n, _)| n.contains(".claim.") || n.ends_with(".slot")),
-        "fleet budget released: {attrs:?}"
-    );
-    let health = aws::asg_health(sdk, &s.asg).await;
-    assert!(
-        health.contains(&(s.nodes[0].instance_id.clone(), "Healthy".into())),
-        "{health:?}"
-    );
+    aws::assert_back_in_service(sdk, s, 0).await;
 }
 
 /// Fault -> reboot through EC2 -> boot (healed) -> back in service; a second XID 79 within

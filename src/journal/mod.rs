@@ -304,6 +304,52 @@ pub fn stream_jsonl_tail<T: DeserializeOwned>(
     stream_jsonl_from(files, None, Some(tail), f)
 }
 
+/// Opens one journal file (`stream`: a pipe is allowed too) and, with `tail`, moves to the
+/// first whole line of its last `tail` bytes; `None` when it does not exist.
+fn open_window(
+    path: &Path,
+    stream: bool,
+    tail: Option<u64>,
+    buf: &mut Vec<u8>,
+) -> Result<Option<BufReader<std::fs::File>>, JournalError> {
+    // Journals under state_dir are regular files; an input given to `policy simulate`
+    // (capped) may also be a pipe.
+    let kind = if stream {
+        crate::sys::limits::Kind::Stream
+    } else {
+        crate::sys::limits::Kind::Regular
+    };
+    let file = match crate::sys::limits::open_checked(path, kind, u64::MAX, "journal") {
+        Ok(f) => f,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => {
+            return Err(JournalError::Corrupt {
+                path: path.to_path_buf(),
+                line: 0,
+                message: e.to_string(),
+            });
+        }
+    };
+    let mut reader = BufReader::new(file);
+    if let Some(t) = tail {
+        let len = reader
+            .get_ref()
+            .metadata()
+            .map_err(|e| JournalError::io(path, e))?
+            .len();
+        if len > t {
+            reader
+                .seek(SeekFrom::Start(len - t - 1))
+                .map_err(|e| JournalError::io(path, e))?;
+            // The line the window begins in is not whole: skipped (found within the
+            // window, or the window is one overlong line and nothing is read).
+            read_capped_line(&mut reader, buf, 0, t.saturating_add(1))
+                .map_err(|e| JournalError::io(path, e))?;
+        }
+    }
+    Ok(Some(reader))
+}
+
 fn stream_jsonl_from<T: DeserializeOwned>(
     files: &[PathBuf],
     max_bytes: Option<u64>,
@@ -313,41 +359,9 @@ fn stream_jsonl_from<T: DeserializeOwned>(
     let mut total: u64 = 0;
     let mut buf = Vec::new();
     for path in files {
-        // Journals under state_dir are regular files; an input given to `policy simulate`
-        // (capped) may also be a pipe.
-        let kind = if max_bytes.is_some() {
-            crate::sys::limits::Kind::Stream
-        } else {
-            crate::sys::limits::Kind::Regular
+        let Some(mut reader) = open_window(path, max_bytes.is_some(), tail, &mut buf)? else {
+            continue;
         };
-        let file = match crate::sys::limits::open_checked(path, kind, u64::MAX, "journal") {
-            Ok(f) => f,
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => {
-                return Err(JournalError::Corrupt {
-                    path: path.clone(),
-                    line: 0,
-                    message: e.to_string(),
-                });
-            }
-        };
-        let mut reader = BufReader::new(file);
-        if let Some(t) = tail {
-            let len = reader
-                .get_ref()
-                .metadata()
-                .map_err(|e| JournalError::io(path, e))?
-                .len();
-            if len > t {
-                reader
-                    .seek(SeekFrom::Start(len - t - 1))
-                    .map_err(|e| JournalError::io(path, e))?;
-                // The line the window begins in is not whole: skipped (found within the
-                // window, or the window is one overlong line and nothing is read).
-                read_capped_line(&mut reader, &mut buf, 0, t.saturating_add(1))
-                    .map_err(|e| JournalError::io(path, e))?;
-            }
-        }
         let mut n = 0;
         loop {
             let max_scan = max_bytes.map_or(u64::MAX, |m| m.saturating_sub(total) + 1);

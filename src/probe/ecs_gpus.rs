@@ -97,6 +97,33 @@ impl EcsRead {
     }
 }
 
+/// ECS believes more of a shared GPU free for new MPS tasks than NVML shows free: the
+/// finding, and NVML's free memory on `line`.
+fn memory_in_use(
+    d: &GpuDevice,
+    g: &super::nvml::view::GpuView,
+    placement: &str,
+    line: &mut GpuLine,
+) -> Option<Observation> {
+    let (used, total) = g.memory?;
+    let free = total.saturating_sub(used) / MIB;
+    line.nvml_free_mib = Some(free);
+    let shared = d.sharing_mode.as_deref() != Some("DEDICATED");
+    let remaining = u64::try_from(d.remaining_mib.filter(|_| shared)?).unwrap_or(0);
+    (remaining > free).then(|| {
+        Observation::new(Signal::EcsGpuMemoryInUse)
+            .on_gpu(g.gpu.clone())
+            .with_value(remaining - free)
+            .with_detail(format!(
+                "ECS believes {remaining} MiB of {} free for new MPS tasks{placement}; NVML shows {free} MiB free ({} of {} MiB in use): {} MiB that ECS would place is not there",
+                d.id,
+                used / MIB,
+                total / MIB,
+                remaining - free
+            ))
+    })
+}
+
 /// Compares ECS's view with NVML's: the observations (every disagreement, each a finding,
 /// never a routine reading) and a line per GPU ECS lists. Nothing is compared when ECS lists
 /// no GPU (it then places no GPU task here). `hardware`: the instance type's GPU count, when
@@ -149,30 +176,7 @@ pub fn compare(
                         d.id
                     )),
             ),
-            Some(g) => {
-                if let Some((used, total)) = g.memory {
-                    let free = total.saturating_sub(used) / MIB;
-                    line.nvml_free_mib = Some(free);
-                    let shared = d.sharing_mode.as_deref() != Some("DEDICATED");
-                    if let Some(remaining) = d.remaining_mib.filter(|_| shared) {
-                        let remaining = u64::try_from(remaining).unwrap_or(0);
-                        if remaining > free {
-                            found.push(
-                                Observation::new(Signal::EcsGpuMemoryInUse)
-                                    .on_gpu(g.gpu.clone())
-                                    .with_value(remaining - free)
-                                    .with_detail(format!(
-                                        "ECS believes {remaining} MiB of {} free for new MPS tasks{placement}; NVML shows {free} MiB free ({} of {} MiB in use): {} MiB that ECS would place is not there",
-                                        d.id,
-                                        used / MIB,
-                                        total / MIB,
-                                        remaining - free
-                                    )),
-                            );
-                        }
-                    }
-                }
-            }
+            Some(g) => found.extend(memory_in_use(d, g, &placement, &mut line)),
         }
         lines.push(line);
     }

@@ -257,33 +257,8 @@ impl Supervisor {
                 capabilities,
             )
         });
-        let mut starting = starting;
-        let started = tokio::select! {
-            _ = shutdown.cancelled() => {
-                // An ordinary start ends within moments: it ends, and the stop below is the
-                // graceful one (state saved). One that does not (a huge journal, a stuck
-                // disk) is left; nothing was handed out yet.
-                match tokio::time::timeout(START_GRACE, &mut starting).await {
-                    Ok(started) => started,
-                    Err(_) => {
-                        tracing::info!("gpu-medic supervisor stopped while starting; nothing was ordered");
-                        return Ok(());
-                    }
-                }
-            }
-            started = &mut starting => started,
-        };
-        let (mut engine, boot_read) = {
-            match started {
-                Ok(r) => r?,
-                Err(e) => {
-                    return Err(SupervisorError::Journal(JournalError::Corrupt {
-                        path: std::path::PathBuf::new(),
-                        line: 0,
-                        message: format!("the start did not finish: {e}"),
-                    }));
-                }
-            }
+        let Some((mut engine, boot_read)) = started_or_stopped(starting, &shutdown).await? else {
+            return Ok(());
         };
         let cfg = engine.cfg.clone();
         let (obs_tx, mut obs_rx) = mpsc::channel::<Observation>(CHANNEL);
@@ -371,6 +346,34 @@ impl Supervisor {
         journal::save_state(&cfg.state_path(), &engine.state)?;
         tracing::info!("gpu-medic supervisor stopped; state saved");
         Ok(())
+    }
+}
+
+/// The start's end, or `None` when a stop asked for meanwhile leaves it behind. An ordinary
+/// start ends within moments: it is waited for ([`START_GRACE`]), and the stop that follows is
+/// the graceful one (state saved). One that does not (a huge journal, a stuck disk) is left;
+/// nothing was handed out yet.
+async fn started_or_stopped(
+    mut starting: tokio::task::JoinHandle<Result<(Keeper, String), SupervisorError>>,
+    shutdown: &CancellationToken,
+) -> Result<Option<(Keeper, String)>, SupervisorError> {
+    let started = tokio::select! {
+        _ = shutdown.cancelled() => match tokio::time::timeout(START_GRACE, &mut starting).await {
+            Ok(started) => started,
+            Err(_) => {
+                tracing::info!("gpu-medic supervisor stopped while starting; nothing was ordered");
+                return Ok(None);
+            }
+        },
+        started = &mut starting => started,
+    };
+    match started {
+        Ok(r) => r.map(Some),
+        Err(e) => Err(SupervisorError::Journal(JournalError::Corrupt {
+            path: std::path::PathBuf::new(),
+            line: 0,
+            message: format!("the start did not finish: {e}"),
+        })),
     }
 }
 

@@ -240,6 +240,56 @@ impl NvmlSource {
 
     /// Polls one opened NVML until a poll hangs (false: reopen) or gpu-medic stops (true),
     /// with the event thread and the kernel log reader beside it.
+    /// The kernel log reader `[nvml] kmsg` configures, not started yet.
+    fn kmsg_reader(
+        &self,
+        resume: &crate::model::Resume,
+        shared: &SharedState,
+        tx: &mpsc::Sender<Observation>,
+        stop: &Arc<AtomicBool>,
+    ) -> Option<kmsg::KmsgReader> {
+        self.cfg
+            .kmsg
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|path| kmsg::KmsgReader {
+                path,
+                cursor_file: kmsg::cursor_path(&self.state_dir),
+                committed: resume.clone(),
+                shared: shared.clone(),
+                tx: tx.clone(),
+                stop: stop.clone(),
+                urgency: self.urgency.clone(),
+            })
+    }
+
+    /// The NVML event thread, beside the poll; an error when it cannot start (polling only).
+    fn start_events(
+        &self,
+        nvml: &Arc<Nvml>,
+        shared: &SharedState,
+        tx: &mpsc::Sender<Observation>,
+        stop: &Arc<AtomicBool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let watcher = events::Watcher {
+            nvml: nvml.clone(),
+            shared: shared.clone(),
+            tx: tx.clone(),
+            stop: stop.clone(),
+            urgency: self.urgency.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || watcher.run());
+        if let Err(e) = &thread {
+            tracing::error!(
+                probe = "nvml",
+                "cannot start the event thread: {e}; polling only"
+            );
+        }
+        thread
+    }
+
     async fn serve(
         &self,
         nvml: Arc<Nvml>,
@@ -270,37 +320,9 @@ impl NvmlSource {
             }
         }
         let _stop_on_drop = StopOnDrop(stop.clone());
-        let watcher = events::Watcher {
-            nvml: nvml.clone(),
-            shared: shared.clone(),
-            tx: tx.clone(),
-            stop: stop.clone(),
-            urgency: self.urgency.clone(),
-        };
-        let thread = std::thread::Builder::new()
-            .name("nvml-events".into())
-            .spawn(move || watcher.run());
-        if let Err(e) = &thread {
-            tracing::error!(
-                probe = "nvml",
-                "cannot start the event thread: {e}; polling only"
-            );
-        }
+        let thread = self.start_events(&nvml, &shared, tx, &stop);
         // The kernel log maps PCI ids through the GPU list the first poll fills in.
-        let mut kmsg = self
-            .cfg
-            .kmsg
-            .clone()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map(|path| kmsg::KmsgReader {
-                path,
-                cursor_file: kmsg::cursor_path(&self.state_dir),
-                committed: resume.clone(),
-                shared: shared.clone(),
-                tx: tx.clone(),
-                stop: stop.clone(),
-                urgency: self.urgency.clone(),
-            });
+        let mut kmsg = self.kmsg_reader(resume, &shared, tx, &stop);
         let mut poller = Some(self.poller());
         let mut first = true;
         let mut closed = false;

@@ -596,3 +596,25 @@ impl Sampler {
         )
     }
 }
+
+/// Node `i` of `s` is back in service after a repair: ACTIVE, `gpu-medic.health=ok`, no
+/// fleet-budget claim or slot attribute left, Healthy in Auto Scaling.
+pub async fn assert_back_in_service(sdk: &SdkConfig, s: &Seeded, i: usize) {
+    let (status, _, attrs) = instance(sdk, &s.cluster, &s.nodes[i].arn).await;
+    assert_eq!(status, "ACTIVE", "{attrs:?}");
+    assert!(
+        attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
+        "{attrs:?}"
+    );
+    assert!(
+        !attrs
+            .iter()
+            .any(|(n, _)| n.contains(".claim.") || n.ends_with(".slot")),
+        "fleet budget released: {attrs:?}"
+    );
+    let health = asg_health(sdk, &s.asg).await;
+    assert!(
+        health.contains(&(s.nodes[i].instance_id.clone(), "Healthy".into())),
+        "{health:?}"
+    );
+}

@@ -339,6 +339,15 @@ impl Daemon {
         find().unwrap_or_default()
     }
 
+    /// The engine's state as last committed (`state/state.json`; null before the first
+    /// commit or while it cannot be read).
+    pub fn state(&self) -> Value {
+        std::fs::read_to_string(self.path("state/state.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null)
+    }
+
     /// `gpu-medic incidents show <id> --json`, or null while there is no such incident.
     pub fn incident(&self, id: u32) -> Value {
         let out = self.cli(&["incidents", "show", &id.to_string(), "--json"]);

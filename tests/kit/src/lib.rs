@@ -35,6 +35,7 @@
 
 pub mod aws;
 pub mod daemon;
+pub mod dcgm;
 pub mod export;
 pub mod http;
 pub mod imds;
@@ -98,30 +99,17 @@ pub fn bin() -> PathBuf {
 /// (`target/<profile>/deps/libfake_nvml.so`) along with whatever uses the kit; a workspace build
 /// also leaves a copy at `target/<profile>/libfake_nvml.so`. The fresh `deps/` one comes first.
 pub fn fake_nvml() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut dirs: Vec<PathBuf> = exe
-        .ancestors()
-        .skip(1)
-        .take(3)
-        .map(Path::to_path_buf)
-        .collect();
-    if let Some(d) = bin().parent() {
-        dirs.push(d.to_path_buf());
-    }
-    dirs.iter()
-        .flat_map(|d| [d.join("deps/libfake_nvml.so"), d.join("libfake_nvml.so")])
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "libfake_nvml.so not found above {}: build the workspace (cargo build --workspace)",
-                exe.display()
-            )
-        })
+    fake_library("libfake_nvml.so")
 }
 
 /// The fake libcuda (tests/fake-cuda), found as [`fake_nvml`] is: cargo builds the cdylib
 /// into `target/<profile>/deps/` for whatever uses the kit.
 pub fn fake_cuda() -> PathBuf {
+    fake_library("libfake_cuda.so")
+}
+
+/// A cdylib of the workspace, `deps/` first, above the running test or next to the binary.
+fn fake_library(file: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let mut dirs: Vec<PathBuf> = exe
         .ancestors()
@@ -133,11 +121,11 @@ pub fn fake_cuda() -> PathBuf {
         dirs.push(d.to_path_buf());
     }
     dirs.iter()
-        .flat_map(|d| [d.join("deps/libfake_cuda.so"), d.join("libfake_cuda.so")])
+        .flat_map(|d| [d.join("deps").join(file), d.join(file)])
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
             panic!(
-                "libfake_cuda.so not found above {}: build the workspace (cargo build --workspace)",
+                "{file} not found above {}: build the workspace (cargo build --workspace)",
                 exe.display()
             )
         })
