@@ -14,7 +14,7 @@ pub use reboot::RebootPolicy;
 pub mod diagnose;
 pub use diagnose::DiagnosePolicy;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -424,6 +424,30 @@ struct RawPolicy {
     rules: Vec<RawRule>,
     /// Where `[mps] on_failed` was set (the file that won the merge, and its line).
     on_failed_at: Option<(PathBuf, usize)>,
+    /// Where the `[reboot]` and `[diagnose]` tables are (the file that won the merge, and the
+    /// table's line): their checks across keys name it.
+    tables_at: BTreeMap<&'static str, (PathBuf, usize)>,
+}
+
+/// The tables whose checks across keys name the table's line.
+const CHECKED_TABLES: [&str; 2] = ["reboot", "diagnose"];
+
+/// The line of each `[table]` of [`CHECKED_TABLES`] in `text`, in one pass.
+fn tables_at(path: &Path, text: &str) -> BTreeMap<&'static str, (PathBuf, usize)> {
+    let mut out = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let head = line.trim_start();
+        for t in CHECKED_TABLES {
+            if head
+                .strip_prefix('[')
+                .and_then(|h| h.strip_prefix(t))
+                .is_some_and(|r| r.trim_start().starts_with(']'))
+            {
+                out.insert(t, (path.to_path_buf(), i + 1));
+            }
+        }
+    }
+    out
 }
 
 struct LineValue<T> {
@@ -546,6 +570,7 @@ fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
         extends,
         rules,
         on_failed_at,
+        tables_at: tables_at(path, text),
     })
 }
 
@@ -603,7 +628,10 @@ fn merge(base: RawPolicy, overlay: RawPolicy) -> RawPolicy {
             }
         }
     }
+    let mut tables = base.tables_at;
+    tables.extend(overlay.tables_at);
     RawPolicy {
+        tables_at: tables,
         on_failed_at: if om_on_failed_set {
             overlay.on_failed_at
         } else {
@@ -644,16 +672,20 @@ fn build(path: &Path, raw: RawPolicy) -> Result<Policy, FileError> {
         boot_check: d.boot_check.unwrap_or(dd.boot_check),
         diagnose: d.diagnose.unwrap_or(dd.diagnose),
     };
+    let table_error = |table: &str, m: String| match raw.tables_at.get(table) {
+        Some((p, l)) => FileError::new(p, Some(*l), m),
+        None => FileError::new(path, None, m),
+    };
     let reboot = f
         .reboot
         .unwrap_or_default()
         .build()
-        .map_err(|m| FileError::new(path, None, m))?;
+        .map_err(|m| table_error("reboot", m))?;
     let diagnose = f
         .diagnose
         .unwrap_or_default()
         .build()
-        .map_err(|m| FileError::new(path, None, m))?;
+        .map_err(|m| table_error("diagnose", m))?;
     let r = f.retry.unwrap_or_default();
     let retry = Retry {
         max_attempts: r
@@ -1129,6 +1161,29 @@ reason = "too hot"
         assert_eq!(p.mps, MpsPolicy::default());
         assert_eq!(p.deadlines, Deadlines::default());
         assert!(!p.observe_only);
+    }
+
+    #[test]
+    fn checks_across_a_tables_keys_name_its_line() {
+        let e = parse("version = 1\n\n[diagnose]\nafter_drain = true\non_fail = \"log\"\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("[diagnose] on_fail"), "{e}");
+        let e = parse("version = 1\n[reboot]\nlimit = 2\nwindow = \"0s\"\n").unwrap_err();
+        assert_eq!(e.line.is_some(), true, "{e}");
+        // An overlay's table is named in the overlay.
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base.toml");
+        std::fs::write(&base, "version = 1\n").unwrap();
+        let over = dir.path().join("over.toml");
+        std::fs::write(
+            &over,
+            "version = 1\nextends = \"base.toml\"\n\n\n[diagnose]\non_fail = \"drain\"\n",
+        )
+        .unwrap();
+        let e = Policy::load(&over).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.to_string().contains("over.toml"), "{e}");
     }
 
     #[test]
