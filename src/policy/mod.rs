@@ -1170,7 +1170,7 @@ reason = "too hot"
         assert_eq!(e.line, Some(3), "{e}");
         assert!(e.message.contains("[diagnose] on_fail"), "{e}");
         let e = parse("version = 1\n[reboot]\nlimit = 2\nwindow = \"0s\"\n").unwrap_err();
-        assert_eq!(e.line.is_some(), true, "{e}");
+        assert!(e.line.is_some(), "{e}");
         // An overlay's table is named in the overlay.
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("base.toml");
