@@ -601,18 +601,7 @@ async fn xid_79_reboots_the_os_through_systemd_and_the_next_boot_returns_the_nod
         ],
         "{inc:#}"
     );
-    let (status, _, attrs) = aws::instance(&sdk, &s.cluster, &me.arn).await;
-    assert_eq!(status, "ACTIVE", "{attrs:?}");
-    assert!(
-        attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
-        "{attrs:?}"
-    );
-    assert!(
-        !attrs
-            .iter()
-            .any(|(n, _)| n.contains(".claim.") || n.ends_with(".slot")),
-        "fleet budget released: {attrs:?}"
-    );
+    aws::assert_active_and_released(&sdk, &s.cluster, &me.arn).await;
     let state: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(sys.path("/var/lib/gpu-medic/state.json")).unwrap(),
     )

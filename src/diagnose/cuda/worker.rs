@@ -708,16 +708,28 @@ unsafe fn launch_sync(
     api.synchronize()
 }
 
+/// A kernel of the module and a device buffer of `n` 32-bit words for it, or why not.
+fn kernel_and_buffer<'a>(
+    api: &'a Api,
+    m: &Module<'_>,
+    name: &std::ffi::CStr,
+    n: u32,
+) -> Result<(ffi::Handle, ffi::DeviceBuf<'a>), String> {
+    let f = m
+        .function(name)
+        .map_err(|e| format!("cannot find the kernel: {e}"))?;
+    let buf = api
+        .alloc(n as usize * 4)
+        .map_err(|e| format!("cannot allocate {}: {e}", mib(u64::from(n) * 4)))?;
+    Ok((f, buf))
+}
+
 fn kernel(api: &Api, m: &Module<'_>, t: Instant) -> TestResult {
     let fail = |s: String| result("kernel", TestStatus::Fail, s, t);
-    let f = match m.function(c"gm_index") {
-        Ok(f) => f,
-        Err(e) => return fail(format!("cannot find the kernel: {e}")),
-    };
     let n = INDEX_N;
-    let buf = match api.alloc(n as usize * 4) {
-        Ok(b) => b,
-        Err(e) => return fail(format!("cannot allocate {}: {e}", mib(u64::from(n) * 4))),
+    let (f, buf) = match kernel_and_buffer(api, m, c"gm_index", n) {
+        Ok(x) => x,
+        Err(why) => return fail(why),
     };
     let mut host = vec![0u32; n as usize];
     // Zeroed first: an answer left by an earlier run cannot pass for this one.
@@ -825,14 +837,10 @@ fn throughput(
     t: Instant,
 ) -> TestResult {
     let fail = |s: String| result("throughput", TestStatus::Fail, s, t);
-    let f = match m.function(c"gm_fma") {
-        Ok(f) => f,
-        Err(e) => return fail(format!("cannot find the kernel: {e}")),
-    };
     let n = FMA_N;
-    let buf = match api.alloc(n as usize * 4) {
-        Ok(b) => b,
-        Err(e) => return fail(format!("cannot allocate {}: {e}", mib(u64::from(n) * 4))),
+    let (f, buf) = match kernel_and_buffer(api, m, c"gm_fma", n) {
+        Ok(x) => x,
+        Err(why) => return fail(why),
     };
     let mut out = buf.ptr;
     let mut count = n;

@@ -600,7 +600,18 @@ impl Sampler {
 /// Node `i` of `s` is back in service after a repair: ACTIVE, `gpu-medic.health=ok`, no
 /// fleet-budget claim or slot attribute left, Healthy in Auto Scaling.
 pub async fn assert_back_in_service(sdk: &SdkConfig, s: &Seeded, i: usize) {
-    let (status, _, attrs) = instance(sdk, &s.cluster, &s.nodes[i].arn).await;
+    assert_active_and_released(sdk, &s.cluster, &s.nodes[i].arn).await;
+    let health = asg_health(sdk, &s.asg).await;
+    assert!(
+        health.contains(&(s.nodes[i].instance_id.clone(), "Healthy".into())),
+        "{health:?}"
+    );
+}
+
+/// The container instance `arn` is ACTIVE, marked `gpu-medic.health=ok`, with no fleet-budget
+/// claim or slot attribute left.
+pub async fn assert_active_and_released(sdk: &SdkConfig, cluster: &str, arn: &str) {
+    let (status, _, attrs) = instance(sdk, cluster, arn).await;
     assert_eq!(status, "ACTIVE", "{attrs:?}");
     assert!(
         attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
@@ -611,10 +622,5 @@ pub async fn assert_back_in_service(sdk: &SdkConfig, s: &Seeded, i: usize) {
             .iter()
             .any(|(n, _)| n.contains(".claim.") || n.ends_with(".slot")),
         "fleet budget released: {attrs:?}"
-    );
-    let health = asg_health(sdk, &s.asg).await;
-    assert!(
-        health.contains(&(s.nodes[i].instance_id.clone(), "Healthy".into())),
-        "{health:?}"
     );
 }
