@@ -49,7 +49,7 @@ impl Cx<'_> {
         };
         // The rule's own `evidence`, where it has one, in place of `[evidence] mode`.
         let rule_mode = self.st.open.get(&incident).and_then(|o| {
-            let name = o.rule.strip_suffix("/escalated").unwrap_or(&o.rule);
+            let name = crate::policy::base_rule(&o.rule);
             self.policy.rule_named(name).and_then(|r| r.evidence)
         });
         let wanted = match rule_mode.unwrap_or(plan.mode) {

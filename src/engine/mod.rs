@@ -15,6 +15,7 @@
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
 
+pub mod attribution;
 pub mod check;
 pub mod diagnose;
 mod evidence;
@@ -196,6 +197,7 @@ impl Cx<'_> {
             );
         }
         self.corroborate(id, obs);
+        self.remember_xid(obs, id);
         id
     }
 
@@ -471,7 +473,7 @@ impl Cx<'_> {
 
     fn judge(&mut self, obs: Observation) {
         let kind = obs.signal.kind();
-        if self.own_exit(&obs) {
+        if self.own_exit(&obs) || self.join_cause(&obs) {
             return;
         }
         let Some(rule) = self.policy.rule_for(&obs.signal, obs.value) else {
@@ -487,6 +489,10 @@ impl Cx<'_> {
             return;
         };
         if rule.action == Verdict::Ignore {
+            return;
+        }
+        if rule.suspect.is_some() || rule.culprit.is_some() {
+            self.judge_app(obs, rule);
             return;
         }
         if matches!(kind, SignalKind::MpsUnresponsive | SignalKind::MpsDown)

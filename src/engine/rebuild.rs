@@ -240,12 +240,7 @@ impl Rebuild {
             .st
             .open
             .get(&incident)
-            .map(|o| {
-                o.rule
-                    .strip_suffix("/escalated")
-                    .unwrap_or(&o.rule)
-                    .to_string()
-            })
+            .map(|o| crate::policy::base_rule(&o.rule).to_string())
             .unwrap_or_default();
         let h = &mut self.st.repair.history;
         if h.len() >= super::repair::MAX_HISTORY {

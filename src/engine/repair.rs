@@ -109,7 +109,7 @@ impl Ledger {
 }
 
 fn base_rule(rule: &str) -> &str {
-    rule.strip_suffix("/escalated").unwrap_or(rule)
+    crate::policy::base_rule(rule)
 }
 
 impl Cx<'_> {

@@ -69,6 +69,10 @@ pub struct State {
     /// orders are journaled, not executed. The newest [`MAX_DRILL_INCIDENTS`] are kept.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drills: BTreeMap<IncidentId, DrillMark>,
+    /// Application faults by program and place, and the XIDs a later one may join
+    /// (`engine::attribution`).
+    #[serde(default)]
+    pub app: super::attribution::AppFaults,
 }
 
 /// Bound on the drills armed at once (the oldest goes first).
@@ -154,6 +158,7 @@ impl State {
                 super::MAX_ATTACHED_PER_INCIDENT,
             )?;
         }
+        self.app.check_sizes()?;
         bounded("armed_drills", self.armed_drills.len(), MAX_ARMED_DRILLS)?;
         bounded("drills", self.drills.len(), MAX_DRILL_INCIDENTS)?;
         bounded(

@@ -139,18 +139,40 @@ fn a_single_application_xid_is_logged_not_acted_on() {
 }
 
 #[test]
-fn a_repeating_application_xid_on_one_gpu_escalates_to_drain() {
+fn a_repeating_xid_on_one_gpu_escalates_to_drain() {
+    let nvlink = |g: u32| {
+        Input::Observation(
+            Observation::new(Signal::Xid {
+                code: 145,
+                decode: Some(crate::model::XidDecode::Xid154Eval),
+            })
+            .on_gpu(gpu(g)),
+        )
+    };
     let mut r = Run::new(default_policy());
     for _ in 0..4 {
-        assert!(Run::orders(&r.feed(xid(2, 13))).is_empty());
+        assert!(Run::orders(&r.feed(nvlink(2))).is_empty());
         r.advance(Duration::from_secs(60));
     }
     // Spread over other GPUs or other XIDs does not count.
-    assert!(Run::orders(&r.feed(xid(3, 13))).is_empty());
+    assert!(Run::orders(&r.feed(nvlink(3))).is_empty());
     assert!(Run::orders(&r.feed(xid(2, 31))).is_empty());
-    let o = Run::only_order(&r.feed(xid(2, 13)));
+    let o = Run::only_order(&r.feed(nvlink(2)));
     assert_eq!(o.command, Command::Quarantine);
     assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+}
+
+/// Application XIDs nobody could be named for (NVML's event without a kernel log line) are
+/// logged however often they come: one program's bug is never the node's
+/// (`engine::attribution` judges them by who faulted).
+#[test]
+fn an_unattributed_application_xid_repeating_on_one_gpu_is_logged_only() {
+    let mut r = Run::new(default_policy());
+    for _ in 0..20 {
+        assert!(Run::orders(&r.feed(xid(2, 13))).is_empty());
+        r.advance(Duration::from_secs(60));
+    }
+    assert_eq!(r.st.node, NodePhase::InService);
 }
 
 #[test]

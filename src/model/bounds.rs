@@ -122,6 +122,9 @@ impl Observation {
         note_dropped(&mut self.detail, "processes", pids);
         note_dropped(&mut self.detail, "tasks", tasks);
         cut(&mut self.source, MAX_NAME);
+        if let Some(x) = &mut self.xid {
+            x.bound();
+        }
         if let Some(c) = &mut self.cursor {
             // A stream name or token that does not fit is no position: drop it rather than
             // keep a cut one that would match another stream.

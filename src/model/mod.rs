@@ -3,6 +3,7 @@
 //! (`Record`, `Incident`). Everything here is plain data that serializes to stable JSON,
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
+pub mod attribution;
 mod budget;
 pub mod cursor;
 pub mod diagnosis;
@@ -608,6 +609,10 @@ pub struct Observation {
     /// and drops it as a duplicate when a restart reads it again. The engine ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<Cursor>,
+    /// For an XID: who caused it, where it struck, the XID it follows from
+    /// (`model::attribution`, docs/attribution.md); absent for other signals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<Box<attribution::XidContext>>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -625,7 +630,19 @@ impl Observation {
             detail: None,
             source: String::new(),
             cursor: None,
+            xid: None,
         }
+    }
+
+    /// Adds what the probe learned of an XID (nothing when there is nothing).
+    pub fn with_xid(mut self, ctx: attribution::XidContext) -> Self {
+        self.xid = (!ctx.is_empty()).then(|| Box::new(ctx));
+        self
+    }
+
+    /// The program the XID is charged to, if any.
+    pub fn culprit(&self) -> Option<&attribution::Culprit> {
+        self.xid.as_ref()?.culprit.as_ref()
     }
 
     pub fn on_gpu(mut self, gpu: GpuId) -> Self {

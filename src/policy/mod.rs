@@ -4,6 +4,7 @@
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
+pub mod attribution;
 pub mod limits;
 pub mod planned;
 pub mod reboot;
@@ -24,6 +25,18 @@ use toml::Spanned;
 use crate::model::{RecoveryAction, Signal, SignalKind, Verdict, XidDecode};
 use crate::sys::error::{FileError, line_of};
 
+/// The suffixes the engine adds to a rule's name for the verdicts its windows reach:
+/// `escalate`, and `suspect` and `culprit` (`policy::attribution`).
+pub const RULE_SUFFIXES: [&str; 3] = ["/escalated", "/suspect", "/culprit"];
+
+/// The rule's own name in a name the engine recorded (`xid-13-graphics-exception/suspect`).
+pub fn base_rule(name: &str) -> &str {
+    RULE_SUFFIXES
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .unwrap_or(name)
+}
+
 /// A rule: how one signal (or a set of XIDs) is judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
@@ -41,6 +54,11 @@ pub struct Rule {
     pub action: Verdict,
     pub confirm: Option<Window>,
     pub escalate: Option<Escalation>,
+    /// For application-class XID rules: different programs faulting at one place
+    /// (`policy::attribution`, docs/attribution.md).
+    pub suspect: Option<attribution::Suspect>,
+    /// For application-class XID rules: what one program's repeats do to its task.
+    pub culprit: Option<attribution::CulpritRule>,
     pub reason: String,
     pub source: String,
     /// The operator's opt-in to judging a fatal signal (`xid_catalog::fatal_signals`) with
@@ -391,6 +409,8 @@ struct FileRule {
     action: Spanned<Verdict>,
     confirm: Option<Spanned<FileWindow>>,
     escalate: Option<Spanned<FileEscalation>>,
+    suspect: Option<Spanned<attribution::FileSuspect>>,
+    culprit: Option<Spanned<attribution::FileCulprit>>,
     reason: String,
     #[serde(default)]
     source: String,
@@ -475,6 +495,8 @@ struct RuleLines {
     action: usize,
     confirm: usize,
     escalate: usize,
+    suspect: usize,
+    culprit: usize,
 }
 
 const MAX_EXTENDS_DEPTH: usize = 8;
@@ -561,6 +583,8 @@ fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
                     action: at(r.action.span()),
                     confirm: r.confirm.as_ref().map_or(0, |x| at(x.span())),
                     escalate: r.escalate.as_ref().map_or(0, |x| at(x.span())),
+                    suspect: r.suspect.as_ref().map_or(0, |x| at(x.span())),
+                    culprit: r.culprit.as_ref().map_or(0, |x| at(x.span())),
                 },
             }
         })
@@ -755,7 +779,12 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
         let confirm = check_confirm(rr)?;
         let action = *rr.rule.action.get_ref();
         let escalate = check_escalate(rr, action)?;
-        check_action_keys(rr, action, confirm.is_some() || escalate.is_some())?;
+        let (suspect, culprit) = check_attribution(rr, action, escalate.is_some())?;
+        check_action_keys(
+            rr,
+            action,
+            confirm.is_some() || escalate.is_some() || suspect.is_some() || culprit.is_some(),
+        )?;
         check_overlap(rr, signal, &mut claims)?;
         let r = &rr.rule;
         out.push(Rule {
@@ -768,6 +797,8 @@ fn validate_rules(raw: &[RawRule]) -> Result<Vec<Rule>, FileError> {
             action,
             confirm,
             escalate,
+            suspect,
+            culprit,
             reason: r.reason.trim().to_string(),
             source: r.source.trim().to_string(),
             silences_fatal: r.silences_fatal,
@@ -942,6 +973,45 @@ fn check_escalate(rr: &RawRule, action: Verdict) -> Result<Option<Escalation>, F
         window: e.window,
         action: e.action,
     }))
+}
+
+/// `suspect` and `culprit` (`policy::attribution`): for application-class XIDs, and not
+/// beside `escalate`, which counts every program's faults as one.
+fn check_attribution(
+    rr: &RawRule,
+    action: Verdict,
+    escalates: bool,
+) -> Result<
+    (
+        Option<attribution::Suspect>,
+        Option<attribution::CulpritRule>,
+    ),
+    FileError,
+> {
+    let r = &rr.rule;
+    let xids = r.xids.as_ref().map(|x| x.get_ref().as_slice());
+    let suspect = match &r.suspect {
+        Some(_) if escalates => {
+            return Err(rule_err(
+                rr,
+                rr.lines.suspect,
+                "suspect: not beside `escalate` (which counts every program's faults on a GPU as one program's)",
+            ));
+        }
+        Some(s) => Some(
+            attribution::check_suspect(s.get_ref(), action, xids)
+                .map_err(|m| rule_err(rr, rr.lines.suspect, m))?,
+        ),
+        None => None,
+    };
+    let culprit = match &r.culprit {
+        Some(c) => Some(
+            attribution::check_culprit(c.get_ref(), action, xids)
+                .map_err(|m| rule_err(rr, rr.lines.culprit, m))?,
+        ),
+        None => None,
+    };
+    Ok((suspect, culprit))
 }
 
 /// Keys that only some actions take (`reboots`, `evidence`, windows on `ignore`).

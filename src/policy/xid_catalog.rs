@@ -19,6 +19,15 @@ pub const NVLINK5: std::ops::RangeInclusive<u32> = 144..=150;
 /// CHECK_UVM: "If UVM/vGPU is being utilized, RESET_GPU; otherwise IGNORE".
 pub const CHECK_UVM_XID: u32 = 159;
 
+/// Whether an XID is charged to a program (docs/attribution.md): the catalog's RESTART_APP
+/// bucket but XID 94 (a contained ECC error: the memory's fault, which only the program that
+/// met it must restart for), and the channel faults 43 and 45 (IGNORE, WORKFLOW_XID_45),
+/// which name the process whose channel was reset.
+pub fn attributable(code: u32) -> bool {
+    matches!(code, 43 | 45)
+        || (code != 94 && get(code).is_some_and(|x| x.immediate == "RESTART_APP"))
+}
+
 /// XIDs whose catalog row gives no immediate action (162-172 in the catalog read) but which
 /// gpu-medic treats as fatal like their siblings: 167 PCIE_FATAL_TIMEOUT (158
 /// GPU_FATAL_TIMEOUT, RESET_GPU), 168 REDUCED_GPU_MEMORY_CAPACITY (64, RESET_GPU), 169

@@ -57,6 +57,13 @@ pub fn needs_text(code: u32) -> bool {
     xid_catalog::NVLINK5.contains(&code)
 }
 
+/// Whether the event watcher holds an XID for its kernel log line: its verdict needs the
+/// text ([`needs_text`]), or it is charged to the program the line names
+/// (`probe::attribution`, docs/attribution.md).
+pub fn held_for_text(code: u32) -> bool {
+    needs_text(code) || crate::probe::attribution::attributable(code)
+}
+
 /// The decode of an XID whose catalog action depends on more than its code, with an
 /// explanation for the incident; `(None, None)` for every other XID. `text` is the driver's
 /// text after the code (absent when the XID came from NVML without a kernel log line).
@@ -336,6 +343,8 @@ pub struct KmsgReader {
     pub stop: Arc<AtomicBool>,
     /// Which records of a burst are handed over first.
     pub urgency: crate::probe::Urgency,
+    /// Names the program behind an application-class XID (docs/attribution.md).
+    pub attributor: std::cell::RefCell<crate::probe::attribution::Attributor>,
 }
 
 /// At most this many dropped duplicates are remembered across a restart.
@@ -1023,7 +1032,9 @@ impl KmsgReader {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
         };
-        let obs = x.observation(detail);
+        let clients = lock(&self.shared).clients.get(&index).cloned();
+        let ctx = self.attributor.borrow_mut().context(&x, clients.as_ref());
+        let obs = x.observation(detail).with_xid(ctx);
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
         obs.cursor = cursor;
@@ -1371,6 +1382,10 @@ mod tests {
             tx,
             stop: stop.clone(),
             urgency: crate::probe::Urgency::of(&policy),
+            attributor: std::cell::RefCell::new(crate::probe::attribution::Attributor::new(
+                Path::new("/proc"),
+                None,
+            )),
         };
         let t = std::thread::spawn(move || reader.run());
         let mut out = Vec::new();

@@ -13,6 +13,7 @@
 //! - [`fabric_manager`]: NVIDIA Fabric Manager on instance types with NVSwitches.
 //! - [`efa`]: the EFA / RDMA ports (sysfs). [`sxid`]: NVSwitch errors in the kernel log.
 
+pub mod attribution;
 pub mod ecs_gpus;
 pub mod efa;
 pub mod fabric_manager;

@@ -289,9 +289,9 @@ impl Watcher {
         if let Some(code) = xid {
             let mut s = lock(&self.shared);
             if s.claim_xid(index, code, "nvml") {
-                if kmsg::needs_text(code) && s.kmsg_active {
+                if kmsg::held_for_text(code) && s.kmsg_active {
                     s.awaiting_text
-                        .push((index, code, std::time::Instant::now()));
+                        .push_back((index, code, std::time::Instant::now()));
                 } else {
                     out.push(xid_without_text(code, "NVML event; no kernel log reader"));
                 }

@@ -260,6 +260,10 @@ impl NvmlSource {
                 tx: tx.clone(),
                 stop: stop.clone(),
                 urgency: self.urgency.clone(),
+                attributor: std::cell::RefCell::new(crate::probe::attribution::Attributor::new(
+                    &self.proc_root,
+                    self.agent_url.as_deref(),
+                )),
             })
     }
 

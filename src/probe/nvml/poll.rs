@@ -49,9 +49,9 @@ pub struct Shared {
     /// from then at the earliest; while it has not started, up to
     /// [`crate::probe::kmsg::START_WAIT`] from the event.
     pub kmsg_started: Option<std::time::Instant>,
-    /// NVLink5 XIDs the event watcher saw and holds for their kernel log text, by (GPU,
-    /// code), with when they were seen.
-    pub awaiting_text: Vec<(u32, u32, std::time::Instant)>,
+    /// XIDs the event watcher saw and holds for their kernel log text
+    /// (`kmsg::held_for_text`), by (GPU, code), with when they were seen, oldest first.
+    pub awaiting_text: std::collections::VecDeque<(u32, u32, std::time::Instant)>,
 }
 
 /// Whose claim: (GPU index, XID code, source).
