@@ -164,6 +164,7 @@ pub fn explain(policy: &Policy, signal: &Signal, id: &str) -> Explanation {
         escalate: None,
         ladder: None,
         diagnosis: None,
+        workflow: None,
     }
 }
 

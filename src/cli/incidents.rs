@@ -43,6 +43,10 @@ pub enum IncidentsCommand {
         /// With --fleet: this cluster's log group instead of this instance's cluster.
         #[arg(long, requires = "fleet")]
         cluster: Option<String>,
+        /// With --fleet: list application faults one by one instead of one line per task
+        /// definition.
+        #[arg(long, requires = "fleet")]
+        ungrouped: bool,
     },
     /// Stop a quarantine or drain that has not reached Auto Scaling and return the
     /// instance to service (asks the running daemon through state_dir/requests/).
@@ -131,10 +135,11 @@ pub fn run(cmd: IncidentsCommand) -> Result<i32, CliError> {
             since,
             fleet,
             cluster,
+            ungrouped,
         } => {
             let filter = Filter::new(open, state, gpu, since)?;
             if fleet {
-                list_fleet(&config, cluster.as_deref(), &filter, json)
+                list_fleet(&config, cluster.as_deref(), &filter, json, !ungrouped)
             } else {
                 list_local(&config, &filter, json)
             }
@@ -198,24 +203,35 @@ impl Filter {
     }
 }
 
-/// `incidents list --fleet`: every instance's incidents from CloudWatch Logs.
+/// `incidents list --fleet`: every instance's incidents from CloudWatch Logs; application
+/// faults one line per task definition unless `grouped` is off (docs/attribution.md).
 fn list_fleet(
     config: &ConfigArg,
     cluster: Option<&str>,
     filter: &Filter,
     json: bool,
+    grouped: bool,
 ) -> Result<i32, CliError> {
     let view = super::fleet::read(config, cluster, None, filter.since)?;
+    let shown: Vec<crate::export::fleet_incidents::FleetIncident> = view
+        .incidents
+        .into_iter()
+        .filter(|f| filter.shown(&f.incident))
+        .collect();
+    let (groups, rest) = if grouped {
+        crate::export::fleet_incidents::group_application_faults(&shown)
+    } else {
+        (Vec::new(), shown.iter().collect())
+    };
     let mut table = Table {
-        id_width: view
-            .incidents
+        id_width: rest
             .iter()
             .map(|f| f.instance_id.len() + 1 + f.incident.id.0.to_string().len())
             .max()
             .unwrap_or(0),
         ..Table::default()
     };
-    for f in view.incidents.iter().filter(|f| filter.shown(&f.incident)) {
+    for f in &rest {
         if json {
             print_json(&IncidentLine {
                 instance_id: Some(&f.instance_id),
@@ -225,10 +241,48 @@ fn list_fleet(
             table.row_as(&format!("{}/{}", f.instance_id, f.incident.id), &f.incident);
         }
     }
-    if !json && table.rows == 0 {
+    print_app_groups(&groups, json);
+    if !json && table.rows == 0 && groups.is_empty() {
         println!("no incidents");
     }
     Ok(exit::OK)
+}
+
+/// One line per program whose faults were judged its own, across the fleet.
+fn print_app_groups(groups: &[crate::export::fleet_incidents::AppFaultGroup], json: bool) {
+    if json {
+        #[derive(Serialize)]
+        struct Line<'a> {
+            kind: &'static str,
+            #[serde(flatten)]
+            group: &'a crate::export::fleet_incidents::AppFaultGroup,
+        }
+        for g in groups {
+            print_json(&Line {
+                kind: "application-faults",
+                group: g,
+            });
+        }
+        return;
+    }
+    if groups.is_empty() {
+        return;
+    }
+    println!("\nApplication faults, judged each program's own (the GPUs stayed in service):");
+    for g in groups {
+        let signals: Vec<String> = g.signals.iter().map(|(s, n)| format!("{s} x{n}")).collect();
+        println!(
+            "  {}: {} incident{} on {} instance{} ({}), {} to {}",
+            g.program,
+            g.incidents,
+            if g.incidents == 1 { "" } else { "s" },
+            g.instances.len(),
+            if g.instances.len() == 1 { "" } else { "s" },
+            signals.join(", "),
+            g.first,
+            g.last
+        );
+    }
 }
 
 /// `incidents list`: this instance's journal.
@@ -657,6 +711,15 @@ pub fn print_timeline(i: &Incident) {
             i.tasks.join(", "),
             pids.join(", ")
         );
+    }
+    if let Some(c) = &i.culprit {
+        println!("  who:      {}", c.describe());
+    }
+    if let Some(s) = &i.site {
+        println!("  where:    {}", s.describe());
+    }
+    if let Some(j) = i.judgement() {
+        println!("  judged:   {j}");
     }
     println!("  rule:     {}", i.rule);
     println!("  why:      {}", i.reason);

@@ -240,6 +240,55 @@ pub struct Explanation {
     /// For `drain` and `reboot`: the diagnosis before the node is trusted again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diagnosis: Option<String>,
+    /// For application-class XIDs judged by who faulted and where (`suspect`, `culprit`):
+    /// NVIDIA's workflow as gpu-medic applies it on a shared GPU (docs/attribution.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+}
+
+/// How a rule with `suspect` or `culprit` judges an application fault, in words.
+fn workflow(r: &Rule) -> Option<String> {
+    if r.suspect.is_none() && r.culprit.is_none() {
+        return None;
+    }
+    let mut w = vec![
+        "each fault is charged to its program: the process the driver names (pid=, name=), its \
+         ECS task and task definition through its cgroup and the ECS agent; when the driver names \
+         the MPS server, the GPU's client task at that moment (several: any of them)"
+            .to_string(),
+        format!(
+            "one program faulting again and again, on one GPU or many, is its own bug: `{}`, one \
+             incident per program naming its task definition (EventBridge \"GPU Medic Application \
+             Fault\"); the node and every other tenant stay in service",
+            r.action
+        ),
+    ];
+    if let Some(s) = r.suspect {
+        let place = match s.at {
+            crate::policy::attribution::Place::Location => {
+                "the same place of one GPU (XID 13: GPC and TPC; NVIDIA's WORKFLOW_XID_13, \
+                 \"repeats at the same GPC/TPC\")"
+            }
+            crate::policy::attribution::Place::Gpu => {
+                "the same GPU (NVIDIA's WORKFLOW_XID_31, \"repeated MMU faults on the same GPU\")"
+            }
+        };
+        w.push(format!(
+            "{} different programs faulting at {place} within {} are the GPU's: {} (suspect)",
+            s.programs,
+            humantime::format_duration(s.window),
+            s.action
+        ));
+    }
+    if let Some(c) = r.culprit {
+        w.push(format!(
+            "one program's {}th fault within {} stops its task on this node (culprit): {}",
+            c.count,
+            humantime::format_duration(c.window),
+            c.action
+        ));
+    }
+    Some(w.join("; "))
 }
 
 /// Where the policy tests the GPUs before it trusts a node again, in words.
@@ -303,6 +352,7 @@ pub fn explanation_for(p: &Policy, sig: &Signal, value: u64) -> Explanation {
             escalate: None,
             ladder: None,
             diagnosis: None,
+            workflow: None,
         },
     };
     if e.action == "reboot" {
@@ -321,7 +371,10 @@ pub fn explanation_for(p: &Policy, sig: &Signal, value: u64) -> Explanation {
     let escalates_to_drain = e
         .escalate
         .as_deref()
-        .is_some_and(|x| x.contains("drain") || x.contains("reboot"));
+        .is_some_and(|x| x.contains("drain") || x.contains("reboot"))
+        || p.rule_named(&e.rule)
+            .and_then(|r| r.suspect)
+            .is_some_and(|s| s.action.is_node_remediation());
     if matches!(e.action.as_str(), "drain" | "reboot") || escalates_to_drain {
         e.diagnosis = Some(diagnosis(p));
     }
@@ -351,6 +404,9 @@ fn print_explanation(e: &Explanation, json: bool) {
         }
         if let Some(l) = &e.ladder {
             println!("  ladder:   {l}");
+        }
+        if let Some(w) = &e.workflow {
+            println!("  workflow: {w}");
         }
         if let Some(d) = &e.diagnosis {
             println!("  diagnose: {d}");
@@ -384,6 +440,7 @@ fn explanation(sig: &Signal, r: &Rule) -> Explanation {
         }),
         ladder: None,
         diagnosis: None,
+        workflow: workflow(r),
     }
 }
 

@@ -41,6 +41,18 @@ fn xid(g: u32, code: u32) -> Input {
     Input::Observation(Observation::new(Signal::xid(code)).on_gpu(gpu(g)))
 }
 
+/// An XID the default policy logs and drains for when it repeats 5 times on one GPU within
+/// an hour (an NVLink5 error decoded XID_154_EVAL without a recovery action).
+fn repeats_drain(g: u32) -> Input {
+    Input::Observation(
+        Observation::new(Signal::Xid {
+            code: 145,
+            decode: Some(crate::model::XidDecode::Xid154Eval),
+        })
+        .on_gpu(gpu(g)),
+    )
+}
+
 fn obs(signal: Signal) -> Input {
     Input::Observation(Observation::new(signal))
 }
@@ -140,24 +152,15 @@ fn a_single_application_xid_is_logged_not_acted_on() {
 
 #[test]
 fn a_repeating_xid_on_one_gpu_escalates_to_drain() {
-    let nvlink = |g: u32| {
-        Input::Observation(
-            Observation::new(Signal::Xid {
-                code: 145,
-                decode: Some(crate::model::XidDecode::Xid154Eval),
-            })
-            .on_gpu(gpu(g)),
-        )
-    };
     let mut r = Run::new(default_policy());
     for _ in 0..4 {
-        assert!(Run::orders(&r.feed(nvlink(2))).is_empty());
+        assert!(Run::orders(&r.feed(repeats_drain(2))).is_empty());
         r.advance(Duration::from_secs(60));
     }
     // Spread over other GPUs or other XIDs does not count.
-    assert!(Run::orders(&r.feed(nvlink(3))).is_empty());
+    assert!(Run::orders(&r.feed(repeats_drain(3))).is_empty());
     assert!(Run::orders(&r.feed(xid(2, 31))).is_empty());
-    let o = Run::only_order(&r.feed(nvlink(2)));
+    let o = Run::only_order(&r.feed(repeats_drain(2)));
     assert_eq!(o.command, Command::Quarantine);
     assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
 }
@@ -215,7 +218,7 @@ fn a_second_fault_joins_the_remediation_in_flight() {
 fn a_drain_verdict_is_upgraded_when_a_fatal_fault_follows() {
     let mut r = Run::new(default_policy());
     for _ in 0..5 {
-        r.feed(xid(2, 13));
+        r.feed(repeats_drain(2));
     }
     let q = r.st.in_flight.values().next().unwrap().clone();
     r.feed(xid(2, 79));
@@ -986,22 +989,22 @@ fn the_replacement_goes_at_the_evidence_deadline_without_it() {
 fn evidence_off_or_a_non_fatal_signal_under_on_fatal_orders_no_collection() {
     let mut r = with_evidence(crate::model::EvidenceMode::Off);
     assert_eq!(kinds(&r.feed(xid(0, 79))), ["quarantine"]);
-    // A repeating application XID escalates to a drain; XID 13 is not fatal.
+    // A repeating XID escalates to a drain; it is not fatal.
     let mut r = with_evidence(crate::model::EvidenceMode::OnFatal);
     for _ in 0..4 {
-        r.feed(xid(2, 13));
+        r.feed(repeats_drain(2));
         r.advance(Duration::from_secs(60));
     }
-    assert_eq!(kinds(&r.feed(xid(2, 13))), ["quarantine"]);
+    assert_eq!(kinds(&r.feed(repeats_drain(2))), ["quarantine"]);
     assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
     // Under `always` the same drain collects.
     let mut r = with_evidence(crate::model::EvidenceMode::Always);
     for _ in 0..4 {
-        r.feed(xid(2, 13));
+        r.feed(repeats_drain(2));
         r.advance(Duration::from_secs(60));
     }
     assert_eq!(
-        kinds(&r.feed(xid(2, 13))),
+        kinds(&r.feed(repeats_drain(2))),
         ["quarantine", "collect-evidence"]
     );
 }
@@ -1101,10 +1104,10 @@ fn a_drain_closes_without_waiting_and_the_archive_is_recorded_after() {
     // the collection's outcome (with the archive) is recorded when it comes.
     let mut r = with_evidence(crate::model::EvidenceMode::Always);
     for _ in 0..4 {
-        r.feed(xid(2, 13));
+        r.feed(repeats_drain(2));
         r.advance(Duration::from_secs(60));
     }
-    let orders = Run::orders(&r.feed(xid(2, 13)));
+    let orders = Run::orders(&r.feed(repeats_drain(2)));
     assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
     let (q, ev) = (orders[0].id, orders[1].id);
     let d = Run::only_order(&r.feed(done(q))).id;

@@ -78,6 +78,66 @@ pub struct FleetIncident {
     pub incident: Incident,
 }
 
+/// Application faults of one program across the fleet (`incidents list --fleet`): "task
+/// definition X faulted on 9 instances last night" as one line, for its owner rather than
+/// on-call for the GPUs (docs/attribution.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AppFaultGroup {
+    /// `family:revision`, else `program <name>` (a process outside ECS), else `task <id>`.
+    pub program: String,
+    pub incidents: usize,
+    pub instances: Vec<String>,
+    /// Each signal (`xid 13`) and how many incidents it opened.
+    pub signals: BTreeMap<String, usize>,
+    pub first: crate::model::Timestamp,
+    pub last: crate::model::Timestamp,
+}
+
+/// Groups the application faults of `incidents` (`Incident::application_fault`) by their
+/// program, most incidents first; returns the groups and the other incidents.
+pub fn group_application_faults(
+    incidents: &[FleetIncident],
+) -> (Vec<AppFaultGroup>, Vec<&FleetIncident>) {
+    let mut groups: BTreeMap<String, AppFaultGroup> = BTreeMap::new();
+    let mut rest = Vec::new();
+    for f in incidents {
+        let Some(c) = f.incident.application_fault() else {
+            rest.push(f);
+            continue;
+        };
+        let program = match (&c.definition, &c.task) {
+            (Some(d), _) => d.clone(),
+            (None, Some(t)) => format!("task {t}"),
+            (None, None) => format!("program {}", c.program),
+        };
+        let at = f.incident.opened_at;
+        let g = groups
+            .entry(program.clone())
+            .or_insert_with(|| AppFaultGroup {
+                program,
+                incidents: 0,
+                instances: Vec::new(),
+                signals: BTreeMap::new(),
+                first: at,
+                last: at,
+            });
+        g.incidents += 1;
+        if !g.instances.contains(&f.instance_id) {
+            g.instances.push(f.instance_id.clone());
+        }
+        *g.signals.entry(f.incident.signal.clone()).or_default() += 1;
+        g.first = g.first.min(at);
+        g.last = g.last.max(at);
+    }
+    let mut out: Vec<AppFaultGroup> = groups.into_values().collect();
+    out.sort_by(|a, b| {
+        b.incidents
+            .cmp(&a.incidents)
+            .then(a.program.cmp(&b.program))
+    });
+    (out, rest)
+}
+
 /// The answer: incidents oldest first, and how the reading went.
 #[derive(Debug, Default)]
 pub struct FleetView {

@@ -61,9 +61,24 @@ pub const EVIDENCE_COLLECTED: &str = "GPU Medic Evidence Collected";
 /// result per test (docs/diagnose.md).
 pub const GPUS_DIAGNOSED: &str = "GPU Medic GPUs Diagnosed";
 
+/// `detail-type` of an incident opened for an application fault judged the program's own
+/// (docs/attribution.md): `detail.observation.xid.culprit` names its task definition
+/// (`definition`), task and container, so a rule on it pages the program's owner, not on-call
+/// for the GPUs. Sent in place of [`INCIDENT_OPENED`].
+pub const APPLICATION_FAULT: &str = "GPU Medic Application Fault";
+
 /// The EventBridge `detail-type` of a record, if it is a transition on-call is told about.
 pub fn detail_type(e: &IncidentEvent) -> Option<&'static str> {
     match e {
+        IncidentEvent::Opened {
+            observation,
+            verdict,
+            ..
+        } if *verdict < crate::model::Verdict::Drain
+            && observation.culprit().is_some_and(|c| c.is_attributed()) =>
+        {
+            Some(APPLICATION_FAULT)
+        }
         IncidentEvent::Opened { .. } => Some(INCIDENT_OPENED),
         IncidentEvent::ActionStarted { .. } => Some(ACTION_STARTED),
         IncidentEvent::ActionFinished { outcome } if outcome.evidence.is_some() => {

@@ -1201,10 +1201,37 @@ pub struct Incident {
     /// The drill's id when the incident is a rehearsal (`gpu-medic drill`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<String>,
+    /// Who caused the first signal, for an application-class XID (docs/attribution.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub culprit: Option<attribution::Culprit>,
+    /// Where on the GPU the first signal struck, when its text said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<attribution::Site>,
     pub records: Vec<Record>,
 }
 
 impl Incident {
+    /// An application fault: charged to a named program and judged its own (not taken
+    /// for the GPU's): what `incidents list --fleet` groups by task definition.
+    pub fn application_fault(&self) -> Option<&attribution::Culprit> {
+        let c = self.culprit.as_ref()?;
+        (c.is_attributed() && self.action < Verdict::Drain).then_some(c)
+    }
+
+    /// How the engine judged an application-class XID, in words; `None` for other signals.
+    pub fn judgement(&self) -> Option<&'static str> {
+        self.culprit.as_ref()?;
+        Some(if self.rule.ends_with("/suspect") {
+            "the GPU's: different programs faulted at the same place (drained for the diagnosis)"
+        } else if self.rule.ends_with("/culprit") {
+            "the application's: one program faulted again and again; its task was stopped"
+        } else if self.application_fault().is_some() {
+            "the application's: one program's fault; the node and every other tenant stay in service"
+        } else {
+            "no program could be named; counted as no program's"
+        })
+    }
+
     /// Folds journal records (in file order) into incidents, oldest first. Records of an
     /// incident whose `opened` line is missing (a rotated or torn journal) start a stub.
     pub fn fold(records: impl IntoIterator<Item = Record>) -> Vec<Incident> {
@@ -1236,6 +1263,8 @@ impl Incident {
             request_ids: Vec::new(),
             evidence: None,
             drill: rec.drill.clone(),
+            culprit: None,
+            site: None,
             records: Vec::new(),
         }
     }
@@ -1266,6 +1295,10 @@ impl Incident {
                 inc.rule = rule.clone();
                 inc.reason = reason.clone();
                 inc.action = *verdict;
+                if let Some(x) = &observation.xid {
+                    inc.culprit.clone_from(&x.culprit);
+                    inc.site.clone_from(&x.site);
+                }
                 inc.absorb(observation);
             }
             IncidentEvent::Signal { observation } => inc.absorb(observation),

@@ -1305,6 +1305,77 @@ reason = "too hot"
     }
 
     #[test]
+    fn suspect_and_culprit_are_for_application_xids_and_say_why_not() {
+        let rule = |xids: &str, extra: &str| {
+            format!(
+                "[[rule]]\nname=\"a\"\nsignal=\"xid\"\nxids={xids}\naction=\"log\"\nreason=\"r\"\n{extra}\n"
+            )
+        };
+        let suspect = "suspect={programs=3, window=\"1h\", at=\"location\", action=\"drain\"}";
+        let p = parse(&rule("[13]", suspect)).unwrap();
+        let s = p.rules[0].suspect.unwrap();
+        assert_eq!(
+            (s.programs, s.at, s.action),
+            (3, attribution::Place::Location, Verdict::Drain)
+        );
+        for (xids, extra, says) in [
+            ("[79]", suspect, "XID 79 is not charged to a program"),
+            ("[94]", suspect, "XID 94 is not charged"),
+            (
+                "[13]",
+                "suspect={programs=1, window=\"1h\", at=\"gpu\", action=\"drain\"}",
+                "programs must be 2",
+            ),
+            (
+                "[13]",
+                "suspect={programs=3, window=\"1h\", at=\"gpu\", action=\"log\"}",
+                "not more severe",
+            ),
+            (
+                "[13]",
+                "suspect={programs=3, window=\"1h\", at=\"rack\", action=\"drain\"}",
+                "unknown variant",
+            ),
+            (
+                "[13]",
+                "culprit={count=3, window=\"1h\", action=\"drain\"}",
+                "only `stop-tasks`",
+            ),
+            (
+                "[13]",
+                "culprit={count=0, window=\"1h\", action=\"stop-tasks\"}",
+                "count must be >= 1",
+            ),
+            (
+                "[13]",
+                "culprit={count=1000, window=\"1h\", action=\"stop-tasks\"}",
+                "never reached",
+            ),
+            (
+                "[13]",
+                &format!("{suspect}\nescalate={{count=5, window=\"1h\", action=\"drain\"}}"),
+                "not beside `escalate`",
+            ),
+        ] {
+            let e = parse(&rule(xids, extra)).unwrap_err();
+            assert!(e.to_string().contains(says), "{xids} {extra}: {e}");
+            assert_eq!(e.line, Some(7), "{e}");
+        }
+        let p = parse(&rule(
+            "[13, 31]",
+            "culprit={count=10, window=\"1h\", action=\"stop-tasks\"}",
+        ))
+        .unwrap();
+        assert_eq!(p.rules[0].culprit.unwrap().count, 10);
+        assert_eq!(
+            base_rule("xid-13-graphics-exception/suspect"),
+            "xid-13-graphics-exception"
+        );
+        assert_eq!(base_rule("a/culprit"), "a");
+        assert_eq!(base_rule("a/escalated"), "a");
+    }
+
+    #[test]
     fn escalation_must_be_more_severe() {
         let e = parse("[[rule]]\nname=\"a\"\nsignal=\"xid\"\naction=\"drain\"\nreason=\"r\"\nescalate={count=3, window=\"1h\", action=\"log\"}\n")
             .unwrap_err();
