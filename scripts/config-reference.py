@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Builds README.md's configuration reference table from packaging/config.toml, the commented
-reference configuration, so the two cannot drift apart.
+"""Builds the configuration reference table of docs/configuration.md from packaging/config.toml,
+the commented reference configuration, so the two cannot drift apart.
 
-  scripts/config-reference.py           rewrite the table in README.md
-  scripts/config-reference.py --check   exit 1 if README.md's table is stale (CI)
+  scripts/config-reference.py           rewrite the table in docs/configuration.md
+  scripts/config-reference.py --check   exit 1 if docs/configuration.md's table is stale (CI)
 """
 import re
 import sys
@@ -11,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+REFERENCE = "docs/configuration.md"
 KEY = re.compile(r'^(#\s*)?([a-z_]+)\s*=\s*(.+?)\s*$')
 
 
@@ -54,16 +55,16 @@ def table(text):
 
 def main():
     cfg = (ROOT / "packaging/config.toml").read_text()
-    readme_path = ROOT / "README.md"
+    readme_path = ROOT / REFERENCE
     readme = readme_path.read_text()
     if START not in readme or END not in readme:
-        sys.exit(f"README.md lacks the {START} / {END} markers")
+        sys.exit(f"{REFERENCE} lacks the {START} / {END} markers")
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
     new = f"{head}{START}\n{table(cfg)}\n{END}{tail}"
     if "--check" in sys.argv:
         if new != readme:
-            sys.exit("README.md's configuration reference is stale: run scripts/config-reference.py")
+            sys.exit(f"{REFERENCE}'s configuration reference is stale: run scripts/config-reference.py")
         return
     readme_path.write_text(new)
 

@@ -22,6 +22,23 @@
 //! - [`sys`]: process hygiene for every program gpu-medic runs, size caps and the bounded
 //!   reader, typed file errors.
 //! - [`cli`]: the commands; [`config`]: the daemon's configuration.
+//!
+//! # Layers
+//!
+//! Lowest first. A module imports (`crate::…`, tests included) only from the layers below its
+//! own: never from a module of its own layer, never from above. `tests/layout.rs` reads this
+//! list, so it is the one place the order is written; every module is in exactly one layer.
+//!
+//! - layer 0: `sys`
+//! - layer 1: `model`
+//! - layer 2: `policy`
+//! - layer 3: `engine`, `config`
+//! - layer 4: `journal`, `aws`, `mps`, `diagnose`
+//! - layer 5: `accounting`
+//! - layer 6: `probe`, `remedy`, `metrics`
+//! - layer 7: `export`, `launch`
+//! - layer 8: `supervisor`
+//! - layer 9: `cli`
 
 pub mod accounting;
 pub mod aws;

@@ -1,4 +1,6 @@
-//! The layout's rules, checked on the source tree (README "How it works"):
+//! The layout's rules, checked on the source tree (docs/architecture.md, "How it works"):
+//! - no import runs up: a module imports only from the layers below its own, in the order
+//!   `src/lib.rs` writes ("Layers"), tests included;
 //! - senses (`src/probe`) and hands (`src/remedy`) never import each other;
 //! - the adapters (`src/aws`, `src/mps`) import no probe, remedy, engine, supervisor, launch or
 //!   CLI: both sides build on them, not the other way round;
@@ -8,6 +10,8 @@
 //!   why in a `// layout: static allowed: <reason>` comment right above it;
 //! - every `docs/...` or `research/...` file cited in code, policies, tests or packaging exists
 //!   in the repository;
+//! - every relative Markdown link and `#anchor` in the documents resolves
+//!   (`scripts/check-links.py`, also run by CI);
 //! - probes and remedies import neither the wiring (`supervisor`), the engine, the journal nor
 //!   the exporter: what they need arrives when they are built or started (a source's resume
 //!   cursors, an order);
@@ -76,6 +80,160 @@ fn probes_and_remedies_never_import_each_other() {
         bad.is_empty(),
         "imports that run the wrong way:\n{}",
         bad.join("\n")
+    );
+}
+
+/// The layers of `src/lib.rs` ("Layers"), lowest first: each a list of top-level modules.
+fn layers() -> Vec<Vec<String>> {
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    lib.lines()
+        .filter_map(|l| l.strip_prefix("//! - layer "))
+        .map(|l| {
+            let names = l.split_once(':').map_or("", |(_, n)| n);
+            names
+                .split(',')
+                .map(|n| n.trim().trim_matches('`').to_string())
+                .filter(|n| !n.is_empty())
+                .collect()
+        })
+        .collect()
+}
+
+/// The top-level modules `text` names through `crate::` (`crate::engine::X`,
+/// `crate::{engine::X, model}`, across lines too), each with its line number; comments skipped.
+fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    let mut code = String::new();
+    let mut line_of = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        let l = if l.trim_start().starts_with("//") {
+            ""
+        } else {
+            l.split(" // ").next().unwrap_or(l)
+        };
+        code.push_str(l);
+        code.push('\n');
+        line_of.extend(std::iter::repeat_n(i + 1, l.len() + 1));
+    }
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("crate::").map(|a| a + from) {
+        from = at + "crate::".len();
+        let word_before = code[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if word_before {
+            continue; // `gpu_medic_testkit::…`, `$crate::…`
+        }
+        let rest = &code[from..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // The first segment of each path at the group's top level.
+            let (mut depth, mut expect) = (1, true);
+            for (k, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 1 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 1 => expect = true,
+                    c if expect && depth == 1 && (c.is_ascii_alphabetic() || c == '_') => {
+                        out.push((line_of[from + 1 + k], ident(&group[k..])));
+                        expect = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.push((line_of[from], ident(rest)));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_layer_scanner_finds_every_crate_path() {
+    let text = "use crate::engine::X;\n// crate::cli is a comment\nuse crate::{\n    model::{A, B},\n    sys,\n};\nlet x = y; // crate::launch\nlet s = gpu_medic_testkit::crate_x;\nf(crate::policy::p());\n";
+    let want: Vec<(usize, String)> = [(1, "engine"), (4, "model"), (5, "sys"), (9, "policy")]
+        .iter()
+        .map(|(n, m)| (*n, m.to_string()))
+        .collect();
+    assert_eq!(crate_paths(text), want);
+}
+
+#[test]
+fn the_layers_name_every_module_once() {
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    let mut declared: Vec<String> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect();
+    let mut layered: Vec<String> = layers().concat();
+    declared.sort();
+    layered.sort();
+    assert!(layers().len() > 5, "src/lib.rs lists no layers");
+    assert_eq!(
+        layered, declared,
+        "src/lib.rs: every `pub mod` in exactly one layer of \"Layers\""
+    );
+}
+
+/// Every `crate::` path in `src/` (test modules included) that runs from a module to its own
+/// layer's other modules or to a layer above it.
+fn upward_imports() -> Vec<String> {
+    let layers = layers();
+    let layer = |m: &str| layers.iter().position(|l| l.iter().any(|x| x == m));
+    let mut bad = Vec::new();
+    for f in rust_files(&root().join("src")) {
+        let rel = f.strip_prefix(root().join("src")).unwrap();
+        let Some(own) = rel.iter().next().and_then(|c| c.to_str()) else {
+            continue;
+        };
+        let own = own.trim_end_matches(".rs");
+        let Some(own_layer) = layer(own) else {
+            continue; // lib.rs, main.rs: the root sees everything
+        };
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (line, m) in crate_paths(&text) {
+            if m == own {
+                continue;
+            }
+            if let Some(l) = layer(&m).filter(|l| *l >= own_layer) {
+                bad.push(format!(
+                    "{}:{line}: `{own}` (layer {own_layer}) imports crate::{m} (layer {l})",
+                    f.display()
+                ));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn no_import_runs_up_the_layers_of_lib_rs() {
+    let bad = upward_imports();
+    assert!(
+        bad.is_empty(),
+        "imports that run up or sideways (src/lib.rs, \"Layers\"; move what both need below both):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn every_relative_link_in_the_documents_resolves() {
+    let out = std::process::Command::new("python3")
+        .arg(root().join("scripts/check-links.py"))
+        .output()
+        .expect("python3 runs scripts/check-links.py");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

@@ -164,7 +164,13 @@ async fn imds_outage_decides_nothing_and_a_gone_action_is_success() {
 
     let mut d = daemon(&s, &proxy, &imds, "");
     d.start();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The daemon has asked IMDS several times while it was down: a fact, not a pause.
+    wait_for(
+        "IMDS refusing three reads",
+        Duration::from_secs(20),
+        || async { imds.refused() >= 3 },
+    )
+    .await;
     assert!(d.incident(1).is_null(), "an IMDS outage decides nothing");
     assert_eq!(aws::instance(&sdk, &s.cluster, &me.arn).await.0, "ACTIVE");
     imds.set_down(false);

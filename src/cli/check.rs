@@ -101,14 +101,16 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     }
 }
 
-type GpuView = (
+/// What `check` reads once of the GPUs: ECS's read (None: not read), NVML's view and the
+/// expected count.
+type GpuReadings = (
     Option<crate::probe::ecs_gpus::EcsRead>,
     crate::probe::nvml::view::NvmlView,
     crate::probe::nvml::view::ExpectedGpus,
 );
 
 /// Reads ECS's view of the GPUs once; a failure is a look that could not be made.
-fn read_gpu_view(cfg: &crate::config::Config, looks: &mut Vec<Look>) -> GpuView {
+fn read_gpu_view(cfg: &crate::config::Config, looks: &mut Vec<Look>) -> GpuReadings {
     use crate::probe::ecs_gpus::{self, ReadError};
     use crate::probe::nvml::view::{ExpectedGpus, NvmlView};
     let read = match ecs_gpus::read_once(cfg) {

@@ -47,7 +47,7 @@ use crate::config::{Config, DEFAULT_CONFIG_PATH};
 use crate::policy::Policy;
 use crate::sys::error::FileError;
 
-/// Exit codes, documented in README.md.
+/// Exit codes, documented in docs/operations.md ("Commands").
 pub mod exit {
     /// Success; `check`: healthy.
     pub const OK: i32 = 0;

@@ -3,7 +3,7 @@
 //! revision's containers and of the task as a whole; `crate::accounting::history`), per
 //! family, revision and container: the minutes observed, the peak, the 99th percentile of the
 //! per-minute peaks, the reservation (`sharingStrategy.nvidiaMps.memory`) and a suggested
-//! `memory`: the peak plus `MARGIN_PERCENT`, rounded up to `ROUND_MIB` (README: "Sizing GPU
+//! `memory`: the peak plus `MARGIN_PERCENT`, rounded up to `ROUND_MIB` (docs/operations.md: "Sizing GPU
 //! memory"). The file is only read: a line that is not a row is skipped and counted, a file
 //! over the cap is read from its last `MAX_READ` bytes, both with a warning.
 

@@ -203,3 +203,40 @@ impl LinksConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LinksConfig;
+
+    /// packaging/config.toml lists every `[links]` key (so the generated reference in
+    /// docs/configuration.md does), each at its compiled-in default.
+    #[test]
+    fn the_packaged_links_section_is_every_default() {
+        let text = include_str!("../../packaging/config.toml");
+        let table: toml::Table = toml::from_str(text).unwrap();
+        let links = table["links"].as_table().unwrap();
+        let parsed: LinksConfig = toml::Value::Table(links.clone()).try_into().unwrap();
+        let want = LinksConfig {
+            instance_type: String::new(),
+            ..LinksConfig::default()
+        };
+        assert_eq!(parsed, want);
+        // Every field is written (instance_type as a commented example: unset means IMDS).
+        let written: Vec<&str> = text
+            .split("\n[links]\n")
+            .nth(1)
+            .and_then(|s| s.split("\n[").next())
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("# ") || l.contains(" = \""))
+            .filter_map(|l| l.trim_start_matches("# ").split_once(" = "))
+            .map(|(k, _)| k)
+            .collect();
+        // deny_unknown_fields makes each a field; 18 distinct names are all of LinksConfig's
+        // fields (a field added to the struct is added here and to packaging/config.toml).
+        let mut distinct = written.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 18, "{written:?}");
+    }
+}

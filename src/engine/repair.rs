@@ -29,9 +29,9 @@ use crate::model::{
 pub const RULE_LADDER: &str = "reboot-ladder";
 /// The rule name recorded when a reboot does not happen or does not mend the node.
 pub const RULE_REBOOT_FAILED: &str = "reboot-failed";
-/// At most this many repairs are remembered (the oldest goes first); far more than any
-/// window counts.
-pub const MAX_HISTORY: usize = 32;
+/// At most this many repairs are remembered (the oldest goes first); the number lives below
+/// both the engine and the policy, which bounds `[reboot] limit` by it.
+pub use crate::model::MAX_REBOOT_HISTORY as MAX_HISTORY;
 
 /// This boot and the instance's repair history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -131,13 +131,13 @@ fn cert_environment() -> Result<(), String> {
 }
 
 /// AWS remediation on the claim protocol (no `[fleet] table`): it keeps the budget only
-/// under timing conditions (README, "The fleet budget: which protocol"); the slot table is the safe choice.
+/// under timing conditions (docs/install.md, "The fleet budget: which protocol"); the slot table is the safe choice.
 pub fn fleet_warnings(cfg: &Config) -> Vec<String> {
     if !cfg.aws.enabled || cfg.dry_run || cfg.fleet.table.is_some() {
         return Vec::new();
     }
     vec![format!(
-        "[fleet] table is not set: the fleet budget runs on the claim protocol, which holds only while every claim is seen within claim_settle ({}) of its time (write latency, ECS read lag and clock skew together) and DRAINING follows the last check within two settles; fine for small groups, but the DynamoDB slot table ([fleet] table) is the safe choice (README, \"The fleet budget: which protocol\")",
+        "[fleet] table is not set: the fleet budget runs on the claim protocol, which holds only while every claim is seen within claim_settle ({}) of its time (write latency, ECS read lag and clock skew together) and DRAINING follows the last check within two settles; fine for small groups, but the DynamoDB slot table ([fleet] table) is the safe choice (docs/install.md, \"The fleet budget: which protocol\")",
         humantime::format_duration(cfg.fleet.claim_settle)
     )]
 }

@@ -18,6 +18,14 @@ pub const MAX_COMPOSED: usize = 16 * 1024;
 pub const MAX_NAME: usize = 512;
 /// Items of a list (pids, tasks, request ids, findings).
 pub const MAX_ITEMS: usize = 256;
+/// The largest counter or position accepted from a file (`state.json`, `inputs.jsonl`, the
+/// export cursor) or a source (a stream position): far beyond what a node's lifetime reaches
+/// (2^62 inputs), far enough below `u64::MAX` that every counter can still advance. A larger
+/// value is corruption, refused where it is read, never saturated later.
+pub const MAX_COUNTER: u64 = 1 << 62;
+/// Repairs (reboots) of a node the engine remembers, the oldest forgotten first; far more than
+/// any window counts. The policy bounds `[reboot] limit` and a rule's `reboots` by it.
+pub const MAX_REBOOT_HISTORY: usize = 32;
 
 /// Cuts `s` to at most `max` bytes (at a character boundary), ending it with a marker that
 /// says how many bytes were cut. Returns whether it cut.

@@ -21,13 +21,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod bounds;
-/// The largest counter or position accepted from a file (`state.json`, `inputs.jsonl`, the
-/// export cursor) or a source (a stream position): far beyond what a node's lifetime reaches
-/// (2^62 inputs), far enough below `u64::MAX` that every counter can still advance. A larger
-/// value is corruption, refused where it is read, never saturated later.
-pub const MAX_COUNTER: u64 = 1 << 62;
 
-pub use bounds::{MAX_COMPOSED, MAX_ITEMS, MAX_NAME, MAX_TEXT, cut};
+pub use bounds::{
+    MAX_COMPOSED, MAX_COUNTER, MAX_ITEMS, MAX_NAME, MAX_REBOOT_HISTORY, MAX_TEXT, cut,
+};
 mod evidence;
 pub use evidence::{EvidenceMode, EvidencePlan, EvidenceRef, MissingPart};
 pub mod planned;

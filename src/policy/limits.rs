@@ -40,9 +40,9 @@ pub const MAX_MPS_BUDGET: u32 = 100;
 /// `[deadlines]`: at most a week. A phase stuck longer is never escalated in practice.
 pub const MAX_DEADLINE: Duration = MAX_WINDOW;
 /// `[reboot] limit` and a rule's `reboots`: the engine remembers this many reboots of a node
-/// (`engine::repair::MAX_HISTORY`); a limit above it is never reached, and the node would be
-/// rebooted for ever instead of replaced.
-pub const MAX_REBOOTS: u32 = crate::engine::repair::MAX_HISTORY as u32;
+/// ([`crate::model::MAX_REBOOT_HISTORY`]); a limit above it is never reached, and the node would
+/// be rebooted for ever instead of replaced.
+pub const MAX_REBOOTS: u32 = crate::model::MAX_REBOOT_HISTORY as u32;
 
 /// The hottest reading a GPU reports (°C; GPUs shut down near 100): a `thermal` threshold
 /// above it is never reached.
@@ -174,7 +174,7 @@ fn unreachable_count(count: u32, window: Duration) -> Option<String> {
 fn max_reading(signal: SignalKind) -> u64 {
     match signal {
         SignalKind::Thermal => MAX_CELSIUS,
-        _ => crate::engine::MAX_COUNTER,
+        _ => crate::model::MAX_COUNTER,
     }
 }
 

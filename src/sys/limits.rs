@@ -1,7 +1,7 @@
 //! Size caps on everything gpu-medic reads, and the one bounded reader they share. A file
 //! that is not what it should be (`/dev/zero` given as a config, a runaway log line, a
 //! megabyte of junk in the kernel log) costs at most the cap in memory and gives a clear
-//! error or a warning, never a stall or a crash. README.md, "Limits", lists them.
+//! error or a warning, never a stall or a crash. docs/operations.md, "Limits", lists them.
 
 use std::io::Read;
 use std::path::Path;
@@ -186,7 +186,11 @@ pub fn set_aside_unless_regular(path: &Path) -> std::io::Result<Option<std::path
         }
         Ok(m) => {
             let mut name = path.as_os_str().to_os_string();
-            name.push(format!(".bad-{}", crate::model::Timestamp::now().0));
+            // Unix milliseconds, read here: `sys` sits below `model` (src/lib.rs, "Layers").
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            name.push(format!(".bad-{ms}"));
             let to = std::path::PathBuf::from(name);
             std::fs::rename(path, &to)?;
             tracing::error!(path = %path.display(), moved_to = %to.display(), "{} was {}; set aside", path.display(), kind_name(m.file_type()));

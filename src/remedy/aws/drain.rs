@@ -352,7 +352,7 @@ impl Drain<'_> {
         let took = h.clock.instant().saturating_duration_since(ranked);
         if matches!(slot, Slot::Claim(_)) && took > settle / 2 {
             // The claim protocol assumes the re-read and the drain are close together
-            // (README, "The fleet budget: which protocol"): a slow DrainContainerInstances
+            // (docs/install.md, "The fleet budget: which protocol"): a slow DrainContainerInstances
             // call eats into the margin another instance's view relies on.
             tracing::warn!(
                 container_instance = %arn,

@@ -49,7 +49,7 @@ pub struct Member {
 
 /// The group and its kill switches.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct FleetView {
+pub struct GroupView {
     /// The Auto Scaling group (or the cluster, for an instance outside any group).
     pub group: String,
     pub desired: u32,
@@ -197,7 +197,7 @@ pub struct SlotsSummary {
     pub holders: std::collections::BTreeMap<String, crate::aws::dynamo::Holder>,
 }
 
-impl FleetView {
+impl GroupView {
     /// The view as `gpu-medic status` shows it.
     pub fn summary(&self, now_ms: u64, cfg: &FleetConfig) -> FleetSummary {
         let busy: Vec<String> = self
@@ -448,12 +448,12 @@ mod tests {
         }
     }
 
-    fn fleet(n: usize) -> FleetView {
-        FleetView {
+    fn fleet(n: usize) -> GroupView {
+        GroupView {
             group: "g".into(),
             desired: n as u32,
             members: (0..n).map(|i| healthy(&format!("i-{i}"))).collect(),
-            ..FleetView::default()
+            ..GroupView::default()
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use aws_config::SdkConfig;
 use tokio_util::sync::CancellationToken;
 
-use self::group_view::{FleetSummary, FleetView, KILL_SWITCH_PROCESSES, Member};
+use self::group_view::{FleetSummary, GroupView, KILL_SWITCH_PROCESSES, Member};
 use crate::aws::asg::{Asg, GroupState};
 use crate::aws::calls::{CallError, Calls};
 use crate::aws::dynamo::{SlotItem, TableError};
@@ -228,7 +228,7 @@ impl Common {
         here: Here<'_>,
         group: Option<GroupState>,
         arns: Vec<String>,
-    ) -> Result<(FleetView, Vec<InstanceState>), CallError> {
+    ) -> Result<(GroupView, Vec<InstanceState>), CallError> {
         let skip = here.me.map(|m| m.arn.as_str());
         let wanted: Vec<String> = arns
             .into_iter()
@@ -244,11 +244,11 @@ impl Common {
         }
         let Some(g) = group else {
             let members: Vec<Member> = states.iter().map(|s| self.member(s)).collect();
-            let view = FleetView {
+            let view = GroupView {
                 group: format!("cluster {}", here.id.cluster),
                 desired: members.len() as u32,
                 members,
-                ..FleetView::default()
+                ..GroupView::default()
             };
             return Ok((view, states));
         };
@@ -314,8 +314,8 @@ impl Common {
 
 /// The group as Auto Scaling alone shows it: its kill switches, desired capacity and members'
 /// lifecycle and health (no ECS state yet).
-fn group_only(g: &GroupState, pause_tag: &str) -> FleetView {
-    FleetView {
+fn group_only(g: &GroupState, pause_tag: &str) -> GroupView {
+    GroupView {
         group: format!("Auto Scaling group {}", g.name),
         desired: g.desired,
         members: g

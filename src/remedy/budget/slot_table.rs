@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use aws_config::SdkConfig;
 use tokio_util::sync::CancellationToken;
 
-use super::group_view::{FleetView, SlotsSummary};
+use super::group_view::{GroupView, SlotsSummary};
 use super::slot_rules::{self as slots, Decision, Facts, Phase, Stamp, WriteKind};
 use super::{Common, FirstReads, FleetBudget, Here, Released, Slot, Whoami, group_only};
 use crate::aws::calls::Calls;
@@ -40,7 +40,7 @@ struct Steps<'a> {
     members: u32,
     budget: u32,
     stamp: &'a Stamp,
-    view: &'a FleetView,
+    view: &'a GroupView,
 }
 
 /// Lost races in a row (the item changed between our read and our write) before deferring.
@@ -202,7 +202,7 @@ impl SlotBudget {
         g: crate::aws::asg::GroupState,
         arns: Option<Result<Vec<String>, crate::aws::calls::CallError>>,
         item: &SlotItem,
-    ) -> Result<(FleetView, u32), RemedyError> {
+    ) -> Result<(GroupView, u32), RemedyError> {
         let fleet = &self.c.cfg.fleet;
         let me = here.id.instance_id.as_str();
         let arns = match arns {
@@ -488,7 +488,7 @@ impl SlotBudget {
         calls: &mut Calls,
         item: &SlotItem,
         me: &str,
-        view: Option<&FleetView>,
+        view: Option<&GroupView>,
     ) -> BTreeSet<String> {
         let others: Vec<String> = item
             .holders
