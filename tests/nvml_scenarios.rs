@@ -108,19 +108,32 @@ fn an_xid_event_past_32_bits_is_not_cut_into_a_fatal_code() {
     assert!(log.contains("does not fit 32 bits"), "{log}");
 }
 
+/// Application XIDs nobody can be named for (NVML's event; the fake's kernel log line names
+/// `<unknown>`) are logged, however often they repeat on one GPU: one program's bug is never
+/// the node's (docs/attribution.md). The node is not drained.
 #[test]
-fn application_xids_are_logged_then_escalate_when_they_repeat() {
+fn application_xids_nobody_is_named_for_are_logged_and_never_drain() {
     let mut node = new_node("");
     start(&mut node);
     node.inject(r#"{"gpu": 2, "xid": 13}"#);
     let r = wait_opened(&node, "the XID 13 incident", |r| is_xid(r, 13));
     assert_eq!(r["verdict"], "log");
-    for _ in 0..4 {
+    for _ in 0..5 {
         node.inject(r#"{"gpu": 2, "xid": 13}"#);
     }
-    let r = wait_opened(&node, "the escalation", |r| r["verdict"] == "drain");
-    assert_eq!(r["rule"], "xid-13-graphics-exception/escalated");
-    assert_eq!(r["observation"]["gpu"]["index"], 2);
+    let inputs = || {
+        std::fs::read_to_string(node.path("state/inputs.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"code\":13"))
+            .count()
+    };
+    wait_until("six XID 13 journaled", || inputs() >= 6);
+    assert!(
+        !node.records().iter().any(|r| r["verdict"] == "drain"),
+        "{:?}",
+        node.records()
+    );
     stop(&mut node);
 }
 
