@@ -132,6 +132,7 @@ fn main() {
                 .map(|c| ContainerReservation {
                     container: c.to_string(),
                     memory_mib: 4096,
+                    max_compute_percent: None,
                 })
                 .collect(),
         );

@@ -2,6 +2,7 @@
 //! They are derived from what the engine consumes and emits, in the supervisor's one
 //! engine task, so they can never disagree with the journal.
 
+mod contract;
 mod links;
 pub mod server;
 
@@ -89,6 +90,8 @@ pub struct Metrics {
     task_gpu_processes: Family<Labels, Gauge>,
     task_gpu_memory_reserved: Family<Labels, Gauge>,
     task_gpu_memory_over_reservation: Family<Labels, Gauge>,
+    /// The MPS contract's series, from the same snapshot.
+    contract: contract::ContractMetrics,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
     /// AWS-planned disruptions (docs/planned-events.md).
@@ -329,6 +332,7 @@ impl Metrics {
         );
         let planned = PlannedMetrics::register(&mut registry);
         let links = links::LinkMetrics::register(&mut registry);
+        let contract = contract::ContractMetrics::register(&mut registry);
         Metrics {
             fleet_in_use,
             fleet_capacity,
@@ -342,6 +346,7 @@ impl Metrics {
             task_gpu_processes,
             task_gpu_memory_reserved,
             task_gpu_memory_over_reservation,
+            contract,
             accounting: None,
             registry,
             self_fault,
@@ -627,6 +632,7 @@ impl Metrics {
         self.task_gpu_memory.clear();
         self.task_gpu_processes.clear();
         self.refresh_reservations(&snap);
+        self.contract.refresh(&snap);
         let mut seen = std::collections::BTreeSet::new();
         for (index, (gpu, tasks)) in &snap.gpus {
             // Created at 0 (healthy) if absent; the engine's value is kept otherwise.

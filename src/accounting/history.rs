@@ -400,6 +400,8 @@ mod tests {
                 name: "app".into(),
                 used_bytes: used,
                 reserved_bytes: reserved,
+                processes: 1,
+                limit_bytes: None,
             }],
             reserved_bytes: reserved,
             over: false,

@@ -394,10 +394,13 @@ impl TaskNamer {
     }
 
     /// Sets `tasks` (what stop-tasks stops) and extends the detail of every server fault in
-    /// `obs` that names client pids; other observations are left as they are.
+    /// `obs` that names client pids, and of every process outside MPS (`mps-bypass`); other
+    /// observations are left as they are.
     pub async fn name(&self, obs: &mut [Observation]) {
         let wanted = |o: &Observation| {
-            o.signal == Signal::MpsServerFault && !o.pids.is_empty() && o.tasks.is_empty()
+            matches!(o.signal, Signal::MpsServerFault | Signal::MpsBypass)
+                && !o.pids.is_empty()
+                && o.tasks.is_empty()
         };
         let mut placements: Vec<(u32, Result<Placement, String>)> = Vec::new();
         for o in obs.iter().filter(|o| wanted(o)) {
