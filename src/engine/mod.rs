@@ -1758,6 +1758,12 @@ fn class_target(obs: &Observation) -> String {
             | SignalKind::ContainerGpuMemoryOverReservation
     );
     if per_task && let Some(task) = obs.tasks.first() {
+        // Each client off its limits is a finding of its own (once per process).
+        if obs.signal.kind() == SignalKind::MpsLimitMismatch
+            && let Some(pid) = obs.pids.first()
+        {
+            return format!("task/{task}/pid/{pid}");
+        }
         return format!("task/{task}");
     }
     if obs.signal.kind() == SignalKind::MpsBypass
