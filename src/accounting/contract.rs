@@ -393,7 +393,7 @@ mod tests {
     fn several_processes_over_the_containers_reservation_cross_once() {
         let r = reservations(None);
         let mut x = ContainerCrossings::default();
-        let mut tasks = |processes, mib| {
+        let tasks = |processes, mib| {
             let s = snapshot(processes, mib);
             per_task(&s, Some(&r), Share(100.0))
         };
