@@ -51,6 +51,22 @@ fn bounded_task(labels: Labels, seen: &mut std::collections::BTreeSet<Labels>) -
         .collect()
 }
 
+/// A task's (bounded) labels with its container's name; empty when the task was folded into
+/// `task="other"`.
+fn with_container(task: &Labels, name: &str) -> Labels {
+    let folded = task.first().is_some_and(|(_, v)| v == OTHER);
+    let mut labels = task.clone();
+    labels.push((
+        "container".into(),
+        if folded {
+            String::new()
+        } else {
+            name.to_string()
+        },
+    ));
+    labels
+}
+
 /// The `code` label of an XID: its number when NVIDIA's catalog has it, else [`OTHER`]
 /// (the code is unbounded: a kernel log can name any number).
 fn xid_code_label(code: u32) -> String {
@@ -705,14 +721,7 @@ impl Metrics {
                 .inc_by(i64::from(t.over));
             for c in &t.containers {
                 let Some(r) = c.reserved_bytes else { continue };
-                let folded = task.first().is_some_and(|(_, v)| v == OTHER);
-                let mut labels = task.clone();
-                let name = if folded {
-                    String::new()
-                } else {
-                    c.name.clone()
-                };
-                labels.push(("container".into(), name));
+                let labels = with_container(&task, &c.name);
                 self.task_gpu_memory_reserved
                     .get_or_create(&labels)
                     .inc_by(i64::try_from(r).unwrap_or(i64::MAX));

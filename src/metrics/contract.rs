@@ -8,7 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{Labels, OTHER, bounded_task};
+use super::{Labels, bounded_task, with_container};
 use crate::accounting::usage::Snapshot;
 
 pub(super) struct ContractMetrics {
@@ -70,17 +70,9 @@ impl ContractMetrics {
                 ("revision".into(), t.revision.clone()),
             ];
             let task = bounded_task(task, &mut seen);
-            let folded = task.first().is_some_and(|(_, v)| v == OTHER);
             for c in &t.containers {
                 let Some(b) = c.limit_bytes else { continue };
-                let mut labels = task.clone();
-                let name = if folded {
-                    String::new()
-                } else {
-                    c.name.clone()
-                };
-                labels.push(("container".into(), name));
-                let g = self.limit.get_or_create(&labels);
+                let g = self.limit.get_or_create(&with_container(&task, &c.name));
                 // Folded containers: the largest limit stands for them.
                 g.set(g.get().max(i64::try_from(b).unwrap_or(i64::MAX)));
             }

@@ -16,7 +16,8 @@
 //! - **Limits in force** ([`Contract::limits`]): each client's `/proc/<pid>/environ`, read
 //!   once per process and at most [`ENVIRON_MAX`] bytes (an environment of megabytes is not
 //!   read whole), for `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and
-//!   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`. What they are compared with is the accounting
+//!   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (a cached client's start time is checked every few
+//!   polls, not every poll: [`Contract::limits`]). What they are compared with is the accounting
 //!   wing's (`crate::accounting::contract`): the task definition is read there.
 
 use std::collections::{HashMap, HashSet};
@@ -162,14 +163,23 @@ pub fn read_limits(proc_root: &Path, pid: u32) -> Limits {
     }
 }
 
+/// One client's limits, read once per process.
+#[derive(Debug)]
+struct Cached {
+    start: u64,
+    limits: Limits,
+    seen: u64,
+}
+
 /// What the contract checks remember between polls.
 #[derive(Debug)]
 pub struct Contract {
     proc_root: PathBuf,
     /// gpu-medic's own executable: its children (`diagnose`, `__cuda-worker`) are exempt.
     own_exe: Option<PathBuf>,
-    /// Clients' limits, by process; kept while NVML lists the process.
-    limits: HashMap<ProcKey, (Limits, u64)>,
+    /// Clients' start times and limits, by pid, with the poll that last listed them; kept
+    /// while NVML lists the pid.
+    limits: HashMap<u32, Cached>,
     /// Processes outside MPS at the last poll and at this one.
     outside_before: HashSet<ProcKey>,
     outside_now: HashSet<ProcKey>,
@@ -202,7 +212,7 @@ impl Contract {
     /// Forgets the processes this poll did not list.
     pub fn end_poll(&mut self) {
         let poll = self.poll;
-        self.limits.retain(|_, (_, seen)| *seen == poll);
+        self.limits.retain(|_, c| c.seen == poll);
         let now = &self.outside_now;
         self.reported.retain(|k| now.contains(k));
     }
@@ -212,18 +222,41 @@ impl Contract {
         self.reads
     }
 
-    /// The limits of a client in an ECS task (read once per process); None when it is gone.
+    /// The start time and limits of a client in an ECS task; None when it is gone. Its
+    /// environment is read once per process: a cached pid's start time is read again every
+    /// [`crate::probe::tasks::REVALIDATE_POLLS`] polls (spread by pid, as the placements'
+    /// checks are), and a new start time (a reused pid) reads the environment again. Between
+    /// two checks nothing is read: a poll costs a map lookup per client.
     pub fn limits(&mut self, pid: u32) -> Option<(u64, Limits)> {
-        let start = start_ticks(&self.proc_root, pid)?;
         let poll = self.poll;
-        if let Some((l, seen)) = self.limits.get_mut(&(pid, start)) {
-            *seen = poll;
-            return Some((start, l.clone()));
+        let due = poll
+            .wrapping_add(u64::from(pid))
+            .is_multiple_of(crate::probe::tasks::REVALIDATE_POLLS);
+        if !due && let Some(c) = self.limits.get_mut(&pid) {
+            c.seen = poll;
+            return Some((c.start, c.limits.clone()));
+        }
+        let Some(start) = start_ticks(&self.proc_root, pid) else {
+            self.limits.remove(&pid);
+            return None;
+        };
+        if let Some(c) = self.limits.get_mut(&pid)
+            && c.start == start
+        {
+            c.seen = poll;
+            return Some((start, c.limits.clone()));
         }
         self.reads += 1;
-        let l = read_limits(&self.proc_root, pid);
-        self.limits.insert((pid, start), (l.clone(), poll));
-        Some((start, l))
+        let limits = read_limits(&self.proc_root, pid);
+        self.limits.insert(
+            pid,
+            Cached {
+                start,
+                limits: limits.clone(),
+                seen: poll,
+            },
+        );
+        Some((start, limits))
     }
 
     fn exempt(&self, pid: u32, program: &str) -> bool {
@@ -367,6 +400,50 @@ mod tests {
         }
         std::fs::write(p.join("stat"), stat + " 0 0\n").unwrap();
         std::fs::write(p.join("cmdline"), format!("{argv0}\0--flag\0")).unwrap();
+    }
+
+    #[test]
+    fn a_clients_environment_is_read_once_per_process() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(dir.path(), 10, 100, "client");
+        std::fs::write(
+            dir.path().join("10/environ"),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G\0",
+        )
+        .unwrap();
+        let mut c = Contract::new(dir.path());
+        for _ in 0..(3 * crate::probe::tasks::REVALIDATE_POLLS) {
+            c.begin_poll();
+            let (start, l) = c.limits(10).unwrap();
+            assert_eq!((start, l.memory_mib), (100, Some(1024)));
+            c.end_poll();
+        }
+        assert_eq!(c.reads(), 1);
+        // The pid is reused: read again within the revalidation bound.
+        fake_proc(dir.path(), 10, 200, "client");
+        std::fs::write(dir.path().join("10/environ"), "PATH=/bin\0").unwrap();
+        let mut polls = 0;
+        loop {
+            c.begin_poll();
+            let (start, l) = c.limits(10).unwrap();
+            c.end_poll();
+            if start == 200 {
+                assert_eq!(l.memory_mib, None);
+                break;
+            }
+            polls += 1;
+            assert!(polls < crate::probe::tasks::REVALIDATE_POLLS);
+        }
+        assert_eq!(c.reads(), 2);
+        // Gone at its next check: not listed.
+        std::fs::remove_dir_all(dir.path().join("10")).unwrap();
+        let mut gone = false;
+        for _ in 0..crate::probe::tasks::REVALIDATE_POLLS {
+            c.begin_poll();
+            gone |= c.limits(10).is_none();
+            c.end_poll();
+        }
+        assert!(gone);
     }
 
     #[test]
