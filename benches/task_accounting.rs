@@ -13,7 +13,11 @@
 //! - `2 reads`: `after` as the poller did it before issue 26, each client's cgroup read
 //!   twice a poll (its task ids for the incidents, its sums for the accounting);
 //! - `cached`: `after` as the poller does it now (`probe::tasks::Placements`: each cgroup
-//!   read once per process, one client in six checked by a `stat` per poll).
+//!   read once per process, one client in six checked by a `stat` per poll);
+//! - `contract`: `cached` plus the MPS contract's checks of issue 37 (each client's limits,
+//!   its environment read once per process; compared with its container's reservation; the
+//!   limit in force per container; the several-processes crossing). The compute-list call
+//!   the poller adds per GPU is the library's, not timed here.
 //!
 //! The clients are real processes (`sleep`) in ECS-shaped cgroups (`kit::proc::EcsTaskProcs`,
 //! root needed): 64 tasks of two containers with three processes each, 8 tasks per GPU. The
@@ -252,7 +256,7 @@ fn main() {
                             };
                             if let Some((start, l)) = contract.limits(pid) {
                                 limits.push(gpu_medic::accounting::contract::ClientLimits {
-                                    gpu: ids[g].clone(),
+                                    gpu: g as u32,
                                     pid,
                                     start,
                                     task,

@@ -50,7 +50,8 @@ impl Limits {
 /// One MPS client of an ECS task at a poll, with the limits it runs with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientLimits {
-    pub gpu: GpuId,
+    /// The GPU's index (its identity is in the snapshot).
+    pub gpu: u32,
     pub pid: u32,
     /// Start time (clock ticks after boot): with the pid, the process.
     pub start: u64,
@@ -66,6 +67,7 @@ pub type Mismatches = BTreeMap<(u32, &'static str, &'static str), u32>;
 
 /// What a client's container is: the task's names and the container's reservation.
 struct Known<'a> {
+    gpu: &'a GpuId,
     task: &'a TaskMemory,
     container: String,
     reserved_mib: u64,
@@ -78,7 +80,7 @@ fn known<'a>(
     snap: &'a Snapshot,
     reservations: &Reservations,
 ) -> Option<Known<'a>> {
-    let (_, usages) = snap.gpus.get(&c.gpu.index)?;
+    let (gpu, usages) = snap.gpus.get(&c.gpu)?;
     let names = usages
         .iter()
         .find(|u| u.task == c.task && u.container == c.container)?
@@ -91,6 +93,7 @@ fn known<'a>(
         .into_iter()
         .find(|r| r.container == container)?;
     Some(Known {
+        gpu,
         task,
         container,
         reserved_mib: r.memory_mib,
@@ -129,8 +132,16 @@ impl LimitWatch {
         let Some(reservations) = reservations else {
             return (out, counts);
         };
+        // Once per (GPU, task, container), not per client.
+        type Key<'c> = (u32, &'c str, Option<&'c str>);
+        let mut memo: std::collections::HashMap<Key<'_>, Option<Known<'_>>> =
+            std::collections::HashMap::new();
         for c in clients.iter().filter(|c| c.limits.known()) {
-            let Some(k) = known(c, snap, reservations) else {
+            let key = (c.gpu, c.task.as_str(), c.container.as_deref());
+            let Some(k) = memo
+                .entry(key)
+                .or_insert_with(|| known(c, snap, reservations))
+            else {
                 continue;
             };
             let memory = verdict(c.limits.memory_mib, k.reserved_mib);
@@ -139,13 +150,13 @@ impl LimitWatch {
                 .and_then(|p| verdict(c.limits.threads, p));
             for (limit, why) in [("memory", memory), ("threads", threads)] {
                 if let Some(why) = why {
-                    *counts.entry((c.gpu.index, limit, why)).or_default() += 1;
+                    *counts.entry((c.gpu, limit, why)).or_default() += 1;
                 }
             }
             if (memory.is_none() && threads.is_none()) || !self.reported.insert((c.pid, c.start)) {
                 continue;
             }
-            out.push(observation(c, &k, memory.is_some(), threads.is_some()));
+            out.push(observation(c, k, memory.is_some(), threads.is_some()));
         }
         (out, counts)
     }
@@ -186,37 +197,45 @@ fn observation(c: &ClientLimits, k: &Known<'_>, memory: bool, threads: bool) -> 
             k.task.name(),
             k.container,
             c.pid,
-            c.gpu,
+            k.gpu,
             parts.join("; ")
         ))
         .from_source("nvml")
-        .on_gpu(c.gpu.clone());
+        .on_gpu(k.gpu.clone());
     obs.tasks = vec![k.task.name().to_string()];
     obs
 }
 
 /// Sets each container's limit in force: the largest pinned limit its clients run with.
 pub fn annotate(snap: &mut Snapshot, clients: &[ClientLimits]) {
-    let mut by: BTreeMap<(&str, Option<String>), u64> = BTreeMap::new();
+    // The largest per (GPU, task, container id) first, without copying a name per client.
+    let mut per: BTreeMap<(u32, &str, Option<&str>), u64> = BTreeMap::new();
     for c in clients {
-        let Some(mib) = c.limits.memory_mib else {
-            continue;
-        };
+        if let Some(mib) = c.limits.memory_mib {
+            let e = per
+                .entry((c.gpu, c.task.as_str(), c.container.as_deref()))
+                .or_default();
+            *e = (*e).max(mib.saturating_mul(MIB));
+        }
+    }
+    let mut by: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for ((gpu, task, container), bytes) in per {
         let name = snap
             .gpus
-            .get(&c.gpu.index)
+            .get(&gpu)
             .and_then(|(_, us)| {
                 us.iter()
-                    .find(|u| u.task == c.task && u.container == c.container)
+                    .find(|u| u.task == task && u.container.as_deref() == container)
             })
             .and_then(|u| u.names.as_ref().and_then(|n| n.container.clone()))
-            .or_else(|| c.container.clone());
-        let e = by.entry((c.task.as_str(), name)).or_default();
-        *e = (*e).max(mib.saturating_mul(MIB));
+            .or_else(|| container.map(str::to_string))
+            .unwrap_or_default();
+        let e = by.entry((task.to_string(), name)).or_default();
+        *e = (*e).max(bytes);
     }
     for t in &mut snap.tasks {
         for k in &mut t.containers {
-            if let Some(b) = by.get(&(t.task.as_str(), Some(k.name.clone()))) {
+            if let Some(b) = by.get(&(t.task.clone(), k.name.clone())) {
                 k.limit_bytes = Some(*b);
             }
         }
@@ -325,7 +344,7 @@ mod tests {
 
     fn client(pid: u32, mem: Option<u64>, threads: Option<u64>) -> ClientLimits {
         ClientLimits {
-            gpu: gpu(),
+            gpu: 1,
             pid,
             start: 7,
             task: "t1".into(),

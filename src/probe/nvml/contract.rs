@@ -166,6 +166,8 @@ pub fn read_limits(proc_root: &Path, pid: u32) -> Limits {
 /// One client's limits, read once per process.
 #[derive(Debug)]
 struct Cached {
+    /// `/proc/<pid>`'s identity ([`crate::probe::tasks::proc_identity`]).
+    id: (u64, i64),
     start: u64,
     limits: Limits,
     seen: u64,
@@ -225,8 +227,9 @@ impl Contract {
     /// The start time and limits of a client in an ECS task; None when it is gone. Its
     /// environment is read once per process: a cached pid's start time is read again every
     /// [`crate::probe::tasks::REVALIDATE_POLLS`] polls (spread by pid, as the placements'
-    /// checks are), and a new start time (a reused pid) reads the environment again. Between
-    /// two checks nothing is read: a poll costs a map lookup per client.
+    /// checks are, by one `stat` of `/proc/<pid>`, whose inode a reused pid never shares), and
+    /// a new process reads its start time and environment again. Between two checks nothing
+    /// is read: a poll costs a map lookup per client.
     pub fn limits(&mut self, pid: u32) -> Option<(u64, Limits)> {
         let poll = self.poll;
         let due = poll
@@ -236,21 +239,27 @@ impl Contract {
             c.seen = poll;
             return Some((c.start, c.limits.clone()));
         }
-        let Some(start) = start_ticks(&self.proc_root, pid) else {
+        // The check: one `stat` of `/proc/<pid>`; the start time is read for a new process only.
+        let Some(id) = crate::probe::tasks::proc_identity(&self.proc_root, pid) else {
             self.limits.remove(&pid);
             return None;
         };
         if let Some(c) = self.limits.get_mut(&pid)
-            && c.start == start
+            && c.id == id
         {
             c.seen = poll;
-            return Some((start, c.limits.clone()));
+            return Some((c.start, c.limits.clone()));
         }
+        let Some(start) = start_ticks(&self.proc_root, pid) else {
+            self.limits.remove(&pid);
+            return None;
+        };
         self.reads += 1;
         let limits = read_limits(&self.proc_root, pid);
         self.limits.insert(
             pid,
             Cached {
+                id,
                 start,
                 limits: limits.clone(),
                 seen: poll,
@@ -419,7 +428,11 @@ mod tests {
             c.end_poll();
         }
         assert_eq!(c.reads(), 1);
-        // The pid is reused: read again within the revalidation bound.
+        // The pid is reused: a new procfs directory (a new inode, past the file system's
+        // timestamp granularity, as a new process's), read again within the revalidation bound.
+        std::fs::remove_dir_all(dir.path().join("10")).unwrap();
+        std::fs::create_dir_all(dir.path().join("spacer")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
         fake_proc(dir.path(), 10, 200, "client");
         std::fs::write(dir.path().join("10/environ"), "PATH=/bin\0").unwrap();
         let mut polls = 0;

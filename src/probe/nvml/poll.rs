@@ -529,7 +529,7 @@ impl Poller {
             };
             if let Some((start, limits)) = self.contract.limits(pid) {
                 report.clients.push(contract::ClientLimits {
-                    gpu: gpu.clone(),
+                    gpu: gpu.index,
                     pid,
                     start,
                     task,
