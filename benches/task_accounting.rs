@@ -13,7 +13,11 @@
 //! - `2 reads`: `after` as the poller did it before issue 26, each client's cgroup read
 //!   twice a poll (its task ids for the incidents, its sums for the accounting);
 //! - `cached`: `after` as the poller does it now (`probe::tasks::Placements`: each cgroup
-//!   read once per process, one client in six checked by a `stat` per poll).
+//!   read once per process, one client in six checked by a `stat` per poll);
+//! - `contract`: `cached` plus the MPS contract's checks of issue 37 (each client's limits,
+//!   its environment read once per process; compared with its container's reservation; the
+//!   limit in force per container; the several-processes crossing). The compute-list call
+//!   the poller adds per GPU is the library's, not timed here.
 //!
 //! The clients are real processes (`sleep`) in ECS-shaped cgroups (`kit::proc::EcsTaskProcs`,
 //! root needed): 64 tasks of two containers with three processes each, 8 tasks per GPU. The
@@ -132,6 +136,7 @@ fn main() {
                 .map(|c| ContainerReservation {
                     container: c.to_string(),
                     memory_mib: 4096,
+                    max_compute_percent: None,
                 })
                 .collect(),
         );
@@ -153,7 +158,22 @@ fn main() {
     // `2 reads` is the poller as it was before issue 26 (the task ids and the sums each read
     // every client's cgroup); `cached` the poller now (`tasks::Placements`: one read per
     // process, a stat of one client in six per poll); both with the default configuration.
-    const VARIANTS: [&str; 5] = ["before", "after", "after+emf", "2 reads", "cached"];
+    // `contract` is `cached` plus the MPS contract's checks (issue 37): each client's limits
+    // (`probe::nvml::contract::Contract`: its environment read once per process, its start
+    // time checked for one client in six per poll), compared with its reservation, the limit
+    // in force per container and the several-processes crossing.
+    const VARIANTS: [&str; 6] = [
+        "before",
+        "after",
+        "after+emf",
+        "2 reads",
+        "cached",
+        "contract",
+    ];
+    let mut placements2 = tasks::Placements::new(&proc_root);
+    let mut contract = gpu_medic::probe::nvml::contract::Contract::new(&proc_root);
+    let mut limit_watch = gpu_medic::accounting::contract::LimitWatch::default();
+    let mut container_crossings = gpu_medic::accounting::contract::ContainerCrossings::default();
     struct Run {
         accounting: Accounting,
         metrics: gpu_medic::metrics::Metrics,
@@ -201,8 +221,13 @@ fn main() {
         for (variant, run) in VARIANTS.iter().zip(runs.iter_mut()) {
             let (t0, c0) = (Instant::now(), thread_cpu());
             let mut snap = Snapshot::default();
+            let mut limits = Vec::new();
             if *variant == "cached" {
                 placements.begin_poll();
+            }
+            if *variant == "contract" {
+                placements2.begin_poll();
+                contract.begin_poll();
             }
             for (g, c) in clients.iter().enumerate() {
                 let per_task = match *variant {
@@ -218,6 +243,31 @@ fn main() {
                         let p = &placements;
                         usage::sum_placed(c, |pid| p.get(pid))
                     }
+                    "contract" => {
+                        let pids: Vec<u32> = c.iter().map(|c| c.pid).collect();
+                        placements2.resolve(&pids);
+                        std::hint::black_box(placements2.task_ids(&pids));
+                        for &pid in &pids {
+                            let Some((task, container)) = placements2
+                                .get(pid)
+                                .map(|(t, k)| (t.to_string(), k.map(str::to_string)))
+                            else {
+                                continue;
+                            };
+                            if let Some((start, l)) = contract.limits(pid) {
+                                limits.push(gpu_medic::accounting::contract::ClientLimits {
+                                    gpu: g as u32,
+                                    pid,
+                                    start,
+                                    task,
+                                    container,
+                                    limits: l,
+                                });
+                            }
+                        }
+                        let p = &placements2;
+                        usage::sum_placed(c, |pid| p.get(pid))
+                    }
                     _ => usage::sum(&proc_root, c),
                 };
                 snap.gpus.insert(g as u32, (ids[g].clone(), per_task));
@@ -225,12 +275,23 @@ fn main() {
             if *variant == "cached" {
                 placements.end_poll();
             }
+            if *variant == "contract" {
+                placements2.end_poll();
+                contract.end_poll();
+            }
             rt.block_on(run.names.label(&agent.url, &mut snap));
             if *variant != "before" {
                 reservations.request(&snap);
                 snap.tasks = reserve::per_task(&snap, Some(&reservations), alert);
                 let _ = run.crossings.update(&snap.tasks, alert);
                 run.hist.observe(&snap.tasks, 120);
+            }
+            if *variant == "contract" {
+                gpu_medic::accounting::contract::annotate(&mut snap, &limits);
+                let (o, counts) = limit_watch.update(&limits, &snap, Some(&reservations));
+                std::hint::black_box(o);
+                snap.mismatches = counts;
+                std::hint::black_box(container_crossings.update(&snap.tasks));
             }
             if *variant == "after+emf" {
                 let lines = gpu_medic::accounting::emf::lines(&snap, 1_700_000_000_000);

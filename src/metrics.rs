@@ -2,6 +2,7 @@
 //! They are derived from what the engine consumes and emits, in the supervisor's one
 //! engine task, so they can never disagree with the journal.
 
+mod contract;
 mod links;
 pub mod server;
 
@@ -50,6 +51,22 @@ fn bounded_task(labels: Labels, seen: &mut std::collections::BTreeSet<Labels>) -
         .collect()
 }
 
+/// A task's (bounded) labels with its container's name; empty when the task was folded into
+/// `task="other"`.
+fn with_container(task: &Labels, name: &str) -> Labels {
+    let folded = task.first().is_some_and(|(_, v)| v == OTHER);
+    let mut labels = task.clone();
+    labels.push((
+        "container".into(),
+        if folded {
+            String::new()
+        } else {
+            name.to_string()
+        },
+    ));
+    labels
+}
+
 /// The `code` label of an XID: its number when NVIDIA's catalog has it, else [`OTHER`]
 /// (the code is unbounded: a kernel log can name any number).
 fn xid_code_label(code: u32) -> String {
@@ -89,6 +106,8 @@ pub struct Metrics {
     task_gpu_processes: Family<Labels, Gauge>,
     task_gpu_memory_reserved: Family<Labels, Gauge>,
     task_gpu_memory_over_reservation: Family<Labels, Gauge>,
+    /// The MPS contract's series, from the same snapshot.
+    contract: contract::ContractMetrics,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
     accounting: Option<Accounting>,
     /// AWS-planned disruptions (docs/planned-events.md).
@@ -329,6 +348,7 @@ impl Metrics {
         );
         let planned = PlannedMetrics::register(&mut registry);
         let links = links::LinkMetrics::register(&mut registry);
+        let contract = contract::ContractMetrics::register(&mut registry);
         Metrics {
             fleet_in_use,
             fleet_capacity,
@@ -342,6 +362,7 @@ impl Metrics {
             task_gpu_processes,
             task_gpu_memory_reserved,
             task_gpu_memory_over_reservation,
+            contract,
             accounting: None,
             registry,
             self_fault,
@@ -627,6 +648,7 @@ impl Metrics {
         self.task_gpu_memory.clear();
         self.task_gpu_processes.clear();
         self.refresh_reservations(&snap);
+        self.contract.refresh(&snap);
         let mut seen = std::collections::BTreeSet::new();
         for (index, (gpu, tasks)) in &snap.gpus {
             // Created at 0 (healthy) if absent; the engine's value is kept otherwise.
@@ -699,14 +721,7 @@ impl Metrics {
                 .inc_by(i64::from(t.over));
             for c in &t.containers {
                 let Some(r) = c.reserved_bytes else { continue };
-                let folded = task.first().is_some_and(|(_, v)| v == OTHER);
-                let mut labels = task.clone();
-                let name = if folded {
-                    String::new()
-                } else {
-                    c.name.clone()
-                };
-                labels.push(("container".into(), name));
+                let labels = with_container(&task, &c.name);
                 self.task_gpu_memory_reserved
                     .get_or_create(&labels)
                     .inc_by(i64::try_from(r).unwrap_or(i64::MAX));

@@ -330,6 +330,8 @@ mod tests {
                 name: "app".into(),
                 used_bytes: 3 << 30,
                 reserved_bytes: Some(4 << 30),
+                processes: 1,
+                limit_bytes: None,
             }],
             reserved_bytes: Some(4 << 30),
             over: false,

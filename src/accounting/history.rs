@@ -52,16 +52,33 @@ pub struct Row {
     /// Its reservation (`sharingStrategy.nvidiaMps.memory`; summed for the task), bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_bytes: Option<u64>,
+    /// A container's most GPU processes at once in the minute (`None` for the whole task and
+    /// in rows of earlier builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u32>,
+    /// A container's pinned memory limit in force (the largest
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` its clients ran with), bytes, when read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
 }
 
 type Key = (String, String, Option<String>);
+
+/// One key's minute so far: peak use, reservation, most processes, limit in force.
+#[derive(Debug, Default)]
+struct Peak {
+    bytes: u64,
+    reserved: Option<u64>,
+    processes: Option<u32>,
+    limit: Option<u64>,
+}
 
 /// The daemon's side: collects each minute's peaks and appends them.
 #[derive(Debug)]
 pub struct Writer {
     path: PathBuf,
     minute: Option<u64>,
-    peaks: BTreeMap<Key, (u64, Option<u64>)>,
+    peaks: BTreeMap<Key, Peak>,
     size: u64,
     warned: bool,
     /// The path is not a file gpu-medic can keep (a directory, a file it could not set
@@ -98,15 +115,21 @@ impl Writer {
         self.minute = Some(minute);
         for t in tasks.iter().filter(|t| !t.family.is_empty()) {
             let task_key = (t.family.clone(), t.revision.clone(), None);
-            self.peak(task_key, t.used_bytes, t.reserved_bytes);
+            self.peak(task_key, t.used_bytes, t.reserved_bytes, None);
             for c in &t.containers {
                 let key = (t.family.clone(), t.revision.clone(), Some(c.name.clone()));
-                self.peak(key, c.used_bytes, c.reserved_bytes);
+                self.peak(key, c.used_bytes, c.reserved_bytes, Some(c));
             }
         }
     }
 
-    fn peak(&mut self, key: Key, bytes: u64, reserved: Option<u64>) {
+    fn peak(
+        &mut self,
+        key: Key,
+        bytes: u64,
+        reserved: Option<u64>,
+        container: Option<&super::reserve::ContainerMemory>,
+    ) {
         if !self.peaks.contains_key(&key) && self.peaks.len() >= MAX_KEYS {
             return;
         }
@@ -116,10 +139,16 @@ impl Writer {
         if too_long(&key.0) || too_long(&key.1) || key.2.as_deref().is_some_and(too_long) {
             return;
         }
-        let e = self.peaks.entry(key).or_insert((0, None));
-        e.0 = e.0.max(bytes);
+        let e = self.peaks.entry(key).or_default();
+        e.bytes = e.bytes.max(bytes);
         if reserved.is_some() {
-            e.1 = reserved;
+            e.reserved = reserved;
+        }
+        if let Some(c) = container {
+            e.processes = Some(e.processes.unwrap_or(0).max(c.processes));
+            if c.limit_bytes.is_some() {
+                e.limit = c.limit_bytes;
+            }
         }
     }
 
@@ -131,14 +160,16 @@ impl Writer {
             return;
         }
         let mut text = String::new();
-        for ((family, revision, container), (peak, reserved)) in std::mem::take(&mut self.peaks) {
+        for ((family, revision, container), p) in std::mem::take(&mut self.peaks) {
             let row = Row {
                 minute,
                 family,
                 revision,
                 container,
-                peak_bytes: peak,
-                reserved_bytes: reserved,
+                peak_bytes: p.bytes,
+                reserved_bytes: p.reserved,
+                processes: p.processes,
+                limit_bytes: p.limit,
             };
             // What is written is what the reader takes: never a line over its cap.
             if let Ok(line) = serde_json::to_string(&row)
@@ -400,6 +431,8 @@ mod tests {
                 name: "app".into(),
                 used_bytes: used,
                 reserved_bytes: reserved,
+                processes: 1,
+                limit_bytes: None,
             }],
             reserved_bytes: reserved,
             over: false,

@@ -202,6 +202,11 @@ pub struct ContainerMemory {
     pub used_bytes: u64,
     /// `None`: the container reserves no MPS memory, or the definition is not read yet.
     pub reserved_bytes: Option<u64>,
+    /// Its GPU processes (MPS clients, on every GPU).
+    pub processes: u32,
+    /// The pinned memory limit in force: the largest `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` its
+    /// clients run with (`crate::accounting::contract`); `None` when none was read.
+    pub limit_bytes: Option<u64>,
 }
 
 /// One task's GPU memory, summed over its containers and GPUs, next to its reservation.
@@ -278,11 +283,16 @@ pub fn per_task(
                 .or_else(|| u.container.clone())
                 .unwrap_or_default();
             match t.containers.iter_mut().find(|c| c.name == name) {
-                Some(c) => c.used_bytes = c.used_bytes.saturating_add(u.bytes),
+                Some(c) => {
+                    c.used_bytes = c.used_bytes.saturating_add(u.bytes);
+                    c.processes = c.processes.saturating_add(u.processes);
+                }
                 None => t.containers.push(ContainerMemory {
                     name,
                     used_bytes: u.bytes,
                     reserved_bytes: None,
+                    processes: u.processes,
+                    limit_bytes: None,
                 }),
             }
         }
@@ -305,6 +315,8 @@ pub fn per_task(
                     name: r.container.clone(),
                     used_bytes: 0,
                     reserved_bytes: Some(bytes),
+                    processes: 0,
+                    limit_bytes: None,
                 }),
             }
         }
@@ -437,10 +449,12 @@ mod tests {
                 ContainerReservation {
                     container: "app".into(),
                     memory_mib: 4096,
+                    max_compute_percent: None,
                 },
                 ContainerReservation {
                     container: "sidecar".into(),
                     memory_mib: 1024,
+                    max_compute_percent: None,
                 },
             ],
         );

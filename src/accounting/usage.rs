@@ -114,6 +114,11 @@ pub struct Snapshot {
     /// Each task's use summed over its containers and GPUs, with its reservation where
     /// known ([`super::reserve::per_task`]).
     pub tasks: Vec<super::reserve::TaskMemory>,
+    /// Processes outside MPS on each GPU MPS serves, at the last poll
+    /// ([`super::contract`]).
+    pub outside_mps: BTreeMap<u32, u32>,
+    /// MPS clients of ECS tasks whose limits do not match their reservation.
+    pub mismatches: super::contract::Mismatches,
 }
 
 /// Shared between the NVML poller (writes) and the metrics endpoint (reads).

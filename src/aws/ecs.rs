@@ -77,7 +77,8 @@ pub struct InstanceState {
     pub registered_gpus: Vec<String>,
     /// The ECS agent's verdict on the accelerators: the `ACCELERATED_COMPUTE` detail of
     /// `healthStatus` (asked for with `include=CONTAINER_INSTANCE_HEALTH`), as (status, what
-    /// the agent says of it); None where the agent reports no such check.
+    /// the agent says of it: its `statusReason`, the overall status, when it changed); None
+    /// where the agent reports no such check.
     pub accelerated_health: Option<(String, String)>,
 }
 
@@ -312,7 +313,17 @@ impl Ecs {
                                     .overall_status()
                                     .map(|o| format!("overall {}", o.as_str()))
                                     .unwrap_or_default();
-                                (status, format!("{overall}{since}"))
+                                // The agent's own words (a probe that timed out, a wedged
+                                // daemon): shown beside its verdict, never judged; clipped.
+                                let reason = d
+                                    .status_reason()
+                                    .map(str::trim)
+                                    .filter(|r| !r.is_empty())
+                                    .map(|r| {
+                                        format!("reason: {}; ", crate::mps::control::clip(r, 200))
+                                    })
+                                    .unwrap_or_default();
+                                (status, format!("{reason}{overall}{since}"))
                             })
                     }),
                 });

@@ -53,6 +53,11 @@ pub struct Sizing {
     pub suggested_mib: u64,
     /// The peak is over the reservation.
     pub over_reservation: bool,
+    /// A container's most GPU processes at once (`None` for the whole task, or not recorded).
+    pub processes: Option<u32>,
+    /// A container's pinned memory limit in force last seen (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`,
+    /// the largest its clients ran with), beside the reservation; `None`: not read.
+    pub limit_mib: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -92,7 +97,12 @@ pub fn sizes(rows: &[Row]) -> Vec<Sizing> {
     type Key = (String, String, Option<String>);
     /// Per minute the largest peak (a minute written twice is one minute), and the
     /// reservation of the latest minute that had one, as (minute, bytes).
-    type Seen = (BTreeMap<u64, u64>, Option<(u64, u64)>);
+    type Seen = (
+        BTreeMap<u64, u64>,
+        Option<(u64, u64)>,
+        Option<u32>,
+        Option<(u64, u64)>,
+    );
     let mut by: BTreeMap<Key, Seen> = BTreeMap::new();
     for r in rows {
         let e = by
@@ -105,33 +115,45 @@ pub fn sizes(rows: &[Row]) -> Vec<Sizing> {
         {
             e.1 = Some((r.minute, res));
         }
+        if let Some(p) = r.processes {
+            e.2 = Some(e.2.unwrap_or(0).max(p));
+        }
+        if let Some(l) = r.limit_bytes
+            && e.3.is_none_or(|(at, _)| r.minute >= at)
+        {
+            e.3 = Some((r.minute, l));
+        }
     }
     by.into_iter()
-        .map(|((family, revision, container), (minutes, reserved))| {
-            let mut peaks: Vec<u64> = minutes.values().copied().collect();
-            peaks.sort_unstable();
-            let peak = peaks.last().copied().unwrap_or(0);
-            let reserved = reserved.map(|(_, b)| b);
-            Sizing {
-                family,
-                revision,
-                container,
-                minutes: peaks.len(),
-                first_minute: minutes
-                    .keys()
-                    .next()
-                    .map_or_else(String::new, |m| minute_text(*m)),
-                last_minute: minutes
-                    .keys()
-                    .next_back()
-                    .map_or_else(String::new, |m| minute_text(*m)),
-                peak_mib: peak.div_ceil(MIB),
-                p99_mib: percentile(&peaks, 99).div_ceil(MIB),
-                reserved_mib: reserved.map(|b| b.div_ceil(MIB)),
-                suggested_mib: suggest(peak),
-                over_reservation: reserved.is_some_and(|r| peak > r),
-            }
-        })
+        .map(
+            |((family, revision, container), (minutes, reserved, processes, limit))| {
+                let mut peaks: Vec<u64> = minutes.values().copied().collect();
+                peaks.sort_unstable();
+                let peak = peaks.last().copied().unwrap_or(0);
+                let reserved = reserved.map(|(_, b)| b);
+                Sizing {
+                    family,
+                    revision,
+                    container,
+                    minutes: peaks.len(),
+                    first_minute: minutes
+                        .keys()
+                        .next()
+                        .map_or_else(String::new, |m| minute_text(*m)),
+                    last_minute: minutes
+                        .keys()
+                        .next_back()
+                        .map_or_else(String::new, |m| minute_text(*m)),
+                    peak_mib: peak.div_ceil(MIB),
+                    p99_mib: percentile(&peaks, 99).div_ceil(MIB),
+                    reserved_mib: reserved.map(|b| b.div_ceil(MIB)),
+                    suggested_mib: suggest(peak),
+                    over_reservation: reserved.is_some_and(|r| peak > r),
+                    processes,
+                    limit_mib: limit.map(|(_, b)| b.div_ceil(MIB)),
+                }
+            },
+        )
         .collect()
 }
 
@@ -179,20 +201,27 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         return Ok(exit::OK);
     }
     println!(
-        "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9}",
-        "FAMILY:REVISION", "CONTAINER", "MINUTES", "PEAK MiB", "P99 MiB", "RESERVED", "SUGGEST"
+        "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9}",
+        "FAMILY:REVISION",
+        "CONTAINER",
+        "MINUTES",
+        "PEAK MiB",
+        "P99 MiB",
+        "RESERVED",
+        "SUGGEST",
+        "PROCS",
+        "LIMIT"
     );
+    let dash = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |r| r.to_string());
     for s in &sizes {
-        let reserved = s
-            .reserved_mib
-            .map_or_else(|| "-".to_string(), |r| r.to_string());
+        let reserved = dash(s.reserved_mib);
         let note = if s.over_reservation {
             "  peak over reservation"
         } else {
             ""
         };
         println!(
-            "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9}{note}",
+            "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9}{note}",
             format!("{}:{}", s.family, s.revision),
             s.container.as_deref().unwrap_or("(whole task)"),
             s.minutes,
@@ -200,13 +229,16 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
             s.p99_mib,
             reserved,
             s.suggested_mib,
+            dash(s.processes.map(u64::from)),
+            dash(s.limit_mib),
         );
     }
     println!();
     println!(
         "SUGGEST: a container's `memory` (sharingStrategy.nvidiaMps.memory, MiB) = its peak + {MARGIN_PERCENT}%, \
          rounded up to {ROUND_MIB} MiB; (whole task) is all its containers and processes together, \
-         what ECS places by. Peaks are per-minute maxima of NVML's per-process usedGpuMemory from {} to {}.",
+         what ECS places by. PROCS: a container's most GPU processes at once; LIMIT: the pinned \
+         memory limit its clients ran with (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, MiB), beside RESERVED. Peaks are per-minute maxima of NVML's per-process usedGpuMemory from {} to {}.",
         sizes
             .iter()
             .map(|s| s.first_minute.as_str())
@@ -233,6 +265,8 @@ mod tests {
             container: container.map(str::to_string),
             peak_bytes: mib * MIB,
             reserved_bytes: reserved.map(|r| r * MIB),
+            processes: container.map(|_| 1),
+            limit_bytes: None,
         }
     }
 

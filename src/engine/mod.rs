@@ -1754,10 +1754,28 @@ fn class_target(obs: &Observation) -> String {
     }
     // A task over its GPU memory reservation is the task's matter: two tasks crossing on one
     // GPU are two incidents, not one coalesced class.
-    if obs.signal.kind() == SignalKind::GpuMemoryOverReservation
-        && let Some(task) = obs.tasks.first()
-    {
+    // So are a task's processes outside MPS or without their limits, and a container over
+    // its reservation; a process outside MPS in no task is its own matter.
+    let per_task = matches!(
+        obs.signal.kind(),
+        SignalKind::GpuMemoryOverReservation
+            | SignalKind::MpsBypass
+            | SignalKind::MpsLimitMismatch
+            | SignalKind::ContainerGpuMemoryOverReservation
+    );
+    if per_task && let Some(task) = obs.tasks.first() {
+        // Each client off its limits is a finding of its own (once per process).
+        if obs.signal.kind() == SignalKind::MpsLimitMismatch
+            && let Some(pid) = obs.pids.first()
+        {
+            return format!("task/{task}/pid/{pid}");
+        }
         return format!("task/{task}");
+    }
+    if obs.signal.kind() == SignalKind::MpsBypass
+        && let Some(pid) = obs.pids.first()
+    {
+        return format!("pid/{pid}");
     }
     match &obs.gpu {
         Some(g) => format!("gpu{}", g.index),

@@ -288,6 +288,24 @@ pub enum Signal {
     /// than `[nvml] reservation_alert` of it (value: percent of the reservation in use;
     /// `tasks`: the task ARN; the detail has the numbers). Reported once per crossing.
     GpuMemoryOverReservation,
+    /// A CUDA process runs outside MPS on a GPU that MPS serves: NVML lists it among the
+    /// GPU's compute processes but not among its MPS clients (the MPS server, gpu-medic's own
+    /// diagnostics and DCGM excepted). It has no memory ceiling and the whole GPU's compute
+    /// (docs/mps.md#the-mps-contract-and-what-gpu-medic-checks). Value: 1 when the process
+    /// runs in an ECS task (`tasks` names it: stop-tasks stops it, and it starts again
+    /// under MPS), 0 when it runs in none. Reported once per process (pid and start time).
+    MpsBypass,
+    /// An MPS client of an ECS task runs without the limits its task definition asked for:
+    /// no `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (or `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` where
+    /// `maxComputePercent` is set) in its environment, or a larger one than its container
+    /// reserved (value: the limit in force, MiB, 0 when none; `tasks`: the task). Once per
+    /// process.
+    MpsLimitMismatch,
+    /// The GPU processes of one container of an ECS task together use more GPU memory than
+    /// the container reserves (`sharingStrategy.nvidiaMps.memory`): each process may stay
+    /// under its pinned limit while all of them together do not (value: processes in the
+    /// container; `tasks`: the task). Once per crossing.
+    ContainerGpuMemoryOverReservation,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
     Lifecycle {
@@ -438,6 +456,9 @@ signal_kinds! {
         EcsGpuCountMismatch = "ecs-gpu-count-mismatch",
         EcsGpuMemoryInUse = "ecs-gpu-memory-in-use",
         GpuMemoryOverReservation = "gpu-memory-over-reservation",
+        MpsBypass = "mps-bypass",
+        MpsLimitMismatch = "mps-limit-mismatch",
+        ContainerGpuMemoryOverReservation = "container-gpu-memory-over-reservation",
         EcsAgentImpaired = "ecs-agent-impaired",
         FabricNotCompleted = "fabric-not-completed",
         FabricError = "fabric-error",
@@ -518,6 +539,11 @@ impl Signal {
             Signal::EcsGpuCountMismatch => SignalKind::EcsGpuCountMismatch,
             Signal::EcsGpuMemoryInUse => SignalKind::EcsGpuMemoryInUse,
             Signal::GpuMemoryOverReservation => SignalKind::GpuMemoryOverReservation,
+            Signal::MpsBypass => SignalKind::MpsBypass,
+            Signal::MpsLimitMismatch => SignalKind::MpsLimitMismatch,
+            Signal::ContainerGpuMemoryOverReservation => {
+                SignalKind::ContainerGpuMemoryOverReservation
+            }
             Signal::FabricNotCompleted => SignalKind::FabricNotCompleted,
             Signal::FabricError => SignalKind::FabricError,
             Signal::FabricManagerDown => SignalKind::FabricManagerDown,
@@ -1410,6 +1436,9 @@ mod tests {
             Signal::EcsGpuCountMismatch,
             Signal::EcsGpuMemoryInUse,
             Signal::GpuMemoryOverReservation,
+            Signal::MpsBypass,
+            Signal::MpsLimitMismatch,
+            Signal::ContainerGpuMemoryOverReservation,
             Signal::MpsUp,
             Signal::Lifecycle {
                 state: LifecycleState::Terminating,

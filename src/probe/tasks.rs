@@ -139,15 +139,7 @@ impl Placements {
     }
 
     fn proc_id(&self, pid: u32) -> Option<(u64, i64)> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(self.proc_root.join(pid.to_string())).ok()?;
-        Some((
-            m.ino(),
-            // An identity, not a count: wrapping keeps it distinct without overflowing.
-            m.ctime()
-                .wrapping_mul(1_000_000_000)
-                .wrapping_add(m.ctime_nsec()),
-        ))
+        proc_identity(&self.proc_root, pid)
     }
 
     /// Reads a pid's cgroup (its procfs identity first, so a process that replaces it
@@ -181,6 +173,20 @@ impl Placements {
             },
         );
     }
+}
+
+/// A process's procfs identity: `/proc/<pid>`'s inode number and change time (one `stat`),
+/// which a new process with the same pid never shares; None when it is gone.
+pub fn proc_identity(proc_root: &Path, pid: u32) -> Option<(u64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(proc_root.join(pid.to_string())).ok()?;
+    Some((
+        m.ino(),
+        // An identity, not a count: wrapping keeps it distinct without overflowing.
+        m.ctime()
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(m.ctime_nsec()),
+    ))
 }
 
 /// The Docker container id in a cgroup file's text: the last path part that is
@@ -394,10 +400,13 @@ impl TaskNamer {
     }
 
     /// Sets `tasks` (what stop-tasks stops) and extends the detail of every server fault in
-    /// `obs` that names client pids; other observations are left as they are.
+    /// `obs` that names client pids, and of every process outside MPS (`mps-bypass`); other
+    /// observations are left as they are.
     pub async fn name(&self, obs: &mut [Observation]) {
         let wanted = |o: &Observation| {
-            o.signal == Signal::MpsServerFault && !o.pids.is_empty() && o.tasks.is_empty()
+            matches!(o.signal, Signal::MpsServerFault | Signal::MpsBypass)
+                && !o.pids.is_empty()
+                && o.tasks.is_empty()
         };
         let mut placements: Vec<(u32, Result<Placement, String>)> = Vec::new();
         for o in obs.iter().filter(|o| wanted(o)) {

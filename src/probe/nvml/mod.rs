@@ -8,6 +8,7 @@
 //! `self-fault` of gpu-medic, never a reason to drain. A missing symbol or NOT_SUPPORTED
 //! counter is a one-time warning, an unexpected counter error a reported problem.
 
+pub mod contract;
 mod events;
 pub mod links;
 pub(crate) mod poll;
@@ -221,6 +222,8 @@ impl NvmlSource {
         let mut wing = Wing {
             names: usage::TaskNames::default(),
             crossings: reserve::Crossings::default(),
+            limits: crate::accounting::contract::LimitWatch::default(),
+            containers: crate::accounting::contract::ContainerCrossings::default(),
             history: history::Writer::open(&self.state_dir),
             emf: crate::accounting::emf::Writer::default(),
         };
@@ -406,7 +409,16 @@ impl NvmlSource {
         }
         let alert = self.cfg.reservation_alert;
         snap.tasks = reserve::per_task(&snap, self.reservations.as_ref(), alert);
-        let crossed = wing.crossings.update(&snap.tasks, alert);
+        let mut crossed = wing.crossings.update(&snap.tasks, alert);
+        crate::accounting::contract::annotate(&mut snap, &report.clients);
+        let (mismatched, counts) =
+            wing.limits
+                .update(&report.clients, &snap, self.reservations.as_ref());
+        snap.mismatches = counts;
+        crossed.extend(mismatched);
+        crossed.extend(wing.containers.update(&snap.tasks));
+        let mut observations = report.observations;
+        self.name_outsiders(&mut observations).await;
         let now = crate::model::Timestamp::now();
         wing.history.observe(&snap.tasks, now.0 / 1000);
         if self.emf {
@@ -415,10 +427,27 @@ impl NvmlSource {
         if let Some(a) = &self.accounting {
             a.publish(snap);
         }
-        for obs in crossed.into_iter().chain(report.observations) {
+        for obs in crossed.into_iter().chain(observations) {
             tx.send(obs).await.map_err(|_| ())?;
         }
         Ok(())
+    }
+}
+
+impl NvmlSource {
+    /// Names the ECS task of each process outside MPS (its cgroup, then the agent's task
+    /// list, as for a server fault): `tasks` is what stop-tasks stops, and the value says
+    /// whether there is one (1) or not (0), so the policy stops a task's process and logs
+    /// any other.
+    async fn name_outsiders(&self, obs: &mut [Observation]) {
+        if !obs.iter().any(|o| o.signal == Signal::MpsBypass) {
+            return;
+        }
+        let agent = self.agent_url.as_deref().map(crate::aws::agent::Agent::new);
+        crate::probe::tasks::TaskNamer::new(agent).name(obs).await;
+        for o in obs.iter_mut().filter(|o| o.signal == Signal::MpsBypass) {
+            o.value = u64::from(!o.tasks.is_empty());
+        }
     }
 }
 
@@ -427,6 +456,8 @@ impl NvmlSource {
 struct Wing {
     names: usage::TaskNames,
     crossings: reserve::Crossings,
+    limits: crate::accounting::contract::LimitWatch,
+    containers: crate::accounting::contract::ContainerCrossings,
     history: history::Writer,
     emf: crate::accounting::emf::Writer,
 }

@@ -15,7 +15,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
-use super::{raw, usage, view};
+use super::{contract, raw, usage, view};
 use crate::model::{GpuId, Observation, RecoveryAction, Signal};
 use crate::probe::tasks;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -225,6 +225,9 @@ pub struct PollReport {
     /// Each answering GPU's fabric, NVLinks, PCIe link and clock event reasons
     /// ([`super::links`]), when `[links]` is on.
     pub links: Vec<super::links::GpuLinks>,
+    /// The MPS clients of ECS tasks with the limits they run with, for the accounting wing's
+    /// comparison with their reservations.
+    pub clients: Vec<contract::ClientLimits>,
 }
 
 /// The self-fault component of an `[nvml] expected_gpus` that contradicts the instance type.
@@ -246,6 +249,9 @@ pub struct Poller {
     links: Option<super::links::LinkReader>,
     /// The MPS clients' tasks, by pid: each cgroup read once per process.
     placements: tasks::Placements,
+    /// Processes outside MPS and the clients' limits ([`contract`]).
+    contract: contract::Contract,
+    proc_root: PathBuf,
 }
 
 impl Poller {
@@ -259,6 +265,8 @@ impl Poller {
             expected_mistake: None,
             links: None,
             placements: tasks::Placements::new(&proc_root),
+            contract: contract::Contract::new(&proc_root),
+            proc_root,
         }
     }
 
@@ -372,10 +380,12 @@ impl Poller {
         let known: Vec<u32> = lock(shared).gpus.keys().copied().collect();
         let indices: BTreeSet<u32> = (0..count).chain(known).collect();
         self.placements.begin_poll();
+        self.contract.begin_poll();
         for index in indices {
             self.poll_gpu(nvml, shared, index, count, &mut report);
         }
         self.placements.end_poll();
+        self.contract.end_poll();
         report
     }
 
@@ -454,7 +464,9 @@ impl Poller {
         true
     }
 
-    /// MPS clients: their pids and ECS tasks, and each task's GPU memory.
+    /// MPS clients: their pids and ECS tasks, each task's GPU memory, the limits each client
+    /// of a task runs with, and the processes outside MPS ([`contract`]). The compute list is
+    /// read before the MPS list: a client that starts between the two is in the second only.
     fn read_clients(
         &mut self,
         device: &Device<'_>,
@@ -462,6 +474,13 @@ impl Poller {
         index: u32,
         report: &mut PollReport,
     ) {
+        let compute = match device.running_compute_processes() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                self.failed(report, index, "compute process list", &e);
+                None
+            }
+        };
         let procs = match device.mps_running_compute_processes() {
             Ok(p) => p,
             Err(e) => return self.failed(report, index, "MPS client list", &e),
@@ -469,7 +488,13 @@ impl Poller {
         let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
         self.placements.resolve(&pids);
         let tasks = self.placements.task_ids(&pids);
-        lock(shared).clients.insert(index, (pids, tasks));
+        let gpu = {
+            let mut s = lock(shared);
+            s.clients.insert(index, (pids.clone(), tasks));
+            s.gpus.get(&index).cloned()
+        }
+        .unwrap_or_else(|| GpuId::index_only(index));
+        self.read_contract(&gpu, compute.as_deref(), &pids, report);
         if let Some((_, per_task)) = report.usage.gpus.get_mut(&index) {
             let clients: Vec<usage::Client> = procs
                 .iter()
@@ -484,6 +509,51 @@ impl Poller {
             let placements = &self.placements;
             *per_task = usage::sum_placed(&clients, |pid| placements.get(pid));
         }
+    }
+
+    /// The limits of this GPU's clients in ECS tasks, and its processes outside MPS.
+    fn read_contract(
+        &mut self,
+        gpu: &GpuId,
+        compute: Option<&[nvml_wrapper::struct_wrappers::device::ProcessInfo]>,
+        clients: &[u32],
+        report: &mut PollReport,
+    ) {
+        for &pid in clients {
+            let Some((task, container)) = self
+                .placements
+                .get(pid)
+                .map(|(t, c)| (t.to_string(), c.map(str::to_string)))
+            else {
+                continue;
+            };
+            if let Some((start, limits)) = self.contract.limits(pid) {
+                report.clients.push(contract::ClientLimits {
+                    gpu: gpu.index,
+                    pid,
+                    start,
+                    task,
+                    container,
+                    limits,
+                });
+            }
+        }
+        let Some(compute) = compute else { return };
+        let listed: Vec<(u32, Option<u64>)> = compute
+            .iter()
+            .map(|p| {
+                let bytes = match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                };
+                (p.pid, bytes)
+            })
+            .collect();
+        let root = self.proc_root.clone();
+        let placed = |pid: u32| tasks::placement_of(&root, pid).is_ok();
+        let (found, outside) = self.contract.outsiders(gpu, &listed, clients, placed);
+        report.observations.extend(found);
+        report.usage.outside_mps.insert(gpu.index, outside);
     }
 
     /// ECC: uncorrected volatile (shared with the event watcher), corrected volatile.

@@ -712,14 +712,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 }
 
 /// (total, reserved, used) bytes: 512 MiB reserved (at most a quarter of
-/// the memory), 4 MiB + each MPS client's `used_mib` (1 GiB when not given) used.
+/// the memory), 4 MiB + each MPS client's and compute-only process's `used_mib` (1 GiB when
+/// not given) used.
 fn memory_numbers(g: &Global, i: usize) -> (u64, u64, u64) {
     let gpu = &g.hw.gpus[i];
     let total = gpu.spec.memory_mib.saturating_mul(1 << 20);
     let reserved = (512u64 << 20).min(total / 4);
-    let clients = gpu.procs.iter().fold(0u64, |sum, (_, mib)| {
-        sum.saturating_add(mib.map_or(1 << 30, |m| m.saturating_mul(1 << 20)))
-    });
+    let clients = gpu
+        .procs
+        .iter()
+        .chain(&gpu.compute_only)
+        .fold(0u64, |sum, (_, mib)| {
+            sum.saturating_add(mib.map_or(1 << 30, |m| m.saturating_mul(1 << 20)))
+        });
     let used = (4u64 << 20).saturating_add(clients);
     (total, reserved, used.min(total - reserved))
 }
@@ -1639,11 +1644,19 @@ unsafe fn processes(
     info_count: *mut c_uint,
     infos: *mut ProcessInfo,
     unknown_memory: u64,
+    with_compute_only: bool,
 ) -> NvmlReturn {
     if info_count.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
-    let pids = match state::device_call(name, device, |g, i| Ok(g.hw.gpus[i].procs.clone())) {
+    let pids = match state::device_call(name, device, |g, i| {
+        let gpu = &g.hw.gpus[i];
+        let mut p = gpu.procs.clone();
+        if with_compute_only {
+            p.extend(gpu.compute_only.iter().copied());
+        }
+        Ok(p)
+    }) {
         Ok(p) => p,
         Err(e) => return e,
     };
@@ -1675,8 +1688,8 @@ unsafe fn processes(
     SUCCESS
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses_v3`: the `mps_clients` PIDs with their
-/// `used_mib`, 1 GiB each where not given.
+/// `nvmlDeviceGetComputeRunningProcesses_v3`: the `mps_clients` PIDs, then the
+/// `compute_processes` PIDs, with their `used_mib`, 1 GiB each where not given.
 ///
 /// # Safety
 /// `info_count` NULL or valid for read+write; `infos` NULL or valid for
@@ -1695,6 +1708,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
             info_count,
             infos,
             1 << 30,
+            true,
         )
     }
 }
@@ -1719,6 +1733,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
             info_count,
             infos,
             VALUE_NOT_AVAILABLE_U64,
+            false,
         )
     }
 }

@@ -60,6 +60,11 @@ pub enum Command {
         gpu: u32,
         pids: Vec<MpsClient>,
     },
+    /// Processes in the plain compute list only (not MPS clients).
+    ComputeProcesses {
+        gpu: u32,
+        pids: Vec<MpsClient>,
+    },
     /// Adds to the counters; uncorrected/corrected volatile > 0 raise the
     /// DBE/SBE events.
     Ecc {
@@ -129,6 +134,7 @@ impl Command {
             | Command::Fabric { gpu, .. }
             | Command::NvLink { gpu, .. }
             | Command::MpsClients { gpu, .. }
+            | Command::ComputeProcesses { gpu, .. }
             | Command::Ecc { gpu, .. }
             | Command::RemappedRows { gpu, .. }
             | Command::RetiredPages { gpu, .. }
@@ -339,6 +345,7 @@ struct Injection {
     fabric: Option<RawFabric>,
     nvlink: Option<RawNvLink>,
     mps_clients: Option<Vec<MpsClient>>,
+    compute_processes: Option<Vec<MpsClient>>,
     ecc: Option<EccDelta>,
     remapped_rows: Option<RemappedRows>,
     retired_pages: Option<RetiredPages>,
@@ -438,6 +445,12 @@ impl Injection {
         if let Some(pids) = self.mps_clients {
             out.push(Command::MpsClients {
                 gpu: gpu("mps_clients")?,
+                pids,
+            });
+        }
+        if let Some(pids) = self.compute_processes {
+            out.push(Command::ComputeProcesses {
+                gpu: gpu("compute_processes")?,
                 pids,
             });
         }
@@ -643,6 +656,22 @@ mod tests {
                     MpsClient {
                         pid: 20,
                         used_mib: Some(2048)
+                    }
+                ]
+            }
+        );
+        assert_eq!(
+            one(r#"{"gpu": 2, "compute_processes": [30, {"pid": 40, "used_mib": 512}]}"#),
+            Command::ComputeProcesses {
+                gpu: 2,
+                pids: vec![
+                    MpsClient {
+                        pid: 30,
+                        used_mib: None
+                    },
+                    MpsClient {
+                        pid: 40,
+                        used_mib: Some(512)
                     }
                 ]
             }

@@ -85,6 +85,9 @@ pub struct Gpu {
     pub recovery_action: u32,
     /// MPS clients: pid and the GPU memory it uses in MiB (None: NOT_AVAILABLE).
     pub procs: Vec<(u32, Option<u64>)>,
+    /// Processes in the plain compute list only (`compute_processes`): CUDA processes that
+    /// run outside MPS, beside the clients.
+    pub compute_only: Vec<(u32, Option<u64>)>,
     pub compute_mode: u32,
     pub pcie_replay: u32,
     pub pcie_gen: u32,
@@ -153,6 +156,7 @@ impl Gpu {
             retired_ts: 0,
             recovery_action: 0,
             procs: Vec::new(),
+            compute_only: Vec::new(),
             compute_mode: 0,
             pcie_replay: 0,
             pcie_gen: arch.pcie_gen(),
@@ -881,6 +885,10 @@ impl Global {
             }
             Command::MpsClients { pids, .. } => {
                 self.hw.gpus[gpu_idx].procs =
+                    pids.into_iter().map(|c| (c.pid, c.used_mib)).collect()
+            }
+            Command::ComputeProcesses { pids, .. } => {
+                self.hw.gpus[gpu_idx].compute_only =
                     pids.into_iter().map(|c| (c.pid, c.used_mib)).collect()
             }
             Command::Ecc { gpu, delta } => {

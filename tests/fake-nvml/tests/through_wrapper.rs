@@ -566,8 +566,27 @@ fn scenario_injections() {
         let used = d3.memory_info().unwrap().used;
         assert_eq!(used, (4 << 20) + (1 << 30) + (mib << 20));
     }
+    // A process outside MPS: in the compute list only, after the clients, and counted in
+    // the memory in use.
+    inj.send(r#"{"gpu": 3, "compute_processes": [{"pid": 4444, "used_mib": 100}]}"#);
+    let mps = d3.mps_running_compute_processes().unwrap();
+    assert_eq!(mps.iter().map(|p| p.pid).collect::<Vec<_>>(), [4242, 4343]);
+    let compute = d3.running_compute_processes().unwrap();
+    assert_eq!(
+        compute.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        [4242, 4343, 4444]
+    );
+    assert_eq!(compute[2].used_gpu_memory, UsedGpuMemory::Used(100 << 20));
+    assert_eq!(
+        d3.memory_info().unwrap().used,
+        (4 << 20) + (1 << 30) + (3072 << 20) + (100 << 20)
+    );
     inj.send(r#"{"gpu": 3, "mps_clients": []}"#);
     assert!(d3.mps_running_compute_processes().unwrap().is_empty());
+    let compute = d3.running_compute_processes().unwrap();
+    assert_eq!(compute.iter().map(|p| p.pid).collect::<Vec<_>>(), [4444]);
+    inj.send(r#"{"gpu": 3, "compute_processes": []}"#);
+    assert!(d3.running_compute_processes().unwrap().is_empty());
 
     // Per-function failure: that function on that GPU returns the code
     // until removed ("code": 0) or reset; "times" limits it.

@@ -121,16 +121,29 @@ pub struct Sleepers(Vec<std::process::Child>);
 
 impl Sleepers {
     pub fn start(n: usize) -> Sleepers {
-        let spawn = |_| {
-            std::process::Command::new("sleep")
-                .arg("1000000")
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("sleep")
-        };
-        Sleepers((0..n).map(spawn).collect())
+        Sleepers((0..n).map(|_| sleeper(None)).collect())
+    }
+
+    /// `n` processes whose whole environment is `env` (as ECS sets a container's).
+    pub fn start_with_env(n: usize, env: &[(String, String)]) -> Sleepers {
+        Sleepers((0..n).map(|_| sleeper(Some(env))).collect())
+    }
+
+    /// One more process, taking the pid `pid` (the pid of a process that exited): the
+    /// kernel's next pid is set to it (`/proc/sys/kernel/ns_last_pid`, root) until a spawn
+    /// gets it, other processes of the machine taking pids meanwhile. None when it could not
+    /// within `tries` spawns.
+    pub fn start_at_pid(pid: u32, tries: usize) -> Option<Sleepers> {
+        for _ in 0..tries {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+            let mut c = sleeper(None);
+            if c.id() == pid {
+                return Some(Sleepers(vec![c]));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        None
     }
 
     pub fn pids(&self) -> Vec<u32> {
@@ -144,6 +157,18 @@ impl Sleepers {
             let _ = c.wait();
         }
     }
+}
+
+fn sleeper(env: Option<&[(String, String)]>) -> std::process::Child {
+    let mut cmd = std::process::Command::new("/bin/sleep");
+    cmd.arg("1000000")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if let Some(env) = env {
+        cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+    }
+    cmd.spawn().expect("sleep")
 }
 
 impl Drop for Sleepers {
@@ -169,13 +194,27 @@ pub const PIDS_CGROUP: &str = "/sys/fs/cgroup/pids";
 impl EcsTaskProcs {
     /// `n` processes in task `task`'s container `container` (hex ids, as ECS's).
     pub fn start(task: &str, container: &str, n: usize) -> Result<EcsTaskProcs, String> {
+        Self::place(task, container, Sleepers::start(n))
+    }
+
+    /// `n` processes with the environment `env` in task `task`'s container `container`.
+    pub fn start_with_env(
+        task: &str,
+        container: &str,
+        n: usize,
+        env: &[(String, String)],
+    ) -> Result<EcsTaskProcs, String> {
+        Self::place(task, container, Sleepers::start_with_env(n, env))
+    }
+
+    fn place(task: &str, container: &str, procs: Sleepers) -> Result<EcsTaskProcs, String> {
         let top = std::path::Path::new(PIDS_CGROUP).join("ecs");
         let task_dir = top.join(task);
         let dir = task_dir.join(container);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot make the cgroup {}: {e}", dir.display()))?;
         let mut me = EcsTaskProcs {
-            procs: Sleepers::start(n),
+            procs,
             dirs: vec![dir.clone(), task_dir],
         };
         for pid in me.procs.pids() {
