@@ -74,17 +74,37 @@ fn cost(n: usize) {
         std::hint::black_box(a.context(&x79, None));
     });
     println!("attribution per XID line ({n} lines):");
-    println!("  first XID of a process (stat, comm, cgroup): {}", us(&first));
-    println!("  every later one (stat only):                 {}", us(&cached));
-    println!("  an XID charged to no program (79):           {}", us(&none));
-    println!("  cgroup reads for {} XIDs of one process:     {}", n + 1, a.reads);
+    println!(
+        "  first XID of a process (stat, comm, cgroup): {}",
+        us(&first)
+    );
+    println!(
+        "  every later one (stat only):                 {}",
+        us(&cached)
+    );
+    println!(
+        "  an XID charged to no program (79):           {}",
+        us(&none)
+    );
+    println!(
+        "  cgroup reads for {} XIDs of one process:     {}",
+        n + 1,
+        a.reads
+    );
 }
 
 /// `named`: the line names its process (the storm is charged to it); else it names none, the
 /// floor the attribution is compared with.
 fn xid_line(seq: u64, bus: &str, code: u32, text: &str, named: bool) -> String {
-    let who = if named { "pid=4200000, name=storm, " } else { "" };
-    format!("4,{seq},{},-;NVRM: Xid (PCI:{bus}): {code}, {who}{text}", seq * 1000)
+    let who = if named {
+        "pid=4200000, name=storm, "
+    } else {
+        ""
+    };
+    format!(
+        "4,{seq},{},-;NVRM: Xid (PCI:{bus}): {code}, {who}{text}",
+        seq * 1000
+    )
 }
 
 fn storm(n: usize, runs: usize, named: bool) {
@@ -107,7 +127,13 @@ fn storm(n: usize, runs: usize, named: bool) {
             text.push_str(&xid_line(1 + i, "0000:10:00", 13, &place, named));
             text.push('\n');
         }
-        text.push_str(&xid_line(n as u64 + 10, "0000:40:00", 79, "GPU has fallen off the bus.", false));
+        text.push_str(&xid_line(
+            n as u64 + 10,
+            "0000:40:00",
+            79,
+            "GPU has fallen off the bus.",
+            false,
+        ));
         text.push('\n');
         let before = now_ms();
         std::fs::OpenOptions::new()
@@ -136,11 +162,21 @@ fn storm(n: usize, runs: usize, named: bool) {
             .iter()
             .filter(|r| r["observation"]["xid"]["culprit"]["program"] == "storm")
             .count();
-        println!("  run {run}: XID 79 decided {:.0} ms after the write; the storm opened {incidents} incident(s)", latency[run]);
+        println!(
+            "  run {run}: XID 79 decided {:.0} ms after the write; the storm opened {incidents} incident(s)",
+            latency[run]
+        );
         d.signal(libc::SIGTERM);
     }
-    let whose = if named { "one program" } else { "no program named (floor)" };
-    println!("XID 79 after {n} XID 13 of {whose}, same write: {}", summary(&latency));
+    let whose = if named {
+        "one program"
+    } else {
+        "no program named (floor)"
+    };
+    println!(
+        "XID 79 after {n} XID 13 of {whose}, same write: {}",
+        summary(&latency)
+    );
 }
 
 fn main() {

@@ -320,7 +320,9 @@ impl Ecs {
                                     .map(str::trim)
                                     .filter(|r| !r.is_empty())
                                     .map(|r| {
-                                        format!("reason: {}; ", crate::mps::control::clip(r, 200))
+                                        let mut r = r.to_string();
+                                        crate::model::cut(&mut r, 200);
+                                        format!("reason: {r}; ")
                                     })
                                     .unwrap_or_default();
                                 (status, format!("{reason}{overall}{since}"))

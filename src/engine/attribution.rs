@@ -195,24 +195,13 @@ impl Cx<'_> {
             .max()
             .unwrap_or_default();
         self.app_seen(&key, keep, &unit, programs, place.clone());
-        if let (Some(s), Some(p)) = (rule.suspect, &place)
-            && let Some(found) = self.suspicion(&key, p, s.window, s.at)
-            && found.len() >= s.programs as usize
+        if let Some(p) = &place
+            && let Some((verdict, reason)) = self.suspected(rule, &key, p)
         {
             self.st.app.seen.remove(&key);
-            let reason = format!(
-                "{} different programs faulted at {p} within {} ({}): the same place for \
-                 different programs points at the GPU, not at one program (rule `{}`, NVIDIA's \
-                 WORKFLOW_XID_13/_31: run the GPU's diagnostics): {}",
-                found.len(),
-                humantime::format_duration(s.window),
-                found.join(", "),
-                rule.name,
-                rule.reason
-            );
             let rule_name = format!("{}/suspect", rule.name);
             let class = format!("{rule_name}@{gpu}");
-            self.dispatch(obs, s.action, &rule_name, &reason, &class);
+            self.dispatch(obs, verdict, &rule_name, &reason, &class);
             return;
         }
         let repeats = self.unit_faults(&key, &unit, rule.culprit.map(|c| c.window));
@@ -269,6 +258,27 @@ impl Cx<'_> {
             return;
         }
         self.dispatch(obs, rule.action, &rule.name, &reason, &class);
+    }
+
+    /// The rule's `suspect` verdict and why, when enough different programs faulted at
+    /// `place`.
+    fn suspected(&self, rule: &Rule, key: &str, place: &str) -> Option<(Verdict, String)> {
+        let s = rule.suspect?;
+        let found = self.suspicion(key, place, s.window, s.at)?;
+        if found.len() < s.programs as usize {
+            return None;
+        }
+        let reason = format!(
+            "{} different programs faulted at {place} within {} ({}): the same place for \
+             different programs points at the GPU, not at one program (rule `{}`, NVIDIA's \
+             WORKFLOW_XID_13/_31: run the GPU's diagnostics): {}",
+            found.len(),
+            humantime::format_duration(s.window),
+            found.join(", "),
+            rule.name,
+            rule.reason
+        );
+        Some((s.action, reason))
     }
 
     /// Records one fault of `unit` at `place` under `key`, dropping what left the window.
