@@ -112,7 +112,7 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
         7 => "inference",
         _ => "batch",
     };
-    let listed: Vec<(&str, &str, &[(&str, &str)])> = (0..8)
+    let listed: Vec<gpu_medic_testkit::imds::AgentTask> = (0..8)
         .map(|i| (arns[i].as_str(), family(i), &c[i][..]))
         .collect();
     agent.set_tasks(&listed);
