@@ -22,7 +22,7 @@ use std::time::Duration;
 use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::imds::FakeAgent;
 use gpu_medic_testkit::proc::EcsTaskProcs;
-use gpu_medic_testkit::{Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_sync};
+use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_sync};
 use serde_json::Value;
 
 const BUSES: [&str; 4] = ["0000:10:00", "0000:20:00", "0000:30:00", "0000:40:00"];
@@ -117,21 +117,7 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
         .collect();
     agent.set_tasks(&listed);
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\npoll_interval = \"200ms\"\n\
-         [mps]\nenabled = false\n\
-         {sections}[ecs]\nagent_url = \"{agent}\"\n",
-        policy = default_policy().display(),
-        lib = fake_nvml().display(),
-        kmsg = dir.path().join("kmsg").display(),
-        sections = aws::sections(&s, 0, ""),
-        agent = agent.url,
-    );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.gpus(FOUR_GPUS);
-    d.aws(Some(&proxy.url));
+    let mut d = aws::ecs_gpu_node(&s, 0, &agent.url, &proxy.url, "");
     d.start();
     d.wait_polled();
 

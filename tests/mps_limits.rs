@@ -28,7 +28,7 @@ use gpu_medic_testkit::http::{scrape, series};
 use gpu_medic_testkit::imds::FakeAgent;
 use gpu_medic_testkit::mps::MpsDir;
 use gpu_medic_testkit::proc::{EcsTaskProcs, Sleepers};
-use gpu_medic_testkit::{Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_sync};
+use gpu_medic_testkit::{Daemon, wait_sync};
 use serde_json::Value;
 
 /// A container definition sharing a GPU through MPS.
@@ -174,27 +174,16 @@ async fn the_mps_contract_is_checked_per_process_per_container_and_per_task() {
     let mps = MpsDir::new(root.path().join("m"));
     let mps_pid = mps.start().expect("nvidia-cuda-mps-control -d");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\npoll_interval = \"200ms\"\n\
-         [mps]\nenabled = false\n[lifecycle]\nenabled = false\n\
-         [metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n\
-         {sections}[ecs]\nagent_url = \"{agent}\"\n",
-        policy = default_policy().display(),
-        lib = fake_nvml().display(),
-        kmsg = dir.path().join("kmsg").display(),
-        sections = aws::sections(&s, 0, ""),
-        agent = agent.url,
+    let port = gpu_medic_testkit::free_port();
+    let mut d = aws::ecs_gpu_node(
+        &s,
+        0,
+        &agent.url,
+        &proxy.url,
+        &format!(
+            "[lifecycle]\nenabled = false\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\""
+        ),
     );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.aws(Some(&proxy.url));
-    d.gpus(FOUR_GPUS);
     let mut gpu1: Vec<String> = [&a_good, &a_none, &a_larger, &a_big_head, &a_big_none]
         .iter()
         .flat_map(|p| p.pids())

@@ -23,7 +23,7 @@ use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::http::{scrape, series};
 use gpu_medic_testkit::imds::FakeAgent;
 use gpu_medic_testkit::proc::EcsTaskProcs;
-use gpu_medic_testkit::{Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_sync};
+use gpu_medic_testkit::{Daemon, wait_sync};
 
 const MIB: u64 = 1 << 20;
 
@@ -98,27 +98,16 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
         (&arn_b, &fam_b, &[(&main, "main")]),
     ]);
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\npoll_interval = \"200ms\"\n\
-         [mps]\nenabled = false\n[lifecycle]\nenabled = false\n\
-         [metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\nemf = true\n\
-         {sections}[ecs]\nagent_url = \"{agent}\"\n",
-        policy = default_policy().display(),
-        lib = fake_nvml().display(),
-        kmsg = dir.path().join("kmsg").display(),
-        sections = aws::sections(&s, 0, ""),
-        agent = agent.url,
+    let port = gpu_medic_testkit::free_port();
+    let mut d = aws::ecs_gpu_node(
+        &s,
+        0,
+        &agent.url,
+        &proxy.url,
+        &format!(
+            "[lifecycle]\nenabled = false\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\nemf = true"
+        ),
     );
-    let mut d = Daemon::in_temp(dir, &config);
-    d.aws(Some(&proxy.url));
-    d.gpus(FOUR_GPUS);
     d.keep_stdout();
     let inject = |d: &mut Daemon, app_mib: u64| {
         let mut one = clients(&a_app.pids(), app_mib);

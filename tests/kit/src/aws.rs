@@ -339,6 +339,26 @@ pub async fn stop(sdk: &SdkConfig, cluster: &str, task: &str) {
 }
 
 /// The `[identity]`, `[ecs]` and `[fleet]` sections for node `i`, plus `extra` TOML.
+/// A node of `s` (its `i`-th instance) on the fake libnvidia-ml (`FOUR_GPUS`) and the kernel
+/// log file in its directory, with ECS through moto at `proxy` and the agent at `agent`, no
+/// MPS daemon, and `extra` config sections (e.g. `[metrics]`); not started.
+pub fn ecs_gpu_node(s: &Seeded, i: usize, agent: &str, proxy: &str, extra: &str) -> crate::Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
+         [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\npoll_interval = \"200ms\"\n\
+         [mps]\nenabled = false\n{extra}\n{sections}[ecs]\nagent_url = \"{agent}\"\n",
+        policy = crate::default_policy().display(),
+        lib = crate::fake_nvml().display(),
+        kmsg = dir.path().join("kmsg").display(),
+        sections = sections(s, i, ""),
+    );
+    let mut d = crate::Daemon::in_temp(dir, &config);
+    d.aws(Some(proxy));
+    d.gpus(crate::FOUR_GPUS);
+    d
+}
+
 pub fn sections(s: &Seeded, i: usize, extra: &str) -> String {
     format!(
         "[identity]\ninstance_id = \"{}\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\nauto_scaling_group = \"{}\"\n{extra}\n",
