@@ -310,4 +310,21 @@ fn without_ecs_the_program_is_the_unit() {
         .count();
     assert_eq!(storm, 1);
     d.signal(libc::SIGTERM);
+
+    // The journaled inputs replay to the same judgement; `policy explain` gives the workflow.
+    let inputs = d.path("state/inputs.jsonl");
+    let out = d.cli(&["policy", "simulate", inputs.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("xid-13-graphics-exception/suspect"), "{text}");
+    let out = d.cli(&["policy", "explain", "--xid", "13"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "workflow:",
+        "WORKFLOW_XID_13",
+        "3 different programs",
+        "diagnose:",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
 }

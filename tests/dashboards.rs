@@ -21,9 +21,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use aws_sdk_ecs::types::{
-    ContainerDefinition, NvidiaMpsAllocation, ResourceRequirement, ResourceType, SharingStrategy,
-};
 use gpu_medic_testkit::aws::{self, Fault, Proxy};
 use gpu_medic_testkit::http::scrape;
 use gpu_medic_testkit::imds::FakeAgent;
@@ -446,23 +443,6 @@ fn insights_fields(q: &str) -> BTreeSet<String> {
     words.difference(&aliases).cloned().collect()
 }
 
-fn mps_container(name: &str, mib: i32) -> ContainerDefinition {
-    ContainerDefinition::builder()
-        .name(name)
-        .image("busybox")
-        .memory(16)
-        .resource_requirements(
-            ResourceRequirement::builder()
-                .r#type(ResourceType::Gpu)
-                .sharing_strategy(SharingStrategy::NvidiaMps(
-                    NvidiaMpsAllocation::builder().memory(mib).build().unwrap(),
-                ))
-                .build()
-                .unwrap(),
-        )
-        .build()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emits() {
     let task = format!("{:08x}dddddddddddddddddddddddd", std::process::id());
@@ -476,7 +456,7 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
     aws_sdk_ecs::Client::new(&sdk)
         .register_task_definition()
         .family(&family)
-        .container_definitions(mps_container("app", 4096))
+        .container_definitions(aws::mps_container("app", 4096, None))
         .send()
         .await
         .unwrap();

@@ -20,9 +20,6 @@
 
 use std::time::Duration;
 
-use aws_sdk_ecs::types::{
-    ContainerDefinition, NvidiaMpsAllocation, ResourceRequirement, ResourceType, SharingStrategy,
-};
 use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::http::{scrape, series};
 use gpu_medic_testkit::imds::FakeAgent;
@@ -30,26 +27,6 @@ use gpu_medic_testkit::mps::MpsDir;
 use gpu_medic_testkit::proc::{EcsTaskProcs, Sleepers};
 use gpu_medic_testkit::{Daemon, wait_sync};
 use serde_json::Value;
-
-/// A container definition sharing a GPU through MPS.
-fn mps_container(name: &str, mib: i32, percent: Option<i32>) -> ContainerDefinition {
-    let mut mps = NvidiaMpsAllocation::builder().memory(mib);
-    if let Some(p) = percent {
-        mps = mps.max_compute_percent(p);
-    }
-    ContainerDefinition::builder()
-        .name(name)
-        .image("busybox")
-        .memory(16)
-        .resource_requirements(
-            ResourceRequirement::builder()
-                .r#type(ResourceType::Gpu)
-                .sharing_strategy(SharingStrategy::NvidiaMps(mps.build().unwrap()))
-                .build()
-                .unwrap(),
-        )
-        .build()
-}
 
 /// A 64-digit Docker container id, unique to this run.
 fn docker_id(n: u32) -> String {
@@ -129,9 +106,9 @@ async fn the_mps_contract_is_checked_per_process_per_container_and_per_task() {
     ecs.register_task_definition()
         .family(&fam)
         .set_container_definitions(Some(vec![
-            mps_container("app", 2048, Some(50)),
-            mps_container("pair", 1024, None),
-            mps_container("main", 1024, None),
+            aws::mps_container("app", 2048, Some(50)),
+            aws::mps_container("pair", 1024, None),
+            aws::mps_container("main", 1024, None),
         ]))
         .send()
         .await

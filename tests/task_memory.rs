@@ -16,9 +16,6 @@
 
 use std::time::Duration;
 
-use aws_sdk_ecs::types::{
-    ContainerDefinition, NvidiaMpsAllocation, ResourceRequirement, ResourceType, SharingStrategy,
-};
 use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::http::{scrape, series};
 use gpu_medic_testkit::imds::FakeAgent;
@@ -31,24 +28,6 @@ fn clients(pids: &[u32], mib: u64) -> Vec<String> {
     pids.iter()
         .map(|p| format!(r#"{{"pid": {p}, "used_mib": {mib}}}"#))
         .collect()
-}
-
-/// A container definition sharing a GPU through MPS with `mib` of memory.
-fn mps_container(name: &str, mib: i32) -> ContainerDefinition {
-    ContainerDefinition::builder()
-        .name(name)
-        .image("busybox")
-        .memory(16)
-        .resource_requirements(
-            ResourceRequirement::builder()
-                .r#type(ResourceType::Gpu)
-                .sharing_strategy(SharingStrategy::NvidiaMps(
-                    NvidiaMpsAllocation::builder().memory(mib).build().unwrap(),
-                ))
-                .build()
-                .unwrap(),
-        )
-        .build()
 }
 
 /// A 64-digit Docker container id, unique to this run.
@@ -79,9 +58,12 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
     for (family, defs) in [
         (
             &fam_a,
-            vec![mps_container("app", 2048), mps_container("sidecar", 1024)],
+            vec![
+                aws::mps_container("app", 2048, None),
+                aws::mps_container("sidecar", 1024, None),
+            ],
         ),
-        (&fam_b, vec![mps_container("main", 4096)]),
+        (&fam_b, vec![aws::mps_container("main", 4096, None)]),
     ] {
         ecs.register_task_definition()
             .family(family)

@@ -339,6 +339,35 @@ pub async fn stop(sdk: &SdkConfig, cluster: &str, task: &str) {
 }
 
 /// The `[identity]`, `[ecs]` and `[fleet]` sections for node `i`, plus `extra` TOML.
+/// A container definition sharing a GPU through MPS: `mib` of its memory
+/// (`sharingStrategy.nvidiaMps.memory`) and, when given, `maxComputePercent`.
+pub fn mps_container(
+    name: &str,
+    mib: i32,
+    percent: Option<i32>,
+) -> aws_sdk_ecs::types::ContainerDefinition {
+    use aws_sdk_ecs::types::{
+        ContainerDefinition, NvidiaMpsAllocation, ResourceRequirement, ResourceType,
+        SharingStrategy,
+    };
+    let mut mps = NvidiaMpsAllocation::builder().memory(mib);
+    if let Some(p) = percent {
+        mps = mps.max_compute_percent(p);
+    }
+    ContainerDefinition::builder()
+        .name(name)
+        .image("busybox")
+        .memory(16)
+        .resource_requirements(
+            ResourceRequirement::builder()
+                .r#type(ResourceType::Gpu)
+                .sharing_strategy(SharingStrategy::NvidiaMps(mps.build().unwrap()))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
 /// A node of `s` (its `i`-th instance) on the fake libnvidia-ml (`FOUR_GPUS`) and the kernel
 /// log file in its directory, with ECS through moto at `proxy` and the agent at `agent`, no
 /// MPS daemon, and `extra` config sections (e.g. `[metrics]`); not started.
