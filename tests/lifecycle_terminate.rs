@@ -164,11 +164,13 @@ async fn imds_outage_decides_nothing_and_a_gone_action_is_success() {
 
     let mut d = daemon(&s, &proxy, &imds, "");
     d.start();
-    // The daemon has asked IMDS several times while it was down: a fact, not a pause.
+    // The daemon has asked IMDS several times while it was down, and its probe has given up
+    // on one turn and said so: facts, not a pause (the IMDS client's own retries refuse
+    // several reads within one turn, before the probe sees the error).
     wait_for(
-        "IMDS refusing three reads",
+        "IMDS refusing three reads and the probe's warning",
         Duration::from_secs(20),
-        || async { imds.refused() >= 3 },
+        || async { imds.refused() >= 3 && d.log().contains("retrying with backoff") },
     )
     .await;
     assert!(d.incident(1).is_null(), "an IMDS outage decides nothing");
