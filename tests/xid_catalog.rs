@@ -193,10 +193,14 @@ fn check_class(class: &str, rule: &Rule) -> Option<Result<(), String>> {
             ),
             "drain, reboot or replace",
         ),
+        // RESTART_APP: the application's, unless it repeats where a bad GPU would make it
+        // repeat: by who faulted where (`suspect`, docs/attribution.md) for the XIDs charged to
+        // a program, by count on one GPU (`escalate`) for the others (94, XID_154_EVAL).
         "RESTART_APP" | "XID_154_EVAL" => ok(
             matches!(rule.action, Verdict::Log | Verdict::StopTasks)
-                && rule.escalate.is_some_and(|e| e.action > rule.action),
-            "log or stop-tasks, escalating on repeats",
+                && (rule.escalate.is_some_and(|e| e.action > rule.action)
+                    || rule.suspect.is_some_and(|s| s.action > rule.action)),
+            "log or stop-tasks, escalating on repeats or on different programs at one place",
         ),
         "IGNORE" => ok(rule.action == Verdict::Log, "log"),
         _ => return None,
