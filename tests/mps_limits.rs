@@ -139,11 +139,13 @@ async fn the_mps_contract_is_checked_per_process_per_container_and_per_task() {
     let b_two = start(arn_b, &pair, 2, env(Some("0=1024M"), None, 0));
     let c_client = start(arn_c, &main, 1, env(Some("0=1024M"), None, 0));
     let c_outside = start(arn_c, &main, 1, env(None, None, 0));
-    let mut loose = Sleepers::start(1);
-    let loose_pid = loose.pids()[0];
+    // The gone process first: the pid reuse below starts the pid counter again at the loose
+    // process's pid, and the next process the machine starts must not take the gone one's.
     let mut gone = Sleepers::start(1);
     let gone_pid = gone.pids()[0];
     gone.stop();
+    let mut loose = Sleepers::start(1);
+    let loose_pid = loose.pids()[0];
     let root = tempfile::Builder::new()
         .prefix("gm-ml-")
         .tempdir_in("/tmp")
