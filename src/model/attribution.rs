@@ -324,17 +324,27 @@ fn mmu_site(text: &str) -> Option<Site> {
 }
 
 /// The earlier XID a line says it follows from: `... previous Xid 13 ...`,
-/// `... (previous Xid: 31) ...`; `None` when it names none.
+/// `... (previous Xid: 31) ...`, `... caused by Xid 13`, `... due to Xid 31`; `None` when it
+/// names none.
 pub fn decode_after(text: &str) -> Option<u32> {
+    const CUES: [&str; 5] = [
+        "previous xid",
+        "caused by xid",
+        "due to xid",
+        "following xid",
+        "after xid",
+    ];
     let lower = text.to_ascii_lowercase();
-    let at = lower.find("previous xid")? + "previous xid".len();
-    let digits: String = lower[at..]
-        .trim_start_matches([' ', ':', '#', '='])
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .take(10)
-        .collect();
-    digits.parse().ok()
+    CUES.iter().find_map(|cue| {
+        let at = lower.find(cue)? + cue.len();
+        let digits: String = lower[at..]
+            .trim_start_matches([' ', ':', '#', '='])
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .take(10)
+            .collect();
+        digits.parse().ok()
+    })
 }
 
 #[cfg(test)]
