@@ -538,3 +538,84 @@ async fn xid_79_reaches_cloudwatch_and_eventbridge_and_outlives_the_instance() {
     let out = other.cli(&["incidents", "show", "--fleet", &format!("{me}/99")]);
     assert_eq!(out.status.code(), Some(3));
 }
+
+/// One program's application faults on two instances (issue 36, docs/attribution.md): each
+/// is judged the program's own, EventBridge says `GPU Medic Application Fault` (for its
+/// owner, not on-call), and the fleet view lists them as one line for the program, read by a
+/// third instance from CloudWatch Logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_programs_faults_on_two_instances_are_one_fleet_line_and_its_own_event() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "export-app", 3).await;
+    let queue = events_to_queue(&sdk, "default", &aws::unique("q")).await;
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let mut d = daemon(&s, i, &proxy.url);
+        d.gpus(gpu_medic_testkit::FOUR_GPUS);
+        d.start();
+        d.wait_polled();
+        let line = "4,1,1000,-;NVRM: Xid (PCI:0000:10:00): 13, pid=4000001, name=trainer, \
+                    Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address\n";
+        std::fs::write(d.path("kmsg"), line).unwrap();
+        let r = d.wait_record("the fault", Duration::from_secs(30), "opened", |r| {
+            r["observation"]["signal"]["code"] == 13
+        });
+        assert_eq!(r["verdict"], "log", "{r:#}");
+        nodes.push(d);
+    }
+    let group = format!("/gpu-medic/{}", s.cluster);
+    for (i, d) in nodes.iter_mut().enumerate() {
+        d.stop(Duration::from_secs(20));
+        let stored = log_records(&sdk, &group, Some(&s.nodes[i].instance_id)).await;
+        assert!(!stored.is_empty(), "node {i}: nothing exported");
+    }
+    let mut types: Vec<String> = Vec::new();
+    wait_for("the two events", Duration::from_secs(10), || {
+        types.extend(
+            take_events(&queue)
+                .iter()
+                .filter_map(|e| e["detail-type"].as_str().map(str::to_string)),
+        );
+        let n = types
+            .iter()
+            .filter(|t| *t == "GPU Medic Application Fault")
+            .count();
+        async move { n == 2 }
+    })
+    .await;
+    assert!(
+        !types.iter().any(|t| t == "GPU Medic Incident Opened"),
+        "{types:?}"
+    );
+
+    let other = daemon(&s, 2, &proxy.url);
+    let out = other.cli(&["incidents", "list", "--fleet", "--since", "1h"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains("program trainer: 2 incidents on 2 instances (xid 13 x2)"),
+        "{text}"
+    );
+    let out = other.cli(&["incidents", "list", "--fleet", "--since", "1h", "--json"]);
+    let groups: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &Value| v["kind"] == "application-faults")
+        .collect();
+    assert_eq!(groups.len(), 1, "{groups:#?}");
+    assert_eq!(groups[0]["instances"].as_array().unwrap().len(), 2);
+    // --ungrouped lists each instance's incident.
+    let out = other.cli(&[
+        "incidents",
+        "list",
+        "--fleet",
+        "--since",
+        "1h",
+        "--ungrouped",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for n in &s.nodes[..2] {
+        assert!(text.contains(&format!("{}/1", n.instance_id)), "{text}");
+    }
+}

@@ -28,7 +28,7 @@ fn observe_only() -> Policy {
     P.get_or_init(|| load("observe-only.toml")).clone()
 }
 
-fn gpu(i: u32) -> GpuId {
+pub(super) fn gpu(i: u32) -> GpuId {
     GpuId {
         index: i,
         uuid: format!("GPU-{i:08x}"),

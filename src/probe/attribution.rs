@@ -11,7 +11,6 @@
 //! with a short deadline: a storm of one task's XIDs costs one cgroup read and one agent call.
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -35,6 +34,15 @@ pub const AGENT_DEADLINE: Duration = Duration::from_secs(1);
 const MAX_CACHED: usize = 4096;
 
 pub use crate::policy::xid_catalog::attributable;
+
+/// Whether an XID line may be charged through the GPU's MPS clients: an application-class XID
+/// whose line names the MPS server, or no process at all (then `/proc/<pid>/comm` may).
+pub fn may_name_the_server(x: &KernelXid) -> bool {
+    attributable(x.code)
+        && x.process
+            .as_deref()
+            .is_none_or(|p| p.starts_with(MPS_SERVER_COMM))
+}
 
 /// One process as read once.
 struct Process {
@@ -236,13 +244,7 @@ impl Attributor {
     /// The process on `pid` now, read once per process; None when it is gone.
     fn process(&mut self, pid: u32) -> Option<&Process> {
         let dir = self.proc_root.join(pid.to_string());
-        let meta = std::fs::metadata(&dir).ok()?;
-        let id = (
-            meta.ino(),
-            meta.ctime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(meta.ctime_nsec()),
-        );
+        let id = crate::probe::tasks::proc_identity(&self.proc_root, pid)?;
         if self.processes.get(&pid).is_none_or(|p| p.id != id) {
             if self.processes.len() >= MAX_CACHED {
                 self.processes.clear();

@@ -1032,7 +1032,10 @@ impl KmsgReader {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
         };
-        let clients = lock(&self.shared).clients.get(&index).cloned();
+        // The GPU's MPS clients matter only where the line may name the MPS server.
+        let clients = crate::probe::attribution::may_name_the_server(&x)
+            .then(|| lock(&self.shared).clients.get(&index).cloned())
+            .flatten();
         let ctx = self.attributor.borrow_mut().context(&x, clients.as_ref());
         let obs = x.observation(detail).with_xid(ctx);
         let mut obs = lock(&self.shared).annotate(obs, index);

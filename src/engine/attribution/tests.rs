@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use super::super::*;
+use crate::engine::tests::gpu;
+use crate::model::Observation;
 use crate::model::attribution::{Culprit, Site, Via, XidContext};
-use crate::model::{GpuId, Observation};
 
 fn policy(extra: &str) -> Policy {
     let text = format!(
@@ -77,15 +78,6 @@ impl Run {
                 _ => None,
             })
             .collect()
-    }
-}
-
-fn gpu(i: u32) -> GpuId {
-    GpuId {
-        index: i,
-        uuid: format!("GPU-{i:08x}"),
-        pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
-        serial: None,
     }
 }
 

@@ -368,22 +368,11 @@ pub fn mps_container(
         .build()
 }
 
-/// A node of `s` (its `i`-th instance) on the fake libnvidia-ml (`FOUR_GPUS`) and the kernel
-/// log file in its directory, with ECS through moto at `proxy` and the agent at `agent`, no
-/// MPS daemon, and `extra` config sections (e.g. `[metrics]`); not started.
+/// [`node`] with the ECS agent at `agent`, `extra` config sections (e.g. `[metrics]`), and
+/// the fake libnvidia-ml's four GPUs (`FOUR_GPUS`); not started.
 pub fn ecs_gpu_node(s: &Seeded, i: usize, agent: &str, proxy: &str, extra: &str) -> crate::Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"100ms\"\n\
-         [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\npoll_interval = \"200ms\"\n\
-         [mps]\nenabled = false\n{extra}\n{sections}[ecs]\nagent_url = \"{agent}\"\n",
-        policy = crate::default_policy().display(),
-        lib = crate::fake_nvml().display(),
-        kmsg = dir.path().join("kmsg").display(),
-        sections = sections(s, i, ""),
-    );
-    let mut d = crate::Daemon::in_temp(dir, &config);
-    d.aws(Some(proxy));
+    let ecs = format!("agent_url = \"{agent}\"");
+    let mut d = node(s, i, Some(proxy), "", &ecs, "", extra);
     d.gpus(crate::FOUR_GPUS);
     d
 }
