@@ -133,15 +133,7 @@ async fn reserve_commit_drain_then_restore_releases_and_every_write_is_condition
 async fn an_instance_outside_any_group_does_not_drain_with_a_table() {
     let (proxy, sdk, table, s) = setup("slots-noasg", 2).await;
     // An EC2 instance of no group, registered in the cluster.
-    let ran = aws_sdk_ec2::Client::new(&sdk)
-        .run_instances()
-        .image_id("ami-12c6146b")
-        .min_count(1)
-        .max_count(1)
-        .send()
-        .await
-        .unwrap();
-    let lone_id = ran.instances()[0].instance_id().unwrap().to_string();
+    let lone_id = aws::lone_instance(&sdk, "slots-lone").await;
     let lone = aws::register(&sdk, &s.cluster, &lone_id).await;
     let text = format!(
         "[identity]\ninstance_id = \"{lone_id}\"\ncluster = \"{}\"\ncontainer_instance_arn = \"{}\"\n[fleet]\nwarmup = \"0s\"\n{}",

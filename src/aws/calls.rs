@@ -29,6 +29,11 @@ const RETRYABLE_CODES: &[&str] = &[
     "ResourceContention",
 ];
 
+/// Whether an AWS error code says the call may succeed later (throttling, server trouble).
+pub fn retryable_code(code: &str) -> bool {
+    RETRYABLE_CODES.contains(&code)
+}
+
 /// A failed AWS call, classified.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: {message}")]
@@ -100,9 +105,7 @@ impl CallError {
                         format!("HTTP {}", status.map_or("?".to_string(), |s| s.to_string()))
                     }
                 };
-                let retryable = code
-                    .as_deref()
-                    .is_some_and(|c| RETRYABLE_CODES.contains(&c))
+                let retryable = code.as_deref().is_some_and(retryable_code)
                     || status.is_some_and(|s| s >= 500 || s == 429);
                 (code, message, retryable)
             }
@@ -193,6 +196,25 @@ impl Calls {
             }
             e
         })
+    }
+
+    /// `track` for a call made without a service crate ([`super::signed`]): the id is read
+    /// from the reply by `id`.
+    pub fn track_signed<T>(
+        &mut self,
+        op: &'static str,
+        result: Result<T, CallError>,
+        id: impl Fn(&T) -> Option<&str>,
+    ) -> Result<T, CallError> {
+        match &result {
+            Ok(out) => self.record(op, id(out)),
+            Err(e) => {
+                if let Some(rid) = &e.request_id {
+                    self.record(op, Some(rid));
+                }
+            }
+        }
+        result
     }
 
     /// `quiet` for polls, `track` otherwise.

@@ -24,6 +24,7 @@ pub mod imds;
 pub mod instance_types;
 pub mod logs;
 pub mod s3;
+pub mod signed;
 pub mod taskdef;
 
 use std::time::Duration;
@@ -38,23 +39,43 @@ use crate::config::AwsConfig;
 
 /// The HTTPS client every AWS call uses: hyper with rustls on ring (no aws-lc, no OpenSSL).
 pub fn http_client() -> SharedHttpClient {
-    let builder = aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(
-        tls::rustls_provider::CryptoMode::Ring,
-    ));
-    if ca_bundle().is_some() {
-        return builder.build_https();
+    let builder = aws_smithy_http_client::Builder::new().tls_provider(RUSTLS_RING);
+    match no_ca_context() {
+        Some(ctx) => builder.tls_context(ctx).build_https(),
+        None => builder.build_https(),
     }
-    // No CA certificates on the host: the SDK's client would assert on an empty native trust
-    // store (a panic in debug builds). An empty store instead makes every HTTPS call fail
-    // with a certificate error (typed, retried, reported), and the start warns
-    // ([`crate::launch::preflight::warnings`]). Plain-HTTP endpoints (a local test double) still work.
-    match tls::TlsContext::builder()
+}
+
+/// The same client as one connector, for the calls made without a service crate
+/// ([`signed`]): the SDK's pool, TLS and connect timeout.
+pub(crate) fn connector(
+    settings: aws_smithy_runtime_api::client::http::HttpConnectorSettings,
+) -> aws_smithy_http_client::Connector {
+    let builder = aws_smithy_http_client::Connector::builder()
+        .connector_settings(settings)
+        .sleep_impl(aws_smithy_async::rt::sleep::TokioSleep::new())
+        .tls_provider(RUSTLS_RING);
+    match no_ca_context() {
+        Some(ctx) => builder.tls_context(ctx).build(),
+        None => builder.build(),
+    }
+}
+
+const RUSTLS_RING: tls::Provider = tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring);
+
+/// No CA certificates on the host: the SDK's client would assert on an empty native trust
+/// store (a panic in debug builds). An empty store instead makes every HTTPS call fail with a
+/// certificate error (typed, retried, reported), and the start warns
+/// ([`crate::launch::preflight::warnings`]). Plain-HTTP endpoints (a local test double) still
+/// work. `None`: the host has certificates, the default context reads them.
+fn no_ca_context() -> Option<tls::TlsContext> {
+    if ca_bundle().is_some() {
+        return None;
+    }
+    tls::TlsContext::builder()
         .with_trust_store(tls::TrustStore::empty().with_native_roots(false))
         .build()
-    {
-        Ok(ctx) => builder.tls_context(ctx).build_https(),
-        Err(_) => builder.build_https(),
-    }
+        .ok()
 }
 
 /// Where the host keeps its CA certificates, if anywhere: `SSL_CERT_FILE` / `SSL_CERT_DIR`,

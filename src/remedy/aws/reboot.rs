@@ -48,7 +48,7 @@ impl Rebooter {
         let sdk = crate::aws::loader(&cfg.aws).load().await;
         Rebooter {
             cfg: cfg.clone(),
-            ec2: Ec2::new(aws_sdk_ec2::Client::new(&sdk)),
+            ec2: Ec2::new(&sdk),
             control_plane,
             check,
         }

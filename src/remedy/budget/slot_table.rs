@@ -67,7 +67,7 @@ impl SlotBudget {
         SlotBudget {
             c,
             table: SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table),
-            ec2: Ec2::new(aws_sdk_ec2::Client::new(sdk)),
+            ec2: Ec2::new(sdk),
             seen: Mutex::new(slots::Seen::default()),
             swept: Mutex::new(None),
             ec2_note: Mutex::new(None),

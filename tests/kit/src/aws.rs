@@ -477,6 +477,40 @@ pub async fn slot_item(
         .unwrap()
 }
 
+/// An EC2 instance of no Auto Scaling group: launched by a group of one, then detached from
+/// it (desired capacity decremented, so the group launches no successor).
+pub async fn lone_instance(sdk: &SdkConfig, name: &str) -> String {
+    let name = unique(name);
+    let asg = aws_sdk_autoscaling::Client::new(sdk);
+    asg.create_launch_configuration()
+        .launch_configuration_name(&name)
+        .image_id("ami-12c6146b")
+        .instance_type("t2.micro")
+        .send()
+        .await
+        .unwrap();
+    asg.create_auto_scaling_group()
+        .auto_scaling_group_name(&name)
+        .launch_configuration_name(&name)
+        .min_size(0)
+        .max_size(1)
+        .desired_capacity(1)
+        .availability_zones("us-east-1a")
+        .send()
+        .await
+        .unwrap();
+    let id = asg_instance_ids(sdk, &name).await.remove(0);
+    asg.detach_instances()
+        .auto_scaling_group_name(&name)
+        .instance_ids(&id)
+        .should_decrement_desired_capacity(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(asg_instance_ids(sdk, &name).await.is_empty());
+    id
+}
+
 /// TerminateInstanceInAutoScalingGroup, desired capacity decremented (no successor): moto
 /// terminates the EC2 instance and drops it from the group.
 pub async fn terminate(sdk: &SdkConfig, instance_id: &str) {

@@ -1,0 +1,422 @@
+//! One AWS call without a service crate: a request signed with AWS's own SigV4 crate
+//! (`aws-sigv4`) and sent over the SDK's own HTTP connector (hyper, rustls on ring), with the
+//! SDK's region, credential chain and endpoint settings, its timeouts and its three attempts.
+//!
+//! Used where a generated service crate would cost far more to build than the calls it makes:
+//! EC2's two (`DescribeInstances`, `RebootInstances`; [`super::ec2`]) would otherwise pull in
+//! `aws-sdk-ec2`, 88 MB of generated source (BENCHMARKS.md, "The build"). What this gives up
+//! against the SDK: FIPS and dual-stack endpoints (set `AWS_ENDPOINT_URL_EC2` for those) and the
+//! SDK's client-side rate limiter; both matter at thousands of calls a second, not at five a
+//! minute.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_config::SdkConfig;
+use aws_credential_types::Credentials;
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_sigv4::sign::v4;
+use aws_smithy_runtime_api::client::http::HttpConnector;
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_types::body::SdkBody;
+use http_body_util::BodyExt;
+use tokio::sync::Mutex;
+
+use super::calls::{CallError, error_chain};
+
+/// The most of a response body read (EC2 answers a handful of instances in a few KiB).
+const MAX_BODY: usize = 4 << 20;
+/// The SDK's settings ([`super::loader`]): per attempt, per call (all attempts), to connect.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_ATTEMPTS: u32 = 3;
+/// The wait before the second attempt; doubled before the third (the SDK's standard retry
+/// waits up to 1 s, then 2 s, at random).
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// Credentials are fetched again this long before they expire.
+const REFRESH_BEFORE: Duration = Duration::from_secs(300);
+
+/// A service's signing name and endpoint, as the SDK would resolve them.
+#[derive(Debug, Clone, Copy)]
+pub struct Service {
+    /// The SDK's service id, for `AWS_ENDPOINT_URL_<ID>` and the profile's `services` section.
+    pub id: &'static str,
+    /// SigV4's signing name and the endpoint's first label (`ec2`).
+    pub signing_name: &'static str,
+}
+
+/// A client for one service: shared by clones (one credentials cache, one connection pool).
+#[derive(Clone)]
+pub struct SignedClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    service: Service,
+    /// The endpoint, or why there is none (no region): said by every call.
+    endpoint: Result<String, String>,
+    region: Option<String>,
+    credentials: Option<SharedCredentialsProvider>,
+    cached: Mutex<Option<Credentials>>,
+    connector: aws_smithy_http_client::Connector,
+}
+
+impl std::fmt::Debug for SignedClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignedClient")
+            .field("service", &self.inner.service.id)
+            .field("endpoint", &self.inner.endpoint)
+            .finish()
+    }
+}
+
+/// A successful call: the body and the request id AWS gave it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub request_id: Option<String>,
+}
+
+impl SignedClient {
+    pub fn new(sdk: &SdkConfig, service: Service) -> Self {
+        let region = sdk.region().map(|r| r.as_ref().to_string());
+        let endpoint = endpoint(sdk, service, region.as_deref());
+        let connector = super::connector(
+            aws_smithy_runtime_api::client::http::HttpConnectorSettings::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .build(),
+        );
+        SignedClient {
+            inner: Arc::new(Inner {
+                service,
+                endpoint,
+                region,
+                credentials: sdk.credentials_provider(),
+                cached: Mutex::new(None),
+                connector,
+            }),
+        }
+    }
+
+    /// POSTs a form (`application/x-www-form-urlencoded`: the Query protocols) to the
+    /// endpoint's root; up to three attempts while the failure is retryable. An answer other
+    /// than 2xx is handed to `service_error`, which reads the service's code and message.
+    pub async fn post_form(
+        &self,
+        op: &'static str,
+        form: &str,
+        service_error: fn(&str) -> ServiceError,
+    ) -> Result<Reply, CallError> {
+        let call = async {
+            let mut backoff = FIRST_BACKOFF;
+            let mut attempt = 1;
+            loop {
+                let r = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(op, form)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(CallError::transient(op, "timed out")),
+                };
+                let r = r.and_then(|reply| accept(op, reply, service_error));
+                match r {
+                    Err(e) if e.retryable && attempt < MAX_ATTEMPTS => {
+                        tokio::time::sleep(backoff).await;
+                        backoff *= 2;
+                        attempt += 1;
+                    }
+                    other => return other,
+                }
+            }
+        };
+        tokio::time::timeout(CALL_TIMEOUT, call)
+            .await
+            .unwrap_or_else(|_| Err(CallError::transient(op, "timed out")))
+    }
+
+    async fn attempt(&self, op: &'static str, form: &str) -> Result<Reply, CallError> {
+        let inner = &self.inner;
+        let endpoint = inner
+            .endpoint
+            .as_deref()
+            .map_err(|why| CallError::terminal(op, why.clone()))?;
+        let Some(region) = inner.region.as_deref() else {
+            return Err(CallError::terminal(op, "no AWS region is set"));
+        };
+        let creds = self.credentials(op).await?;
+        let mut req = http::Request::builder()
+            .method("POST")
+            .uri(endpoint)
+            .header(
+                "content-type",
+                "application/x-www-form-urlencoded; charset=utf-8",
+            )
+            .header(
+                "user-agent",
+                concat!("gpu-medic/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(SdkBody::from(form.to_string()))
+            .map_err(|e| CallError::terminal(op, format!("bad endpoint {endpoint}: {e}")))?;
+        sign_request(&mut req, &creds, region, inner.service.signing_name, form)
+            .map_err(|e| CallError::terminal(op, format!("cannot sign the request: {e}")))?;
+        let req = aws_smithy_runtime_api::http::Request::try_from(req)
+            .map_err(|e| CallError::terminal(op, format!("bad request: {e}")))?;
+        let resp = inner
+            .connector
+            .call(req)
+            .await
+            .map_err(|e| dispatch_error(op, &e))?;
+        let status = resp.status().as_u16();
+        let header_id = resp
+            .headers()
+            .get("x-amzn-requestid")
+            .or_else(|| resp.headers().get("x-amz-request-id"))
+            .map(str::to_string);
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| {
+                CallError::transient(op, format!("unreadable response (HTTP {status}): {e}"))
+            })?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            request_id: header_id,
+        })
+    }
+
+    /// The SDK's credential chain, asked again only near expiry (the SDK caches the same way).
+    async fn credentials(&self, op: &'static str) -> Result<Credentials, CallError> {
+        let mut cached = self.inner.cached.lock().await;
+        if let Some(c) = cached.as_ref()
+            && c.expiry()
+                .is_none_or(|e| e > SystemTime::now() + REFRESH_BEFORE)
+        {
+            return Ok(c.clone());
+        }
+        let Some(provider) = &self.inner.credentials else {
+            return Err(CallError::terminal(op, "no AWS credentials provider"));
+        };
+        let c = provider.provide_credentials().await.map_err(|e| {
+            // The chain fails on a missing source (terminal) and on an unreachable one, e.g.
+            // IMDS while the network comes up (worth another try).
+            let retryable = !matches!(
+                e,
+                aws_credential_types::provider::error::CredentialsError::CredentialsNotLoaded(_)
+            );
+            CallError {
+                op,
+                code: None,
+                message: format!("no AWS credentials: {}", error_chain(&e)),
+                retryable,
+                request_id: None,
+            }
+        })?;
+        *cached = Some(c.clone());
+        Ok(c)
+    }
+}
+
+fn sign_request(
+    req: &mut http::Request<SdkBody>,
+    creds: &Credentials,
+    region: &str,
+    signing_name: &str,
+    body: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let identity = creds.clone().into();
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region(region)
+        .name(signing_name)
+        .time(SystemTime::now())
+        .settings(SigningSettings::default())
+        .build()?
+        .into();
+    let uri = req.uri().to_string();
+    let headers = req
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)));
+    let signable = SignableRequest::new(
+        req.method().as_str(),
+        &uri,
+        headers,
+        SignableBody::Bytes(body.as_bytes()),
+    )?;
+    let (instructions, _) = sign(signable, &params)?.into_parts();
+    instructions.apply_to_request_http1x(req);
+    Ok(())
+}
+
+/// What a service said when it refused: its code, message and request id from the body.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServiceError {
+    pub code: Option<String>,
+    pub message: Option<String>,
+    pub request_id: Option<String>,
+}
+
+/// A 2xx answer is the reply; any other is classified as the SDK classifies a service error
+/// ([`super::calls::CallError::from_sdk`]): throttling codes, 5xx and 429 are retryable.
+fn accept(
+    op: &'static str,
+    reply: Reply,
+    service_error: fn(&str) -> ServiceError,
+) -> Result<Reply, CallError> {
+    if (200..300).contains(&reply.status) {
+        return Ok(reply);
+    }
+    let e = service_error(&reply.body);
+    let status = reply.status;
+    let message = match (&e.code, &e.message) {
+        (Some(c), Some(m)) => format!("{c}: {m}"),
+        (Some(c), None) => c.clone(),
+        (None, Some(m)) => m.clone(),
+        (None, None) => format!("HTTP {status}"),
+    };
+    let retryable = e.code.as_deref().is_some_and(super::calls::retryable_code)
+        || status >= 500
+        || status == 429;
+    Err(CallError {
+        op,
+        code: e.code,
+        message,
+        retryable,
+        request_id: e.request_id.or(reply.request_id),
+    })
+}
+
+fn dispatch_error(op: &'static str, e: &ConnectorError) -> CallError {
+    if e.is_timeout() {
+        return CallError::transient(op, "timed out connecting");
+    }
+    let message = format!("dispatch failure: {}", error_chain(e));
+    // A connector that is misconfigured (bad endpoint) will not heal by itself.
+    if e.is_user() {
+        CallError::terminal(op, message)
+    } else {
+        CallError::transient(op, message)
+    }
+}
+
+/// The endpoint the SDK would call: an endpoint set in `[aws] endpoint_url`, else
+/// `AWS_ENDPOINT_URL_<SERVICE>` or the profile's service setting, else `AWS_ENDPOINT_URL` or
+/// the profile's `endpoint_url`, else the region's public endpoint.
+fn endpoint(sdk: &SdkConfig, service: Service, region: Option<&str>) -> Result<String, String> {
+    let configured = if sdk.get_origin("endpoint_url").is_client_config() {
+        sdk.endpoint_url().map(str::to_string)
+    } else {
+        sdk.service_config()
+            .and_then(|conf| {
+                let key = aws_types::service_config::ServiceConfigKey::builder()
+                    .service_id(service.id)
+                    .env("AWS_ENDPOINT_URL")
+                    .profile("endpoint_url")
+                    .build()
+                    .ok()?;
+                conf.load_config(key)
+            })
+            .or_else(|| sdk.endpoint_url().map(str::to_string))
+    };
+    if let Some(url) = configured {
+        return Ok(url);
+    }
+    let Some(region) = region else {
+        return Err("no AWS region is set (AWS_REGION, the profile or [aws] region)".to_string());
+    };
+    Ok(public_endpoint(service.signing_name, region))
+}
+
+/// `https://<service>.<region>.<partition's DNS suffix>`: the standard endpoint of every
+/// partition gpu-medic's instances run in (commercial and GovCloud: `amazonaws.com`; China:
+/// `amazonaws.com.cn`).
+pub fn public_endpoint(name: &str, region: &str) -> String {
+    let suffix = if region.starts_with("cn-") {
+        "amazonaws.com.cn"
+    } else {
+        "amazonaws.com"
+    };
+    format!("https://{name}.{region}.{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_endpoints_follow_the_partition() {
+        assert_eq!(
+            public_endpoint("ec2", "us-east-1"),
+            "https://ec2.us-east-1.amazonaws.com"
+        );
+        assert_eq!(
+            public_endpoint("ec2", "cn-north-1"),
+            "https://ec2.cn-north-1.amazonaws.com.cn"
+        );
+        assert_eq!(
+            public_endpoint("ec2", "us-gov-west-1"),
+            "https://ec2.us-gov-west-1.amazonaws.com"
+        );
+    }
+
+    fn reply(status: u16, body: &str) -> Reply {
+        Reply {
+            status,
+            body: body.to_string(),
+            request_id: Some("hdr-1".to_string()),
+        }
+    }
+
+    fn parsed(_: &str) -> ServiceError {
+        ServiceError {
+            code: Some("RequestLimitExceeded".to_string()),
+            message: Some("slow down".to_string()),
+            request_id: Some("body-1".to_string()),
+        }
+    }
+
+    #[test]
+    fn refusals_are_classified_like_the_sdks() {
+        assert!(accept("Op", reply(200, "ok"), parsed).is_ok());
+        let e = accept("Op", reply(503, ""), parsed).unwrap_err();
+        assert!(e.retryable);
+        assert_eq!(e.code.as_deref(), Some("RequestLimitExceeded"));
+        assert_eq!(e.message, "RequestLimitExceeded: slow down");
+        assert_eq!(e.request_id.as_deref(), Some("body-1"));
+        let e = accept("Op", reply(403, ""), |_| ServiceError {
+            code: Some("UnauthorizedOperation".to_string()),
+            ..ServiceError::default()
+        })
+        .unwrap_err();
+        assert!(!e.retryable);
+        assert_eq!(e.request_id.as_deref(), Some("hdr-1"));
+        let e = accept("Op", reply(400, "garbage"), |_| ServiceError::default()).unwrap_err();
+        assert!(!e.retryable);
+        assert_eq!(e.message, "HTTP 400");
+        assert!(
+            accept("Op", reply(429, ""), |_| ServiceError::default())
+                .unwrap_err()
+                .retryable
+        );
+    }
+
+    #[test]
+    fn no_region_and_no_endpoint_is_said() {
+        let sdk = SdkConfig::builder().build();
+        let s = Service {
+            id: "EC2",
+            signing_name: "ec2",
+        };
+        assert!(
+            endpoint(&sdk, s, None)
+                .unwrap_err()
+                .contains("no AWS region")
+        );
+        let sdk = SdkConfig::builder()
+            .endpoint_url("http://127.0.0.1:5000")
+            .build();
+        assert_eq!(endpoint(&sdk, s, None).unwrap(), "http://127.0.0.1:5000");
+    }
+}
