@@ -151,7 +151,7 @@ fn replay(stream: &Stream, policy: &Policy) -> (usize, usize, usize, f64) {
 }
 
 fn main() {
-    let policy = Policy::load(&default_policy()).expect("default policy");
+    let policy = gpu_medic::config::load_policy(&default_policy()).expect("default policy");
     let n: usize = std::env::var("BENCH_INPUTS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -107,7 +107,7 @@ fn sizes() {
     }
     let mut before = String::new();
     prometheus_client::encoding::text::encode(&mut before, &registry).unwrap();
-    let policy = gpu_medic::policy::Policy::load(
+    let policy = gpu_medic::config::load_policy(
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
     )
     .unwrap();

@@ -25,11 +25,12 @@
 //!
 //! # Layers
 //!
-//! Lowest first. A module imports (`crate::…`, tests included) only from the layers below its
+//! Lowest first; `error`, `limits`, `model`, `policy` and `engine` are the core crate's
+//! (`crates/core`), which Cargo keeps from importing anything of this one. A module imports (`crate::…`, tests included) only from the layers below its
 //! own: never from a module of its own layer, never from above. `tests/layout.rs` reads this
 //! list, so it is the one place the order is written; every module is in exactly one layer.
 //!
-//! - layer 0: `sys`
+//! - layer 0: `sys`, `error`, `limits`
 //! - layer 1: `model`
 //! - layer 2: `policy`
 //! - layer 3: `engine`, `config`
@@ -41,18 +42,18 @@
 //! - layer 9: `cli`
 
 pub mod accounting;
+// The model, the policy and the engine live in their own crate (crates/core), which Cargo
+// keeps free of I/O and of the AWS SDK; here under their old names.
+pub use gpu_medic_core::{engine, model, policy};
 pub mod aws;
 pub mod cli;
 pub mod config;
 pub mod diagnose;
-pub mod engine;
 pub mod export;
 pub mod journal;
 pub mod launch;
 pub mod metrics;
-pub mod model;
 pub mod mps;
-pub mod policy;
 pub mod probe;
 pub mod remedy;
 pub mod supervisor;

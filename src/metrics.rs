@@ -761,7 +761,7 @@ mod tests {
     }
 
     fn shipped_policy() -> Policy {
-        Policy::load(
+        crate::config::load_policy(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
         )
         .unwrap()

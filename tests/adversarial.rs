@@ -43,7 +43,7 @@ fn repo() -> PathBuf {
 
 fn default_policy() -> &'static Policy {
     static P: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
-    P.get_or_init(|| Policy::load(&repo().join("policies/default.toml")).unwrap())
+    P.get_or_init(|| gpu_medic::config::load_policy(&repo().join("policies/default.toml")).unwrap())
 }
 
 fn cfg(cases: u32) -> ProptestConfig {
@@ -610,7 +610,9 @@ fn readers() -> Vec<(&'static str, &'static str, Reader)> {
         (
             "policy",
             "policy.toml",
-            r(Box::new(|p| format!("{:?}", Policy::load(p).err()))),
+            r(Box::new(|p| {
+                format!("{:?}", gpu_medic::config::load_policy(p).err())
+            })),
         ),
         (
             "state",

@@ -27,6 +27,23 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The two crates' sources: the daemon's (`src/`) and the core's (`crates/core/src/`: the
+/// model, the policy and the engine).
+const SOURCES: [&str; 2] = ["src", "crates/core/src"];
+
+/// Every Rust file of both crates, each with the source folder it is under.
+fn sources() -> Vec<(PathBuf, PathBuf)> {
+    SOURCES
+        .iter()
+        .flat_map(|s| {
+            let base = root().join(s);
+            rust_files(&base)
+                .into_iter()
+                .map(move |f| (base.clone(), f))
+        })
+        .collect()
+}
+
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -166,11 +183,15 @@ fn the_layer_scanner_finds_every_crate_path() {
 
 #[test]
 fn the_layers_name_every_module_once() {
-    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
-    let mut declared: Vec<String> = lib
-        .lines()
-        .filter_map(|l| l.strip_prefix("pub mod "))
-        .map(|m| m.trim_end_matches(';').to_string())
+    let mut declared: Vec<String> = SOURCES
+        .iter()
+        .flat_map(|s| {
+            let lib = std::fs::read_to_string(root().join(s).join("lib.rs")).unwrap();
+            lib.lines()
+                .filter_map(|l| l.strip_prefix("pub mod "))
+                .map(|m| m.trim_end_matches(';').to_string())
+                .collect::<Vec<_>>()
+        })
         .collect();
     let mut layered: Vec<String> = layers().concat();
     declared.sort();
@@ -188,8 +209,8 @@ fn upward_imports() -> Vec<String> {
     let layers = layers();
     let layer = |m: &str| layers.iter().position(|l| l.iter().any(|x| x == m));
     let mut bad = Vec::new();
-    for f in rust_files(&root().join("src")) {
-        let rel = f.strip_prefix(root().join("src")).unwrap();
+    for (base, f) in sources() {
+        let rel = f.strip_prefix(&base).unwrap();
         let Some(own) = rel.iter().next().and_then(|c| c.to_str()) else {
             continue;
         };
@@ -268,7 +289,7 @@ fn accounting_and_metrics_never_import_a_probe() {
 fn files_under_the_state_dir_are_named_by_state_dir_only() {
     let names = root().join("src/config/state_dir.rs");
     let mut bad = Vec::new();
-    for f in rust_files(&root().join("src")) {
+    for (_, f) in sources() {
         if f == names {
             continue;
         }
@@ -324,13 +345,13 @@ fn the_engine_imports_nothing_that_does_io() {
         "journal",
         "metrics",
     ];
-    let bad = check("src/engine", &forbidden);
+    let bad = check("crates/core/src/engine", &forbidden);
     assert!(
         bad.is_empty(),
         "the engine must stay pure:\n{}",
         bad.join("\n")
     );
-    for f in rust_files(&root().join("src/engine")) {
+    for f in rust_files(&root().join("crates/core/src/engine")) {
         let text = std::fs::read_to_string(&f).unwrap();
         for banned in [
             "SystemTime::now",
@@ -354,7 +375,7 @@ fn no_static_holds_state() {
         "Atomic", "Mutex", "RwLock", "OnceLock", "OnceCell", "LazyLock", "RefCell", "Cell<",
     ];
     let mut bad = Vec::new();
-    for f in rust_files(&root().join("src")) {
+    for (_, f) in sources() {
         // Test modules (`#[cfg(test)] mod tests;`, `mod trust_tests;`) may cache fixtures.
         if f.to_string_lossy().ends_with("tests.rs") {
             continue;
@@ -394,7 +415,7 @@ fn no_static_holds_state() {
 #[test]
 fn cited_documents_exist() {
     let mut files = Vec::new();
-    for d in ["src", "tests", "benches", "examples"] {
+    for d in ["src", "crates", "tests", "benches", "examples"] {
         files.extend(rust_files(&root().join(d)));
     }
     files.retain(|f| !f.ends_with("tests/layout.rs"));
@@ -497,7 +518,7 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
 /// (file, first line, name, length) of every function in `src/` outside test modules.
 fn functions() -> Vec<(String, usize, String, usize)> {
     let mut out = Vec::new();
-    for f in rust_files(&root().join("src")) {
+    for (_, f) in sources() {
         let rel = f
             .strip_prefix(root())
             .unwrap()

@@ -20,7 +20,7 @@ use gpu_medic::model::{Record, StampedInput};
 fn default_policy() -> &'static gpu_medic::policy::Policy {
     static P: std::sync::OnceLock<gpu_medic::policy::Policy> = std::sync::OnceLock::new();
     P.get_or_init(|| {
-        gpu_medic::policy::Policy::load(
+        gpu_medic::config::load_policy(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
         )
         .unwrap()

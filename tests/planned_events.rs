@@ -6,7 +6,7 @@
 //! proxy; moto 5.2.5 has no `healthStatus` in DescribeContainerInstances answers, so the
 //! proxy adds it (the ECS agent's verdict: the one double here besides IMDS). Durations are
 //! configured short (a lead of seconds) so the rules run in seconds; the same rules are proven
-//! in virtual time in `src/engine/planned.rs`.
+//! in virtual time in `crates/core/src/engine/planned.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 

@@ -157,7 +157,7 @@ fn config(dir: &Path) -> Config {
 }
 
 fn policy() -> Policy {
-    Policy::load(&default_policy()).unwrap()
+    gpu_medic::config::load_policy(&default_policy()).unwrap()
 }
 
 /// A supervisor on `dir` with `executor` and a feed the test sends observations into.

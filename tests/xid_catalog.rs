@@ -36,7 +36,7 @@ fn decode_rows() -> Vec<DecodeRow> {
 }
 
 fn default_policy() -> Policy {
-    Policy::load(&repo().join("policies/default.toml")).unwrap()
+    gpu_medic::config::load_policy(&repo().join("policies/default.toml")).unwrap()
 }
 
 /// Where the default policy departs from "reset -> drain/replace, RESTART_APP -> log or

@@ -246,7 +246,7 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
         std::env::remove_var("FAKE_CUDA_INIT_ERROR");
     }
     let cfg = Config::load(&config_path)?;
-    let policy = Policy::load(&cfg.policy)?;
+    let policy = crate::config::load_policy(&cfg.policy)?;
     crate::cli::run::init_logging_quiet();
 
     banner(&lib, mps_binary.as_deref(), cuda.as_deref(), &dir);

@@ -165,7 +165,7 @@ pub fn run(a: DrillArgs) -> Result<i32, CliError> {
             return Ok(exit::REFUSED);
         }
     };
-    let policy = Policy::load(&cfg.policy)?;
+    let policy = crate::config::load_policy(&cfg.policy)?;
     let me = std::process::id();
     let id = format!("drill-{}-{me}", crate::model::Timestamp::now().0);
     let by = common.by.clone().unwrap_or_else(whoami);

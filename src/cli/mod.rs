@@ -180,13 +180,13 @@ impl ConfigArg {
 /// built-in default.
 pub fn resolve_policy(explicit: Option<&Path>, config: Option<&Path>) -> Result<Policy, FileError> {
     if let Some(p) = explicit {
-        return Policy::load(p);
+        return crate::config::load_policy(p);
     }
     if let Some(c) = config
         && c.exists()
     {
         let cfg = Config::load(c)?;
-        return Policy::load(&cfg.policy);
+        return crate::config::load_policy(&cfg.policy);
     }
     Policy::parse(Path::new("(built-in default.toml)"), BUILTIN_DEFAULT_POLICY)
 }

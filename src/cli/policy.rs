@@ -138,7 +138,7 @@ struct SilencedFatal {
 }
 
 fn check(file: PathBuf, json: bool) -> Result<i32, CliError> {
-    let p = Policy::load(&file)?;
+    let p = crate::config::load_policy(&file)?;
     let uncovered: Vec<&str> = p.uncovered_signals().iter().map(|k| k.as_str()).collect();
     let xids: usize = p
         .rules

@@ -140,7 +140,7 @@ fn validate(
         crate::probe::kmsg::check_path(kmsg)
             .map_err(|m| crate::sys::error::FileError::new(&config.config, None, m))?;
     }
-    let policy = Policy::load(&cfg.policy)?;
+    let policy = crate::config::load_policy(&cfg.policy)?;
     Ok((cfg, policy))
 }
 

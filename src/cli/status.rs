@@ -201,7 +201,7 @@ fn print_gpu_view(cfg: &crate::config::Config) {
     print_links(&cfg.state_dir);
     if let Some(c) = cfg.files().load_view::<Comparison>(View::GpuView) {
         // What the policy takes at its value; the rest (a few MiB apart) is a routine reading.
-        let policy = crate::policy::Policy::load(&cfg.policy).ok();
+        let policy = crate::config::load_policy(&cfg.policy).ok();
         let findings: Vec<&crate::model::Observation> = c
             .observations
             .iter()

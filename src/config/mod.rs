@@ -497,6 +497,19 @@ pub const PACKAGED_WATCHDOG: Duration = Duration::from_secs(30);
 /// The longest tick: half the packaged watchdog, so one missed ping is not fatal.
 pub const MAX_TICK: Duration = Duration::from_secs(15);
 
+/// Loads the policy file at `path` and the files its `extends` chain names, each capped at
+/// [`crate::sys::limits::MAX_POLICY_BYTES`] and refused unless a regular file.
+pub fn load_policy(path: &Path) -> Result<crate::policy::Policy, FileError> {
+    crate::policy::Policy::load_with(path, &|p| {
+        crate::sys::limits::read_text(p, crate::sys::limits::MAX_POLICY_BYTES, "policy").map_err(
+            |e| crate::policy::Unread {
+                missing: e.is_not_found(),
+                message: e.to_string(),
+            },
+        )
+    })
+}
+
 /// The 1-based line of `key` in `[section]` (`None`: the top level, before any section), or
 /// of the section's header when the key is absent (a default is in use), or `None`.
 pub fn key_line(text: &str, section: Option<&str>, key: &str) -> Option<usize> {

@@ -1371,7 +1371,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let policy = crate::policy::Policy::load(
+        let policy = crate::config::load_policy(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
         )
         .unwrap();

@@ -127,7 +127,7 @@ mod urgency_tests {
     /// The table answers as the policy does, for named and unnamed codes and every decode.
     #[test]
     fn urgency_is_the_policys_verdict() {
-        let policy = crate::policy::Policy::load(
+        let policy = crate::config::load_policy(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
         )
         .unwrap();

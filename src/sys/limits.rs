@@ -12,8 +12,7 @@ pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 pub const MAX_POLICY_BYTES: u64 = 1024 * 1024;
 /// The input of `gpu-medic policy simulate` (a recorded `inputs.jsonl`, streamed).
 pub const MAX_SIMULATE_BYTES: u64 = 1024 * 1024 * 1024;
-/// One line of a JSON-lines journal (`incidents.jsonl`, `inputs.jsonl`, simulate input).
-pub const MAX_JOURNAL_LINE: usize = 1024 * 1024;
+pub use gpu_medic_core::limits::MAX_JOURNAL_LINE;
 /// One kernel-log record. The kernel's own records are at most 1 KiB of text plus a header
 /// (`PRINTK_MESSAGE_MAX`); `/dev/kmsg` never hands out more than one record per read.
 pub const MAX_KMSG_LINE: usize = 8 * 1024;

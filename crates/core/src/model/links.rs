@@ -2,7 +2,7 @@
 //! fabric, NVLinks and PCIe link of each GPU (`links.json`, written by the NVML poll) and the
 //! EFA / RDMA ports (`ports.json`, written by the port watch). Plain data: the probes fill it
 //! (src/probe/nvml/links.rs, src/probe/efa.rs), `status` and src/metrics.rs read it back
-//! through [`crate::config::StateDir`]. docs/fabric.md says what each field comes from.
+//! through the daemon's `config::StateDir`. docs/fabric.md says what each field comes from.
 
 use std::collections::BTreeMap;
 

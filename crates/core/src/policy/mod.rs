@@ -1,6 +1,7 @@
 //! The policy file: which signal leads to which verdict, with debounce, escalation,
-//! deadlines and the MPS restart budget. Loading reads files (and `extends` chains);
-//! the resulting `Policy` is plain data that the pure engine consults.
+//! deadlines and the MPS restart budget. Loading follows `extends` chains through a reader the
+//! caller hands in (the daemon's reads files with a size cap: `config::load_policy`); the
+//! resulting `Policy` is plain data that the pure engine consults.
 //!
 //! Errors name the file, line and key, because an operator edits this file by hand.
 
@@ -22,8 +23,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::error::{FileError, line_of};
 use crate::model::{RecoveryAction, Signal, SignalKind, Verdict, XidDecode};
-use crate::sys::error::{FileError, line_of};
 
 /// The suffixes the engine adds to a rule's name for the verdicts its windows reach:
 /// `escalate`, and `suspect` and `culprit` (`policy::attribution`).
@@ -291,9 +292,13 @@ impl Policy {
             .collect()
     }
 
-    /// Loads a policy file, following `extends`.
-    pub fn load(path: &Path) -> Result<Policy, FileError> {
-        let raw = load_raw(path, 0)?;
+    /// Loads a policy file, following `extends`, each file read by `read`.
+    pub fn load_with(
+        path: &Path,
+        read: &dyn Fn(&Path) -> Result<String, Unread>,
+    ) -> Result<Policy, FileError> {
+        let text = read(path).map_err(|e| FileError::new(path, None, e.message))?;
+        let raw = load_raw(path, &text, 0, read)?;
         build(path, raw)
     }
 
@@ -501,10 +506,20 @@ struct RuleLines {
 
 const MAX_EXTENDS_DEPTH: usize = 8;
 
-fn load_raw(path: &Path, depth: usize) -> Result<RawPolicy, FileError> {
-    let text = crate::sys::limits::read_text(path, crate::sys::limits::MAX_POLICY_BYTES, "policy")
-        .map_err(|e| FileError::new(path, None, e.to_string()))?;
-    let mut raw = parse_raw(path, &text)?;
+/// Why a policy file could not be read: `missing` when nothing is at the path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unread {
+    pub missing: bool,
+    pub message: String,
+}
+
+fn load_raw(
+    path: &Path,
+    text: &str,
+    depth: usize,
+    read: &dyn Fn(&Path) -> Result<String, Unread>,
+) -> Result<RawPolicy, FileError> {
+    let mut raw = parse_raw(path, text)?;
     if let Some(ext) = raw.extends.take() {
         if depth >= MAX_EXTENDS_DEPTH {
             return Err(FileError::new(
@@ -517,17 +532,30 @@ fn load_raw(path: &Path, depth: usize) -> Result<RawPolicy, FileError> {
             .parent()
             .unwrap_or_else(|| Path::new("."))
             .join(&ext.value);
-        if !base_path.exists() {
-            return Err(FileError::new(
-                path,
-                Some(ext.line),
-                format!("`extends`: {} does not exist", base_path.display()),
-            ));
-        }
-        let base = load_raw(&base_path, depth + 1)?;
+        let base_text = read(&base_path).map_err(|u| {
+            if u.missing {
+                FileError::new(
+                    path,
+                    Some(ext.line),
+                    format!("`extends`: {} does not exist", base_path.display()),
+                )
+            } else {
+                FileError::new(&base_path, None, u.message)
+            }
+        })?;
+        let base = load_raw(&base_path, &base_text, depth + 1, read)?;
         raw = merge(base, raw);
     }
     Ok(raw)
+}
+
+/// Reads a policy file whole, for tests (the daemon caps the size: `config::load_policy`).
+#[cfg(test)]
+pub(crate) fn read_file(path: &Path) -> Result<String, Unread> {
+    std::fs::read_to_string(path).map_err(|e| Unread {
+        missing: e.kind() == std::io::ErrorKind::NotFound,
+        message: e.to_string(),
+    })
 }
 
 fn parse_raw(path: &Path, text: &str) -> Result<RawPolicy, FileError> {
@@ -1251,7 +1279,7 @@ reason = "too hot"
             "version = 1\nextends = \"base.toml\"\n\n\n[diagnose]\non_fail = \"drain\"\n",
         )
         .unwrap();
-        let e = Policy::load(&over).unwrap_err();
+        let e = Policy::load_with(&over, &read_file).unwrap_err();
         assert_eq!(e.line, Some(5), "{e}");
         assert!(e.to_string().contains("over.toml"), "{e}");
     }
@@ -1404,7 +1432,7 @@ reason = "too hot"
             "extends = \"base.toml\"\n[engine]\nobserve_only = true\n[[rule]]\nname = \"other-xid\"\nsignal = \"xid\"\naction = \"ignore\"\nreason = \"quiet\"\nsilences_fatal = true\n",
         )
         .unwrap();
-        let p = Policy::load(&dir.path().join("over.toml")).unwrap();
+        let p = Policy::load_with(&dir.path().join("over.toml"), &read_file).unwrap();
         assert!(p.observe_only);
         assert_eq!(p.rules.len(), 4);
         let r = p.rule_for(&Signal::xid(13), 0).unwrap();
@@ -1518,7 +1546,7 @@ reason = "too hot"
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.toml"), "extends = \"b.toml\"\n").unwrap();
         std::fs::write(dir.path().join("b.toml"), "extends = \"a.toml\"\n").unwrap();
-        let e = Policy::load(&dir.path().join("a.toml")).unwrap_err();
+        let e = Policy::load_with(&dir.path().join("a.toml"), &read_file).unwrap_err();
         assert!(e.message.contains("deeper"), "{e}");
     }
 }

@@ -9,10 +9,11 @@ use super::*;
 use crate::model::{GpuId, Observation, OperatorRequest, Outcome, OutcomeStatus};
 
 fn load(name: &str) -> Policy {
-    Policy::load(
+    Policy::load_with(
         &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("policies")
+            .join("../../policies")
             .join(name),
+        &crate::policy::read_file,
     )
     .unwrap_or_else(|e| panic!("{name} loads: {e}"))
 }
@@ -1218,7 +1219,7 @@ fn step_bounds_what_comes_in_and_what_goes_out_for_every_caller() {
             Action::Log(r) => serde_json::to_vec(r).unwrap().len(),
             Action::Execute(o) => serde_json::to_vec(o).unwrap().len(),
         };
-        assert!(n < crate::sys::limits::MAX_JOURNAL_LINE / 2, "{n}");
+        assert!(n < crate::limits::MAX_JOURNAL_LINE / 2, "{n}");
     }
     // An outcome's AWS message of 2 MiB: the records it makes are cut the same way.
     let orders: Vec<ActionId> = a1
@@ -1242,9 +1243,7 @@ fn step_bounds_what_comes_in_and_what_goes_out_for_every_caller() {
         let (_, out) = step(&s1, outcome, Timestamp(2_000), &policy);
         for a in &out {
             if let Action::Log(r) = a {
-                assert!(
-                    serde_json::to_vec(r).unwrap().len() < crate::sys::limits::MAX_JOURNAL_LINE / 2
-                );
+                assert!(serde_json::to_vec(r).unwrap().len() < crate::limits::MAX_JOURNAL_LINE / 2);
             }
         }
     }

@@ -10,7 +10,7 @@ use crate::model::{Capabilities, GpuId, Observation, Outcome, OutcomeStatus, Rec
 fn policy() -> Policy {
     Policy::parse(
         std::path::Path::new("default.toml"),
-        include_str!("../../../policies/default.toml"),
+        include_str!("../../../../../policies/default.toml"),
     )
     .unwrap_or_else(|e| panic!("default policy: {e}"))
 }

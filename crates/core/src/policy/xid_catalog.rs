@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 
 use crate::model::{RecoveryAction, Signal, XidDecode};
 
-const CATALOG_CSV: &str = include_str!("../../docs/xid-catalog.csv");
-const DECODE_CSV: &str = include_str!("../../docs/xid-nvlink5-decode.csv");
+const CATALOG_CSV: &str = include_str!("../../../../docs/xid-catalog.csv");
+const DECODE_CSV: &str = include_str!("../../../../docs/xid-nvlink5-decode.csv");
 
 /// The NVLink5 XIDs, whose action depends on the error status in their text.
 pub const NVLINK5: std::ops::RangeInclusive<u32> = 144..=150;

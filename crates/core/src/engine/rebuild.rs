@@ -450,7 +450,7 @@ mod tests {
     fn policy() -> crate::policy::Policy {
         crate::policy::Policy::parse(
             std::path::Path::new("default.toml"),
-            include_str!("../../policies/default.toml"),
+            include_str!("../../../../policies/default.toml"),
         )
         .unwrap()
     }

@@ -13,7 +13,7 @@ use crate::model::attribution::{Culprit, Site, Via, XidContext};
 fn policy(extra: &str) -> Policy {
     let text = format!(
         "{}\n{extra}",
-        include_str!("../../../policies/default.toml")
+        include_str!("../../../../../policies/default.toml")
     );
     Policy::parse(std::path::Path::new("default.toml"), &text)
         .unwrap_or_else(|e| panic!("default policy: {e}"))

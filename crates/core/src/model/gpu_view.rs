@@ -1,6 +1,6 @@
 //! ECS's view of this instance's GPUs against NVML's, as the ECS GPU view probe
 //! (src/probe/ecs_gpus.rs) keeps it for `gpu-medic status` and `check`
-//! ([`crate::config::View::GpuView`]).
+//! (the daemon's `config::View::GpuView`).
 
 use serde::{Deserialize, Serialize};
 

@@ -1137,9 +1137,11 @@ mod tests {
     const T0: u64 = 1_900_000_000_000;
 
     fn policy() -> Policy {
-        let mut p =
-            Policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"))
-                .unwrap();
+        let mut p = Policy::load_with(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/default.toml"),
+            &crate::policy::read_file,
+        )
+        .unwrap();
         p.planned.lead = Duration::from_secs(5 * 60);
         p
     }

@@ -3,7 +3,7 @@
 //! is cut to a fixed size, with a marker saying how much was cut, before it is stepped,
 //! journaled, exported or put in an incident. The sizes are chosen so that the largest
 //! bounded record encodes far below the journal's line cap
-//! ([`crate::sys::limits::MAX_JOURNAL_LINE`]): whatever the journal writes, it reads back.
+//! ([`crate::limits::MAX_JOURNAL_LINE`]): whatever the journal writes, it reads back.
 
 use super::{
     Command, Drill, EvidenceRef, GpuId, IncidentEvent, Input, Observation, OperatorRequest, Order,
@@ -348,7 +348,7 @@ mod tests {
         };
         r.bound();
         let n = serde_json::to_vec(&r).unwrap().len();
-        assert!(n < crate::sys::limits::MAX_JOURNAL_LINE / 2, "{n}");
+        assert!(n < crate::limits::MAX_JOURNAL_LINE / 2, "{n}");
         let IncidentEvent::Opened { observation, .. } = &r.event else {
             unreachable!()
         };
