@@ -1,7 +1,6 @@
 //! Typed errors shared across modules. Each error says whether trying again may help,
 //! so callers (and the engine, through `Outcome`) can tell a throttle from a bad request.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use gpu_medic_core::error::{FileError, line_of};
