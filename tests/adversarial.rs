@@ -419,7 +419,7 @@ proptest! {
     /// a token beyond it, is refused; what is accepted is decided on without panicking, and
     /// a write it decides advances the version.
     #[test]
-    fn slot_table_items_with_arbitrary_numbers(version in extreme(), token in extreme(), budget in extreme(), phase in 0u8..3) {
+    fn slot_table_items_with_arbitrary_numbers(version in extreme(), token in extreme(), budget in extreme(), phase in 0u8..2) {
         use aws_sdk_dynamodb::types::AttributeValue;
         use gpu_medic::aws::dynamo::{self, Holder, HolderState, SlotItem};
         use gpu_medic::remedy::budget::slot_rules::{self, Decision, Facts, Phase, Seen, Stamp};
@@ -449,7 +449,7 @@ proptest! {
                 let stamp = Stamp::default();
                 let f = Facts {
                     me: "i-0me",
-                    phase: [Phase::Wants, Phase::Remediating, Phase::Done][phase as usize],
+                    phase: [Phase::Wants, Phase::Done][phase as usize],
                     budget: 2,
                     terminated: &terminated,
                     seen: &seen,

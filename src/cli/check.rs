@@ -61,7 +61,7 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     // ECS's view first: it gives the expected GPU count before NVML is polled.
     let view = probe::gpu_view_enabled(cfg).then(|| read_gpu_view(cfg, &mut looks));
     let probe_view = view.as_ref().map(|(_, v, e)| (v.clone(), e.clone()));
-    for p in probe::snapshot_probes_with_view(cfg, probe_view).iter_mut() {
+    for p in probe::snapshot_probes(cfg, probe_view).iter_mut() {
         looks.push(match p.snapshot() {
             Ok(r) => Look {
                 probe: p.name(),

@@ -174,14 +174,10 @@ pub struct ProbeError {
     pub retryable: bool,
 }
 
-/// The one-shot probes enabled by `cfg`.
-pub fn snapshot_probes(cfg: &Config) -> Vec<Box<dyn Snapshot>> {
-    snapshot_probes_with_view(cfg, None)
-}
-
-/// [`snapshot_probes`]; the NVML probe publishes its GPUs to `view` and expects the count it
-/// holds while `[nvml] expected_gpus` is unset (the ECS GPU view, `gpu-medic check`).
-pub fn snapshot_probes_with_view(
+/// The one-shot probes enabled by `cfg`; the NVML probe publishes its GPUs to `view` and
+/// expects the count it holds while `[nvml] expected_gpus` is unset (the ECS GPU view,
+/// `gpu-medic check`).
+pub fn snapshot_probes(
     cfg: &Config,
     view: Option<(nvml::view::NvmlView, nvml::view::ExpectedGpus)>,
 ) -> Vec<Box<dyn Snapshot>> {

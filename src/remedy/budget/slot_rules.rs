@@ -22,10 +22,8 @@ use crate::aws::dynamo::{Holder, HolderState, SlotItem};
 /// This instance's own state, as the contract names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// In service and faulted: wants a drain (or a replacement).
+    /// In service and faulted, or draining: wants a drain (or a replacement), or holds it.
     Wants,
-    /// DRAINING or being replaced.
-    Remediating,
     /// Back in service (restored, the remediation aborted).
     Done,
 }
@@ -181,7 +179,6 @@ pub fn decide(item: &SlotItem, f: &Facts<'_>) -> Decision {
         // 2. My committed entry.
         Some(h) if h.state == HolderState::Committed => match f.phase {
             Phase::Wants => Decision::Act { token: h.token },
-            Phase::Remediating => Decision::Nothing,
             Phase::Done => Decision::Write {
                 kind: WriteKind::Release,
                 item: next(item, without_me(), f),
@@ -197,7 +194,7 @@ pub fn decide(item: &SlotItem, f: &Facts<'_>) -> Decision {
                     item: next(item, holders, f),
                 }
             }
-            Phase::Remediating | Phase::Done => Decision::Write {
+            Phase::Done => Decision::Write {
                 kind: WriteKind::Release,
                 item: next(item, without_me(), f),
             },
@@ -348,17 +345,13 @@ mod tests {
     }
 
     #[test]
-    fn rule_2_a_committed_entry_acts_holds_or_is_released() {
+    fn rule_2_a_committed_entry_acts_or_is_released() {
         let w = World::new();
         let it = item(7, &[("i-a", C, 6), ("i-b", R, 7)]);
         assert_eq!(
             decide(&it, &w.facts("i-a", Phase::Wants, 1, 0)),
             Decision::Act { token: 6 },
             "a restart between commit and drain acts without a write (and with budget 1)"
-        );
-        assert_eq!(
-            decide(&it, &w.facts("i-a", Phase::Remediating, 2, 0)),
-            Decision::Nothing
         );
         let (kind, new) = written(decide(&it, &w.facts("i-a", Phase::Done, 2, 0)));
         assert_eq!(kind, WriteKind::Release);
@@ -387,11 +380,9 @@ mod tests {
         // Even when the budget shrank meanwhile: the reservation was within the budget.
         let (kind, _) = written(decide(&it, &w.facts("i-a", Phase::Wants, 0, 0)));
         assert_eq!(kind, WriteKind::Commit);
-        for phase in [Phase::Remediating, Phase::Done] {
-            let (kind, new) = written(decide(&it, &w.facts("i-a", phase, 1, 0)));
-            assert_eq!(kind, WriteKind::Release);
-            assert!(new.holders.is_empty());
-        }
+        let (kind, new) = written(decide(&it, &w.facts("i-a", Phase::Done, 1, 0)));
+        assert_eq!(kind, WriteKind::Release);
+        assert!(new.holders.is_empty());
     }
 
     #[test]
@@ -491,7 +482,7 @@ mod tests {
             (item(3, &[("i-z", C, 3)]), "i-a", Phase::Wants),
             (item(3, &[("i-a", R, 3)]), "i-a", Phase::Wants),
             (item(3, &[("i-a", C, 3)]), "i-a", Phase::Done),
-            (item(3, &[("i-a", R, 3)]), "i-a", Phase::Remediating),
+            (item(3, &[("i-a", R, 3)]), "i-a", Phase::Done),
         ];
         for (it, me, phase) in cases {
             let (_, new) = written(decide(&it, &w.facts(me, phase, 1, 0)));
@@ -511,10 +502,6 @@ mod tests {
     fn rule_5_nothing_without_an_entry_or_a_wish() {
         let w = World::new();
         let it = item(2, &[("i-b", C, 2)]);
-        assert_eq!(
-            decide(&it, &w.facts("i-a", Phase::Remediating, 1, 0)),
-            Decision::Nothing
-        );
         assert_eq!(
             decide(&it, &w.facts("i-a", Phase::Done, 1, 0)),
             Decision::Nothing

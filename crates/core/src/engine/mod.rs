@@ -51,8 +51,6 @@ pub const RULE_LAUNCH_GATE: &str = "launch-gate";
 pub const RULE_NONE: &str = "no-rule";
 /// The rule name recorded for gpu-medic's own faults.
 pub const RULE_SELF_FAULT: &str = "self-fault";
-/// The rule name recorded for a decision this node's remedies cannot carry out.
-pub const RULE_NOT_MANAGED: &str = "not-managed";
 /// Why a decision that needs ECS or Auto Scaling was not carried out.
 const AWS_DISABLED: &str = "AWS remediation disabled ([aws] enabled = false)";
 /// Why a restart-mps decision was not carried out.
