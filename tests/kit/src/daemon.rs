@@ -382,5 +382,60 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.signal(libc::SIGKILL);
+        if let Some(keep) = std::env::var_os("GM_KEEP_INPUTS") {
+            keep_inputs(self.dir(), Path::new(&keep));
+        }
+    }
+}
+
+/// Copies the daemon's `inputs.jsonl` and its policy to `keep` (`scripts/replay-corpus.sh`
+/// collects the engine's replay corpus this way); any failure only skips the copy.
+fn keep_inputs(dir: &Path, keep: &Path) {
+    let inputs = dir.join("state").join("inputs.jsonl");
+    let Ok(body) = std::fs::read(&inputs) else {
+        return;
+    };
+    if body.is_empty() {
+        return;
+    }
+    let Ok(config) = std::fs::read_to_string(dir.join("config.toml")) else {
+        return;
+    };
+    let Some(policy) = config.lines().find_map(|l| {
+        let v = l.trim().strip_prefix("policy")?.trim().strip_prefix('=')?;
+        Some(v.trim().trim_matches('"').to_string())
+    }) else {
+        return;
+    };
+    let policy = dir.join(policy);
+    let Ok(policy_body) = std::fs::read(&policy) else {
+        return;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("test")
+        .replace("::", "-");
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
+        .unwrap_or_default();
+    let binary = exe
+        .rsplit_once('-')
+        .map_or(exe.as_str(), |(b, _)| b)
+        .to_string();
+    let _ = std::fs::create_dir_all(keep);
+    for n in 0.. {
+        let stem = format!("{binary}.{test}.{n}");
+        let path = keep.join(format!("{stem}.inputs.jsonl"));
+        if std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .is_ok()
+        {
+            let _ = std::fs::write(&path, &body);
+            let _ = std::fs::write(keep.join(format!("{stem}.policy.toml")), &policy_body);
+            return;
+        }
     }
 }
