@@ -9,6 +9,8 @@
 //! files (`GM_REPLAY_UPDATE=1 cargo test -p gpu-medic-core --test replays`) and says so in its
 //! commit; any other difference is a regression.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
