@@ -10,6 +10,8 @@
 #     (scripts/systemd-e2e.sh; unshare and nsenter come with util-linux).
 #   * spin (Debian main, 6.5.2): the model checker scripts/models.sh runs (models/README.md);
 #     it compiles its verifiers with the C compiler the Rust build already needs.
+#   * rpm (rpmbuild) and dpkg-dev (dpkg-shlibdeps): what scripts/packaging.py builds the RPM and
+#     the deb with (scripts/packaging-build.sh); no packaging tool is compiled.
 #
 # Runs as root, non-interactive, idempotent; a rerun with everything present takes about a second
 # and touches neither apt nor pip.
@@ -21,7 +23,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 VENV="${GPU_MEDIC_CI_VENV:-/opt/gpu-medic-ci/venv}"
 MOTO_VERSION="5.2.5"
-APT_PKGS=(nvidia-cuda-mps libnvidia-ml1 procps curl ca-certificates python3 python3-venv systemd-journal-remote spin faketime debootstrap)
+APT_PKGS=(nvidia-cuda-mps libnvidia-ml1 procps curl ca-certificates python3 python3-venv systemd-journal-remote spin faketime debootstrap rpm dpkg-dev)
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 

@@ -4,15 +4,13 @@
 #   bash scripts/packaging-build.sh            # release build, then both packages
 #   bash scripts/packaging-build.sh --no-build # package the release binary already built
 #
-# Output: target/generate-rpm/gpu-medic-<version>-1.x86_64.rpm and
-#         target/debian/gpu-medic_<version>-1_amd64.deb (under $CARGO_TARGET_DIR when set).
-# Needs: cargo-deb and cargo-generate-rpm (installed with `cargo install --locked` when
-# missing), dpkg-dev for the deb's automatic dependencies.
+# Output: target/debian/gpu-medic_<version>-1_amd64.deb and
+#         target/generate-rpm/gpu-medic-<version>-1.x86_64.rpm (under $CARGO_TARGET_DIR when set),
+#         the two paths printed on stdout in that order.
+# Needs: python3, dpkg-deb and dpkg-shlibdeps (dpkg-dev), rpmbuild (Debian's rpm package); no
+# packaging tool is compiled: scripts/packaging.py reads Cargo.toml's metadata and runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-CARGO_DEB_VERSION="3.8.0"
-CARGO_GENERATE_RPM_VERSION="0.21.1"
 
 build=1
 for arg in "$@"; do
@@ -25,14 +23,12 @@ done
 
 log() { printf '[packaging-build] %s\n' "$*" >&2; }
 
-cargo deb --version >/dev/null 2>&1 || {
-    log "installing cargo-deb $CARGO_DEB_VERSION"
-    cargo install --locked --version "$CARGO_DEB_VERSION" cargo-deb
-}
-cargo generate-rpm --version >/dev/null 2>&1 || {
-    log "installing cargo-generate-rpm $CARGO_GENERATE_RPM_VERSION"
-    cargo install --locked --version "$CARGO_GENERATE_RPM_VERSION" cargo-generate-rpm
-}
+for tool in python3:python3 dpkg-deb:dpkg dpkg-shlibdeps:dpkg-dev rpmbuild:rpm; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || {
+        log "${tool%%:*} not found: apt-get install ${tool#*:} (bash .ci/install-deps.sh installs it)"
+        exit 1
+    }
+done
 
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 
@@ -45,13 +41,7 @@ fi
     exit 1
 }
 
-# Both tools take target/release/gpu-medic (mapped to the real target dir) as is: the packages
-# ship the release profile's binary, stripped by [profile.release] strip = "symbols".
-log "cargo deb --no-build"
-deb="$(cargo deb --no-build --locked -p gpu-medic | tail -n 1)"
-log "cargo generate-rpm"
-cargo generate-rpm --target-dir "$target_dir"
-rpm_file="$(ls -t "$target_dir"/generate-rpm/gpu-medic-*.rpm | head -n 1)"
-
-echo "$deb"
-echo "$rpm_file"
+# Both packages take target/release/gpu-medic (mapped to the real target dir) as is: they ship
+# the release profile's binary, stripped by [profile.release] strip = "symbols".
+log "scripts/packaging.py (dpkg-deb, rpmbuild)"
+python3 scripts/packaging.py --target-dir "$target_dir" all

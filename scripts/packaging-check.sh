@@ -33,7 +33,7 @@ for arg in "$@"; do
     esac
 done
 
-# --- 1. Tools: rpm (inspection), dpkg-dev (the deb's shlib dependencies), systemd
+# --- 1. Tools: rpm (rpmbuild, inspection), dpkg-dev (the deb's shlib dependencies), systemd
 #        (systemd-analyze, and the deb's Depends), python3-yaml. Installed only when missing.
 missing=()
 for p in rpm dpkg-dev systemd python3 python3-yaml python3-venv; do
@@ -131,7 +131,7 @@ fi
 rm -rf "$rpmroot"
 log "rpm: ok ($(wc -l <"$rpm_files") entries, GLIBC <= ${max_glibc:-none})"
 
-# deb: every file with its mode; conffiles; the generated systemd scripts.
+# deb: every file with its mode; conffiles; the systemd parts of the maintainer scripts.
 log "inspecting $(basename "$DEB")"
 deb_files="$(mktemp)"
 dpkg-deb -c "$DEB" >"$deb_files"
@@ -172,6 +172,10 @@ for f in /etc/gpu-medic/config.toml $(for p in policies/*.toml; do echo "/etc/gp
 done
 grep -q 'deb-systemd-helper' "$ctrl/postinst" || fail "deb: postinst does not enable the unit"
 grep -q 'install -d -m 0700 /var/lib/gpu-medic' "$ctrl/postinst" || fail "deb: postinst does not create the state directory"
+grep -q 'deb-systemd-invoke try-restart gpu-medic.service' "$ctrl/postinst" || fail "deb: postinst does not restart on upgrade"
+grep -q 'deb-systemd-invoke stop gpu-medic.service' "$ctrl/prerm" || fail "deb: prerm does not stop the unit on removal"
+grep -q 'deb-systemd-helper purge gpu-medic.service' "$ctrl/postrm" || fail "deb: postrm does not purge the unit's state"
+! grep -q '#DEBHELPER#' "$ctrl/postinst" "$ctrl/prerm" "$ctrl/postrm" || fail "deb: a maintainer script holds #DEBHELPER#"
 rm -rf "$ctrl"
 log "deb: ok ($(wc -l <"$deb_files") entries)"
 

@@ -1,5 +1,5 @@
-# gpu-medic RPM %post. $1: 1 = first install, 2 = upgrade. Plain shell: cargo-generate-rpm
-# expands no %systemd_post macro, so this is what that macro does.
+# gpu-medic RPM %post. $1: 1 = first install, 2 = upgrade. Plain shell: the spec
+# scripts/packaging.py writes uses no %systemd_post macro, so this is what that macro does.
 # The state directory (systemd's StateDirectory= would also create it at the first start).
 install -d -m 0700 /var/lib/gpu-medic
 if [ "$1" -eq 1 ] && command -v systemctl >/dev/null 2>&1; then
