@@ -413,7 +413,7 @@ fn repair_view(config: &ConfigArg, i: &Incident) -> Option<RepairView> {
         .load()
         .ok()
         .and_then(|cfg| crate::journal::load_state(&cfg.state_path()).ok().flatten())
-        .map(|st| st.repair.history)
+        .map(|st| st.repair.history.to_vec())
         .unwrap_or_default();
     Some(RepairView {
         rung: i.action,

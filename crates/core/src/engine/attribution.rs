@@ -19,7 +19,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Cx;
+use super::Sightings;
 use crate::model::attribution::{UNATTRIBUTED, Via};
+use crate::model::bounded::{BoundedMap, BoundedVec};
 use crate::model::{IncidentId, Observation, Signal, Timestamp, Verdict};
 use crate::policy::Rule;
 use crate::policy::attribution::Place;
@@ -46,33 +48,29 @@ pub struct AppSeen {
     pub place: Option<String>,
     pub last: Timestamp,
     /// The newest faults (at most `policy::limits::MAX_SIGHTINGS`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub times: Vec<Timestamp>,
+    #[serde(default, skip_serializing_if = "Sightings::is_empty")]
+    pub times: Sightings,
 }
 
 /// What the engine keeps for application faults.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AppFaults {
     /// Per `rule@gpu`: the (program, place) pairs within the rule's windows.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub seen: BTreeMap<String, Vec<AppSeen>>,
+    #[serde(default, skip_serializing_if = "BoundedMap::is_empty")]
+    pub seen: BoundedMap<String, BoundedVec<AppSeen, MAX_APP_PLACES>, MAX_APP_KEYS>,
     /// Per `gpu<index>/xid<code>`: the incident its last occurrence opened or joined.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub xid_incidents: BTreeMap<String, (IncidentId, Timestamp)>,
+    #[serde(default, skip_serializing_if = "BoundedMap::is_empty")]
+    pub xid_incidents: BoundedMap<String, (IncidentId, Timestamp), MAX_XID_INCIDENTS>,
 }
 
 impl AppFaults {
-    /// Whether the collections hold no more than the engine keeps.
+    /// Whether the candidate lists hold no more than the engine keeps (the other
+    /// collections are bounded by their types).
     pub fn check_sizes(&self) -> Result<(), String> {
-        if self.seen.len() > MAX_APP_KEYS
-            || self.seen.values().any(|v| {
-                v.len() > MAX_APP_PLACES
-                    || v.iter().any(|s| {
-                        s.times.len() > crate::policy::limits::MAX_SIGHTINGS
-                            || s.programs.len() > MAX_CANDIDATES
-                    })
-            })
-            || self.xid_incidents.len() > MAX_XID_INCIDENTS
+        if self
+            .seen
+            .values()
+            .any(|v| v.iter().any(|s| s.programs.len() > MAX_CANDIDATES))
         {
             return Err("app_faults holds more than the engine keeps".into());
         }
@@ -145,14 +143,10 @@ impl Cx<'_> {
     /// Remembers the incident an XID opened or joined, for a later XID naming it.
     pub(super) fn remember_xid(&mut self, obs: &Observation, id: IncidentId) {
         let Some(key) = xid_key(obs) else { return };
-        let map = &mut self.st.app.xid_incidents;
-        if !map.contains_key(&key) && map.len() >= MAX_XID_INCIDENTS {
-            let stalest = map.iter().min_by_key(|(_, v)| v.1).map(|(k, _)| k.clone());
-            if let Some(k) = stalest {
-                map.remove(&k);
-            }
-        }
-        map.insert(key, (id, self.now));
+        self.st
+            .app
+            .xid_incidents
+            .insert_evicting(key, (id, self.now), |v| v.1);
     }
 
     /// Judges an application-class XID by a rule with `suspect` or `culprit`.
@@ -291,52 +285,38 @@ impl Cx<'_> {
         place: Option<String>,
     ) {
         let now = self.now;
-        let seen = &mut self.st.app.seen;
-        if !seen.contains_key(key) && seen.len() >= MAX_APP_KEYS {
-            let stalest = seen
-                .iter()
-                .min_by_key(|(_, v)| v.iter().map(|s| s.last).max())
-                .map(|(k, _)| k.clone());
-            if let Some(k) = stalest {
-                seen.remove(&k);
-            }
-        }
-        let list = seen.entry(key.to_string()).or_default();
+        let list =
+            self.st
+                .app
+                .seen
+                .get_or_insert_evicting(key.to_string(), BoundedVec::default, |v| {
+                    v.iter().map(|s| s.last).max()
+                });
         list.retain(|s| now.since(s.last) <= keep);
         for s in list.iter_mut() {
             s.times.retain(|t| now.since(*t) <= keep);
         }
-        let at = list.iter().position(|s| s.unit == unit && s.place == place);
-        let entry = match at {
-            Some(i) => &mut list[i],
+        let at = match list.iter().position(|s| s.unit == unit && s.place == place) {
+            Some(i) => i,
             None => {
-                if list.len() >= MAX_APP_PLACES
-                    && let Some(i) = list
-                        .iter()
-                        .enumerate()
-                        .min_by_key(|(_, s)| s.last)
-                        .map(|(i, _)| i)
-                {
-                    list.remove(i);
-                }
-                list.push(AppSeen {
-                    unit: unit.to_string(),
-                    programs,
-                    place,
-                    last: now,
-                    times: Vec::new(),
-                });
-                let last = list.len() - 1;
-                &mut list[last]
+                // A new pair in a full list takes the place of the one seen longest ago.
+                list.push_evicting_by(
+                    AppSeen {
+                        unit: unit.to_string(),
+                        programs,
+                        place,
+                        last: now,
+                        times: Sightings::default(),
+                    },
+                    |s| s.last,
+                );
+                list.len() - 1
             }
         };
-        entry.last = now;
-        entry.times.push(now);
-        let over = entry
-            .times
-            .len()
-            .saturating_sub(crate::policy::limits::MAX_SIGHTINGS);
-        entry.times.drain(..over);
+        if let Some(entry) = list.get_mut(at) {
+            entry.last = now;
+            entry.times.push_evicting(now);
+        }
     }
 
     /// The fewest programs that explain the faults at `place` within `window`. At a

@@ -29,7 +29,7 @@ pub use evidence::EvidenceWait;
 pub use state::{
     ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS, MAX_COUNTER,
     MAX_DRILL_INCIDENTS, MpsPhase, MpsState, NodePhase, OpenIncident, OwnExit, RecentLog,
-    Remediation, Scheduled, SelfFault, State, Step, StreamCursor, Withheld,
+    Remediation, Scheduled, SelfFault, Sightings, State, Step, StreamCursor, Withheld,
 };
 
 use std::time::Duration;
@@ -156,17 +156,14 @@ impl Cx<'_> {
             .insert(attach_key(obs));
         let drill = self.take_drill();
         if let Some(d) = &drill {
-            if self.st.drills.len() >= MAX_DRILL_INCIDENTS
-                && let Some(oldest) = self.st.drills.keys().next().copied()
-            {
-                self.st.drills.remove(&oldest);
-            }
-            self.st.drills.insert(
+            // The oldest drill incident (the smallest id) makes room.
+            self.st.drills.insert_evicting(
                 id,
                 DrillMark {
                     id: d.id.clone(),
                     observe: d.observe,
                 },
+                |_| (),
             );
         }
         self.record(
@@ -210,12 +207,9 @@ impl Cx<'_> {
     fn drill(&mut self, drill: Drill) {
         self.expire_drills();
         self.st.armed_drills.retain(|a| a.drill.id != drill.id);
-        if self.st.armed_drills.len() >= MAX_ARMED_DRILLS {
-            self.st.armed_drills.remove(0);
-        }
         let inject = drill.inject.clone();
         let id = drill.id.clone();
-        self.st.armed_drills.push(ArmedDrill {
+        self.st.armed_drills.push_evicting(ArmedDrill {
             drill,
             at: self.now,
         });
@@ -508,27 +502,15 @@ impl Cx<'_> {
             .max()
             .unwrap_or_default();
         let now = self.now;
-        if !self.st.sightings.contains_key(&key) && self.st.sightings.len() >= MAX_SIGHTING_KEYS {
-            let stalest = self
-                .st
-                .sightings
-                .iter()
-                .min_by_key(|(_, v)| v.last().copied())
-                .map(|(k, _)| k.clone());
-            if let Some(k) = stalest {
-                self.st.sightings.remove(&k);
-            }
-        }
-        let seen = self.st.sightings.entry(key.clone()).or_default();
-        seen.push(now);
+        // A new `rule@target` in a full table takes the place of the one seen longest ago;
+        // a storm of one signal keeps its newest sightings (`Sightings`).
+        let seen = self
+            .st
+            .sightings
+            .get_or_insert_evicting(key.clone(), Sightings::default, |v| v.last().copied());
         seen.retain(|t| now.since(*t) <= keep);
-        // The newest sightings only: no count the policy accepts needs more
-        // (`policy::limits::MAX_SIGHTINGS`), and a storm of one signal stays bounded.
-        let over = seen
-            .len()
-            .saturating_sub(crate::policy::limits::MAX_SIGHTINGS);
-        seen.drain(..over);
-        let count_within = |seen: &Vec<Timestamp>, w: Duration| {
+        seen.push_evicting(now);
+        let count_within = |seen: &Sightings, w: Duration| {
             u32::try_from(seen.iter().filter(|t| now.since(**t) <= w).count()).unwrap_or(u32::MAX)
         };
         if let Some(c) = rule.confirm
@@ -584,8 +566,9 @@ impl Cx<'_> {
                 let signal = obs.signal.to_string();
                 if let Some(n) = r.counts.get_mut(&signal) {
                     *n = n.saturating_add(1);
-                } else if r.counts.len() < MAX_COUNTED_SIGNALS {
-                    r.counts.insert(signal, 1);
+                } else {
+                    // Past the bound, a new signal is counted only in `repeats`.
+                    let _ = r.counts.try_insert(signal, 1);
                 }
                 true
             }
@@ -625,18 +608,7 @@ impl Cx<'_> {
     /// Starts a repeat-suppression window for `class` (at most `MAX_RECENT_LOGS` of them, the
     /// stalest dropped first).
     fn remember_log(&mut self, class: &str, id: IncidentId) {
-        if self.st.recent_logs.len() >= MAX_RECENT_LOGS {
-            let stalest = self
-                .st
-                .recent_logs
-                .iter()
-                .min_by_key(|(_, r)| r.at)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = stalest {
-                self.st.recent_logs.remove(&k);
-            }
-        }
-        self.st.recent_logs.insert(
+        self.st.recent_logs.insert_evicting(
             class.to_string(),
             RecentLog {
                 incident: id,
@@ -644,6 +616,7 @@ impl Cx<'_> {
                 repeats: 0,
                 counts: Default::default(),
             },
+            |r| r.at,
         );
     }
 

@@ -24,7 +24,7 @@
 //! gpu-medic's own in the incidents it concerns and in `status`, and on its own it is judged
 //! by the policy (default: recorded, no drain). INSUFFICIENT_DATA is no fault.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -129,7 +129,7 @@ pub struct PlannedEvent {
 pub struct Planned {
     /// By event id (`SPOT_KEY`, `REBALANCE_KEY` for those).
     #[serde(default)]
-    pub events: BTreeMap<String, PlannedEvent>,
+    pub events: crate::model::bounded::BoundedMap<String, PlannedEvent, MAX_PLANNED>,
     /// The ECS agent's verdict at its last change (None: never read).
     #[serde(default)]
     pub agent: Option<AgentVerdict>,
@@ -212,24 +212,20 @@ impl Cx<'_> {
     }
 
     fn remember(&mut self, key: String, e: PlannedEvent) {
-        if !self.st.planned.events.contains_key(&key) && self.st.planned.events.len() >= MAX_PLANNED
-        {
-            let oldest = self
-                .st
-                .planned
-                .events
+        let events = &mut self.st.planned.events;
+        if let Err((key, e)) = events.try_insert(key, e) {
+            // Full: the oldest finished disruption makes room; with every one of them under
+            // way the newest is judged, not kept.
+            let oldest = events
                 .iter()
                 .filter(|(_, e)| e.phase == PlannedPhase::Done)
                 .min_by_key(|(_, e)| e.not_before)
                 .map(|(k, _)| k.clone());
-            match oldest {
-                Some(k) => {
-                    self.st.planned.events.remove(&k);
-                }
-                None => return, // 64 disruptions under way: the newest is judged, not kept
+            if let Some(k) = oldest {
+                events.remove(&k);
+                let _ = events.try_insert(key, e);
             }
         }
-        self.st.planned.events.insert(key, e);
     }
 
     fn set_phase(&mut self, key: &str, phase: PlannedPhase) {

@@ -242,11 +242,7 @@ impl Rebuild {
             .get(&incident)
             .map(|o| crate::policy::base_rule(&o.rule).to_string())
             .unwrap_or_default();
-        let h = &mut self.st.repair.history;
-        if h.len() >= super::repair::MAX_HISTORY {
-            h.remove(0);
-        }
-        h.push(Repair {
+        self.st.repair.history.push_evicting(Repair {
             incident,
             rule,
             at,

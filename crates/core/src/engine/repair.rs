@@ -41,7 +41,7 @@ pub struct Ledger {
     pub boot: Option<String>,
     /// Reboots ordered on this instance, oldest first.
     #[serde(default)]
-    pub history: Vec<Repair>,
+    pub history: crate::model::bounded::BoundedVec<Repair, MAX_HISTORY>,
 }
 
 /// One reboot ordered for one incident.
@@ -225,11 +225,7 @@ impl Cx<'_> {
                 .get(&incident)
                 .map(|o| base_rule(&o.rule).to_string())
                 .unwrap_or_default();
-            let h = &mut self.st.repair.history;
-            if h.len() >= MAX_HISTORY {
-                h.remove(0);
-            }
-            h.push(Repair {
+            self.st.repair.history.push_evicting(Repair {
                 incident,
                 rule,
                 at: self.now,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::bounded::{BoundedMap, BoundedVec};
 pub use crate::model::cursor::{Delivery, StreamCursor};
 use crate::model::{ActionId, Command, GpuId, IncidentId, Order, Timestamp, Verdict};
 
@@ -25,7 +26,7 @@ pub struct State {
     /// Orders to issue later (retries, deferrals).
     pub scheduled: Vec<Scheduled>,
     /// Recent sightings per `rule@target`, for confirmation and escalation windows.
-    pub sightings: BTreeMap<String, Vec<Timestamp>>,
+    pub sightings: BoundedMap<String, Sightings, { super::MAX_SIGHTING_KEYS }>,
     /// Incidents not yet closed.
     pub open: BTreeMap<IncidentId, OpenIncident>,
     /// The last node remediation's incident; signals after it joins it.
@@ -36,7 +37,7 @@ pub struct State {
     pub attached: BTreeMap<IncidentId, std::collections::BTreeSet<String>>,
     /// The last log-only incident per `rule@target`, for repeat suppression.
     #[serde(default)]
-    pub recent_logs: BTreeMap<String, RecentLog>,
+    pub recent_logs: BoundedMap<String, RecentLog, { super::MAX_RECENT_LOGS }>,
     /// gpu-medic's own faults by component (`nvml`, `mps-control`), each with its open
     /// incident: journaled once, shown by `status`, never remediated.
     #[serde(default)]
@@ -63,17 +64,21 @@ pub struct State {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<super::evidence::EvidenceWait>,
     /// Drills asked for (`gpu-medic drill`) whose signal has not opened an incident yet.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub armed_drills: Vec<ArmedDrill>,
+    #[serde(default, skip_serializing_if = "BoundedVec::is_empty")]
+    pub armed_drills: BoundedVec<ArmedDrill, MAX_ARMED_DRILLS>,
     /// Incidents that are drills: their records carry the drill's id, and an observe drill's
     /// orders are journaled, not executed. The newest [`MAX_DRILL_INCIDENTS`] are kept.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub drills: BTreeMap<IncidentId, DrillMark>,
+    #[serde(default, skip_serializing_if = "BoundedMap::is_empty")]
+    pub drills: BoundedMap<IncidentId, DrillMark, MAX_DRILL_INCIDENTS>,
     /// Application faults by program and place, and the XIDs a later one may join
     /// (`engine::attribution`).
     #[serde(default)]
     pub app: super::attribution::AppFaults,
 }
+
+/// The times one `rule@target` was seen, oldest first: no count the policy accepts needs
+/// more than the newest [`MAX_SIGHTINGS`](crate::policy::limits::MAX_SIGHTINGS).
+pub type Sightings = BoundedVec<Timestamp, { crate::policy::limits::MAX_SIGHTINGS }>;
 
 /// Bound on the drills armed at once (the oldest goes first).
 pub const MAX_ARMED_DRILLS: usize = 8;
@@ -135,22 +140,6 @@ impl State {
                 Ok(())
             }
         };
-        bounded("sightings", self.sightings.len(), super::MAX_SIGHTING_KEYS)?;
-        for v in self.sightings.values() {
-            bounded("a sighting", v.len(), crate::policy::limits::MAX_SIGHTINGS)?;
-        }
-        bounded(
-            "recent_logs",
-            self.recent_logs.len(),
-            super::MAX_RECENT_LOGS,
-        )?;
-        for r in self.recent_logs.values() {
-            bounded(
-                "a recent log's counts",
-                r.counts.len(),
-                super::MAX_COUNTED_SIGNALS,
-            )?;
-        }
         for a in self.attached.values() {
             bounded(
                 "an incident's attached signals",
@@ -159,8 +148,6 @@ impl State {
             )?;
         }
         self.app.check_sizes()?;
-        bounded("armed_drills", self.armed_drills.len(), MAX_ARMED_DRILLS)?;
-        bounded("drills", self.drills.len(), MAX_DRILL_INCIDENTS)?;
         bounded(
             "delivery.cursors",
             self.delivery.cursors.len(),
@@ -176,16 +163,7 @@ impl State {
                 return Err(format!("delivery.ahead holds {pos}, beyond {MAX_COUNTER}"));
             }
         }
-        bounded(
-            "planned.events",
-            self.planned.events.len(),
-            super::planned::MAX_PLANNED,
-        )?;
-        bounded(
-            "repair.history",
-            self.repair.history.len(),
-            super::repair::MAX_HISTORY,
-        )
+        Ok(())
     }
 }
 
@@ -214,7 +192,7 @@ pub struct RecentLog {
     pub repeats: u32,
     /// Repeats by signal (`xid 13`), at most `MAX_COUNTED_SIGNALS` of them.
     #[serde(default)]
-    pub counts: BTreeMap<String, u32>,
+    pub counts: BoundedMap<String, u32, { super::MAX_COUNTED_SIGNALS }>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

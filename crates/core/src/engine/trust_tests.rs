@@ -267,37 +267,47 @@ fn far_future_times_saturate_and_still_serialize() {
 }
 
 /// A state whose collections hold more than the engine ever keeps was not written by it: it
-/// is refused (and set aside by the daemon) instead of costing its size on every step.
+/// is refused as it is read (and set aside by the daemon) instead of costing its size on every
+/// step. The bounded collections refuse while reading; the rest `check_ranges` refuses.
 #[test]
 fn a_state_larger_than_the_engine_keeps_is_refused() {
-    let mut st = State::default();
-    for i in 0..MAX_SIGHTING_KEYS {
-        st.sightings.insert(format!("r@gpu{i}"), vec![Timestamp(1)]);
-    }
-    assert_eq!(st.check_ranges(), Ok(()), "at the bound");
-    st.sightings.insert("one@more".into(), vec![Timestamp(1)]);
-    let why = st.check_ranges().unwrap_err();
-    assert!(why.contains("sightings holds 1025 entries"), "{why}");
-
-    let mut st = State::default();
-    st.sightings.insert(
-        "r@gpu0".into(),
-        vec![Timestamp(1); crate::policy::limits::MAX_SIGHTINGS + 1],
+    let read = |v: serde_json::Value| {
+        serde_json::from_value::<State>(v)
+            .map_err(|e| e.to_string())
+            .and_then(|st| st.check_ranges().map(|()| st))
+    };
+    let with = |field: &str, value: serde_json::Value| {
+        let mut v = serde_json::to_value(State::default()).unwrap();
+        v[field] = value;
+        v
+    };
+    let sightings = |keys: usize, each: usize| {
+        let times = vec![Timestamp(1); each];
+        with(
+            "sightings",
+            (0..keys)
+                .map(|i| (format!("r@gpu{i}"), serde_json::json!(times)))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+        )
+    };
+    let at_bound = read(sightings(
+        MAX_SIGHTING_KEYS,
+        crate::policy::limits::MAX_SIGHTINGS,
+    ));
+    assert_eq!(
+        at_bound.map(|st| st.sightings.len()),
+        Ok(MAX_SIGHTING_KEYS),
+        "at the bound"
     );
-    assert!(st.check_ranges().is_err());
-    let mut st = State::default();
-    for i in 0..=MAX_RECENT_LOGS {
-        st.recent_logs.insert(
-            format!("c{i}"),
-            RecentLog {
-                incident: IncidentId(1),
-                at: Timestamp(1),
-                repeats: 0,
-                counts: Default::default(),
-            },
-        );
-    }
-    assert!(st.check_ranges().is_err());
+    let why = read(sightings(MAX_SIGHTING_KEYS + 1, 1)).unwrap_err();
+    assert!(why.contains("more than 1024 entries"), "{why}");
+    assert!(read(sightings(1, crate::policy::limits::MAX_SIGHTINGS + 1)).is_err());
+    let log = serde_json::json!({"incident": 1, "at": Timestamp(1), "repeats": 0});
+    let logs: serde_json::Map<_, _> = (0..=MAX_RECENT_LOGS)
+        .map(|i| (format!("c{i}"), log.clone()))
+        .collect();
+    assert!(read(with("recent_logs", logs.into())).is_err());
 
     // Records journaled ahead, beyond what the supervisor keeps or beyond a position.
     let stream = crate::model::StreamId::kmsg("boot");
@@ -310,7 +320,6 @@ fn a_state_larger_than_the_engine_keeps_is_refused() {
     st.delivery.ahead.insert((stream, u64::MAX));
     assert!(st.check_ranges().unwrap_err().contains("beyond"));
     // A repair history longer than the engine remembers.
-    let mut st = State::default();
     let one = super::repair::Repair {
         incident: IncidentId(1),
         rule: "r".into(),
@@ -321,8 +330,9 @@ fn a_state_larger_than_the_engine_keeps_is_refused() {
         result: super::repair::RepairResult::Repaired,
         why: String::new(),
     };
-    st.repair.history = vec![one; super::repair::MAX_HISTORY + 1];
-    assert!(st.check_ranges().unwrap_err().contains("repair.history"));
+    let history = vec![one; super::repair::MAX_HISTORY + 1];
+    let why = read(with("repair", serde_json::json!({ "history": history }))).unwrap_err();
+    assert!(why.contains("more than 32 entries"), "{why}");
 }
 
 proptest! {
@@ -348,7 +358,7 @@ proptest! {
             planned: false,
         });
         st.scheduled.push(Scheduled { at: Timestamp(0), incident: IncidentId(next), command: Command::RestartMps, attempt });
-        st.sightings.insert("x@gpu0".into(), vec![Timestamp(u64::MAX), Timestamp(0)]);
+        st.sightings.insert_evicting("x@gpu0".into(), Sightings::newest(&[Timestamp(u64::MAX), Timestamp(0)]), |_| ());
         let p = policy();
         for i in inputs {
             let input = match i {

@@ -4,6 +4,7 @@
 //! because the same types travel through `inputs.jsonl`, `incidents.jsonl` and `--json`.
 
 pub mod attribution;
+pub mod bounded;
 mod budget;
 pub mod cursor;
 pub mod diagnosis;
