@@ -6,7 +6,11 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::{GpuId, Observation, OperatorRequest, Outcome, OutcomeStatus};
+use crate::model::{
+    ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, LifecycleHook,
+    LifecycleResult, LifecycleState, Observation, OperatorRequest, Order, Outcome, OutcomeStatus,
+    Record,
+};
 
 fn load(name: &str) -> Policy {
     Policy::load_with(

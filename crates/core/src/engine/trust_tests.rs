@@ -7,7 +7,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::{Capabilities, GpuId, Observation, Outcome, OutcomeStatus};
+use crate::model::{
+    ActionId, Capabilities, Command, GpuId, IncidentEvent, IncidentId, Observation, Order, Outcome,
+    OutcomeStatus, Record,
+};
 
 fn policy() -> Policy {
     Policy::parse(

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::super::*;
 use crate::engine::tests::gpu;
-use crate::model::Observation;
 use crate::model::attribution::{Culprit, Site, Via, XidContext};
+use crate::model::{Command, IncidentEvent, IncidentId, Observation, Order, Record};
 
 fn policy(extra: &str) -> Policy {
     let text = format!(

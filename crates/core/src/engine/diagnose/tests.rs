@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use super::super::*;
 use crate::model::diagnosis::{DiagResult, Diagnosis, GpuDiagnosis, Level, TierRun};
-use crate::model::{Capabilities, Observation, Outcome, OutcomeStatus, RecoveryAction};
+use crate::model::{
+    Capabilities, Command, IncidentEvent, IncidentState, Observation, Order, Outcome,
+    OutcomeStatus, Record, RecoveryAction,
+};
 use crate::policy::diagnose::OnUnknown;
 
 fn policy() -> Policy {

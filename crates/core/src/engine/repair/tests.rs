@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use super::super::*;
 use super::{RULE_LADDER, RepairResult};
-use crate::model::{Capabilities, GpuId, Observation, Outcome, OutcomeStatus, RecoveryAction};
+use crate::model::{
+    Capabilities, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Observation, Order,
+    Outcome, OutcomeStatus, Record, RecoveryAction,
+};
 
 fn policy() -> Policy {
     Policy::parse(

@@ -1,0 +1,323 @@
+//! Incidents as the journal tells them: opening one (and the drill it belongs to), a signal
+//! attached once, notes, escalations, closing; log-only findings and their repeats;
+//! gpu-medic's own faults; decisions this node cannot carry out.
+
+use super::{
+    Cx, DrillMark, LOG_REPEAT_WINDOW, MAX_ATTACHED_PER_INCIDENT, OpenIncident, RULE_LAUNCH_GATE,
+    RULE_SELF_FAULT, RecentLog, SelfFault, attach_key,
+};
+use crate::model::{
+    Action, ActionId, Command, IncidentEvent, IncidentId, IncidentState, LifecycleState,
+    Observation, Order, Record, Signal, Verdict,
+};
+
+impl Cx<'_> {
+    pub(super) fn record(&mut self, incident: IncidentId, event: IncidentEvent) {
+        self.out.push(Action::Log(Record {
+            at: self.now,
+            incident,
+            drill: self.st.drills.get(&incident).map(|d| d.id.clone()),
+            event,
+        }));
+    }
+
+    pub(super) fn open(
+        &mut self,
+        obs: &Observation,
+        rule: &str,
+        reason: &str,
+        verdict: Verdict,
+    ) -> IncidentId {
+        self.st.next_incident = self.st.next_incident.saturating_add(1);
+        let id = IncidentId(self.st.next_incident);
+        self.st.open.insert(
+            id,
+            OpenIncident {
+                opened_at: self.now,
+                verdict,
+                rule: rule.to_string(),
+                gpu: obs.gpu.as_ref().map(|g| g.index),
+            },
+        );
+        self.st
+            .attached
+            .entry(id)
+            .or_default()
+            .insert(attach_key(obs));
+        let drill = self.take_drill();
+        if let Some(d) = &drill {
+            // The oldest drill incident (the smallest id) makes room.
+            self.st.drills.insert_evicting(
+                id,
+                DrillMark {
+                    id: d.id.clone(),
+                    observe: d.observe,
+                },
+                |_| (),
+            );
+        }
+        self.record(
+            id,
+            IncidentEvent::Opened {
+                observation: obs.clone(),
+                rule: rule.to_string(),
+                reason: reason.to_string(),
+                verdict,
+            },
+        );
+        if let Some(d) = drill {
+            let who = if d.by.is_empty() {
+                "an operator"
+            } else {
+                &d.by
+            };
+            let how = if d.observe {
+                "observe: every order is journaled and none is executed"
+            } else {
+                "the real remedies run"
+            };
+            self.note(
+                id,
+                format!("drill {} ({}) by {who}: a rehearsal; {how}", d.id, d.class),
+            );
+        }
+        self.corroborate(id, obs);
+        self.remember_xid(obs, id);
+        id
+    }
+
+    /// Whether an order of `incident` is only journaled: observe-only, or an observe drill.
+    pub(super) fn dry(&self, incident: IncidentId) -> bool {
+        self.policy.observe_only || self.st.drills.get(&incident).is_some_and(|d| d.observe)
+    }
+
+    pub(super) fn close(
+        &mut self,
+        id: IncidentId,
+        state: IncidentState,
+        summary: impl Into<String>,
+    ) {
+        if self.st.open.remove(&id).is_some() {
+            // A closed incident no longer takes signals unless a GPU or the node points at it.
+            // The withheld incident (`[aws]` off) goes on taking the node's later faults.
+            let referenced = self.st.node_incident == Some(id)
+                || self.st.withheld.as_ref().is_some_and(|w| w.incident == id)
+                || self.st.gpus.values().any(|g| g.incident == Some(id));
+            if !referenced {
+                self.st.attached.remove(&id);
+            }
+            self.record(
+                id,
+                IncidentEvent::Closed {
+                    state,
+                    summary: summary.into(),
+                },
+            );
+        }
+    }
+
+    /// Adds a signal to an incident's timeline, once per distinct signal and GPU: a fault
+    /// that a probe reports on every poll does not flood the journal.
+    pub(super) fn attach(&mut self, id: IncidentId, obs: &Observation) {
+        let key = attach_key(obs);
+        let seen = self.st.attached.entry(id).or_default();
+        if seen.len() >= MAX_ATTACHED_PER_INCIDENT || !seen.insert(key) {
+            return;
+        }
+        self.record(
+            id,
+            IncidentEvent::Signal {
+                observation: obs.clone(),
+            },
+        );
+    }
+
+    pub(super) fn note(&mut self, id: IncidentId, text: impl Into<String>) {
+        self.record(id, IncidentEvent::Note { text: text.into() });
+    }
+
+    pub(super) fn escalated(
+        &mut self,
+        id: IncidentId,
+        verdict: Verdict,
+        rule: &str,
+        reason: String,
+    ) {
+        if let Some(o) = self.st.open.get_mut(&id) {
+            o.verdict = o.verdict.max(verdict);
+        }
+        self.record(
+            id,
+            IncidentEvent::Escalated {
+                verdict,
+                rule: rule.to_string(),
+                reason,
+            },
+        );
+    }
+
+    /// gpu-medic cannot do part of its job. One incident per component while it lasts; a
+    /// probe reporting it on every poll changes nothing. Never an order: a missing library
+    /// or binary is not the hardware's fault, and draining for it would spread the mistake
+    /// to the fleet.
+    pub(super) fn self_fault(&mut self, obs: &Observation, component: String) {
+        if self.st.self_faults.contains_key(&component) {
+            return;
+        }
+        let reason = format!(
+            "gpu-medic itself cannot work ({component}): a fault of gpu-medic or its configuration, \
+             not of the hardware; nothing is drained, replaced or restarted for it, and what it \
+             cannot see is unknown until it is fixed"
+        );
+        let id = self.open(obs, RULE_SELF_FAULT, &reason, Verdict::Log);
+        self.st.self_faults.insert(
+            component,
+            SelfFault {
+                incident: id,
+                since: self.now,
+                detail: obs.detail.clone().unwrap_or_default(),
+            },
+        );
+    }
+
+    pub(super) fn self_recovered(&mut self, obs: &Observation, component: &str) {
+        let Some(fault) = self.st.self_faults.remove(component) else {
+            return;
+        };
+        self.attach(fault.incident, obs);
+        self.close(
+            fault.incident,
+            IncidentState::Resolved,
+            format!("{component} works again"),
+        );
+    }
+
+    /// Records a decision this node cannot carry out: the orders it would have given (as
+    /// not executed) and why, then closes the incident as observed.
+    pub(super) fn would(
+        &mut self,
+        incident: IncidentId,
+        commands: Vec<Command>,
+        what: &str,
+        why: &str,
+    ) {
+        for command in commands {
+            self.st.next_action = self.st.next_action.saturating_add(1);
+            let order = Order {
+                id: ActionId(self.st.next_action),
+                incident,
+                deadline: self.now.plus(self.deadline_for(&command)),
+                command,
+                attempt: 1,
+                planned: false,
+            };
+            self.record(
+                incident,
+                IncidentEvent::ActionStarted {
+                    order,
+                    dry_run: true,
+                },
+            );
+        }
+        self.close(
+            incident,
+            IncidentState::Observed,
+            format!("would have {what}: {why}"),
+        );
+    }
+
+    /// Whether a log-only finding repeats one of its class recorded within
+    /// `LOG_REPEAT_WINDOW`; repeats are counted per signal and mentioned by the next incident
+    /// of that class.
+    pub(super) fn log_is_repeat(&mut self, class: &str, obs: &Observation) -> bool {
+        let now = self.now;
+        match self.st.recent_logs.get_mut(class) {
+            Some(r) if now.since(r.at) < LOG_REPEAT_WINDOW => {
+                r.repeats = r.repeats.saturating_add(1);
+                let signal = obs.signal.to_string();
+                if let Some(n) = r.counts.get_mut(&signal) {
+                    *n = n.saturating_add(1);
+                } else {
+                    // Past the bound, a new signal is counted only in `repeats`.
+                    let _ = r.counts.try_insert(signal, 1);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Opens and closes a log-only incident, first in its class for `LOG_REPEAT_WINDOW`.
+    pub(super) fn log_incident(
+        &mut self,
+        obs: &Observation,
+        rule: &str,
+        reason: &str,
+        class: &str,
+    ) {
+        let id = self.open(obs, rule, reason, Verdict::Log);
+        if let Some(prev) = self.st.recent_logs.remove(class)
+            && prev.repeats > 0
+        {
+            let counted: u32 = prev.counts.values().fold(0, |a, n| a.saturating_add(*n));
+            let mut by: Vec<String> = prev
+                .counts
+                .iter()
+                .map(|(signal, n)| format!("{signal} x{n}"))
+                .collect();
+            if prev.repeats > counted {
+                by.push(format!("others x{}", prev.repeats - counted));
+            }
+            self.note(
+                id,
+                format!(
+                    "{} repeats after incident {} were recorded only as inputs ({})",
+                    prev.repeats,
+                    prev.incident,
+                    by.join(", ")
+                ),
+            );
+        }
+        self.remember_log(class, id);
+        self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
+    }
+
+    /// Starts a repeat-suppression window for `class` (at most `MAX_RECENT_LOGS` of them, the
+    /// stalest dropped first).
+    pub(super) fn remember_log(&mut self, class: &str, id: IncidentId) {
+        self.st.recent_logs.insert_evicting(
+            class.to_string(),
+            RecentLog {
+                incident: id,
+                at: self.now,
+                repeats: 0,
+                counts: Default::default(),
+            },
+            |r| r.at,
+        );
+    }
+
+    /// Journals a launch gate run: the gate decided and completed the hook itself.
+    pub(super) fn launch_gate(
+        &mut self,
+        health: &str,
+        summary: &str,
+        findings: &[String],
+        ids: &[String],
+    ) {
+        let obs = Observation::new(Signal::Lifecycle {
+            state: LifecycleState::Pending,
+        })
+        .with_detail(format!("launch gate: {health}"))
+        .from_source("launch-gate");
+        let reason = "the launch gate checked the GPUs before the instance entered service";
+        let id = self.open(&obs, RULE_LAUNCH_GATE, reason, Verdict::Log);
+        for f in findings {
+            self.note(id, format!("finding: {f}"));
+        }
+        if !ids.is_empty() {
+            self.note(id, format!("requests: {}", ids.join(", ")));
+        }
+        self.close(id, IncidentState::Logged, summary.to_string());
+    }
+}

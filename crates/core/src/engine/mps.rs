@@ -1,0 +1,128 @@
+//! The MPS daemon: restart requests within the restart budget, gpu-medic's own restarts told
+//! apart from crashes, and the daemon answering again.
+
+use super::{Cx, MPS_NOT_MANAGED, MpsPhase, OWN_EXIT_MATCH, OwnExit, RULE_MPS_BUDGET, target_key};
+use crate::model::{Command, IncidentId, IncidentState, Observation, Signal, SignalKind, Verdict};
+
+impl Cx<'_> {
+    pub(super) fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
+        if !self.st.capabilities.mps {
+            let key = format!("{rule}@{}", target_key(obs));
+            if self.log_is_repeat(&key, obs) {
+                return;
+            }
+            let id = self.open(obs, rule, reason, Verdict::RestartMps);
+            self.remember_log(&key, id);
+            self.would(
+                id,
+                vec![Command::RestartMps],
+                "restarted the MPS control daemon",
+                MPS_NOT_MANAGED,
+            );
+            return;
+        }
+        if let Some(id) = self.st.mps.incident {
+            // Already being handled (restart in flight or scheduled, failed, or observed).
+            self.attach(id, obs);
+            return;
+        }
+        let id = self.open(obs, rule, reason, Verdict::RestartMps);
+        self.st.mps.incident = Some(id);
+        self.mps_try_restart(id);
+    }
+
+    /// Whether `obs` is systemd's restart of the daemon that our own restart caused (its stop
+    /// of the running daemon): expected once per restart, while the order runs and for
+    /// [`OWN_EXIT_MATCH`] after it ended.
+    pub(super) fn own_exit(&mut self, obs: &Observation) -> bool {
+        if obs.signal != Signal::MpsCrash || obs.source != crate::model::MPS_UNIT_SOURCE {
+            return false;
+        }
+        let Some(own) = self.st.mps.own_exit.take() else {
+            return false;
+        };
+        !own.ended || self.now.since(own.at) <= OWN_EXIT_MATCH
+    }
+
+    /// Restarts the daemon if the budget allows; otherwise declares it failed.
+    pub(super) fn mps_try_restart(&mut self, incident: IncidentId) {
+        let window = self.policy.mps.restart_window;
+        let now = self.now;
+        self.st.mps.restarts.retain(|t| now.since(*t) < window);
+        let used = u32::try_from(self.st.mps.restarts.len()).unwrap_or(u32::MAX);
+        if used < self.policy.mps.restart_budget {
+            if self.issue(incident, Command::RestartMps, used.saturating_add(1)) {
+                self.st.mps.restarts.push(now);
+                self.st.mps.phase = MpsPhase::Restarting;
+                self.st.mps.own_exit = Some(OwnExit {
+                    at: now,
+                    ended: false,
+                });
+            } else {
+                self.close(
+                    incident,
+                    IncidentState::Observed,
+                    "observe-only: would have restarted the MPS control daemon",
+                );
+            }
+            return;
+        }
+        self.st.mps.phase = MpsPhase::Failed;
+        let fallback = self.policy.mps.on_failed;
+        let reason = format!(
+            "MPS daemon restarted {} times within {} without recovering; declared failed; policy fallback: {}",
+            used,
+            humantime::format_duration(window),
+            fallback
+        );
+        self.escalated(incident, fallback, RULE_MPS_BUDGET, reason.clone());
+        if fallback.is_node_remediation() {
+            self.remediate_in(incident, fallback);
+        } else {
+            self.close(incident, IncidentState::Failed, reason);
+        }
+    }
+
+    pub(super) fn mps_up(&mut self, obs: &Observation) {
+        // An answer ends the daemon's "down" and "not answering" sightings, not its crashes:
+        // a daemon whose servers (or itself, under systemd's Restart=) keep dying may answer
+        // every probe in between.
+        let liveness: Vec<String> = self
+            .policy
+            .rules
+            .iter()
+            .filter(|r| matches!(r.signal, SignalKind::MpsDown | SignalKind::MpsUnresponsive))
+            .map(|r| format!("{}@mps", r.name))
+            .collect();
+        self.st.sightings.retain(|k, _| !liveness.contains(k));
+        let restart_in_flight = self
+            .st
+            .in_flight
+            .values()
+            .any(|o| o.command == Command::RestartMps);
+        if restart_in_flight {
+            return; // the restart's own outcome closes the incident
+        }
+        self.st
+            .scheduled
+            .retain(|s| s.command != Command::RestartMps);
+        let was = self.st.mps.phase;
+        self.st.mps.phase = MpsPhase::Up;
+        if let Some(id) = self.st.mps.incident.take() {
+            let node_owned = self.st.remediation.is_some_and(|r| r.incident == id);
+            if node_owned {
+                self.note(
+                    id,
+                    "MPS daemon answers again; the node remediation continues",
+                );
+            } else if self.st.open.contains_key(&id) {
+                self.attach(id, obs);
+                self.close(
+                    id,
+                    IncidentState::Resolved,
+                    format!("MPS daemon answers again (was {})", was.as_str()),
+                );
+            }
+        }
+    }
+}

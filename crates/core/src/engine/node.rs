@@ -1,0 +1,537 @@
+//! The node's remediation, one at a time: quarantine, drain, replace or terminate, step by
+//! step (`Goal` and `Step`), what a failed step climbs to, the lifecycle hook, and an
+//! operator's abort.
+
+use super::{
+    AWS_DISABLED, Cx, Goal, GpuStatus, NodePhase, RULE_LIFECYCLE_TERMINATE, Remediation, Step,
+    Withheld,
+};
+use crate::model::{
+    ActionId, Command, IncidentId, IncidentState, LifecycleHook, LifecycleResult, LifecycleState,
+    Observation, Verdict,
+};
+
+impl Cx<'_> {
+    pub(super) fn node_remediate(
+        &mut self,
+        obs: Observation,
+        verdict: Verdict,
+        rule: &str,
+        reason: &str,
+    ) {
+        if let Some(w) = self.st.withheld.as_ref()
+            && w.verdict >= verdict
+            && !self.st.capabilities.aws
+        {
+            // Already recorded as what would have been done: later faults join it.
+            let id = w.incident;
+            self.attach(id, &obs);
+            if let Some(gpu) = &obs.gpu {
+                self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
+            }
+            return;
+        }
+        if let Some(rem) = self.st.remediation {
+            self.attach(rem.incident, &obs);
+            if let Some(gpu) = &obs.gpu {
+                self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(rem.incident));
+            }
+            if verdict == Verdict::Replace && rem.goal == Goal::Drain {
+                if let Some(r) = self.st.remediation.as_mut() {
+                    r.goal = Goal::Replace;
+                }
+                self.escalated(
+                    rem.incident,
+                    Verdict::Replace,
+                    rule,
+                    format!("upgraded from drain to replace: {reason}"),
+                );
+            }
+            self.fault_during_repair(verdict, rule, reason);
+            return;
+        }
+        let finished = match self.st.node {
+            NodePhase::Replaced | NodePhase::Terminating | NodePhase::Terminated => true,
+            NodePhase::Drained => verdict <= Verdict::Reboot,
+            _ => false,
+        };
+        if finished {
+            // The node is already out of service: the signal joins the last node incident.
+            match self.st.node_incident {
+                Some(last) => {
+                    self.attach(last, &obs);
+                    if let Some(gpu) = &obs.gpu {
+                        self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(last));
+                    }
+                }
+                None => {
+                    let id = self.open(&obs, rule, reason, verdict);
+                    let phase = self.st.node.as_str();
+                    self.close(
+                        id,
+                        IncidentState::Logged,
+                        format!("node is already {phase}; nothing more to do"),
+                    );
+                    self.st.node_incident = Some(id);
+                }
+            }
+            return;
+        }
+        let id = self.open(&obs, rule, reason, verdict);
+        if let Some(gpu) = &obs.gpu {
+            self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
+        }
+        self.remediate_in(id, verdict);
+        if self.st.remediation.is_some_and(|r| r.incident == id) {
+            self.evidence_begin(id, &obs);
+        }
+    }
+
+    /// Starts a node remediation within an existing incident.
+    pub(super) fn remediate_in(&mut self, incident: IncidentId, verdict: Verdict) {
+        let verdict = if self.st.remediation.is_none() {
+            self.climb(incident, verdict)
+        } else {
+            verdict
+        };
+        let Some(goal) = Goal::from_verdict(verdict) else {
+            return;
+        };
+        if let Some(rem) = self.st.remediation {
+            if rem.incident != incident {
+                // The node is already on its way out under another incident: this one ends
+                // here, pointing at it, rather than staying open with nothing left to do.
+                self.close(
+                    incident,
+                    IncidentState::Failed,
+                    format!(
+                        "joins the node remediation of incident {}, already under way",
+                        rem.incident
+                    ),
+                );
+            }
+            if goal > rem.goal
+                && rem.goal != Goal::Terminate
+                && let Some(r) = self.st.remediation.as_mut()
+            {
+                r.goal = goal;
+            }
+            return;
+        }
+        if self.dry(incident) {
+            self.would_remediate(incident, goal);
+            return;
+        }
+        if !self.st.capabilities.aws {
+            let (what, steps) = match goal {
+                Goal::Drain => (
+                    "quarantined and drained the instance",
+                    vec![Command::Quarantine, Command::Drain { terminating: false }],
+                ),
+                _ => (
+                    "quarantined, drained and replaced the instance",
+                    vec![
+                        Command::Quarantine,
+                        Command::Drain { terminating: false },
+                        Command::Replace,
+                    ],
+                ),
+            };
+            self.st.withheld = Some(Withheld {
+                incident,
+                verdict,
+                why: AWS_DISABLED.to_string(),
+                since: self.now,
+            });
+            self.would(incident, steps, what, AWS_DISABLED);
+            return;
+        }
+        let step = if self.st.node == NodePhase::Drained {
+            Step::Replace
+        } else {
+            Step::Quarantine
+        };
+        self.st.remediation = Some(Remediation::new(incident, goal, step));
+        self.st.node_incident = Some(incident);
+        self.start_step(incident, step, 1);
+    }
+
+    /// Observe-only (or a dry run): the remediation's orders recorded, none executed, and the
+    /// incident closed saying what would have been done.
+    pub(super) fn would_remediate(&mut self, incident: IncidentId, goal: Goal) {
+        let boot = self.st.repair.boot.clone().unwrap_or_default();
+        let steps = match goal {
+            Goal::Drain => self.with_diagnosis(
+                vec![Command::Quarantine, Command::Drain { terminating: false }],
+                self.policy.diagnose.after_drain,
+            ),
+            Goal::Reboot => self.with_diagnosis(
+                vec![
+                    Command::Quarantine,
+                    Command::Drain { terminating: false },
+                    Command::Reboot { boot },
+                ],
+                self.policy.diagnose.after_reboot,
+            ),
+            _ => vec![
+                Command::Quarantine,
+                Command::Drain { terminating: false },
+                Command::Replace,
+            ],
+        };
+        let diagnoses = steps.iter().any(|c| matches!(c, Command::Diagnose { .. }));
+        for c in steps {
+            self.issue(incident, c, 1);
+        }
+        let what = match goal {
+            Goal::Drain if diagnoses => {
+                "quarantined and drained the instance, then diagnosed its GPUs (back in service on a pass, the next rung on a failure)"
+            }
+            Goal::Drain => "quarantined and drained the instance",
+            Goal::Reboot => {
+                "quarantined, drained and rebooted the instance (then checked it after the boot and returned it to service, or replaced it)"
+            }
+            _ => "quarantined, drained and replaced the instance",
+        };
+        self.close(
+            incident,
+            IncidentState::Observed,
+            format!("observe-only: would have {what}"),
+        );
+    }
+
+    pub(super) fn start_step(&mut self, incident: IncidentId, step: Step, attempt: u32) {
+        if self.evidence_holds(incident, step, attempt) {
+            return;
+        }
+        if let Some(r) = self.st.remediation.as_mut() {
+            r.step = step;
+        }
+        let (command, phase) = match step {
+            Step::Quarantine => (Command::Quarantine, NodePhase::Quarantined),
+            Step::Drain => (
+                Command::Drain {
+                    terminating: self.st.node == NodePhase::Terminating,
+                },
+                NodePhase::Draining,
+            ),
+            Step::Replace => (Command::Replace, NodePhase::Replacing),
+            Step::CompleteLifecycle => (
+                Command::CompleteLifecycle {
+                    hook: LifecycleHook::Terminate,
+                    result: LifecycleResult::Continue,
+                },
+                NodePhase::Terminating,
+            ),
+            Step::Restore => (Command::Restore, self.st.node),
+            Step::Reboot => match self.reboot_command(incident) {
+                Some(c) => (c, NodePhase::Rebooting),
+                None => {
+                    if let Some(r) = self.st.remediation.as_mut() {
+                        r.goal = Goal::Replace;
+                    }
+                    return self.start_step(incident, Step::Replace, 1);
+                }
+            },
+            // Waiting for the boot has no order: `tick` enforces `Remediation::until`.
+            Step::AwaitBoot => return,
+            Step::BootCheck => (Command::BootCheck, NodePhase::Verifying),
+            Step::Diagnose => (
+                Command::Diagnose {
+                    level: self
+                        .st
+                        .capabilities
+                        .diagnose
+                        .unwrap_or(crate::model::diagnosis::Level::Quick),
+                },
+                NodePhase::Verifying,
+            ),
+        };
+        let phase = match (self.st.remediation, step) {
+            (Some(r), Step::Quarantine | Step::Restore) if r.rebooted && r.goal == Goal::Reboot => {
+                NodePhase::Verifying
+            }
+            _ => phase,
+        };
+        if self.st.node != NodePhase::Terminating || step == Step::CompleteLifecycle {
+            self.st.node = phase;
+        }
+        self.issue(incident, command, attempt);
+    }
+
+    /// The step after `done` for the current goal, or the end of the remediation.
+    pub(super) fn advance(&mut self, done: Step) {
+        let Some(rem) = self.st.remediation.as_mut() else {
+            return;
+        };
+        match done {
+            Step::Quarantine => rem.quarantined = true,
+            Step::Drain => rem.drained = true,
+            _ => {}
+        }
+        let rem = *rem;
+        let next = match (done, rem.goal) {
+            (Step::Quarantine, Goal::Reboot) if rem.rebooted => Some(Step::BootCheck),
+            (Step::Quarantine, _) => Some(Step::Drain),
+            (Step::Drain, Goal::Drain) if self.diagnoses_after(done, rem.goal, rem.incident) => {
+                Some(Step::Diagnose)
+            }
+            (Step::Drain, Goal::Drain) => None,
+            (Step::Drain, Goal::Reboot) => Some(Step::Reboot),
+            (Step::Drain, Goal::Replace) => Some(Step::Replace),
+            (Step::Drain | Step::Replace, Goal::Terminate) => Some(Step::CompleteLifecycle),
+            (Step::BootCheck, Goal::Reboot)
+                if self.diagnoses_after(done, rem.goal, rem.incident) =>
+            {
+                Some(Step::Diagnose)
+            }
+            (Step::BootCheck, Goal::Reboot) => Some(Step::Restore),
+            (Step::BootCheck, Goal::Terminate) => Some(Step::CompleteLifecycle),
+            (Step::BootCheck, _) => Some(Step::Drain),
+            (Step::Replace, _) | (Step::CompleteLifecycle, _) | (Step::Restore, _) => None,
+            (Step::Reboot | Step::AwaitBoot | Step::Diagnose, _) => None,
+        };
+        match next {
+            Some(step) => self.start_step(rem.incident, step, 1),
+            None => {
+                self.st.remediation = None;
+                let (phase, state, summary) = match (done, rem.goal) {
+                    (Step::Drain, _) => (
+                        NodePhase::Drained,
+                        IncidentState::Drained,
+                        "instance quarantined and drained; left for an operator",
+                    ),
+                    (Step::Replace, _) => (
+                        NodePhase::Replaced,
+                        IncidentState::Replaced,
+                        "instance drained and marked Unhealthy; Auto Scaling replaces it",
+                    ),
+                    _ => (
+                        NodePhase::Terminated,
+                        IncidentState::Terminated,
+                        "instance drained; lifecycle hook completed with CONTINUE",
+                    ),
+                };
+                self.st.node = phase;
+                if done == Step::Drain
+                    && rem.goal == Goal::Drain
+                    && self.planned_drained(rem.incident)
+                {
+                    return;
+                }
+                let summary = self
+                    .planned_summary(rem.incident, state)
+                    .unwrap_or_else(|| summary.to_string());
+                self.close(rem.incident, state, summary);
+            }
+        }
+    }
+
+    /// A step failed for good (or overran its deadline): move on or give up.
+    pub(super) fn step_failed(&mut self, step: Step, why: &str) {
+        let Some(rem) = self.st.remediation else {
+            return;
+        };
+        let id = rem.incident;
+        match (step, rem.goal) {
+            (Step::Quarantine, Goal::Reboot) if rem.rebooted => {
+                self.note(
+                    id,
+                    format!("quarantine after the boot failed ({why}); checking the node anyway"),
+                );
+                self.start_step(id, Step::BootCheck, 1);
+            }
+            (Step::Reboot | Step::AwaitBoot | Step::BootCheck, _) => self.reboot_failed(step, why),
+            (Step::Diagnose, _) => self.diagnosis_not_run(id, why),
+            (Step::Drain, Goal::Reboot) => {
+                self.note(
+                    id,
+                    format!("drain did not finish ({why}); rebooting anyway, ECS reschedules what is left"),
+                );
+                self.start_step(id, Step::Reboot, 1);
+            }
+            (Step::Quarantine, _) => {
+                self.note(id, format!("quarantine failed ({why}); draining anyway"));
+                self.start_step(id, Step::Drain, 1);
+            }
+            (Step::Drain, Goal::Replace) => {
+                self.note(
+                    id,
+                    format!("drain did not finish ({why}); replacing anyway, ECS reschedules what is left"),
+                );
+                self.start_step(id, Step::Replace, 1);
+            }
+            (Step::Drain, Goal::Terminate) => {
+                self.note(
+                    id,
+                    format!("drain did not finish ({why}); completing the lifecycle hook anyway"),
+                );
+                self.start_step(id, Step::CompleteLifecycle, 1);
+            }
+            (Step::Drain, Goal::Drain) => {
+                self.st.remediation = None;
+                let left = if rem.quarantined {
+                    self.st.node = NodePhase::Quarantined;
+                    "instance left quarantined"
+                } else {
+                    self.st.node = NodePhase::InService;
+                    "the quarantine did not take either: the instance is still in service"
+                };
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("drain did not finish ({why}); {left}; operator needed"),
+                );
+            }
+            (Step::Replace, Goal::Terminate) => {
+                self.start_step(id, Step::CompleteLifecycle, 1);
+            }
+            (Step::Replace, _) => {
+                self.st.remediation = None;
+                let (phase, left) = if rem.drained {
+                    (NodePhase::Drained, "it stays drained")
+                } else if rem.quarantined {
+                    (
+                        NodePhase::Quarantined,
+                        "it stays quarantined (the drain did not finish)",
+                    )
+                } else {
+                    (
+                        NodePhase::InService,
+                        "neither quarantine nor drain took effect: the instance is still in service",
+                    )
+                };
+                self.st.node = phase;
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("could not have Auto Scaling replace the instance ({why}); {left}; operator needed"),
+                );
+            }
+            (Step::CompleteLifecycle, _) => {
+                self.st.remediation = None;
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("could not complete the lifecycle hook ({why}); Auto Scaling's hook timeout applies"),
+                );
+            }
+            (Step::Restore, _) => {
+                self.st.remediation = None;
+                self.close(
+                    id,
+                    IncidentState::Failed,
+                    format!("could not return the instance to service ({why}); it may still be quarantined or draining; operator needed"),
+                );
+            }
+        }
+    }
+
+    pub(super) fn lifecycle(&mut self, obs: &Observation, state: LifecycleState) {
+        if state != LifecycleState::Terminating
+            || matches!(self.st.node, NodePhase::Terminating | NodePhase::Terminated)
+        {
+            return;
+        }
+        let previous = self.st.node;
+        self.st.node = NodePhase::Terminating;
+        if let Some(rem) = self.st.remediation {
+            self.attach(rem.incident, obs);
+            self.note(
+                rem.incident,
+                "Auto Scaling is terminating the instance: finish draining, then complete the hook",
+            );
+            if let Some(r) = self.st.remediation.as_mut() {
+                r.goal = Goal::Terminate;
+                r.until = None;
+            }
+            if rem.step == Step::AwaitBoot {
+                self.start_step(rem.incident, Step::CompleteLifecycle, 1);
+            }
+            return;
+        }
+        let reason =
+            "Auto Scaling is terminating the instance: drain it, then complete our lifecycle hook";
+        let id = self.open(obs, RULE_LIFECYCLE_TERMINATE, reason, Verdict::Drain);
+        if self.policy.observe_only {
+            self.issue(id, Command::Drain { terminating: true }, 1);
+            self.close(
+                id,
+                IncidentState::Observed,
+                "observe-only: would have drained and completed the lifecycle hook",
+            );
+            return;
+        }
+        let step = if matches!(previous, NodePhase::Drained | NodePhase::Replaced) {
+            Step::CompleteLifecycle
+        } else {
+            Step::Drain
+        };
+        self.st.remediation = Some(Remediation::new(id, Goal::Terminate, step));
+        self.st.node_incident = Some(id);
+        self.start_step(id, step, 1);
+    }
+
+    /// Stops a node remediation that has not reached Auto Scaling yet and returns the
+    /// instance to service. Later steps are refused: once Auto Scaling was told to replace
+    /// the instance, undoing it is Auto Scaling's business.
+    pub(super) fn abort(&mut self, incident: IncidentId, by: &str) {
+        let who = if by.is_empty() { "an operator" } else { by };
+        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
+            if self.st.open.contains_key(&incident) || self.st.node_incident == Some(incident) {
+                self.note(
+                    incident,
+                    format!("abort requested by {who}: no quarantine or drain of this incident is in progress; nothing to undo"),
+                );
+            }
+            return;
+        };
+        let refuse = match (rem.goal, rem.step) {
+            (Goal::Terminate, _) => Some("Auto Scaling is terminating the instance"),
+            (_, Step::Replace | Step::CompleteLifecycle) => {
+                Some("Auto Scaling has already been asked to replace the instance")
+            }
+            (_, Step::Reboot | Step::AwaitBoot) => {
+                Some("the instance has been asked to reboot; abort after the boot")
+            }
+            _ => None,
+        };
+        if let Some(why) = refuse {
+            self.note(incident, format!("abort requested by {who} refused: {why}"));
+            return;
+        }
+        // An evidence collection changes nothing on the node: it runs on and its archive is
+        // recorded, but the step it held back is dropped with the rest of the repair.
+        let cancelled: Vec<ActionId> = self
+            .st
+            .in_flight
+            .values()
+            .filter(|o| o.incident == incident && o.command != Command::CollectEvidence)
+            .map(|o| o.id)
+            .collect();
+        for id in &cancelled {
+            self.st.in_flight.remove(id);
+        }
+        if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
+            w.held = None;
+        }
+        self.st.scheduled.retain(|s| s.incident != incident);
+        self.repair_aborted(incident);
+        self.escalated(
+            incident,
+            Verdict::Log,
+            "operator-abort",
+            format!("abort requested by {who}: returning the instance to service"),
+        );
+        self.st.remediation = Some(Remediation {
+            step: Step::Restore,
+            goal: if rem.goal == Goal::Reboot {
+                Goal::Drain
+            } else {
+                rem.goal
+            },
+            ..rem
+        });
+        self.issue(incident, Command::Restore, 1);
+    }
+}
