@@ -270,27 +270,8 @@ impl Cx<'_> {
             _ => {}
         }
         let rem = *rem;
-        let next = match (done, rem.goal) {
-            (Step::Quarantine, Goal::Reboot) if rem.rebooted => Some(Step::BootCheck),
-            (Step::Quarantine, _) => Some(Step::Drain),
-            (Step::Drain, Goal::Drain) if self.diagnoses_after(done, rem.goal, rem.incident) => {
-                Some(Step::Diagnose)
-            }
-            (Step::Drain, Goal::Drain) => None,
-            (Step::Drain, Goal::Reboot) => Some(Step::Reboot),
-            (Step::Drain, Goal::Replace) => Some(Step::Replace),
-            (Step::Drain | Step::Replace, Goal::Terminate) => Some(Step::CompleteLifecycle),
-            (Step::BootCheck, Goal::Reboot)
-                if self.diagnoses_after(done, rem.goal, rem.incident) =>
-            {
-                Some(Step::Diagnose)
-            }
-            (Step::BootCheck, Goal::Reboot) => Some(Step::Restore),
-            (Step::BootCheck, Goal::Terminate) => Some(Step::CompleteLifecycle),
-            (Step::BootCheck, _) => Some(Step::Drain),
-            (Step::Replace, _) | (Step::CompleteLifecycle, _) | (Step::Restore, _) => None,
-            (Step::Reboot | Step::AwaitBoot | Step::Diagnose, _) => None,
-        };
+        let diagnose = self.diagnoses_after(done, rem.goal, rem.incident);
+        let next = next_step(done, rem.goal, rem.rebooted, diagnose);
         match next {
             Some(step) => self.start_step(rem.incident, step, 1),
             None => {
@@ -533,5 +514,87 @@ impl Cx<'_> {
             ..rem
         });
         self.issue(incident, Command::Restore, 1);
+    }
+}
+
+/// The ladder: the step after `done` succeeded, for a remediation toward `goal`; `None` when
+/// the goal is reached. `rebooted`: the instance came back from the reboot we ordered;
+/// `diagnose`: the policy tests the GPUs after this step (`Cx::diagnoses_after`). What a step
+/// that failed for good climbs to is `Cx::step_failed`.
+pub(super) fn next_step(done: Step, goal: Goal, rebooted: bool, diagnose: bool) -> Option<Step> {
+    match (done, goal) {
+        (Step::Quarantine, Goal::Reboot) if rebooted => Some(Step::BootCheck),
+        (Step::Quarantine, _) => Some(Step::Drain),
+        (Step::Drain, Goal::Drain) if diagnose => Some(Step::Diagnose),
+        (Step::Drain, Goal::Drain) => None,
+        (Step::Drain, Goal::Reboot) => Some(Step::Reboot),
+        (Step::Drain, Goal::Replace) => Some(Step::Replace),
+        (Step::Drain | Step::Replace, Goal::Terminate) => Some(Step::CompleteLifecycle),
+        (Step::BootCheck, Goal::Reboot) if diagnose => Some(Step::Diagnose),
+        (Step::BootCheck, Goal::Reboot) => Some(Step::Restore),
+        (Step::BootCheck, Goal::Terminate) => Some(Step::CompleteLifecycle),
+        (Step::BootCheck, _) => Some(Step::Drain),
+        (Step::Replace | Step::CompleteLifecycle | Step::Restore, _) => None,
+        // The reboot's own steps and the diagnosis move on by their outcomes
+        // (`engine::repair`, `engine::diagnose`), not by this table.
+        (Step::Reboot | Step::AwaitBoot | Step::Diagnose, _) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each goal's climb from quarantine to its end, as operators read it in docs/repair.md.
+    #[test]
+    fn each_goal_climbs_its_ladder() {
+        let climb = |goal: Goal, rebooted: bool, diagnose: bool| {
+            let mut steps = vec![Step::Quarantine];
+            while let Some(next) = next_step(
+                *steps.last().unwrap_or(&Step::Quarantine),
+                goal,
+                rebooted,
+                diagnose,
+            ) {
+                steps.push(next);
+                assert!(steps.len() < 10, "{goal:?} loops: {steps:?}");
+            }
+            steps
+        };
+        use Step::*;
+        assert_eq!(climb(Goal::Drain, false, false), [Quarantine, Drain]);
+        assert_eq!(
+            climb(Goal::Drain, false, true),
+            [Quarantine, Drain, Diagnose]
+        );
+        assert_eq!(
+            climb(Goal::Replace, false, false),
+            [Quarantine, Drain, Replace]
+        );
+        assert_eq!(
+            climb(Goal::Terminate, false, false),
+            [Quarantine, Drain, CompleteLifecycle]
+        );
+        assert_eq!(
+            climb(Goal::Reboot, false, false),
+            [Quarantine, Drain, Reboot]
+        );
+        // After the boot: quarantined again, checked, then back in service or tested first.
+        assert_eq!(
+            climb(Goal::Reboot, true, false),
+            [Quarantine, BootCheck, Restore]
+        );
+        assert_eq!(
+            climb(Goal::Reboot, true, true),
+            [Quarantine, BootCheck, Diagnose]
+        );
+        assert_eq!(
+            next_step(BootCheck, Goal::Replace, true, false),
+            Some(Drain)
+        );
+        assert_eq!(
+            next_step(BootCheck, Goal::Terminate, true, false),
+            Some(CompleteLifecycle)
+        );
     }
 }
