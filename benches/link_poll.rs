@@ -158,7 +158,7 @@ fn main() {
             median.as_secs_f64() * 360.0,
         );
     }
-    // NVML calls the links add per GPU per poll (src/probe/nvml/links.rs): fabric info,
+    // NVML calls the links add per GPU per poll (crates/io/src/probe/nvml/links.rs): fabric info,
     // 18 x (state + CRC flit, CRC data, replay, recovery), 4 PCIe link queries, the replay
     // counter, persistence, the clock-event reasons.
     let per_gpu = 1 + 18 * 5 + 4 + 1 + 1 + 1;

@@ -26,7 +26,8 @@
 //! # Layers
 //!
 //! Lowest first; `error`, `limits`, `model`, `policy` and `engine` are the core crate's
-//! (`crates/core`), which Cargo keeps from importing anything of this one. A module imports (`crate::…`, tests included) only from the layers below its
+//! (`crates/core`); `sys`, `config` and layers 4 to 7 are the I/O crate's (`crates/io`); `supervisor`
+//! and `cli` this one's: Cargo keeps each crate from importing one above it. A module imports (`crate::…`, tests included) only from the layers below its
 //! own: never from a module of its own layer, never from above. `tests/layout.rs` reads this
 //! list, so it is the one place the order is written; every module is in exactly one layer.
 //!
@@ -41,20 +42,14 @@
 //! - layer 8: `supervisor`
 //! - layer 9: `cli`
 
-pub mod accounting;
-// The model, the policy and the engine live in their own crate (crates/core), which Cargo
-// keeps free of I/O and of the AWS SDK; here under their old names.
+// Three crates, each below the next, so Cargo refuses an import that runs up: the core
+// (crates/core: the model, the policy, the engine; no I/O), the senses and hands (crates/io:
+// probes, remedies, adapters) and this one, the daemon (the supervisor and the commands).
+// Every module keeps its name here.
 pub use gpu_medic_core::{engine, model, policy};
-pub mod aws;
+pub use gpu_medic_io::{
+    accounting, aws, config, diagnose, export, journal, launch, metrics, mps, probe, remedy, sys,
+};
+
 pub mod cli;
-pub mod config;
-pub mod diagnose;
-pub mod export;
-pub mod journal;
-pub mod launch;
-pub mod metrics;
-pub mod mps;
-pub mod probe;
-pub mod remedy;
 pub mod supervisor;
-pub mod sys;

@@ -1,8 +1,8 @@
 //! The layout's rules, checked on the source tree (docs/architecture.md, "How it works"):
 //! - no import runs up: a module imports only from the layers below its own, in the order
 //!   `src/lib.rs` writes ("Layers"), tests included;
-//! - senses (`src/probe`) and hands (`src/remedy`) never import each other;
-//! - the adapters (`src/aws`, `src/mps`) import no probe, remedy, engine, supervisor, launch or
+//! - senses (`crates/io/src/probe`) and hands (`crates/io/src/remedy`) never import each other;
+//! - the adapters (`crates/io/src/aws`, `crates/io/src/mps`) import no probe, remedy, engine, supervisor, launch or
 //!   CLI: both sides build on them, not the other way round;
 //! - the engine imports nothing that does I/O;
 //! - no process-wide static holds state (an effect travels Observation -> engine -> Order ->
@@ -15,8 +15,8 @@
 //! - probes and remedies import neither the wiring (`supervisor`), the engine, the journal nor
 //!   the exporter: what they need arrives when they are built or started (a source's resume
 //!   cursors, an order);
-//! - the accounting wing (`src/accounting`) and `src/metrics.rs` never import a probe;
-//! - no file under `state_dir` is named outside `StateDir` (src/config/state_dir.rs), and the
+//! - the accounting wing (`crates/io/src/accounting`) and `crates/io/src/metrics.rs` never import a probe;
+//! - no file under `state_dir` is named outside `StateDir` (crates/io/src/config/state_dir.rs), and the
 //!   state file's name is written nowhere else but there and in the journal.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
@@ -27,11 +27,12 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The two crates' sources: the daemon's (`src/`) and the core's (`crates/core/src/`: the
-/// model, the policy and the engine).
-const SOURCES: [&str; 2] = ["src", "crates/core/src"];
+/// The three crates' sources: the daemon's (`src/`: the supervisor and the commands), the
+/// core's (`crates/core/src/`: the model, the policy and the engine) and the I/O crate's
+/// (`crates/io/src/`: probes, remedies, adapters).
+const SOURCES: [&str; 3] = ["src", "crates/core/src", "crates/io/src"];
 
-/// Every Rust file of both crates, each with the source folder it is under.
+/// Every Rust file of the three crates, each with the source folder it is under.
 fn sources() -> Vec<(PathBuf, PathBuf)> {
     SOURCES
         .iter()
@@ -89,8 +90,8 @@ fn check(dir: &str, forbidden: &[&str]) -> Vec<String> {
 #[test]
 fn probes_and_remedies_never_import_each_other() {
     let bad = [
-        check("src/probe", &["remedy", "launch"]),
-        check("src/remedy", &["probe", "launch"]),
+        check("crates/io/src/probe", &["remedy", "launch"]),
+        check("crates/io/src/remedy", &["probe", "launch"]),
     ]
     .concat();
     assert!(
@@ -262,8 +263,8 @@ fn every_relative_link_in_the_documents_resolves() {
 fn probes_and_remedies_import_no_wiring_engine_journal_or_exporter() {
     let forbidden = ["supervisor", "engine", "journal", "export"];
     let bad = [
-        check("src/probe", &forbidden),
-        check("src/remedy", &forbidden),
+        check("crates/io/src/probe", &forbidden),
+        check("crates/io/src/remedy", &forbidden),
     ]
     .concat();
     assert!(
@@ -275,9 +276,12 @@ fn probes_and_remedies_import_no_wiring_engine_journal_or_exporter() {
 
 #[test]
 fn accounting_and_metrics_never_import_a_probe() {
-    let mut bad = check("src/accounting", &["probe"]);
-    bad.extend(check("src/metrics", &["probe"]));
-    bad.extend(mentions(&root().join("src/metrics.rs"), &["probe"]));
+    let mut bad = check("crates/io/src/accounting", &["probe"]);
+    bad.extend(check("crates/io/src/metrics", &["probe"]));
+    bad.extend(mentions(
+        &root().join("crates/io/src/metrics.rs"),
+        &["probe"],
+    ));
     assert!(
         bad.is_empty(),
         "the accounting wing takes what the probes saw, it does not call them:\n{}",
@@ -287,13 +291,13 @@ fn accounting_and_metrics_never_import_a_probe() {
 
 #[test]
 fn files_under_the_state_dir_are_named_by_state_dir_only() {
-    let names = root().join("src/config/state_dir.rs");
+    let names = root().join("crates/io/src/config/state_dir.rs");
     let mut bad = Vec::new();
     for (_, f) in sources() {
         if f == names {
             continue;
         }
-        let in_journal = f.starts_with(root().join("src/journal"));
+        let in_journal = f.starts_with(root().join("crates/io/src/journal"));
         let text = std::fs::read_to_string(&f).unwrap();
         for (i, l) in text.lines().enumerate() {
             if l.trim_start().starts_with("//") {
@@ -308,7 +312,7 @@ fn files_under_the_state_dir_are_named_by_state_dir_only() {
     }
     assert!(
         bad.is_empty(),
-        "name the file in StateDir (src/config/state_dir.rs) instead:\n{}",
+        "name the file in StateDir (crates/io/src/config/state_dir.rs) instead:\n{}",
         bad.join("\n")
     );
 }
@@ -324,7 +328,11 @@ fn adapters_import_no_probe_remedy_engine_or_cli() {
         "launch",
         "journal",
     ];
-    let bad = [check("src/aws", &forbidden), check("src/mps", &forbidden)].concat();
+    let bad = [
+        check("crates/io/src/aws", &forbidden),
+        check("crates/io/src/mps", &forbidden),
+    ]
+    .concat();
     assert!(
         bad.is_empty(),
         "adapters must stay below probes and remedies:\n{}",
@@ -504,12 +512,12 @@ const MAX_FUNCTION_LINES: usize = 100;
 /// test below, so the list never keeps a stale excuse.
 const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
     (
-        "src/config/mod.rs",
+        "crates/io/src/config/mod.rs",
         "check_durations",
         "data: one (section, key, value, floor, ceiling) row per duration, spread over five lines each by rustfmt",
     ),
     (
-        "src/metrics.rs",
+        "crates/io/src/metrics.rs",
         "new",
         "a flat list: one registration per metric family, each with its help text beside its handle",
     ),
@@ -646,6 +654,7 @@ fn every_source_file_named_in_a_comment_exists() {
     let mut files = Vec::new();
     for d in [
         "src",
+        "crates",
         "tests",
         "benches",
         "examples",

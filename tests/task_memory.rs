@@ -186,7 +186,7 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
     // The stop keeps the minute in progress; the report suggests sizes from it.
     d.stop(Duration::from_secs(10));
     // `[metrics] emf = true`: every stdout line is an EMF document; task A's app on GPU 1
-    // carries its dimensions and numbers (the full spec check is src/accounting/emf.rs's unit test).
+    // carries its dimensions and numbers (the full spec check is crates/io/src/accounting/emf.rs's unit test).
     let stdout = d.stdout(); // whole: the daemon has stopped
     let docs: Vec<serde_json::Value> = stdout
         .lines()

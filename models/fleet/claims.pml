@@ -1,6 +1,6 @@
 /*
- * The fleet budget's claim protocol as gpu-medic runs it today (src/remedy/budget/claims.rs
- * `acquire_claim`, src/remedy/aws/drain.rs `begin`, src/remedy/budget/group_view.rs `admit`,
+ * The fleet budget's claim protocol as gpu-medic runs it today (crates/io/src/remedy/budget/claims.rs
+ * `acquire_claim`, crates/io/src/remedy/aws/drain.rs `begin`, crates/io/src/remedy/budget/group_view.rs `admit`,
  * `rank`, `holds_slot`),
  * and with -DREPAIRED the repair of issue 17 item 3. N gpu-medics of one Auto Scaling
  * group, budget B, every one of them wanting to drain its instance.

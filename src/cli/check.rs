@@ -303,7 +303,7 @@ fn journal_gate(
     }
 }
 
-/// `check --lifecycle`: the launch gate (src/launch/gate.rs) around `examine`.
+/// `check --lifecycle`: the launch gate (crates/io/src/launch/gate.rs) around `examine`.
 fn launch_gate(
     cfg: crate::config::Config,
     policy: Policy,

@@ -5,7 +5,7 @@
 //!   `spot/instance-action` (`{"action": A, "time": now + 2 min}`, the two minutes AWS gives);
 //!   `maintenance --code C --in D` a scheduled event shaped like an entry of
 //!   `events/maintenance/scheduled` (code C, state active, NotBefore now + D, the drill's id as
-//!   its EventId). The engine judges it as if the planned-events probe (src/probe/planned.rs)
+//!   its EventId). The engine judges it as if the planned-events probe (crates/io/src/probe/planned.rs)
 //!   had read it: the real drain (and replacement for a retirement or stop), never deferred by
 //!   the fleet budget, tagged drill.
 //! - A rehearsed notice stays until `drill clear <drill-id>`: the engine then treats it as gone,

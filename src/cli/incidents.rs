@@ -780,6 +780,19 @@ mod tests {
         }
     }
 
+    /// Incident `i` closed as logged.
+    fn closed(i: u64) -> Record {
+        Record {
+            at: Timestamp(1_700_000_000_000 + i),
+            incident: crate::model::IncidentId(i),
+            drill: None,
+            event: IncidentEvent::Closed {
+                state: IncidentState::Logged,
+                summary: format!("r{i}"),
+            },
+        }
+    }
+
     fn fold_all(records: &[Record]) -> Vec<(u64, IncidentState)> {
         let mut out = Vec::new();
         let mut folder = Folder::default();
@@ -799,10 +812,10 @@ mod tests {
         for i in 1..=n {
             records.push(note(i));
             if i > 1 && (i - 1) % 3 != 0 {
-                records.push(crate::journal::tests::rec(i - 1));
+                records.push(closed(i - 1));
             }
         }
-        records.push(crate::journal::tests::rec(n));
+        records.push(closed(n));
         // A record of an incident handed over already is not folded in again.
         records.push(note(2));
         let got = fold_all(&records);

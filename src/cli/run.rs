@@ -83,7 +83,7 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
     if let Err(e) = crate::sys::fs::make_private(&cfg.state_dir) {
         tracing::warn!(state_dir = %cfg.state_dir.display(), "cannot make the state directory private: {e}");
     }
-    // Descriptors in reserve (src/sys/fds.rs): the hard limit, not systemd's soft 1,024.
+    // Descriptors in reserve (crates/io/src/sys/fds.rs): the hard limit, not systemd's soft 1,024.
     match crate::sys::fds::raise_nofile_limit() {
         Ok((before, after)) if after > before => {
             tracing::debug!("open-file limit raised from {before} to {after}");

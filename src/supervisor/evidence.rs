@@ -1,4 +1,4 @@
-//! The journal as the evidence remedy reads it (src/remedy/evidence): the incident, the
+//! The journal as the evidence remedy reads it (crates/io/src/remedy/evidence): the incident, the
 //! inputs of the window and gpu-medic's own NVML readings, each read from `state_dir` with a
 //! bound on the bytes read. Handed to the remedy at construction, so the remedy never imports
 //! the journal.

@@ -1,7 +1,7 @@
 //! What the fleet budget saw of the group at its last read, as an order's outcome carries
 //! it to the engine, the journal and the metrics (`gpu_medic_fleet_budget_in_use`,
 //! `gpu_medic_fleet_budget_capacity`). Plain data: the budget remedy fills it
-//! (src/remedy/budget/mod.rs), src/metrics.rs reads it from the outcome.
+//! (crates/io/src/remedy/budget/mod.rs), crates/io/src/metrics.rs reads it from the outcome.
 
 use serde::{Deserialize, Serialize};
 

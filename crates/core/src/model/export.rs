@@ -1,5 +1,5 @@
 //! How far the incident export is behind the journal, per lane, as the exporter
-//! (src/export/mod.rs) publishes it after each round and src/metrics.rs reads it at each
+//! (crates/io/src/export/mod.rs) publishes it after each round and crates/io/src/metrics.rs reads it at each
 //! scrape (`gpu_medic_export_lag_seconds`, `gpu_medic_export_lag_records`). Plain data.
 
 use serde::{Deserialize, Serialize};

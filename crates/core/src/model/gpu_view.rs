@@ -1,5 +1,5 @@
 //! ECS's view of this instance's GPUs against NVML's, as the ECS GPU view probe
-//! (src/probe/ecs_gpus.rs) keeps it for `gpu-medic status` and `check`
+//! (crates/io/src/probe/ecs_gpus.rs) keeps it for `gpu-medic status` and `check`
 //! (the daemon's `config::View::GpuView`).
 
 use serde::{Deserialize, Serialize};

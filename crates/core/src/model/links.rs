@@ -1,7 +1,7 @@
 //! What the link probes saw at their latest look, as `status` and the metrics show it: the
 //! fabric, NVLinks and PCIe link of each GPU (`links.json`, written by the NVML poll) and the
 //! EFA / RDMA ports (`ports.json`, written by the port watch). Plain data: the probes fill it
-//! (src/probe/nvml/links.rs, src/probe/efa.rs), `status` and src/metrics.rs read it back
+//! (crates/io/src/probe/nvml/links.rs, crates/io/src/probe/efa.rs), `status` and crates/io/src/metrics.rs read it back
 //! through the daemon's `config::StateDir`. docs/fabric.md says what each field comes from.
 
 use std::collections::BTreeMap;

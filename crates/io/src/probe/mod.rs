@@ -128,7 +128,7 @@ mod urgency_tests {
     #[test]
     fn urgency_is_the_policys_verdict() {
         let policy = crate::config::load_policy(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/default.toml"),
         )
         .unwrap();
         let u = Urgency::of(&policy);

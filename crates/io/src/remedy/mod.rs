@@ -90,13 +90,13 @@ impl RemedyError {
     }
 }
 
-/// The MPS control daemon's hands (src/remedy/mps.rs).
+/// The MPS control daemon's hands (crates/io/src/remedy/mps.rs).
 pub trait MpsRemedy: Send + Sync + 'static {
     /// Restarts the daemon and returns once it answers a probe again (or fails).
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
 }
 
-/// The reboot rung's hands (src/remedy/aws/reboot.rs): the reboot itself and the check
+/// The reboot rung's hands (crates/io/src/remedy/aws/reboot.rs): the reboot itself and the check
 /// after the boot.
 pub trait RepairRemedy: Send + Sync + 'static {
     /// Reboots this instance (EC2 `RebootInstances`, or the OS's reboot). Done once the
@@ -128,8 +128,8 @@ impl std::fmt::Display for FlushReport {
     }
 }
 
-/// The control plane's hands: ECS and Auto Scaling (src/remedy/aws/mod.rs routes each order to
-/// its file there; the fleet budget is src/remedy/budget/mod.rs).
+/// The control plane's hands: ECS and Auto Scaling (crates/io/src/remedy/aws/mod.rs routes each order to
+/// its file there; the fleet budget is crates/io/src/remedy/budget/mod.rs).
 pub trait ControlPlane: Send + Sync + 'static {
     /// Marks the container instance so placement constraints keep new tasks off.
     fn quarantine(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
@@ -161,7 +161,7 @@ pub trait ControlPlane: Send + Sync + 'static {
 pub struct Remedies {
     pub mps: Option<Arc<dyn MpsRemedy>>,
     pub control_plane: Option<Arc<dyn ControlPlane>>,
-    /// `[evidence]`: collect-evidence (src/remedy/evidence).
+    /// `[evidence]`: collect-evidence (crates/io/src/remedy/evidence).
     pub evidence: Option<Arc<dyn evidence::EvidenceRemedy>>,
     /// The reboot rung (`[repair] reboot` not `off`, with the control plane).
     pub repair: Option<Arc<dyn RepairRemedy>>,

@@ -1,4 +1,4 @@
-//! `[export]`: incidents shipped off the instance (`src/export`).
+//! `[export]`: incidents shipped off the instance (`crates/io/src/export`).
 
 use std::time::Duration;
 
@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::yes;
 
-/// Incidents shipped off the instance (`src/export`): every journal record to CloudWatch
+/// Incidents shipped off the instance (`crates/io/src/export`): every journal record to CloudWatch
 /// Logs, every incident transition to EventBridge. Off unless enabled (and `[aws]` is on).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

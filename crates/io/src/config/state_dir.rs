@@ -138,13 +138,13 @@ impl StateDir {
     }
 
     /// The evidence spool: `<incident>.tar.gz` archives waiting for S3 beside their
-    /// `<incident>.json` records (src/remedy/evidence/spool.rs).
+    /// `<incident>.json` records (crates/io/src/remedy/evidence/spool.rs).
     pub fn evidence(&self) -> PathBuf {
         self.root.join("evidence")
     }
 
     /// The last diagnoses the daemon ran (`<incident>-<action>.json`, each tool's raw output
-    /// kept; src/remedy/diagnose.rs).
+    /// kept; crates/io/src/remedy/diagnose.rs).
     pub fn diagnoses(&self) -> PathBuf {
         self.root.join("diagnoses")
     }

@@ -139,7 +139,8 @@ mod tests {
     #[test]
     fn the_table_matches_its_document() {
         let doc = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/gpu-instance-types.md"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../docs/gpu-instance-types.md"),
         )
         .unwrap();
         let rows: Vec<(String, u32)> = doc

@@ -1372,7 +1372,7 @@ mod tests {
             },
         );
         let policy = crate::config::load_policy(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/default.toml"),
         )
         .unwrap();
         let (tx, mut rx) = mpsc::channel(1 << 17);

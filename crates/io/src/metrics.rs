@@ -762,7 +762,7 @@ mod tests {
 
     fn shipped_policy() -> Policy {
         crate::config::load_policy(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/default.toml"),
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/default.toml"),
         )
         .unwrap()
     }

@@ -17,7 +17,7 @@
 //!
 //! The probe shares its readings with nobody but the engine: a drain that must learn of a
 //! termination beginning mid-drain asks IMDS and Auto Scaling itself
-//! (`src/remedy/aws/drain.rs`).
+//! (`crates/io/src/remedy/aws/drain.rs`).
 
 use std::future::Future;
 use std::pin::Pin;

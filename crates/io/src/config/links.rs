@@ -212,7 +212,7 @@ mod tests {
     /// docs/configuration.md does), each at its compiled-in default.
     #[test]
     fn the_packaged_links_section_is_every_default() {
-        let text = include_str!("../../packaging/config.toml");
+        let text = include_str!("../../../../packaging/config.toml");
         let table: toml::Table = toml::from_str(text).unwrap();
         let links = table["links"].as_table().unwrap();
         let parsed: LinksConfig = toml::Value::Table(links.clone()).try_into().unwrap();
