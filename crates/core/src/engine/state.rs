@@ -412,6 +412,7 @@ pub struct OpenIncident {
 
 impl State {
     /// Orders that take the node out of service and are in flight or scheduled.
+    #[cfg(test)]
     pub fn node_orders_pending(&self) -> usize {
         let is_node = |c: &Command| {
             matches!(

@@ -42,9 +42,6 @@ impl<K, V, const N: usize> Deref for BoundedMap<K, V, N> {
 }
 
 impl<K: Ord + Clone, V, const N: usize> BoundedMap<K, V, N> {
-    /// The most entries the map holds.
-    pub const BOUND: usize = N;
-
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -118,14 +115,6 @@ impl<K: Ord + Clone, V, const N: usize> BoundedMap<K, V, N> {
     pub fn retain(&mut self, keep: impl FnMut(&K, &mut V) -> bool) {
         self.0.retain(keep)
     }
-
-    pub fn values_mut(&mut self) -> std::collections::btree_map::ValuesMut<'_, K, V> {
-        self.0.values_mut()
-    }
-
-    pub fn iter_mut(&mut self) -> std::collections::btree_map::IterMut<'_, K, V> {
-        self.0.iter_mut()
-    }
 }
 
 impl<K: Serialize, V: Serialize, const N: usize> Serialize for BoundedMap<K, V, N> {
@@ -183,9 +172,6 @@ impl<T, const N: usize> Deref for BoundedVec<T, N> {
 }
 
 impl<T, const N: usize> BoundedVec<T, N> {
-    /// The most items the list holds.
-    pub const BOUND: usize = N;
-
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -235,14 +221,11 @@ impl<T, const N: usize> BoundedVec<T, N> {
     pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, T> {
         self.0.iter_mut()
     }
-
-    pub fn last_mut(&mut self) -> Option<&mut T> {
-        self.0.last_mut()
-    }
 }
 
 impl<T: Clone, const N: usize> BoundedVec<T, N> {
     /// The newest `N` of `items`.
+    #[cfg(test)]
     pub fn newest(items: &[T]) -> Self {
         BoundedVec(items[items.len().saturating_sub(N)..].to_vec())
     }

@@ -95,6 +95,7 @@ impl Agent {
     }
 
     /// Another response bound (tests).
+    #[cfg(test)]
     pub fn with_max_response(mut self, max: u64) -> Agent {
         self.max = max;
         self

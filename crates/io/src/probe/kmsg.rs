@@ -156,16 +156,6 @@ const XID_PREFIX: &str = "NVRM: Xid (";
 /// the switch's number.
 pub(crate) const NVSWITCH_PREFIX: &str = "nvidia-nvswitch";
 
-/// A kmsg record's sequence number and message (`prio,seq,usec,flags;message`); a plain log
-/// line is its own message, with sequence number 0. Says nothing of who wrote the record:
-/// [`driver_message`] does.
-pub fn split_record(line: &str) -> (u64, &str) {
-    match record_header(line) {
-        Some((_, seq, msg)) => (seq, msg),
-        None => (0, line),
-    }
-}
-
 /// A kmsg record's priority, sequence number and message: `None` unless the line starts with
 /// a header of decimal fields (`prio,seq,usec,flags[,...];`).
 fn record_header(line: &str) -> Option<(u64, u64, &str)> {

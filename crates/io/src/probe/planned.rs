@@ -24,7 +24,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
 use aws_sdk_ecs::config::SharedHttpClient;
 use serde::Deserialize;
@@ -487,11 +486,6 @@ impl Source for PlannedSource {
         let boot = resume.boot().to_string();
         Box::pin(async move { self.watch(tx, shutdown, boot).await })
     }
-}
-
-/// How long one poll may take at most: three reads under the client's timeouts.
-pub const fn poll_budget() -> Duration {
-    Duration::from_secs(3 * 3)
 }
 
 #[cfg(test)]

@@ -394,6 +394,7 @@ impl TaskNamer {
     }
 
     /// Reads cgroups under another `/proc` (unit tests).
+    #[cfg(test)]
     pub fn with_proc_root(mut self, proc_root: &Path) -> TaskNamer {
         self.proc_root = proc_root.to_path_buf();
         self
