@@ -367,6 +367,19 @@ impl Daemon {
             .unwrap_or(Value::Null)
     }
 
+    /// Waits until the engine has applied the dir's `kmsg` file up to its end
+    /// ([`journal::kmsg_applied`]): written last, a driver's line is the fact that the reader
+    /// handed over every record before it, and the supervisor journaled or dropped each.
+    pub fn wait_kmsg_applied(&self, what: &str) -> Duration {
+        let kmsg = self.path("kmsg");
+        wait_sync(
+            what,
+            crate::LOOKS_LIMIT,
+            || journal::kmsg_applied(&self.state(), &kmsg),
+            || format!("{:#}\n{}", self.state()["delivery"], self.log()),
+        )
+    }
+
     /// `gpu-medic incidents show <id> --json`, or null while there is no such incident.
     pub fn incident(&self, id: u32) -> Value {
         let out = self.cli(&["incidents", "show", &id.to_string(), "--json"]);
