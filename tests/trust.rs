@@ -789,9 +789,12 @@ fn sighup_onto_a_fifo_or_an_endless_file_is_refused_and_sigterm_still_stops() {
                 "{what} as {kind}: the refusal names the file\n{}",
                 node.log()
             );
-            // Another SIGHUP while the file is still bad, then SIGTERM: a prompt, clean stop.
+            // Another SIGHUP while the file is still bad (refused again, at once), then
+            // SIGTERM: a prompt, clean stop.
             node.signal(libc::SIGHUP);
-            std::thread::sleep(Duration::from_millis(200));
+            wait_until("the second refusal", || {
+                node.log().matches("reload refused").count() >= 2
+            });
             let started = std::time::Instant::now();
             let mut child = node.daemon.take().unwrap();
             let status = gpu_medic_testkit::stop_child(&mut child, Duration::from_secs(10));
