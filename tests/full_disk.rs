@@ -222,7 +222,7 @@ fn full_disk_heals(fill_first: bool) {
         "polls with the disk full",
         10,
         || polls.count_from(pid),
-        &text,
+        text,
     );
     let t = text();
     assert_eq!(
