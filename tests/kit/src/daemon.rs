@@ -6,7 +6,7 @@
 //!
 //! The environment is the caller's plus: `FAKE_NVML_INJECT_DIR` (the `inject/` folder) and
 //! `FAKE_NVML_POLLS` (`nvml-polls`, where the fake counts each NVML poll:
-//! [`Daemon::nvml_polls`]), with `GPU_MEDIC_CONFIG`, `JOURNAL_STREAM` and `AWS_PROFILE` removed
+//! [`Daemon::nvml_polls`]; a benchmark of the daemon's own cost removes it), with `GPU_MEDIC_CONFIG`, `JOURNAL_STREAM` and `AWS_PROFILE` removed
 //! so the host's settings never leak in; [`Daemon::aws`] adds test credentials and endpoints.
 
 use std::path::{Path, PathBuf};
