@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_s3::Client;
 use gpu_medic_testkit::aws::{self, Fault, Proxy, Seeded};
-use gpu_medic_testkit::{Daemon, wait_for};
+use gpu_medic_testkit::{Daemon, wait_for, wait_sync};
 use serde_json::Value;
 use sha2::Digest;
 
@@ -91,9 +91,40 @@ fn fault(d: &mut Daemon) {
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
 }
 
+/// Starts the daemon and waits for its first NVML poll: a fault injected from now on is a
+/// change it sees.
 fn start(d: &mut Daemon) {
     d.start();
-    std::thread::sleep(Duration::from_millis(600));
+    d.wait_polled();
+}
+
+/// What the spool's sweep says when it is over (and uploaded anything).
+const SWEPT: &str = "evidence: spooled archives uploaded";
+
+/// Waits until the daemon's log says the spool's sweep was over once more than `before`
+/// times: every archive it found was uploaded or refused by then.
+fn wait_swept(d: &Daemon, before: usize) {
+    wait_sync(
+        "the spool's sweep",
+        Duration::from_secs(30),
+        || d.log().matches(SWEPT).count() > before,
+        || d.log(),
+    );
+}
+
+/// A spool record for the archive `name` as gpu-medic writes one.
+fn spool_record(name: &str, bucket: &str, key: &str, bytes: &[u8], created_ms: u64) -> String {
+    serde_json::json!({
+        "incident": name.parse::<u64>().unwrap(),
+        "name": name,
+        "bucket": bucket,
+        "key": key,
+        "bytes": bytes.len(),
+        "sha256": hex::encode(sha2::Sha256::digest(bytes)),
+        "created_ms": created_ms,
+        "uploaded": false,
+    })
+    .to_string()
 }
 
 /// The archive's members: name -> bytes.
@@ -421,9 +452,31 @@ async fn an_archive_made_while_s3_was_down_is_uploaded_once_after_a_restart() {
         hex::encode(sha2::Sha256::digest(&bytes))
     );
     d.stop(Duration::from_secs(10));
+    // Another archive waits in the spool, made after the first: the next start's sweep uploads
+    // it and says so when it is over, and by then it has passed the first one.
+    let spool = d.path("state/evidence");
+    let other = b"another archive gpu-medic made".to_vec();
+    let other_key = format!("ev/{}/{}/2.tar.gz", s.cluster, s.nodes[0].instance_id);
+    std::fs::write(spool.join("2.tar.gz"), &other).unwrap();
+    let made = gpu_medic_testkit::now_ms() as u64;
+    std::fs::write(
+        spool.join("2.json"),
+        spool_record("2", &b, &other_key, &other, made),
+    )
+    .unwrap();
+    let swept = d.log().matches(SWEPT).count();
     start(&mut d);
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(proxy.count("PutObject"), 1, "{:?}", proxy.ops());
+    wait_swept(&d, swept);
+    assert!(object(&c, &b, &other_key).await.is_some());
+    let puts = |key: &str| {
+        proxy
+            .calls()
+            .iter()
+            .filter(|c| c.op == "PutObject" && c.head.contains(key))
+            .count()
+    };
+    assert_eq!(puts("/1.tar.gz"), 1, "{:?}", proxy.ops());
+    assert_eq!(proxy.count("PutObject"), 2, "{:?}", proxy.ops());
     assert!(
         !d.path("state/evidence/1.tar.gz").exists(),
         "the uploaded file leaves the spool"
@@ -719,19 +772,7 @@ async fn only_archives_gpu_medic_made_leave_the_node_under_its_own_keys() {
     let secret = d.path("shadow");
     let secret_bytes = b"root:$6$TOP-SECRET-HASH:19000:0:99999:7:::\n".to_vec();
     std::fs::write(&secret, &secret_bytes).unwrap();
-    let record = |name: &str, bytes: &[u8], key: &str| {
-        serde_json::json!({
-            "incident": name.parse::<u64>().unwrap(),
-            "name": name,
-            "bucket": b,
-            "key": key,
-            "bytes": bytes.len(),
-            "sha256": hex::encode(sha2::Sha256::digest(bytes)),
-            "created_ms": 1_000,
-            "uploaded": false,
-        })
-        .to_string()
-    };
+    let record = |name: &str, bytes: &[u8], key: &str| spool_record(name, &b, key, bytes, 1_000);
     std::os::unix::fs::symlink(&secret, spool.join("70.tar.gz")).unwrap();
     std::fs::write(
         spool.join("70.json"),
@@ -759,13 +800,14 @@ async fn only_archives_gpu_medic_made_leave_the_node_under_its_own_keys() {
     .unwrap();
     start(&mut d);
     let key = format!("ev/{}/{}/73.tar.gz", s.cluster, s.nodes[0].instance_id);
+    // The sweep over (it says so, having uploaded one): every record was looked at.
+    wait_swept(&d, 0);
     wait_for(
         "the real archive under its derived key",
         Duration::from_secs(30),
         || async { object(&c, &b, &key).await.is_some() },
     )
     .await;
-    std::thread::sleep(Duration::from_secs(2));
     d.stop(Duration::from_secs(10));
     let listed = c.list_objects_v2().bucket(&b).send().await.unwrap();
     let keys: Vec<String> = listed

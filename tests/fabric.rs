@@ -14,7 +14,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use gpu_medic_testkit::http::scrape;
-use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_sync};
+use gpu_medic_testkit::{Daemon, FOUR_GPUS, Looks, wait_sync};
 use serde_json::Value;
 
 /// A node of four fake Hopper GPUs polled every 200 ms; `links`: extra `[links]` lines.
@@ -248,21 +248,22 @@ fn a_pcie_link_downtrained_from_gen5_x16_to_gen4_x8_is_recorded() {
     d.stop(Duration::from_secs(30));
 }
 
-/// A `systemctl` double printing `systemctl show` output from `fm-state` in the node's dir.
-fn systemctl_double(d: &Daemon, state: &str) -> String {
+/// A `systemctl` double printing `systemctl show` output from `fm-state` in the node's dir,
+/// written into the node's config; its count of calls (gpu-medic's looks at the unit).
+fn systemctl_double(d: &Daemon, state: &str) -> Looks {
     let script = d.path("systemctl");
     std::fs::write(d.path("fm-state"), state).unwrap();
+    let looks = Looks::script(&script, &format!("cat '{}'", d.path("fm-state").display()));
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
     std::fs::write(
-        &script,
-        format!("#!/bin/sh\ncat '{}'\n", d.path("fm-state").display()),
+        d.config(),
+        format!(
+            "{cfg}systemctl = \"{}\"\nfabric_manager_interval = \"200ms\"\n",
+            script.display()
+        ),
     )
     .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!(
-        "systemctl = \"{}\"\nfabric_manager_interval = \"200ms\"\n",
-        script.display()
-    )
+    looks
 }
 
 const FM_RUNNING: &str =
@@ -272,12 +273,7 @@ const FM_STOPPED: &str = "LoadState=loaded\nActiveState=inactive\nSubState=dead\
 #[test]
 fn fabric_manager_stopped_on_a_p5_drains_and_flapping_is_seen() {
     let mut d = node("instance_type = \"p5.48xlarge\"\nfabric_manager_flaps = 3");
-    let cfg = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        format!("{cfg}{}", systemctl_double(&d, FM_RUNNING)),
-    )
-    .unwrap();
+    systemctl_double(&d, FM_RUNNING);
     d.start();
     d.wait_polled();
     // systemd restarts it three times.
@@ -309,8 +305,7 @@ fn fabric_manager_stopped_on_a_p5_drains_and_flapping_is_seen() {
 #[test]
 fn an_unreadable_systemctl_answer_is_a_self_fault_not_fabric_manager_down() {
     let mut d = node("instance_type = \"p5.48xlarge\"");
-    let cfg = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(d.config(), format!("{cfg}{}", systemctl_double(&d, ""))).unwrap();
+    let looks = systemctl_double(&d, "");
     let binary = [0xff, 0xfe, 0x00, 0x80, b'\n'].repeat(100);
     std::fs::write(d.path("fm-state"), &binary).unwrap();
     d.start();
@@ -325,11 +320,13 @@ fn an_unreadable_systemctl_answer_is_a_self_fault_not_fabric_manager_down() {
             .contains("unreadable answer"),
         "{r:#}"
     );
+    // Each answer read several times (a stopped unit drains on its second look): once a look
+    // has begun after the write, the one before it was judged whole.
     let huge = format!("{}{}", FM_STOPPED, "X=y\n".repeat(3 << 20));
     std::fs::write(d.path("fm-state"), huge).unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    looks.wait_more("looks at the megabytes", 4, || d.log());
     std::fs::write(d.path("fm-state"), "").unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    looks.wait_more("looks at the empty answer", 4, || d.log());
     d.stop(Duration::from_secs(30));
     assert!(
         !d.records()
@@ -348,12 +345,7 @@ fn an_unreadable_systemctl_answer_is_a_self_fault_not_fabric_manager_down() {
 #[test]
 fn fabric_manager_stopped_from_the_start_drains_on_the_second_look() {
     let mut d = node("instance_type = \"p4d.24xlarge\"");
-    let cfg = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        format!("{cfg}{}", systemctl_double(&d, FM_STOPPED)),
-    )
-    .unwrap();
+    systemctl_double(&d, FM_STOPPED);
     d.start();
     let r = opened(&d, "fabric-manager-down");
     assert_eq!(r["verdict"], "drain");
@@ -364,18 +356,21 @@ fn fabric_manager_stopped_from_the_start_drains_on_the_second_look() {
 #[test]
 fn an_instance_type_without_nvswitch_checks_nothing_about_fabric_manager() {
     let mut d = node("instance_type = \"g6e.12xlarge\"");
-    let cfg = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        format!("{cfg}{}", systemctl_double(&d, FM_STOPPED)),
-    )
-    .unwrap();
+    let looks = systemctl_double(&d, FM_STOPPED);
     let (code, v) = check(&d);
     assert_eq!(code, Some(0), "{v}");
     assert!(!v.to_string().contains("fabric-manager"), "{v}");
     d.start();
-    std::thread::sleep(Duration::from_secs(2));
+    // Ten NVML polls (2 s at 200 ms) is ten of Fabric Manager's intervals: the unit is never
+    // even asked about.
+    d.wait_nvml_polls("polls on a type without NVSwitches", 10);
+    let pid = d.pid().unwrap();
     d.stop(Duration::from_secs(30));
+    assert_eq!(
+        looks.count_from(pid),
+        0,
+        "the daemon asked systemctl about Fabric Manager"
+    );
     let any = d.records().iter().any(|r| {
         r["observation"]["signal"]["kind"]
             .as_str()
@@ -400,17 +395,44 @@ fn efa_port(d: &Daemon, state: &str, errors: u64) {
     std::fs::write(p.join("hw_counters/tx_bytes"), "123456\n").unwrap();
 }
 
+/// Waits until the port watch's view (`state/ports.json`) shows the port in `state` with
+/// `errors` read errors: it has looked at the port since it was last written.
+fn wait_port(d: &Daemon, state: &str, errors: u64) {
+    let seen = || {
+        let text = std::fs::read_to_string(d.path("state/ports.json")).unwrap_or_default();
+        let ports: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        ports.as_array().is_some_and(|a| {
+            a.iter().any(|p| {
+                p["device"] == "rdmap16s27"
+                    && p["port"] == "1"
+                    && p["state"] == state
+                    && p["errors"]["hw_counters/rdma_read_wr_err"]
+                        .as_u64()
+                        .unwrap_or(0)
+                        == errors
+            })
+        })
+    };
+    wait_sync(
+        &format!("the port watch to see {state} ({errors} errors)"),
+        Duration::from_secs(30),
+        seen,
+        || std::fs::read_to_string(d.path("state/ports.json")).unwrap_or_default(),
+    );
+}
+
 #[test]
 fn an_efa_port_flapping_drains() {
     let mut d = node("efa_flap_window = \"1m\"");
     efa_port(&d, "4: ACTIVE", 0);
     d.start();
     d.wait_polled();
+    // Each state held until the port watch has seen it (its view, `ports.json`).
     for i in 0..3 {
         efa_port(&d, "1: DOWN", i);
-        std::thread::sleep(Duration::from_millis(500));
+        wait_port(&d, "DOWN", i);
         efa_port(&d, "4: ACTIVE", i);
-        std::thread::sleep(Duration::from_millis(500));
+        wait_port(&d, "ACTIVE", i);
     }
     // The first DOWN opened a drain (efa-port-down); the flapping joins it.
     let down = opened(&d, "efa-port-down");
@@ -490,15 +512,40 @@ fn sxid_lines_in_the_kernel_log_are_judged_by_severity_once() {
     };
     let before = count(&d.records());
     assert!(before >= 1, "{before}");
-    // A restart reads the same kernel log again: nothing is journaled twice.
+    // A restart reads the same kernel log again: nothing is journaled twice. A line written
+    // after the restart is the fact that the reader has read past the old ones: journaled
+    // once, and after it nothing of before.
     d.start();
-    std::thread::sleep(Duration::from_secs(2));
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(d.path("kmsg"))
+        .unwrap();
+    writeln!(f, "4,904,6781753400700,-;nvidia-nvswitch1: SXid (PCI:0000:16:00.0): 11013, Non-fatal, Link 07 marker after the restart").unwrap();
+    drop(f);
+    wait_sync(
+        "the SXid written after the restart",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(d.path("state/inputs.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .any(|v| v["signal"]["code"] == 11013)
+        },
+        || d.log(),
+    );
     d.stop(Duration::from_secs(30));
     let inputs = std::fs::read_to_string(d.path("state/inputs.jsonl")).unwrap_or_default();
     let sxids = inputs.matches("\"sxid-").count();
     assert_eq!(
-        sxids, 2,
-        "two SXids, the data line part of the first, journaled once: {inputs}"
+        sxids, 3,
+        "two SXids, the data line part of the first, journaled once, and the new one: {inputs}"
     );
-    assert_eq!(count(&d.records()), before);
+    let old = |recs: &[Value]| {
+        recs.iter()
+            .filter(|r| r["observation"]["signal"]["code"] != 11013)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(count(&old(&d.records())), before);
 }

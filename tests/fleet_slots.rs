@@ -216,6 +216,31 @@ fn xid_79(d: &mut Daemon) {
     d.inject(r#"{"gpu": 0, "xid": 79}"#);
 }
 
+/// The attempts at its orders that daemon `d` has journaled as ended (done, failed or
+/// deferred by the budget): each deferred drain tries again after `retry_after`, reading the
+/// slot table each time.
+fn attempts(d: &Daemon) -> usize {
+    d.records()
+        .iter()
+        .filter(|r| r["event"] == "action-finished")
+        .count()
+}
+
+/// Waits until each of `ds` has ended two more attempts than now: every deferred node has
+/// read the table again, and had the chance to drain.
+async fn each_tried_again(ds: &[&Daemon]) {
+    let before: Vec<usize> = ds.iter().map(|d| attempts(d)).collect();
+    wait_for(
+        "each deferred node to try again twice",
+        gpu_medic_testkit::LOOKS_LIMIT,
+        || {
+            let done = ds.iter().zip(&before).all(|(d, b)| attempts(d) >= b + 2);
+            async move { done }
+        },
+    )
+    .await;
+}
+
 /// Issue 17's "done when": five supervisors faulting at once against one moto, wall clocks
 /// skewed by up to 90 s, never exceed the budget (1), through a reservation frozen past its
 /// lifetime (SIGSTOP between reserve and commit, then SIGCONT: fenced out, it does not drain)
@@ -297,8 +322,8 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
     }
 
     // 3. Node 4 wakes and hears that its reservation was written: its commit is conditional
-    // on that version, fails, and it does not drain.
-    std::thread::sleep(Duration::from_millis(500));
+    // on that version, fails, and it does not drain. (The takeover it lost to is in the item
+    // and in ECS, both awaited above.)
     assert!(
         frozen.elapsed() < Duration::from_secs(18),
         "frozen {:?}: longer than the SDK's attempt timeout would be another test",
@@ -320,7 +345,8 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
         || async { fenced() },
     )
     .await;
-    std::thread::sleep(Duration::from_secs(2));
+    // Node 4 ends that attempt (deferred: the slot is taken) and tries again.
+    each_tried_again(&[&ds[4]]).await;
     assert_eq!(
         draining(&moto, &s).await,
         std::slice::from_ref(&w),
@@ -346,7 +372,12 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
     let item = aws::slot_item(&moto, &table, &s.asg).await;
     assert!(!item.holders.contains_key(&w), "{item:?}");
     assert!(item.holders[&next].token > w_token, "{item:?}");
-    std::thread::sleep(Duration::from_secs(2));
+    // The others, still deferred, each read the table again twice (the sampler watching).
+    let others: Vec<&Daemon> = (0..5)
+        .filter(|&i| i != wi && id(i) != next)
+        .map(|i| &ds[i])
+        .collect();
+    each_tried_again(&others).await;
 
     let (max, samples, worst) = sampler.finish().await;
     assert!(samples > 50, "{samples} samples");

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_medic_testkit::{FOUR_GPUS, bin, default_policy, fake_nvml, stop_child};
+use gpu_medic_testkit::{FOUR_GPUS, Looks, bin, default_policy, fake_nvml, stop_child, wait_looks};
 use serde_json::Value;
 
 const XID_79: &str = "4,812,91000000,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n";
@@ -145,6 +145,7 @@ fn full_disk_heals(fill_first: bool) {
         .args(["run", "--log-format", "json", "--config"])
         .arg(&config)
         .env("FAKE_NVML_CONFIG", dir.path().join("gpus.json"))
+        .env("FAKE_NVML_POLLS", dir.path().join("nvml-polls"))
         .env_remove("GPU_MEDIC_CONFIG")
         .env_remove("JOURNAL_STREAM")
         .env_remove("WATCHDOG_USEC")
@@ -215,8 +216,14 @@ fn full_disk_heals(fill_first: bool) {
         child.0.try_wait().unwrap().is_none(),
         "the daemon keeps running: {t}"
     );
-    // Said once, not a storm, over a couple of seconds of ticks.
-    std::thread::sleep(Duration::from_secs(2));
+    // Said once, not a storm, over many polls (each batch tries the commit again).
+    let polls = Looks::at(dir.path().join("nvml-polls"));
+    wait_looks(
+        "polls with the disk full",
+        10,
+        || polls.count_from(pid),
+        text,
+    );
     let t = text();
     assert_eq!(
         t.matches("cannot write the journal or the state").count(),

@@ -15,7 +15,9 @@ use gpu_medic_testkit::aws::{self, Proxy, Seeded};
 use gpu_medic_testkit::http::scrape;
 use gpu_medic_testkit::imds::FakeImds;
 use gpu_medic_testkit::proxy::gpu_device;
-use gpu_medic_testkit::{Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_sync};
+use gpu_medic_testkit::{
+    Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_looks_async, wait_sync,
+};
 use serde_json::Value;
 
 const UUIDS: [&str; 4] = [
@@ -44,6 +46,17 @@ async fn node(
     let mut d = daemon(&s, &proxy, &imds, "");
     d.gpus(FOUR_GPUS);
     (proxy, s, imds, d)
+}
+
+/// A few more looks of both sides: three more DescribeContainerInstances calls (each one a
+/// comparison of the GPU view) and three more NVML polls (each one a count held to the
+/// expected GPUs). Whatever either would decide wrongly, it has had the chance to.
+async fn more_looks(proxy: &Proxy, d: &Daemon) {
+    wait_looks_async("GPU view comparisons", 3, || {
+        proxy.count("DescribeContainerInstances")
+    })
+    .await;
+    d.wait_nvml_polls("polls", 3);
 }
 
 /// Every GPU idle, as ECS lists them.
@@ -251,7 +264,7 @@ async fn an_orchestrator_count_is_not_the_hardware(
             0,
         ));
     }
-    let (_proxy, _s, _imds, mut d) = node(name, devices, instance_type).await;
+    let (proxy, _s, _imds, mut d) = node(name, devices, instance_type).await;
     d.start();
     let o = wait_signal(&d, "ecs-gpu-count-mismatch");
     assert!(
@@ -272,7 +285,7 @@ async fn an_orchestrator_count_is_not_the_hardware(
         },
         String::new,
     );
-    std::thread::sleep(Duration::from_secs(2));
+    more_looks(&proxy, &d).await;
     d.stop(Duration::from_secs(20));
     let records = d.records();
     for kind in ["device-count-mismatch", "ecs-gpu-missing"] {
@@ -380,7 +393,7 @@ async fn an_expected_count_the_instance_type_contradicts_is_a_mistake_not_a_faul
         },
         String::new,
     );
-    std::thread::sleep(Duration::from_secs(1));
+    more_looks(&proxy, &d).await;
     d.stop(Duration::from_secs(20));
     assert!(
         !d.records()
@@ -469,8 +482,10 @@ fn metrics_have_a_health_series_per_gpu_and_count_no_routine_reading() {
         },
         || scrape(&addr),
     );
-    // Many node readings later (every 100 ms), still no signal counted.
-    std::thread::sleep(Duration::from_secs(2));
+    // Many node readings later (every 100 ms), still no signal counted. The node probe
+    // counts its readings nowhere a test can see; the same runtime's NVML polls (every
+    // 200 ms) do: ten of them are some twenty readings.
+    node.wait_nvml_polls("polls, node readings between them", 10);
     let log = node.log();
     assert!(
         log.contains(r#""source":"node""#),

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use gpu_medic_testkit::http::scrape;
-use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_sync};
+use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_looks, wait_sync};
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -21,6 +21,14 @@ fn is_metrics_self_fault(r: &Value) -> bool {
         && r["observation"]["signal"]["component"] == "metrics"
 }
 
+/// What the endpoint says (at debug) each time it tries `addr` again and cannot listen.
+fn retries(d: &Daemon, addr: &str) -> usize {
+    d.log()
+        .lines()
+        .filter(|l| l.contains("metrics: still cannot listen") && l.contains(addr))
+        .count()
+}
+
 fn node(port: u16) -> Daemon {
     let mut d = Daemon::fake_gpu_node(
         &format!(
@@ -30,6 +38,8 @@ fn node(port: u16) -> Daemon {
         "poll_interval = \"200ms\"",
     );
     d.gpus(FOUR_GPUS);
+    // The endpoint's retries are said at debug: the tests count them.
+    d.env("GPU_MEDIC_LOG", "info,gpu_medic::metrics::server=debug");
     d
 }
 
@@ -65,7 +75,7 @@ fn a_taken_port_is_one_self_fault_and_the_endpoint_comes_up_when_it_frees() {
     d.start();
     d.wait_record("the self-fault", LIMIT, "opened", is_metrics_self_fault);
     // Several retries later: still one incident, the daemon still up.
-    std::thread::sleep(Duration::from_millis(2500));
+    wait_looks("retries", 2, || retries(&d, &addr), || d.log());
     let opened = d
         .records()
         .into_iter()
@@ -110,14 +120,21 @@ fn a_taken_port_is_one_self_fault_and_the_endpoint_comes_up_when_it_frees() {
         },
         || d.log(),
     );
-    std::thread::sleep(Duration::from_millis(1000));
+    // It tried the new address again (every second) and is still there.
+    let addr2 = format!("127.0.0.1:{port2}");
+    wait_looks(
+        "a retry after the reload",
+        1,
+        || retries(&d, &addr2),
+        || d.log(),
+    );
+    // Not ended (an ended child not reaped yet is a zombie, `Z`).
     assert!(
-        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok(),
+        gpu_medic_testkit::proc::state_letter(pid).is_some_and(|c| c != 'Z' && c != 'X'),
         "the daemon ended on a reload with the port taken:\n{}",
         d.log()
     );
     drop(blocker);
-    let addr2 = format!("127.0.0.1:{port2}");
     wait_sync(
         "the endpoint after the reload",
         LIMIT,

@@ -64,16 +64,36 @@ fn delivery_after(cursor: &str) -> Resume {
     Resume::new(d)
 }
 
-/// Polls until `want` observations arrived (or 15 s), then once more to catch extras.
-async fn poll_for(w: &mut LogWatch, want: usize) -> Vec<Observation> {
+/// A server no test's lines name: its exit, written after the lines a test waits for, is
+/// read after them (`journalctl` hands entries over in order).
+const MARKER: u32 = 99_999;
+
+/// Polls until `want` observations arrived (or 15 s); then writes a marker entry (the exit
+/// of server [`MARKER`], under daemon `pid`) and polls until it is read: anything the journal
+/// gave after the wanted entries (extras, a replay) has been read by then. The marker's
+/// observations are left out.
+async fn poll_for(w: &mut LogWatch, j: &mut JournalDir, pid: u32, want: usize) -> Vec<Observation> {
     let mut got = Vec::new();
     let end = Instant::now() + Duration::from_secs(15);
     while got.len() < want && Instant::now() < end {
         got.extend(w.poll());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    got.extend(w.poll());
+    let marker =
+        format!("[2026-11-30 23:59:59.000 Control {pid:>5}] Server {MARKER} exited with status 1");
+    j.append(UNIT, pid, &[&marker]);
+    let is_marker = |o: &Observation| {
+        o.detail
+            .as_deref()
+            .is_some_and(|d| d.contains(&format!("server {MARKER} exited")))
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    while !got.iter().any(is_marker) {
+        assert!(Instant::now() < end, "the marker was never read: {got:#?}");
+        got.extend(w.poll());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    got.retain(|o| !is_marker(o));
     got
 }
 
@@ -99,7 +119,7 @@ async fn crashes_from_the_journal_resume_after_their_cursor_without_replay_or_lo
     w.resume_from(&delivery_after(&start));
     // The rest arrives while gpu-medic follows: four servers exit with status 1.
     j.append(UNIT, 25654, &refs[3..]);
-    let got = poll_for(&mut w, 4).await;
+    let got = poll_for(&mut w, &mut j, 25654, 4).await;
     let crashes = crashes_in(&got);
     let pids = [25663, 25677, 25687, 25702];
     assert_eq!(crashes.len(), 4, "one crash per failed server: {got:#?}");
@@ -135,7 +155,7 @@ async fn crashes_from_the_journal_resume_after_their_cursor_without_replay_or_lo
             "[2026-11-30 12:35:34.919 Control 25654] Server 25742 exited with status 1",
         ],
     );
-    let got = poll_for(&mut w, 3).await;
+    let got = poll_for(&mut w, &mut j, 25654, 3).await;
     let crashes = crashes_in(&got);
     let details: Vec<&str> = crashes
         .iter()
@@ -170,7 +190,7 @@ async fn fault_block_in_the_journal_names_devices_and_sticky_clients() {
         "[2026-11-30 12:00:01.008 Server    95] Client {11641, 1} exit",
     ];
     j.append(UNIT, 73, &block);
-    let got = poll_for(&mut w, 2).await;
+    let got = poll_for(&mut w, &mut j, 73, 2).await;
     let faults: Vec<&Observation> = got
         .iter()
         .filter(|o| o.signal == Signal::MpsServerFault)

@@ -296,7 +296,7 @@ async fn the_mps_contract_is_checked_per_process_per_container_and_per_task() {
     );
 
     // A healthy stretch of many polls: nothing more is reported.
-    std::thread::sleep(Duration::from_secs(4));
+    d.wait_nvml_polls("a stretch of polls", 10);
     assert_eq!(opened(&d, "mps-limit-mismatch").len(), 2);
     assert_eq!(opened(&d, "mps-bypass").len(), 1);
     assert_eq!(
@@ -323,7 +323,7 @@ async fn the_mps_contract_is_checked_per_process_per_container_and_per_task() {
     );
     // Within the engine's 10-minute repeat window a log-only repeat opens no new incident
     // (the next incident counts it).
-    std::thread::sleep(Duration::from_secs(1));
+    d.wait_nvml_polls("polls after the repeat", 5);
     assert_eq!(inputs_naming(&d, "mps-bypass", loose_pid), 2);
 
     // Never a finding for a correctly limited client, the 1 MiB environments, the gone pid or

@@ -196,16 +196,21 @@ async fn a_server_fault_names_its_ecs_tasks_and_stops_exactly_those() {
     );
     let mut d = Daemon::in_temp(tempfile::tempdir().unwrap(), &config);
     d.aws(Some(&proxy.url));
-    d.start();
-    // The probe reached the daemon, so the log tails have taken their first look.
     let control_log = mps.log.join("control.log");
-    wait_for("the first probe", Duration::from_secs(15), || async {
+    let probes = || {
         std::fs::read_to_string(&control_log)
             .unwrap_or_default()
-            .contains("Cmd:get_default_active_thread_percentage")
+            .matches("Cmd:get_default_active_thread_percentage")
+            .count()
+    };
+    let before = probes();
+    d.start();
+    // A second probe reached the daemon: the first turn, whose log tails took their first
+    // look after its probe, is over (a turn is the probe, then the tails).
+    wait_for("a second probe", Duration::from_secs(15), || async {
+        probes() >= before + 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
 
     let named = [pids[0], pids[1], pids[2], pids[3], e_pid];
     {

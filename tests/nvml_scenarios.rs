@@ -166,7 +166,8 @@ fn an_uncorrected_ecc_increase_follows_the_policy_and_names_the_mps_clients() {
     start(&mut node);
     let me = std::process::id();
     node.inject(&format!(r#"{{"gpu": 0, "mps_clients": [{me}]}}"#));
-    std::thread::sleep(Duration::from_millis(500));
+    // A whole poll has read the client list.
+    node.wait_nvml_polls("a poll that reads the client", 2);
     node.inject(r#"{"gpu": 0, "ecc": {"uncorrected_volatile": 1}}"#);
     let r = wait_opened(&node, "the ECC incident", |r| {
         r["observation"]["signal"]["kind"] == "ecc-uncorrected"
@@ -708,11 +709,27 @@ fn nvlink5_xids_from_nvml_follow_the_decode_sheet_of_their_kernel_log_line() {
             "{r}"
         );
     }
-    std::thread::sleep(Duration::from_millis(2500));
+    // A last NVLink5 XID as a bare NVML event, its line never printed: the event watcher
+    // holds it, then reports it undecoded once the wait for its line is over. Held last, it is
+    // let go last: by then any of the XIDs above still held would have been reported too.
+    node.inject(r#"{"gpu": 3, "event": {"type": 8, "data": 145}}"#);
+    wait_until("the bare event reported undecoded", || {
+        std::fs::read_to_string(node.path("state/inputs.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| {
+                v["signal"]["code"] == 145
+                    && v["gpu"]["index"] == 3
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("no kernel log line"))
+            })
+    });
     assert_eq!(
         xid_inputs(&node, 145),
-        2,
-        "one observation per XID, not one per source"
+        3,
+        "one observation per XID, not one per source (two, and the bare event)"
     );
     assert_eq!(xid_inputs(&node, 149), 1);
     let replace = opened(&node).into_iter().find(|r| is_xid(r, 149)).unwrap();

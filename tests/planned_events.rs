@@ -16,7 +16,9 @@ use aws_config::SdkConfig;
 use gpu_medic_testkit::aws::{self, Proxy, Seeded};
 use gpu_medic_testkit::imds::FakeImds;
 use gpu_medic_testkit::proxy::{gpu_device, health_status};
-use gpu_medic_testkit::{Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_for, wait_sync};
+use gpu_medic_testkit::{
+    Daemon, FOUR_GPUS, default_policy, fake_nvml, wait_for, wait_looks_async, wait_sync,
+};
 use serde_json::Value;
 
 const SCHEDULED: &str = "events/maintenance/scheduled";
@@ -139,6 +141,15 @@ impl Node {
         wait_for(want, limit, || async { self.ecs_status().await == want }).await;
     }
 
+    /// Waits until the daemon has read the IMDS document at `path` `n` more times (its
+    /// planned-events poll, every 200 ms here): "many polls later", counted.
+    async fn wait_reads(&self, path: &str, n: usize) {
+        wait_looks_async(&format!("reads of {path}"), n, || {
+            self.imds.reads(path).len()
+        })
+        .await;
+    }
+
     fn status(&self) -> String {
         String::from_utf8_lossy(&self.d.cli(&["status"]).stdout).to_string()
     }
@@ -195,8 +206,10 @@ async fn retirement_drains_at_the_lead_and_is_replaced_before_not_before() {
         status.contains("then Auto Scaling replaces the instance"),
         "{status}"
     );
-    // Before the lead: still in service.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Before the lead: still in service, the event read again and again (a drain before the
+    // lead also fails `drained_at` below).
+    n.wait_reads(SCHEDULED, 5).await;
+    assert!(unix_now() + 10 < nb, "the lead came before the check");
     assert_eq!(n.ecs_status().await, "ACTIVE", "{}", n.d.log());
     n.wait_status("DRAINING", Duration::from_secs(15)).await;
     let drained_at = unix_now();
@@ -387,7 +400,7 @@ async fn a_rebalance_is_logged_by_default_and_drained_when_configured() {
     let inc = n.d.wait_closed(1, Duration::from_secs(15));
     assert_eq!(inc["state"], "logged", "{inc:#}");
     assert_eq!(inc["rule"], "planned-rebalance-recommendation", "{inc:#}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    n.wait_reads(REBALANCE, 5).await;
     assert_eq!(n.ecs_status().await, "ACTIVE");
     assert_eq!(n.started(), 0);
     n.d.stop(Duration::from_secs(20));
@@ -455,7 +468,7 @@ async fn imds_trouble_and_past_events_decide_nothing() {
         n.d.log()
             .contains("an event in the past, nothing is drained")
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    n.wait_reads(SCHEDULED, 5).await;
     assert_eq!(n.ecs_status().await, "ACTIVE");
     assert_eq!(n.started(), 0, "nothing was ordered");
     n.d.stop(Duration::from_secs(20));
@@ -486,6 +499,7 @@ async fn implausible_notices_are_logged_and_drain_nothing() {
         "{inc:#}"
     );
     n.imds.set_doc(SPOT, None);
+    let not_before = unix_now() + 20;
     n.imds.set_doc(
         SCHEDULED,
         Some(&format!(
@@ -525,8 +539,11 @@ async fn implausible_notices_are_logged_and_drain_nothing() {
         },
         || n.d.log(),
     );
-    // Past NotBefore of the 50-year window and then some: still nothing drained.
-    tokio::time::sleep(Duration::from_secs(25)).await;
+    // Past NotBefore of the 50-year window (wall time: the rule looks at the clock), and read
+    // again after it: still nothing drained.
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    tokio::time::sleep(Duration::from_secs(not_before + 1).saturating_sub(now)).await;
+    n.wait_reads(SCHEDULED, 5).await;
     assert_eq!(n.ecs_status().await, "ACTIVE");
     assert_eq!(n.started(), 0, "nothing was ordered: {:#?}", n.d.records());
     n.d.stop(Duration::from_secs(20));
@@ -676,7 +693,12 @@ async fn imds_answers_are_capped_as_they_are_read() {
         || n.d.log().contains("exceeds [planned] max_document"),
         || n.d.log(),
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Both read again several times: the peak is of many reads, not one.
+    n.wait_reads(SCHEDULED, 5).await;
+    wait_looks_async("64 MiB lifecycle answers", 5, || {
+        n.imds.target_reads().len()
+    })
+    .await;
     let pid = n.d.pid().unwrap();
     let hwm_kib = gpu_medic_testkit::proc::status_field(pid, "VmHWM").unwrap();
     n.d.stop(Duration::from_secs(20));

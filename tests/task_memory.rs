@@ -168,7 +168,7 @@ async fn a_task_over_its_reservation_is_an_incident_and_tasks_suggests_sizes() {
         || scrape(&addr),
     );
     // It stays over for many polls: still one incident; B never had one.
-    std::thread::sleep(Duration::from_secs(2));
+    d.wait_nvml_polls("polls with task A over its reservation", 8);
     let over: Vec<_> = d
         .records()
         .into_iter()

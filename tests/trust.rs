@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use gpu_medic_testkit::{bin, fake_nvml, gpus_json, wait_sync};
+use gpu_medic_testkit::{Looks, bin, fake_nvml, gpus_json, wait_looks, wait_sync};
 
 /// Polls `f` for up to 20 s; panics naming `what` if it never holds.
 fn wait_until(what: &str, f: impl FnMut() -> bool) {
@@ -34,6 +34,8 @@ struct Node {
     dir: tempfile::TempDir,
     daemon: Option<Child>,
     injected: u32,
+    /// Variables added for `run` (`GPU_MEDIC_LOG`).
+    run_env: Vec<(String, String)>,
 }
 
 impl Node {
@@ -49,6 +51,7 @@ impl Node {
             dir,
             daemon: None,
             injected: 0,
+            run_env: Vec::new(),
         };
         node.write_config(body);
         node
@@ -85,6 +88,7 @@ impl Node {
             .arg(self.path("config.toml"))
             .env("FAKE_NVML_CONFIG", self.path("gpus.json"))
             .env("FAKE_NVML_INJECT_DIR", self.path("inject"))
+            .env("FAKE_NVML_POLLS", self.path("nvml-polls"))
             .env_remove("GPU_MEDIC_CONFIG")
             .env_remove("WATCHDOG_USEC");
         c
@@ -93,6 +97,7 @@ impl Node {
     fn start(&mut self) {
         let child = self
             .cmd(&["run", "--log-format", "json"])
+            .envs(self.run_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.path("daemon.log")).unwrap())
             .spawn()
@@ -126,6 +131,13 @@ impl Node {
 
     fn log(&self) -> String {
         std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
+    }
+
+    /// Waits until the running daemon has polled NVML `n` more times (the fake counts them).
+    fn wait_nvml_polls(&self, what: &str, n: usize) {
+        let pid = self.daemon.as_ref().expect("running").id();
+        let polls = Looks::at(self.path("nvml-polls"));
+        wait_looks(what, n, || polls.count_from(pid), || self.log());
     }
 
     fn inject(&mut self, json: &str) {
@@ -283,12 +295,18 @@ fn a_control_binary_that_is_not_nvidias_or_a_pipe_dir_that_is_a_file_is_a_mistak
 #[test]
 fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
     let mut node = Node::new("");
-    // A stand-in that shows NVIDIA's banner for `-h` (the start check) and answers probes.
-    let control = script(
-        node.dir.path(),
-        "mps-control",
+    // A stand-in that shows NVIDIA's banner for `-h` (the start check) and answers probes,
+    // counting its calls.
+    let control = node.path("mps-control");
+    let calls = Looks::script(
+        &control,
         "[ \"$1\" = -h ] && { echo 'CUDA MPS Control for Linux/Unix.'; exit 0; }\ncat >/dev/null; echo 100.0",
     );
+    // Each probe that cannot run it is a debug line (said once at error level).
+    node.run_env.push((
+        "GPU_MEDIC_LOG".into(),
+        "info,gpu_medic::probe::mps=debug".into(),
+    ));
     node.write_config(&format!(
         "[nvml]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n\
          [mps]\nmanage = \"direct\"\ncontrol_binary = \"{}\"\npipe_directory = \"{}\"\n\
@@ -298,7 +316,7 @@ fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
         node.path("log").display()
     ));
     node.start();
-    std::thread::sleep(Duration::from_millis(500));
+    calls.wait_more("a probe answered", 1, || node.log());
     let aside = node.path("mps-control.removed");
     std::fs::rename(&control, &aside).unwrap();
     wait_until("the self-fault", || {
@@ -307,7 +325,16 @@ fn a_control_binary_that_disappears_is_one_self_fault_never_a_restart() {
             .any(|r| is_self_fault(r, "mps-control"))
     });
     // Many probes later: still one incident, and nothing was done about the daemon.
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_looks(
+        "probes without the binary",
+        5,
+        || {
+            node.log()
+                .matches("still cannot run the MPS control client")
+                .count()
+        },
+        || node.log(),
+    );
     let records = node.records();
     let opened: Vec<&Value> = records.iter().filter(|r| r["event"] == "opened").collect();
     assert_eq!(opened.len(), 1, "{records:#?}");
@@ -344,7 +371,7 @@ fn nvml_that_cannot_count_the_gpus_is_a_self_fault_and_check_cannot_tell() {
     wait_until("the self-fault", || {
         node.records().iter().any(|r| is_self_fault(r, "nvml"))
     });
-    std::thread::sleep(Duration::from_millis(1200));
+    node.wait_nvml_polls("polls that cannot count the GPUs", 5);
     let records = node.records();
     assert_eq!(
         records.iter().filter(|r| r["event"] == "opened").count(),
@@ -681,8 +708,9 @@ fn the_packaged_watchdog_matches_the_tick_ceiling() {
 fn sighup_reloads_a_valid_config_and_refuses_a_bad_one() {
     let base = "[nvml]\nenabled = false\n[mps]\nenabled = false\n[aws]\nenabled = false\n[node]\nenabled = false\n";
     let mut node = Node::new(base);
+    // The signal handlers are installed before the supervisor saves its first state (what
+    // `start` waits for): a SIGHUP from now on is a reload.
     node.start();
-    std::thread::sleep(Duration::from_millis(300));
     node.write_config(&format!("{base}bogus = 1\n"));
     node.signal(libc::SIGHUP);
     wait_until("the refusal", || node.log().contains("reload refused"));
@@ -761,9 +789,12 @@ fn sighup_onto_a_fifo_or_an_endless_file_is_refused_and_sigterm_still_stops() {
                 "{what} as {kind}: the refusal names the file\n{}",
                 node.log()
             );
-            // Another SIGHUP while the file is still bad, then SIGTERM: a prompt, clean stop.
+            // Another SIGHUP while the file is still bad (refused again, at once), then
+            // SIGTERM: a prompt, clean stop.
             node.signal(libc::SIGHUP);
-            std::thread::sleep(Duration::from_millis(200));
+            wait_until("the second refusal", || {
+                node.log().matches("reload refused").count() >= 2
+            });
             let started = std::time::Instant::now();
             let mut child = node.daemon.take().unwrap();
             let status = gpu_medic_testkit::stop_child(&mut child, Duration::from_secs(10));
@@ -903,7 +934,20 @@ fn kernel_log_xids_written_together_are_each_journaled_once() {
     wait_until("the XID 79 after the restart", || {
         kmsg_inputs(&node).len() >= 8
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // The whole file applied (it ends with that 79): every record before it was journaled
+    // or dropped by now, so a second journaling would show.
+    wait_sync(
+        "the whole kernel log applied",
+        gpu_medic_testkit::LOOKS_LIMIT,
+        || {
+            let state = std::fs::read_to_string(node.path("state/state.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            gpu_medic_testkit::journal::kmsg_applied(&state, &kmsg)
+        },
+        || node.log(),
+    );
     node.stop();
     let mut codes = kmsg_inputs(&node);
     codes.sort();

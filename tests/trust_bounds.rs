@@ -86,7 +86,24 @@ fn a_two_gigabyte_input_journal_neither_delays_the_start_nor_swallows_sigterm() 
     let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", "poll_interval = \"200ms\"");
     make(&d);
     d.spawn();
-    std::thread::sleep(Duration::from_millis(300));
+    // SIGTERM once the start has begun on the journal (it holds `inputs.jsonl` open; its
+    // signal handlers are installed before that), or is over already.
+    let pid = d.pid().unwrap();
+    let journal = d.path("state/inputs.jsonl");
+    let reading = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|p| p == journal))
+            })
+            .unwrap_or(false)
+    };
+    wait_sync(
+        "the start to open the journal",
+        Duration::from_secs(30),
+        || reading() || d.path("state/state.json").exists(),
+        || d.log(),
+    );
     let t = Instant::now();
     let status = d.stop(Duration::from_secs(10));
     let took = t.elapsed();

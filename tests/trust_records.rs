@@ -61,9 +61,21 @@ fn wait_inputs(d: &Daemon, what: &str, n: usize) -> Vec<(String, u64, Option<u64
         || kmsg_inputs(d).len() >= n,
         || format!("{:?}\n{}", kmsg_inputs(d), d.log()),
     );
-    // Anything journaled after them would show here too.
-    std::thread::sleep(Duration::from_millis(500));
+    // Every record of the file applied (the last written is a driver's line): anything
+    // journaled after them would show here too.
+    d.wait_kmsg_applied(&format!("{what}: the whole kernel log applied"));
     kmsg_inputs(d)
+}
+
+/// Waits until the daemon's log says `needle` once more than `before` times: the kernel-log
+/// reader has seen what the test did to its file.
+fn wait_said(d: &Daemon, needle: &str, before: usize) {
+    wait_sync(
+        needle,
+        Duration::from_secs(30),
+        || d.log().matches(needle).count() > before,
+        || d.log(),
+    );
 }
 
 /// Item 1: a forged record at user facility, the driver's text quoted inside another kernel
@@ -160,23 +172,28 @@ fn a_rotated_kernel_log_file_loses_nothing() {
     first.push("4,100,100,-;NVRM: Xid (PCI:0000:10:00): 13, pid=1, name=a, Graphics Exception");
     append(&d, &first);
     wait_inputs(&d, "the first XID", 1);
-    // copytruncate: the same file, emptied in place, then written again.
+    // copytruncate: the same file, emptied in place (the reader says it saw that), then
+    // written again.
+    const TRUNCATED: &str = "the kernel log file was truncated";
+    let said = d.log().matches(TRUNCATED).count();
     std::fs::OpenOptions::new()
         .write(true)
         .truncate(true)
         .open(d.path("kmsg"))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_said(&d, TRUNCATED, said);
     append(
         &d,
         &["4,1,1,-;NVRM: Xid (PCI:0000:20:00): 31, pid=2, name=b, MMU Fault"],
     );
     let got = wait_inputs(&d, "the XID after copytruncate", 2);
     assert_eq!(got[1], ("xid".to_string(), 31, Some(1)), "{}", d.log());
-    // Renamed away (logrotate's default) and created anew.
+    // Renamed away (logrotate's default) and created anew (the reader says it saw that).
+    const REPLACED: &str = "the kernel log file was replaced";
+    let said = d.log().matches(REPLACED).count();
     std::fs::rename(d.path("kmsg"), d.path("kmsg.1")).unwrap();
     std::fs::write(d.path("kmsg"), "").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_said(&d, REPLACED, said);
     append(
         &d,
         &["4,2,2,-;NVRM: Xid (PCI:0000:30:00): 43, pid=3, Ch 00000008"],

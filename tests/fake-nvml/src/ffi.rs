@@ -338,12 +338,14 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
 
 // ------------------------------------------------------ tier 1: enumeration
 
-/// `nvmlDeviceGetCount_v2`: the configured GPUs, or what a `count` injection set.
+/// `nvmlDeviceGetCount_v2`: the configured GPUs, or what a `count` injection set. Counted in
+/// `FAKE_NVML_POLLS` when set, whatever it returns.
 ///
 /// # Safety
 /// `device_count` must be NULL or valid for writing one `unsigned int`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(device_count: *mut c_uint) -> NvmlReturn {
+    state::count_poll();
     if device_count.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }

@@ -971,6 +971,29 @@ impl Global {
     }
 }
 
+/// `FAKE_NVML_POLLS`: a file the fake appends one line (the calling process's pid) to at every
+/// `nvmlDeviceGetCount_v2`, the first call of each of gpu-medic's NVML polls, so a test can wait
+/// for "polled N more times since" instead of sleeping. Read at each call. Unset: nothing.
+pub const POLLS_ENV: &str = "FAKE_NVML_POLLS";
+
+/// Counts one `nvmlDeviceGetCount_v2` call in `FAKE_NVML_POLLS`, if set (one `write` of a short
+/// line in append mode: lines from concurrent callers never interleave).
+pub fn count_poll() {
+    use std::io::Write;
+    let Some(path) = env_nonempty(POLLS_ENV) else {
+        return;
+    };
+    let line = format!("{}\n", std::process::id());
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("fake-nvml: {POLLS_ENV}={path}: {e}");
+    }
+}
+
 /// `FAKE_NVML_KMSG`: a file the fake appends the driver's `NVRM: Xid` line to for every
 /// injected XID, in `/dev/kmsg` record form (`prio,seq,usec,flags;message`).
 pub const KMSG_ENV: &str = "FAKE_NVML_KMSG";

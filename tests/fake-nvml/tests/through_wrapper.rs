@@ -31,10 +31,11 @@ use nvml_wrapper::{EventSet, FieldIdScheme};
 
 use fake_nvml::identity;
 
-const ENV_VARS: [&str; 3] = [
+const ENV_VARS: [&str; 4] = [
     "FAKE_NVML_CONFIG",
     "FAKE_NVML_INJECT_DIR",
     "FAKE_NVML_INIT_ERROR",
+    "FAKE_NVML_POLLS",
 ];
 
 fn lib_path() -> PathBuf {
@@ -734,6 +735,36 @@ fn scenario_config_inside_inject_dir() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+fn scenario_polls_counted() {
+    // FAKE_NVML_POLLS: one line (this process's pid) per nvmlDeviceGetCount_v2, failed ones
+    // too; nothing else is counted.
+    let dir = scratch_dir("polls");
+    let polls = dir.join("polls");
+    let inject = dir.join("inject");
+    std::fs::create_dir_all(&inject).unwrap();
+    set_env(&[
+        ("FAKE_NVML_POLLS", &polls),
+        ("FAKE_NVML_INJECT_DIR", &inject),
+    ]);
+    let nvml = init().expect("init");
+    let lines = || std::fs::read_to_string(&polls).unwrap_or_default();
+    let before = lines().lines().count();
+    assert_eq!(nvml.device_count().unwrap(), 4);
+    let d = nvml.device_by_index(1).unwrap();
+    d.temperature(TemperatureSensor::Gpu).unwrap();
+    assert_eq!(lines().lines().count(), before + 1, "{}", lines());
+    Injector::new(inject.clone()).send_and_wait(
+        r#"{"fail": {"function": "nvmlDeviceGetCount_v2", "code": 999, "times": 1}}"#,
+    );
+    assert!(nvml.device_count().is_err());
+    let text = lines();
+    assert_eq!(text.lines().count(), before + 2, "{text}");
+    let me = std::process::id().to_string();
+    assert!(text.lines().all(|l| l == me), "{text}");
+    drop(nvml);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn scenario_backlog() {
     // Events injected before anyone registered are handed to the first set
     // registering for them (default), or dropped with "event_backlog": false.
@@ -877,6 +908,7 @@ fn fake_nvml_through_nvml_wrapper() {
     scenario_custom_config();
     scenario_injections();
     scenario_config_inside_inject_dir();
+    scenario_polls_counted();
     scenario_backlog();
     scenario_init_errors();
     scenario_volta_and_mixed();

@@ -4,9 +4,10 @@
 //! (`state_dir = "state"`), its state directory. The CLI runs against the same config and
 //! environment. The process is always killed on drop, even when an assertion failed.
 //!
-//! The environment is the caller's plus: `FAKE_NVML_INJECT_DIR` (the `inject/` folder), with
-//! `GPU_MEDIC_CONFIG`, `JOURNAL_STREAM` and `AWS_PROFILE` removed so the host's settings never
-//! leak in; [`Daemon::aws`] adds test credentials and endpoints.
+//! The environment is the caller's plus: `FAKE_NVML_INJECT_DIR` (the `inject/` folder) and
+//! `FAKE_NVML_POLLS` (`nvml-polls`, where the fake counts each NVML poll:
+//! [`Daemon::nvml_polls`]; a benchmark of the daemon's own cost removes it), with `GPU_MEDIC_CONFIG`, `JOURNAL_STREAM` and `AWS_PROFILE` removed
+//! so the host's settings never leak in; [`Daemon::aws`] adds test credentials and endpoints.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -155,6 +156,8 @@ impl Daemon {
         std::fs::write(d.config(), config).unwrap();
         let inject = d.path("inject").display().to_string();
         d.env("FAKE_NVML_INJECT_DIR", &inject);
+        let polls = d.path("nvml-polls").display().to_string();
+        d.env("FAKE_NVML_POLLS", &polls);
         d
     }
 
@@ -291,6 +294,22 @@ impl Daemon {
         );
     }
 
+    /// NVML polls of the running daemon so far, as the fake libnvidia-ml counted them (its
+    /// `nvmlDeviceGetCount_v2` calls, in `nvml-polls`; a CLI run beside it is not counted).
+    /// 0 when no daemon runs.
+    pub fn nvml_polls(&self) -> usize {
+        self.pid().map_or(0, |pid| {
+            crate::Looks::at(self.path("nvml-polls")).count_from(pid)
+        })
+    }
+
+    /// Waits until the running daemon has polled NVML `n` more times than now (up to
+    /// [`crate::LOOKS_LIMIT`]): "many polls later", counted instead of slept.
+    pub fn wait_nvml_polls(&self, what: &str, n: usize) -> Duration {
+        assert!(self.pid().is_some(), "no daemon runs to poll");
+        crate::wait_looks(what, n, || self.nvml_polls(), || self.log())
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
@@ -346,6 +365,19 @@ impl Daemon {
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(Value::Null)
+    }
+
+    /// Waits until the engine has applied the dir's `kmsg` file up to its end
+    /// ([`journal::kmsg_applied`]): written last, a driver's line is the fact that the reader
+    /// handed over every record before it, and the supervisor journaled or dropped each.
+    pub fn wait_kmsg_applied(&self, what: &str) -> Duration {
+        let kmsg = self.path("kmsg");
+        wait_sync(
+            what,
+            crate::LOOKS_LIMIT,
+            || journal::kmsg_applied(&self.state(), &kmsg),
+            || format!("{:#}\n{}", self.state()["delivery"], self.log()),
+        )
     }
 
     /// `gpu-medic incidents show <id> --json`, or null while there is no such incident.

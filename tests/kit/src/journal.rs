@@ -51,3 +51,41 @@ pub fn finished_details(incident: &Value) -> Vec<String> {
         .map(|r| r["outcome"]["detail"].as_str().unwrap_or("").to_string())
         .collect()
 }
+
+/// Whether the engine's committed state (`state.json`, read as [`crate::Daemon::state`]
+/// gives it) has applied the kernel-log file `kmsg` up to its end: the cursor of the file's
+/// current stream (its device and inode, latest generation) at the file's length, and none of
+/// its records journaled ahead of that cursor. Once the file ends with a driver's line, every
+/// record before it was handed over and journaled, or dropped as a duplicate: the fact a
+/// test waits for before it says "nothing more was journaled".
+pub fn kmsg_applied(state: &Value, kmsg: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(kmsg) else {
+        return false;
+    };
+    let file = format!("kmsg-file:{}:{}", meta.dev(), meta.ino());
+    let generation = |key: &str| -> Option<u64> {
+        let rest = key.strip_prefix(&file)?;
+        match rest.strip_prefix(':') {
+            None if rest.is_empty() => Some(0),
+            None => None,
+            Some(g) => g.parse().ok(),
+        }
+    };
+    let delivery = &state["delivery"];
+    let Some((stream, cursor)) = delivery["cursors"]
+        .as_object()
+        .and_then(|c| {
+            c.iter()
+                .filter_map(|(k, v)| Some((generation(k)?, k, v)))
+                .max_by_key(|x| x.0)
+        })
+        .map(|(_, k, v)| (k.clone(), v))
+    else {
+        return false;
+    };
+    let ahead = delivery["ahead"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x[0] == stream.as_str()));
+    cursor["pos"].as_u64().is_some_and(|p| p >= meta.len()) && !ahead
+}

@@ -3,7 +3,8 @@
 //! around gpu-medic. A dev-only workspace crate (`publish = false`), like `tests/fake-nvml`.
 //!
 //! - here: where the binaries are ([`bin`], [`fake_nvml`], [`fake_cuda`], [`repo`], [`default_policy`]),
-//!   waiting ([`wait_for`], [`wait_until`], [`wait_sync`]), fake-NVML files ([`gpus_json`],
+//!   waiting ([`wait_for`], [`wait_until`], [`wait_sync`]), counting the daemon's looks after a
+//!   fact instead of sleeping ([`wait_looks`], [`Looks`]), fake-NVML files ([`gpus_json`],
 //!   [`inject`]), signals ([`signal`], [`stop_child`]) and wall-clock stamps ([`now_ms`],
 //!   [`parse_at`]);
 //! - [`daemon`]: `gpu-medic run` in a directory of its own with its config, environment and
@@ -177,6 +178,105 @@ pub fn wait_sync(
     match poll(limit, Duration::from_millis(50), f) {
         Some(d) => d,
         None => panic!("timed out waiting for {what} ({limit:?})\n{}", context()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counting the daemon's looks
+
+/// How long [`wait_looks`] waits at most: generous, for a loaded machine; it returns as soon as
+/// the looks are counted.
+pub const LOOKS_LIMIT: Duration = Duration::from_secs(30);
+
+/// Waits (blocking, up to [`LOOKS_LIMIT`]) until `looks` counts `n` more than when called: the
+/// daemon looked `n` more times since the fact awaited before. Asserting an absence after it
+/// (no second incident, no order) means the daemon had `n` chances to do the wrong thing.
+/// `looks` is any count of the daemon's own looks: the fake libnvidia-ml's polls
+/// ([`Daemon::nvml_polls`]), a counting double ([`Looks`]), the proxy's calls of one operation,
+/// the fake IMDS's reads of one path. Returns the time it took; panics with `what` and
+/// `context()` after the limit.
+pub fn wait_looks(
+    what: &str,
+    n: usize,
+    mut looks: impl FnMut() -> usize,
+    context: impl FnOnce() -> String,
+) -> Duration {
+    let want = looks() + n;
+    wait_sync(
+        &format!("{what} ({n} more looks)"),
+        LOOKS_LIMIT,
+        || looks() >= want,
+        context,
+    )
+}
+
+/// [`wait_looks`] on the current runtime (for counts that the runtime's own servers, the proxy
+/// and the fake IMDS, keep).
+pub async fn wait_looks_async(what: &str, n: usize, mut looks: impl FnMut() -> usize) {
+    let want = looks() + n;
+    wait_for(&format!("{what} ({n} more looks)"), LOOKS_LIMIT, || {
+        let now = looks();
+        async move { now >= want }
+    })
+    .await;
+}
+
+/// A double's count of its calls: a file it appends one line to each time it is called (a
+/// script made by [`Looks::script`]; the fake libnvidia-ml's `FAKE_NVML_POLLS` writes the
+/// same kind of file, one pid a line).
+#[derive(Debug, Clone)]
+pub struct Looks {
+    path: PathBuf,
+}
+
+impl Looks {
+    /// The count kept in `path` (none yet while it does not exist).
+    pub fn at(path: impl Into<PathBuf>) -> Looks {
+        Looks { path: path.into() }
+    }
+
+    /// A `/bin/sh` script at `script` (mode 0755) that counts each call in `<script>.looks`
+    /// (one line, the caller's pid), then runs `body` with the call's arguments; its count.
+    pub fn script(script: &Path, body: &str) -> Looks {
+        use std::os::unix::fs::PermissionsExt;
+        let looks = Looks::at(format!("{}.looks", script.display()));
+        std::fs::write(
+            script,
+            format!(
+                "#!/bin/sh\necho $PPID >> '{}'\n{body}\n",
+                looks.path.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        looks
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Calls counted so far.
+    pub fn count(&self) -> usize {
+        std::fs::read_to_string(&self.path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// Calls counted so far from process `pid` (a daemon, not a CLI run beside it).
+    pub fn count_from(&self, pid: u32) -> usize {
+        let pid = pid.to_string();
+        std::fs::read_to_string(&self.path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.trim() == pid)
+            .count()
+    }
+
+    /// [`wait_looks`] on this count.
+    pub fn wait_more(&self, what: &str, n: usize, context: impl FnOnce() -> String) -> Duration {
+        wait_looks(what, n, || self.count(), context)
     }
 }
 

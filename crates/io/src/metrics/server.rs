@@ -112,6 +112,10 @@ impl Endpoint {
                     return;
                 }
                 Err(e) => {
+                    if failing {
+                        // Said once; each retry only at debug (tests count them).
+                        tracing::debug!(listen = %self.listen, "metrics: still cannot listen: {e}");
+                    }
                     if !std::mem::replace(&mut failing, true) {
                         let detail = format!(
                             "metrics: cannot listen on {}: {e}; gpu-medic goes on without its \

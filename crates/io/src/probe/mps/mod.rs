@@ -242,7 +242,13 @@ impl MpsProbe {
             binary,
         }) = &sent
         {
-            if !self.unrunnable {
+            if self.unrunnable {
+                // Said once; each later probe only at debug (tests count them).
+                tracing::debug!(
+                    probe = "mps",
+                    "still cannot run the MPS control client {binary}: {message}"
+                );
+            } else {
                 tracing::error!(
                     probe = "mps",
                     "cannot run the MPS control client {binary}: {message}; the daemon's state is unknown (self-fault; it is not restarted for this)"
