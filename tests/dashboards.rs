@@ -509,6 +509,24 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
         || scrape(&addr).contains("gpu_medic_task_gpu_memory_reserved_bytes{"),
         || format!("{}\n{}", scrape(&addr), d.log()),
     );
+    // One program's own fault (an XID 13 the driver charges to the task's process): a log
+    // incident naming its task definition, the record `ApplicationFaultRule` reads.
+    let pid = procs.pids()[0];
+    let line = format!(
+        "4,1,1000,-;NVRM: Xid (PCI:0000:20:00): 13, pid={pid}, name=sleep, \
+         Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address\n"
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(d.path("kmsg"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()))
+        .unwrap();
+    d.wait_record(
+        "the application fault, charged to the task definition",
+        Duration::from_secs(30),
+        "opened",
+        |r| r["observation"]["xid"]["culprit"]["definition"].is_string(),
+    );
     // The quarantine is refused (an AWS call error), then the drill's XID 79 drains and
     // replaces for real (the reboot rung is off: a replacement closes the incident here).
     proxy.fault(Fault::ecs_denied("PutAttributes", 1));

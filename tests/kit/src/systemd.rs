@@ -43,6 +43,8 @@ pub struct Exclusive {
 pub fn exclusive() -> Exclusive {
     use std::os::fd::AsRawFd;
     let path = crate::repo().join("target/systemd-e2e.lock");
+    // A build with CARGO_TARGET_DIR elsewhere leaves no target/ in the repository.
+    let _ = std::fs::create_dir_all(crate::repo().join("target"));
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
