@@ -29,9 +29,37 @@ pub struct RunArgs {
     log_format: String,
 }
 
+/// `GPU_MEDIC_LOG`'s directives, or `default` when it is unset or does not parse.
+fn log_filter(default: &str) -> EnvFilter {
+    std::env::var("GPU_MEDIC_LOG")
+        .ok()
+        .and_then(|spec| EnvFilter::try_new(crate_targets(&spec)).ok())
+        .unwrap_or_else(|| EnvFilter::new(default))
+}
+
+/// A directive for a `gpu_medic` target also names the crates its modules live in
+/// (`gpu_medic::probe::mps=debug` is `gpu_medic_io::probe::mps=debug` too, as the probe's
+/// events are that crate's): the targets an operator knows keep working across the split
+/// into crates (docs/architecture.md, "Layers").
+fn crate_targets(spec: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for d in spec.split(',') {
+        out.push(d.to_string());
+        let t = d.trim_start();
+        let names_ours = t
+            .strip_prefix("gpu_medic")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::") || rest.starts_with('='));
+        if names_ours {
+            for krate in ["gpu_medic_io", "gpu_medic_core"] {
+                out.push(t.replacen("gpu_medic", krate, 1));
+            }
+        }
+    }
+    out.join(",")
+}
+
 pub fn init_logging(format: &str) {
-    let filter =
-        EnvFilter::try_from_env("GPU_MEDIC_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter("info");
     let under_systemd = std::env::var_os("JOURNAL_STREAM").is_some();
     let journald = match format {
         "journald" => true,
@@ -62,8 +90,7 @@ pub fn init_logging(format: &str) {
 
 /// Warnings and errors only, as text on stderr (for `demo`, whose stdout is the show).
 pub fn init_logging_quiet() {
-    let filter =
-        EnvFilter::try_from_env("GPU_MEDIC_LOG").unwrap_or_else(|_| EnvFilter::new("error"));
+    let filter = log_filter("error");
     let _ = tracing_subscriber::registry()
         .with(filter)
         .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
@@ -466,5 +493,28 @@ impl crate::probe::Source for MetricsEndpoint {
         _resume: crate::model::Resume,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         Box::pin(self.0.run(tx, shutdown))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::crate_targets;
+
+    #[test]
+    fn a_gpu_medic_target_names_the_crates_its_modules_are_in() {
+        assert_eq!(
+            crate_targets("info,gpu_medic::probe::mps=debug"),
+            "info,gpu_medic::probe::mps=debug,gpu_medic_io::probe::mps=debug,gpu_medic_core::probe::mps=debug"
+        );
+        assert_eq!(
+            crate_targets("gpu_medic=trace"),
+            "gpu_medic=trace,gpu_medic_io=trace,gpu_medic_core=trace"
+        );
+        // Another crate, or one of ours named by its own name, is left as written.
+        assert_eq!(crate_targets("hyper=warn"), "hyper=warn");
+        assert_eq!(
+            crate_targets("gpu_medic_io::aws=debug"),
+            "gpu_medic_io::aws=debug"
+        );
     }
 }
