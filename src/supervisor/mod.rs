@@ -640,7 +640,7 @@ impl Pending {
             let n = chunk.clamp(1, BATCH_MAX).min(self.other.len());
             return self.other.drain(..n).collect();
         }
-        let mut room = crate::model::cursor::MAX_AHEAD.saturating_sub(delivery.ahead.len());
+        let mut room = delivery.ahead_left();
         // The lowest position waiting per stream, found in one pass: whether a fatal record
         // has earlier records of its stream still waiting is then one lookup, however many
         // fatal records a storm brings.

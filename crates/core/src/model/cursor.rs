@@ -174,9 +174,9 @@ impl Delivery {
         true
     }
 
-    /// Whether another record can be journaled ahead.
-    pub fn ahead_room(&self) -> bool {
-        self.ahead.len() < MAX_AHEAD
+    /// How many more records can be journaled ahead.
+    pub fn ahead_left(&self) -> usize {
+        MAX_AHEAD.saturating_sub(self.ahead.len())
     }
 
     /// Moves the stream of `c` past it (a record journaled ahead is remembered instead). A
@@ -185,7 +185,7 @@ impl Delivery {
     pub fn advance_cursor(&mut self, c: &Cursor, at: Timestamp) {
         if c.ahead {
             // Never moved past the records before it; with no room left (the supervisor
-            // checks [`Delivery::ahead_room`] first) a restart may read it once more.
+            // checks [`Delivery::ahead_left`] first) a restart may read it once more.
             self.mark_ahead(c);
             return;
         }
@@ -343,7 +343,7 @@ mod tests {
                 ..fatal.clone()
             }));
         }
-        assert!(!d.ahead_room());
+        assert_eq!(d.ahead_left(), 0);
         assert!(!d.mark_ahead(&Cursor {
             pos: 5000,
             ..fatal.clone()
