@@ -27,17 +27,6 @@ use serde_json::Value;
 
 const BUSES: [&str; 4] = ["0000:10:00", "0000:20:00", "0000:30:00", "0000:40:00"];
 
-fn append(d: &Daemon, lines: &[String]) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(d.path("kmsg"))
-        .unwrap();
-    for l in lines {
-        f.write_all(l.as_bytes()).unwrap();
-        f.write_all(b"\n").unwrap();
-    }
-}
-
 /// A kmsg record of the driver's XID line (kernel facility, level 4).
 fn xid_line(seq: u64, gpu: usize, code: u32, pid: u32, name: &str, text: &str) -> String {
     format!(
@@ -126,7 +115,7 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
     let lines: Vec<String> = (0..16)
         .map(|i| xid_line(1 + i, 0, 13, pid(0), "sleep", &warp(i as u32 % 4, 1)))
         .collect();
-    append(&d, &lines);
+    d.kmsg_append(&lines);
     wait_inputs(&d, 16);
     let o = opened(&d);
     assert_eq!(o.len(), 1, "{o:#?}");
@@ -140,7 +129,7 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
     let lines: Vec<String> = (0..4)
         .map(|g| xid_line(20 + g as u64, g, 31, pid(0), "sleep", MMU))
         .collect();
-    append(&d, &lines);
+    d.kmsg_append(&lines);
     wait_inputs(&d, 20);
     let (status, _, _) = aws::instance(&sdk, &s.cluster, &me.arn).await;
     assert_eq!(status, "ACTIVE");
@@ -174,7 +163,7 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
         "opened",
         |r| r["observation"]["signal"]["kind"] == "thermal",
     );
-    append(&d, &[xid_line(30, 1, 31, 1, "nvidia-cuda-mps", MMU)]);
+    d.kmsg_append(&[xid_line(30, 1, 31, 1, "nvidia-cuda-mps", MMU)]);
     let r = d.wait_record(
         "the MPS client's fault",
         Duration::from_secs(20),
@@ -189,7 +178,7 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
     let lines: Vec<String> = (1..=6)
         .map(|i| xid_line(40 + i as u64, 2, 13, pid(i), "sleep", &warp(3, 1)))
         .collect();
-    append(&d, &lines);
+    d.kmsg_append(&lines);
     let r = d.wait_record(
         "the hardware suspicion",
         Duration::from_secs(30),
@@ -222,7 +211,7 @@ fn without_ecs_the_program_is_the_unit() {
     let lines: Vec<String> = (0..16)
         .map(|i| xid_line(1 + i, 0, 13, 4_000_000 + i as u32, "trainer", &warp(1, 2)))
         .collect();
-    append(&d, &lines);
+    d.kmsg_append(&lines);
     wait_inputs(&d, 16);
     let o = opened(&d);
     assert_eq!(o.len(), 1, "{o:#?}");
@@ -235,7 +224,7 @@ fn without_ecs_the_program_is_the_unit() {
 
     // A pid that belongs to another program now (this test's own): the driver's name counts.
     let me = std::process::id();
-    append(&d, &[xid_line(30, 1, 31, me, "python3", MMU)]);
+    d.kmsg_append(&[xid_line(30, 1, 31, me, "python3", MMU)]);
     let r = d.wait_record("the reused pid", Duration::from_secs(20), "opened", |r| {
         culprit(r)["program"] == "python3"
     });
@@ -268,7 +257,7 @@ fn without_ecs_the_program_is_the_unit() {
         },
     );
     assert_eq!(r["verdict"], "log", "{r:#}");
-    append(&d, &[xid_line(41, 0, 13, 4_100_001, "ffmpeg", &warp(1, 2))]);
+    d.kmsg_append(&[xid_line(41, 0, 13, 4_100_001, "ffmpeg", &warp(1, 2))]);
     let r = d.wait_record(
         "the hardware suspicion",
         Duration::from_secs(20),
@@ -299,7 +288,7 @@ fn without_ecs_the_program_is_the_unit() {
         "<unknown>",
         "GPU has fallen off the bus.",
     ));
-    append(&d, &lines);
+    d.kmsg_append(&lines);
     d.wait_record("the XID 79", Duration::from_secs(120), "opened", |r| {
         r["observation"]["signal"]["code"] == 79
     });

@@ -512,15 +512,10 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
     // One program's own fault (an XID 13 the driver charges to the task's process): a log
     // incident naming its task definition, the record `ApplicationFaultRule` reads.
     let pid = procs.pids()[0];
-    let line = format!(
+    d.kmsg_append(&[format!(
         "4,1,1000,-;NVRM: Xid (PCI:0000:20:00): 13, pid={pid}, name=sleep, \
-         Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address\n"
-    );
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(d.path("kmsg"))
-        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()))
-        .unwrap();
+         Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"
+    )]);
     d.wait_record(
         "the application fault, charged to the task definition",
         Duration::from_secs(30),

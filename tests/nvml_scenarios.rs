@@ -334,15 +334,6 @@ fn simulate_reproduces_the_decisions_the_daemon_made() {
     assert_eq!(replayed, recorded);
 }
 
-fn kmsg_append(node: &Daemon, line: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(node.path("kmsg"))
-        .unwrap();
-    writeln!(f, "{line}").unwrap();
-}
-
 fn xid_inputs(node: &Daemon, code: u64) -> usize {
     std::fs::read_to_string(node.path("state/inputs.jsonl"))
         .unwrap_or_default()
@@ -356,10 +347,7 @@ fn xid_inputs(node: &Daemon, code: u64) -> usize {
 fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     let mut node = new_node("");
     start(&mut node);
-    kmsg_append(
-        &node,
-        "4,100,5000000,-;NVRM: Xid (PCI:0000:20:00): 79, pid=4242, name=train, GPU has fallen off the bus.",
-    );
+    node.kmsg_append(&["4,100,5000000,-;NVRM: Xid (PCI:0000:20:00): 79, pid=4242, name=train, GPU has fallen off the bus."]);
     let r = wait_opened(&node, "the kernel-log XID", |r| is_xid(r, 79));
     assert_eq!(r["observation"]["source"], "kmsg");
     assert_eq!(r["observation"]["gpu"]["index"], 1);
@@ -374,15 +362,11 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     // The same XID from NVML's event and the kernel log is one observation.
     node.inject(r#"{"gpu": 2, "xid": 13}"#);
     wait_until("the event XID", || xid_inputs(&node, 13) == 1);
-    kmsg_append(
-        &node,
+    node.kmsg_append(&[
         "4,101,5100000,-;NVRM: Xid (PCI:0000:30:00): 13, pid=77, name=app, Graphics Exception",
-    );
+    ]);
     // The reader goes in order: once a later line is journaled, the duplicate was read.
-    kmsg_append(
-        &node,
-        "4,102,5150000,-;NVRM: Xid (PCI:0000:30:00): 43, pid=77, name=app, Reset Channel Verif Error",
-    );
+    node.kmsg_append(&["4,102,5150000,-;NVRM: Xid (PCI:0000:30:00): 43, pid=77, name=app, Reset Channel Verif Error"]);
     wait_until("the line after the duplicate", || {
         xid_inputs(&node, 43) == 1
     });
@@ -391,10 +375,9 @@ fn kernel_log_xids_are_reported_once_with_the_drivers_text() {
     // After a restart the old lines are not reported again.
     let before = xid_inputs(&node, 79);
     start(&mut node);
-    kmsg_append(
-        &node,
+    node.kmsg_append(&[
         "4,103,5200000,-;NVRM: Xid (PCI:0000:40:00): 31, pid=78, name=app, MMU Fault",
-    );
+    ]);
     wait_until("the new line", || xid_inputs(&node, 31) == 1);
     assert_eq!(xid_inputs(&node, 79), before);
     stop(&mut node);
@@ -566,12 +549,9 @@ fn kernel_log_xids_written_across_restarts_are_journaled_exactly_once() {
     start(&mut node);
     // A line after the file's end: once it is journaled, the whole file was read again.
     let marker = 1000 + N;
-    kmsg_append(
-        &node,
-        &format!(
-            "4,{marker},6000000,-;NVRM: Xid (PCI:0000:40:00): 31, pid=78, name=app, MMU Fault"
-        ),
-    );
+    node.kmsg_append(&[&format!(
+        "4,{marker},6000000,-;NVRM: Xid (PCI:0000:40:00): 31, pid=78, name=app, MMU Fault"
+    )]);
     wait_until("the line after the file's end", || {
         xid_inputs(&node, 31) == 1
     });
@@ -744,10 +724,7 @@ fn nvlink5_xids_from_nvml_follow_the_decode_sheet_of_their_kernel_log_line() {
 fn nvlink5_xids_from_the_kernel_log_alone_and_from_nvml_alone() {
     let mut node = new_node("");
     start(&mut node);
-    kmsg_append(
-        &node,
-        "4,1000,5000000,-;NVRM: Xid (PCI:0000:10:00): 147, TREX Nonfatal XC0 i0 Link 04 (0x00000184 0x80000000 0x0 0x0 0x0 0x0)",
-    );
+    node.kmsg_append(&["4,1000,5000000,-;NVRM: Xid (PCI:0000:10:00): 147, TREX Nonfatal XC0 i0 Link 04 (0x00000184 0x80000000 0x0 0x0 0x0 0x0)"]);
     let r = wait_opened(&node, "the kernel-log XID 147", |r| is_xid(r, 147));
     assert_eq!(r["observation"]["signal"]["decode"], "ignore", "{r}");
     assert_eq!(r["rule"], "xid-nvlink5-ignore");
@@ -829,7 +806,7 @@ fn a_fatal_xid_last_in_a_storm_is_journaled_before_the_storm() {
         ));
     }
     body.push_str("NVRM: Xid (PCI:0000:20:00): 79, pid=1, name=y, GPU has fallen off the bus.");
-    kmsg_append(&node, &body);
+    node.kmsg_append(&[&body]);
     start(&mut node);
     assert_79_first(&node, "kmsg", 1, 100_000, STORM);
     // The same through NVML's event queue: one injection, the 79 last.

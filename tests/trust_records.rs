@@ -13,7 +13,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed assumption is a failed test
 
-use std::io::Write;
 use std::time::Duration;
 
 use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_sync};
@@ -25,16 +24,6 @@ fn node() -> Daemon {
     d.gpus(FOUR_GPUS);
     std::fs::write(d.path("kmsg"), "").unwrap();
     d
-}
-
-fn append(d: &Daemon, lines: &[&str]) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(d.path("kmsg"))
-        .unwrap();
-    for l in lines {
-        writeln!(f, "{l}").unwrap();
-    }
 }
 
 /// The kernel-log observations journaled so far: (signal kind, code, GPU index).
@@ -86,9 +75,7 @@ fn only_the_drivers_own_records_are_xids_or_sxids() {
     let mut d = node();
     d.start();
     d.wait_polled();
-    append(
-        &d,
-        &[
+    d.kmsg_append(&[
             // What `echo ... > /dev/kmsg` becomes: user facility (1), any level.
             "12,500,1000,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=x, GPU has fallen off the bus.",
             "14,501,1001,-;NVRM: Xid (PCI:0000:20:00): 48, An uncorrectable double bit error",
@@ -130,9 +117,7 @@ fn the_drivers_lines_in_every_log_format_are_judged() {
     let mut d = node();
     d.start();
     d.wait_polled();
-    append(
-        &d,
-        &[
+    d.kmsg_append(&[
             "Dec  3 12:00:00 ip-10-0-0-1 kernel: [12345.678901] NVRM: Xid (PCI:0000:10:00): 13, pid=1, name=a, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
             "2026-12-03T12:00:00.123456+00:00 ip-10-0-0-1 kernel: NVRM: Xid (PCI:0000:20:00): 31, pid=2, name=b, Ch 00000008, intr 10000000. MMU Fault",
             "[  431.100101] NVRM: Xid (0000:30:00): 43, pid=3, Ch 00000008",
@@ -170,7 +155,7 @@ fn a_rotated_kernel_log_file_loses_nothing() {
         .collect();
     let mut first: Vec<&str> = noise.iter().map(String::as_str).collect();
     first.push("4,100,100,-;NVRM: Xid (PCI:0000:10:00): 13, pid=1, name=a, Graphics Exception");
-    append(&d, &first);
+    d.kmsg_append(&first);
     wait_inputs(&d, "the first XID", 1);
     // copytruncate: the same file, emptied in place (the reader says it saw that), then
     // written again.
@@ -182,10 +167,7 @@ fn a_rotated_kernel_log_file_loses_nothing() {
         .open(d.path("kmsg"))
         .unwrap();
     wait_said(&d, TRUNCATED, said);
-    append(
-        &d,
-        &["4,1,1,-;NVRM: Xid (PCI:0000:20:00): 31, pid=2, name=b, MMU Fault"],
-    );
+    d.kmsg_append(&["4,1,1,-;NVRM: Xid (PCI:0000:20:00): 31, pid=2, name=b, MMU Fault"]);
     let got = wait_inputs(&d, "the XID after copytruncate", 2);
     assert_eq!(got[1], ("xid".to_string(), 31, Some(1)), "{}", d.log());
     // Renamed away (logrotate's default) and created anew (the reader says it saw that).
@@ -194,10 +176,7 @@ fn a_rotated_kernel_log_file_loses_nothing() {
     std::fs::rename(d.path("kmsg"), d.path("kmsg.1")).unwrap();
     std::fs::write(d.path("kmsg"), "").unwrap();
     wait_said(&d, REPLACED, said);
-    append(
-        &d,
-        &["4,2,2,-;NVRM: Xid (PCI:0000:30:00): 43, pid=3, Ch 00000008"],
-    );
+    d.kmsg_append(&["4,2,2,-;NVRM: Xid (PCI:0000:30:00): 43, pid=3, Ch 00000008"]);
     let got = wait_inputs(&d, "the XID in the new file", 3);
     assert_eq!(got[2], ("xid".to_string(), 43, Some(2)), "{}", d.log());
     // Truncated while gpu-medic was down: what the file holds at the start is new.

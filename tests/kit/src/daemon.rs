@@ -367,6 +367,19 @@ impl Daemon {
             .unwrap_or(Value::Null)
     }
 
+    /// Appends `lines` to the dir's `kmsg` file (the kernel log the daemon reads), each ended
+    /// by a newline.
+    pub fn kmsg_append<L: AsRef<str>>(&self, lines: &[L]) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.path("kmsg"))
+            .unwrap();
+        for l in lines {
+            writeln!(f, "{}", l.as_ref()).unwrap();
+        }
+    }
+
     /// Waits until the engine has applied the dir's `kmsg` file up to its end
     /// ([`journal::kmsg_applied`]): written last, a driver's line is the fact that the reader
     /// handed over every record before it, and the supervisor journaled or dropped each.
