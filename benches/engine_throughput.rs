@@ -108,8 +108,9 @@ fn record(policy: &Policy, inputs: usize, seed: u64) -> Stream {
             }
         }
         state = next;
-        let node = state.node.as_str();
-        if state.remediation.is_none() && matches!(node, "drained" | "replaced" | "terminated") {
+        let node = state.node.phase.as_str();
+        if state.node.remediation.is_none() && matches!(node, "drained" | "replaced" | "terminated")
+        {
             // A new instance takes the old one's place.
             state = State::default();
             pending.clear();

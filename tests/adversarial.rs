@@ -259,7 +259,7 @@ fn fixture() -> &'static Fixture {
     F.get_or_init(|| {
         let (states, inputs, records) = engine_run();
         assert!(
-            states.last().is_some_and(|s| !s.open.is_empty()),
+            states.last().is_some_and(|s| !s.incidents.open.is_empty()),
             "the run leaves incidents open"
         );
         Fixture {
@@ -276,7 +276,7 @@ fn exercise_state(st: State, now: u64, dir: &Path) -> Result<(), TestCaseError> 
     let p = default_policy();
     let f = fixture();
     let mut st = st;
-    let ids: Vec<ActionId> = st.in_flight.keys().copied().collect();
+    let ids: Vec<ActionId> = st.orders.in_flight.keys().copied().collect();
     let mut inputs: Vec<Input> = f.inputs.iter().map(|j| j.stamped.input.clone()).collect();
     for id in ids {
         inputs.push(Input::Outcome(outcome(id, OutcomeStatus::Done)));
@@ -286,15 +286,15 @@ fn exercise_state(st: State, now: u64, dir: &Path) -> Result<(), TestCaseError> 
         )));
     }
     inputs.push(Input::Tick);
-    let before = st.next_incident;
+    let before = st.incidents.last_id;
     for input in inputs {
         let (next, _) = engine::step(&st, input, Timestamp(now), p);
         st = next;
     }
     prop_assert!(
-        st.next_incident >= before,
+        st.incidents.last_id >= before,
         "incident ids went backwards: {before} -> {}",
-        st.next_incident
+        st.incidents.last_id
     );
     let path = dir.join("state.json");
     journal::save_state(&path, &st).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -643,7 +643,7 @@ fn readers() -> Vec<(&'static str, &'static str, Reader)> {
                     "{:?} {:?}",
                     journal::last_records::<Record>(p, 3).map(|r| r.len()),
                     journal::rebuild_from_journal(p, Timestamp(T0), Duration::ZERO)
-                        .map(|s| s.next_incident)
+                        .map(|s| s.incidents.last_id)
                 )
             })),
         ),

@@ -258,7 +258,7 @@ async fn an_order_in_flight_at_shutdown_finishes_within_the_grace() {
         "{waited:?}"
     );
     let st = state(dir.path());
-    assert!(st.in_flight.is_empty(), "{:?}", st.in_flight);
+    assert!(st.orders.in_flight.is_empty(), "{:?}", st.orders.in_flight);
     let closed = closed(dir.path());
     assert_eq!(closed.len(), 1, "{closed:?}");
     assert_eq!(closed[0]["state"], "resolved", "{closed:?}");
@@ -295,7 +295,7 @@ async fn an_order_that_outlasts_the_grace_is_left_in_flight() {
     );
     let st = state(dir.path());
     assert_eq!(
-        st.in_flight.values().collect::<Vec<_>>(),
+        st.orders.in_flight.values().collect::<Vec<_>>(),
         [&call.order],
         "left for the next start"
     );
@@ -322,7 +322,7 @@ async fn the_next_supervisor_resumes_an_order_left_in_flight() {
     };
     let (run, first) = tokio::join!(sup.run(shutdown.clone(), || {}), test);
     run.unwrap();
-    assert_eq!(state(dir.path()).in_flight.len(), 1);
+    assert_eq!(state(dir.path()).orders.in_flight.len(), 1);
     let started = |dir: &Path| {
         records(dir)
             .iter()
@@ -413,9 +413,9 @@ async fn an_abort_request_mid_drain_orders_a_restore() {
         "{recs:#?}"
     );
     let st = state(dir.path());
-    assert!(st.in_flight.is_empty(), "{:?}", st.in_flight);
-    assert!(st.remediation.is_none(), "{:?}", st.remediation);
-    assert_eq!(st.node.as_str(), "in-service");
+    assert!(st.orders.in_flight.is_empty(), "{:?}", st.orders.in_flight);
+    assert!(st.node.remediation.is_none(), "{:?}", st.node.remediation);
+    assert_eq!(st.node.phase.as_str(), "in-service");
     // The drain's late outcome was not an order in flight any more: not journaled.
     let finished: Vec<&Value> = recs
         .iter()
@@ -513,7 +513,7 @@ async fn next_start_hands_out_the_restart(dir: &Path) {
     };
     let (run, ()) = tokio::join!(sup.run(shutdown.clone(), || {}), test);
     run.unwrap();
-    assert!(state(dir).in_flight.is_empty());
+    assert!(state(dir).orders.in_flight.is_empty());
     let recs = records(dir);
     // The MPS incident (the journal's own self-fault, journaled while it failed, aside).
     let opened = recs
@@ -565,7 +565,10 @@ async fn a_full_incident_journal_is_a_self_fault_and_the_next_start_replays_the_
     std::os::unix::fs::symlink(&link, cfg.incidents_path()).unwrap();
     run_while_it_cannot_write(dir.path(), || {}).await;
     let st = state(dir.path());
-    assert!(st.open.is_empty() && st.in_flight.is_empty(), "{st:?}");
+    assert!(
+        st.incidents.open.is_empty() && st.orders.in_flight.is_empty(),
+        "{st:?}"
+    );
     assert!(!inputs(dir.path()).is_empty(), "the input is journaled");
 
     std::fs::remove_file(cfg.incidents_path()).unwrap();

@@ -109,7 +109,7 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
     if a.json {
         print_json(&StatusView {
             updated_at,
-            node_phase: state.node.as_str(),
+            node_phase: state.node.phase.as_str(),
             mps_phase: state.mps.phase.as_str(),
             state: &state,
             fleet: cfg.files().load_view::<FleetSummary>(View::Fleet),
@@ -130,8 +130,8 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
 
 /// The node, gpu-medic's own faults, the MPS daemon and the remediation.
 fn print_node(state: &State, updated_at: Option<Timestamp>) {
-    println!("node:        {}", state.node.as_str());
-    if let Some(w) = &state.withheld {
+    println!("node:        {}", state.node.phase.as_str());
+    if let Some(w) = &state.node.withheld {
         println!(
             "             would {}: {} (incident {}, since {})",
             w.verdict, w.why, w.incident, w.since
@@ -140,13 +140,17 @@ fn print_node(state: &State, updated_at: Option<Timestamp>) {
     if let Some(t) = updated_at {
         println!("updated:     {t}");
     }
-    for (component, f) in &state.self_faults {
+    for (component, f) in &state.incidents.self_faults {
         println!(
             "self-fault:  {component} since {} (incident {}): {}; gpu-medic cannot tell what it does not see",
             f.since, f.incident, f.detail
         );
     }
-    if let Some(f) = state.self_faults.get(crate::probe::mps::COMPONENT) {
+    if let Some(f) = state
+        .incidents
+        .self_faults
+        .get(crate::probe::mps::COMPONENT)
+    {
         println!(
             "mps daemon:  unknown: the control client cannot be run (self-fault, incident {})",
             f.incident
@@ -160,7 +164,7 @@ fn print_node(state: &State, updated_at: Option<Timestamp>) {
     } else {
         println!("mps daemon:  not managed by gpu-medic ([mps] enabled = false)");
     }
-    match &state.remediation {
+    match &state.node.remediation {
         Some(r) => println!(
             "remediation: incident {} heading to {:?}, at step {:?}",
             r.incident, r.goal, r.step
@@ -175,15 +179,19 @@ fn print_node(state: &State, updated_at: Option<Timestamp>) {
 
 /// Each GPU that raised a signal.
 fn print_gpus(state: &State) {
-    if let Some(f) = state.self_faults.get(crate::probe::nvml::COMPONENT) {
+    if let Some(f) = state
+        .incidents
+        .self_faults
+        .get(crate::probe::nvml::COMPONENT)
+    {
         println!(
             "gpus:        unknown: NVML cannot be used (self-fault, incident {})",
             f.incident
         );
-    } else if state.gpus.is_empty() {
+    } else if state.gpus.health.is_empty() {
         println!("gpus:        no GPU has raised a signal");
     }
-    for (i, g) in &state.gpus {
+    for (i, g) in &state.gpus.health {
         println!(
             "gpu {i}:       {:?} since {} (rule `{}`{})",
             g.status,
@@ -236,7 +244,7 @@ fn print_gpu_view(cfg: &crate::config::Config) {
 
 /// Orders in flight and scheduled, and the open incidents.
 fn print_orders(state: &State) {
-    for o in state.in_flight.values() {
+    for o in state.orders.in_flight.values() {
         println!(
             "in flight:   {} {} for incident {} (attempt {}, deadline {})",
             o.id,
@@ -246,7 +254,7 @@ fn print_orders(state: &State) {
             o.deadline
         );
     }
-    for s in &state.scheduled {
+    for s in &state.orders.scheduled {
         println!(
             "scheduled:   {} for incident {} at {}",
             s.command.name(),
@@ -254,7 +262,7 @@ fn print_orders(state: &State) {
             s.at
         );
     }
-    println!("open incidents: {}", state.open.len());
+    println!("open incidents: {}", state.incidents.open.len());
 }
 
 /// The fleet budget and the slot table as this node last saw them.

@@ -111,7 +111,7 @@ impl Records for JournalRecords {
             true
         });
         let gpus = match &state {
-            Ok(Some(s)) => serde_json::to_value(&s.gpus).unwrap_or_default(),
+            Ok(Some(s)) => serde_json::to_value(&s.gpus.health).unwrap_or_default(),
             Ok(None) => serde_json::Value::Null,
             Err(e) => serde_json::Value::String(format!("state not readable: {e}")),
         };

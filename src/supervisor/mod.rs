@@ -100,11 +100,11 @@ fn report_lost_state(
     let detail = format!(
         "{} {what}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, {} reboot(s) in the repair history, next incident id {}, node {}",
         cfg.state_path().display(),
-        engine.state.open.len(),
-        engine.state.in_flight.len(),
+        engine.state.incidents.open.len(),
+        engine.state.orders.in_flight.len(),
         engine.state.repair.history.len(),
-        engine.state.next_incident.saturating_add(1),
-        engine.state.node.as_str()
+        engine.state.incidents.last_id.saturating_add(1),
+        engine.state.node.phase.as_str()
     );
     let component = "state-file".to_string();
     let fault = Observation::new(crate::model::Signal::SelfFault {
@@ -275,7 +275,7 @@ impl Supervisor {
 
         let mut orders = JoinSet::new();
         // Orders in flight when the supervisor last stopped: hand them over again.
-        let resumed: Vec<Order> = engine.state.in_flight.values().cloned().collect();
+        let resumed: Vec<Order> = engine.state.orders.in_flight.values().cloned().collect();
         for order in resumed {
             tracing::warn!(action_id = %order.id, incident_id = %order.incident, action = order.command.name(), "resuming order left in flight");
             dispatch(&mut orders, &self.executor, &out_tx, order);
@@ -410,7 +410,10 @@ impl Keeper {
             (_, Some(aside)) => Some(LostState::SetAside(aside)),
             (None, None) if journal_has() => Some(LostState::Missing("is missing".into())),
             (Some(s), None)
-                if s.next_incident == 0 && s.next_action == 0 && journal_has() && !explained(s) =>
+                if s.incidents.last_id == 0
+                    && s.orders.last_id == 0
+                    && journal_has()
+                    && !explained(s) =>
             {
                 Some(LostState::Missing("holds no history".into()))
             }
@@ -466,7 +469,7 @@ impl Keeper {
             policy = %engine.policy.origin,
             observe_only = engine.policy.observe_only,
             state_dir = %cfg.state_dir.display(),
-            node_phase = engine.state.node.as_str(),
+            node_phase = engine.state.node.phase.as_str(),
             "gpu-medic supervisor started"
         );
 
@@ -1217,7 +1220,12 @@ mod tests {
         // first's records are not written twice.
         assert_eq!(after.len(), before, "{after:?}");
         assert_eq!(
-            state.recent_logs.values().map(|r| r.repeats).sum::<u32>(),
+            state
+                .incidents
+                .recent_logs
+                .values()
+                .map(|r| r.repeats)
+                .sum::<u32>(),
             1
         );
 
@@ -1284,9 +1292,14 @@ mod tests {
         assert!(keeper.unsaved.held.is_empty());
         // The self-fault was stepped with that batch; its recovery goes with the next.
         assert!(
-            keeper.state.open.values().any(|i| i.rule == "self-fault"),
+            keeper
+                .state
+                .incidents
+                .open
+                .values()
+                .any(|i| i.rule == "self-fault"),
             "{:?}",
-            keeper.state.open
+            keeper.state.incidents.open
         );
         assert!(matches!(
             &keeper.unsaved.say[..],

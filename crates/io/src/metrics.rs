@@ -556,11 +556,11 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         for (index, labels) in health_seen.iter() {
-            if !state.gpus.contains_key(index) {
+            if !state.gpus.health.contains_key(index) {
                 self.gpu_health.get_or_create(labels).set(0);
             }
         }
-        for (index, h) in &state.gpus {
+        for (index, h) in &state.gpus.health {
             let v = match h.status {
                 GpuStatus::Healthy => 0,
                 GpuStatus::Suspect => 1,
@@ -582,22 +582,22 @@ impl Metrics {
             health_seen.insert(*index, labels);
         }
         drop(health_seen);
-        self.incidents_open.set(state.open.len() as i64);
+        self.incidents_open.set(state.incidents.open.len() as i64);
         let mut seen = self
             .self_fault_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        seen.extend(state.self_faults.keys().cloned());
+        seen.extend(state.incidents.self_faults.keys().cloned());
         for c in seen.iter() {
             self.self_fault
                 .get_or_create(&vec![("component".into(), c.clone())])
-                .set(i64::from(state.self_faults.contains_key(c)));
+                .set(i64::from(state.incidents.self_faults.contains_key(c)));
         }
         drop(seen);
         for phase in crate::engine::NodePhase::ALL {
             self.node_phase
                 .get_or_create(&vec![("phase".into(), phase.as_str().into())])
-                .set(i64::from(state.node == phase));
+                .set(i64::from(state.node.phase == phase));
         }
         self.planned.record(state);
     }
@@ -1013,7 +1013,7 @@ mod tests {
         accounting.publish(snap);
         let m = Metrics::new().with_accounting(accounting);
         let mut st = State::default();
-        st.gpus.insert(
+        st.gpus.health.insert(
             3,
             GpuHealth {
                 gpu: GpuId::index_only(3),
@@ -1030,7 +1030,7 @@ mod tests {
         let text = m.render();
         assert_eq!(value(&text, series), Some(2.0), "{text}");
         assert!(!text.contains("uuid=\"\""), "one series per GPU:\n{text}");
-        st.gpus.clear();
+        st.gpus.health.clear();
         m.record(&tick, &[], &st, &policy);
         assert_eq!(value(&m.render(), series), Some(0.0));
     }

@@ -245,7 +245,7 @@ impl Cx<'_> {
             format!("{}@{unit}", rule.name)
         };
         if rule.action == Verdict::Log && self.log_is_repeat(&class, &obs) {
-            if let Some(r) = self.st.recent_logs.get(&class) {
+            if let Some(r) = self.st.incidents.recent_logs.get(&class) {
                 let id = r.incident;
                 self.remember_xid(&obs, id);
             }

@@ -42,7 +42,7 @@ impl Cx<'_> {
 
     /// A `diagnose` order came back with a diagnosis (or without one: could not tell).
     pub(super) fn diagnosed(&mut self, incident: IncidentId, d: Option<&Diagnosis>) {
-        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
+        let Some(rem) = self.st.node.remediation.filter(|r| r.incident == incident) else {
             return;
         };
         let Some(d) = d else {
@@ -58,7 +58,7 @@ impl Cx<'_> {
                         d.summary
                     ),
                 );
-                if let Some(r) = self.st.remediation.as_mut() {
+                if let Some(r) = self.st.node.remediation.as_mut() {
                     r.diagnosed = true;
                 }
                 self.start_step(incident, Step::Restore, 1);
@@ -94,7 +94,7 @@ impl Cx<'_> {
         } else {
             (Goal::Replace, Step::Replace)
         };
-        if let Some(r) = self.st.remediation.as_mut() {
+        if let Some(r) = self.st.node.remediation.as_mut() {
             r.goal = goal;
             r.until = None;
         }
@@ -104,13 +104,13 @@ impl Cx<'_> {
     /// The diagnosis could not tell (no tool answered, a timeout, the order failed): what
     /// `on_unknown` says. Never a pass.
     pub(super) fn diagnosis_unknown(&mut self, incident: IncidentId, why: &str) {
-        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
+        let Some(rem) = self.st.node.remediation.filter(|r| r.incident == incident) else {
             return;
         };
         match self.policy.diagnose.on_unknown {
             OnUnknown::Keep => {
-                self.st.remediation = None;
-                self.st.node = NodePhase::Drained;
+                self.st.node.remediation = None;
+                self.st.node.phase = NodePhase::Drained;
                 let after = if rem.rebooted {
                     "after the reboot"
                 } else {
@@ -145,7 +145,7 @@ impl Cx<'_> {
                     RULE_DIAGNOSIS_UNKNOWN,
                     format!("{why}: replacing ([diagnose] on_unknown = \"replace\")"),
                 );
-                if let Some(r) = self.st.remediation.as_mut() {
+                if let Some(r) = self.st.node.remediation.as_mut() {
                     r.goal = Goal::Replace;
                 }
                 self.start_step(incident, Step::Replace, 1);
@@ -170,9 +170,12 @@ impl Cx<'_> {
 
     /// Back in service after a diagnosis passed on a drained node (no reboot).
     pub(super) fn diagnosed_healthy(&mut self, incident: IncidentId) {
-        self.st.remediation = None;
-        self.st.node = NodePhase::InService;
-        self.st.gpus.retain(|_, g| g.incident != Some(incident));
+        self.st.node.remediation = None;
+        self.st.node.phase = NodePhase::InService;
+        self.st
+            .gpus
+            .health
+            .retain(|_, g| g.incident != Some(incident));
         self.close(
             incident,
             IncidentState::Resolved,

@@ -48,7 +48,7 @@ impl Cx<'_> {
             return;
         };
         // The rule's own `evidence`, where it has one, in place of `[evidence] mode`.
-        let rule_mode = self.st.open.get(&incident).and_then(|o| {
+        let rule_mode = self.st.incidents.open.get(&incident).and_then(|o| {
             let name = crate::policy::base_rule(&o.rule);
             self.policy.rule_named(name).and_then(|r| r.evidence)
         });
@@ -60,7 +60,7 @@ impl Cx<'_> {
         if !wanted || self.st.evidence.is_some() || self.policy.observe_only {
             return;
         }
-        let before = self.st.next_action;
+        let before = self.st.orders.last_id;
         if self.issue(incident, Command::CollectEvidence, 1) {
             self.st.evidence = Some(EvidenceWait {
                 incident,
@@ -83,7 +83,7 @@ impl Cx<'_> {
         let Some(w) = self.st.evidence.as_mut() else {
             return false;
         };
-        let Some(order) = self.st.in_flight.get(&w.action) else {
+        let Some(order) = self.st.orders.in_flight.get(&w.action) else {
             self.st.evidence = None;
             return false;
         };
@@ -135,6 +135,7 @@ impl Cx<'_> {
         if let Some((step, attempt)) = w.held {
             let still = self
                 .st
+                .node
                 .remediation
                 .is_some_and(|r| r.incident == w.incident);
             if still {

@@ -1,8 +1,44 @@
 //! One GPU's state (healthy, suspect, quarantined) and the stop-tasks order that ends the
 //! tasks an MPS server fault poisoned.
 
-use super::{AWS_DISABLED, Cx, GpuHealth, GpuStatus};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{AWS_DISABLED, Cx};
+use crate::model::Timestamp;
 use crate::model::{Command, GpuId, IncidentId, IncidentState, Observation, Verdict};
+
+/// The GPUs' state: each judged GPU's health, and the stop-tasks work per GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Gpus {
+    /// GPUs that have been judged (healthy GPUs never seen in a signal are absent;
+    /// `state.json`: `gpus`).
+    pub health: BTreeMap<u32, GpuHealth>,
+    /// Stop-tasks work per GPU index, by incident (`state.json`: `gpu_jobs`).
+    pub jobs: BTreeMap<u32, IncidentId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHealth {
+    pub gpu: GpuId,
+    pub status: GpuStatus,
+    /// The rule behind the status and its verdict.
+    pub rule: String,
+    pub verdict: Verdict,
+    pub incident: Option<IncidentId>,
+    pub since: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuStatus {
+    Healthy,
+    /// A signal was seen and awaits confirmation.
+    Suspect,
+    /// Judged faulty; sticky until the instance is replaced.
+    Faulted,
+}
 
 impl Cx<'_> {
     pub(super) fn mark_gpu(
@@ -14,14 +50,19 @@ impl Cx<'_> {
         incident: Option<IncidentId>,
     ) {
         let now = self.now;
-        let entry = self.st.gpus.entry(gpu.index).or_insert_with(|| GpuHealth {
-            gpu: gpu.clone(),
-            status: GpuStatus::Healthy,
-            rule: String::new(),
-            verdict: Verdict::Ignore,
-            incident: None,
-            since: now,
-        });
+        let entry = self
+            .st
+            .gpus
+            .health
+            .entry(gpu.index)
+            .or_insert_with(|| GpuHealth {
+                gpu: gpu.clone(),
+                status: GpuStatus::Healthy,
+                rule: String::new(),
+                verdict: Verdict::Ignore,
+                incident: None,
+                since: now,
+            });
         if entry.status == GpuStatus::Faulted && status != GpuStatus::Faulted {
             return; // faults are sticky
         }
@@ -49,7 +90,7 @@ impl Cx<'_> {
             );
             return;
         };
-        if let Some(id) = self.st.gpu_jobs.get(&gpu.index).copied() {
+        if let Some(id) = self.st.gpus.jobs.get(&gpu.index).copied() {
             self.attach(id, &obs);
             return;
         }
@@ -74,7 +115,7 @@ impl Cx<'_> {
             tasks: obs.tasks.clone(),
         };
         if self.issue(id, command, 1) {
-            self.st.gpu_jobs.insert(gpu.index, id);
+            self.st.gpus.jobs.insert(gpu.index, id);
         } else {
             self.close(
                 id,

@@ -2,21 +2,77 @@
 //! attached once, notes, escalations, closing; log-only findings and their repeats;
 //! gpu-medic's own faults; decisions this node cannot carry out.
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
 use super::{
-    Cx, DrillMark, LOG_REPEAT_WINDOW, MAX_ATTACHED_PER_INCIDENT, OpenIncident, RULE_LAUNCH_GATE,
-    RULE_SELF_FAULT, RecentLog, SelfFault, attach_key,
+    Cx, DrillMark, LOG_REPEAT_WINDOW, MAX_ATTACHED_PER_INCIDENT, MAX_RECENT_LOGS, RULE_LAUNCH_GATE,
+    RULE_SELF_FAULT, attach_key,
 };
+use crate::model::Timestamp;
+use crate::model::bounded::BoundedMap;
 use crate::model::{
     Action, ActionId, Command, IncidentEvent, IncidentId, IncidentState, LifecycleState,
     Observation, Order, Record, Signal, Verdict,
 };
+
+/// The incidents' state: the last id handed out, the incidents not yet closed and the
+/// signals each holds, the log-only classes a repeat joins, and gpu-medic's own faults.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Incidents {
+    /// The last incident id handed out (`state.json`: `next_incident`).
+    pub last_id: u64,
+    /// Incidents not yet closed.
+    pub open: BTreeMap<IncidentId, OpenIncident>,
+    /// Signals already in each incident's timeline (see `attach`).
+    pub attached: BTreeMap<IncidentId, BTreeSet<String>>,
+    /// The last log-only incident per `rule@target`, for repeat suppression.
+    pub recent_logs: BoundedMap<String, RecentLog, MAX_RECENT_LOGS>,
+    /// gpu-medic's own faults by component (`nvml`, `mps-control`), each with its open
+    /// incident: journaled once, shown by `status`, never remediated.
+    pub self_faults: BTreeMap<String, SelfFault>,
+}
+
+/// One of gpu-medic's own faults (see `Signal::SelfFault`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelfFault {
+    pub incident: IncidentId,
+    pub since: Timestamp,
+    #[serde(default)]
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecentLog {
+    pub incident: IncidentId,
+    pub at: Timestamp,
+    pub repeats: u32,
+    /// Repeats by signal (`xid 13`), at most `MAX_COUNTED_SIGNALS` of them.
+    #[serde(default)]
+    pub counts: BoundedMap<String, u32, { super::MAX_COUNTED_SIGNALS }>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenIncident {
+    pub opened_at: Timestamp,
+    pub verdict: Verdict,
+    pub rule: String,
+    #[serde(default)]
+    pub gpu: Option<u32>,
+}
 
 impl Cx<'_> {
     pub(super) fn record(&mut self, incident: IncidentId, event: IncidentEvent) {
         self.out.push(Action::Log(Record {
             at: self.now,
             incident,
-            drill: self.st.drills.get(&incident).map(|d| d.id.clone()),
+            drill: self
+                .st
+                .drills
+                .incidents
+                .get(&incident)
+                .map(|d| d.id.clone()),
             event,
         }));
     }
@@ -28,9 +84,9 @@ impl Cx<'_> {
         reason: &str,
         verdict: Verdict,
     ) -> IncidentId {
-        self.st.next_incident = self.st.next_incident.saturating_add(1);
-        let id = IncidentId(self.st.next_incident);
-        self.st.open.insert(
+        self.st.incidents.last_id = self.st.incidents.last_id.saturating_add(1);
+        let id = IncidentId(self.st.incidents.last_id);
+        self.st.incidents.open.insert(
             id,
             OpenIncident {
                 opened_at: self.now,
@@ -40,6 +96,7 @@ impl Cx<'_> {
             },
         );
         self.st
+            .incidents
             .attached
             .entry(id)
             .or_default()
@@ -47,7 +104,7 @@ impl Cx<'_> {
         let drill = self.take_drill();
         if let Some(d) = &drill {
             // The oldest drill incident (the smallest id) makes room.
-            self.st.drills.insert_evicting(
+            self.st.drills.incidents.insert_evicting(
                 id,
                 DrillMark {
                     id: d.id.clone(),
@@ -88,7 +145,13 @@ impl Cx<'_> {
 
     /// Whether an order of `incident` is only journaled: observe-only, or an observe drill.
     pub(super) fn dry(&self, incident: IncidentId) -> bool {
-        self.policy.observe_only || self.st.drills.get(&incident).is_some_and(|d| d.observe)
+        self.policy.observe_only
+            || self
+                .st
+                .drills
+                .incidents
+                .get(&incident)
+                .is_some_and(|d| d.observe)
     }
 
     pub(super) fn close(
@@ -97,14 +160,19 @@ impl Cx<'_> {
         state: IncidentState,
         summary: impl Into<String>,
     ) {
-        if self.st.open.remove(&id).is_some() {
+        if self.st.incidents.open.remove(&id).is_some() {
             // A closed incident no longer takes signals unless a GPU or the node points at it.
             // The withheld incident (`[aws]` off) goes on taking the node's later faults.
-            let referenced = self.st.node_incident == Some(id)
-                || self.st.withheld.as_ref().is_some_and(|w| w.incident == id)
-                || self.st.gpus.values().any(|g| g.incident == Some(id));
+            let referenced = self.st.node.incident == Some(id)
+                || self
+                    .st
+                    .node
+                    .withheld
+                    .as_ref()
+                    .is_some_and(|w| w.incident == id)
+                || self.st.gpus.health.values().any(|g| g.incident == Some(id));
             if !referenced {
-                self.st.attached.remove(&id);
+                self.st.incidents.attached.remove(&id);
             }
             self.record(
                 id,
@@ -120,7 +188,7 @@ impl Cx<'_> {
     /// that a probe reports on every poll does not flood the journal.
     pub(super) fn attach(&mut self, id: IncidentId, obs: &Observation) {
         let key = attach_key(obs);
-        let seen = self.st.attached.entry(id).or_default();
+        let seen = self.st.incidents.attached.entry(id).or_default();
         if seen.len() >= MAX_ATTACHED_PER_INCIDENT || !seen.insert(key) {
             return;
         }
@@ -143,7 +211,7 @@ impl Cx<'_> {
         rule: &str,
         reason: String,
     ) {
-        if let Some(o) = self.st.open.get_mut(&id) {
+        if let Some(o) = self.st.incidents.open.get_mut(&id) {
             o.verdict = o.verdict.max(verdict);
         }
         self.record(
@@ -161,7 +229,7 @@ impl Cx<'_> {
     /// or binary is not the hardware's fault, and draining for it would spread the mistake
     /// to the fleet.
     pub(super) fn self_fault(&mut self, obs: &Observation, component: String) {
-        if self.st.self_faults.contains_key(&component) {
+        if self.st.incidents.self_faults.contains_key(&component) {
             return;
         }
         let reason = format!(
@@ -170,7 +238,7 @@ impl Cx<'_> {
              cannot see is unknown until it is fixed"
         );
         let id = self.open(obs, RULE_SELF_FAULT, &reason, Verdict::Log);
-        self.st.self_faults.insert(
+        self.st.incidents.self_faults.insert(
             component,
             SelfFault {
                 incident: id,
@@ -181,7 +249,7 @@ impl Cx<'_> {
     }
 
     pub(super) fn self_recovered(&mut self, obs: &Observation, component: &str) {
-        let Some(fault) = self.st.self_faults.remove(component) else {
+        let Some(fault) = self.st.incidents.self_faults.remove(component) else {
             return;
         };
         self.attach(fault.incident, obs);
@@ -202,9 +270,9 @@ impl Cx<'_> {
         why: &str,
     ) {
         for command in commands {
-            self.st.next_action = self.st.next_action.saturating_add(1);
+            self.st.orders.last_id = self.st.orders.last_id.saturating_add(1);
             let order = Order {
-                id: ActionId(self.st.next_action),
+                id: ActionId(self.st.orders.last_id),
                 incident,
                 deadline: self.now.plus(self.deadline_for(&command)),
                 command,
@@ -231,7 +299,7 @@ impl Cx<'_> {
     /// of that class.
     pub(super) fn log_is_repeat(&mut self, class: &str, obs: &Observation) -> bool {
         let now = self.now;
-        match self.st.recent_logs.get_mut(class) {
+        match self.st.incidents.recent_logs.get_mut(class) {
             Some(r) if now.since(r.at) < LOG_REPEAT_WINDOW => {
                 r.repeats = r.repeats.saturating_add(1);
                 let signal = obs.signal.to_string();
@@ -256,7 +324,7 @@ impl Cx<'_> {
         class: &str,
     ) {
         let id = self.open(obs, rule, reason, Verdict::Log);
-        if let Some(prev) = self.st.recent_logs.remove(class)
+        if let Some(prev) = self.st.incidents.recent_logs.remove(class)
             && prev.repeats > 0
         {
             let counted: u32 = prev.counts.values().fold(0, |a, n| a.saturating_add(*n));
@@ -285,7 +353,7 @@ impl Cx<'_> {
     /// Starts a repeat-suppression window for `class` (at most `MAX_RECENT_LOGS` of them, the
     /// stalest dropped first).
     pub(super) fn remember_log(&mut self, class: &str, id: IncidentId) {
-        self.st.recent_logs.insert_evicting(
+        self.st.incidents.recent_logs.insert_evicting(
             class.to_string(),
             RecentLog {
                 incident: id,

@@ -32,11 +32,13 @@ mod state;
 
 pub use evidence::EvidenceWait;
 
-pub use state::{
-    ArmedDrill, Delivery, DrillMark, Goal, GpuHealth, GpuStatus, MAX_ARMED_DRILLS, MAX_COUNTER,
-    MAX_DRILL_INCIDENTS, MpsPhase, MpsState, NodePhase, OpenIncident, OwnExit, RecentLog,
-    Remediation, Scheduled, SelfFault, Sightings, State, Step, StreamCursor, Withheld,
-};
+pub use drills::{ArmedDrill, DrillMark, Drills, MAX_ARMED_DRILLS, MAX_DRILL_INCIDENTS};
+pub use gpus::{GpuHealth, GpuStatus, Gpus};
+pub use incidents::{Incidents, OpenIncident, RecentLog, SelfFault};
+pub use mps::{MpsPhase, MpsState, OwnExit};
+pub use node::{Goal, Node, NodePhase, Remediation, Step, Withheld};
+pub use orders::{Orders, Scheduled};
+pub use state::{Delivery, MAX_COUNTER, Sightings, State, StreamCursor};
 
 use std::time::Duration;
 
@@ -249,7 +251,7 @@ impl Cx<'_> {
     ) {
         // A GPU already judged at least this severely: the signal joins its incident.
         if let Some(gpu) = &obs.gpu
-            && let Some(h) = self.st.gpus.get(&gpu.index)
+            && let Some(h) = self.st.gpus.health.get(&gpu.index)
             && h.status == GpuStatus::Faulted
             && h.verdict >= verdict
             && let Some(id) = h.incident
@@ -258,6 +260,7 @@ impl Cx<'_> {
             // The same fault seen again after the reboot that was to mend it.
             if self
                 .st
+                .node
                 .remediation
                 .is_some_and(|r| r.incident == id && r.rebooted)
             {

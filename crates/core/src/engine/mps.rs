@@ -1,8 +1,54 @@
 //! The MPS daemon: restart requests within the restart budget, gpu-medic's own restarts told
 //! apart from crashes, and the daemon answering again.
 
-use super::{Cx, MPS_NOT_MANAGED, MpsPhase, OWN_EXIT_MATCH, OwnExit, RULE_MPS_BUDGET, target_key};
+use serde::{Deserialize, Serialize};
+
+use super::{Cx, MPS_NOT_MANAGED, OWN_EXIT_MATCH, RULE_MPS_BUDGET, target_key};
+use crate::model::Timestamp;
 use crate::model::{Command, IncidentId, IncidentState, Observation, Signal, SignalKind, Verdict};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MpsState {
+    pub phase: MpsPhase,
+    /// When each restart was issued (pruned to the budget window).
+    pub restarts: Vec<Timestamp>,
+    pub incident: Option<IncidentId>,
+    /// A restart of ours stops the running daemon; under systemd's `Restart=` the unit then
+    /// starts it again and counts it in `NRestarts`. The one `mps-crash` from the unit that
+    /// follows is that, not a crash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_exit: Option<OwnExit>,
+}
+
+/// A restart of ours whose exit systemd may still report ([`MpsState::own_exit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnExit {
+    /// When the restart was issued, or when it ended once `ended`.
+    pub at: Timestamp,
+    pub ended: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum MpsPhase {
+    #[default]
+    Up,
+    Unresponsive,
+    Restarting,
+    /// The restart budget is spent; the policy's fallback applies.
+    Failed,
+}
+
+impl MpsPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MpsPhase::Up => "up",
+            MpsPhase::Unresponsive => "unresponsive",
+            MpsPhase::Restarting => "restarting",
+            MpsPhase::Failed => "failed",
+        }
+    }
+}
 
 impl Cx<'_> {
     pub(super) fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
@@ -97,6 +143,7 @@ impl Cx<'_> {
         self.st.sightings.retain(|k, _| !liveness.contains(k));
         let restart_in_flight = self
             .st
+            .orders
             .in_flight
             .values()
             .any(|o| o.command == Command::RestartMps);
@@ -104,18 +151,19 @@ impl Cx<'_> {
             return; // the restart's own outcome closes the incident
         }
         self.st
+            .orders
             .scheduled
             .retain(|s| s.command != Command::RestartMps);
         let was = self.st.mps.phase;
         self.st.mps.phase = MpsPhase::Up;
         if let Some(id) = self.st.mps.incident.take() {
-            let node_owned = self.st.remediation.is_some_and(|r| r.incident == id);
+            let node_owned = self.st.node.remediation.is_some_and(|r| r.incident == id);
             if node_owned {
                 self.note(
                     id,
                     "MPS daemon answers again; the node remediation continues",
                 );
-            } else if self.st.open.contains_key(&id) {
+            } else if self.st.incidents.open.contains_key(&id) {
                 self.attach(id, obs);
                 self.close(
                     id,

@@ -2,14 +2,172 @@
 //! step (`Goal` and `Step`), what a failed step climbs to, the lifecycle hook, and an
 //! operator's abort.
 
-use super::{
-    AWS_DISABLED, Cx, Goal, GpuStatus, NodePhase, RULE_LIFECYCLE_TERMINATE, Remediation, Step,
-    Withheld,
-};
+use serde::{Deserialize, Serialize};
+
+use super::{AWS_DISABLED, Cx, GpuStatus, RULE_LIFECYCLE_TERMINATE};
+use crate::model::Timestamp;
 use crate::model::{
     ActionId, Command, IncidentId, IncidentState, LifecycleHook, LifecycleResult, LifecycleState,
     Observation, Verdict,
 };
+
+/// The node's state: its phase, the one node remediation in progress, the incident later
+/// signals join, and a decision this node's remedies could not carry out.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Node {
+    pub phase: NodePhase,
+    /// The one node-level remediation (drain, replace, terminate) in progress.
+    pub remediation: Option<Remediation>,
+    /// The last node remediation's incident; signals after it joins it
+    /// (`state.json`: `node_incident`).
+    pub incident: Option<IncidentId>,
+    /// A node remediation the policy decided and this node's remedies cannot carry out
+    /// (`[aws] enabled = false`): what would have been done, for `status`.
+    pub withheld: Option<Withheld>,
+}
+
+/// A decision nobody could carry out: "would drain: AWS remediation disabled".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Withheld {
+    pub incident: IncidentId,
+    pub verdict: Verdict,
+    pub why: String,
+    pub since: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodePhase {
+    #[default]
+    InService,
+    Quarantined,
+    Draining,
+    /// Drained and left for an operator.
+    Drained,
+    Replacing,
+    /// Auto Scaling has been told to replace the instance.
+    Replaced,
+    /// Reboot ordered: the call, then waiting for the new boot.
+    Rebooting,
+    /// Back from a reboot: checked before it takes tasks again.
+    Verifying,
+    /// Auto Scaling is terminating the instance (lifecycle hook pending).
+    Terminating,
+    Terminated,
+}
+
+impl NodePhase {
+    pub const ALL: [NodePhase; 10] = [
+        NodePhase::InService,
+        NodePhase::Quarantined,
+        NodePhase::Draining,
+        NodePhase::Drained,
+        NodePhase::Replacing,
+        NodePhase::Replaced,
+        NodePhase::Rebooting,
+        NodePhase::Verifying,
+        NodePhase::Terminating,
+        NodePhase::Terminated,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodePhase::InService => "in-service",
+            NodePhase::Quarantined => "quarantined",
+            NodePhase::Draining => "draining",
+            NodePhase::Drained => "drained",
+            NodePhase::Replacing => "replacing",
+            NodePhase::Replaced => "replaced",
+            NodePhase::Rebooting => "rebooting",
+            NodePhase::Verifying => "verifying",
+            NodePhase::Terminating => "terminating",
+            NodePhase::Terminated => "terminated",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remediation {
+    pub incident: IncidentId,
+    pub goal: Goal,
+    pub step: Step,
+    /// Steps that were carried out (not merely tried): the node phase after a failure says
+    /// what really happened, never more.
+    #[serde(default)]
+    pub quarantined: bool,
+    #[serde(default)]
+    pub drained: bool,
+    /// The reboot happened (a new boot id): what follows is the check after the boot.
+    #[serde(default)]
+    pub rebooted: bool,
+    /// While waiting for the new boot (`Step::AwaitBoot`): when a node still up is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
+    /// The GPUs passed a diagnosis: the restore that follows closes the incident as
+    /// diagnosed healthy.
+    #[serde(default)]
+    pub diagnosed: bool,
+}
+
+impl Remediation {
+    pub fn new(incident: IncidentId, goal: Goal, step: Step) -> Self {
+        Remediation {
+            incident,
+            goal,
+            step,
+            quarantined: false,
+            drained: false,
+            rebooted: false,
+            until: None,
+            diagnosed: false,
+        }
+    }
+}
+
+/// Where a node remediation is headed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Goal {
+    /// Drain and leave the instance for an operator.
+    Drain,
+    /// Drain, reboot, check after the boot, return to service.
+    Reboot,
+    /// Drain, then have Auto Scaling replace it.
+    Replace,
+    /// Auto Scaling is terminating it: drain, then complete our lifecycle hook.
+    Terminate,
+}
+
+impl Goal {
+    pub fn from_verdict(v: Verdict) -> Option<Goal> {
+        match v {
+            Verdict::Drain => Some(Goal::Drain),
+            Verdict::Reboot => Some(Goal::Reboot),
+            Verdict::Replace => Some(Goal::Replace),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    Quarantine,
+    Drain,
+    Replace,
+    CompleteLifecycle,
+    /// Undoing quarantine and drain after an operator abort, or returning the instance to
+    /// service after a reboot that mended it.
+    Restore,
+    /// The reboot order is out.
+    Reboot,
+    /// The reboot call was accepted; waiting for the new boot (until `Remediation::until`).
+    AwaitBoot,
+    /// After the boot: the launch gate's checks.
+    BootCheck,
+    /// The GPUs tested on the drained node (`gpu-medic diagnose`) before it is trusted again.
+    Diagnose,
+}
 
 impl Cx<'_> {
     pub(super) fn node_remediate(
@@ -19,7 +177,7 @@ impl Cx<'_> {
         rule: &str,
         reason: &str,
     ) {
-        if let Some(w) = self.st.withheld.as_ref()
+        if let Some(w) = self.st.node.withheld.as_ref()
             && w.verdict >= verdict
             && !self.st.capabilities.aws
         {
@@ -31,13 +189,13 @@ impl Cx<'_> {
             }
             return;
         }
-        if let Some(rem) = self.st.remediation {
+        if let Some(rem) = self.st.node.remediation {
             self.attach(rem.incident, &obs);
             if let Some(gpu) = &obs.gpu {
                 self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(rem.incident));
             }
             if verdict == Verdict::Replace && rem.goal == Goal::Drain {
-                if let Some(r) = self.st.remediation.as_mut() {
+                if let Some(r) = self.st.node.remediation.as_mut() {
                     r.goal = Goal::Replace;
                 }
                 self.escalated(
@@ -50,14 +208,14 @@ impl Cx<'_> {
             self.fault_during_repair(verdict, rule, reason);
             return;
         }
-        let finished = match self.st.node {
+        let finished = match self.st.node.phase {
             NodePhase::Replaced | NodePhase::Terminating | NodePhase::Terminated => true,
             NodePhase::Drained => verdict <= Verdict::Reboot,
             _ => false,
         };
         if finished {
             // The node is already out of service: the signal joins the last node incident.
-            match self.st.node_incident {
+            match self.st.node.incident {
                 Some(last) => {
                     self.attach(last, &obs);
                     if let Some(gpu) = &obs.gpu {
@@ -66,13 +224,13 @@ impl Cx<'_> {
                 }
                 None => {
                     let id = self.open(&obs, rule, reason, verdict);
-                    let phase = self.st.node.as_str();
+                    let phase = self.st.node.phase.as_str();
                     self.close(
                         id,
                         IncidentState::Logged,
                         format!("node is already {phase}; nothing more to do"),
                     );
-                    self.st.node_incident = Some(id);
+                    self.st.node.incident = Some(id);
                 }
             }
             return;
@@ -82,14 +240,14 @@ impl Cx<'_> {
             self.mark_gpu(gpu, GpuStatus::Faulted, rule, verdict, Some(id));
         }
         self.remediate_in(id, verdict);
-        if self.st.remediation.is_some_and(|r| r.incident == id) {
+        if self.st.node.remediation.is_some_and(|r| r.incident == id) {
             self.evidence_begin(id, &obs);
         }
     }
 
     /// Starts a node remediation within an existing incident.
     pub(super) fn remediate_in(&mut self, incident: IncidentId, verdict: Verdict) {
-        let verdict = if self.st.remediation.is_none() {
+        let verdict = if self.st.node.remediation.is_none() {
             self.climb(incident, verdict)
         } else {
             verdict
@@ -97,7 +255,7 @@ impl Cx<'_> {
         let Some(goal) = Goal::from_verdict(verdict) else {
             return;
         };
-        if let Some(rem) = self.st.remediation {
+        if let Some(rem) = self.st.node.remediation {
             if rem.incident != incident {
                 // The node is already on its way out under another incident: this one ends
                 // here, pointing at it, rather than staying open with nothing left to do.
@@ -112,7 +270,7 @@ impl Cx<'_> {
             }
             if goal > rem.goal
                 && rem.goal != Goal::Terminate
-                && let Some(r) = self.st.remediation.as_mut()
+                && let Some(r) = self.st.node.remediation.as_mut()
             {
                 r.goal = goal;
             }
@@ -137,7 +295,7 @@ impl Cx<'_> {
                     ],
                 ),
             };
-            self.st.withheld = Some(Withheld {
+            self.st.node.withheld = Some(Withheld {
                 incident,
                 verdict,
                 why: AWS_DISABLED.to_string(),
@@ -146,13 +304,13 @@ impl Cx<'_> {
             self.would(incident, steps, what, AWS_DISABLED);
             return;
         }
-        let step = if self.st.node == NodePhase::Drained {
+        let step = if self.st.node.phase == NodePhase::Drained {
             Step::Replace
         } else {
             Step::Quarantine
         };
-        self.st.remediation = Some(Remediation::new(incident, goal, step));
-        self.st.node_incident = Some(incident);
+        self.st.node.remediation = Some(Remediation::new(incident, goal, step));
+        self.st.node.incident = Some(incident);
         self.start_step(incident, step, 1);
     }
 
@@ -204,14 +362,14 @@ impl Cx<'_> {
         if self.evidence_holds(incident, step, attempt) {
             return;
         }
-        if let Some(r) = self.st.remediation.as_mut() {
+        if let Some(r) = self.st.node.remediation.as_mut() {
             r.step = step;
         }
         let (command, phase) = match step {
             Step::Quarantine => (Command::Quarantine, NodePhase::Quarantined),
             Step::Drain => (
                 Command::Drain {
-                    terminating: self.st.node == NodePhase::Terminating,
+                    terminating: self.st.node.phase == NodePhase::Terminating,
                 },
                 NodePhase::Draining,
             ),
@@ -223,11 +381,11 @@ impl Cx<'_> {
                 },
                 NodePhase::Terminating,
             ),
-            Step::Restore => (Command::Restore, self.st.node),
+            Step::Restore => (Command::Restore, self.st.node.phase),
             Step::Reboot => match self.reboot_command(incident) {
                 Some(c) => (c, NodePhase::Rebooting),
                 None => {
-                    if let Some(r) = self.st.remediation.as_mut() {
+                    if let Some(r) = self.st.node.remediation.as_mut() {
                         r.goal = Goal::Replace;
                     }
                     return self.start_step(incident, Step::Replace, 1);
@@ -247,21 +405,21 @@ impl Cx<'_> {
                 NodePhase::Verifying,
             ),
         };
-        let phase = match (self.st.remediation, step) {
+        let phase = match (self.st.node.remediation, step) {
             (Some(r), Step::Quarantine | Step::Restore) if r.rebooted && r.goal == Goal::Reboot => {
                 NodePhase::Verifying
             }
             _ => phase,
         };
-        if self.st.node != NodePhase::Terminating || step == Step::CompleteLifecycle {
-            self.st.node = phase;
+        if self.st.node.phase != NodePhase::Terminating || step == Step::CompleteLifecycle {
+            self.st.node.phase = phase;
         }
         self.issue(incident, command, attempt);
     }
 
     /// The step after `done` for the current goal, or the end of the remediation.
     pub(super) fn advance(&mut self, done: Step) {
-        let Some(rem) = self.st.remediation.as_mut() else {
+        let Some(rem) = self.st.node.remediation.as_mut() else {
             return;
         };
         match done {
@@ -275,7 +433,7 @@ impl Cx<'_> {
         match next {
             Some(step) => self.start_step(rem.incident, step, 1),
             None => {
-                self.st.remediation = None;
+                self.st.node.remediation = None;
                 let (phase, state, summary) = match (done, rem.goal) {
                     (Step::Drain, _) => (
                         NodePhase::Drained,
@@ -293,7 +451,7 @@ impl Cx<'_> {
                         "instance drained; lifecycle hook completed with CONTINUE",
                     ),
                 };
-                self.st.node = phase;
+                self.st.node.phase = phase;
                 if done == Step::Drain
                     && rem.goal == Goal::Drain
                     && self.planned_drained(rem.incident)
@@ -310,7 +468,7 @@ impl Cx<'_> {
 
     /// A step failed for good (or overran its deadline): move on or give up.
     pub(super) fn step_failed(&mut self, step: Step, why: &str) {
-        let Some(rem) = self.st.remediation else {
+        let Some(rem) = self.st.node.remediation else {
             return;
         };
         let id = rem.incident;
@@ -350,12 +508,12 @@ impl Cx<'_> {
                 self.start_step(id, Step::CompleteLifecycle, 1);
             }
             (Step::Drain, Goal::Drain) => {
-                self.st.remediation = None;
+                self.st.node.remediation = None;
                 let left = if rem.quarantined {
-                    self.st.node = NodePhase::Quarantined;
+                    self.st.node.phase = NodePhase::Quarantined;
                     "instance left quarantined"
                 } else {
-                    self.st.node = NodePhase::InService;
+                    self.st.node.phase = NodePhase::InService;
                     "the quarantine did not take either: the instance is still in service"
                 };
                 self.close(
@@ -368,7 +526,7 @@ impl Cx<'_> {
                 self.start_step(id, Step::CompleteLifecycle, 1);
             }
             (Step::Replace, _) => {
-                self.st.remediation = None;
+                self.st.node.remediation = None;
                 let (phase, left) = if rem.drained {
                     (NodePhase::Drained, "it stays drained")
                 } else if rem.quarantined {
@@ -382,7 +540,7 @@ impl Cx<'_> {
                         "neither quarantine nor drain took effect: the instance is still in service",
                     )
                 };
-                self.st.node = phase;
+                self.st.node.phase = phase;
                 self.close(
                     id,
                     IncidentState::Failed,
@@ -390,7 +548,7 @@ impl Cx<'_> {
                 );
             }
             (Step::CompleteLifecycle, _) => {
-                self.st.remediation = None;
+                self.st.node.remediation = None;
                 self.close(
                     id,
                     IncidentState::Failed,
@@ -398,7 +556,7 @@ impl Cx<'_> {
                 );
             }
             (Step::Restore, _) => {
-                self.st.remediation = None;
+                self.st.node.remediation = None;
                 self.close(
                     id,
                     IncidentState::Failed,
@@ -410,19 +568,22 @@ impl Cx<'_> {
 
     pub(super) fn lifecycle(&mut self, obs: &Observation, state: LifecycleState) {
         if state != LifecycleState::Terminating
-            || matches!(self.st.node, NodePhase::Terminating | NodePhase::Terminated)
+            || matches!(
+                self.st.node.phase,
+                NodePhase::Terminating | NodePhase::Terminated
+            )
         {
             return;
         }
-        let previous = self.st.node;
-        self.st.node = NodePhase::Terminating;
-        if let Some(rem) = self.st.remediation {
+        let previous = self.st.node.phase;
+        self.st.node.phase = NodePhase::Terminating;
+        if let Some(rem) = self.st.node.remediation {
             self.attach(rem.incident, obs);
             self.note(
                 rem.incident,
                 "Auto Scaling is terminating the instance: finish draining, then complete the hook",
             );
-            if let Some(r) = self.st.remediation.as_mut() {
+            if let Some(r) = self.st.node.remediation.as_mut() {
                 r.goal = Goal::Terminate;
                 r.until = None;
             }
@@ -448,8 +609,8 @@ impl Cx<'_> {
         } else {
             Step::Drain
         };
-        self.st.remediation = Some(Remediation::new(id, Goal::Terminate, step));
-        self.st.node_incident = Some(id);
+        self.st.node.remediation = Some(Remediation::new(id, Goal::Terminate, step));
+        self.st.node.incident = Some(id);
         self.start_step(id, step, 1);
     }
 
@@ -458,8 +619,10 @@ impl Cx<'_> {
     /// the instance, undoing it is Auto Scaling's business.
     pub(super) fn abort(&mut self, incident: IncidentId, by: &str) {
         let who = if by.is_empty() { "an operator" } else { by };
-        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
-            if self.st.open.contains_key(&incident) || self.st.node_incident == Some(incident) {
+        let Some(rem) = self.st.node.remediation.filter(|r| r.incident == incident) else {
+            if self.st.incidents.open.contains_key(&incident)
+                || self.st.node.incident == Some(incident)
+            {
                 self.note(
                     incident,
                     format!("abort requested by {who}: no quarantine or drain of this incident is in progress; nothing to undo"),
@@ -485,18 +648,19 @@ impl Cx<'_> {
         // recorded, but the step it held back is dropped with the rest of the repair.
         let cancelled: Vec<ActionId> = self
             .st
+            .orders
             .in_flight
             .values()
             .filter(|o| o.incident == incident && o.command != Command::CollectEvidence)
             .map(|o| o.id)
             .collect();
         for id in &cancelled {
-            self.st.in_flight.remove(id);
+            self.st.orders.in_flight.remove(id);
         }
         if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
             w.held = None;
         }
-        self.st.scheduled.retain(|s| s.incident != incident);
+        self.st.orders.scheduled.retain(|s| s.incident != incident);
         self.repair_aborted(incident);
         self.escalated(
             incident,
@@ -504,7 +668,7 @@ impl Cx<'_> {
             "operator-abort",
             format!("abort requested by {who}: returning the instance to service"),
         );
-        self.st.remediation = Some(Remediation {
+        self.st.node.remediation = Some(Remediation {
             step: Step::Restore,
             goal: if rem.goal == Goal::Reboot {
                 Goal::Drain

@@ -1,14 +1,64 @@
 //! Orders handed to remedies: their deadlines, issuing and scheduling them, what their
 //! outcomes mean, and the tick that retries, expires and forgets.
 
-use super::{
-    Cx, Goal, LOG_REPEAT_WINDOW, MPS_NOT_MANAGED, MpsPhase, NodePhase, OwnExit, Scheduled, Step,
-};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Cx, Goal, LOG_REPEAT_WINDOW, MPS_NOT_MANAGED, MpsPhase, NodePhase, OwnExit, Step};
+use crate::model::Timestamp;
 use crate::model::{
     Action, ActionId, Command, IncidentEvent, IncidentId, IncidentState, Order, Outcome,
     OutcomeStatus, Verdict,
 };
 use std::time::Duration;
+
+/// The orders' state: the last id handed out, the orders a remedy holds, and those to issue
+/// later.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Orders {
+    /// The last action id handed out (`state.json`: `next_action`).
+    pub last_id: u64,
+    /// Orders handed to remedies, awaiting an outcome.
+    pub in_flight: BTreeMap<ActionId, Order>,
+    /// Orders to issue later (retries, deferrals).
+    pub scheduled: Vec<Scheduled>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scheduled {
+    pub at: Timestamp,
+    pub incident: IncidentId,
+    pub command: Command,
+    pub attempt: u32,
+}
+
+impl Orders {
+    /// Orders that take the node out of service and are in flight or scheduled.
+    #[cfg(test)]
+    pub fn node_orders_pending(&self) -> usize {
+        let is_node = |c: &Command| {
+            matches!(
+                c,
+                Command::Quarantine
+                    | Command::Drain { .. }
+                    | Command::Replace
+                    | Command::Restore
+                    | Command::Reboot { .. }
+                    | Command::BootCheck
+            )
+        };
+        self.in_flight
+            .values()
+            .filter(|o| is_node(&o.command))
+            .count()
+            + self
+                .scheduled
+                .iter()
+                .filter(|s| is_node(&s.command))
+                .count()
+    }
+}
 
 impl Cx<'_> {
     pub(super) fn deadline_for(&self, command: &Command) -> Duration {
@@ -34,10 +84,10 @@ impl Cx<'_> {
     /// Hands an order to a remedy, or in observe-only mode records what would have been done.
     /// Returns whether an executable order was emitted.
     pub(super) fn issue(&mut self, incident: IncidentId, command: Command, attempt: u32) -> bool {
-        self.st.next_action = self.st.next_action.saturating_add(1);
+        self.st.orders.last_id = self.st.orders.last_id.saturating_add(1);
         let (planned_deadline, planned) = self.planned_order(incident, &command);
         let order = Order {
-            id: ActionId(self.st.next_action),
+            id: ActionId(self.st.orders.last_id),
             incident,
             deadline: planned_deadline
                 .unwrap_or_else(|| self.now.plus(self.deadline_for(&command))),
@@ -56,7 +106,7 @@ impl Cx<'_> {
         if dry_run {
             return false;
         }
-        self.st.in_flight.insert(order.id, order.clone());
+        self.st.orders.in_flight.insert(order.id, order.clone());
         self.out.push(Action::Execute(order));
         true
     }
@@ -78,7 +128,7 @@ impl Cx<'_> {
                 at
             ),
         );
-        self.st.scheduled.push(Scheduled {
+        self.st.orders.scheduled.push(Scheduled {
             at,
             incident,
             command,
@@ -87,7 +137,7 @@ impl Cx<'_> {
     }
 
     pub(super) fn outcome(&mut self, outcome: Outcome) {
-        let Some(order) = self.st.in_flight.remove(&outcome.action) else {
+        let Some(order) = self.st.orders.in_flight.remove(&outcome.action) else {
             return; // late outcome of an order already escalated past its deadline
         };
         self.record(
@@ -169,7 +219,7 @@ impl Cx<'_> {
                 );
             }
             Command::StopTasks { gpu, .. } => {
-                self.st.gpu_jobs.remove(&gpu.index);
+                self.st.gpus.jobs.remove(&gpu.index);
                 self.close(
                     order.incident,
                     IncidentState::Resolved,
@@ -187,6 +237,7 @@ impl Cx<'_> {
             Command::Restore
                 if self
                     .st
+                    .node
                     .remediation
                     .is_some_and(|r| r.diagnosed && !r.rebooted) =>
             {
@@ -195,16 +246,20 @@ impl Cx<'_> {
             Command::Restore
                 if self
                     .st
+                    .node
                     .remediation
                     .is_some_and(|r| r.goal == Goal::Reboot && r.rebooted) =>
             {
                 self.repaired(order.incident)
             }
             Command::Restore => {
-                self.st.remediation = None;
-                self.st.node = NodePhase::InService;
+                self.st.node.remediation = None;
+                self.st.node.phase = NodePhase::InService;
                 let incident = order.incident;
-                self.st.gpus.retain(|_, g| g.incident != Some(incident));
+                self.st
+                    .gpus
+                    .health
+                    .retain(|_, g| g.incident != Some(incident));
                 match self.planned_restored(incident) {
                     Some(summary) => self.close(incident, IncidentState::Resolved, summary),
                     None => self.close(
@@ -235,7 +290,7 @@ impl Cx<'_> {
                 }
             }
             Command::StopTasks { gpu, .. } if !self.st.capabilities.mps => {
-                self.st.gpu_jobs.remove(&gpu.index);
+                self.st.gpus.jobs.remove(&gpu.index);
                 self.close(
                     order.incident,
                     IncidentState::Failed,
@@ -243,7 +298,7 @@ impl Cx<'_> {
                 );
             }
             Command::StopTasks { gpu, .. } => {
-                self.st.gpu_jobs.remove(&gpu.index);
+                self.st.gpus.jobs.remove(&gpu.index);
                 let reason = format!(
                     "could not stop the tasks on {gpu} ({why}); restarting the MPS daemon clears its servers"
                 );
@@ -281,13 +336,14 @@ impl Cx<'_> {
         let now = self.now;
         let overdue: Vec<Order> = self
             .st
+            .orders
             .in_flight
             .values()
             .filter(|o| o.deadline <= now)
             .cloned()
             .collect();
         for order in overdue {
-            self.st.in_flight.remove(&order.id);
+            self.st.orders.in_flight.remove(&order.id);
             let escalation = match &order.command {
                 Command::RestartMps => "counted as a failed restart",
                 Command::StopTasks { .. } => "escalating to an MPS restart",
@@ -311,28 +367,31 @@ impl Cx<'_> {
             let why = format!("{} overran its deadline", order.command.name());
             self.order_failed(&order, &why);
         }
-        let (due, later): (Vec<Scheduled>, Vec<Scheduled>) = std::mem::take(&mut self.st.scheduled)
-            .into_iter()
-            .partition(|s| s.at <= now);
-        self.st.scheduled = later;
+        let (due, later): (Vec<Scheduled>, Vec<Scheduled>) =
+            std::mem::take(&mut self.st.orders.scheduled)
+                .into_iter()
+                .partition(|s| s.at <= now);
+        self.st.orders.scheduled = later;
         for s in due {
             self.reissue(s);
         }
         self.await_boot_overdue();
         self.planned_tick();
         self.st
+            .incidents
             .recent_logs
             .retain(|_, r| now.since(r.at) < LOG_REPEAT_WINDOW || r.repeats > 0);
         let keep: std::collections::BTreeSet<IncidentId> = self
             .st
+            .incidents
             .open
             .keys()
             .copied()
-            .chain(self.st.gpus.values().filter_map(|g| g.incident))
-            .chain(self.st.node_incident)
-            .chain(self.st.withheld.as_ref().map(|w| w.incident))
+            .chain(self.st.gpus.health.values().filter_map(|g| g.incident))
+            .chain(self.st.node.incident)
+            .chain(self.st.node.withheld.as_ref().map(|w| w.incident))
             .collect();
-        self.st.attached.retain(|id, _| keep.contains(id));
+        self.st.incidents.attached.retain(|id, _| keep.contains(id));
         let longest = self.longest_window();
         self.st.sightings.retain(|_, seen| {
             seen.retain(|t| now.since(*t) <= longest);
@@ -348,12 +407,12 @@ impl Cx<'_> {
                 }
             }
             Command::StopTasks { gpu, .. } => {
-                if self.st.gpu_jobs.get(&gpu.index) == Some(&s.incident) {
+                if self.st.gpus.jobs.get(&gpu.index) == Some(&s.incident) {
                     self.issue(s.incident, s.command.clone(), s.attempt);
                 }
             }
             _ => {
-                let Some(rem) = self.st.remediation else {
+                let Some(rem) = self.st.node.remediation else {
                     return;
                 };
                 if rem.incident == s.incident {

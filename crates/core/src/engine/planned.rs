@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{Goal, NodePhase, Remediation, State, Step};
 use super::{Cx, RULE_SELF_FAULT};
+use super::{Goal, NodePhase, Remediation, State, Step};
 use crate::model::{
     ActionId, AgentVerdict, Command, EventClass, EventState, IncidentId, IncidentState,
     Observation, ScheduledEvent, Signal, SignalKind, Timestamp, Verdict,
@@ -262,7 +262,10 @@ impl Cx<'_> {
                 crate::model::planned::implausible_event(self.now, ev.not_before, ev.not_after)
         {
             // Moved to times AWS never gives: the event keeps the times it had.
-            if let Some(id) = known.incident.filter(|id| self.st.open.contains_key(id)) {
+            if let Some(id) = known
+                .incident
+                .filter(|id| self.st.incidents.open.contains_key(id))
+            {
                 self.note(
                     id,
                     format!("implausible reschedule ignored: {why} (docs/planned-events.md#plausible-notices)"),
@@ -277,7 +280,7 @@ impl Cx<'_> {
         }
         if let Some(id) = known.incident
             && (state_changed || times_changed)
-            && self.st.open.contains_key(&id)
+            && self.st.incidents.open.contains_key(&id)
         {
             self.attach(id, obs);
         }
@@ -507,10 +510,10 @@ impl Cx<'_> {
             );
             return;
         }
-        let rem = self.st.remediation.filter(|r| r.incident == id);
-        let owns_node = self.st.node_incident == Some(id)
+        let rem = self.st.node.remediation.filter(|r| r.incident == id);
+        let owns_node = self.st.node.incident == Some(id)
             && matches!(
-                self.st.node,
+                self.st.node.phase,
                 NodePhase::Drained | NodePhase::Quarantined | NodePhase::Draining
             );
         if let Some(r) = rem {
@@ -529,31 +532,32 @@ impl Cx<'_> {
         } else if !owns_node {
             // Nothing of ours holds the instance (observe-only, another incident's drain).
             self.set_phase(key, PlannedPhase::Done);
-            if self.st.open.contains_key(&id) {
+            if self.st.incidents.open.contains_key(&id) {
                 self.close(id, IncidentState::Resolved, summary);
             }
             return;
         }
         let cancelled: Vec<ActionId> = self
             .st
+            .orders
             .in_flight
             .values()
             .filter(|o| o.incident == id)
             .map(|o| o.id)
             .collect();
         for a in &cancelled {
-            self.st.in_flight.remove(a);
+            self.st.orders.in_flight.remove(a);
         }
-        self.st.scheduled.retain(|s| s.incident != id);
+        self.st.orders.scheduled.retain(|s| s.incident != id);
         if let Some(x) = self.st.planned.events.get_mut(key) {
             x.restore_summary = summary;
         }
         let base = rem.unwrap_or_else(|| Remediation::new(id, Goal::Drain, Step::Restore));
-        self.st.remediation = Some(Remediation {
+        self.st.node.remediation = Some(Remediation {
             step: Step::Restore,
             ..base
         });
-        self.st.node_incident = Some(id);
+        self.st.node.incident = Some(id);
         self.start_step(id, Step::Restore, 1);
     }
 
@@ -566,7 +570,7 @@ impl Cx<'_> {
             return;
         };
         self.set_phase(key, PlannedPhase::Started);
-        if let Some(rem) = self.st.remediation.filter(|r| r.incident != id) {
+        if let Some(rem) = self.st.node.remediation.filter(|r| r.incident != id) {
             self.note(
                 rem.incident,
                 format!(
@@ -575,7 +579,7 @@ impl Cx<'_> {
                 ),
             );
             if e.verdict == Verdict::Replace && rem.goal == Goal::Drain {
-                if let Some(r) = self.st.remediation.as_mut() {
+                if let Some(r) = self.st.node.remediation.as_mut() {
                     r.goal = Goal::Replace;
                 }
                 self.escalated(
@@ -600,14 +604,14 @@ impl Cx<'_> {
             return;
         }
         let gone = matches!(
-            self.st.node,
+            self.st.node.phase,
             NodePhase::Replacing
                 | NodePhase::Replaced
                 | NodePhase::Terminating
                 | NodePhase::Terminated
         );
-        let drained_by_other = self.st.node == NodePhase::Drained
-            && self.st.node_incident != Some(id)
+        let drained_by_other = self.st.node.phase == NodePhase::Drained
+            && self.st.node.incident != Some(id)
             && e.verdict != Verdict::Replace;
         if gone || drained_by_other {
             self.set_phase(key, PlannedPhase::Done);
@@ -616,9 +620,10 @@ impl Cx<'_> {
                 IncidentState::Logged,
                 format!(
                     "the instance is already {} (incident {}); nothing more to do ahead of {}",
-                    self.st.node.as_str(),
+                    self.st.node.phase.as_str(),
                     self.st
-                        .node_incident
+                        .node
+                        .incident
                         .map_or("-".to_string(), |i| i.to_string()),
                     e.what
                 ),
@@ -794,9 +799,9 @@ impl Cx<'_> {
             return;
         };
         if e.phase == PlannedPhase::Done {
-            let held = self.st.node_incident == Some(id)
+            let held = self.st.node.incident == Some(id)
                 && matches!(
-                    self.st.node,
+                    self.st.node.phase,
                     NodePhase::Drained | NodePhase::Quarantined | NodePhase::Draining
                 );
             if !held {
@@ -817,11 +822,12 @@ impl Cx<'_> {
     /// `gpu-medic drill clear <id>`: the drill's rehearsed notice is gone, as if IMDS no
     /// longer listed it. A drill not yet judged is disarmed.
     pub(super) fn drill_clear(&mut self, drill: &str, by: &str) {
-        self.st.armed_drills.retain(|a| a.drill.id != drill);
+        self.st.drills.armed.retain(|a| a.drill.id != drill);
         let who = if by.is_empty() { "an operator" } else { by };
         let incidents: Vec<IncidentId> = self
             .st
             .drills
+            .incidents
             .iter()
             .filter(|(_, m)| m.id == drill)
             .map(|(i, _)| *i)
@@ -882,7 +888,7 @@ impl Cx<'_> {
             return false;
         }
         self.set_phase(&key, PlannedPhase::Drained);
-        self.st.node = NodePhase::Drained;
+        self.st.node.phase = NodePhase::Drained;
         self.note(
             incident,
             format!(
@@ -944,6 +950,7 @@ impl Cx<'_> {
     fn fault_incidents(&self) -> BTreeSet<IncidentId> {
         let mut out: BTreeSet<IncidentId> = self
             .st
+            .incidents
             .open
             .iter()
             .filter(|(_, o)| {
@@ -953,9 +960,9 @@ impl Cx<'_> {
             })
             .map(|(id, _)| *id)
             .collect();
-        out.extend(self.st.gpus.values().filter_map(|g| g.incident));
-        if self.st.node != NodePhase::InService
-            && let Some(id) = self.st.node_incident
+        out.extend(self.st.gpus.health.values().filter_map(|g| g.incident));
+        if self.st.node.phase != NodePhase::InService
+            && let Some(id) = self.st.node.incident
             && self.st.planned.by_incident(id).is_none()
         {
             out.insert(id);
@@ -1008,7 +1015,7 @@ impl Cx<'_> {
         });
         if was.as_ref().is_some_and(AgentVerdict::impaired) {
             for id in self.fault_incidents() {
-                if self.st.open.contains_key(&id) {
+                if self.st.incidents.open.contains_key(&id) {
                     self.note(id, format!("the ECS agent's verdict is {status} again"));
                 }
             }
@@ -1068,7 +1075,7 @@ pub fn status_lines(st: &State) -> Vec<String> {
         ));
     }
     for e in st.planned.events.values() {
-        let Some(d) = e.incident.and_then(|i| st.drills.get(&i)) else {
+        let Some(d) = e.incident.and_then(|i| st.drills.incidents.get(&i)) else {
             continue;
         };
         if e.state == EventState::Active {
@@ -1081,11 +1088,13 @@ pub fn status_lines(st: &State) -> Vec<String> {
     if let Some(a) = &st.planned.agent {
         let own = if st
             .gpus
+            .health
             .values()
             .any(|g| g.status == super::GpuStatus::Faulted)
         {
             let faulted: Vec<String> = st
                 .gpus
+                .health
                 .iter()
                 .filter(|(_, g)| g.status == super::GpuStatus::Faulted)
                 .map(|(i, g)| format!("GPU {i} faulted (rule `{}`)", g.rule))
@@ -1275,7 +1284,7 @@ mod tests {
             Observation::new(Signal::xid(79)).on_gpu(crate::model::GpuId::index_only(0)),
         );
         assert!(r.step(xid, T0 + 1).is_empty(), "no second remediation");
-        assert_eq!(r.st.remediation.unwrap().incident, IncidentId(1));
+        assert_eq!(r.st.node.remediation.unwrap().incident, IncidentId(1));
     }
 
     #[test]
@@ -1288,7 +1297,7 @@ mod tests {
         );
         let o = r.step(Input::Tick, nb - 5 * MIN);
         r.finish(o, nb - 5 * MIN);
-        assert_eq!(r.st.node, NodePhase::Drained);
+        assert_eq!(r.st.node.phase, NodePhase::Drained);
         assert!(r.closed(1).is_none(), "open until the reboot is over");
         assert!(
             status_lines(&r.st)[0].contains("drained; back in service"),
@@ -1313,7 +1322,7 @@ mod tests {
         let (state, summary) = r.closed(1).unwrap();
         assert_eq!(state, IncidentState::Resolved);
         assert!(summary.contains("rebooted (new boot id)"), "{summary}");
-        assert_eq!(r.st.node, NodePhase::InService);
+        assert_eq!(r.st.node.phase, NodePhase::InService);
     }
 
     #[test]
@@ -1347,7 +1356,8 @@ mod tests {
         );
         assert_eq!(o[0].command, Command::Restore);
         assert!(
-            r.st.in_flight
+            r.st.orders
+                .in_flight
                 .values()
                 .all(|x| x.command == Command::Restore),
             "the drain is dropped"
@@ -1423,7 +1433,7 @@ mod tests {
         assert!(r.step(rb.clone(), T0).is_empty());
         assert_eq!(r.closed(3).unwrap().0, IncidentState::Logged);
         assert!(r.step(rb, T0 + 1).is_empty(), "a repeat is nothing new");
-        assert_eq!(r.st.next_incident, 3);
+        assert_eq!(r.st.incidents.last_id, 3);
         // Configured to drain: within the fleet budget (not planned).
         let mut p = policy();
         p.planned.rebalance = Rebalance::Drain;
@@ -1514,7 +1524,7 @@ mod tests {
         let d = r.done(&q[0], T0);
         assert!(r.done(&d[0], T0 + 1000).is_empty());
         assert_eq!(r.closed(1).unwrap().0, IncidentState::Drained);
-        assert_eq!(r.st.node, NodePhase::Drained);
+        assert_eq!(r.st.node.phase, NodePhase::Drained);
         let gone = |t: u64| {
             Input::Observation(Observation::new(Signal::SpotNoticeGone {
                 action: "stop".into(),
@@ -1530,7 +1540,7 @@ mod tests {
         assert_eq!(o[0].command, Command::Restore);
         assert!(r.text().contains("IMDS no longer lists"), "{}", r.text());
         assert!(r.done(&o[0], T0 + 3000).is_empty());
-        assert_eq!(r.st.node, NodePhase::InService);
+        assert_eq!(r.st.node.phase, NodePhase::InService);
         assert!(!r.st.planned.spot_pending());
     }
 

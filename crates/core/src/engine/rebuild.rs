@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::repair::{RULE_LADDER, RULE_REBOOT_FAILED, Repair, RepairResult};
-use super::state::{
+use super::{
     Goal, GpuHealth, GpuStatus, MpsPhase, NodePhase, OpenIncident, Remediation, Scheduled,
     SelfFault, State, Step,
 };
@@ -88,7 +88,7 @@ impl Rebuild {
 
     /// An escalation: the incident's verdict, and a reboot repair it settled.
     fn escalated(&mut self, id: IncidentId, verdict: Verdict, rule: &str) {
-        if let Some(o) = self.st.open.get_mut(&id) {
+        if let Some(o) = self.st.incidents.open.get_mut(&id) {
             o.verdict = o.verdict.max(verdict);
         }
         // A reboot that did not happen or did not mend the node, or a fault that
@@ -118,7 +118,7 @@ impl Rebuild {
                 _ => p.result = RepairResult::Aborted,
             }
         }
-        self.st.open.remove(&id);
+        self.st.incidents.open.remove(&id);
         self.first.remove(&id);
         self.orders.retain(|_, o| o.incident != id);
         let phase = match state {
@@ -131,8 +131,8 @@ impl Rebuild {
             _ => None,
         };
         if let Some(p) = phase {
-            self.st.node = p;
-            self.st.node_incident = Some(id);
+            self.st.node.phase = p;
+            self.st.node.incident = Some(id);
         }
     }
 
@@ -151,7 +151,7 @@ impl Rebuild {
             self.skipped += 1;
             return;
         }
-        self.st.next_incident = self.st.next_incident.max(id.0);
+        self.st.incidents.last_id = self.st.incidents.last_id.max(id.0);
         match &r.event {
             IncidentEvent::Opened {
                 observation,
@@ -159,7 +159,7 @@ impl Rebuild {
                 verdict,
                 ..
             } => {
-                self.st.open.insert(
+                self.st.incidents.open.insert(
                     id,
                     OpenIncident {
                         opened_at: r.at,
@@ -172,7 +172,7 @@ impl Rebuild {
             }
             IncidentEvent::Escalated { verdict, rule, .. } => self.escalated(id, *verdict, rule),
             IncidentEvent::ActionStarted { order, dry_run } => {
-                self.st.next_action = self.st.next_action.max(order.id.0);
+                self.st.orders.last_id = self.st.orders.last_id.max(order.id.0);
                 if !dry_run {
                     self.orders.insert(order.id, order.clone());
                     let kind = match order.command {
@@ -238,6 +238,7 @@ impl Rebuild {
         }
         let rule = self
             .st
+            .incidents
             .open
             .get(&incident)
             .map(|o| crate::policy::base_rule(&o.rule).to_string())
@@ -270,8 +271,13 @@ impl Rebuild {
 
     /// The state, with work for open incidents resumed or scheduled at `now`.
     pub fn finish(mut self, now: Timestamp) -> State {
-        let open: Vec<(IncidentId, OpenIncident)> =
-            self.st.open.iter().map(|(k, v)| (*k, v.clone())).collect();
+        let open: Vec<(IncidentId, OpenIncident)> = self
+            .st
+            .incidents
+            .open
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         for (id, inc) in open {
             let obs = self.first.get(&id).cloned();
             if let Some(Observation {
@@ -280,7 +286,7 @@ impl Rebuild {
                 ..
             }) = &obs
             {
-                self.st.self_faults.insert(
+                self.st.incidents.self_faults.insert(
                     component.clone(),
                     SelfFault {
                         incident: id,
@@ -312,7 +318,7 @@ impl Rebuild {
                 }
                 Verdict::StopTasks => {
                     if let Some(g) = gpu {
-                        self.st.gpu_jobs.insert(g.index, id);
+                        self.st.gpus.jobs.insert(g.index, id);
                         if order.is_none() {
                             self.schedule(
                                 id,
@@ -329,8 +335,8 @@ impl Rebuild {
                 Verdict::Log | Verdict::Ignore => {}
             }
         }
-        let open = &self.st.open;
-        self.st.in_flight = self
+        let open = &self.st.incidents.open;
+        self.st.orders.in_flight = self
             .orders
             .into_iter()
             .filter(|(_, o)| open.contains_key(&o.incident))
@@ -348,7 +354,7 @@ impl Rebuild {
         gpu: Option<GpuId>,
         now: Timestamp,
     ) {
-        if self.st.remediation.is_some() {
+        if self.st.node.remediation.is_some() {
             return;
         }
         let goal = match (&order, inc.verdict) {
@@ -398,19 +404,19 @@ impl Rebuild {
         rem.drained = self.drained.contains(&id);
         rem.rebooted = rebooted;
         rem.until = awaiting.map(|at| at.plus(self.reboot_deadline));
-        self.st.remediation = Some(rem);
-        self.st.node_incident = Some(id);
-        self.st.node = match step {
+        self.st.node.remediation = Some(rem);
+        self.st.node.incident = Some(id);
+        self.st.node.phase = match step {
             Step::Quarantine => NodePhase::Quarantined,
             Step::Drain => NodePhase::Draining,
             Step::Replace => NodePhase::Replacing,
             Step::CompleteLifecycle => NodePhase::Terminating,
-            Step::Restore => self.st.node,
+            Step::Restore => self.st.node.phase,
             Step::Reboot | Step::AwaitBoot => NodePhase::Rebooting,
             Step::BootCheck | Step::Diagnose => NodePhase::Verifying,
         };
         if let Some(g) = gpu {
-            self.st.gpus.insert(
+            self.st.gpus.health.insert(
                 g.index,
                 GpuHealth {
                     gpu: g,
@@ -428,7 +434,7 @@ impl Rebuild {
     }
 
     fn schedule(&mut self, incident: IncidentId, command: Command, now: Timestamp) {
-        self.st.scheduled.push(Scheduled {
+        self.st.orders.scheduled.push(Scheduled {
             at: now,
             incident,
             command,
@@ -474,7 +480,7 @@ mod tests {
         let (s, a) = step(&st, Input::Observation(xid), Timestamp(1_000), &p);
         st = s;
         journal.extend(records(&a));
-        let quarantine = st.in_flight.values().next().unwrap().clone();
+        let quarantine = st.orders.in_flight.values().next().unwrap().clone();
         let done = Outcome {
             action: quarantine.id,
             status: OutcomeStatus::Done,
@@ -493,15 +499,15 @@ mod tests {
         }
         let rebuilt = r.finish(Timestamp(3_000));
         assert_eq!(
-            rebuilt.open.keys().collect::<Vec<_>>(),
-            st.open.keys().collect::<Vec<_>>()
+            rebuilt.incidents.open.keys().collect::<Vec<_>>(),
+            st.incidents.open.keys().collect::<Vec<_>>()
         );
-        assert_eq!(rebuilt.in_flight, st.in_flight);
-        assert_eq!(rebuilt.node, NodePhase::Draining);
-        assert_eq!(rebuilt.remediation.map(|r| r.step), Some(Step::Drain));
-        assert_eq!(rebuilt.next_incident, st.next_incident);
-        assert_eq!(rebuilt.next_action, st.next_action);
-        assert_eq!(rebuilt.gpus[&1].status, GpuStatus::Faulted);
+        assert_eq!(rebuilt.orders.in_flight, st.orders.in_flight);
+        assert_eq!(rebuilt.node.phase, NodePhase::Draining);
+        assert_eq!(rebuilt.node.remediation.map(|r| r.step), Some(Step::Drain));
+        assert_eq!(rebuilt.incidents.last_id, st.incidents.last_id);
+        assert_eq!(rebuilt.orders.last_id, st.orders.last_id);
+        assert_eq!(rebuilt.gpus.health[&1].status, GpuStatus::Faulted);
     }
 
     /// An open node incident whose order was not in flight (a retry was scheduled) gets its
@@ -522,10 +528,10 @@ mod tests {
             },
         });
         let st = r.finish(Timestamp(9));
-        assert_eq!(st.scheduled.len(), 1);
-        assert_eq!(st.scheduled[0].command, Command::Quarantine);
-        assert_eq!(st.scheduled[0].at, Timestamp(9));
-        assert_eq!(st.next_incident, 4);
+        assert_eq!(st.orders.scheduled.len(), 1);
+        assert_eq!(st.orders.scheduled[0].command, Command::Quarantine);
+        assert_eq!(st.orders.scheduled[0].at, Timestamp(9));
+        assert_eq!(st.incidents.last_id, 4);
         let mut r = Rebuild::new();
         r.add(&Record {
             at: Timestamp(1),
@@ -548,7 +554,11 @@ mod tests {
             },
         });
         let st = r.finish(Timestamp(9));
-        assert!(st.open.is_empty() && st.scheduled.is_empty() && st.remediation.is_none());
-        assert_eq!(st.node, NodePhase::Replaced);
+        assert!(
+            st.incidents.open.is_empty()
+                && st.orders.scheduled.is_empty()
+                && st.node.remediation.is_none()
+        );
+        assert_eq!(st.node.phase, NodePhase::Replaced);
     }
 }

@@ -142,6 +142,7 @@ impl Cx<'_> {
         let lad = self.policy.reboot;
         let rule = self
             .st
+            .incidents
             .open
             .get(&incident)
             .map(|o| base_rule(&o.rule).to_string())
@@ -221,6 +222,7 @@ impl Cx<'_> {
         if self.st.repair.pending(incident).is_none() {
             let rule = self
                 .st
+                .incidents
                 .open
                 .get(&incident)
                 .map(|o| base_rule(&o.rule).to_string())
@@ -255,7 +257,7 @@ impl Cx<'_> {
     /// the boot begins.
     pub(super) fn boot(&mut self, id: String) {
         self.st.repair.boot = Some(id.clone());
-        let Some(rem) = self.st.remediation else {
+        let Some(rem) = self.st.node.remediation else {
             return;
         };
         if !matches!(rem.step, Step::Reboot | Step::AwaitBoot) {
@@ -277,13 +279,14 @@ impl Cx<'_> {
         }
         let reboots: Vec<ActionId> = self
             .st
+            .orders
             .in_flight
             .values()
             .filter(|o| o.incident == rem.incident && matches!(o.command, Command::Reboot { .. }))
             .map(|o| o.id)
             .collect();
         for action in reboots {
-            self.st.in_flight.remove(&action);
+            self.st.orders.in_flight.remove(&action);
             self.record(
                 rem.incident,
                 IncidentEvent::ActionFinished {
@@ -300,14 +303,14 @@ impl Cx<'_> {
                 },
             );
         }
-        self.st.scheduled.retain(|s| {
+        self.st.orders.scheduled.retain(|s| {
             !(s.incident == rem.incident && matches!(s.command, Command::Reboot { .. }))
         });
         self.note(
             rem.incident,
             format!("new boot {id} (was {before}): the reboot happened; checking the node before it takes tasks again"),
         );
-        if let Some(r) = self.st.remediation.as_mut() {
+        if let Some(r) = self.st.node.remediation.as_mut() {
             r.rebooted = true;
             r.until = None;
         }
@@ -320,17 +323,17 @@ impl Cx<'_> {
 
     /// The reboot call was accepted: wait for the new boot until `[deadlines] reboot`.
     pub(super) fn reboot_accepted(&mut self, incident: IncidentId) {
-        let Some(rem) = self.st.remediation.filter(|r| r.incident == incident) else {
+        let Some(rem) = self.st.node.remediation.filter(|r| r.incident == incident) else {
             return;
         };
         match rem.goal {
             Goal::Reboot => {
                 let until = self.now.plus(self.policy.deadlines.reboot);
-                if let Some(r) = self.st.remediation.as_mut() {
+                if let Some(r) = self.st.node.remediation.as_mut() {
                     r.step = Step::AwaitBoot;
                     r.until = Some(until);
                 }
-                self.st.node = NodePhase::Rebooting;
+                self.st.node.phase = NodePhase::Rebooting;
                 self.note(
                     incident,
                     format!("reboot accepted; waiting for the new boot until {until}"),
@@ -343,7 +346,7 @@ impl Cx<'_> {
 
     /// The reboot did not happen, or did not mend the node: on to `replace`, the slot held.
     pub(super) fn reboot_failed(&mut self, step: Step, why: &str) {
-        let Some(rem) = self.st.remediation else {
+        let Some(rem) = self.st.node.remediation else {
             return;
         };
         let id = rem.incident;
@@ -364,7 +367,7 @@ impl Cx<'_> {
             ),
         };
         self.settle(id, result, why);
-        if let Some(r) = self.st.remediation.as_mut() {
+        if let Some(r) = self.st.node.remediation.as_mut() {
             r.goal = Goal::Replace;
             r.until = None;
         }
@@ -380,7 +383,7 @@ impl Cx<'_> {
     /// A fault while a reboot repair is under way. Before the reboot it joins the repair;
     /// after it (or a `replace` verdict at any time) the repair goes on to `replace`.
     pub(super) fn fault_during_repair(&mut self, verdict: Verdict, rule: &str, reason: &str) {
-        let Some(rem) = self.st.remediation.filter(|r| r.goal == Goal::Reboot) else {
+        let Some(rem) = self.st.node.remediation.filter(|r| r.goal == Goal::Reboot) else {
             return;
         };
         let came_back = rem.rebooted && verdict >= Verdict::Reboot;
@@ -397,12 +400,12 @@ impl Cx<'_> {
         } else {
             self.settle(rem.incident, RepairResult::Aborted, &why);
         }
-        if let Some(r) = self.st.remediation.as_mut() {
+        if let Some(r) = self.st.node.remediation.as_mut() {
             r.goal = Goal::Replace;
         }
         self.escalated(rem.incident, Verdict::Replace, rule, why);
         if rem.step == Step::AwaitBoot {
-            if let Some(r) = self.st.remediation.as_mut() {
+            if let Some(r) = self.st.node.remediation.as_mut() {
                 r.until = None;
             }
             self.start_step(rem.incident, Step::Replace, 1);
@@ -411,15 +414,19 @@ impl Cx<'_> {
 
     /// Back in service after the boot check.
     pub(super) fn repaired(&mut self, incident: IncidentId) {
-        self.st.remediation = None;
-        self.st.node = NodePhase::InService;
-        self.st.gpus.retain(|_, g| g.incident != Some(incident));
+        self.st.node.remediation = None;
+        self.st.node.phase = NodePhase::InService;
+        self.st
+            .gpus
+            .health
+            .retain(|_, g| g.incident != Some(incident));
         let boot = self.st.repair.boot.clone().unwrap_or_default();
         // A pending row remap takes effect at the reset a reboot makes; the boot check found
         // none pending (its rule is itself a reboot verdict), so it was applied.
         let pending = format!("{}@", Signal::RowRemapPending);
         let remapped: Vec<&str> = self
             .st
+            .incidents
             .attached
             .get(&incident)
             .into_iter()
@@ -451,7 +458,7 @@ impl Cx<'_> {
 
     /// Past `[deadlines] reboot` with the instance still up.
     pub(super) fn await_boot_overdue(&mut self) {
-        let Some(rem) = self.st.remediation else {
+        let Some(rem) = self.st.node.remediation else {
             return;
         };
         let Some(until) = rem

@@ -1,104 +1,219 @@
 //! What the engine remembers between inputs. It is persisted as `state.json` before any
 //! order is handed to a remedy, so a restarted supervisor resumes where it stopped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::attribution::AppFaults;
+use super::drills::{ArmedDrill, DrillMark, Drills, MAX_ARMED_DRILLS, MAX_DRILL_INCIDENTS};
+use super::evidence::EvidenceWait;
+use super::gpus::{GpuHealth, Gpus};
+use super::incidents::{Incidents, OpenIncident, RecentLog, SelfFault};
+use super::mps::MpsState;
+use super::node::{Node, NodePhase, Remediation, Withheld};
+use super::orders::{Orders, Scheduled};
+use super::planned::Planned;
+use super::repair::Ledger;
+use super::{MAX_RECENT_LOGS, MAX_SIGHTING_KEYS};
+use crate::model::Capabilities;
 use crate::model::bounded::{BoundedMap, BoundedVec};
 pub use crate::model::cursor::{Delivery, StreamCursor};
-use crate::model::{ActionId, Command, GpuId, IncidentId, Order, Timestamp, Verdict};
+use crate::model::{ActionId, IncidentId, Order, Timestamp};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// Everything the engine remembers, one part per concern; each part's type lives with the
+/// concern that changes it (`engine/<concern>.rs`). The coordinator (`engine/mod.rs`) is the
+/// only code that reaches into more than one part for one rule.
+///
+/// `state.json` keeps the flat format every release wrote ([`StateFile`]): the parts are how
+/// the code holds it, not how the file spells it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct State {
-    pub next_incident: u64,
-    pub next_action: u64,
-    pub node: NodePhase,
-    /// GPUs that have been judged (healthy GPUs never seen in a signal are absent).
-    pub gpus: BTreeMap<u32, GpuHealth>,
+    /// Incidents: ids, the open ones and their signals, log-only repeats, own faults.
+    pub incidents: Incidents,
+    /// Orders: ids, those a remedy holds, those to issue later.
+    pub orders: Orders,
+    /// The node's phase and its one remediation.
+    pub node: Node,
+    /// Each judged GPU, and the stop-tasks work per GPU.
+    pub gpus: Gpus,
+    /// The MPS daemon and its restart budget.
     pub mps: MpsState,
-    /// The one node-level remediation (drain, replace, terminate) in progress.
-    pub remediation: Option<Remediation>,
-    /// Stop-tasks work per GPU index, by incident.
-    pub gpu_jobs: BTreeMap<u32, IncidentId>,
-    /// Orders handed to remedies, awaiting an outcome.
-    pub in_flight: BTreeMap<ActionId, Order>,
-    /// Orders to issue later (retries, deferrals).
-    pub scheduled: Vec<Scheduled>,
-    /// Recent sightings per `rule@target`, for confirmation and escalation windows.
-    pub sightings: BoundedMap<String, Sightings, { super::MAX_SIGHTING_KEYS }>,
-    /// Incidents not yet closed.
-    pub open: BTreeMap<IncidentId, OpenIncident>,
-    /// The last node remediation's incident; signals after it joins it.
-    #[serde(default)]
-    pub node_incident: Option<IncidentId>,
-    /// Signals already in each incident's timeline (see `attach`).
-    #[serde(default)]
-    pub attached: BTreeMap<IncidentId, std::collections::BTreeSet<String>>,
-    /// The last log-only incident per `rule@target`, for repeat suppression.
-    #[serde(default)]
-    pub recent_logs: BoundedMap<String, RecentLog, { super::MAX_RECENT_LOGS }>,
-    /// gpu-medic's own faults by component (`nvml`, `mps-control`), each with its open
-    /// incident: journaled once, shown by `status`, never remediated.
-    #[serde(default)]
-    pub self_faults: BTreeMap<String, SelfFault>,
-    /// A node remediation the policy decided and this node's remedies cannot carry out
-    /// (`[aws] enabled = false`): what would have been done, for `status`.
-    #[serde(default)]
-    pub withheld: Option<Withheld>,
+    /// Recent sightings per `rule@target`, for confirmation and escalation windows (the
+    /// coordinator's judge).
+    pub sightings: BoundedMap<String, Sightings, MAX_SIGHTING_KEYS>,
     /// What this node's remedies can do (from `Input::Started`).
-    #[serde(default)]
-    pub capabilities: crate::model::Capabilities,
+    pub capabilities: Capabilities,
     /// The reboot rung: this boot's id and the instance's repair history (it survives the
     /// reboots it records).
-    #[serde(default)]
-    pub repair: super::repair::Ledger,
+    pub repair: Ledger,
     /// Disruptions AWS plans for this instance, and the ECS agent's verdict
     /// (`engine::planned`).
-    #[serde(default)]
-    pub planned: super::planned::Planned,
+    pub planned: Planned,
     /// Delivery bookkeeping, kept by the supervisor; the engine never reads or changes it.
-    #[serde(default)]
     pub delivery: Delivery,
     /// The evidence collection in flight, and the step waiting for it (engine/evidence.rs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evidence: Option<super::evidence::EvidenceWait>,
-    /// Drills asked for (`gpu-medic drill`) whose signal has not opened an incident yet.
-    #[serde(default, skip_serializing_if = "BoundedVec::is_empty")]
-    pub armed_drills: BoundedVec<ArmedDrill, MAX_ARMED_DRILLS>,
-    /// Incidents that are drills: their records carry the drill's id, and an observe drill's
-    /// orders are journaled, not executed. The newest [`MAX_DRILL_INCIDENTS`] are kept.
-    #[serde(default, skip_serializing_if = "BoundedMap::is_empty")]
-    pub drills: BoundedMap<IncidentId, DrillMark, MAX_DRILL_INCIDENTS>,
+    pub evidence: Option<EvidenceWait>,
+    /// Drills armed, and the incidents that are drills.
+    pub drills: Drills,
     /// Application faults by program and place, and the XIDs a later one may join
     /// (`engine::attribution`).
+    pub app: AppFaults,
+}
+
+/// `state.json` as it is read: one flat object, in the format every release wrote. A field
+/// without `default` must be present (a file without it was not written by the engine).
+#[derive(Deserialize)]
+struct StateFile {
+    next_incident: u64,
+    next_action: u64,
+    node: NodePhase,
+    gpus: BTreeMap<u32, GpuHealth>,
+    mps: MpsState,
+    remediation: Option<Remediation>,
+    gpu_jobs: BTreeMap<u32, IncidentId>,
+    in_flight: BTreeMap<ActionId, Order>,
+    scheduled: Vec<Scheduled>,
+    sightings: BoundedMap<String, Sightings, MAX_SIGHTING_KEYS>,
+    open: BTreeMap<IncidentId, OpenIncident>,
     #[serde(default)]
-    pub app: super::attribution::AppFaults,
+    node_incident: Option<IncidentId>,
+    #[serde(default)]
+    attached: BTreeMap<IncidentId, BTreeSet<String>>,
+    #[serde(default)]
+    recent_logs: BoundedMap<String, RecentLog, MAX_RECENT_LOGS>,
+    #[serde(default)]
+    self_faults: BTreeMap<String, SelfFault>,
+    #[serde(default)]
+    withheld: Option<Withheld>,
+    #[serde(default)]
+    capabilities: Capabilities,
+    #[serde(default)]
+    repair: Ledger,
+    #[serde(default)]
+    planned: Planned,
+    #[serde(default)]
+    delivery: Delivery,
+    #[serde(default)]
+    evidence: Option<EvidenceWait>,
+    #[serde(default)]
+    armed_drills: BoundedVec<ArmedDrill, MAX_ARMED_DRILLS>,
+    #[serde(default)]
+    drills: BoundedMap<IncidentId, DrillMark, MAX_DRILL_INCIDENTS>,
+    #[serde(default)]
+    app: AppFaults,
+}
+
+/// `state.json` as it is written: [`StateFile`]'s fields, in its order, borrowed from the
+/// parts.
+#[derive(Serialize)]
+struct StateFileRef<'a> {
+    next_incident: u64,
+    next_action: u64,
+    node: NodePhase,
+    gpus: &'a BTreeMap<u32, GpuHealth>,
+    mps: &'a MpsState,
+    remediation: Option<Remediation>,
+    gpu_jobs: &'a BTreeMap<u32, IncidentId>,
+    in_flight: &'a BTreeMap<ActionId, Order>,
+    scheduled: &'a [Scheduled],
+    sightings: &'a BoundedMap<String, Sightings, MAX_SIGHTING_KEYS>,
+    open: &'a BTreeMap<IncidentId, OpenIncident>,
+    node_incident: Option<IncidentId>,
+    attached: &'a BTreeMap<IncidentId, BTreeSet<String>>,
+    recent_logs: &'a BoundedMap<String, RecentLog, MAX_RECENT_LOGS>,
+    self_faults: &'a BTreeMap<String, SelfFault>,
+    withheld: Option<&'a Withheld>,
+    capabilities: &'a Capabilities,
+    repair: &'a Ledger,
+    planned: &'a Planned,
+    delivery: &'a Delivery,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    evidence: Option<&'a EvidenceWait>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    armed_drills: Option<&'a BoundedVec<ArmedDrill, MAX_ARMED_DRILLS>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drills: Option<&'a BoundedMap<IncidentId, DrillMark, MAX_DRILL_INCIDENTS>>,
+    app: &'a AppFaults,
+}
+
+impl Serialize for State {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        StateFileRef {
+            next_incident: self.incidents.last_id,
+            next_action: self.orders.last_id,
+            node: self.node.phase,
+            gpus: &self.gpus.health,
+            mps: &self.mps,
+            remediation: self.node.remediation,
+            gpu_jobs: &self.gpus.jobs,
+            in_flight: &self.orders.in_flight,
+            scheduled: &self.orders.scheduled,
+            sightings: &self.sightings,
+            open: &self.incidents.open,
+            node_incident: self.node.incident,
+            attached: &self.incidents.attached,
+            recent_logs: &self.incidents.recent_logs,
+            self_faults: &self.incidents.self_faults,
+            withheld: self.node.withheld.as_ref(),
+            capabilities: &self.capabilities,
+            repair: &self.repair,
+            planned: &self.planned,
+            delivery: &self.delivery,
+            evidence: self.evidence.as_ref(),
+            armed_drills: (!self.drills.armed.is_empty()).then_some(&self.drills.armed),
+            drills: (!self.drills.incidents.is_empty()).then_some(&self.drills.incidents),
+            app: &self.app,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for State {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let f = StateFile::deserialize(deserializer)?;
+        Ok(State {
+            incidents: Incidents {
+                last_id: f.next_incident,
+                open: f.open,
+                attached: f.attached,
+                recent_logs: f.recent_logs,
+                self_faults: f.self_faults,
+            },
+            orders: Orders {
+                last_id: f.next_action,
+                in_flight: f.in_flight,
+                scheduled: f.scheduled,
+            },
+            node: Node {
+                phase: f.node,
+                remediation: f.remediation,
+                incident: f.node_incident,
+                withheld: f.withheld,
+            },
+            gpus: Gpus {
+                health: f.gpus,
+                jobs: f.gpu_jobs,
+            },
+            mps: f.mps,
+            sightings: f.sightings,
+            capabilities: f.capabilities,
+            repair: f.repair,
+            planned: f.planned,
+            delivery: f.delivery,
+            evidence: f.evidence,
+            drills: Drills {
+                armed: f.armed_drills,
+                incidents: f.drills,
+            },
+            app: f.app,
+        })
+    }
 }
 
 /// The times one `rule@target` was seen, oldest first: no count the policy accepts needs
 /// more than the newest [`MAX_SIGHTINGS`](crate::policy::limits::MAX_SIGHTINGS).
 pub type Sightings = BoundedVec<Timestamp, { crate::policy::limits::MAX_SIGHTINGS }>;
-
-/// Bound on the drills armed at once (the oldest goes first).
-pub const MAX_ARMED_DRILLS: usize = 8;
-/// Bound on the drill incidents remembered (the oldest goes first).
-pub const MAX_DRILL_INCIDENTS: usize = 64;
-
-/// A drill waiting for its signal.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArmedDrill {
-    pub drill: crate::model::Drill,
-    pub at: Timestamp,
-}
-
-/// What the engine keeps of a drill once it opened its incident.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DrillMark {
-    pub id: String,
-    #[serde(default)]
-    pub observe: bool,
-}
 
 pub use crate::model::MAX_COUNTER;
 
@@ -112,16 +227,16 @@ impl State {
                 Ok(())
             }
         };
-        check("next_incident", self.next_incident)?;
-        check("next_action", self.next_action)?;
+        check("next_incident", self.incidents.last_id)?;
+        check("next_action", self.orders.last_id)?;
         check("delivery.applied", self.delivery.applied)?;
         for (stream, c) in &self.delivery.cursors {
             check(&format!("delivery.cursors.{stream}.pos"), c.pos)?;
         }
-        for id in self.open.keys() {
+        for id in self.incidents.open.keys() {
             check("an open incident's id", id.0)?;
         }
-        for id in self.in_flight.keys() {
+        for id in self.orders.in_flight.keys() {
             check("an order's id", id.0)?;
         }
         self.check_sizes()
@@ -140,7 +255,7 @@ impl State {
                 Ok(())
             }
         };
-        for a in self.attached.values() {
+        for a in self.incidents.attached.values() {
             bounded(
                 "an incident's attached signals",
                 a.len(),
@@ -164,275 +279,5 @@ impl State {
             }
         }
         Ok(())
-    }
-}
-
-/// One of gpu-medic's own faults (see `Signal::SelfFault`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SelfFault {
-    pub incident: IncidentId,
-    pub since: Timestamp,
-    #[serde(default)]
-    pub detail: String,
-}
-
-/// A decision nobody could carry out: "would drain: AWS remediation disabled".
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Withheld {
-    pub incident: IncidentId,
-    pub verdict: Verdict,
-    pub why: String,
-    pub since: Timestamp,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RecentLog {
-    pub incident: IncidentId,
-    pub at: Timestamp,
-    pub repeats: u32,
-    /// Repeats by signal (`xid 13`), at most `MAX_COUNTED_SIGNALS` of them.
-    #[serde(default)]
-    pub counts: BoundedMap<String, u32, { super::MAX_COUNTED_SIGNALS }>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum NodePhase {
-    #[default]
-    InService,
-    Quarantined,
-    Draining,
-    /// Drained and left for an operator.
-    Drained,
-    Replacing,
-    /// Auto Scaling has been told to replace the instance.
-    Replaced,
-    /// Reboot ordered: the call, then waiting for the new boot.
-    Rebooting,
-    /// Back from a reboot: checked before it takes tasks again.
-    Verifying,
-    /// Auto Scaling is terminating the instance (lifecycle hook pending).
-    Terminating,
-    Terminated,
-}
-
-impl NodePhase {
-    pub const ALL: [NodePhase; 10] = [
-        NodePhase::InService,
-        NodePhase::Quarantined,
-        NodePhase::Draining,
-        NodePhase::Drained,
-        NodePhase::Replacing,
-        NodePhase::Replaced,
-        NodePhase::Rebooting,
-        NodePhase::Verifying,
-        NodePhase::Terminating,
-        NodePhase::Terminated,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodePhase::InService => "in-service",
-            NodePhase::Quarantined => "quarantined",
-            NodePhase::Draining => "draining",
-            NodePhase::Drained => "drained",
-            NodePhase::Replacing => "replacing",
-            NodePhase::Replaced => "replaced",
-            NodePhase::Rebooting => "rebooting",
-            NodePhase::Verifying => "verifying",
-            NodePhase::Terminating => "terminating",
-            NodePhase::Terminated => "terminated",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuHealth {
-    pub gpu: GpuId,
-    pub status: GpuStatus,
-    /// The rule behind the status and its verdict.
-    pub rule: String,
-    pub verdict: Verdict,
-    pub incident: Option<IncidentId>,
-    pub since: Timestamp,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GpuStatus {
-    Healthy,
-    /// A signal was seen and awaits confirmation.
-    Suspect,
-    /// Judged faulty; sticky until the instance is replaced.
-    Faulted,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct MpsState {
-    pub phase: MpsPhase,
-    /// When each restart was issued (pruned to the budget window).
-    pub restarts: Vec<Timestamp>,
-    pub incident: Option<IncidentId>,
-    /// A restart of ours stops the running daemon; under systemd's `Restart=` the unit then
-    /// starts it again and counts it in `NRestarts`. The one `mps-crash` from the unit that
-    /// follows is that, not a crash.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub own_exit: Option<OwnExit>,
-}
-
-/// A restart of ours whose exit systemd may still report ([`MpsState::own_exit`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OwnExit {
-    /// When the restart was issued, or when it ended once `ended`.
-    pub at: Timestamp,
-    pub ended: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum MpsPhase {
-    #[default]
-    Up,
-    Unresponsive,
-    Restarting,
-    /// The restart budget is spent; the policy's fallback applies.
-    Failed,
-}
-
-impl MpsPhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MpsPhase::Up => "up",
-            MpsPhase::Unresponsive => "unresponsive",
-            MpsPhase::Restarting => "restarting",
-            MpsPhase::Failed => "failed",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Remediation {
-    pub incident: IncidentId,
-    pub goal: Goal,
-    pub step: Step,
-    /// Steps that were carried out (not merely tried): the node phase after a failure says
-    /// what really happened, never more.
-    #[serde(default)]
-    pub quarantined: bool,
-    #[serde(default)]
-    pub drained: bool,
-    /// The reboot happened (a new boot id): what follows is the check after the boot.
-    #[serde(default)]
-    pub rebooted: bool,
-    /// While waiting for the new boot (`Step::AwaitBoot`): when a node still up is replaced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub until: Option<Timestamp>,
-    /// The GPUs passed a diagnosis: the restore that follows closes the incident as
-    /// diagnosed healthy.
-    #[serde(default)]
-    pub diagnosed: bool,
-}
-
-impl Remediation {
-    pub fn new(incident: IncidentId, goal: Goal, step: Step) -> Self {
-        Remediation {
-            incident,
-            goal,
-            step,
-            quarantined: false,
-            drained: false,
-            rebooted: false,
-            until: None,
-            diagnosed: false,
-        }
-    }
-}
-
-/// Where a node remediation is headed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Goal {
-    /// Drain and leave the instance for an operator.
-    Drain,
-    /// Drain, reboot, check after the boot, return to service.
-    Reboot,
-    /// Drain, then have Auto Scaling replace it.
-    Replace,
-    /// Auto Scaling is terminating it: drain, then complete our lifecycle hook.
-    Terminate,
-}
-
-impl Goal {
-    pub fn from_verdict(v: Verdict) -> Option<Goal> {
-        match v {
-            Verdict::Drain => Some(Goal::Drain),
-            Verdict::Reboot => Some(Goal::Reboot),
-            Verdict::Replace => Some(Goal::Replace),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Step {
-    Quarantine,
-    Drain,
-    Replace,
-    CompleteLifecycle,
-    /// Undoing quarantine and drain after an operator abort, or returning the instance to
-    /// service after a reboot that mended it.
-    Restore,
-    /// The reboot order is out.
-    Reboot,
-    /// The reboot call was accepted; waiting for the new boot (until `Remediation::until`).
-    AwaitBoot,
-    /// After the boot: the launch gate's checks.
-    BootCheck,
-    /// The GPUs tested on the drained node (`gpu-medic diagnose`) before it is trusted again.
-    Diagnose,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Scheduled {
-    pub at: Timestamp,
-    pub incident: IncidentId,
-    pub command: Command,
-    pub attempt: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OpenIncident {
-    pub opened_at: Timestamp,
-    pub verdict: Verdict,
-    pub rule: String,
-    #[serde(default)]
-    pub gpu: Option<u32>,
-}
-
-impl State {
-    /// Orders that take the node out of service and are in flight or scheduled.
-    #[cfg(test)]
-    pub fn node_orders_pending(&self) -> usize {
-        let is_node = |c: &Command| {
-            matches!(
-                c,
-                Command::Quarantine
-                    | Command::Drain { .. }
-                    | Command::Replace
-                    | Command::Restore
-                    | Command::Reboot { .. }
-                    | Command::BootCheck
-            )
-        };
-        self.in_flight
-            .values()
-            .filter(|o| is_node(&o.command))
-            .count()
-            + self
-                .scheduled
-                .iter()
-                .filter(|s| is_node(&s.command))
-                .count()
     }
 }

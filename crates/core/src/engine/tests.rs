@@ -152,7 +152,7 @@ fn a_single_application_xid_is_logged_not_acted_on() {
     let out = r.feed(xid(0, 13));
     assert!(Run::orders(&out).is_empty());
     assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Logged)]);
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
 }
 
 #[test]
@@ -167,7 +167,7 @@ fn a_repeating_xid_on_one_gpu_escalates_to_drain() {
     assert!(Run::orders(&r.feed(xid(2, 31))).is_empty());
     let o = Run::only_order(&r.feed(repeats_drain(2)));
     assert_eq!(o.command, Command::Quarantine);
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Drain);
 }
 
 /// Application XIDs nobody could be named for (NVML's event without a kernel log line) are
@@ -180,7 +180,7 @@ fn an_unattributed_application_xid_repeating_on_one_gpu_is_logged_only() {
         assert!(Run::orders(&r.feed(xid(2, 13))).is_empty());
         r.advance(Duration::from_secs(60));
     }
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
 }
 
 #[test]
@@ -197,16 +197,16 @@ fn a_fatal_xid_quarantines_drains_and_replaces() {
     let mut r = Run::new(default_policy());
     let q = Run::only_order(&r.feed(xid(0, 79)));
     assert_eq!(q.command, Command::Quarantine);
-    assert_eq!(r.st.gpus[&0].status, GpuStatus::Faulted);
+    assert_eq!(r.st.gpus.health[&0].status, GpuStatus::Faulted);
     let d = Run::only_order(&r.feed(done(q.id)));
     assert!(matches!(d.command, Command::Drain { .. }));
-    assert_eq!(r.st.node, NodePhase::Draining);
+    assert_eq!(r.st.node.phase, NodePhase::Draining);
     let rep = Run::only_order(&r.feed(done(d.id)));
     assert_eq!(rep.command, Command::Replace);
     assert!(Run::orders(&r.feed(done(rep.id))).is_empty());
-    assert_eq!(r.st.node, NodePhase::Replaced);
+    assert_eq!(r.st.node.phase, NodePhase::Replaced);
     assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Replaced)]);
-    assert!(r.st.open.is_empty() && r.st.in_flight.is_empty());
+    assert!(r.st.incidents.open.is_empty() && r.st.orders.in_flight.is_empty());
 }
 
 #[test]
@@ -215,8 +215,8 @@ fn a_second_fault_joins_the_remediation_in_flight() {
     let q = Run::only_order(&r.feed(xid(0, 79)));
     assert!(Run::orders(&r.feed(xid(1, 48))).is_empty());
     assert!(Run::orders(&r.feed(xid(0, 79))).is_empty());
-    assert_eq!(r.st.open.len(), 1);
-    assert_eq!(r.st.gpus[&1].incident, Some(q.incident));
+    assert_eq!(r.st.incidents.open.len(), 1);
+    assert_eq!(r.st.gpus.health[&1].incident, Some(q.incident));
 }
 
 #[test]
@@ -225,9 +225,9 @@ fn a_drain_verdict_is_upgraded_when_a_fatal_fault_follows() {
     for _ in 0..5 {
         r.feed(repeats_drain(2));
     }
-    let q = r.st.in_flight.values().next().unwrap().clone();
+    let q = r.st.orders.in_flight.values().next().unwrap().clone();
     r.feed(xid(2, 79));
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Replace);
     let d = Run::only_order(&r.feed(done(q.id)));
     let rep = Run::only_order(&r.feed(done(d.id)));
     assert_eq!(rep.command, Command::Replace);
@@ -241,10 +241,10 @@ fn a_drain_that_overruns_its_deadline_moves_on_to_replace() {
     assert!(Run::orders(&r.advance(Duration::from_secs(29 * 60))).is_empty());
     let rep = Run::only_order(&r.advance(Duration::from_secs(2 * 60)));
     assert_eq!(rep.command, Command::Replace);
-    assert!(!r.st.in_flight.contains_key(&d.id));
+    assert!(!r.st.orders.in_flight.contains_key(&d.id));
     // A late outcome for the escalated drain changes nothing.
     assert!(Run::orders(&r.feed(done(d.id))).is_empty());
-    assert_eq!(r.st.node, NodePhase::Replacing);
+    assert_eq!(r.st.node.phase, NodePhase::Replacing);
 }
 
 #[test]
@@ -260,7 +260,7 @@ fn retryable_failures_are_retried_then_give_up() {
     }
     r.feed(failed(rep.id, true));
     assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Failed)]);
-    assert!(r.st.remediation.is_none());
+    assert!(r.st.node.remediation.is_none());
     assert!(Run::orders(&r.advance(Duration::from_secs(3600))).is_empty());
 }
 
@@ -271,7 +271,7 @@ fn a_deferred_order_waits_without_spending_attempts() {
     let d = Run::only_order(&r.feed(done(q.id)));
     for _ in 0..10 {
         r.feed(Input::Outcome(Outcome {
-            action: r.st.in_flight.keys().next().copied().unwrap_or(d.id),
+            action: r.st.orders.in_flight.keys().next().copied().unwrap_or(d.id),
             status: OutcomeStatus::Deferred {
                 retry_after: Duration::from_secs(60),
             },
@@ -314,7 +314,7 @@ fn mps_down_restarts_until_the_budget_is_spent_then_replaces() {
     }
     assert_eq!(restarts, 3);
     assert_eq!(r.st.mps.phase, MpsPhase::Failed);
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Replace);
 }
 
 fn crash(source: &str) -> Input {
@@ -456,7 +456,7 @@ fn terminating_drains_then_completes_the_hook() {
         }
     );
     r.feed(done(c.id));
-    assert_eq!(r.st.node, NodePhase::Terminated);
+    assert_eq!(r.st.node.phase, NodePhase::Terminated);
     // Repeated lifecycle observations do nothing more.
     assert!(
         Run::orders(&r.feed(obs(Signal::Lifecycle {
@@ -512,7 +512,7 @@ fn observe_only_records_the_decision_and_executes_nothing() {
             ("restart-mps", true)
         ]
     );
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
 }
 
 #[test]
@@ -589,8 +589,8 @@ fn a_fault_reported_on_every_poll_appears_once_in_its_incident() {
     for _ in 0..3 {
         assert!(Run::orders(&r.feed(lost())).is_empty());
     }
-    assert_eq!(r.st.next_incident, 1);
-    assert_eq!(r.st.gpus[&1].incident, Some(IncidentId(1)));
+    assert_eq!(r.st.incidents.last_id, 1);
+    assert_eq!(r.st.gpus.health[&1].incident, Some(IncidentId(1)));
 }
 
 fn abort(id: IncidentId) -> Input {
@@ -608,16 +608,16 @@ fn an_operator_abort_during_the_drain_returns_the_instance_to_service() {
     let restore = Run::only_order(&r.feed(abort(q.incident)));
     assert_eq!(restore.command, Command::Restore);
     assert!(
-        !r.st.in_flight.contains_key(&d.id),
+        !r.st.orders.in_flight.contains_key(&d.id),
         "the drain is no longer awaited"
     );
     // The drain's late outcome changes nothing; the restore finishes the incident.
     assert!(Run::orders(&r.feed(failed(d.id, false))).is_empty());
     r.feed(done(restore.id));
-    assert_eq!(r.st.node, NodePhase::InService);
-    assert!(r.st.remediation.is_none());
+    assert_eq!(r.st.node.phase, NodePhase::InService);
+    assert!(r.st.node.remediation.is_none());
     assert!(
-        !r.st.gpus.contains_key(&0),
+        !r.st.gpus.health.contains_key(&0),
         "the GPU is no longer held faulty"
     );
     assert_eq!(r.closed(), vec![(q.incident, IncidentState::Aborted)]);
@@ -633,7 +633,7 @@ fn an_abort_after_auto_scaling_was_asked_is_refused() {
     let d = Run::only_order(&r.feed(done(q.id)));
     let rep = Run::only_order(&r.feed(done(d.id)));
     assert!(Run::orders(&r.feed(abort(q.incident))).is_empty());
-    assert!(r.st.in_flight.contains_key(&rep.id));
+    assert!(r.st.orders.in_flight.contains_key(&rep.id));
     assert!(r.actions.iter().any(|a| matches!(
         a,
         Action::Log(Record { event: IncidentEvent::Note { text }, .. }) if text.contains("refused")
@@ -661,7 +661,7 @@ fn an_mps_budget_spent_during_a_node_remediation_closes_its_incident() {
     }
     assert_eq!(r.st.mps.phase, MpsPhase::Failed);
     assert_eq!(
-        r.st.open.keys().copied().collect::<Vec<_>>(),
+        r.st.incidents.open.keys().copied().collect::<Vec<_>>(),
         vec![q.incident]
     );
     assert!(r.closed().iter().any(|(_, s)| *s == IncidentState::Failed));
@@ -711,7 +711,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
             )
         }
         Ev::Outcome(i, s) => {
-            let ids: Vec<ActionId> = st.in_flight.keys().copied().collect();
+            let ids: Vec<ActionId> = st.orders.in_flight.keys().copied().collect();
             let id = *ids.get(i % ids.len().max(1))?;
             let status = match s {
                 0 => OutcomeStatus::Done,
@@ -742,7 +742,7 @@ fn to_input(e: &Ev, st: &State) -> Option<(Input, Duration)> {
             Duration::ZERO,
         ),
         Ev::Abort => (
-            abort(st.remediation.map_or(IncidentId(1), |r| r.incident)),
+            abort(st.node.remediation.map_or(IncidentId(1), |r| r.incident)),
             Duration::ZERO,
         ),
     })
@@ -772,8 +772,8 @@ proptest! {
                     restarts.push(r.now);
                 }
             }
-            let node_in_flight = r.st.in_flight.values().filter(|o| node_order(o)).count();
-            prop_assert!(r.st.node_orders_pending() <= 1, "{:?}", r.st);
+            let node_in_flight = r.st.orders.in_flight.values().filter(|o| node_order(o)).count();
+            prop_assert!(r.st.orders.node_orders_pending() <= 1, "{:?}", r.st);
             prop_assert!(node_in_flight <= 1);
             let window = policy.mps.restart_window;
             let recent = restarts.iter().filter(|t| r.now.since(**t) < window).count() as u32;
@@ -796,7 +796,7 @@ proptest! {
             prop_assert!(Run::orders(&out).is_empty(), "{out:?}");
             r.feed(Input::Tick);
         }
-        prop_assert_eq!(r.st.node, NodePhase::InService);
+        prop_assert_eq!(r.st.node.phase, NodePhase::InService);
     }
 
     #[test]
@@ -808,7 +808,7 @@ proptest! {
             let out = r.feed(input);
             prop_assert!(out.iter().all(|a| !a.is_executable()), "{out:?}");
         }
-        prop_assert!(r.st.in_flight.is_empty());
+        prop_assert!(r.st.orders.in_flight.is_empty());
     }
 
     #[test]
@@ -861,9 +861,10 @@ fn a_storm_of_distinct_xids_coalesces_and_state_stays_bounded() {
     let size = serde_json::to_vec(&r.st).unwrap().len();
     assert!(size < 64 * 1024, "state grew to {size} bytes");
     assert!(r.st.sightings.len() <= MAX_SIGHTING_KEYS);
-    assert!(r.st.recent_logs.len() <= MAX_RECENT_LOGS);
+    assert!(r.st.incidents.recent_logs.len() <= MAX_RECENT_LOGS);
     assert!(
-        r.st.recent_logs
+        r.st.incidents
+            .recent_logs
             .values()
             .all(|l| l.counts.len() <= MAX_COUNTED_SIGNALS)
     );
@@ -893,7 +894,7 @@ fn signals_no_rule_judges_coalesce_too() {
         r.feed(xid(0, i));
     }
     assert_eq!(r.closed().len(), 1);
-    assert_eq!(r.st.recent_logs.len(), 1);
+    assert_eq!(r.st.incidents.recent_logs.len(), 1);
 }
 
 /// A task over its GPU memory reservation is the task's matter: two tasks crossing on one GPU
@@ -917,10 +918,11 @@ fn tasks_over_their_reservation_are_one_logged_incident_each() {
     assert!(closed.iter().all(|(_, s)| *s == IncidentState::Logged));
     assert!(
         r.st.gpus
+            .health
             .get(&1)
             .is_none_or(|h| h.status == GpuStatus::Healthy),
         "{:?}",
-        r.st.gpus
+        r.st.gpus.health
     );
     r.advance(Duration::from_secs(11 * 60));
     r.feed(over("arn:task/a"));
@@ -959,7 +961,7 @@ fn the_replacement_waits_for_the_evidence_collection_then_goes() {
     let d = Run::only_order(&r.feed(done(q))).id;
     // The drain is done before the collection: the replacement waits for it.
     assert!(Run::orders(&r.feed(done(d))).is_empty());
-    assert_eq!(r.st.node, NodePhase::Draining);
+    assert_eq!(r.st.node.phase, NodePhase::Draining);
     let out = r.feed(done(ev));
     assert_eq!(kinds(&out), ["replace"]);
 }
@@ -1001,7 +1003,7 @@ fn evidence_off_or_a_non_fatal_signal_under_on_fatal_orders_no_collection() {
         r.advance(Duration::from_secs(60));
     }
     assert_eq!(kinds(&r.feed(repeats_drain(2))), ["quarantine"]);
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Drain);
     // Under `always` the same drain collects.
     let mut r = with_evidence(crate::model::EvidenceMode::Always);
     for _ in 0..4 {
@@ -1033,7 +1035,7 @@ fn the_reboot_waits_for_the_evidence_collection_too() {
     // XID 79 the first time: the default policy reboots.
     let out = r.feed(xid(0, 79));
     assert_eq!(kinds(&out), ["quarantine", "collect-evidence"]);
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Reboot);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Reboot);
     let orders = Run::orders(&out);
     let (q, ev) = (orders[0].id, orders[1].id);
     let d = Run::only_order(&r.feed(done(q))).id;
@@ -1113,7 +1115,7 @@ fn a_drain_closes_without_waiting_and_the_archive_is_recorded_after() {
         r.advance(Duration::from_secs(60));
     }
     let orders = Run::orders(&r.feed(repeats_drain(2)));
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Drain);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Drain);
     let (q, ev) = (orders[0].id, orders[1].id);
     let d = Run::only_order(&r.feed(done(q))).id;
     r.feed(done(d));
@@ -1152,7 +1154,10 @@ fn an_abort_while_the_replacement_waits_for_the_evidence_drops_the_replacement()
     assert!(Run::orders(&r.feed(done(d))).is_empty(), "replacement held");
     let restore = Run::only_order(&r.feed(abort(orders[0].incident)));
     assert_eq!(restore.command, Command::Restore);
-    assert!(r.st.in_flight.contains_key(&ev), "the collection runs on");
+    assert!(
+        r.st.orders.in_flight.contains_key(&ev),
+        "the collection runs on"
+    );
     // The collection ends: recorded, and no replacement of an instance the operator kept.
     let out = r.feed(done(ev));
     assert!(
@@ -1169,7 +1174,7 @@ fn an_abort_while_the_replacement_waits_for_the_evidence_drops_the_replacement()
         })
     )));
     r.feed(done(restore.id));
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
     assert!(r.st.evidence.is_none());
 }
 
@@ -1180,7 +1185,7 @@ fn an_abort_while_the_replacement_waits_for_the_evidence_drops_the_replacement()
 fn a_fatal_signal_after_a_storm_still_joins_the_node_incidents_timeline() {
     let mut r = Run::new(default_policy());
     r.feed(xid(2, 79));
-    let node = r.st.node_incident.expect("a node remediation");
+    let node = r.st.node.incident.expect("a node remediation");
     for i in 0..5_000 {
         r.feed(xid(i % 2, 200_000 + i));
     }

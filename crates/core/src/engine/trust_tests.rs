@@ -107,9 +107,9 @@ fn a_self_fault_is_journaled_once_never_remediated_and_closed_when_it_clears() {
         r.feed(Input::Tick);
     }
     assert_eq!(r.opened(), 1, "one incident, not one per poll");
-    assert_eq!(r.st.node, NodePhase::InService);
-    let f = &r.st.self_faults["nvml"];
-    assert!(r.st.open.contains_key(&f.incident));
+    assert_eq!(r.st.node.phase, NodePhase::InService);
+    let f = &r.st.incidents.self_faults["nvml"];
+    assert!(r.st.incidents.open.contains_key(&f.incident));
     let id = f.incident;
     // A state that already knows the fault is not changed by another report of it: the
     // supervisor does not even write it to inputs.jsonl.
@@ -121,8 +121,8 @@ fn a_self_fault_is_journaled_once_never_remediated_and_closed_when_it_clears() {
             component: "nvml".into(),
         },
     )));
-    assert!(r.st.self_faults.is_empty());
-    assert!(!r.st.open.contains_key(&id));
+    assert!(r.st.incidents.self_faults.is_empty());
+    assert!(!r.st.incidents.open.contains_key(&id));
 }
 
 #[test]
@@ -167,14 +167,15 @@ fn without_aws_a_replace_is_recorded_as_would_have_and_the_node_stays_in_service
     });
     let out = r.feed(xid(1, 79));
     assert!(Run::orders(&out).is_empty(), "{out:?}");
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
     let w =
-        r.st.withheld
+        r.st.node
+            .withheld
             .clone()
             .expect("the decision is kept for status");
     assert_eq!(w.verdict, Verdict::Replace);
     assert!(w.why.contains("AWS remediation disabled"));
-    assert!(r.st.open.is_empty());
+    assert!(r.st.incidents.open.is_empty());
     // Later faults join it instead of opening an incident per poll.
     let before = r.opened();
     for g in 0..4 {
@@ -215,7 +216,7 @@ fn without_aws_a_node_fault_that_stays_is_journaled_once() {
         ));
     }
     assert_eq!(r.opened(), 1);
-    assert!(r.st.withheld.is_some());
+    assert!(r.st.node.withheld.is_some());
     let once = signals(&r);
     for _ in 0..5 {
         r.now = r.now.plus(Duration::from_secs(30));
@@ -238,7 +239,7 @@ fn a_chain_that_failed_at_every_step_does_not_claim_the_node_drained() {
     let rep = Run::orders(&r.fail(&d)).remove(0);
     assert_eq!(rep.command, Command::Replace);
     r.fail(&rep);
-    assert_eq!(r.st.node, NodePhase::InService, "nothing took effect");
+    assert_eq!(r.st.node.phase, NodePhase::InService, "nothing took effect");
     // And when the quarantine and drain did work, the node is drained.
     let mut r = Run::new(Capabilities::default());
     let q = Run::orders(&r.feed(xid(1, 79))).remove(0);
@@ -256,7 +257,7 @@ fn a_chain_that_failed_at_every_step_does_not_claim_the_node_drained() {
     let d = Run::orders(&r.feed(ok(&q))).remove(0);
     let rep = Run::orders(&r.feed(ok(&d))).remove(0);
     r.fail(&rep);
-    assert_eq!(r.st.node, NodePhase::Drained);
+    assert_eq!(r.st.node.phase, NodePhase::Drained);
 }
 
 #[test]
@@ -350,9 +351,11 @@ proptest! {
         now in prop::sample::select(vec![0u64, 1_700_000_000_000, crate::model::MAX_RFC3339_MS, u64::MAX]),
         inputs in prop::collection::vec(0u8..7, 1..30),
     ) {
-        let mut st = State { next_incident: next, next_action: next, ..State::default() };
+        let mut st = State::default();
+        st.incidents.last_id = next;
+        st.orders.last_id = next;
         st.mps.restarts = vec![Timestamp(u64::MAX); 2];
-        st.in_flight.insert(ActionId(next), Order {
+        st.orders.in_flight.insert(ActionId(next), Order {
             id: ActionId(next),
             incident: IncidentId(next),
             command: Command::Replace,
@@ -360,7 +363,7 @@ proptest! {
             deadline: Timestamp(u64::MAX),
             planned: false,
         });
-        st.scheduled.push(Scheduled { at: Timestamp(0), incident: IncidentId(next), command: Command::RestartMps, attempt });
+        st.orders.scheduled.push(Scheduled { at: Timestamp(0), incident: IncidentId(next), command: Command::RestartMps, attempt });
         st.sightings.insert_evicting("x@gpu0".into(), Sightings::newest(&[Timestamp(u64::MAX), Timestamp(0)]), |_| ());
         let p = policy();
         for i in inputs {

@@ -849,10 +849,8 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("state.json");
         assert_eq!(load_state(&p).unwrap(), None);
-        let s = State {
-            next_incident: 7,
-            ..State::default()
-        };
+        let mut s = State::default();
+        s.incidents.last_id = 7;
         save_state(&p, &s).unwrap();
         assert_eq!(load_state(&p).unwrap(), Some(s));
         assert!(!p.with_extension("json.tmp").exists());

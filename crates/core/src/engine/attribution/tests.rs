@@ -123,7 +123,7 @@ fn one_task_faulting_again_and_again_stays_in_service_as_one_incident() {
         opened[0].2
     );
     assert!(opened[0].2.contains("application's"), "{}", opened[0].2);
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
 }
 
 #[test]
@@ -141,7 +141,7 @@ fn different_programs_at_one_gpc_tpc_drain_for_the_diagnosis() {
     let o = r.orders();
     assert_eq!(o.len(), 1, "{o:?}");
     assert_eq!(o[0].command, Command::Quarantine);
-    assert_eq!(r.st.remediation.map(|m| m.goal), Some(Goal::Drain));
+    assert_eq!(r.st.node.remediation.map(|m| m.goal), Some(Goal::Drain));
     let last = r.opened().pop().unwrap();
     assert_eq!(last.0, "xid-13-graphics-exception/suspect");
     assert!(last.2.contains("GPC 4, TPC 2"), "{}", last.2);
@@ -180,7 +180,7 @@ fn one_family_on_four_gpus_is_left_in_service() {
         }
     }
     assert!(r.orders().is_empty());
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
 }
 
 #[test]
@@ -257,7 +257,7 @@ fn an_overlays_culprit_stops_exactly_that_task() {
         vec!["arn:aws:ecs:us-east-1:111122223333:task/c/bad".to_string()]
     );
     assert_eq!(stop.1, vec![4242]);
-    assert_eq!(r.st.node, NodePhase::InService);
+    assert_eq!(r.st.node.phase, NodePhase::InService);
 }
 
 #[test]

@@ -142,15 +142,15 @@ fn a_drained_node_that_passes_its_diagnosis_goes_back_into_service() {
             level: Level::Standard
         }
     );
-    assert_eq!(r.st.node, NodePhase::Verifying);
+    assert_eq!(r.st.node.phase, NodePhase::Verifying);
     let restore = Run::order(&r.done_with(&t, Some(diagnosis(DiagResult::Pass))));
     assert_eq!(restore.command, Command::Restore);
     let out = r.done(&restore);
     let (state, summary) = Run::closed(&out).unwrap();
     assert_eq!(state, IncidentState::Resolved);
     assert!(summary.contains("diagnosed healthy"), "{summary}");
-    assert_eq!(r.st.node, NodePhase::InService);
-    assert!(r.st.remediation.is_none());
+    assert_eq!(r.st.node.phase, NodePhase::InService);
+    assert!(r.st.node.remediation.is_none());
 }
 
 #[test]
@@ -206,7 +206,7 @@ fn could_not_tell_keeps_the_node_drained_by_default_and_never_returns_it() {
     let (state, summary) = Run::closed(&out).unwrap();
     assert_eq!(state, IncidentState::Drained);
     assert!(summary.contains("could not tell"), "{summary}");
-    assert_eq!(r.st.node, NodePhase::Drained);
+    assert_eq!(r.st.node.phase, NodePhase::Drained);
     // A done order that brought no diagnosis is no pass either.
     let mut r = Run::new(Some(Level::Quick), true);
     let t = Run::order(&r.drained());
@@ -252,7 +252,7 @@ fn a_diagnosis_past_its_deadline_could_not_tell() {
             .iter()
             .all(|a| !a.is_executable())
     );
-    assert_eq!(r.st.node, NodePhase::Drained);
+    assert_eq!(r.st.node.phase, NodePhase::Drained);
 }
 
 #[test]

@@ -117,7 +117,7 @@ impl Run {
                 boot: self.st.repair.boot.clone().unwrap()
             }
         );
-        assert_eq!(self.st.node, NodePhase::Rebooting);
+        assert_eq!(self.st.node.phase, NodePhase::Rebooting);
         b
     }
 
@@ -127,7 +127,7 @@ impl Run {
         self.now = self.now.plus(Duration::from_secs(90));
         let q = Run::order(&self.feed(Input::Boot { id: id.into() }));
         assert_eq!(q.command, Command::Quarantine);
-        assert_eq!(self.st.node, NodePhase::Verifying);
+        assert_eq!(self.st.node.phase, NodePhase::Verifying);
         let c = Run::order(&self.done(&q));
         assert_eq!(c.command, Command::BootCheck);
         c
@@ -175,9 +175,9 @@ fn a_first_xid_79_reboots_and_a_healthy_node_returns_to_service() {
     let mut r = Run::new();
     let out = r.xid(79);
     r.repair(out, "boot-2");
-    assert_eq!(r.st.node, NodePhase::InService);
-    assert!(r.st.remediation.is_none());
-    assert!(r.st.gpus.is_empty(), "the GPU's fault is cleared");
+    assert_eq!(r.st.node.phase, NodePhase::InService);
+    assert!(r.st.node.remediation.is_none());
+    assert!(r.st.gpus.health.is_empty(), "the GPU's fault is cleared");
     let (id, state, summary) = r.closed().pop().unwrap();
     assert_eq!((id, state), (IncidentId(1), IncidentState::Repaired));
     assert!(summary.contains("repaired by reboot"), "{summary}");
@@ -224,7 +224,7 @@ fn a_node_still_faulty_after_the_boot_is_replaced_with_its_slot_held() {
     let rep = Run::order(&r.done(&d));
     assert_eq!(rep.command, Command::Replace);
     r.done(&rep);
-    assert_eq!(r.st.node, NodePhase::Replaced);
+    assert_eq!(r.st.node.phase, NodePhase::Replaced);
     assert_eq!(r.closed().pop().unwrap().1, IncidentState::Replaced);
     assert_eq!(r.st.repair.history[0].result, RepairResult::Escalated);
     assert!(
@@ -258,7 +258,7 @@ fn a_node_still_up_past_the_reboot_deadline_is_replaced() {
     let out = r.xid(79);
     let b = r.through_to_reboot(out);
     assert!(r.done(&b).iter().all(|a| !a.is_executable()));
-    assert_eq!(r.st.remediation.unwrap().step, Step::AwaitBoot);
+    assert_eq!(r.st.node.remediation.unwrap().step, Step::AwaitBoot);
     assert!(Run::orders_of(&r.later(Duration::from_secs(300))).is_empty());
     // gpu-medic restarted on the same boot: still waiting.
     assert!(
@@ -284,7 +284,7 @@ fn a_reboot_order_in_flight_at_a_new_boot_is_finished_never_resumed() {
     let q = Run::order(&out);
     assert_eq!(q.command, Command::Quarantine);
     assert!(
-        !r.st.in_flight.contains_key(&b.id),
+        !r.st.orders.in_flight.contains_key(&b.id),
         "never handed out again"
     );
     assert!(out.iter().any(|a| matches!(a, Action::Log(Record { event: IncidentEvent::ActionFinished { outcome }, .. }) if outcome.action == b.id)));
@@ -293,7 +293,7 @@ fn a_reboot_order_in_flight_at_a_new_boot_is_finished_never_resumed() {
     r.feed(Input::Boot {
         id: "boot-2".into(),
     });
-    assert_eq!(r.st.remediation, before.remediation);
+    assert_eq!(r.st.node.remediation, before.node.remediation);
 }
 
 #[test]
@@ -305,10 +305,10 @@ fn the_same_boot_after_a_crash_resumes_the_reboot_order() {
         id: "boot-1".into(),
     });
     assert!(
-        r.st.in_flight.contains_key(&b.id),
+        r.st.orders.in_flight.contains_key(&b.id),
         "the call is made on resume"
     );
-    assert_eq!(r.st.remediation.unwrap().step, Step::Reboot);
+    assert_eq!(r.st.node.remediation.unwrap().step, Step::Reboot);
 }
 
 #[test]
@@ -320,7 +320,7 @@ fn the_ladder_xid_79_twice_within_the_window_is_replaced() {
     r.later(2 * DAY);
     let q = Run::order(&r.xid(79));
     assert_eq!(q.command, Command::Quarantine);
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Replace);
     let (rule, why) = r.escalations().pop().unwrap();
     assert_eq!(rule, RULE_LADDER);
     assert!(why.contains("allows 1 reboot"), "{why}");
@@ -333,7 +333,7 @@ fn the_ladder_past_the_window_reboots_again() {
     r.repair(out, "boot-2");
     r.later(8 * DAY);
     let out = r.xid(79);
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Reboot);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Reboot);
     r.repair(out, "boot-3");
     assert_eq!(r.st.repair.history.len(), 2);
 }
@@ -345,19 +345,19 @@ fn a_fault_soon_after_a_reboot_is_replaced_and_the_node_limit_holds() {
     r.repair(out, "boot-2");
     r.later(Duration::from_secs(3600));
     Run::order(&r.xid(62));
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Replace);
     assert!(r.escalations().pop().unwrap().1.contains("did not mend it"));
 
     // The node limit: 2 reboots within 7 days, whatever the rule.
     let mut r = Run::new();
     for (i, code) in [46u32, 62].into_iter().enumerate() {
         let out = r.xid(code);
-        assert_eq!(r.st.remediation.unwrap().goal, Goal::Reboot, "{code}");
+        assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Reboot, "{code}");
         r.repair(out, &format!("boot-{}", i + 2));
         r.later(2 * DAY);
     }
     Run::order(&r.xid(109));
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Replace);
     assert!(r.escalations().pop().unwrap().1.contains("limit 2"));
 }
 
@@ -371,7 +371,7 @@ fn the_fault_coming_back_after_the_boot_goes_on_to_replace() {
     r.feed(Input::Observation(
         Observation::new(Signal::GpuLost).on_gpu(GpuId::index_only(0)),
     ));
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Replace);
     // The check's own verdict then leads to drain -> replace.
     let d = Run::order(&r.fail(&c, "unhealthy"));
     assert!(matches!(d.command, Command::Drain { .. }));
@@ -381,7 +381,7 @@ fn the_fault_coming_back_after_the_boot_goes_on_to_replace() {
 fn without_the_rung_a_reboot_verdict_is_a_replace() {
     let mut r = Run::with(policy(), false);
     Run::order(&r.xid(79));
-    assert_eq!(r.st.remediation.unwrap().goal, Goal::Replace);
+    assert_eq!(r.st.node.remediation.unwrap().goal, Goal::Replace);
     let opened = r.log.iter().find_map(|a| match a {
         Action::Log(Record {
             event: IncidentEvent::Opened {
@@ -465,7 +465,7 @@ fn an_abort_is_refused_while_rebooting_and_the_history_is_bounded() {
         by: "op".into(),
     }));
     assert!(out.iter().all(|a| !a.is_executable()));
-    assert_eq!(r.st.remediation.unwrap().step, Step::AwaitBoot);
+    assert_eq!(r.st.node.remediation.unwrap().step, Step::AwaitBoot);
 
     let mut r = Run::new();
     for i in 0..(super::MAX_HISTORY + 5) {
