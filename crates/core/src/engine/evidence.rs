@@ -60,11 +60,10 @@ impl Cx<'_> {
         if !wanted || self.st.evidence.is_some() || self.policy.observe_only {
             return;
         }
-        let before = self.st.orders.last_id;
-        if self.issue(incident, Command::CollectEvidence, 1) {
+        if let Some(action) = self.issue(incident, Command::CollectEvidence, 1) {
             self.st.evidence = Some(EvidenceWait {
                 incident,
-                action: crate::model::ActionId(before.saturating_add(1)),
+                action,
                 held: None,
             });
         }

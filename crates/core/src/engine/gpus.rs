@@ -40,7 +40,24 @@ pub enum GpuStatus {
     Faulted,
 }
 
+impl Gpus {
+    /// Forgets the GPUs an incident judged (the instance is back in service).
+    pub fn forget(&mut self, incident: IncidentId) {
+        self.health.retain(|_, g| g.incident != Some(incident));
+    }
+}
+
 impl Cx<'_> {
+    /// The tasks on a GPU were stopped: its stop-tasks work is done.
+    pub(super) fn tasks_stopped(&mut self, incident: IncidentId, gpu: &GpuId) {
+        self.st.gpus.jobs.remove(&gpu.index);
+        self.close(
+            incident,
+            IncidentState::Resolved,
+            format!("tasks on {gpu} stopped; the MPS server can recover"),
+        );
+    }
+
     pub(super) fn mark_gpu(
         &mut self,
         gpu: &GpuId,
@@ -114,7 +131,7 @@ impl Cx<'_> {
             pids: obs.pids.clone(),
             tasks: obs.tasks.clone(),
         };
-        if self.issue(id, command, 1) {
+        if self.issue(id, command, 1).is_some() {
             self.st.gpus.jobs.insert(gpu.index, id);
         } else {
             self.close(

@@ -13,8 +13,8 @@ use super::{
 use crate::model::Timestamp;
 use crate::model::bounded::BoundedMap;
 use crate::model::{
-    Action, ActionId, Command, IncidentEvent, IncidentId, IncidentState, LifecycleState,
-    Observation, Order, Record, Signal, Verdict,
+    Action, Command, IncidentEvent, IncidentId, IncidentState, LifecycleState, Observation, Order,
+    Record, Signal, Verdict,
 };
 
 /// The incidents' state: the last id handed out, the incidents not yet closed and the
@@ -60,6 +60,14 @@ pub struct OpenIncident {
     pub rule: String,
     #[serde(default)]
     pub gpu: Option<u32>,
+}
+
+impl Incidents {
+    /// Forgets the log-only classes whose repeat window ended with no repeat to report.
+    pub fn forget_stale_logs(&mut self, now: Timestamp) {
+        self.recent_logs
+            .retain(|_, r| now.since(r.at) < LOG_REPEAT_WINDOW || r.repeats > 0);
+    }
 }
 
 impl Cx<'_> {
@@ -270,9 +278,8 @@ impl Cx<'_> {
         why: &str,
     ) {
         for command in commands {
-            self.st.orders.last_id = self.st.orders.last_id.saturating_add(1);
             let order = Order {
-                id: ActionId(self.st.orders.last_id),
+                id: self.st.orders.next_id(),
                 incident,
                 deadline: self.now.plus(self.deadline_for(&command)),
                 command,

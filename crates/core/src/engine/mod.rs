@@ -43,7 +43,8 @@ pub use state::{Delivery, MAX_COUNTER, Sightings, State, StreamCursor};
 use std::time::Duration;
 
 use crate::model::{
-    Action, Input, Observation, OperatorRequest, Signal, SignalKind, Timestamp, Verdict,
+    Action, Command, IncidentId, IncidentState, Input, Observation, OperatorRequest, Order,
+    Outcome, OutcomeStatus, Signal, SignalKind, Timestamp, Verdict,
 };
 use crate::policy::Policy;
 
@@ -280,6 +281,168 @@ impl Cx<'_> {
                 self.node_remediate(obs, verdict, rule, reason)
             }
         }
+    }
+}
+
+/// The rules between concerns: an order's end goes back to the concern that issued it, and
+/// a tick sweeps each concern in turn. Every call from one concern's state into another's
+/// is here or in `judge`/`dispatch` above.
+impl Cx<'_> {
+    fn outcome(&mut self, outcome: Outcome) {
+        let Some(order) = self.order_finished(&outcome) else {
+            return; // late outcome of an order already escalated past its deadline
+        };
+        if order.command == Command::RestartMps {
+            self.mps_restart_ended();
+        }
+        match &order.command {
+            // Its own retries are the remedy's (the upload backs off); the engine only records
+            // the end and lets a held step go.
+            Command::CollectEvidence => {
+                self.evidence_ended(&order, Some(&outcome), &orders::failure(&outcome));
+                return;
+            }
+            Command::Diagnose { .. } if outcome.status == OutcomeStatus::Done => {
+                self.diagnosed(order.incident, outcome.diagnosis.as_deref());
+                return;
+            }
+            _ => {}
+        }
+        match self.order_retry(&order, &outcome) {
+            Some(Ok(())) => self.order_done(&order),
+            Some(Err(why)) => self.order_failed(&order, &why),
+            None => {}
+        }
+    }
+
+    fn order_done(&mut self, order: &Order) {
+        let incident = order.incident;
+        match &order.command {
+            Command::RestartMps => {
+                // A daemon restarted afresh starts its windows afresh.
+                self.st.sightings.retain(|k, _| !k.ends_with("@mps"));
+                self.mps_restarted(incident);
+            }
+            Command::StopTasks { gpu, .. } => self.tasks_stopped(incident, gpu),
+            Command::CollectEvidence => self.evidence_ended(order, None, "no archive reported"),
+            Command::Reboot { .. } => self.reboot_accepted(incident),
+            Command::Diagnose { .. } => self.diagnosed(incident, None),
+            Command::Restore => match self.st.node.remediation {
+                Some(r) if r.diagnosed && !r.rebooted => self.diagnosed_healthy(incident),
+                Some(r) if r.goal == Goal::Reboot && r.rebooted => self.repaired(incident),
+                _ => {
+                    self.st.node.restored();
+                    self.st.gpus.forget(incident);
+                    match self.planned_restored(incident) {
+                        Some(summary) => self.close(incident, IncidentState::Resolved, summary),
+                        None => self.close(
+                            incident,
+                            IncidentState::Aborted,
+                            "aborted by an operator: the instance is ACTIVE and takes tasks again",
+                        ),
+                    }
+                }
+            },
+            command => {
+                if let Some(step) = Step::of(command) {
+                    self.advance(step);
+                }
+            }
+        }
+    }
+
+    fn order_failed(&mut self, order: &Order, why: &str) {
+        let incident = order.incident;
+        match &order.command {
+            Command::RestartMps => self.mps_restart_failed(incident, why),
+            Command::StopTasks { gpu, .. } => {
+                self.st.gpus.jobs.remove(&gpu.index);
+                if !self.st.capabilities.mps {
+                    self.close(
+                        incident,
+                        IncidentState::Failed,
+                        format!("could not stop the tasks on {gpu} ({why}); {MPS_NOT_MANAGED}; operator needed"),
+                    );
+                    return;
+                }
+                // Tasks that would not stop: restarting the daemon clears its servers.
+                let reason = format!(
+                    "could not stop the tasks on {gpu} ({why}); restarting the MPS daemon clears its servers"
+                );
+                self.escalated(incident, Verdict::RestartMps, "stop-tasks-failed", reason);
+                if self.st.mps.incident.is_none() {
+                    self.st.mps.incident = Some(incident);
+                    self.mps_try_restart(incident);
+                } else {
+                    self.close(
+                        incident,
+                        IncidentState::Failed,
+                        "an MPS restart is already under way",
+                    );
+                }
+            }
+            Command::CollectEvidence => self.evidence_ended(order, None, why),
+            command => {
+                if let Some(step) = Step::of(command) {
+                    self.step_failed(step, why);
+                }
+            }
+        }
+    }
+
+    /// A scheduled order comes due: issued again if its concern still wants it.
+    fn reissue(&mut self, s: Scheduled) {
+        match &s.command {
+            Command::RestartMps => self.mps_retry(s.incident),
+            Command::StopTasks { gpu, .. } => {
+                if self.st.gpus.jobs.get(&gpu.index) == Some(&s.incident) {
+                    self.issue(s.incident, s.command.clone(), s.attempt);
+                }
+            }
+            command => {
+                if let Some(step) = Step::of(command)
+                    && self
+                        .st
+                        .node
+                        .remediation
+                        .is_some_and(|r| r.incident == s.incident)
+                {
+                    self.start_step(s.incident, step, s.attempt);
+                }
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        self.expire_drills();
+        for order in self.orders_overdue() {
+            let why = format!("{} overran its deadline", order.command.name());
+            self.order_failed(&order, &why);
+        }
+        for s in self.st.orders.take_due(self.now) {
+            self.reissue(s);
+        }
+        self.await_boot_overdue();
+        self.planned_tick();
+        let now = self.now;
+        self.st.incidents.forget_stale_logs(now);
+        // An incident's attached signals are kept while anything still names it.
+        let keep: std::collections::BTreeSet<IncidentId> = self
+            .st
+            .incidents
+            .open
+            .keys()
+            .copied()
+            .chain(self.st.gpus.health.values().filter_map(|g| g.incident))
+            .chain(self.st.node.incident)
+            .chain(self.st.node.withheld.as_ref().map(|w| w.incident))
+            .collect();
+        self.st.incidents.attached.retain(|id, _| keep.contains(id));
+        let longest = self.longest_window();
+        self.st.sightings.retain(|_, seen| {
+            seen.retain(|t| now.since(*t) <= longest);
+            !seen.is_empty()
+        });
     }
 }
 

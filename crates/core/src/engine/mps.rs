@@ -90,6 +90,54 @@ impl Cx<'_> {
         !own.ended || self.now.since(own.at) <= OWN_EXIT_MATCH
     }
 
+    /// A restart of ours ended (whatever its outcome): systemd's report of the exit it caused
+    /// may still follow (`OWN_EXIT_MATCH`).
+    pub(super) fn mps_restart_ended(&mut self) {
+        if let Some(own) = &mut self.st.mps.own_exit {
+            *own = OwnExit {
+                at: self.now,
+                ended: true,
+            };
+        }
+    }
+
+    /// The daemon restarted and answers: its incident is resolved.
+    pub(super) fn mps_restarted(&mut self, incident: IncidentId) {
+        self.st.mps.phase = MpsPhase::Up;
+        if self.st.mps.incident == Some(incident) {
+            self.st.mps.incident = None;
+        }
+        self.close(
+            incident,
+            IncidentState::Resolved,
+            "MPS control daemon restarted and answering",
+        );
+    }
+
+    /// A restart failed: tried again while the budget lasts, then declared failed.
+    pub(super) fn mps_restart_failed(&mut self, incident: IncidentId, why: &str) {
+        self.st.mps.phase = MpsPhase::Unresponsive;
+        self.note(incident, format!("MPS restart failed: {why}"));
+        let used = u32::try_from(self.st.mps.restarts.len()).unwrap_or(u32::MAX);
+        if used < self.policy.mps.restart_budget {
+            self.schedule(
+                incident,
+                Command::RestartMps,
+                used.saturating_add(1),
+                self.policy.retry.delay,
+            );
+        } else {
+            self.mps_try_restart(incident);
+        }
+    }
+
+    /// A scheduled restart came due: tried if the daemon is still down for this incident.
+    pub(super) fn mps_retry(&mut self, incident: IncidentId) {
+        if self.st.mps.phase != MpsPhase::Up && self.st.mps.incident == Some(incident) {
+            self.mps_try_restart(incident);
+        }
+    }
+
     /// Restarts the daemon if the budget allows; otherwise declares it failed.
     pub(super) fn mps_try_restart(&mut self, incident: IncidentId) {
         let window = self.policy.mps.restart_window;
@@ -97,7 +145,10 @@ impl Cx<'_> {
         self.st.mps.restarts.retain(|t| now.since(*t) < window);
         let used = u32::try_from(self.st.mps.restarts.len()).unwrap_or(u32::MAX);
         if used < self.policy.mps.restart_budget {
-            if self.issue(incident, Command::RestartMps, used.saturating_add(1)) {
+            if self
+                .issue(incident, Command::RestartMps, used.saturating_add(1))
+                .is_some()
+            {
                 self.st.mps.restarts.push(now);
                 self.st.mps.phase = MpsPhase::Restarting;
                 self.st.mps.own_exit = Some(OwnExit {
@@ -141,13 +192,7 @@ impl Cx<'_> {
             .map(|r| format!("{}@mps", r.name))
             .collect();
         self.st.sightings.retain(|k, _| !liveness.contains(k));
-        let restart_in_flight = self
-            .st
-            .orders
-            .in_flight
-            .values()
-            .any(|o| o.command == Command::RestartMps);
-        if restart_in_flight {
+        if self.st.orders.in_flight_any(&Command::RestartMps) {
             return; // the restart's own outcome closes the incident
         }
         self.st

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{AWS_DISABLED, Cx, GpuStatus, RULE_LIFECYCLE_TERMINATE};
 use crate::model::Timestamp;
 use crate::model::{
-    ActionId, Command, IncidentId, IncidentState, LifecycleHook, LifecycleResult, LifecycleState,
+    Command, IncidentId, IncidentState, LifecycleHook, LifecycleResult, LifecycleState,
     Observation, Verdict,
 };
 
@@ -167,6 +167,34 @@ pub enum Step {
     BootCheck,
     /// The GPUs tested on the drained node (`gpu-medic diagnose`) before it is trusted again.
     Diagnose,
+}
+
+impl Node {
+    /// Back in service with no remediation (an operator's abort undone, or a planned event
+    /// over).
+    pub fn restored(&mut self) {
+        self.remediation = None;
+        self.phase = NodePhase::InService;
+    }
+}
+
+impl Step {
+    /// The step an order carries out, for the node's orders.
+    pub fn of(command: &Command) -> Option<Step> {
+        Some(match command {
+            Command::Quarantine => Step::Quarantine,
+            Command::Drain { .. } => Step::Drain,
+            Command::Replace => Step::Replace,
+            Command::Restore => Step::Restore,
+            Command::Reboot { .. } => Step::Reboot,
+            Command::BootCheck => Step::BootCheck,
+            Command::Diagnose { .. } => Step::Diagnose,
+            Command::CompleteLifecycle { .. } => Step::CompleteLifecycle,
+            Command::RestartMps | Command::StopTasks { .. } | Command::CollectEvidence => {
+                return None;
+            }
+        })
+    }
 }
 
 impl Cx<'_> {
@@ -646,21 +674,12 @@ impl Cx<'_> {
         }
         // An evidence collection changes nothing on the node: it runs on and its archive is
         // recorded, but the step it held back is dropped with the rest of the repair.
-        let cancelled: Vec<ActionId> = self
-            .st
+        self.st
             .orders
-            .in_flight
-            .values()
-            .filter(|o| o.incident == incident && o.command != Command::CollectEvidence)
-            .map(|o| o.id)
-            .collect();
-        for id in &cancelled {
-            self.st.orders.in_flight.remove(id);
-        }
+            .cancel(incident, |c| *c != Command::CollectEvidence);
         if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
             w.held = None;
         }
-        self.st.orders.scheduled.retain(|s| s.incident != incident);
         self.repair_aborted(incident);
         self.escalated(
             incident,
