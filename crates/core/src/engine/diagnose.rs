@@ -109,8 +109,7 @@ impl Cx<'_> {
         };
         match self.policy.diagnose.on_unknown {
             OnUnknown::Keep => {
-                self.st.node.remediation = None;
-                self.st.node.phase = NodePhase::Drained;
+                self.st.node.end(NodePhase::Drained);
                 let after = if rem.rebooted {
                     "after the reboot"
                 } else {
@@ -170,12 +169,7 @@ impl Cx<'_> {
 
     /// Back in service after a diagnosis passed on a drained node (no reboot).
     pub(super) fn diagnosed_healthy(&mut self, incident: IncidentId) {
-        self.st.node.remediation = None;
-        self.st.node.phase = NodePhase::InService;
-        self.st
-            .gpus
-            .health
-            .retain(|_, g| g.incident != Some(incident));
+        self.back_in_service(incident);
         self.close(
             incident,
             IncidentState::Resolved,

@@ -133,7 +133,22 @@ impl Cx<'_> {
             return;
         }
         match &obs.signal {
-            Signal::MpsUp => self.mps_up(&obs),
+            Signal::MpsUp => {
+                // An answer ends the daemon's "down" and "not answering" windows, not its
+                // crashes: a daemon whose servers (or itself, under systemd's Restart=) keep
+                // dying may answer every probe in between.
+                let liveness: Vec<String> = self
+                    .policy
+                    .rules
+                    .iter()
+                    .filter(|r| {
+                        matches!(r.signal, SignalKind::MpsDown | SignalKind::MpsUnresponsive)
+                    })
+                    .map(|r| format!("{}@mps", r.name))
+                    .collect();
+                self.st.sightings.retain(|k, _| !liveness.contains(k));
+                self.mps_up(&obs)
+            }
             Signal::Lifecycle { state } => {
                 let state = *state;
                 self.lifecycle(&obs, state)
@@ -331,8 +346,7 @@ impl Cx<'_> {
                 Some(r) if r.diagnosed && !r.rebooted => self.diagnosed_healthy(incident),
                 Some(r) if r.goal == Goal::Reboot && r.rebooted => self.repaired(incident),
                 _ => {
-                    self.st.node.restored();
-                    self.st.gpus.forget(incident);
+                    self.back_in_service(incident);
                     match self.planned_restored(incident) {
                         Some(summary) => self.close(incident, IncidentState::Resolved, summary),
                         None => self.close(
@@ -388,6 +402,13 @@ impl Cx<'_> {
                 }
             }
         }
+    }
+
+    /// The node is back in service: its remediation is over, and the GPUs its incident
+    /// judged are forgotten (they passed what brought the node back).
+    pub(super) fn back_in_service(&mut self, incident: IncidentId) {
+        self.st.node.end(NodePhase::InService);
+        self.st.gpus.forget(incident);
     }
 
     /// A scheduled order comes due: issued again if its concern still wants it.

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Cx, MPS_NOT_MANAGED, OWN_EXIT_MATCH, RULE_MPS_BUDGET, target_key};
 use crate::model::Timestamp;
-use crate::model::{Command, IncidentId, IncidentState, Observation, Signal, SignalKind, Verdict};
+use crate::model::{Command, IncidentId, IncidentState, Observation, Signal, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct MpsState {
@@ -180,18 +180,9 @@ impl Cx<'_> {
         }
     }
 
+    /// The daemon answers: its incident closes unless a restart of ours is still out (its
+    /// outcome closes it) or the node's remediation holds it.
     pub(super) fn mps_up(&mut self, obs: &Observation) {
-        // An answer ends the daemon's "down" and "not answering" sightings, not its crashes:
-        // a daemon whose servers (or itself, under systemd's Restart=) keep dying may answer
-        // every probe in between.
-        let liveness: Vec<String> = self
-            .policy
-            .rules
-            .iter()
-            .filter(|r| matches!(r.signal, SignalKind::MpsDown | SignalKind::MpsUnresponsive))
-            .map(|r| format!("{}@mps", r.name))
-            .collect();
-        self.st.sightings.retain(|k, _| !liveness.contains(k));
         if self.st.orders.in_flight_any(&Command::RestartMps) {
             return; // the restart's own outcome closes the incident
         }

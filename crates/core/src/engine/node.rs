@@ -170,11 +170,16 @@ pub enum Step {
 }
 
 impl Node {
-    /// Back in service with no remediation (an operator's abort undone, or a planned event
-    /// over).
-    pub fn restored(&mut self) {
+    /// A remediation takes the node: later signals join its incident.
+    pub fn begin(&mut self, remediation: Remediation) {
+        self.incident = Some(remediation.incident);
+        self.remediation = Some(remediation);
+    }
+
+    /// The remediation is over and leaves the node in `phase`.
+    pub fn end(&mut self, phase: NodePhase) {
         self.remediation = None;
-        self.phase = NodePhase::InService;
+        self.phase = phase;
     }
 }
 
@@ -337,8 +342,7 @@ impl Cx<'_> {
         } else {
             Step::Quarantine
         };
-        self.st.node.remediation = Some(Remediation::new(incident, goal, step));
-        self.st.node.incident = Some(incident);
+        self.st.node.begin(Remediation::new(incident, goal, step));
         self.start_step(incident, step, 1);
     }
 
@@ -637,8 +641,9 @@ impl Cx<'_> {
         } else {
             Step::Drain
         };
-        self.st.node.remediation = Some(Remediation::new(id, Goal::Terminate, step));
-        self.st.node.incident = Some(id);
+        self.st
+            .node
+            .begin(Remediation::new(id, Goal::Terminate, step));
         self.start_step(id, step, 1);
     }
 

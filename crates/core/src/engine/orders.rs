@@ -46,12 +46,32 @@ impl Orders {
         self.in_flight.values().any(|o| &o.command == command)
     }
 
-    /// Drops an incident's orders: those scheduled, and those in flight that `cancel` picks
+    /// Drops an incident's orders: those scheduled, and those in flight that `pick` picks
     /// (their late outcomes are then ignored).
-    pub fn cancel(&mut self, incident: IncidentId, cancel: impl Fn(&Command) -> bool) {
-        self.in_flight
-            .retain(|_, o| o.incident != incident || !cancel(&o.command));
+    pub fn cancel(&mut self, incident: IncidentId, pick: impl Fn(&Command) -> bool) {
+        self.take_in_flight(incident, pick);
         self.scheduled.retain(|s| s.incident != incident);
+    }
+
+    /// Takes an incident's orders that `pick` picks out of the remedies' hands (their late
+    /// outcomes are then ignored), and drops those of them scheduled; returns the ids taken.
+    pub fn take_in_flight(
+        &mut self,
+        incident: IncidentId,
+        pick: impl Fn(&Command) -> bool,
+    ) -> Vec<ActionId> {
+        let taken: Vec<ActionId> = self
+            .in_flight
+            .values()
+            .filter(|o| o.incident == incident && pick(&o.command))
+            .map(|o| o.id)
+            .collect();
+        for id in &taken {
+            self.in_flight.remove(id);
+        }
+        self.scheduled
+            .retain(|s| s.incident != incident || !pick(&s.command));
+        taken
     }
     /// Takes the orders past their deadline out of the remedies' hands.
     pub fn take_overdue(&mut self, now: Timestamp) -> Vec<Order> {

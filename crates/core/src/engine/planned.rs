@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use super::{Cx, RULE_SELF_FAULT};
 use super::{Goal, NodePhase, Remediation, State, Step};
 use crate::model::{
-    ActionId, AgentVerdict, Command, EventClass, EventState, IncidentId, IncidentState,
-    Observation, ScheduledEvent, Signal, SignalKind, Timestamp, Verdict,
+    AgentVerdict, Command, EventClass, EventState, IncidentId, IncidentState, Observation,
+    ScheduledEvent, Signal, SignalKind, Timestamp, Verdict,
 };
 use crate::policy::planned::Rebalance;
 
@@ -537,27 +537,15 @@ impl Cx<'_> {
             }
             return;
         }
-        let cancelled: Vec<ActionId> = self
-            .st
-            .orders
-            .in_flight
-            .values()
-            .filter(|o| o.incident == id)
-            .map(|o| o.id)
-            .collect();
-        for a in &cancelled {
-            self.st.orders.in_flight.remove(a);
-        }
-        self.st.orders.scheduled.retain(|s| s.incident != id);
+        self.st.orders.cancel(id, |_| true);
         if let Some(x) = self.st.planned.events.get_mut(key) {
             x.restore_summary = summary;
         }
         let base = rem.unwrap_or_else(|| Remediation::new(id, Goal::Drain, Step::Restore));
-        self.st.node.remediation = Some(Remediation {
+        self.st.node.begin(Remediation {
             step: Step::Restore,
             ..base
         });
-        self.st.node.incident = Some(id);
         self.start_step(id, Step::Restore, 1);
     }
 

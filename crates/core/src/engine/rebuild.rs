@@ -404,8 +404,7 @@ impl Rebuild {
         rem.drained = self.drained.contains(&id);
         rem.rebooted = rebooted;
         rem.until = awaiting.map(|at| at.plus(self.reboot_deadline));
-        self.st.node.remediation = Some(rem);
-        self.st.node.incident = Some(id);
+        self.st.node.begin(rem);
         self.st.node.phase = match step {
             Step::Quarantine => NodePhase::Quarantined,
             Step::Drain => NodePhase::Draining,

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Cx, Goal, NodePhase, Step};
 use crate::model::{
-    ActionId, Command, IncidentEvent, IncidentId, IncidentState, Outcome, OutcomeStatus, Signal,
-    Timestamp, Verdict,
+    Command, IncidentEvent, IncidentId, IncidentState, Outcome, OutcomeStatus, Signal, Timestamp,
+    Verdict,
 };
 
 /// The rule name recorded when the ladder sends a reboot verdict on to `replace`.
@@ -277,16 +277,11 @@ impl Cx<'_> {
         if let Some(r) = self.st.repair.pending_mut(rem.incident) {
             r.boot_after = Some(id.clone());
         }
-        let reboots: Vec<ActionId> = self
+        let reboots = self
             .st
             .orders
-            .in_flight
-            .values()
-            .filter(|o| o.incident == rem.incident && matches!(o.command, Command::Reboot { .. }))
-            .map(|o| o.id)
-            .collect();
+            .take_in_flight(rem.incident, |c| matches!(c, Command::Reboot { .. }));
         for action in reboots {
-            self.st.orders.in_flight.remove(&action);
             self.record(
                 rem.incident,
                 IncidentEvent::ActionFinished {
@@ -303,9 +298,6 @@ impl Cx<'_> {
                 },
             );
         }
-        self.st.orders.scheduled.retain(|s| {
-            !(s.incident == rem.incident && matches!(s.command, Command::Reboot { .. }))
-        });
         self.note(
             rem.incident,
             format!("new boot {id} (was {before}): the reboot happened; checking the node before it takes tasks again"),
@@ -414,12 +406,7 @@ impl Cx<'_> {
 
     /// Back in service after the boot check.
     pub(super) fn repaired(&mut self, incident: IncidentId) {
-        self.st.node.remediation = None;
-        self.st.node.phase = NodePhase::InService;
-        self.st
-            .gpus
-            .health
-            .retain(|_, g| g.incident != Some(incident));
+        self.back_in_service(incident);
         let boot = self.st.repair.boot.clone().unwrap_or_default();
         // A pending row remap takes effect at the reset a reboot makes; the boot check found
         // none pending (its rule is itself a reboot verdict), so it was applied.
