@@ -40,11 +40,18 @@ pub struct DrillMark {
     pub observe: bool,
 }
 
+impl Drills {
+    /// Disarms the drill `id` (if armed).
+    pub fn disarm(&mut self, id: &str) {
+        self.armed.retain(|a| a.drill.id != id);
+    }
+}
+
 impl Cx<'_> {
     /// Arms a drill; one that brings its observation is judged at once.
     pub(super) fn drill(&mut self, drill: Drill) {
         self.expire_drills();
-        self.st.drills.armed.retain(|a| a.drill.id != drill.id);
+        self.st.drills.disarm(&drill.id);
         let inject = drill.inject.clone();
         let id = drill.id.clone();
         self.st.drills.armed.push_evicting(ArmedDrill {
@@ -56,7 +63,7 @@ impl Cx<'_> {
             self.observe(obs);
             self.drill = None;
             // Judged once: it does not wait for another signal.
-            self.st.drills.armed.retain(|a| a.drill.id != id);
+            self.st.drills.disarm(&id);
         }
     }
 
@@ -68,11 +75,22 @@ impl Cx<'_> {
             .retain(|a| now.since(a.at) <= DRILL_ARM_WINDOW);
     }
 
-    /// The armed drill this step's incident belongs to, taken out of the armed list.
-    pub(super) fn take_drill(&mut self) -> Option<Drill> {
+    /// The incident `incident` opens now is the armed drill's whose signal this step judges,
+    /// if any: the drill is taken out of the armed list and the incident marked as its.
+    pub(super) fn claim_drill(&mut self, incident: IncidentId) -> Option<Drill> {
         let id = self.drill.take()?;
         let at = self.st.drills.armed.iter().position(|a| a.drill.id == id)?;
-        Some(self.st.drills.armed.remove(at).drill)
+        let drill = self.st.drills.armed.remove(at).drill;
+        // The oldest drill incident (the smallest id) makes room.
+        self.st.drills.incidents.insert_evicting(
+            incident,
+            DrillMark {
+                id: drill.id.clone(),
+                observe: drill.observe,
+            },
+            |_| (),
+        );
+        Some(drill)
     }
 
     /// An observation from a probe: the drill it is the signal of, if one is armed for it.

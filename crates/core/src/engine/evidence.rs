@@ -69,6 +69,14 @@ impl Cx<'_> {
         }
     }
 
+    /// Lets go of the step an incident's collection holds back (the step is dropped; the
+    /// collection runs on and its archive is recorded).
+    pub(super) fn evidence_release(&mut self, incident: IncidentId) {
+        if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
+            w.held = None;
+        }
+    }
+
     /// Holds `step` back while a collection of the same incident runs. Returns true when held.
     pub(super) fn evidence_holds(
         &mut self,

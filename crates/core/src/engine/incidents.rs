@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Cx, DrillMark, LOG_REPEAT_WINDOW, MAX_ATTACHED_PER_INCIDENT, MAX_RECENT_LOGS, RULE_LAUNCH_GATE,
+    Cx, LOG_REPEAT_WINDOW, MAX_ATTACHED_PER_INCIDENT, MAX_RECENT_LOGS, RULE_LAUNCH_GATE,
     RULE_SELF_FAULT, attach_key,
 };
 use crate::model::Timestamp;
@@ -109,18 +109,7 @@ impl Cx<'_> {
             .entry(id)
             .or_default()
             .insert(attach_key(obs));
-        let drill = self.take_drill();
-        if let Some(d) = &drill {
-            // The oldest drill incident (the smallest id) makes room.
-            self.st.drills.incidents.insert_evicting(
-                id,
-                DrillMark {
-                    id: d.id.clone(),
-                    observe: d.observe,
-                },
-                |_| (),
-            );
-        }
+        let drill = self.claim_drill(id);
         self.record(
             id,
             IncidentEvent::Opened {

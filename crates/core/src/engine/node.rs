@@ -682,9 +682,7 @@ impl Cx<'_> {
         self.st
             .orders
             .cancel(incident, |c| *c != Command::CollectEvidence);
-        if let Some(w) = self.st.evidence.as_mut().filter(|w| w.incident == incident) {
-            w.held = None;
-        }
+        self.evidence_release(incident);
         self.repair_aborted(incident);
         self.escalated(
             incident,

@@ -810,7 +810,7 @@ impl Cx<'_> {
     /// `gpu-medic drill clear <id>`: the drill's rehearsed notice is gone, as if IMDS no
     /// longer listed it. A drill not yet judged is disarmed.
     pub(super) fn drill_clear(&mut self, drill: &str, by: &str) {
-        self.st.drills.armed.retain(|a| a.drill.id != drill);
+        self.st.drills.disarm(drill);
         let who = if by.is_empty() { "an operator" } else { by };
         let incidents: Vec<IncidentId> = self
             .st
