@@ -93,19 +93,17 @@ impl Cx<'_> {
         Some(drill)
     }
 
-    /// An observation from a probe: the drill it is the signal of, if one is armed for it.
-    pub(super) fn observation(&mut self, obs: Observation) {
-        if !self.st.drills.armed.is_empty() {
-            self.expire_drills();
-            self.drill = self
-                .st
-                .drills
-                .armed
-                .iter()
-                .find(|a| a.drill.expect.matches(&obs))
-                .map(|a| a.drill.id.clone());
+    /// The armed drill an observation from a probe is the signal of, if any.
+    pub(super) fn drill_matching(&mut self, obs: &Observation) -> Option<String> {
+        if self.st.drills.armed.is_empty() {
+            return None;
         }
-        self.observe(obs);
-        self.drill = None;
+        self.expire_drills();
+        self.st
+            .drills
+            .armed
+            .iter()
+            .find(|a| a.drill.expect.matches(obs))
+            .map(|a| a.drill.id.clone())
     }
 }

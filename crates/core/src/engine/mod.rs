@@ -127,6 +127,14 @@ struct Cx<'p> {
 }
 
 impl Cx<'_> {
+    /// An observation from a probe, judged as the signal of the drill armed for it if any
+    /// (the incident it opens is the drill's).
+    fn observation(&mut self, obs: Observation) {
+        self.drill = self.drill_matching(&obs);
+        self.observe(obs);
+        self.drill = None;
+    }
+
     fn observe(&mut self, obs: Observation) {
         if planned::handles(&obs.signal) {
             self.planned_observe(obs);
