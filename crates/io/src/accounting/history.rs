@@ -20,8 +20,6 @@ use serde::{Deserialize, Serialize};
 
 use super::reserve::TaskMemory;
 
-/// The history's file name in `state_dir`.
-pub const FILE: &str = "gpu-memory.jsonl";
 /// How long rows are kept.
 pub const RETENTION_SECS: u64 = 3 * 24 * 3600;
 /// The file is compacted when it grows past this.
@@ -416,6 +414,8 @@ pub fn read_rows(path: &Path, cap: u64) -> std::io::Result<(Vec<Row>, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// The file name the state directory gives the history (`config::StateDir`).
+    const FILE: &str = "gpu-memory.jsonl";
     use crate::accounting::reserve::ContainerMemory;
 
     fn task(family: &str, used: u64, reserved: Option<u64>) -> TaskMemory {

@@ -101,10 +101,6 @@ impl Agent {
         self
     }
 
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     /// `GET <url><path>`, the body parsed as `T`.
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, AgentError> {
         let body = self.get(path).await?;

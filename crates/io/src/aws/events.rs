@@ -72,10 +72,6 @@ impl Events {
         }
     }
 
-    pub fn bus(&self) -> &str {
-        &self.bus
-    }
-
     /// Publishes `events` (at most [`MAX_ENTRIES`]); returns the entries not accepted.
     pub async fn put(
         &self,

@@ -101,18 +101,6 @@ impl ControlClient {
         }
     }
 
-    pub fn binary(&self) -> &Path {
-        &self.binary
-    }
-
-    pub fn pipe_dir(&self) -> &Path {
-        &self.pipe_dir
-    }
-
-    pub fn log_dir(&self) -> &Path {
-        &self.log_dir
-    }
-
     /// The environment the daemon and its clients need.
     pub fn env(&self) -> [(&'static str, &Path); 2] {
         [

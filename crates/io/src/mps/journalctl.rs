@@ -179,12 +179,6 @@ impl Reader {
             }
         }
     }
-
-    /// Waits until an entry is read (or the child ends); for tests and callers without a
-    /// poll loop.
-    pub async fn next(&mut self) -> Option<Entry> {
-        self.rx.recv().await
-    }
 }
 
 impl Drop for Reader {

@@ -52,7 +52,7 @@ pub struct TokioClock {
 
 impl TokioClock {
     /// Starts at `origin_ms` now (tokio's now: call it inside the runtime).
-    pub fn starting_at(origin_ms: u64) -> Self {
+    fn starting_at(origin_ms: u64) -> Self {
         TokioClock {
             origin_ms,
             origin: tokio::time::Instant::now(),

@@ -265,15 +265,10 @@ impl Systemctl {
         })
     }
 
-    /// Runs `systemctl <args...>` (the unit appended by the caller) and returns stdout. The
-    /// call is contained like every child (`crate::sys::child`): on a timeout its whole process
-    /// group is killed, so a hung systemctl leaves nothing behind.
-    pub async fn call(&self, args: &[&str]) -> Result<String, SystemctlError> {
-        let stdout = self.call_bytes(args).await?;
-        Ok(clip(&String::from_utf8_lossy(&stdout), 64 * 1024))
-    }
-
-    /// [`call`](Self::call)'s stdout as it came (at most [`child::MAX_OUTPUT`] bytes).
+    /// Runs `systemctl <args...>` (the unit appended by the caller) and returns its stdout as
+    /// it came (at most [`child::MAX_OUTPUT`] bytes). The call is contained like every child
+    /// (`crate::sys::child`): on a timeout its whole process group is killed, so a hung
+    /// systemctl leaves nothing behind.
     async fn call_bytes(&self, args: &[&str]) -> Result<Vec<u8>, SystemctlError> {
         let mut cmd = tokio::process::Command::new(&self.binary);
         cmd.args(args).env("SYSTEMD_PAGER", "");

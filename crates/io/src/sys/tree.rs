@@ -69,7 +69,6 @@ pub struct TreeOutput {
     pub stderr: Vec<u8>,
     /// How many bytes the tree wrote to standard output (kept and discarded).
     pub stdout_total: u64,
-    pub stderr_total: u64,
     /// How many processes of the tree were killed (at the deadline, or left behind).
     pub killed: usize,
     /// How many were still alive after every kill round (stuck in uninterruptible sleep, as a
@@ -200,14 +199,13 @@ pub fn output_tree_within(
     tree.reap();
     drop(subreaper);
     let (stdout, stdout_total) = out.finish(READER_GRACE);
-    let (stderr, stderr_total) = err.finish(READER_GRACE);
+    let (stderr, _) = err.finish(READER_GRACE);
     let ended = ended.map_err(TreeError::Wait)?;
     Ok(TreeOutput {
         ended,
         stdout,
         stderr,
         stdout_total,
-        stderr_total,
         killed,
         unkilled,
         elapsed: start.elapsed(),

@@ -60,13 +60,9 @@ impl JournalFollow {
         }
     }
 
+    /// What it follows (`with_journalctl` builds another from it).
     pub fn spec(&self) -> &Spec {
         &self.spec
-    }
-
-    /// The cursor stream name (`journald:<unit>`).
-    pub fn stream(&self) -> &crate::model::StreamId {
-        &self.stream
     }
 
     /// Reads what is new; starts the reader first when none runs.

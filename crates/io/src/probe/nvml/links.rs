@@ -158,10 +158,6 @@ impl LinkReader {
         }
     }
 
-    pub fn enabled(&self) -> bool {
-        self.cfg.enabled
-    }
-
     /// Reads GPU `index`'s links. `failed` sorts an error into "not available" or a problem.
     pub fn read(
         &mut self,

@@ -112,15 +112,6 @@ impl XidClaims {
         self.order.push_back((key, id, now));
         true
     }
-
-    /// Claims still in the window.
-    pub fn len(&self) -> usize {
-        self.by_key.values().map(|q| q.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
 }
 
 /// An XID seen by both sources within this window is one XID.

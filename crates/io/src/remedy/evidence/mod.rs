@@ -129,10 +129,6 @@ impl Evidence {
         self
     }
 
-    pub fn spool(&self) -> &Spool {
-        &self.spool
-    }
-
     fn encryption(&self) -> Encryption {
         match (self.cfg.evidence.sse, &self.cfg.evidence.kms_key_id) {
             (Sse::Kms, Some(k)) => Encryption::Kms(k.clone()),
