@@ -618,7 +618,7 @@ async fn the_archive_is_named_in_eventbridge_and_in_the_fleet_view() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "ev-linked", 3).await;
-    let queue = events_to_queue(&sdk, "default", &aws::unique("ev-q")).await;
+    let queue = events_to_queue("default", &aws::unique("ev-q"));
     let c = s3(&proxy.url).await;
     let b = bucket(&c, "ev-linked").await;
     let tmp = tempfile::tempdir().unwrap();

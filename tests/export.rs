@@ -19,7 +19,7 @@ use gpu_medic::export::Exporter;
 use gpu_medic::journal::JsonlWriter;
 use gpu_medic::model::{IncidentEvent, IncidentId, IncidentState, Record, Timestamp};
 use gpu_medic_testkit::aws::{self, Proxy, Seeded};
-use gpu_medic_testkit::export::{events_to_queue, log_records, take_events};
+use gpu_medic_testkit::export::{delete_log_group, events_to_queue, log_records, take_events};
 use gpu_medic_testkit::{Daemon, wait_for};
 use serde_json::Value;
 
@@ -118,7 +118,7 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
     let x = Exporter::with_sdk(&cfg, &sdk);
     let r = x.flush.flush(Duration::from_secs(10)).await;
     assert!(r.complete, "{r}");
-    assert_eq!(log_records(&sdk, &group, None).await.len(), 3);
+    assert_eq!(log_records(&group, None).len(), 3);
     let cursor = std::fs::read(dir.path().join("export/logs.cursor.json")).unwrap();
 
     // CloudWatch Logs unreachable: the records wait in the journal.
@@ -130,7 +130,7 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
     assert!(!r.complete, "{r}");
     assert!(r.detail.contains("not flushed within"), "{r}");
     assert!(proxy.count("PutLogEvents") >= 2);
-    assert_eq!(log_records(&sdk, &group, None).await.len(), 3);
+    assert_eq!(log_records(&group, None).len(), 3);
     // The lane's lag (gpu_medic_export_lag_*): the 17 records waiting, since the first of them.
     let lag = x.lag[0].clone();
     wait_for(
@@ -153,7 +153,7 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
         "caught up"
     );
     x.finish(Duration::from_secs(1)).await;
-    let recs = log_records(&sdk, &group, Some("i-outage")).await;
+    let recs = log_records(&group, Some("i-outage"));
     let counts = id_counts(&recs);
     assert_eq!(counts.len(), 20, "{counts:?}");
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
@@ -180,7 +180,7 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
     let r = x.flush.flush(Duration::from_secs(10)).await;
     assert!(r.complete, "{r}");
     x.finish(Duration::from_secs(1)).await;
-    let counts = id_counts(&log_records(&sdk, &group, None).await);
+    let counts = id_counts(&log_records(&group, None));
     assert_eq!(counts.len(), 21);
     assert!(
         counts.values().any(|n| *n == 2),
@@ -188,7 +188,7 @@ async fn an_outage_loses_nothing_and_the_fleet_view_drops_duplicates() {
     );
 
     // The fleet view shows each record once.
-    let logs = gpu_medic::aws::logs::Logs::new(aws_sdk_cloudwatchlogs::Client::new(&sdk));
+    let logs = gpu_medic::aws::logs::Logs::new(&sdk);
     let q = gpu_medic::export::fleet_incidents::FleetQuery {
         log_group: group.clone(),
         instance: Some("i-outage".into()),
@@ -236,7 +236,7 @@ async fn an_export_cursor_that_cannot_advance_starts_again_without_a_panic() {
     let r = x.flush.flush(Duration::from_secs(10)).await;
     assert!(r.complete, "{r}");
     x.finish(Duration::from_secs(1)).await;
-    let recs = log_records(&sdk, &group, Some("i-max")).await;
+    let recs = log_records(&group, Some("i-max"));
     let ids: Vec<String> = recs
         .iter()
         .map(|r| {
@@ -250,6 +250,38 @@ async fn an_export_cursor_that_cannot_advance_starts_again_without_a_panic() {
         })
         .collect();
     assert_eq!(ids, ["1", "2", "3"], "{recs:?}");
+}
+
+/// A log group deleted under a running export (an operator, a clean-up job) is created again
+/// and what follows reaches it: CloudWatch Logs' refusal (`ResourceNotFoundException` in the
+/// JSON protocol's `__type`) is read as "gone, create it", not as a failure to retry forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_group_deleted_under_the_export_is_created_again() {
+    let LogsOnly {
+        sdk,
+        cfg,
+        group,
+        writer: mut w,
+        _proxy,
+        dir: _dir,
+    } = logs_only("deleted", "i-del", "before the deletion").await;
+    let x = Exporter::with_sdk(&cfg, &sdk);
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
+    assert_eq!(log_records(&group, None).len(), 3);
+    delete_log_group(&group);
+    assert!(log_records(&group, None).is_empty());
+    for i in 4..=5 {
+        w.append(&note(i, "after the deletion")).unwrap();
+    }
+    let r = x.flush.flush(Duration::from_secs(10)).await;
+    assert!(r.complete, "{r}");
+    x.finish(Duration::from_secs(1)).await;
+    let incidents: Vec<u64> = log_records(&group, Some("i-del"))
+        .iter()
+        .map(|r| r["incident"].as_u64().unwrap())
+        .collect();
+    assert_eq!(incidents, [4, 5]);
 }
 
 /// Issue 26: records appended after `incidents.jsonl` is truncated in place (the writer
@@ -294,7 +326,7 @@ async fn records_after_a_truncation_or_a_copy_truncate_are_exported_once() {
     let r = x.flush.flush(Duration::from_secs(10)).await;
     assert!(r.complete, "{r}");
     x.finish(Duration::from_secs(1)).await;
-    let recs = log_records(&sdk, &group, Some("i-trunc")).await;
+    let recs = log_records(&group, Some("i-trunc"));
     let counts = id_counts(&recs);
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
     let incidents: Vec<u64> = recs
@@ -309,7 +341,7 @@ async fn throttling_is_retried_and_events_reach_the_bus() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let cluster = aws::unique("throttle");
-    let queue = events_to_queue(&sdk, "default", &aws::unique("q")).await;
+    let queue = events_to_queue("default", &aws::unique("q"));
     let dir = tempfile::tempdir().unwrap();
     let cfg = export_config(dir.path(), &identity("i-throttle", &cluster), "");
     let mut w = JsonlWriter::open(&cfg.incidents_path()).unwrap();
@@ -324,7 +356,7 @@ async fn throttling_is_retried_and_events_reach_the_bus() {
     let injected = proxy.calls().iter().filter(|c| c.injected).count();
     assert_eq!(injected, 8, "{:?}", proxy.ops());
     let group = format!("/gpu-medic/{cluster}");
-    assert_eq!(log_records(&sdk, &group, None).await.len(), 2);
+    assert_eq!(log_records(&group, None).len(), 2);
     let events = take_events(&queue);
     let mine: Vec<&Value> = events
         .iter()
@@ -394,7 +426,7 @@ async fn the_terminate_hook_is_completed_after_the_flush_or_the_bounded_wait() {
         let delivered_at = calls
             .iter()
             .position(|c| c.op == "PutLogEvents" && c.status == 200);
-        let stored = log_records(&sdk, &group, Some(&me.instance_id)).await;
+        let stored = log_records(&group, Some(&me.instance_id));
         if stays_down {
             assert!(
                 done.detail.contains("not flushed within 2s"),
@@ -437,7 +469,7 @@ async fn xid_79_reaches_cloudwatch_and_eventbridge_and_outlives_the_instance() {
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "export-e2e", 3).await;
-    let queue = events_to_queue(&sdk, "default", &aws::unique("q")).await;
+    let queue = events_to_queue("default", &aws::unique("q"));
     let me = s.nodes[0].instance_id.clone();
     let mut d = daemon(&s, 0, &proxy.url);
     d.start();
@@ -461,7 +493,7 @@ async fn xid_79_reaches_cloudwatch_and_eventbridge_and_outlives_the_instance() {
     // Every local record is in CloudWatch Logs, once, in order (the stop flushed the rest).
     let group = format!("/gpu-medic/{}", s.cluster);
     let local_n = gpu_medic_testkit::journal::read(&d.path("state/incidents.jsonl")).len();
-    let stored = log_records(&sdk, &group, Some(&me)).await;
+    let stored = log_records(&group, Some(&me));
     assert_eq!(stored.len(), local_n, "{stored:#?}");
     assert_eq!(stored[0]["event"], "opened");
     assert_eq!(stored[0]["record_id"], format!("{me}/1/1"));
@@ -548,7 +580,7 @@ async fn one_programs_faults_on_two_instances_are_one_fleet_line_and_its_own_eve
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "export-app", 3).await;
-    let queue = events_to_queue(&sdk, "default", &aws::unique("q")).await;
+    let queue = events_to_queue("default", &aws::unique("q"));
     let mut nodes = Vec::new();
     for i in 0..2 {
         let mut d = daemon(&s, i, &proxy.url);
@@ -567,7 +599,7 @@ async fn one_programs_faults_on_two_instances_are_one_fleet_line_and_its_own_eve
     let group = format!("/gpu-medic/{}", s.cluster);
     for (i, d) in nodes.iter_mut().enumerate() {
         d.stop(Duration::from_secs(20));
-        let stored = log_records(&sdk, &group, Some(&s.nodes[i].instance_id)).await;
+        let stored = log_records(&group, Some(&s.nodes[i].instance_id));
         assert!(!stored.is_empty(), "node {i}: nothing exported");
     }
     let mut types: Vec<String> = Vec::new();

@@ -44,7 +44,7 @@ pub fn read(
     rt.block_on(async {
         let cluster = cluster(&cfg, cluster_arg).await;
         let sdk = crate::aws::loader(&cfg.aws).load().await;
-        let logs = Logs::new(aws_sdk_cloudwatchlogs::Client::new(&sdk));
+        let logs = Logs::new(&sdk);
         let q = FleetQuery {
             log_group: cfg.export.log_group_for(&cluster),
             instance: only.map(|(i, _)| i.to_string()),

@@ -1,30 +1,42 @@
 //! The incident export's AWS side in tests: an EventBridge rule on `source` "gpu-medic" with
-//! an SQS queue as its target (moto delivers matching events to it), the queue read back
-//! (SQS's JSON protocol, straight to moto: the SDK for SQS is not a dependency), and the
-//! records a log group holds, read with FilterLogEvents.
+//! an SQS queue as its target (moto delivers matching events to it), the queue read back, and
+//! the records a log group holds, read with FilterLogEvents. Every call is AWS's JSON
+//! protocol straight to moto, written here: the test reads what gpu-medic wrote through code
+//! of its own, not through gpu-medic's client (and builds no SDK for SQS, EventBridge or
+//! CloudWatch Logs).
 
-use aws_config::SdkConfig;
 use serde_json::{Value, json};
 
 use crate::http::http_sync_with;
 
-/// One SQS call (JSON protocol) to this binary's moto.
-fn sqs(op: &str, body: Value) -> Value {
+/// One JSON-protocol call to this binary's moto: `(status, answer)`.
+fn moto_json(signing_name: &str, version: &str, target: &str, body: &Value) -> (u16, Value) {
     let addr = crate::aws::moto().addr;
     // moto routes a request by the service its Authorization header names (unsigned, it
     // would take it for S3); the signature itself is not checked.
     let headers = format!(
-        "Content-Type: application/x-amz-json-1.0\r\nX-Amz-Target: AmazonSQS.{op}\r\n\
-         Authorization: AWS4-HMAC-SHA256 Credential=testing/20261130/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0\r\n"
+        "Content-Type: application/x-amz-json-{version}\r\nX-Amz-Target: {target}\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential=testing/20261130/us-east-1/{signing_name}/aws4_request, SignedHeaders=host, Signature=0\r\n"
     );
     let (status, text) = http_sync_with(addr, "POST", "/", &headers, &body.to_string())
-        .unwrap_or_else(|| panic!("SQS {op}: moto did not answer"));
-    assert_eq!(status, 200, "SQS {op}: {text}");
-    serde_json::from_str(&text).unwrap_or(Value::Null)
+        .unwrap_or_else(|| panic!("{target}: moto did not answer"));
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// One SQS call; it must succeed.
+fn sqs(op: &str, body: Value) -> Value {
+    let (status, out) = moto_json("sqs", "1.0", &format!("AmazonSQS.{op}"), &body);
+    assert_eq!(status, 200, "SQS {op}: {out}");
+    out
+}
+
+/// One EventBridge call: `(status, answer)`.
+fn events(op: &str, body: Value) -> (u16, Value) {
+    moto_json("events", "1.1", &format!("AWSEvents.{op}"), &body)
 }
 
 /// A queue receiving every gpu-medic event on `bus` through a rule; (queue URL, rule name).
-pub async fn events_to_queue(sdk: &SdkConfig, bus: &str, name: &str) -> String {
+pub fn events_to_queue(bus: &str, name: &str) -> String {
     let url = sqs("CreateQueue", json!({ "QueueName": name }))["QueueUrl"]
         .as_str()
         .unwrap()
@@ -36,30 +48,25 @@ pub async fn events_to_queue(sdk: &SdkConfig, bus: &str, name: &str) -> String {
         .as_str()
         .unwrap()
         .to_string();
-    let eb = aws_sdk_eventbridge::Client::new(sdk);
     if bus != "default" {
-        let _ = eb.create_event_bus().name(bus).send().await;
+        // A bus that already exists is fine.
+        events("CreateEventBus", json!({ "Name": bus }));
     }
-    eb.put_rule()
-        .name(name)
-        .event_bus_name(bus)
-        .event_pattern(r#"{"source":["gpu-medic"]}"#)
-        .send()
-        .await
-        .unwrap();
-    eb.put_targets()
-        .rule(name)
-        .event_bus_name(bus)
-        .targets(
-            aws_sdk_eventbridge::types::Target::builder()
-                .id("queue")
-                .arn(arn)
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
+    let (status, out) = events(
+        "PutRule",
+        json!({ "Name": name, "EventBusName": bus, "EventPattern": r#"{"source":["gpu-medic"]}"# }),
+    );
+    assert_eq!(status, 200, "PutRule: {out}");
+    let (status, out) = events(
+        "PutTargets",
+        json!({ "Rule": name, "EventBusName": bus, "Targets": [{ "Id": "queue", "Arn": arn }] }),
+    );
+    assert_eq!(status, 200, "PutTargets: {out}");
+    assert_eq!(
+        out["FailedEntryCount"].as_u64().unwrap_or(0),
+        0,
+        "PutTargets: {out}"
+    );
     url
 }
 
@@ -85,29 +92,36 @@ pub fn take_events(queue_url: &str) -> Vec<Value> {
     }
 }
 
+/// Deletes a log group, as an operator or a clean-up job may under a running export.
+pub fn delete_log_group(group: &str) {
+    let body = json!({ "logGroupName": group });
+    let (status, out) = moto_json("logs", "1.1", "Logs_20140328.DeleteLogGroup", &body);
+    assert_eq!(status, 200, "DeleteLogGroup: {out}");
+}
+
 /// Every message of a log group (optionally one stream), parsed as JSON, in the order
-/// FilterLogEvents returns them.
-pub async fn log_records(sdk: &SdkConfig, group: &str, stream: Option<&str>) -> Vec<Value> {
-    let logs = aws_sdk_cloudwatchlogs::Client::new(sdk);
+/// FilterLogEvents returns them; none while the group does not exist.
+pub fn log_records(group: &str, stream: Option<&str>) -> Vec<Value> {
     let mut out = Vec::new();
-    let mut token = None;
+    let mut token: Option<String> = None;
     loop {
-        let r = match logs
-            .filter_log_events()
-            .log_group_name(group)
-            .set_log_stream_names(stream.map(|s| vec![s.to_string()]))
-            .set_next_token(token.take())
-            .send()
-            .await
-        {
-            Ok(r) => r,
-            Err(_) => return out,
-        };
-        for e in r.events() {
-            out.push(serde_json::from_str(e.message().unwrap_or("null")).unwrap());
+        let mut body = json!({ "logGroupName": group });
+        if let Some(s) = stream {
+            body["logStreamNames"] = json!([s]);
         }
-        match r.next_token() {
-            Some(t) if !r.events().is_empty() => token = Some(t.to_string()),
+        if let Some(t) = token.take() {
+            body["nextToken"] = json!(t);
+        }
+        let (status, r) = moto_json("logs", "1.1", "Logs_20140328.FilterLogEvents", &body);
+        if status != 200 {
+            return out;
+        }
+        let events = r["events"].as_array().cloned().unwrap_or_default();
+        for e in &events {
+            out.push(serde_json::from_str(e["message"].as_str().unwrap_or("null")).unwrap());
+        }
+        match r["nextToken"].as_str() {
+            Some(t) if !events.is_empty() => token = Some(t.to_string()),
             _ => return out,
         }
     }

@@ -217,6 +217,16 @@ impl Calls {
         result
     }
 
+    /// `quiet` for a call made without a service crate: only a failure is recorded.
+    pub fn quiet_signed<T>(&mut self, result: Result<T, CallError>) -> Result<T, CallError> {
+        if let Err(e) = &result
+            && let Some(rid) = &e.request_id
+        {
+            self.record(e.op, Some(rid));
+        }
+        result
+    }
+
     /// `quiet` for polls, `track` otherwise.
     pub fn track_unless<T, E>(
         &mut self,

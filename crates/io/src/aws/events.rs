@@ -3,12 +3,20 @@
 //! call, each entry counted as its source, detail-type, detail and resources in UTF-8, plus 14
 //! bytes for its time). A call can succeed with some entries failed: each failed entry is
 //! reported with whether sending it again may work (throttling, internal failure).
+//!
+//! One call of AWS's JSON protocol through [`super::signed`] (no `aws-sdk-eventbridge`).
 
-use aws_sdk_eventbridge::Client;
-use aws_sdk_eventbridge::primitives::DateTime;
-use aws_sdk_eventbridge::types::PutEventsRequestEntry;
+use aws_config::SdkConfig;
+use serde_json::{Value, json};
 
 use super::calls::{CallError, Calls};
+use super::signed::{Service, SignedClient};
+
+/// EventBridge as the SDK names it: `AWS_ENDPOINT_URL_EVENTBRIDGE`, signed as `events`.
+const SERVICE: Service = Service {
+    id: "EventBridge",
+    signing_name: "events",
+};
 
 /// The `source` of every gpu-medic event.
 pub const SOURCE: &str = "gpu-medic";
@@ -59,15 +67,15 @@ const RETRYABLE_ENTRY_CODES: &[&str] = &[
 /// PutEvents on one bus.
 #[derive(Clone)]
 pub struct Events {
-    client: Client,
+    client: SignedClient,
     bus: String,
 }
 
 impl Events {
     /// `bus`: a name or ARN (`default` is the account's default bus).
-    pub fn new(client: Client, bus: impl Into<String>) -> Self {
+    pub fn new(sdk: &SdkConfig, bus: impl Into<String>) -> Self {
         Events {
-            client,
+            client: SignedClient::new(sdk, SERVICE),
             bus: bus.into(),
         }
     }
@@ -84,44 +92,78 @@ impl Events {
                 format!("{} entries: at most {MAX_ENTRIES} per call", events.len()),
             ));
         }
-        let entries: Vec<PutEventsRequestEntry> = events
+        let entries: Vec<Value> = events
             .iter()
             .map(|e| {
-                PutEventsRequestEntry::builder()
-                    .source(SOURCE)
-                    .detail_type(e.detail_type)
-                    .detail(e.detail.clone())
-                    .event_bus_name(&self.bus)
-                    .time(DateTime::from_millis(
-                        i64::try_from(e.time_ms).unwrap_or(i64::MAX),
-                    ))
-                    .set_resources((!e.resources.is_empty()).then(|| e.resources.clone()))
-                    .build()
+                let mut entry = json!({
+                    "Source": SOURCE,
+                    "DetailType": e.detail_type,
+                    "Detail": e.detail,
+                    "EventBusName": self.bus,
+                    // The JSON protocol's timestamps are seconds since the epoch.
+                    "Time": e.time_ms as f64 / 1000.0,
+                });
+                if !e.resources.is_empty() {
+                    entry["Resources"] = json!(e.resources);
+                }
+                entry
             })
             .collect();
         let r = self
             .client
-            .put_events()
-            .set_entries(Some(entries))
-            .send()
+            .post_json(
+                "PutEvents",
+                "AWSEvents.PutEvents",
+                &json!({ "Entries": entries }),
+            )
             .await;
-        let out = calls.quiet("PutEvents", r)?;
-        if out.failed_entry_count() == 0 {
+        let (out, _) = calls.quiet_signed(r)?;
+        if out["FailedEntryCount"].as_u64().unwrap_or(0) == 0 {
             return Ok(Vec::new());
         }
-        Ok(out
-            .entries()
-            .iter()
-            .enumerate()
-            .filter_map(|(index, e)| {
-                let code = e.error_code()?.to_string();
-                Some(Rejected {
-                    index,
-                    retryable: RETRYABLE_ENTRY_CODES.contains(&code.as_str()),
-                    message: e.error_message().unwrap_or_default().to_string(),
-                    code,
-                })
+        Ok(rejected(&out))
+    }
+}
+
+/// The entries a PutEvents answer says failed, by their index in the batch.
+fn rejected(out: &Value) -> Vec<Rejected> {
+    out["Entries"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .filter_map(|(index, e)| {
+            let code = e["ErrorCode"].as_str()?.to_string();
+            Some(Rejected {
+                index,
+                retryable: RETRYABLE_ENTRY_CODES.contains(&code.as_str()),
+                message: e["ErrorMessage"].as_str().unwrap_or_default().to_string(),
+                code,
             })
-            .collect())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_entries_are_found_by_index() {
+        let out = json!({
+            "FailedEntryCount": 2,
+            "Entries": [
+                { "EventId": "a" },
+                { "ErrorCode": "ThrottlingException", "ErrorMessage": "slow down" },
+                { "ErrorCode": "MalformedDetail" },
+            ]
+        });
+        let r = rejected(&out);
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].index, r[0].retryable), (1, true));
+        assert_eq!(r[0].message, "slow down");
+        assert_eq!((r[1].index, r[1].retryable), (2, false));
+        assert!(rejected(&json!({ "FailedEntryCount": 1 })).is_empty());
     }
 }

@@ -6,13 +6,22 @@
 //! The limits (PutLogEvents, CloudWatch Logs API reference): at most 10,000 events and
 //! 1,048,576 bytes per batch, where each event counts its UTF-8 message plus 26 bytes; the
 //! events of one batch span at most 24 hours and are in chronological order. docs/aws.md.
+//!
+//! Four calls of AWS's JSON protocol through [`super::signed`] (no `aws-sdk-cloudwatchlogs`).
 
 use std::time::Duration;
 
-use aws_sdk_cloudwatchlogs::Client;
-use aws_sdk_cloudwatchlogs::types::InputLogEvent;
+use aws_config::SdkConfig;
+use serde_json::{Value, json};
 
 use super::calls::{CallError, Calls};
+use super::signed::{Service, SignedClient};
+
+/// CloudWatch Logs as the SDK names it: `AWS_ENDPOINT_URL_CLOUDWATCH_LOGS`, signed as `logs`.
+const SERVICE: Service = Service {
+    id: "CloudWatch Logs",
+    signing_name: "logs",
+};
 
 /// Events per PutLogEvents call.
 pub const MAX_BATCH_EVENTS: usize = 10_000;
@@ -141,23 +150,31 @@ pub struct Scan {
 /// The CloudWatch Logs calls gpu-medic makes.
 #[derive(Clone)]
 pub struct Logs {
-    client: Client,
+    client: SignedClient,
 }
 
 impl Logs {
-    pub fn new(client: Client) -> Self {
-        Logs { client }
+    pub fn new(sdk: &SdkConfig) -> Self {
+        Logs {
+            client: SignedClient::new(sdk, SERVICE),
+        }
+    }
+
+    async fn call(
+        &self,
+        op: &'static str,
+        body: Value,
+    ) -> Result<(Value, Option<String>), CallError> {
+        self.client
+            .post_json(op, &format!("Logs_20140328.{op}"), &body)
+            .await
     }
 
     /// Creates the log group unless it exists.
     pub async fn ensure_group(&self, calls: &mut Calls, group: &str) -> Result<(), CallError> {
-        let r = self
-            .client
-            .create_log_group()
-            .log_group_name(group)
-            .send()
-            .await;
-        already_ok(calls.track("CreateLogGroup", r))
+        let op = "CreateLogGroup";
+        let r = self.call(op, json!({ "logGroupName": group })).await;
+        already_ok(calls.track_signed(op, r, |(_, id)| id.as_deref()))
     }
 
     /// Creates the log stream unless it exists.
@@ -167,14 +184,14 @@ impl Logs {
         group: &str,
         stream: &str,
     ) -> Result<(), CallError> {
+        let op = "CreateLogStream";
         let r = self
-            .client
-            .create_log_stream()
-            .log_group_name(group)
-            .log_stream_name(stream)
-            .send()
+            .call(
+                op,
+                json!({ "logGroupName": group, "logStreamName": stream }),
+            )
             .await;
-        already_ok(calls.track("CreateLogStream", r))
+        already_ok(calls.track_signed(op, r, |(_, id)| id.as_deref()))
     }
 
     /// Appends a batch (in order, as [`Batch`] built it).
@@ -185,39 +202,20 @@ impl Logs {
         stream: &str,
         batch: &Batch,
     ) -> Result<Accepted, CallError> {
-        let mut events = Vec::with_capacity(batch.len());
-        for e in batch.events() {
-            let ev = InputLogEvent::builder()
-                .timestamp(i64::try_from(e.timestamp_ms).unwrap_or(i64::MAX))
-                .message(e.message.clone())
-                .build()
-                .map_err(|err| CallError::terminal("PutLogEvents", err.to_string()))?;
-            events.push(ev);
-        }
-        let r = self
-            .client
-            .put_log_events()
-            .log_group_name(group)
-            .log_stream_name(stream)
-            .set_log_events(Some(events))
-            .send()
-            .await;
-        let out = calls.quiet("PutLogEvents", r)?;
-        let n = batch.len();
-        let rejected = out.rejected_log_events_info().map_or(0, |info| {
-            // Indexes into the batch: events before `too_old`/`expired` end (inclusive) and
-            // from `too_new` start on were not stored.
-            let old = info
-                .too_old_log_event_end_index()
-                .max(info.expired_log_event_end_index())
-                .and_then(|i| usize::try_from(i).ok())
-                .map_or(0, |i| i.saturating_add(1).min(n));
-            let new = info
-                .too_new_log_event_start_index()
-                .map_or(0, |i| n.saturating_sub(usize::try_from(i).unwrap_or(n)));
-            (old + new).min(n)
+        let events: Vec<Value> = batch
+            .events()
+            .iter()
+            .map(|e| json!({ "timestamp": e.timestamp_ms, "message": e.message }))
+            .collect();
+        let body = json!({
+            "logGroupName": group,
+            "logStreamName": stream,
+            "logEvents": events,
         });
-        Ok(Accepted { rejected })
+        let (out, _) = calls.quiet_signed(self.call("PutLogEvents", body).await)?;
+        Ok(Accepted {
+            rejected: rejected(&out["rejectedLogEventsInfo"], batch.len()),
+        })
     }
 
     /// Runs `q`, handing each event to `f` in the order the service returns them (per
@@ -231,40 +229,61 @@ impl Logs {
         let mut scan = Scan::default();
         let mut token: Option<String> = None;
         loop {
-            let mut req = self
-                .client
-                .filter_log_events()
-                .log_group_name(&q.group)
-                .set_filter_pattern(q.pattern.clone())
-                .set_next_token(token.take());
+            let mut body = json!({ "logGroupName": q.group });
+            if let Some(p) = &q.pattern {
+                body["filterPattern"] = json!(p);
+            }
+            if let Some(t) = token.take() {
+                body["nextToken"] = json!(t);
+            }
             if !q.streams.is_empty() {
-                req = req.set_log_stream_names(Some(q.streams.clone()));
+                body["logStreamNames"] = json!(q.streams);
             }
             if let Some(s) = q.start_ms {
-                req = req.start_time(i64::try_from(s).unwrap_or(i64::MAX));
+                body["startTime"] = json!(s);
             }
-            let out = calls.quiet("FilterLogEvents", req.send().await)?;
-            for e in out.events() {
+            let (out, _) = calls.quiet_signed(self.call("FilterLogEvents", body).await)?;
+            let events = out["events"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for e in events {
                 if scan.read >= q.max_events {
                     scan.truncated = true;
                     return Ok(scan);
                 }
                 scan.read += 1;
                 f(Found {
-                    stream: e.log_stream_name().unwrap_or_default().to_string(),
-                    timestamp_ms: e
-                        .timestamp()
-                        .and_then(|t| u64::try_from(t).ok())
-                        .unwrap_or(0),
-                    message: e.message().unwrap_or_default().to_string(),
+                    stream: e["logStreamName"].as_str().unwrap_or_default().to_string(),
+                    timestamp_ms: e["timestamp"].as_u64().unwrap_or(0),
+                    message: e["message"].as_str().unwrap_or_default().to_string(),
                 });
             }
-            match out.next_token() {
-                Some(t) if !t.is_empty() && !out.events().is_empty() => token = Some(t.into()),
+            match out["nextToken"].as_str() {
+                Some(t) if !t.is_empty() && !events.is_empty() => token = Some(t.to_string()),
                 _ => return Ok(scan),
             }
         }
     }
+}
+
+/// How many of a batch of `n` events PutLogEvents did not store, from its
+/// `rejectedLogEventsInfo`: indexes into the batch, the events up to `tooOld`/`expired`'s end
+/// (inclusive) and from `tooNew`'s start on.
+fn rejected(info: &Value, n: usize) -> usize {
+    if !info.is_object() {
+        return 0;
+    }
+    let index = |k: &str| {
+        info[k]
+            .as_u64()
+            .map(|i| usize::try_from(i).unwrap_or(usize::MAX))
+    };
+    let old = index("tooOldLogEventEndIndex")
+        .max(index("expiredLogEventEndIndex"))
+        .map_or(0, |i| i.saturating_add(1).min(n));
+    let new = index("tooNewLogEventStartIndex").map_or(0, |i| n.saturating_sub(i.min(n)));
+    (old + new).min(n)
 }
 
 /// A create call that found the resource already there succeeded.
@@ -321,6 +340,28 @@ mod tests {
         let day = MAX_BATCH_SPAN.as_millis() as u64;
         b.push(ev(day, 1)).unwrap();
         assert_eq!(b.push(ev(day + 1, 1)), Err(Full::Batch), "24 h span");
+    }
+
+    #[test]
+    fn rejected_events_are_counted_from_their_indexes() {
+        assert_eq!(rejected(&Value::Null, 10), 0);
+        assert_eq!(rejected(&json!({ "tooOldLogEventEndIndex": 2 }), 10), 3);
+        assert_eq!(
+            rejected(
+                &json!({ "tooOldLogEventEndIndex": 1, "expiredLogEventEndIndex": 3 }),
+                10
+            ),
+            4
+        );
+        assert_eq!(rejected(&json!({ "tooNewLogEventStartIndex": 7 }), 10), 3);
+        assert_eq!(
+            rejected(
+                &json!({ "tooOldLogEventEndIndex": 8, "tooNewLogEventStartIndex": 2 }),
+                10
+            ),
+            10
+        );
+        assert_eq!(rejected(&json!({ "tooOldLogEventEndIndex": 99 }), 10), 10);
     }
 
     #[test]

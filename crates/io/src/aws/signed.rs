@@ -3,8 +3,10 @@
 //! SDK's region, credential chain and endpoint settings, its timeouts and its three attempts.
 //!
 //! Used where a generated service crate would cost far more to build than the calls it makes:
-//! EC2's two (`DescribeInstances`, `RebootInstances`; [`super::ec2`]) would otherwise pull in
-//! `aws-sdk-ec2`, 88 MB of generated source (BENCHMARKS.md, "The build"). What this gives up
+//! EC2's two (`DescribeInstances`, `RebootInstances`; [`super::ec2`], the Query protocol) would
+//! otherwise pull in `aws-sdk-ec2`, 88 MB of generated source (BENCHMARKS.md, "The build");
+//! EventBridge's one (`PutEvents`; [`super::events`]) and CloudWatch Logs' four
+//! ([`super::logs`]) are AWS's JSON protocol ([`SignedClient::post_json`]). What this gives up
 //! against the SDK: FIPS and dual-stack endpoints (set `AWS_ENDPOINT_URL_EC2` for those) and the
 //! SDK's client-side rate limiter; both matter at thousands of calls a second, not at five a
 //! minute.
@@ -25,7 +27,8 @@ use tokio::sync::Mutex;
 
 use super::calls::{CallError, error_chain};
 
-/// The most of a response body read (EC2 answers a handful of instances in a few KiB).
+/// The most of a response body read (EC2 answers a handful of instances in a few KiB; a
+/// FilterLogEvents page is at most 1 MB of messages).
 const MAX_BODY: usize = 4 << 20;
 /// The SDK's settings ([`super::loader`]): per attempt, per call (all attempts), to connect.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -110,11 +113,52 @@ impl SignedClient {
         form: &str,
         service_error: fn(&str) -> ServiceError,
     ) -> Result<Reply, CallError> {
+        let body = Body {
+            content_type: "application/x-www-form-urlencoded; charset=utf-8",
+            target: None,
+            text: form,
+        };
+        self.post(op, &body, service_error).await
+    }
+
+    /// One call of AWS's JSON protocol (1.1): `body` POSTed to the endpoint's root with
+    /// `X-Amz-Target: <target>`; the same attempts as [`post_form`](Self::post_form). A
+    /// refusal's code and message are read from the answer ([`json_error`]); a 2xx answer
+    /// that is not JSON is a terminal error.
+    pub async fn post_json(
+        &self,
+        op: &'static str,
+        target: &str,
+        body: &serde_json::Value,
+    ) -> Result<(serde_json::Value, Option<String>), CallError> {
+        let text = body.to_string();
+        let body = Body {
+            content_type: "application/x-amz-json-1.1",
+            target: Some(target),
+            text: &text,
+        };
+        let reply = self.post(op, &body, json_error).await?;
+        let value = serde_json::from_str(&reply.body).map_err(|e| CallError {
+            op,
+            code: None,
+            message: format!("unreadable response (HTTP {}): {e}", reply.status),
+            retryable: false,
+            request_id: reply.request_id.clone(),
+        })?;
+        Ok((value, reply.request_id))
+    }
+
+    async fn post(
+        &self,
+        op: &'static str,
+        body: &Body<'_>,
+        service_error: fn(&str) -> ServiceError,
+    ) -> Result<Reply, CallError> {
         let call = async {
             let mut backoff = FIRST_BACKOFF;
             let mut attempt = 1;
             loop {
-                let r = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(op, form)).await {
+                let r = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(op, body)).await {
                     Ok(r) => r,
                     Err(_) => Err(CallError::transient(op, "timed out")),
                 };
@@ -134,7 +178,7 @@ impl SignedClient {
             .unwrap_or_else(|_| Err(CallError::transient(op, "timed out")))
     }
 
-    async fn attempt(&self, op: &'static str, form: &str) -> Result<Reply, CallError> {
+    async fn attempt(&self, op: &'static str, body: &Body<'_>) -> Result<Reply, CallError> {
         let inner = &self.inner;
         let endpoint = inner
             .endpoint
@@ -147,18 +191,25 @@ impl SignedClient {
         let mut req = http::Request::builder()
             .method("POST")
             .uri(endpoint)
-            .header(
-                "content-type",
-                "application/x-www-form-urlencoded; charset=utf-8",
-            )
+            .header("content-type", body.content_type)
             .header(
                 "user-agent",
                 concat!("gpu-medic/", env!("CARGO_PKG_VERSION")),
-            )
-            .body(SdkBody::from(form.to_string()))
+            );
+        if let Some(target) = body.target {
+            req = req.header("x-amz-target", target);
+        }
+        let mut req = req
+            .body(SdkBody::from(body.text.to_string()))
             .map_err(|e| CallError::terminal(op, format!("bad endpoint {endpoint}: {e}")))?;
-        sign_request(&mut req, &creds, region, inner.service.signing_name, form)
-            .map_err(|e| CallError::terminal(op, format!("cannot sign the request: {e}")))?;
+        sign_request(
+            &mut req,
+            &creds,
+            region,
+            inner.service.signing_name,
+            body.text,
+        )
+        .map_err(|e| CallError::terminal(op, format!("cannot sign the request: {e}")))?;
         let req = aws_smithy_runtime_api::http::Request::try_from(req)
             .map_err(|e| CallError::terminal(op, format!("bad request: {e}")))?;
         let resp = inner
@@ -218,6 +269,13 @@ impl SignedClient {
     }
 }
 
+/// What one call sends: its content type, the JSON protocol's target, the body.
+struct Body<'a> {
+    content_type: &'static str,
+    target: Option<&'a str>,
+    text: &'a str,
+}
+
 fn sign_request(
     req: &mut http::Request<SdkBody>,
     creds: &Credentials,
@@ -256,6 +314,26 @@ pub struct ServiceError {
     pub code: Option<String>,
     pub message: Option<String>,
     pub request_id: Option<String>,
+}
+
+/// A JSON protocol's refusal, read as the SDK reads it: the code from `__type` (or `code`),
+/// without the namespace before `#` or the URL after `:`
+/// (`com.amazonaws.logs#ResourceNotFoundException` is `ResourceNotFoundException`); the
+/// message from `message` (or `Message`). A body that is not JSON gives neither.
+pub fn json_error(body: &str) -> ServiceError {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return ServiceError::default();
+    };
+    let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    let code = text("__type").or_else(|| text("code")).map(|c| {
+        let c = c.rsplit('#').next().unwrap_or(&c);
+        c.split(':').next().unwrap_or(c).to_string()
+    });
+    ServiceError {
+        code: code.filter(|c| !c.is_empty()),
+        message: text("message").or_else(|| text("Message")),
+        request_id: None,
+    }
 }
 
 /// A 2xx answer is the reply; any other is classified as the SDK classifies a service error
@@ -400,6 +478,39 @@ mod tests {
                 .unwrap_err()
                 .retryable
         );
+    }
+
+    #[test]
+    fn json_refusals_name_their_code_and_message() {
+        let e = json_error(
+            r#"{"__type":"com.amazonaws.logs#ResourceNotFoundException","message":"The specified log group does not exist."}"#,
+        );
+        assert_eq!(e.code.as_deref(), Some("ResourceNotFoundException"));
+        assert_eq!(
+            e.message.as_deref(),
+            Some("The specified log group does not exist.")
+        );
+        let e = json_error(
+            r#"{"__type":"ThrottlingException:http://internal.amazon.com/coral/com.amazon.coral.availability/","Message":"Rate exceeded"}"#,
+        );
+        assert_eq!(e.code.as_deref(), Some("ThrottlingException"));
+        assert_eq!(e.message.as_deref(), Some("Rate exceeded"));
+        let refused = accept(
+            "PutEvents",
+            Reply {
+                status: 400,
+                body: r#"{"__type":"ThrottlingException","message":"slow"}"#.to_string(),
+                request_id: Some("r-1".to_string()),
+            },
+            json_error,
+        )
+        .unwrap_err();
+        assert!(refused.retryable, "{refused:?}");
+        assert_eq!(
+            json_error("<html>bad gateway</html>"),
+            ServiceError::default()
+        );
+        assert_eq!(json_error(r#"{"__type":""}"#).code, None);
     }
 
     #[test]

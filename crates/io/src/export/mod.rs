@@ -301,7 +301,7 @@ impl Exporter {
                 "CloudWatch Logs",
                 "logs",
                 Kind::Logs {
-                    logs: Logs::new(aws_sdk_cloudwatchlogs::Client::new(sdk)),
+                    logs: Logs::new(sdk),
                     ready: false,
                 },
             );
@@ -311,10 +311,7 @@ impl Exporter {
                 "EventBridge",
                 "events",
                 Kind::Events {
-                    events: Events::new(
-                        aws_sdk_eventbridge::Client::new(sdk),
-                        cfg.export.event_bus.clone(),
-                    ),
+                    events: Events::new(sdk, cfg.export.event_bus.clone()),
                 },
             );
         }
