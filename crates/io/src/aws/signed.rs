@@ -81,6 +81,9 @@ pub struct Reply {
     pub status: u16,
     pub body: String,
     pub request_id: Option<String>,
+    /// The JSON protocols' `x-amzn-ErrorType` header, which names a refusal's code ahead of
+    /// the body.
+    pub error_type: Option<String>,
 }
 
 impl SignedClient {
@@ -223,6 +226,7 @@ impl SignedClient {
             .get("x-amzn-requestid")
             .or_else(|| resp.headers().get("x-amz-request-id"))
             .map(str::to_string);
+        let error_type = resp.headers().get("x-amzn-errortype").map(str::to_string);
         let body = http_body_util::Limited::new(resp.into_body(), MAX_BODY)
             .collect()
             .await
@@ -234,6 +238,7 @@ impl SignedClient {
             status,
             body: String::from_utf8_lossy(&body).into_owned(),
             request_id: header_id,
+            error_type,
         })
     }
 
@@ -325,15 +330,21 @@ pub fn json_error(body: &str) -> ServiceError {
         return ServiceError::default();
     };
     let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
-    let code = text("__type").or_else(|| text("code")).map(|c| {
-        let c = c.rsplit('#').next().unwrap_or(&c);
-        c.split(':').next().unwrap_or(c).to_string()
-    });
     ServiceError {
-        code: code.filter(|c| !c.is_empty()),
+        code: text("__type")
+            .or_else(|| text("code"))
+            .and_then(|c| error_code(&c)),
         message: text("message").or_else(|| text("Message")),
         request_id: None,
     }
+}
+
+/// A wire error code as a bare name: what comes before a `:` or `,` (a URL, more codes), and
+/// after a `#` (the namespace). `None` when nothing is left.
+fn error_code(raw: &str) -> Option<String> {
+    let c = raw.split([':', ',']).next().unwrap_or(raw);
+    let c = c.rsplit('#').next().unwrap_or(c).trim();
+    (!c.is_empty()).then(|| c.to_string())
 }
 
 /// A 2xx answer is the reply; any other is classified as the SDK classifies a service error
@@ -346,7 +357,11 @@ fn accept(
     if (200..300).contains(&reply.status) {
         return Ok(reply);
     }
-    let e = service_error(&reply.body);
+    let mut e = service_error(&reply.body);
+    // The header names the code first, as the SDKs read it.
+    if let Some(code) = reply.error_type.as_deref().and_then(error_code) {
+        e.code = Some(code);
+    }
     let status = reply.status;
     let message = match (&e.code, &e.message) {
         (Some(c), Some(m)) => format!("{c}: {m}"),
@@ -444,6 +459,7 @@ mod tests {
             status,
             body: body.to_string(),
             request_id: Some("hdr-1".to_string()),
+            error_type: None,
         }
     }
 
@@ -501,11 +517,28 @@ mod tests {
                 status: 400,
                 body: r#"{"__type":"ThrottlingException","message":"slow"}"#.to_string(),
                 request_id: Some("r-1".to_string()),
+                error_type: None,
             },
             json_error,
         )
         .unwrap_err();
         assert!(refused.retryable, "{refused:?}");
+        let refused = accept(
+            "PutLogEvents",
+            Reply {
+                status: 400,
+                body: "{}".to_string(),
+                request_id: None,
+                error_type: Some(
+                    "ResourceNotFoundException:http://internal.amazon.com/coral/com.amazonaws.logs/"
+                        .to_string(),
+                ),
+            },
+            json_error,
+        )
+        .unwrap_err();
+        assert_eq!(refused.code.as_deref(), Some("ResourceNotFoundException"));
+        assert!(!refused.retryable);
         assert_eq!(
             json_error("<html>bad gateway</html>"),
             ServiceError::default()
