@@ -257,27 +257,20 @@ async fn an_export_cursor_that_cannot_advance_starts_again_without_a_panic() {
 /// JSON protocol's `__type`) is read as "gone, create it", not as a failure to retry forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_group_deleted_under_the_export_is_created_again() {
-    let LogsOnly {
-        sdk,
-        cfg,
-        group,
-        writer: mut w,
-        _proxy,
-        dir: _dir,
-    } = logs_only("deleted", "i-del", "before the deletion").await;
-    let x = Exporter::with_sdk(&cfg, &sdk);
+    let mut t = logs_only("deleted", "i-del", "before the deletion").await;
+    let x = Exporter::with_sdk(&t.cfg, &t.sdk);
     let r = x.flush.flush(Duration::from_secs(10)).await;
     assert!(r.complete, "{r}");
-    assert_eq!(log_records(&group, None).len(), 3);
-    delete_log_group(&group);
-    assert!(log_records(&group, None).is_empty());
+    assert_eq!(log_records(&t.group, None).len(), 3);
+    delete_log_group(&t.group);
+    assert!(log_records(&t.group, None).is_empty());
     for i in 4..=5 {
-        w.append(&note(i, "after the deletion")).unwrap();
+        t.writer.append(&note(i, "after the deletion")).unwrap();
     }
     let r = x.flush.flush(Duration::from_secs(10)).await;
     assert!(r.complete, "{r}");
     x.finish(Duration::from_secs(1)).await;
-    let incidents: Vec<u64> = log_records(&group, Some("i-del"))
+    let incidents: Vec<u64> = log_records(&t.group, Some("i-del"))
         .iter()
         .map(|r| r["incident"].as_u64().unwrap())
         .collect();
