@@ -14,6 +14,13 @@
 //!   never claims a step that did not happen;
 //! - gpu-medic's own faults (`Signal::SelfFault`) open one incident per component while
 //!   they last and are never remediated.
+//!
+//! This file is the coordinator: `step` routes each input, `judge` finds the rule, `dispatch`
+//! hands the verdict to the concern that carries it out, and an order's end goes back to the
+//! concern that issued it (`outcome`, `tick`). Each concern is a file with its own part of
+//! [`State`] (`incidents`, `orders`, `node`, `mps`, `gpus`, `drills`, `evidence`, `repair`,
+//! `diagnose`, `planned`, `attribution`); the rules between concerns are written here
+//! (docs/architecture.md, "How it works": the concern table and an XID 79 followed through).
 
 pub mod attribution;
 pub mod check;
