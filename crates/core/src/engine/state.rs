@@ -25,7 +25,7 @@ use crate::model::{ActionId, IncidentId, Order, Timestamp};
 /// concern that changes it (`engine/<concern>.rs`). The coordinator (`engine/mod.rs`) is the
 /// only code that reaches into more than one part for one rule.
 ///
-/// `state.json` keeps the flat format every release wrote ([`StateFile`]): the parts are how
+/// `state.json` keeps the flat format every release wrote (`StateFile`): the parts are how
 /// the code holds it, not how the file spells it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct State {
