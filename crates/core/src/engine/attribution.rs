@@ -64,6 +64,38 @@ pub struct AppFaults {
 }
 
 impl AppFaults {
+    /// Incident `id` holds the XID `obs` names (by GPU, code and process), for a later XID
+    /// naming it as its cause (the stalest makes room).
+    pub fn remember_xid(&mut self, obs: &Observation, id: IncidentId, now: Timestamp) {
+        let Some(key) = xid_key(obs) else { return };
+        self.xid_incidents.insert_evicting(key, (id, now), |v| v.1);
+    }
+
+    /// How many faults `unit` made at `key` (within `window` of `now`, or ever).
+    fn unit_faults(&self, key: &str, unit: &str, window: Option<Duration>, now: Timestamp) -> u32 {
+        let Some(list) = self.seen.get(key) else {
+            return 0;
+        };
+        let n = list
+            .iter()
+            .filter(|s| s.unit == unit)
+            .map(|s| {
+                s.times
+                    .iter()
+                    .filter(|t| window.is_none_or(|w| now.since(**t) <= w))
+                    .count()
+            })
+            .sum::<usize>();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Forgets `unit`'s faults at `key`.
+    fn forget_unit(&mut self, key: &str, unit: &str) {
+        if let Some(list) = self.seen.get_mut(key) {
+            list.retain(|s| s.unit != unit);
+        }
+    }
+
     /// Whether the candidate lists hold no more than the engine keeps (the other
     /// collections are bounded by their types).
     pub fn check_sizes(&self) -> Result<(), String> {
@@ -140,15 +172,6 @@ impl Cx<'_> {
         true
     }
 
-    /// Remembers the incident an XID opened or joined, for a later XID naming it.
-    pub(super) fn remember_xid(&mut self, obs: &Observation, id: IncidentId) {
-        let Some(key) = xid_key(obs) else { return };
-        self.st
-            .app
-            .xid_incidents
-            .insert_evicting(key, (id, self.now), |v| v.1);
-    }
-
     /// Judges an application-class XID by a rule with `suspect` or `culprit`.
     pub(super) fn judge_app(&mut self, mut obs: Observation, rule: &Rule) {
         let gpu = obs
@@ -198,7 +221,10 @@ impl Cx<'_> {
             self.dispatch(obs, verdict, &rule_name, &reason, &class);
             return;
         }
-        let repeats = self.unit_faults(&key, &unit, rule.culprit.map(|c| c.window));
+        let repeats =
+            self.st
+                .app
+                .unit_faults(&key, &unit, rule.culprit.map(|c| c.window), self.now);
         let who = culprit
             .as_ref()
             .map_or("an unnamed process".to_string(), |c| c.describe());
@@ -207,7 +233,7 @@ impl Cx<'_> {
             && culprit.as_ref().is_some_and(|c| c.is_attributed())
             && repeats >= c.count
         {
-            self.forget_unit(&key, &unit);
+            self.st.app.forget_unit(&key, &unit);
             obs.tasks = vec![task];
             obs.pids = culprit.as_ref().and_then(|c| c.pid).into_iter().collect();
             let reason = format!(
@@ -244,10 +270,10 @@ impl Cx<'_> {
         } else {
             format!("{}@{unit}", rule.name)
         };
-        if rule.action == Verdict::Log && self.log_is_repeat(&class, &obs) {
+        if rule.action == Verdict::Log && self.st.incidents.log_repeat(&class, &obs, self.now) {
             if let Some(r) = self.st.incidents.recent_logs.get(&class) {
                 let id = r.incident;
-                self.remember_xid(&obs, id);
+                self.st.app.remember_xid(&obs, id, self.now);
             }
             return;
         }
@@ -355,31 +381,6 @@ impl Cx<'_> {
             })
             .collect();
         Some(fewest_programs(&sets))
-    }
-
-    /// How many faults `unit` had under `key` within `window` (0 without one).
-    fn unit_faults(&self, key: &str, unit: &str, window: Option<Duration>) -> u32 {
-        let now = self.now;
-        let Some(list) = self.st.app.seen.get(key) else {
-            return 0;
-        };
-        let n = list
-            .iter()
-            .filter(|s| s.unit == unit)
-            .map(|s| {
-                s.times
-                    .iter()
-                    .filter(|t| window.is_none_or(|w| now.since(**t) <= w))
-                    .count()
-            })
-            .sum::<usize>();
-        u32::try_from(n).unwrap_or(u32::MAX)
-    }
-
-    fn forget_unit(&mut self, key: &str, unit: &str) {
-        if let Some(list) = self.st.app.seen.get_mut(key) {
-            list.retain(|s| s.unit != unit);
-        }
     }
 }
 

@@ -116,7 +116,9 @@ impl Cx<'_> {
                     "after the drain"
                 };
                 if rem.rebooted {
-                    self.settle(incident, RepairResult::Escalated, why);
+                    self.st
+                        .repair
+                        .settle(incident, RepairResult::Escalated, why, self.now);
                 }
                 self.close(
                     incident,

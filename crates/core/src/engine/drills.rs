@@ -45,12 +45,51 @@ impl Drills {
     pub fn disarm(&mut self, id: &str) {
         self.armed.retain(|a| a.drill.id != id);
     }
+
+    /// Forgets the drills armed longer ago than [`DRILL_ARM_WINDOW`].
+    pub fn expire(&mut self, now: Timestamp) {
+        self.armed.retain(|a| now.since(a.at) <= DRILL_ARM_WINDOW);
+    }
+
+    /// The armed drill an observation from a probe is the signal of, if any.
+    pub fn matching(&mut self, obs: &Observation, now: Timestamp) -> Option<String> {
+        if self.armed.is_empty() {
+            return None;
+        }
+        self.expire(now);
+        self.armed
+            .iter()
+            .find(|a| a.drill.expect.matches(obs))
+            .map(|a| a.drill.id.clone())
+    }
+
+    /// The incident `incident` is drill `id`'s (its signal opened it): the drill is taken out
+    /// of the armed list and the incident marked as its. `None` when it is no longer armed.
+    pub fn claim(&mut self, id: &str, incident: IncidentId) -> Option<Drill> {
+        let at = self.armed.iter().position(|a| a.drill.id == id)?;
+        let drill = self.armed.remove(at).drill;
+        // The oldest drill incident (the smallest id) makes room.
+        self.incidents.insert_evicting(
+            incident,
+            DrillMark {
+                id: drill.id.clone(),
+                observe: drill.observe,
+            },
+            |_| (),
+        );
+        Some(drill)
+    }
+
+    /// Whether `incident` is an observe drill's: its orders are journaled, not executed.
+    pub fn observes(&self, incident: IncidentId) -> bool {
+        self.incidents.get(&incident).is_some_and(|d| d.observe)
+    }
 }
 
 impl Cx<'_> {
     /// Arms a drill; one that brings its observation is judged at once.
     pub(super) fn drill(&mut self, drill: Drill) {
-        self.expire_drills();
+        self.st.drills.expire(self.now);
         self.st.drills.disarm(&drill.id);
         let inject = drill.inject.clone();
         let id = drill.id.clone();
@@ -65,45 +104,5 @@ impl Cx<'_> {
             // Judged once: it does not wait for another signal.
             self.st.drills.disarm(&id);
         }
-    }
-
-    pub(super) fn expire_drills(&mut self) {
-        let now = self.now;
-        self.st
-            .drills
-            .armed
-            .retain(|a| now.since(a.at) <= DRILL_ARM_WINDOW);
-    }
-
-    /// The incident `incident` opens now is the armed drill's whose signal this step judges,
-    /// if any: the drill is taken out of the armed list and the incident marked as its.
-    pub(super) fn claim_drill(&mut self, incident: IncidentId) -> Option<Drill> {
-        let id = self.drill.take()?;
-        let at = self.st.drills.armed.iter().position(|a| a.drill.id == id)?;
-        let drill = self.st.drills.armed.remove(at).drill;
-        // The oldest drill incident (the smallest id) makes room.
-        self.st.drills.incidents.insert_evicting(
-            incident,
-            DrillMark {
-                id: drill.id.clone(),
-                observe: drill.observe,
-            },
-            |_| (),
-        );
-        Some(drill)
-    }
-
-    /// The armed drill an observation from a probe is the signal of, if any.
-    pub(super) fn drill_matching(&mut self, obs: &Observation) -> Option<String> {
-        if self.st.drills.armed.is_empty() {
-            return None;
-        }
-        self.expire_drills();
-        self.st
-            .drills
-            .armed
-            .iter()
-            .find(|a| a.drill.expect.matches(obs))
-            .map(|a| a.drill.id.clone())
     }
 }

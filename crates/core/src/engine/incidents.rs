@@ -63,6 +63,39 @@ pub struct OpenIncident {
 }
 
 impl Incidents {
+    /// A log-only finding of `class` within [`LOG_REPEAT_WINDOW`] of the last one: counted as
+    /// its repeat (per signal, up to the bound), no new incident. Returns whether it was one.
+    pub fn log_repeat(&mut self, class: &str, obs: &Observation, now: Timestamp) -> bool {
+        match self.recent_logs.get_mut(class) {
+            Some(r) if now.since(r.at) < LOG_REPEAT_WINDOW => {
+                r.repeats = r.repeats.saturating_add(1);
+                let signal = obs.signal.to_string();
+                if let Some(n) = r.counts.get_mut(&signal) {
+                    *n = n.saturating_add(1);
+                } else {
+                    // Past the bound, a new signal is counted only in `repeats`.
+                    let _ = r.counts.try_insert(signal, 1);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Incident `id` is the last log-only finding of `class` (the stalest class makes room).
+    pub fn remember_log(&mut self, class: &str, id: IncidentId, now: Timestamp) {
+        self.recent_logs.insert_evicting(
+            class.to_string(),
+            RecentLog {
+                incident: id,
+                at: now,
+                repeats: 0,
+                counts: Default::default(),
+            },
+            |r| r.at,
+        );
+    }
+
     /// Forgets the log-only classes whose repeat window ended with no repeat to report.
     pub fn forget_stale_logs(&mut self, now: Timestamp) {
         self.recent_logs
@@ -109,7 +142,7 @@ impl Cx<'_> {
             .entry(id)
             .or_default()
             .insert(attach_key(obs));
-        let drill = self.claim_drill(id);
+        let drill = self.drill.take().and_then(|d| self.st.drills.claim(&d, id));
         self.record(
             id,
             IncidentEvent::Opened {
@@ -136,19 +169,13 @@ impl Cx<'_> {
             );
         }
         self.corroborate(id, obs);
-        self.remember_xid(obs, id);
+        self.st.app.remember_xid(obs, id, self.now);
         id
     }
 
     /// Whether an order of `incident` is only journaled: observe-only, or an observe drill.
     pub(super) fn dry(&self, incident: IncidentId) -> bool {
-        self.policy.observe_only
-            || self
-                .st
-                .drills
-                .incidents
-                .get(&incident)
-                .is_some_and(|d| d.observe)
+        self.policy.observe_only || self.st.drills.observes(incident)
     }
 
     pub(super) fn close(
@@ -290,27 +317,6 @@ impl Cx<'_> {
         );
     }
 
-    /// Whether a log-only finding repeats one of its class recorded within
-    /// `LOG_REPEAT_WINDOW`; repeats are counted per signal and mentioned by the next incident
-    /// of that class.
-    pub(super) fn log_is_repeat(&mut self, class: &str, obs: &Observation) -> bool {
-        let now = self.now;
-        match self.st.incidents.recent_logs.get_mut(class) {
-            Some(r) if now.since(r.at) < LOG_REPEAT_WINDOW => {
-                r.repeats = r.repeats.saturating_add(1);
-                let signal = obs.signal.to_string();
-                if let Some(n) = r.counts.get_mut(&signal) {
-                    *n = n.saturating_add(1);
-                } else {
-                    // Past the bound, a new signal is counted only in `repeats`.
-                    let _ = r.counts.try_insert(signal, 1);
-                }
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// Opens and closes a log-only incident, first in its class for `LOG_REPEAT_WINDOW`.
     pub(super) fn log_incident(
         &mut self,
@@ -342,23 +348,8 @@ impl Cx<'_> {
                 ),
             );
         }
-        self.remember_log(class, id);
+        self.st.incidents.remember_log(class, id, self.now);
         self.close(id, IncidentState::Logged, format!("recorded: {reason}"));
-    }
-
-    /// Starts a repeat-suppression window for `class` (at most `MAX_RECENT_LOGS` of them, the
-    /// stalest dropped first).
-    pub(super) fn remember_log(&mut self, class: &str, id: IncidentId) {
-        self.st.incidents.recent_logs.insert_evicting(
-            class.to_string(),
-            RecentLog {
-                incident: id,
-                at: self.now,
-                repeats: 0,
-                counts: Default::default(),
-            },
-            |r| r.at,
-        );
     }
 
     /// Journals a launch gate run: the gate decided and completed the hook itself.

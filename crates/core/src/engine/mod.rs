@@ -137,7 +137,7 @@ impl Cx<'_> {
     /// An observation from a probe, judged as the signal of the drill armed for it if any
     /// (the incident it opens is the drill's).
     fn observation(&mut self, obs: Observation) {
-        self.drill = self.drill_matching(&obs);
+        self.drill = self.st.drills.matching(&obs, self.now);
         self.observe(obs);
         self.drill = None;
     }
@@ -182,7 +182,7 @@ impl Cx<'_> {
 
     fn judge(&mut self, obs: Observation) {
         let kind = obs.signal.kind();
-        if self.own_exit(&obs) || self.join_cause(&obs) {
+        if self.st.mps.own_exit(&obs, self.now) || self.join_cause(&obs) {
             return;
         }
         let Some(rule) = self.policy.rule_for(&obs.signal, obs.value) else {
@@ -190,7 +190,7 @@ impl Cx<'_> {
                 return; // below every threshold: not a finding
             }
             let class = format!("{RULE_NONE}/{}@{}", kind.as_str(), class_target(&obs));
-            if self.log_is_repeat(&class, &obs) {
+            if self.st.incidents.log_repeat(&class, &obs, self.now) {
                 return;
             }
             let reason = format!("no rule judges `{}`; recorded only", kind.as_str());
@@ -266,7 +266,7 @@ impl Cx<'_> {
         // code of the catch-all), not per code: a storm of distinct XIDs is one incident per
         // GPU and class, with counts.
         let class = format!("{rule_name}@{}", class_target(&obs));
-        if verdict == Verdict::Log && self.log_is_repeat(&class, &obs) {
+        if verdict == Verdict::Log && self.st.incidents.log_repeat(&class, &obs, self.now) {
             return;
         }
         self.dispatch(obs, verdict, &rule_name, &reason, &class);
@@ -323,7 +323,7 @@ impl Cx<'_> {
             return; // late outcome of an order already escalated past its deadline
         };
         if order.command == Command::RestartMps {
-            self.mps_restart_ended();
+            self.st.mps.restart_ended(self.now);
         }
         match &order.command {
             // Its own retries are the remedy's (the upload backs off); the engine only records
@@ -450,7 +450,7 @@ impl Cx<'_> {
     }
 
     fn tick(&mut self) {
-        self.expire_drills();
+        self.st.drills.expire(self.now);
         for order in self.orders_overdue() {
             let why = format!("{} overran its deadline", order.command.name());
             self.order_failed(&order, &why);

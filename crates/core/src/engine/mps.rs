@@ -50,15 +50,40 @@ impl MpsPhase {
     }
 }
 
+impl MpsState {
+    /// Whether an `mps-crash` from the unit is the exit a restart of ours caused (the one
+    /// report that follows it, within [`OWN_EXIT_MATCH`] of its end); the mark is used up.
+    pub fn own_exit(&mut self, obs: &Observation, now: Timestamp) -> bool {
+        if obs.signal != Signal::MpsCrash || obs.source != crate::model::MPS_UNIT_SOURCE {
+            return false;
+        }
+        let Some(own) = self.own_exit.take() else {
+            return false;
+        };
+        !own.ended || now.since(own.at) <= OWN_EXIT_MATCH
+    }
+
+    /// A restart of ours ended (whatever its outcome): systemd's report of the exit it caused
+    /// may still follow.
+    pub fn restart_ended(&mut self, now: Timestamp) {
+        if let Some(own) = &mut self.own_exit {
+            *own = OwnExit {
+                at: now,
+                ended: true,
+            };
+        }
+    }
+}
+
 impl Cx<'_> {
     pub(super) fn mps_request(&mut self, obs: &Observation, rule: &str, reason: &str) {
         if !self.st.capabilities.mps {
             let key = format!("{rule}@{}", target_key(obs));
-            if self.log_is_repeat(&key, obs) {
+            if self.st.incidents.log_repeat(&key, obs, self.now) {
                 return;
             }
             let id = self.open(obs, rule, reason, Verdict::RestartMps);
-            self.remember_log(&key, id);
+            self.st.incidents.remember_log(&key, id, self.now);
             self.would(
                 id,
                 vec![Command::RestartMps],
@@ -75,30 +100,6 @@ impl Cx<'_> {
         let id = self.open(obs, rule, reason, Verdict::RestartMps);
         self.st.mps.incident = Some(id);
         self.mps_try_restart(id);
-    }
-
-    /// Whether `obs` is systemd's restart of the daemon that our own restart caused (its stop
-    /// of the running daemon): expected once per restart, while the order runs and for
-    /// [`OWN_EXIT_MATCH`] after it ended.
-    pub(super) fn own_exit(&mut self, obs: &Observation) -> bool {
-        if obs.signal != Signal::MpsCrash || obs.source != crate::model::MPS_UNIT_SOURCE {
-            return false;
-        }
-        let Some(own) = self.st.mps.own_exit.take() else {
-            return false;
-        };
-        !own.ended || self.now.since(own.at) <= OWN_EXIT_MATCH
-    }
-
-    /// A restart of ours ended (whatever its outcome): systemd's report of the exit it caused
-    /// may still follow (`OWN_EXIT_MATCH`).
-    pub(super) fn mps_restart_ended(&mut self) {
-        if let Some(own) = &mut self.st.mps.own_exit {
-            *own = OwnExit {
-                at: self.now,
-                ended: true,
-            };
-        }
     }
 
     /// The daemon restarted and answers: its incident is resolved.

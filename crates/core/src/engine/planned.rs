@@ -136,6 +136,29 @@ pub struct Planned {
 }
 
 impl Planned {
+    /// Keeps `e` under `key`. Full: the oldest finished disruption makes room; with every one
+    /// of them under way the newest is judged, not kept.
+    fn remember(&mut self, key: String, e: PlannedEvent) {
+        let events = &mut self.events;
+        if let Err((key, e)) = events.try_insert(key, e) {
+            let oldest = events
+                .iter()
+                .filter(|(_, e)| e.phase == PlannedPhase::Done)
+                .min_by_key(|(_, e)| e.not_before)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                events.remove(&k);
+                let _ = events.try_insert(key, e);
+            }
+        }
+    }
+
+    fn set_phase(&mut self, key: &str, phase: PlannedPhase) {
+        if let Some(e) = self.events.get_mut(key) {
+            e.phase = phase;
+        }
+    }
+
     /// Events not finished (for `status` and the metrics).
     pub fn pending(&self) -> impl Iterator<Item = (&String, &PlannedEvent)> {
         self.events
@@ -208,29 +231,6 @@ impl Cx<'_> {
                 self.agent_health(&obs, status)
             }
             _ => {}
-        }
-    }
-
-    fn remember(&mut self, key: String, e: PlannedEvent) {
-        let events = &mut self.st.planned.events;
-        if let Err((key, e)) = events.try_insert(key, e) {
-            // Full: the oldest finished disruption makes room; with every one of them under
-            // way the newest is judged, not kept.
-            let oldest = events
-                .iter()
-                .filter(|(_, e)| e.phase == PlannedPhase::Done)
-                .min_by_key(|(_, e)| e.not_before)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                events.remove(&k);
-                let _ = events.try_insert(key, e);
-            }
-        }
-    }
-
-    fn set_phase(&mut self, key: &str, phase: PlannedPhase) {
-        if let Some(e) = self.st.planned.events.get_mut(key) {
-            e.phase = phase;
         }
     }
 
@@ -323,7 +323,7 @@ impl Cx<'_> {
         };
         if ev.state != EventState::Active {
             // First seen already over (a history AWS keeps listing): nothing to do about it.
-            self.remember(key, entry);
+            self.st.planned.remember(key, entry);
             return;
         }
         let end = ev.not_after.unwrap_or(ev.not_before);
@@ -333,7 +333,7 @@ impl Cx<'_> {
                 entry.what, ev.not_before
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
-            self.remember(key, entry);
+            self.st.planned.remember(key, entry);
             return;
         }
         if let Some(why) =
@@ -344,7 +344,7 @@ impl Cx<'_> {
                 entry.what
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
-            self.remember(key, entry);
+            self.st.planned.remember(key, entry);
             return;
         }
         if disruption == Disruption::Unknown {
@@ -353,7 +353,7 @@ impl Cx<'_> {
                 entry.what, ev.not_before
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
-            self.remember(key, entry);
+            self.st.planned.remember(key, entry);
             return;
         }
         let verdict = match disruption {
@@ -386,7 +386,7 @@ impl Cx<'_> {
         entry.drain_at = Some(drain_at);
         entry.verdict = verdict;
         entry.phase = PlannedPhase::Waiting;
-        self.remember(key.clone(), entry);
+        self.st.planned.remember(key.clone(), entry);
         if drain_at <= self.now {
             self.planned_start(&key);
         }
@@ -429,7 +429,7 @@ impl Cx<'_> {
             return;
         };
         let Some(id) = e.incident else {
-            self.set_phase(key, PlannedPhase::Done);
+            self.st.planned.set_phase(key, PlannedPhase::Done);
             return;
         };
         match e.disruption {
@@ -467,7 +467,7 @@ impl Cx<'_> {
             }
             _ => {
                 if e.phase == PlannedPhase::Waiting {
-                    self.set_phase(key, PlannedPhase::Done);
+                    self.st.planned.set_phase(key, PlannedPhase::Done);
                     self.close(
                         id,
                         IncidentState::Resolved,
@@ -487,13 +487,13 @@ impl Cx<'_> {
             return;
         };
         let Some(id) = e.incident else {
-            self.set_phase(key, PlannedPhase::Done);
+            self.st.planned.set_phase(key, PlannedPhase::Done);
             return;
         };
         match e.phase {
             PlannedPhase::Done => {}
             PlannedPhase::Waiting => {
-                self.set_phase(key, PlannedPhase::Done);
+                self.st.planned.set_phase(key, PlannedPhase::Done);
                 self.close(id, IncidentState::Resolved, early.to_string());
             }
             PlannedPhase::Started | PlannedPhase::Drained => {
@@ -531,7 +531,7 @@ impl Cx<'_> {
             }
         } else if !owns_node {
             // Nothing of ours holds the instance (observe-only, another incident's drain).
-            self.set_phase(key, PlannedPhase::Done);
+            self.st.planned.set_phase(key, PlannedPhase::Done);
             if self.st.incidents.open.contains_key(&id) {
                 self.close(id, IncidentState::Resolved, summary);
             }
@@ -557,7 +557,7 @@ impl Cx<'_> {
         let Some(id) = e.incident else {
             return;
         };
-        self.set_phase(key, PlannedPhase::Started);
+        self.st.planned.set_phase(key, PlannedPhase::Started);
         if let Some(rem) = self.st.node.remediation.filter(|r| r.incident != id) {
             self.note(
                 rem.incident,
@@ -580,7 +580,7 @@ impl Cx<'_> {
                     ),
                 );
             }
-            self.set_phase(key, PlannedPhase::Done);
+            self.st.planned.set_phase(key, PlannedPhase::Done);
             self.close(
                 id,
                 IncidentState::Logged,
@@ -602,7 +602,7 @@ impl Cx<'_> {
             && self.st.node.incident != Some(id)
             && e.verdict != Verdict::Replace;
         if gone || drained_by_other {
-            self.set_phase(key, PlannedPhase::Done);
+            self.st.planned.set_phase(key, PlannedPhase::Done);
             self.close(
                 id,
                 IncidentState::Logged,
@@ -672,7 +672,7 @@ impl Cx<'_> {
                 "AWS's Spot interruption ({action}) time {time} has already passed: an event in the past; nothing is drained"
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
-            self.remember(SPOT_KEY.to_string(), entry);
+            self.st.planned.remember(SPOT_KEY.to_string(), entry);
             return;
         }
         if let Some(why) = crate::model::planned::implausible_spot(self.now, time) {
@@ -680,7 +680,7 @@ impl Cx<'_> {
                 "implausible notice: Spot interruption ({action}): {why}; not AWS's practice (docs/planned-events.md#plausible-notices), so nothing is drained"
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
-            self.remember(SPOT_KEY.to_string(), entry);
+            self.st.planned.remember(SPOT_KEY.to_string(), entry);
             return;
         }
         let reason = format!(
@@ -696,7 +696,7 @@ impl Cx<'_> {
         );
         entry.incident = Some(id);
         entry.phase = PlannedPhase::Waiting;
-        self.remember(SPOT_KEY.to_string(), entry);
+        self.st.planned.remember(SPOT_KEY.to_string(), entry);
         self.planned_start(SPOT_KEY);
     }
 
@@ -732,7 +732,7 @@ impl Cx<'_> {
                 "implausible notice: rebalance recommendation: {why}; not AWS's practice (docs/planned-events.md#plausible-notices), so nothing is drained"
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
-            self.remember(REBALANCE_KEY.to_string(), entry);
+            self.st.planned.remember(REBALANCE_KEY.to_string(), entry);
             return;
         }
         if self.policy.planned.rebalance == Rebalance::Log {
@@ -740,7 +740,7 @@ impl Cx<'_> {
                 "AWS recommends moving work off this Spot instance (rebalance recommendation of {notice}); logged only ([planned] rebalance = \"log\")"
             );
             entry.incident = Some(self.planned_log(obs, &rule, &reason));
-            self.remember(REBALANCE_KEY.to_string(), entry);
+            self.st.planned.remember(REBALANCE_KEY.to_string(), entry);
             return;
         }
         let reason = format!(
@@ -751,7 +751,7 @@ impl Cx<'_> {
         entry.verdict = Verdict::Drain;
         entry.drain_at = Some(self.now);
         entry.phase = PlannedPhase::Waiting;
-        self.remember(REBALANCE_KEY.to_string(), entry);
+        self.st.planned.remember(REBALANCE_KEY.to_string(), entry);
         self.planned_start(REBALANCE_KEY);
     }
 
@@ -797,7 +797,7 @@ impl Cx<'_> {
                 return;
             }
             // Drained for it and left so: it is the notice's again to undo.
-            self.set_phase(key, PlannedPhase::Drained);
+            self.st.planned.set_phase(key, PlannedPhase::Drained);
         }
         self.note(id, format!("{why}: what it started is undone"));
         self.undo(
@@ -875,7 +875,7 @@ impl Cx<'_> {
         if !matches!(e.disruption, Disruption::Reboot | Disruption::Maintenance) {
             return false;
         }
-        self.set_phase(&key, PlannedPhase::Drained);
+        self.st.planned.set_phase(&key, PlannedPhase::Drained);
         self.st.node.phase = NodePhase::Drained;
         self.note(
             incident,
@@ -901,7 +901,7 @@ impl Cx<'_> {
     ) -> Option<String> {
         let key = self.st.planned.by_incident(incident)?;
         let e = self.st.planned.events.get(&key)?.clone();
-        self.set_phase(&key, PlannedPhase::Done);
+        self.st.planned.set_phase(&key, PlannedPhase::Done);
         Some(match (e.disruption, state) {
             (Disruption::Stop, IncidentState::Replaced) => format!(
                 "drained ahead of {} and marked Unhealthy: Auto Scaling replaces the instance before AWS stops it at {}",
@@ -927,7 +927,7 @@ impl Cx<'_> {
     pub(super) fn planned_restored(&mut self, incident: IncidentId) -> Option<String> {
         let key = self.st.planned.by_incident(incident)?;
         let summary = self.st.planned.events.get(&key)?.restore_summary.clone();
-        self.set_phase(&key, PlannedPhase::Done);
+        self.st.planned.set_phase(&key, PlannedPhase::Done);
         Some(summary)
     }
 

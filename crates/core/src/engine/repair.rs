@@ -92,6 +92,24 @@ impl RepairResult {
 }
 
 impl Ledger {
+    /// The pending repair of `incident` ends with `result` (and why); a repaired one records
+    /// when the node came back.
+    pub fn settle(
+        &mut self,
+        incident: IncidentId,
+        result: RepairResult,
+        why: &str,
+        now: Timestamp,
+    ) {
+        if let Some(r) = self.pending_mut(incident) {
+            r.result = result;
+            r.why = why.to_string();
+            if result == RepairResult::Repaired {
+                r.back_at = Some(now);
+            }
+        }
+    }
+
     /// The repair of `incident` still under way.
     pub fn pending(&self, incident: IncidentId) -> Option<&Repair> {
         self.history
@@ -241,17 +259,6 @@ impl Cx<'_> {
         Some(Command::Reboot { boot })
     }
 
-    pub(super) fn settle(&mut self, incident: IncidentId, result: RepairResult, why: &str) {
-        let now = self.now;
-        if let Some(r) = self.st.repair.pending_mut(incident) {
-            r.result = result;
-            r.why = why.to_string();
-            if result == RepairResult::Repaired {
-                r.back_at = Some(now);
-            }
-        }
-    }
-
     /// The supervisor started in boot `id`. A new boot during a repair's reboot means it
     /// happened: the reboot order is finished (never handed out again) and the check after
     /// the boot begins.
@@ -358,7 +365,7 @@ impl Cx<'_> {
                 Step::Drain,
             ),
         };
-        self.settle(id, result, why);
+        self.st.repair.settle(id, result, why, self.now);
         if let Some(r) = self.st.node.remediation.as_mut() {
             r.goal = Goal::Replace;
             r.until = None;
@@ -388,9 +395,13 @@ impl Cx<'_> {
             format!("upgraded from reboot to replace: {reason}")
         };
         if rem.rebooted {
-            self.settle(rem.incident, RepairResult::Escalated, &why);
+            self.st
+                .repair
+                .settle(rem.incident, RepairResult::Escalated, &why, self.now);
         } else {
-            self.settle(rem.incident, RepairResult::Aborted, &why);
+            self.st
+                .repair
+                .settle(rem.incident, RepairResult::Aborted, &why, self.now);
         }
         if let Some(r) = self.st.node.remediation.as_mut() {
             r.goal = Goal::Replace;
@@ -428,7 +439,9 @@ impl Cx<'_> {
                 remapped.join(", ")
             )
         };
-        self.settle(incident, RepairResult::Repaired, "");
+        self.st
+            .repair
+            .settle(incident, RepairResult::Repaired, "", self.now);
         self.close(
             incident,
             IncidentState::Repaired,
@@ -440,7 +453,12 @@ impl Cx<'_> {
 
     /// An operator stopped the repair: it is no longer pending.
     pub(super) fn repair_aborted(&mut self, incident: IncidentId) {
-        self.settle(incident, RepairResult::Aborted, "aborted by an operator");
+        self.st.repair.settle(
+            incident,
+            RepairResult::Aborted,
+            "aborted by an operator",
+            self.now,
+        );
     }
 
     /// Past `[deadlines] reboot` with the instance still up.
