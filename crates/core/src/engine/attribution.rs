@@ -204,7 +204,7 @@ impl Cx<'_> {
                 .and_then(|s| s.key()),
         };
         let key = format!("{}@{gpu}", rule.name);
-        self.app_seen(&key, kept_for(rule), &unit, programs, place.clone());
+        self.app_seen(&key, rule.app_window(), &unit, programs, place.clone());
         if let Some(p) = &place
             && let Some((verdict, reason)) = self.suspected(rule, &key, p)
         {
@@ -375,16 +375,6 @@ impl Cx<'_> {
             .collect();
         Some(fewest_programs(&sets))
     }
-}
-
-/// How long an application rule's faults are kept: its longest window (`suspect`, `culprit`).
-fn kept_for(rule: &Rule) -> Duration {
-    rule.suspect
-        .map(|s| s.window)
-        .into_iter()
-        .chain(rule.culprit.map(|c| c.window))
-        .max()
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ use crate::model::{
     Action, Command, IncidentId, IncidentState, Input, Observation, OperatorRequest, Order,
     Outcome, OutcomeStatus, Signal, SignalKind, Timestamp, Verdict,
 };
-use crate::policy::Policy;
+use crate::policy::{Policy, Rule};
 
 /// The rule name recorded when the MPS restart budget runs out.
 pub const RULE_MPS_BUDGET: &str = "mps-restart-budget";
@@ -211,13 +211,7 @@ impl Cx<'_> {
         }
         let target = target_key(&obs);
         let key = format!("{}@{}", rule.name, target);
-        let keep = rule
-            .confirm
-            .map(|c| c.window)
-            .into_iter()
-            .chain(rule.escalate.map(|e| e.window))
-            .max()
-            .unwrap_or_default();
+        let keep = rule.window();
         let now = self.now;
         // A new `rule@target` in a full table takes the place of the one seen longest ago;
         // a storm of one signal keeps its newest sightings (`Sightings`).
@@ -474,7 +468,13 @@ impl Cx<'_> {
             .chain(self.st.node.withheld.as_ref().map(|w| w.incident))
             .collect();
         self.st.incidents.attached.retain(|id, _| keep.contains(id));
-        let longest = self.longest_window();
+        let longest = self
+            .policy
+            .rules
+            .iter()
+            .map(Rule::window)
+            .max()
+            .unwrap_or_default();
         self.st.sightings.retain(|_, seen| {
             seen.retain(|t| now.since(*t) <= longest);
             !seen.is_empty()

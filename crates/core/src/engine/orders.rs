@@ -272,20 +272,6 @@ impl Cx<'_> {
         }
         overdue
     }
-
-    pub(super) fn longest_window(&self) -> Duration {
-        self.policy
-            .rules
-            .iter()
-            .flat_map(|r| {
-                r.confirm
-                    .map(|c| c.window)
-                    .into_iter()
-                    .chain(r.escalate.map(|e| e.window))
-            })
-            .max()
-            .unwrap_or_default()
-    }
 }
 
 /// What an outcome says went wrong ("failed" when the remedy said nothing).

@@ -76,6 +76,29 @@ pub struct Rule {
     pub origin: String,
 }
 
+impl Rule {
+    /// How long a sighting counts for this rule: its longest window (`confirm`, `escalate`).
+    pub fn window(&self) -> Duration {
+        self.confirm
+            .map(|c| c.window)
+            .into_iter()
+            .chain(self.escalate.map(|e| e.window))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// How long an application rule keeps its faults: its longest window (`suspect`,
+    /// `culprit`).
+    pub fn app_window(&self) -> Duration {
+        self.suspect
+            .map(|s| s.window)
+            .into_iter()
+            .chain(self.culprit.map(|c| c.window))
+            .max()
+            .unwrap_or_default()
+    }
+}
+
 /// `count` sightings within `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
