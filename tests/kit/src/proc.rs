@@ -61,6 +61,12 @@ pub fn start_secs(pid: u32) -> Option<f64> {
     Some(f.get(22 - 3)?.parse::<f64>().ok()? / clk_tck())
 }
 
+/// Microseconds since boot now: the stamp a kernel record written now carries (a record
+/// stamped before a process started is never charged to it, so tests stamp theirs now).
+pub fn uptime_usec() -> u64 {
+    (uptime_secs() * 1e6) as u64
+}
+
 pub fn uptime_secs() -> f64 {
     std::fs::read_to_string("/proc/uptime")
         .ok()
@@ -150,6 +156,54 @@ impl Sleepers {
         self.0.iter().map(std::process::Child::id).collect()
     }
 
+    /// A process that names itself `comm` (any bytes but NUL, at most 15 kept: the kernel's
+    /// `prctl(PR_SET_NAME)`, as a tenant can), standing for a CUDA program; it has set the
+    /// name when this returns. `python3` does the `prctl`.
+    pub fn start_named(comm: &[u8]) -> Sleepers {
+        use std::io::BufRead;
+        let hex: String = comm.iter().map(|b| format!("{b:02x}")).collect();
+        let mut c = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, sys, time\n\
+                 ctypes.CDLL(None).prctl(15, bytes.fromhex(sys.argv[1]), 0, 0, 0)\n\
+                 print('named', flush=True)\n\
+                 time.sleep(1000000)",
+                &hex,
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        if let Some(out) = c.stdout.take() {
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        assert_eq!(line.trim(), "named", "python3 could not set its comm");
+        Sleepers(vec![c])
+    }
+
+    /// A process running `exe` (a copy of `sleep` made by [`stand_in`]) with `argv[0]`
+    /// `arg0`: a program with an executable of its own.
+    pub fn start_exe(exe: &std::path::Path, arg0: &str) -> Sleepers {
+        use std::os::unix::process::CommandExt;
+        let c = std::process::Command::new(exe)
+            .arg0(arg0)
+            .arg("1000000")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("a stand-in program");
+        Sleepers(vec![c])
+    }
+
+    /// Another set's processes join these.
+    pub fn join(&mut self, mut other: Sleepers) {
+        self.0.append(&mut other.0);
+    }
+
     /// Kills and reaps them all (again: nothing).
     pub fn stop(&mut self) {
         for mut c in self.0.drain(..) {
@@ -175,6 +229,14 @@ impl Drop for Sleepers {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A copy of `sleep` at `dir/name`: an executable file of its own (its own inode), so a
+/// process started from it is another program to the kernel than `sleep`.
+pub fn stand_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let to = dir.join(name);
+    std::fs::copy("/bin/sleep", &to).expect("copy /bin/sleep");
+    to
 }
 
 /// Real processes (`sleep`) in an ECS-shaped cgroup, as a task's container's CUDA clients
@@ -207,7 +269,9 @@ impl EcsTaskProcs {
         Self::place(task, container, Sleepers::start_with_env(n, env))
     }
 
-    fn place(task: &str, container: &str, procs: Sleepers) -> Result<EcsTaskProcs, String> {
+    /// Places processes already started (named, or from their own executable) in task
+    /// `task`'s container `container`.
+    pub fn place(task: &str, container: &str, procs: Sleepers) -> Result<EcsTaskProcs, String> {
         let top = std::path::Path::new(PIDS_CGROUP).join("ecs");
         let task_dir = top.join(task);
         let dir = task_dir.join(container);

@@ -224,6 +224,75 @@ fn scan_with(proc_root: &Path, control_binary: &Path, pipe_dir: &Path) -> Result
     Ok(found)
 }
 
+/// The MPS binaries installed on the host, as the kernel knows the files: a process is an MPS
+/// daemon or server by what it runs ([`Binaries::role`]), never by its name. A process may
+/// call itself `nvidia-cuda-mps-server` (its `comm`, its `argv[0]`, a bind mount of another
+/// file over that path in its own mount namespace): none of that makes it the server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Binaries {
+    pub control: Vec<crate::sys::procfs::FileId>,
+    pub server: Vec<crate::sys::procfs::FileId>,
+}
+
+/// Where Debian and NVIDIA's packages put the server when it is not beside the control binary.
+const SERVER_DIRS: &[&str] = &["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"];
+
+impl Binaries {
+    /// The installed binaries: `control_binary` (a bare name found through `PATH` and the
+    /// system folders) and `nvidia-cuda-mps-server` beside it or in the system folders.
+    pub fn find(control_binary: &Path) -> Binaries {
+        use crate::sys::procfs::FileId;
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        let control: Vec<PathBuf> = if control_binary.components().count() > 1 {
+            vec![control_binary.to_path_buf()]
+        } else {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            std::env::split_paths(&path)
+                .chain(SERVER_DIRS.iter().map(PathBuf::from))
+                .map(|d| d.join(control_binary))
+                .collect()
+        };
+        let mut b = Binaries::default();
+        for c in control {
+            if let Some(id) = FileId::of(&c)
+                && !b.control.contains(&id)
+            {
+                b.control.push(id);
+                dirs.extend(c.parent().map(Path::to_path_buf));
+            }
+        }
+        dirs.extend(SERVER_DIRS.iter().map(PathBuf::from));
+        for d in dirs {
+            if let Some(id) = FileId::of(&d.join(SERVER_NAME))
+                && !b.server.contains(&id)
+            {
+                b.server.push(id);
+            }
+        }
+        b
+    }
+
+    /// What `pid` is by the kernel's facts: [`Role::Daemon`] when it runs an installed
+    /// control binary outside every container; [`Role::Server`] when it runs an installed
+    /// server binary outside every container and its parent is such a daemon (the daemon
+    /// starts its servers). `None` for anything else, whatever it calls itself.
+    pub fn role(&self, proc_root: &Path, pid: u32) -> Option<Role> {
+        use crate::sys::procfs;
+        let host =
+            |pid: u32| procfs::cgroup(proc_root, pid).is_some_and(|c| !procfs::in_container(&c));
+        let exe = procfs::exe(proc_root, pid)?.id;
+        if self.control.contains(&exe) && host(pid) {
+            return Some(Role::Daemon);
+        }
+        if !self.server.contains(&exe) || !host(pid) {
+            return None;
+        }
+        let parent = procfs::stat(proc_root, pid)?.parent?;
+        let parent_exe = procfs::exe(proc_root, parent)?.id;
+        (self.control.contains(&parent_exe) && host(parent)).then_some(Role::Server)
+    }
+}
+
 /// Whether an environment selects `want` as its pipe directory.
 fn serves(environ: &[std::ffi::OsString], want: &Path) -> bool {
     const KEY: &[u8] = b"CUDA_MPS_PIPE_DIRECTORY=";

@@ -35,8 +35,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::model::cursor::{Resume, StreamId};
-use crate::model::{Observation, Signal, XidDecode};
-use crate::policy::xid_catalog;
+use crate::model::{Observation, Signal, XidDecode, driver_line};
+use crate::policy::xid_catalog::{self, attributable};
 use crate::probe::nvml::poll::{SharedState, lock};
 
 /// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
@@ -61,7 +61,7 @@ pub fn needs_text(code: u32) -> bool {
 /// text ([`needs_text`]), or it is charged to the program the line names
 /// (`probe::attribution`, docs/attribution.md).
 pub fn held_for_text(code: u32) -> bool {
-    needs_text(code) || crate::probe::attribution::attributable(code)
+    needs_text(code) || attributable(code)
 }
 
 /// The decode of an XID whose catalog action depends on more than its code, with an
@@ -114,17 +114,32 @@ pub fn decode_xid(
     (None, None)
 }
 
-/// One parsed `NVRM: Xid` line.
+/// One `NVRM: Xid` line, read by the driver's format ([`crate::model::driver_line`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelXid {
     /// Sequence number of the kmsg record (0 for plain text lines).
     pub seq: u64,
+    /// When the kernel logged it, in microseconds after boot: the record's stamp (`/dev/kmsg`,
+    /// or `[secs.usecs]` in a syslog or dmesg line); None when the line has none.
+    pub usec: Option<u64>,
     /// PCI address as the driver prints it, e.g. `0000:3b:00`.
     pub pci: String,
     pub code: u32,
+    /// The pid the driver printed first, in its own field.
     pub pid: Option<u32>,
+    /// The process name the driver printed, its escapes decoded (lossy UTF-8): the process's
+    /// own choice, shown and never judged by.
     pub process: Option<String>,
+    /// Whether where the name ends is certain (see [`crate::model::driver_line::Name`]).
+    pub name_exact: bool,
+    /// The driver's message after the name: the whole of it, or, where the name may hold
+    /// `, `, only its end that certainly follows the name (`message_whole` false).
     pub text: String,
+    pub message_whole: bool,
+    /// The XID the driver says caused this one (XID 45's own trailing field only).
+    pub cause: Option<u32>,
+    /// Which of the driver's formats the line is (`driver_line::FORMATS`).
+    pub format: &'static str,
 }
 
 impl KernelXid {
@@ -146,19 +161,44 @@ impl KernelXid {
             None => obs,
         }
     }
+
+    /// The XID of the driver's fields.
+    fn of(seq: u64, usec: Option<u64>, f: driver_line::Fields) -> KernelXid {
+        use driver_line::Name;
+        let (process, name_exact) = match &f.name {
+            Name::Exact(n) => (Some(printed_name(n)), true),
+            Name::Unsure(n) => (Some(printed_name(n)), false),
+            Name::Absent | Name::Unknown => (None, true),
+        };
+        KernelXid {
+            seq,
+            usec,
+            pid: f.pid(),
+            pci: f.pci,
+            code: f.code,
+            process: process.filter(|p| !p.is_empty()),
+            name_exact,
+            message_whole: f.message.is_whole(),
+            text: f.message.text().trim().to_string(),
+            cause: f.cause,
+            format: f.format.id,
+        }
+    }
 }
 
-/// What the driver's XID line begins with. The address that follows is `PCI:0000:3b:00` in
-/// the drivers of the last decade and a bare `0000:3b:00` in older ones; both are read.
-const XID_PREFIX: &str = "NVRM: Xid (";
+/// A printed name as the process set it: escapes decoded, lossy UTF-8.
+fn printed_name(printed: &str) -> String {
+    String::from_utf8_lossy(&driver_line::decode_printed(printed)).into_owned()
+}
 
 /// What the NVSwitch driver's lines begin with (`nvidia-nvswitch3: SXid (PCI:...`), before
 /// the switch's number.
 pub(crate) const NVSWITCH_PREFIX: &str = "nvidia-nvswitch";
 
-/// A kmsg record's priority, sequence number and message: `None` unless the line starts with
-/// a header of decimal fields (`prio,seq,usec,flags[,...];`).
-fn record_header(line: &str) -> Option<(u64, u64, &str)> {
+/// A kmsg record's priority, sequence number, time stamp (microseconds after boot) and
+/// message: `None` unless the line starts with a header of decimal fields
+/// (`prio,seq,usec,flags[,...];`).
+fn record_header(line: &str) -> Option<(u64, u64, u64, &str)> {
     let (header, msg) = line.split_once(';')?;
     let mut fields = header.split(',');
     let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
@@ -166,7 +206,12 @@ fn record_header(line: &str) -> Option<(u64, u64, &str)> {
     if !(digits(prio) && digits(seq) && digits(usec)) {
         return None;
     }
-    Some((prio.parse().ok()?, seq.parse().unwrap_or(0), msg))
+    Some((
+        prio.parse().ok()?,
+        seq.parse().unwrap_or(0),
+        usec.parse().unwrap_or(u64::MAX),
+        msg,
+    ))
 }
 
 /// A syslog time stamp at the start of `line` (`Dec  3 12:00:00` or an RFC 3339 one such as
@@ -202,31 +247,42 @@ fn syslog_stamp(line: &str) -> Option<&str> {
     None
 }
 
-/// Strips a leading `[  12.345678]` (the kernel's time stamp as dmesg and syslog print it).
-fn strip_kernel_time(msg: &str) -> &str {
+/// Strips a leading `[  12.345678]` (the kernel's time stamp as dmesg and syslog print it),
+/// and reads it in microseconds.
+fn strip_kernel_time(msg: &str) -> (Option<u64>, &str) {
     match msg.strip_prefix('[').and_then(|r| r.split_once(']')) {
-        Some((_, rest)) => rest.trim_start(),
-        None => msg,
+        Some((stamp, rest)) => {
+            let usec = stamp.trim().split_once('.').and_then(|(s, f)| {
+                let secs: u64 = s.parse().ok()?;
+                let frac = format!("{f:0<6}");
+                let micros: u64 = frac.get(..6)?.parse().ok()?;
+                secs.checked_mul(1_000_000)?.checked_add(micros)
+            });
+            (usec, rest.trim_start())
+        }
+        None => (None, msg),
     }
 }
 
-/// The message of a kernel log line the kernel itself logged, with its sequence number: a
-/// `/dev/kmsg` record at kernel facility (priority 0 to 7: what a process writes to
-/// `/dev/kmsg` is at user facility or another it names, never the kernel's, see the kernel's
-/// `devkmsg_write`), a syslog line (`kern.log`, `messages`, `journalctl -k`) whose tag is
-/// `kernel:`, or a plain dmesg line; after the kernel's time stamp, if any. `None` for a
-/// record of any other facility or a syslog line with another tag: a driver's text there was
-/// written by someone else.
-pub fn kernel_message(line: &str) -> Option<(u64, &str)> {
-    if let Some((prio, seq, msg)) = record_header(line) {
-        return (prio < 8).then_some((seq, msg));
+/// The message of a kernel log line the kernel itself logged, with its sequence number and
+/// time stamp (microseconds after boot, when the line has one): a `/dev/kmsg` record at
+/// kernel facility (priority 0 to 7: what a process writes to `/dev/kmsg` is at user facility
+/// or another it names, never the kernel's, see the kernel's `devkmsg_write`), a syslog line
+/// (`kern.log`, `messages`, `journalctl -k`) whose tag is `kernel:`, or a plain dmesg line;
+/// after the kernel's time stamp, if any. `None` for a record of any other facility or a
+/// syslog line with another tag: a driver's text there was written by someone else.
+pub fn kernel_message(line: &str) -> Option<(u64, Option<u64>, &str)> {
+    if let Some((prio, seq, usec, msg)) = record_header(line) {
+        return (prio < 8).then_some((seq, Some(usec), msg));
     }
     if let Some(rest) = syslog_stamp(line) {
         let (_host, rest) = rest.trim_start().split_once(' ')?;
         let msg = rest.strip_prefix("kernel:")?;
-        return Some((0, strip_kernel_time(msg.trim_start())));
+        let (usec, msg) = strip_kernel_time(msg.trim_start());
+        return Some((0, usec, msg));
     }
-    Some((0, strip_kernel_time(line)))
+    let (usec, msg) = strip_kernel_time(line);
+    Some((0, usec, msg))
 }
 
 /// Which of the NVIDIA drivers' lines a kernel message is, by how it begins: only the
@@ -239,71 +295,38 @@ pub(crate) enum DriverLine {
     Sxid,
 }
 
-/// The driver line a log line carries, with its sequence number and message: `None` unless
-/// the kernel logged it ([`kernel_message`]) and its message begins with the driver's prefix.
-pub(crate) fn driver_message(line: &str) -> Option<(u64, &str, DriverLine)> {
-    let (seq, msg) = kernel_message(line)?;
-    if msg.starts_with(XID_PREFIX) {
-        return Some((seq, msg, DriverLine::Xid));
-    }
-    let rest = msg.strip_prefix(NVSWITCH_PREFIX)?;
-    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
-    rest.starts_with(": SXid (")
-        .then_some((seq, msg, DriverLine::Sxid))
-}
-
-/// The address, code and the rest of an XID message (`NVRM: Xid (PCI:0000:3b:00): 79, ...`
-/// or the older `NVRM: Xid (0000:3b:00): 79, ...`).
-fn xid_fields(message: &str) -> Option<(&str, u32, &str)> {
-    let rest = message.strip_prefix(XID_PREFIX)?;
-    let rest = rest.strip_prefix("PCI:").unwrap_or(rest);
-    let (pci, rest) = rest.split_once("):")?;
-    if pci.is_empty()
-        || !pci
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-    {
+/// The driver line a log line carries, with its sequence number, time stamp and message:
+/// `None` unless the kernel logged it ([`kernel_message`]) and its message begins as one of
+/// the driver's formats do ([`driver_line::begins_driver_line`]).
+pub(crate) fn driver_message(line: &str) -> Option<(u64, Option<u64>, &str, DriverLine)> {
+    let (seq, usec, msg) = kernel_message(line)?;
+    if !driver_line::begins_driver_line(msg) {
         return None;
     }
-    let mut fields = rest.splitn(2, ',');
-    let code: u32 = fields.next()?.trim().parse().ok()?;
-    Some((pci, code, fields.next().unwrap_or("")))
+    let kind = if msg.starts_with(NVSWITCH_PREFIX) {
+        DriverLine::Sxid
+    } else {
+        DriverLine::Xid
+    };
+    Some((seq, usec, msg, kind))
 }
 
-/// Parses one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line:
-/// `None` unless it is the driver's own XID line ([`driver_message`]).
+/// Reads one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line by
+/// the driver's formats: `None` unless it is the driver's own XID line ([`driver_message`]).
+/// Nothing is known of the process: where the name holds `, `, the message is only its
+/// certain end ([`parse_line_with`] takes the process's comm).
 pub fn parse_line(line: &str) -> Option<KernelXid> {
-    let (seq, message, DriverLine::Xid) = driver_message(line)? else {
+    parse_line_with(line, &|_| None)
+}
+
+/// [`parse_line`] with `comm_of(pid)`: the comm the kernel has for a pid (raw bytes) where
+/// the process lives, for an exact split of its name.
+pub fn parse_line_with(line: &str, comm_of: &dyn Fn(u32) -> Option<Vec<u8>>) -> Option<KernelXid> {
+    let (seq, usec, message, DriverLine::Xid) = driver_message(line)? else {
         return None;
     };
-    let (pci, code, rest) = xid_fields(message)?;
-    let mut rest = rest.trim_start();
-    let mut pid = None;
-    let mut process = None;
-    loop {
-        if let Some(r) = rest.strip_prefix("pid=") {
-            let (v, tail) = r.split_once(',').unwrap_or((r, ""));
-            pid = v.trim().trim_matches('\'').parse().ok();
-            rest = tail.trim_start();
-        } else if let Some(r) = rest.strip_prefix("name=") {
-            let (v, tail) = r.split_once(',').unwrap_or((r, ""));
-            let v = v.trim();
-            if !v.is_empty() && v != "<unknown>" {
-                process = Some(v.to_string());
-            }
-            rest = tail.trim_start();
-        } else {
-            break;
-        }
-    }
-    Some(KernelXid {
-        seq,
-        pci: pci.trim().to_string(),
-        code,
-        pid,
-        process,
-        text: rest.trim().to_string(),
-    })
+    let f = driver_line::parse(message, comm_of)?;
+    (!f.is_sxid()).then(|| KernelXid::of(seq, usec, f))
 }
 
 /// Whether the driver's `0000:3b:00` names the same device as NVML's `00000000:3B:00.0`.
@@ -512,20 +535,28 @@ struct Record {
 /// SXid line, the signal it carries (for its urgency). `None` for every other line, and for
 /// exactly the lines [`parse_line`] and [`super::sxid::parse_line`] refuse.
 fn glance(line: &str) -> Option<(u64, Signal)> {
-    let (seq, message, kind) = driver_message(line)?;
+    let (seq, _, message, kind) = driver_message(line)?;
     if kind == DriverLine::Sxid {
         let sx = super::sxid::parse_line(line)?;
         return Some((seq, sx.observation().signal));
     }
-    let (_, code, _) = xid_fields(message)?;
-    // Only the XIDs whose verdict depends on their text are parsed whole now.
-    let decode = if needs_text(code) || code == xid_catalog::CHECK_UVM_XID {
-        let x = parse_line(line)?;
-        decode_xid(code, Some(&x.text), Path::new(UVM_REFCNT)).0
+    let f = driver_line::parse(message, &|_| None)?;
+    if f.is_sxid() {
+        return None;
+    }
+    // Only the XIDs whose verdict depends on their text are decoded now.
+    let decode = if needs_text(f.code) || f.code == xid_catalog::CHECK_UVM_XID {
+        decode_xid(f.code, Some(f.message.text()), Path::new(UVM_REFCNT)).0
     } else {
         None
     };
-    Some((seq, Signal::Xid { code, decode }))
+    Some((
+        seq,
+        Signal::Xid {
+            code: f.code,
+            decode,
+        },
+    ))
 }
 
 /// The records read and not yet handed over: the fatal ones (by the running policy) apart,
@@ -994,7 +1025,12 @@ impl KmsgReader {
             obs.cursor = cursor;
             return Some(obs);
         }
-        let x = parse_line(&r.line)?;
+        // The name is split at the comm the kernel has for the pid, when that process was
+        // already running when the record was written.
+        let usec = driver_message(&r.line).and_then(|(_, u, _, _)| u);
+        let x = parse_line_with(&r.line, &|pid| {
+            self.attributor.borrow_mut().comm_before(pid, usec)
+        })?;
         let index = {
             let s = lock(&self.shared);
             s.gpus
@@ -1022,11 +1058,18 @@ impl KmsgReader {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
         };
-        // The GPU's MPS clients matter only where the line may name the MPS server.
-        let clients = crate::probe::attribution::may_name_the_server(&x)
-            .then(|| lock(&self.shared).clients.get(&index).cloned())
-            .flatten();
-        let ctx = self.attributor.borrow_mut().context(&x, clients.as_ref());
+        // What the poller knows of the GPU's MPS clients and of the processes it saw.
+        let (clients, seen) = {
+            let s = lock(&self.shared);
+            let clients = attributable(x.code)
+                .then(|| s.clients.get(&index).cloned())
+                .flatten();
+            (clients, x.pid.and_then(|p| s.seen.get(p)))
+        };
+        let ctx = self
+            .attributor
+            .borrow_mut()
+            .context(&x, clients.as_ref(), seen.as_ref());
         let obs = x.observation(detail).with_xid(ctx);
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();

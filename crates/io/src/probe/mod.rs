@@ -242,7 +242,8 @@ pub fn sources_with_gpu_view(
         let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
             .with_urgency(urgency)
             .with_emf(cfg.metrics.emf)
-            .with_links(cfg.links.clone());
+            .with_links(cfg.links.clone())
+            .with_mps_binaries(crate::mps::procs::Binaries::find(&cfg.mps.control_binary));
         if cfg.aws.enabled {
             source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
         }

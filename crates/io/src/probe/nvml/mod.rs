@@ -124,6 +124,8 @@ pub struct NvmlSource {
     links: Option<crate::config::LinksConfig>,
     /// What the event watcher and the kernel log reader hand over first from a burst.
     urgency: crate::probe::Urgency,
+    /// The installed MPS binaries: who the MPS server is when the driver names a process.
+    mps_binaries: crate::mps::procs::Binaries,
 }
 
 impl NvmlSource {
@@ -140,7 +142,15 @@ impl NvmlSource {
             emf: false,
             links: None,
             urgency: crate::probe::Urgency::default(),
+            mps_binaries: crate::mps::procs::Binaries::default(),
         }
+    }
+
+    /// Tells the MPS server from the other processes the driver names by these installed
+    /// binaries (`mps::procs::Binaries::role`).
+    pub fn with_mps_binaries(mut self, binaries: crate::mps::procs::Binaries) -> Self {
+        self.mps_binaries = binaries;
+        self
     }
 
     /// Hands fatal signals of a burst (by the running policy) over first.
@@ -263,10 +273,13 @@ impl NvmlSource {
                 tx: tx.clone(),
                 stop: stop.clone(),
                 urgency: self.urgency.clone(),
-                attributor: std::cell::RefCell::new(crate::probe::attribution::Attributor::new(
-                    &self.proc_root,
-                    self.agent_url.as_deref(),
-                )),
+                attributor: std::cell::RefCell::new(
+                    crate::probe::attribution::Attributor::new(
+                        &self.proc_root,
+                        self.agent_url.as_deref(),
+                    )
+                    .with_mps(self.mps_binaries.clone()),
+                ),
             })
     }
 

@@ -35,6 +35,9 @@ pub struct Shared {
     pub ecc_uncorrected: BTreeMap<u32, u64>,
     /// MPS clients per GPU at the last poll (pids, ECS task ids).
     pub clients: BTreeMap<u32, (Vec<u32>, Vec<String>)>,
+    /// The processes the poller saw on the GPUs lately, as the kernel had them: the kernel
+    /// log reader charges an XID of a process gone since to what was seen of it.
+    pub seen: tasks::SeenProcs,
     /// Identities of the GPUs, by index.
     pub gpus: BTreeMap<u32, GpuId>,
     /// XIDs reported recently, by (GPU, code): the event watcher and the kernel log see the
@@ -372,6 +375,7 @@ impl Poller {
         let indices: BTreeSet<u32> = (0..count).chain(known).collect();
         self.placements.begin_poll();
         self.contract.begin_poll();
+        lock(shared).seen.begin_poll();
         for index in indices {
             self.poll_gpu(nvml, shared, index, count, &mut report);
         }
@@ -481,6 +485,9 @@ impl Poller {
         let tasks = self.placements.task_ids(&pids);
         let gpu = {
             let mut s = lock(shared);
+            for &pid in &pids {
+                s.seen.note(&self.proc_root, pid, self.placements.get(pid));
+            }
             s.clients.insert(index, (pids.clone(), tasks));
             s.gpus.get(&index).cloned()
         }
