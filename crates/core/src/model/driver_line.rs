@@ -189,6 +189,64 @@ impl Fields {
     }
 }
 
+/// One `NVRM: Xid` record as the kernel log reader hands it on: the driver's fields, read by
+/// [`parse`], with where the record sits in the kernel's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelXid {
+    /// Sequence number of the kmsg record (0 for plain text lines).
+    pub seq: u64,
+    /// When the kernel logged it, in microseconds after boot: the record's stamp (`/dev/kmsg`,
+    /// or `[secs.usecs]` in a syslog or dmesg line); None when the line has none.
+    pub usec: Option<u64>,
+    /// PCI address as the driver prints it, e.g. `0000:3b:00`.
+    pub pci: String,
+    pub code: u32,
+    /// The pid the driver printed first, in its own field.
+    pub pid: Option<u32>,
+    /// The process name the driver printed, its escapes decoded (lossy UTF-8): the process's
+    /// own choice, shown and never judged by.
+    pub process: Option<String>,
+    /// Whether where the name ends is certain (see [`Name`]).
+    pub name_exact: bool,
+    /// The driver's message after the name: the whole of it, or, where the name may hold
+    /// `, `, only its end that certainly follows the name (`message_whole` false).
+    pub text: String,
+    pub message_whole: bool,
+    /// The XID the driver says caused this one (XID 45's own trailing field only).
+    pub cause: Option<u32>,
+    /// Which of the driver's formats the line is (`driver_line::FORMATS`).
+    pub format: &'static str,
+}
+
+impl KernelXid {
+    /// The XID of the driver's fields.
+    pub fn of(seq: u64, usec: Option<u64>, f: Fields) -> KernelXid {
+        let (process, name_exact) = match &f.name {
+            Name::Exact(n) => (Some(printed_name(n)), true),
+            Name::Unsure(n) => (Some(printed_name(n)), false),
+            Name::Absent | Name::Unknown => (None, true),
+        };
+        KernelXid {
+            seq,
+            usec,
+            pid: f.pid(),
+            pci: f.pci,
+            code: f.code,
+            process: process.filter(|p| !p.is_empty()),
+            name_exact,
+            message_whole: f.message.is_whole(),
+            text: f.message.text().trim().to_string(),
+            cause: f.cause,
+            format: f.format.id,
+        }
+    }
+}
+
+/// A printed name as the process set it: escapes decoded, lossy UTF-8.
+fn printed_name(printed: &str) -> String {
+    String::from_utf8_lossy(&decode_printed(printed)).into_owned()
+}
+
 /// Reads a driver message (the kernel record's text, after its header and time stamp) by
 /// [`FORMATS`]; `None` when it is none of them. `comm_of(pid)`: the comm the kernel has now
 /// for that pid, raw bytes, when the process lives (or the caller saw it), for an exact split

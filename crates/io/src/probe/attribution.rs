@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use crate::aws::agent::{Agent, AgentTask};
 use crate::model::attribution::{Culprit, Via, XidContext, decode_site};
+use crate::model::driver_line::KernelXid;
 use crate::mps::procs::{Binaries, Role};
-use crate::probe::kmsg::KernelXid;
 use crate::probe::tasks::{Placement, SeenProc, name_tasks, placement_of};
 use crate::sys::procfs;
 

@@ -24,7 +24,7 @@
 //! ([`decode_xid`]): the NVLink5 XIDs 144-150 by the error status in their text (NVIDIA's
 //! decode sheet, `docs/xid-nvlink5-decode.csv`), XID 159 by whether the UVM driver is in use.
 //! NVML's XID event carries only the code, so the event watcher holds an NVLink5 XID for up to
-//! [`TEXT_WAIT`] until this reader brings its line.
+//! [`super::nvml::poll::TEXT_WAIT`] until this reader brings its line.
 
 use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
@@ -34,19 +34,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::kernel_record::{DriverLine, driver_message};
+pub use super::kernel_record::{check_path, kernel_message};
 use crate::model::cursor::{Resume, StreamId};
+pub use crate::model::driver_line::KernelXid;
 use crate::model::{Observation, Signal, XidDecode, driver_line};
 use crate::policy::xid_catalog::{self, attributable};
 use crate::probe::nvml::poll::{SharedState, lock};
-
-/// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
-/// the line when it raises the event; a reader that is running sees it within milliseconds.
-pub const TEXT_WAIT: Duration = Duration::from_secs(2);
-
-/// How long the event watcher holds such an XID while the configured reader has not started
-/// yet (it starts after NVML's first poll): on a loaded node that may take seconds, and an XID
-/// judged without its text is judged wrong.
-pub const START_WAIT: Duration = Duration::from_secs(30);
 
 /// The UVM driver's module reference count: every CUDA process holds `/dev/nvidia-uvm` open,
 /// so a count above zero means UVM is in use (CHECK_UVM of XID 159).
@@ -114,201 +108,23 @@ pub fn decode_xid(
     (None, None)
 }
 
-/// One `NVRM: Xid` line, read by the driver's format ([`crate::model::driver_line`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelXid {
-    /// Sequence number of the kmsg record (0 for plain text lines).
-    pub seq: u64,
-    /// When the kernel logged it, in microseconds after boot: the record's stamp (`/dev/kmsg`,
-    /// or `[secs.usecs]` in a syslog or dmesg line); None when the line has none.
-    pub usec: Option<u64>,
-    /// PCI address as the driver prints it, e.g. `0000:3b:00`.
-    pub pci: String,
-    pub code: u32,
-    /// The pid the driver printed first, in its own field.
-    pub pid: Option<u32>,
-    /// The process name the driver printed, its escapes decoded (lossy UTF-8): the process's
-    /// own choice, shown and never judged by.
-    pub process: Option<String>,
-    /// Whether where the name ends is certain (see [`crate::model::driver_line::Name`]).
-    pub name_exact: bool,
-    /// The driver's message after the name: the whole of it, or, where the name may hold
-    /// `, `, only its end that certainly follows the name (`message_whole` false).
-    pub text: String,
-    pub message_whole: bool,
-    /// The XID the driver says caused this one (XID 45's own trailing field only).
-    pub cause: Option<u32>,
-    /// Which of the driver's formats the line is (`driver_line::FORMATS`).
-    pub format: &'static str,
-}
-
-impl KernelXid {
-    /// The XID as an observation: decoded from its text where its verdict depends on it
-    /// ([`decode_xid`]), `detail` plus why it was decoded so, the process as its pid.
-    pub fn observation(&self, detail: String) -> Observation {
-        let (decode, why) = decode_xid(self.code, Some(&self.text), Path::new(UVM_REFCNT));
-        let detail = match why {
-            Some(why) => format!("{detail}; {why}"),
-            None => detail,
-        };
-        let obs = Observation::new(Signal::Xid {
-            code: self.code,
-            decode,
-        })
-        .with_detail(detail);
-        match self.pid {
-            Some(pid) => obs.with_pids(vec![pid]),
-            None => obs,
-        }
-    }
-
-    /// The XID of the driver's fields.
-    fn of(seq: u64, usec: Option<u64>, f: driver_line::Fields) -> KernelXid {
-        use driver_line::Name;
-        let (process, name_exact) = match &f.name {
-            Name::Exact(n) => (Some(printed_name(n)), true),
-            Name::Unsure(n) => (Some(printed_name(n)), false),
-            Name::Absent | Name::Unknown => (None, true),
-        };
-        KernelXid {
-            seq,
-            usec,
-            pid: f.pid(),
-            pci: f.pci,
-            code: f.code,
-            process: process.filter(|p| !p.is_empty()),
-            name_exact,
-            message_whole: f.message.is_whole(),
-            text: f.message.text().trim().to_string(),
-            cause: f.cause,
-            format: f.format.id,
-        }
-    }
-}
-
-/// A printed name as the process set it: escapes decoded, lossy UTF-8.
-fn printed_name(printed: &str) -> String {
-    String::from_utf8_lossy(&driver_line::decode_printed(printed)).into_owned()
-}
-
-/// What the NVSwitch driver's lines begin with (`nvidia-nvswitch3: SXid (PCI:...`), before
-/// the switch's number.
-pub(crate) const NVSWITCH_PREFIX: &str = "nvidia-nvswitch";
-
-/// A kmsg record's priority, sequence number, time stamp (microseconds after boot) and
-/// message: `None` unless the line starts with a header of decimal fields
-/// (`prio,seq,usec,flags[,...];`).
-fn record_header(line: &str) -> Option<(u64, u64, u64, &str)> {
-    let (header, msg) = line.split_once(';')?;
-    let mut fields = header.split(',');
-    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
-    let (prio, seq, usec) = (fields.next()?, fields.next()?, fields.next()?);
-    if !(digits(prio) && digits(seq) && digits(usec)) {
-        return None;
-    }
-    Some((
-        prio.parse().ok()?,
-        seq.parse().unwrap_or(0),
-        usec.parse().unwrap_or(u64::MAX),
-        msg,
-    ))
-}
-
-/// A syslog time stamp at the start of `line` (`Dec  3 12:00:00` or an RFC 3339 one such as
-/// `2026-12-03T12:00:00.123456+00:00`); what follows it.
-fn syslog_stamp(line: &str) -> Option<&str> {
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let b = line.as_bytes();
-    if b.len() > 16
-        && MONTHS.iter().any(|m| line.starts_with(m))
-        && b[3] == b' '
-        && (b[4] == b' ' || b[4].is_ascii_digit())
-        && b[5].is_ascii_digit()
-        && b[6] == b' '
-        && b[7].is_ascii_digit()
-        && b[8].is_ascii_digit()
-        && b[9] == b':'
-        && b[12] == b':'
-        && b[15] == b' '
-    {
-        return line.get(16..);
-    }
-    if b.len() > 20
-        && b[..4].iter().all(u8::is_ascii_digit)
-        && b[4] == b'-'
-        && b[7] == b'-'
-        && b[10] == b'T'
-    {
-        let (_, rest) = line.split_once(' ')?;
-        return Some(rest);
-    }
-    None
-}
-
-/// Strips a leading `[  12.345678]` (the kernel's time stamp as dmesg and syslog print it),
-/// and reads it in microseconds.
-fn strip_kernel_time(msg: &str) -> (Option<u64>, &str) {
-    match msg.strip_prefix('[').and_then(|r| r.split_once(']')) {
-        Some((stamp, rest)) => {
-            let usec = stamp.trim().split_once('.').and_then(|(s, f)| {
-                let secs: u64 = s.parse().ok()?;
-                let frac = format!("{f:0<6}");
-                let micros: u64 = frac.get(..6)?.parse().ok()?;
-                secs.checked_mul(1_000_000)?.checked_add(micros)
-            });
-            (usec, rest.trim_start())
-        }
-        None => (None, msg),
-    }
-}
-
-/// The message of a kernel log line the kernel itself logged, with its sequence number and
-/// time stamp (microseconds after boot, when the line has one): a `/dev/kmsg` record at
-/// kernel facility (priority 0 to 7: what a process writes to `/dev/kmsg` is at user facility
-/// or another it names, never the kernel's, see the kernel's `devkmsg_write`), a syslog line
-/// (`kern.log`, `messages`, `journalctl -k`) whose tag is `kernel:`, or a plain dmesg line;
-/// after the kernel's time stamp, if any. `None` for a record of any other facility or a
-/// syslog line with another tag: a driver's text there was written by someone else.
-pub fn kernel_message(line: &str) -> Option<(u64, Option<u64>, &str)> {
-    if let Some((prio, seq, usec, msg)) = record_header(line) {
-        return (prio < 8).then_some((seq, Some(usec), msg));
-    }
-    if let Some(rest) = syslog_stamp(line) {
-        let (_host, rest) = rest.trim_start().split_once(' ')?;
-        let msg = rest.strip_prefix("kernel:")?;
-        let (usec, msg) = strip_kernel_time(msg.trim_start());
-        return Some((0, usec, msg));
-    }
-    let (usec, msg) = strip_kernel_time(line);
-    Some((0, usec, msg))
-}
-
-/// Which of the NVIDIA drivers' lines a kernel message is, by how it begins: only the
-/// driver's own message begins with its prefix (a message that quotes the driver's text
-/// elsewhere, an audit or AppArmor record naming a file, a USB device's product string, is
-/// someone else's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DriverLine {
-    Xid,
-    Sxid,
-}
-
-/// The driver line a log line carries, with its sequence number, time stamp and message:
-/// `None` unless the kernel logged it ([`kernel_message`]) and its message begins as one of
-/// the driver's formats do ([`driver_line::begins_driver_line`]).
-pub(crate) fn driver_message(line: &str) -> Option<(u64, Option<u64>, &str, DriverLine)> {
-    let (seq, usec, msg) = kernel_message(line)?;
-    if !driver_line::begins_driver_line(msg) {
-        return None;
-    }
-    let kind = if msg.starts_with(NVSWITCH_PREFIX) {
-        DriverLine::Sxid
-    } else {
-        DriverLine::Xid
+/// The XID as an observation: decoded from its text where its verdict depends on it
+/// ([`decode_xid`]), `detail` plus why it was decoded so, the process as its pid.
+pub fn observation(x: &KernelXid, detail: String) -> Observation {
+    let (decode, why) = decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT));
+    let detail = match why {
+        Some(why) => format!("{detail}; {why}"),
+        None => detail,
     };
-    Some((seq, usec, msg, kind))
+    let obs = Observation::new(Signal::Xid {
+        code: x.code,
+        decode,
+    })
+    .with_detail(detail);
+    match x.pid {
+        Some(pid) => obs.with_pids(vec![pid]),
+        None => obs,
+    }
 }
 
 /// Reads one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line by
@@ -362,22 +178,6 @@ pub struct KmsgReader {
 
 /// At most this many dropped duplicates are remembered across a restart.
 const MAX_SKIPPED: usize = 256;
-
-/// Whether `path` can be the kernel log: the kernel log device (`/dev/kmsg`, character
-/// device 1:11) or a regular file (a copied log, tests). Anything else (a FIFO, a socket, a
-/// directory, another character device such as `/dev/zero` or `/dev/urandom`, which never
-/// end) is refused with the reason; a missing path is accepted (the reader warns and XIDs
-/// come from NVML events).
-pub fn check_path(path: &Path) -> Result<(), String> {
-    crate::sys::limits::check_path_kind(path, crate::sys::limits::Kind::RegularOrKmsg).map_err(
-        |why| {
-            format!(
-                "[nvml] kmsg {} {why}: give the kernel log device (/dev/kmsg) or a regular file, or \"\" to turn it off",
-                path.display()
-            )
-        },
-    )
-}
 
 /// A line's position in its stream, for the cursor. In a regular file it is the line's end
 /// offset, whatever the line says (a sequence number written in a file is text, not the
@@ -1070,7 +870,7 @@ impl KmsgReader {
             .attributor
             .borrow_mut()
             .context(&x, clients.as_ref(), seen.as_ref());
-        let obs = x.observation(detail).with_xid(ctx);
+        let obs = observation(&x, detail).with_xid(ctx);
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
         obs.cursor = cursor;

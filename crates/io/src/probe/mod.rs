@@ -17,6 +17,7 @@ pub mod attribution;
 pub mod ecs_gpus;
 pub mod efa;
 pub mod fabric_manager;
+pub mod kernel_record;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod mps;

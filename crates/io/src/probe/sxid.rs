@@ -50,9 +50,10 @@ impl KernelSxid {
 /// Parses one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line;
 /// `None` for anything but the first line of an SXid that the NVSwitch driver itself logged
 /// (its message is the driver's format, `model::driver_line`, at kernel facility or under the
-/// syslog tag `kernel:`, see [`super::kmsg::driver_message`]).
+/// syslog tag `kernel:`, see [`super::kernel_record::driver_message`]).
 pub fn parse_line(line: &str) -> Option<KernelSxid> {
-    let (seq, _, message, super::kmsg::DriverLine::Sxid) = super::kmsg::driver_message(line)?
+    let (seq, _, message, super::kernel_record::DriverLine::Sxid) =
+        super::kernel_record::driver_message(line)?
     else {
         return None;
     };
@@ -80,7 +81,7 @@ pub fn parse_line(line: &str) -> Option<KernelSxid> {
 /// of them (the newest kept).
 pub fn read_since_boot(path: &Path, limit: usize) -> std::io::Result<Vec<KernelSxid>> {
     use std::os::unix::fs::OpenOptionsExt;
-    super::kmsg::check_path(path).map_err(std::io::Error::other)?;
+    super::kernel_record::check_path(path).map_err(std::io::Error::other)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)

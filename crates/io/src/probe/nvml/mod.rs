@@ -655,10 +655,10 @@ impl Snapshot for NvmlSnapshot {
                             .values()
                             .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
                             .map(|g| g.index);
-                        let mut obs = x.observation(format!(
-                            "kernel log since boot (PCI {}): {}",
-                            x.pci, x.text
-                        ));
+                        let mut obs = kmsg::observation(
+                            &x,
+                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text),
+                        );
                         // A device NVML no longer lists (fallen off the bus) is judged for
                         // the node.
                         if let Some(index) = index {

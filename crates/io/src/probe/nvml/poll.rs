@@ -27,6 +27,15 @@ pub const HOT_CELSIUS: u64 = 80;
 /// `HW_SLOWDOWN | HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN` clock event reasons.
 pub const HW_SLOWDOWN_MASK: u64 = 0x8 | 0x40 | 0x80;
 
+/// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
+/// the line when it raises the event; a reader that is running sees it within milliseconds.
+pub const TEXT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long the event watcher holds such an XID while the configured reader has not started
+/// yet (it starts after NVML's first poll): on a loaded node that may take seconds, and an XID
+/// judged without its text is judged wrong.
+pub const START_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// State shared between the poller and the event watcher.
 #[derive(Default)]
 pub struct Shared {
@@ -48,9 +57,9 @@ pub struct Shared {
     /// depends on its text (NVLink5) is then held by the event watcher until the reader
     /// brings the text, also one that arrives while the reader is still starting.
     pub kmsg_active: bool,
-    /// When the reader started reading: a held XID waits [`crate::probe::kmsg::TEXT_WAIT`]
+    /// When the reader started reading: a held XID waits [`TEXT_WAIT`]
     /// from then at the earliest; while it has not started, up to
-    /// [`crate::probe::kmsg::START_WAIT`] from the event.
+    /// [`START_WAIT`] from the event.
     pub kmsg_started: Option<std::time::Instant>,
     /// XIDs the event watcher saw and holds for their kernel log text
     /// (`kmsg::held_for_text`), by (GPU, code), with when they were seen, oldest first.
@@ -162,7 +171,7 @@ impl Shared {
             // Nothing will bring the text.
             (false, _) => true,
             (true, Some(t)) => now.saturating_duration_since(seen.max(t)) >= wait,
-            (true, None) => now.saturating_duration_since(seen) >= crate::probe::kmsg::START_WAIT,
+            (true, None) => now.saturating_duration_since(seen) >= START_WAIT,
         };
         let (gone, keep) = std::mem::take(&mut self.awaiting_text)
             .into_iter()
