@@ -277,11 +277,21 @@ fn cap_list(items: &[String]) -> String {
     s
 }
 
-/// Sets the expected GPU count: the instance type's (the hardware's), else ECS's registered
+/// Sets the GPUs ECS gave whole to one container ([`ExpectedGpus::dedicated`]) and the
+/// expected GPU count: the instance type's (the hardware's), else ECS's registered
 /// GPUs when that is a count some instance could have; and the instance type's apart, which a
 /// set `[nvml] expected_gpus` is checked against. ECS's count never overrides the type's: an
 /// orchestrator's registration is not the hardware.
 fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type: Option<&str>) {
+    if let Some(r) = read {
+        expected.set_dedicated(
+            r.devices
+                .iter()
+                .filter(|d| d.sharing_mode.as_deref() == Some("DEDICATED"))
+                .map(|d| d.id.clone())
+                .collect(),
+        );
+    }
     let by_type = learn_type_count(expected, instance_type);
     let ecs = read.map(EcsRead::count).filter(|n| *n > 0);
     match (by_type, ecs) {
