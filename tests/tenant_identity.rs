@@ -113,9 +113,9 @@ fn bind_mounted(impostor: &Path, target: &Path) -> Sleepers {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_cannot_steer_who_it_is_or_which_limit_is_read() {
     // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "this test needs root: cgroups, mount namespaces and bind mounts (CI runs as root)"
     );
     let proxy = Proxy::start().await;

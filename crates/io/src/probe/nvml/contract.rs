@@ -553,7 +553,10 @@ mod tests {
             "device 0's"
         );
         assert_eq!(pinned_limit_mib("1=512MB,0=2G", None), Ok(2048));
-        let upper = UUID.to_ascii_uppercase().replacen("GPU-", "GPU-", 1);
+        let upper = UUID
+            .to_ascii_uppercase()
+            .replace("GPU-", "gpu-")
+            .replace("gpu-", "GPU-");
         assert_eq!(
             pinned_limit_mib(&format!("{UUID}=3G"), Some(&upper)),
             Ok(3072)
@@ -792,11 +795,13 @@ mod tests {
         assert!(gone);
     }
 
-    /// One poll of `gpus` (GPU index, compute list, MPS clients); what was reported and how
-    /// many are outside on each GPU.
+    /// A GPU's lists at a poll: its index, compute list (pid, bytes), MPS clients.
+    type Gpu<'a> = (u32, &'a [(u32, Option<u64>)], &'a [u32]);
+
+    /// One poll of `gpus`; what was reported and how many are outside on each GPU.
     fn poll(
         c: &mut Contract,
-        gpus: &[(u32, &[(u32, Option<u64>)], &[u32])],
+        gpus: &[Gpu<'_>],
         placed: impl Fn(u32) -> bool,
         dedicated: &[u32],
     ) -> (Vec<Observation>, Vec<(u32, u32)>) {
@@ -869,7 +874,7 @@ mod tests {
             (20, None),
             (30, None),
         ];
-        let gpus: [(u32, &[(u32, Option<u64>)], &[u32]); 1] = [(1, &compute, &[20])];
+        let gpus: [Gpu<'_>; 1] = [(1, &compute, &[20])];
         let exempt = if root_owned() { 1 } else { 3 };
         let once = |c: &mut Contract| {
             let (o, counts) = poll(c, &gpus, |p| p == 10, &[]);
@@ -925,8 +930,7 @@ mod tests {
         fake_proc(d, 20, 100, "client", &n.other, "0::/");
         let mut c = Contract::new(d, n.installed.clone());
         let compute = [(40, None), (41, None)];
-        let gpus: [(u32, &[(u32, Option<u64>)], &[u32]); 2] =
-            [(0, &[(20, None), (42, None)], &[20]), (1, &compute, &[])];
+        let gpus: [Gpu<'_>; 2] = [(0, &[(20, None), (42, None)], &[20]), (1, &compute, &[])];
         poll(&mut c, &gpus, |_| false, &[]);
         let (o, counts) = poll(&mut c, &gpus, |_| false, &[]);
         let detail = |pid: u32| {
@@ -991,11 +995,10 @@ mod tests {
             &fake_server,
             "0::/",
         );
-        let twice =
-            |c: &mut Contract, gpus: &[(u32, &[(u32, Option<u64>)], &[u32])], dedicated: &[u32]| {
-                poll(c, gpus, |_| false, dedicated);
-                poll(c, gpus, |_| false, dedicated)
-            };
+        let twice = |c: &mut Contract, gpus: &[Gpu<'_>], dedicated: &[u32]| {
+            poll(c, gpus, |_| false, dedicated);
+            poll(c, gpus, |_| false, dedicated)
+        };
         // No client, no server anywhere: MPS serves nothing here.
         let mut c = Contract::new(d, n.installed.clone());
         let (o, counts) = twice(&mut c, &[(0, &[(10, None)], &[]), (1, &[], &[])], &[]);
@@ -1018,14 +1021,12 @@ mod tests {
         }
         // A client on GPU 0 serves the node; a GPU ECS gave whole to one container is left alone.
         let mut c = Contract::new(d, n.installed.clone());
-        let gpus: [(u32, &[(u32, Option<u64>)], &[u32]); 2] =
-            [(0, &[], &[20]), (1, &[(10, None)], &[])];
+        let gpus: [Gpu<'_>; 2] = [(0, &[], &[20]), (1, &[(10, None)], &[])];
         let (o, counts) = twice(&mut c, &gpus, &[1]);
         assert!(o.is_empty() && counts == [(0, 0), (1, 0)], "{o:?}");
         // A client of MPS on one GPU listed as a compute process on another is a client.
         let mut c = Contract::new(d, n.installed.clone());
-        let gpus: [(u32, &[(u32, Option<u64>)], &[u32]); 2] =
-            [(0, &[], &[10]), (1, &[(10, None)], &[])];
+        let gpus: [Gpu<'_>; 2] = [(0, &[], &[10]), (1, &[(10, None)], &[])];
         let (o, _) = twice(&mut c, &gpus, &[]);
         assert!(o.is_empty(), "{o:?}");
     }
@@ -1035,8 +1036,7 @@ mod tests {
         let me = std::process::id();
         let root = Path::new("/proc");
         let own = std::env::current_exe().unwrap();
-        let gpus: [(u32, &[(u32, Option<u64>)], &[u32]); 2] =
-            [(0, &[], &[1]), (1, &[(me, None)], &[])];
+        let gpus: [Gpu<'_>; 2] = [(0, &[], &[1]), (1, &[(me, None)], &[])];
         // Installed as gpu-medic: exempt when its file is root's and it runs in no container.
         let mut c = Contract::new(root, Installed::new(vec![(identity::GPU_MEDIC, vec![own])]));
         poll(&mut c, &gpus, |_| false, &[]);
