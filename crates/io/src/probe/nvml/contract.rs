@@ -819,7 +819,8 @@ mod tests {
         unsafe { libc::geteuid() == 0 }
     }
 
-    /// A fake proc root with installed files: the MPS server, nv-hostengine and a workload.
+    /// A fake proc root with installed files (the MPS server, nv-hostengine) and a workload's,
+    /// and processes on the host running them: 10 python3, 11 the server, 12 nv-hostengine.
     struct Node {
         dir: tempfile::TempDir,
         installed: Installed,
@@ -842,6 +843,17 @@ mod tests {
             (identity::MPS_SERVER, vec![server.clone()]),
             (identity::HOST_ENGINE, vec![engine.clone()]),
         ]);
+        let d = dir.path();
+        fake_proc(d, 10, 100, "/usr/bin/python3", &other, "0::/");
+        fake_proc(
+            d,
+            11,
+            100,
+            "/usr/bin/nvidia-cuda-mps-server",
+            &server,
+            "0::/",
+        );
+        fake_proc(d, 12, 100, "/usr/bin/nv-hostengine", &engine, "0::/");
         Node {
             dir,
             installed,
@@ -855,16 +867,6 @@ mod tests {
     fn outsiders_are_reported_at_the_second_poll_once_per_process() {
         let n = node();
         let d = n.dir.path();
-        fake_proc(d, 10, 100, "/usr/bin/python3", &n.other, "0::/");
-        fake_proc(
-            d,
-            11,
-            100,
-            "/usr/bin/nvidia-cuda-mps-server",
-            &n.server,
-            "0::/",
-        );
-        fake_proc(d, 12, 100, "/usr/bin/nv-hostengine", &n.engine, "0::/");
         fake_proc(d, 20, 100, "client", &n.other, "0::/");
         let mut c = Contract::new(d, n.installed.clone());
         let compute = [
@@ -976,15 +978,6 @@ mod tests {
     fn mps_serves_the_node_when_any_gpu_has_a_client_or_the_real_server() {
         let n = node();
         let d = n.dir.path();
-        fake_proc(d, 10, 100, "/usr/bin/python3", &n.other, "0::/");
-        fake_proc(
-            d,
-            11,
-            100,
-            "/usr/bin/nvidia-cuda-mps-server",
-            &n.server,
-            "0::/",
-        );
         let fake_server = d.join("nvidia-cuda-mps-server");
         std::fs::write(&fake_server, "not it").unwrap();
         fake_proc(
