@@ -878,6 +878,27 @@ mod tests {
     }
 
     #[test]
+    fn the_gpus_ecs_dedicates_to_one_container_are_learnt_and_a_failed_read_keeps_them() {
+        let e = ExpectedGpus::new();
+        let mut dedicated = mps("GPU-b", 0, 1);
+        dedicated.sharing_mode = Some("DEDICATED".into());
+        let read = EcsRead {
+            devices: vec![mps("GPU-a", 1024, 1), dedicated],
+            ..EcsRead::default()
+        };
+        learn_expected(&e, Some(&read), None);
+        assert_eq!(e.dedicated(), ["GPU-b".to_string()].into());
+        learn_expected(&e, None, None);
+        assert_eq!(
+            e.dedicated(),
+            ["GPU-b".to_string()].into(),
+            "not read: kept"
+        );
+        learn_expected(&e, Some(&EcsRead::default()), None);
+        assert!(e.dedicated().is_empty());
+    }
+
+    #[test]
     fn the_expected_count_comes_from_the_instance_type_else_a_plausible_ecs_count() {
         let e = ExpectedGpus::new();
         learn_expected(&e, None, Some("m5.large"));
