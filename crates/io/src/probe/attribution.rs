@@ -8,7 +8,7 @@
 //! What a process says of itself decides nothing here: its name (the driver's `name=`, its
 //! `comm`, its `argv[0]`) is shown, never judged by. A process is the MPS server when it runs
 //! the installed server binary outside every container with the control daemon as parent
-//! (`mps::procs::Binaries::role`), whatever it calls itself. A record stamped before the
+//! (`probe::identity::mps_role`), whatever it calls itself. A record stamped before the
 //! process now on its pid started is not that process's (pids are reused): the poller's own
 //! table of the processes it saw on the GPUs (`tasks::SeenProcs`) names the one that was.
 //!
@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use crate::aws::agent::{Agent, AgentTask};
 use crate::model::attribution::{Culprit, Via, XidContext, decode_site};
 use crate::model::driver_line::KernelXid;
-use crate::mps::procs::{Binaries, Role};
+use crate::mps::procs::Role;
+use crate::probe::identity::{Installed, mps_role};
 use crate::probe::tasks::{Placement, SeenProc, name_tasks, placement_of};
 use crate::sys::procfs;
 
@@ -60,8 +61,8 @@ struct Process {
 pub struct Attributor {
     proc_root: PathBuf,
     agent: Option<Agent>,
-    /// The installed MPS binaries: who the MPS server is.
-    mps: Binaries,
+    /// The installed programs' files: who the MPS server is.
+    installed: Installed,
     ticks_per_second: u64,
     processes: HashMap<u32, Process>,
     tasks: HashMap<String, AgentTask>,
@@ -88,7 +89,7 @@ impl Attributor {
         Attributor {
             proc_root: proc_root.to_path_buf(),
             agent: agent_url.map(|u| Agent::new(u).with_timeout(AGENT_DEADLINE)),
-            mps: Binaries::default(),
+            installed: Installed::none(),
             ticks_per_second: procfs::ticks_per_second(),
             processes: HashMap::new(),
             tasks: HashMap::new(),
@@ -98,9 +99,9 @@ impl Attributor {
         }
     }
 
-    /// Tells the MPS server by the installed binaries (without them no process is the server).
-    pub fn with_mps(mut self, binaries: Binaries) -> Attributor {
-        self.mps = binaries;
+    /// Tells the MPS server by the installed files (without them no process is the server).
+    pub fn with_mps(mut self, installed: Installed) -> Attributor {
+        self.installed = installed;
         self
     }
 
@@ -344,7 +345,7 @@ impl Attributor {
                 id,
                 comm: crate::probe::tasks::comm_bytes(&self.proc_root, pid).unwrap_or_default(),
                 start_ticks: procfs::stat(&self.proc_root, pid).map(|s| s.start_ticks),
-                mps: self.mps.role(&self.proc_root, pid),
+                mps: mps_role(&self.proc_root, pid, &self.installed),
                 exe,
                 placement,
             };
@@ -503,10 +504,10 @@ mod tests {
             file(dir.path(), "nvidia-cuda-mps-server"),
             file(dir.path(), "python3"),
         );
-        let binaries = Binaries {
-            control: vec![procfs::FileId::of(&control).unwrap()],
-            server: vec![procfs::FileId::of(&server).unwrap()],
-        };
+        let binaries = Installed::new(vec![
+            (crate::probe::identity::MPS_CONTROL, vec![control.clone()]),
+            (crate::probe::identity::MPS_SERVER, vec![server.clone()]),
+        ]);
         proc_with(dir.path(), 90, "nvidia-cuda-mps", HOST, 1, 10, &control);
         proc_with(dir.path(), 100, "nvidia-cuda-mps", HOST, 90, 20, &server);
         proc_with(dir.path(), 500, "worker", V2, 1, 100, &tenant);

@@ -124,13 +124,20 @@ pub struct NvmlSource {
     links: Option<crate::config::LinksConfig>,
     /// What the event watcher and the kernel log reader hand over first from a burst.
     urgency: crate::probe::Urgency,
-    /// The installed MPS binaries: who the MPS server is when the driver names a process.
-    mps_binaries: crate::mps::procs::Binaries,
+    /// The programs that may hold a GPU outside MPS, by their files, looked up once.
+    installed: crate::probe::identity::Installed,
 }
 
 impl NvmlSource {
-    pub fn new(cfg: NvmlConfig, state_dir: PathBuf) -> Self {
+    /// `installed`: the installed programs that may hold a GPU outside MPS
+    /// ([`crate::probe::identity::Installed::from_config`], looked up once at start).
+    pub fn new(
+        cfg: NvmlConfig,
+        state_dir: PathBuf,
+        installed: crate::probe::identity::Installed,
+    ) -> Self {
         NvmlSource {
+            installed,
             cfg,
             proc_root: PathBuf::from("/proc"),
             state_dir,
@@ -142,15 +149,7 @@ impl NvmlSource {
             emf: false,
             links: None,
             urgency: crate::probe::Urgency::default(),
-            mps_binaries: crate::mps::procs::Binaries::default(),
         }
-    }
-
-    /// Tells the MPS server from the other processes the driver names by these installed
-    /// binaries (`mps::procs::Binaries::role`).
-    pub fn with_mps_binaries(mut self, binaries: crate::mps::procs::Binaries) -> Self {
-        self.mps_binaries = binaries;
-        self
     }
 
     /// Hands fatal signals of a burst (by the running policy) over first.
@@ -175,7 +174,11 @@ impl NvmlSource {
     }
 
     fn poller(&self) -> Poller {
-        let mut p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        let mut p = Poller::new(
+            self.cfg.expected_gpus,
+            self.proc_root.clone(),
+            self.installed.clone(),
+        );
         if let Some(l) = &self.links {
             p = p.with_links(l.clone());
         }
@@ -278,7 +281,7 @@ impl NvmlSource {
                         &self.proc_root,
                         self.agent_url.as_deref(),
                     )
-                    .with_mps(self.mps_binaries.clone()),
+                    .with_mps(self.installed.clone()),
                 ),
             })
     }
@@ -574,11 +577,15 @@ pub struct NvmlSnapshot {
     links: Option<crate::config::LinksConfig>,
     /// Where the one poll's GPUs are published, and the expected count learnt meanwhile.
     view: Option<(view::NvmlView, view::ExpectedGpus)>,
+    /// The programs that may hold a GPU outside MPS, by their files.
+    installed: crate::probe::identity::Installed,
 }
 
 impl NvmlSnapshot {
-    pub fn new(cfg: NvmlConfig) -> Self {
+    /// `installed` as [`NvmlSource::new`]'s.
+    pub fn new(cfg: NvmlConfig, installed: crate::probe::identity::Installed) -> Self {
         NvmlSnapshot {
+            installed,
             cfg,
             links: None,
             view: None,
@@ -632,7 +639,11 @@ impl Snapshot for NvmlSnapshot {
             }
         };
         let shared = SharedState::default();
-        let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
+        let mut poller = Poller::new(
+            self.cfg.expected_gpus,
+            PathBuf::from("/proc"),
+            self.installed.clone(),
+        );
         if let Some(l) = &self.links {
             poller = poller.with_links(l.clone());
         }

@@ -258,7 +258,13 @@ pub struct Poller {
 }
 
 impl Poller {
-    pub fn new(expected_gpus: Option<u32>, proc_root: PathBuf) -> Self {
+    /// `installed`: the programs that may hold a GPU outside MPS, by their files
+    /// ([`crate::probe::identity::Installed`], looked up once at start).
+    pub fn new(
+        expected_gpus: Option<u32>,
+        proc_root: PathBuf,
+        installed: crate::probe::identity::Installed,
+    ) -> Self {
         Poller {
             expected_gpus,
             learnt: None,
@@ -268,7 +274,7 @@ impl Poller {
             expected_mistake: None,
             links: None,
             placements: tasks::Placements::new(&proc_root),
-            contract: contract::Contract::new(&proc_root),
+            contract: contract::Contract::new(&proc_root, installed),
             proc_root,
         }
     }
@@ -388,6 +394,7 @@ impl Poller {
         for index in indices {
             self.poll_gpu(nvml, shared, index, count, &mut report);
         }
+        self.judge_outsiders(&mut report);
         self.placements.end_poll();
         self.contract.end_poll();
         report
@@ -518,7 +525,8 @@ impl Poller {
         }
     }
 
-    /// The limits of this GPU's clients in ECS tasks, and its processes outside MPS.
+    /// The limits of this GPU's clients in ECS tasks, and its lists for the outside-MPS
+    /// check at the poll's end.
     fn read_contract(
         &mut self,
         gpu: &GpuId,
@@ -526,6 +534,7 @@ impl Poller {
         clients: &[u32],
         report: &mut PollReport,
     ) {
+        let uuid = Some(gpu.uuid.as_str()).filter(|u| !u.is_empty());
         for &pid in clients {
             let Some((task, container)) = self
                 .placements
@@ -534,7 +543,7 @@ impl Poller {
             else {
                 continue;
             };
-            if let Some((start, limits)) = self.contract.limits(pid) {
+            if let Some((start, limits)) = self.contract.limits(pid, uuid) {
                 report.clients.push(contract::ClientLimits {
                     gpu: gpu.index,
                     pid,
@@ -545,22 +554,37 @@ impl Poller {
                 });
             }
         }
-        let Some(compute) = compute else { return };
-        let listed: Vec<(u32, Option<u64>)> = compute
-            .iter()
-            .map(|p| {
-                let bytes = match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => Some(b),
-                    UsedGpuMemory::Unavailable => None,
-                };
-                (p.pid, bytes)
-            })
-            .collect();
+        let listed = compute.map(|compute| {
+            compute
+                .iter()
+                .map(|p| {
+                    let bytes = match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    };
+                    (p.pid, bytes)
+                })
+                .collect()
+        });
+        self.contract.listed(gpu, listed, clients);
+    }
+
+    /// The processes outside MPS on every GPU of this poll, judged together: whether MPS
+    /// serves the node is a fact of all of them ([`contract::Contract::outsiders`]). A GPU
+    /// ECS gave whole to one container (`DEDICATED`, as ECS said last) is not judged.
+    fn judge_outsiders(&mut self, report: &mut PollReport) {
         let root = self.proc_root.clone();
         let placed = |pid: u32| tasks::placement_of(&root, pid).is_ok();
-        let (found, outside) = self.contract.outsiders(gpu, &listed, clients, placed);
+        let dedicated = self
+            .learnt
+            .as_ref()
+            .map(view::ExpectedGpus::dedicated)
+            .unwrap_or_default();
+        let (found, counts) = self.contract.outsiders(placed, |g| {
+            !g.uuid.is_empty() && dedicated.contains(&g.uuid)
+        });
         report.observations.extend(found);
-        report.usage.outside_mps.insert(gpu.index, outside);
+        report.usage.outside_mps.extend(counts);
     }
 
     /// ECC: uncorrected volatile (shared with the event watcher), corrected volatile.
