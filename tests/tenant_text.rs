@@ -28,7 +28,7 @@ const BUSES: [&str; 4] = ["0000:10:00", "0000:20:00", "0000:30:00", "0000:40:00"
 fn xid(gpu: usize, code: u32, pid: Option<u32>, name: &[u8], msg: &str) -> String {
     let mut printed = String::new();
     for &c in name {
-        if c < b' ' || c >= 127 || c == b'\\' {
+        if !(b' '..127).contains(&c) || c == b'\\' {
             printed.push_str(&format!("\\x{c:02x}"));
         } else {
             printed.push(c as char);

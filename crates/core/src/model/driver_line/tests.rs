@@ -16,7 +16,7 @@ fn read(msg: &str) -> Fields {
 fn kmsg_escaped(comm: &[u8]) -> String {
     let mut s = String::new();
     for &c in comm {
-        if c < b' ' || c >= 127 || c == b'\\' {
+        if !(b' '..127).contains(&c) || c == b'\\' {
             s.push_str(&format!("\\x{c:02x}"));
         } else {
             s.push(c as char);
