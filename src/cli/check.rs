@@ -67,6 +67,7 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
                 probe: p.name(),
                 observations: r.observations,
                 problems: r.problems,
+                notes: r.notes,
                 gpus: r.gpus,
                 error: None,
             },
@@ -218,6 +219,9 @@ fn print_report(report: &CheckReport, config: &std::path::Path) {
                     println!("  probe {}: {problem}", p.probe);
                 }
             }
+        }
+        for note in &p.notes {
+            println!("  probe {}: note: {note}", p.probe);
         }
     }
 }

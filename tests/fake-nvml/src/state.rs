@@ -1010,9 +1010,11 @@ fn kmsg_append(
     use std::io::Write;
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let usec = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros());
+    // The kernel stamps a record in microseconds since boot.
+    let usec = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0, |secs| (secs * 1e6) as u64);
     let text = message.map_or_else(
         || format!("pid='<unknown>', name=<unknown>, fake-nvml injected Xid {code}"),
         str::to_string,

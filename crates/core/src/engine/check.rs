@@ -22,6 +22,8 @@ pub struct Look {
     pub observations: Vec<Observation>,
     /// Parts it could not read.
     pub problems: Vec<String>,
+    /// What it left out on purpose, to say (records of earlier boots): no problem.
+    pub notes: Vec<String>,
     /// The GPUs it saw.
     pub gpus: Vec<GpuId>,
     /// It could not look at all.
@@ -73,6 +75,8 @@ pub struct ProbeResult {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The verdict of one look.
@@ -136,6 +140,7 @@ fn sort_look(look: Look) -> (ProbeResult, Vec<Observation>, Vec<GpuId>) {
             ok: false,
             error: Some(error),
             problems: vec![],
+            notes: look.notes,
         };
         return (result, vec![], vec![]);
     }
@@ -160,6 +165,7 @@ fn sort_look(look: Look) -> (ProbeResult, Vec<Observation>, Vec<GpuId>) {
         ok: problems.is_empty(),
         error: None,
         problems,
+        notes: look.notes,
     };
     (result, observations, look.gpus)
 }
@@ -174,13 +180,25 @@ fn findings(seen: &[Observation], policy: &Policy, gpus: &mut Vec<GpuId>) -> Vec
         if rule.action == Verdict::Ignore {
             continue;
         }
+        // A record nothing else witnessed is listed, never failing (`Observation::unwitnessed`).
+        let (action, detail) = match &o.unwitnessed {
+            Some(why) if rule.action.acts() => (
+                Verdict::Log,
+                Some(format!(
+                    "{}; would be `{}`, not taken: {why}",
+                    o.detail.as_deref().unwrap_or(""),
+                    rule.action.as_str()
+                )),
+            ),
+            _ => (rule.action, o.detail.clone()),
+        };
         out.push(Finding {
             signal: o.signal.to_string(),
             gpu: o.gpu.as_ref().map(|g| g.index),
             value: o.value,
-            action: rule.action,
+            action,
             rule: rule.name.clone(),
-            detail: o.detail.clone(),
+            detail,
         });
         if let Some(g) = &o.gpu
             && !gpus.iter().any(|x| x.index == g.index)

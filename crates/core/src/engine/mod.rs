@@ -180,6 +180,23 @@ impl Cx<'_> {
         }
     }
 
+    /// A record nothing else witnessed may be anyone's text (`Observation::unwitnessed`): it
+    /// is recorded under its rule, never acted on, and never counted toward a rule's windows,
+    /// `suspect` or `culprit` (a forged record must not make a real one act).
+    fn unwitnessed(&mut self, obs: &Observation, rule: &crate::policy::Rule, why: &str) {
+        let class = format!("{}/unwitnessed@{}", rule.name, class_target(obs));
+        if self.st.incidents.log_repeat(&class, obs, self.now) {
+            return;
+        }
+        let reason = format!(
+            "{} by rule `{}` would be `{}`; not taken: {why}; it needs a second witness (NVML's event for the same XID, or the GPU's own state)",
+            obs.signal,
+            rule.name,
+            rule.action.as_str()
+        );
+        self.log_incident(obs, &rule.name, &reason, &class);
+    }
+
     fn judge(&mut self, obs: Observation) {
         let kind = obs.signal.kind();
         if self.st.mps.own_exit(&obs, self.now) || self.join_cause(&obs) {
@@ -198,6 +215,10 @@ impl Cx<'_> {
             return;
         };
         if rule.action == Verdict::Ignore {
+            return;
+        }
+        if let Some(why) = obs.unwitnessed.clone() {
+            self.unwitnessed(&obs, rule, &why);
             return;
         }
         if rule.suspect.is_some() || rule.culprit.is_some() {

@@ -638,6 +638,13 @@ pub struct Observation {
     /// (`model::attribution`, docs/attribution.md); absent for other signals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid: Option<Box<attribution::XidContext>>,
+    /// Why this observation alone may not act: it was read from a source that cannot tell
+    /// the kernel's records from ones others wrote (a syslog file: `logger -t kernel`), or
+    /// whose stamps cannot place it in this boot, and nothing else saw it (NVML's event for
+    /// the same XID is a second witness). The engine records a drastic verdict on it and
+    /// does not take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwitnessed: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -656,6 +663,7 @@ impl Observation {
             source: String::new(),
             cursor: None,
             xid: None,
+            unwitnessed: None,
         }
     }
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::kernel_record::{DriverLine, driver_message};
+use super::kernel_record::{Boot, BootClock, DriverLine, driver_message};
 pub use super::kernel_record::{check_path, kernel_message};
 use crate::model::cursor::{Resume, StreamId};
 pub use crate::model::driver_line::KernelXid;
@@ -174,6 +174,9 @@ pub struct KmsgReader {
     pub urgency: crate::probe::Urgency,
     /// Names the program behind an application-class XID (docs/attribution.md).
     pub attributor: std::cell::RefCell<crate::probe::attribution::Attributor>,
+    /// `[repair] boot_id_path`: where a simulated boot's id is written (a file's records are
+    /// placed against the boot it tells, [`super::kernel_record::BootClock::now_for`]).
+    pub boot_id_path: Option<PathBuf>,
 }
 
 /// At most this many dropped duplicates are remembered across a restart.
@@ -329,6 +332,9 @@ struct Record {
     pos: Option<u64>,
     /// Handed over before records ahead of it in the log: journaled ahead of the cursor.
     ahead: bool,
+    /// A file's record: why it cannot stand alone as the kernel's
+    /// ([`super::kernel_record::file_line_doubt`]).
+    doubt: Option<String>,
 }
 
 /// What the reader needs of a line as it reads it: its sequence number and, for an XID or
@@ -469,6 +475,17 @@ impl<R: std::io::Read> std::io::BufRead for Counted<R> {
 struct Stream {
     id: StreamId,
     file: bool,
+    /// A file: who besides root may write it ([`super::kernel_record::other_writers`]).
+    writers: Option<String>,
+    /// A file: when it was made, where its file system keeps it.
+    born: Option<i64>,
+}
+
+/// Records of earlier boots a file held, skipped (never judged now).
+#[derive(Default)]
+struct Skipped {
+    earlier: u64,
+    told: u64,
 }
 
 impl KmsgReader {
@@ -519,12 +536,23 @@ impl KmsgReader {
                     file_generation(&self.committed, m.dev(), m.ino(), m.len()),
                 ),
                 file: true,
+                writers: super::kernel_record::other_writers(m),
+                born: super::kernel_record::born(m),
             },
             None => Stream {
                 id: StreamId::kmsg(self.committed.boot()),
                 file: false,
+                writers: None,
+                born: None,
             },
         };
+        if regular {
+            tracing::warn!(
+                probe = "kmsg",
+                path = %self.path.display(),
+                "the kernel log is a file: its records of earlier boots are skipped, and an XID from a syslog line, from a file anyone but root may write, or one its stamps cannot place in this boot acts only with a second witness (NVML's event for it); /dev/kmsg is the kernel's own (docs/journal.md)"
+            );
+        }
         let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
         if regular {
             self.follow_file(file, stream, &mut cursors);
@@ -588,7 +616,7 @@ impl KmsgReader {
                     })
                 };
                 match next {
-                    Ok(Some(line)) => self.take(line, stream, 0, cursors, &mut backlog),
+                    Ok(Some(line)) => self.take(line, stream, 0, cursors, &mut backlog, None),
                     Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                         ended = true;
                     }
@@ -631,9 +659,12 @@ impl KmsgReader {
         // Offset of the end of the last complete line; a partial last line is read
         // again from there once its writer finishes it.
         let mut offset: u64 = 0;
+        let mut skipped = Skipped::default();
         while !self.stop.load(Ordering::Relaxed) {
             // Whether the end of what is written was reached (and how long to wait there).
             let mut idle = None;
+            // The clocks the lines read now are placed against.
+            let clock = BootClock::now_for(self.boot_id_path.as_deref());
             while idle.is_none() && !backlog.full() {
                 match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
                     Ok(None) => idle = Some(Duration::from_millis(100)),
@@ -642,7 +673,20 @@ impl KmsgReader {
                         complete: true,
                     })) => {
                         offset = r.pos;
-                        self.take(text, &stream, offset, cursors, &mut backlog);
+                        let boot = clock.map_or(Boot::Unknown, |c| {
+                            super::kernel_record::place(&text, &c, stream.born)
+                        });
+                        if boot == Boot::Earlier {
+                            skipped.earlier += u64::from(glance(&text).is_some());
+                            continue;
+                        }
+                        let doubt = super::kernel_record::file_line_doubt(
+                            &text,
+                            &self.path,
+                            stream.writers.as_deref(),
+                            boot,
+                        );
+                        self.take(text, &stream, offset, cursors, &mut backlog, doubt);
                     }
                     Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
                         // Not finished yet: read it again whole.
@@ -665,6 +709,15 @@ impl KmsgReader {
                         idle = Some(Duration::from_millis(500));
                     }
                 }
+            }
+            if skipped.earlier > skipped.told {
+                tracing::info!(
+                    probe = "kmsg",
+                    path = %self.path.display(),
+                    skipped = skipped.earlier,
+                    "driver records of earlier boots in the kernel log file skipped: they are never judged now"
+                );
+                skipped.told = skipped.earlier;
             }
             match self.pump(&mut backlog, &stream, cursors) {
                 Pump::Gone => return,
@@ -695,6 +748,8 @@ impl KmsgReader {
                                         m.ino(),
                                         next_generation(&stream.id, m.dev(), m.ino()),
                                     );
+                                    stream.writers = super::kernel_record::other_writers(&m);
+                                    stream.born = super::kernel_record::born(&m);
                                     writes = crate::sys::watch::Writes::watch(&self.path);
                                     Some(f)
                                 }
@@ -752,6 +807,7 @@ impl KmsgReader {
         end: u64,
         cursors: &mut Cursors,
         backlog: &mut Backlog,
+        doubt: Option<String>,
     ) {
         let Some((seq, signal)) = glance(&line) else {
             return;
@@ -766,6 +822,7 @@ impl KmsgReader {
             line,
             pos,
             ahead: false,
+            doubt,
         };
         backlog.push(record, self.urgency.is_urgent(&signal));
     }
@@ -823,6 +880,7 @@ impl KmsgReader {
         if let Some(sx) = super::sxid::parse_line(&r.line) {
             let mut obs = sx.observation();
             obs.cursor = cursor;
+            obs.unwitnessed = r.doubt;
             return Some(obs);
         }
         // The name is split at the comm the kernel has for the pid, when that process was
@@ -842,18 +900,26 @@ impl KmsgReader {
             tracing::warn!(probe = "kmsg", pci = %x.pci, xid = x.code, "XID for a device NVML does not list");
             return None;
         };
-        {
+        let unwitnessed = {
             let mut s = lock(&self.shared);
             // The event watcher holds this XID for its text: it is ours to report, decoded.
             let held = s.take_awaiting(index, x.code);
-            if !s.claim_xid(index, x.code, "kmsg") && !held {
+            let reported = match &r.doubt {
+                None => !s.claim_xid(index, x.code, "kmsg"),
+                // A doubtful record claims nothing: NVML's event for the same XID, coming
+                // later, is reported on its own and acts.
+                Some(_) => s.recent_xids.reported_by(index, x.code, "nvml"),
+            };
+            if reported && !held {
                 drop(s);
                 if let Some(pos) = r.pos {
                     cursors.skip(stream.id.clone(), pos);
                 }
                 return None;
             }
-        }
+            // NVML saw it too (it holds it for this text): a second witness.
+            r.doubt.filter(|_| !held)
+        };
         let detail = match &x.process {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
@@ -874,6 +940,7 @@ impl KmsgReader {
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
         obs.cursor = cursor;
+        obs.unwitnessed = unwitnessed;
         Some(obs)
     }
 }
@@ -916,9 +983,22 @@ fn file_generation(committed: &Resume, dev: u64, ino: u64, len: u64) -> u64 {
     }
 }
 
-/// Every XID the kernel log still holds (since boot, as far as the ring buffer reaches), for
-/// one-shot checks. `/dev/kmsg` is read without blocking: it stops at the end of the buffer.
-pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
+/// The XIDs the kernel log holds of this boot, for one-shot checks (`check`, the launch gate,
+/// the check after a reboot), and what was skipped.
+#[derive(Debug, Default)]
+pub struct SinceBoot {
+    /// Each XID with why it cannot stand alone as the kernel's record (a file's line:
+    /// [`super::kernel_record::file_line_doubt`]), or `None`.
+    pub xids: Vec<(KernelXid, Option<String>)>,
+    /// Driver records of earlier boots a file held: never judged now.
+    pub earlier: u64,
+}
+
+/// Every XID the kernel log still holds of this boot (as far as the ring buffer reaches), for
+/// one-shot checks. `/dev/kmsg` is read without blocking: it stops at the end of the buffer,
+/// and holds this boot's records only. A regular file's records are placed against this boot
+/// (`boot_id`: `[repair] boot_id_path`): an earlier boot's are skipped and counted.
+pub fn read_since_boot(path: &Path, boot_id: Option<&Path>) -> std::io::Result<SinceBoot> {
     use std::os::unix::io::AsRawFd;
     let file = crate::sys::limits::open_checked(
         path,
@@ -938,8 +1018,15 @@ pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
             libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
         }
     }
+    let meta = file.metadata()?;
+    let regular = meta.is_file();
+    let (writers, born) = (
+        super::kernel_record::other_writers(&meta),
+        super::kernel_record::born(&meta),
+    );
+    let clock = BootClock::now_for(boot_id);
     let mut r = BufReader::new(file);
-    let mut out = Vec::new();
+    let mut out = SinceBoot::default();
     let mut buf = Vec::new();
     let cap = crate::sys::limits::MAX_KMSG_LINE;
     let mut read: u64 = 0;
@@ -948,7 +1035,25 @@ pub fn read_since_boot(path: &Path) -> std::io::Result<Vec<KernelXid>> {
             Ok(None) => break,
             Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
                 read += text.len() as u64 + 1;
-                out.extend(parse_line(&text));
+                let Some(x) = parse_line(&text) else { continue };
+                if !regular {
+                    out.xids.push((x, None));
+                    continue;
+                }
+                let boot = clock.map_or(Boot::Unknown, |c| {
+                    super::kernel_record::place(&text, &c, born)
+                });
+                if boot == Boot::Earlier {
+                    out.earlier += 1;
+                    continue;
+                }
+                let doubt = super::kernel_record::file_line_doubt(
+                    &text,
+                    path,
+                    writers.as_deref(),
+                    boot,
+                );
+                out.xids.push((x, doubt));
             }
             Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => read += len as u64,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -1144,10 +1249,15 @@ mod tests {
             "6,1,2,-;usb 1-1: new device\n4,7,9,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
         )
         .unwrap();
-        let x = read_since_boot(&p).unwrap();
+        let x: Vec<KernelXid> = read_since_boot(&p, None)
+            .unwrap()
+            .xids
+            .into_iter()
+            .map(|(x, _)| x)
+            .collect();
         assert_eq!(x.len(), 1);
         assert_eq!((x[0].seq, x[0].code), (7, 79));
-        assert!(read_since_boot(&dir.path().join("missing")).is_err());
+        assert!(read_since_boot(&dir.path().join("missing"), None).is_err());
     }
 
     #[test]
@@ -1222,6 +1332,7 @@ mod tests {
                 Path::new("/proc"),
                 None,
             )),
+            boot_id_path: None,
         };
         let t = std::thread::spawn(move || reader.run());
         let mut out = Vec::new();

@@ -164,6 +164,9 @@ pub struct SnapshotReport {
     pub observations: Vec<Observation>,
     /// Parts it could not read (a counter that failed unexpectedly).
     pub problems: Vec<String>,
+    /// What it left out on purpose, to say: no problem (a kernel log file's records of
+    /// earlier boots).
+    pub notes: Vec<String>,
     /// The GPUs it saw.
     pub gpus: Vec<GpuId>,
 }
@@ -188,7 +191,9 @@ pub fn snapshot_probes(
     if cfg.nvml.enabled {
         let installed = identity::Installed::from_config(&cfg.mps, &cfg.diagnose);
         let mut p =
-            nvml::NvmlSnapshot::new(cfg.nvml.clone(), installed).with_links(cfg.links.clone());
+            nvml::NvmlSnapshot::new(cfg.nvml.clone(), installed)
+                .with_links(cfg.links.clone())
+                .with_boot_id_path(cfg.repair.boot_id_path.clone());
         if let Some((v, e)) = view {
             p = p.with_view(v, e);
         }
@@ -249,7 +254,8 @@ pub fn sources_with_gpu_view(
         let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone(), installed)
             .with_urgency(urgency)
             .with_emf(cfg.metrics.emf)
-            .with_links(cfg.links.clone());
+            .with_links(cfg.links.clone())
+            .with_boot_id_path(cfg.repair.boot_id_path.clone());
         if cfg.aws.enabled {
             source = source.with_ecs(cfg.ecs.agent_url.clone(), cfg.aws.clone());
         }

@@ -381,3 +381,26 @@ fn a_storm_of_one_task_is_one_incident_and_a_fatal_xid_is_decided_at_once() {
     r.feed(Observation::new(Signal::xid(79)).on_gpu(gpu(0)));
     assert!(r.orders().iter().any(|o| o.command == Command::Quarantine));
 }
+
+#[test]
+fn an_unwitnessed_record_is_recorded_never_acted_on_nor_counted() {
+    let mut r = Run::new(policy(""));
+    let why = "read from /var/log/kern.log, which cannot tell the kernel's records from others'";
+    let mut fatal = Observation::new(Signal::xid(79)).on_gpu(gpu(0));
+    fatal.unwitnessed = Some(why.into());
+    r.feed(fatal);
+    assert!(r.orders().is_empty(), "{:?}", r.orders());
+    let o = r.opened();
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].1, Verdict::Log);
+    assert!(o[0].2.contains("would be `reboot`") && o[0].2.contains(why), "{}", o[0].2);
+    // Two unwitnessed faults of two programs at one place, then a witnessed third: two
+    // forged records do not make a real one drain.
+    for t in ["f1", "f2"] {
+        let mut f = fault(13, 1, task(t, t), at(1, 1));
+        f.unwitnessed = Some(why.into());
+        r.feed(f);
+    }
+    r.feed(fault(13, 1, task("real", "real"), at(1, 1)));
+    assert!(r.orders().is_empty(), "{:?}", r.opened());
+}

@@ -126,6 +126,8 @@ pub struct NvmlSource {
     urgency: crate::probe::Urgency,
     /// The programs that may hold a GPU outside MPS, by their files, looked up once.
     installed: crate::probe::identity::Installed,
+    /// `[repair] boot_id_path`: the boot a kernel log file's records are placed against.
+    boot_id_path: Option<PathBuf>,
 }
 
 impl NvmlSource {
@@ -149,7 +151,14 @@ impl NvmlSource {
             emf: false,
             links: None,
             urgency: crate::probe::Urgency::default(),
+            boot_id_path: None,
         }
+    }
+
+    /// Places a kernel log file's records against the boot `[repair] boot_id_path` tells.
+    pub fn with_boot_id_path(mut self, path: PathBuf) -> Self {
+        self.boot_id_path = Some(path);
+        self
     }
 
     /// Hands fatal signals of a burst (by the running policy) over first.
@@ -283,6 +292,7 @@ impl NvmlSource {
                     )
                     .with_mps(self.installed.clone()),
                 ),
+                boot_id_path: self.boot_id_path.clone(),
             })
     }
 
@@ -579,6 +589,8 @@ pub struct NvmlSnapshot {
     view: Option<(view::NvmlView, view::ExpectedGpus)>,
     /// The programs that may hold a GPU outside MPS, by their files.
     installed: crate::probe::identity::Installed,
+    /// `[repair] boot_id_path`: the boot a kernel log file's records are placed against.
+    boot_id_path: Option<PathBuf>,
 }
 
 impl NvmlSnapshot {
@@ -589,7 +601,14 @@ impl NvmlSnapshot {
             cfg,
             links: None,
             view: None,
+            boot_id_path: None,
         }
+    }
+
+    /// Places a kernel log file's records against the boot `[repair] boot_id_path` tells.
+    pub fn with_boot_id_path(mut self, path: PathBuf) -> Self {
+        self.boot_id_path = Some(path);
+        self
     }
 
     /// Also reads each GPU's links (`[links]`): a fabric still registering before its
@@ -656,11 +675,25 @@ impl Snapshot for NvmlSnapshot {
         }
         // XIDs raised before anyone watched NVML events (at boot, for the launch gate) are
         // only in the kernel log.
+        let mut notes = Vec::new();
         if let Some(path) = self.cfg.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty()) {
-            match kmsg::read_since_boot(path) {
-                Ok(xids) => {
+            if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+                notes.push(format!(
+                    "the kernel log is a file ({}): records of earlier boots are skipped; an XID from a syslog line, from a file anyone but root may write, or one its stamps cannot place in this boot fails no check alone (a second witness is needed; /dev/kmsg is the kernel's own)",
+                    path.display()
+                ));
+            }
+            match kmsg::read_since_boot(path, self.boot_id_path.as_deref()) {
+                Ok(since) => {
+                    if since.earlier > 0 {
+                        notes.push(format!(
+                            "{}: {} driver record(s) of earlier boots skipped (never judged now)",
+                            path.display(),
+                            since.earlier
+                        ));
+                    }
                     let s = poll::lock(&shared);
-                    for x in xids {
+                    for (x, doubt) in since.xids {
                         let index = s
                             .gpus
                             .values()
@@ -675,6 +708,7 @@ impl Snapshot for NvmlSnapshot {
                         if let Some(index) = index {
                             obs = s.annotate(obs, index);
                         }
+                        obs.unwitnessed = doubt;
                         report.observations.push(obs.from_source("kmsg"));
                     }
                 }
@@ -701,6 +735,7 @@ impl Snapshot for NvmlSnapshot {
         Ok(SnapshotReport {
             observations: report.observations,
             problems: report.problems,
+            notes,
             gpus: report.gpus,
         })
     }

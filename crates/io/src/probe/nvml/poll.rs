@@ -126,6 +126,29 @@ impl XidClaims {
     }
 }
 
+impl XidClaims {
+    /// Whether `source` reported (gpu `index`, `code`) within the window: that report is
+    /// used up (one pairing per XID), and nothing is claimed for the asker.
+    pub fn reported_by(&mut self, index: u32, code: u32, source: &'static str) -> bool {
+        let key = (index, code, source);
+        let now = Instant::now();
+        let Some(q) = self.by_key.get_mut(&key) else {
+            return false;
+        };
+        while q
+            .front()
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) >= XID_DEDUPE_WINDOW)
+        {
+            q.pop_front();
+        }
+        let found = q.pop_front().is_some();
+        if q.is_empty() {
+            self.by_key.remove(&key);
+        }
+        found
+    }
+}
+
 /// An XID seen by both sources within this window is one XID.
 pub const XID_DEDUPE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
