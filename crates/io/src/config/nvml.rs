@@ -21,7 +21,9 @@ pub struct NvmlConfig {
     /// the instance, else the instance type's count (`[ecs] gpu_view`, `[aws]` enabled).
     #[serde(default)]
     pub expected_gpus: Option<u32>,
-    /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off.
+    /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off. `/dev/kmsg` is the
+    /// kernel's own; an XID read only from a syslog file needs a second witness to act
+    /// (docs/operations.md, "Which kernel log to read").
     #[serde(default = "default_kmsg")]
     pub kmsg: Option<PathBuf>,
     /// The share of a task's GPU memory reservation whose crossing is a

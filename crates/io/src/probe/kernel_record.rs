@@ -257,7 +257,12 @@ pub fn other_writers(meta: &std::fs::Metadata) -> Option<String> {
 /// a `/dev/kmsg`-format or dmesg copy placed in this boot, in a file only root can write.
 /// A syslog line cannot: the syslog daemon writes `logger -t kernel` lines from any user the
 /// same way as the kernel's.
-pub fn file_line_doubt(line: &str, path: &Path, writers: Option<&str>, boot: Boot) -> Option<String> {
+pub fn file_line_doubt(
+    line: &str,
+    path: &Path,
+    writers: Option<&str>,
+    boot: Boot,
+) -> Option<String> {
     if syslog_stamp(line).is_some() {
         return Some(format!(
             "read from a syslog file ({}), where any user's `logger -t kernel` writes the same line as the kernel",
@@ -311,7 +316,11 @@ fn place_by_stamps(line: &str, clock: &BootClock) -> Boot {
         };
     }
     match kernel_message(line).and_then(|(_, usec, _)| usec) {
-        Some(u) if u > clock.uptime_usec.saturating_add(WALL_SLACK.unsigned_abs() * 1_000_000) => {
+        Some(u)
+            if u > clock
+                .uptime_usec
+                .saturating_add(WALL_SLACK.unsigned_abs() * 1_000_000) =>
+        {
             Boot::Earlier
         }
         _ => Boot::Unknown,
@@ -422,22 +431,50 @@ mod tests {
         let c = clock();
         let x = "NVRM: Xid (PCI:0000:10:00): 79, GPU has fallen off the bus.";
         for (line, want) in [
-            (format!("2026-12-07T09:00:00.123456+00:00 host kernel: {x}"), Boot::This),
-            (format!("2026-12-07T10:00:00+01:00 host kernel: {x}"), Boot::This),
-            (format!("2026-12-06T23:00:00Z host kernel: {x}"), Boot::Earlier),
-            (format!("2026-12-07T00:00:30Z host kernel: {x}"), Boot::Unknown),
-            (format!("Dec  7 09:00:00 host kernel: [32400.000001] {x}"), Boot::This),
-            (format!("Dec  6 23:00:00 host kernel: [ 5.000001] {x}"), Boot::Earlier),
+            (
+                format!("2026-12-07T09:00:00.123456+00:00 host kernel: {x}"),
+                Boot::This,
+            ),
+            (
+                format!("2026-12-07T10:00:00+01:00 host kernel: {x}"),
+                Boot::This,
+            ),
+            (
+                format!("2026-12-06T23:00:00Z host kernel: {x}"),
+                Boot::Earlier,
+            ),
+            (
+                format!("2026-12-07T00:00:30Z host kernel: {x}"),
+                Boot::Unknown,
+            ),
+            (
+                format!("Dec  7 09:00:00 host kernel: [32400.000001] {x}"),
+                Boot::This,
+            ),
+            (
+                format!("Dec  6 23:00:00 host kernel: [ 5.000001] {x}"),
+                Boot::Earlier,
+            ),
             (format!("Dec 31 23:00:00 host kernel: {x}"), Boot::Earlier),
-            (format!("4,1,{},-;{x}", 40_000u64 * 1_000_000), Boot::Earlier),
-            (format!("4,1,{},-;{x}", 30_000u64 * 1_000_000), Boot::Unknown),
+            (
+                format!("4,1,{},-;{x}", 40_000u64 * 1_000_000),
+                Boot::Earlier,
+            ),
+            (
+                format!("4,1,{},-;{x}", 30_000u64 * 1_000_000),
+                Boot::Unknown,
+            ),
             (format!("[99999.000000] {x}"), Boot::Earlier),
             (x.to_string(), Boot::Unknown),
         ] {
             assert_eq!(place(&line, &c, None), want, "{line}");
             // A file made after the boot began holds this boot's records only.
             let born = Some(c.boot_wall + 5);
-            let want = if want == Boot::Earlier { Boot::Earlier } else { Boot::This };
+            let want = if want == Boot::Earlier {
+                Boot::Earlier
+            } else {
+                Boot::This
+            };
             assert_eq!(place(&line, &c, born), want, "{line}");
         }
         // A BSD stamp in local time: 09:00 in UTC+2 is 07:00 UTC.

@@ -550,7 +550,7 @@ impl KmsgReader {
             tracing::warn!(
                 probe = "kmsg",
                 path = %self.path.display(),
-                "the kernel log is a file: its records of earlier boots are skipped, and an XID from a syslog line, from a file anyone but root may write, or one its stamps cannot place in this boot acts only with a second witness (NVML's event for it); /dev/kmsg is the kernel's own (docs/journal.md)"
+                "the kernel log is a file: its records of earlier boots are skipped, and an XID from a syslog line, from a file anyone but root may write, or one its stamps cannot place in this boot acts only with a second witness (NVML's event for it); /dev/kmsg is the kernel's own (docs/operations.md, Which kernel log to read)"
             );
         }
         let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
@@ -1047,12 +1047,8 @@ pub fn read_since_boot(path: &Path, boot_id: Option<&Path>) -> std::io::Result<S
                     out.earlier += 1;
                     continue;
                 }
-                let doubt = super::kernel_record::file_line_doubt(
-                    &text,
-                    path,
-                    writers.as_deref(),
-                    boot,
-                );
+                let doubt =
+                    super::kernel_record::file_line_doubt(&text, path, writers.as_deref(), boot);
                 out.xids.push((x, doubt));
             }
             Ok(Some(crate::sys::lines::CappedLine::TooLong { len })) => read += len as u64,

@@ -190,10 +190,9 @@ pub fn snapshot_probes(
     let mut out: Vec<Box<dyn Snapshot>> = Vec::new();
     if cfg.nvml.enabled {
         let installed = identity::Installed::from_config(&cfg.mps, &cfg.diagnose);
-        let mut p =
-            nvml::NvmlSnapshot::new(cfg.nvml.clone(), installed)
-                .with_links(cfg.links.clone())
-                .with_boot_id_path(cfg.repair.boot_id_path.clone());
+        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone(), installed)
+            .with_links(cfg.links.clone())
+            .with_boot_id_path(cfg.repair.boot_id_path.clone());
         if let Some((v, e)) = view {
             p = p.with_view(v, e);
         }

@@ -393,7 +393,11 @@ fn an_unwitnessed_record_is_recorded_never_acted_on_nor_counted() {
     let o = r.opened();
     assert_eq!(o.len(), 1);
     assert_eq!(o[0].1, Verdict::Log);
-    assert!(o[0].2.contains("would be `reboot`") && o[0].2.contains(why), "{}", o[0].2);
+    assert!(
+        o[0].2.contains("would be `reboot`") && o[0].2.contains(why),
+        "{}",
+        o[0].2
+    );
     // Two unwitnessed faults of two programs at one place, then a witnessed third: two
     // forged records do not make a real one drain.
     for t in ["f1", "f2"] {
