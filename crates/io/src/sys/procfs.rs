@@ -248,7 +248,10 @@ mod tests {
         // Started at tick 1000 (10 s at 100 Hz).
         assert!(record_predates(9_999_999, 1000, 100));
         assert!(!record_predates(10_000_000, 1000, 100));
-        assert!(!record_predates(u64::MAX, 0, 100), "no overflow at the ends");
+        assert!(
+            !record_predates(u64::MAX, 0, 100),
+            "no overflow at the ends"
+        );
         assert!(record_predates(u64::MAX, u64::MAX, 100));
         assert!(record_predates(0, u64::MAX, 1));
     }
