@@ -38,7 +38,8 @@ pub fn is_escaped(c: char) -> bool {
 
 /// The characters a terminal or a line-oriented reader can act on: C0, DEL, C1, the Unicode
 /// line and paragraph separators and the bidirectional controls (Unicode's `Bidi_Control`).
-fn is_control(c: char) -> bool {
+/// Escaped text holds none of them.
+pub fn is_control(c: char) -> bool {
     matches!(c,
         '\u{0}'..='\u{1f}'
         | '\u{7f}'..='\u{9f}'
