@@ -41,6 +41,7 @@ mod drill_notice;
 pub mod evidence;
 pub mod fleet;
 pub mod incidents;
+pub mod log;
 pub mod policy;
 pub mod run;
 pub mod status;
