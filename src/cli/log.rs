@@ -14,21 +14,23 @@
 //! - JSON ([`json`]): each line is written through [`crate::model::escape::json_safe`], so
 //!   what JSON leaves raw is `\uXXXX` too, and the line still decodes to the same values.
 //!
-//! The journald format hands each field to journald as it is (its fields are binary-safe, and
-//! `journalctl` shows a value with control characters as blob data unless `--all`).
+//! - journald ([`journald`]): tracing-journald writes each field's text as it is (journald's
+//!   fields are binary-safe, and a line break in `MESSAGE` is a multi-line entry), so each
+//!   event is handed to it again with every value escaped ([`EscapedEvents`]).
 
 use std::fmt::{self, Write as _};
 use std::io;
 
-use tracing::Subscriber;
 use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber, span};
 use tracing_subscriber::Layer;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FormatFields, MakeWriter};
+use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::model::escape::{Escaping, json_safe};
+use crate::model::escape::{Escaping, escape, json_safe};
 
 /// Text lines to `writer`: fields and messages escaped ([`EscapedFields`]), coloured only when
 /// `ansi`.
@@ -52,6 +54,72 @@ where
     tracing_subscriber::fmt::layer()
         .json()
         .with_writer(JsonSafe(writer))
+}
+
+/// journald's layer, each event's values escaped first ([`EscapedEvents`]).
+pub fn journald(layer: tracing_journald::Layer) -> EscapedEvents<tracing_journald::Layer> {
+    EscapedEvents(layer)
+}
+
+/// A layer that hands `L` every event with its values (the message included) escaped, as
+/// text: the same event, callsite and parent, each value its escaped `Display` (a string) or
+/// `Debug` (anything else). Spans are passed on as they are (gpu-medic opens none).
+pub struct EscapedEvents<L>(L);
+
+impl<S, L> Layer<S> for EscapedEvents<L>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    L: Layer<S>,
+{
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        self.0.on_new_span(attrs, id, ctx);
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        self.0.on_record(id, values, ctx);
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut shown = Shown(Vec::new());
+        event.record(&mut shown);
+        let meta = event.metadata();
+        let Some(first) = meta.fields().iter().next() else {
+            return self.0.on_event(event, ctx);
+        };
+        let texts: Vec<(Field, &str)> = shown
+            .0
+            .iter()
+            .map(|(f, t)| (f.clone(), t.as_str()))
+            .collect();
+        // A callsite has at most 32 fields (tracing's limit); the slots past them are empty.
+        let values: [(&Field, Option<&dyn tracing::Value>); 32] = std::array::from_fn(|i| {
+            texts
+                .get(i)
+                .map_or((&first, None), |(f, t)| (f, Some(t as &dyn tracing::Value)))
+        });
+        let set = meta.fields().value_set(&values);
+        let escaped = match event.parent() {
+            Some(parent) => Event::new_child_of(parent.clone(), meta, &set),
+            None if event.is_root() => Event::new_child_of(None, meta, &set),
+            None => Event::new(meta, &set),
+        };
+        self.0.on_event(&escaped, ctx);
+    }
+}
+
+/// An event's values as escaped text.
+struct Shown(Vec<(Field, String)>);
+
+impl Visit for Shown {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push((field.clone(), escape(value).to_string()));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let mut text = String::new();
+        let _ = write!(Escaping(&mut text), "{value:?}");
+        self.0.push((field.clone(), text));
+    }
 }
 
 /// The text format's fields, an event's message first: `message key="str" key=value`, each
@@ -271,5 +339,54 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["fields"]["program"], NAME, "{v:#}");
         assert_eq!(v["span"]["source"], NAME, "{v:#}");
+    }
+
+    /// What a layer behind [`EscapedEvents`] is handed: each event's fields as text.
+    #[derive(Clone, Default)]
+    struct Handed(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+
+    impl<S: Subscriber> Layer<S> for Handed {
+        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+            struct V(Vec<(String, String)>);
+            impl Visit for V {
+                fn record_str(&mut self, f: &Field, v: &str) {
+                    self.0.push((f.name().into(), v.into()));
+                }
+                fn record_debug(&mut self, f: &Field, v: &dyn fmt::Debug) {
+                    self.0.push((f.name().into(), format!("{v:?}")));
+                }
+            }
+            let mut v = V(Vec::new());
+            event.record(&mut v);
+            self.0.lock().unwrap().push(v.0);
+        }
+    }
+
+    #[test]
+    fn journald_is_handed_every_value_escaped_and_plain_values_as_they_were() {
+        let handed = Handed::default();
+        log_one(EscapedEvents(handed.clone()));
+        let events = handed.0.lock().unwrap().clone();
+        assert_eq!(events.len(), 1, "{events:?}");
+        let shown = "\\x1b[2J\\x1b[H\\nWARN forged: all clear\\r\\u{202e}\\u{9b}31m";
+        let get = |k: &str| {
+            events[0]
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(get("message"), format!("incident opened: program {shown}"));
+        assert_eq!(get("program"), shown);
+        assert_eq!(get("shown"), shown);
+        assert_eq!(get("incident_id"), "1");
+        assert_eq!(
+            get("debug"),
+            "\"\\\\u{1b}[2J\\\\u{1b}[H\\\\nWARN forged: all clear\\\\r\\\\u{202e}\\\\u{9b}31m\"",
+            "a Debug value's own escapes, their backslashes escaped"
+        );
+        for (_, v) in &events[0] {
+            assert!(!v.contains(crate::model::escape::is_control), "{v:?}");
+        }
     }
 }

@@ -67,13 +67,12 @@ pub fn init_logging(format: &str) {
         _ => false,
     };
     let registry = tracing_subscriber::registry().with(filter);
+    // Text others wrote is escaped in each format (src/cli/log.rs).
     if journald && let Ok(layer) = tracing_journald::layer() {
-        let _ = registry
-            .with(layer.with_syslog_identifier("gpu-medic".into()))
-            .try_init();
+        let layer = layer.with_syslog_identifier("gpu-medic".into());
+        let _ = registry.with(super::log::journald(layer)).try_init();
         return;
     }
-    // Text others wrote is escaped in both (src/cli/log.rs).
     if format == "json" {
         let _ = registry.with(super::log::json(std::io::stderr)).try_init();
     } else {
