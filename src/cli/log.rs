@@ -343,7 +343,10 @@ mod tests {
 
     /// What a layer behind [`EscapedEvents`] is handed: each event's fields as text.
     #[derive(Clone, Default)]
-    struct Handed(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+    struct Handed(Arc<Mutex<Vec<Fields>>>);
+
+    /// One event's fields: (name, value as text).
+    type Fields = Vec<(String, String)>;
 
     impl<S: Subscriber> Layer<S> for Handed {
         fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {

@@ -201,7 +201,8 @@ mod tests {
         let mut s = String::new();
         let mut w = Escaping(&mut s);
         w.write_str("a\u{1b}").unwrap();
-        write!(w, "{}|{}", "\n", 5).unwrap();
+        let line_break = '\n';
+        write!(w, "{line_break}|{}", 5).unwrap();
         assert_eq!(s, "a\\x1b\\n|5");
     }
 
