@@ -20,7 +20,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpu_medic::probe::attribution::Attributor;
-use gpu_medic::probe::kmsg::KernelXid;
 use gpu_medic_testkit::stats::{machine, summary};
 use gpu_medic_testkit::{Daemon, FOUR_GPUS, now_ms, parse_at, wait_sync};
 
@@ -49,29 +48,37 @@ fn us(v: &[f64]) -> String {
 fn cost(n: usize) {
     let me = std::process::id();
     let comm = std::fs::read_to_string(format!("/proc/{me}/comm")).unwrap();
-    let line = |code: u32| KernelXid {
-        seq: 0,
-        pci: "0000:10:00".into(),
-        code,
-        pid: Some(me),
-        process: Some(comm.trim().to_string()),
-        text: "Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address".into(),
+    // Stamped now (after this process started), by the driver's format.
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let usec = (uptime * 1e6) as u64;
+    let line = |code: u32| {
+        gpu_medic::probe::kmsg::parse_line(&format!(
+            "4,1,{usec},-;NVRM: Xid (PCI:0000:10:00): {code}, pid={me}, name={}, Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address",
+            comm.trim()
+        ))
+        .unwrap()
     };
     let (x13, x79) = (line(13), line(79));
     let mut first = Vec::new();
     for _ in 0..200 {
         let mut a = Attributor::new(Path::new("/proc"), None);
         let t = Instant::now();
-        std::hint::black_box(a.context(&x13, None));
+        std::hint::black_box(a.context(&x13, None, None));
         first.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let mut a = Attributor::new(Path::new("/proc"), None);
-    a.context(&x13, None);
+    a.context(&x13, None, None);
     let cached = per_call_us(n, |_| {
-        std::hint::black_box(a.context(&x13, None));
+        std::hint::black_box(a.context(&x13, None, None));
     });
     let none = per_call_us(n, |_| {
-        std::hint::black_box(a.context(&x79, None));
+        std::hint::black_box(a.context(&x79, None, None));
     });
     println!("attribution per XID line ({n} lines):");
     println!(

@@ -97,13 +97,16 @@ fn main() {
     let mut runs: Vec<Run> = VARIANTS
         .iter()
         .map(|v| Run {
-            poller: Poller::new(Some(GPUS as u32), proc_root.clone()).with_links(
-                if *v == "before" {
-                    off.clone()
-                } else {
-                    on.clone()
-                },
-            ),
+            poller: Poller::new(
+                Some(GPUS as u32),
+                proc_root.clone(),
+                gpu_medic::probe::identity::Installed::none(),
+            )
+            .with_links(if *v == "before" {
+                off.clone()
+            } else {
+                on.clone()
+            }),
             wall: Vec::with_capacity(polls),
             cpu: Vec::with_capacity(polls),
         })

@@ -171,7 +171,10 @@ fn main() {
         "contract",
     ];
     let mut placements2 = tasks::Placements::new(&proc_root);
-    let mut contract = gpu_medic::probe::nvml::contract::Contract::new(&proc_root);
+    let mut contract = gpu_medic::probe::nvml::contract::Contract::new(
+        &proc_root,
+        gpu_medic::probe::identity::Installed::none(),
+    );
     let mut limit_watch = gpu_medic::accounting::contract::LimitWatch::default();
     let mut container_crossings = gpu_medic::accounting::contract::ContainerCrossings::default();
     struct Run {
@@ -254,7 +257,7 @@ fn main() {
                             else {
                                 continue;
                             };
-                            if let Some((start, l)) = contract.limits(pid) {
+                            if let Some((start, l)) = contract.limits(pid, None) {
                                 limits.push(gpu_medic::accounting::contract::ClientLimits {
                                     gpu: g as u32,
                                     pid,

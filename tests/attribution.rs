@@ -21,17 +21,18 @@ use std::time::Duration;
 
 use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::imds::FakeAgent;
+use gpu_medic_testkit::mps::HostMpsPair;
 use gpu_medic_testkit::proc::EcsTaskProcs;
 use gpu_medic_testkit::{Daemon, FOUR_GPUS, wait_sync};
 use serde_json::Value;
 
 const BUSES: [&str; 4] = ["0000:10:00", "0000:20:00", "0000:30:00", "0000:40:00"];
 
-/// A kmsg record of the driver's XID line (kernel facility, level 4).
+/// A kmsg record of the driver's XID line (kernel facility, level 4), stamped now.
 fn xid_line(seq: u64, gpu: usize, code: u32, pid: u32, name: &str, text: &str) -> String {
     format!(
         "4,{seq},{},-;NVRM: Xid (PCI:{}): {code}, pid={pid}, name={name}, {text}",
-        seq * 1000,
+        gpu_medic_testkit::proc::uptime_usec(),
         BUSES[gpu]
     )
 }
@@ -107,6 +108,12 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
     agent.set_tasks(&listed);
 
     let mut d = aws::ecs_gpu_node(&s, 0, &agent.url, &proxy.url, "");
+    // The MPS daemon and server as the kernel knows them (executables, parent, cgroup).
+    let mps = HostMpsPair::start(d.dir());
+    d.mps_lines(&format!(
+        "control_binary = \"{}\"",
+        mps.control_binary.display()
+    ));
     d.start();
     d.wait_polled();
 
@@ -163,7 +170,7 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
         "opened",
         |r| r["observation"]["signal"]["kind"] == "thermal",
     );
-    d.kmsg_append(&[xid_line(30, 1, 31, 1, "nvidia-cuda-mps", MMU)]);
+    d.kmsg_append(&[xid_line(30, 1, 31, mps.server_pid, "nvidia-cuda-mps", MMU)]);
     let r = d.wait_record(
         "the MPS client's fault",
         Duration::from_secs(20),
@@ -202,12 +209,13 @@ async fn one_task_stays_in_service_and_different_tasks_at_one_place_drain() {
 }
 
 #[test]
-fn without_ecs_the_program_is_the_unit() {
+fn without_ecs_the_executable_is_the_unit_and_a_name_is_nobody() {
     let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", "poll_interval = \"200ms\"");
     d.gpus(FOUR_GPUS);
     d.start();
     d.wait_polled();
-    // A program with no process left (the pid is gone): sixteen faults, one incident.
+    // A program with no process left (the pid is gone): sixteen faults, one incident, and
+    // nobody charged: the name is the process's own choice.
     let lines: Vec<String> = (0..16)
         .map(|i| xid_line(1 + i, 0, 13, 4_000_000 + i as u32, "trainer", &warp(1, 2)))
         .collect();
@@ -221,10 +229,15 @@ fn without_ecs_the_program_is_the_unit() {
         "{:#}",
         o[0]
     );
+    assert!(culprit(&o[0]).get("task").is_none() && culprit(&o[0]).get("exe").is_none());
 
-    // A pid that belongs to another program now (this test's own): the driver's name counts.
+    // A record stamped before this test's own process started names its pid: another
+    // process had it then.
     let me = std::process::id();
-    d.kmsg_append(&[xid_line(30, 1, 31, me, "python3", MMU)]);
+    d.kmsg_append(&[format!(
+        "4,30,1,-;NVRM: Xid (PCI:{}): 31, pid={me}, name=python3, {MMU}",
+        BUSES[1]
+    )]);
     let r = d.wait_record("the reused pid", Duration::from_secs(20), "opened", |r| {
         culprit(r)["program"] == "python3"
     });
@@ -233,11 +246,16 @@ fn without_ecs_the_program_is_the_unit() {
         "{r:#}"
     );
     assert!(culprit(&r).get("task").is_none(), "{r:#}");
+    assert!(culprit(&r).get("exe").is_none(), "{r:#}");
 
-    // A name with bytes that are not UTF-8, then two more programs at GPC 1, TPC 2 of GPU 0:
-    // three programs at one place.
-    let mut raw =
-        b"4,40,40000,-;NVRM: Xid (PCI:0000:10:00): 13, pid=4100000, name=tr\xff\xfein, ".to_vec();
+    // Three processes gone before they could be looked up, each with another name (one not
+    // UTF-8), at GPC 1, TPC 2 of GPU 0: three names are not three programs.
+    let mut raw = format!(
+        "4,40,{},-;NVRM: Xid (PCI:0000:10:00): 13, pid=4100000, name=tr",
+        gpu_medic_testkit::proc::uptime_usec()
+    )
+    .into_bytes();
+    raw.extend_from_slice(b"\xff\xfein, ");
     raw.extend_from_slice(warp(1, 2).as_bytes());
     raw.push(b'\n');
     std::fs::OpenOptions::new()
@@ -246,18 +264,31 @@ fn without_ecs_the_program_is_the_unit() {
         .unwrap()
         .write_all(&raw)
         .unwrap();
-    let r = d.wait_record(
-        "the non-UTF-8 name",
-        Duration::from_secs(20),
-        "opened",
-        |r| {
-            culprit(r)["program"]
-                .as_str()
-                .is_some_and(|p| p.starts_with("tr\u{fffd}"))
-        },
-    );
-    assert_eq!(r["verdict"], "log", "{r:#}");
     d.kmsg_append(&[xid_line(41, 0, 13, 4_100_001, "ffmpeg", &warp(1, 2))]);
+    wait_inputs(&d, 19);
+    assert!(
+        !d.records()
+            .iter()
+            .any(|r| r["rule"] == "xid-13-graphics-exception/suspect"),
+        "names alone drained the node: {:#?}",
+        opened(&d)
+    );
+
+    // Three live programs outside ECS, each from an executable of its own, at GPC 5, TPC 5
+    // of GPU 1: the place is the GPU's.
+    let bins = tempfile::tempdir().unwrap();
+    let mut progs = gpu_medic_testkit::proc::Sleepers::start(0);
+    for name in ["render", "encode", "infer"] {
+        let exe = gpu_medic_testkit::proc::stand_in(bins.path(), name);
+        progs.join(gpu_medic_testkit::proc::Sleepers::start_exe(&exe, name));
+    }
+    let lines: Vec<String> = progs
+        .pids()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| xid_line(50 + i as u64, 1, 13, *p, "same-name", &warp(5, 5)))
+        .collect();
+    d.kmsg_append(&lines);
     let r = d.wait_record(
         "the hardware suspicion",
         Duration::from_secs(20),
@@ -265,6 +296,13 @@ fn without_ecs_the_program_is_the_unit() {
         |r| r["rule"] == "xid-13-graphics-exception/suspect",
     );
     assert_eq!(r["verdict"], "drain", "{r:#}");
+    assert!(
+        culprit(&r)["exe"]
+            .as_str()
+            .is_some_and(|e| e.contains("infer") || e.contains("render") || e.contains("encode")),
+        "{r:#}"
+    );
+    drop(progs);
 
     // A storm of one program's XID 13 on GPU 2, then an XID 79 on GPU 3: one incident for the
     // storm, and the fallen GPU decided (first: it overtakes the storm).
@@ -292,7 +330,7 @@ fn without_ecs_the_program_is_the_unit() {
     d.wait_record("the XID 79", Duration::from_secs(120), "opened", |r| {
         r["observation"]["signal"]["code"] == 79
     });
-    wait_inputs(&d, 19 + 10_001);
+    wait_inputs(&d, 22 + 10_001);
     let storm = opened(&d)
         .into_iter()
         .filter(|r| culprit(r)["program"] == "storm")

@@ -161,6 +161,15 @@ impl Daemon {
         d
     }
 
+    /// Adds `lines` to the config's `[mps]` table (the kit's nodes write
+    /// `[mps]\nenabled = false`).
+    pub fn mps_lines(&mut self, lines: &str) -> &mut Daemon {
+        let text = std::fs::read_to_string(self.config()).unwrap();
+        let text = text.replacen("[mps]\n", &format!("[mps]\n{lines}\n"), 1);
+        std::fs::write(self.config(), text).unwrap();
+        self
+    }
+
     pub fn dir(&self) -> &Path {
         match &self.root {
             Root::Temp(t) => t.path(),

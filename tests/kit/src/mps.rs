@@ -215,3 +215,53 @@ impl MpsDir {
 pub fn mps_pids(pipe: &Path) -> Vec<u32> {
     mps_processes(pipe).into_iter().map(|p| p.pid).collect()
 }
+
+/// An MPS control daemon and one server as gpu-medic knows them (by the kernel's facts:
+/// executables, parent, cgroup), for tests on a machine without a GPU, where NVIDIA's real
+/// server exits at once (tests/support/MPS-FACTS.md, section 4): a copy of `bash` at
+/// `dir/nvidia-cuda-mps-control` starts a copy of `sleep` at `dir/nvidia-cuda-mps-server`, so
+/// the server's parent runs the control binary, both outside every container and both
+/// named by the kernel `nvidia-cuda-mps` as the real ones are. Give gpu-medic
+/// `[mps] control_binary = "<dir>/nvidia-cuda-mps-control"`. Killed on drop.
+pub struct HostMpsPair {
+    control: std::process::Child,
+    pub control_pid: u32,
+    pub server_pid: u32,
+    pub control_binary: PathBuf,
+}
+
+impl HostMpsPair {
+    pub fn start(dir: &Path) -> HostMpsPair {
+        use std::io::BufRead;
+        let control_binary = dir.join("nvidia-cuda-mps-control");
+        std::fs::copy("/bin/bash", &control_binary).expect("copy bash");
+        let server = crate::proc::stand_in(dir, "nvidia-cuda-mps-server");
+        let mut control = Command::new(&control_binary)
+            .args(["-c", "\"$1\" 1000000 & echo $!; wait", "control"])
+            .arg(&server)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the stand-in control daemon");
+        let mut line = String::new();
+        if let Some(out) = control.stdout.take() {
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        let server_pid = line.trim().parse().expect("the stand-in server's pid");
+        HostMpsPair {
+            control_pid: control.id(),
+            control,
+            server_pid,
+            control_binary,
+        }
+    }
+}
+
+impl Drop for HostMpsPair {
+    fn drop(&mut self) {
+        signal(self.server_pid, libc::SIGKILL);
+        let _ = self.control.kill();
+        let _ = self.control.wait();
+    }
+}

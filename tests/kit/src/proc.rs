@@ -1,5 +1,7 @@
 //! `/proc` readings of a process: CPU time (own and reaped children's, per thread), start
-//! time, RSS and peak RSS, threads, descriptors, state.
+//! time, RSS and peak RSS, threads, descriptors, state; and real processes to stand for GPU
+//! clients: [`Sleepers`], [`RawEnvProc`] (an exact environment block), [`EcsTaskProcs`]
+//! (in ECS-shaped cgroups).
 
 /// A process's own CPU time and its reaped children's, in clock ticks.
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,6 +61,12 @@ pub fn start_secs(pid: u32) -> Option<f64> {
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     Some(f.get(22 - 3)?.parse::<f64>().ok()? / clk_tck())
+}
+
+/// Microseconds since boot now: the stamp a kernel record written now carries (a record
+/// stamped before a process started is never charged to it, so tests stamp theirs now).
+pub fn uptime_usec() -> u64 {
+    (uptime_secs() * 1e6) as u64
 }
 
 pub fn uptime_secs() -> f64 {
@@ -146,8 +154,64 @@ impl Sleepers {
         None
     }
 
+    /// One process of `cmd` (its stdio null), killed on drop like the others.
+    pub fn command(cmd: &mut std::process::Command) -> Sleepers {
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        Sleepers(vec![cmd.spawn().expect("spawn")])
+    }
+
     pub fn pids(&self) -> Vec<u32> {
         self.0.iter().map(std::process::Child::id).collect()
+    }
+
+    /// A process that names itself `comm` (any bytes but NUL, at most 15 kept: the kernel's
+    /// `prctl(PR_SET_NAME)`, as a tenant can), standing for a CUDA program; it has set the
+    /// name when this returns. `python3` does the `prctl`.
+    pub fn start_named(comm: &[u8]) -> Sleepers {
+        use std::io::BufRead;
+        let hex: String = comm.iter().map(|b| format!("{b:02x}")).collect();
+        let mut c = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, sys, time\n\
+                 ctypes.CDLL(None).prctl(15, bytes.fromhex(sys.argv[1]), 0, 0, 0)\n\
+                 print('named', flush=True)\n\
+                 time.sleep(1000000)",
+                &hex,
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        if let Some(out) = c.stdout.take() {
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        assert_eq!(line.trim(), "named", "python3 could not set its comm");
+        Sleepers(vec![c])
+    }
+
+    /// A process running `exe` (a copy of `sleep` made by [`stand_in`]) with `argv[0]`
+    /// `arg0`: a program with an executable of its own.
+    pub fn start_exe(exe: &std::path::Path, arg0: &str) -> Sleepers {
+        use std::os::unix::process::CommandExt;
+        let c = std::process::Command::new(exe)
+            .arg0(arg0)
+            .arg("1000000")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("a stand-in program");
+        Sleepers(vec![c])
+    }
+
+    /// Another set's processes join these.
+    pub fn join(&mut self, mut other: Sleepers) {
+        self.0.append(&mut other.0);
     }
 
     /// Kills and reaps them all (again: nothing).
@@ -177,6 +241,95 @@ impl Drop for Sleepers {
     }
 }
 
+/// A copy of `sleep` at `dir/name`: an executable file of its own (its own inode), so a
+/// process started from it is another program to the kernel than `sleep`.
+pub fn stand_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let to = dir.join(name);
+    std::fs::copy("/bin/sleep", &to).expect("copy /bin/sleep");
+    to
+}
+
+/// A process started with an exact environment block: `fork` and `execve` with the entries
+/// in the order given, duplicates kept, which `std::process::Command` cannot make (it keeps
+/// one value per name). [`RawEnvProc::spawn`] returns once the program was executed, so what
+/// `/proc/<pid>/environ` shows from then on is `envp`. Killed and reaped on drop.
+pub struct RawEnvProc {
+    pid: libc::pid_t,
+}
+
+impl RawEnvProc {
+    /// Runs `path` with `argv` (its `argv[0]` included) and exactly `envp` (`NAME=value`
+    /// entries).
+    pub fn spawn(path: &str, argv: &[&str], envp: &[&str]) -> std::io::Result<RawEnvProc> {
+        use std::ffi::CString;
+        let c = |s: &str| {
+            CString::new(s).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+        };
+        let path = c(path)?;
+        let argv: Vec<CString> = argv.iter().map(|a| c(a)).collect::<Result<_, _>>()?;
+        let envp: Vec<CString> = envp.iter().map(|e| c(e)).collect::<Result<_, _>>()?;
+        let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
+            v.iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is valid for two ints; the pipe's ends are close-on-exec, so a
+        // successful execve closes the write end and the parent reads end-of-file.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let [read_end, write_end] = fds;
+        // SAFETY: the child of a (multi-threaded) test process calls only async-signal-safe
+        // functions (execve, write, _exit) on memory prepared before the fork, and never
+        // returns into Rust: it becomes `path` or exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above; every pointer array is NULL-terminated and outlives the call.
+            unsafe {
+                libc::execve(path.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr());
+                let errno = *libc::__errno_location();
+                libc::write(write_end, (&raw const errno).cast(), 4);
+                libc::_exit(127);
+            }
+        }
+        // SAFETY: closing our copy of the write end, which we own.
+        unsafe { libc::close(write_end) };
+        if pid < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: closing the read end, which we own.
+            unsafe { libc::close(read_end) };
+            return Err(e);
+        }
+        let me = RawEnvProc { pid };
+        let mut errno = [0u8; 4];
+        // SAFETY: reading at most 4 bytes into a 4-byte buffer from the pipe we own.
+        let n = unsafe { libc::read(read_end, errno.as_mut_ptr().cast(), 4) };
+        // SAFETY: closing the read end, which we own.
+        unsafe { libc::close(read_end) };
+        if n == 4 {
+            return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno)));
+        }
+        Ok(me)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid.unsigned_abs()
+    }
+}
+
+impl Drop for RawEnvProc {
+    fn drop(&mut self) {
+        // SAFETY: signalling and reaping our own child by its pid.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
 /// Real processes (`sleep`) in an ECS-shaped cgroup, as a task's container's CUDA clients
 /// would be: `/sys/fs/cgroup/pids/ecs/<task>/<container>` (the cgroup v1 layout the ECS agent
 /// creates, docs/mps.md#client-pid-to-ecs-task), so `/proc/<pid>/cgroup` names the task and
@@ -185,6 +338,7 @@ impl Drop for Sleepers {
 /// say it did not run. Killed, and the cgroups removed, on drop.
 pub struct EcsTaskProcs {
     procs: Sleepers,
+    raw: Vec<RawEnvProc>,
     dirs: Vec<std::path::PathBuf>,
 }
 
@@ -194,7 +348,32 @@ pub const PIDS_CGROUP: &str = "/sys/fs/cgroup/pids";
 impl EcsTaskProcs {
     /// `n` processes in task `task`'s container `container` (hex ids, as ECS's).
     pub fn start(task: &str, container: &str, n: usize) -> Result<EcsTaskProcs, String> {
-        Self::place(task, container, Sleepers::start(n))
+        Self::place_all(task, container, Sleepers::start(n), Vec::new())
+    }
+
+    /// One process of `cmd` (e.g. an installed program) in task `task`'s container
+    /// `container`, moved there once started.
+    pub fn start_command(
+        task: &str,
+        container: &str,
+        cmd: &mut std::process::Command,
+    ) -> Result<EcsTaskProcs, String> {
+        Self::place_all(task, container, Sleepers::command(cmd), Vec::new())
+    }
+
+    /// One `sleep` per environment block of `envs`, each exactly as given (duplicates kept,
+    /// [`RawEnvProc`]), in task `task`'s container `container`.
+    pub fn start_with_raw_env(
+        task: &str,
+        container: &str,
+        envs: &[&[&str]],
+    ) -> Result<EcsTaskProcs, String> {
+        let raw = envs
+            .iter()
+            .map(|e| RawEnvProc::spawn("/bin/sleep", &["sleep", "1000000"], e))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("fork and execve /bin/sleep: {e}"))?;
+        Self::place_all(task, container, Sleepers(Vec::new()), raw)
     }
 
     /// `n` processes with the environment `env` in task `task`'s container `container`.
@@ -204,10 +383,26 @@ impl EcsTaskProcs {
         n: usize,
         env: &[(String, String)],
     ) -> Result<EcsTaskProcs, String> {
-        Self::place(task, container, Sleepers::start_with_env(n, env))
+        Self::place_all(
+            task,
+            container,
+            Sleepers::start_with_env(n, env),
+            Vec::new(),
+        )
     }
 
-    fn place(task: &str, container: &str, procs: Sleepers) -> Result<EcsTaskProcs, String> {
+    /// Places processes already started (named, or from their own executable) in task
+    /// `task`'s container `container`.
+    pub fn place(task: &str, container: &str, procs: Sleepers) -> Result<EcsTaskProcs, String> {
+        Self::place_all(task, container, procs, Vec::new())
+    }
+
+    fn place_all(
+        task: &str,
+        container: &str,
+        procs: Sleepers,
+        raw: Vec<RawEnvProc>,
+    ) -> Result<EcsTaskProcs, String> {
         let top = std::path::Path::new(PIDS_CGROUP).join("ecs");
         let task_dir = top.join(task);
         let dir = task_dir.join(container);
@@ -215,9 +410,10 @@ impl EcsTaskProcs {
             .map_err(|e| format!("cannot make the cgroup {}: {e}", dir.display()))?;
         let mut me = EcsTaskProcs {
             procs,
+            raw,
             dirs: vec![dir.clone(), task_dir],
         };
-        for pid in me.procs.pids() {
+        for pid in me.pids() {
             std::fs::write(dir.join("cgroup.procs"), pid.to_string())
                 .map_err(|e| format!("cannot move {pid} into {}: {e}", dir.display()))?;
         }
@@ -226,13 +422,16 @@ impl EcsTaskProcs {
     }
 
     pub fn pids(&self) -> Vec<u32> {
-        self.procs.pids()
+        let mut p = self.procs.pids();
+        p.extend(self.raw.iter().map(RawEnvProc::pid));
+        p
     }
 }
 
 impl Drop for EcsTaskProcs {
     fn drop(&mut self) {
         self.procs.stop();
+        self.raw.clear();
         // Innermost first; a cgroup still used by another test's task stays (rmdir fails).
         for d in &self.dirs {
             let _ = std::fs::remove_dir(d);

@@ -3,15 +3,20 @@
 //! that many programs share.
 //!
 //! Per rule and GPU the engine keeps, for each program and place, when it last faulted there
-//! (at most [`MAX_APP_PLACES`] pairs, the stalest dropped): a storm of one program's XIDs is
-//! one pair. Different programs faulting at one place are the GPU's: the fewest programs that
-//! could have caused the faults at that place (a fault the driver charged to the MPS server
-//! could be any client's of that moment) reaching `suspect.programs` takes its action. One
-//! program faulting again and again, at one place or many, on one GPU or many, is that
-//! program's: the node stays in service, and the incident names its task definition.
+//! (at most [`MAX_APP_PLACES`] pairs: a storm of one program's XIDs is one pair, and when the
+//! list is full the program holding the most pairs gives up its stalest, so no flood of one
+//! program's pairs evicts another program's). A program is an ECS task (its family, once
+//! the agent names it) or, for a process in no task, its host executable: never a pid and
+//! never a name the process chose. Different programs faulting at one place are the GPU's:
+//! the fewest programs that could have caused the faults at that place reaching
+//! `suspect.programs` takes its action. A fault the driver charged to the MPS server while
+//! several clients ran is nobody's: recorded, never counted. One program faulting again and
+//! again, at one place or many, on one GPU or many, is that program's: the node stays in
+//! service, and the incident names its task definition.
 //!
-//! An XID that says it follows from an earlier one ("previous Xid N", XID 45) joins the
-//! incident of that XID on the same GPU instead of standing alone ([`JOIN_WINDOW`]).
+//! Only XID 45 joins an earlier XID's incident, and only when the driver itself printed the
+//! cause (` caused by previous Xid N`, `model::driver_line`) and its rule takes no action
+//! ([`JOIN_WINDOW`]): a fatal XID always stands alone, whatever its text.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -155,8 +160,20 @@ fn fewest_programs(sets: &[Vec<String>]) -> Vec<String> {
 }
 
 impl Cx<'_> {
-    /// An XID that names an earlier one as its cause joins that XID's incident (true).
+    /// XID 45 naming its cause in the driver's own field joins that XID's incident (true).
+    /// No other code joins, and none whose rule acts: a fatal XID stands alone.
     pub(super) fn join_cause(&mut self, obs: &Observation) -> bool {
+        let Signal::Xid { code, .. } = obs.signal else {
+            return false;
+        };
+        if code != crate::model::driver_line::PREEMPTIVE_REMOVAL
+            || self
+                .policy
+                .rule_for(&obs.signal, obs.value)
+                .is_some_and(|r| r.action.acts())
+        {
+            return false;
+        }
         let Some(after) = obs.xid.as_ref().and_then(|x| x.after) else {
             return false;
         };
@@ -190,10 +207,10 @@ impl Cx<'_> {
             Some(c) => c.unit(),
             None => UNATTRIBUTED.to_string(),
         };
+        // A fault that could be any of several clients' names no program: never counted.
         let programs = match &culprit {
             Some(c) if c.is_attributed() => vec![c.program_key()],
-            Some(c) => c.candidates.iter().take(MAX_CANDIDATES).cloned().collect(),
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         let place = match rule.suspect.map(|s| s.at) {
             Some(Place::Gpu) | None => Some(gpu.clone()),
@@ -318,7 +335,12 @@ impl Cx<'_> {
         let at = match list.iter().position(|s| s.unit == unit && s.place == place) {
             Some(i) => i,
             None => {
-                // A new pair in a full list takes the place of the one seen longest ago.
+                // A new pair in a full list takes the place of the stalest pair of the unit
+                // holding the most: a flood of one unit's pairs evicts only its own.
+                let mut held: BTreeMap<String, usize> = BTreeMap::new();
+                for s in list.iter() {
+                    *held.entry(s.unit.clone()).or_default() += 1;
+                }
                 list.push_evicting_by(
                     AppSeen {
                         unit: unit.to_string(),
@@ -327,7 +349,12 @@ impl Cx<'_> {
                         last: now,
                         times: Sightings::default(),
                     },
-                    |s| s.last,
+                    |s| {
+                        (
+                            std::cmp::Reverse(held.get(&s.unit).copied().unwrap_or(0)),
+                            s.last,
+                        )
+                    },
                 );
                 list.len() - 1
             }
@@ -356,6 +383,8 @@ impl Cx<'_> {
             .iter()
             .filter(recent)
             .filter(|s| s.place.as_deref() == Some(place))
+            // A fault that could be any of several MPS clients' counts for no program.
+            .filter(|s| !s.unit.starts_with(MPS_CLIENTS))
             .map(|s| {
                 let only_here = at == Place::Location
                     && names_one(&s.unit)

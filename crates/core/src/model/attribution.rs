@@ -14,14 +14,16 @@ use serde::{Deserialize, Serialize};
 use super::bounds::{MAX_NAME, cut};
 
 /// What the probe learned of an XID beyond its code: who caused it, where it struck, and
-/// the earlier XID it says caused it (XID 45's "previous Xid").
+/// the earlier XID the driver says caused it (XID 45's own ` caused by previous Xid N`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XidContext {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub culprit: Option<Culprit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub site: Option<Site>,
-    /// The XID this one says it follows from ("... previous Xid 13 ...").
+    /// The XID the driver says this one follows from: only XID 45's trailing
+    /// ` caused by previous Xid N` (r570.123.01 and later, `model::driver_line`), never words
+    /// found elsewhere in the line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<u32>,
 }
@@ -56,13 +58,18 @@ pub enum Via {
 }
 
 /// The program an XID is charged to. The unit the policy counts is [`Culprit::unit`]: the
-/// ECS task when one is known, else the program's name (a new pid of the same program is the
-/// same program).
+/// ECS task when one is known, else the host executable (device and inode) of a process in no
+/// task; never the process's name, which the process chose (`program` is shown, not counted).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Culprit {
     /// The process name the driver printed (`name=`), else `/proc/<pid>/comm`; lossy UTF-8.
+    /// The process chose it: shown (escaped), never counted or compared.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub program: String,
+    /// The executable of a process in no ECS task, as the kernel knows the file
+    /// (`<device>:<inode> <path>`): the unit when there is no task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
     /// The ECS task: its ARN when the agent listed it, else its id from the cgroup.
@@ -89,6 +96,7 @@ impl Culprit {
         Culprit {
             program: program.into(),
             pid,
+            exe: None,
             task: None,
             definition: None,
             container: None,
@@ -98,16 +106,18 @@ impl Culprit {
         }
     }
 
-    /// The unit one program's faults are counted by: `task <arn>`, else `program <name>`,
-    /// else (an ambiguous MPS fault, an unnamed process) `unattributed`.
+    /// The unit one program's faults are counted by: `task <arn>`, else `executable
+    /// <dev:ino path>` of a process in no task, else (an ambiguous MPS fault, a process gone
+    /// before the kernel's facts about it could be read, a record older than the process now
+    /// on its pid) `unattributed`. Never the name the process gave itself.
     pub fn unit(&self) -> String {
         if self.via == Via::MpsAmbiguous {
             return UNATTRIBUTED.to_string();
         }
-        match (&self.task, self.program.is_empty()) {
+        match (&self.task, &self.exe) {
             (Some(t), _) => format!("task {t}"),
-            (None, false) => format!("program {}", self.program),
-            (None, true) => UNATTRIBUTED.to_string(),
+            (None, Some(e)) => format!("executable {e}"),
+            (None, None) => UNATTRIBUTED.to_string(),
         }
     }
 
@@ -161,7 +171,10 @@ impl Culprit {
             ),
             (Some(d), _) => format!("task definition {d}"),
             (None, _) if self.task.is_some() => "an ECS task".to_string(),
-            (None, _) => format!("program {}", self.program),
+            (None, _) => match &self.exe {
+                Some(e) => format!("executable {e}"),
+                None => format!("a process that called itself {:?}", self.program),
+            },
         };
         let via = match self.via {
             Via::Driver => "",
@@ -178,6 +191,7 @@ impl Culprit {
     fn bound(&mut self) {
         for s in [&mut self.program]
             .into_iter()
+            .chain(self.exe.as_mut())
             .chain(self.task.as_mut())
             .chain(self.definition.as_mut())
             .chain(self.container.as_mut())
@@ -323,30 +337,6 @@ fn mmu_site(text: &str) -> Option<Site> {
     Some(site)
 }
 
-/// The earlier XID a line says it follows from: `... previous Xid 13 ...`,
-/// `... (previous Xid: 31) ...`, `... caused by Xid 13`, `... due to Xid 31`; `None` when it
-/// names none.
-pub fn decode_after(text: &str) -> Option<u32> {
-    const CUES: [&str; 5] = [
-        "previous xid",
-        "caused by xid",
-        "due to xid",
-        "following xid",
-        "after xid",
-    ];
-    let lower = text.to_ascii_lowercase();
-    CUES.iter().find_map(|cue| {
-        let at = lower.find(cue)? + cue.len();
-        let digits: String = lower[at..]
-            .trim_start_matches([' ', ':', '#', '='])
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .take(10)
-            .collect();
-        digits.parse().ok()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,27 +391,12 @@ mod tests {
     }
 
     #[test]
-    fn previous_xid_is_read_in_its_spellings() {
-        assert_eq!(
-            decode_after("Ch 00000010, caused by previous Xid 13"),
-            Some(13)
-        );
-        assert_eq!(
-            decode_after("Preemptive cleanup (previous Xid: 31)"),
-            Some(31)
-        );
-        assert_eq!(
-            decode_after("Preemptive cleanup, due to previous errors"),
-            None
-        );
-        assert_eq!(decode_after("previous Xid 99999999999999999999"), None);
-    }
-
-    #[test]
-    fn units_are_the_task_then_the_program() {
+    fn units_are_the_task_then_the_executable_never_the_name() {
         let mut c = Culprit::program("python3", Some(4242));
-        assert_eq!(c.unit(), "program python3");
-        assert_eq!(c.program_key(), "program python3");
+        assert_eq!(c.unit(), UNATTRIBUTED, "a name alone names nobody");
+        c.exe = Some("fd00:1234 /usr/bin/python3".into());
+        assert_eq!(c.unit(), "executable fd00:1234 /usr/bin/python3");
+        assert_eq!(c.program_key(), "executable fd00:1234 /usr/bin/python3");
         c.task = Some("arn:aws:ecs:us-east-1:1:task/c/abc".into());
         c.definition = Some("train:3".into());
         assert_eq!(c.unit(), "task arn:aws:ecs:us-east-1:1:task/c/abc");

@@ -8,6 +8,7 @@ pub mod bounded;
 mod budget;
 pub mod cursor;
 pub mod diagnosis;
+pub mod driver_line;
 pub mod escape;
 pub mod gpu_view;
 pub mod links;

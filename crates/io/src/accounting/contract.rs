@@ -23,27 +23,41 @@ use crate::model::{GpuId, Observation, Signal};
 
 const MIB: u64 = 1 << 20;
 
-/// The pinned memory limit and thread percentage a client runs with, as its environment says.
+/// The pinned memory limit and thread percentage a client runs with, as its environment says
+/// and as CUDA reads it (the first entry of each variable; docs/mps.md#how-the-limits-are-read).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Limits {
-    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` as written (clipped), when set.
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` as written (escaped, clipped), when set.
     pub memory_text: Option<String>,
-    /// Its largest per-device limit in MiB, when it parses.
+    /// The limit on the client's GPU in MiB, when the value reads as one.
     pub memory_mib: Option<u64>,
-    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, when set and a number.
+    /// Why a set `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` is not read as a limit: it is counted as
+    /// none (how CUDA reads such a value is not documented, and none is the reading that
+    /// makes it a finding).
+    pub memory_unread: Option<String>,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` as written (escaped, clipped), when set.
+    pub threads_text: Option<String>,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, when set and a whole number from 1 to 100.
     pub threads: Option<u64>,
-    /// The environment is larger than the read cap and the memory limit was not in its
-    /// head: what is not known is not judged.
+    /// Why a set `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` is not read as a limit (counted as none).
+    pub threads_unread: Option<String>,
+    /// The environment is larger than the read cap: a variable not found in its head is not
+    /// known (the first entry, which CUDA reads, may lie past it); one found there is.
     pub truncated: bool,
     /// The environment could not be read (why), e.g. the process is gone.
     pub unreadable: Option<String>,
 }
 
 impl Limits {
-    /// What can be judged: false when the environment was unreadable, or cut short before
-    /// the memory limit was found.
+    /// Whether the memory limit can be judged: false when the environment was unreadable,
+    /// or cut short before the variable was found.
     pub fn known(&self) -> bool {
         self.unreadable.is_none() && !(self.truncated && self.memory_text.is_none())
+    }
+
+    /// Whether the thread percentage can be judged, likewise.
+    pub fn threads_known(&self) -> bool {
+        self.unreadable.is_none() && !(self.truncated && self.threads_text.is_none())
     }
 }
 
@@ -172,6 +186,7 @@ impl LimitWatch {
             let memory = verdict(c.limits.memory_mib, k.reserved_mib);
             let threads = k
                 .max_compute_percent
+                .filter(|_| c.limits.threads_known())
                 .and_then(|p| verdict(c.limits.threads, p));
             for (limit, why) in [("memory", memory), ("threads", threads)] {
                 if let Some(why) = why {
@@ -187,23 +202,37 @@ impl LimitWatch {
     }
 }
 
+/// How a client runs with a variable: unset, set, or set to what CUDA's reading of is not
+/// known (with why: counted as no limit).
+fn set_as(var: &str, text: Option<&str>, unread: Option<&str>) -> String {
+    match (text, unread) {
+        (None, _) => format!("no {var}"),
+        (Some(t), None) => format!("{var}={t}"),
+        (Some(t), Some(why)) => {
+            format!("{var}=\"{t}\" (unreadable: {why}; counted as no limit)")
+        }
+    }
+}
+
 fn observation(c: &ClientLimits, k: &Known<'_>, memory: bool, threads: bool) -> Observation {
     let mut parts = Vec::new();
     if memory {
-        let set = match &c.limits.memory_text {
-            Some(t) => format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={t}"),
-            None => "no CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
-        };
+        let set = set_as(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            c.limits.memory_text.as_deref(),
+            c.limits.memory_unread.as_deref(),
+        );
         parts.push(format!(
             "{set}, its container reserves {} MiB (sharingStrategy.nvidiaMps.memory)",
             k.reserved_mib
         ));
     }
     if threads {
-        let set = match c.limits.threads {
-            Some(t) => format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={t}"),
-            None => "no CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
-        };
+        let set = set_as(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            c.limits.threads_text.as_deref(),
+            c.limits.threads_unread.as_deref(),
+        );
         parts.push(format!(
             "{set}, its container's maxComputePercent is {}",
             k.max_compute_percent.unwrap_or(100)

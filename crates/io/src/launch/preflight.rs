@@ -10,7 +10,6 @@
 //! The one hardware case stays a policy decision: a library that loads and says the driver
 //! is not loaded passes here and is judged as `driver-not-loaded`.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -333,31 +332,7 @@ pub fn watchdog_from_env(usec: Option<&str>, pid: Option<&str>, me: u32) -> Opti
     (usec > 0).then(|| Duration::from_micros(usec))
 }
 
-/// Finds `p` like the kernel and the shell would (a bare name through `PATH`) and checks it is
-/// an executable file.
-pub fn executable(p: &Path) -> Result<PathBuf, String> {
-    let candidates: Vec<PathBuf> = if p.components().count() > 1 || p.is_absolute() {
-        vec![p.to_path_buf()]
-    } else {
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        std::env::split_paths(&path).map(|d| d.join(p)).collect()
-    };
-    let mut last = "not found in PATH".to_string();
-    for c in candidates {
-        match std::fs::metadata(&c) {
-            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(c),
-            Ok(m) if m.is_file() => last = format!("{} is not executable", c.display()),
-            Ok(_) => last = format!("{} is not a file", c.display()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if p.is_absolute() || p.components().count() > 1 {
-                    last = "does not exist".into();
-                }
-            }
-            Err(e) => last = format!("{}: {e}", c.display()),
-        }
-    }
-    Err(last)
-}
+pub use crate::sys::child::executable;
 
 /// The `[mps]` checks: NVIDIA's control binary, a pipe directory that is one, journalctl for
 /// journald logs and systemctl for `manage = "systemd"`.
@@ -572,7 +547,11 @@ mod tests {
             ),
         )
         .unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            &p,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+        )
+        .unwrap();
         p
     }
 

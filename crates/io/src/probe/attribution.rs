@@ -1,28 +1,35 @@
 //! Names the program behind an application-class XID (docs/attribution.md): the process the
-//! driver printed (`pid=`, `name=`), its ECS task through its cgroup and the ECS agent, or,
-//! when the driver names the MPS server, the GPU's client task at that moment. The place on
-//! the GPU and the XID it follows from are decoded from the same text
-//! (`model::attribution`).
+//! driver printed in its own `pid=` field, who that process is by the kernel's facts (its
+//! start time, executable, cgroup and parent: `sys::procfs`), its ECS task through its cgroup
+//! and the ECS agent, or, when the process is the MPS server, the GPU's client task at that
+//! moment. The place on the GPU is decoded from the driver's message; the cause is the
+//! driver's own field (`model::driver_line`).
+//!
+//! What a process says of itself decides nothing here: its name (the driver's `name=`, its
+//! `comm`, its `argv[0]`) is shown, never judged by. A process is the MPS server when it runs
+//! the installed server binary outside every container with the control daemon as parent
+//! (`probe::identity::mps_role`), whatever it calls itself. A record stamped before the
+//! process now on its pid started is not that process's (pids are reused): the poller's own
+//! table of the processes it saw on the GPUs (`tasks::SeenProcs`) names the one that was.
 //!
 //! Runs in the kernel log reader's thread, once per XID line, so everything is bounded and
-//! cached: one `stat` of `/proc/<pid>` per XID, the cgroup and `comm` read once per process
-//! (a new process on a reused pid has a new procfs inode and is read again), and the agent's
-//! task list asked at most every [`AGENT_REFRESH`] and only for a task it did not list before,
-//! with a short deadline: a storm of one task's XIDs costs one cgroup read and one agent call.
+//! cached: one `stat` of `/proc/<pid>` per XID, the cgroup, `comm`, start time and executable
+//! read once per process (a new process on a reused pid has a new procfs inode and is read
+//! again), and the agent's task list asked at most every [`AGENT_REFRESH`] and only for a
+//! task it did not list before, with a short deadline: a storm of one task's XIDs costs one
+//! cgroup read and one agent call.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::aws::agent::{Agent, AgentTask};
-use crate::model::attribution::{Culprit, Via, XidContext, decode_after, decode_site};
-use crate::probe::kmsg::KernelXid;
-use crate::probe::tasks::{Placement, name_tasks, placement_of};
-
-/// The process name the MPS server runs under, as the kernel keeps it (`comm`: the first 15
-/// bytes of `nvidia-cuda-mps-server`; the control daemon's is the same, and neither runs
-/// CUDA work of its own).
-pub const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
+use crate::model::attribution::{Culprit, Via, XidContext, decode_site};
+use crate::model::driver_line::KernelXid;
+use crate::mps::procs::Role;
+use crate::probe::identity::{Installed, mps_role};
+use crate::probe::tasks::{Placement, SeenProc, name_tasks, placement_of};
+use crate::sys::procfs;
 
 /// Least time between two questions to the ECS agent.
 pub const AGENT_REFRESH: Duration = Duration::from_secs(5);
@@ -35,20 +42,18 @@ const MAX_CACHED: usize = 4096;
 
 pub use crate::policy::xid_catalog::attributable;
 
-/// Whether an XID line may be charged through the GPU's MPS clients: an application-class XID
-/// whose line names the MPS server, or no process at all (then `/proc/<pid>/comm` may).
-pub fn may_name_the_server(x: &KernelXid) -> bool {
-    attributable(x.code)
-        && x.process
-            .as_deref()
-            .is_none_or(|p| p.starts_with(MPS_SERVER_COMM))
-}
-
 /// One process as read once.
+#[derive(Debug, Clone)]
 struct Process {
     /// `/proc/<pid>`'s inode and change time: another process on the same pid differs.
     id: (u64, i64),
-    comm: String,
+    comm: Vec<u8>,
+    /// Clock ticks after boot; None when `stat` could not be read.
+    start_ticks: Option<u64>,
+    /// What it is by the kernel's facts, when it is one of the MPS binaries.
+    mps: Option<Role>,
+    /// Its executable (`<device>:<inode> <path>`), for a process in no task.
+    exe: Option<String>,
     placement: Result<Placement, String>,
 }
 
@@ -56,6 +61,9 @@ struct Process {
 pub struct Attributor {
     proc_root: PathBuf,
     agent: Option<Agent>,
+    /// The installed programs' files: who the MPS server is.
+    installed: Installed,
+    ticks_per_second: u64,
     processes: HashMap<u32, Process>,
     tasks: HashMap<String, AgentTask>,
     asked: Option<Instant>,
@@ -64,12 +72,25 @@ pub struct Attributor {
     pub reads: u64,
 }
 
+/// Who held a pid when a record was written.
+enum Holder {
+    /// The process on the pid now, running since before the record.
+    Live(Process),
+    /// A process the poller saw there and that is gone since (or whose pid a newer one holds).
+    Seen(SeenProc),
+    /// Nobody known: gone before anything of it was read, or the pid's process now started
+    /// after the record (`why`).
+    Unknown(String),
+}
+
 impl Attributor {
     /// `agent_url`: the ECS agent's introspection API (None: tasks are named by id only).
     pub fn new(proc_root: &Path, agent_url: Option<&str>) -> Attributor {
         Attributor {
             proc_root: proc_root.to_path_buf(),
             agent: agent_url.map(|u| Agent::new(u).with_timeout(AGENT_DEADLINE)),
+            installed: Installed::none(),
+            ticks_per_second: procfs::ticks_per_second(),
             processes: HashMap::new(),
             tasks: HashMap::new(),
             asked: None,
@@ -78,64 +99,128 @@ impl Attributor {
         }
     }
 
+    /// Tells the MPS server by the installed files (without them no process is the server).
+    pub fn with_mps(mut self, installed: Installed) -> Attributor {
+        self.installed = installed;
+        self
+    }
+
+    /// The `comm` the kernel has for `pid` now, raw, when that process was already running at
+    /// `usec` (a record's stamp; unknown: any): the driver printed it in the record.
+    pub fn comm_before(&mut self, pid: u32, usec: Option<u64>) -> Option<Vec<u8>> {
+        let hz = self.ticks_per_second;
+        let p = self.process(pid)?;
+        let after = matches!((usec, p.start_ticks), (Some(u), Some(s)) if procfs::record_predates(u, s, hz));
+        (!after).then(|| p.comm.clone())
+    }
+
     /// What the XID line tells beyond its code. `clients`: the MPS client pids and their
-    /// task ids on the XID's GPU at the last poll.
+    /// task ids on the XID's GPU at the last poll; `seen`: what the poller saw last of the
+    /// line's pid.
     pub fn context(
         &mut self,
         x: &KernelXid,
         clients: Option<&(Vec<u32>, Vec<String>)>,
+        seen: Option<&SeenProc>,
     ) -> XidContext {
         let mut ctx = XidContext {
             culprit: None,
             site: decode_site(x.code, &x.text),
-            after: decode_after(&x.text),
+            after: x.cause,
         };
         if attributable(x.code) {
-            ctx.culprit = self.culprit(x, clients);
+            ctx.culprit = self.culprit(x, clients, seen);
         }
         ctx
+    }
+
+    /// Who held `pid` when the record stamped `usec` was written.
+    fn holder(&mut self, pid: u32, usec: Option<u64>, seen: Option<&SeenProc>) -> Holder {
+        let hz = self.ticks_per_second;
+        let predates = |start: u64| usec.is_some_and(|u| procfs::record_predates(u, start, hz));
+        let live = self.process(pid).cloned();
+        let reused = match &live {
+            Some(p) if !p.start_ticks.is_some_and(predates) => return Holder::Live(p.clone()),
+            Some(_) => true,
+            None => false,
+        };
+        let live_start = live.as_ref().and_then(|p| p.start_ticks);
+        match seen {
+            Some(s) if !predates(s.start_ticks) && live_start.is_none_or(|l| s.start_ticks < l) => {
+                Holder::Seen(s.clone())
+            }
+            _ if reused => Holder::Unknown(format!(
+                "pid {pid} belongs to a process that started after the record was written: the one that faulted exited and its pid was reused"
+            )),
+            _ => Holder::Unknown("exited before it could be looked up".into()),
+        }
     }
 
     fn culprit(
         &mut self,
         x: &KernelXid,
         clients: Option<&(Vec<u32>, Vec<String>)>,
+        seen: Option<&SeenProc>,
     ) -> Option<Culprit> {
+        // The driver's pid field, or nobody: a name alone names nobody.
+        let pid = x.pid?;
         let named = x.process.clone().unwrap_or_default();
-        let proc = x.pid.and_then(|p| {
-            self.process(p)
-                .map(|q| (q.comm.clone(), q.placement.clone()))
-        });
-        let comm = proc.as_ref().map(|(c, _)| c.as_str());
-        let is_server = named.starts_with(MPS_SERVER_COMM)
-            || (named.is_empty() && comm.is_some_and(|c| c.starts_with(MPS_SERVER_COMM)));
-        if is_server {
-            return Some(self.mps_client(clients));
-        }
-        if x.pid.is_none() && named.is_empty() {
-            return None;
-        }
-        let mut c = Culprit::program(
-            if named.is_empty() {
-                comm.unwrap_or("")
-            } else {
-                &named
-            },
-            x.pid,
-        );
-        match proc {
-            None => c.why = Some("exited before it could be looked up".into()),
-            // The kernel prints `comm` too: a different one is another program on a reused pid.
-            Some((comm, _)) if !named.is_empty() && !same_comm(&named, &comm) => {
-                c.why = Some(format!(
-                    "pid {} now runs {comm:?}: the process that faulted exited and its pid was reused",
-                    x.pid.unwrap_or(0)
-                ));
+        match self.holder(pid, x.usec, seen) {
+            Holder::Live(p) if p.mps.is_some() => Some(self.mps_client(clients)),
+            Holder::Live(p) => {
+                let shown = if named.is_empty() {
+                    String::from_utf8_lossy(&p.comm).into_owned()
+                } else {
+                    named.clone()
+                };
+                let mut c = Culprit::program(shown, Some(pid));
+                // Without a stamp a reused pid can only be told by the name the driver
+                // printed: when it is not this process's, nobody is charged.
+                if x.usec.is_none() && !named.is_empty() && !same_comm(named.as_bytes(), &p.comm) {
+                    c.why = Some(format!(
+                        "pid {pid} now runs {:?} and the record has no time stamp: the process that faulted may have exited and its pid been reused",
+                        String::from_utf8_lossy(&p.comm)
+                    ));
+                    return Some(c);
+                }
+                match p.placement {
+                    Ok(placement) => self.name_task(&mut c, pid, placement),
+                    Err(why) => {
+                        c.exe = p.exe;
+                        c.why = Some(why);
+                    }
+                }
+                Some(c)
             }
-            Some((_, Err(why))) => c.why = Some(why),
-            Some((_, Ok(p))) => self.name_task(&mut c, x.pid.unwrap_or(0), p),
+            Holder::Seen(s) => {
+                let shown = if named.is_empty() {
+                    String::from_utf8_lossy(&s.comm).into_owned()
+                } else {
+                    named.clone()
+                };
+                let mut c = Culprit::program(shown, Some(pid));
+                match s.placement {
+                    Some((task, container)) => {
+                        let placement = Placement {
+                            task_id: Some(task),
+                            container_id: container,
+                        };
+                        self.name_task(&mut c, pid, placement);
+                    }
+                    None => c.exe = s.exe,
+                }
+                c.why = Some(c.why.map_or_else(
+                    || "exited; as the GPU poll saw it".to_string(),
+                    |w| format!("exited; as the GPU poll saw it; {w}"),
+                ));
+                Some(c)
+            }
+            Holder::Unknown(why) => {
+                let mut c = Culprit::program(named, Some(pid));
+                c.why = Some(why);
+                Some(c)
+            }
         }
-        Some(c)
     }
 
     /// The driver named the MPS server: the GPU's client task, when it had one.
@@ -148,7 +233,7 @@ impl Attributor {
                 // The pids of that one task: the first one placed in it names the program.
                 let placed = pids.iter().find_map(|p| {
                     let q = self.process(*p)?;
-                    let comm = q.comm.clone();
+                    let comm = String::from_utf8_lossy(&q.comm).into_owned();
                     q.placement.clone().ok().map(|pl| (*p, comm, pl))
                 });
                 match placed {
@@ -162,10 +247,12 @@ impl Attributor {
             }
             ([], [pid]) => {
                 c.pid = Some(*pid);
-                c.program = self
-                    .process(*pid)
-                    .map(|q| q.comm.clone())
+                let q = self.process(*pid).cloned();
+                c.program = q
+                    .as_ref()
+                    .map(|q| String::from_utf8_lossy(&q.comm).into_owned())
                     .unwrap_or_default();
+                c.exe = q.and_then(|q| q.exe);
                 c.why = Some("not in an ECS task".into());
             }
             _ => {
@@ -243,25 +330,26 @@ impl Attributor {
 
     /// The process on `pid` now, read once per process; None when it is gone.
     fn process(&mut self, pid: u32) -> Option<&Process> {
-        let dir = self.proc_root.join(pid.to_string());
         let id = crate::probe::tasks::proc_identity(&self.proc_root, pid)?;
         if self.processes.get(&pid).is_none_or(|p| p.id != id) {
             if self.processes.len() >= MAX_CACHED {
                 self.processes.clear();
             }
             self.reads += 1;
-            let comm = crate::sys::limits::read_pseudo(&dir.join("comm"), 256, "a process name")
-                .map(|t| t.trim_end_matches('\n').to_string())
-                .unwrap_or_default();
             let placement = placement_of(&self.proc_root, pid);
-            self.processes.insert(
-                pid,
-                Process {
-                    id,
-                    comm,
-                    placement,
-                },
-            );
+            let exe = placement
+                .is_err()
+                .then(|| crate::probe::tasks::exe_unit(&self.proc_root, pid))
+                .flatten();
+            let p = Process {
+                id,
+                comm: crate::probe::tasks::comm_bytes(&self.proc_root, pid).unwrap_or_default(),
+                start_ticks: procfs::stat(&self.proc_root, pid).map(|s| s.start_ticks),
+                mps: mps_role(&self.proc_root, pid, &self.installed),
+                exe,
+                placement,
+            };
+            self.processes.insert(pid, p);
         }
         self.processes.get(&pid)
     }
@@ -269,9 +357,11 @@ impl Attributor {
 
 /// Whether the driver's `name=` and `/proc/<pid>/comm` are one name (the kernel keeps 15
 /// bytes; the driver may print fewer, a U+FFFD where a byte was not UTF-8).
-fn same_comm(printed: &str, comm: &str) -> bool {
-    let a: Vec<char> = printed.chars().take(15).collect();
-    let b: Vec<char> = comm.chars().take(15).collect();
+fn same_comm(printed: &[u8], comm: &[u8]) -> bool {
+    let a = String::from_utf8_lossy(printed);
+    let b = String::from_utf8_lossy(comm);
+    let a: Vec<char> = a.chars().take(15).collect();
+    let b: Vec<char> = b.chars().take(15).collect();
     a == b || (!a.is_empty() && b.starts_with(&a)) || (!b.is_empty() && a.starts_with(&b))
 }
 
@@ -279,38 +369,63 @@ fn same_comm(printed: &str, comm: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn proc_with(dir: &Path, pid: u32, comm: &str, cgroup: &str) {
-        std::fs::create_dir_all(dir.join(pid.to_string())).unwrap();
-        std::fs::write(dir.join(format!("{pid}/comm")), format!("{comm}\n")).unwrap();
-        std::fs::write(dir.join(format!("{pid}/cgroup")), cgroup).unwrap();
+    /// A fake `/proc/<pid>` with `comm`, `cgroup`, a `stat` (parent, start tick) and `exe`
+    /// pointing at `exe`.
+    fn proc_with(
+        dir: &Path,
+        pid: u32,
+        comm: &str,
+        cgroup: &str,
+        parent: u32,
+        start: u64,
+        exe: &Path,
+    ) {
+        let d = dir.join(pid.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("comm"), format!("{comm}\n")).unwrap();
+        std::fs::write(d.join("cgroup"), cgroup).unwrap();
+        std::fs::write(
+            d.join("stat"),
+            format!("{pid} ({comm}) S {parent} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 1000 10\n"),
+        )
+        .unwrap();
+        let _ = std::fs::remove_file(d.join("exe"));
+        std::os::unix::fs::symlink(exe, d.join("exe")).unwrap();
     }
 
-    fn xid(code: u32, pid: Option<u32>, name: Option<&str>, text: &str) -> KernelXid {
-        KernelXid {
-            seq: 0,
-            pci: "0000:3b:00".into(),
-            code,
-            pid,
-            process: name.map(str::to_string),
-            text: text.into(),
-        }
+    /// A record stamped `secs` after boot, by the driver's format.
+    fn xid(code: u32, pid: u32, name: &str, text: &str, secs: u64) -> KernelXid {
+        crate::probe::kmsg::parse_line(&format!(
+            "4,1,{},-;NVRM: Xid (PCI:0000:3b:00): {code}, pid={pid}, name={name}, {text}",
+            secs * 1_000_000
+        ))
+        .unwrap()
     }
 
     const V2: &str = "0::/ecstasks.slice/ecstasks-abc123.slice/docker-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n";
+    const HOST: &str = "0::/system.slice/nvidia-mps.service\n";
+
+    fn file(dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, name).unwrap();
+        p
+    }
 
     #[test]
     fn a_process_in_a_task_is_charged_to_its_task_and_read_once() {
         let dir = tempfile::tempdir().unwrap();
-        proc_with(dir.path(), 4242, "python3", V2);
+        let bin = file(dir.path(), "python3");
+        proc_with(dir.path(), 4242, "python3", V2, 1, 100, &bin);
         let mut a = Attributor::new(dir.path(), None);
         let x = xid(
             13,
-            Some(4242),
-            Some("python3"),
+            4242,
+            "python3",
             "Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Illegal Instruction Encoding",
+            60,
         );
         for _ in 0..100 {
-            let ctx = a.context(&x, None);
+            let ctx = a.context(&x, None, None);
             let c = ctx.culprit.unwrap();
             assert_eq!(c.task.as_deref(), Some("abc123"));
             assert_eq!(c.unit(), "task abc123");
@@ -320,55 +435,118 @@ mod tests {
     }
 
     #[test]
-    fn a_gone_or_reused_pid_leaves_the_program_as_the_unit() {
+    fn a_gone_or_reused_pid_charges_nobody_by_its_name() {
         let dir = tempfile::tempdir().unwrap();
         let mut a = Attributor::new(dir.path(), None);
         let c = a
-            .context(&xid(31, Some(7), Some("python3"), ""), None)
+            .context(&xid(31, 7, "python3", "", 60), None, None)
             .culprit
             .unwrap();
-        assert_eq!(c.unit(), "program python3");
+        assert!(!c.is_attributed(), "{c:?}");
         assert!(c.why.unwrap().contains("exited"));
-        proc_with(dir.path(), 8, "nginx", V2);
+        // A process that started (at 100 s) after the record (at 60 s) holds the pid now.
+        let bin = file(dir.path(), "nginx");
+        proc_with(dir.path(), 8, "python3", V2, 1, 10_000, &bin);
         let c = a
-            .context(&xid(31, Some(8), Some("python3"), ""), None)
+            .context(&xid(31, 8, "python3", "", 60), None, None)
             .culprit
             .unwrap();
-        assert_eq!(
-            c.unit(),
-            "program python3",
-            "the pid belongs to another program now"
+        assert!(
+            !c.is_attributed(),
+            "a name equal to the faulting one changes nothing: {c:?}"
         );
         assert!(c.why.unwrap().contains("reused"));
-        // A name with bytes that were not UTF-8 (read lossily) is still one program.
+        // What the poller saw on that pid before is charged.
+        let seen = SeenProc::for_test(500, Some(("def456", None)), None, b"python3");
         let c = a
-            .context(&xid(13, Some(9), Some("tr\u{fffd}in"), ""), None)
+            .context(&xid(31, 8, "python3", "", 60), None, Some(&seen))
             .culprit
             .unwrap();
-        assert_eq!(c.unit(), "program tr\u{fffd}in");
+        assert_eq!(c.unit(), "task def456", "{c:?}");
+        // But not a seen process that started after the record either.
+        let late = SeenProc::for_test(7_000, Some(("def456", None)), None, b"python3");
+        let c = a
+            .context(&xid(31, 9, "python3", "", 60), None, Some(&late))
+            .culprit
+            .unwrap();
+        assert!(!c.is_attributed(), "{c:?}");
     }
 
     #[test]
-    fn the_mps_server_is_charged_to_the_gpus_only_client_task_or_no_one() {
+    fn a_process_in_no_task_is_its_executable_not_its_name() {
         let dir = tempfile::tempdir().unwrap();
-        proc_with(dir.path(), 500, "worker", V2);
+        let (one, two) = (file(dir.path(), "a.out"), file(dir.path(), "b.out"));
+        proc_with(dir.path(), 10, "same-name", HOST, 1, 100, &one);
+        proc_with(dir.path(), 11, "same-name", HOST, 1, 100, &two);
+        proc_with(dir.path(), 12, "other-name", HOST, 1, 100, &one);
         let mut a = Attributor::new(dir.path(), None);
-        let x = xid(
-            31,
-            Some(100),
-            Some("nvidia-cuda-mps"),
-            "MMU Fault: ENGINE GRAPHICS GPC3 GPCCLIENT_T1_0 faulted @ 0x1000",
+        let unit = |a: &mut Attributor, pid, name| {
+            a.context(&xid(13, pid, name, "x", 60), None, None)
+                .culprit
+                .unwrap()
+                .unit()
+        };
+        let (u10, u11, u12) = (
+            unit(&mut a, 10, "same-name"),
+            unit(&mut a, 11, "same-name"),
+            unit(&mut a, 12, "other-name"),
         );
+        assert!(u10.starts_with("executable "), "{u10}");
+        assert_ne!(u10, u11, "one name, two executables: two programs");
+        assert_eq!(u10, u12, "two names, one executable: one program");
+    }
+
+    #[test]
+    fn the_mps_server_is_known_by_its_executable_and_parent_not_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let (control, server, tenant) = (
+            file(dir.path(), "nvidia-cuda-mps-control"),
+            file(dir.path(), "nvidia-cuda-mps-server"),
+            file(dir.path(), "python3"),
+        );
+        let binaries = Installed::new(vec![
+            (crate::probe::identity::MPS_CONTROL, vec![control.clone()]),
+            (crate::probe::identity::MPS_SERVER, vec![server.clone()]),
+        ]);
+        proc_with(dir.path(), 90, "nvidia-cuda-mps", HOST, 1, 10, &control);
+        proc_with(dir.path(), 100, "nvidia-cuda-mps", HOST, 90, 20, &server);
+        proc_with(dir.path(), 500, "worker", V2, 1, 100, &tenant);
+        // A tenant calling itself the server, in its task.
+        let mut v2b = V2.replace("abc123", "bad999");
+        v2b.push('\n');
+        proc_with(dir.path(), 600, "nvidia-cuda-mps", &v2b, 1, 100, &tenant);
+        // A tenant running the real server binary (bind-mounted into its container).
+        proc_with(dir.path(), 700, "nvidia-cuda-mps", &v2b, 1, 100, &server);
+        let mut a = Attributor::new(dir.path(), None).with_mps(binaries);
+        let mmu = "MMU Fault: ENGINE GRAPHICS GPC3 GPCCLIENT_T1_0 faulted @ 0x1000";
         let one = (vec![500], vec!["abc123".to_string()]);
-        let c = a.context(&x, Some(&one)).culprit.unwrap();
+        let c = a
+            .context(&xid(31, 100, "nvidia-cuda-mps", mmu, 60), Some(&one), None)
+            .culprit
+            .unwrap();
         assert_eq!(c.via, Via::MpsClient);
         assert_eq!(c.unit(), "task abc123");
         assert_eq!(c.pid, Some(500));
+        for pid in [600, 700] {
+            let c = a
+                .context(&xid(31, pid, "nvidia-cuda-mps", mmu, 60), Some(&one), None)
+                .culprit
+                .unwrap();
+            assert_eq!(c.via, Via::Driver, "pid {pid}: {c:?}");
+            assert_eq!(
+                c.unit(),
+                "task bad999",
+                "charged to itself, never the client"
+            );
+        }
         let two = (
             vec![500, 501],
             vec!["abc123".to_string(), "def456".to_string()],
         );
-        let c = a.context(&x, Some(&two)).culprit.unwrap();
+        let c = a
+            .context(&xid(31, 100, "anything", mmu, 60), Some(&two), None)
+            .culprit
+            .unwrap();
         assert_eq!(c.via, Via::MpsAmbiguous);
         assert!(!c.is_attributed());
         assert_eq!(c.candidates.len(), 2);
@@ -384,9 +562,15 @@ mod tests {
         }
         let mut a = Attributor::new(Path::new("/nonexistent"), None);
         assert!(
-            a.context(&xid(79, Some(1), Some("x"), ""), None)
+            a.context(&xid(79, 1, "x", "", 60), None, None)
                 .culprit
                 .is_none()
         );
+        // No pid printed: nobody, whatever the name.
+        let x = crate::probe::kmsg::parse_line(
+            "4,1,5,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception: ESR 0x1",
+        )
+        .unwrap();
+        assert!(a.context(&x, None, None).culprit.is_none());
     }
 }

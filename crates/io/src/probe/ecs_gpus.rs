@@ -277,11 +277,21 @@ fn cap_list(items: &[String]) -> String {
     s
 }
 
-/// Sets the expected GPU count: the instance type's (the hardware's), else ECS's registered
+/// Sets the GPUs ECS gave whole to one container ([`ExpectedGpus::dedicated`]) and the
+/// expected GPU count: the instance type's (the hardware's), else ECS's registered
 /// GPUs when that is a count some instance could have; and the instance type's apart, which a
 /// set `[nvml] expected_gpus` is checked against. ECS's count never overrides the type's: an
 /// orchestrator's registration is not the hardware.
 fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type: Option<&str>) {
+    if let Some(r) = read {
+        expected.set_dedicated(
+            r.devices
+                .iter()
+                .filter(|d| d.sharing_mode.as_deref() == Some("DEDICATED"))
+                .map(|d| d.id.clone())
+                .collect(),
+        );
+    }
     let by_type = learn_type_count(expected, instance_type);
     let ecs = read.map(EcsRead::count).filter(|n| *n > 0);
     match (by_type, ecs) {
@@ -865,6 +875,27 @@ mod tests {
     fn an_instance_ecs_lists_no_gpu_for_is_not_compared() {
         let v = nvml(&[(0, "GPU-a", false, None)], 1);
         assert!(compare(&EcsRead::default(), &v, None).0.is_empty());
+    }
+
+    #[test]
+    fn the_gpus_ecs_dedicates_to_one_container_are_learnt_and_a_failed_read_keeps_them() {
+        let e = ExpectedGpus::new();
+        let mut dedicated = mps("GPU-b", 0, 1);
+        dedicated.sharing_mode = Some("DEDICATED".into());
+        let read = EcsRead {
+            devices: vec![mps("GPU-a", 1024, 1), dedicated],
+            ..EcsRead::default()
+        };
+        learn_expected(&e, Some(&read), None);
+        assert_eq!(e.dedicated(), ["GPU-b".to_string()].into());
+        learn_expected(&e, None, None);
+        assert_eq!(
+            e.dedicated(),
+            ["GPU-b".to_string()].into(),
+            "not read: kept"
+        );
+        learn_expected(&e, Some(&EcsRead::default()), None);
+        assert!(e.dedicated().is_empty());
     }
 
     #[test]

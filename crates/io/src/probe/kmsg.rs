@@ -24,7 +24,7 @@
 //! ([`decode_xid`]): the NVLink5 XIDs 144-150 by the error status in their text (NVIDIA's
 //! decode sheet, `docs/xid-nvlink5-decode.csv`), XID 159 by whether the UVM driver is in use.
 //! NVML's XID event carries only the code, so the event watcher holds an NVLink5 XID for up to
-//! [`TEXT_WAIT`] until this reader brings its line.
+//! [`super::nvml::poll::TEXT_WAIT`] until this reader brings its line.
 
 use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
@@ -34,19 +34,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::kernel_record::{DriverLine, driver_message};
+pub use super::kernel_record::{check_path, kernel_message};
 use crate::model::cursor::{Resume, StreamId};
-use crate::model::{Observation, Signal, XidDecode};
-use crate::policy::xid_catalog;
+pub use crate::model::driver_line::KernelXid;
+use crate::model::{Observation, Signal, XidDecode, driver_line};
+use crate::policy::xid_catalog::{self, attributable};
 use crate::probe::nvml::poll::{SharedState, lock};
-
-/// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
-/// the line when it raises the event; a reader that is running sees it within milliseconds.
-pub const TEXT_WAIT: Duration = Duration::from_secs(2);
-
-/// How long the event watcher holds such an XID while the configured reader has not started
-/// yet (it starts after NVML's first poll): on a loaded node that may take seconds, and an XID
-/// judged without its text is judged wrong.
-pub const START_WAIT: Duration = Duration::from_secs(30);
 
 /// The UVM driver's module reference count: every CUDA process holds `/dev/nvidia-uvm` open,
 /// so a count above zero means UVM is in use (CHECK_UVM of XID 159).
@@ -61,7 +55,7 @@ pub fn needs_text(code: u32) -> bool {
 /// text ([`needs_text`]), or it is charged to the program the line names
 /// (`probe::attribution`, docs/attribution.md).
 pub fn held_for_text(code: u32) -> bool {
-    needs_text(code) || crate::probe::attribution::attributable(code)
+    needs_text(code) || attributable(code)
 }
 
 /// The decode of an XID whose catalog action depends on more than its code, with an
@@ -114,196 +108,41 @@ pub fn decode_xid(
     (None, None)
 }
 
-/// One parsed `NVRM: Xid` line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelXid {
-    /// Sequence number of the kmsg record (0 for plain text lines).
-    pub seq: u64,
-    /// PCI address as the driver prints it, e.g. `0000:3b:00`.
-    pub pci: String,
-    pub code: u32,
-    pub pid: Option<u32>,
-    pub process: Option<String>,
-    pub text: String,
-}
-
-impl KernelXid {
-    /// The XID as an observation: decoded from its text where its verdict depends on it
-    /// ([`decode_xid`]), `detail` plus why it was decoded so, the process as its pid.
-    pub fn observation(&self, detail: String) -> Observation {
-        let (decode, why) = decode_xid(self.code, Some(&self.text), Path::new(UVM_REFCNT));
-        let detail = match why {
-            Some(why) => format!("{detail}; {why}"),
-            None => detail,
-        };
-        let obs = Observation::new(Signal::Xid {
-            code: self.code,
-            decode,
-        })
-        .with_detail(detail);
-        match self.pid {
-            Some(pid) => obs.with_pids(vec![pid]),
-            None => obs,
-        }
+/// The XID as an observation: decoded from its text where its verdict depends on it
+/// ([`decode_xid`]), `detail` plus why it was decoded so, the process as its pid.
+pub fn observation(x: &KernelXid, detail: String) -> Observation {
+    let (decode, why) = decode_xid(x.code, Some(&x.text), Path::new(UVM_REFCNT));
+    let detail = match why {
+        Some(why) => format!("{detail}; {why}"),
+        None => detail,
+    };
+    let obs = Observation::new(Signal::Xid {
+        code: x.code,
+        decode,
+    })
+    .with_detail(detail);
+    match x.pid {
+        Some(pid) => obs.with_pids(vec![pid]),
+        None => obs,
     }
 }
 
-/// What the driver's XID line begins with. The address that follows is `PCI:0000:3b:00` in
-/// the drivers of the last decade and a bare `0000:3b:00` in older ones; both are read.
-const XID_PREFIX: &str = "NVRM: Xid (";
-
-/// What the NVSwitch driver's lines begin with (`nvidia-nvswitch3: SXid (PCI:...`), before
-/// the switch's number.
-pub(crate) const NVSWITCH_PREFIX: &str = "nvidia-nvswitch";
-
-/// A kmsg record's priority, sequence number and message: `None` unless the line starts with
-/// a header of decimal fields (`prio,seq,usec,flags[,...];`).
-fn record_header(line: &str) -> Option<(u64, u64, &str)> {
-    let (header, msg) = line.split_once(';')?;
-    let mut fields = header.split(',');
-    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
-    let (prio, seq, usec) = (fields.next()?, fields.next()?, fields.next()?);
-    if !(digits(prio) && digits(seq) && digits(usec)) {
-        return None;
-    }
-    Some((prio.parse().ok()?, seq.parse().unwrap_or(0), msg))
-}
-
-/// A syslog time stamp at the start of `line` (`Dec  3 12:00:00` or an RFC 3339 one such as
-/// `2026-12-03T12:00:00.123456+00:00`); what follows it.
-fn syslog_stamp(line: &str) -> Option<&str> {
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let b = line.as_bytes();
-    if b.len() > 16
-        && MONTHS.iter().any(|m| line.starts_with(m))
-        && b[3] == b' '
-        && (b[4] == b' ' || b[4].is_ascii_digit())
-        && b[5].is_ascii_digit()
-        && b[6] == b' '
-        && b[7].is_ascii_digit()
-        && b[8].is_ascii_digit()
-        && b[9] == b':'
-        && b[12] == b':'
-        && b[15] == b' '
-    {
-        return line.get(16..);
-    }
-    if b.len() > 20
-        && b[..4].iter().all(u8::is_ascii_digit)
-        && b[4] == b'-'
-        && b[7] == b'-'
-        && b[10] == b'T'
-    {
-        let (_, rest) = line.split_once(' ')?;
-        return Some(rest);
-    }
-    None
-}
-
-/// Strips a leading `[  12.345678]` (the kernel's time stamp as dmesg and syslog print it).
-fn strip_kernel_time(msg: &str) -> &str {
-    match msg.strip_prefix('[').and_then(|r| r.split_once(']')) {
-        Some((_, rest)) => rest.trim_start(),
-        None => msg,
-    }
-}
-
-/// The message of a kernel log line the kernel itself logged, with its sequence number: a
-/// `/dev/kmsg` record at kernel facility (priority 0 to 7: what a process writes to
-/// `/dev/kmsg` is at user facility or another it names, never the kernel's, see the kernel's
-/// `devkmsg_write`), a syslog line (`kern.log`, `messages`, `journalctl -k`) whose tag is
-/// `kernel:`, or a plain dmesg line; after the kernel's time stamp, if any. `None` for a
-/// record of any other facility or a syslog line with another tag: a driver's text there was
-/// written by someone else.
-pub fn kernel_message(line: &str) -> Option<(u64, &str)> {
-    if let Some((prio, seq, msg)) = record_header(line) {
-        return (prio < 8).then_some((seq, msg));
-    }
-    if let Some(rest) = syslog_stamp(line) {
-        let (_host, rest) = rest.trim_start().split_once(' ')?;
-        let msg = rest.strip_prefix("kernel:")?;
-        return Some((0, strip_kernel_time(msg.trim_start())));
-    }
-    Some((0, strip_kernel_time(line)))
-}
-
-/// Which of the NVIDIA drivers' lines a kernel message is, by how it begins: only the
-/// driver's own message begins with its prefix (a message that quotes the driver's text
-/// elsewhere, an audit or AppArmor record naming a file, a USB device's product string, is
-/// someone else's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DriverLine {
-    Xid,
-    Sxid,
-}
-
-/// The driver line a log line carries, with its sequence number and message: `None` unless
-/// the kernel logged it ([`kernel_message`]) and its message begins with the driver's prefix.
-pub(crate) fn driver_message(line: &str) -> Option<(u64, &str, DriverLine)> {
-    let (seq, msg) = kernel_message(line)?;
-    if msg.starts_with(XID_PREFIX) {
-        return Some((seq, msg, DriverLine::Xid));
-    }
-    let rest = msg.strip_prefix(NVSWITCH_PREFIX)?;
-    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
-    rest.starts_with(": SXid (")
-        .then_some((seq, msg, DriverLine::Sxid))
-}
-
-/// The address, code and the rest of an XID message (`NVRM: Xid (PCI:0000:3b:00): 79, ...`
-/// or the older `NVRM: Xid (0000:3b:00): 79, ...`).
-fn xid_fields(message: &str) -> Option<(&str, u32, &str)> {
-    let rest = message.strip_prefix(XID_PREFIX)?;
-    let rest = rest.strip_prefix("PCI:").unwrap_or(rest);
-    let (pci, rest) = rest.split_once("):")?;
-    if pci.is_empty()
-        || !pci
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-    {
-        return None;
-    }
-    let mut fields = rest.splitn(2, ',');
-    let code: u32 = fields.next()?.trim().parse().ok()?;
-    Some((pci, code, fields.next().unwrap_or("")))
-}
-
-/// Parses one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line:
-/// `None` unless it is the driver's own XID line ([`driver_message`]).
+/// Reads one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line by
+/// the driver's formats: `None` unless it is the driver's own XID line ([`driver_message`]).
+/// Nothing is known of the process: where the name holds `, `, the message is only its
+/// certain end ([`parse_line_with`] takes the process's comm).
 pub fn parse_line(line: &str) -> Option<KernelXid> {
-    let (seq, message, DriverLine::Xid) = driver_message(line)? else {
+    parse_line_with(line, &|_| None)
+}
+
+/// [`parse_line`] with `comm_of(pid)`: the comm the kernel has for a pid (raw bytes) where
+/// the process lives, for an exact split of its name.
+pub fn parse_line_with(line: &str, comm_of: &dyn Fn(u32) -> Option<Vec<u8>>) -> Option<KernelXid> {
+    let (seq, usec, message, DriverLine::Xid) = driver_message(line)? else {
         return None;
     };
-    let (pci, code, rest) = xid_fields(message)?;
-    let mut rest = rest.trim_start();
-    let mut pid = None;
-    let mut process = None;
-    loop {
-        if let Some(r) = rest.strip_prefix("pid=") {
-            let (v, tail) = r.split_once(',').unwrap_or((r, ""));
-            pid = v.trim().trim_matches('\'').parse().ok();
-            rest = tail.trim_start();
-        } else if let Some(r) = rest.strip_prefix("name=") {
-            let (v, tail) = r.split_once(',').unwrap_or((r, ""));
-            let v = v.trim();
-            if !v.is_empty() && v != "<unknown>" {
-                process = Some(v.to_string());
-            }
-            rest = tail.trim_start();
-        } else {
-            break;
-        }
-    }
-    Some(KernelXid {
-        seq,
-        pci: pci.trim().to_string(),
-        code,
-        pid,
-        process,
-        text: rest.trim().to_string(),
-    })
+    let f = driver_line::parse(message, comm_of)?;
+    (!f.is_sxid()).then(|| KernelXid::of(seq, usec, f))
 }
 
 /// Whether the driver's `0000:3b:00` names the same device as NVML's `00000000:3B:00.0`.
@@ -339,22 +178,6 @@ pub struct KmsgReader {
 
 /// At most this many dropped duplicates are remembered across a restart.
 const MAX_SKIPPED: usize = 256;
-
-/// Whether `path` can be the kernel log: the kernel log device (`/dev/kmsg`, character
-/// device 1:11) or a regular file (a copied log, tests). Anything else (a FIFO, a socket, a
-/// directory, another character device such as `/dev/zero` or `/dev/urandom`, which never
-/// end) is refused with the reason; a missing path is accepted (the reader warns and XIDs
-/// come from NVML events).
-pub fn check_path(path: &Path) -> Result<(), String> {
-    crate::sys::limits::check_path_kind(path, crate::sys::limits::Kind::RegularOrKmsg).map_err(
-        |why| {
-            format!(
-                "[nvml] kmsg {} {why}: give the kernel log device (/dev/kmsg) or a regular file, or \"\" to turn it off",
-                path.display()
-            )
-        },
-    )
-}
 
 /// A line's position in its stream, for the cursor. In a regular file it is the line's end
 /// offset, whatever the line says (a sequence number written in a file is text, not the
@@ -512,20 +335,28 @@ struct Record {
 /// SXid line, the signal it carries (for its urgency). `None` for every other line, and for
 /// exactly the lines [`parse_line`] and [`super::sxid::parse_line`] refuse.
 fn glance(line: &str) -> Option<(u64, Signal)> {
-    let (seq, message, kind) = driver_message(line)?;
+    let (seq, _, message, kind) = driver_message(line)?;
     if kind == DriverLine::Sxid {
         let sx = super::sxid::parse_line(line)?;
         return Some((seq, sx.observation().signal));
     }
-    let (_, code, _) = xid_fields(message)?;
-    // Only the XIDs whose verdict depends on their text are parsed whole now.
-    let decode = if needs_text(code) || code == xid_catalog::CHECK_UVM_XID {
-        let x = parse_line(line)?;
-        decode_xid(code, Some(&x.text), Path::new(UVM_REFCNT)).0
+    let f = driver_line::parse(message, &|_| None)?;
+    if f.is_sxid() {
+        return None;
+    }
+    // Only the XIDs whose verdict depends on their text are decoded now.
+    let decode = if needs_text(f.code) || f.code == xid_catalog::CHECK_UVM_XID {
+        decode_xid(f.code, Some(f.message.text()), Path::new(UVM_REFCNT)).0
     } else {
         None
     };
-    Some((seq, Signal::Xid { code, decode }))
+    Some((
+        seq,
+        Signal::Xid {
+            code: f.code,
+            decode,
+        },
+    ))
 }
 
 /// The records read and not yet handed over: the fatal ones (by the running policy) apart,
@@ -994,7 +825,12 @@ impl KmsgReader {
             obs.cursor = cursor;
             return Some(obs);
         }
-        let x = parse_line(&r.line)?;
+        // The name is split at the comm the kernel has for the pid, when that process was
+        // already running when the record was written.
+        let usec = driver_message(&r.line).and_then(|(_, u, _, _)| u);
+        let x = parse_line_with(&r.line, &|pid| {
+            self.attributor.borrow_mut().comm_before(pid, usec)
+        })?;
         let index = {
             let s = lock(&self.shared);
             s.gpus
@@ -1022,12 +858,19 @@ impl KmsgReader {
             Some(p) => format!("{} (process {p})", x.text),
             None => x.text.clone(),
         };
-        // The GPU's MPS clients matter only where the line may name the MPS server.
-        let clients = crate::probe::attribution::may_name_the_server(&x)
-            .then(|| lock(&self.shared).clients.get(&index).cloned())
-            .flatten();
-        let ctx = self.attributor.borrow_mut().context(&x, clients.as_ref());
-        let obs = x.observation(detail).with_xid(ctx);
+        // What the poller knows of the GPU's MPS clients and of the processes it saw.
+        let (clients, seen) = {
+            let s = lock(&self.shared);
+            let clients = attributable(x.code)
+                .then(|| s.clients.get(&index).cloned())
+                .flatten();
+            (clients, x.pid.and_then(|p| s.seen.get(p)))
+        };
+        let ctx = self
+            .attributor
+            .borrow_mut()
+            .context(&x, clients.as_ref(), seen.as_ref());
+        let obs = observation(&x, detail).with_xid(ctx);
         let mut obs = lock(&self.shared).annotate(obs, index);
         obs.source = "kmsg".into();
         obs.cursor = cursor;

@@ -4,7 +4,8 @@
 //!
 //! - [`nvml`]: the GPUs (events and counters).
 //! - [`mps`]: the MPS control daemon (control pipe probe, process identity, log tail).
-//! - [`tasks`]: which ECS task a process belongs to.
+//! - [`tasks`]: which ECS task a process belongs to; [`identity`]: whether a process is one of
+//!   the installed programs that hold a GPU outside MPS by design, by its executable as a file.
 //! - [`lifecycle`]: Auto Scaling's target lifecycle state (IMDS), for termination.
 //! - [`node`]: the ECS agent answering, and space for the journal.
 //! - [`ecs_gpus`]: ECS's view of the GPUs (`gpuDevices`) against NVML's, and the ECS agent's
@@ -17,6 +18,8 @@ pub mod attribution;
 pub mod ecs_gpus;
 pub mod efa;
 pub mod fabric_manager;
+pub mod identity;
+pub mod kernel_record;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod mps;
@@ -183,7 +186,9 @@ pub fn snapshot_probes(
 ) -> Vec<Box<dyn Snapshot>> {
     let mut out: Vec<Box<dyn Snapshot>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut p = nvml::NvmlSnapshot::new(cfg.nvml.clone()).with_links(cfg.links.clone());
+        let installed = identity::Installed::from_config(&cfg.mps, &cfg.diagnose);
+        let mut p =
+            nvml::NvmlSnapshot::new(cfg.nvml.clone(), installed).with_links(cfg.links.clone());
         if let Some((v, e)) = view {
             p = p.with_view(v, e);
         }
@@ -239,7 +244,9 @@ pub fn sources_with_gpu_view(
 ) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
     if cfg.nvml.enabled {
-        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone())
+        // The installed files of the programs that may hold a GPU outside MPS, once, at start.
+        let installed = identity::Installed::from_config(&cfg.mps, &cfg.diagnose);
+        let mut source = nvml::NvmlSource::new(cfg.nvml.clone(), cfg.state_dir.clone(), installed)
             .with_urgency(urgency)
             .with_emf(cfg.metrics.emf)
             .with_links(cfg.links.clone());

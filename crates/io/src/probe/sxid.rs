@@ -49,19 +49,16 @@ impl KernelSxid {
 
 /// Parses one kmsg record (`prio,seq,usec,flags;message`), syslog line or plain log line;
 /// `None` for anything but the first line of an SXid that the NVSwitch driver itself logged
-/// (its message begins with `nvidia-nvswitchN: SXid (`, at kernel facility or under the
-/// syslog tag `kernel:`, see [`super::kmsg::driver_message`]).
+/// (its message is the driver's format, `model::driver_line`, at kernel facility or under the
+/// syslog tag `kernel:`, see [`super::kernel_record::driver_message`]).
 pub fn parse_line(line: &str) -> Option<KernelSxid> {
-    let (seq, message, super::kmsg::DriverLine::Sxid) = super::kmsg::driver_message(line)? else {
+    let (seq, _, message, super::kernel_record::DriverLine::Sxid) =
+        super::kernel_record::driver_message(line)?
+    else {
         return None;
     };
-    let (switch, rest) = message.split_once(": SXid (")?;
-    let switch = Some(switch.to_string());
-    let rest = rest.strip_prefix("PCI:").unwrap_or(rest);
-    let (pci, rest) = rest.split_once("):")?;
-    let (code, rest) = rest.split_once(',').unwrap_or((rest, ""));
-    let code: u32 = code.trim().parse().ok()?;
-    let rest = rest.trim();
+    let f = crate::model::driver_line::parse(message, &|_| None)?;
+    let rest = f.message.text().trim();
     if rest.starts_with("Severity") || rest.starts_with("Data") {
         return None; // the data line of an SXid already read
     }
@@ -71,10 +68,10 @@ pub fn parse_line(line: &str) -> Option<KernelSxid> {
     };
     Some(KernelSxid {
         seq,
-        switch,
-        pci: pci.trim().to_string(),
-        code,
-        severity: sxid_catalog::severity(code, word),
+        switch: f.switch.as_ref().map(|s| format!("nvidia-{s}")),
+        pci: f.pci.clone(),
+        code: f.code,
+        severity: sxid_catalog::severity(f.code, word),
         text: crate::mps::control::clip(text.trim(), 512),
     })
 }
@@ -84,7 +81,7 @@ pub fn parse_line(line: &str) -> Option<KernelSxid> {
 /// of them (the newest kept).
 pub fn read_since_boot(path: &Path, limit: usize) -> std::io::Result<Vec<KernelSxid>> {
     use std::os::unix::fs::OpenOptionsExt;
-    super::kmsg::check_path(path).map_err(std::io::Error::other)?;
+    super::kernel_record::check_path(path).map_err(std::io::Error::other)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)

@@ -175,6 +175,153 @@ impl Placements {
     }
 }
 
+/// A process the NVML poller saw on a GPU, as the kernel had it then: so that an XID whose
+/// process exited before the kernel log reader could look at it is still charged to the
+/// right task, and never to the process that took its pid since.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenProc {
+    /// Its start (clock ticks after boot): a record stamped before it is not its own.
+    pub start_ticks: u64,
+    /// (task id, container id) from its cgroup; None: in no ECS task.
+    pub placement: Option<(String, Option<String>)>,
+    /// Its executable (`<device>:<inode> <path>`), for a process in no task.
+    pub exe: Option<String>,
+    pub comm: Vec<u8>,
+    /// `/proc/<pid>`'s identity when it was seen ([`proc_identity`]).
+    id: (u64, i64),
+    /// The poll that last saw it.
+    poll: u64,
+}
+
+/// The processes the NVML poller saw on the GPUs, by pid: at most [`SEEN_MAX`], each kept
+/// for [`SEEN_POLLS`] polls after the last that listed it (a process that faulted and exited
+/// between two polls is still known when its XID is read), the stalest dropped first.
+#[derive(Debug, Default)]
+pub struct SeenProcs {
+    by_pid: std::collections::HashMap<u32, SeenProc>,
+    poll: u64,
+}
+
+/// At most this many processes are remembered.
+pub const SEEN_MAX: usize = 4096;
+/// How many polls a process is remembered after the last that listed it.
+pub const SEEN_POLLS: u64 = 30;
+
+impl SeenProcs {
+    /// Starts a poll: what was not listed for [`SEEN_POLLS`] polls is forgotten.
+    pub fn begin_poll(&mut self) {
+        self.poll += 1;
+        let poll = self.poll;
+        self.by_pid
+            .retain(|_, p| poll.saturating_sub(p.poll) <= SEEN_POLLS);
+    }
+
+    /// Notes `pid` as listed on a GPU this poll, placed as `placement`: read once per process
+    /// (one `stat` to know it is the same one).
+    pub fn note(&mut self, proc_root: &Path, pid: u32, placement: Option<(&str, Option<&str>)>) {
+        let Some(id) = proc_identity(proc_root, pid) else {
+            return;
+        };
+        if let Some(p) = self.by_pid.get_mut(&pid)
+            && p.id == id
+        {
+            p.poll = self.poll;
+            return;
+        }
+        let Some(stat) = crate::sys::procfs::stat(proc_root, pid) else {
+            return;
+        };
+        let placement = placement.map(|(t, c)| (t.to_string(), c.map(str::to_string)));
+        let exe = if placement.is_none() {
+            exe_unit(proc_root, pid)
+        } else {
+            None
+        };
+        if self.by_pid.len() >= SEEN_MAX
+            && !self.by_pid.contains_key(&pid)
+            && let Some(stalest) = self
+                .by_pid
+                .iter()
+                .min_by_key(|(_, p)| p.poll)
+                .map(|(k, _)| *k)
+        {
+            self.by_pid.remove(&stalest);
+        }
+        self.by_pid.insert(
+            pid,
+            SeenProc {
+                start_ticks: stat.start_ticks,
+                placement,
+                exe,
+                comm: comm_bytes(proc_root, pid).unwrap_or_default(),
+                id,
+                poll: self.poll,
+            },
+        );
+    }
+
+    pub fn get(&self, pid: u32) -> Option<SeenProc> {
+        self.by_pid.get(&pid).cloned()
+    }
+}
+
+impl SeenProc {
+    /// A seen process, for tests elsewhere in the crate.
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        start_ticks: u64,
+        placement: Option<(&str, Option<&str>)>,
+        exe: Option<&str>,
+        comm: &[u8],
+    ) -> SeenProc {
+        SeenProc {
+            start_ticks,
+            placement: placement.map(|(t, c)| (t.to_string(), c.map(str::to_string))),
+            exe: exe.map(str::to_string),
+            comm: comm.to_vec(),
+            id: (0, 0),
+            poll: 0,
+        }
+    }
+}
+
+impl SeenProcs {
+    pub fn len(&self) -> usize {
+        self.by_pid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_pid.is_empty()
+    }
+}
+
+/// A process's `comm` as the kernel keeps it, raw (its trailing newline dropped).
+pub fn comm_bytes(proc_root: &Path, pid: u32) -> Option<Vec<u8>> {
+    let mut b = crate::sys::limits::read_head(
+        &proc_root.join(pid.to_string()).join("comm"),
+        64,
+        "a process name",
+    )
+    .ok()?;
+    if b.last() == Some(&b'\n') {
+        b.pop();
+    }
+    Some(b)
+}
+
+/// The unit of a process in no ECS task: its executable as the kernel knows the file,
+/// `<device>:<inode> <path>` (the path as the process sees it, for reading only: the device
+/// and inode are what tell two programs apart).
+pub fn exe_unit(proc_root: &Path, pid: u32) -> Option<String> {
+    let exe = crate::sys::procfs::exe(proc_root, pid)?;
+    let path = crate::sys::procfs::exe_path(proc_root, pid).unwrap_or_default();
+    Some(format!(
+        "{} {}",
+        exe.id,
+        crate::mps::control::clip(&path, 200)
+    ))
+}
+
 /// A process's procfs identity: `/proc/<pid>`'s inode number and change time (one `stat`),
 /// which a new process with the same pid never shares; None when it is gone.
 pub fn proc_identity(proc_root: &Path, pid: u32) -> Option<(u64, i64)> {

@@ -2,8 +2,11 @@
 //! -d`, `systemctl`): each starts in a process group of its own, dies with gpu-medic, and on a
 //! timeout (or when the future waiting for it is dropped, as at shutdown) its whole group is
 //! SIGKILLed and reaped. A child that ignores SIGTERM, or a wrapper script that forked helpers
-//! of its own, therefore leaves nothing behind.
+//! of its own, therefore leaves nothing behind. [`executable`] finds a program the way the
+//! kernel and the shell would (a bare name through `PATH`).
 
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
@@ -30,6 +33,32 @@ pub fn contain(cmd: &mut tokio::process::Command) {
             Ok(())
         });
     }
+}
+
+/// Finds `p` like the kernel and the shell would (a bare name through `PATH`) and checks it is
+/// an executable file.
+pub fn executable(p: &Path) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = if p.components().count() > 1 || p.is_absolute() {
+        vec![p.to_path_buf()]
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path).map(|d| d.join(p)).collect()
+    };
+    let mut last = "not found in PATH".to_string();
+    for c in candidates {
+        match std::fs::metadata(&c) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(c),
+            Ok(m) if m.is_file() => last = format!("{} is not executable", c.display()),
+            Ok(_) => last = format!("{} is not a file", c.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if p.is_absolute() || p.components().count() > 1 {
+                    last = "does not exist".into();
+                }
+            }
+            Err(e) => last = format!("{}: {e}", c.display()),
+        }
+    }
+    Err(last)
 }
 
 /// Why [`output_within`] has no output.

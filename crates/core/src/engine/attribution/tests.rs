@@ -201,7 +201,7 @@ fn mmu_faults_of_different_programs_on_one_gpu_drain_but_one_familys_replicas_do
 }
 
 #[test]
-fn faults_charged_to_the_mps_server_count_the_fewest_programs_that_explain_them() {
+fn faults_charged_to_the_mps_server_with_several_clients_count_for_no_program() {
     let ambiguous = |c: &[&str]| {
         let mut k = Culprit::program("", None);
         k.via = Via::MpsAmbiguous;
@@ -209,15 +209,55 @@ fn faults_charged_to_the_mps_server_count_the_fewest_programs_that_explain_them(
         k
     };
     let mut r = Run::new(policy(""));
-    for c in [["a", "b"], ["a", "c"], ["a", "d"]] {
+    for c in [["a", "b"], ["c", "d"], ["e", "f"], ["g", "h"]] {
         r.feed(fault(31, 0, ambiguous(&c), None));
     }
-    assert!(r.orders().is_empty(), "one client on every list");
-    r.feed(fault(31, 1, ambiguous(&["a", "b"]), None));
-    r.feed(fault(31, 1, ambiguous(&["c", "d"]), None));
-    assert!(r.orders().is_empty());
-    r.feed(fault(31, 1, ambiguous(&["e"]), None));
-    assert_eq!(r.orders().len(), 1);
+    assert!(
+        r.orders().is_empty(),
+        "nobody could be named: {:?}",
+        r.orders()
+    );
+    // With two named programs beside them, still two.
+    r.feed(fault(31, 0, task("t1", "one"), None));
+    r.feed(fault(31, 0, task("t2", "two"), None));
+    assert!(r.orders().is_empty(), "{:?}", r.orders());
+    r.feed(fault(31, 0, task("t3", "three"), None));
+    assert_eq!(r.orders().len(), 1, "three named programs");
+}
+
+#[test]
+fn a_flood_of_one_programs_places_never_evicts_another_programs_fault() {
+    let mut r = Run::new(policy(""));
+    r.gap = Duration::from_millis(10);
+    // Two programs at GPC 1, TPC 1: one short of the suspicion.
+    r.feed(fault(13, 0, task("a", "fa"), at(1, 1)));
+    r.feed(fault(13, 0, task("b", "fb"), at(1, 1)));
+    // One task faulting at every other place of the GPU, far more than the list holds.
+    for i in 0..(3 * crate::engine::attribution::MAX_APP_PLACES as u32) {
+        r.feed(fault(13, 0, task("flood", "fl"), at(2 + i / 9, i % 9)));
+    }
+    assert!(r.orders().is_empty(), "{:?}", r.orders());
+    // A third program at GPC 1, TPC 1: the two kept faults and this one.
+    r.feed(fault(13, 0, task("c", "fc"), at(1, 1)));
+    assert_eq!(r.orders().len(), 1, "{:?}", r.opened());
+    assert!(r.opened().last().is_some_and(|o| o.0.ends_with("/suspect")));
+}
+
+#[test]
+fn one_tasks_faults_alone_never_suspect_the_gpu() {
+    let mut r = Run::new(policy(""));
+    // One task, its processes named as it likes, some gone before they could be looked up
+    // (no task, no executable: nobody), at one place.
+    for i in 0..20u32 {
+        r.feed(fault(13, 0, task("solo", "fs"), at(1, 1)));
+        r.feed(fault(
+            13,
+            0,
+            Culprit::program(format!("name{i}"), Some(100 + i)),
+            at(1, 1),
+        ));
+    }
+    assert!(r.orders().is_empty(), "{:?}", r.opened());
 }
 
 #[test]
@@ -293,6 +333,34 @@ fn xid_45_naming_its_cause_joins_that_incident() {
             .with_xid(ctx),
     );
     assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_fatal_xid_never_joins_another_incident_whatever_it_says() {
+    for code in [79, 48, 95, 13] {
+        let mut r = Run::new(policy(""));
+        r.feed(fault(13, 0, task("t1", "train"), at(1, 1)));
+        let out = r.feed(
+            Observation::new(Signal::xid(code))
+                .on_gpu(gpu(0))
+                .with_xid(XidContext {
+                    culprit: None,
+                    site: None,
+                    after: Some(13),
+                }),
+        );
+        assert!(
+            out.iter().any(|a| matches!(
+                a,
+                Action::Log(Record {
+                    event: IncidentEvent::Opened { .. },
+                    ..
+                })
+            )),
+            "XID {code} stands alone: {out:?}"
+        );
+        assert!(code == 13 || !r.orders().is_empty(), "XID {code} acts");
+    }
 }
 
 #[test]

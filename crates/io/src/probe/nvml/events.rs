@@ -8,7 +8,7 @@
 //!
 //! An XID event carries only the code. The NVLink5 XIDs (144-150) need the error status in
 //! the driver's text to be judged, so while the kernel log reader runs the watcher holds them
-//! for up to `kmsg::TEXT_WAIT`; the reader reports them decoded when their line comes, and the
+//! for up to `poll::TEXT_WAIT`; the reader reports them decoded when their line comes, and the
 //! watcher reports those whose line did not come as `undecoded`.
 
 use std::collections::BTreeSet;
@@ -322,7 +322,7 @@ impl Watcher {
     /// Reports the held NVLink5 XIDs whose kernel log line did not come in time, undecoded.
     /// Returns false when the receiver is gone.
     fn flush_held(&self) -> bool {
-        let expired = lock(&self.shared).expired_awaiting(kmsg::TEXT_WAIT);
+        let expired = lock(&self.shared).expired_awaiting(super::poll::TEXT_WAIT);
         for (index, code) in expired {
             let obs = xid_without_text(code, "no kernel log line within 2 s of the NVML event");
             let obs = lock(&self.shared).annotate(obs, index);

@@ -124,11 +124,20 @@ pub struct NvmlSource {
     links: Option<crate::config::LinksConfig>,
     /// What the event watcher and the kernel log reader hand over first from a burst.
     urgency: crate::probe::Urgency,
+    /// The programs that may hold a GPU outside MPS, by their files, looked up once.
+    installed: crate::probe::identity::Installed,
 }
 
 impl NvmlSource {
-    pub fn new(cfg: NvmlConfig, state_dir: PathBuf) -> Self {
+    /// `installed`: the installed programs that may hold a GPU outside MPS
+    /// ([`crate::probe::identity::Installed::from_config`], looked up once at start).
+    pub fn new(
+        cfg: NvmlConfig,
+        state_dir: PathBuf,
+        installed: crate::probe::identity::Installed,
+    ) -> Self {
         NvmlSource {
+            installed,
             cfg,
             proc_root: PathBuf::from("/proc"),
             state_dir,
@@ -165,7 +174,11 @@ impl NvmlSource {
     }
 
     fn poller(&self) -> Poller {
-        let mut p = Poller::new(self.cfg.expected_gpus, self.proc_root.clone());
+        let mut p = Poller::new(
+            self.cfg.expected_gpus,
+            self.proc_root.clone(),
+            self.installed.clone(),
+        );
         if let Some(l) = &self.links {
             p = p.with_links(l.clone());
         }
@@ -263,10 +276,13 @@ impl NvmlSource {
                 tx: tx.clone(),
                 stop: stop.clone(),
                 urgency: self.urgency.clone(),
-                attributor: std::cell::RefCell::new(crate::probe::attribution::Attributor::new(
-                    &self.proc_root,
-                    self.agent_url.as_deref(),
-                )),
+                attributor: std::cell::RefCell::new(
+                    crate::probe::attribution::Attributor::new(
+                        &self.proc_root,
+                        self.agent_url.as_deref(),
+                    )
+                    .with_mps(self.installed.clone()),
+                ),
             })
     }
 
@@ -561,11 +577,15 @@ pub struct NvmlSnapshot {
     links: Option<crate::config::LinksConfig>,
     /// Where the one poll's GPUs are published, and the expected count learnt meanwhile.
     view: Option<(view::NvmlView, view::ExpectedGpus)>,
+    /// The programs that may hold a GPU outside MPS, by their files.
+    installed: crate::probe::identity::Installed,
 }
 
 impl NvmlSnapshot {
-    pub fn new(cfg: NvmlConfig) -> Self {
+    /// `installed` as [`NvmlSource::new`]'s.
+    pub fn new(cfg: NvmlConfig, installed: crate::probe::identity::Installed) -> Self {
         NvmlSnapshot {
+            installed,
             cfg,
             links: None,
             view: None,
@@ -619,7 +639,11 @@ impl Snapshot for NvmlSnapshot {
             }
         };
         let shared = SharedState::default();
-        let mut poller = Poller::new(self.cfg.expected_gpus, PathBuf::from("/proc"));
+        let mut poller = Poller::new(
+            self.cfg.expected_gpus,
+            PathBuf::from("/proc"),
+            self.installed.clone(),
+        );
         if let Some(l) = &self.links {
             poller = poller.with_links(l.clone());
         }
@@ -642,10 +666,10 @@ impl Snapshot for NvmlSnapshot {
                             .values()
                             .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
                             .map(|g| g.index);
-                        let mut obs = x.observation(format!(
-                            "kernel log since boot (PCI {}): {}",
-                            x.pci, x.text
-                        ));
+                        let mut obs = kmsg::observation(
+                            &x,
+                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text),
+                        );
                         // A device NVML no longer lists (fallen off the bus) is judged for
                         // the node.
                         if let Some(index) = index {

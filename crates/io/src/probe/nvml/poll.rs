@@ -27,6 +27,15 @@ pub const HOT_CELSIUS: u64 = 80;
 /// `HW_SLOWDOWN | HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN` clock event reasons.
 pub const HW_SLOWDOWN_MASK: u64 = 0x8 | 0x40 | 0x80;
 
+/// How long the event watcher holds an NVLink5 XID for its kernel log line. The driver prints
+/// the line when it raises the event; a reader that is running sees it within milliseconds.
+pub const TEXT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long the event watcher holds such an XID while the configured reader has not started
+/// yet (it starts after NVML's first poll): on a loaded node that may take seconds, and an XID
+/// judged without its text is judged wrong.
+pub const START_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// State shared between the poller and the event watcher.
 #[derive(Default)]
 pub struct Shared {
@@ -35,6 +44,9 @@ pub struct Shared {
     pub ecc_uncorrected: BTreeMap<u32, u64>,
     /// MPS clients per GPU at the last poll (pids, ECS task ids).
     pub clients: BTreeMap<u32, (Vec<u32>, Vec<String>)>,
+    /// The processes the poller saw on the GPUs lately, as the kernel had them: the kernel
+    /// log reader charges an XID of a process gone since to what was seen of it.
+    pub seen: tasks::SeenProcs,
     /// Identities of the GPUs, by index.
     pub gpus: BTreeMap<u32, GpuId>,
     /// XIDs reported recently, by (GPU, code): the event watcher and the kernel log see the
@@ -45,9 +57,9 @@ pub struct Shared {
     /// depends on its text (NVLink5) is then held by the event watcher until the reader
     /// brings the text, also one that arrives while the reader is still starting.
     pub kmsg_active: bool,
-    /// When the reader started reading: a held XID waits [`crate::probe::kmsg::TEXT_WAIT`]
+    /// When the reader started reading: a held XID waits [`TEXT_WAIT`]
     /// from then at the earliest; while it has not started, up to
-    /// [`crate::probe::kmsg::START_WAIT`] from the event.
+    /// [`START_WAIT`] from the event.
     pub kmsg_started: Option<std::time::Instant>,
     /// XIDs the event watcher saw and holds for their kernel log text
     /// (`kmsg::held_for_text`), by (GPU, code), with when they were seen, oldest first.
@@ -159,7 +171,7 @@ impl Shared {
             // Nothing will bring the text.
             (false, _) => true,
             (true, Some(t)) => now.saturating_duration_since(seen.max(t)) >= wait,
-            (true, None) => now.saturating_duration_since(seen) >= crate::probe::kmsg::START_WAIT,
+            (true, None) => now.saturating_duration_since(seen) >= START_WAIT,
         };
         let (gone, keep) = std::mem::take(&mut self.awaiting_text)
             .into_iter()
@@ -246,7 +258,13 @@ pub struct Poller {
 }
 
 impl Poller {
-    pub fn new(expected_gpus: Option<u32>, proc_root: PathBuf) -> Self {
+    /// `installed`: the programs that may hold a GPU outside MPS, by their files
+    /// ([`crate::probe::identity::Installed`], looked up once at start).
+    pub fn new(
+        expected_gpus: Option<u32>,
+        proc_root: PathBuf,
+        installed: crate::probe::identity::Installed,
+    ) -> Self {
         Poller {
             expected_gpus,
             learnt: None,
@@ -256,7 +274,7 @@ impl Poller {
             expected_mistake: None,
             links: None,
             placements: tasks::Placements::new(&proc_root),
-            contract: contract::Contract::new(&proc_root),
+            contract: contract::Contract::new(&proc_root, installed),
             proc_root,
         }
     }
@@ -372,9 +390,11 @@ impl Poller {
         let indices: BTreeSet<u32> = (0..count).chain(known).collect();
         self.placements.begin_poll();
         self.contract.begin_poll();
+        lock(shared).seen.begin_poll();
         for index in indices {
             self.poll_gpu(nvml, shared, index, count, &mut report);
         }
+        self.judge_outsiders(&mut report);
         self.placements.end_poll();
         self.contract.end_poll();
         report
@@ -481,6 +501,9 @@ impl Poller {
         let tasks = self.placements.task_ids(&pids);
         let gpu = {
             let mut s = lock(shared);
+            for &pid in &pids {
+                s.seen.note(&self.proc_root, pid, self.placements.get(pid));
+            }
             s.clients.insert(index, (pids.clone(), tasks));
             s.gpus.get(&index).cloned()
         }
@@ -502,7 +525,8 @@ impl Poller {
         }
     }
 
-    /// The limits of this GPU's clients in ECS tasks, and its processes outside MPS.
+    /// The limits of this GPU's clients in ECS tasks, and its lists for the outside-MPS
+    /// check at the poll's end.
     fn read_contract(
         &mut self,
         gpu: &GpuId,
@@ -510,6 +534,7 @@ impl Poller {
         clients: &[u32],
         report: &mut PollReport,
     ) {
+        let uuid = Some(gpu.uuid.as_str()).filter(|u| !u.is_empty());
         for &pid in clients {
             let Some((task, container)) = self
                 .placements
@@ -518,7 +543,7 @@ impl Poller {
             else {
                 continue;
             };
-            if let Some((start, limits)) = self.contract.limits(pid) {
+            if let Some((start, limits)) = self.contract.limits(pid, uuid) {
                 report.clients.push(contract::ClientLimits {
                     gpu: gpu.index,
                     pid,
@@ -529,22 +554,37 @@ impl Poller {
                 });
             }
         }
-        let Some(compute) = compute else { return };
-        let listed: Vec<(u32, Option<u64>)> = compute
-            .iter()
-            .map(|p| {
-                let bytes = match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => Some(b),
-                    UsedGpuMemory::Unavailable => None,
-                };
-                (p.pid, bytes)
-            })
-            .collect();
+        let listed = compute.map(|compute| {
+            compute
+                .iter()
+                .map(|p| {
+                    let bytes = match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    };
+                    (p.pid, bytes)
+                })
+                .collect()
+        });
+        self.contract.listed(gpu, listed, clients);
+    }
+
+    /// The processes outside MPS on every GPU of this poll, judged together: whether MPS
+    /// serves the node is a fact of all of them ([`contract::Contract::outsiders`]). A GPU
+    /// ECS gave whole to one container (`DEDICATED`, as ECS said last) is not judged.
+    fn judge_outsiders(&mut self, report: &mut PollReport) {
         let root = self.proc_root.clone();
         let placed = |pid: u32| tasks::placement_of(&root, pid).is_ok();
-        let (found, outside) = self.contract.outsiders(gpu, &listed, clients, placed);
+        let dedicated = self
+            .learnt
+            .as_ref()
+            .map(view::ExpectedGpus::dedicated)
+            .unwrap_or_default();
+        let (found, counts) = self.contract.outsiders(placed, |g| {
+            !g.uuid.is_empty() && dedicated.contains(&g.uuid)
+        });
         report.observations.extend(found);
-        report.usage.outside_mps.insert(gpu.index, outside);
+        report.usage.outside_mps.extend(counts);
     }
 
     /// ECC: uncorrected volatile (shared with the event watcher), corrected volatile.

@@ -85,7 +85,8 @@ impl NvmlView {
 pub use crate::model::gpu_view::Expected;
 
 /// How many GPUs this instance should have: learnt by the probe that learns it (from ECS,
-/// else from the instance type), read by the NVML poller each poll. The instance type's
+/// else from the instance type), read by the NVML poller each poll; and which GPUs ECS gave
+/// whole to one container ([`ExpectedGpus::dedicated`]). The instance type's
 /// count is kept apart as well: it is AWS's fact, against which a set `[nvml] expected_gpus`
 /// is checked ([`ExpectedGpus::resolve`]). Clones share one value.
 #[derive(Clone, Default, Debug)]
@@ -100,6 +101,10 @@ struct Learnt {
     /// A probe is about to ask for the instance type and has not asked yet: a set
     /// `[nvml] expected_gpus` is not relied on before it could be checked.
     type_pending: bool,
+    /// The GPUs (UUIDs) ECS last said it gave whole to one container (`sharingMode`
+    /// `DEDICATED`): such a container runs without MPS by design, so the outside-MPS check
+    /// leaves its GPU alone.
+    dedicated: std::collections::BTreeSet<String>,
 }
 
 /// What to compare NVML's count with, and, when `[nvml] expected_gpus` contradicts the
@@ -162,6 +167,16 @@ impl ExpectedGpus {
 
     pub fn get(&self) -> Option<Expected> {
         self.lock().best.clone()
+    }
+
+    /// The GPUs ECS gave whole to one container (`DEDICATED`), by UUID, at its last answer.
+    pub fn set_dedicated(&self, uuids: std::collections::BTreeSet<String>) {
+        self.lock().dedicated = uuids;
+    }
+
+    /// What [`ExpectedGpus::set_dedicated`] last set (none before ECS answered).
+    pub fn dedicated(&self) -> std::collections::BTreeSet<String> {
+        self.lock().dedicated.clone()
     }
 
     /// The instance type's count, once known: the hardware's.
