@@ -4,7 +4,8 @@
 //! A process in an ECS task's cgroup (kit::proc::EcsTaskProcs) names itself with terminal
 //! escapes, a carriage return, a right-to-left override and a C1 CSI: its `comm` is the name
 //! of the file it was started as, which the driver copies into its XID line (written here as
-//! a plain-text kernel-log line with the raw bytes). The ECS agent (the kit's `FakeAgent`)
+//! a plain-text kernel-log line with the raw bytes, then as a `/dev/kmsg` record that prints
+//! them as `\xNN`). The ECS agent (the kit's `FakeAgent`)
 //! lists its task under a family whose name holds an OSC title sequence, a line break that
 //! forges a log line and a line separator, and a container whose name holds a colour and a
 //! bidi isolate. moto behind the kit's proxy holds the cluster, the CloudWatch Logs group and
@@ -26,7 +27,7 @@ use std::time::Duration;
 use gpu_medic_testkit::aws::{self, Proxy};
 use gpu_medic_testkit::export::{events_to_queue, take_events};
 use gpu_medic_testkit::imds::FakeAgent;
-use gpu_medic_testkit::proc::{EcsTaskProcs, PIDS_CGROUP};
+use gpu_medic_testkit::proc::{EcsTaskProcs, PIDS_CGROUP, uptime_usec};
 use gpu_medic_testkit::{Daemon, repo, wait_for, wait_sync};
 use serde_json::Value;
 
@@ -117,6 +118,20 @@ impl Drop for Hostile {
 /// The driver's XID line for `pid`, plain text with the name's raw bytes.
 fn xid_line(bus: &str, code: u32, pid: u32, text: &str) -> String {
     format!("NVRM: Xid (PCI:{bus}): {code}, pid={pid}, name={COMM}, {text}")
+}
+
+/// `line` as a `/dev/kmsg` record of the kernel facility, stamped now: the kernel prints a
+/// byte outside printable ASCII, and the backslash, as `\xNN`.
+fn kmsg_record(line: &str) -> String {
+    let mut printed = String::new();
+    for &b in line.as_bytes() {
+        if (b' '..127).contains(&b) && b != b'\\' {
+            printed.push(char::from(b));
+        } else {
+            printed.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    format!("4,2,{},-;{printed}", uptime_usec())
 }
 
 /// The value at `$.a.b.c` of `v`.
@@ -221,19 +236,10 @@ fn check_commands(d: &Daemon) {
 
 /// The fleet view, read back from CloudWatch Logs.
 fn check_fleet(d: &Daemon, me: &str) {
-    let list = shown(
-        d,
-        &[
-            "incidents",
-            "list",
-            "--fleet",
-            "--since",
-            "1h",
-            "--ungrouped",
-        ],
-    );
+    let fleet = ["incidents", "list", "--fleet", "--since", "1h"];
+    let list = shown(d, &[&fleet[..], &["--ungrouped"]].concat());
     assert!(list.contains(&format!("{me}/1")), "{list}");
-    let grouped = shown(d, &["incidents", "list", "--fleet", "--since", "1h"]);
+    let grouped = shown(d, &fleet);
     assert!(grouped.contains(FAMILY_SHOWN), "{grouped}");
     let show = shown(d, &["incidents", "show", "--fleet", &format!("{me}/1")]);
     assert!(show.contains(COMM_SHOWN), "{show}");
@@ -258,6 +264,22 @@ fn check_log(d: &Daemon, n: usize, json: bool) {
     if !json {
         assert!(log.contains(FAMILY_SHOWN), "{log}");
     }
+}
+
+/// Starts a run of `d`, writes the driver's `line` (an XID `code`) to its kernel log and waits
+/// for the incident: the journal keeps the process's name as it came (the evidence).
+fn fault(d: &mut Daemon, line: &str, code: u32) -> Value {
+    d.start();
+    d.wait_polled();
+    d.kmsg_append(&[line]);
+    let r = d.wait_record(
+        &format!("the XID {code}"),
+        Duration::from_secs(30),
+        "opened",
+        |r| r["observation"]["signal"]["code"] == code,
+    );
+    assert_eq!(r["observation"]["xid"]["culprit"]["program"], COMM, "{r:#}");
+    r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,21 +312,12 @@ async fn a_tenants_names_are_escaped_in_every_command_the_log_and_the_pages() {
         r#"{{"gpu": 0, "mps_clients": [{{"pid": {}, "used_mib": 700}}]}}"#,
         hostile.pid()
     ));
-    d.start();
-    d.wait_polled();
-    d.kmsg_append(&[xid_line(
-        "0000:10:00",
-        13,
-        hostile.pid(),
-        "Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address",
-    )]);
-    let r = d.wait_record("the fault", Duration::from_secs(30), "opened", |r| {
-        r["observation"]["signal"]["code"] == 13
-    });
-    // The journal keeps the names as they came: the evidence.
-    let culprit = &r["observation"]["xid"]["culprit"];
-    assert_eq!(culprit["program"], COMM, "{r:#}");
-    assert_eq!(culprit["container"], CONTAINER, "{r:#}");
+    let warp = "Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address";
+    let r = fault(&mut d, &xid_line("0000:10:00", 13, hostile.pid(), warp), 13);
+    assert_eq!(
+        r["observation"]["xid"]["culprit"]["container"], CONTAINER,
+        "{r:#}"
+    );
     check_commands(&d);
     d.stop(Duration::from_secs(20));
     check_log(&d, 1, true);
@@ -326,19 +339,16 @@ async fn a_tenants_names_are_escaped_in_every_command_the_log_and_the_pages() {
     .await;
     check_pages(&events);
 
-    // The text log: a second run, another fault of the same program on GPU 1.
+    // The text log: a second run, another fault of the same program on GPU 1, as a
+    // `/dev/kmsg` record this time (the name's bytes printed as `\xNN`, read back raw).
     d.log_format("text");
-    d.start();
-    d.wait_polled();
-    d.kmsg_append(&[xid_line(
-        "0000:20:00",
+    let mmu = "MMU Fault: ENGINE GRAPHICS GPC3 GPCCLIENT_T1_5 faulted @ 0x725f_fb800000. \
+               Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ";
+    fault(
+        &mut d,
+        &kmsg_record(&xid_line("0000:20:00", 31, hostile.pid(), mmu)),
         31,
-        hostile.pid(),
-        "MMU Fault: ENGINE GRAPHICS GPC3 GPCCLIENT_T1_5 faulted @ 0x725f_fb800000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
-    )]);
-    d.wait_record("the second fault", Duration::from_secs(30), "opened", |r| {
-        r["observation"]["signal"]["code"] == 31
-    });
+    );
     d.stop(Duration::from_secs(20));
     check_log(&d, 2, false);
     drop(hostile);

@@ -256,18 +256,25 @@ mod tests {
         });
     }
 
+    /// What the layer `make` builds around a writer writes for [`log_one`]'s event.
+    fn written<L>(make: impl FnOnce(Buf) -> L) -> String
+    where
+        L: Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
+    {
+        let buf = Buf::default();
+        log_one(make(buf.clone()));
+        buf.text()
+    }
+
     /// Pins what the installed tracing-subscriber does on its own, which is why this module
     /// exists: if an upgrade changes it, this fails and the module's docs are read again.
     #[test]
     fn the_stock_text_format_keeps_line_breaks_and_field_escapes_raw() {
-        let buf = Buf::default();
-        let w = buf.clone();
-        log_one(
+        let out = written(|w| {
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
-                .with_writer(move || w.clone()),
-        );
-        let out = buf.text();
+                .with_writer(move || w.clone())
+        });
         // The message's ESC is escaped, its line break is not: a forged line.
         assert!(out.contains("incident opened: program \\x1b[2J"), "{out}");
         assert!(out.contains("\nWARN forged: all clear"), "{out}");
@@ -277,14 +284,11 @@ mod tests {
 
     #[test]
     fn the_stock_json_format_leaves_separators_bidi_and_c1_raw() {
-        let buf = Buf::default();
-        let w = buf.clone();
-        log_one(
+        let out = written(|w| {
             tracing_subscriber::fmt::layer()
                 .json()
-                .with_writer(move || w.clone()),
-        );
-        let out = buf.text();
+                .with_writer(move || w.clone())
+        });
         assert_eq!(out.lines().count(), 1, "{out}");
         assert!(out.contains('\u{202e}') && out.contains('\u{9b}'), "{out}");
     }
@@ -302,10 +306,7 @@ mod tests {
 
     #[test]
     fn the_text_log_escapes_every_field_and_message_in_one_line() {
-        let buf = Buf::default();
-        let w = buf.clone();
-        log_one(text(move || w.clone(), false));
-        let out = buf.text();
+        let out = written(|w| text(move || w.clone(), false));
         assert_clean(&out, 1);
         let shown = "\\x1b[2J\\x1b[H\\nWARN forged: all clear\\r\\u{202e}\\u{9b}31m";
         for want in [
@@ -318,10 +319,7 @@ mod tests {
             assert!(out.contains(&want), "{want} not in {out}");
         }
         // With colours (a terminal), only the level's own sequences are raw.
-        let buf = Buf::default();
-        let w = buf.clone();
-        log_one(text(move || w.clone(), true));
-        let out = buf.text();
+        let out = written(|w| text(move || w.clone(), true));
         assert!(
             !out.contains("\u{1b}[2J") && !out.contains("\u{9b}"),
             "{out}"
@@ -331,10 +329,7 @@ mod tests {
 
     #[test]
     fn the_json_log_is_one_line_of_the_same_values_without_a_raw_control() {
-        let buf = Buf::default();
-        let w = buf.clone();
-        log_one(json(move || w.clone()));
-        let out = buf.text();
+        let out = written(|w| json(move || w.clone()));
         assert_clean(&out, 1);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["fields"]["program"], NAME, "{v:#}");
