@@ -55,7 +55,8 @@ pub fn escape(s: &str) -> Escaped<'_> {
     Escaped(s)
 }
 
-/// Text shown escaped: see [`escape`].
+/// Text shown escaped: see [`escape`]. Width, fill and precision are not applied (pad the
+/// escaped text, or escape the padded line).
 #[derive(Debug, Clone, Copy)]
 pub struct Escaped<'a>(&'a str);
 
