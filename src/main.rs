@@ -1,7 +1,5 @@
 //! Thin entry point: parse the command line, run the command, map errors to exit codes.
 
-use std::io::Write;
-
 use clap::Parser;
 
 fn main() {
@@ -19,8 +17,9 @@ fn main() {
             let code = e
                 .downcast_ref::<gpu_medic::cli::CliError>()
                 .map_or(1, |c| c.exit_code());
-            // Not eprintln!: it panics when stderr is a closed pipe.
-            let _ = writeln!(std::io::stderr(), "gpu-medic: {e:#}");
+            // Not eprintln!: it panics when stderr is a closed pipe. Escaped, as every line a
+            // command prints: an error can quote text others wrote (src/cli/out.rs).
+            gpu_medic::cli::out::eline(format_args!("gpu-medic: {e:#}"));
             code
         }
     };

@@ -183,9 +183,8 @@ fn banner(lib: &Path, mps_binary: Option<&Path>, cuda: Option<&Path>, dir: &Path
 
 pub fn run(a: DemoArgs) -> Result<i32, CliError> {
     let Some(lib) = find_fake(a.nvml, "libfake_nvml.so") else {
-        eprintln!(
-            "gpu-medic demo needs the fake libnvidia-ml built with this repository:\n  cargo build --workspace && target/debug/gpu-medic demo"
-        );
+        eprintln!("gpu-medic demo needs the fake libnvidia-ml built with this repository:");
+        eprintln!("  cargo build --workspace && target/debug/gpu-medic demo");
         return Ok(exit::UNKNOWN);
     };
     let cuda = find_fake(a.cuda, "libfake_cuda.so");
@@ -273,8 +272,9 @@ pub fn run(a: DemoArgs) -> Result<i32, CliError> {
     ));
     drop(rt);
     if a.keep {
+        println!();
         println!(
-            "\nkept: {} (try: gpu-medic incidents list --config {})",
+            "kept: {} (try: gpu-medic incidents list --config {})",
             dir.display(),
             config_path.display()
         );
@@ -404,11 +404,12 @@ async fn acts(
         .await
     {
         println!(
-            "   -> incident {}: {} (rule `{}`): tolerated, nothing done.\n",
+            "   -> incident {}: {} (rule `{}`): tolerated, nothing done.",
             i.id,
             i.state.as_str(),
             i.rule
         );
+        println!();
     }
 
     if let Some(m) = mps_cfg {
@@ -421,11 +422,12 @@ async fn acts(
             .await
         {
             println!(
-                "   -> incident {}: {} (rule `{}`): daemon restarted and answering; tasks can use MPS again.\n",
+                "   -> incident {}: {} (rule `{}`): daemon restarted and answering; tasks can use MPS again.",
                 i.id,
                 i.state.as_str(),
                 i.rule
             );
+            println!();
         }
     }
 
@@ -467,11 +469,12 @@ async fn acts(
             None => "no diagnosis (no tool here: returned on the passive checks)".to_string(),
         };
         println!(
-            "   -> incident {}: {} (rule `{}`): quarantined again, boot check passed, {diagnosis}; back in service.\n",
+            "   -> incident {}: {} (rule `{}`): quarantined again, boot check passed, {diagnosis}; back in service.",
             i.id,
             i.state.as_str(),
             i.rule
         );
+        println!();
     }
     life.stop().await
 }
@@ -501,10 +504,12 @@ fn epilogue(stage: &Stage, control_plane: &RecordingControlPlane) {
     let incidents = stage.incidents();
     print_table(incidents.iter());
     if let Some(i) = incidents.iter().find(|i| i.signal == "xid 79") {
-        println!("\ngpu-medic incidents show {}", i.id);
+        println!();
+        println!("gpu-medic incidents show {}", i.id);
         print_timeline(i);
     }
-    println!("\nCalls the control plane would have made:");
+    println!();
+    println!("Calls the control plane would have made:");
     for c in control_plane.calls() {
         println!("  {}  {}({})", c.request_id, c.api, c.detail);
     }

@@ -268,7 +268,8 @@ fn print_app_groups(groups: &[crate::export::fleet_incidents::AppFaultGroup], js
     if groups.is_empty() {
         return;
     }
-    println!("\nApplication faults, judged each program's own (the GPUs stayed in service):");
+    println!();
+    println!("Application faults, judged each program's own (the GPUs stayed in service):");
     for g in groups {
         let signals: Vec<String> = g.signals.iter().map(|(s, n)| format!("{s} x{n}")).collect();
         println!(

@@ -2,26 +2,33 @@
 //! codes; everything a command prints is built here.
 //!
 //! Every command prints through [`out`]: the `println!`, `print!` and `eprintln!` macros are
-//! redefined below for this module and all of its children, so a closed stdout or stderr
-//! (`gpu-medic incidents list | head -1`, `status | true`) ends the output quietly, with the
-//! command's own exit code, instead of panicking the way std's macros do on EPIPE. Defining
-//! them here covers every print path, including ones added later.
+//! redefined below for this module and all of its children, so that
+//! - a closed stdout or stderr (`gpu-medic incidents list | head -1`, `status | true`) ends
+//!   the output quietly, with the command's own exit code, instead of panicking the way std's
+//!   macros do on EPIPE;
+//! - text others wrote (a process name, a task name, a driver or MPS message) is shown
+//!   escaped: each `println!` writes exactly one line, escaped whole
+//!   ([`crate::model::escape`]), so no value can start a row of its own or carry a terminal
+//!   escape. A line break in gpu-medic's own text is a `println!` of its own.
+//!
+//! Defining them here covers every print path, including ones added later. JSON goes through
+//! [`print_json`], which writes JSON.
 
-/// `println!` for the commands: see [`out`].
+/// `println!` for the commands: one escaped line, see [`out`].
 macro_rules! println {
-    () => { $crate::cli::out::stdout(format_args!("\n")) };
-    ($($arg:tt)*) => { $crate::cli::out::stdout(format_args!("{}\n", format_args!($($arg)*))) };
+    () => { $crate::cli::out::line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::cli::out::line(format_args!($($arg)*)) };
 }
 
-/// `print!` for the commands: see [`out`].
+/// `print!` for the commands: escaped text, see [`out`].
 #[allow(unused_macros)]
 macro_rules! print {
-    ($($arg:tt)*) => { $crate::cli::out::stdout(format_args!($($arg)*)) };
+    ($($arg:tt)*) => { $crate::cli::out::text(format_args!($($arg)*)) };
 }
 
-/// `eprintln!` for the commands: see [`out`].
+/// `eprintln!` for the commands: one escaped line, see [`out`].
 macro_rules! eprintln {
-    ($($arg:tt)*) => { $crate::cli::out::stderr(format_args!("{}\n", format_args!($($arg)*))) };
+    ($($arg:tt)*) => { $crate::cli::out::eline(format_args!($($arg)*)) };
 }
 
 pub mod out;
@@ -34,6 +41,7 @@ mod drill_notice;
 pub mod evidence;
 pub mod fleet;
 pub mod incidents;
+pub mod log;
 pub mod policy;
 pub mod run;
 pub mod status;
@@ -191,10 +199,10 @@ pub fn resolve_policy(explicit: Option<&Path>, config: Option<&Path>) -> Result<
     Policy::parse(Path::new("(built-in default.toml)"), BUILTIN_DEFAULT_POLICY)
 }
 
-/// Prints a value as one JSON line.
+/// Prints a value as one JSON line ([`out::json`]).
 pub fn print_json<T: serde::Serialize>(v: &T) {
     match serde_json::to_string(v) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => out::json(&s),
         Err(e) => eprintln!("gpu-medic: cannot encode JSON: {e}"),
     }
 }

@@ -67,25 +67,25 @@ pub fn init_logging(format: &str) {
         _ => false,
     };
     let registry = tracing_subscriber::registry().with(filter);
+    // Text others wrote is escaped in each format (src/cli/log.rs).
     if journald && let Ok(layer) = tracing_journald::layer() {
-        let _ = registry
-            .with(layer.with_syslog_identifier("gpu-medic".into()))
-            .try_init();
+        let layer = layer.with_syslog_identifier("gpu-medic".into());
+        let _ = registry.with(super::log::journald(layer)).try_init();
         return;
     }
     if format == "json" {
-        let _ = registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr),
-            )
-            .try_init();
+        let _ = registry.with(super::log::json(std::io::stderr)).try_init();
     } else {
         let _ = registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(super::log::text(std::io::stderr, stderr_is_terminal()))
             .try_init();
     }
+}
+
+/// Colours for a person at a terminal, not for a file or journald's stream.
+fn stderr_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
 }
 
 /// Warnings and errors only, as text on stderr (for `demo`, whose stdout is the show).
@@ -93,7 +93,7 @@ pub fn init_logging_quiet() {
     let filter = log_filter("error");
     let _ = tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(super::log::text(std::io::stderr, stderr_is_terminal()))
         .try_init();
 }
 

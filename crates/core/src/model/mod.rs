@@ -9,6 +9,7 @@ mod budget;
 pub mod cursor;
 pub mod diagnosis;
 pub mod driver_line;
+pub mod escape;
 pub mod gpu_view;
 pub mod links;
 pub use budget::FleetBudgetView;

@@ -147,8 +147,10 @@ pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
                 reserved,
                 unknown: u.unknown,
             };
+            // Task and container names are the agent's: no raw control on the way to the
+            // journal's reader (crate::model::escape::json_safe).
             if let Ok(text) = serde_json::to_string(&line) {
-                out.push(text);
+                out.push(crate::model::escape::json_safe(&text).into_owned());
             }
         }
     }

@@ -5,7 +5,12 @@
 //! - **logs**: every record to CloudWatch Logs, one log group per cluster, one stream per
 //!   instance id, in journal order, in batches within PutLogEvents' limits;
 //! - **events**: every incident transition to EventBridge (`source` "gpu-medic", one
-//!   `detail-type` per transition: [`detail_type`]), the shipped record as the detail.
+//!   `detail-type` per transition: [`detail_type`]), the shipped record as the detail, its
+//!   strings escaped: pages are plain text written from it ([`event_detail`]).
+//!
+//! Text others wrote (a process or task name in a reason) is kept as it came in the journal
+//! and in CloudWatch Logs (JSON, through [`crate::model::escape::json_safe`]), and escaped in
+//! the events.
 //!
 //! Delivery is at least once: a batch sent but not acknowledged (a crash, a timeout) is sent
 //! again, and every message carries a record id (`<instance-id>/<incident>/<seq>`, see
@@ -39,6 +44,7 @@ use crate::aws::calls::{CallError, Calls};
 use crate::aws::events::{self, Event, Events};
 use crate::aws::logs::{self, Batch, Full, LogEvent, Logs};
 use crate::config::Config;
+use crate::model::escape::{escape, is_control, is_escaped, json_safe};
 use crate::model::{ExportLag, IncidentEvent, OutcomeStatus, Record};
 pub use crate::remedy::FlushReport;
 
@@ -519,8 +525,10 @@ impl Lane {
                     return true;
                 };
                 let at = record.at.0;
+                // JSON (the fleet view reads it back as it was), without the characters JSON
+                // leaves raw that a console would act on (crate::model::escape::json_safe).
                 let message = match serde_json::to_string(&Self::shipped(dest, line.seq, record)) {
-                    Ok(m) => m,
+                    Ok(m) => json_safe(&m).into_owned(),
                     Err(_) => return true,
                 };
                 match batch.push(LogEvent {
@@ -582,8 +590,7 @@ impl Lane {
                     return true;
                 };
                 let time_ms = record.at.0;
-                let Ok(detail) = serde_json::to_string(&Self::shipped(dest, line.seq, record))
-                else {
+                let Some(detail) = event_detail(&Self::shipped(dest, line.seq, record)) else {
                     return true;
                 };
                 let e = Event {
@@ -631,6 +638,42 @@ impl Lane {
     }
 }
 
+/// The EventBridge detail of a shipped record: the record as JSON with every string in it
+/// (keys too) escaped ([`crate::model::escape`]). Pages are written from these values, as
+/// plain text, by EventBridge's input transformers (`docs/paging.md`): a process or task name
+/// a tenant chose reaches on-call's email, Slack or pager as the same visible form the
+/// commands show, never as a control character or a line of its own. The journal and
+/// CloudWatch Logs keep the values as they came. A detail with nothing to escape (no
+/// backslash, no raw control in its JSON) is the record's JSON unchanged.
+pub fn event_detail(shipped: &Shipped) -> Option<String> {
+    let text = serde_json::to_string(shipped).ok()?;
+    if !text.contains(|c: char| c == '\\' || is_control(c)) {
+        return Some(text);
+    }
+    let mut v = serde_json::to_value(shipped).ok()?;
+    escape_strings(&mut v);
+    serde_json::to_string(&v).ok()
+}
+
+fn escape_strings(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    let shown = |s: &str| escape(s).to_string();
+    match v {
+        Value::String(s) if s.contains(is_escaped) => *s = shown(s),
+        Value::Array(items) => items.iter_mut().for_each(escape_strings),
+        Value::Object(map) => {
+            if map.keys().any(|k| k.contains(is_escaped)) {
+                *map = std::mem::take(map)
+                    .into_iter()
+                    .map(|(k, v)| (shown(&k), v))
+                    .collect();
+            }
+            map.values_mut().for_each(escape_strings);
+        }
+        _ => {}
+    }
+}
+
 fn err(e: CallError) -> String {
     let class = if e.retryable {
         ""
@@ -638,4 +681,42 @@ fn err(e: CallError) -> String {
         " (not retryable: check the IAM policy and [export])"
     };
     format!("{e}{class}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{IncidentId, Timestamp};
+
+    fn shipped(text: &str) -> Shipped {
+        Shipped {
+            record_id: "i-1/1/1".into(),
+            instance_id: "i-1".into(),
+            cluster: "c".into(),
+            record: Record {
+                at: Timestamp(1),
+                incident: IncidentId(1),
+                drill: None,
+                event: IncidentEvent::Note { text: text.into() },
+            },
+        }
+    }
+
+    #[test]
+    fn an_event_detail_carries_text_others_wrote_escaped_and_plain_text_unchanged() {
+        let plain = shipped("program trainer (pid 42)");
+        assert_eq!(
+            event_detail(&plain).unwrap(),
+            serde_json::to_string(&plain).unwrap()
+        );
+        let hostile = shipped("program \u{1b}[2J\nforged\u{202e}\u{9b} a\\b");
+        let detail = event_detail(&hostile).unwrap();
+        assert!(!detail.contains(is_control), "{detail}");
+        let v: serde_json::Value = serde_json::from_str(&detail).unwrap();
+        assert_eq!(
+            v["text"], "program \\x1b[2J\\nforged\\u{202e}\\u{9b} a\\\\b",
+            "{v:#}"
+        );
+        assert_eq!(v["record_id"], "i-1/1/1");
+    }
 }
