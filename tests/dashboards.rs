@@ -512,9 +512,11 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
     // One program's own fault (an XID 13 the driver charges to the task's process): a log
     // incident naming its task definition, the record `ApplicationFaultRule` reads.
     let pid = procs.pids()[0];
+    // Stamped now: a record older than the process on its pid is not that process's.
     d.kmsg_append(&[format!(
-        "4,1,1000,-;NVRM: Xid (PCI:0000:20:00): 13, pid={pid}, name=sleep, \
-         Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"
+        "4,1,{},-;NVRM: Xid (PCI:0000:20:00): 13, pid={pid}, name=sleep, \
+         Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+        gpu_medic_testkit::proc::uptime_usec()
     )]);
     d.wait_record(
         "the application fault, charged to the task definition",

@@ -575,13 +575,21 @@ async fn one_programs_faults_on_two_instances_are_one_fleet_line_and_its_own_eve
     let s = aws::seed(&sdk, "export-app", 3).await;
     let queue = events_to_queue("default", &aws::unique("q"));
     let mut nodes = Vec::new();
+    // One program outside ECS, from an executable of its own, running on both "instances".
+    let bins = tempfile::tempdir().unwrap();
+    let exe = gpu_medic_testkit::proc::stand_in(bins.path(), "trainer");
+    let trainer = gpu_medic_testkit::proc::Sleepers::start_exe(&exe, "trainer");
     for i in 0..2 {
         let mut d = daemon(&s, i, &proxy.url);
         d.gpus(gpu_medic_testkit::FOUR_GPUS);
         d.start();
         d.wait_polled();
-        let line = "4,1,1000,-;NVRM: Xid (PCI:0000:10:00): 13, pid=4000001, name=trainer, \
-                    Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address\n";
+        let line = format!(
+            "4,1,{},-;NVRM: Xid (PCI:0000:10:00): 13, pid={}, name=trainer, \
+             Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address\n",
+            gpu_medic_testkit::proc::uptime_usec(),
+            trainer.pids()[0]
+        );
         std::fs::write(d.path("kmsg"), line).unwrap();
         let r = d.wait_record("the fault", Duration::from_secs(30), "opened", |r| {
             r["observation"]["signal"]["code"] == 13
@@ -619,7 +627,10 @@ async fn one_programs_faults_on_two_instances_are_one_fleet_line_and_its_own_eve
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(
-        text.contains("program trainer: 2 incidents on 2 instances (xid 13 x2)"),
+        text.contains(&format!(
+            "executable {}: 2 incidents on 2 instances (xid 13 x2)",
+            exe.display()
+        )),
         "{text}"
     );
     let out = other.cli(&["incidents", "list", "--fleet", "--since", "1h", "--json"]);

@@ -83,7 +83,9 @@ pub struct FleetIncident {
 /// on-call for the GPUs (docs/attribution.md).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct AppFaultGroup {
-    /// `family:revision`, else `program <name>` (a process outside ECS), else `task <id>`.
+    /// `family:revision`, else `task <id>`, else `executable <path>` (a process outside
+    /// ECS: its executable's path, as the instances share it; the device and inode that tell
+    /// programs apart on one instance are that instance's own).
     pub program: String,
     pub incidents: usize,
     pub instances: Vec<String>,
@@ -108,7 +110,10 @@ pub fn group_application_faults(
         let program = match (&c.definition, &c.task) {
             (Some(d), _) => d.clone(),
             (None, Some(t)) => format!("task {t}"),
-            (None, None) => format!("program {}", c.program),
+            (None, None) => match c.exe.as_deref() {
+                Some(e) => format!("executable {}", e.split_once(' ').map_or(e, |(_, p)| p)),
+                None => format!("program {}", c.program),
+            },
         };
         let at = f.incident.opened_at;
         let g = groups
