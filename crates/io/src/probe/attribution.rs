@@ -573,4 +573,44 @@ mod tests {
         .unwrap();
         assert!(a.context(&x, None, None).culprit.is_none());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, .. Default::default() })]
+
+        /// Whatever a tenant puts in its comm (up to 15 bytes, any byte but NUL, printed as
+        /// `/dev/kmsg` prints it), the XID is charged to the task of the pid the driver printed
+        /// and struck where the driver's message says: never to the GPU's other client, never
+        /// at a place the name wrote.
+        #[test]
+        fn no_comm_changes_who_is_charged_or_where(
+            comm in proptest::collection::vec(1u8..=255, 0..=15),
+            gpc in 0u32..8,
+            tpc in 0u32..9,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let bin = file(dir.path(), "python3");
+            proc_with(dir.path(), 4242, "tenant", V2, 1, 100, &bin);
+            let victim = V2.replace("abc123", "victim1");
+            proc_with(dir.path(), 500, "worker", &victim, 1, 100, &bin);
+            let mut a = Attributor::new(dir.path(), None);
+            let mut printed = String::new();
+            for &c in &comm {
+                if !(b' '..127).contains(&c) || c == b'\\' {
+                    printed.push_str(&format!("\\x{c:02x}"));
+                } else {
+                    printed.push(c as char);
+                }
+            }
+            let msg = format!("Graphics SM Warp Exception on (GPC {gpc}, TPC {tpc}, SM 0): Out Of Range Address");
+            let x = xid(13, 4242, &printed, &msg, 60);
+            let clients = (vec![500], vec!["victim1".to_string()]);
+            let ctx = a.context(&x, Some(&clients), None);
+            let c = ctx.culprit.unwrap();
+            proptest::prop_assert_eq!(c.unit(), "task abc123");
+            proptest::prop_assert_eq!(c.pid, Some(4242));
+            if let Some(site) = ctx.site {
+                proptest::prop_assert_eq!(site.key(), Some(format!("GPC {gpc}, TPC {tpc}")));
+            }
+        }
+    }
 }
