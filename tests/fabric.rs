@@ -464,8 +464,11 @@ fn sxid_lines_in_the_kernel_log_are_judged_by_severity_once() {
         .append(true)
         .open(d.path("kmsg"))
         .unwrap();
-    writeln!(f, "4,901,6781753400584,-;nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 11012, Non-fatal, Link 32 single bit ECC error").unwrap();
-    writeln!(f, "4,902,6781753400590,-;nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 11012, Severity 0 Engine instance 32 Sub-engine instance 00").unwrap();
+    // Stamped now, as the kernel stamps a record (microseconds since boot): a stamp past this
+    // boot's uptime is an earlier boot's, skipped.
+    let now = gpu_medic_testkit::proc::uptime_usec;
+    writeln!(f, "4,901,{},-;nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 11012, Non-fatal, Link 32 single bit ECC error", now()).unwrap();
+    writeln!(f, "4,902,{},-;nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 11012, Severity 0 Engine instance 32 Sub-engine instance 00", now()).unwrap();
     f.flush().unwrap();
     // One record at a time: records arriving in one write are issue 26 item 0's (the kernel-log
     // reader's batching), not this test's.
@@ -480,7 +483,7 @@ fn sxid_lines_in_the_kernel_log_are_judged_by_severity_once() {
         || nonfatal(&d),
         || d.log(),
     );
-    writeln!(f, "4,903,6781753400600,-;nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up").unwrap();
+    writeln!(f, "4,903,{},-;nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 46 LTSSM Fault Up", now()).unwrap();
     drop(f);
     let r = opened(&d, "sxid-fatal");
     // The rule reboots once; without the reboot rung (no AWS here) it is a replacement.
@@ -520,7 +523,7 @@ fn sxid_lines_in_the_kernel_log_are_judged_by_severity_once() {
         .append(true)
         .open(d.path("kmsg"))
         .unwrap();
-    writeln!(f, "4,904,6781753400700,-;nvidia-nvswitch1: SXid (PCI:0000:16:00.0): 11013, Non-fatal, Link 07 marker after the restart").unwrap();
+    writeln!(f, "4,904,{},-;nvidia-nvswitch1: SXid (PCI:0000:16:00.0): 11013, Non-fatal, Link 07 marker after the restart", gpu_medic_testkit::proc::uptime_usec()).unwrap();
     drop(f);
     wait_sync(
         "the SXid written after the restart",
