@@ -994,6 +994,37 @@ pub fn count_poll() {
     }
 }
 
+/// `FAKE_NVML_CALLS`: a file the fake appends the name of each NVML function to the first time
+/// this process calls it, whatever the call returns, so a test can list the NVML functions a
+/// program calls (tests/real_nvml.rs looks each up in NVIDIA's real library). Read at each
+/// call of a function not listed yet. Unset: nothing is written.
+pub const CALLS_ENV: &str = "FAKE_NVML_CALLS";
+
+/// The functions already written to `FAKE_NVML_CALLS` by this process.
+static CALLED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+/// Notes a call of the exported function `name` (every one calls this first) in
+/// `FAKE_NVML_CALLS`, once per process and name.
+pub fn called(name: &'static str) {
+    use std::io::Write;
+    let mut seen = CALLED.lock().unwrap_or_else(PoisonError::into_inner);
+    if seen.contains(&name) {
+        return;
+    }
+    let Some(path) = env_nonempty(CALLS_ENV) else {
+        return;
+    };
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(format!("{name}\n").as_bytes()));
+    match written {
+        Ok(()) => seen.push(name),
+        Err(e) => eprintln!("fake-nvml: {CALLS_ENV}={path}: {e}"),
+    }
+}
+
 /// `FAKE_NVML_KMSG`: a file the fake appends the driver's `NVRM: Xid` line to for every
 /// injected XID, in `/dev/kmsg` record form (`prio,seq,usec,flags;message`).
 pub const KMSG_ENV: &str = "FAKE_NVML_KMSG";
