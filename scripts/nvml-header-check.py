@@ -283,6 +283,15 @@ def fake_functions(text):
     return out
 
 
+def declarations(functions, fake_c):
+    """(name, its C declaration written from the Rust signature) of each exported function."""
+    out = []
+    for name, params, ret in functions:
+        args = ", ".join(f"{c_of(t, fake_c)} {p.lstrip('_') or 'arg'}" for p, t in params) or "void"
+        out.append((name, f"{c_of(ret, fake_c)} {name}({args});"))
+    return out
+
+
 def c_of(rust_type, structs_c):
     t = rust_type.strip()
     if t.startswith("*mut "):
@@ -363,10 +372,7 @@ def rust_side():
     if exported != parsed:
         raise Failure(f"{so[0]} exports {sorted(exported - parsed)} that {FAKE_FFI} does not define as "
                       f"#[unsafe(no_mangle)] pub extern \"C\" fn, or the other way round: {sorted(parsed - exported)}")
-    decls = []
-    for name, params, ret in functions:
-        args = ", ".join(f"{c_of(t, fake_c)} {p.lstrip('_') or 'arg'}" for p, t in params) or "void"
-        decls.append((name, f"{c_of(ret, fake_c)} {name}({args});"))
+    decls = declarations(functions, fake_c)
 
     # The constants: the fake's by the naming rules, nvml-wrapper-sys's by bindgen's.
     consts = []  # (side, rust path, C expression)
@@ -429,6 +435,7 @@ def rust_side():
     values += [("gpu-medic", "gpu_medic_io::probe::nvml::header::constants()", c, v) for c, v in out["gpu_medic"]]
     return {
         "functions": decls,
+        "fake_c": fake_c,
         "structs": structs,
         "aliases": aliases,
         "consts": values,
@@ -800,7 +807,9 @@ def compare_functions(h, rep, rust):
 def print_report(rep, rust, verbose):
     counts = (f"{len(rust['functions'])} fake functions, {sum(1 for s in rust['structs'] if s[0] == 'fake')} fake structs, "
               f"{sum(1 for s in rust['structs'] if s[0] == 'sys')} nvml-wrapper-sys structs and unions, "
-              f"{len(rust['consts'])} constants")
+              f"constants: {sum(1 for c in rust['consts'] if c[0] == 'fake')} of the fake, "
+              f"{sum(1 for c in rust['consts'] if c[0] == 'sys')} of nvml-wrapper-sys, "
+              f"{sum(1 for c in rust['consts'] if c[0] == 'gpu-medic')} of gpu-medic")
     print(f"{rep.h.label}: {counts}: {'FAIL' if rep.fail else 'ok'}")
     for f in rep.fail:
         print(f"  FAIL {f}")
@@ -844,13 +853,27 @@ def self_test(target, rust, workdir):
     rep = check_header(mutated, rust)
     missed = [f"{what} (expected a failure containing {want!r})" for what, _, _, want in mutations
               if not any(want in f for f in rep.fail)]
+    # And on the Rust side: the real header against a fake whose signature changed (one
+    # parameter's type), declared from a changed copy of ffi.rs.
+    ffi = FAKE_FFI.read_text()
+    changed = re.sub(r"(fn nvmlDeviceGetSerial\(\s*device: NvmlDevice,\s*serial: \*mut c_char,\s*length: )c_uint", r"\1u64", ffi, count=1)
+    if changed == ffi:
+        raise Failure(f"self-test: cannot change nvmlDeviceGetSerial's signature in {FAKE_FFI}")
+    rust_changed = dict(rust, functions=declarations(fake_functions(changed), rust["fake_c"]))
+    side = Report(target)
+    compare_functions(target, side, rust_changed)
+    want = "fake function nvmlDeviceGetSerial: conflicting types"
+    if not any(want in f for f in side.fail):
+        missed.append(f"a fake signature changed (expected a failure containing {want!r})")
+    rep.fail += side.fail
     if missed:
         print("self-test: FAIL, the checker did not catch:")
         for m in missed:
             print(f"  {m}")
         print("  it reported:\n    " + "\n    ".join(rep.fail))
         return False
-    print(f"self-test: ok (a header with {', '.join(m[0] for m in mutations)}: each named, e.g. {rep.fail[0]})")
+    print(f"self-test: ok (a header with {', '.join(m[0] for m in mutations)}, and a fake with a "
+          f"parameter's type changed: each named, e.g. {rep.fail[0]})")
     return True
 
 
