@@ -43,10 +43,8 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -242,7 +240,10 @@ def rust_items(text, path):
                 fields = []
                 repr_c = any(a.startswith("#[repr(C") for a in attrs)
                 i += 1
-                while lines[i].rstrip() != raw[: len(raw) - len(raw.lstrip())] + "}":
+                end = raw[: len(raw) - len(raw.lstrip())] + "}"
+                while lines[i].rstrip() != end:
+                    if i + 1 >= len(lines):
+                        raise Failure(f"{path}: {m.group(2)} has no closing brace at its indentation")
                     f = lines[i].strip()
                     fm = re.match(r"(?:pub )?(\w+): (.+),$", f)
                     if fm:
@@ -399,7 +400,7 @@ def rust_side():
             raise Failure(f"{FAKE_TYPES}: constant {mod}::{name}: no header name (add a rule or FAKE_CONST_NAMES)")
         consts.append(("fake", path, c))
     for (mod, name), ty in sys_consts.items():
-        if not INTEGER_TYPE.match(ty) and ty not in ("u32", "i32", "u64", "i64"):
+        if not INTEGER_TYPE.match(ty):
             continue
         c = name[len(ty) + 1:] if name.startswith(ty + "_") else name
         path = f"nvml_wrapper_sys::bindings::{mod + '::' if mod else ''}{name}"
@@ -520,10 +521,9 @@ def dwarf_types(header_path, workdir):
             elif key == "DW_AT_type":
                 tm = re.search(r"<0x([0-9a-f]+)>", val)
                 cur["type"] = int(tm.group(1), 16) if tm else None
-            elif key in ("DW_AT_byte_size", "DW_AT_data_member_location", "DW_AT_upper_bound"):
-                nm = re.search(r"(-?\d+)\s*$", val) or re.match(r"^(-?\d+)", val)
-                field = {"DW_AT_byte_size": "size", "DW_AT_data_member_location": "offset", "DW_AT_upper_bound": "upper"}[key]
-                cur[field] = int(nm.group(1)) if nm else None
+            elif key in ("DW_AT_byte_size", "DW_AT_data_member_location"):
+                nm = re.search(r"(-?\d+)\s*$", val)
+                cur["size" if key == "DW_AT_byte_size" else "offset"] = int(nm.group(1)) if nm else None
             elif key == "DW_AT_declaration":
                 cur["decl"] = True
     tags, typedefs, enumerators = {}, {}, set()

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -976,22 +976,26 @@ impl Global {
 /// for "polled N more times since" instead of sleeping. Read at each call. Unset: nothing.
 pub const POLLS_ENV: &str = "FAKE_NVML_POLLS";
 
-/// Counts one `nvmlDeviceGetCount_v2` call in `FAKE_NVML_POLLS`, if set (one `write` of a short
-/// line in append mode: lines from concurrent callers never interleave).
+/// Counts one `nvmlDeviceGetCount_v2` call in `FAKE_NVML_POLLS`, if set.
 pub fn count_poll() {
-    use std::io::Write;
     let Some(path) = env_nonempty(POLLS_ENV) else {
         return;
     };
     let line = format!("{}\n", std::process::id());
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(e) = written {
+    if let Err(e) = append(Path::new(&path), &line) {
         eprintln!("fake-nvml: {POLLS_ENV}={path}: {e}");
     }
+}
+
+/// Appends `text` to the file at `path` (created if missing) in one `write`: in append mode,
+/// lines from concurrent writers never interleave.
+fn append(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
 }
 
 /// `FAKE_NVML_CALLS`: a file the fake appends the name of each NVML function to the first time
@@ -1006,7 +1010,6 @@ static CALLED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 /// Notes a call of the exported function `name` (every one calls this first) in
 /// `FAKE_NVML_CALLS`, once per process and name.
 pub fn called(name: &'static str) {
-    use std::io::Write;
     let mut seen = CALLED.lock().unwrap_or_else(PoisonError::into_inner);
     if seen.contains(&name) {
         return;
@@ -1014,12 +1017,7 @@ pub fn called(name: &'static str) {
     let Some(path) = env_nonempty(CALLS_ENV) else {
         return;
     };
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(format!("{name}\n").as_bytes()));
-    match written {
+    match append(Path::new(&path), &format!("{name}\n")) {
         Ok(()) => seen.push(name),
         Err(e) => eprintln!("fake-nvml: {CALLS_ENV}={path}: {e}"),
     }
@@ -1038,7 +1036,6 @@ fn kmsg_append(
     code: u64,
     message: Option<&str>,
 ) {
-    use std::io::Write;
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let usec = std::time::SystemTime::now()
@@ -1052,12 +1049,7 @@ fn kmsg_append(
         "4,{seq},{usec},-;NVRM: Xid (PCI:{:04x}:{:02x}:{:02x}): {code}, {text}\n",
         pci.0, pci.1, pci.2
     );
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(e) = written {
+    if let Err(e) = append(path, &line) {
         eprintln!("fake-nvml: {KMSG_ENV}={}: {e}", path.display());
     }
 }
