@@ -271,35 +271,6 @@ fn check_reports_per_gpu_health() {
 }
 
 #[test]
-fn the_real_libnvidia_ml_without_a_driver_reports_driver_not_loaded() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "state_dir = \"s\"\npolicy = \"{}\"\n[nvml]\nlibrary = \"libnvidia-ml.so.1\"\n[mps]\nenabled = false\n[aws]\nenabled = false\n",
-            default_policy().display()
-        ),
-    )
-    .unwrap();
-    let out = StdCommand::new(bin())
-        .args(["check", "--json", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let f = &v["findings"][0];
-    assert_eq!(f["signal"], "driver-not-loaded");
-    assert_eq!(f["action"], "replace");
-    let detail = f["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("driver is not loaded"),
-        "expected the real library's DRIVER_NOT_LOADED (is Debian's libnvidia-ml1 installed?): {detail}"
-    );
-}
-
-#[test]
 fn simulate_reproduces_the_decisions_the_daemon_made() {
     let mut node = new_node("expected_gpus = 4");
     start(&mut node);

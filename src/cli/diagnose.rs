@@ -152,9 +152,19 @@ pub fn plan(cfg: &Config, level: Level, gpus: Vec<(u32, String)>, explicit: bool
 /// Diagnoses this node's GPUs (`wanted`: indexes or UUIDs; empty: all). Err only for a
 /// mistake in what was asked (a GPU that does not exist).
 pub fn diagnose_node(cfg: &Config, level: Level, wanted: &[String]) -> Result<Diagnosis, String> {
-    let listed = nvml_gpus(cfg).unwrap_or_default();
+    let (listed, unlisted) = match nvml_gpus(cfg) {
+        Ok(listed) => (listed, None),
+        Err(why) => (Vec::new(), Some(why)),
+    };
     let gpus = select(&listed, wanted)?;
-    Ok(diagnose::run(&plan(cfg, level, gpus, !wanted.is_empty())))
+    let mut d = diagnose::run(&plan(cfg, level, gpus, !wanted.is_empty()));
+    // "No GPU to test" says why when NVML could not list them (a driver that is not loaded).
+    if let Some(why) = unlisted
+        && d.gpus.is_empty()
+    {
+        d.summary = format!("{} (NVML cannot list the GPUs: {why})", d.summary);
+    }
+    Ok(d)
 }
 
 fn print_text(d: &Diagnosis) {

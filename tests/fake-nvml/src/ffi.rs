@@ -196,30 +196,35 @@ unsafe fn handle_by(
 /// `nvmlInit_v2`: reads `FAKE_NVML_CONFIG` and `FAKE_NVML_INJECT_DIR` (see README.md).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    state::called("nvmlInit_v2");
     state::init()
 }
 
 /// Legacy `nvmlInit` (same as `nvmlInit_v2`).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit() -> NvmlReturn {
+    state::called("nvmlInit");
     state::init()
 }
 
 /// `nvmlInitWithFlags`: flags (NO_GPUS, NO_ATTACH) are accepted and ignored.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
+    state::called("nvmlInitWithFlags");
     state::init()
 }
 
 /// `nvmlShutdown`.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> NvmlReturn {
+    state::called("nvmlShutdown");
     state::shutdown()
 }
 
 /// `nvmlErrorString`: static strings.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    state::called("nvmlErrorString");
     types::error_string(result).as_ptr()
 }
 
@@ -234,6 +239,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlSystemGetDriverVersion");
     // SAFETY: forwarded contract.
     unsafe {
         sys_str("nvmlSystemGetDriverVersion", version, length, |g| {
@@ -251,6 +257,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlSystemGetNVMLVersion");
     // SAFETY: forwarded contract.
     unsafe {
         sys_str("nvmlSystemGetNVMLVersion", version, length, |g| {
@@ -267,6 +274,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(
     cuda_driver_version: *mut c_int,
 ) -> NvmlReturn {
+    state::called("nvmlSystemGetCudaDriverVersion_v2");
     if cuda_driver_version.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -287,6 +295,7 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(
     cuda_driver_version: *mut c_int,
 ) -> NvmlReturn {
+    state::called("nvmlSystemGetCudaDriverVersion");
     // SAFETY: forwarded contract.
     unsafe { nvmlSystemGetCudaDriverVersion_v2(cuda_driver_version) }
 }
@@ -302,6 +311,7 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
     name: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlSystemGetProcessName");
     if name.is_null() || length == 0 {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -345,6 +355,7 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
 /// `device_count` must be NULL or valid for writing one `unsigned int`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(device_count: *mut c_uint) -> NvmlReturn {
+    state::called("nvmlDeviceGetCount_v2");
     state::count_poll();
     if device_count.is_null() {
         return ERROR_INVALID_ARGUMENT;
@@ -362,6 +373,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(device_count: *mut c_uint) -> Nvm
 /// `device_count` must be NULL or valid for writing one `unsigned int`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount(device_count: *mut c_uint) -> NvmlReturn {
+    state::called("nvmlDeviceGetCount");
     // SAFETY: forwarded contract.
     unsafe { nvmlDeviceGetCount_v2(device_count) }
 }
@@ -375,6 +387,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetHandleByIndex_v2");
     if device.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -401,6 +414,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
     index: c_uint,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetHandleByIndex");
     // SAFETY: forwarded contract.
     unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
 }
@@ -414,6 +428,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetHandleByUUID");
     // SAFETY: `uuid` is NULL or NUL-terminated by contract.
     let Some(want) = (unsafe { get_str(uuid) }) else {
         return ERROR_INVALID_ARGUMENT;
@@ -435,6 +450,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     pci_bus_id: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetHandleByPciBusId_v2");
     // SAFETY: `pci_bus_id` is NULL or NUL-terminated by contract.
     let Some(text) = (unsafe { get_str(pci_bus_id) }) else {
         return ERROR_INVALID_ARGUMENT;
@@ -459,6 +475,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
     pci_bus_id: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetHandleByPciBusId");
     // SAFETY: forwarded contract.
     unsafe { nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, device) }
 }
@@ -472,6 +489,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
     serial: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetHandleBySerial");
     // SAFETY: `serial` is NULL or NUL-terminated by contract.
     let Some(want) = (unsafe { get_str(serial) }) else {
         return ERROR_INVALID_ARGUMENT;
@@ -492,6 +510,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
 /// `index` must be NULL or valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
+    state::called("nvmlDeviceGetIndex");
     // SAFETY: forwarded contract.
     unsafe { dev_get("nvmlDeviceGetIndex", device, index, |_, i| Ok(i as c_uint)) }
 }
@@ -505,6 +524,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     device: NvmlDevice,
     minor_number: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMinorNumber");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetMinorNumber", device, minor_number, |_, i| {
@@ -523,6 +543,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetUUID");
     // SAFETY: forwarded contract.
     unsafe {
         dev_str("nvmlDeviceGetUUID", device, uuid, length, |g, i| {
@@ -541,6 +562,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
     serial: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetSerial");
     // SAFETY: forwarded contract.
     unsafe {
         dev_str("nvmlDeviceGetSerial", device, serial, length, |g, i| {
@@ -559,6 +581,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetName");
     // SAFETY: forwarded contract.
     unsafe {
         dev_str("nvmlDeviceGetName", device, name, length, |g, i| {
@@ -576,6 +599,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: NvmlDevice,
     pci: *mut PciInfo,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetPciInfo_v3");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetPciInfo_v3", device, pci, |g, i| {
@@ -593,6 +617,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
     device: NvmlDevice,
     pci: *mut PciInfo,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetPciInfo_v2");
     // SAFETY: forwarded contract.
     unsafe { nvmlDeviceGetPciInfo_v3(device, pci) }
 }
@@ -606,6 +631,7 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
     device: NvmlDevice,
     arch: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetArchitecture");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetArchitecture", device, arch, |g, i| {
@@ -620,6 +646,7 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
 /// `brand` must be NULL or valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetBrand(device: NvmlDevice, brand: *mut c_uint) -> NvmlReturn {
+    state::called("nvmlDeviceGetBrand");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetBrand", device, brand, |g, i| {
@@ -637,6 +664,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
     device: NvmlDevice,
     mode: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetComputeMode");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetComputeMode", device, mode, |g, i| {
@@ -648,6 +676,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
 /// `nvmlDeviceSetComputeMode`: 0..=3 accepted.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceSetComputeMode(device: NvmlDevice, mode: c_uint) -> NvmlReturn {
+    state::called("nvmlDeviceSetComputeMode");
     status(state::device_call(
         "nvmlDeviceSetComputeMode",
         device,
@@ -670,6 +699,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     device: NvmlDevice,
     mode: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetPersistenceMode");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetPersistenceMode", device, mode, |g, i| {
@@ -692,6 +722,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMigMode");
     if current.is_null() || pending.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -740,6 +771,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: NvmlDevice,
     memory: *mut MemoryV2,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMemoryInfo_v2");
     if memory.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -772,6 +804,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: NvmlDevice,
     memory: *mut Memory,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMemoryInfo");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetMemoryInfo", device, memory, |g, i| {
@@ -793,6 +826,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 /// `set` must be NULL or valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut NvmlEventSet) -> NvmlReturn {
+    state::called("nvmlEventSetCreate");
     if set.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -806,6 +840,7 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut NvmlEventSet) -> NvmlRetur
 /// `nvmlEventSetFree`.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlEventSetFree(set: NvmlEventSet) -> NvmlReturn {
+    state::called("nvmlEventSetFree");
     let Some(id) = decode_set(set) else {
         return ERROR_INVALID_ARGUMENT;
     };
@@ -820,6 +855,7 @@ pub extern "C" fn nvmlDeviceRegisterEvents(
     event_types: c_ulonglong,
     set: NvmlEventSet,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceRegisterEvents");
     let Some(id) = decode_set(set) else {
         return ERROR_INVALID_ARGUMENT;
     };
@@ -839,6 +875,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: NvmlDevice,
     event_types: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetSupportedEventTypes");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -860,6 +897,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut EventData,
     timeoutms: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlEventSetWait_v2");
     if data.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -922,6 +960,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetEccMode");
     if current.is_null() || pending.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -950,6 +989,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     counter_type: c_uint,
     ecc_counts: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetTotalEccErrors");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetTotalEccErrors", device, ecc_counts, |g, i| {
@@ -971,6 +1011,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
     location_type: c_uint,
     count: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMemoryErrorCounter");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetMemoryErrorCounter", device, count, |g, i| {
@@ -990,6 +1031,7 @@ pub extern "C" fn nvmlDeviceClearEccErrorCounts(
     device: NvmlDevice,
     counter_type: c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceClearEccErrorCounts");
     status(state::device_call(
         "nvmlDeviceClearEccErrorCounts",
         device,
@@ -1075,6 +1117,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
     page_count: *mut c_uint,
     addresses: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetRetiredPages");
     // SAFETY: forwarded contract.
     unsafe {
         retired_pages(
@@ -1100,6 +1143,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
     addresses: *mut c_ulonglong,
     timestamps: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetRetiredPages_v2");
     // SAFETY: forwarded contract.
     unsafe {
         retired_pages(
@@ -1122,6 +1166,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
     device: NvmlDevice,
     is_pending: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetRetiredPagesPendingStatus");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1150,6 +1195,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     is_pending: *mut c_uint,
     failure_occurred: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetRemappedRows");
     if corr_rows.is_null()
         || unc_rows.is_null()
         || is_pending.is_null()
@@ -1193,6 +1239,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRowRemapperHistogram(
     device: NvmlDevice,
     values: *mut RowRemapperHistogram,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetRowRemapperHistogram");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1224,6 +1271,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     device: NvmlDevice,
     reasons: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetCurrentClocksThrottleReasons");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1244,6 +1292,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
     device: NvmlDevice,
     reasons: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetCurrentClocksEventReasons");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1264,6 +1313,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksThrottleReasons(
     device: NvmlDevice,
     reasons: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetSupportedClocksThrottleReasons");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1284,6 +1334,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksEventReasons(
     device: NvmlDevice,
     reasons: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetSupportedClocksEventReasons");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1305,6 +1356,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor_type: c_uint,
     temp: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetTemperature");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetTemperature", device, temp, |g, i| {
@@ -1326,6 +1378,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
     threshold_type: c_uint,
     temp: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetTemperatureThreshold");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1352,6 +1405,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: NvmlDevice,
     power: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetPowerUsage");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetPowerUsage", device, power, |g, i| {
@@ -1369,6 +1423,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
     device: NvmlDevice,
     limit: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetEnforcedPowerLimit");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetEnforcedPowerLimit", device, limit, |g, i| {
@@ -1386,6 +1441,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPerformanceState(
     device: NvmlDevice,
     p_state: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetPerformanceState");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetPerformanceState", device, p_state, |_, _| {
@@ -1403,6 +1459,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: NvmlDevice,
     utilization: *mut Utilization,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetUtilizationRates");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1423,6 +1480,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     device: NvmlDevice,
     value: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetPcieReplayCounter");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetPcieReplayCounter", device, value, |g, i| {
@@ -1440,6 +1498,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
     device: NvmlDevice,
     link_gen: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetCurrPcieLinkGeneration");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1460,6 +1519,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
     device: NvmlDevice,
     width: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetCurrPcieLinkWidth");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetCurrPcieLinkWidth", device, width, |g, i| {
@@ -1477,6 +1537,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
     device: NvmlDevice,
     link_gen: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMaxPcieLinkGeneration");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1497,6 +1558,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
     device: NvmlDevice,
     width: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMaxPcieLinkWidth");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetMaxPcieLinkWidth", device, width, |_, _| {
@@ -1515,6 +1577,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
     device: NvmlDevice,
     info: *mut GpuFabricInfo,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetGpuFabricInfo");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetGpuFabricInfo", device, info, |g, i| {
@@ -1541,6 +1604,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
     device: NvmlDevice,
     info: *mut GpuFabricInfoV3,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetGpuFabricInfoV");
     if info.is_null() {
         return ERROR_INVALID_ARGUMENT;
     }
@@ -1594,6 +1658,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: c_uint,
     is_active: *mut c_uint,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetNvLinkState");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get("nvmlDeviceGetNvLinkState", device, is_active, |g, i| {
@@ -1618,6 +1683,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
     counter: c_uint,
     counter_value: *mut c_ulonglong,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetNvLinkErrorCounter");
     // SAFETY: forwarded contract.
     unsafe {
         dev_get(
@@ -1702,6 +1768,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     info_count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetComputeRunningProcesses_v3");
     // SAFETY: forwarded contract.
     unsafe {
         processes(
@@ -1727,6 +1794,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     info_count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetMPSComputeRunningProcesses_v3");
     // SAFETY: forwarded contract.
     unsafe {
         processes(
@@ -1800,6 +1868,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     values_count: c_int,
     values: *mut FieldValue,
 ) -> NvmlReturn {
+    state::called("nvmlDeviceGetFieldValues");
     let Ok(count) = usize::try_from(values_count) else {
         return ERROR_INVALID_ARGUMENT;
     };
@@ -1856,6 +1925,28 @@ mod tests {
                 ERROR_INSUFFICIENT_SIZE
             );
         }
+    }
+
+    /// Every exported function notes its call first (`FAKE_NVML_CALLS`), under its own name.
+    #[test]
+    fn every_exported_function_notes_its_call() {
+        let src = include_str!("ffi.rs");
+        let mut n = 0;
+        for part in src.split("#[unsafe(no_mangle)]\n").skip(1) {
+            let name = part
+                .split_once("fn ")
+                .and_then(|(_, rest)| rest.split_once('('))
+                .map(|(name, _)| name)
+                .unwrap_or_default();
+            let body = part.split_once(" {\n").map(|(_, b)| b).unwrap_or_default();
+            assert!(
+                body.trim_start()
+                    .starts_with(&format!("state::called(\"{name}\");")),
+                "{name} does not begin with state::called(\"{name}\")"
+            );
+            n += 1;
+        }
+        assert!(n > 60, "{n} exported functions found");
     }
 
     #[test]

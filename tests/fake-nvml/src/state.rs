@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -976,21 +976,50 @@ impl Global {
 /// for "polled N more times since" instead of sleeping. Read at each call. Unset: nothing.
 pub const POLLS_ENV: &str = "FAKE_NVML_POLLS";
 
-/// Counts one `nvmlDeviceGetCount_v2` call in `FAKE_NVML_POLLS`, if set (one `write` of a short
-/// line in append mode: lines from concurrent callers never interleave).
+/// Counts one `nvmlDeviceGetCount_v2` call in `FAKE_NVML_POLLS`, if set.
 pub fn count_poll() {
-    use std::io::Write;
     let Some(path) = env_nonempty(POLLS_ENV) else {
         return;
     };
     let line = format!("{}\n", std::process::id());
-    let written = std::fs::OpenOptions::new()
+    if let Err(e) = append(Path::new(&path), &line) {
+        eprintln!("fake-nvml: {POLLS_ENV}={path}: {e}");
+    }
+}
+
+/// Appends `text` to the file at `path` (created if missing) in one `write`: in append mode,
+/// lines from concurrent writers never interleave.
+fn append(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(e) = written {
-        eprintln!("fake-nvml: {POLLS_ENV}={path}: {e}");
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+}
+
+/// `FAKE_NVML_CALLS`: a file the fake appends the name of each NVML function to the first time
+/// this process calls it, whatever the call returns, so a test can list the NVML functions a
+/// program calls (tests/real_nvml.rs looks each up in NVIDIA's real library). Read at each
+/// call of a function not listed yet. Unset: nothing is written.
+pub const CALLS_ENV: &str = "FAKE_NVML_CALLS";
+
+/// The functions already written to `FAKE_NVML_CALLS` by this process.
+static CALLED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+/// Notes a call of the exported function `name` (every one calls this first) in
+/// `FAKE_NVML_CALLS`, once per process and name.
+pub fn called(name: &'static str) {
+    let mut seen = CALLED.lock().unwrap_or_else(PoisonError::into_inner);
+    if seen.contains(&name) {
+        return;
+    }
+    let Some(path) = env_nonempty(CALLS_ENV) else {
+        return;
+    };
+    match append(Path::new(&path), &format!("{name}\n")) {
+        Ok(()) => seen.push(name),
+        Err(e) => eprintln!("fake-nvml: {CALLS_ENV}={path}: {e}"),
     }
 }
 
@@ -1007,7 +1036,6 @@ fn kmsg_append(
     code: u64,
     message: Option<&str>,
 ) {
-    use std::io::Write;
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // The kernel stamps a record in microseconds since boot.
@@ -1023,12 +1051,7 @@ fn kmsg_append(
         "4,{seq},{usec},-;NVRM: Xid (PCI:{:04x}:{:02x}:{:02x}): {code}, {text}\n",
         pci.0, pci.1, pci.2
     );
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(e) = written {
+    if let Err(e) = append(path, &line) {
         eprintln!("fake-nvml: {KMSG_ENV}={}: {e}", path.display());
     }
 }

@@ -89,8 +89,12 @@ pub struct GpuFabricInfoV3 {
 /// `nvmlGpuFabricInfo_v3` (`NVML_STRUCT_VERSION(GpuFabricInfo, 3)`).
 pub const FABRIC_INFO_V3_VERSION: c_uint =
     (std::mem::size_of::<GpuFabricInfoV3>() as c_uint) | (3 << 24);
-/// `nvmlGpuFabricInfo_v2` (the same layout up to `health_mask`).
-pub const FABRIC_INFO_V2_VERSION: c_uint = 32 | (2 << 24);
+/// `nvmlGpuFabricInfo_v2` (`NVML_STRUCT_VERSION(GpuFabricInfo, 2)`): the v2 struct is the v3
+/// one up to and including `health_mask`, 36 bytes with the padding after `state`. (This was
+/// `32 | (2 << 24)` until NVIDIA's header said otherwise: scripts/nvml-header-check.py.)
+pub const FABRIC_INFO_V2_VERSION: c_uint = (std::mem::offset_of!(GpuFabricInfoV3, health_mask)
+    + std::mem::size_of::<c_uint>()) as c_uint
+    | (2 << 24);
 
 /// `nvmlPciInfo_t` (as filled by `nvmlDeviceGetPciInfo_v3`).
 #[repr(C)]
@@ -201,6 +205,7 @@ const _: () = {
     assert!(std::mem::size_of::<MemoryV2>() == 40);
     assert!(std::mem::size_of::<FieldValue>() == 40);
     assert!(std::mem::size_of::<RowRemapperHistogram>() == 20);
+    assert!(FABRIC_INFO_V2_VERSION == 36 | (2 << 24));
 };
 
 /// Field ids served by `nvmlDeviceGetFieldValues`.

@@ -23,7 +23,9 @@
 //! - [`systemd`]: real systemd as PID 1 of a namespace over a Debian root, set up as the ECS
 //!   GPU AMI runs MPS (`scripts/systemd-e2e.sh`);
 //! - [`proc`]: `/proc` readings (CPU time, RSS, threads, descriptors, process state);
-//! - [`stats`]: a seeded PRNG, percentiles and the machine line of the reports.
+//! - [`stats`]: a seeded PRNG, percentiles and the machine line of the reports;
+//! - [`elf`]: a library's dynamic symbols, and a copy of one with some taken out
+//!   ([`fake_nvml_without`]: the fake libnvidia-ml of an older driver).
 //!
 //! Nothing here is a double for a part a user would have: moto, NVIDIA's MPS daemon and the
 //! fake libnvidia-ml (loaded through nvml-wrapper's real code path) are the real parts; the
@@ -37,6 +39,7 @@
 pub mod aws;
 pub mod daemon;
 pub mod dcgm;
+pub mod elf;
 pub mod export;
 pub mod http;
 pub mod imds;
@@ -101,6 +104,14 @@ pub fn bin() -> PathBuf {
 /// also leaves a copy at `target/<profile>/libfake_nvml.so`. The fresh `deps/` one comes first.
 pub fn fake_nvml() -> PathBuf {
     fake_library("libfake_nvml.so")
+}
+
+/// A copy of the fake libnvidia-ml in `dir` whose dynamic symbol table no longer defines
+/// `names`, as an older driver's library lacks newer entry points ([`elf::without_symbols`]).
+pub fn fake_nvml_without(dir: &Path, names: &[&str]) -> PathBuf {
+    let copy = dir.join("libnvidia-ml-without.so");
+    elf::without_symbols(&fake_nvml(), &copy, names).unwrap();
+    copy
 }
 
 /// The fake libcuda (tests/fake-cuda), found as [`fake_nvml`] is: cargo builds the cdylib

@@ -23,8 +23,10 @@ use super::raw;
 use crate::config::LinksConfig;
 use crate::model::{Observation, Signal};
 
-/// NVLinks a GPU may have (NVML_NVLINK_MAX_LINKS in NVML 13).
-pub const MAX_NVLINKS: u32 = 18;
+/// NVLinks a GPU may have: `NVML_NVLINK_MAX_LINKS`, 18 up to NVML 13.0 and 36 from NVML 13.5
+/// (scripts/nvml-header-check.py holds this at least the header's). A bound only: the loop
+/// stops at the first link the driver refuses (INVALID_ARGUMENT), 18 on Hopper and Blackwell.
+pub const MAX_NVLINKS: u32 = 36;
 /// Samples kept per rate, whatever the poll interval (a 60 s window at 100 ms polls).
 const MAX_SAMPLES: usize = 1024;
 
@@ -40,8 +42,8 @@ pub const CLOCK_EVENT_REASONS: &[(u64, &str)] = &[
     (0x80, "hw-power-brake-slowdown"),
     (0x100, "display-clock-setting"),
 ];
-const REASON_GPU_IDLE: u64 = 0x1;
-const REASON_SW_THERMAL: u64 = 0x20;
+pub(super) const REASON_GPU_IDLE: u64 = 0x1;
+pub(super) const REASON_SW_THERMAL: u64 = 0x20;
 
 /// The names of the reasons set in `mask`; bits NVML 13 does not name appear as hex.
 pub fn reason_names(mask: u64) -> Vec<String> {

@@ -10,6 +10,7 @@
 
 pub mod contract;
 mod events;
+pub mod header;
 pub mod links;
 pub(crate) mod poll;
 mod raw;

@@ -150,6 +150,11 @@ pub const FABRIC_NOT_STARTED: u8 = 1;
 pub const FABRIC_IN_PROGRESS: u8 = 2;
 pub const FABRIC_COMPLETED: u8 = 3;
 
+/// `nvmlGpuFabricInfo_v3`: the version word of the v3 struct (`NVML_STRUCT_VERSION(GpuFabricInfo,
+/// 3)`: its size, and the version in the top byte).
+pub const FABRIC_INFO_V3_VERSION: u32 =
+    (std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlGpuFabricInfoV_t>() as u32) | (3 << 24);
+
 /// A GPU's NVLink fabric registration (`nvmlDeviceGetGpuFabricInfoV`, docs/fabric.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FabricInfo {
@@ -167,7 +172,7 @@ pub fn fabric_info(nvml: &Nvml, device: &Device<'_>) -> Result<FabricInfo, NvmlE
     use nvml_wrapper_sys::bindings::{nvmlGpuFabricInfo_t, nvmlGpuFabricInfoV_t};
     if let Ok(f) = nvml_sym(nvml.lib().nvmlDeviceGetGpuFabricInfoV.as_ref()) {
         let mut info = nvmlGpuFabricInfoV_t {
-            version: (std::mem::size_of::<nvmlGpuFabricInfoV_t>() as u32) | (3 << 24),
+            version: FABRIC_INFO_V3_VERSION,
             clusterUuid: [0; 16],
             status: 0,
             cliqueId: 0,
