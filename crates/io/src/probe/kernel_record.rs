@@ -231,9 +231,11 @@ fn simulated_boot(path: &Path) -> Option<i64> {
     use std::os::unix::ffi::OsStrExt;
     const PROC_SUPER_MAGIC: i64 = 0x9fa0;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statfs reads a NUL-terminated path and writes one statfs struct we own.
+    // SAFETY: libc::statfs is plain old data (integers), valid when zeroed.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 || fs.f_type as i64 == PROC_SUPER_MAGIC {
+    // SAFETY: statfs reads a NUL-terminated path and writes one statfs struct we own.
+    let failed = unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0;
+    if failed || fs.f_type as i64 == PROC_SUPER_MAGIC {
         return None;
     }
     let m = std::fs::metadata(path).ok()?;

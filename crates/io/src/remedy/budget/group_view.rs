@@ -9,7 +9,10 @@
 //! - kill switches (suspended ReplaceUnhealthy/HealthCheck/Launch/Terminate, the pause tag)
 //!   stop everything but quarantine;
 //! - the circuit breaker: in a group of more than 5, more unhealthy instances (in remediation,
-//!   quarantined, agent disconnected) than `max_unhealthy` stops new remediation;
+//!   quarantined, agent disconnected) than `max_unhealthy` holds new remediation, but for the
+//!   one repair it always lets through: when nothing of the group is in remediation, the
+//!   waiting instance with the lowest id goes ahead (so two faults at once never hold each
+//!   other for ever; `models/fleet/breaker.pml`);
 //! - the budget: at most max(1, `max_parallel`) in remediation, ourselves included;
 //! - two instances deciding at once both write a claim (`<prefix>.claim.<unix ms>`), wait, and
 //!   re-read: claims rank by (time, instance id) and only those within the budget go ahead;
@@ -360,28 +363,40 @@ impl GroupView {
     }
 
     /// The circuit breaker: in a group of more than 5, more unhealthy instances (ourselves
-    /// included) than `max_unhealthy` stops new remediation.
+    /// included) than `max_unhealthy` holds new remediation. It never holds every repair: with
+    /// nothing of the group in remediation (no drain, no Unhealthy, no replacement, no live
+    /// claim), the waiting instance (quarantined: `faulted`) with the lowest id goes ahead,
+    /// one at a time, as ECS Managed Instances drain one at a time in small groups; the budget
+    /// and its protocol still decide after this.
     fn breaker(&self, me: &str, now_ms: u64, cfg: &FleetConfig) -> Result<(), Denial> {
+        let busy =
+            |m: &Member| in_remediation(m, now_ms, cfg).is_some() || claim_live(m, now_ms, cfg);
+        let waiting = |m: &Member| m.instance_id == me || m.health.as_deref() == Some("faulted");
         let unhealthy = self
             .members
             .iter()
-            .filter(|m| {
-                m.instance_id == me
-                    || in_remediation(m, now_ms, cfg).is_some()
-                    || claim_live(m, now_ms, cfg)
-                    || m.health.as_deref() == Some("faulted")
-                    || (m.ecs_status.is_some() && !m.agent_connected)
-            })
+            .filter(|m| waiting(m) || busy(m) || (m.ecs_status.is_some() && !m.agent_connected))
             .count() as u32;
         let limit = cfg.max_unhealthy.of(self.desired);
-        if self.desired >= BREAKER_MIN_FLEET && unhealthy > limit {
-            return Err(Denial::Breaker {
-                unhealthy,
-                desired: self.desired,
-                limit,
-            });
+        if self.desired < BREAKER_MIN_FLEET || unhealthy <= limit {
+            return Ok(());
         }
-        Ok(())
+        let in_progress = self.members.iter().any(|m| m.instance_id != me && busy(m));
+        let first = self
+            .members
+            .iter()
+            .filter(|m| waiting(m) && !busy(m))
+            .map(|m| m.instance_id.as_str())
+            .chain(std::iter::once(me))
+            .min();
+        if !in_progress && first == Some(me) {
+            return Ok(());
+        }
+        Err(Denial::Breaker {
+            unhealthy,
+            desired: self.desired,
+            limit,
+        })
     }
 
     /// After our claim settled: do we rank within the budget? Instances in remediation for
@@ -506,7 +521,7 @@ mod tests {
         assert!(f.admit("i-0", NOW, &c).is_ok(), "2 of 10 is not above 20%");
         f.members[2].agent_connected = false;
         assert!(matches!(
-            f.admit("i-0", NOW, &c),
+            f.admit("i-3", NOW, &c),
             Err(Denial::Breaker {
                 unhealthy: 3,
                 limit: 2,
@@ -518,6 +533,56 @@ mod tests {
         small.members[1].health = Some("faulted".into());
         small.members[2].health = Some("faulted".into());
         assert!(small.admit("i-0", NOW, &c).is_ok());
+    }
+
+    /// Faulted instances waiting while the breaker is open: the lowest id goes ahead when
+    /// nothing is in remediation, and only then; the others wait for it (never for ever).
+    fn breaker_lets_one_through(n: usize, faulted: &[usize]) {
+        let mut f = fleet(n);
+        let mut c = cfg(1);
+        c.max_unhealthy = FleetLimit::Percent(20.0);
+        for i in faulted {
+            f.members[*i].health = Some("faulted".into());
+        }
+        let ids: Vec<String> = faulted.iter().map(|i| format!("i-{i}")).collect();
+        let first = ids.iter().min().unwrap().clone();
+        for id in &ids {
+            let got = f.admit(id, NOW, &c);
+            if *id == first {
+                assert!(
+                    got.is_ok(),
+                    "{n} instances, {faulted:?}: {id} goes first: {got:?}"
+                );
+            } else {
+                assert!(matches!(got, Err(Denial::Breaker { .. })), "{id}: {got:?}");
+            }
+        }
+        // The first one in remediation: every other waits, the first keeps going.
+        let at = faulted
+            .iter()
+            .find(|i| format!("i-{i}") == first)
+            .copied()
+            .unwrap();
+        f.members[at].ecs_status = Some(EcsStatus::Draining);
+        for id in ids.iter().filter(|id| **id != first) {
+            assert!(
+                f.admit(id, NOW, &c).is_err(),
+                "{id} waits while {first} drains"
+            );
+        }
+        // Back in service: the next lowest goes.
+        f.members[at].ecs_status = Some(EcsStatus::Active);
+        f.members[at].health = None;
+        let next = ids.iter().filter(|id| **id != first).min().unwrap();
+        assert!(f.admit(next, NOW, &c).is_ok(), "{next} next");
+    }
+
+    #[test]
+    fn the_breaker_never_holds_every_repair_at_8_and_at_20() {
+        // Two at once in a group of 8 (20 %: limit 1): today's deadlock.
+        breaker_lets_one_through(8, &[3, 5]);
+        // 30 % of 20 at once (limit 4).
+        breaker_lets_one_through(20, &[2, 4, 7, 11, 13, 19]);
     }
 
     #[test]
