@@ -69,6 +69,22 @@ pub fn uptime_usec() -> u64 {
     (uptime_secs() * 1e6) as u64
 }
 
+/// A syslog daemon's stamp of now: `rfc3339` (`2026-12-07T03:00:00.000000+00:00`, rsyslog's
+/// high-precision format) or BSD (`Dec  7 03:00:00`, local time), as `date` prints them.
+pub fn syslog_now(rfc3339: bool) -> String {
+    let fmt = if rfc3339 {
+        "+%Y-%m-%dT%H:%M:%S.%6N%:z"
+    } else {
+        "+%b %e %H:%M:%S"
+    };
+    let out = std::process::Command::new("date")
+        .arg(fmt)
+        .env("LC_ALL", "C")
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+}
+
 pub fn uptime_secs() -> f64 {
     std::fs::read_to_string("/proc/uptime")
         .ok()
