@@ -145,8 +145,8 @@ pub fn plan(
     let d = &cfg.diagnose;
     let mps = match (cfg.mps.enabled, stop_mps) {
         (false, _) => MpsAround::Unmanaged,
-        (true, false) => MpsAround::Leave(cfg.mps.clone()),
-        (true, true) => MpsAround::Stop(cfg.mps.clone()),
+        (true, false) => MpsAround::Leave(std::sync::Arc::new(NodeMps(cfg.mps.clone()))),
+        (true, true) => MpsAround::Stop(std::sync::Arc::new(NodeMps(cfg.mps.clone()))),
     };
     Plan {
         level,
@@ -186,6 +186,55 @@ pub fn diagnose_node(
         !wanted.is_empty(),
         stop_mps,
     )))
+}
+
+/// The MPS daemon gpu-medic manages, reached as the MPS probe finds it (its processes in
+/// `/proc`) and stopped and started again through the restart remedy's path.
+struct NodeMps(crate::config::MpsConfig);
+
+impl crate::diagnose::MpsControl for NodeMps {
+    fn look(&self) -> Result<crate::diagnose::MpsSeen, String> {
+        let found = crate::mps::procs::Scanner::new(&self.0.control_binary, &self.0.pipe_directory)
+            .scan_blocking()?;
+        Ok(crate::diagnose::MpsSeen {
+            pipe: self.0.pipe_directory.display().to_string(),
+            daemons: found.daemon_pids(),
+            servers: found.servers.iter().map(|s| s.pid).collect(),
+        })
+    }
+
+    fn stop(&self) -> Result<String, String> {
+        let remedy = crate::remedy::mps::MpsDaemon::new(self.0.clone());
+        on_own_runtime(|| async move { remedy.stop_for_diagnosis().await })?
+            .map_err(|e| e.to_string())
+    }
+
+    fn start(&self) -> Result<String, String> {
+        let remedy = crate::remedy::mps::MpsDaemon::new(self.0.clone());
+        on_own_runtime(|| async move { remedy.start_after_diagnosis().await })?
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs an async job to its end on a runtime of its own, on a thread of its own (the caller
+/// may be inside a runtime already, where another cannot block).
+fn on_own_runtime<F, Fut, T>(job: F) -> Result<T, String>
+where
+    F: FnOnce() -> Fut + Send,
+    Fut: std::future::Future<Output = T>,
+    T: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start a runtime: {e}"))?;
+            Ok(rt.block_on(job()))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the MPS job panicked".to_string()))
+    })
 }
 
 fn print_text(d: &Diagnosis) {

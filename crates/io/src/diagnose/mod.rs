@@ -26,21 +26,53 @@ pub mod dcgm;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::config::MpsConfig;
+use std::sync::Arc;
+
 use crate::model::diagnosis::{Cause, DiagResult, Diagnosis, GpuDiagnosis, Level, Tier, TierRun};
 
 /// What is done about the node's MPS daemon around DCGM's run.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum MpsAround {
     /// gpu-medic does not manage MPS here (`[mps] enabled = false`): DCGM runs as the node
     /// is, and its words for a busy GPU are read as such.
     Unmanaged,
     /// The daemon is left alone (a hand run, the launch gate, where the supervisor watches it
     /// at the same time): while it is up DCGM does not run ("MPS up").
-    Leave(MpsConfig),
+    Leave(Arc<dyn MpsControl>),
     /// The node is drained or in the boot check: the daemon is stopped for DCGM's run and
     /// started again after (`gpu-medic diagnose --stop-mps`).
-    Stop(MpsConfig),
+    Stop(Arc<dyn MpsControl>),
+}
+
+impl std::fmt::Debug for MpsAround {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MpsAround::Unmanaged => "Unmanaged",
+            MpsAround::Leave(_) => "Leave",
+            MpsAround::Stop(_) => "Stop",
+        })
+    }
+}
+
+/// What is up of the MPS daemon gpu-medic manages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsSeen {
+    /// Its pipe directory, for messages.
+    pub pipe: String,
+    pub daemons: Vec<u32>,
+    /// Servers serve clients: someone still uses the GPUs.
+    pub servers: Vec<u32>,
+}
+
+/// The MPS daemon as the caller reaches it (the MPS adapter and the restart remedy's path,
+/// which live above this layer). Errors are the words to show.
+pub trait MpsControl: Send + Sync {
+    /// What serves the pipe directory now.
+    fn look(&self) -> Result<MpsSeen, String>;
+    /// Stops the daemon for DCGM's run; says what was done.
+    fn stop(&self) -> Result<String, String>;
+    /// Starts it again and waits until it answers; says what was done.
+    fn start(&self) -> Result<String, String>;
 }
 
 /// What to test and with what.
@@ -158,36 +190,33 @@ fn dcgm_around_mps(
     plan: &dcgm::DcgmPlan,
     mps: &MpsAround,
 ) -> ((TierRun, Vec<GpuDiagnosis>), Option<String>) {
-    let (cfg, stop) = match mps {
+    let (control, stop) = match mps {
         MpsAround::Unmanaged => return (dcgm::run(plan), None),
-        MpsAround::Leave(cfg) => (cfg, false),
-        MpsAround::Stop(cfg) => (cfg, true),
+        MpsAround::Leave(c) => (c, false),
+        MpsAround::Stop(c) => (c, true),
     };
-    let pipe = cfg.pipe_directory.display();
-    let found =
-        crate::mps::procs::Scanner::new(&cfg.control_binary, &cfg.pipe_directory).scan_blocking();
-    let found = match found {
-        Ok(f) => f,
+    let seen = match control.look() {
+        Ok(s) => s,
         Err(e) => {
             // Nothing to go on: DCGM runs, and its words for a busy GPU still count.
             let mut run = dcgm::run(plan);
             run.0
                 .notes
-                .push(format!("could not look for the MPS daemon of {pipe}: {e}"));
+                .push(format!("could not look for the MPS daemon: {e}"));
             return (run, None);
         }
     };
-    if found.daemons.is_empty() && found.servers.is_empty() {
+    if seen.daemons.is_empty() && seen.servers.is_empty() {
         return (dcgm::run(plan), None);
     }
-    let daemons = found.daemon_pids();
-    let servers: Vec<u32> = found.servers.iter().map(|s| s.pid).collect();
     let up = format!(
-        "MPS up: the MPS control daemon (pid {daemons:?}) serves {pipe}{}",
-        if servers.is_empty() {
+        "MPS up: the MPS control daemon (pid {:?}) serves {}{}",
+        seen.daemons,
+        seen.pipe,
+        if seen.servers.is_empty() {
             String::new()
         } else {
-            format!(", its server(s) pid {servers:?} serving clients")
+            format!(", its server(s) pid {:?} serving clients", seen.servers)
         }
     );
     if !stop {
@@ -202,7 +231,7 @@ fn dcgm_around_mps(
             None,
         );
     }
-    if !servers.is_empty() {
+    if !seen.servers.is_empty() {
         return (
             not_run(
                 Tier::Dcgm,
@@ -214,10 +243,9 @@ fn dcgm_around_mps(
             None,
         );
     }
-    let remedy = crate::remedy::mps::MpsDaemon::new(cfg.clone());
-    let stopped = match on_own_runtime(|| async { remedy.stop_for_diagnosis().await }) {
-        Ok(Ok(how)) => how,
-        Ok(Err(e)) => {
+    let stopped = match control.stop() {
+        Ok(how) => how,
+        Err(e) => {
             return (
                 not_run(
                     Tier::Dcgm,
@@ -227,28 +255,16 @@ fn dcgm_around_mps(
                 None,
             );
         }
-        Err(e) => {
-            return (
-                not_run(
-                    Tier::Dcgm,
-                    format!("{up}, and it could not be stopped: {e}"),
-                    Cause::Mps,
-                ),
-                None,
-            );
-        }
     };
     let (mut run, gpus) = dcgm::run(plan);
     run.notes.insert(
         0,
-        format!("the MPS daemon of {pipe} was stopped for DCGM's run (it needs the GPUs without an MPS server): {stopped}"),
+        format!(
+            "the MPS daemon of {} was stopped for DCGM's run (it needs the GPUs without an MPS server): {stopped}",
+            seen.pipe
+        ),
     );
-    let started = match on_own_runtime(|| async { remedy.start_after_diagnosis().await }) {
-        Ok(Ok(how)) => Ok(how),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e),
-    };
-    match started {
+    match control.start() {
         Ok(how) => {
             run.notes.push(format!(
                 "the MPS daemon was started again after DCGM's run: {how}"
@@ -274,27 +290,6 @@ fn dcgm_around_mps(
             ((run, gpus), Some(e))
         }
     }
-}
-
-/// Runs an async job of the MPS remedy to its end on a runtime of its own, on a thread of its
-/// own (a caller may already be inside a runtime, where another cannot block).
-fn on_own_runtime<F, Fut, T>(job: F) -> Result<T, String>
-where
-    F: FnOnce() -> Fut + Send,
-    Fut: std::future::Future<Output = T>,
-    T: Send,
-{
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("cannot start a runtime: {e}"))?;
-            Ok(rt.block_on(job()))
-        })
-        .join()
-        .unwrap_or_else(|_| Err("the MPS job panicked".to_string()))
-    })
 }
 
 /// Which tiers can run on this machine, and why the others cannot (said once at start; a
