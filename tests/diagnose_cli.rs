@@ -408,7 +408,8 @@ fn nothing_that_can_run_is_could_not_tell() {
     let r = n.run(&[], &[]);
     assert_eq!(r.code, 2, "{}", r.show());
     assert!(
-        r.stdout.contains("could not tell: this is not a pass"),
+        r.stdout
+            .contains("could not tell (no-tool): this is not a pass"),
         "{}",
         r.show()
     );

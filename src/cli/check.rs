@@ -387,17 +387,32 @@ fn launch_diagnosis(
         return verdict;
     }
     let left = deadline.saturating_duration_since(std::time::Instant::now());
-    // Each tier runs one after the other, and a killed tree gets its grace: what is left,
-    // shared, less a margin for the answer to the hook.
-    let share = left
-        .saturating_sub(std::time::Duration::from_secs(2))
-        .checked_div(u32::try_from(tiers.len()).unwrap_or(1))
-        .unwrap_or_default()
-        .saturating_sub(crate::diagnose::dcgm::TERM_GRACE);
-    if share < std::time::Duration::from_secs(1) {
-        tracing::warn!(
-            "launch gate: no time left for a diagnosis within [lifecycle] check_deadline; the GPU check could not tell"
+    // The tiers run one after the other: each gets its share of what is left (less a margin
+    // for the answer to the hook), less the grace a killed tree gets where there is room.
+    let tier_count = u32::try_from(tiers.len()).unwrap_or(1).max(1);
+    let margin = (left / 10).min(std::time::Duration::from_secs(1));
+    let share = (left.saturating_sub(margin) / tier_count).min(d.timeout);
+    let grace = crate::diagnose::dcgm::TERM_GRACE;
+    let share = if share > grace * 2 {
+        share - grace
+    } else {
+        share
+    };
+    if share < std::time::Duration::from_millis(100) {
+        let why = format!(
+            "could not tell: no time left for a diagnosis within [lifecycle] check_deadline ({} left)",
+            humantime::format_duration(std::time::Duration::from_millis(left.as_millis() as u64))
         );
+        tracing::warn!("launch gate: {why}");
+        r.diagnosis = Some(crate::model::diagnosis::Diagnosis {
+            level: d.launch_level,
+            result: crate::model::diagnosis::DiagResult::Unknown,
+            gpus: Vec::new(),
+            tiers: Vec::new(),
+            summary: why,
+            cause: Some(crate::model::diagnosis::Cause::Timeout),
+            duration_ms: 0,
+        });
         return Health::Unknown;
     }
     let mut cfg = cfg.clone();
