@@ -70,9 +70,6 @@ pub struct DiagnosePolicy {
     pub retry_delay: Duration,
 }
 
-/// The longest `retry_within`: a day. The bound is what keeps a node from holding its slot.
-pub const MAX_RETRY_WITHIN: Duration = Duration::from_secs(24 * 3600);
-
 impl Default for DiagnosePolicy {
     fn default() -> Self {
         DiagnosePolicy {
@@ -133,11 +130,11 @@ impl FileDiagnose {
             );
         }
         let retry_within = self.retry_within.unwrap_or(d.retry_within);
-        if retry_within > MAX_RETRY_WITHIN {
+        if retry_within > super::limits::MAX_DIAGNOSE_RETRY_WITHIN {
             return Err(format!(
                 "[diagnose] retry_within: {} is too long: at most {}",
                 humantime::format_duration(retry_within),
-                humantime::format_duration(MAX_RETRY_WITHIN)
+                humantime::format_duration(super::limits::MAX_DIAGNOSE_RETRY_WITHIN)
             ));
         }
         Ok(DiagnosePolicy {

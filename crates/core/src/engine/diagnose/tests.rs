@@ -417,6 +417,13 @@ fn after_a_reboot_could_not_tell_replaces_when_the_policy_says() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("boot_on_unknown"), "{e}");
+    // Nor may the retries last longer than a day.
+    let e = Policy::parse(
+        std::path::Path::new("p.toml"),
+        "version = 1\n[diagnose]\nretry_within = \"2d\"\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("retry_within"), "{e}");
 }
 
 #[test]
