@@ -231,8 +231,10 @@ fn simulated_boot(path: &Path) -> Option<i64> {
     use std::os::unix::ffi::OsStrExt;
     const PROC_SUPER_MAGIC: i64 = 0x9fa0;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statfs reads a NUL-terminated path and writes one statfs struct we own.
+    // SAFETY: statfs is plain old data: all zero bytes is a valid value of it.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs reads a NUL-terminated path that lives across the call and writes one
+    // statfs struct we own.
     if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 || fs.f_type as i64 == PROC_SUPER_MAGIC {
         return None;
     }
