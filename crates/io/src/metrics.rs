@@ -461,6 +461,25 @@ impl Metrics {
         }
     }
 
+    /// A diagnosis the daemon ran: by level and result, what one that could not tell could not
+    /// read, and how long it took.
+    fn diagnosis(&self, d: &crate::model::diagnosis::Diagnosis) {
+        self.diagnoses
+            .get_or_create(&vec![
+                ("level".into(), d.level.as_str().into()),
+                ("result".into(), d.result.as_str().into()),
+            ])
+            .inc();
+        if d.result == crate::model::diagnosis::DiagResult::Unknown {
+            let cause = d.cause.unwrap_or(crate::model::diagnosis::Cause::Tool);
+            self.diagnosis_unknown
+                .get_or_create(&vec![("cause".into(), cause.as_str().into())])
+                .inc();
+        }
+        self.diagnosis_duration
+            .observe(d.duration_ms as f64 / 1000.0);
+    }
+
     /// What the journal's records count: incidents, remediations and their outcomes, AWS
     /// call errors, MPS restarts, repairs by rung.
     fn record_events(&self, actions: &[Action]) {
@@ -506,20 +525,7 @@ impl Metrics {
                         self.fleet_budget(f);
                     }
                     if let Some(d) = &outcome.diagnosis {
-                        self.diagnoses
-                            .get_or_create(&vec![
-                                ("level".into(), d.level.as_str().into()),
-                                ("result".into(), d.result.as_str().into()),
-                            ])
-                            .inc();
-                        if d.result == crate::model::diagnosis::DiagResult::Unknown {
-                            let cause = d.cause.unwrap_or(crate::model::diagnosis::Cause::Tool);
-                            self.diagnosis_unknown
-                                .get_or_create(&vec![("cause".into(), cause.as_str().into())])
-                                .inc();
-                        }
-                        self.diagnosis_duration
-                            .observe(d.duration_ms as f64 / 1000.0);
+                        self.diagnosis(d);
                     }
                     let action = started.remove(&outcome.action).unwrap_or("unknown");
                     let result = match outcome.status {

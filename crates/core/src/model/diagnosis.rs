@@ -459,63 +459,9 @@ impl Diagnosis {
 }
 
 fn summarize(result: DiagResult, gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
-    let tiers = |ran: bool| {
-        runs.iter()
-            .filter(|r| r.ran == ran)
-            .map(|r| {
-                if r.why.is_empty() {
-                    r.tier.as_str().to_string()
-                } else {
-                    format!("{} ({})", r.tier.as_str(), r.why)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let passed = || {
-        format!(
-            "passed on {} GPU(s) by {}",
-            gpus.len(),
-            runs.iter()
-                .filter(|r| r.ran)
-                .map(|r| r.tier.as_str())
-                .collect::<Vec<_>>()
-                .join(" and ")
-        )
-    };
     match result {
-        DiagResult::Pass => passed(),
-        DiagResult::Config => {
-            let mut found: Vec<String> = gpus
-                .iter()
-                .flat_map(|g| {
-                    g.tests
-                        .iter()
-                        .filter(|t| t.status == TestStatus::Config)
-                        .map(move |t| {
-                            format!(
-                                "GPU {} {} {}: {}",
-                                g.index,
-                                t.tier.as_str(),
-                                t.test,
-                                t.message
-                            )
-                        })
-                })
-                .collect();
-            found.extend(
-                runs.iter()
-                    .filter(|r| r.ran && r.result == DiagResult::Config && !r.why.is_empty())
-                    .map(|r| format!("{}: {}", r.tier.as_str(), r.why)),
-            );
-            found.dedup();
-            found.truncate(4);
-            format!(
-                "{}; needs configuration (not a hardware fault): {}",
-                passed(),
-                found.join("; ")
-            )
-        }
+        DiagResult::Pass => passed_words(gpus, runs),
+        DiagResult::Config => config_words(gpus, runs),
         DiagResult::Fail => {
             let failed: Vec<String> = gpus
                 .iter()
@@ -533,50 +479,115 @@ fn summarize(result: DiagResult, gpus: &[GpuDiagnosis], runs: &[TierRun]) -> Str
                 })
                 .collect();
             if failed.is_empty() {
-                format!("failed: {}", tiers(true))
+                format!("failed: {}", tier_words(runs, true))
             } else {
                 failed.join("; ")
             }
         }
-        DiagResult::Unknown => {
-            if gpus.is_empty() {
-                "could not tell: no GPU to test".to_string()
-            } else if runs.iter().all(|r| !r.ran) {
-                format!("could not tell: no test could run: {}", tiers(false))
-            } else {
-                let open: Vec<&GpuDiagnosis> = gpus.iter().filter(|g| !g.result.passed()).collect();
-                let mut s = String::from("could not tell");
-                if !open.is_empty() {
-                    s.push_str(&format!(
-                        " on GPU {}",
-                        open.iter()
-                            .map(|g| g.index.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                }
-                let why: Vec<String> = runs
-                    .iter()
-                    .filter(|r| r.ran && r.result == DiagResult::Unknown)
-                    .map(|r| format!("{}: {}", r.tier.as_str(), r.why))
-                    .collect();
-                if why.is_empty() {
-                    // No tier said why: each GPU says what it is missing.
-                    let each: Vec<String> = open
-                        .iter()
-                        .take(4)
-                        .map(|g| format!("GPU {}: {}", g.index, g.unknown_why()))
-                        .collect();
-                    if !each.is_empty() {
-                        s.push_str(&format!(" ({})", each.join("; ")));
-                    }
-                } else {
-                    s.push_str(&format!(" ({})", why.join("; ")));
-                }
-                s
-            }
-        }
+        DiagResult::Unknown => unknown_words(gpus, runs),
     }
+}
+
+/// The tiers that ran (or did not), each with why where it says.
+fn tier_words(runs: &[TierRun], ran: bool) -> String {
+    runs.iter()
+        .filter(|r| r.ran == ran)
+        .map(|r| {
+            if r.why.is_empty() {
+                r.tier.as_str().to_string()
+            } else {
+                format!("{} ({})", r.tier.as_str(), r.why)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn passed_words(gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
+    format!(
+        "passed on {} GPU(s) by {}",
+        gpus.len(),
+        runs.iter()
+            .filter(|r| r.ran)
+            .map(|r| r.tier.as_str())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    )
+}
+
+/// A pass with configuration findings: the pass, then the first findings.
+fn config_words(gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
+    let mut found: Vec<String> = gpus
+        .iter()
+        .flat_map(|g| {
+            g.tests
+                .iter()
+                .filter(|t| t.status == TestStatus::Config)
+                .map(move |t| {
+                    format!(
+                        "GPU {} {} {}: {}",
+                        g.index,
+                        t.tier.as_str(),
+                        t.test,
+                        t.message
+                    )
+                })
+        })
+        .collect();
+    found.extend(
+        runs.iter()
+            .filter(|r| r.ran && r.result == DiagResult::Config && !r.why.is_empty())
+            .map(|r| format!("{}: {}", r.tier.as_str(), r.why)),
+    );
+    found.dedup();
+    found.truncate(4);
+    format!(
+        "{}; needs configuration (not a hardware fault): {}",
+        passed_words(gpus, runs),
+        found.join("; ")
+    )
+}
+
+/// Could not tell: on which GPUs, and what the tiers (or, where none says, each GPU) could not
+/// read.
+fn unknown_words(gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
+    if gpus.is_empty() {
+        return "could not tell: no GPU to test".to_string();
+    }
+    if runs.iter().all(|r| !r.ran) {
+        return format!(
+            "could not tell: no test could run: {}",
+            tier_words(runs, false)
+        );
+    }
+    let open: Vec<&GpuDiagnosis> = gpus.iter().filter(|g| !g.result.passed()).collect();
+    let mut s = String::from("could not tell");
+    if !open.is_empty() {
+        s.push_str(&format!(
+            " on GPU {}",
+            open.iter()
+                .map(|g| g.index.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let why: Vec<String> = runs
+        .iter()
+        .filter(|r| r.ran && r.result == DiagResult::Unknown)
+        .map(|r| format!("{}: {}", r.tier.as_str(), r.why))
+        .collect();
+    let why = if why.is_empty() {
+        open.iter()
+            .take(4)
+            .map(|g| format!("GPU {}: {}", g.index, g.unknown_why()))
+            .collect()
+    } else {
+        why
+    };
+    if !why.is_empty() {
+        s.push_str(&format!(" ({})", why.join("; ")));
+    }
+    s
 }
 
 #[cfg(test)]

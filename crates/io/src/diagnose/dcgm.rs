@@ -401,8 +401,39 @@ fn judge_report(report: &Report, code: Option<i32>, signal: Option<i32>) -> Judg
         .as_deref()
         .map(|v| format!("DCGM {v}: "))
         .unwrap_or_default();
-    let mut notes = report.notes();
-    // Each GPU present: what DCGM said of it, and a pass of its own or what is missing.
+    let notes = report.notes();
+    let (gpus, missing) = per_gpu(report);
+    let result = |result: DiagResult, why: String, cause: Option<Cause>| Judged {
+        ran: true,
+        result,
+        why,
+        cause,
+        notes: notes.clone(),
+        gpus: gpus.clone(),
+    };
+    if gpus.iter().any(|g| g.result == DiagResult::Fail) {
+        return result(DiagResult::Fail, String::new(), None);
+    }
+    let config = report.config_findings(&gpus);
+    if let Some((why, cause)) = could_not_tell(report, &gpus, &missing, &config, code, signal) {
+        return result(DiagResult::Unknown, format!("{version}{why}"), Some(cause));
+    }
+    if config.is_empty() {
+        return result(DiagResult::Pass, String::new(), None);
+    }
+    result(
+        DiagResult::Config,
+        format!(
+            "{version}needs configuration (not a hardware fault): {}",
+            config.join("; ")
+        ),
+        None,
+    )
+}
+
+/// Each GPU present: DCGM's results for it, judged, with a `(no pass)` test saying what is
+/// missing where none passed it; and those words.
+fn per_gpu(report: &Report) -> (Vec<GpuDiagnosis>, Vec<String>) {
     let mut gpus: Vec<GpuDiagnosis> = Vec::new();
     let mut missing: Vec<String> = Vec::new();
     for index in &report.present {
@@ -433,101 +464,80 @@ fn judge_report(report: &Report, code: Option<i32>, signal: Option<i32>) -> Judg
             };
             missing.push(said.clone());
             g.tests
-                .push(result_word("(no pass)", TestStatus::Unknown, said));
+                .push(result_word(NO_PASS, TestStatus::Unknown, said));
             g.judge();
         }
         gpus.push(g);
     }
-    if gpus.iter().any(|g| g.result == DiagResult::Fail) {
-        return Judged {
-            ran: true,
-            result: DiagResult::Fail,
-            why: String::new(),
-            cause: None,
-            notes,
-            gpus,
-        };
-    }
-    let unknown = |why: String, cause: Cause, notes: Vec<String>, gpus: Vec<GpuDiagnosis>| Judged {
-        ran: true,
-        result: DiagResult::Unknown,
-        why: format!("{version}{why}"),
-        cause: Some(cause),
-        notes,
-        gpus,
-    };
+    (gpus, missing)
+}
+
+/// The test that says a GPU present has no pass of its own.
+const NO_PASS: &str = "(no pass)";
+
+/// Why a document with no failure of a GPU present could not tell, and what it could not
+/// read; `None` when it tells.
+fn could_not_tell(
+    report: &Report,
+    gpus: &[GpuDiagnosis],
+    missing: &[String],
+    config: &[String],
+    code: Option<i32>,
+    signal: Option<i32>,
+) -> Option<(String, Cause)> {
     if let Some(e) = &report.runtime_error {
         let e = e.trim();
         if let Some(busy) = busy_words(e) {
-            return unknown(format!("{GPU_BUSY}: {busy}"), Cause::GpuBusy, notes, gpus);
+            return Some((format!("{GPU_BUSY}: {busy}"), Cause::GpuBusy));
         }
-        return unknown(
+        return Some((
             format!("could not complete the diagnostic: {e}"),
             Cause::RuntimeError,
-            notes,
-            gpus,
-        );
+        ));
     }
-    let busy: Vec<String> = gpus
-        .iter()
-        .flat_map(|g| {
+    let unknown = || {
+        gpus.iter().flat_map(|g| {
             g.tests
                 .iter()
-                .filter(|t| t.status == TestStatus::Unknown && t.message.starts_with(GPU_BUSY))
-                .map(move |t| {
-                    format!(
-                        "GPU {} {}: {}",
-                        g.index,
-                        t.test,
-                        t.message
-                            .trim_start_matches(GPU_BUSY)
-                            .trim_start_matches(": ")
-                    )
-                })
+                .filter(|t| t.status == TestStatus::Unknown && t.test != NO_PASS)
+                .map(move |t| (g.index, t))
         })
-        .collect();
-    if let Some(first) = busy.first() {
-        return unknown(format!("{GPU_BUSY}: {first}"), Cause::GpuBusy, notes, gpus);
+    };
+    if let Some((gpu, t)) = unknown().find(|(_, t)| t.message.starts_with(GPU_BUSY)) {
+        let said = t
+            .message
+            .trim_start_matches(GPU_BUSY)
+            .trim_start_matches(": ");
+        return Some((
+            format!("{GPU_BUSY}: GPU {gpu} {}: {said}", t.test),
+            Cause::GpuBusy,
+        ));
     }
     let bad: Vec<String> = report
         .unplaced
         .iter()
-        .filter(|u| {
-            !matches!(
-                u.test.status,
-                TestStatus::Pass | TestStatus::Skip | TestStatus::Warn | TestStatus::Config
-            )
-        })
+        .filter(|u| matches!(u.test.status, TestStatus::Fail | TestStatus::Unknown))
         .map(Unplaced::words)
         .chain(report.unexplained.iter().cloned())
         .collect();
     if !bad.is_empty() {
-        return unknown(
+        return Some((
             format!(
                 "could not tell which GPU DCGM's finding is about (never a failure of the node): {}",
                 bad.join("; ")
             ),
             Cause::Entity,
-            notes,
-            gpus,
-        );
+        ));
     }
-    if let Some(t) = gpus
-        .iter()
-        .flat_map(|g| g.tests.iter())
-        .find(|t| t.status == TestStatus::Unknown && t.test != "(no pass)")
-    {
-        return unknown(
+    if let Some((_, t)) = unknown().next() {
+        return Some((
             format!(
                 "the status of DCGM's {} test could not be read: {}",
                 t.test, t.message
             ),
             Cause::Output,
-            notes,
-            gpus,
-        );
+        ));
     }
-    let config = report.config_findings(&gpus);
     if let Some(c) = code.filter(|c| *c != 0)
         && (config.is_empty() || c != EXIT_FOUND_A_PROBLEM)
     {
@@ -539,64 +549,31 @@ fn judge_report(report: &Report, code: Option<i32>, signal: Option<i32>) -> Judg
                 describe_exit(EXIT_FOUND_A_PROBLEM)
             )
         };
-        return unknown(
+        return Some((
             format!("dcgmi exited with {} but {shows}", describe_exit(c)),
             Cause::ExitCode,
-            notes,
-            gpus,
-        );
+        ));
     }
     if let Some(s) = signal {
-        return unknown(
-            format!("dcgmi was killed by signal {s}"),
-            Cause::Tool,
-            notes,
-            gpus,
-        );
+        return Some((format!("dcgmi was killed by signal {s}"), Cause::Tool));
     }
     if !missing.is_empty() {
         let none_passed = gpus.iter().all(|g| !g.result.passed());
-        let all_skipped = report.results().all(|t| t.status == TestStatus::Skip);
-        if none_passed && all_skipped {
-            return unknown(
+        if none_passed && report.results().all(|t| t.status == TestStatus::Skip) {
+            return Some((
                 "DCGM ran no test (every test skipped or not run)".to_string(),
                 Cause::NoTest,
-                notes,
-                gpus,
-            );
+            ));
         }
-        return unknown(missing.join("; "), Cause::MissingGpu, notes, gpus);
+        return Some((missing.join("; "), Cause::MissingGpu));
     }
     if gpus.is_empty() {
-        return unknown(
+        return Some((
             "DCGM's document names no GPU present".to_string(),
             Cause::MissingGpu,
-            notes,
-            gpus,
-        );
+        ));
     }
-    if !config.is_empty() {
-        notes.retain(|n| !n.starts_with("needs configuration"));
-        return Judged {
-            ran: true,
-            result: DiagResult::Config,
-            why: format!(
-                "{version}needs configuration (not a hardware fault): {}",
-                config.join("; ")
-            ),
-            cause: None,
-            notes,
-            gpus,
-        };
-    }
-    Judged {
-        ran: true,
-        result: DiagResult::Pass,
-        why: String::new(),
-        cause: None,
-        notes,
-        gpus,
-    }
+    None
 }
 
 /// dcgmi's answer when the diagnostic found a problem that does not call for isolating the

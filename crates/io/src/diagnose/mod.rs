@@ -264,12 +264,19 @@ fn dcgm_around_mps(
             seen.pipe
         ),
     );
+    let down = start_again(control.as_ref(), &mut run);
+    ((run, gpus), down)
+}
+
+/// Starts the MPS daemon stopped for DCGM's run again, saying so in `run`'s notes; one that
+/// cannot be started makes the tier could not tell (`mps`, unless a GPU failed) and says why.
+fn start_again(control: &dyn MpsControl, run: &mut TierRun) -> Option<String> {
     match control.start() {
         Ok(how) => {
             run.notes.push(format!(
                 "the MPS daemon was started again after DCGM's run: {how}"
             ));
-            ((run, gpus), None)
+            None
         }
         Err(e) => {
             run.notes.push(format!(
@@ -287,7 +294,7 @@ fn dcgm_around_mps(
                     }
                 );
             }
-            ((run, gpus), Some(e))
+            Some(e)
         }
     }
 }
