@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use gpu_medic_testkit::bin;
 use gpu_medic_testkit::dcgm::{self, Schema};
 use gpu_medic_testkit::mps::{MPS_BIN, MPS_PROBE, MpsDir};
-use gpu_medic_testkit::{bin, default_policy, fake_nvml};
 use serde_json::Value;
 
 /// One fixture as the tests read it: the exit code dcgmi had, the GPUs asked (`--gpu`; none:
@@ -220,19 +220,15 @@ struct Node {
 impl Node {
     fn new(mps: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let config = format!(
-            "state_dir = \"{state}\"\npolicy = \"{policy}\"\n\
-             [nvml]\nlibrary = \"{nvml}\"\nkmsg = \"{kmsg}\"\n\
-             {mps}\n[aws]\nenabled = false\n\
-             [diagnose]\ndcgmi = \"{dcgmi}\"\ndcgm_host = \"\"\ncuda_library = \"\"\ntimeout = \"20s\"\n",
-            state = dir.path().join("state").display(),
-            policy = default_policy().display(),
-            nvml = fake_nvml().display(),
-            kmsg = dir.path().join("kmsg").display(),
-            dcgmi = dir.path().join("dcgmi").display(),
+        let dcgmi = dir.path().join("dcgmi");
+        gpu_medic_testkit::diagnose_node(
+            dir.path(),
+            mps,
+            &format!(
+                "dcgmi = \"{}\"\ndcgm_host = \"\"\ncuda_library = \"\"\ntimeout = \"20s\"",
+                dcgmi.display()
+            ),
         );
-        std::fs::write(dir.path().join("kmsg"), "").unwrap();
-        std::fs::write(dir.path().join("config.toml"), config).unwrap();
         Node { dir }
     }
 

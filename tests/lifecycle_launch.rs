@@ -55,6 +55,19 @@ impl Launch {
         Launch { d, _imds: imds }
     }
 
+    /// Sets `[lifecycle] check_deadline` (the harness writes 2 s).
+    fn check_deadline(&self, deadline: &str) {
+        let text = std::fs::read_to_string(self.d.config()).unwrap();
+        std::fs::write(
+            self.d.config(),
+            text.replace(
+                "check_deadline = \"2s\"",
+                &format!("check_deadline = \"{deadline}\""),
+            ),
+        )
+        .unwrap();
+    }
+
     fn kmsg(&self, text: &str) {
         std::fs::write(self.d.path("kmsg"), text).unwrap();
     }
@@ -366,12 +379,7 @@ async fn with_no_host_engine_the_gate_completes_the_hook_within_its_deadline() {
     let tools = tempfile::tempdir().unwrap();
     gpu_medic_testkit::dcgm::no_host_engine(tools.path());
     let l = Launch::new(&s, &proxy, 0, &s.cluster, &dcgm_tier(tools.path())).await;
-    let text = std::fs::read_to_string(l.d.config()).unwrap();
-    std::fs::write(
-        l.d.config(),
-        text.replace("check_deadline = \"2s\"", "check_deadline = \"5s\""),
-    )
-    .unwrap();
+    l.check_deadline("5s");
     let t0 = std::time::Instant::now();
     let (code, r, stderr) = l.check(&[]);
     let took = t0.elapsed();
@@ -461,12 +469,7 @@ async fn a_hanging_dcgmi_never_holds_the_hook_past_the_gates_deadline() {
     .unwrap();
     std::fs::set_permissions(&dcgmi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let l = Launch::new(&s, &proxy, 0, &s.cluster, &dcgm_tier(tools.path())).await;
-    let text = std::fs::read_to_string(l.d.config()).unwrap();
-    std::fs::write(
-        l.d.config(),
-        text.replace("check_deadline = \"2s\"", "check_deadline = \"4s\""),
-    )
-    .unwrap();
+    l.check_deadline("4s");
     // dcgmi runs and is cut at what is left of the gate's 4 s, not at its ten minutes.
     let t0 = std::time::Instant::now();
     let (code, r, stderr) = l.check(&[]);

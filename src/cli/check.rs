@@ -485,16 +485,7 @@ fn print_gate(report: &crate::launch::gate::LaunchReport<CheckReport>) {
             );
         }
         if let Some(d) = &c.diagnosis {
-            let cause = d
-                .cause
-                .map(|c| format!(" [{}]", c.as_str()))
-                .unwrap_or_default();
-            println!(
-                "  diagnosis ({}): {}{cause}: {}",
-                d.level.as_str(),
-                d.result.as_str(),
-                d.summary
-            );
+            println!("  {}", super::diagnose::headline(d));
         }
     }
 }

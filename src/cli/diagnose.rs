@@ -255,6 +255,21 @@ fn print_text(d: &Diagnosis) {
     }
 }
 
+/// A diagnosis in one line: `diagnosis (quick): unknown [host-engine]: <summary>`, the cause
+/// of one that could not tell in brackets (`incidents show`, the launch gate's report).
+pub fn headline(d: &Diagnosis) -> String {
+    let cause = d
+        .cause
+        .map(|c| format!(" [{}]", c.as_str()))
+        .unwrap_or_default();
+    format!(
+        "diagnosis ({}): {}{cause}: {}",
+        d.level.as_str(),
+        d.result.as_str(),
+        d.summary
+    )
+}
+
 /// Each tier's run and each GPU's result per test, one line each (`diagnose` and
 /// `incidents show`).
 pub fn lines(d: &Diagnosis) -> Vec<String> {

@@ -755,16 +755,7 @@ pub fn print_timeline(i: &Incident) {
         if let crate::model::IncidentEvent::ActionFinished { outcome } = &r.event
             && let Some(d) = &outcome.diagnosis
         {
-            let cause = d
-                .cause
-                .map(|c| format!(" [{}]", c.as_str()))
-                .unwrap_or_default();
-            println!(
-                "      diagnosis ({}): {}{cause}: {}",
-                d.level.as_str(),
-                d.result.as_str(),
-                d.summary
-            );
+            println!("      {}", super::diagnose::headline(d));
             for line in super::diagnose::lines(d) {
                 println!("      {line}");
             }
