@@ -561,5 +561,21 @@ fn while_mps_is_up_dcgm_does_not_run_unless_the_node_is_drained() {
     let again = m.daemon().expect("the daemon was not started again");
     assert_ne!(again, first);
     assert!(m.answer(MPS_PROBE, Duration::from_secs(3)).is_some());
+
+    // Where gpu-medic does not manage MPS, DCGM runs while the daemon is up, and its answer
+    // that the GPUs are busy could not tell: never a failure, the daemon left alone.
+    let n = Node::new("[mps]\nenabled = false");
+    dcgm::replay(n.dir.path(), &fixture("dcgm4-busy-mps.json"), 226);
+    let (code, d, shown) = n.diagnose(&["--gpu", "0", "--gpu", "1"]);
+    assert_eq!(code, 2, "{shown}");
+    assert_eq!(d["cause"], "gpu-busy", "{shown}");
+    assert!(
+        d["summary"]
+            .as_str()
+            .unwrap()
+            .contains("GPU busy (an MPS server or another process holds it): GPU 0 memory"),
+        "{shown}"
+    );
+    assert_eq!(m.daemon(), Some(again), "the daemon was left alone");
     m.shutdown();
 }
