@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_medic_testkit::{bin, default_policy, fake_cuda, fake_nvml};
+use gpu_medic_testkit::{bin, fake_cuda};
 use serde_json::{Value, json};
 
 /// A node: a temp dir with `config.toml`, the fake NVML's four GPUs, MPS and AWS off.
@@ -26,18 +26,11 @@ impl Node {
     /// `diagnose`: the `[diagnose]` section's lines (after `dcgm_host = ""`).
     fn new(diagnose: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let config = format!(
-            "state_dir = \"{state}\"\npolicy = \"{policy}\"\n\
-             [nvml]\nlibrary = \"{nvml}\"\nkmsg = \"{kmsg}\"\n\
-             [mps]\nenabled = false\n[aws]\nenabled = false\n\
-             [diagnose]\ndcgm_host = \"\"\n{diagnose}\n",
-            state = dir.path().join("state").display(),
-            policy = default_policy().display(),
-            nvml = fake_nvml().display(),
-            kmsg = dir.path().join("kmsg").display(),
+        gpu_medic_testkit::diagnose_node(
+            dir.path(),
+            "[mps]\nenabled = false",
+            &format!("dcgm_host = \"\"\n{diagnose}"),
         );
-        std::fs::write(dir.path().join("kmsg"), "").unwrap();
-        std::fs::write(dir.path().join("config.toml"), config).unwrap();
         Node { dir }
     }
 
@@ -408,7 +401,8 @@ fn nothing_that_can_run_is_could_not_tell() {
     let r = n.run(&[], &[]);
     assert_eq!(r.code, 2, "{}", r.show());
     assert!(
-        r.stdout.contains("could not tell: this is not a pass"),
+        r.stdout
+            .contains("could not tell (no-tool): this is not a pass"),
         "{}",
         r.show()
     );

@@ -357,3 +357,130 @@ async fn three_supervisors_diagnosing_at_once_keep_the_budget() {
         n.d.stop(Duration::from_secs(10));
     }
 }
+
+/// After an XID 79 reboot nv-hostengine is not running, so DCGM's diagnosis cannot run (the
+/// stand-in `dcgmi` answers as dcgmi does without a host engine; no CUDA tier). The boot check
+/// never holds the node and its fleet-budget slot for ever: the diagnosis is ordered again
+/// every `[diagnose] retry_delay` until `retry_within`, then the node goes back into service on
+/// the boot check's passive checks (`boot_on_unknown = "return"`), the slot released in the
+/// DynamoDB table and nothing replaced, the incident saying which way and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_host_engine_after_a_reboot_the_boot_check_ends_within_its_bound() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let moto = aws::sdk(&aws::moto().url).await;
+    let table = aws::unique("dg-nohe");
+    aws::create_slot_table(&sdk, &table).await;
+    let s = aws::seed(&sdk, "dg-nohe", 2).await;
+    let mut n = node_i(
+        &s,
+        0,
+        &proxy,
+        &aws::table_fleet(&table),
+        "[diagnose]\nretry_within = \"4s\"\nretry_delay = \"1s\"\n",
+    );
+    gpu_medic_testkit::dcgm::no_host_engine(n.tools.path());
+    n.d.start();
+    n.d.wait_polled();
+    n.d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_step(&n.d, "await-boot").await;
+    n.d.stop(Duration::from_secs(30));
+    let held = aws::slot_item(&moto, &table, &s.asg).await;
+    assert_eq!(held.holders.len(), 1, "the reboot holds the slot: {held:?}");
+    let t0 = std::time::Instant::now();
+    n.boot("boot-2");
+    let inc = n.d.wait_closed(1, Duration::from_secs(40));
+    let took = t0.elapsed();
+    // The bound: the boot check, `retry_within`, the last diagnosis and the restore.
+    assert!(took < Duration::from_secs(25), "{took:?}: {inc:#}");
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    let summary = inc["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("the diagnosis could not tell")
+            && summary.contains("returned on the passive checks")
+            && summary.contains("fleet budget slot released"),
+        "{summary}"
+    );
+    let cmds = started_commands(&inc);
+    let diagnoses = cmds.iter().filter(|c| *c == "diagnose").count();
+    assert!((2..=5).contains(&diagnoses), "{cmds:?}");
+    assert_eq!(
+        cmds.iter().filter(|c| *c != "diagnose").collect::<Vec<_>>(),
+        [
+            "quarantine",
+            "drain",
+            "reboot",
+            "quarantine",
+            "boot-check",
+            "restore"
+        ],
+        "{cmds:?}"
+    );
+    // Each diagnosis could not tell, naming what it could not reach.
+    let ds = diagnosis_of(&inc);
+    assert_eq!(ds.len(), diagnoses, "{inc:#}");
+    for d in &ds {
+        assert_eq!(d["result"], "unknown", "{d:#}");
+        assert_eq!(d["cause"], "host-engine", "{d:#}");
+        assert!(
+            d["summary"]
+                .as_str()
+                .unwrap()
+                .contains("nv-hostengine is not running or not reachable"),
+            "{d:#}"
+        );
+    }
+    let notes: Vec<String> = inc["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["event"] == "note")
+        .map(|r| r["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(
+        notes.iter().any(|t| t.contains("diagnosing again in 1s")),
+        "{notes:#?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|t| t.contains("boot_on_unknown = \"return\"") && t.contains("nv-hostengine")),
+        "{notes:#?}"
+    );
+    // dcgmi was asked each time, for the four GPUs.
+    let calls = n.calls();
+    assert_eq!(calls.len(), diagnoses, "{calls:?}");
+    assert!(
+        calls.iter().all(|c| c == "diag -r 1 -j -i 0,1,2,3"),
+        "{calls:?}"
+    );
+    // Back in service, the slot released in the table and its mark deleted, nothing replaced.
+    // (moto deletes an attribute only when the call names its value too, which ECS does not
+    // ask for: the mark is checked by the call, not by moto's record.)
+    let (status, _, attrs) = aws::instance(&sdk, &s.cluster, &s.nodes[0].arn).await;
+    assert_eq!(status, "ACTIVE", "{attrs:?}");
+    assert!(
+        attrs.contains(&("gpu-medic.health".into(), Some("ok".into()))),
+        "{attrs:?}"
+    );
+    assert!(
+        aws::asg_health(&sdk, &s.asg)
+            .await
+            .contains(&(s.nodes[0].instance_id.clone(), "Healthy".into()))
+    );
+    let item = aws::slot_item(&moto, &table, &s.asg).await;
+    assert!(item.holders.is_empty(), "slot released: {item:?}");
+    assert_eq!(
+        proxy.count_with("DeleteAttributes", "\"name\":\"gpu-medic.slot\""),
+        1
+    );
+    assert_eq!(proxy.count("SetInstanceHealth"), 0);
+    // On-call reads the cause in the incident.
+    let out = n.d.cli(&["incidents", "show", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("diagnosis (quick): unknown [host-engine]"),
+        "{text}"
+    );
+    n.d.stop(Duration::from_secs(10));
+}

@@ -55,6 +55,19 @@ impl Launch {
         Launch { d, _imds: imds }
     }
 
+    /// Sets `[lifecycle] check_deadline` (the harness writes 2 s).
+    fn check_deadline(&self, deadline: &str) {
+        let text = std::fs::read_to_string(self.d.config()).unwrap();
+        std::fs::write(
+            self.d.config(),
+            text.replace(
+                "check_deadline = \"2s\"",
+                &format!("check_deadline = \"{deadline}\""),
+            ),
+        )
+        .unwrap();
+    }
+
     fn kmsg(&self, text: &str) {
         std::fs::write(self.d.path("kmsg"), text).unwrap();
     }
@@ -342,4 +355,146 @@ async fn the_gate_abandons_a_launch_whose_gpu_fails_the_diagnosis() {
     );
     assert_eq!(abandon_tag(&sdk, &s.asg).await.len(), 1);
     assert!(proxy.lifecycle_waiting().is_empty());
+}
+
+/// `[diagnose]` for the gate: only the DCGM tier, on a stand-in `dcgmi` in `dir`.
+fn dcgm_tier(dir: &std::path::Path) -> String {
+    format!(
+        "[diagnose]\ndcgmi = \"{}\"\ndcgm_host = \"unix:///run/nvidia-dcgm/nv-hostengine\"\ncuda_library = \"\"\nlaunch_level = \"quick\"\ntimeout = \"10m\"\n",
+        dir.join("dcgmi").display()
+    )
+}
+
+/// nv-hostengine is not running at the launch: DCGM's diagnosis cannot run. The gate looks
+/// again under the hook's heartbeats until `check_deadline`, then completes the hook
+/// (CONTINUE, `pending`): never held for ever, and never abandoned for a host engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_host_engine_the_gate_completes_the_hook_within_its_deadline() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "lc-nohe", 1).await;
+    let me = &s.nodes[0];
+    put_launch_hook(&sdk, &s.asg).await;
+    proxy.lifecycle_wait(HOOK, &me.instance_id);
+    let tools = tempfile::tempdir().unwrap();
+    gpu_medic_testkit::dcgm::no_host_engine(tools.path());
+    let l = Launch::new(&s, &proxy, 0, &s.cluster, &dcgm_tier(tools.path())).await;
+    l.check_deadline("5s");
+    let t0 = std::time::Instant::now();
+    let (code, r, stderr) = l.check(&[]);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5 + 5),
+        "{took:?}: {r:#}\n{stderr}"
+    );
+    assert_eq!(code, 1, "{r:#}\n{stderr}");
+    assert_eq!(r["health"], "unknown", "{r:#}");
+    assert_eq!(r["decision"], "continue-pending");
+    assert_eq!(r["result"], "CONTINUE");
+    assert!(r["attempts"].as_u64().unwrap() >= 2, "{r:#}");
+    let d = &r["check"]["diagnosis"];
+    assert_eq!(d["result"], "unknown", "{r:#}");
+    // The last look may have found no time left for another diagnosis; the ones before it
+    // could not reach the host engine.
+    assert!(
+        d["cause"] == "host-engine" || d["cause"] == "timeout",
+        "{r:#}"
+    );
+    let d = if d["cause"] == "timeout" {
+        assert!(
+            d["summary"].as_str().unwrap().contains("no time left"),
+            "{r:#}"
+        );
+        let asked = gpu_medic_testkit::dcgm::calls(tools.path());
+        assert!(asked.len() >= 2, "{asked:?}");
+        return finish_no_host_engine(&proxy, &sdk, &s, &r, asked.len() as u64).await;
+    } else {
+        d
+    };
+    assert!(
+        d["summary"]
+            .as_str()
+            .unwrap()
+            .contains("nv-hostengine is not running or not reachable"),
+        "{r:#}"
+    );
+    assert!(d["summary"].as_str().is_some());
+    let calls = gpu_medic_testkit::dcgm::calls(tools.path());
+    assert_eq!(
+        calls.len() as u64,
+        r["attempts"].as_u64().unwrap(),
+        "{calls:?}"
+    );
+    assert!(
+        calls[0].ends_with("--host unix:///run/nvidia-dcgm/nv-hostengine"),
+        "{calls:?}"
+    );
+    finish_no_host_engine(&proxy, &sdk, &s, &r, calls.len() as u64).await;
+}
+
+/// The end of [`with_no_host_engine_the_gate_completes_the_hook_within_its_deadline`]:
+/// dcgmi was asked at the looks that had time for it (`asked`), and the hook was completed
+/// once.
+async fn finish_no_host_engine(proxy: &Proxy, sdk: &SdkConfig, s: &Seeded, r: &Value, asked: u64) {
+    assert!(asked <= r["attempts"].as_u64().unwrap(), "{r:#}");
+    assert_eq!(
+        proxy.count_with("CompleteLifecycleAction", "LifecycleActionResult=CONTINUE"),
+        1
+    );
+    let (_, _, attrs) = aws::instance(sdk, &s.cluster, &s.nodes[0].arn).await;
+    assert_eq!(health(&attrs).as_deref(), Some("pending"), "{attrs:?}");
+    assert!(abandon_tag(sdk, &s.asg).await.is_empty());
+}
+
+/// A `dcgmi` that hangs (a host engine that accepts and never answers), `[diagnose] timeout`
+/// ten minutes: the gate cuts the diagnosis to what is left of `check_deadline` and completes
+/// the hook in time, the hang's whole process tree killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_dcgmi_never_holds_the_hook_past_the_gates_deadline() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "lc-hang", 1).await;
+    let me = &s.nodes[0];
+    put_launch_hook(&sdk, &s.asg).await;
+    proxy.lifecycle_wait(HOOK, &me.instance_id);
+    let tools = tempfile::tempdir().unwrap();
+    let dcgmi = tools.path().join("dcgmi");
+    std::fs::write(
+        &dcgmi,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec sleep 987654\n",
+            tools.path().join("calls").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&dcgmi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let l = Launch::new(&s, &proxy, 0, &s.cluster, &dcgm_tier(tools.path())).await;
+    l.check_deadline("4s");
+    // dcgmi runs and is cut at what is left of the gate's 4 s, not at its ten minutes.
+    let t0 = std::time::Instant::now();
+    let (code, r, stderr) = l.check(&[]);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(4 + 5),
+        "{took:?}: {r:#}\n{stderr}"
+    );
+    assert_eq!(code, 1, "{r:#}\n{stderr}");
+    assert_eq!(r["decision"], "continue-pending", "{r:#}");
+    assert_eq!(r["result"], "CONTINUE", "{r:#}");
+    let d = &r["check"]["diagnosis"];
+    assert_eq!(d["cause"], "timeout", "{r:#}");
+    assert!(!gpu_medic_testkit::dcgm::calls(tools.path()).is_empty());
+    // No dcgmi of the gate's is left running.
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.trim() == "sleep 987654")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(
+        proxy.count_with("CompleteLifecycleAction", "LifecycleActionResult=CONTINUE"),
+        1
+    );
 }

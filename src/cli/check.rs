@@ -328,6 +328,9 @@ fn launch_gate(
         .build()
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let check_cfg = cfg.clone();
+    // The gate's own clock: every diagnosis it runs ends before `check_deadline`, so a tool
+    // that hangs (dcgmi with no host engine answering) never holds the hook past it.
+    let gate_deadline = std::time::Instant::now() + cfg.lifecycle.check_deadline;
     if let Some(e) = &mistake {
         tracing::error!("configuration error: {e}; the launch gate cannot tell");
     }
@@ -345,7 +348,7 @@ fn launch_gate(
             None => examine(&check_cfg, &policy),
         };
         let mut r = r;
-        let verdict = launch_diagnosis(&check_cfg, &mut r);
+        let verdict = launch_diagnosis(&check_cfg, &mut r, gate_deadline);
         (verdict, r)
     }));
     let saved = cfg.files().launch_gate();
@@ -368,18 +371,55 @@ fn launch_gate(
 
 /// The launch gate tests the GPUs of a node the passive checks found healthy, at `[diagnose]
 /// launch_level`, where a diagnosis tool can run: a failure makes the node unhealthy, "could
-/// not tell" makes the gate look again (under the hook's heartbeats) until its deadline.
-fn launch_diagnosis(cfg: &crate::config::Config, r: &mut CheckReport) -> Health {
+/// not tell" makes the gate look again (under the hook's heartbeats) until its deadline. Each
+/// tier's deadline is cut to what is left of the gate's (`deadline`), so no diagnosis runs
+/// past it. The MPS daemon is left alone here (the supervisor watches it at the same time):
+/// while it is up, DCGM does not run.
+fn launch_diagnosis(
+    cfg: &crate::config::Config,
+    r: &mut CheckReport,
+    deadline: std::time::Instant,
+) -> Health {
     let verdict = r.checked.verdict;
     let d = &cfg.diagnose;
-    if verdict != Health::Healthy
-        || crate::diagnose::usable(d.dcgmi().as_deref(), d.cuda_library().as_deref())
-            .0
-            .is_empty()
-    {
+    let (tiers, _) = crate::diagnose::usable(d.dcgmi().as_deref(), d.cuda_library().as_deref());
+    if verdict != Health::Healthy || tiers.is_empty() {
         return verdict;
     }
-    let diagnosis = match super::diagnose::diagnose_node(cfg, d.launch_level, &[]) {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    // The tiers run one after the other: each gets its share of what is left (less a margin
+    // for the answer to the hook), less the grace a killed tree gets where there is room.
+    let tier_count = u32::try_from(tiers.len()).unwrap_or(1).max(1);
+    let margin = (left / 10).min(std::time::Duration::from_secs(1));
+    let share = (left.saturating_sub(margin) / tier_count).min(d.timeout);
+    let grace = crate::diagnose::dcgm::TERM_GRACE;
+    let share = if share > grace * 2 {
+        share - grace
+    } else {
+        share
+    };
+    if share < std::time::Duration::from_millis(100) {
+        let why = format!(
+            "could not tell: no time left for a diagnosis within [lifecycle] check_deadline ({} left)",
+            humantime::format_duration(std::time::Duration::from_millis(left.as_millis() as u64))
+        );
+        tracing::warn!("launch gate: {why}");
+        r.diagnosis = Some(crate::model::diagnosis::Diagnosis {
+            level: d.launch_level,
+            result: crate::model::diagnosis::DiagResult::Unknown,
+            gpus: Vec::new(),
+            tiers: Vec::new(),
+            summary: why,
+            cause: Some(crate::model::diagnosis::Cause::Timeout),
+            duration_ms: 0,
+        });
+        return Health::Unknown;
+    }
+    let mut cfg = cfg.clone();
+    cfg.diagnose.timeout = cfg.diagnose.timeout.min(share);
+    let cfg = &cfg;
+    let d = &cfg.diagnose;
+    let diagnosis = match super::diagnose::diagnose_node(cfg, d.launch_level, &[], false) {
         Ok(x) => x.without_raw(),
         Err(why) => {
             tracing::warn!("launch gate: the diagnosis could not be asked: {why}");
@@ -392,7 +432,10 @@ fn launch_diagnosis(cfg: &crate::config::Config, r: &mut CheckReport) -> Health 
         diagnosis.summary
     );
     let health = match diagnosis.result {
-        crate::model::diagnosis::DiagResult::Pass => Health::Healthy,
+        // Configuration findings are reported, never a reason to abandon a launch.
+        crate::model::diagnosis::DiagResult::Pass | crate::model::diagnosis::DiagResult::Config => {
+            Health::Healthy
+        }
         crate::model::diagnosis::DiagResult::Fail => Health::Unhealthy,
         crate::model::diagnosis::DiagResult::Unknown => Health::Unknown,
     };
@@ -442,12 +485,7 @@ fn print_gate(report: &crate::launch::gate::LaunchReport<CheckReport>) {
             );
         }
         if let Some(d) = &c.diagnosis {
-            println!(
-                "  diagnosis ({}): {}: {}",
-                d.level.as_str(),
-                d.result.as_str(),
-                d.summary
-            );
+            println!("  {}", super::diagnose::headline(d));
         }
     }
 }

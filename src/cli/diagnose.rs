@@ -2,7 +2,8 @@
 //! diagnostics where `dcgmi` is installed and the built-in CUDA check through the driver's
 //! library, on every GPU NVML lists or the ones `--gpu` names. Exit 0 only when something ran
 //! and passed on every GPU asked; 1 when a test failed (the GPU's index and UUID, the test and
-//! the tool's own message); 2 when nothing could tell.
+//! the tool's own message); 2 when nothing could tell (saying what it could not read); 3 when
+//! every GPU passed and a tool found configuration to fix ("needs configuration").
 //!
 //! The daemon runs this command as a child of its own for a `diagnose` order (after a reboot,
 //! after a drain), so a tool that crashes or hangs never takes the supervisor down; the launch
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 
 use super::{CliError, ConfigArg, exit, print_json};
 use crate::config::Config;
-use crate::diagnose::{self, Plan, cuda::CudaPlan};
+use crate::diagnose::{self, MpsAround, Plan, cuda::CudaPlan};
 use crate::model::diagnosis::{DiagResult, Diagnosis, Level};
 
 #[derive(Debug, clap::Args)]
@@ -35,6 +36,11 @@ pub struct DiagnoseArgs {
     /// `diagnose` order reads it).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Stop the MPS daemon gpu-medic manages for DCGM's run and start it again after (DCGM
+    /// needs the GPUs without an MPS server). Only on a drained node: the daemon's diagnose
+    /// order passes it; without it DCGM does not run while MPS is up.
+    #[arg(long)]
+    stop_mps: bool,
 }
 
 fn parse_level(s: &str) -> Result<Level, String> {
@@ -49,7 +55,7 @@ pub fn run(args: DiagnoseArgs) -> Result<i32, CliError> {
         Config::parse(&args.config.config, "").map_err(CliError::Config)?
     };
     let level = args.level.unwrap_or(cfg.diagnose.level);
-    let d = match diagnose_node(&cfg, level, &args.gpus) {
+    let d = match diagnose_node(&cfg, level, &args.gpus, args.stop_mps) {
         Ok(d) => d,
         Err(why) => {
             eprintln!("gpu-medic diagnose: {why}");
@@ -126,10 +132,22 @@ pub fn select(listed: &[(u32, String)], wanted: &[String]) -> Result<Vec<(u32, S
 }
 
 /// The plan for this node: the tiers `[diagnose]` turns on, the CUDA check as an MPS client
-/// when gpu-medic manages MPS and `through_mps` is on.
-pub fn plan(cfg: &Config, level: Level, gpus: Vec<(u32, String)>, explicit: bool) -> Plan {
+/// when gpu-medic manages MPS and `through_mps` is on, and the MPS daemon stopped for DCGM's
+/// run when `stop_mps` (a drained node) or else left alone.
+pub fn plan(
+    cfg: &Config,
+    level: Level,
+    gpus: Vec<(u32, String)>,
+    explicit: bool,
+    stop_mps: bool,
+) -> Plan {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gpu-medic"));
     let d = &cfg.diagnose;
+    let mps = match (cfg.mps.enabled, stop_mps) {
+        (false, _) => MpsAround::Unmanaged,
+        (true, false) => MpsAround::Leave(std::sync::Arc::new(NodeMps(cfg.mps.clone()))),
+        (true, true) => MpsAround::Stop(std::sync::Arc::new(NodeMps(cfg.mps.clone()))),
+    };
     Plan {
         level,
         gpus: gpus.clone(),
@@ -146,18 +164,25 @@ pub fn plan(cfg: &Config, level: Level, gpus: Vec<(u32, String)>, explicit: bool
             env: Vec::new(),
         }),
         timeout: d.timeout,
+        mps,
     }
 }
 
-/// Diagnoses this node's GPUs (`wanted`: indexes or UUIDs; empty: all). Err only for a
-/// mistake in what was asked (a GPU that does not exist).
-pub fn diagnose_node(cfg: &Config, level: Level, wanted: &[String]) -> Result<Diagnosis, String> {
+/// Diagnoses this node's GPUs (`wanted`: indexes or UUIDs; empty: all; `stop_mps`: the node
+/// is drained, the MPS daemon may be stopped for DCGM). Err only for a mistake in what was
+/// asked (a GPU that does not exist).
+pub fn diagnose_node(
+    cfg: &Config,
+    level: Level,
+    wanted: &[String],
+    stop_mps: bool,
+) -> Result<Diagnosis, String> {
     let (listed, unlisted) = match nvml_gpus(cfg) {
         Ok(listed) => (listed, None),
         Err(why) => (Vec::new(), Some(why)),
     };
     let gpus = select(&listed, wanted)?;
-    let mut d = diagnose::run(&plan(cfg, level, gpus, !wanted.is_empty()));
+    let mut d = diagnose::run(&plan(cfg, level, gpus, !wanted.is_empty(), stop_mps));
     // "No GPU to test" says why when NVML could not list them (a driver that is not loaded).
     if let Some(why) = unlisted
         && d.gpus.is_empty()
@@ -167,15 +192,86 @@ pub fn diagnose_node(cfg: &Config, level: Level, wanted: &[String]) -> Result<Di
     Ok(d)
 }
 
+/// The MPS daemon gpu-medic manages, reached as the MPS probe finds it (its processes in
+/// `/proc`) and stopped and started again through the restart remedy's path.
+struct NodeMps(crate::config::MpsConfig);
+
+impl crate::diagnose::MpsControl for NodeMps {
+    fn look(&self) -> Result<crate::diagnose::MpsSeen, String> {
+        let found = crate::mps::procs::Scanner::new(&self.0.control_binary, &self.0.pipe_directory)
+            .scan_blocking()?;
+        Ok(crate::diagnose::MpsSeen {
+            pipe: self.0.pipe_directory.display().to_string(),
+            daemons: found.daemon_pids(),
+            servers: found.servers.iter().map(|s| s.pid).collect(),
+        })
+    }
+
+    fn stop(&self) -> Result<String, String> {
+        let remedy = crate::remedy::mps::MpsDaemon::new(self.0.clone());
+        on_own_runtime(|| async move { remedy.stop_for_diagnosis().await })?
+            .map_err(|e| e.to_string())
+    }
+
+    fn start(&self) -> Result<String, String> {
+        let remedy = crate::remedy::mps::MpsDaemon::new(self.0.clone());
+        on_own_runtime(|| async move { remedy.start_after_diagnosis().await })?
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs an async job to its end on a runtime of its own, on a thread of its own (the caller
+/// may be inside a runtime already, where another cannot block).
+fn on_own_runtime<F, Fut, T>(job: F) -> Result<T, String>
+where
+    F: FnOnce() -> Fut + Send,
+    Fut: std::future::Future<Output = T>,
+    T: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start a runtime: {e}"))?;
+            Ok(rt.block_on(job()))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the MPS job panicked".to_string()))
+    })
+}
+
 fn print_text(d: &Diagnosis) {
     println!("diagnosis ({}): {}", d.level.as_str(), d.result.as_str());
     println!("  {}", d.summary);
     for line in lines(d) {
         println!("{line}");
     }
-    if d.result == DiagResult::Unknown {
-        println!("could not tell: this is not a pass");
+    match d.result {
+        DiagResult::Unknown => println!(
+            "could not tell ({}): this is not a pass",
+            d.cause.map_or("unknown", |c| c.as_str())
+        ),
+        DiagResult::Config => {
+            println!("needs configuration: not a hardware fault, reported for an operator")
+        }
+        DiagResult::Pass | DiagResult::Fail => {}
     }
+}
+
+/// A diagnosis in one line: `diagnosis (quick): unknown [host-engine]: <summary>`, the cause
+/// of one that could not tell in brackets (`incidents show`, the launch gate's report).
+pub fn headline(d: &Diagnosis) -> String {
+    let cause = d
+        .cause
+        .map(|c| format!(" [{}]", c.as_str()))
+        .unwrap_or_default();
+    format!(
+        "diagnosis ({}): {}{cause}: {}",
+        d.level.as_str(),
+        d.result.as_str(),
+        d.summary
+    )
 }
 
 /// Each tier's run and each GPU's result per test, one line each (`diagnose` and
@@ -193,11 +289,19 @@ pub fn lines(d: &Diagnosis) -> Vec<String> {
         } else {
             format!(": {}", t.why)
         };
+        let cause = t
+            .cause
+            .filter(|_| !t.ran || t.result == DiagResult::Unknown)
+            .map(|c| format!(" [{}]", c.as_str()))
+            .unwrap_or_default();
         out.push(format!(
-            "  {:<5} {state} ({:.1}s){why}",
+            "  {:<5} {state}{cause} ({:.1}s){why}",
             t.tier.as_str(),
             t.duration_ms as f64 / 1000.0
         ));
+        for n in &t.notes {
+            out.push(format!("        note: {n}"));
+        }
     }
     for g in &d.gpus {
         out.push(format!(

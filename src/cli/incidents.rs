@@ -756,6 +756,7 @@ pub fn print_timeline(i: &Incident) {
         if let crate::model::IncidentEvent::ActionFinished { outcome } = &r.event
             && let Some(d) = &outcome.diagnosis
         {
+            println!("      {}", super::diagnose::headline(d));
             for line in super::diagnose::lines(d) {
                 println!("      {line}");
             }

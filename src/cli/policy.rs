@@ -313,9 +313,12 @@ fn diagnosis(p: &Policy) -> String {
         return "never: a drained node is kept for an operator, a rebooted one returns on the passive checks".into();
     }
     format!(
-        "gpu-medic diagnose (DCGM's diagnostics, the built-in CUDA check; config [diagnose]) {}; could not tell: {} (on_unknown), deadline {}; a node with no tool that can run skips it",
+        "gpu-medic diagnose (DCGM's diagnostics, the built-in CUDA check; config [diagnose]) {}; could not tell: tried again every {} for {} (retry_delay, retry_within), then after a drain {} (on_unknown), after a reboot {} (boot_on_unknown); needs configuration: back in service, reported; deadline {}; a node with no tool that can run skips it",
         when.join(" and "),
+        humantime::format_duration(d.retry_delay),
+        humantime::format_duration(d.retry_within),
         d.on_unknown.as_str(),
+        d.boot_on_unknown.as_str(),
         humantime::format_duration(p.deadlines.diagnose)
     )
 }

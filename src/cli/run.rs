@@ -221,7 +221,7 @@ async fn serve(
         remedies.control_plane = Some(cp);
     }
     remedies.evidence = evidence(&cfg, config_file, &shutdown, clock.clone()).await;
-    remedies.diagnose = diagnose(&cfg, config_file);
+    remedies.diagnose = diagnose(&cfg, config_file, &mps_client);
     if cfg.mps.enabled {
         remedies.mps = Some(Arc::new(
             MpsDaemon::with_client(cfg.mps.clone(), mps_client).with_clock(clock.clone()),
@@ -295,6 +295,7 @@ async fn evidence(
 fn diagnose(
     cfg: &crate::config::Config,
     config_file: &Path,
+    mps_client: &ControlClient,
 ) -> Option<Arc<dyn crate::remedy::diagnose::DiagnoseRemedy>> {
     let d = &cfg.diagnose;
     let (ok, not) = crate::diagnose::usable(d.dcgmi().as_deref(), d.cuda_library().as_deref());
@@ -308,9 +309,11 @@ fn diagnose(
         );
         return None;
     }
-    Some(Arc::new(
-        crate::remedy::diagnose::DiagnoseCommand::from_config(cfg, config_file),
-    ))
+    let mut command = crate::remedy::diagnose::DiagnoseCommand::from_config(cfg, config_file);
+    if cfg.mps.enabled {
+        command = command.with_mps(mps_client.clone());
+    }
+    Some(Arc::new(command))
 }
 
 /// The check after a reboot: `gpu-medic check`, the launch gate's checks, with its findings

@@ -89,6 +89,8 @@ pub struct Metrics {
     repairs: Family<Labels, Counter>,
     /// Diagnoses of the GPUs by level and result, and how long they took.
     diagnoses: Family<Labels, Counter>,
+    /// Diagnoses that could not tell, by what they could not read.
+    diagnosis_unknown: Family<Labels, Counter>,
     diagnosis_duration: Histogram,
     aws_call_errors: Family<Labels, Counter>,
     incidents_open: Gauge,
@@ -247,18 +249,27 @@ impl Metrics {
         let diagnoses = Family::<Labels, Counter>::default();
         registry.register(
             "diagnoses",
-            "Diagnoses of the GPUs (gpu-medic diagnose) the daemon ran, by level (quick, standard, long) and result (pass, fail, unknown)",
+            "Diagnoses of the GPUs (gpu-medic diagnose) the daemon ran, by level (quick, standard, long) and result (pass, fail, unknown, config: passed, needs configuration)",
             diagnoses.clone(),
         );
         // Every level and result from the start at zero: a dashboard's rate has a series to
         // read before the first diagnosis.
         for level in ["quick", "standard", "long"] {
-            for result in ["pass", "fail", "unknown"] {
+            for result in ["pass", "fail", "unknown", "config"] {
                 let _ = diagnoses.get_or_create(&vec![
                     ("level".into(), level.into()),
                     ("result".into(), result.into()),
                 ]);
             }
+        }
+        let diagnosis_unknown = Family::<Labels, Counter>::default();
+        registry.register(
+            "diagnosis_unknown",
+            "Diagnoses that could not tell, by what they could not read (cause: no-tool, host-engine, mps, gpu-busy, timeout, output, runtime-error, entity, missing-gpu, exit-code, no-test, tool)",
+            diagnosis_unknown.clone(),
+        );
+        for cause in crate::model::diagnosis::Cause::ALL {
+            let _ = diagnosis_unknown.get_or_create(&vec![("cause".into(), cause.as_str().into())]);
         }
         let diagnosis_duration = Histogram::new([
             1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
@@ -376,6 +387,7 @@ impl Metrics {
             remediations,
             repairs,
             diagnoses,
+            diagnosis_unknown,
             diagnosis_duration,
             aws_call_errors,
             incidents_open,
@@ -449,6 +461,25 @@ impl Metrics {
         }
     }
 
+    /// A diagnosis the daemon ran: by level and result, what one that could not tell could not
+    /// read, and how long it took.
+    fn diagnosis(&self, d: &crate::model::diagnosis::Diagnosis) {
+        self.diagnoses
+            .get_or_create(&vec![
+                ("level".into(), d.level.as_str().into()),
+                ("result".into(), d.result.as_str().into()),
+            ])
+            .inc();
+        if d.result == crate::model::diagnosis::DiagResult::Unknown {
+            let cause = d.cause.unwrap_or(crate::model::diagnosis::Cause::Tool);
+            self.diagnosis_unknown
+                .get_or_create(&vec![("cause".into(), cause.as_str().into())])
+                .inc();
+        }
+        self.diagnosis_duration
+            .observe(d.duration_ms as f64 / 1000.0);
+    }
+
     /// What the journal's records count: incidents, remediations and their outcomes, AWS
     /// call errors, MPS restarts, repairs by rung.
     fn record_events(&self, actions: &[Action]) {
@@ -494,14 +525,7 @@ impl Metrics {
                         self.fleet_budget(f);
                     }
                     if let Some(d) = &outcome.diagnosis {
-                        self.diagnoses
-                            .get_or_create(&vec![
-                                ("level".into(), d.level.as_str().into()),
-                                ("result".into(), d.result.as_str().into()),
-                            ])
-                            .inc();
-                        self.diagnosis_duration
-                            .observe(d.duration_ms as f64 / 1000.0);
+                        self.diagnosis(d);
                     }
                     let action = started.remove(&outcome.action).unwrap_or("unknown");
                     let result = match outcome.status {
@@ -992,6 +1016,86 @@ mod tests {
         );
         let lag = value(&text, "gpu_medic_export_lag_seconds{lane=\"logs\"}").unwrap();
         assert!((30.0..60.0).contains(&lag), "{lag}");
+    }
+
+    /// A diagnosis that could not tell is counted by what it could not read, beside its
+    /// level and result; every cause has its series from the start.
+    #[test]
+    fn a_diagnosis_that_could_not_tell_is_counted_by_its_cause() {
+        use crate::model::diagnosis::{Cause, DiagResult, Diagnosis, Level};
+        let policy = shipped_policy();
+        let m = Metrics::new();
+        let before = m.render();
+        for cause in Cause::ALL {
+            let series = format!(
+                "gpu_medic_diagnosis_unknown_total{{cause=\"{}\"}}",
+                cause.as_str()
+            );
+            assert_eq!(value(&before, &series), Some(0.0), "{series} in\n{before}");
+        }
+        let diagnosis = |result, cause| Diagnosis {
+            level: Level::Quick,
+            result,
+            gpus: vec![],
+            tiers: vec![],
+            summary: String::new(),
+            cause,
+            duration_ms: 1500,
+        };
+        for (i, (result, cause)) in [
+            (DiagResult::Unknown, Some(Cause::HostEngine)),
+            (DiagResult::Unknown, Some(Cause::HostEngine)),
+            (DiagResult::Config, None),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let record = crate::model::Record {
+                at: Timestamp(1_700_000_000_000),
+                incident: crate::model::IncidentId(1),
+                drill: None,
+                event: IncidentEvent::ActionFinished {
+                    outcome: Outcome {
+                        action: ActionId(i as u64 + 1),
+                        status: OutcomeStatus::Done,
+                        detail: String::new(),
+                        request_ids: vec![],
+                        evidence: None,
+                        fleet: None,
+                        diagnosis: Some(Box::new(diagnosis(result, cause))),
+                    },
+                },
+            };
+            m.record(
+                &Input::Tick,
+                &[Action::Log(record)],
+                &State::default(),
+                &policy,
+            );
+        }
+        let text = m.render();
+        assert_eq!(
+            value(
+                &text,
+                "gpu_medic_diagnosis_unknown_total{cause=\"host-engine\"}"
+            ),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(
+                &text,
+                "gpu_medic_diagnoses_total{level=\"quick\",result=\"unknown\"}"
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "gpu_medic_diagnoses_total{level=\"quick\",result=\"config\"}"
+            ),
+            Some(1.0)
+        );
     }
 
     /// A GPU the engine forgets (an operator aborted its incident) is healthy again: its

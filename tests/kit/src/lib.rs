@@ -74,6 +74,27 @@ pub fn default_policy() -> PathBuf {
     repo().join("policies/default.toml")
 }
 
+/// A node for `gpu-medic diagnose` and `check` in `dir`: `dir/config.toml` with the state in
+/// `dir/state`, the shipped policy, the fake libnvidia-ml's four GPUs, an empty kernel log
+/// `dir/kmsg`, AWS off, `mps` (the `[mps]` section) and `diagnose` (the `[diagnose]` section's
+/// lines). Returns the config's path.
+pub fn diagnose_node(dir: &Path, mps: &str, diagnose: &str) -> PathBuf {
+    let config = format!(
+        "state_dir = \"{state}\"\npolicy = \"{policy}\"\n\
+         [nvml]\nlibrary = \"{nvml}\"\nkmsg = \"{kmsg}\"\n\
+         {mps}\n[aws]\nenabled = false\n\
+         [diagnose]\n{diagnose}\n",
+        state = dir.join("state").display(),
+        policy = default_policy().display(),
+        nvml = fake_nvml().display(),
+        kmsg = dir.join("kmsg").display(),
+    );
+    std::fs::write(dir.join("kmsg"), "").unwrap();
+    let path = dir.join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
 /// The `gpu-medic` binary of the profile the caller was built in.
 ///
 /// A separate crate cannot read `env!("CARGO_BIN_EXE_gpu-medic")` (cargo sets it only for the

@@ -374,6 +374,7 @@ impl Cx<'_> {
             Command::Diagnose { .. } => self.diagnosed(incident, None),
             Command::Restore => match self.st.node.remediation {
                 Some(r) if r.diagnosed && !r.rebooted => self.diagnosed_healthy(incident),
+                Some(r) if r.returned_untested && !r.rebooted => self.returned_untested(incident),
                 Some(r) if r.goal == Goal::Reboot && r.rebooted => self.repaired(incident),
                 _ => {
                     self.back_in_service(incident);

@@ -107,6 +107,21 @@ pub struct Remediation {
     /// diagnosed healthy.
     #[serde(default)]
     pub diagnosed: bool,
+    /// When the diagnose step's first diagnosis was ordered: a diagnosis that could not tell
+    /// is ordered again until `[diagnose] retry_within` from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnose_since: Option<Timestamp>,
+    /// Diagnoses ordered in the step so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub diagnoses: u32,
+    /// The diagnosis could not tell and the node went back on the passive checks
+    /// (`on_unknown` / `boot_on_unknown` = `return`): the restore says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub returned_untested: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Remediation {
@@ -120,6 +135,9 @@ impl Remediation {
             rebooted: false,
             until: None,
             diagnosed: false,
+            diagnose_since: None,
+            diagnoses: 0,
+            returned_untested: false,
         }
     }
 }
@@ -426,16 +444,23 @@ impl Cx<'_> {
             // Waiting for the boot has no order: `tick` enforces `Remediation::until`.
             Step::AwaitBoot => return,
             Step::BootCheck => (Command::BootCheck, NodePhase::Verifying),
-            Step::Diagnose => (
-                Command::Diagnose {
-                    level: self
-                        .st
-                        .capabilities
-                        .diagnose
-                        .unwrap_or(crate::model::diagnosis::Level::Quick),
-                },
-                NodePhase::Verifying,
-            ),
+            Step::Diagnose => {
+                let now = self.now;
+                if let Some(r) = self.st.node.remediation.as_mut() {
+                    r.diagnose_since.get_or_insert(now);
+                    r.diagnoses = r.diagnoses.saturating_add(1);
+                }
+                (
+                    Command::Diagnose {
+                        level: self
+                            .st
+                            .capabilities
+                            .diagnose
+                            .unwrap_or(crate::model::diagnosis::Level::Quick),
+                    },
+                    NodePhase::Verifying,
+                )
+            }
         };
         let phase = match (self.st.node.remediation, step) {
             (Some(r), Step::Quarantine | Step::Restore) if r.rebooted && r.goal == Goal::Reboot => {

@@ -417,6 +417,11 @@ impl Cx<'_> {
 
     /// Back in service after the boot check.
     pub(super) fn repaired(&mut self, incident: IncidentId) {
+        let untested = self
+            .st
+            .node
+            .remediation
+            .is_some_and(|r| r.returned_untested);
         self.back_in_service(incident);
         let boot = self.st.repair.boot.clone().unwrap_or_default();
         // A pending row remap takes effect at the reset a reboot makes; the boot check found
@@ -445,9 +450,15 @@ impl Cx<'_> {
         self.close(
             incident,
             IncidentState::Repaired,
-            format!(
-                "repaired by reboot: healthy after the boot (boot id {boot}); quarantine cleared, container instance ACTIVE, fleet budget slot released{applied}"
-            ),
+            if untested {
+                format!(
+                    "repaired by reboot: passed the boot check (boot id {boot}); the diagnosis could not tell (see the note before), so it returned on the passive checks ([diagnose] boot_on_unknown = \"return\"); quarantine cleared, container instance ACTIVE, fleet budget slot released{applied}"
+                )
+            } else {
+                format!(
+                    "repaired by reboot: healthy after the boot (boot id {boot}); quarantine cleared, container instance ACTIVE, fleet budget slot released{applied}"
+                )
+            },
         );
     }
 

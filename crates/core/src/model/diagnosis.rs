@@ -4,7 +4,11 @@
 //!
 //! The one rule that matters: a pass is only ever what a tool was seen to pass. A tier that
 //! could not run says why and never counts as a pass; a timeout, a lost GPU or output that
-//! cannot be read is "could not tell" ([`DiagResult::Unknown`]), never a pass.
+//! cannot be read is "could not tell" ([`DiagResult::Unknown`]), never a pass, and says what it
+//! could not read ([`Cause`], the words in `why`). A configuration finding (DCGM's Deployment
+//! tests: persistence mode off, an environment variable, ...) is neither a pass nor a hardware
+//! failure: "needs configuration" ([`DiagResult::Config`]), reported and never a reason by
+//! itself to drain or replace a node.
 
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +83,10 @@ pub enum TestStatus {
     Skip,
     /// Ran but could not tell (a timeout, the GPU lost mid-test, unreadable output).
     Unknown,
+    /// A configuration finding (DCGM's Deployment category, or an error DCGM files as
+    /// configuration: persistence mode off, a CUDA environment variable, ...): not a hardware
+    /// failure, and not a pass of the GPU either.
+    Config,
 }
 
 impl TestStatus {
@@ -89,6 +97,7 @@ impl TestStatus {
             TestStatus::Fail => "fail",
             TestStatus::Skip => "skip",
             TestStatus::Unknown => "unknown",
+            TestStatus::Config => "config",
         }
     }
 }
@@ -103,6 +112,9 @@ pub enum DiagResult {
     Fail,
     /// Nothing could tell (exit 2).
     Unknown,
+    /// Every GPU passed its tests, and a tool found configuration to fix (exit 3): "needs
+    /// configuration", reported, never a hardware failure.
+    Config,
 }
 
 impl DiagResult {
@@ -111,6 +123,7 @@ impl DiagResult {
             DiagResult::Pass => "pass",
             DiagResult::Fail => "fail",
             DiagResult::Unknown => "unknown",
+            DiagResult::Config => "config",
         }
     }
 
@@ -120,6 +133,80 @@ impl DiagResult {
             DiagResult::Pass => 0,
             DiagResult::Fail => 1,
             DiagResult::Unknown => 2,
+            DiagResult::Config => 3,
+        }
+    }
+
+    /// Whether the GPUs passed what they were tested with (a pass, or a pass with configuration
+    /// findings): what returns a node to service.
+    pub fn passed(self) -> bool {
+        matches!(self, DiagResult::Pass | DiagResult::Config)
+    }
+}
+
+/// What a diagnosis that could not tell could not read: a closed set, the label of
+/// `gpu_medic_diagnosis_unknown_total{cause}` (docs/diagnose.md, "Could not tell").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cause {
+    /// No tier could run here (none installed, all turned off, no GPU found).
+    NoTool,
+    /// DCGM's host engine (nv-hostengine) is not running or cannot be reached.
+    HostEngine,
+    /// An MPS server holds the GPUs: the MPS daemon was up and not stopped for DCGM, or could
+    /// not be started again after it.
+    Mps,
+    /// DCGM said a GPU is busy (held by an MPS server or another process).
+    GpuBusy,
+    /// A tool did not finish within its deadline.
+    Timeout,
+    /// A tool's output could not be read (no document, cut, garbage, a status it has no word
+    /// for).
+    Output,
+    /// DCGM could not complete its run (`runtime_error`).
+    RuntimeError,
+    /// A result names an entity that cannot be read, is not a GPU, or is no GPU present.
+    Entity,
+    /// A GPU present has no pass of its own.
+    MissingGpu,
+    /// An exit code that contradicts the document.
+    ExitCode,
+    /// Every test was skipped or not run.
+    NoTest,
+    /// Anything else a tool could not do (a GPU lost mid-test, a driver call that failed).
+    Tool,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 12] = [
+        Cause::NoTool,
+        Cause::HostEngine,
+        Cause::Mps,
+        Cause::GpuBusy,
+        Cause::Timeout,
+        Cause::Output,
+        Cause::RuntimeError,
+        Cause::Entity,
+        Cause::MissingGpu,
+        Cause::ExitCode,
+        Cause::NoTest,
+        Cause::Tool,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::NoTool => "no-tool",
+            Cause::HostEngine => "host-engine",
+            Cause::Mps => "mps",
+            Cause::GpuBusy => "gpu-busy",
+            Cause::Timeout => "timeout",
+            Cause::Output => "output",
+            Cause::RuntimeError => "runtime-error",
+            Cause::Entity => "entity",
+            Cause::MissingGpu => "missing-gpu",
+            Cause::ExitCode => "exit-code",
+            Cause::NoTest => "no-test",
+            Cause::Tool => "tool",
         }
     }
 }
@@ -169,6 +256,13 @@ pub struct TierRun {
     /// Why it did not run, or could not tell; the tool's own words where it has some.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub why: String,
+    /// What it could not read when it did not run or could not tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
+    /// What was done around the run that people should know (the MPS daemon stopped for
+    /// DCGM and started again, results counted for no GPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     #[serde(default)]
     pub duration_ms: u64,
     /// The tool's raw output (capped), for the evidence bundle; not shown by `incidents show`.
@@ -188,6 +282,9 @@ pub struct Diagnosis {
     pub tiers: Vec<TierRun>,
     /// One line for people: what passed, what failed where, or why nothing could tell.
     pub summary: String,
+    /// What could not be read, when the diagnosis could not tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
     #[serde(default)]
     pub duration_ms: u64,
 }
@@ -197,7 +294,8 @@ pub const MAX_RAW: usize = 64 * 1024;
 
 impl GpuDiagnosis {
     /// The GPU's answer from its tests: a failed test fails it; otherwise a test that could
-    /// not tell makes it unknown; otherwise it passes when at least one test passed.
+    /// not tell makes it unknown; otherwise it passes when at least one test passed (and needs
+    /// configuration when a test found some). A configuration finding alone is no pass.
     pub fn judge(&mut self) {
         let has = |s: TestStatus| self.tests.iter().any(|t| t.status == s);
         self.result = if has(TestStatus::Fail) {
@@ -205,10 +303,44 @@ impl GpuDiagnosis {
         } else if has(TestStatus::Unknown) {
             DiagResult::Unknown
         } else if has(TestStatus::Pass) || has(TestStatus::Warn) {
-            DiagResult::Pass
+            if has(TestStatus::Config) {
+                DiagResult::Config
+            } else {
+                DiagResult::Pass
+            }
         } else {
             DiagResult::Unknown
         };
+    }
+
+    /// Why this GPU could not tell, in words: its tests that could not, or that nothing passed
+    /// it (and what it did find).
+    pub fn unknown_why(&self) -> String {
+        let said: Vec<String> = self
+            .tests
+            .iter()
+            .filter(|t| t.status == TestStatus::Unknown)
+            .map(|t| {
+                if t.message.is_empty() {
+                    format!("{} {}", t.tier.as_str(), t.test)
+                } else {
+                    format!("{} {}: {}", t.tier.as_str(), t.test, t.message)
+                }
+            })
+            .collect();
+        if !said.is_empty() {
+            return said.join("; ");
+        }
+        let found: Vec<String> = self
+            .tests
+            .iter()
+            .map(|t| format!("{} {} {}", t.tier.as_str(), t.test, t.status.as_str()))
+            .collect();
+        if found.is_empty() {
+            "no test ran on it".to_string()
+        } else {
+            format!("no test passed it ({})", found.join(", "))
+        }
     }
 
     /// The first failed test, for one-line summaries.
@@ -253,18 +385,26 @@ impl Diagnosis {
             g.judge();
         }
         let ran: Vec<&TierRun> = runs.iter().filter(|r| r.ran).collect();
-        let result = if gpus.iter().any(|g| g.result == DiagResult::Fail)
+        let (result, cause) = if gpus.iter().any(|g| g.result == DiagResult::Fail)
             || ran.iter().any(|r| r.result == DiagResult::Fail)
         {
-            DiagResult::Fail
-        } else if gpus.is_empty()
-            || ran.is_empty()
-            || ran.iter().any(|r| r.result == DiagResult::Unknown)
-            || gpus.iter().any(|g| g.result != DiagResult::Pass)
+            (DiagResult::Fail, None)
+        } else if gpus.is_empty() {
+            (DiagResult::Unknown, Some(Cause::NoTool))
+        } else if ran.is_empty() {
+            // Nothing ran: what kept the first tier that says so from running.
+            let cause = runs.iter().find_map(|r| r.cause).unwrap_or(Cause::NoTool);
+            (DiagResult::Unknown, Some(cause))
+        } else if let Some(r) = ran.iter().find(|r| r.result == DiagResult::Unknown) {
+            (DiagResult::Unknown, Some(r.cause.unwrap_or(Cause::Tool)))
+        } else if gpus.iter().any(|g| g.result == DiagResult::Unknown) {
+            (DiagResult::Unknown, Some(Cause::MissingGpu))
+        } else if gpus.iter().any(|g| g.result == DiagResult::Config)
+            || ran.iter().any(|r| r.result == DiagResult::Config)
         {
-            DiagResult::Unknown
+            (DiagResult::Config, None)
         } else {
-            DiagResult::Pass
+            (DiagResult::Pass, None)
         };
         let summary = summarize(result, &gpus, &runs);
         let mut d = Diagnosis {
@@ -273,6 +413,7 @@ impl Diagnosis {
             gpus,
             tiers: runs,
             summary,
+            cause,
             duration_ms,
         };
         d.bound();
@@ -298,6 +439,10 @@ impl Diagnosis {
         for r in &mut self.tiers {
             cut(&mut r.why, MAX_TEXT);
             cut(&mut r.raw, MAX_RAW);
+            r.notes.truncate(MAX_ITEMS);
+            for n in &mut r.notes {
+                cut(n, MAX_TEXT);
+            }
         }
         cut(&mut self.summary, MAX_TEXT);
     }
@@ -314,29 +459,9 @@ impl Diagnosis {
 }
 
 fn summarize(result: DiagResult, gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
-    let tiers = |ran: bool| {
-        runs.iter()
-            .filter(|r| r.ran == ran)
-            .map(|r| {
-                if r.why.is_empty() {
-                    r.tier.as_str().to_string()
-                } else {
-                    format!("{} ({})", r.tier.as_str(), r.why)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     match result {
-        DiagResult::Pass => format!(
-            "passed on {} GPU(s) by {}",
-            gpus.len(),
-            runs.iter()
-                .filter(|r| r.ran)
-                .map(|r| r.tier.as_str())
-                .collect::<Vec<_>>()
-                .join(" and ")
-        ),
+        DiagResult::Pass => passed_words(gpus, runs),
+        DiagResult::Config => config_words(gpus, runs),
         DiagResult::Fail => {
             let failed: Vec<String> = gpus
                 .iter()
@@ -354,38 +479,115 @@ fn summarize(result: DiagResult, gpus: &[GpuDiagnosis], runs: &[TierRun]) -> Str
                 })
                 .collect();
             if failed.is_empty() {
-                format!("failed: {}", tiers(true))
+                format!("failed: {}", tier_words(runs, true))
             } else {
                 failed.join("; ")
             }
         }
-        DiagResult::Unknown => {
-            if gpus.is_empty() {
-                "could not tell: no GPU to test".to_string()
-            } else if runs.iter().all(|r| !r.ran) {
-                format!("could not tell: no test could run: {}", tiers(false))
-            } else {
-                let open: Vec<String> = gpus
-                    .iter()
-                    .filter(|g| g.result != DiagResult::Pass)
-                    .map(|g| g.index.to_string())
-                    .collect();
-                let mut s = String::from("could not tell");
-                if !open.is_empty() {
-                    s.push_str(&format!(" on GPU {}", open.join(", ")));
-                }
-                let why: Vec<String> = runs
-                    .iter()
-                    .filter(|r| r.ran && r.result == DiagResult::Unknown)
-                    .map(|r| format!("{}: {}", r.tier.as_str(), r.why))
-                    .collect();
-                if !why.is_empty() {
-                    s.push_str(&format!(" ({})", why.join("; ")));
-                }
-                s
-            }
-        }
+        DiagResult::Unknown => unknown_words(gpus, runs),
     }
+}
+
+/// The tiers that ran (or did not), each with why where it says.
+fn tier_words(runs: &[TierRun], ran: bool) -> String {
+    runs.iter()
+        .filter(|r| r.ran == ran)
+        .map(|r| {
+            if r.why.is_empty() {
+                r.tier.as_str().to_string()
+            } else {
+                format!("{} ({})", r.tier.as_str(), r.why)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn passed_words(gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
+    format!(
+        "passed on {} GPU(s) by {}",
+        gpus.len(),
+        runs.iter()
+            .filter(|r| r.ran)
+            .map(|r| r.tier.as_str())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    )
+}
+
+/// A pass with configuration findings: the pass, then the first findings.
+fn config_words(gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
+    let mut found: Vec<String> = gpus
+        .iter()
+        .flat_map(|g| {
+            g.tests
+                .iter()
+                .filter(|t| t.status == TestStatus::Config)
+                .map(move |t| {
+                    format!(
+                        "GPU {} {} {}: {}",
+                        g.index,
+                        t.tier.as_str(),
+                        t.test,
+                        t.message
+                    )
+                })
+        })
+        .collect();
+    found.extend(
+        runs.iter()
+            .filter(|r| r.ran && r.result == DiagResult::Config && !r.why.is_empty())
+            .map(|r| format!("{}: {}", r.tier.as_str(), r.why)),
+    );
+    found.dedup();
+    found.truncate(4);
+    format!(
+        "{}; needs configuration (not a hardware fault): {}",
+        passed_words(gpus, runs),
+        found.join("; ")
+    )
+}
+
+/// Could not tell: on which GPUs, and what the tiers (or, where none says, each GPU) could not
+/// read.
+fn unknown_words(gpus: &[GpuDiagnosis], runs: &[TierRun]) -> String {
+    if gpus.is_empty() {
+        return "could not tell: no GPU to test".to_string();
+    }
+    if runs.iter().all(|r| !r.ran) {
+        return format!(
+            "could not tell: no test could run: {}",
+            tier_words(runs, false)
+        );
+    }
+    let open: Vec<&GpuDiagnosis> = gpus.iter().filter(|g| !g.result.passed()).collect();
+    let mut s = String::from("could not tell");
+    if !open.is_empty() {
+        s.push_str(&format!(
+            " on GPU {}",
+            open.iter()
+                .map(|g| g.index.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let why: Vec<String> = runs
+        .iter()
+        .filter(|r| r.ran && r.result == DiagResult::Unknown)
+        .map(|r| format!("{}: {}", r.tier.as_str(), r.why))
+        .collect();
+    let why = if why.is_empty() {
+        open.iter()
+            .take(4)
+            .map(|g| format!("GPU {}: {}", g.index, g.unknown_why()))
+            .collect()
+    } else {
+        why
+    };
+    if !why.is_empty() {
+        s.push_str(&format!(" ({})", why.join("; ")));
+    }
+    s
 }
 
 #[cfg(test)]
@@ -414,6 +616,8 @@ mod tests {
             } else {
                 "not installed".into()
             },
+            cause: None,
+            notes: Vec::new(),
             duration_ms: 0,
             raw: String::new(),
         }
@@ -535,6 +739,76 @@ mod tests {
         );
         assert_eq!(d.result, DiagResult::Unknown);
         assert!(d.summary.contains("timed out"), "{}", d.summary);
+    }
+
+    #[test]
+    fn configuration_findings_need_a_pass_and_are_never_a_failure() {
+        let mut config = test(Tier::Dcgm, TestStatus::Config);
+        config.test = "software".into();
+        config.message = "Persistence mode for GPU 0 is disabled".into();
+        let d = Diagnosis::combine(
+            Level::Quick,
+            &asked(1),
+            vec![(
+                run(Tier::Dcgm, true, DiagResult::Config),
+                vec![gpu(
+                    0,
+                    vec![config.clone(), test(Tier::Dcgm, TestStatus::Pass)],
+                )],
+            )],
+            1,
+        );
+        assert_eq!(d.result, DiagResult::Config, "{}", d.summary);
+        assert_eq!(d.result.exit_code(), 3);
+        assert!(d.result.passed());
+        assert!(d.summary.contains("needs configuration"), "{}", d.summary);
+        assert!(d.summary.contains("Persistence mode"), "{}", d.summary);
+        // A configuration finding alone passes nothing: could not tell, saying what it found.
+        let d = Diagnosis::combine(
+            Level::Quick,
+            &asked(1),
+            vec![(
+                run(Tier::Dcgm, true, DiagResult::Pass),
+                vec![gpu(0, vec![config])],
+            )],
+            1,
+        );
+        assert_eq!(d.result, DiagResult::Unknown);
+        assert_eq!(d.cause, Some(Cause::MissingGpu));
+        assert!(
+            d.summary
+                .contains("no test passed it (dcgm software config)"),
+            "{}",
+            d.summary
+        );
+    }
+
+    #[test]
+    fn could_not_tell_names_its_cause() {
+        let mut engine_down = run(Tier::Dcgm, false, DiagResult::Unknown);
+        engine_down.cause = Some(Cause::HostEngine);
+        engine_down.why = "nv-hostengine is not running".into();
+        let d = Diagnosis::combine(
+            Level::Quick,
+            &asked(1),
+            vec![
+                (engine_down, vec![]),
+                (run(Tier::Cuda, false, DiagResult::Unknown), vec![]),
+            ],
+            1,
+        );
+        assert_eq!(d.cause, Some(Cause::HostEngine));
+        assert!(
+            d.summary.contains("nv-hostengine is not running"),
+            "{}",
+            d.summary
+        );
+        let d = Diagnosis::combine(Level::Quick, &[], vec![], 1);
+        assert_eq!(d.cause, Some(Cause::NoTool));
+        // Each cause has its own word, for the metric's label.
+        let words: std::collections::BTreeSet<&str> =
+            Cause::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(words.len(), Cause::ALL.len());
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub const MAX_DEADLINE: Duration = MAX_WINDOW;
 /// be rebooted for ever instead of replaced.
 pub const MAX_REBOOTS: u32 = crate::model::MAX_REBOOT_HISTORY as u32;
 
+/// `[diagnose] retry_within`: at most a day. It is what keeps a node whose diagnosis cannot
+/// tell from holding its fleet-budget slot.
+pub const MAX_DIAGNOSE_RETRY_WITHIN: Duration = Duration::from_secs(24 * 3600);
+
 /// The hottest reading a GPU reports (°C; GPUs shut down near 100): a `thermal` threshold
 /// above it is never reached.
 pub const MAX_CELSIUS: u64 = 200;

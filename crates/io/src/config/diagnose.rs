@@ -8,7 +8,10 @@
 //! - `cuda_library`: the driver's `libcuda.so.1` for the built-in check; `""` turns it off.
 //! - `level`, `launch_level`: how deep (`quick`, `standard`, `long`: DCGM's `-r 1|2|3`).
 //! - `timeout`: each tier's deadline; at it the tier's whole process tree is killed and the
-//!   answer is "could not tell".
+//!   answer is "could not tell". At the launch gate it is cut to what is left of
+//!   `[lifecycle] check_deadline`. How long a diagnosis that could not tell is tried again, and
+//!   what follows, is the policy's `[diagnose]` (`retry_within`, `boot_on_unknown`): the
+//!   engine decides it.
 //! - `through_mps`: the CUDA check runs as a client of the node's MPS daemon (`[mps]
 //!   pipe_directory`) when gpu-medic manages MPS: proof that the MPS server starts and serves
 //!   each GPU, which is what ECS tasks need.

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::model::diagnosis::{
-    DiagResult, GpuDiagnosis, Level, MAX_RAW, TestResult, TestStatus, Tier, TierRun,
+    Cause, DiagResult, GpuDiagnosis, Level, MAX_RAW, TestResult, TestStatus, Tier, TierRun,
 };
 use crate::sys::child::GroupKill;
 
@@ -139,6 +139,8 @@ pub fn run(plan: &CudaPlan) -> (TierRun, Vec<GpuDiagnosis>) {
                 ran: false,
                 result: DiagResult::Unknown,
                 why: format!("cannot start the worker {}: {e}", plan.exe.display()),
+                cause: Some(Cause::Tool),
+                notes: Vec::new(),
                 duration_ms: ms,
                 raw: String::new(),
             },
@@ -416,11 +418,19 @@ fn assemble(
         raw.push_str(&String::from_utf8_lossy(&c.stderr));
     }
     crate::model::cut(&mut raw, MAX_RAW);
+    let timed_out = matches!(c.ending, Ending::TimedOut);
     let tier = |ran: bool, result: DiagResult, why: String| TierRun {
         tier: Tier::Cuda,
         ran,
         result,
         why,
+        cause: match (ran, result) {
+            (false, _) => Some(Cause::NoTool),
+            (true, DiagResult::Unknown) if timed_out => Some(Cause::Timeout),
+            (true, DiagResult::Unknown) => Some(Cause::Tool),
+            _ => None,
+        },
+        notes: Vec::new(),
         duration_ms: ms,
         raw: raw.clone(),
     };
@@ -465,10 +475,7 @@ fn assemble(
     }
     let result = if gpus.iter().any(|g| g.result == DiagResult::Fail) {
         DiagResult::Fail
-    } else if interrupted.is_some()
-        || gpus.is_empty()
-        || gpus.iter().any(|g| g.result != DiagResult::Pass)
-    {
+    } else if interrupted.is_some() || gpus.is_empty() || gpus.iter().any(|g| !g.result.passed()) {
         DiagResult::Unknown
     } else {
         DiagResult::Pass

@@ -10,6 +10,15 @@
 //!
 //! [`run`] runs the tiers for the GPUs asked and puts their findings together
 //! ([`Diagnosis::combine`]): only what a tool was seen to pass is a pass.
+//!
+//! DCGM's diagnostic needs the GPUs without an MPS server on them (its tests make CUDA
+//! contexts of their own; an MPS server holding a GPU in exclusive-process mode makes them
+//! fail "busy or unavailable"). Where gpu-medic manages MPS ([`MpsAround`]) the DCGM tier
+//! looks for the daemon first: on a drained node or in the boot check (`--stop-mps`, what the
+//! daemon's `diagnose` order passes) it stops the daemon through the restart remedy's path
+//! (`systemctl stop <unit>` under systemd, whose `Restart=always` would start it again),
+//! runs DCGM, and starts it again, saying so in the tier's notes; otherwise, while the daemon
+//! is up, DCGM does not run ("MPS up"). It never stops a daemon whose servers serve clients.
 
 pub mod cuda;
 pub mod dcgm;
@@ -17,7 +26,54 @@ pub mod dcgm;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::model::diagnosis::{DiagResult, Diagnosis, GpuDiagnosis, Level, TierRun};
+use std::sync::Arc;
+
+use crate::model::diagnosis::{Cause, DiagResult, Diagnosis, GpuDiagnosis, Level, Tier, TierRun};
+
+/// What is done about the node's MPS daemon around DCGM's run.
+#[derive(Clone)]
+pub enum MpsAround {
+    /// gpu-medic does not manage MPS here (`[mps] enabled = false`): DCGM runs as the node
+    /// is, and its words for a busy GPU are read as such.
+    Unmanaged,
+    /// The daemon is left alone (a hand run, the launch gate, where the supervisor watches it
+    /// at the same time): while it is up DCGM does not run ("MPS up").
+    Leave(Arc<dyn MpsControl>),
+    /// The node is drained or in the boot check: the daemon is stopped for DCGM's run and
+    /// started again after (`gpu-medic diagnose --stop-mps`).
+    Stop(Arc<dyn MpsControl>),
+}
+
+impl std::fmt::Debug for MpsAround {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MpsAround::Unmanaged => "Unmanaged",
+            MpsAround::Leave(_) => "Leave",
+            MpsAround::Stop(_) => "Stop",
+        })
+    }
+}
+
+/// What is up of the MPS daemon gpu-medic manages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsSeen {
+    /// Its pipe directory, for messages.
+    pub pipe: String,
+    pub daemons: Vec<u32>,
+    /// Servers serve clients: someone still uses the GPUs.
+    pub servers: Vec<u32>,
+}
+
+/// The MPS daemon as the caller reaches it (the MPS adapter and the restart remedy's path,
+/// which live above this layer). Errors are the words to show.
+pub trait MpsControl: Send + Sync {
+    /// What serves the pipe directory now.
+    fn look(&self) -> Result<MpsSeen, String>;
+    /// Stops the daemon for DCGM's run; says what was done.
+    fn stop(&self) -> Result<String, String>;
+    /// Starts it again and waits until it answers; says what was done.
+    fn start(&self) -> Result<String, String>;
+}
 
 /// What to test and with what.
 #[derive(Debug, Clone)]
@@ -35,16 +91,25 @@ pub struct Plan {
     pub cuda: Option<cuda::CudaPlan>,
     /// Each tier's deadline.
     pub timeout: Duration,
+    /// The MPS daemon around DCGM's run.
+    pub mps: MpsAround,
 }
 
 /// A tier that was turned off: it ran nothing and says so.
-pub fn off(tier: crate::model::diagnosis::Tier, why: &str) -> (TierRun, Vec<GpuDiagnosis>) {
+pub fn off(tier: Tier, why: &str) -> (TierRun, Vec<GpuDiagnosis>) {
+    not_run(tier, why.to_string(), Cause::NoTool)
+}
+
+/// A tier that did not run, why, and what kept it from running.
+fn not_run(tier: Tier, why: String, cause: Cause) -> (TierRun, Vec<GpuDiagnosis>) {
     (
         TierRun {
             tier,
             ran: false,
             result: DiagResult::Unknown,
-            why: why.to_string(),
+            why,
+            cause: Some(cause),
+            notes: Vec::new(),
             duration_ms: 0,
             raw: String::new(),
         },
@@ -55,7 +120,6 @@ pub fn off(tier: crate::model::diagnosis::Tier, why: &str) -> (TierRun, Vec<GpuD
 /// Runs every tier the plan names, one after the other (DCGM first: it wants the GPUs to
 /// itself), and judges the whole.
 pub fn run(plan: &Plan) -> Diagnosis {
-    use crate::model::diagnosis::Tier;
     let start = Instant::now();
     let indexes: Option<Vec<u32>> = if plan.gpus.is_empty() {
         None
@@ -63,25 +127,46 @@ pub fn run(plan: &Plan) -> Diagnosis {
         Some(plan.gpus.iter().map(|(i, _)| *i).collect())
     };
     let mut tiers = Vec::new();
+    let mut mps_down: Option<String> = None;
     tiers.push(match &plan.dcgmi {
-        Some(binary) => dcgm::run(&dcgm::DcgmPlan {
-            binary: binary.clone(),
-            level: plan.level,
-            gpus: indexes.clone(),
-            timeout: plan.timeout,
-            host: plan.dcgm_host.clone(),
-        }),
+        Some(binary) => {
+            let dplan = dcgm::DcgmPlan {
+                binary: binary.clone(),
+                level: plan.level,
+                gpus: indexes.clone(),
+                timeout: plan.timeout,
+                host: plan.dcgm_host.clone(),
+            };
+            let (run, left_down) = dcgm_around_mps(&dplan, &plan.mps);
+            mps_down = left_down;
+            run
+        }
         None => off(Tier::Dcgm, "turned off ([diagnose] dcgmi = \"\")"),
     });
-    tiers.push(match &plan.cuda {
-        Some(c) => {
+    tiers.push(match (&plan.cuda, &mps_down) {
+        (Some(c), Some(why)) if c.mps_pipe.is_some() => (
+            TierRun {
+                tier: Tier::Cuda,
+                ran: true,
+                result: DiagResult::Unknown,
+                why: format!(
+                    "the check through MPS could not run: the MPS daemon stopped for DCGM could not be started again ({why})"
+                ),
+                cause: Some(Cause::Mps),
+                notes: Vec::new(),
+                duration_ms: 0,
+                raw: String::new(),
+            },
+            Vec::new(),
+        ),
+        (Some(c), _) => {
             let mut c = c.clone();
             c.level = plan.level;
             c.gpus = plan.gpus.clone();
             c.timeout = plan.timeout;
             cuda::run(&c)
         }
-        None => off(Tier::Cuda, "turned off ([diagnose] cuda_library = \"\")"),
+        (None, _) => off(Tier::Cuda, "turned off ([diagnose] cuda_library = \"\")"),
     });
     let asked: Vec<(u32, String)> = if plan.gpus.is_empty() {
         // No NVML list: every GPU a tier that ran found.
@@ -99,13 +184,127 @@ pub fn run(plan: &Plan) -> Diagnosis {
     Diagnosis::combine(plan.level, &asked, tiers, ms)
 }
 
+/// DCGM's tier with the MPS daemon as `mps` says; the second value says why the daemon
+/// stopped for it could not be started again, if it could not.
+fn dcgm_around_mps(
+    plan: &dcgm::DcgmPlan,
+    mps: &MpsAround,
+) -> ((TierRun, Vec<GpuDiagnosis>), Option<String>) {
+    let (control, stop) = match mps {
+        MpsAround::Unmanaged => return (dcgm::run(plan), None),
+        MpsAround::Leave(c) => (c, false),
+        MpsAround::Stop(c) => (c, true),
+    };
+    let seen = match control.look() {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing to go on: DCGM runs, and its words for a busy GPU still count.
+            let mut run = dcgm::run(plan);
+            run.0
+                .notes
+                .push(format!("could not look for the MPS daemon: {e}"));
+            return (run, None);
+        }
+    };
+    if seen.daemons.is_empty() && seen.servers.is_empty() {
+        return (dcgm::run(plan), None);
+    }
+    let up = format!(
+        "MPS up: the MPS control daemon (pid {:?}) serves {}{}",
+        seen.daemons,
+        seen.pipe,
+        if seen.servers.is_empty() {
+            String::new()
+        } else {
+            format!(", its server(s) pid {:?} serving clients", seen.servers)
+        }
+    );
+    if !stop {
+        return (
+            not_run(
+                Tier::Dcgm,
+                format!(
+                    "{up}; DCGM's diagnostic needs the GPUs without an MPS server, and the daemon is left alone here (the daemon's diagnose order on a drained node stops it; by hand: `gpu-medic diagnose --stop-mps` on a drained node)"
+                ),
+                Cause::Mps,
+            ),
+            None,
+        );
+    }
+    if !seen.servers.is_empty() {
+        return (
+            not_run(
+                Tier::Dcgm,
+                format!(
+                    "{up}: clients still use the GPUs (tasks left on the node?), so the daemon is not stopped and DCGM does not run"
+                ),
+                Cause::Mps,
+            ),
+            None,
+        );
+    }
+    let stopped = match control.stop() {
+        Ok(how) => how,
+        Err(e) => {
+            return (
+                not_run(
+                    Tier::Dcgm,
+                    format!("{up}, and it could not be stopped for DCGM's run: {e}"),
+                    Cause::Mps,
+                ),
+                None,
+            );
+        }
+    };
+    let (mut run, gpus) = dcgm::run(plan);
+    run.notes.insert(
+        0,
+        format!(
+            "the MPS daemon of {} was stopped for DCGM's run (it needs the GPUs without an MPS server): {stopped}",
+            seen.pipe
+        ),
+    );
+    let down = start_again(control.as_ref(), &mut run);
+    ((run, gpus), down)
+}
+
+/// Starts the MPS daemon stopped for DCGM's run again, saying so in `run`'s notes; one that
+/// cannot be started makes the tier could not tell (`mps`, unless a GPU failed) and says why.
+fn start_again(control: &dyn MpsControl, run: &mut TierRun) -> Option<String> {
+    match control.start() {
+        Ok(how) => {
+            run.notes.push(format!(
+                "the MPS daemon was started again after DCGM's run: {how}"
+            ));
+            None
+        }
+        Err(e) => {
+            run.notes.push(format!(
+                "the MPS daemon could not be started again after DCGM's run: {e}"
+            ));
+            if run.result != DiagResult::Fail {
+                run.result = DiagResult::Unknown;
+                run.cause = Some(Cause::Mps);
+                run.why = format!(
+                    "the MPS daemon stopped for DCGM's run could not be started again: {e}{}",
+                    if run.why.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {}", run.why)
+                    }
+                );
+            }
+            Some(e)
+        }
+    }
+}
+
 /// Which tiers can run on this machine, and why the others cannot (said once at start; a
 /// tier that cannot run is a configuration or installation matter, never a GPU fault).
 pub fn usable(
     dcgmi: Option<&std::path::Path>,
     cuda_library: Option<&std::path::Path>,
 ) -> (Vec<crate::model::diagnosis::Tier>, Vec<String>) {
-    use crate::model::diagnosis::Tier;
     let mut ok = Vec::new();
     let mut not = Vec::new();
     match dcgmi {

@@ -673,20 +673,8 @@ impl KmsgReader {
                         complete: true,
                     })) => {
                         offset = r.pos;
-                        let boot = clock.map_or(Boot::Unknown, |c| {
-                            super::kernel_record::place(&text, &c, stream.born)
-                        });
-                        if boot == Boot::Earlier {
-                            skipped.earlier += u64::from(glance(&text).is_some());
-                            continue;
-                        }
-                        let doubt = super::kernel_record::file_line_doubt(
-                            &text,
-                            &self.path,
-                            stream.writers.as_deref(),
-                            boot,
-                        );
-                        self.take(text, &stream, offset, cursors, &mut backlog, doubt);
+                        let at = (offset, clock);
+                        self.take_file_line(text, &stream, at, cursors, &mut backlog, &mut skipped);
                     }
                     Ok(Some(crate::sys::lines::CappedLine::Text { .. })) => {
                         // Not finished yet: read it again whole.
@@ -726,38 +714,12 @@ impl KmsgReader {
                     if let Some(wait) = idle {
                         cursors.save();
                         if let Some(rotated) = self.rotation(r.inner.get_ref(), offset) {
-                            let file = match rotated {
-                                Rotation::Truncated { dev, ino } => {
-                                    tracing::warn!(probe = "kmsg", path = %self.path.display(), offset, "the kernel log file was truncated (copytruncate, or recreated on its inode); read again from its start");
-                                    stream.id = StreamId::kmsg_file(
-                                        dev,
-                                        ino,
-                                        next_generation(&stream.id, dev, ino),
-                                    );
-                                    if r.inner.seek(std::io::SeekFrom::Start(0)).is_err() {
-                                        return;
-                                    }
-                                    None
-                                }
-                                Rotation::Replaced(f) => {
-                                    use std::os::unix::fs::MetadataExt;
-                                    let Ok(m) = f.metadata() else { return };
-                                    tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log file was replaced (rotated); reading the new one from its start");
-                                    stream.id = StreamId::kmsg_file(
-                                        m.dev(),
-                                        m.ino(),
-                                        next_generation(&stream.id, m.dev(), m.ino()),
-                                    );
-                                    stream.writers = super::kernel_record::other_writers(&m);
-                                    stream.born = super::kernel_record::born(&m);
-                                    writes = crate::sys::watch::Writes::watch(&self.path);
-                                    Some(f)
-                                }
-                            };
-                            if let Some(f) = file {
-                                r.inner = BufReader::with_capacity(64 * 1024, f);
+                            if self
+                                .reopen(rotated, &mut r, &mut stream, &mut writes, offset)
+                                .is_none()
+                            {
+                                return;
                             }
-                            r.pos = 0;
                             offset = 0;
                             continue;
                         }
@@ -769,6 +731,74 @@ impl KmsgReader {
                 }
             }
         }
+    }
+
+    /// One complete line of a followed file: placed against this boot (`at`: its end offset
+    /// and the clocks), skipped and counted when an earlier boot's, else taken with why it
+    /// cannot stand alone as the kernel's record, if it cannot.
+    fn take_file_line(
+        &self,
+        text: String,
+        stream: &Stream,
+        at: (u64, Option<BootClock>),
+        cursors: &mut Cursors,
+        backlog: &mut Backlog,
+        skipped: &mut Skipped,
+    ) {
+        let (end, clock) = at;
+        let boot = clock.map_or(Boot::Unknown, |c| {
+            super::kernel_record::place(&text, &c, stream.born)
+        });
+        if boot == Boot::Earlier {
+            skipped.earlier += u64::from(glance(&text).is_some());
+            return;
+        }
+        let doubt = super::kernel_record::file_line_doubt(
+            &text,
+            &self.path,
+            stream.writers.as_deref(),
+            boot,
+        );
+        self.take(text, stream, end, cursors, backlog, doubt);
+    }
+
+    /// Reads a rotated file anew from its start, as a new stream (a new generation); `None`
+    /// when it cannot be read any more.
+    fn reopen(
+        &self,
+        rotated: Rotation,
+        r: &mut Counted<std::fs::File>,
+        stream: &mut Stream,
+        writes: &mut Option<crate::sys::watch::Writes>,
+        offset: u64,
+    ) -> Option<()> {
+        let file = match rotated {
+            Rotation::Truncated { dev, ino } => {
+                tracing::warn!(probe = "kmsg", path = %self.path.display(), offset, "the kernel log file was truncated (copytruncate, or recreated on its inode); read again from its start");
+                stream.id = StreamId::kmsg_file(dev, ino, next_generation(&stream.id, dev, ino));
+                r.inner.seek(std::io::SeekFrom::Start(0)).ok()?;
+                None
+            }
+            Rotation::Replaced(f) => {
+                use std::os::unix::fs::MetadataExt;
+                let m = f.metadata().ok()?;
+                tracing::warn!(probe = "kmsg", path = %self.path.display(), "the kernel log file was replaced (rotated); reading the new one from its start");
+                stream.id = StreamId::kmsg_file(
+                    m.dev(),
+                    m.ino(),
+                    next_generation(&stream.id, m.dev(), m.ino()),
+                );
+                stream.writers = super::kernel_record::other_writers(&m);
+                stream.born = super::kernel_record::born(&m);
+                *writes = crate::sys::watch::Writes::watch(&self.path);
+                Some(f)
+            }
+        };
+        if let Some(f) = file {
+            r.inner = BufReader::with_capacity(64 * 1024, f);
+        }
+        r.pos = 0;
+        Some(())
     }
 
     /// Whether the followed file was rotated, read to `offset`: truncated (shorter than
@@ -983,16 +1013,21 @@ fn file_generation(committed: &Resume, dev: u64, ino: u64, len: u64) -> u64 {
     }
 }
 
-/// The XIDs the kernel log holds of this boot, for one-shot checks (`check`, the launch gate,
-/// the check after a reboot), and what was skipped.
+/// The XIDs and SXids the kernel log holds of this boot, for one-shot checks (`check`, the
+/// launch gate, the check after a reboot), and what was skipped.
 #[derive(Debug, Default)]
 pub struct SinceBoot {
     /// Each XID with why it cannot stand alone as the kernel's record (a file's line:
     /// [`super::kernel_record::file_line_doubt`]), or `None`.
     pub xids: Vec<(KernelXid, Option<String>)>,
+    /// The SXids likewise, the newest [`MAX_SXIDS_SINCE_BOOT`] kept.
+    pub sxids: std::collections::VecDeque<(super::sxid::KernelSxid, Option<String>)>,
     /// Driver records of earlier boots a file held: never judged now.
     pub earlier: u64,
 }
+
+/// At most this many SXids since boot are kept for a one-shot check (the newest).
+pub const MAX_SXIDS_SINCE_BOOT: usize = 1024;
 
 /// Every XID the kernel log still holds of this boot (as far as the ring buffer reaches), for
 /// one-shot checks. `/dev/kmsg` is read without blocking: it stops at the end of the buffer,

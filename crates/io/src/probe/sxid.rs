@@ -9,9 +9,6 @@
 //! that one is part of the first, never a second SXid. An SXid is about a switch, not a GPU:
 //! it is judged for the node. Severity: [`crate::policy::sxid_catalog`].
 
-use std::io::BufReader;
-use std::path::Path;
-
 use crate::model::Observation;
 use crate::policy::sxid_catalog::{self, Severity};
 
@@ -76,42 +73,6 @@ pub fn parse_line(line: &str) -> Option<KernelSxid> {
     })
 }
 
-/// Every SXid the kernel log still holds, for one-shot checks: read without blocking, each line
-/// capped at [`crate::sys::limits::MAX_KMSG_LINE`] (longer ones skipped), at most `limit`
-/// of them (the newest kept).
-pub fn read_since_boot(path: &Path, limit: usize) -> std::io::Result<Vec<KernelSxid>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    super::kernel_record::check_path(path).map_err(std::io::Error::other)?;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let cap = crate::sys::limits::MAX_KMSG_LINE;
-    let mut r = BufReader::with_capacity(2 * cap, file);
-    let mut buf = Vec::new();
-    let mut out = std::collections::VecDeque::new();
-    // A regular file is read to its end; /dev/kmsg to the end of its ring buffer.
-    for _ in 0..1_000_000 {
-        match crate::sys::lines::read_capped_line(&mut r, &mut buf, cap, u64::MAX) {
-            Ok(None) => break,
-            Ok(Some(crate::sys::lines::CappedLine::Text { text, .. })) => {
-                if let Some(x) = parse_line(&text) {
-                    if out.len() >= limit {
-                        out.pop_front();
-                    }
-                    out.push_back(x);
-                }
-            }
-            Ok(Some(crate::sys::lines::CappedLine::TooLong { .. })) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out.into_iter().collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,22 +112,5 @@ mod tests {
         ] {
             assert_eq!(parse_line(l), None, "{l}");
         }
-    }
-
-    #[test]
-    fn a_log_file_is_read_and_bounded() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("kmsg");
-        let mut text = String::new();
-        for i in 0..10 {
-            text.push_str(&format!(
-                "4,{i},1,-;nvidia-nvswitch0: SXid (PCI:0000:15:00.0): 11012, Non-fatal, Link {i} single bit ECC\n"
-            ));
-        }
-        text.push_str(&format!("6,99,1,-;{}\n", "x".repeat(20_000)));
-        std::fs::write(&p, text).unwrap();
-        let got = read_since_boot(&p, 4).unwrap();
-        assert_eq!(got.len(), 4);
-        assert_eq!(got[3].seq, 9, "the newest kept");
     }
 }

@@ -5,6 +5,12 @@
 //! `state_dir/diagnoses/<incident>-<action>.json`; the order's outcome carries it without the
 //! raw output, and the file stays for the evidence bundle and for people (the newest
 //! [`KEEP`] are kept).
+//!
+//! Where gpu-medic manages MPS, a diagnosis runs only on a drained node (after the drain, or
+//! in the check after a reboot), so the child gets `--stop-mps`: it stops the MPS daemon for
+//! DCGM's run and starts it again (docs/diagnose.md, "DCGM and MPS"). Meanwhile this remedy
+//! holds the MPS control lock it shares with the MPS probe and the restart remedy: the probe
+//! gives no verdict on a daemon stopped on purpose, and no restart races the diagnosis.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,6 +43,9 @@ pub struct DiagnoseCommand {
     pub dir: PathBuf,
     /// The child's deadline: both tiers' `[diagnose] timeout` and a margin.
     pub timeout: Duration,
+    /// The MPS control client shared with the probe and the restart remedy, when gpu-medic
+    /// manages MPS: its lock is held while the child runs, which is then given `--stop-mps`.
+    pub mps: Option<crate::mps::control::ControlClient>,
 }
 
 impl DiagnoseCommand {
@@ -51,7 +60,15 @@ impl DiagnoseCommand {
                 .timeout
                 .saturating_mul(2)
                 .saturating_add(Duration::from_secs(60)),
+            mps: None,
         }
+    }
+
+    /// Diagnoses with the MPS daemon stopped for DCGM's run, holding `client`'s lock (the one
+    /// the MPS probe and the restart remedy share).
+    pub fn with_mps(mut self, client: crate::mps::control::ControlClient) -> Self {
+        self.mps = Some(client);
+        self
     }
 
     fn file_for(&self, order: &Order) -> PathBuf {
@@ -100,6 +117,11 @@ impl DiagnoseRemedy for DiagnoseCommand {
                 )));
             }
             let _ = std::fs::remove_file(&file);
+            // Held until the child has exited: the daemon is stopped and started on purpose.
+            let _mps_lock = match &self.mps {
+                Some(client) => Some(client.lock().await),
+                None => None,
+            };
             let mut cmd = tokio::process::Command::new(&self.exe);
             cmd.arg("diagnose")
                 .arg("--config")
@@ -109,6 +131,9 @@ impl DiagnoseRemedy for DiagnoseCommand {
                 .arg("--json")
                 .arg("--out")
                 .arg(&file);
+            if self.mps.is_some() {
+                cmd.arg("--stop-mps");
+            }
             let run = crate::sys::child::output_within(
                 &mut cmd,
                 self.timeout,

@@ -141,6 +141,48 @@ impl MpsDaemon {
         })
     }
 
+    /// Stops the daemon and its servers for a diagnosis that needs the GPUs without an MPS
+    /// server (DCGM's), under the control lock: under systemd `systemctl stop <unit>` (the
+    /// ECS GPU AMI's `Restart=always` would start a daemon that merely exited again at once),
+    /// then whatever the unit left, as a restart stops it; directly `quit`, then signals.
+    /// Says what was done.
+    pub async fn stop_for_diagnosis(&self) -> Result<String, RemedyError> {
+        let guard = self.client.lock().await;
+        let unit = match self.cfg.manage {
+            MpsManage::Systemd => {
+                let unit = self.cfg.unit.as_str();
+                self.systemctl(&["stop", unit])
+                    .await
+                    .map_err(|(msg, fatal)| {
+                        if fatal {
+                            RemedyError::fatal(msg)
+                        } else {
+                            RemedyError::retryable(msg)
+                        }
+                    })?;
+                format!("`systemctl stop {unit}`; ")
+            }
+            MpsManage::Direct => String::new(),
+        };
+        let (old, stopped) = self.stop(&guard).await?;
+        Ok(format!("{unit}daemon {}: {stopped}", pids(&old)))
+    }
+
+    /// Starts the daemon again after such a diagnosis (`systemctl start <unit>`, or
+    /// `control_binary -d`), waits until it answers and re-applies its defaults. Says what was
+    /// done.
+    pub async fn start_after_diagnosis(&self) -> Result<String, RemedyError> {
+        let guard = self.client.lock().await;
+        let cleaned = self.clean_stale().await?;
+        let started = self.start().await?;
+        let ready_in = self.wait_ready(&guard).await?;
+        let defaults = self.apply_defaults(&guard).await?;
+        Ok(format!(
+            "{cleaned}; {started}; answering after {} ms; defaults: {defaults}",
+            ready_in.as_millis()
+        ))
+    }
+
     fn mode(&self) -> &'static str {
         match self.cfg.manage {
             MpsManage::Systemd => "systemd",

@@ -580,7 +580,6 @@ async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
 }
 
 /// At most this many SXids since boot are judged by `check` (the newest).
-const MAX_SXIDS_SINCE_BOOT: usize = 1024;
 
 /// The one-shot NVML probe for `gpu-medic check`.
 pub struct NvmlSnapshot {
@@ -595,6 +594,66 @@ pub struct NvmlSnapshot {
 }
 
 impl NvmlSnapshot {
+    /// The kernel log's XIDs and SXids of this boot as observations (a file's records of
+    /// earlier boots skipped and noted, a record that cannot stand alone marked unwitnessed).
+    fn since_boot(
+        &self,
+        path: &std::path::Path,
+        shared: &SharedState,
+        observations: &mut Vec<Observation>,
+        notes: &mut Vec<String>,
+    ) {
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            notes.push(format!(
+                "the kernel log is a file ({}): records of earlier boots are skipped; an XID from a syslog line, from a file anyone but root may write, or one its stamps cannot place in this boot fails no check alone (a second witness is needed; /dev/kmsg is the kernel's own)",
+                path.display()
+            ));
+        }
+        let since = match kmsg::read_since_boot(path, self.boot_id_path.as_deref()) {
+            Ok(since) => since,
+            Err(e) => {
+                tracing::warn!(
+                    probe = "kmsg",
+                    path = %path.display(),
+                    "cannot read the kernel log ({e}); XIDs and SXids since boot are not checked"
+                );
+                return;
+            }
+        };
+        if since.earlier > 0 {
+            notes.push(format!(
+                "{}: {} driver record(s) of earlier boots skipped (never judged now)",
+                path.display(),
+                since.earlier
+            ));
+        }
+        let s = poll::lock(shared);
+        for (x, doubt) in since.xids {
+            let index = s
+                .gpus
+                .values()
+                .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
+                .map(|g| g.index);
+            let mut obs = kmsg::observation(
+                &x,
+                format!("kernel log since boot (PCI {}): {}", x.pci, x.text),
+            );
+            // A device NVML no longer lists (fallen off the bus) is judged for the node.
+            if let Some(index) = index {
+                obs = s.annotate(obs, index);
+            }
+            obs.unwitnessed = doubt;
+            observations.push(obs.from_source("kmsg"));
+        }
+        // NVSwitch errors since boot, for the node.
+        observations.extend(since.sxids.into_iter().map(|(x, doubt)| {
+            let mut o = x.observation();
+            o.detail = o.detail.map(|d| format!("kernel log since boot: {d}"));
+            o.unwitnessed = doubt;
+            o
+        }));
+    }
+
     /// `installed` as [`NvmlSource::new`]'s.
     pub fn new(cfg: NvmlConfig, installed: crate::probe::identity::Installed) -> Self {
         NvmlSnapshot {
@@ -678,60 +737,7 @@ impl Snapshot for NvmlSnapshot {
         // only in the kernel log.
         let mut notes = Vec::new();
         if let Some(path) = self.cfg.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty()) {
-            if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-                notes.push(format!(
-                    "the kernel log is a file ({}): records of earlier boots are skipped; an XID from a syslog line, from a file anyone but root may write, or one its stamps cannot place in this boot fails no check alone (a second witness is needed; /dev/kmsg is the kernel's own)",
-                    path.display()
-                ));
-            }
-            match kmsg::read_since_boot(path, self.boot_id_path.as_deref()) {
-                Ok(since) => {
-                    if since.earlier > 0 {
-                        notes.push(format!(
-                            "{}: {} driver record(s) of earlier boots skipped (never judged now)",
-                            path.display(),
-                            since.earlier
-                        ));
-                    }
-                    let s = poll::lock(&shared);
-                    for (x, doubt) in since.xids {
-                        let index = s
-                            .gpus
-                            .values()
-                            .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
-                            .map(|g| g.index);
-                        let mut obs = kmsg::observation(
-                            &x,
-                            format!("kernel log since boot (PCI {}): {}", x.pci, x.text),
-                        );
-                        // A device NVML no longer lists (fallen off the bus) is judged for
-                        // the node.
-                        if let Some(index) = index {
-                            obs = s.annotate(obs, index);
-                        }
-                        obs.unwitnessed = doubt;
-                        report.observations.push(obs.from_source("kmsg"));
-                    }
-                }
-                Err(e) => tracing::warn!(
-                    probe = "kmsg",
-                    path = %path.display(),
-                    "cannot read the kernel log ({e}); XIDs since boot are not checked"
-                ),
-            }
-            // NVSwitch errors since boot, for the node.
-            match crate::probe::sxid::read_since_boot(path, MAX_SXIDS_SINCE_BOOT) {
-                Ok(sxids) => report.observations.extend(sxids.iter().map(|x| {
-                    let mut o = x.observation();
-                    o.detail = o.detail.map(|d| format!("kernel log since boot: {d}"));
-                    o
-                })),
-                Err(e) => tracing::warn!(
-                    probe = "kmsg",
-                    path = %path.display(),
-                    "cannot read the kernel log ({e}); SXids since boot are not checked"
-                ),
-            }
+            self.since_boot(path, &shared, &mut report.observations, &mut notes);
         }
         Ok(SnapshotReport {
             observations: report.observations,
