@@ -579,8 +579,6 @@ async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
     }
 }
 
-/// At most this many SXids since boot are judged by `check` (the newest).
-
 /// The one-shot NVML probe for `gpu-medic check`.
 pub struct NvmlSnapshot {
     cfg: NvmlConfig,
