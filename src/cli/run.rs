@@ -158,11 +158,9 @@ fn validate(
 ) -> Result<(crate::config::Config, Policy), crate::sys::error::FileError> {
     let cfg = config.load_for(crate::launch::preflight::Mode::Run)?;
     if cfg.nvml.enabled
-        && let Some(kmsg) = cfg
-            .nvml
-            .kmsg
-            .as_deref()
-            .filter(|p| !p.as_os_str().is_empty())
+        && let Some(kmsg) = cfg.nvml.kmsg.as_deref().filter(|p| {
+            !p.as_os_str().is_empty() && *p != std::path::Path::new(crate::probe::kmsg::JOURNALD)
+        })
     {
         crate::probe::kmsg::check_path(kmsg)
             .map_err(|m| crate::sys::error::FileError::new(&config.config, None, m))?;

@@ -11,13 +11,13 @@
 //! not replayed). A fault block still open at the end of a poll keeps the cursor back, so a
 //! restart reads its first lines again. Within one run a `journalctl` that exits is started
 //! again after the last entry read. A `journalctl` that cannot be run is a self-fault
-//! (component `mps-journal`), reported once; the reader is the adapter [`crate::mps::journalctl`].
+//! (component `mps-journal`), reported once; the reader is the adapter [`crate::sys::journalctl`].
 
 use std::time::{Duration, Instant};
 
 use super::logs::{Parser, ServerFailures, observe};
 use crate::model::{Cursor, Observation, Signal};
-use crate::mps::journalctl::{Reader, Spec};
+use crate::sys::journalctl::{Reader, Spec};
 
 /// The self-fault component of a journal that cannot be read.
 pub const COMPONENT: &str = "mps-journal";

@@ -540,8 +540,10 @@ impl LogWatch {
         }
         if cfg.reads_journal() {
             w.journal = Some(super::journald::JournalFollow::new(
-                crate::mps::journalctl::Spec {
-                    journalctl: crate::mps::journalctl::default_journalctl().to_path_buf(),
+                crate::sys::journalctl::Spec {
+                    matches: Vec::new(),
+                    from_start: false,
+                    journalctl: crate::sys::journalctl::default_journalctl().to_path_buf(),
                     unit: cfg.unit.clone(),
                     directory: cfg.journal_directory.clone(),
                 },
@@ -553,7 +555,9 @@ impl LogWatch {
     /// Uses another `journalctl` (tests: a missing one).
     pub fn with_journalctl(mut self, journalctl: &Path) -> Self {
         if let Some(j) = self.journal.take() {
-            let spec = crate::mps::journalctl::Spec {
+            let spec = crate::sys::journalctl::Spec {
+                matches: Vec::new(),
+                from_start: false,
                 journalctl: journalctl.to_path_buf(),
                 ..j.spec().clone()
             };

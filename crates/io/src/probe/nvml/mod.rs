@@ -294,6 +294,7 @@ impl NvmlSource {
                     .with_mps(self.installed.clone()),
                 ),
                 boot_id_path: self.boot_id_path.clone(),
+                journal_directory: self.cfg.kmsg_journal_directory.clone(),
             })
     }
 
@@ -607,7 +608,17 @@ impl NvmlSnapshot {
                 path.display()
             ));
         }
-        let since = match kmsg::read_since_boot(path, self.boot_id_path.as_deref()) {
+        let read = if path == std::path::Path::new(kmsg::JOURNALD) {
+            let boot = self
+                .boot_id_path
+                .as_deref()
+                .and_then(|p| crate::sys::limits::read_boot_id(p).ok())
+                .unwrap_or_default();
+            kmsg::read_journal_since_boot(&boot, self.cfg.kmsg_journal_directory.clone())
+        } else {
+            kmsg::read_since_boot(path, self.boot_id_path.as_deref())
+        };
+        let since = match read {
             Ok(since) => since,
             Err(e) => {
                 tracing::warn!(
