@@ -18,7 +18,7 @@ use gpu_medic::mps::procs::Scanner;
 use gpu_medic::probe::mps::MpsProbe;
 use gpu_medic::remedy::RemedyError;
 use gpu_medic::remedy::mps::MpsDaemon;
-use gpu_medic_testkit::mps::{MPS_BIN as BIN, MpsDir, mps_pids};
+use gpu_medic_testkit::mps::{AgentProber, MPS_BIN as BIN, MpsDir, mps_pids, worst_run};
 use gpu_medic_testkit::proc::{alive, state_letter};
 use gpu_medic_testkit::{Daemon, default_policy, signal, wait_sync};
 
@@ -765,5 +765,200 @@ async fn a_restart_ends_at_its_orders_deadline_in_virtual_time() {
     assert!(
         took >= Duration::from_secs(20) && took < Duration::from_secs(21),
         "virtual {took:?}"
+    );
+}
+
+/// The ECS agent probes the same daemon (`get_default_active_thread_percentage`, 3 s
+/// deadline) and the daemon serves one front-end session at a time (MPS-FACTS §3): a probe
+/// that collides with the agent's fails through no fault of the daemon. A fake agent loop
+/// (the real control binary, as the agent runs it, 50 ms apart: far busier than the agent)
+/// beside gpu-medic's own probe, itself 20 ms apart: a probe may still fail now and then
+/// (both sides start sessions blindly), but never twice in a row, so the daemon is never
+/// restarted for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probing_beside_the_ecs_agents_prober_raises_no_false_alarm() {
+    let mps = Mps::new();
+    mps.start();
+    let agent = AgentProber::start(&mps, Duration::from_millis(50));
+    let cfg = MpsConfig {
+        probe_timeout: Duration::from_secs(2),
+        ..mps.cfg()
+    };
+    let mut probe = MpsProbe::new(cfg);
+    let mut verdicts = Vec::new();
+    for _ in 0..30 {
+        let obs = probe.probe().await.expect("a verdict");
+        verdicts.push((obs.signal, obs.value, obs.detail.unwrap_or_default()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let outcomes = agent.stop();
+    let failed = outcomes.iter().filter(|ok| !**ok).count();
+    let single = verdicts.iter().filter(|v| v.0 != Signal::MpsUp).count();
+    eprintln!(
+        "agent: {failed} of {} probes failed (worst run {}); gpu-medic: {single} of {} probes \
+         failed after their retry",
+        outcomes.len(),
+        worst_run(&outcomes),
+        verdicts.len()
+    );
+    // The default policy restarts at two unresponsive probes in a row (value 2); the daemon
+    // is never taken for down.
+    let restarts: Vec<_> = verdicts
+        .iter()
+        .filter(|(s, value, _)| {
+            *s == Signal::MpsDown || (*s == Signal::MpsUnresponsive && *value >= 2)
+        })
+        .collect();
+    assert!(restarts.is_empty(), "{verdicts:#?}");
+}
+
+/// A front-end left open (an operator's session, an agent's probe that has not finished)
+/// makes every other session fail until it exits (MPS-FACTS §3): the probe waits for it
+/// and then gets its answer, where a probe straight away would have reported the daemon
+/// unresponsive.
+#[tokio::test]
+async fn a_probe_waits_for_another_open_front_end() {
+    use std::io::Write;
+    let mps = Mps::new();
+    mps.start();
+    let mut open = std::process::Command::new(BIN)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &mps.pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &mps.log)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = open.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{PROBE_COMMAND}\n").as_bytes())
+        .unwrap();
+    // The session is open once the daemon logs it.
+    let control_log = || std::fs::read_to_string(mps.log.join("control.log")).unwrap_or_default();
+    wait_sync(
+        "the open session to reach the daemon",
+        Duration::from_secs(5),
+        || control_log().contains("Cmd:get_default_active_thread_percentage"),
+        control_log,
+    );
+    assert_eq!(
+        mps.answer(PROBE_COMMAND, Duration::from_secs(1)),
+        None,
+        "a second session fails while one is open"
+    );
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(stdin);
+        open.wait()
+    });
+    let t0 = Instant::now();
+    let obs = probe_once(MpsConfig {
+        probe_timeout: Duration::from_secs(1),
+        ..mps.cfg()
+    })
+    .await;
+    let waited = t0.elapsed();
+    closer.join().unwrap().unwrap();
+    assert_eq!(obs.signal, Signal::MpsUp, "{obs:?}");
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "answered after {waited:?}: it did not wait"
+    );
+}
+
+/// A fake ECS agent probing at a fixed cadence (every 3 s: the real one probes once per
+/// doctor run, far less often) and gpu-medic's probe every 500 ms through a control binary
+/// whose sessions last 200 ms (a slow host): without keeping away, about two in five of the
+/// agent's probes would land in one of ours and fail. gpu-medic learns the agent's cadence
+/// from the daemon's log (the agent probed before gpu-medic started, as at boot) and keeps
+/// its probes away: the agent sees no failure and gpu-medic no false alarm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_cadence_is_kept_away_from() {
+    let mps = Mps::new();
+    mps.start();
+    let slow = mps.slow_control_binary(Duration::from_millis(200));
+    let agent = AgentProber::start(&mps, Duration::from_secs(3));
+    // Three of the agent's probes in the log before gpu-medic starts.
+    let control_log = || std::fs::read_to_string(mps.log.join("control.log")).unwrap_or_default();
+    wait_sync(
+        "three agent probes",
+        Duration::from_secs(15),
+        || control_log().matches("NEW UI").count() >= 3,
+        control_log,
+    );
+    let mut probe = MpsProbe::new(MpsConfig {
+        control_binary: slow.clone(),
+        probe_timeout: Duration::from_secs(2),
+        ..mps.cfg()
+    });
+    let mut verdicts = Vec::new();
+    let until = Instant::now() + Duration::from_secs(24);
+    while Instant::now() < until {
+        for obs in probe.tick().await {
+            verdicts.push((obs.signal, obs.detail.unwrap_or_default()));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let outcomes = agent.stop();
+    let ours = control_log().matches("Cmd:get_server_list").count();
+    eprintln!(
+        "agent: {} of {} probes failed; gpu-medic: {ours} probes answered",
+        outcomes.iter().filter(|ok| !**ok).count(),
+        outcomes.len()
+    );
+    assert!(ours >= 10, "gpu-medic probed {ours} times");
+    assert!(
+        outcomes.iter().all(|ok| *ok),
+        "the agent's probes: {outcomes:?}\n{}",
+        control_log()
+    );
+    let false_alarms: Vec<_> = verdicts
+        .iter()
+        .filter(|(s, _)| *s != Signal::MpsUp)
+        .collect();
+    assert!(false_alarms.is_empty(), "{false_alarms:#?}");
+}
+
+/// A front-end that never closes its session keeps every other one out: after its wait and
+/// its retry the probe reports the daemon unresponsive, and names the front-end by pid.
+#[tokio::test]
+async fn a_front_end_held_open_is_named() {
+    use std::io::Write;
+    let mps = Mps::new();
+    mps.start();
+    let mut open = std::process::Command::new(BIN)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &mps.pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &mps.log)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = open.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{PROBE_COMMAND}\n").as_bytes())
+        .unwrap();
+    let control_log = || std::fs::read_to_string(mps.log.join("control.log")).unwrap_or_default();
+    wait_sync(
+        "the open session to reach the daemon",
+        Duration::from_secs(5),
+        || control_log().contains("Cmd:get_default_active_thread_percentage"),
+        control_log,
+    );
+    let obs = probe_once(MpsConfig {
+        probe_timeout: Duration::from_secs(1),
+        ..mps.cfg()
+    })
+    .await;
+    drop(stdin);
+    let _ = open.wait();
+    assert_eq!(obs.signal, Signal::MpsUnresponsive, "{obs:?}");
+    let detail = obs.detail.unwrap_or_default();
+    assert!(
+        detail.contains(&format!(
+            "another front-end holds a session with it: pid {}",
+            open.id()
+        )),
+        "{detail}"
     );
 }

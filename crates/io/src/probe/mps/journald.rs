@@ -66,7 +66,11 @@ impl JournalFollow {
     }
 
     /// Reads what is new; starts the reader first when none runs.
-    pub fn poll(&mut self, crashes: &mut ServerFailures) -> Vec<Observation> {
+    pub fn poll(
+        &mut self,
+        crashes: &mut ServerFailures,
+        sessions: &mut Vec<super::logs::Session>,
+    ) -> Vec<Observation> {
         let mut out = Vec::new();
         if self.reader.is_none() {
             if self.not_before.is_some_and(|t| Instant::now() < t) {
@@ -142,7 +146,7 @@ impl JournalFollow {
             self.parser.feed(&e.message, &mut events);
             last = Some((e.cursor, e.realtime_us));
         }
-        let mut obs = observe(events, crashes);
+        let mut obs = observe(events, crashes, sessions);
         if let Some((cursor, realtime_us)) = last {
             if !self.parser.in_block()
                 && let Some(o) = obs.last_mut()
