@@ -962,3 +962,142 @@ async fn a_front_end_held_open_is_named() {
         "{detail}"
     );
 }
+
+/// A control binary that plays a daemon with one server (4242) and the clients listed in
+/// `root/clients`, logging every command to `root/commands`: the real daemon runs no server
+/// without a GPU (MPS-FACTS §4), so the server and client lists cannot be had from it here.
+/// `sticky`: terminate_client answers but the client stays listed.
+fn daemon_with_clients(mps: &Mps, clients: &[u32], sticky: bool) -> PathBuf {
+    let root = mps.root.path();
+    let list: String = clients.iter().map(|c| format!("{c}\n")).collect();
+    std::fs::write(root.join("clients"), list).unwrap();
+    let remove = if sticky {
+        String::new()
+    } else {
+        "grep -vx \"$pid\" \"$state\" > \"$state.new\"; mv \"$state.new\" \"$state\"".to_string()
+    };
+    mps.script(
+        "fake-control",
+        &format!(
+            "state={root}/clients\n\
+             while IFS= read -r cmd; do\n\
+               echo \"$cmd\" >> {root}/commands\n\
+               case \"$cmd\" in\n\
+                 get_server_list) echo 4242 ;;\n\
+                 'get_client_list 4242') cat \"$state\" ;;\n\
+                 'terminate_client 4242 '*) pid=${{cmd#terminate_client 4242 }}; {remove} ;;\n\
+                 get_client_list*|terminate_client*) echo \"Server ${{cmd#* }} not found\" ;;\n\
+                 *) echo \"Unknown command \\\"$cmd\\\"\" ;;\n\
+               esac\n\
+             done",
+            root = root.display()
+        ),
+    )
+}
+
+/// The finest repair: the daemon terminates the client a fault is charged to, found in its
+/// server's client list; a pid it does not serve is said to be no client; a client still
+/// listed after its termination is reported, not taken for done.
+#[tokio::test]
+async fn terminate_client_stops_only_the_named_clients_of_their_server() {
+    use gpu_medic::remedy::MpsRemedy;
+    let mps = Mps::new();
+    let fake = daemon_with_clients(&mps, &[1111, 2222], false);
+    let remedy = MpsDaemon::new(MpsConfig {
+        control_binary: fake.clone(),
+        ..mps.cfg()
+    });
+    let done = remedy.terminate_clients(&[1111, 3333]).await.unwrap();
+    assert_eq!(
+        done.detail,
+        "terminated MPS client 1111 of server 4242; pid 3333 is no client of the MPS daemon \
+         (servers [4242])"
+    );
+    let commands = std::fs::read_to_string(mps.root.path().join("commands")).unwrap();
+    assert_eq!(
+        commands.lines().collect::<Vec<_>>(),
+        [
+            "get_server_list",
+            "get_client_list 4242",
+            "terminate_client 4242 1111",
+            "get_client_list 4242",
+        ]
+    );
+    let left = std::fs::read_to_string(mps.root.path().join("clients")).unwrap();
+    assert_eq!(left, "2222\n", "the other client is left alone");
+
+    let sticky = Mps::new();
+    let fake = daemon_with_clients(&sticky, &[1111], true);
+    let remedy = MpsDaemon::new(MpsConfig {
+        control_binary: fake,
+        ..sticky.cfg()
+    });
+    let done = remedy.terminate_clients(&[1111]).await.unwrap();
+    assert!(
+        done.detail
+            .contains("answered, but the server still lists it"),
+        "{}",
+        done.detail
+    );
+}
+
+/// NVIDIA's real daemon without a GPU runs no server: the pids are no clients of it, and
+/// nothing else is touched.
+#[tokio::test]
+async fn terminate_client_on_the_real_daemon_without_servers() {
+    use gpu_medic::remedy::MpsRemedy;
+    let mps = Mps::new();
+    let pid = mps.start();
+    let done = MpsDaemon::new(mps.cfg())
+        .terminate_clients(&[1111])
+        .await
+        .unwrap();
+    assert_eq!(
+        done.detail,
+        "pid 1111 is no client of the MPS daemon (it runs no server)"
+    );
+    assert_eq!(mps.daemons(), vec![pid]);
+    // A daemon that is not there cannot be asked: retryable.
+    let gone = Mps::new();
+    let err = MpsDaemon::new(gone.cfg())
+        .terminate_clients(&[1111])
+        .await
+        .expect_err("no daemon");
+    assert!(matches!(err, RemedyError::Retryable { .. }), "{err:?}");
+}
+
+/// A stop-tasks order that names client pids goes to the MPS daemon first: the outcome says
+/// which clients were terminated and, without AWS, that no task was stopped.
+#[tokio::test]
+async fn a_stop_tasks_order_terminates_its_clients_first() {
+    use gpu_medic::model::{ActionId, Command, GpuId, IncidentId, Order, OutcomeStatus, Timestamp};
+    use gpu_medic::remedy::{Executor, Remedies};
+    let mps = Mps::new();
+    let fake = daemon_with_clients(&mps, &[1111], false);
+    let remedies = Remedies {
+        mps: Some(std::sync::Arc::new(MpsDaemon::new(MpsConfig {
+            control_binary: fake,
+            ..mps.cfg()
+        }))),
+        ..Remedies::default()
+    };
+    let order = Order {
+        id: ActionId(1),
+        incident: IncidentId(1),
+        command: Command::StopTasks {
+            gpu: GpuId::index_only(0),
+            pids: vec![1111],
+            tasks: vec![],
+        },
+        attempt: 1,
+        deadline: Timestamp(u64::MAX),
+        planned: false,
+    };
+    let outcome = remedies.execute(order).await;
+    assert_eq!(outcome.status, OutcomeStatus::Done, "{outcome:?}");
+    assert_eq!(
+        outcome.detail,
+        "MPS: terminated MPS client 1111 of server 4242; ECS: tasks not stopped: AWS \
+         remediation is disabled ([aws] enabled = false)"
+    );
+}

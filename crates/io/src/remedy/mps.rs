@@ -675,6 +675,17 @@ fn close_inherited_fds_on_exec(cmd: &mut tokio::process::Command) {
 }
 
 impl MpsRemedy for MpsDaemon {
+    fn terminate_clients<'a>(
+        &'a self,
+        pids: &'a [u32],
+    ) -> BoxFuture<'a, Result<Done, RemedyError>> {
+        Box::pin(super::mps_clients::terminate_clients(
+            &self.client,
+            self.cfg.probe_timeout,
+            pids,
+        ))
+    }
+
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
         let (incident, attempt, deadline) = (order.incident, order.attempt, order.deadline);
         Box::pin(async move {
