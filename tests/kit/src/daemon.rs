@@ -214,6 +214,18 @@ impl Daemon {
         self.env("FAKE_NVML_CONFIG", p)
     }
 
+    /// The fake library's GPUs shaped as a real node's: `dump`, an `nvidia-smi -q` or `-q -x`
+    /// dump (`FAKE_NVML_PROFILE`; tests/fixtures/gpus/), with `gpus` GPUs where given
+    /// (`FAKE_NVML_PROFILE_GPUS`; the dump's own count otherwise).
+    pub fn profile(&mut self, dump: &Path, gpus: Option<usize>) -> &mut Daemon {
+        self.env_remove("FAKE_NVML_CONFIG");
+        self.env("FAKE_NVML_PROFILE", dump);
+        match gpus {
+            Some(n) => self.env("FAKE_NVML_PROFILE_GPUS", n.to_string()),
+            None => self.env_remove("FAKE_NVML_PROFILE_GPUS"),
+        }
+    }
+
     /// `json` (default) or `text`.
     pub fn log_format(&mut self, format: &str) -> &mut Daemon {
         self.log_format = format.to_string();
