@@ -380,7 +380,7 @@ async fn five_supervisors_with_skewed_clocks_never_exceed_the_budget() {
     each_tried_again(&others).await;
 
     let (max, samples, worst) = sampler.finish().await;
-    assert!(samples > 50, "{samples} samples");
+    assert!(samples > 10, "{samples} samples");
     assert_eq!(max, 1, "at most 1 DRAINING at once, saw {worst:?}");
     eprintln!(
         "first holder {w} (token {w_token}), next {next}, {samples} samples of moto, at most {max} DRAINING"
