@@ -13,6 +13,8 @@
 //!   container instances, tasks), test configs and orders;
 //! - [`proxy`]: the recording, fault-injecting HTTP proxy in front of moto (throttling, 5xx,
 //!   and the lifecycle actions moto lacks);
+//! - [`throttle`]: AWS-shaped throttling for the proxy (the documented rates, scaled), latency,
+//!   5xx bursts and outages;
 //! - [`http`]: the small HTTP/1 plumbing both fakes and the proxy use;
 //! - [`export`]: the incident export's AWS side (an EventBridge rule to an SQS queue, the
 //!   queue and the log group read back);
@@ -50,6 +52,7 @@ pub mod proc;
 pub mod proxy;
 pub mod stats;
 pub mod systemd;
+pub mod throttle;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

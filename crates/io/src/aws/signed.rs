@@ -127,7 +127,7 @@ impl SignedClient {
     /// One call of AWS's JSON protocol (1.1): `body` POSTed to the endpoint's root with
     /// `X-Amz-Target: <target>`; the same attempts as [`post_form`](Self::post_form). A
     /// refusal's code and message are read from the answer ([`json_error`]); a 2xx answer
-    /// that is not JSON is a terminal error.
+    /// that is not JSON is a terminal error (an empty one is `{}`).
     pub async fn post_json(
         &self,
         op: &'static str,
@@ -141,6 +141,12 @@ impl SignedClient {
             text: &text,
         };
         let reply = self.post(op, &body, json_error).await?;
+        // An operation without output members answers 2xx with an empty body (CloudWatch
+        // Logs' CreateLogGroup and CreateLogStream; moto likewise): that is `{}`, as the SDKs
+        // read it, not an unreadable answer.
+        if reply.body.trim().is_empty() {
+            return Ok((serde_json::json!({}), reply.request_id));
+        }
         let value = serde_json::from_str(&reply.body).map_err(|e| CallError {
             op,
             code: None,
