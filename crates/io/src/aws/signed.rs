@@ -35,9 +35,11 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_ATTEMPTS: u32 = 3;
-/// The wait before the second attempt; doubled before the third (the SDK's standard retry
-/// waits up to 1 s, then 2 s, at random).
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// The window of the wait before the second attempt, doubled before the third, each wait
+/// drawn at random from its window (full jitter, [`crate::sys::backoff`]): the SDK's standard
+/// retry mode, whose initial backoff is 1 s and whose longest is 20 s.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(20);
 /// Credentials are fetched again this long before they expire.
 const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 
@@ -164,7 +166,6 @@ impl SignedClient {
         service_error: fn(&str) -> ServiceError,
     ) -> Result<Reply, CallError> {
         let call = async {
-            let mut backoff = FIRST_BACKOFF;
             let mut attempt = 1;
             loop {
                 let r = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(op, body)).await {
@@ -174,8 +175,12 @@ impl SignedClient {
                 let r = r.and_then(|reply| accept(op, reply, service_error));
                 match r {
                     Err(e) if e.retryable && attempt < MAX_ATTEMPTS => {
-                        tokio::time::sleep(backoff).await;
-                        backoff *= 2;
+                        tokio::time::sleep(crate::sys::backoff::full_jitter(
+                            FIRST_BACKOFF,
+                            attempt - 1,
+                            MAX_BACKOFF,
+                        ))
+                        .await;
                         attempt += 1;
                     }
                     other => return other,

@@ -28,8 +28,9 @@ pub struct FleetConfig {
     /// A claim on an instance that never started draining expires after this.
     #[serde(default = "default_claim_ttl", with = "humantime_serde")]
     pub claim_ttl: Duration,
-    /// When a full budget, the breaker or a kill switch defers a step, retry after about this
-    /// long (with jitter).
+    /// When a full budget, the breaker or a kill switch defers a step, retry after a random
+    /// delay below this, the window doubling with each deferral in a row up to 8 times it
+    /// (full jitter).
     #[serde(default = "default_fleet_retry_after", with = "humantime_serde")]
     pub retry_after: Duration,
     /// The DynamoDB table of the slot protocol (models/README.md); unset: the claim protocol

@@ -366,9 +366,11 @@ struct Lane {
     dropped: u64,
 }
 
-/// Backoff after a failed round: doubling from 1 s to 60 s.
+/// Backoff after a failed round: full jitter over a window doubling from 1 s to 60 s
+/// ([`crate::sys::backoff`]): a fleet whose export failed together (an outage of CloudWatch
+/// Logs or EventBridge) does not retry together.
 fn backoff(failures: u32) -> Duration {
-    crate::sys::backoff::doubling(Duration::from_secs(1), failures, Duration::from_secs(60))
+    crate::sys::backoff::full_jitter(Duration::from_secs(1), failures, Duration::from_secs(60))
 }
 
 impl Lane {

@@ -17,7 +17,6 @@ pub mod slot_rules;
 pub mod slot_table;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use aws_config::SdkConfig;
 use tokio_util::sync::CancellationToken;
@@ -140,12 +139,17 @@ pub fn for_config(sdk: &SdkConfig, cfg: &Config, clock: SharedClock) -> Arc<dyn 
         asg: Asg::new(aws_sdk_autoscaling::Client::new(sdk)),
         clock,
         last: std::sync::Mutex::new(None),
+        deferrals: std::sync::atomic::AtomicU32::new(0),
     };
     match &cfg.fleet.table {
         Some(t) => Arc::new(slot_table::SlotBudget::new(sdk, t, common)),
         None => Arc::new(claims::ClaimBudget::new(common)),
     }
 }
+
+/// The longest deferral window, in `retry_after`s (8: one minute's retry_after grows to at
+/// most eight minutes, drawn uniformly below it).
+pub const DEFERRAL_CAP: u32 = 8;
 
 /// What both protocols work with.
 pub(crate) struct Common {
@@ -154,6 +158,9 @@ pub(crate) struct Common {
     pub clock: SharedClock,
     /// The group as the last admission read it, until the order's outcome takes it.
     pub last: std::sync::Mutex<Option<crate::model::FleetBudgetView>>,
+    /// Deferrals in a row since a step last got its slot (or failed otherwise): the window
+    /// of the next deferral's full jitter doubles with each ([`Common::defer`]).
+    pub deferrals: std::sync::atomic::AtomicU32,
 }
 
 impl Common {
@@ -170,18 +177,34 @@ impl Common {
         format!("{}.slot", self.prefix())
     }
 
-    /// A deferral with jitter, so a fleet of waiting instances does not re-read in lockstep.
+    /// A deferral, retried after a full-jitter delay ([`crate::sys::backoff`]) over a window
+    /// that starts at `retry_after` and doubles with each deferral in a row, up to
+    /// [`DEFERRAL_CAP`] × `retry_after`: a fleet of waiting instances neither re-reads in
+    /// lockstep nor keeps reading the group at the rate of its first retry while the wait
+    /// goes on (docs/fleet-scale.md, "Deferrals").
     fn defer(&self, message: String) -> RemedyError {
         tracing::info!("{message}");
+        let n = self
+            .deferrals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = self.cfg.fleet.retry_after;
         RemedyError::Deferred {
             message,
-            retry_after: self.jittered(self.cfg.fleet.retry_after),
+            retry_after: crate::sys::backoff::full_jitter(
+                base,
+                n,
+                base.saturating_mul(DEFERRAL_CAP),
+            ),
         }
     }
 
-    /// `d` scaled by a factor in [0.5, 1.5), from the clock's milliseconds (no RNG needed).
-    fn jittered(&self, d: Duration) -> Duration {
-        d.mul_f64(0.5 + (self.clock.now_ms() % 1000) as f64 / 1000.0)
+    /// An attempt ended other than deferred (a slot, or a failure): the next deferral's
+    /// window starts again at `retry_after`.
+    fn settled(&self, r: &Result<Slot, RemedyError>) {
+        if !matches!(r, Err(RemedyError::Deferred { .. })) {
+            self.deferrals
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The Auto Scaling group and the cluster's container instances, read together.

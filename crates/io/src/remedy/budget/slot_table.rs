@@ -377,9 +377,8 @@ impl SlotBudget {
         // SWEEPS_PER_PERIOD times per retry_after, whatever its size.
         let mut members: u32 = 1;
         loop {
-            let period = self
-                .c
-                .jittered(sweep_period(self.c.cfg.fleet.retry_after, members));
+            let period =
+                crate::sys::backoff::spread(sweep_period(self.c.cfg.fleet.retry_after, members));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
@@ -605,7 +604,11 @@ impl FleetBudget for SlotBudget {
         first: FirstReads,
         order: &'a Order,
     ) -> BoxFuture<'a, Result<Slot, RemedyError>> {
-        Box::pin(self.table_slot(calls, here, first, order))
+        Box::pin(async move {
+            let slot = self.table_slot(calls, here, first, order).await;
+            self.c.settled(&slot);
+            slot
+        })
     }
 
     fn note<'a>(
