@@ -124,3 +124,473 @@ async fn every_service_is_throttled_in_its_own_words() {
     dynamo.read(&mut calls, &s.asg).await.unwrap();
     ecs.list_instances(&mut calls).await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fleet harness: N real daemons (GM_FLEET_N, default 20), scenarios sharing one start
+// (GM_FLEET_SCENARIOS, default "idle,a,e,f"); scripts/fleet-sim.sh runs it with N = 100 and
+// prints the figures (GM_FLEET_REPORT: where the figures go as JSON).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpu_medic_testkit::fleet::{self, Fleet, Opts, Record};
+use gpu_medic_testkit::now_ms;
+use gpu_medic_testkit::stats::Rng;
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One measured phase: its window and what it was.
+struct Phase {
+    name: &'static str,
+    from: f64,
+    to: f64,
+}
+
+/// The figures of every phase, printed and written as JSON.
+fn report(f: &Fleet, phases: &[Phase], extra: serde_json::Value) -> serde_json::Value {
+    let r = f.record();
+    let n = f.nodes.len() as f64;
+    let mut out = serde_json::Map::new();
+    for p in phases {
+        let hours = (p.to - p.from) / 3_600_000.0;
+        let per_node_hour = |c: usize| c as f64 / n / hours;
+        let mut apis = serde_json::Map::new();
+        eprintln!(
+            "\n== {} ({:.0} s, {} nodes): calls per node-hour by API",
+            p.name,
+            (p.to - p.from) / 1000.0,
+            n
+        );
+        for ((service, op), (calls, throttled)) in r.by_api(p.from, p.to) {
+            eprintln!(
+                "  {:<12} {:<34} {:>10.1}  ({calls} calls, {throttled} throttled)",
+                service.name(),
+                op,
+                per_node_hour(calls)
+            );
+            apis.insert(
+                format!("{}:{op}", service.name()),
+                serde_json::json!({"per_node_hour": per_node_hour(calls), "calls": calls, "throttled": throttled}),
+            );
+        }
+        let u = r.units(p.from, p.to);
+        let (lost, puts) = r.conflicts(p.from, p.to);
+        let (busiest, who) = r.busiest(p.from, p.to, 10.0);
+        eprintln!(
+            "  DynamoDB read units {:.0}, write units {:.0}; Logs {} bytes in {} calls; EventBridge {} events; conditional writes lost {lost} of {puts}; busiest node {busiest} calls in 10 s ({who})",
+            u.read_units, u.write_units, u.log_bytes, u.log_puts, u.events
+        );
+        out.insert(
+            p.name.to_string(),
+            serde_json::json!({
+                "seconds": (p.to - p.from) / 1000.0,
+                "apis": apis,
+                "read_units": u.read_units, "write_units": u.write_units,
+                "log_bytes": u.log_bytes, "log_calls": u.log_puts, "events": u.events,
+                "conflicts": lost, "puts": puts, "busiest_10s": busiest,
+            }),
+        );
+    }
+    out.insert("extra".into(), extra);
+    out.insert("n".into(), serde_json::json!(f.nodes.len()));
+    serde_json::Value::Object(out)
+}
+
+/// Node `i`'s incidents (`incidents list --json`: one object per line).
+fn incidents(f: &Fleet, i: usize) -> Vec<serde_json::Value> {
+    let out = f.nodes[i].cli(&["incidents", "list", "--json"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits until every node of `which` is replaced, or has an incident saying why it stays
+/// (`held`: the words), up to `limit`; returns those replaced.
+async fn wait_resolved(
+    f: &Fleet,
+    which: &BTreeSet<usize>,
+    held: &[&str],
+    limit: Duration,
+) -> BTreeSet<usize> {
+    let ids: BTreeMap<usize, String> = which
+        .iter()
+        .map(|i| (*i, f.s.nodes[*i].instance_id.clone()))
+        .collect();
+    let resolved = || {
+        let replaced = f.asg.replaced();
+        ids.iter().all(|(i, id)| {
+            replaced.contains(id)
+                || incidents(f, *i)
+                    .iter()
+                    .any(|inc| held.iter().any(|w| inc.to_string().contains(w)))
+        })
+    };
+    let t0 = std::time::Instant::now();
+    while !resolved() && t0.elapsed() < limit {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let replaced = f.asg.replaced();
+    ids.into_iter()
+        .filter(|(_, id)| replaced.contains(id))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The record's invariants: never more than `budget` remediations at once; no instance
+/// remediated twice; only `faulted` instances remediated.
+fn check_budget(r: &Record, budget: usize, faulted: &BTreeSet<String>) {
+    let (most, who) = r.most_at_once();
+    assert!(most <= budget, "{most} at once (budget {budget}): {who:?}");
+    let eps = r.episodes();
+    let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &eps {
+        *per.entry(e.instance.as_str()).or_default() += 1;
+        assert!(
+            faulted.contains(&e.instance),
+            "{} was remediated without a fault: {e:?}",
+            e.instance
+        );
+    }
+    for (i, k) in per {
+        assert_eq!(k, 1, "{i} remediated {k} times: {eps:?}");
+    }
+}
+
+/// Scenario a: XID 79 on 30 % of the nodes within 10 s, gpu-medic restarted (SIGKILL) on
+/// three random nodes mid-way. Every faulted node ends replaced (the breaker lets one repair
+/// through at a time while open, then the budget); never more than the budget out at once.
+async fn scenario_a(
+    f: &mut Fleet,
+    rng: &mut Rng,
+    budget: usize,
+) -> (BTreeSet<usize>, serde_json::Value) {
+    let n = f.nodes.len();
+    let k = (n * 3).div_ceil(10);
+    let mut all: Vec<usize> = (0..n).collect();
+    let mut faulted = BTreeSet::new();
+    while faulted.len() < k {
+        let i = all.remove(rng.below(all.len() as u64) as usize);
+        faulted.insert(i);
+    }
+    let t0 = now_ms();
+    let gap = Duration::from_millis(10_000 / k as u64);
+    let restarts: Vec<usize> = (0..3).map(|_| rng.below(n as u64) as usize).collect();
+    for (j, i) in faulted.iter().enumerate() {
+        f.nodes[*i].inject(r#"{"gpu": 0, "xid": 79}"#);
+        if j == k / 2 {
+            for r in &restarts {
+                f.restart(*r);
+            }
+        }
+        tokio::time::sleep(gap).await;
+    }
+    let limit = Duration::from_secs(env_or("GM_FLEET_A_LIMIT_S", 120 + 20 * k as u64));
+    let replaced = wait_resolved(f, &faulted, &[], limit).await;
+    // Time from the burst to every slot in use (the budget's slots all held at once).
+    let r = f.record();
+    let full = r.episodes().iter().find_map(|e| {
+        let t = e.start_ms;
+        let now = r
+            .episodes()
+            .iter()
+            .filter(|o| o.start_ms <= t && o.end_ms.is_none_or(|end| end > t))
+            .count();
+        (now >= budget.min(k)).then_some(t - t0)
+    });
+    let ids: BTreeSet<String> = faulted
+        .iter()
+        .map(|i| f.s.nodes[*i].instance_id.clone())
+        .collect();
+    check_budget(&r, budget, &ids);
+    assert_eq!(
+        replaced, faulted,
+        "every faulted node replaced; restarted: {restarts:?}"
+    );
+    eprintln!(
+        "scenario a: {k} of {n} faulted, restarted {restarts:?}, all replaced in {:.0} s; most at once {} (budget {budget}); every slot in use {:?} ms after the burst",
+        (now_ms() - t0) / 1000.0,
+        r.most_at_once().0,
+        full
+    );
+    (
+        faulted,
+        serde_json::json!({"faulted": k, "replaced_s": (now_ms() - t0) / 1000.0,
+            "most_at_once": r.most_at_once().0, "budget": budget,
+            "all_slots_in_use_ms": full}),
+    )
+}
+
+/// Nodes not in `used`, `k` of them, drawn with `rng`.
+fn pick(rng: &mut Rng, n: usize, used: &BTreeSet<usize>, k: usize) -> BTreeSet<usize> {
+    let mut free: Vec<usize> = (0..n).filter(|i| !used.contains(i)).collect();
+    let mut out = BTreeSet::new();
+    while out.len() < k && !free.is_empty() {
+        out.insert(free.remove(rng.below(free.len() as u64) as usize));
+    }
+    out
+}
+
+/// Scenario e: control-plane trouble. Throttling as a fleet of 10,000 would meet it
+/// (the rates scaled by N / 10,000), a 30 % 5xx burst on every service for 20 s, then a 60 s
+/// outage of every service; two nodes fault at the start. No busy loop (the busiest node's
+/// calls in any 10 s), no duplicate drain, and each of the two ends replaced or with an
+/// incident that says why not.
+async fn scenario_e(
+    f: &mut Fleet,
+    rng: &mut Rng,
+    used: &BTreeSet<usize>,
+    budget: usize,
+) -> (BTreeSet<usize>, serde_json::Value) {
+    let n = f.nodes.len();
+    let outage = Duration::from_secs(env_or("GM_FLEET_OUTAGE_S", 60));
+    let faulted = pick(rng, n, used, 2);
+    let t0 = now_ms();
+    f.proxy.weather(Weather::scaled(n as f64 / 10_000.0, 51));
+    f.proxy.with_weather(|w| {
+        for s in Service::ALL {
+            w.fail_burst(s, 0.3, Duration::from_secs(20));
+            w.latency(s, 0, 200);
+        }
+    });
+    for i in &faulted {
+        f.nodes[*i].inject(r#"{"gpu": 0, "xid": 79}"#);
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    f.proxy.with_weather(|w| {
+        for s in Service::ALL {
+            w.outage(s, outage);
+        }
+    });
+    tokio::time::sleep(outage).await;
+    let trouble_end = now_ms();
+    // Clear weather: an account's own rates (not scaled down).
+    f.proxy.weather(Weather::scaled(1.0, 51));
+    let limit = Duration::from_secs(env_or("GM_FLEET_E_LIMIT_S", 240));
+    let why = ["gave up", "giving up", "failed", "staying quarantined"];
+    let replaced = wait_resolved(f, &faulted, &why, limit).await;
+    let r = f.record();
+    let (busiest, who) = r.busiest(t0, trouble_end, 10.0);
+    let throttled = r.between(t0, trouble_end).filter(|c| c.throttled).count();
+    let all = r.between(t0, trouble_end).count();
+    eprintln!(
+        "scenario e: {} of 2 replaced; {throttled} of {all} calls throttled; busiest node {busiest} calls in 10 s ({who})",
+        replaced.len()
+    );
+    // No busy loop: a node's retries are paced (SDK attempts, the engine's retry delay, the
+    // deferrals' full jitter), never a tight loop against a failing API.
+    assert!(busiest <= 100, "{who}: {busiest} calls within 10 s");
+    let _ = budget;
+    (
+        faulted,
+        serde_json::json!({"replaced": replaced.len(), "throttled": throttled, "calls": all,
+            "busiest_10s": busiest, "outage_s": outage.as_secs()}),
+    )
+}
+
+/// Scenario f: a source outage (NVML, the ECS agent, IMDS) on 30 % of the other nodes for
+/// 90 s: none is taken out of service, and each is back to healthy after (no operator).
+async fn scenario_f(f: &mut Fleet, rng: &mut Rng, used: &BTreeSet<usize>) -> serde_json::Value {
+    let n = f.nodes.len();
+    let dark = pick(rng, n, used, (n * 3).div_ceil(10));
+    let outage = Duration::from_secs(env_or("GM_FLEET_SOURCE_OUTAGE_S", 90));
+    let t0 = now_ms();
+    for i in &dark {
+        f.nodes[*i].inject(r#"{"fail": {"function": "nvmlDeviceGetCount_v2", "code": 999}}"#);
+        f.imds[*i].set_down(true);
+    }
+    f.agent.set_down(true);
+    tokio::time::sleep(outage).await;
+    for i in &dark {
+        f.nodes[*i].inject(r#"{"fail": {"function": "nvmlDeviceGetCount_v2", "code": 0}}"#);
+        f.imds[*i].set_down(false);
+    }
+    f.agent.set_down(false);
+    // Each dark node polls NVML a few times more after the sources are back.
+    for i in &dark {
+        f.nodes[*i].wait_nvml_polls("NVML back", 3);
+    }
+    let r = f.record();
+    let ids: BTreeSet<String> = dark
+        .iter()
+        .map(|i| f.s.nodes[*i].instance_id.clone())
+        .collect();
+    let touched: Vec<_> = r
+        .episodes()
+        .into_iter()
+        .filter(|e| ids.contains(&e.instance) && e.start_ms >= t0)
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "a source outage took nodes out: {touched:?}"
+    );
+    // Back in service: ACTIVE, not marked faulted, Healthy.
+    let health = aws::asg_health(&f.moto, &f.s.asg).await;
+    for i in &dark {
+        let (status, _, attrs) = aws::instance(&f.moto, &f.s.cluster, &f.s.nodes[*i].arn).await;
+        assert_eq!(status, "ACTIVE", "node {i}");
+        assert!(
+            !attrs.contains(&("gpu-medic.health".into(), Some("faulted".into()))),
+            "node {i} latched out of service: {attrs:?}\n{:#?}",
+            incidents(f, *i)
+        );
+        assert!(
+            health.contains(&(f.s.nodes[*i].instance_id.clone(), "Healthy".into())),
+            "node {i}: {health:?}"
+        );
+    }
+    eprintln!(
+        "scenario f: {} nodes without NVML, IMDS and the ECS agent for {} s: none taken out of service",
+        dark.len(),
+        outage.as_secs()
+    );
+    serde_json::json!({"dark": dark.len(), "outage_s": outage.as_secs()})
+}
+
+/// The fleet: N daemons, the scenarios in turn on one start, the invariants checked from the
+/// proxy's record and AWS's final state, and the figures (calls per node-hour by API, units,
+/// bytes, events) printed for each phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleet_of_n_daemons() {
+    let n: usize = env_or("GM_FLEET_N", 20);
+    let scenarios: String = env_or("GM_FLEET_SCENARIOS", "idle,a,e,f".to_string());
+    let has = |s: &str| scenarios.split(',').any(|x| x.trim() == s);
+    let mut o = Opts::new(n);
+    o.budget = env_or("GM_FLEET_BUDGET", "\"20%\"".to_string());
+    o.breaker = env_or("GM_FLEET_BREAKER", "\"20%\"".to_string());
+    let pct = |s: &str| {
+        s.trim_matches('"')
+            .trim_end_matches('%')
+            .parse::<f64>()
+            .unwrap_or(20.0)
+    };
+    let budget = fleet::budget_of(n, pct(&o.budget));
+    let t_start = now_ms();
+    let mut f = Fleet::start(&o).await;
+    let started = now_ms();
+    eprintln!(
+        "{n} daemons started in {:.1} s",
+        (started - t_start) / 1000.0
+    );
+    let mut rng = Rng::new(env_or("GM_FLEET_SEED", 51));
+    let mut phases = vec![];
+    let mut extra = serde_json::Map::new();
+    extra.insert(
+        "start_s".into(),
+        serde_json::json!((started - t_start) / 1000.0),
+    );
+    // The calls of the start (identity checks, the first ECS GPU view, the first sweep),
+    // then the steady state.
+    tokio::time::sleep(Duration::from_secs(env_or("GM_FLEET_SETTLE_S", 10))).await;
+    phases.push(Phase {
+        name: "start",
+        from: t_start,
+        to: now_ms(),
+    });
+    if has("idle") {
+        let idle = Duration::from_secs(env_or("GM_FLEET_IDLE_S", 30));
+        let from = now_ms();
+        tokio::time::sleep(idle).await;
+        phases.push(Phase {
+            name: "idle",
+            from,
+            to: now_ms(),
+        });
+        extra.insert("footprint".into(), footprint(&f));
+    }
+    let mut used = BTreeSet::new();
+    if has("a") {
+        let from = now_ms();
+        let (faulted, x) = scenario_a(&mut f, &mut rng, budget).await;
+        used.extend(faulted);
+        phases.push(Phase {
+            name: "a",
+            from,
+            to: now_ms(),
+        });
+        extra.insert("a".into(), x);
+    }
+    if has("e") {
+        let from = now_ms();
+        let (faulted, x) = scenario_e(&mut f, &mut rng, &used, budget).await;
+        used.extend(faulted);
+        phases.push(Phase {
+            name: "e",
+            from,
+            to: now_ms(),
+        });
+        extra.insert("e".into(), x);
+    }
+    if has("f") {
+        let from = now_ms();
+        let x = scenario_f(&mut f, &mut rng, &used).await;
+        phases.push(Phase {
+            name: "f",
+            from,
+            to: now_ms(),
+        });
+        extra.insert("f".into(), x);
+    }
+    // The whole run: the budget never exceeded, nobody remediated twice or without a fault.
+    let ids: BTreeSet<String> = used
+        .iter()
+        .map(|i| f.s.nodes[*i].instance_id.clone())
+        .collect();
+    check_budget(&f.record(), budget, &ids);
+    final_state(&f).await;
+    let out = report(&f, &phases, serde_json::Value::Object(extra));
+    if let Ok(path) = std::env::var("GM_FLEET_REPORT") {
+        std::fs::write(path, serde_json::to_string_pretty(&out).unwrap()).unwrap();
+    }
+}
+
+/// Memory and CPU per daemon: peak RSS and CPU seconds so far, averaged and at most.
+fn footprint(f: &Fleet) -> serde_json::Value {
+    use gpu_medic_testkit::proc;
+    let mut rss = vec![];
+    let mut cpu = vec![];
+    for d in &f.nodes {
+        let Some(pid) = d.pid() else { continue };
+        if let Some(kb) = proc::status_field(pid, "VmHWM") {
+            rss.push(kb as f64 / 1024.0);
+        }
+        if let (Some(t), Some(start)) = (proc::cpu_ticks(pid), proc::start_secs(pid)) {
+            let up = (proc::uptime_secs() - start).max(1.0);
+            cpu.push(t.own as f64 / proc::clk_tck() / up * 3600.0);
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "per daemon: peak RSS mean {:.1} MiB (max {:.1}); CPU {:.1} s per hour (max {:.1})",
+        mean(&rss),
+        max(&rss),
+        mean(&cpu),
+        max(&cpu)
+    );
+    serde_json::json!({"rss_mib_mean": mean(&rss), "rss_mib_max": max(&rss),
+        "cpu_s_per_hour_mean": mean(&cpu), "cpu_s_per_hour_max": max(&cpu)})
+}
+
+/// Nothing left DRAINING or Unhealthy without an open incident on its node that says why.
+async fn final_state(f: &Fleet) {
+    let draining = aws::draining(&f.moto, &f.s).await;
+    let health = aws::asg_health(&f.moto, &f.s.asg).await;
+    let unhealthy: Vec<String> = health
+        .iter()
+        .filter(|(_, h)| h == "Unhealthy")
+        .map(|(i, _)| i.clone())
+        .collect();
+    for id in draining.iter().chain(&unhealthy) {
+        let Some(i) = f.index(id) else { continue };
+        let open = incidents(f, i)
+            .into_iter()
+            .filter(|inc| inc["closed_at"].is_null())
+            .count();
+        assert!(open > 0, "{id} is out of service with no open incident");
+    }
+}

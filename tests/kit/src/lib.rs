@@ -11,6 +11,8 @@
 //!   logs, always killed on drop, and the CLI pointed at the same config;
 //! - [`aws`]: one moto per test binary, the SDK and seeding (Auto Scaling group, cluster,
 //!   container instances, tasks), test configs and orders;
+//! - [`fleet`]: N daemons of one Auto Scaling group against one moto behind the proxy, Auto
+//!   Scaling played, and the record's invariants and costs (docs/fleet-scale.md);
 //! - [`proxy`]: the recording, fault-injecting HTTP proxy in front of moto (throttling, 5xx,
 //!   and the lifecycle actions moto lacks);
 //! - [`throttle`]: AWS-shaped throttling for the proxy (the documented rates, scaled), latency,
@@ -43,6 +45,7 @@ pub mod daemon;
 pub mod dcgm;
 pub mod elf;
 pub mod export;
+pub mod fleet;
 pub mod http;
 pub mod imds;
 pub mod journal;
