@@ -270,6 +270,14 @@ impl Drain<'_> {
         // Auto Scaling is terminating the instance (the engine knew): its drain takes no
         // budget slot and no kill switch holds it.
         let terminating = matches!(self.order.command, Command::Drain { terminating: true });
+        // A budget full by its own record alone defers before anything else is read (a
+        // waiting fleet reads the slot table only: docs/fleet-scale.md).
+        if !terminating
+            && !self.order.planned
+            && let Some(deferred) = h.budget.precheck(id).await
+        {
+            return Err(deferred);
+        }
         let mut calls = Calls::new();
         let mut hook_calls = Calls::new();
         let own = self.ecs.describe_one(&mut calls, arn, false);

@@ -89,6 +89,15 @@ pub trait FleetBudget: Send + Sync {
     /// The reads `acquire` needs first, all at once (no call depends on another).
     fn first_reads<'a>(&'a self, id: &'a Identity, ecs: &'a Ecs) -> BoxFuture<'a, FirstReads>;
 
+    /// Before any other read of a drain's attempt: a deferral the budget can tell from its
+    /// own record alone, or None (the attempt goes on and reads the group). The slot table's
+    /// item full of other holders is one (docs/fleet-scale.md, "A waiting fleet reads the
+    /// table only"): a waiting instance then costs one GetItem per attempt, not the group's
+    /// Auto Scaling and ECS state. It only ever defers where a full attempt would defer too.
+    fn precheck<'a>(&'a self, _id: &'a Identity) -> BoxFuture<'a, Option<RemedyError>> {
+        Box::pin(async { None })
+    }
+
     /// A slot for this instance's drain or replacement, or why not (`Deferred`). An instance
     /// that already holds one (DRAINING, Unhealthy, a live claim or a committed entry from
     /// before a restart) keeps it.
