@@ -209,6 +209,14 @@ fn incidents(f: &Fleet, i: usize) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Whether node `i`'s journal (its incidents' records: deferrals, outcomes) says any of `words`.
+fn journal_says(f: &Fleet, i: usize, words: &[&str]) -> bool {
+    f.nodes[i]
+        .records()
+        .iter()
+        .any(|r| words.iter().any(|w| r.to_string().contains(w)))
+}
+
 /// Waits until every node of `which` is replaced, or has an incident saying why it stays
 /// (`held`: the words), up to `limit`; returns those replaced.
 async fn wait_resolved(
@@ -223,12 +231,8 @@ async fn wait_resolved(
         .collect();
     let resolved = || {
         let replaced = f.asg.replaced();
-        ids.iter().all(|(i, id)| {
-            replaced.contains(id)
-                || incidents(f, *i)
-                    .iter()
-                    .any(|inc| held.iter().any(|w| inc.to_string().contains(w)))
-        })
+        ids.iter()
+            .all(|(i, id)| replaced.contains(id) || (!held.is_empty() && journal_says(f, *i, held)))
     };
     let t0 = std::time::Instant::now();
     while !resolved() && t0.elapsed() < limit {
@@ -357,8 +361,9 @@ async fn scenario_e(
             w.latency(s, 0, 200);
         }
     });
+    // XID 64 (replace): a fingerprint of its own, apart from scenario a's and c's.
     for i in &faulted {
-        f.nodes[*i].inject(r#"{"gpu": 0, "xid": 79}"#);
+        f.nodes[*i].inject(r#"{"gpu": 0, "xid": 64}"#);
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
     f.proxy.with_weather(|w| {
@@ -371,7 +376,8 @@ async fn scenario_e(
     // Clear weather: an account's own rates (not scaled down).
     f.proxy.weather(Weather::scaled(1.0, 51));
     let limit = Duration::from_secs(env_or("GM_FLEET_E_LIMIT_S", 240));
-    let why = ["gave up", "giving up", "failed", "staying quarantined"];
+    // Carried out (replaced), or abandoned with words that say so (never a passing deferral).
+    let why = ["gave up", "giving up"];
     let replaced = wait_resolved(f, &faulted, &why, limit).await;
     let r = f.record();
     let (busiest, who) = r.busiest(t0, trouble_end, 10.0);
@@ -389,6 +395,158 @@ async fn scenario_e(
         faulted,
         serde_json::json!({"replaced": replaced.len(), "throttled": throttled, "calls": all,
             "busiest_10s": busiest, "outage_s": outage.as_secs()}),
+    )
+}
+
+/// The group's fleet document, read by the harness (straight from moto).
+async fn fleet_doc(f: &Fleet) -> gpu_medic::remedy::budget::patterns::Doc {
+    let t =
+        gpu_medic::aws::dynamo::SlotTable::new(aws_sdk_dynamodb::Client::new(&f.moto), &f.table);
+    let item = t.read_fleet(&mut Calls::new(), &f.s.asg).await.unwrap();
+    serde_json::from_str(&item.doc).unwrap()
+}
+
+/// Scenario c: a fingerprint. XID 48 (replace) on `threshold` nodes within 10 s, with the
+/// same driver, AMI and instance type: ONE fleet incident, opened by one conditional write and
+/// paged once (one EventBridge event); no drain of those nodes starts after it opened while
+/// it is not acknowledged, and another fault (XID 79 on one more node) goes on within the
+/// budget meanwhile; `fleet status` shows it unacknowledged; after `fleet ack` every held node
+/// is replaced.
+async fn scenario_c(
+    f: &mut Fleet,
+    rng: &mut Rng,
+    used: &BTreeSet<usize>,
+    threshold: usize,
+) -> (BTreeSet<usize>, serde_json::Value) {
+    let n = f.nodes.len();
+    let t0 = now_ms();
+    let nodes = pick(rng, n, used, threshold);
+    assert_eq!(nodes.len(), threshold, "too few nodes left for scenario c");
+    let gap = Duration::from_millis(10_000 / threshold as u64);
+    for i in &nodes {
+        f.nodes[*i].inject(r#"{"gpu": 0, "xid": 48}"#);
+        tokio::time::sleep(gap).await;
+    }
+    let mut opened = None;
+    let t = std::time::Instant::now();
+    while opened.is_none() && t.elapsed() < Duration::from_secs(180) {
+        opened = fleet_doc(f)
+            .await
+            .incidents
+            .into_values()
+            .find(|i| i.key.starts_with("xid 48 |"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let inc = opened.expect("a fleet incident for the XID 48 fingerprint");
+    // Every node of the fingerprint ends held (an incident saying so) or was on its way
+    // before the incident opened (an episode that started before).
+    let held_words = ["held for an operator"];
+    let ids: BTreeMap<usize, String> = nodes
+        .iter()
+        .map(|i| (*i, f.s.nodes[*i].instance_id.clone()))
+        .collect();
+    let settled = |f: &Fleet| {
+        let eps = f.record().episodes();
+        ids.iter().all(|(i, id)| {
+            eps.iter()
+                .any(|e| &e.instance == id && e.start_ms <= inc.opened_ms as f64)
+                || journal_says(f, *i, &held_words)
+        })
+    };
+    let t = std::time::Instant::now();
+    while !settled(f) && t.elapsed() < Duration::from_secs(180) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        settled(f),
+        "every node of the fingerprint held or already on its way"
+    );
+    // Another fault goes on within the budget meanwhile.
+    let other = pick(rng, n, &used.union(&nodes).copied().collect(), 1);
+    for i in &other {
+        f.nodes[*i].inject(r#"{"gpu": 0, "xid": 79}"#);
+    }
+    let replaced = wait_resolved(f, &other, &[], Duration::from_secs(240)).await;
+    assert_eq!(
+        replaced, other,
+        "another fault is not held by the fleet incident"
+    );
+    // Nothing of the fingerprint started draining after the incident opened.
+    let late: Vec<_> = f
+        .record()
+        .episodes()
+        .into_iter()
+        .filter(|e| {
+            ids.values().any(|id| *id == e.instance) && e.start_ms > inc.opened_ms as f64 + 1000.0
+        })
+        .collect();
+    assert!(
+        late.is_empty(),
+        "drains held by {} started: {late:?}",
+        inc.id
+    );
+    // One incident, one page.
+    let doc = fleet_doc(f).await;
+    let ours: Vec<_> = doc
+        .incidents
+        .values()
+        .filter(|i| i.key.starts_with("xid 48 |"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{doc:?}");
+    let pages: usize = f
+        .proxy
+        .calls()
+        .iter()
+        .filter(|c| c.op == "PutEvents" && c.body.contains("GPU Medic Fleet Incident Opened"))
+        .count();
+    assert_eq!(pages, 1, "paged once");
+    // `fleet status` shows it unacknowledged; `fleet ack` lets the held drains go.
+    let asker = *nodes.iter().next().unwrap();
+    let out = f.nodes[asker].cli(&["fleet", "status", "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let shown = st["fleet_incidents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == inc.id.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert!(shown["acked"].is_null(), "{st:#}");
+    let text =
+        String::from_utf8_lossy(&f.nodes[asker].cli(&["fleet", "status"]).stdout).to_string();
+    assert!(
+        text.contains("NOT acknowledged") && text.contains(&inc.id),
+        "{text}"
+    );
+    let out = f.nodes[asker].cli(&["fleet", "ack", &inc.id, "--by", "on-call"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acked = fleet_doc(f).await.incidents[&inc.id].acked.clone();
+    assert_eq!(acked.map(|a| a.by), Some("on-call".into()));
+    let limit = Duration::from_secs(env_or("GM_FLEET_C_LIMIT_S", 120 + 30 * threshold as u64));
+    let replaced = wait_resolved(f, &nodes, &[], limit).await;
+    assert_eq!(
+        replaced, nodes,
+        "every node of the fingerprint replaced after the ack"
+    );
+    eprintln!(
+        "scenario c: {} ({} instances) opened {:.1} s after the first fault, paged once; other fault replaced while held; all {} replaced after the ack ({:.0} s in all)",
+        inc.id,
+        inc.instances.len(),
+        (inc.opened_ms as f64 - t0) / 1000.0,
+        nodes.len(),
+        (now_ms() - t0) / 1000.0
+    );
+    let mut all = nodes.clone();
+    all.extend(other);
+    (
+        all,
+        serde_json::json!({"threshold": threshold, "opened_after_s": (inc.opened_ms as f64 - t0) / 1000.0,
+            "pages": pages, "fleet_incident": inc.id}),
     )
 }
 
@@ -410,10 +568,22 @@ async fn scenario_f(f: &mut Fleet, rng: &mut Rng, used: &BTreeSet<usize>) -> ser
         f.imds[*i].set_down(false);
     }
     f.agent.set_down(false);
-    // Each dark node polls NVML a few times more after the sources are back.
-    for i in &dark {
-        f.nodes[*i].wait_nvml_polls("NVML back", 3);
-    }
+    // Each dark node polls NVML a few times more after the sources are back (all counted
+    // from now, awaited together).
+    let before: Vec<(usize, usize)> = dark
+        .iter()
+        .map(|i| (*i, f.nodes[*i].nvml_polls()))
+        .collect();
+    gpu_medic_testkit::wait_sync(
+        "every dark node to poll NVML three more times",
+        Duration::from_secs(120),
+        || {
+            before
+                .iter()
+                .all(|(i, b)| f.nodes[*i].nvml_polls() >= b + 3)
+        },
+        || String::new(),
+    );
     let r = f.record();
     let ids: BTreeSet<String> = dark
         .iter()
@@ -457,11 +627,24 @@ async fn scenario_f(f: &mut Fleet, rng: &mut Rng, used: &BTreeSet<usize>) -> ser
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_of_n_daemons() {
     let n: usize = env_or("GM_FLEET_N", 20);
-    let scenarios: String = env_or("GM_FLEET_SCENARIOS", "idle,a,e,f".to_string());
+    let scenarios: String = env_or("GM_FLEET_SCENARIOS", "idle,a,e,c,f".to_string());
     let has = |s: &str| scenarios.split(',').any(|x| x.trim() == s);
     let mut o = Opts::new(n);
+    // Fleet incidents: a fingerprint on more instances than scenario a faults (30 %) and the
+    // one other XID 79 of scenario c (a and c must not meet: XID 79 is a's fingerprint).
+    let threshold = (n * 3).div_ceil(10) + 2;
+    o.fleet_extra = format!("fingerprint_threshold = {threshold}\npattern_window = \"1h\"\n");
     o.budget = env_or("GM_FLEET_BUDGET", "\"20%\"".to_string());
     o.breaker = env_or("GM_FLEET_BREAKER", "\"20%\"".to_string());
+    o.retry_after = env_or("GM_FLEET_RETRY_AFTER", o.retry_after.clone());
+    o.tick = env_or("GM_FLEET_TICK", o.tick.clone());
+    o.grace = env_or("GM_FLEET_GRACE", o.grace.clone());
+    o.nvml_poll = env_or("GM_FLEET_NVML_POLL", o.nvml_poll.clone());
+    // Mixed versions (scenario g, not in CI): the even nodes run an older gpu-medic.
+    if let Ok(old) = std::env::var("GM_FLEET_OLD_BIN") {
+        o.binary_old = Some(old.into());
+        o.old = (0..n).step_by(2).collect();
+    }
     let pct = |s: &str| {
         s.trim_matches('"')
             .trim_end_matches('%')
@@ -524,6 +707,17 @@ async fn a_fleet_of_n_daemons() {
             to: now_ms(),
         });
         extra.insert("e".into(), x);
+    }
+    if has("c") {
+        let from = now_ms();
+        let (faulted, x) = scenario_c(&mut f, &mut rng, &used, threshold).await;
+        used.extend(faulted);
+        phases.push(Phase {
+            name: "c",
+            from,
+            to: now_ms(),
+        });
+        extra.insert("c".into(), x);
     }
     if has("f") {
         let from = now_ms();

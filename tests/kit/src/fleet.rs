@@ -35,6 +35,12 @@ pub struct Opts {
     pub breaker: String,
     /// `[fleet] retry_after`.
     pub retry_after: String,
+    /// `[ecs] standalone_grace`: each node runs one standalone task, so a drain lasts this
+    /// long at least (a slot is held that long).
+    pub grace: String,
+    /// `tick_interval` and `[nvml] poll_interval`.
+    pub tick: String,
+    pub nvml_poll: String,
     /// More `[fleet]` lines (fleet incidents).
     pub fleet_extra: String,
     /// Extra top-level lines, `[ecs]` lines.
@@ -53,6 +59,9 @@ impl Opts {
             budget: "\"20%\"".into(),
             breaker: "\"20%\"".into(),
             retry_after: "\"2s\"".into(),
+            grace: "\"2s\"".into(),
+            tick: "\"500ms\"".into(),
+            nvml_poll: "\"2s\"".into(),
             fleet_extra: String::new(),
             ecs_extra: String::new(),
             binary: None,
@@ -97,12 +106,17 @@ impl Fleet {
         aws::create_slot_table(&moto, &table).await;
         let s = Arc::new(aws::seed(&moto, "fleet", o.n).await);
         let agent = FakeAgent::start(FakeAgent::metadata(&s.cluster, None), 0).await;
+        // One standalone task per node: a drain waits `standalone_grace`, then stops it.
+        for n in &s.nodes {
+            aws::start_task(&moto, &s, &n.arn, None).await;
+        }
         let mut nodes = Vec::new();
         let mut imds = Vec::new();
         for i in 0..o.n {
             let m = FakeImds::start(&s.nodes[i].instance_id).await;
             m.set_target(Some("InService"));
             m.set_instance_type(Some("t2.micro"));
+            m.set_doc("ami-id", Some("ami-12c6146b"));
             let mut d = node(&s, i, &proxy.url, &table, &agent.url, o);
             d.env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &m.url);
             d.spawn();
@@ -161,32 +175,43 @@ fn wait_started(d: &Daemon) {
 pub fn node(s: &Seeded, i: usize, proxy: &str, table: &str, agent: &str, o: &Opts) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let boot_id = dir.path().join("boot_id");
+    let driver = dir.path().join("driver-version");
+    std::fs::write(
+        &driver,
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  Tue Jul  8 18:21:20 UTC 2025\n",
+    )
+    .unwrap();
     std::fs::write(
         &boot_id,
         format!("{:08x}-0000-4000-8000-{:012x}\n", i, now_ms() as u64),
     )
     .unwrap();
     let config = format!(
-        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = \"500ms\"\n\
-         [nvml]\nlibrary = \"{lib}\"\npoll_interval = \"2s\"\nkmsg = \"{kmsg}\"\n\
+        "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = {tick}\n\
+         [nvml]\nlibrary = \"{lib}\"\npoll_interval = {poll}\nkmsg = \"{kmsg}\"\n\
          [mps]\nenabled = false\n\
          {sections}\
          [ecs]\nagent_url = \"{agent}\"\nagent_wait = \"0s\"\ndrain_poll_interval = \"1s\"\n\
-         standalone_grace = \"2s\"\nforce_stop_lead = \"5s\"\n{ecs}\n\
+         standalone_grace = {grace}\nforce_stop_lead = \"5s\"\n{ecs}\n\
          [fleet]\nwarmup = \"0s\"\ntable = \"{table}\"\nmax_parallel = {budget}\n\
-         max_unhealthy = {breaker}\nretry_after = {retry}\nreservation_lifetime = \"5s\"\n{fleet}\n\
+         max_unhealthy = {breaker}\nretry_after = {retry}\nreservation_lifetime = \"5s\"\n\
+         driver_version_file = \"{driver}\"\n{fleet}\n\
          [repair]\nreboot = \"off\"\nboot_id_path = \"{boot}\"\n\
          [export]\nenabled = true\ninterval = \"2s\"\n",
         policy = crate::default_policy().display(),
+        tick = o.tick,
+        poll = o.nvml_poll,
         lib = crate::fake_nvml().display(),
         kmsg = dir.path().join("kmsg").display(),
         sections = aws::sections(s, i, ""),
         ecs = o.ecs_extra,
+        grace = o.grace,
         budget = o.budget,
         breaker = o.breaker,
         retry = o.retry_after,
         fleet = o.fleet_extra,
         boot = boot_id.display(),
+        driver = driver.display(),
     );
     let mut d = Daemon::in_temp(dir, &config);
     d.aws(Some(proxy)).env("AWS_ACCESS_KEY_ID", key(i));

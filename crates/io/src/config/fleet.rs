@@ -41,6 +41,16 @@ pub struct FleetConfig {
     /// monotonic clock) may be taken over. Only has to exceed reserve-to-commit (two writes).
     #[serde(default = "default_reservation_lifetime", with = "humantime_serde")]
     pub reservation_lifetime: Duration,
+    /// Fleet incidents (with `table`): the same fatal signal, driver version, AMI and instance
+    /// type on this many instances of the group within `pattern_window` is one fleet incident,
+    /// and further drains of that fingerprint wait for `gpu-medic fleet ack`; 0 turns it off.
+    #[serde(default = "default_fingerprint_threshold")]
+    pub fingerprint_threshold: u32,
+    #[serde(default = "default_pattern_window", with = "humantime_serde")]
+    pub pattern_window: Duration,
+    /// Where the driver's version is read for the fingerprint (its first line).
+    #[serde(default = "default_driver_version_file")]
+    pub driver_version_file: std::path::PathBuf,
 }
 
 /// A number of instances, or a share of the Auto Scaling group's desired capacity.
@@ -136,6 +146,18 @@ fn default_fleet_retry_after() -> Duration {
     Duration::from_secs(60)
 }
 
+fn default_fingerprint_threshold() -> u32 {
+    5
+}
+
+fn default_pattern_window() -> Duration {
+    Duration::from_secs(3600)
+}
+
+fn default_driver_version_file() -> std::path::PathBuf {
+    std::path::PathBuf::from("/proc/driver/nvidia/version")
+}
+
 fn default_reservation_lifetime() -> Duration {
     Duration::from_secs(30)
 }
@@ -171,6 +193,9 @@ impl Default for FleetConfig {
             retry_after: default_fleet_retry_after(),
             table: None,
             reservation_lifetime: default_reservation_lifetime(),
+            fingerprint_threshold: default_fingerprint_threshold(),
+            pattern_window: default_pattern_window(),
+            driver_version_file: default_driver_version_file(),
         }
     }
 }

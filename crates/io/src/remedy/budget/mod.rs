@@ -10,9 +10,13 @@
 //! Both judge the group through [`group_view`] (kill switches, the circuit breaker, the budget
 //! of desired capacity), pure rules over what ECS and Auto Scaling say. A budget only
 //! decides and records whether a slot is held; the drain or replacement is the caller's.
+//! With the table, fleet incidents ([`patterns`], [`fleet_gate`]) may hold a drain for an
+//! operator first: one fingerprint on many instances is one incident, not many drains.
 
 pub mod claims;
+pub mod fleet_gate;
 pub mod group_view;
+pub mod patterns;
 pub mod slot_rules;
 pub mod slot_table;
 
@@ -88,6 +92,24 @@ pub trait Whoami: Send + Sync {
 pub trait FleetBudget: Send + Sync {
     /// The reads `acquire` needs first, all at once (no call depends on another).
     fn first_reads<'a>(&'a self, id: &'a Identity, ecs: &'a Ecs) -> BoxFuture<'a, FirstReads>;
+
+    /// Before anything else a drain does: a fleet incident (the same fingerprint, `signal` the
+    /// order's incident's first signal, on many instances of the group) may hold it for an
+    /// operator (`Deferred`, naming the incident). Only with the slot table.
+    /// Some: the fleet incident's id and the deferral.
+    fn fleet_gate<'a>(
+        &'a self,
+        _id: &'a Identity,
+        _signal: &'a str,
+    ) -> BoxFuture<'a, Option<(String, RemedyError)>> {
+        Box::pin(async { None })
+    }
+
+    /// The attribute that marks an instance whose drain a fleet incident holds
+    /// (`<prefix>.held`; the breaker's one repair never waits for it).
+    fn held_attr(&self) -> String {
+        String::new()
+    }
 
     /// Before any other read of a drain's attempt: a deferral the budget can tell from its
     /// own record alone, or None (the attempt goes on and reads the group). The slot table's
@@ -186,6 +208,11 @@ impl Common {
         format!("{}.slot", self.prefix())
     }
 
+    /// `<prefix>.held`: the fleet incident that holds this instance's drain for an operator.
+    pub(crate) fn held_attr(&self) -> String {
+        format!("{}.held", self.prefix())
+    }
+
     /// A deferral, retried after a full-jitter delay ([`crate::sys::backoff`]) over a window
     /// that starts at `retry_after` and doubles with each deferral in a row, up to
     /// [`DEFERRAL_CAP`] × `retry_after`: a fleet of waiting instances neither re-reads in
@@ -248,6 +275,7 @@ impl Common {
             agent_connected: s.agent_connected,
             lifecycle: None,
             asg_health: None,
+            held: s.attribute(&self.held_attr()).is_some(),
         }
     }
 
@@ -330,11 +358,11 @@ impl Common {
             return Ok(0);
         };
         let head = format!("{}.claim.", self.prefix());
-        let slot_attr = self.slot_attr();
+        let (slot_attr, held_attr) = (self.slot_attr(), self.held_attr());
         let marks: Vec<&String> = me
             .attributes
             .iter()
-            .filter(|(n, _)| n.starts_with(&head) || *n == slot_attr)
+            .filter(|(n, _)| n.starts_with(&head) || *n == slot_attr || *n == held_attr)
             .map(|(n, _)| n)
             .collect();
         for name in &marks {
