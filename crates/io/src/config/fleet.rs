@@ -43,7 +43,8 @@ pub struct FleetConfig {
     pub reservation_lifetime: Duration,
     /// Fleet incidents (with `table`): the same fatal signal, driver version, AMI and instance
     /// type on this many instances of the group within `pattern_window` is one fleet incident,
-    /// and further drains of that fingerprint wait for `gpu-medic fleet ack`; 0 turns it off.
+    /// and further drains of that fingerprint wait for `gpu-medic fleet ack`; 0 (the default)
+    /// turns it off.
     #[serde(default = "default_fingerprint_threshold")]
     pub fingerprint_threshold: u32,
     #[serde(default = "default_pattern_window", with = "humantime_serde")]
@@ -146,8 +147,10 @@ fn default_fleet_retry_after() -> Duration {
     Duration::from_secs(60)
 }
 
+/// Off by default: holding repairs for an operator is a choice made with the group's own
+/// background rate of faults in mind (docs/fleet-scale.md, "Fleet incidents").
 fn default_fingerprint_threshold() -> u32 {
-    5
+    0
 }
 
 fn default_pattern_window() -> Duration {
