@@ -136,6 +136,9 @@ struct Keeper {
     seq: u64,
     /// While the journal or the state cannot be written (a full disk): see [`Unsaved`].
     unsaved: Unsaved,
+    /// Records of this batch the executor is shown ([`Executor::observe`]): the openings of
+    /// application faults (a poison task across the fleet, docs/fleet-scale.md).
+    observed: Vec<Record>,
 }
 
 /// A journal or state write that fails (a full disk under `state_dir`, an I/O error) is a
@@ -325,6 +328,9 @@ impl Supervisor {
             for order in engine.handle_batch(batch)? {
                 dispatch(&mut orders, &self.executor, &out_tx, order);
             }
+            for record in engine.observed.drain(..) {
+                self.executor.observe(&record);
+            }
             pace.took(stepped, t0.elapsed());
         }
 
@@ -444,6 +450,7 @@ impl Keeper {
             clock,
             seq: 0,
             unsaved: Unsaved::default(),
+            observed: Vec::new(),
         };
         engine.recover(resumed_state)?;
         match journal::save_state(&cfg.state_path(), &engine.state) {
@@ -875,6 +882,11 @@ impl Keeper {
                     Action::Log(record) => {
                         trace_record(&record);
                         self.incidents.write(&record)?;
+                        if crate::export::detail_type(&record.event)
+                            == Some(crate::export::APPLICATION_FAULT)
+                        {
+                            self.observed.push(record);
+                        }
                     }
                     Action::Execute(order) => orders.push(order),
                 }
