@@ -33,7 +33,7 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
 N=100
-SCENARIOS="a,e,c,f"
+SCENARIOS="a,e,c,b,d,f"
 IDLE_S=300
 SKIP_IDLE=0
 MIXED=0
