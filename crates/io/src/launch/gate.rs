@@ -21,10 +21,10 @@
 //!    - could not tell: `on_unknown = "continue"` (default) CONTINUEs with
 //!      `<prefix>.health=pending`: in service, but no GPU placement under the
 //!      `== ok` constraint until a later `check --lifecycle` passes; `"abandon"` treats it as
-//!      unhealthy (breaker included).
-//!    With `[fleet] table`, every unhealthy launch is recorded in the group's fleet document
-//!    under its AMI, and the breaker's trip opens ONE fleet incident for that AMI (a bad
-//!    image; paged once, shown by `gpu-medic fleet status`, docs/fleet-scale.md).
+//!      unhealthy (breaker included);
+//!    - with `[fleet] table`, every unhealthy launch is also recorded in the group's fleet
+//!      document under its AMI, and the breaker's trip opens ONE fleet incident for that AMI
+//!      (a bad image; paged once, shown by `gpu-medic fleet status`, docs/fleet-scale.md).
 //! 4. The attribute is set before a quarantined CONTINUE (and after a healthy one) when the
 //!    ECS agent has registered the instance; if it has not, the report says so (register the
 //!    agent with `ECS_INSTANCE_ATTRIBUTES`, packaging/LIFECYCLE.md).

@@ -1,5 +1,5 @@
-//! The fleet-incident gate (with `[fleet] table`). Of a drain (with `fingerprint_threshold`
-//! > 0):
+//! The fleet-incident gate (with `[fleet] table`). Of a drain (with a `fingerprint_threshold`
+//! above 0):
 //! before anything else a drain does, this instance's fingerprint (the incident's first
 //! signal, the driver's version, the AMI, the instance type) is recorded in the group's fleet
 //! document ([`patterns`], the item `<group>#fleet` of the slot table), by a conditional write.

@@ -241,11 +241,12 @@ fn record(
     let id = p.id();
     let mut opens = None;
     match next.incidents.get_mut(&id) {
-        Some(inc) => {
-            if !inc.instances.iter().any(|i| i == me) && inc.instances.len() < MAX_SIGHTINGS {
-                inc.instances.push(me.to_string());
-            }
+        Some(inc)
+            if !inc.instances.iter().any(|i| i == me) && inc.instances.len() < MAX_SIGHTINGS =>
+        {
+            inc.instances.push(me.to_string());
         }
+        Some(_) => {}
         None if force || (threshold > 0 && count >= threshold as usize) => {
             let inc = FleetIncident {
                 id: id.clone(),
