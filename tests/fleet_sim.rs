@@ -889,13 +889,22 @@ async fn scenario_d(f: &mut Fleet, abandon_limit: u32) -> serde_json::Value {
     assert_eq!(pages_of(f, &inc.id), 1, "paged once");
     let st = status_shows(f, 0, &inc.id);
     assert!(st["acked"].is_null(), "{st:#}");
-    // The group's size is put back (the quarantined instances are the operator's to replace).
-    asg.set_desired_capacity()
-        .auto_scaling_group_name(&f.s.asg)
-        .desired_capacity(desired)
-        .send()
-        .await
-        .ok();
+    // The operator's part, played: the quarantined launches are removed and the group's size
+    // put back with them (a SetDesiredCapacity would let Auto Scaling pick which to end).
+    for (id, d) in &launches {
+        if d == "quarantine" {
+            asg.terminate_instance_in_auto_scaling_group()
+                .instance_id(id)
+                .should_decrement_desired_capacity(true)
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(
+        aws::asg_group(&f.moto, &f.s.asg).await.desired_capacity(),
+        Some(desired)
+    );
     eprintln!(
         "scenario d: {} ({AMI}): {abandoned} launches abandoned, then the breaker kept {} quarantined; paged once; no launch after the trip ({:.0} s)",
         inc.id,
