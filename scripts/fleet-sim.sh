@@ -94,7 +94,7 @@ if [ "$SKIP_IDLE" = 0 ]; then
 fi
 run scenarios GM_FLEET_SCENARIOS="idle,$SCENARIOS" GM_FLEET_IDLE_S=20 GM_FLEET_BREAKER='"50%"' GM_FLEET_GRACE='"60s"' \
     GM_FLEET_NVML_POLL='"5s"' GM_FLEET_TICK='"1s"' \
-    GM_FLEET_A_LIMIT_S=900 GM_FLEET_E_LIMIT_S=600
+    GM_FLEET_A_LIMIT_S=900 GM_FLEET_E_LIMIT_S=600 GM_FLEET_C_LIMIT_S=600
 
 # The figures, one line per phase and API, per node-hour.
 python3 - "$OUT" "$N" <<'EOF'

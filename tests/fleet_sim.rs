@@ -429,7 +429,8 @@ async fn scenario_c(
     }
     let mut opened = None;
     let t = std::time::Instant::now();
-    while opened.is_none() && t.elapsed() < Duration::from_secs(180) {
+    let limit = Duration::from_secs(env_or("GM_FLEET_C_LIMIT_S", 180));
+    while opened.is_none() && t.elapsed() < limit {
         opened = fleet_doc(f)
             .await
             .incidents
@@ -437,7 +438,23 @@ async fn scenario_c(
             .find(|i| i.key.starts_with("xid 48 |"));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let inc = opened.expect("a fleet incident for the XID 48 fingerprint");
+    let Some(inc) = opened else {
+        let doc = fleet_doc(f).await;
+        let seen: Vec<(&String, usize)> = doc.sightings.iter().map(|(k, v)| (k, v.len())).collect();
+        let recorded: BTreeSet<&String> = doc.sightings.values().flat_map(|v| v.keys()).collect();
+        let unseen: Vec<usize> = nodes
+            .iter()
+            .copied()
+            .filter(|i| !recorded.contains(&f.s.nodes[*i].instance_id))
+            .collect();
+        let log = f.nodes[*unseen.first().or(nodes.iter().next_back()).unwrap_or(&0)].run_log();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        panic!(
+            "no fleet incident for the XID 48 fingerprint on {threshold} nodes within {limit:?}; \
+             sightings {seen:?}; nodes not recorded {unseen:?}; the first one's log, newest first:\n{}",
+            tail.join("\n")
+        );
+    };
     // Every node of the fingerprint ends held (an incident saying so) or was on its way
     // before the incident opened (an episode that started before).
     let held_words = ["held for an operator"];

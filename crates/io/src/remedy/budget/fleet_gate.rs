@@ -33,8 +33,11 @@ use crate::sys::clock::SharedClock;
 
 /// The EventBridge detail-type of the page.
 pub const OPENED: &str = "GPU Medic Fleet Incident Opened";
-/// Lost races in a row before the gate gives up (and lets the drain go on).
-const MAX_CONFLICTS: u32 = 4;
+/// Lost races in a row before the gate gives up (and lets the drain go on, its sighting
+/// unrecorded). Each lost race waits a full-jitter draw before the re-read, as the slot
+/// table's do: at N = 100, 32 instances of one fingerprint re-reading at once after 4
+/// immediate retries left most sightings unrecorded and the incident never opened.
+const MAX_CONFLICTS: u32 = 8;
 
 /// What makes this instance's fingerprint besides the signal, read once per process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,7 +187,17 @@ impl FleetGate {
         open: Open,
     ) -> Option<Judged> {
         let window = u64::try_from(self.cfg.fleet.pattern_window.as_millis()).unwrap_or(u64::MAX);
-        for _ in 0..MAX_CONFLICTS {
+        for lost in 0..MAX_CONFLICTS {
+            if lost > 0 {
+                // Of the writers that read one version one wins; the others spread their
+                // re-reads instead of meeting again at once.
+                tokio::time::sleep(crate::sys::backoff::full_jitter(
+                    super::slot_table::CONFLICT_BACKOFF,
+                    lost - 1,
+                    super::slot_table::CONFLICT_CAP,
+                ))
+                .await;
+            }
             let mut calls = Calls::new();
             let read = match self.table.read_fleet(&mut calls, group).await {
                 Ok(r) => r,

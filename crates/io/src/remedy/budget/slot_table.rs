@@ -49,8 +49,8 @@ const MAX_CONFLICTS: u32 = 4;
 const ALIVE_FOR: Duration = Duration::from_secs(10);
 /// The first window of the full-jitter wait after a lost race, before the re-read (doubling
 /// with each race lost in a row, at most [`CONFLICT_CAP`]).
-const CONFLICT_BACKOFF: Duration = Duration::from_millis(50);
-const CONFLICT_CAP: Duration = Duration::from_secs(1);
+pub(super) const CONFLICT_BACKOFF: Duration = Duration::from_millis(50);
+pub(super) const CONFLICT_CAP: Duration = Duration::from_secs(1);
 /// One attempt in this many, while deferred, reads the group in full instead of the item
 /// alone ([`SlotBudget::item_full`]).
 const FULL_READ_EVERY: u32 = 4;
