@@ -456,15 +456,21 @@ fn insights_fields(q: &str) -> BTreeSet<String> {
 async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emits() {
     let task = format!("{:08x}dddddddddddddddddddddddd", std::process::id());
     let docker = format!("{:08x}{:08x}{}", std::process::id(), 7, "cd".repeat(24));
-    // The limits ECS sets in an MPS container: the pinned memory limit and, with
-    // maxComputePercent, the thread percentage (the per-GPU panels draw use against them).
+    // Two processes of one container: the first with the limits ECS sets in an MPS container
+    // (the pinned memory limit and, with maxComputePercent, the thread percentage: the per-GPU
+    // panels draw use against them), the second with none (an MPS client off its limits: the
+    // mismatch panel's series).
     let env = [
         ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4096M"),
         ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
     ]
     .map(|(k, v)| (k.to_string(), v.to_string()));
-    let procs = EcsTaskProcs::start_with_env(&task, &docker, 2, &env)
-        .unwrap_or_else(|why| panic!("real processes in ECS-shaped cgroups need root: {why}"));
+    let start = |env: &[(String, String)]| {
+        EcsTaskProcs::start_with_env(&task, &docker, 1, env)
+            .unwrap_or_else(|why| panic!("real processes in ECS-shaped cgroups need root: {why}"))
+    };
+    let limited = start(&env);
+    let loose = start(&[]);
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "dash", 2).await;
@@ -508,8 +514,8 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
     d.aws(Some(&proxy.url));
     d.gpus(FOUR_GPUS);
     d.keep_stdout();
-    let clients: Vec<String> = procs
-        .pids()
+    let clients: Vec<String> = [limited.pids(), loose.pids()]
+        .concat()
         .iter()
         .map(|p| format!(r#"{{"pid": {p}, "used_mib": 1500, "sm_percent": 20}}"#))
         .collect();
@@ -545,7 +551,7 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
     );
     // One program's own fault (an XID 13 the driver charges to the task's process): a log
     // incident naming its task definition, the record `ApplicationFaultRule` reads.
-    let pid = procs.pids()[0];
+    let pid = limited.pids()[0];
     // Stamped now: a record older than the process on its pid is not that process's.
     d.kmsg_append(&[format!(
         "4,1,{},-;NVRM: Xid (PCI:0000:20:00): 13, pid={pid}, name=sleep, \

@@ -29,7 +29,8 @@ use serde_json::Value;
 
 /// A stand-in control binary in `dir`: `percent` for the thread percentage, the servers in
 /// `dir/servers`, each server's clients in `dir/clients-<pid>`; each session's commands are
-/// appended to `dir/sessions` as one line (`|`-separated).
+/// appended to `dir/sessions` as one line (`|`-separated). `-h` prints the banner gpu-medic's
+/// start checks for NVIDIA's binary (crates/io/src/launch/preflight.rs).
 fn stand_in_control(dir: &Path, percent: &str) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let script = dir.join("fake-control");
@@ -38,6 +39,7 @@ fn stand_in_control(dir: &Path, percent: &str) -> std::path::PathBuf {
         &script,
         format!(
             "#!/bin/sh\n\
+             if [ \"$1\" = -h ]; then echo 'CUDA MPS Control (stand-in, tests/mps_view.rs)'; exit 0; fi\n\
              seen=''\n\
              while IFS= read -r cmd; do\n\
                seen=\"$seen|$cmd\"\n\
@@ -92,7 +94,7 @@ fn config(dir: &Path, control: &Path, pipe: &Path, log: &Path, port: u16) -> Str
          [nvml]\nlibrary = \"{lib}\"\nkmsg = \"{kmsg}\"\npoll_interval = \"300ms\"\n\
          [mps]\ncontrol_binary = \"{control}\"\npipe_directory = \"{pipe}\"\n\
          log_directory = \"{log}\"\nlogs = \"files\"\nmanage = \"direct\"\n\
-         probe_interval = \"200ms\"\nprobe_timeout = \"2s\"\n\
+         probe_interval = \"1s\"\nprobe_timeout = \"800ms\"\n\
          [aws]\nenabled = false\n[lifecycle]\nenabled = false\n\
          [metrics]\nenabled = true\nlisten = \"127.0.0.1:{port}\"\n",
         policy = default_policy().display(),
