@@ -264,3 +264,48 @@ fn the_journals_kernel_transport_is_the_kernels_own_and_only_this_boots() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// An XID of this boot at a PCI address where no GPU is: while every expected GPU is listed it
+/// is no GPU's, and `check` says so and passes; with a GPU missing it may be the one that fell
+/// off, and it fails the check for the node.
+#[test]
+fn an_xid_where_no_gpu_is_fails_no_check_while_every_gpu_is_listed() {
+    let line = format!(
+        "4,9,{},-;NVRM: Xid (PCI:0000:ff:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+        gpu_medic_testkit::proc::uptime_usec()
+    );
+    let check = |d: &Daemon| {
+        let out = d
+            .command()
+            .args(["check", "--config"])
+            .arg(d.config())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let mut d = Daemon::fake_gpu_node("", "expected_gpus = 4");
+    d.gpus(FOUR_GPUS);
+    d.kmsg_append(&[&line]);
+    let (code, text) = check(&d);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("XID 79 at PCI 0000:ff:00: no GPU is at that address"),
+        "{text}"
+    );
+
+    let mut d = Daemon::fake_gpu_node("", "expected_gpus = 5");
+    d.gpus(FOUR_GPUS);
+    d.kmsg_append(&[&line]);
+    let (code, text) = check(&d);
+    assert_ne!(
+        code,
+        Some(0),
+        "a GPU is missing: the XID may be its own\n{text}"
+    );
+    assert!(text.contains("79"), "{text}");
+}

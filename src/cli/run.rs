@@ -202,6 +202,10 @@ async fn serve(
         if let Some(x) = &exporter {
             cp = cp.with_flush(x.flush.clone());
         }
+        // A drain's fleet gate fingerprints its incident's first signal (docs/fleet-scale.md).
+        cp = cp.with_records(Arc::new(crate::supervisor::evidence::JournalRecords::new(
+            &cfg,
+        )));
         let cp = Arc::new(cp);
         // The budget's upkeep (with `[fleet] table`: entries of terminated instances are
         // removed now and then).

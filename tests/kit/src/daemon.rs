@@ -348,6 +348,11 @@ impl Daemon {
         stop_child(&mut c, grace)
     }
 
+    /// This run's log only (empty before the first start).
+    pub fn run_log(&self) -> String {
+        std::fs::read_to_string(self.path(&format!("daemon-{}.log", self.runs))).unwrap_or_default()
+    }
+
     /// Every run's log, in order.
     pub fn log(&self) -> String {
         (1..=self.runs)

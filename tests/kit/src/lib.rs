@@ -11,8 +11,12 @@
 //!   logs, always killed on drop, and the CLI pointed at the same config;
 //! - [`aws`]: one moto per test binary, the SDK and seeding (Auto Scaling group, cluster,
 //!   container instances, tasks), test configs and orders;
+//! - [`fleet`]: N daemons of one Auto Scaling group against one moto behind the proxy, Auto
+//!   Scaling played, and the record's invariants and costs (docs/fleet-scale.md);
 //! - [`proxy`]: the recording, fault-injecting HTTP proxy in front of moto (throttling, 5xx,
 //!   and the lifecycle actions moto lacks);
+//! - [`throttle`]: AWS-shaped throttling for the proxy (the documented rates, scaled), latency,
+//!   5xx bursts and outages;
 //! - [`http`]: the small HTTP/1 plumbing both fakes and the proxy use;
 //! - [`export`]: the incident export's AWS side (an EventBridge rule to an SQS queue, the
 //!   queue and the log group read back);
@@ -41,6 +45,7 @@ pub mod daemon;
 pub mod dcgm;
 pub mod elf;
 pub mod export;
+pub mod fleet;
 pub mod http;
 pub mod imds;
 pub mod journal;
@@ -50,6 +55,7 @@ pub mod proc;
 pub mod proxy;
 pub mod stats;
 pub mod systemd;
+pub mod throttle;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

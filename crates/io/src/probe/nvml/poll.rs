@@ -257,6 +257,10 @@ pub struct PollReport {
     /// Each answering GPU's MPS client and compute lists, with each process's memory and SM
     /// use, for MPS's own view ([`crate::probe::mps_view`]).
     pub lists: BTreeMap<u32, crate::probe::mps_view::GpuLists>,
+    /// How many GPUs the node should have, when known (`[nvml] expected_gpus`, ECS, the
+    /// instance type), and how many NVML counted.
+    pub expected: Option<u32>,
+    pub counted: u32,
 }
 
 /// The self-fault component of an `[nvml] expected_gpus` that contradicts the instance type.
@@ -403,6 +407,8 @@ impl Poller {
         };
         self.say_expected_mistake(resolved.mistake, &mut report);
         let expected = resolved.expected;
+        report.expected = expected.as_ref().map(|e| e.count);
+        report.counted = count;
         if let Some(expected) = expected
             && count < expected.count
         {
