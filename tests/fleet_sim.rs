@@ -582,7 +582,7 @@ async fn scenario_f(f: &mut Fleet, rng: &mut Rng, used: &BTreeSet<usize>) -> ser
                 .iter()
                 .all(|(i, b)| f.nodes[*i].nvml_polls() >= b + 3)
         },
-        || String::new(),
+        String::new,
     );
     let r = f.record();
     let ids: BTreeSet<String> = dark

@@ -174,11 +174,12 @@ pub fn sight(
     let id = p.id();
     let mut opens = None;
     match next.incidents.get_mut(&id) {
-        Some(inc) => {
-            if !inc.instances.iter().any(|i| i == me) && inc.instances.len() < MAX_SIGHTINGS {
-                inc.instances.push(me.to_string());
-            }
+        Some(inc)
+            if !inc.instances.iter().any(|i| i == me) && inc.instances.len() < MAX_SIGHTINGS =>
+        {
+            inc.instances.push(me.to_string());
         }
+        Some(_) => {}
         None if threshold > 0 && count >= threshold as usize => {
             let inc = FleetIncident {
                 id: id.clone(),
