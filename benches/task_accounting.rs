@@ -217,6 +217,7 @@ fn main() {
                     .map(|&pid| Client {
                         pid,
                         used_bytes: Some(((pid as u64 + i as u64) % 2048 + 256) << 20),
+                        sm_percent: Some((pid + i as u32) % 40),
                     })
                     .collect()
             })
@@ -290,7 +291,7 @@ fn main() {
                 run.hist.observe(&snap.tasks, 120);
             }
             if *variant == "contract" {
-                gpu_medic::accounting::contract::annotate(&mut snap, &limits);
+                gpu_medic::accounting::contract::annotate(&mut snap, &limits, Some(100.0));
                 let (o, counts) = limit_watch.update(&limits, &snap, Some(&reservations));
                 std::hint::black_box(o);
                 snap.mismatches = counts;

@@ -86,7 +86,7 @@ fn idents(s: &str, prefix: &str) -> Vec<String> {
 }
 
 /// The label names a PromQL expression (or legend) uses: selector matchers, `by`/`without`
-/// groupings, `{{legend}}` names and `label_values(m, label)`.
+/// groupings, `on`/`ignoring` vector matchings, `{{legend}}` names and `label_values(m, label)`.
 fn promql_labels(expr: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let bytes: Vec<char> = expr.chars().collect();
@@ -115,7 +115,16 @@ fn promql_labels(expr: &str) -> BTreeSet<String> {
         }
         i += 1;
     }
-    for kw in ["by (", "without (", "by(", "without("] {
+    for kw in [
+        "by (",
+        "without (",
+        "by(",
+        "without(",
+        " on (",
+        " on(",
+        "ignoring (",
+        "ignoring(",
+    ] {
         let mut rest = expr;
         while let Some(at) = rest.find(kw) {
             let tail = &rest[at + kw.len()..];
@@ -447,8 +456,21 @@ fn insights_fields(q: &str) -> BTreeSet<String> {
 async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emits() {
     let task = format!("{:08x}dddddddddddddddddddddddd", std::process::id());
     let docker = format!("{:08x}{:08x}{}", std::process::id(), 7, "cd".repeat(24));
-    let procs = EcsTaskProcs::start(&task, &docker, 2)
-        .unwrap_or_else(|why| panic!("real processes in ECS-shaped cgroups need root: {why}"));
+    // Two processes of one container: the first with the limits ECS sets in an MPS container
+    // (the pinned memory limit and, with maxComputePercent, the thread percentage: the per-GPU
+    // panels draw use against them), the second with none (an MPS client off its limits: the
+    // mismatch panel's series).
+    let env = [
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4096M"),
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let start = |env: &[(String, String)]| {
+        EcsTaskProcs::start_with_env(&task, &docker, 1, env)
+            .unwrap_or_else(|why| panic!("real processes in ECS-shaped cgroups need root: {why}"))
+    };
+    let limited = start(&env);
+    let loose = start(&[]);
     let proxy = Proxy::start().await;
     let sdk = aws::sdk(&proxy.url).await;
     let s = aws::seed(&sdk, "dash", 2).await;
@@ -456,7 +478,7 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
     aws_sdk_ecs::Client::new(&sdk)
         .register_task_definition()
         .family(&family)
-        .container_definitions(aws::mps_container("app", 4096, None))
+        .container_definitions(aws::mps_container("app", 4096, Some(50)))
         .send()
         .await
         .unwrap();
@@ -492,10 +514,10 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
     d.aws(Some(&proxy.url));
     d.gpus(FOUR_GPUS);
     d.keep_stdout();
-    let clients: Vec<String> = procs
-        .pids()
+    let clients: Vec<String> = [limited.pids(), loose.pids()]
+        .concat()
         .iter()
-        .map(|p| format!(r#"{{"pid": {p}, "used_mib": 1500}}"#))
+        .map(|p| format!(r#"{{"pid": {p}, "used_mib": 1500, "sm_percent": 20}}"#))
         .collect();
     d.inject(&format!(
         r#"[{{"gpu": 1, "mps_clients": [{}]}}]"#,
@@ -509,9 +531,27 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
         || scrape(&addr).contains("gpu_medic_task_gpu_memory_reserved_bytes{"),
         || format!("{}\n{}", scrape(&addr), d.log()),
     );
+    // The compute share against its limit, with the memory's labels.
+    let body = scrape(&addr);
+    let share = format!(
+        "gpu_medic_task_gpu_sm_percent{{task=\"arn:aws:ecs:us-east-1:123456789012:task/{}/{task}\",family=\"{family}\",revision=\"1\",container=\"app\",gpu=\"1\",",
+        s.cluster
+    );
+    assert!(body.contains(&share), "{share} not in\n{body}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with(&share) && l.ends_with(" 40")),
+        "two processes at 20 % each: {body}"
+    );
+    let limit = share.replace("sm_percent", "sm_limit_percent");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with(&limit) && l.ends_with(" 50")),
+        "{limit} at 50 in\n{body}"
+    );
     // One program's own fault (an XID 13 the driver charges to the task's process): a log
     // incident naming its task definition, the record `ApplicationFaultRule` reads.
-    let pid = procs.pids()[0];
+    let pid = limited.pids()[0];
     // Stamped now: a record older than the process on its pid is not that process's.
     d.kmsg_append(&[format!(
         "4,1,{},-;NVRM: Xid (PCI:0000:20:00): 13, pid={pid}, name=sleep, \
@@ -549,6 +589,9 @@ async fn the_dashboards_name_only_metrics_labels_and_fields_a_live_gpu_medic_emi
         "gpu_medic_incidents_total",
         "gpu_medic_aws_call_errors_total",
         "gpu_medic_task_gpu_memory_bytes",
+        "gpu_medic_task_gpu_memory_limit_bytes",
+        "gpu_medic_task_gpu_sm_percent",
+        "gpu_medic_task_gpu_sm_limit_percent",
         "gpu_medic_fleet_budget_in_use",
         "gpu_medic_export_lag_seconds",
     ] {
@@ -571,6 +614,15 @@ fn the_parsers_find_what_the_dashboards_name() {
     assert_eq!(
         l,
         ["action", "drill", "gpu", "instance", "signal"]
+            .map(String::from)
+            .into()
+    );
+    let l = promql_labels(
+        r#"max by (instance, task) (a{x="1"}) and on (instance, container) b ignoring(gpu) c"#,
+    );
+    assert_eq!(
+        l,
+        ["container", "gpu", "instance", "task", "x"]
             .map(String::from)
             .into()
     );

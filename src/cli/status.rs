@@ -9,6 +9,7 @@ use crate::journal::load_state;
 use crate::model::Timestamp;
 use crate::model::gpu_view::Comparison;
 use crate::model::links::{GpuLinks, Port};
+use crate::model::mps_view::MpsTree;
 use crate::remedy::budget::group_view::{FleetSummary, SlotsSummary};
 
 #[derive(Debug, clap::Args)]
@@ -41,6 +42,25 @@ struct StatusView<'a> {
     /// The EFA / RDMA ports at the last look.
     #[serde(skip_serializing_if = "Option::is_none")]
     ports: Option<Vec<Port>>,
+    /// MPS's own view of its servers and clients against NVML's, at the MPS probe's last look
+    /// (GPU -> server -> client -> task).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mps_view: Option<MpsTree>,
+}
+
+/// MPS's own view as a tree: GPU -> server -> client pid -> ECS task.
+fn print_mps_view(files: &StateDir) {
+    let Some((tree, age)) = files.load_view_aged::<MpsTree>(View::MpsView) else {
+        return;
+    };
+    let default = tree
+        .default_thread_percent
+        .map(|p| format!("; default active thread percentage {p:.1}"))
+        .unwrap_or_default();
+    println!("mps view:    listed {} ({age} s ago){default}", tree.at);
+    for line in tree.lines() {
+        println!("             {line}");
+    }
 }
 
 /// One line per GPU's links, one per RDMA port.
@@ -117,10 +137,12 @@ pub fn run(a: StatusArgs) -> Result<i32, CliError> {
             ecs_gpus: cfg.files().load_view::<Comparison>(View::GpuView),
             links: cfg.files().load_view(View::Links),
             ports: cfg.files().load_view(View::Ports),
+            mps_view: cfg.files().load_view(View::MpsView),
         });
         return Ok(exit::OK);
     }
     print_node(&state, updated_at);
+    print_mps_view(&cfg.files());
     print_gpus(&state);
     print_gpu_view(&cfg);
     print_orders(&state);

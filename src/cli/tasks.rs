@@ -58,6 +58,15 @@ pub struct Sizing {
     /// A container's pinned memory limit in force last seen (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`,
     /// the largest its clients ran with), beside the reservation; `None`: not read.
     pub limit_mib: Option<u64>,
+    /// The largest per-minute SM utilization (percent of a GPU's SMs, its processes summed);
+    /// `None`: never read (a driver without per-process utilization, or rows of earlier
+    /// builds).
+    pub sm_peak_percent: Option<u32>,
+    /// The 99th percentile of the per-minute SM peaks, where read.
+    pub sm_p99_percent: Option<u32>,
+    /// A container's active thread percentage in force last seen
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, else the MPS daemon's default).
+    pub sm_limit_percent: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -91,69 +100,99 @@ fn minute_text(m: u64) -> String {
     crate::model::Timestamp(m.saturating_mul(1000)).to_string()
 }
 
+/// What the rows of one family, revision and container say.
+#[derive(Default)]
+struct Seen {
+    /// Per minute the largest peak (a minute written twice is one minute).
+    minutes: BTreeMap<u64, u64>,
+    /// The reservation of the latest minute that had one, as (minute, bytes).
+    reserved: Option<(u64, u64)>,
+    processes: Option<u32>,
+    /// The pinned limit of the latest minute that had one.
+    limit: Option<(u64, u64)>,
+    /// Per minute the largest SM peak, where read.
+    sm: BTreeMap<u64, u32>,
+    /// The thread percentage of the latest minute that had one.
+    sm_limit: Option<(u64, u32)>,
+}
+
+impl Seen {
+    fn take(&mut self, r: &Row) {
+        let m = self.minutes.entry(r.minute).or_insert(0);
+        *m = (*m).max(r.peak_bytes);
+        if let Some(res) = r.reserved_bytes
+            && self.reserved.is_none_or(|(at, _)| r.minute >= at)
+        {
+            self.reserved = Some((r.minute, res));
+        }
+        if let Some(p) = r.processes {
+            self.processes = Some(self.processes.unwrap_or(0).max(p));
+        }
+        if let Some(l) = r.limit_bytes
+            && self.limit.is_none_or(|(at, _)| r.minute >= at)
+        {
+            self.limit = Some((r.minute, l));
+        }
+        if let Some(p) = r.peak_sm_percent {
+            let m = self.sm.entry(r.minute).or_insert(0);
+            *m = (*m).max(p);
+        }
+        if let Some(l) = r.sm_limit_percent
+            && self.sm_limit.is_none_or(|(at, _)| r.minute >= at)
+        {
+            self.sm_limit = Some((r.minute, l));
+        }
+    }
+}
+
 /// The report from history rows: one entry per family, revision and container (the task as
 /// a whole first), sorted.
 pub fn sizes(rows: &[Row]) -> Vec<Sizing> {
     type Key = (String, String, Option<String>);
-    /// Per minute the largest peak (a minute written twice is one minute), and the
-    /// reservation of the latest minute that had one, as (minute, bytes).
-    type Seen = (
-        BTreeMap<u64, u64>,
-        Option<(u64, u64)>,
-        Option<u32>,
-        Option<(u64, u64)>,
-    );
     let mut by: BTreeMap<Key, Seen> = BTreeMap::new();
     for r in rows {
-        let e = by
-            .entry((r.family.clone(), r.revision.clone(), r.container.clone()))
-            .or_default();
-        let m = e.0.entry(r.minute).or_insert(0);
-        *m = (*m).max(r.peak_bytes);
-        if let Some(res) = r.reserved_bytes
-            && e.1.is_none_or(|(at, _)| r.minute >= at)
-        {
-            e.1 = Some((r.minute, res));
-        }
-        if let Some(p) = r.processes {
-            e.2 = Some(e.2.unwrap_or(0).max(p));
-        }
-        if let Some(l) = r.limit_bytes
-            && e.3.is_none_or(|(at, _)| r.minute >= at)
-        {
-            e.3 = Some((r.minute, l));
-        }
+        by.entry((r.family.clone(), r.revision.clone(), r.container.clone()))
+            .or_default()
+            .take(r);
     }
     by.into_iter()
-        .map(
-            |((family, revision, container), (minutes, reserved, processes, limit))| {
-                let mut peaks: Vec<u64> = minutes.values().copied().collect();
-                peaks.sort_unstable();
-                let peak = peaks.last().copied().unwrap_or(0);
-                let reserved = reserved.map(|(_, b)| b);
-                Sizing {
-                    family,
-                    revision,
-                    container,
-                    minutes: peaks.len(),
-                    first_minute: minutes
-                        .keys()
-                        .next()
-                        .map_or_else(String::new, |m| minute_text(*m)),
-                    last_minute: minutes
-                        .keys()
-                        .next_back()
-                        .map_or_else(String::new, |m| minute_text(*m)),
-                    peak_mib: peak.div_ceil(MIB),
-                    p99_mib: percentile(&peaks, 99).div_ceil(MIB),
-                    reserved_mib: reserved.map(|b| b.div_ceil(MIB)),
-                    suggested_mib: suggest(peak),
-                    over_reservation: reserved.is_some_and(|r| peak > r),
-                    processes,
-                    limit_mib: limit.map(|(_, b)| b.div_ceil(MIB)),
-                }
-            },
-        )
+        .map(|((family, revision, container), seen)| {
+            let mut peaks: Vec<u64> = seen.minutes.values().copied().collect();
+            peaks.sort_unstable();
+            let peak = peaks.last().copied().unwrap_or(0);
+            let reserved = seen.reserved.map(|(_, b)| b);
+            let mut sm: Vec<u64> = seen.sm.values().map(|p| u64::from(*p)).collect();
+            sm.sort_unstable();
+            let sm_percent = |v: u64| u32::try_from(v).ok();
+            Sizing {
+                family,
+                revision,
+                container,
+                minutes: peaks.len(),
+                first_minute: seen
+                    .minutes
+                    .keys()
+                    .next()
+                    .map_or_else(String::new, |m| minute_text(*m)),
+                last_minute: seen
+                    .minutes
+                    .keys()
+                    .next_back()
+                    .map_or_else(String::new, |m| minute_text(*m)),
+                peak_mib: peak.div_ceil(MIB),
+                p99_mib: percentile(&peaks, 99).div_ceil(MIB),
+                reserved_mib: reserved.map(|b| b.div_ceil(MIB)),
+                suggested_mib: suggest(peak),
+                over_reservation: reserved.is_some_and(|r| peak > r),
+                processes: seen.processes,
+                limit_mib: seen.limit.map(|(_, b)| b.div_ceil(MIB)),
+                sm_peak_percent: sm.last().copied().and_then(sm_percent),
+                sm_p99_percent: (!sm.is_empty())
+                    .then(|| percentile(&sm, 99))
+                    .and_then(sm_percent),
+                sm_limit_percent: seen.sm_limit.map(|(_, p)| p),
+            }
+        })
         .collect()
 }
 
@@ -201,7 +240,7 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         return Ok(exit::OK);
     }
     println!(
-        "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9}",
+        "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9} {:>7} {:>6} {:>6}",
         "FAMILY:REVISION",
         "CONTAINER",
         "MINUTES",
@@ -210,7 +249,10 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         "RESERVED",
         "SUGGEST",
         "PROCS",
-        "LIMIT"
+        "LIMIT",
+        "SM PEAK",
+        "SM P99",
+        "SM LIM"
     );
     let dash = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |r| r.to_string());
     for s in &sizes {
@@ -220,8 +262,9 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         } else {
             ""
         };
+        let percent = |v: Option<u32>| v.map_or_else(|| "-".to_string(), |p| format!("{p}%"));
         println!(
-            "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9}{note}",
+            "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9} {:>7} {:>6} {:>6}{note}",
             format!("{}:{}", s.family, s.revision),
             s.container.as_deref().unwrap_or("(whole task)"),
             s.minutes,
@@ -231,6 +274,9 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
             s.suggested_mib,
             dash(s.processes.map(u64::from)),
             dash(s.limit_mib),
+            percent(s.sm_peak_percent),
+            percent(s.sm_p99_percent),
+            percent(s.sm_limit_percent),
         );
     }
     println!();
@@ -238,7 +284,11 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         "SUGGEST: a container's `memory` (sharingStrategy.nvidiaMps.memory, MiB) = its peak + {MARGIN_PERCENT}%, \
          rounded up to {ROUND_MIB} MiB; (whole task) is all its containers and processes together, \
          what ECS places by. PROCS: a container's most GPU processes at once; LIMIT: the pinned \
-         memory limit its clients ran with (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, MiB), beside RESERVED. Peaks are per-minute maxima of NVML's per-process usedGpuMemory from {} to {}.",
+         memory limit its clients ran with (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, MiB), beside RESERVED. \
+         SM PEAK and SM P99: the per-minute peaks of its processes' SM utilization (NVML's \
+         process utilization samples, percent of a GPU's SMs); SM LIM: the active thread \
+         percentage they ran with (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, else the MPS daemon's \
+         default). Peaks are per-minute maxima of NVML's per-process usedGpuMemory from {} to {}.",
         sizes
             .iter()
             .map(|s| s.first_minute.as_str())
@@ -267,6 +317,8 @@ mod tests {
             reserved_bytes: reserved.map(|r| r * MIB),
             processes: container.map(|_| 1),
             limit_bytes: None,
+            peak_sm_percent: container.map(|_| (mib % 100) as u32),
+            sm_limit_percent: container.map(|_| 50),
         }
     }
 
@@ -299,6 +351,17 @@ mod tests {
         assert_eq!(app.reserved_mib, Some(4096));
         assert!(app.over_reservation);
         assert_eq!(app.suggested_mib, suggest(5000 * MIB));
+        assert_eq!(
+            (app.sm_peak_percent, app.sm_limit_percent),
+            (Some(99), Some(50)),
+            "the largest per-minute SM peak and the limit"
+        );
+        assert_eq!(
+            app.sm_p99_percent,
+            Some(98),
+            "the 198th of 200 per-minute SM peaks"
+        );
+        assert_eq!(task.sm_peak_percent, None, "not read: no figure");
         assert!(sizes(&[]).is_empty());
     }
 }

@@ -5,6 +5,7 @@
 mod contract;
 mod links;
 pub mod server;
+mod share;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -108,6 +109,8 @@ pub struct Metrics {
     task_gpu_processes: Family<Labels, Gauge>,
     task_gpu_memory_reserved: Family<Labels, Gauge>,
     task_gpu_memory_over_reservation: Family<Labels, Gauge>,
+    /// Each task container's SM use and thread limit per GPU.
+    share: share::ShareMetrics,
     /// The MPS contract's series, from the same snapshot.
     contract: contract::ContractMetrics,
     /// The NVML poller's latest GPUs and per-task use, read at each scrape.
@@ -360,7 +363,9 @@ impl Metrics {
         let planned = PlannedMetrics::register(&mut registry);
         let links = links::LinkMetrics::register(&mut registry);
         let contract = contract::ContractMetrics::register(&mut registry);
+        let share = share::ShareMetrics::register(&mut registry);
         Metrics {
+            share,
             fleet_in_use,
             fleet_capacity,
             export_lag_seconds,
@@ -671,6 +676,7 @@ impl Metrics {
         let snap = a.snapshot();
         self.task_gpu_memory.clear();
         self.task_gpu_processes.clear();
+        self.share.clear();
         self.refresh_reservations(&snap);
         self.contract.refresh(&snap);
         let mut seen = std::collections::BTreeSet::new();
@@ -708,6 +714,7 @@ impl Metrics {
                 self.task_gpu_memory
                     .get_or_create(&labels)
                     .inc_by(i64::try_from(t.bytes).unwrap_or(i64::MAX));
+                self.share.record(&labels, t);
                 let mut known = labels.clone();
                 known.push(("unknown".into(), "false".into()));
                 self.task_gpu_processes
@@ -842,6 +849,8 @@ mod tests {
                 processes: 1,
                 unknown: 0,
                 names: None,
+                sm_percent: Some(1),
+                sm_limit_percent: Some(u32::try_from(i % 100).unwrap() + 1),
             })
             .collect();
         let mut snap = Snapshot::default();
@@ -855,6 +864,17 @@ mod tests {
         assert_eq!(mem.len(), MAX_TASK_SERIES + 1, "{text}");
         let other = "gpu_medic_task_gpu_memory_bytes{task=\"other\",family=\"\",revision=\"\",container=\"\",gpu=\"0\",uuid=\"GPU-0\"}";
         assert_eq!(value(&text, other), Some(100.0), "{text}");
+        // The compute share has the same labels, folded alike: the use summed, the limit the
+        // largest of the folded ones.
+        let sm: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpu_medic_task_gpu_sm_percent{"))
+            .collect();
+        assert_eq!(sm.len(), MAX_TASK_SERIES + 1);
+        let other_sm = other.replace("memory_bytes", "sm_percent");
+        assert_eq!(value(&text, &other_sm), Some(100.0));
+        let other_limit = other.replace("memory_bytes", "sm_limit_percent");
+        assert_eq!(value(&text, &other_limit), Some(100.0));
     }
 
     /// Drives the real engine and checks that every declared metric moves.
@@ -1170,6 +1190,8 @@ mod tests {
                     processes: 2,
                     unknown: 1,
                     names: None,
+                    sm_percent: Some(35),
+                    sm_limit_percent: Some(50),
                 }],
             ),
         );
@@ -1187,9 +1209,14 @@ mod tests {
         let mem = "gpu_medic_task_gpu_memory_bytes{task=\"aa11\",family=\"\",revision=\"\",container=\"c0\",gpu=\"1\",uuid=\"GPU-1\"}";
         assert_eq!(value(&text, mem), Some((3u64 << 30) as f64), "{text}");
         assert!(text.contains("unknown=\"true\"} 1"), "{text}");
+        let sm = mem.replace("memory_bytes", "sm_percent");
+        let limit = mem.replace("memory_bytes", "sm_limit_percent");
+        assert_eq!(value(&text, &sm), Some(35.0), "{text}");
+        assert_eq!(value(&text, &limit), Some(50.0), "{text}");
         snap.gpus.get_mut(&1).unwrap().1.clear();
         accounting.publish(snap);
         let text = m.render();
         assert_eq!(value(&text, mem), None, "the task went away:\n{text}");
+        assert_eq!(value(&text, &sm), None, "its share too:\n{text}");
     }
 }

@@ -760,8 +760,8 @@ fn memory_numbers(g: &Global, i: usize) -> (u64, u64, u64) {
         .procs
         .iter()
         .chain(&gpu.compute_only)
-        .fold(0u64, |sum, (_, mib)| {
-            sum.saturating_add(mib.map_or(1 << 30, |m| m.saturating_mul(1 << 20)))
+        .fold(0u64, |sum, c| {
+            sum.saturating_add(c.used_mib.map_or(1 << 30, |m| m.saturating_mul(1 << 20)))
         });
     let used = (4u64 << 20).saturating_add(clients);
     (total, reserved, used.min(total - reserved))
@@ -1745,10 +1745,12 @@ unsafe fn processes(
         unsafe { info_count.write(n) };
         return ERROR_INSUFFICIENT_SIZE;
     }
-    for (k, (pid, mib)) in pids.into_iter().enumerate() {
+    for (k, c) in pids.into_iter().enumerate() {
         let info = ProcessInfo {
-            pid,
-            used_gpu_memory: mib.map_or(unknown_memory, |m| m.saturating_mul(1 << 20)),
+            pid: c.pid,
+            used_gpu_memory: c
+                .used_mib
+                .map_or(unknown_memory, |m| m.saturating_mul(1 << 20)),
             gpu_instance_id: NO_MIG_INSTANCE,
             compute_instance_id: NO_MIG_INSTANCE,
         };
@@ -1811,6 +1813,78 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
             false,
         )
     }
+}
+
+/// `nvmlDeviceGetProcessUtilization`: one sample, stamped now (microseconds since the
+/// epoch), for each MPS client and compute process with a non-zero `sm_percent`, as NVML gives
+/// samples only for processes that used the GPU in the period; none at all is
+/// `NVML_ERROR_NOT_FOUND` ("sample entries are not found"). With `utilization` NULL, or
+/// `*process_samples_count` below the samples, the count is written and
+/// `NVML_ERROR_INSUFFICIENT_SIZE` returned. A GPU in MIG mode: NOT_SUPPORTED ("On MIG-enabled
+/// GPUs, querying process utilization is not currently supported"). `last_seen_time_stamp` is
+/// accepted and not used (every call is a new period).
+///
+/// # Safety
+/// `process_samples_count` NULL or valid for read+write; `utilization` NULL or valid for
+/// `*process_samples_count` writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: NvmlDevice,
+    utilization: *mut ProcessUtilizationSample,
+    process_samples_count: *mut c_uint,
+    _last_seen_time_stamp: c_ulonglong,
+) -> NvmlReturn {
+    state::called("nvmlDeviceGetProcessUtilization");
+    const NAME: &str = "nvmlDeviceGetProcessUtilization";
+    if process_samples_count.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    let samples = match state::device_call(NAME, device, |g, i| {
+        let gpu = &g.hw.gpus[i];
+        if gpu.spec.mig.is_some_and(|(current, _)| current) {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        Ok(gpu
+            .procs
+            .iter()
+            .chain(&gpu.compute_only)
+            .filter(|c| c.sm_percent.is_some_and(|p| p > 0))
+            .map(|c| (c.pid, c.sm_percent.unwrap_or(0).min(100)))
+            .collect::<Vec<_>>())
+    }) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    if samples.is_empty() {
+        return ERROR_NOT_FOUND;
+    }
+    let capacity = if utilization.is_null() {
+        0
+    } else {
+        // SAFETY: non-null and valid for reads by contract.
+        unsafe { process_samples_count.read() as usize }
+    };
+    let n = samples.len() as c_uint;
+    // SAFETY: non-null and valid for writes by contract.
+    unsafe { process_samples_count.write(n) };
+    if samples.len() > capacity {
+        return ERROR_INSUFFICIENT_SIZE;
+    }
+    let stamp = u64::try_from(state::now_micros()).unwrap_or(0);
+    for (k, (pid, sm)) in samples.into_iter().enumerate() {
+        let sample = ProcessUtilizationSample {
+            pid,
+            time_stamp: stamp,
+            sm_util: sm,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+        };
+        // SAFETY: k < n <= capacity = *process_samples_count, the caller's array length
+        // (utilization is non-null whenever n > 0, since then capacity > 0).
+        unsafe { utilization.add(k).write(sample) };
+    }
+    SUCCESS
 }
 
 /// One field for `nvmlDeviceGetFieldValues`: (valueType, value) or a per-entry error.

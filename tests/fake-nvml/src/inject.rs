@@ -147,20 +147,27 @@ impl Command {
     }
 }
 
-/// One MPS client: a bare pid (`123`, memory NOT_AVAILABLE) or
-/// `{"pid": 123, "used_mib": 2048}`.
+/// One MPS client (or compute process): a bare pid (`123`, memory NOT_AVAILABLE, no SM use) or
+/// `{"pid": 123, "used_mib": 2048, "sm_percent": 40}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(from = "ClientForm")]
 pub struct MpsClient {
     pub pid: u32,
     pub used_mib: Option<u64>,
+    /// Its SM utilization in `nvmlDeviceGetProcessUtilization`'s samples (0 or absent: no
+    /// sample, as NVML gives none for a process that did not use the SMs).
+    pub sm_percent: Option<u32>,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum ClientForm {
     Pid(u32),
-    Full { pid: u32, used_mib: Option<u64> },
+    Full {
+        pid: u32,
+        used_mib: Option<u64>,
+        sm_percent: Option<u32>,
+    },
 }
 
 impl From<ClientForm> for MpsClient {
@@ -169,8 +176,17 @@ impl From<ClientForm> for MpsClient {
             ClientForm::Pid(pid) => MpsClient {
                 pid,
                 used_mib: None,
+                sm_percent: None,
             },
-            ClientForm::Full { pid, used_mib } => MpsClient { pid, used_mib },
+            ClientForm::Full {
+                pid,
+                used_mib,
+                sm_percent,
+            } => MpsClient {
+                pid,
+                used_mib,
+                sm_percent,
+            },
         }
     }
 }
@@ -645,17 +661,26 @@ mod tests {
             }
         );
         assert_eq!(
-            one(r#"{"gpu": 1, "mps_clients": [10, {"pid": 20, "used_mib": 2048}]}"#),
+            one(
+                r#"{"gpu": 1, "mps_clients": [10, {"pid": 20, "used_mib": 2048}, {"pid": 21, "sm_percent": 35}]}"#
+            ),
             Command::MpsClients {
                 gpu: 1,
                 pids: vec![
                     MpsClient {
                         pid: 10,
-                        used_mib: None
+                        used_mib: None,
+                        sm_percent: None
                     },
                     MpsClient {
                         pid: 20,
-                        used_mib: Some(2048)
+                        used_mib: Some(2048),
+                        sm_percent: None
+                    },
+                    MpsClient {
+                        pid: 21,
+                        used_mib: None,
+                        sm_percent: Some(35)
                     }
                 ]
             }
@@ -667,11 +692,13 @@ mod tests {
                 pids: vec![
                     MpsClient {
                         pid: 30,
-                        used_mib: None
+                        used_mib: None,
+                        sm_percent: None
                     },
                     MpsClient {
                         pid: 40,
-                        used_mib: Some(512)
+                        used_mib: Some(512),
+                        sm_percent: None
                     }
                 ]
             }

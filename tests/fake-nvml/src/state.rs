@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{self, Config, ConfigKey, GpuSpec, MAX_GPUS};
 pub use crate::identity::Fabric;
-use crate::inject::{self, Command, GpuSel};
+use crate::inject::{self, Command, GpuSel, MpsClient};
 use crate::types::{self, NvmlDevice, NvmlReturn, event_type as ev};
 
 /// Environment variable naming the injection directory.
@@ -84,11 +84,12 @@ pub struct Gpu {
     pub retired_pending: bool,
     pub retired_ts: u64,
     pub recovery_action: u32,
-    /// MPS clients: pid and the GPU memory it uses in MiB (None: NOT_AVAILABLE).
-    pub procs: Vec<(u32, Option<u64>)>,
+    /// MPS clients: pid, the GPU memory it uses in MiB (None: NOT_AVAILABLE) and its SM
+    /// utilization.
+    pub procs: Vec<MpsClient>,
     /// Processes in the plain compute list only (`compute_processes`): CUDA processes that
-    /// run outside MPS, beside the clients.
-    pub compute_only: Vec<(u32, Option<u64>)>,
+    /// run outside MPS, beside the clients (the MPS server among them).
+    pub compute_only: Vec<MpsClient>,
     pub compute_mode: u32,
     pub pcie_replay: u32,
     pub pcie_gen: u32,
@@ -857,14 +858,8 @@ impl Global {
                     }
                 }
             }
-            Command::MpsClients { pids, .. } => {
-                self.hw.gpus[gpu_idx].procs =
-                    pids.into_iter().map(|c| (c.pid, c.used_mib)).collect()
-            }
-            Command::ComputeProcesses { pids, .. } => {
-                self.hw.gpus[gpu_idx].compute_only =
-                    pids.into_iter().map(|c| (c.pid, c.used_mib)).collect()
-            }
+            Command::MpsClients { pids, .. } => self.hw.gpus[gpu_idx].procs = pids,
+            Command::ComputeProcesses { pids, .. } => self.hw.gpus[gpu_idx].compute_only = pids,
             Command::Ecc { gpu, delta } => {
                 let ecc = &mut self.hw.gpus[gpu_idx].ecc;
                 let add = |c: &mut u64, d: u64| *c = c.saturating_add(d);

@@ -130,6 +130,18 @@ pub struct ProcessInfo {
     pub compute_instance_id: c_uint,
 }
 
+/// `nvmlProcessUtilizationSample_t` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessUtilizationSample {
+    pub pid: c_uint,
+    pub time_stamp: c_ulonglong,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
 /// `nvmlMemory_t` (v1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -202,6 +214,7 @@ const _: () = {
     assert!(std::mem::size_of::<PciInfo>() == 68);
     assert!(std::mem::size_of::<EventData>() == 32);
     assert!(std::mem::size_of::<ProcessInfo>() == 24);
+    assert!(std::mem::size_of::<ProcessUtilizationSample>() == 32);
     assert!(std::mem::size_of::<MemoryV2>() == 40);
     assert!(std::mem::size_of::<FieldValue>() == 40);
     assert!(std::mem::size_of::<RowRemapperHistogram>() == 20);

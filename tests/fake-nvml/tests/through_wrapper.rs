@@ -529,6 +529,20 @@ fn scenario_injections() {
         d3.memory_info().unwrap().used,
         (4 << 20) + (1 << 30) + (3072 << 20) + (100 << 20)
     );
+    // Per-process SM utilization: a sample for each process with a non-zero sm_percent, none
+    // for the others; no sample at all is NOT_FOUND, as NVML answers.
+    assert!(matches!(
+        d3.process_utilization_stats(None),
+        Err(NvmlError::NotFound)
+    ));
+    inj.send(
+        r#"{"gpu": 3, "mps_clients": [4242, {"pid": 4343, "used_mib": 10, "sm_percent": 35}], "compute_processes": [{"pid": 4444, "sm_percent": 150}]}"#,
+    );
+    let samples = d3.process_utilization_stats(Some(1)).unwrap();
+    let got: Vec<(u32, u32)> = samples.iter().map(|s| (s.pid, s.sm_util)).collect();
+    assert_eq!(got, [(4343, 35), (4444, 100)], "clamped to 100");
+    assert!(samples.iter().all(|s| s.timestamp > 0 && s.mem_util == 0));
+    inj.send(r#"{"gpu": 3, "compute_processes": [{"pid": 4444, "used_mib": 100}]}"#);
     inj.send(r#"{"gpu": 3, "mps_clients": []}"#);
     assert!(d3.mps_running_compute_processes().unwrap().is_empty());
     let compute = d3.running_compute_processes().unwrap();

@@ -528,17 +528,27 @@ fn class_target(obs: &Observation) -> String {
             | SignalKind::MpsBypass
             | SignalKind::MpsLimitMismatch
             | SignalKind::ContainerGpuMemoryOverReservation
+            | SignalKind::MpsClientNotOnGpu
+            | SignalKind::MpsClientNoServer
+            | SignalKind::MpsWrongServer
+    );
+    // Findings about one process (once per process): each is its own matter, in its task
+    // or in none.
+    let per_process = matches!(
+        obs.signal.kind(),
+        SignalKind::MpsLimitMismatch
+            | SignalKind::MpsClientNotOnGpu
+            | SignalKind::MpsClientNoServer
+            | SignalKind::MpsWrongServer
     );
     if per_task && let Some(task) = obs.tasks.first() {
         // Each client off its limits is a finding of its own (once per process).
-        if obs.signal.kind() == SignalKind::MpsLimitMismatch
-            && let Some(pid) = obs.pids.first()
-        {
+        if per_process && let Some(pid) = obs.pids.first() {
             return format!("task/{task}/pid/{pid}");
         }
         return format!("task/{task}");
     }
-    if obs.signal.kind() == SignalKind::MpsBypass
+    if (per_process || obs.signal.kind() == SignalKind::MpsBypass)
         && let Some(pid) = obs.pids.first()
     {
         return format!("pid/{pid}");

@@ -12,6 +12,7 @@ pub mod driver_line;
 pub mod escape;
 pub mod gpu_view;
 pub mod links;
+pub mod mps_view;
 pub use budget::FleetBudgetView;
 mod export;
 pub use export::ExportLag;
@@ -309,6 +310,23 @@ pub enum Signal {
     /// under its pinned limit while all of them together do not (value: processes in the
     /// container; `tasks`: the task). Once per crossing.
     ContainerGpuMemoryOverReservation,
+    /// MPS's own view against NVML's (docs/mps.md#mpss-own-view): the control daemon lists a
+    /// client of one of its servers (`get_client_list`) that NVML lists on no GPU as an MPS
+    /// client, on two looks in a row (value: 1 when the process is gone, so the server holds
+    /// a client that exited; 0 while it runs; `tasks`: its ECS task). Once per process.
+    MpsClientNotOnGpu,
+    /// NVML lists an MPS client on a GPU that no server of the control daemon lists, on two
+    /// looks in a row: another MPS daemon (another pipe directory) serves it, outside this
+    /// daemon's servers (value: 1 when it runs in an ECS task, 0 when not). Once per process.
+    MpsClientNoServer,
+    /// A server of the control daemon that lists no client holds GPU memory (NVML's compute
+    /// list gives its process that much on the GPU; value: MiB), on two looks in a row.
+    MpsServerIdleMemory,
+    /// A client served by a server of another user: the server runs as a uid other than root
+    /// (a per-user server; `-multiuser-server` runs one root server for every uid) and the
+    /// client's real uid is another (value: 1 when it runs in an ECS task, 0 when not).
+    /// Once per process.
+    MpsWrongServer,
     /// The MPS control daemon answered a probe: the all-clear for MPS incidents.
     MpsUp,
     Lifecycle {
@@ -462,6 +480,10 @@ signal_kinds! {
         MpsBypass = "mps-bypass",
         MpsLimitMismatch = "mps-limit-mismatch",
         ContainerGpuMemoryOverReservation = "container-gpu-memory-over-reservation",
+        MpsClientNotOnGpu = "mps-client-not-on-gpu",
+        MpsClientNoServer = "mps-client-no-server",
+        MpsServerIdleMemory = "mps-server-idle-memory",
+        MpsWrongServer = "mps-wrong-server",
         EcsAgentImpaired = "ecs-agent-impaired",
         FabricNotCompleted = "fabric-not-completed",
         FabricError = "fabric-error",
@@ -547,6 +569,10 @@ impl Signal {
             Signal::ContainerGpuMemoryOverReservation => {
                 SignalKind::ContainerGpuMemoryOverReservation
             }
+            Signal::MpsClientNotOnGpu => SignalKind::MpsClientNotOnGpu,
+            Signal::MpsClientNoServer => SignalKind::MpsClientNoServer,
+            Signal::MpsServerIdleMemory => SignalKind::MpsServerIdleMemory,
+            Signal::MpsWrongServer => SignalKind::MpsWrongServer,
             Signal::FabricNotCompleted => SignalKind::FabricNotCompleted,
             Signal::FabricError => SignalKind::FabricError,
             Signal::FabricManagerDown => SignalKind::FabricManagerDown,
@@ -1451,6 +1477,10 @@ mod tests {
             Signal::MpsBypass,
             Signal::MpsLimitMismatch,
             Signal::ContainerGpuMemoryOverReservation,
+            Signal::MpsClientNotOnGpu,
+            Signal::MpsClientNoServer,
+            Signal::MpsServerIdleMemory,
+            Signal::MpsWrongServer,
             Signal::MpsUp,
             Signal::Lifecycle {
                 state: LifecycleState::Terminating,

@@ -260,8 +260,70 @@ fn observation(c: &ClientLimits, k: &Known<'_>, memory: bool, threads: bool) -> 
     obs
 }
 
-/// Sets each container's limit in force: the largest pinned limit its clients run with.
-pub fn annotate(snap: &mut Snapshot, clients: &[ClientLimits]) {
+/// The active thread percentage a client runs with: its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+/// (which can only lower the server's), else the daemon's default (`daemon`, as the MPS probe
+/// read it: `get_default_active_thread_percentage`, rounded up); `None` when neither is known
+/// (the environment was not read, or the daemon not asked). A per-server percentage
+/// (`set_active_thread_percentage <server>`) is not read.
+pub fn thread_limit(limits: &Limits, daemon: Option<f64>) -> Option<u32> {
+    let daemon = daemon
+        .filter(|d| d.is_finite() && *d > 0.0)
+        .map(|d| d.min(100.0).ceil() as u32);
+    let own = limits
+        .threads
+        .filter(|_| limits.threads_known())
+        .and_then(|t| u32::try_from(t).ok());
+    match (own, daemon) {
+        (Some(o), Some(d)) => Some(o.min(d)),
+        (Some(o), None) => Some(o),
+        (None, d) if limits.threads_known() => d,
+        (None, _) => None,
+    }
+}
+
+/// Sets the thread percentage in force on each (GPU, task, container) usage and container:
+/// the largest its clients run with ([`thread_limit`]).
+fn annotate_threads(snap: &mut Snapshot, clients: &[ClientLimits], daemon: Option<f64>) {
+    let mut per: BTreeMap<(u32, String, Option<String>), u32> = BTreeMap::new();
+    for c in clients {
+        if let Some(p) = thread_limit(&c.limits, daemon) {
+            let e = per
+                .entry((c.gpu, c.task.clone(), c.container.clone()))
+                .or_default();
+            *e = (*e).max(p);
+        }
+    }
+    let mut by: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for (index, (_, usages)) in snap.gpus.iter_mut() {
+        for u in usages.iter_mut() {
+            let Some(p) = per.get(&(*index, u.task.clone(), u.container.clone())) else {
+                continue;
+            };
+            u.sm_limit_percent = Some(*p);
+            let name = u
+                .names
+                .as_ref()
+                .and_then(|n| n.container.clone())
+                .or_else(|| u.container.clone())
+                .unwrap_or_default();
+            let e = by.entry((u.task.clone(), name)).or_default();
+            *e = (*e).max(*p);
+        }
+    }
+    for t in &mut snap.tasks {
+        for k in &mut t.containers {
+            if let Some(p) = by.get(&(t.task.clone(), k.name.clone())) {
+                k.sm_limit_percent = Some(*p);
+            }
+        }
+    }
+}
+
+/// Sets each container's limits in force: the largest pinned limit its clients run with, and
+/// the largest thread percentage ([`thread_limit`], `daemon`: the MPS daemon's default as last
+/// read).
+pub fn annotate(snap: &mut Snapshot, clients: &[ClientLimits], daemon: Option<f64>) {
+    annotate_threads(snap, clients, daemon);
     // The largest per (GPU, task, container id) first, without copying a name per client.
     let mut per: BTreeMap<(u32, &str, Option<&str>), u64> = BTreeMap::new();
     for c in clients {
@@ -374,6 +436,8 @@ mod tests {
                         revision: "3".into(),
                         container: Some("app".into()),
                     }),
+                    sm_percent: Some(40),
+                    sm_limit_percent: None,
                 }],
             ),
         );
@@ -490,8 +554,47 @@ mod tests {
         annotate(
             &mut s,
             &[client(1, Some(1024), None), client(2, Some(2048), None)],
+            None,
         );
         let app = &s.tasks[0].containers[0];
         assert_eq!((app.processes, app.limit_bytes), (2, Some(2048 * MIB)));
+        assert_eq!(app.sm_limit_percent, None, "no thread limit known");
+        // Thread percentages: the clients' own, else the daemon's default, the largest.
+        annotate(
+            &mut s,
+            &[client(1, Some(1024), Some(30)), client(2, Some(1024), None)],
+            Some(75.0),
+        );
+        let app = &s.tasks[0].containers[0];
+        assert_eq!(
+            app.sm_limit_percent,
+            Some(75),
+            "client 2 runs at the default"
+        );
+        assert_eq!(s.gpus[&1].1[0].sm_limit_percent, Some(75), "per GPU too");
+        annotate(&mut s, &[client(1, Some(1024), Some(30))], Some(20.0));
+        assert_eq!(
+            s.tasks[0].containers[0].sm_limit_percent,
+            Some(20),
+            "a client's own percentage cannot raise the daemon's"
+        );
+    }
+
+    #[test]
+    fn a_clients_thread_limit_is_its_own_else_the_daemons() {
+        let l = |threads: Option<u64>, known: bool| Limits {
+            threads,
+            unreadable: (!known).then(|| "gone".to_string()),
+            ..Limits::default()
+        };
+        assert_eq!(thread_limit(&l(Some(40), true), Some(100.0)), Some(40));
+        assert_eq!(thread_limit(&l(Some(40), true), None), Some(40));
+        assert_eq!(thread_limit(&l(None, true), Some(33.3)), Some(34));
+        assert_eq!(thread_limit(&l(None, true), None), None);
+        assert_eq!(thread_limit(&l(None, false), Some(100.0)), None, "not read");
+        for bad in [f64::NAN, -1.0, 0.0] {
+            assert_eq!(thread_limit(&l(None, true), Some(bad)), None);
+        }
+        assert_eq!(thread_limit(&l(None, true), Some(1e9)), Some(100));
     }
 }

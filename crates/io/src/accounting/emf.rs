@@ -6,8 +6,10 @@
 //!
 //! One line per task, container and GPU per NVML poll (one line per task in the usual MPS
 //! case: a task's containers share one GPU): the `_aws` metadata with the timestamp and one
-//! metric directive (namespace `GpuMedic`, two dimension sets, three metrics), then the
-//! dimension values and the metric values at the root. A dimension whose value is not known
+//! metric directive (namespace `GpuMedic`; three dimension sets: the family and container,
+//! those on a GPU index, and every dimension; the memory used, the processes, and where known
+//! the reservation, the pinned limit in force, the SM use and the thread percentage in force),
+//! then the dimension values and the metric values at the root. A dimension whose value is not known
 //! (no ECS agent: no family) is left out of the sets, never sent empty.
 //! gpu-medic's own log goes to stderr or the journal, never stdout, so the lines stay whole.
 
@@ -30,28 +32,28 @@ struct Metric {
 }
 
 #[derive(Serialize)]
-struct Directive<'a> {
+struct Directive {
     #[serde(rename = "Namespace")]
     namespace: &'static str,
     #[serde(rename = "Dimensions")]
     dimensions: Vec<Vec<&'static str>>,
     #[serde(rename = "Metrics")]
-    metrics: &'a [Metric],
+    metrics: Vec<Metric>,
 }
 
 #[derive(Serialize)]
-struct Metadata<'a> {
+struct Metadata {
     #[serde(rename = "Timestamp")]
     timestamp: u64,
     #[serde(rename = "CloudWatchMetrics")]
-    cloudwatch_metrics: [Directive<'a>; 1],
+    cloudwatch_metrics: [Directive; 1],
 }
 
 /// One line: the metadata, then the dimension values (absent when not known) and the
 /// metric values at the root.
 #[derive(Serialize)]
 struct Line<'a> {
-    _aws: Metadata<'a>,
+    _aws: Metadata,
     #[serde(rename = "TaskArn")]
     task_arn: &'a str,
     #[serde(rename = "TaskDefinitionFamily", skip_serializing_if = "str::is_empty")]
@@ -65,6 +67,9 @@ struct Line<'a> {
     container: &'a str,
     #[serde(rename = "GpuUuid", skip_serializing_if = "str::is_empty")]
     gpu_uuid: &'a str,
+    /// The GPU's NVML index, as a dimension value (a string): the per-GPU panels.
+    #[serde(rename = "GpuIndex")]
+    gpu_index: String,
     #[serde(rename = "TaskGpuMemoryUsed")]
     used: u64,
     #[serde(rename = "TaskGpuProcesses")]
@@ -74,6 +79,16 @@ struct Line<'a> {
         skip_serializing_if = "Option::is_none"
     )]
     reserved: Option<u64>,
+    /// The container's pinned memory limit in force.
+    #[serde(rename = "TaskGpuMemoryLimit", skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    #[serde(rename = "TaskGpuSmPercent", skip_serializing_if = "Option::is_none")]
+    sm: Option<u32>,
+    #[serde(
+        rename = "TaskGpuSmLimitPercent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    sm_limit: Option<u32>,
     /// Not a metric: the processes whose memory NVML did not report.
     #[serde(rename = "UnknownMemoryProcesses", skip_serializing_if = "is_zero")]
     unknown: u32,
@@ -83,41 +98,53 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// The metrics of a line; the reservation (last) only where it is known.
-const METRICS: [Metric; 3] = [
-    Metric {
-        name: "TaskGpuMemoryUsed",
-        unit: "Bytes",
-    },
-    Metric {
-        name: "TaskGpuProcesses",
-        unit: "Count",
-    },
-    Metric {
-        name: "TaskGpuMemoryReserved",
-        unit: "Bytes",
-    },
-];
+/// A metric of a line.
+const fn metric(name: &'static str, unit: &'static str) -> Metric {
+    Metric { name, unit }
+}
+
+/// The metrics of a line: use and processes always, the reservation, the limit in force and
+/// the SM use and thread limit only where they are known (a metric without a value is not
+/// declared).
+fn metrics(reserved: bool, limit: bool, sm: bool, sm_limit: bool) -> Vec<Metric> {
+    let mut m = vec![
+        metric("TaskGpuMemoryUsed", "Bytes"),
+        metric("TaskGpuProcesses", "Count"),
+    ];
+    for (known, name, unit) in [
+        (reserved, "TaskGpuMemoryReserved", "Bytes"),
+        (limit, "TaskGpuMemoryLimit", "Bytes"),
+        (sm, "TaskGpuSmPercent", "Percent"),
+        (sm_limit, "TaskGpuSmLimitPercent", "Percent"),
+    ] {
+        if known {
+            m.push(metric(name, unit));
+        }
+    }
+    m
+}
 
 /// The lines for one poll's snapshot taken at `at_ms` (Unix milliseconds).
 pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
     let mut out = Vec::new();
-    for (gpu, tasks) in snap.gpus.values() {
+    for (index, (gpu, tasks)) in &snap.gpus {
         for u in tasks {
             let names = u.names.as_ref();
             let container = names
                 .and_then(|n| n.container.as_deref())
                 .or(u.container.as_deref())
                 .unwrap_or_default();
-            let reserved = snap
+            let kept = snap
                 .tasks
                 .iter()
                 .find(|t| t.task == u.task)
-                .and_then(|t| t.containers.iter().find(|c| c.name == container))
-                .and_then(|c| c.reserved_bytes);
+                .and_then(|t| t.containers.iter().find(|c| c.name == container));
+            let reserved = kept.and_then(|c| c.reserved_bytes);
+            let limit = kept.and_then(|c| c.limit_bytes);
             let task_arn = names.map_or(u.task.as_str(), |n| n.arn.as_str());
             let family = names.map_or("", |n| n.family.as_str());
             let revision = names.map_or("", |n| n.revision.as_str());
+            let gpu_index = index.to_string();
             let line = Line {
                 _aws: Metadata {
                     timestamp: at_ms,
@@ -130,11 +157,12 @@ pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
                             ("ContainerName", container),
                             ("GpuUuid", &gpu.uuid),
                         ]),
-                        metrics: if reserved.is_some() {
-                            &METRICS
-                        } else {
-                            &METRICS[..2]
-                        },
+                        metrics: metrics(
+                            reserved.is_some(),
+                            limit.is_some(),
+                            u.sm_percent.is_some(),
+                            u.sm_limit_percent.is_some(),
+                        ),
                     }],
                 },
                 task_arn,
@@ -142,9 +170,13 @@ pub fn lines(snap: &Snapshot, at_ms: u64) -> Vec<String> {
                 revision,
                 container,
                 gpu_uuid: &gpu.uuid,
+                gpu_index,
                 used: u.bytes,
                 processes: u.processes,
                 reserved,
+                limit,
+                sm: u.sm_percent,
+                sm_limit: u.sm_limit_percent,
                 unknown: u.unknown,
             };
             // Task and container names are the agent's: no raw control on the way to the
@@ -171,7 +203,10 @@ fn dimension_sets(dims: [(&'static str, &str); 5]) -> Vec<Vec<&'static str>> {
         .filter(|k| matches!(*k, "TaskDefinitionFamily" | "ContainerName"))
         .collect();
     if by_family.contains(&"TaskDefinitionFamily") && by_family != all {
-        vec![by_family, all]
+        // The family and container on each GPU index: the dashboard's panel per GPU.
+        let mut by_gpu = by_family.clone();
+        by_gpu.push("GpuIndex");
+        vec![by_family, by_gpu, all]
     } else {
         vec![all]
     }
@@ -308,6 +343,8 @@ mod tests {
                             revision: "3".into(),
                             container: Some("app".into()),
                         }),
+                        sm_percent: Some(45),
+                        sm_limit_percent: Some(50),
                     },
                     TaskUsage {
                         task: "t2".into(),
@@ -316,6 +353,8 @@ mod tests {
                         processes: 1,
                         unknown: 0,
                         names: None,
+                        sm_percent: None,
+                        sm_limit_percent: None,
                     },
                 ],
             ),
@@ -333,10 +372,13 @@ mod tests {
                 used_bytes: 3 << 30,
                 reserved_bytes: Some(4 << 30),
                 processes: 1,
-                limit_bytes: None,
+                limit_bytes: Some(4 << 30),
+                sm_percent: Some(45),
+                sm_limit_percent: Some(50),
             }],
             reserved_bytes: Some(4 << 30),
             over: false,
+            sm_percent: Some(45),
         }];
         let lines = lines(&snap, 1_700_000_000_123);
         assert_eq!(lines.len(), 2);
@@ -350,9 +392,39 @@ mod tests {
         assert_eq!(a["TaskGpuMemoryReserved"], 4u64 << 30);
         assert_eq!(a["TaskGpuProcesses"], 2);
         assert_eq!(a["_aws"]["Timestamp"], 1_700_000_000_123u64);
+        assert_eq!(a["TaskGpuMemoryLimit"], 4u64 << 30);
+        assert_eq!(
+            (
+                a["TaskGpuSmPercent"].clone(),
+                a["TaskGpuSmLimitPercent"].clone()
+            ),
+            (json!(45), json!(50))
+        );
+        assert_eq!(a["GpuIndex"], "1");
         assert_eq!(
             a["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0],
             json!(["TaskDefinitionFamily", "ContainerName"])
+        );
+        assert_eq!(
+            a["_aws"]["CloudWatchMetrics"][0]["Dimensions"][1],
+            json!(["TaskDefinitionFamily", "ContainerName", "GpuIndex"])
+        );
+        let names: Vec<&str> = a["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["Name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "TaskGpuMemoryUsed",
+                "TaskGpuProcesses",
+                "TaskGpuMemoryReserved",
+                "TaskGpuMemoryLimit",
+                "TaskGpuSmPercent",
+                "TaskGpuSmLimitPercent"
+            ]
         );
         // No agent: no family, no container name; the set holds what is known, nothing empty.
         let b = check_emf(&lines[1]).unwrap();
@@ -361,6 +433,7 @@ mod tests {
             json!([["TaskArn", "GpuUuid"]])
         );
         assert!(b.get("TaskGpuMemoryReserved").is_none());
+        assert!(b.get("TaskGpuSmPercent").is_none(), "not read: not sent");
         // The checker itself catches what the spec forbids.
         assert!(check_emf(r#"{"_aws":{"Timestamp":1,"CloudWatchMetrics":[{"Namespace":"N","Dimensions":[["D"]],"Metrics":[{"Name":"M"}]}]},"M":1}"#).is_err());
         assert!(check_emf(r#"{"_aws":{"Timestamp":1,"CloudWatchMetrics":[{"Namespace":"N","Dimensions":[],"Metrics":[{"Name":"M"}]}]},"M":"1"}"#).is_err());

@@ -58,17 +58,28 @@ pub struct Row {
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` its clients ran with), bytes, when read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_bytes: Option<u64>,
+    /// The largest SM utilization seen in the minute (percent of a GPU's SMs, the processes
+    /// summed), when NVML's process utilization was read (absent in rows of earlier builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_sm_percent: Option<u32>,
+    /// A container's active thread percentage in force (the largest its clients ran with),
+    /// when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_limit_percent: Option<u32>,
 }
 
 type Key = (String, String, Option<String>);
 
-/// One key's minute so far: peak use, reservation, most processes, limit in force.
+/// One key's minute so far: peak use, reservation, most processes, limit in force, peak SM
+/// use and the thread percentage in force.
 #[derive(Debug, Default)]
 struct Peak {
     bytes: u64,
     reserved: Option<u64>,
     processes: Option<u32>,
     limit: Option<u64>,
+    sm: Option<u32>,
+    sm_limit: Option<u32>,
 }
 
 /// The daemon's side: collects each minute's peaks and appends them.
@@ -114,9 +125,15 @@ impl Writer {
         for t in tasks.iter().filter(|t| !t.family.is_empty()) {
             let task_key = (t.family.clone(), t.revision.clone(), None);
             self.peak(task_key, t.used_bytes, t.reserved_bytes, None);
+            self.peak_sm(
+                &(t.family.clone(), t.revision.clone(), None),
+                t.sm_percent,
+                None,
+            );
             for c in &t.containers {
                 let key = (t.family.clone(), t.revision.clone(), Some(c.name.clone()));
-                self.peak(key, c.used_bytes, c.reserved_bytes, Some(c));
+                self.peak(key.clone(), c.used_bytes, c.reserved_bytes, Some(c));
+                self.peak_sm(&key, c.sm_percent, c.sm_limit_percent);
             }
         }
     }
@@ -150,6 +167,16 @@ impl Writer {
         }
     }
 
+    /// A key's SM use and thread limit (the key was taken, or refused, by [`Writer::peak`]).
+    fn peak_sm(&mut self, key: &Key, sm: Option<u32>, limit: Option<u32>) {
+        if let Some(e) = self.peaks.get_mut(key) {
+            e.sm = e.sm.max(sm);
+            if limit.is_some() {
+                e.sm_limit = limit;
+            }
+        }
+    }
+
     /// Appends the minute collected so far (at a minute's end, and when the daemon stops).
     pub fn flush(&mut self) {
         let Some(minute) = self.minute else { return };
@@ -168,6 +195,8 @@ impl Writer {
                 reserved_bytes: p.reserved,
                 processes: p.processes,
                 limit_bytes: p.limit,
+                peak_sm_percent: p.sm,
+                sm_limit_percent: p.sm_limit,
             };
             // What is written is what the reader takes: never a line over its cap.
             if let Ok(line) = serde_json::to_string(&row)
@@ -433,9 +462,12 @@ mod tests {
                 reserved_bytes: reserved,
                 processes: 1,
                 limit_bytes: None,
+                sm_percent: Some(used.min(100) as u32),
+                sm_limit_percent: Some(50),
             }],
             reserved_bytes: reserved,
             over: false,
+            sm_percent: Some(used.min(100) as u32),
         }
     }
 
@@ -453,6 +485,12 @@ mod tests {
         assert_eq!(rows.len(), 2, "the task and its container: {rows:?}");
         assert!(rows.iter().all(|r| r.minute == 120 && r.peak_bytes == 300));
         assert!(rows.iter().any(|r| r.container.as_deref() == Some("app")));
+        assert!(
+            rows.iter().all(|r| r.peak_sm_percent == Some(100)),
+            "the minute's SM peak: {rows:?}"
+        );
+        let app = rows.iter().find(|r| r.container.is_some()).unwrap();
+        assert_eq!(app.sm_limit_percent, Some(50));
         w.flush();
         let (rows, _) = read_rows(w.path(), MAX_FILE).unwrap();
         assert_eq!(rows.len(), 4, "the stop flushes the minute in progress");

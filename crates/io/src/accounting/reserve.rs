@@ -207,6 +207,15 @@ pub struct ContainerMemory {
     /// The pinned memory limit in force: the largest `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` its
     /// clients run with (`crate::accounting::contract`); `None` when none was read.
     pub limit_bytes: Option<u64>,
+    /// Its processes' SM utilization, summed over its GPUs (percent of a GPU's SMs); `None`
+    /// when NVML's process utilization could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sm_percent: Option<u32>,
+    /// The active thread percentage in force: the largest its clients run with
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, else the MPS daemon's default); `None` when not
+    /// known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sm_limit_percent: Option<u32>,
 }
 
 /// One task's GPU memory, summed over its containers and GPUs, next to its reservation.
@@ -228,6 +237,10 @@ pub struct TaskMemory {
     pub reserved_bytes: Option<u64>,
     /// Use is over `[nvml] reservation_alert` of the reservation.
     pub over: bool,
+    /// Its processes' SM utilization, summed over its containers and GPUs; `None` when not
+    /// read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sm_percent: Option<u32>,
 }
 
 impl TaskMemory {
@@ -238,6 +251,14 @@ impl TaskMemory {
         } else {
             &self.arn
         }
+    }
+}
+
+/// Two SM utilizations summed; unknown only when both are.
+fn add_sm(a: Option<u32>, b: Option<u32>) -> Option<u32> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
     }
 }
 
@@ -262,6 +283,7 @@ pub fn per_task(
                 containers: Vec::new(),
                 reserved_bytes: None,
                 over: false,
+                sm_percent: None,
             });
             if let Some(n) = &u.names
                 && t.arn.is_empty()
@@ -272,6 +294,7 @@ pub fn per_task(
             }
             t.used_bytes = t.used_bytes.saturating_add(u.bytes);
             t.unknown = t.unknown.saturating_add(u.unknown);
+            t.sm_percent = add_sm(t.sm_percent, u.sm_percent);
             match t.gpus.iter_mut().find(|(g, _)| g.index == gpu.index) {
                 Some((_, b)) => *b = b.saturating_add(u.bytes),
                 None => t.gpus.push((gpu.clone(), u.bytes)),
@@ -286,6 +309,8 @@ pub fn per_task(
                 Some(c) => {
                     c.used_bytes = c.used_bytes.saturating_add(u.bytes);
                     c.processes = c.processes.saturating_add(u.processes);
+                    c.sm_percent = add_sm(c.sm_percent, u.sm_percent);
+                    c.sm_limit_percent = c.sm_limit_percent.max(u.sm_limit_percent);
                 }
                 None => t.containers.push(ContainerMemory {
                     name,
@@ -293,6 +318,8 @@ pub fn per_task(
                     reserved_bytes: None,
                     processes: u.processes,
                     limit_bytes: None,
+                    sm_percent: u.sm_percent,
+                    sm_limit_percent: u.sm_limit_percent,
                 }),
             }
         }
@@ -317,6 +344,8 @@ pub fn per_task(
                     reserved_bytes: Some(bytes),
                     processes: 0,
                     limit_bytes: None,
+                    sm_percent: None,
+                    sm_limit_percent: None,
                 }),
             }
         }
@@ -429,6 +458,8 @@ mod tests {
                 revision: "3".into(),
                 container: Some(container.into()),
             }),
+            sm_percent: Some(10),
+            sm_limit_percent: Some(50),
         }
     }
 
@@ -479,6 +510,11 @@ mod tests {
         assert_eq!(
             (sidecar.used_bytes, sidecar.reserved_bytes),
             (2200 * MIB, Some(1024 * MIB))
+        );
+        assert_eq!(
+            (sidecar.sm_percent, sidecar.sm_limit_percent, t1.sm_percent),
+            (Some(10), Some(50), Some(20)),
+            "SM use summed per container and task, the limit carried"
         );
         let t2 = &tasks[1];
         assert!(!t2.over);

@@ -20,6 +20,9 @@ pub struct Client {
     pub pid: u32,
     /// Bytes of GPU memory; `None` when NVML does not know.
     pub used_bytes: Option<u64>,
+    /// Its SM utilization in percent since the last poll (NVML's process utilization
+    /// samples, `crate::probe::nvml::utilization`); `None` when they cannot be read.
+    pub sm_percent: Option<u32>,
 }
 
 /// What one task's container uses on one GPU.
@@ -37,6 +40,13 @@ pub struct TaskUsage {
     pub unknown: u32,
     /// From the ECS agent, once it listed the task: ARN, family, revision, container name.
     pub names: Option<Names>,
+    /// The SM utilization of its processes on this GPU, summed (percent of the GPU's SMs);
+    /// `None` when NVML's process utilization could not be read.
+    pub sm_percent: Option<u32>,
+    /// The active thread percentage in force for its processes: the largest of its clients'
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, else the daemon's default;
+    /// `super::contract::annotate`); `None` when not known.
+    pub sm_limit_percent: Option<u32>,
 }
 
 /// What the ECS agent tells about a task's container.
@@ -81,6 +91,7 @@ pub fn sum_placed<'a>(
         bytes: u64,
         processes: u32,
         unknown: u32,
+        sm: Option<u32>,
     }
     let mut by: BTreeMap<(&'a str, Option<&'a str>), Sum> = BTreeMap::new();
     for c in clients {
@@ -93,6 +104,9 @@ pub fn sum_placed<'a>(
             Some(b) => u.bytes = u.bytes.saturating_add(b),
             None => u.unknown += 1,
         }
+        if let Some(p) = c.sm_percent {
+            u.sm = Some(u.sm.unwrap_or(0).saturating_add(p));
+        }
     }
     by.into_iter()
         .map(|((task, container), u)| TaskUsage {
@@ -102,6 +116,8 @@ pub fn sum_placed<'a>(
             processes: u.processes,
             unknown: u.unknown,
             names: None,
+            sm_percent: u.sm,
+            sm_limit_percent: None,
         })
         .collect()
 }
@@ -225,6 +241,7 @@ mod tests {
         let c = |pid, mib: Option<u64>| Client {
             pid,
             used_bytes: mib.map(|m| m << 20),
+            sm_percent: Some(pid % 10),
         };
         let got = sum(
             dir.path(),
@@ -237,20 +254,22 @@ mod tests {
                 c(15, Some(999)), // gone
             ],
         );
-        let row = |t: &str, ct: &str, mib: u64, p, u| TaskUsage {
+        let row = |t: &str, ct: &str, mib: u64, p, u, sm| TaskUsage {
             task: t.into(),
             container: Some(ct.into()),
             bytes: mib << 20,
             processes: p,
             unknown: u,
             names: None,
+            sm_percent: Some(sm),
+            sm_limit_percent: None,
         };
         assert_eq!(
             got,
             vec![
-                row("aa", "c1", 150, 2, 0),
-                row("aa", "c2", 0, 1, 1),
-                row("bb", "c3", 7, 1, 0)
+                row("aa", "c1", 150, 2, 0, 1),
+                row("aa", "c2", 0, 1, 1, 2),
+                row("bb", "c3", 7, 1, 0, 3)
             ]
         );
     }

@@ -42,6 +42,8 @@ pub enum View {
     Links,
     /// The EFA / RDMA ports.
     Ports,
+    /// MPS's own view of its servers and clients against NVML's (the MPS probe).
+    MpsView,
 }
 
 impl View {
@@ -50,6 +52,7 @@ impl View {
         match self {
             View::Links => crate::model::links::MAX_LINKS_VIEW_BYTES,
             View::Ports => crate::model::links::MAX_PORTS_VIEW_BYTES,
+            View::MpsView => crate::model::mps_view::MAX_MPS_VIEW_BYTES,
             View::GpuView | View::Fleet | View::Slots => 1024 * 1024,
         }
     }
@@ -62,6 +65,7 @@ impl View {
             View::Slots => "the slot table's reading",
             View::Links => "the links view",
             View::Ports => "the ports view",
+            View::MpsView => "MPS's own view",
         }
     }
 }
@@ -159,6 +163,11 @@ impl StateDir {
         self.root.join("ports.json")
     }
 
+    /// MPS's own view of its servers and clients at the MPS probe's latest look.
+    pub fn mps_view(&self) -> PathBuf {
+        self.root.join("mps-view.json")
+    }
+
     /// Where `view` is kept.
     pub fn view(&self, view: View) -> PathBuf {
         match view {
@@ -167,6 +176,7 @@ impl StateDir {
             View::Slots => self.slots(),
             View::Links => self.links(),
             View::Ports => self.ports(),
+            View::MpsView => self.mps_view(),
         }
     }
 

@@ -13,6 +13,45 @@ pub mod systemd;
 pub const PROBE_COMMAND: &str = "get_default_active_thread_percentage";
 /// Sent in the same session: the running servers' pids.
 pub const SERVER_LIST_COMMAND: &str = "get_server_list";
+/// A server's clients: `get_client_list <server pid>`, one pid per line (r535 answers an
+/// unknown server with `Server <pid> not found`).
+pub const CLIENT_LIST_COMMAND: &str = "get_client_list";
+
+/// At most this many pids are taken from one list (a node has one server per user, and at
+/// most 48 clients per server on Volta and later).
+pub const MAX_LISTED_PIDS: usize = 256;
+
+/// `get_client_list <server>`.
+pub fn client_list_command(server: u32) -> String {
+    format!("{CLIENT_LIST_COMMAND} {server}")
+}
+
+/// The server a session's one command lists the clients of, when it is `get_client_list
+/// <pid>` (gpu-medic's own view of the daemon, [`client_list_command`]).
+pub fn listed_server(command: &str) -> Option<u32> {
+    command
+        .strip_prefix(CLIENT_LIST_COMMAND)?
+        .strip_prefix(' ')?
+        .parse()
+        .ok()
+}
+
+/// The pids of a `get_server_list` or `get_client_list` reply, one per line, at most
+/// [`MAX_LISTED_PIDS`] (the rest are dropped); any other line (`Server N not found`) is an
+/// error that says what was answered.
+pub fn parse_pids(stdout: &str) -> Result<Vec<u32>, String> {
+    let mut pids = Vec::new();
+    for line in stdout.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        match line.parse::<u32>() {
+            Ok(pid) if pids.len() < MAX_LISTED_PIDS => pids.push(pid),
+            Ok(_) => {}
+            Err(_) => {
+                return Err(format!("unexpected reply {:?}", control::clip(line, 80)));
+            }
+        }
+    }
+    Ok(pids)
+}
 
 /// A parsed probe reply.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +101,34 @@ pub fn parse_percentage(s: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pid_lists_parse_or_say_what_was_answered() {
+        assert_eq!(parse_pids(""), Ok(vec![]));
+        assert_eq!(parse_pids("4242\n 4243 \n\n"), Ok(vec![4242, 4243]));
+        let e = parse_pids("Server 99999 not found\n").unwrap_err();
+        assert!(e.contains("Server 99999 not found"), "{e}");
+        assert!(parse_pids("-1").is_err());
+        assert!(parse_pids("99999999999").is_err(), "past u32");
+        let many: String = (0..1000).map(|p| format!("{p}\n")).collect();
+        assert_eq!(parse_pids(&many).unwrap().len(), MAX_LISTED_PIDS);
+    }
+
+    #[test]
+    fn a_client_list_command_names_its_server() {
+        assert_eq!(client_list_command(4242), "get_client_list 4242");
+        assert_eq!(listed_server("get_client_list 4242"), Some(4242));
+        for other in [
+            "get_client_list",
+            "get_client_list ",
+            "get_client_list  4242",
+            "get_client_list 4242 1",
+            "get_client_listx 4242",
+            "get_device_client_list 4242",
+        ] {
+            assert_eq!(listed_server(other), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn replies_parse_or_fail_clearly() {

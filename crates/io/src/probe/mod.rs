@@ -23,6 +23,7 @@ pub mod kernel_record;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod mps;
+pub mod mps_view;
 pub mod node;
 pub mod nvml;
 pub mod planned;
@@ -247,6 +248,9 @@ pub fn sources_with_gpu_view(
     wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 ) -> Vec<Box<dyn Source>> {
     let mut out: Vec<Box<dyn Source>> = Vec::new();
+    // MPS's own view against NVML's: the NVML poller publishes its process lists, the MPS
+    // probe compares the daemon's servers and clients with them (both must run).
+    let exchange = (cfg.nvml.enabled && cfg.mps.enabled).then(mps_view::Exchange::new);
     if cfg.nvml.enabled {
         // The installed files of the programs that may hold a GPU outside MPS, once, at start.
         let installed = identity::Installed::from_config(&cfg.mps, &cfg.diagnose);
@@ -260,6 +264,9 @@ pub fn sources_with_gpu_view(
         }
         if let Some(a) = accounting {
             source = source.with_accounting(a.clone());
+        }
+        if let Some(x) = &exchange {
+            source = source.with_mps_view(x.clone());
         }
         if let Some(wake) = wake.filter(|_| gpu_view_enabled(cfg)) {
             let view = nvml::view::NvmlView::new();
@@ -275,10 +282,12 @@ pub fn sources_with_gpu_view(
         out.push(Box::new(source));
     }
     if cfg.mps.enabled {
-        out.push(Box::new(
-            mps::MpsSource::new(cfg.mps.clone(), mps.clone())
-                .naming_tasks_with(crate::aws::agent::Agent::new(&cfg.ecs.agent_url)),
-        ));
+        let mut source = mps::MpsSource::new(cfg.mps.clone(), mps.clone())
+            .naming_tasks_with(crate::aws::agent::Agent::new(&cfg.ecs.agent_url));
+        if let Some(x) = exchange {
+            source = source.with_view(x, cfg.state_dir.clone());
+        }
+        out.push(Box::new(source));
     }
     if cfg.aws.enabled && cfg.lifecycle.enabled {
         out.push(Box::new(lifecycle::LifecycleSource::new(

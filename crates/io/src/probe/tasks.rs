@@ -548,12 +548,19 @@ impl TaskNamer {
     }
 
     /// Sets `tasks` (what stop-tasks stops) and extends the detail of every server fault in
-    /// `obs` that names client pids, and of every process outside MPS (`mps-bypass`); other
-    /// observations are left as they are.
+    /// `obs` that names client pids, of every process outside MPS (`mps-bypass`), and of each
+    /// client MPS's own view found out of place (`mps-client-not-on-gpu`,
+    /// `mps-client-no-server`, `mps-wrong-server`); other observations are left as they are.
     pub async fn name(&self, obs: &mut [Observation]) {
         let wanted = |o: &Observation| {
-            matches!(o.signal, Signal::MpsServerFault | Signal::MpsBypass)
-                && !o.pids.is_empty()
+            matches!(
+                o.signal,
+                Signal::MpsServerFault
+                    | Signal::MpsBypass
+                    | Signal::MpsClientNotOnGpu
+                    | Signal::MpsClientNoServer
+                    | Signal::MpsWrongServer
+            ) && !o.pids.is_empty()
                 && o.tasks.is_empty()
         };
         let mut placements: Vec<(u32, Result<Placement, String>)> = Vec::new();

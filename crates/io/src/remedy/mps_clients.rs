@@ -13,13 +13,12 @@
 use std::time::Duration;
 
 use super::{Done, RemedyError};
-use crate::mps::SERVER_LIST_COMMAND;
 use crate::mps::control::{ControlClient, ControlError, ControlGuard};
+use crate::mps::{SERVER_LIST_COMMAND, client_list_command, parse_pids};
 
-/// At most this many servers and clients are looked at (a node has one server per user and
-/// at most 48 clients per server on Volta and later).
+/// At most this many servers are looked at (a node has one server per user; the clients of
+/// each are read up to [`crate::mps::MAX_LISTED_PIDS`]).
 const MAX_SERVERS: usize = 64;
-const MAX_CLIENTS: usize = 256;
 
 /// Terminates the MPS clients among `pids`; says per pid what was done. Fails (retryable)
 /// only when the daemon could not be asked at all.
@@ -38,7 +37,7 @@ pub async fn terminate_clients(
     // The pids some server lists: each has its own step.
     let mut listed = Vec::new();
     for server in servers.iter().take(MAX_SERVERS) {
-        let list = format!("get_client_list {server}");
+        let list = client_list_command(*server);
         let Ok(clients) = ask_pids(client, &guard, &list, timeout).await else {
             steps.push(format!("server {server}: its clients could not be listed"));
             continue;
@@ -144,38 +143,4 @@ async fn ask_pids(
         .await
         .map_err(|e: ControlError| e.to_string())?;
     parse_pids(&reply.stdout)
-}
-
-/// The pids of a `get_server_list` or `get_client_list` reply, one per line.
-pub fn parse_pids(stdout: &str) -> Result<Vec<u32>, String> {
-    let mut pids = Vec::new();
-    for line in stdout.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        match line.parse::<u32>() {
-            Ok(pid) if pids.len() < MAX_CLIENTS => pids.push(pid),
-            Ok(_) => {}
-            Err(_) => {
-                return Err(format!(
-                    "unexpected reply {:?}",
-                    crate::mps::control::clip(line, 80)
-                ));
-            }
-        }
-    }
-    Ok(pids)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pid_lists_parse_or_say_what_was_answered() {
-        assert_eq!(parse_pids(""), Ok(vec![]));
-        assert_eq!(parse_pids("4242\n 4243 \n\n"), Ok(vec![4242, 4243]));
-        let e = parse_pids("Server 99999 not found\n").unwrap_err();
-        assert!(e.contains("Server 99999 not found"), "{e}");
-        assert!(parse_pids("-1").is_err());
-        let many: String = (0..1000).map(|p| format!("{p}\n")).collect();
-        assert_eq!(parse_pids(&many).unwrap().len(), MAX_CLIENTS);
-    }
 }

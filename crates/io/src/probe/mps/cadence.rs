@@ -7,7 +7,8 @@
 //! instance impaired: a probe of ours that lands on the agent's makes the agent's fail. The
 //! daemon logs every session it serves (`NEW UI`, the commands, `UI closed`), with a local
 //! time stamp; the sessions that are not ours (ours send exactly [`PROBE_COMMAND`] and
-//! [`SERVER_LIST_COMMAND`]) give the others' period and phase, and the probe holds while the
+//! [`SERVER_LIST_COMMAND`], or one `get_client_list <server>` for MPS's own view) give the
+//! others' period and phase, and the probe holds while the
 //! next of theirs is due. An irregular or too busy prober, or one that stopped, holds nothing:
 //! the probe's wait for an open front-end and its one retry still cover it.
 
@@ -90,9 +91,14 @@ impl Cadence {
     }
 }
 
-/// Whether a session is gpu-medic's own probe.
+/// Whether a session is gpu-medic's own probe, or its look at one server's clients
+/// (`get_client_list <pid>` alone, [`crate::mps::client_list_command`]).
 fn is_ours(commands: &[String]) -> bool {
-    commands.len() == 2 && commands[0] == PROBE_COMMAND && commands[1] == SERVER_LIST_COMMAND
+    match commands {
+        [probe, list] => probe == PROBE_COMMAND && list == SERVER_LIST_COMMAND,
+        [one] => crate::mps::listed_server(one).is_some(),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -143,11 +149,19 @@ mod tests {
                 session(1_000, &ours),
                 session(2_000, &[]),
                 session(3_000, &ours),
+                session(4_000, &["get_client_list 4242"]),
+                session(5_000, &["get_client_list 4243"]),
             ],
             0,
         );
         assert_eq!(c.period_ms(), None);
-        assert_eq!(c.hold(4_000, GUARD), Duration::ZERO);
+        assert_eq!(c.hold(6_000, GUARD), Duration::ZERO);
+        // Another's session that lists clients too is not ours.
+        c.seen(
+            &[session(7_000, &[PROBE_COMMAND, "get_client_list 4242"])],
+            0,
+        );
+        assert_eq!(c.others.len(), 1);
     }
 
     #[test]

@@ -34,6 +34,11 @@
 //! loops and fatal faults ([`logs`], [`journald`]); a fault's client pids are named as ECS tasks
 //! ([`super::tasks`]). Process identity: [`procs`]. The control client
 //! and its lock are shared with the remedy ([`control`]).
+//!
+//! MPS's own view ([`super::mps_view`], with [`MpsProbe::with_view`]): when the probe's reply
+//! lists a server, each server's clients are listed in a session of their own right after it,
+//! under the same lock and on the same turn (no other turn talks to the daemon), and placed
+//! against the NVML poller's latest lists; the tree is kept for `status`.
 
 pub mod cadence;
 pub mod journald;
@@ -79,7 +84,30 @@ pub struct MpsProbe {
     namer: TaskNamer,
     /// When others (the ECS agent) talk to the daemon.
     cadence: cadence::Cadence,
+    /// MPS's own view of its servers and clients, against NVML's (`None`: not looked at).
+    view: Option<ViewWatch>,
 }
+
+/// MPS's own view ([`crate::probe::mps_view`]): what the probe shares with the NVML poller,
+/// the listing of this turn, the judge of its findings and where the tree is kept.
+struct ViewWatch {
+    exchange: crate::probe::mps_view::Exchange,
+    /// The servers and clients listed by this turn's probe, for [`MpsProbe::tick`].
+    listing: Option<crate::probe::mps_view::Listing>,
+    /// The NVML poll the last listing was made after: the daemon's clients are listed again
+    /// only once NVML has polled since (one listing per NVML poll at most; the first turn
+    /// lists whatever NVML has done).
+    listed_after: Option<u64>,
+    judge: crate::probe::mps_view::Judge,
+    facts: crate::probe::mps_view::ProcRoot,
+    files: Option<crate::config::StateDir>,
+    /// The tree last kept (without its time) and when: kept again when it changes, or after
+    /// [`VIEW_REFRESH`].
+    kept: Option<(crate::model::mps_view::MpsTree, std::time::Instant)>,
+}
+
+/// The tree in `mps-view.json` is rewritten at least this often while it does not change.
+const VIEW_REFRESH: Duration = Duration::from_secs(60);
 
 /// systemd's own restarts of the daemon's unit.
 struct UnitWatch {
@@ -174,8 +202,30 @@ impl MpsProbe {
                 .then(|| UnitWatch::new(Systemctl::new("systemctl", &cfg.unit, cfg.probe_timeout))),
             namer: TaskNamer::new(None),
             cadence: cadence::Cadence::default(),
+            view: None,
             cfg,
         }
+    }
+
+    /// Looks at MPS's own view on the turns after an NVML poll: each server's clients
+    /// (`get_client_list`, one session per server after the probe's, under the same lock; none
+    /// when the daemon runs no server), placed against the NVML lists `exchange` holds; the
+    /// tree is kept in `state_dir` for `status` (`None`: not kept).
+    pub fn with_view(
+        mut self,
+        exchange: crate::probe::mps_view::Exchange,
+        state_dir: Option<&std::path::Path>,
+    ) -> Self {
+        self.view = Some(ViewWatch {
+            exchange,
+            listing: None,
+            listed_after: None,
+            judge: crate::probe::mps_view::Judge::default(),
+            facts: crate::probe::mps_view::ProcRoot::new(std::path::PathBuf::from("/proc")),
+            files: state_dir.map(crate::config::StateDir::new),
+            kept: None,
+        });
+        self
     }
 
     /// Names the ECS tasks of server faults through this agent's `/v1/tasks` (without one,
@@ -232,9 +282,61 @@ impl MpsProbe {
         let mut out: Vec<Observation> = self.recovered.take().into_iter().collect();
         out.extend(looped);
         out.extend(seen);
+        read.extend(self.look_at_view());
         self.namer.name(&mut read).await;
+        for o in read
+            .iter_mut()
+            .filter(|o| matches!(o.signal, Signal::MpsClientNoServer | Signal::MpsWrongServer))
+        {
+            // 1: the process runs in an ECS task (an overlay may stop it).
+            o.value = u64::from(!o.tasks.is_empty());
+        }
         out.extend(read);
         out
+    }
+
+    /// This turn's listing against NVML's latest lists: the tree kept for `status`, and the
+    /// findings two looks in a row confirmed.
+    fn look_at_view(&mut self) -> Vec<Observation> {
+        let Some(v) = &mut self.view else {
+            return Vec::new();
+        };
+        let Some(listing) = v.listing.take() else {
+            return Vec::new();
+        };
+        let nvml = v.exchange.nvml();
+        let c = crate::probe::mps_view::compare(
+            &listing,
+            nvml.as_deref(),
+            v.exchange.default_percent(),
+            &mut v.facts,
+            crate::model::Timestamp::now(),
+        );
+        if let Some(files) = &v.files {
+            let same = |t: &crate::model::mps_view::MpsTree| crate::model::mps_view::MpsTree {
+                at: crate::model::Timestamp(0),
+                ..t.clone()
+            };
+            let due = match &v.kept {
+                Some((kept, at)) => *kept != same(&c.tree) || at.elapsed() >= VIEW_REFRESH,
+                None => true,
+            };
+            if due {
+                files.save_view(crate::config::View::MpsView, &c.tree);
+                v.kept = Some((same(&c.tree), std::time::Instant::now()));
+            }
+        }
+        let Some(nvml) = nvml else {
+            return Vec::new();
+        };
+        v.judge
+            .judge(nvml.seq, c.findings)
+            .iter()
+            .map(|f| {
+                tracing::info!(probe = "mps", "MPS's view against NVML's: {}", f.detail);
+                f.observation()
+            })
+            .collect()
     }
 
     /// Probes the daemon once. `None`: a restart holds the control lock, no verdict.
@@ -275,6 +377,27 @@ impl MpsProbe {
                 .client
                 .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)
                 .await;
+        }
+        let nvml_poll = self
+            .view
+            .as_ref()
+            .map(|v| (v.exchange.seq(), v.listed_after));
+        if let Some((seq, listed_after)) = nvml_poll
+            && let Ok(reply) = &sent
+            && let Ok(answer) = parse_reply(&reply.stdout)
+        {
+            let listing = if listed_after == Some(seq) {
+                None
+            } else {
+                Some(self.list_clients(&guard, &answer.servers, timeout).await)
+            };
+            if let Some(v) = &mut self.view {
+                v.exchange.set_default_percent(answer.percentage);
+                if listing.is_some() {
+                    v.listed_after = Some(seq);
+                    v.listing = listing;
+                }
+            }
         }
         drop(guard);
         if let Err(ControlError::Spawn {
@@ -323,6 +446,42 @@ impl MpsProbe {
             Err(e) => Failure::Control(e),
         };
         Some(self.down_or_unresponsive(failure).await)
+    }
+
+    /// Each server's clients (`get_client_list <server>`), one session per server, at most
+    /// [`crate::probe::mps_view::MAX_SERVERS`], each after waiting for another front-end as the
+    /// probe does. A session that fails leaves that server's clients unknown this turn: it is
+    /// not retried (the next turn looks again) and says nothing of the daemon's health.
+    async fn list_clients(
+        &mut self,
+        guard: &crate::mps::control::ControlGuard,
+        servers: &[u32],
+        timeout: Duration,
+    ) -> crate::probe::mps_view::Listing {
+        use crate::probe::mps_view::{Listing, MAX_SERVERS, ServerListing};
+        let mut unique: Vec<u32> = Vec::new();
+        for s in servers {
+            if !unique.contains(s) {
+                unique.push(*s);
+            }
+        }
+        let mut listing = Listing {
+            servers: Vec::new(),
+            unlisted: unique.iter().skip(MAX_SERVERS).copied().collect(),
+        };
+        for &server in unique.iter().take(MAX_SERVERS) {
+            self.wait_for_other_front_ends().await;
+            let command = crate::mps::client_list_command(server);
+            let clients = match self.client.send(guard, &[&command], timeout).await {
+                Ok(reply) => crate::mps::parse_pids(&reply.stdout),
+                Err(e) => Err(e.to_string()),
+            };
+            listing.servers.push(ServerListing {
+                pid: server,
+                clients,
+            });
+        }
+        listing
     }
 
     /// Waits, at most [`FRONT_END_WAIT`], while another front-end talks to the daemon of
@@ -493,6 +652,8 @@ pub struct MpsSource {
     client: ControlClient,
     /// The ECS agent that names a server fault's tasks.
     agent: Option<Agent>,
+    /// MPS's own view: shared with the NVML poller, and where its tree is kept.
+    view: Option<(crate::probe::mps_view::Exchange, std::path::PathBuf)>,
 }
 
 impl MpsSource {
@@ -502,7 +663,19 @@ impl MpsSource {
             cfg,
             client,
             agent: None,
+            view: None,
         }
+    }
+
+    /// Looks at MPS's own view each turn, against the NVML lists `exchange` holds, and keeps
+    /// the tree in `state_dir` ([`MpsProbe::with_view`]).
+    pub fn with_view(
+        mut self,
+        exchange: crate::probe::mps_view::Exchange,
+        state_dir: std::path::PathBuf,
+    ) -> Self {
+        self.view = Some((exchange, state_dir));
+        self
     }
 
     /// A server fault's client pids are named as ECS tasks through this agent
@@ -527,6 +700,9 @@ impl Source for MpsSource {
         Box::pin(async move {
             let mut probe = MpsProbe::with_client(self.cfg.clone(), self.client.clone())
                 .with_agent(self.agent.clone());
+            if let Some((exchange, state_dir)) = &self.view {
+                probe = probe.with_view(exchange.clone(), Some(state_dir));
+            }
             // The log tails resume where the journal ends (lines written while gpu-medic
             // was down are read).
             probe.logs.resume_from(&resume);

@@ -14,6 +14,7 @@ pub mod header;
 pub mod links;
 pub(crate) mod poll;
 mod raw;
+pub mod utilization;
 pub mod view;
 
 use std::ffi::OsStr;
@@ -129,6 +130,9 @@ pub struct NvmlSource {
     installed: crate::probe::identity::Installed,
     /// `[repair] boot_id_path`: the boot a kernel log file's records are placed against.
     boot_id_path: Option<PathBuf>,
+    /// Shared with the MPS probe: every poll's process lists go to it, and the MPS daemon's
+    /// default thread percentage comes from it.
+    mps_view: Option<crate::probe::mps_view::Exchange>,
 }
 
 impl NvmlSource {
@@ -153,7 +157,16 @@ impl NvmlSource {
             links: None,
             urgency: crate::probe::Urgency::default(),
             boot_id_path: None,
+            mps_view: None,
         }
+    }
+
+    /// Publishes every poll's MPS client and compute lists to `exchange` for MPS's own view
+    /// (the MPS probe compares them with the daemon's), and takes the daemon's default thread
+    /// percentage from it for the clients that set none.
+    pub fn with_mps_view(mut self, exchange: crate::probe::mps_view::Exchange) -> Self {
+        self.mps_view = Some(exchange);
+        self
     }
 
     /// Places a kernel log file's records against the boot `[repair] boot_id_path` tells.
@@ -417,12 +430,16 @@ impl NvmlSource {
     /// then its observations to the supervisor. `Err`: the supervisor is gone.
     async fn take(
         &self,
-        report: poll::PollReport,
+        mut report: poll::PollReport,
         wing: &mut Wing,
         tx: &mpsc::Sender<Observation>,
     ) -> Result<(), ()> {
         if let Some(v) = &self.view {
             v.publish(report.view.clone());
+        }
+        let daemon_percent = self.mps_view.as_ref().and_then(|x| x.default_percent());
+        if let Some(x) = &self.mps_view {
+            x.publish(std::mem::take(&mut report.lists));
         }
         if self.links.as_ref().is_some_and(|l| l.enabled) {
             crate::config::StateDir::new(&self.state_dir)
@@ -438,7 +455,7 @@ impl NvmlSource {
         let alert = self.cfg.reservation_alert;
         snap.tasks = reserve::per_task(&snap, self.reservations.as_ref(), alert);
         let mut crossed = wing.crossings.update(&snap.tasks, alert);
-        crate::accounting::contract::annotate(&mut snap, &report.clients);
+        crate::accounting::contract::annotate(&mut snap, &report.clients, daemon_percent);
         let (mismatched, counts) =
             wing.limits
                 .update(&report.clients, &snap, self.reservations.as_ref());

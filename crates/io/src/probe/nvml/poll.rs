@@ -15,7 +15,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
-use super::{contract, raw, usage, view};
+use super::{contract, raw, usage, utilization, view};
 use crate::model::{GpuId, Observation, RecoveryAction, Signal};
 use crate::probe::tasks;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -254,6 +254,9 @@ pub struct PollReport {
     /// The MPS clients of ECS tasks with the limits they run with, for the accounting wing's
     /// comparison with their reservations.
     pub clients: Vec<contract::ClientLimits>,
+    /// Each answering GPU's MPS client and compute lists, with each process's memory and SM
+    /// use, for MPS's own view ([`crate::probe::mps_view`]).
+    pub lists: BTreeMap<u32, crate::probe::mps_view::GpuLists>,
     /// How many GPUs the node should have, when known (`[nvml] expected_gpus`, ECS, the
     /// instance type), and how many NVML counted.
     pub expected: Option<u32>,
@@ -281,6 +284,9 @@ pub struct Poller {
     placements: tasks::Placements,
     /// Processes outside MPS and the clients' limits ([`contract`]).
     contract: contract::Contract,
+    /// The newest process utilization sample read per GPU (microseconds): the next read asks
+    /// for the samples after it.
+    utilization_seen: BTreeMap<u32, u64>,
     proc_root: PathBuf,
 }
 
@@ -302,6 +308,7 @@ impl Poller {
             links: None,
             placements: tasks::Placements::new(&proc_root),
             contract: contract::Contract::new(&proc_root, installed),
+            utilization_seen: BTreeMap::new(),
             proc_root,
         }
     }
@@ -523,8 +530,23 @@ impl Poller {
         };
         let procs = match device.mps_running_compute_processes() {
             Ok(p) => p,
-            Err(e) => return self.failed(report, index, "MPS client list", &e),
+            Err(e) => {
+                self.failed(report, index, "MPS client list", &e);
+                let sm = self.read_utilization(device, index, report);
+                self.list(shared, index, None, compute.as_deref(), sm.as_ref(), report);
+                return;
+            }
         };
+        let sm = self.read_utilization(device, index, report);
+        self.list(
+            shared,
+            index,
+            Some(&procs),
+            compute.as_deref(),
+            sm.as_ref(),
+            report,
+        );
+        let sm_of = |pid: u32| sm.as_ref().map(|u| u.get(&pid).copied().unwrap_or(0));
         let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
         self.placements.resolve(&pids);
         let tasks = self.placements.task_ids(&pids);
@@ -547,11 +569,81 @@ impl Poller {
                         UsedGpuMemory::Used(b) => Some(b),
                         UsedGpuMemory::Unavailable => None,
                     },
+                    sm_percent: sm_of(p.pid),
                 })
                 .collect();
             let placements = &self.placements;
             *per_task = usage::sum_placed(&clients, |pid| placements.get(pid));
         }
+    }
+
+    /// Each process's SM utilization on this GPU since the last read
+    /// ([`utilization::per_process`]): `Some` with the processes NVML sampled (a process
+    /// without a sample used no SM), `None` when it cannot be read (said once, as any reading
+    /// that is not available). `NVML_ERROR_NOT_FOUND` is NVML's answer when it has no sample
+    /// at all: no process used the SMs.
+    fn read_utilization(
+        &mut self,
+        device: &Device<'_>,
+        index: u32,
+        report: &mut PollReport,
+    ) -> Option<std::collections::HashMap<u32, u32>> {
+        let since = self.utilization_seen.get(&index).copied();
+        match device.process_utilization_stats(since) {
+            Ok(samples) => {
+                let (per, newest) = utilization::per_process(
+                    samples.iter().map(|s| (s.pid, s.timestamp, s.sm_util)),
+                );
+                if let Some(n) = newest {
+                    self.utilization_seen.insert(index, n);
+                }
+                Some(per)
+            }
+            Err(NvmlError::NotFound) => Some(std::collections::HashMap::new()),
+            Err(e) => {
+                self.failed(report, index, "process utilization", &e);
+                None
+            }
+        }
+    }
+
+    /// This GPU's lists for MPS's own view.
+    fn list(
+        &self,
+        shared: &SharedState,
+        index: u32,
+        mps: Option<&[nvml_wrapper::struct_wrappers::device::ProcessInfo]>,
+        compute: Option<&[nvml_wrapper::struct_wrappers::device::ProcessInfo]>,
+        sm: Option<&std::collections::HashMap<u32, u32>>,
+        report: &mut PollReport,
+    ) {
+        use crate::probe::mps_view::{GpuLists, Proc};
+        let procs = |l: &[nvml_wrapper::struct_wrappers::device::ProcessInfo]| {
+            l.iter()
+                .take(crate::probe::mps_view::MAX_NVML_PROCS)
+                .map(|p| Proc {
+                    pid: p.pid,
+                    bytes: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                    sm_percent: sm.map(|u| u.get(&p.pid).copied().unwrap_or(0)),
+                })
+                .collect::<Vec<_>>()
+        };
+        let gpu = lock(shared)
+            .gpus
+            .get(&index)
+            .cloned()
+            .unwrap_or_else(|| GpuId::index_only(index));
+        report.lists.insert(
+            index,
+            GpuLists {
+                gpu,
+                mps: mps.map(procs),
+                compute: compute.map(procs),
+            },
+        );
     }
 
     /// The limits of this GPU's clients in ECS tasks, and its lists for the outside-MPS
