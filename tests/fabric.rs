@@ -251,9 +251,15 @@ fn a_pcie_link_downtrained_from_gen5_x16_to_gen4_x8_is_recorded() {
 /// A `systemctl` double printing `systemctl show` output from `fm-state` in the node's dir,
 /// written into the node's config; its count of calls (gpu-medic's looks at the unit).
 fn systemctl_double(d: &Daemon, state: &str) -> Looks {
-    let script = d.path("systemctl");
     std::fs::write(d.path("fm-state"), state).unwrap();
-    let looks = Looks::script(&script, &format!("cat '{}'", d.path("fm-state").display()));
+    systemctl_script(d, &format!("cat '{}'", d.path("fm-state").display()))
+}
+
+/// A `systemctl` double running `body` (shell), written into the node's config; its count of
+/// calls.
+fn systemctl_script(d: &Daemon, body: &str) -> Looks {
+    let script = d.path("systemctl");
+    let looks = Looks::script(&script, body);
     let cfg = std::fs::read_to_string(d.config()).unwrap();
     std::fs::write(
         d.config(),
@@ -351,26 +357,16 @@ fn an_unreadable_systemctl_answer_is_a_self_fault_not_fabric_manager_down() {
 #[test]
 fn garbage_from_systemctl_is_could_not_tell_never_fabric_manager_down() {
     let mut d = node("instance_type = \"p5.48xlarge\"");
-    let script = d.path("systemctl");
     std::fs::write(d.path("fm-state"), FM_RUNNING).unwrap();
     std::fs::write(d.path("fm-exit"), "0").unwrap();
-    let looks = Looks::script(
-        &script,
+    let looks = systemctl_script(
+        &d,
         &format!(
             "cat '{}'; exit \"$(cat '{}')\"",
             d.path("fm-state").display(),
             d.path("fm-exit").display()
         ),
     );
-    let cfg = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        format!(
-            "{cfg}systemctl = \"{}\"\nfabric_manager_interval = \"200ms\"\n",
-            script.display()
-        ),
-    )
-    .unwrap();
     d.start();
     d.wait_polled();
     looks.wait_more("looks at a running unit", 2, || d.log());

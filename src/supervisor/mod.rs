@@ -1410,6 +1410,7 @@ mod tests {
             None,
             SystemClock::shared(),
             caps,
+            Opening::default(),
         )
         .unwrap();
         let blocker = crate::sys::fs::temp_path(&cfg.state_path());
@@ -1537,6 +1538,7 @@ mod tests {
                 None,
                 SystemClock::shared(),
                 crate::model::Capabilities::default(),
+                Opening::default(),
             )
             .unwrap()
             .0
