@@ -192,7 +192,10 @@ fn reset(dir: &Path, journal: &Path, with_state: bool, seed: &Seed) {
         let _ = std::fs::remove_file(&rotated);
         let _ = std::fs::remove_file(s.join(format!("inputs.jsonl.{n}")));
     }
-    if journal != live {
+    if journal == live {
+        // The small journal: as seeded, not grown by the runs before.
+        std::fs::write(&live, &seed.journal).unwrap();
+    } else {
         let _ = std::fs::remove_file(&live);
         std::fs::rename(journal, &live).unwrap();
     }

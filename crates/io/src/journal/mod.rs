@@ -315,9 +315,12 @@ pub fn read_cap(max_file_size_mib: u64) -> u64 {
 }
 
 /// [`stream_jsonl`] over journal files each read within `cap` ([`read_cap`]): a file longer
-/// than that is read from the first whole line of its last `cap` bytes, and an
-/// `Entry::Skipped` (line 0) first says how much was skipped. Work and time are bounded by
-/// `cap` per file whatever the files hold.
+/// than that is not the writer's alone (it rotates a file before it grows past `cap`) and is
+/// read from the first whole line of its last [`OVER_CAP_READ`] bytes (or `cap`, when less),
+/// and an `Entry::Skipped` (line 0) first says how much was skipped. Work and time are
+/// bounded by `cap` per file whatever the files hold, and by [`OVER_CAP_READ`] for a file
+/// over it (a 2 GB file: `gpu-medic run`'s start and `incidents list` stay within their
+/// seconds, BENCHMARKS.md).
 pub fn stream_journal<T: DeserializeOwned>(
     files: &[PathBuf],
     cap: u64,
@@ -337,11 +340,20 @@ enum Window {
     Capped(u64),
 }
 
+/// The most of a journal file over its cap that a capped reader reads: its last 8 MiB. Such
+/// a file is not the writer's alone (a hand's, a corrupt one's), and reading the whole cap
+/// of it (80 MiB of records by default) took a start 4.7 s and `incidents list` 13.5 s in
+/// the dev profile (BENCHMARKS.md, "A journal file far over its cap").
+pub const OVER_CAP_READ: u64 = 8 * 1024 * 1024;
+
 impl Window {
-    fn tail(self) -> Option<u64> {
+    /// The window into a file of `len` bytes.
+    fn tail(self, len: u64) -> Option<u64> {
         match self {
             Window::Whole => None,
-            Window::Tail(t) | Window::Capped(t) => Some(t),
+            Window::Tail(t) => Some(t),
+            Window::Capped(c) if len > c => Some(c.min(OVER_CAP_READ)),
+            Window::Capped(c) => Some(c),
         }
     }
 }
@@ -352,7 +364,7 @@ impl Window {
 fn open_window(
     path: &Path,
     stream: bool,
-    tail: Option<u64>,
+    window: Window,
     buf: &mut Vec<u8>,
 ) -> Result<Option<(BufReader<std::fs::File>, u64, u64)>, JournalError> {
     // Journals under state_dir are regular files; an input given to `policy simulate`
@@ -380,7 +392,7 @@ fn open_window(
         .map_err(|e| JournalError::io(path, e))?
         .len();
     let mut skipped = 0;
-    if let Some(t) = tail
+    if let Some(t) = window.tail(len)
         && len > t
     {
         skipped = len - t - 1;
@@ -405,7 +417,7 @@ fn stream_jsonl_from<T: DeserializeOwned>(
     let mut buf = Vec::new();
     for path in files {
         let Some((mut reader, len, skipped)) =
-            open_window(path, max_bytes.is_some(), window.tail(), &mut buf)?
+            open_window(path, max_bytes.is_some(), window, &mut buf)?
         else {
             continue;
         };
@@ -502,7 +514,7 @@ fn over_cap(skipped: u64, len: u64, cap: u64) -> SkippedLine {
             human_bytes(skipped),
             human_bytes(len),
             human_bytes(cap),
-            human_bytes(cap)
+            human_bytes(len.saturating_sub(skipped).saturating_sub(1))
         ),
     }
 }
@@ -1147,6 +1159,53 @@ pub(crate) mod tests {
         assert_eq!(
             skipped, 1,
             "the line of zeros, too long, is the only one skipped"
+        );
+    }
+
+    /// A file over a cap larger than [`OVER_CAP_READ`] is read in its last `OVER_CAP_READ`
+    /// bytes only: it is not the writer's alone, and its size must not set the reader's time.
+    #[test]
+    fn a_file_over_a_large_cap_is_read_in_its_last_eight_mib_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        let line = |i: u64| {
+            let mut l = serde_json::to_vec(&rec(i)).unwrap();
+            l.push(b'\n');
+            l
+        };
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&p).unwrap());
+        let mut written = 0u64;
+        let mut i = 0;
+        while written < 3 * OVER_CAP_READ {
+            i += 1;
+            let l = line(i);
+            written += l.len() as u64;
+            w.write_all(&l).unwrap();
+        }
+        drop(w);
+        let (mut items, mut said) = (Vec::new(), Vec::new());
+        let cap = 2 * OVER_CAP_READ;
+        stream_journal::<Record>(&[p], cap, |e| {
+            match e {
+                Entry::Item(r) => items.push(r.incident.0),
+                Entry::Skipped { line, .. } => said.push(line),
+            }
+            true
+        })
+        .unwrap();
+        let per_line = line(i).len() as u64;
+        let read = items.len() as u64 * per_line;
+        assert!(
+            read <= OVER_CAP_READ && read + 2 * per_line > OVER_CAP_READ,
+            "{read} bytes of records read"
+        );
+        assert_eq!(items.last(), Some(&i), "the newest records are read");
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].message.contains("over its cap of 16 MiB")
+                && said[0].message.contains("only its last 8 MiB are read"),
+            "{}",
+            said[0]
         );
     }
 

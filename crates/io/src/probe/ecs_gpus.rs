@@ -192,7 +192,10 @@ pub fn compare(
     // instance has, or no hardware count is known to hold ECS's list to): what ECS lists
     // beyond them is ECS's registration, not hardware that went missing.
     let all_there = hardware.is_some_and(|h| nvml.count >= h.count && unnamed_lost == 0);
-    let not_hardware = !unseen.is_empty() && (all_there || implausible || hardware.is_none());
+    // With no hardware count, NVML reporting a GPU lost that it cannot name is NVML's own
+    // fact, and what ECS lists beyond what NVML sees may be that GPU.
+    let unknown = hardware.is_none() && unnamed_lost == 0;
+    let not_hardware = !unseen.is_empty() && (all_there || implausible || unknown);
     if !unseen.is_empty() && !not_hardware {
         // One observation for all of them: they have no NVML index to tell them apart, and
         // two in one read must not count as a repeat.
@@ -835,7 +838,18 @@ mod tests {
             agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None)], 1);
-        let (found, lines) = compare(&read, &v, None);
+        // No hardware count: ECS's list alone is a count mismatch (logged), naming them.
+        let (found, _) = compare(&read, &v, None);
+        assert_eq!(kinds(&found), ["ecs-gpu-count-mismatch"]);
+        assert!(
+            found[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("GPU-b") && d.contains("not hardware missing")),
+            "{found:?}"
+        );
+        // The instance type has 3: two are missing.
+        let (found, lines) = compare(&read, &v, Some(&by_type(3)));
         assert_eq!(kinds(&found), ["ecs-gpu-missing", "ecs-gpu-count-mismatch"]);
         assert!(found[0].gpu.is_none());
         assert_eq!(found[0].value, 2);
@@ -855,6 +869,7 @@ mod tests {
             agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None), (1, "", true, None)], 2);
+        // No hardware count is needed: NVML itself reports the GPU lost.
         let (found, lines) = compare(&read, &v, None);
         assert_eq!(kinds(&found), ["ecs-gpu-missing"]);
         assert!(
