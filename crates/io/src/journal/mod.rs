@@ -1130,7 +1130,7 @@ pub(crate) mod tests {
         }
         std::fs::write(&p, &body).unwrap();
         let (mut items, mut said) = (Vec::new(), Vec::new());
-        stream_journal::<Record>(&[p.clone()], 4096, |e| {
+        stream_journal::<Record>(std::slice::from_ref(&p), 4096, |e| {
             match e {
                 Entry::Item(r) => items.push(r.incident.0),
                 Entry::Skipped { line, .. } => said.push(line),
