@@ -44,13 +44,18 @@
 #   journal_caps        `gpu-medic run`'s start and `incidents list` over a 2 GB incidents.jsonl
 #                       (sparse and dense) far over its cap, state.json present and lost
 #                       (BENCH_RUNS, default 5; BENCH_GB, default 2; GPU_MEDIC_BIN=path)
+#   two_probers         a fake ECS agent probing NVIDIA's real MPS daemon on a fixed cadence beside
+#                       gpu-medic's probe, and beside a plain one: failures on each side and the
+#                       restarts they would cause (BENCH_WINDOW_S, default 600;
+#                       BENCH_AGENT_PERIOD_S, default 10; BENCH_INTERVAL_MS, default 5000;
+#                       BENCH_HOLD_MS, default 200)
 # action_latency, steady_state and fleet_budget need moto and NVIDIA's MPS control daemon, as the tests do
 # (.ci/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps incidents_list diagnose journal_caps)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps incidents_list diagnose two_probers journal_caps)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

@@ -12,7 +12,8 @@
 # and libcuda.so.1 (a dry run of the table's shape on the test fakes, tests/fake-nvml and
 # tests/fake-cuda; never a GPU result).
 #
-# Steps: the driver and libnvidia-ml; `gpu-medic check` and a short `gpu-medic run` with AWS
+# Steps: the driver and libnvidia-ml (and the node's `nvidia-smi -q -x`, a GPU shape for the
+# fake); `gpu-medic check` and a short `gpu-medic run` with AWS
 # and MPS off on the real library (event set registration for XIDs and the recovery action,
 # the links gpu-medic read: fabric, NVLink, PCIe, persistence, clock event reasons);
 # nvidia-smi cross-checks of every counter gpu-medic reads (ECC, remapped rows, retired pages,
@@ -76,6 +77,14 @@ if have nvidia-smi; then
         row "driver (nvidia-smi -L)" ok "$(head -c 300 "$STEP_LOG")"
     else
         row "driver (nvidia-smi -L)" failed "rc $STEP_RC: $(head -c 200 "$STEP_LOG")"
+    fi
+    # The node's shape, one more dump for tests/fixtures/gpus/ (README there: trim it, add its
+    # row to expected.tsv): the fake libnvidia-ml reads it as FAKE_NVML_PROFILE.
+    step "nvidia-smi -q -x" 30 nvidia-smi -q -x
+    if [ "$STEP_RC" -eq 0 ]; then
+        row "shape (nvidia-smi -q -x)" ok "$STEP_LOG"
+    else
+        row "shape (nvidia-smi -q -x)" failed "rc $STEP_RC: $(head -c 200 "$STEP_LOG")"
     fi
 else
     row "driver (nvidia-smi -L)" "not available" "nvidia-smi not installed: no NVIDIA driver here"

@@ -185,3 +185,127 @@ fn the_check_after_a_simulated_reboot_does_not_read_the_fault_that_led_to_it() {
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("of earlier boots skipped"), "{text}");
 }
+
+/// `[nvml] kmsg = "journald"`: the kernel's own records of this boot from the systemd journal
+/// (journal files written by `systemd-journal-remote`): an XID 79 there acts; the same line
+/// from another transport (what `logger -t kernel` makes) or another boot does not, in `run`
+/// and in `check`.
+#[test]
+fn the_journals_kernel_transport_is_the_kernels_own_and_only_this_boots() {
+    use gpu_medic_testkit::journald::JournalDir;
+    const BOOT: &str = "0123456789abcdef0123456789abcdef";
+    const OTHER: &str = "fedcba9876543210fedcba9876543210";
+    let mut journal = JournalDir::new();
+    let mut d = Daemon::fake_gpu_node("tick_interval = \"100ms\"", "poll_interval = \"200ms\"");
+    d.gpus(FOUR_GPUS);
+    let boot_id = d.path("boot_id");
+    std::fs::write(&boot_id, "01234567-89ab-cdef-0123-456789abcdef\n").unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap().replace(
+        &format!("kmsg = \"{}\"", d.path("kmsg").display()),
+        &format!(
+            "kmsg = \"journald\"\nkmsg_journal_directory = \"{}\"",
+            journal.path().display()
+        ),
+    );
+    std::fs::write(
+        d.config(),
+        format!(
+            "{cfg}[repair]\nboot_id_path = \"{}\"\nreboot = \"off\"\n",
+            boot_id.display()
+        ),
+    )
+    .unwrap();
+    let line = |bus: &str| format!("NVRM: Xid (PCI:{bus}): 79, GPU has fallen off the bus.");
+    journal.append_kernel(OTHER, "kernel", &[&line("0000:10:00")]);
+    journal.append_kernel(BOOT, "syslog", &[&line("0000:20:00")]);
+    // check: the other boot's and the forged record fail nothing.
+    let out = d
+        .command()
+        .args(["check", "--config"])
+        .arg(d.config())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    d.start();
+    d.wait_polled();
+    journal.append_kernel(BOOT, "kernel", &[&line("0000:30:00")]);
+    let r = d.wait_record(
+        "the kernel's own XID 79",
+        Duration::from_secs(30),
+        "opened",
+        |r| r["observation"]["signal"]["code"] == 79,
+    );
+    assert_eq!(r["observation"]["gpu"]["index"], 2, "{r:#}");
+    assert_ne!(r["verdict"], "log", "{r:#}");
+    assert!(r["observation"].get("unwitnessed").is_none(), "{r:#}");
+    std::thread::sleep(Duration::from_secs(1));
+    let of_79: Vec<Value> = d
+        .records()
+        .into_iter()
+        .filter(|r| r["observation"]["signal"]["code"] == 79)
+        .collect();
+    assert!(
+        of_79.iter().all(|r| r["observation"]["gpu"]["index"] == 2),
+        "only this boot's kernel record: {of_79:#?}"
+    );
+    d.signal(libc::SIGTERM);
+    // check now fails on it.
+    let out = d
+        .command()
+        .args(["check", "--config"])
+        .arg(d.config())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// An XID of this boot at a PCI address where no GPU is: while every expected GPU is listed it
+/// is no GPU's, and `check` says so and passes; with a GPU missing it may be the one that fell
+/// off, and it fails the check for the node.
+#[test]
+fn an_xid_where_no_gpu_is_fails_no_check_while_every_gpu_is_listed() {
+    let line = format!(
+        "4,9,{},-;NVRM: Xid (PCI:0000:ff:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+        gpu_medic_testkit::proc::uptime_usec()
+    );
+    let check = |d: &Daemon| {
+        let out = d
+            .command()
+            .args(["check", "--config"])
+            .arg(d.config())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let mut d = Daemon::fake_gpu_node("", "expected_gpus = 4");
+    d.gpus(FOUR_GPUS);
+    d.kmsg_append(&[&line]);
+    let (code, text) = check(&d);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("XID 79 at PCI 0000:ff:00: no GPU is at that address"),
+        "{text}"
+    );
+
+    let mut d = Daemon::fake_gpu_node("", "expected_gpus = 5");
+    d.gpus(FOUR_GPUS);
+    d.kmsg_append(&[&line]);
+    let (code, text) = check(&d);
+    assert_ne!(
+        code,
+        Some(0),
+        "a GPU is missing: the XID may be its own\n{text}"
+    );
+    assert!(text.contains("79"), "{text}");
+}

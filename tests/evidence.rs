@@ -532,7 +532,8 @@ async fn an_s3_refusal_is_one_clear_line_and_no_retry_storm() {
 }
 
 /// The reboot rung (docs/repair.md) destroys the GPU's volatile state too: the reboot waits
-/// for the collection (a bug report that takes 2 s here), the archive is in S3 before EC2 is
+/// for the collection (a bug report that takes 10 s here, longer than the drain even on a loaded
+/// machine), the archive is in S3 before EC2 is
 /// asked to reboot, and after the boot (gpu-medic started again over the same `state_dir`
 /// with a new boot id) the repaired incident still names it and nothing is uploaded twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,7 +544,7 @@ async fn the_reboot_waits_for_the_evidence_and_the_archive_outlives_it() {
     let c = s3(&proxy.url).await;
     let b = bucket(&c, "ev-reboot").await;
     let tmp = tempfile::tempdir().unwrap();
-    let double = bug_report_double(tmp.path(), "sleep 2");
+    let double = bug_report_double(tmp.path(), "sleep 10");
     let fleet = "claim_settle = \"200ms\"\nretry_after = \"1s\"";
     let rest = format!(
         "[repair]\nreboot = \"ec2\"\ncheck_interval = \"200ms\"\nsettle = \"1s\"\nboot_id_path = \"@BOOT@\"\n\

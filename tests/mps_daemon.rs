@@ -18,7 +18,7 @@ use gpu_medic::mps::procs::Scanner;
 use gpu_medic::probe::mps::MpsProbe;
 use gpu_medic::remedy::RemedyError;
 use gpu_medic::remedy::mps::MpsDaemon;
-use gpu_medic_testkit::mps::{MPS_BIN as BIN, MpsDir, mps_pids};
+use gpu_medic_testkit::mps::{AgentProber, MPS_BIN as BIN, MpsDir, mps_pids, worst_run};
 use gpu_medic_testkit::proc::{alive, state_letter};
 use gpu_medic_testkit::{Daemon, default_policy, signal, wait_sync};
 
@@ -765,5 +765,339 @@ async fn a_restart_ends_at_its_orders_deadline_in_virtual_time() {
     assert!(
         took >= Duration::from_secs(20) && took < Duration::from_secs(21),
         "virtual {took:?}"
+    );
+}
+
+/// The ECS agent probes the same daemon (`get_default_active_thread_percentage`, 3 s
+/// deadline) and the daemon serves one front-end session at a time (MPS-FACTS §3): a probe
+/// that collides with the agent's fails through no fault of the daemon. A fake agent loop
+/// (the real control binary, as the agent runs it, 50 ms apart: far busier than the agent)
+/// beside gpu-medic's own probe, itself 20 ms apart: a probe may still fail now and then
+/// (both sides start sessions blindly), but never twice in a row, so the daemon is never
+/// restarted for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probing_beside_the_ecs_agents_prober_raises_no_false_alarm() {
+    let mps = Mps::new();
+    mps.start();
+    let agent = AgentProber::start(&mps, Duration::from_millis(50));
+    let cfg = MpsConfig {
+        probe_timeout: Duration::from_secs(2),
+        ..mps.cfg()
+    };
+    let mut probe = MpsProbe::new(cfg);
+    let mut verdicts = Vec::new();
+    for _ in 0..30 {
+        let obs = probe.probe().await.expect("a verdict");
+        verdicts.push((obs.signal, obs.value, obs.detail.unwrap_or_default()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let outcomes = agent.stop();
+    let failed = outcomes.iter().filter(|ok| !**ok).count();
+    let single = verdicts.iter().filter(|v| v.0 != Signal::MpsUp).count();
+    eprintln!(
+        "agent: {failed} of {} probes failed (worst run {}); gpu-medic: {single} of {} probes \
+         failed after their retry",
+        outcomes.len(),
+        worst_run(&outcomes),
+        verdicts.len()
+    );
+    // The default policy restarts at two unresponsive probes in a row (value 2); the daemon
+    // is never taken for down.
+    let restarts: Vec<_> = verdicts
+        .iter()
+        .filter(|(s, value, _)| {
+            *s == Signal::MpsDown || (*s == Signal::MpsUnresponsive && *value >= 2)
+        })
+        .collect();
+    assert!(restarts.is_empty(), "{verdicts:#?}");
+}
+
+/// A front-end left open (an operator's session, an agent's probe that has not finished)
+/// makes every other session fail until it exits (MPS-FACTS §3): the probe waits for it
+/// and then gets its answer, where a probe straight away would have reported the daemon
+/// unresponsive.
+#[tokio::test]
+async fn a_probe_waits_for_another_open_front_end() {
+    use std::io::Write;
+    let mps = Mps::new();
+    mps.start();
+    let mut open = std::process::Command::new(BIN)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &mps.pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &mps.log)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = open.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{PROBE_COMMAND}\n").as_bytes())
+        .unwrap();
+    // The session is open once the daemon logs it.
+    let control_log = || std::fs::read_to_string(mps.log.join("control.log")).unwrap_or_default();
+    wait_sync(
+        "the open session to reach the daemon",
+        Duration::from_secs(5),
+        || control_log().contains("Cmd:get_default_active_thread_percentage"),
+        control_log,
+    );
+    assert_eq!(
+        mps.answer(PROBE_COMMAND, Duration::from_secs(1)),
+        None,
+        "a second session fails while one is open"
+    );
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(stdin);
+        open.wait()
+    });
+    let t0 = Instant::now();
+    let obs = probe_once(MpsConfig {
+        probe_timeout: Duration::from_secs(1),
+        ..mps.cfg()
+    })
+    .await;
+    let waited = t0.elapsed();
+    closer.join().unwrap().unwrap();
+    assert_eq!(obs.signal, Signal::MpsUp, "{obs:?}");
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "answered after {waited:?}: it did not wait"
+    );
+}
+
+/// A fake ECS agent probing at a fixed cadence (every 3 s: the real one probes once per
+/// doctor run, far less often) and gpu-medic's probe every 500 ms through a control binary
+/// whose sessions last 200 ms (a slow host): without keeping away, about two in five of the
+/// agent's probes would land in one of ours and fail. gpu-medic learns the agent's cadence
+/// from the daemon's log (the agent probed before gpu-medic started, as at boot) and keeps
+/// its probes away: the agent sees no failure and gpu-medic no false alarm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_cadence_is_kept_away_from() {
+    let mps = Mps::new();
+    mps.start();
+    let slow = mps.slow_control_binary(Duration::from_millis(200));
+    let agent = AgentProber::start(&mps, Duration::from_secs(3));
+    // Three of the agent's probes in the log before gpu-medic starts.
+    let control_log = || std::fs::read_to_string(mps.log.join("control.log")).unwrap_or_default();
+    wait_sync(
+        "three agent probes",
+        Duration::from_secs(15),
+        || control_log().matches("NEW UI").count() >= 3,
+        control_log,
+    );
+    let mut probe = MpsProbe::new(MpsConfig {
+        control_binary: slow.clone(),
+        probe_timeout: Duration::from_secs(2),
+        ..mps.cfg()
+    });
+    let mut verdicts = Vec::new();
+    let until = Instant::now() + Duration::from_secs(24);
+    while Instant::now() < until {
+        for obs in probe.tick().await {
+            verdicts.push((obs.signal, obs.detail.unwrap_or_default()));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let outcomes = agent.stop();
+    let ours = control_log().matches("Cmd:get_server_list").count();
+    eprintln!(
+        "agent: {} of {} probes failed; gpu-medic: {ours} probes answered",
+        outcomes.iter().filter(|ok| !**ok).count(),
+        outcomes.len()
+    );
+    assert!(ours >= 10, "gpu-medic probed {ours} times");
+    assert!(
+        outcomes.iter().all(|ok| *ok),
+        "the agent's probes: {outcomes:?}\n{}",
+        control_log()
+    );
+    let false_alarms: Vec<_> = verdicts
+        .iter()
+        .filter(|(s, _)| *s != Signal::MpsUp)
+        .collect();
+    assert!(false_alarms.is_empty(), "{false_alarms:#?}");
+}
+
+/// A front-end that never closes its session keeps every other one out: after its wait and
+/// its retry the probe reports the daemon unresponsive, and names the front-end by pid.
+#[tokio::test]
+async fn a_front_end_held_open_is_named() {
+    use std::io::Write;
+    let mps = Mps::new();
+    mps.start();
+    let mut open = std::process::Command::new(BIN)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &mps.pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &mps.log)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = open.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{PROBE_COMMAND}\n").as_bytes())
+        .unwrap();
+    let control_log = || std::fs::read_to_string(mps.log.join("control.log")).unwrap_or_default();
+    wait_sync(
+        "the open session to reach the daemon",
+        Duration::from_secs(5),
+        || control_log().contains("Cmd:get_default_active_thread_percentage"),
+        control_log,
+    );
+    let obs = probe_once(MpsConfig {
+        probe_timeout: Duration::from_secs(1),
+        ..mps.cfg()
+    })
+    .await;
+    drop(stdin);
+    let _ = open.wait();
+    assert_eq!(obs.signal, Signal::MpsUnresponsive, "{obs:?}");
+    let detail = obs.detail.unwrap_or_default();
+    assert!(
+        detail.contains(&format!(
+            "another front-end holds a session with it: pid {}",
+            open.id()
+        )),
+        "{detail}"
+    );
+}
+
+/// A control binary that plays a daemon with one server (4242) and the clients listed in
+/// `root/clients`, logging every command to `root/commands`: the real daemon runs no server
+/// without a GPU (MPS-FACTS §4), so the server and client lists cannot be had from it here.
+/// `sticky`: terminate_client answers but the client stays listed.
+fn daemon_with_clients(mps: &Mps, clients: &[u32], sticky: bool) -> PathBuf {
+    let root = mps.root.path();
+    let list: String = clients.iter().map(|c| format!("{c}\n")).collect();
+    std::fs::write(root.join("clients"), list).unwrap();
+    let remove = if sticky {
+        String::new()
+    } else {
+        "grep -vx \"$pid\" \"$state\" > \"$state.new\"; mv \"$state.new\" \"$state\"".to_string()
+    };
+    mps.script(
+        "fake-control",
+        &format!(
+            "state={root}/clients\n\
+             while IFS= read -r cmd; do\n\
+               echo \"$cmd\" >> {root}/commands\n\
+               case \"$cmd\" in\n\
+                 get_server_list) echo 4242 ;;\n\
+                 'get_client_list 4242') cat \"$state\" ;;\n\
+                 'terminate_client 4242 '*) pid=${{cmd#terminate_client 4242 }}; {remove} ;;\n\
+                 get_client_list*|terminate_client*) echo \"Server ${{cmd#* }} not found\" ;;\n\
+                 *) echo \"Unknown command \\\"$cmd\\\"\" ;;\n\
+               esac\n\
+             done",
+            root = root.display()
+        ),
+    )
+}
+
+/// The finest repair: the daemon terminates the client a fault is charged to, found in its
+/// server's client list; a pid it does not serve is said to be no client; a client still
+/// listed after its termination is reported, not taken for done.
+#[tokio::test]
+async fn terminate_client_stops_only_the_named_clients_of_their_server() {
+    use gpu_medic::remedy::MpsRemedy;
+    let mps = Mps::new();
+    let fake = daemon_with_clients(&mps, &[1111, 2222], false);
+    let remedy = MpsDaemon::new(MpsConfig {
+        control_binary: fake.clone(),
+        ..mps.cfg()
+    });
+    let done = remedy.terminate_clients(&[1111, 3333]).await.unwrap();
+    assert_eq!(
+        done.detail,
+        "terminated MPS client 1111 of server 4242; pid 3333 is no client of the MPS daemon \
+         (servers [4242])"
+    );
+    let commands = std::fs::read_to_string(mps.root.path().join("commands")).unwrap();
+    assert_eq!(
+        commands.lines().collect::<Vec<_>>(),
+        [
+            "get_server_list",
+            "get_client_list 4242",
+            "terminate_client 4242 1111",
+            "get_client_list 4242",
+        ]
+    );
+    let left = std::fs::read_to_string(mps.root.path().join("clients")).unwrap();
+    assert_eq!(left, "2222\n", "the other client is left alone");
+
+    let sticky = Mps::new();
+    let fake = daemon_with_clients(&sticky, &[1111], true);
+    let remedy = MpsDaemon::new(MpsConfig {
+        control_binary: fake,
+        ..sticky.cfg()
+    });
+    let done = remedy.terminate_clients(&[1111]).await.unwrap();
+    assert!(
+        done.detail
+            .contains("answered, but the server still lists it"),
+        "{}",
+        done.detail
+    );
+}
+
+/// NVIDIA's real daemon without a GPU runs no server: the pids are no clients of it, and
+/// nothing else is touched.
+#[tokio::test]
+async fn terminate_client_on_the_real_daemon_without_servers() {
+    use gpu_medic::remedy::MpsRemedy;
+    let mps = Mps::new();
+    let pid = mps.start();
+    let done = MpsDaemon::new(mps.cfg())
+        .terminate_clients(&[1111])
+        .await
+        .unwrap();
+    assert_eq!(
+        done.detail,
+        "pid 1111 is no client of the MPS daemon (it runs no server)"
+    );
+    assert_eq!(mps.daemons(), vec![pid]);
+    // A daemon that is not there cannot be asked: retryable.
+    let gone = Mps::new();
+    let err = MpsDaemon::new(gone.cfg())
+        .terminate_clients(&[1111])
+        .await
+        .expect_err("no daemon");
+    assert!(matches!(err, RemedyError::Retryable { .. }), "{err:?}");
+}
+
+/// A stop-tasks order that names client pids goes to the MPS daemon first: the outcome says
+/// which clients were terminated and, without AWS, that no task was stopped.
+#[tokio::test]
+async fn a_stop_tasks_order_terminates_its_clients_first() {
+    use gpu_medic::model::{ActionId, Command, GpuId, IncidentId, Order, OutcomeStatus, Timestamp};
+    use gpu_medic::remedy::{Executor, Remedies};
+    let mps = Mps::new();
+    let fake = daemon_with_clients(&mps, &[1111], false);
+    let remedies = Remedies {
+        mps: Some(std::sync::Arc::new(MpsDaemon::new(MpsConfig {
+            control_binary: fake,
+            ..mps.cfg()
+        }))),
+        ..Remedies::default()
+    };
+    let order = Order {
+        id: ActionId(1),
+        incident: IncidentId(1),
+        command: Command::StopTasks {
+            gpu: GpuId::index_only(0),
+            pids: vec![1111],
+            tasks: vec![],
+        },
+        attempt: 1,
+        deadline: Timestamp(u64::MAX),
+        planned: false,
+    };
+    let outcome = remedies.execute(order).await;
+    assert_eq!(outcome.status, OutcomeStatus::Done, "{outcome:?}");
+    assert_eq!(
+        outcome.detail,
+        "MPS: terminated MPS client 1111 of server 4242; ECS: tasks not stopped: AWS \
+         remediation is disabled ([aws] enabled = false)"
     );
 }

@@ -104,7 +104,7 @@ proptest! {
         }
         p.flush(&mut events);
         prop_assert!(events.len() <= lines.len() + 1);
-        let _ = observe(events, &mut ServerFailures::default());
+        let _ = observe(events, &mut ServerFailures::default(), &mut Vec::new());
     }
 
     #[test]

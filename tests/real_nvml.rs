@@ -157,7 +157,9 @@ fn diagnose_and_status_cannot_tell_and_say_why() {
     assert_eq!(out.status.code(), Some(2));
     let t = text(&out.stdout);
     assert!(
-        t.contains("could not tell: this is not a pass") && t.contains("driver is not loaded"),
+        t.contains("could not tell")
+            && t.contains("this is not a pass")
+            && t.contains("driver is not loaded"),
         "{t}"
     );
     // No daemon has run with this config: nothing to show, exit 3.

@@ -588,7 +588,7 @@ async fn five_supervisors_rebooting_and_replacing_keep_the_budget() {
         "order {order:?}; {samples} samples of moto in {} ms, at most {max} DRAINING",
         t0.elapsed().as_millis()
     );
-    assert!(samples > 20, "{samples} samples");
+    assert!(samples > 10, "{samples} samples");
     assert_eq!(max, 1, "at most 1 out of service at once, saw {worst:?}");
     for (i, d) in ds.iter().enumerate().take(3) {
         assert_eq!(

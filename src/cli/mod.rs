@@ -40,6 +40,7 @@ pub mod drill;
 mod drill_notice;
 pub mod evidence;
 pub mod fleet;
+pub mod fleet_admin;
 pub mod incidents;
 pub mod log;
 pub mod policy;
@@ -133,6 +134,14 @@ pub enum Command {
     Policy(policy::PolicyCommand),
     /// The live state of the daemon on this node.
     Status(status::StatusArgs),
+    /// The fleet as the budget sees it, live from the slot table and Auto Scaling.
+    ///
+    /// `status` (text or --json): the budget's capacity and slots in use, the breaker, kill
+    /// switches, and the fleet incidents (one fingerprint on many instances: probably the
+    /// driver or the image) with whether each is acknowledged; `ack <id>`: the drains a fleet
+    /// incident holds go on, within the budget. Needs [fleet] table.
+    #[command(subcommand)]
+    Fleet(fleet_admin::FleetCommand),
     /// GPU memory per ECS task definition: observed peak, p99, reservation, suggested size.
     ///
     /// From the per-minute peaks the daemon keeps in state_dir (a few days): per task
@@ -254,6 +263,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Evidence(a) => evidence::run(a),
         Command::Policy(c) => policy::run(c),
         Command::Status(a) => status::run(a),
+        Command::Fleet(c) => fleet_admin::run(c),
         Command::Tasks(a) => tasks::run(a),
         Command::Drill(a) => drill::run(a),
         Command::Diagnose(a) => diagnose::run(a),

@@ -167,11 +167,9 @@ fn validate(
 ) -> Result<(crate::config::Config, Policy), crate::sys::error::FileError> {
     let cfg = config.load_for(crate::launch::preflight::Mode::Run)?;
     if cfg.nvml.enabled
-        && let Some(kmsg) = cfg
-            .nvml
-            .kmsg
-            .as_deref()
-            .filter(|p| !p.as_os_str().is_empty())
+        && let Some(kmsg) = cfg.nvml.kmsg.as_deref().filter(|p| {
+            !p.as_os_str().is_empty() && *p != std::path::Path::new(crate::probe::kmsg::JOURNALD)
+        })
     {
         crate::probe::kmsg::check_path(kmsg)
             .map_err(|m| crate::sys::error::FileError::new(&config.config, None, m))?;
@@ -214,6 +212,10 @@ async fn serve(
         if let Some(x) = &exporter {
             cp = cp.with_flush(x.flush.clone());
         }
+        // A drain's fleet gate fingerprints its incident's first signal (docs/fleet-scale.md).
+        cp = cp.with_records(Arc::new(crate::supervisor::evidence::JournalRecords::new(
+            &cfg,
+        )));
         let cp = Arc::new(cp);
         // The budget's upkeep (with `[fleet] table`: entries of terminated instances are
         // removed now and then).

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::identity::{self, Arch};
+use crate::identity::{self, Arch, Fabric};
 
 /// Most GPUs a configuration may have.
 pub const MAX_GPUS: usize = 64;
@@ -28,7 +28,9 @@ pub const DEFAULT_DRIVER_VERSION: &str = "570.172.08";
 /// Environment variable naming the configuration file.
 pub const CONFIG_ENV: &str = "FAKE_NVML_CONFIG";
 
-/// Identity and static capabilities of one GPU.
+/// Identity and static capabilities of one GPU, and the state it starts in: the
+/// architecture's defaults ([`GpuSpec::default_for`]), keys of the JSON configuration, or what
+/// an `nvidia-smi -q` dump showed (`crate::profile`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuSpec {
     pub uuid: String,
@@ -39,6 +41,30 @@ pub struct GpuSpec {
     pub memory_mib: u64,
     pub ecc: bool,
     pub arch: Arch,
+    /// `pciDeviceId` and `pciSubSystemId` (device << 16 | vendor).
+    pub pci_device_id: u32,
+    pub pci_sub_system_id: u32,
+    /// `nvmlDeviceGetMigMode` (current, pending); `None`: NOT_SUPPORTED.
+    pub mig: Option<(bool, bool)>,
+    /// Persistence mode at start.
+    pub persistence: bool,
+    /// The PCIe link's maximum (generation, width), and the current one at start.
+    pub pcie_max: (u32, u32),
+    pub pcie_now: (u32, u32),
+    /// The PCIe replay counter at start.
+    pub pcie_replay: u32,
+    /// Clock event reasons at start (`nvmlClocksEventReason*` bits; 0x1 GPU idle).
+    pub clock_reasons: u64,
+    /// Whether row remapping (Ampere and newer) and page retirement (older) answer; else
+    /// NOT_SUPPORTED.
+    pub row_remapping: bool,
+    pub page_retirement: bool,
+    /// Banks the row-remapper histogram reports at `max` on a healthy GPU.
+    pub remap_banks: u32,
+    /// The fabric registration at start (`Fabric::NONE`: NOT_SUPPORTED).
+    pub fabric: Fabric,
+    /// NVLinks (0: NOT_SUPPORTED).
+    pub nvlinks: u32,
 }
 
 impl GpuSpec {
@@ -47,7 +73,7 @@ impl GpuSpec {
         Self::with_arch(index, Arch::Hopper)
     }
 
-    fn with_arch(index: u32, arch: Arch) -> GpuSpec {
+    pub fn with_arch(index: u32, arch: Arch) -> GpuSpec {
         let (domain, bus, device) = identity::pci_location(index);
         GpuSpec {
             uuid: identity::uuid(index),
@@ -57,6 +83,19 @@ impl GpuSpec {
             memory_mib: arch.memory_mib(),
             ecc: true,
             arch,
+            pci_device_id: arch.pci_device_id(),
+            pci_sub_system_id: arch.pci_sub_system_id(),
+            mig: arch.mig_capable().then_some((false, false)),
+            persistence: true,
+            pcie_max: (arch.pcie_gen(), 16),
+            pcie_now: (arch.pcie_gen(), 16),
+            pcie_replay: 0,
+            clock_reasons: 0x1,
+            row_remapping: arch.has_row_remapping(),
+            page_retirement: arch.has_page_retirement(),
+            remap_banks: arch.remap_banks(),
+            fabric: arch.fabric(),
+            nvlinks: arch.nvlink_count(),
         }
     }
 
@@ -144,7 +183,6 @@ impl Config {
             .driver_version
             .map(|v| v.trim().to_string())
             .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.to_string());
-        check_len("driver_version", &driver_version, DRIVER_MAX)?;
         let gpus = match raw.gpus {
             None => Config::default().gpus,
             Some(list) => {
@@ -160,10 +198,30 @@ impl Config {
                     .collect::<Result<Vec<_>, _>>()?
             }
         };
+        Config::checked(driver_version, raw.event_backlog.unwrap_or(true), gpus)
+    }
+
+    /// A configuration of `gpus`, refused where two share a UUID, serial or PCI address or
+    /// a string does not fit NVML's buffers.
+    pub fn checked(
+        driver_version: String,
+        event_backlog: bool,
+        gpus: Vec<GpuSpec>,
+    ) -> Result<Config, String> {
+        check_len("driver_version", &driver_version, DRIVER_MAX)?;
+        if gpus.len() > MAX_GPUS {
+            return Err(format!(
+                "{} GPUs configured; at most {MAX_GPUS}",
+                gpus.len()
+            ));
+        }
         let mut uuids = BTreeSet::new();
         let mut serials = BTreeSet::new();
         let mut pcis = BTreeSet::new();
         for (i, g) in gpus.iter().enumerate() {
+            check_len("uuid", &g.uuid, UUID_MAX)?;
+            check_len("name", &g.name, NAME_MAX)?;
+            check_len("serial", &g.serial, SERIAL_MAX)?;
             if !uuids.insert(g.uuid.as_str()) {
                 return Err(format!("gpus[{i}]: duplicate uuid {:?}", g.uuid));
             }
@@ -176,7 +234,7 @@ impl Config {
         }
         Ok(Config {
             driver_version,
-            event_backlog: raw.event_backlog.unwrap_or(true),
+            event_backlog,
             gpus,
         })
     }
@@ -225,8 +283,36 @@ pub struct ConfigKey {
     pub content: Option<String>,
 }
 
-/// Reads `FAKE_NVML_CONFIG` (unset or empty: the default configuration).
+/// Reads `FAKE_NVML_CONFIG`, or `FAKE_NVML_PROFILE` (a dump, `crate::profile`; both set is an
+/// error); neither: the default configuration.
 pub fn load_from_env() -> Result<(ConfigKey, Config), String> {
+    use crate::profile::{PROFILE_ENV, PROFILE_GPUS_ENV};
+    let profile = std::env::var_os(PROFILE_ENV).filter(|p| !p.is_empty());
+    if let Some(path) = profile {
+        if std::env::var_os(CONFIG_ENV).is_some_and(|p| !p.is_empty()) {
+            return Err(format!(
+                "{CONFIG_ENV} and {PROFILE_ENV} are both set: set one"
+            ));
+        }
+        let path = PathBuf::from(path);
+        let gpus = match std::env::var(PROFILE_GPUS_ENV) {
+            Ok(n) if !n.trim().is_empty() => Some(
+                n.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("{PROFILE_GPUS_ENV}={n:?} is not a number"))?,
+            ),
+            _ => None,
+        };
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("{PROFILE_ENV}={}: {e}", path.display()))?;
+        let config = crate::profile::parse(&text, gpus)
+            .map_err(|e| format!("{PROFILE_ENV}={}: {e}", path.display()))?;
+        let key = ConfigKey {
+            path: Some(path),
+            content: Some(format!("{text}\n{PROFILE_GPUS_ENV}={gpus:?}")),
+        };
+        return Ok((key, config));
+    }
     let Some(path) = std::env::var_os(CONFIG_ENV).filter(|p| !p.is_empty()) else {
         let key = ConfigKey {
             path: None,

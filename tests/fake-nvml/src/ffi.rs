@@ -148,8 +148,8 @@ fn pci_info(spec: &GpuSpec) -> PciInfo {
         domain,
         bus,
         device,
-        pci_device_id: spec.arch.pci_device_id(),
-        pci_sub_system_id: spec.arch.pci_sub_system_id(),
+        pci_device_id: spec.pci_device_id,
+        pci_sub_system_id: spec.pci_sub_system_id,
         bus_id: cbuf(&spec.bus_id()),
     }
 }
@@ -712,7 +712,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     }
 }
 
-/// `nvmlDeviceGetMigMode`: disabled/disabled on MIG-capable GPUs, else NOT_SUPPORTED.
+/// `nvmlDeviceGetMigMode`: the GPU's (current, pending) mode (disabled/disabled on MIG-capable
+/// GPUs unless a profile says otherwise), else NOT_SUPPORTED.
 ///
 /// # Safety
 /// `current` and `pending` must each be NULL or valid for one write.
@@ -727,19 +728,23 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         return ERROR_INVALID_ARGUMENT;
     }
     let r = state::device_call("nvmlDeviceGetMigMode", device, |g, i| {
-        if g.hw.gpus[i].spec.arch.mig_capable() {
-            Ok(())
-        } else {
-            Err(ERROR_NOT_SUPPORTED)
-        }
+        g.hw.gpus[i].spec.mig.ok_or(ERROR_NOT_SUPPORTED)
     });
-    if let Err(e) = r {
-        return e;
-    }
+    let (now, next) = match r {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    let mode = |on: bool| {
+        if on {
+            FEATURE_ENABLED
+        } else {
+            FEATURE_DISABLED
+        }
+    };
     // SAFETY: both non-null and valid by contract.
     unsafe {
-        current.write(FEATURE_DISABLED);
-        pending.write(FEATURE_DISABLED);
+        current.write(mode(now));
+        pending.write(mode(next));
     }
     SUCCESS
 }
@@ -1068,7 +1073,7 @@ unsafe fn retired_pages(
         return ERROR_INVALID_ARGUMENT;
     }
     let pages = match state::device_call(name, device, |g, i| {
-        if !g.hw.gpus[i].spec.arch.has_page_retirement() {
+        if !g.hw.gpus[i].spec.page_retirement {
             return Err(ERROR_NOT_SUPPORTED);
         }
         if cause > 1 {
@@ -1174,7 +1179,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
             device,
             is_pending,
             |g, i| {
-                if !g.hw.gpus[i].spec.arch.has_page_retirement() {
+                if !g.hw.gpus[i].spec.page_retirement {
                     return Err(ERROR_NOT_SUPPORTED);
                 }
                 Ok(c_uint::from(g.hw.gpus[i].retired_pending))
@@ -1205,7 +1210,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     }
     let r = state::device_call("nvmlDeviceGetRemappedRows", device, |g, i| {
         let gpu = &g.hw.gpus[i];
-        if !gpu.spec.arch.has_row_remapping() {
+        if !gpu.spec.row_remapping {
             return Err(ERROR_NOT_SUPPORTED);
         }
         Ok((
@@ -1248,7 +1253,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRowRemapperHistogram(
             values,
             |g, i| {
                 let gpu = &g.hw.gpus[i];
-                if !gpu.spec.arch.has_row_remapping() {
+                if !gpu.spec.row_remapping {
                     return Err(ERROR_NOT_SUPPORTED);
                 }
                 Ok(gpu.histogram())
@@ -1544,12 +1549,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
             "nvmlDeviceGetMaxPcieLinkGeneration",
             device,
             link_gen,
-            |g, i| Ok(g.hw.gpus[i].spec.arch.pcie_gen()),
+            |g, i| Ok(g.hw.gpus[i].spec.pcie_max.0),
         )
     }
 }
 
-/// `nvmlDeviceGetMaxPcieLinkWidth`: x16.
+/// `nvmlDeviceGetMaxPcieLinkWidth`: x16 unless a profile says otherwise.
 ///
 /// # Safety
 /// `width` must be NULL or valid for one write.
@@ -1561,8 +1566,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
     state::called("nvmlDeviceGetMaxPcieLinkWidth");
     // SAFETY: forwarded contract.
     unsafe {
-        dev_get("nvmlDeviceGetMaxPcieLinkWidth", device, width, |_, _| {
-            Ok(16)
+        dev_get("nvmlDeviceGetMaxPcieLinkWidth", device, width, |g, i| {
+            Ok(g.hw.gpus[i].spec.pcie_max.1)
         })
     }
 }
@@ -1640,7 +1645,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
 }
 
 fn check_link(g: &Global, i: usize, link: c_uint) -> Result<(), NvmlReturn> {
-    match g.hw.gpus[i].spec.arch.nvlink_count() {
+    match g.hw.gpus[i].spec.nvlinks {
         0 => Err(ERROR_NOT_SUPPORTED),
         n if link >= n => Err(ERROR_INVALID_ARGUMENT),
         _ => Ok(()),
@@ -1811,7 +1816,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
 /// One field for `nvmlDeviceGetFieldValues`: (valueType, value) or a per-entry error.
 fn field_value(g: &Global, i: usize, field_id: u32) -> Result<(u32, Value), NvmlReturn> {
     let gpu = &g.hw.gpus[i];
-    let arch = gpu.spec.arch;
+    let spec = &gpu.spec;
     let ull = |v: u64| Ok((value_type::ULL, Value { ull_val: v }));
     let uint = |v: u32| Ok((value_type::UINT, Value { ui_val: v }));
     let ecc = |v: u64| {
@@ -1822,14 +1827,14 @@ fn field_value(g: &Global, i: usize, field_id: u32) -> Result<(u32, Value), Nvml
         }
     };
     let retire = |v: u64| {
-        if arch.has_page_retirement() {
+        if spec.page_retirement {
             ull(v)
         } else {
             Err(ERROR_NOT_SUPPORTED)
         }
     };
     let remap = |v: u32| {
-        if arch.has_row_remapping() {
+        if spec.row_remapping {
             uint(v)
         } else {
             Err(ERROR_NOT_SUPPORTED)

@@ -21,7 +21,8 @@ impl Arch {
             "volta" => Some(Arch::Volta),
             "turing" => Some(Arch::Turing),
             "ampere" => Some(Arch::Ampere),
-            "ada" | "ada-lovelace" | "lovelace" => Some(Arch::Ada),
+            // "Ada Lovelace" is how nvidia-smi prints it.
+            "ada" | "ada-lovelace" | "ada lovelace" | "lovelace" => Some(Arch::Ada),
             "hopper" => Some(Arch::Hopper),
             "blackwell" => Some(Arch::Blackwell),
             _ => None,
@@ -145,6 +146,43 @@ impl Arch {
         match self {
             Arch::Hopper | Arch::Blackwell => 2560,
             _ => 640,
+        }
+    }
+}
+
+/// A GPU's NVLink fabric registration (`nvmlGpuFabricInfo_t`): state (`fabric_state`), status
+/// (an `nvmlReturn_t`), clique id and cluster UUID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fabric {
+    pub state: u8,
+    pub status: u32,
+    pub clique_id: u32,
+    pub cluster_uuid: [u8; 16],
+}
+
+impl Fabric {
+    /// No fabric: the calls answer NOT_SUPPORTED.
+    pub const NONE: Fabric = Fabric {
+        state: crate::types::fabric_state::NOT_SUPPORTED,
+        status: 0,
+        clique_id: 0,
+        cluster_uuid: [0; 16],
+    };
+}
+
+impl Arch {
+    /// Hopper and Blackwell report a completed registration (status SUCCESS, clique 1);
+    /// older GPUs none.
+    pub fn fabric(self) -> Fabric {
+        if matches!(self, Arch::Hopper | Arch::Blackwell) {
+            Fabric {
+                state: crate::types::fabric_state::COMPLETED,
+                status: 0,
+                clique_id: 1,
+                cluster_uuid: [0x5a; 16],
+            }
+        } else {
+            Fabric::NONE
         }
     }
 }

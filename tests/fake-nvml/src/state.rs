@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{self, Config, ConfigKey, GpuSpec, MAX_GPUS};
+pub use crate::identity::Fabric;
 use crate::inject::{self, Command, GpuSel};
 use crate::types::{self, NvmlDevice, NvmlReturn, event_type as ev};
 
@@ -103,34 +104,6 @@ pub struct Gpu {
     pub backlog: VecDeque<Event>,
 }
 
-/// A GPU's NVLink fabric registration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fabric {
-    pub state: u8,
-    pub status: u32,
-    pub clique_id: u32,
-    pub cluster_uuid: [u8; 16],
-}
-
-impl Fabric {
-    /// Hopper and Blackwell report a completed registration (status SUCCESS, clique 1);
-    /// older GPUs NOT_SUPPORTED.
-    fn healthy(arch: crate::identity::Arch) -> Fabric {
-        use crate::identity::Arch;
-        let supported = matches!(arch, Arch::Hopper | Arch::Blackwell);
-        Fabric {
-            state: if supported {
-                types::fabric_state::COMPLETED
-            } else {
-                types::fabric_state::NOT_SUPPORTED
-            },
-            status: 0,
-            clique_id: u32::from(supported),
-            cluster_uuid: if supported { [0x5a; 16] } else { [0; 16] },
-        }
-    }
-}
-
 /// One NVLink.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NvLink {
@@ -139,13 +112,13 @@ pub struct NvLink {
 }
 
 impl Gpu {
+    /// The GPU as its specification starts it: the architecture's defaults, or what a dump
+    /// (`FAKE_NVML_PROFILE`) showed.
     fn healthy(spec: GpuSpec) -> Gpu {
-        let arch = spec.arch;
         Gpu {
-            spec,
             lost: false,
             temp_c: 34,
-            throttle: 0x1,
+            throttle: spec.clock_reasons,
             ecc: [[0; 2]; 2],
             remap_corr: 0,
             remap_unc: 0,
@@ -158,20 +131,21 @@ impl Gpu {
             procs: Vec::new(),
             compute_only: Vec::new(),
             compute_mode: 0,
-            pcie_replay: 0,
-            pcie_gen: arch.pcie_gen(),
-            pcie_width: 16,
-            persistence: true,
-            fabric: Fabric::healthy(arch),
-            nvlinks: vec![NvLink::default(); arch.nvlink_count() as usize],
+            pcie_replay: spec.pcie_replay,
+            pcie_gen: spec.pcie_now.0,
+            pcie_width: spec.pcie_now.1,
+            persistence: spec.persistence,
+            fabric: spec.fabric,
+            nvlinks: vec![NvLink::default(); spec.nvlinks as usize],
             backlog: VecDeque::new(),
+            spec,
         }
     }
 
     /// Row-remapper histogram derived from the remap state.
     pub fn histogram(&self) -> types::RowRemapperHistogram {
         let mut h = types::RowRemapperHistogram {
-            max: self.spec.arch.remap_banks(),
+            max: self.spec.remap_banks,
             ..Default::default()
         };
         let used = self.remap_corr.saturating_add(self.remap_unc).min(h.max);
@@ -314,7 +288,7 @@ impl Hardware {
         if spec.ecc {
             m |= ev::SINGLE_BIT_ECC_ERROR | ev::DOUBLE_BIT_ECC_ERROR;
         }
-        if spec.arch.mig_capable() {
+        if spec.mig.is_some() {
             m |= ev::MIG_CONFIG_CHANGE;
         }
         if self.has_recovery_action() {
@@ -1074,9 +1048,7 @@ mod tests {
 
     #[test]
     fn histogram_model() {
-        let mut spec = GpuSpec::default_for(0);
-        spec.arch = Arch::Ampere;
-        let mut g = Gpu::healthy(spec);
+        let mut g = Gpu::healthy(GpuSpec::with_arch(0, Arch::Ampere));
         assert_eq!(
             g.histogram(),
             types::RowRemapperHistogram {

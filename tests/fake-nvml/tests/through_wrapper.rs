@@ -31,61 +31,8 @@ use nvml_wrapper::{EventSet, FieldIdScheme};
 
 use fake_nvml::identity;
 
-const ENV_VARS: [&str; 4] = [
-    "FAKE_NVML_CONFIG",
-    "FAKE_NVML_INJECT_DIR",
-    "FAKE_NVML_INIT_ERROR",
-    "FAKE_NVML_POLLS",
-];
-
-fn lib_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAKE_NVML_LIB").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let mut candidates = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        // This binary is target/<profile>/deps/through_wrapper-<hash>.
-        // `cargo test -p fake-nvml` (re)builds deps/libfake_nvml.so;
-        // `cargo build -p fake-nvml` also links it into target/<profile>/.
-        if let Some(deps) = exe.parent() {
-            candidates.push(deps.join("libfake_nvml.so"));
-            if let Some(profile) = deps.parent() {
-                candidates.push(profile.join("libfake_nvml.so"));
-            }
-        }
-    }
-    candidates
-        .push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/libfake_nvml.so"));
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "libfake_nvml.so not found (looked at {candidates:?}); \
-                 run `cargo build -p fake-nvml` or set FAKE_NVML_LIB"
-            )
-        })
-}
-
-/// Replaces every `FAKE_NVML_*` variable the fake reads.
-fn set_env(vars: &[(&str, &Path)]) {
-    for k in ENV_VARS {
-        // SAFETY: this binary has a single test; the harness runs it while
-        // no other thread reads or writes the environment (the fake's
-        // watcher thread never touches it).
-        unsafe { std::env::remove_var(k) };
-    }
-    for (k, v) in vars {
-        // SAFETY: as above.
-        unsafe { std::env::set_var(k, v) };
-    }
-}
-
-fn init() -> Result<Nvml, NvmlError> {
-    let path = lib_path();
-    Nvml::builder().lib_path(path.as_os_str()).init()
-}
+mod common;
+use common::{init, lib_path, set_env};
 
 fn scratch_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("fake-nvml-{}-{name}", std::process::id()));

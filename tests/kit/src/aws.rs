@@ -107,13 +107,19 @@ pub fn unique(name: &str) -> String {
 
 /// An SDK configuration pointed at `endpoint` (moto or a proxy) with test credentials.
 pub async fn sdk(endpoint: &str) -> SdkConfig {
+    sdk_as(endpoint, crate::throttle::HARNESS_KEY).await
+}
+
+/// The same, signing with the access key id `key`: a proxy's weather applies to any key but
+/// the harness's own ([`crate::throttle::HARNESS_KEY`]), and records it as the caller.
+pub async fn sdk_as(endpoint: &str, key: &str) -> SdkConfig {
     let aws = AwsConfig {
         region: Some(REGION.into()),
         endpoint_url: Some(endpoint.into()),
         ..AwsConfig::default()
     };
     gpu_medic::aws::loader(&aws)
-        .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+        .credentials_provider(Credentials::new(key, "test", None, None, "test"))
         // The SDK's three attempts, with test-sized backoff.
         .retry_config(
             aws_config::retry::RetryConfig::standard()

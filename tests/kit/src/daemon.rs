@@ -214,6 +214,18 @@ impl Daemon {
         self.env("FAKE_NVML_CONFIG", p)
     }
 
+    /// The fake library's GPUs shaped as a real node's: `dump`, an `nvidia-smi -q` or `-q -x`
+    /// dump (`FAKE_NVML_PROFILE`; tests/fixtures/gpus/), with `gpus` GPUs where given
+    /// (`FAKE_NVML_PROFILE_GPUS`; the dump's own count otherwise).
+    pub fn profile(&mut self, dump: &Path, gpus: Option<usize>) -> &mut Daemon {
+        self.env_remove("FAKE_NVML_CONFIG");
+        self.env("FAKE_NVML_PROFILE", dump);
+        match gpus {
+            Some(n) => self.env("FAKE_NVML_PROFILE_GPUS", n.to_string()),
+            None => self.env_remove("FAKE_NVML_PROFILE_GPUS"),
+        }
+    }
+
     /// `json` (default) or `text`.
     pub fn log_format(&mut self, format: &str) -> &mut Daemon {
         self.log_format = format.to_string();
@@ -334,6 +346,11 @@ impl Daemon {
     pub fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
         stop_child(&mut c, grace)
+    }
+
+    /// This run's log only (empty before the first start).
+    pub fn run_log(&self) -> String {
+        std::fs::read_to_string(self.path(&format!("daemon-{}.log", self.runs))).unwrap_or_default()
     }
 
     /// Every run's log, in order.

@@ -185,6 +185,8 @@ fn answer(
 #[derive(Clone)]
 pub struct FakeAgent {
     pub url: String,
+    /// While set, every request is answered 503 (an agent restarting, or hung).
+    down: Arc<std::sync::atomic::AtomicBool>,
     requests: Arc<AtomicUsize>,
     tasks: Arc<Mutex<Option<String>>>,
     paths: Arc<Mutex<Vec<String>>>,
@@ -198,10 +200,14 @@ impl FakeAgent {
         let requests = Arc::new(AtomicUsize::new(0));
         let tasks: Arc<Mutex<Option<String>>> = Arc::default();
         let paths: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (seen, list, log) = (requests.clone(), tasks.clone(), paths.clone());
+        let down: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let (seen, list, log, off) = (requests.clone(), tasks.clone(), paths.clone(), down.clone());
         let handler: Handler = Arc::new(move |_, path, _| {
             let n = seen.fetch_add(1, Ordering::SeqCst);
             log.lock().unwrap().push(path.to_string());
+            if off.load(Ordering::SeqCst) {
+                return (503, vec![], "down".into());
+            }
             let json = |body: String| {
                 (
                     200,
@@ -222,6 +228,7 @@ impl FakeAgent {
         let addr = serve_http(handler).await;
         FakeAgent {
             url: format!("http://{addr}"),
+            down,
             requests,
             tasks,
             paths,
@@ -251,6 +258,11 @@ impl FakeAgent {
             })
             .collect();
         *self.tasks.lock().unwrap() = Some(serde_json::json!({ "Tasks": tasks }).to_string());
+    }
+
+    /// Down (every request answered 503) or up again.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
     }
 
     /// How many requests asked for `path`.

@@ -61,6 +61,45 @@ impl JournalDir {
             )
             .expect("write");
         }
+        self.write(&export);
+    }
+
+    /// Appends kernel records as journald stores what it read from `/dev/kmsg`
+    /// (`_TRANSPORT=kernel`, `SYSLOG_FACILITY=0`, the record's own stamp) of boot `boot`
+    /// (32 hex digits), and, with `transport` other than `kernel`, entries of that transport
+    /// (what `logger -t kernel` makes: `syslog`) with the same text.
+    pub fn append_kernel(&mut self, boot: &str, transport: &str, lines: &[&str]) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_micros() as u64;
+        let up = (crate::proc::uptime_secs() * 1e6) as u64;
+        let mut export = Vec::new();
+        for l in lines {
+            self.written += 1;
+            let n = self.written;
+            let kernel = if transport == "kernel" {
+                format!(
+                    "_SOURCE_MONOTONIC_TIMESTAMP={}\nSYSLOG_FACILITY=0\n",
+                    up + n
+                )
+            } else {
+                "SYSLOG_FACILITY=1\nSYSLOG_IDENTIFIER=kernel\n_PID=4242\n".to_string()
+            };
+            write!(
+                export,
+                "__REALTIME_TIMESTAMP={}\n__MONOTONIC_TIMESTAMP={}\n_BOOT_ID={boot}\n_TRANSPORT={transport}\n{kernel}PRIORITY=4\nMESSAGE={l}\n\n",
+                now + n,
+                up + n
+            )
+            .expect("write");
+        }
+        self.write(&export);
+    }
+
+    /// Hands entries in the export format to `systemd-journal-remote`, into the directory's
+    /// journal file.
+    fn write(&self, export: &[u8]) {
         let mut child = Command::new(journal_remote())
             .arg(format!(
                 "--output={}",
@@ -76,7 +115,7 @@ impl JournalDir {
             .stdin
             .take()
             .expect("stdin")
-            .write_all(&export)
+            .write_all(export)
             .expect("feed systemd-journal-remote");
         let out = child.wait_with_output().expect("systemd-journal-remote");
         assert!(

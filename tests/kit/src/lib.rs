@@ -5,14 +5,18 @@
 //! - here: where the binaries are ([`bin`], [`fake_nvml`], [`fake_cuda`], [`repo`], [`default_policy`]),
 //!   waiting ([`wait_for`], [`wait_until`], [`wait_sync`]), counting the daemon's looks after a
 //!   fact instead of sleeping ([`wait_looks`], [`Looks`]), fake-NVML files ([`gpus_json`],
-//!   [`inject`]), signals ([`signal`], [`stop_child`]) and wall-clock stamps ([`now_ms`],
+//!   [`inject`]), the fixtures' tables ([`tsv`]), signals ([`signal`], [`stop_child`]) and wall-clock stamps ([`now_ms`],
 //!   [`parse_at`]);
 //! - [`daemon`]: `gpu-medic run` in a directory of its own with its config, environment and
 //!   logs, always killed on drop, and the CLI pointed at the same config;
 //! - [`aws`]: one moto per test binary, the SDK and seeding (Auto Scaling group, cluster,
 //!   container instances, tasks), test configs and orders;
+//! - [`fleet`]: N daemons of one Auto Scaling group against one moto behind the proxy, Auto
+//!   Scaling played, and the record's invariants and costs (docs/fleet-scale.md);
 //! - [`proxy`]: the recording, fault-injecting HTTP proxy in front of moto (throttling, 5xx,
 //!   and the lifecycle actions moto lacks);
+//! - [`throttle`]: AWS-shaped throttling for the proxy (the documented rates, scaled), latency,
+//!   5xx bursts and outages;
 //! - [`http`]: the small HTTP/1 plumbing both fakes and the proxy use;
 //! - [`export`]: the incident export's AWS side (an EventBridge rule to an SQS queue, the
 //!   queue and the log group read back);
@@ -41,6 +45,7 @@ pub mod daemon;
 pub mod dcgm;
 pub mod elf;
 pub mod export;
+pub mod fleet;
 pub mod http;
 pub mod imds;
 pub mod journal;
@@ -50,6 +55,7 @@ pub mod proc;
 pub mod proxy;
 pub mod stats;
 pub mod systemd;
+pub mod throttle;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -344,6 +350,14 @@ pub const FOUR_GPUS: &str = r#"{"driver_version": "570.172.08", "gpus": [
 pub fn gpus_json(n: usize) -> String {
     let gpus = vec!["{}"; n].join(",");
     format!(r#"{{"driver_version": "570.172.08", "gpus": [{gpus}]}}"#)
+}
+
+/// Rows of a tab-separated table whose first line (after `#` comments and blank lines) names
+/// the columns, each row by column name (the fixtures' tables: tests/fixtures/gpus/expected.tsv,
+/// tests/fixtures/driver-lines.tsv; `fake_nvml::fixtures::tsv`). A table that cannot be read,
+/// or a row of another width, fails naming its line.
+pub fn tsv(path: &Path) -> Vec<std::collections::BTreeMap<String, String>> {
+    fake_nvml::fixtures::tsv(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Writes `json` into an injection folder atomically (`.tmp`, then rename); the fake library

@@ -157,6 +157,24 @@ impl MpsDir {
         self.ask(cmd, timeout).filter(|s| s.parse::<f64>().is_ok())
     }
 
+    /// A control binary named like NVIDIA's whose sessions last `hold` longer (its stdin is
+    /// held open that long after the commands): a slow host, in `root/slow`.
+    pub fn slow_control_binary(&self, hold: Duration) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.root.join("slow");
+        std::fs::create_dir_all(&dir).expect("slow dir");
+        let path = dir.join("nvidia-cuda-mps-control");
+        let body = format!(
+            "#!/bin/sh\n{{ cat; sleep {:.3}; }} | exec {MPS_BIN} \"$@\"\n",
+            hold.as_secs_f64()
+        );
+        std::fs::write(&path, body).expect("write the slow control binary");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        // A fork elsewhere in this process may briefly hold the write descriptor (ETXTBSY).
+        std::thread::sleep(Duration::from_millis(50));
+        path
+    }
+
     /// One control session, as an operator would type it: the trimmed reply, or None without
     /// an exit within `timeout` (the client is killed then). Concurrent sessions fail
     /// (MPS-FACTS §3): the caller retries.
@@ -209,6 +227,69 @@ impl MpsDir {
         });
         left
     }
+}
+
+/// A fake ECS agent's MPS health check (`ProbeControlDaemon`: the real control binary, the
+/// probe command on its stdin, a 3 s deadline, success when a number comes back) on a thread
+/// of its own, due every `period` from its start (a probe that ran late is not made up), until
+/// [`AgentProber::stop`]. The real agent probes once per doctor run, far less often.
+pub struct AgentProber {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Vec<bool>>>,
+}
+
+impl AgentProber {
+    pub fn start(dir: &MpsDir, period: Duration) -> AgentProber {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dir = MpsDir::new(dir.root.clone());
+        let stopped = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut outcomes = Vec::new();
+            let mut due = start + period;
+            loop {
+                while Instant::now() < due {
+                    if stopped.load(Ordering::Relaxed) {
+                        return outcomes;
+                    }
+                    std::thread::sleep(Duration::from_millis(2).min(period));
+                }
+                outcomes.push(dir.answer(MPS_PROBE, Duration::from_secs(3)).is_some());
+                while due <= Instant::now() {
+                    due += period.max(Duration::from_millis(1));
+                }
+            }
+        });
+        AgentProber {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops it; each probe's outcome (answered or not), in order.
+    pub fn stop(mut self) -> Vec<bool> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for AgentProber {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The longest run of failures in `outcomes`.
+pub fn worst_run(outcomes: &[bool]) -> usize {
+    outcomes
+        .split(|ok| *ok)
+        .map(<[bool]>::len)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The pids of [`mps_processes`].

@@ -4,16 +4,21 @@
 //! answers chosen operations itself (throttling, 5xx, access denied, and the two lifecycle
 //! actions moto 5.2.5 lacks), holds back the answer to a chosen call until the test lets it
 //! go ([`Proxy::hold`]: a caller stalled between a write and the next step), and forwards the
-//! rest.
+//! rest. With [`Proxy::weather`] it also throttles as AWS does, adds latency, 5xx bursts and
+//! outages ([`crate::throttle`]); every call is recorded with its service, its caller (the
+//! access key it was signed with) and its outcome, so the costs and the invariants of a fleet
+//! are read from this record, never from gpu-medic's own log.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::http::{close_connection, find, read_message};
+use crate::throttle::{HARNESS_KEY, Service, Verdict, Weather, access_key};
 
 /// One call seen by the proxy.
 #[derive(Debug, Clone)]
@@ -30,6 +35,15 @@ pub struct Call {
     pub injected: bool,
     /// The request line and headers (S3 calls: `x-amz-server-side-encryption`, ...).
     pub head: String,
+    /// The service the call was for.
+    pub service: Service,
+    /// Who called: the access key id it was signed with ("" unsigned).
+    pub node: String,
+    /// Answered by the proxy's weather as the service answers a throttled call.
+    pub throttled: bool,
+    /// Bytes of the request body and of the answer (head and body).
+    pub request_bytes: usize,
+    pub response_bytes: usize,
 }
 
 impl Call {
@@ -49,8 +63,9 @@ enum Reply {
         content_type: &'static str,
         body: String,
     },
-    /// The protocol's own throttling error (ECS `ThrottlingException`, Auto Scaling
-    /// `Throttling`), whichever operation it meets.
+    /// The service's own throttling error ([`Service::throttled`]: ECS
+    /// `ThrottlingException`, Auto Scaling `Throttling`, EC2 `RequestLimitExceeded`, ...),
+    /// whichever operation it meets.
     Throttle,
     /// No answer: the connection is closed once the request is read (an unreachable
     /// endpoint, as the SDK sees it: a dispatch failure).
@@ -171,25 +186,16 @@ impl Fault {
         }
     }
 
-    /// (status, content type, body) of the answer to a call of this protocol.
-    fn answer(&self, json: bool) -> (u16, &'static str, String) {
+    /// (status, content type, body) of the answer to a call of `op` to `service`.
+    fn answer(&self, service: Service, op: &str) -> (u16, &'static str, String) {
         match &self.reply {
             Reply::Fixed {
                 status,
                 content_type,
                 body,
             } => (*status, content_type, body.clone()),
-            Reply::Throttle if json => (
-                400,
-                "application/x-amz-json-1.1",
-                r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#.to_string(),
-            ),
+            Reply::Throttle => service.throttled(op),
             Reply::Hangup => (0, "", String::new()),
-            Reply::Throttle => (
-                400,
-                "text/xml",
-                "<ErrorResponse xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>throttle</RequestId></ErrorResponse>".to_string(),
-            ),
         }
     }
 }
@@ -233,6 +239,8 @@ struct ProxyState {
     gpu_devices: Vec<(String, serde_json::Value)>,
     /// `healthStatus` added to DescribeContainerInstances answers, by container instance ARN.
     health: Vec<(String, serde_json::Value)>,
+    /// AWS-shaped throttling, latency, 5xx bursts and outages; None: none.
+    weather: Option<Weather>,
 }
 
 /// A form field of an awsQuery body (our hook names and instance ids need no decoding).
@@ -328,6 +336,20 @@ impl Proxy {
     /// Throttles the next `times` calls of `op` ("" = any operation).
     pub fn throttle(&self, op: &str, times: usize) {
         self.fault(Fault::throttle(op, times));
+    }
+
+    /// From now on, every call not signed with the harness's key ([`HARNESS_KEY`]) meets
+    /// `w`: AWS's token buckets (scaled), latency, 5xx bursts and outages.
+    pub fn weather(&self, w: Weather) {
+        self.state.lock().unwrap().weather = Some(w);
+    }
+
+    /// Changes the weather (a 5xx burst, an outage, latency); nothing without
+    /// [`Proxy::weather`].
+    pub fn with_weather(&self, f: impl FnOnce(&mut Weather)) {
+        if let Some(w) = self.state.lock().unwrap().weather.as_mut() {
+            f(w);
+        }
     }
 
     /// The next call of `op` whose body contains every one of `needles` is forwarded, and the
@@ -484,22 +506,71 @@ fn s3_operation(head: &str) -> Option<&'static str> {
     })
 }
 
-/// (operation, is the ECS JSON protocol).
-fn operation(head: &str, body: &str) -> (String, bool) {
+/// (operation, service) of a request.
+fn operation(head: &str, body: &str) -> (String, Service) {
     for l in head.lines() {
         if let Some((k, v)) = l.split_once(':')
             && k.eq_ignore_ascii_case("x-amz-target")
         {
-            return (v.trim().rsplit('.').next().unwrap_or("").to_string(), true);
+            let target = v.trim();
+            let op = target.rsplit('.').next().unwrap_or("").to_string();
+            return (op, Service::of(Some(target), "", false));
         }
     }
+    let service = Service::of(None, body, s3_operation(head).is_some());
     let op = body
         .split('&')
         .find_map(|kv| kv.strip_prefix("Action="))
         .map(str::to_string)
         .or_else(|| s3_operation(head).map(str::to_string))
         .unwrap_or_else(|| "?".to_string());
-    (op, false)
+    (op, service)
+}
+
+/// What answers one call: a queued fault, the weather, or the upstream.
+enum Answer {
+    Fault(Fault, u64),
+    Weather(Verdict),
+    Forward(Duration),
+}
+
+/// The answer the proxy gives itself: `status` 0 (a hangup) writes nothing.
+fn injected(status: u16, content_type: &str, body: &str, n: u64) -> (u16, Vec<u8>) {
+    if status == 0 {
+        return (0, Vec::new());
+    }
+    let resp = format!(
+        "HTTP/1.1 {status} Injected\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nx-amzn-requestid: fault-{n}\r\nConnection: close\r\n\r\n{body}",
+        body.len(),
+    );
+    (status, resp.into_bytes())
+}
+
+/// Decides who answers a call of `op` to `service` by `node`: queued faults first, then the
+/// weather (never for the harness's own calls), else the upstream after the weather's delay.
+fn decide(st: &Mutex<ProxyState>, op: &str, service: Service, node: &str, body: &str) -> Answer {
+    let mut g = st.lock().unwrap();
+    if let Some(f) = g.take_fault(op, body) {
+        g.answered += 1;
+        let n = g.answered;
+        return Answer::Fault(f, n);
+    }
+    let verdict = match g.weather.as_mut() {
+        Some(w) if node != HARNESS_KEY => w.judge(service, op),
+        _ => Verdict::Pass {
+            delay: Duration::ZERO,
+        },
+    };
+    match verdict {
+        Verdict::Pass { delay } => {
+            g.forwarded += 1;
+            Answer::Forward(delay)
+        }
+        v => {
+            g.answered += 1;
+            Answer::Weather(v)
+        }
+    }
 }
 
 async fn handle(
@@ -513,85 +584,50 @@ async fn handle(
     let head_s = String::from_utf8_lossy(&head).to_string();
     // S3 bodies (archive parts) are recorded by size only.
     let body_s = if s3_operation(&head_s).is_some()
-        && !head_s.contains("x-amz-target")
+        && !head_s.to_ascii_lowercase().contains("x-amz-target")
         && !body.starts_with(b"Action=")
     {
         format!("({} bytes)", body.len())
     } else {
         String::from_utf8_lossy(&body).to_string()
     };
-    let (op, json) = operation(
+    let (op, service) = operation(
         &head_s,
         &String::from_utf8_lossy(&body[..body.len().min(4096)]),
     );
-    let fault = {
-        let mut g = st.lock().unwrap();
-        let f = g.take_fault(&op, &body_s);
-        if f.is_some() {
-            g.answered += 1;
-        } else {
-            g.forwarded += 1;
-        }
-        f.map(|f| (f, g.answered))
+    let node = access_key(&head_s).unwrap_or("").to_string();
+    let answer = decide(&st, &op, service, &node, &body_s);
+    let (injected_by_proxy, throttled) = match &answer {
+        Answer::Fault(..) => (true, false),
+        Answer::Weather(v) => (true, *v == Verdict::Throttle),
+        Answer::Forward(_) => (false, false),
     };
-    let injected = fault.is_some();
-    let hold = if injected {
+    let hold = if injected_by_proxy {
         None
     } else {
         let mut g = st.lock().unwrap();
         let i = g.holds.iter().position(|h| h.matches(&op, &body_s));
         i.map(|i| g.holds.remove(i))
     };
-    let (status, response) = match fault {
-        Some((f, _)) if matches!(f.reply, Reply::Hangup) => (0, Vec::new()),
-        Some((f, n)) => {
-            let (status, content_type, body) = f.answer(json);
-            let resp = format!(
-                "HTTP/1.1 {status} Injected\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nx-amzn-requestid: fault-{n}\r\nConnection: close\r\n\r\n{body}",
-                body.len(),
-            );
-            (status, resp.into_bytes())
+    let (status, response) = match answer {
+        Answer::Fault(f, n) => {
+            let (status, content_type, text) = f.answer(service, &op);
+            injected(status, content_type, &text, n)
         }
-        None => {
-            let forwarded = async {
-                let mut up = TcpStream::connect(upstream).await?;
-                up.write_all(&close_connection(&head)).await?;
-                up.write_all(&body).await?;
-                let mut resp = Vec::new();
-                up.read_to_end(&mut resp).await?;
-                Ok::<_, std::io::Error>(resp)
+        Answer::Weather(Verdict::Throttle) => {
+            let (status, content_type, text) = service.throttled(&op);
+            injected(status, content_type, &text, 0)
+        }
+        Answer::Weather(Verdict::Fail) => {
+            let (status, content_type, text) = service.unavailable();
+            injected(status, content_type, &text, 0)
+        }
+        Answer::Weather(_) => (0, Vec::new()),
+        Answer::Forward(delay) => {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
             }
-            .await;
-            match forwarded {
-                Ok(resp) => {
-                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
-                    let status = String::from_utf8_lossy(&resp[..split])
-                        .split_whitespace()
-                        .nth(1)
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(0);
-                    let (devices, health) = {
-                        let g = st.lock().unwrap();
-                        (g.gpu_devices.clone(), g.health.clone())
-                    };
-                    let resp = if op == "DescribeContainerInstances" && !devices.is_empty() {
-                        with_field(&resp[..split], &resp[split..], "gpuDevices", &devices)
-                    } else {
-                        resp
-                    };
-                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
-                    let resp = if op == "DescribeContainerInstances" && !health.is_empty() {
-                        with_field(&resp[..split], &resp[split..], "healthStatus", &health)
-                    } else {
-                        resp
-                    };
-                    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
-                    let mut out = close_connection(&resp[..split]);
-                    out.extend_from_slice(&resp[split..]);
-                    (status, out)
-                }
-                Err(_) => (0, Vec::new()),
-            }
+            forward(upstream, &head, &body, &op, &st).await
         }
     };
     if let Some(h) = hold {
@@ -600,17 +636,70 @@ async fn handle(
     }
     st.lock().unwrap().calls.push(Call {
         op,
+        request_bytes: body.len(),
+        response_bytes: response.len(),
         body: body_s,
         arrived_ms,
         answered_ms: crate::now_ms(),
         status,
-        injected,
-        head: head_s.clone(),
+        injected: injected_by_proxy,
+        head: head_s,
+        service,
+        node,
+        throttled,
     });
     if !response.is_empty() {
         client.write_all(&response).await?;
     }
     client.shutdown().await
+}
+
+/// The upstream's answer to the request (status 0 and nothing when it did not answer), with
+/// the fields moto lacks added to DescribeContainerInstances answers.
+async fn forward(
+    upstream: SocketAddr,
+    head: &[u8],
+    body: &[u8],
+    op: &str,
+    st: &Mutex<ProxyState>,
+) -> (u16, Vec<u8>) {
+    let forwarded = async {
+        let mut up = TcpStream::connect(upstream).await?;
+        up.write_all(&close_connection(head)).await?;
+        up.write_all(body).await?;
+        let mut resp = Vec::new();
+        up.read_to_end(&mut resp).await?;
+        Ok::<_, std::io::Error>(resp)
+    }
+    .await;
+    let Ok(resp) = forwarded else {
+        return (0, Vec::new());
+    };
+    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
+    let status = String::from_utf8_lossy(&resp[..split])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (devices, health) = {
+        let g = st.lock().unwrap();
+        (g.gpu_devices.clone(), g.health.clone())
+    };
+    let resp = if op == "DescribeContainerInstances" && !devices.is_empty() {
+        with_field(&resp[..split], &resp[split..], "gpuDevices", &devices)
+    } else {
+        resp
+    };
+    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
+    let resp = if op == "DescribeContainerInstances" && !health.is_empty() {
+        with_field(&resp[..split], &resp[split..], "healthStatus", &health)
+    } else {
+        resp
+    };
+    let split = find(&resp, b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
+    let mut out = close_connection(&resp[..split]);
+    out.extend_from_slice(&resp[split..]);
+    (status, out)
 }
 
 /// One `gpuDevices` entry as ECS writes it (API type `GpuDevice`).

@@ -112,7 +112,9 @@ impl Cx<'_> {
             return;
         }
         let id = self.open(&obs, rule, reason, Verdict::StopTasks);
-        if !self.st.capabilities.aws {
+        // Without AWS the order still goes where MPS can terminate the clients it names.
+        let finest = self.st.capabilities.mps && !obs.pids.is_empty();
+        if !self.st.capabilities.aws && !finest {
             let command = Command::StopTasks {
                 gpu: gpu.clone(),
                 pids: obs.pids.clone(),

@@ -440,6 +440,39 @@ fn a_server_fault_stops_the_tasks_on_that_gpu() {
     assert_eq!(r.closed(), vec![(IncidentId(1), IncidentState::Resolved)]);
 }
 
+/// Without AWS, a stop-tasks that names client pids still goes out: the MPS daemon
+/// terminates those clients (the finest repair); one that names no pid is only recorded.
+#[test]
+fn without_aws_a_fault_naming_clients_still_terminates_them() {
+    let mut r = Run::new(default_policy());
+    r.feed(Input::Started {
+        capabilities: crate::model::Capabilities {
+            aws: false,
+            ..crate::model::Capabilities::default()
+        },
+    });
+    let named = Observation::new(Signal::MpsServerFault)
+        .on_gpu(gpu(1))
+        .with_pids(vec![4242]);
+    let o = Run::only_order(&r.feed(Input::Observation(named)));
+    assert!(matches!(&o.command, Command::StopTasks { pids, .. } if pids == &vec![4242]));
+    let unnamed = Observation::new(Signal::MpsServerFault).on_gpu(gpu(2));
+    assert!(Run::orders(&r.feed(Input::Observation(unnamed))).is_empty());
+
+    let mut neither = Run::new(default_policy());
+    neither.feed(Input::Started {
+        capabilities: crate::model::Capabilities {
+            aws: false,
+            mps: false,
+            ..crate::model::Capabilities::default()
+        },
+    });
+    let named = Observation::new(Signal::MpsServerFault)
+        .on_gpu(gpu(1))
+        .with_pids(vec![4242]);
+    assert!(Run::orders(&neither.feed(Input::Observation(named))).is_empty());
+}
+
 #[test]
 fn terminating_drains_then_completes_the_hook() {
     let mut r = Run::new(default_policy());

@@ -24,7 +24,9 @@
 //! `src/common/nvswitch/kernel/inc/common_nvswitch.h` (`NVSWITCH_PRINT_SXID`) for SXids;
 //! the name is `current->comm` copied when the client was allocated
 //! (`kernel-open/nvidia/os-interface.c`, `os_get_current_process_name`), the pid its `tgid`.
-//! docs/xid-catalog.md lists the formats.
+//! docs/xid-catalog.md lists the formats; tests/fixtures/driver-lines.tsv holds lines real
+//! drivers printed in each (tests/driver_lines.rs reads every one through the kernel log
+//! readers).
 //!
 //! Pure: no I/O. What the kernel knows of a pid (its comm, whether it lives) is asked through
 //! the closure the caller hands in.
@@ -81,7 +83,7 @@ pub const FORMATS: &[Format] = &[
     },
     Format {
         id: "xid-pid",
-        branches: "r515 and later, as the driver's own comments show XID 94 and 95",
+        branches: "before r515 for any XID with a process (captures: r450, r510); r515 and later as the driver's own comments show XID 94 and 95",
         template: "NVRM: Xid ({addr}): {code}, pid={pid}, {msg}",
         source: "595.45.04: src/nvidia/src/kernel/gpu/arch/ampere/kern_gpu_error_cont_ga100.c (comment)",
         example: "NVRM: Xid (PCI:0000:01:00): 94, pid=7062, Contained: CE User Channel (0x9). RST: No, D-RST: No",
@@ -95,7 +97,7 @@ pub const FORMATS: &[Format] = &[
     },
     Format {
         id: "xid-bare",
-        branches: "r570.86.15 and later (no process known)",
+        branches: "before r515 for any XID without a process (capture: r418); r570.86.15 and later (no process known)",
         template: "NVRM: Xid ({addr}): {code}, {msg}",
         source: "570.86.15, 580.65.06, 595.45.04: src/nvidia/src/kernel/gpu/rc/kernel_rc.c",
         example: "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
@@ -116,7 +118,7 @@ pub enum Pid {
     Printed(u32),
     /// `pid='<unknown>'` (r565 and before).
     Unknown,
-    /// Left out (r570.86.15 and later when no process is known; SXids).
+    /// Left out (r570.86.15 and later when no process is known, drivers before r515; SXids).
     Absent,
 }
 

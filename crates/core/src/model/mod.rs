@@ -945,7 +945,8 @@ pub struct Capabilities {
     /// ECS and Auto Scaling (`[aws] enabled`): stop-tasks, quarantine, drain, replace,
     /// lifecycle hooks.
     pub aws: bool,
-    /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps.
+    /// gpu-medic manages the MPS control daemon (`[mps] enabled`): restart-mps, and a
+    /// stop-tasks that names client pids (the daemon terminates them first, even without AWS).
     pub mps: bool,
     /// Evidence collection (`[evidence]`): collect-evidence, and how long a repair waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -35,6 +35,11 @@ pub struct Asg {
 }
 
 impl Asg {
+    /// A client with the SDK's configuration (the commands have no SDK crate).
+    pub fn from_sdk(sdk: &aws_config::SdkConfig) -> Self {
+        Asg::new(Client::new(sdk))
+    }
+
     pub fn new(client: Client) -> Self {
         Asg { client }
     }

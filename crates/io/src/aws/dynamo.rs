@@ -28,6 +28,8 @@ pub mod attr {
     pub const TOKEN: &str = "token";
     pub const INCIDENT: &str = "incident";
     pub const SINCE: &str = "since";
+    /// The fleet document's JSON text (item `<group>#fleet`).
+    pub const DOC: &str = "doc";
 }
 
 /// A holder's entry: reserved (not yet allowed to act) or committed (acting).
@@ -141,6 +143,11 @@ pub struct SlotTable {
 }
 
 impl SlotTable {
+    /// A client of `table` with the SDK's configuration (the commands have no SDK crate).
+    pub fn from_sdk(sdk: &aws_config::SdkConfig, table: impl Into<String>) -> Self {
+        SlotTable::new(Client::new(sdk), table)
+    }
+
     pub fn new(client: Client, table: impl Into<String>) -> Self {
         SlotTable {
             client,
@@ -179,6 +186,119 @@ impl SlotTable {
             .put_item()
             .table_name(&self.table)
             .set_item(Some(item_attributes(group, new)));
+        put = if read.exists {
+            put.condition_expression("#v = :v")
+                .expression_attribute_names("#v", attr::VERSION)
+                .expression_attribute_values(":v", AttributeValue::N(read.version.to_string()))
+        } else {
+            put.condition_expression("attribute_not_exists(#g)")
+                .expression_attribute_names("#g", attr::GROUP)
+        };
+        let r = put.send().await;
+        calls
+            .track("PutItem", r)
+            .map(|_| ())
+            .map_err(TableError::from_call)
+    }
+}
+
+/// The suffix of the group's second item, its fleet document (fleet incidents,
+/// `remedy::budget::patterns`): partition key `<group>#fleet`, beside the slot item.
+pub const FLEET_SUFFIX: &str = "#fleet";
+/// The largest fleet document read or written (DynamoDB's item limit is 400 KB).
+pub const MAX_FLEET_DOC: usize = 256 * 1024;
+
+/// The group's fleet document as read: its version (0: no item) and its JSON text (`{}`
+/// when there is no item).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FleetItem {
+    pub version: u64,
+    pub exists: bool,
+    pub doc: String,
+}
+
+impl SlotTable {
+    /// GetItem (ConsistentRead) of `group`'s fleet document.
+    pub async fn read_fleet(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+    ) -> Result<FleetItem, TableError> {
+        let key = format!("{group}{FLEET_SUFFIX}");
+        let r = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(attr::GROUP, AttributeValue::S(key.clone()))
+            .consistent_read(true)
+            .send()
+            .await;
+        let r = calls.track("GetItem", r).map_err(TableError::from_call)?;
+        let Some(item) = r.item() else {
+            return Ok(FleetItem {
+                doc: "{}".into(),
+                ..FleetItem::default()
+            });
+        };
+        let bad = |why: &str| TableError::Malformed {
+            group: key.clone(),
+            why: why.to_string(),
+        };
+        let version = item
+            .get(attr::VERSION)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|v| *v <= MAX_VERSION)
+            .ok_or_else(|| bad("no readable version"))?;
+        let doc = item
+            .get(attr::DOC)
+            .and_then(|v| v.as_s().ok())
+            .filter(|d| d.len() <= MAX_FLEET_DOC)
+            .ok_or_else(|| bad("no readable document (or one over 256 KiB)"))?;
+        Ok(FleetItem {
+            version,
+            exists: true,
+            doc: doc.clone(),
+        })
+    }
+
+    /// PutItem of `group`'s fleet document `doc` at version `read.version + 1`, conditional
+    /// on `read` as the slot item's writes are.
+    pub async fn write_fleet(
+        &self,
+        calls: &mut Calls,
+        group: &str,
+        read: &FleetItem,
+        doc: &str,
+        by: &str,
+    ) -> Result<(), TableError> {
+        if doc.len() > MAX_FLEET_DOC {
+            return Err(TableError::Refused(CallError::terminal(
+                "PutItem",
+                format!(
+                    "fleet document of {} bytes (at most {MAX_FLEET_DOC})",
+                    doc.len()
+                ),
+            )));
+        }
+        let key = format!("{group}{FLEET_SUFFIX}");
+        let item = HashMap::from([
+            (attr::GROUP.to_string(), AttributeValue::S(key)),
+            (
+                attr::VERSION.to_string(),
+                AttributeValue::N(read.version.saturating_add(1).to_string()),
+            ),
+            (attr::DOC.to_string(), AttributeValue::S(doc.to_string())),
+            (
+                attr::UPDATED_BY.to_string(),
+                AttributeValue::S(by.to_string()),
+            ),
+        ]);
+        let mut put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item));
         put = if read.exists {
             put.condition_expression("#v = :v")
                 .expression_attribute_names("#v", attr::VERSION)

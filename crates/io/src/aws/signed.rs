@@ -35,9 +35,11 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_ATTEMPTS: u32 = 3;
-/// The wait before the second attempt; doubled before the third (the SDK's standard retry
-/// waits up to 1 s, then 2 s, at random).
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// The window of the wait before the second attempt, doubled before the third, each wait
+/// drawn at random from its window (full jitter, [`crate::sys::backoff`]): the SDK's standard
+/// retry mode, whose initial backoff is 1 s and whose longest is 20 s.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(20);
 /// Credentials are fetched again this long before they expire.
 const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 
@@ -127,7 +129,7 @@ impl SignedClient {
     /// One call of AWS's JSON protocol (1.1): `body` POSTed to the endpoint's root with
     /// `X-Amz-Target: <target>`; the same attempts as [`post_form`](Self::post_form). A
     /// refusal's code and message are read from the answer ([`json_error`]); a 2xx answer
-    /// that is not JSON is a terminal error.
+    /// that is not JSON is a terminal error (an empty one is `{}`).
     pub async fn post_json(
         &self,
         op: &'static str,
@@ -141,6 +143,12 @@ impl SignedClient {
             text: &text,
         };
         let reply = self.post(op, &body, json_error).await?;
+        // An operation without output members answers 2xx with an empty body (CloudWatch
+        // Logs' CreateLogGroup and CreateLogStream; moto likewise): that is `{}`, as the SDKs
+        // read it, not an unreadable answer.
+        if reply.body.trim().is_empty() {
+            return Ok((serde_json::json!({}), reply.request_id));
+        }
         let value = serde_json::from_str(&reply.body).map_err(|e| CallError {
             op,
             code: None,
@@ -158,7 +166,6 @@ impl SignedClient {
         service_error: fn(&str) -> ServiceError,
     ) -> Result<Reply, CallError> {
         let call = async {
-            let mut backoff = FIRST_BACKOFF;
             let mut attempt = 1;
             loop {
                 let r = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(op, body)).await {
@@ -168,8 +175,12 @@ impl SignedClient {
                 let r = r.and_then(|reply| accept(op, reply, service_error));
                 match r {
                     Err(e) if e.retryable && attempt < MAX_ATTEMPTS => {
-                        tokio::time::sleep(backoff).await;
-                        backoff *= 2;
+                        tokio::time::sleep(crate::sys::backoff::full_jitter(
+                            FIRST_BACKOFF,
+                            attempt - 1,
+                            MAX_BACKOFF,
+                        ))
+                        .await;
                         attempt += 1;
                     }
                     other => return other,

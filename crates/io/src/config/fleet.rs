@@ -28,8 +28,9 @@ pub struct FleetConfig {
     /// A claim on an instance that never started draining expires after this.
     #[serde(default = "default_claim_ttl", with = "humantime_serde")]
     pub claim_ttl: Duration,
-    /// When a full budget, the breaker or a kill switch defers a step, retry after about this
-    /// long (with jitter).
+    /// When a full budget, the breaker or a kill switch defers a step, retry after a random
+    /// delay below this, the window doubling with each deferral in a row up to 8 times it
+    /// (full jitter).
     #[serde(default = "default_fleet_retry_after", with = "humantime_serde")]
     pub retry_after: Duration,
     /// The DynamoDB table of the slot protocol (models/README.md); unset: the claim protocol
@@ -40,6 +41,17 @@ pub struct FleetConfig {
     /// monotonic clock) may be taken over. Only has to exceed reserve-to-commit (two writes).
     #[serde(default = "default_reservation_lifetime", with = "humantime_serde")]
     pub reservation_lifetime: Duration,
+    /// Fleet incidents (with `table`): the same fatal signal, driver version, AMI and instance
+    /// type on this many instances of the group within `pattern_window` is one fleet incident,
+    /// and further drains of that fingerprint wait for `gpu-medic fleet ack`; 0 (the default)
+    /// turns it off.
+    #[serde(default = "default_fingerprint_threshold")]
+    pub fingerprint_threshold: u32,
+    #[serde(default = "default_pattern_window", with = "humantime_serde")]
+    pub pattern_window: Duration,
+    /// Where the driver's version is read for the fingerprint (its first line).
+    #[serde(default = "default_driver_version_file")]
+    pub driver_version_file: std::path::PathBuf,
 }
 
 /// A number of instances, or a share of the Auto Scaling group's desired capacity.
@@ -135,6 +147,20 @@ fn default_fleet_retry_after() -> Duration {
     Duration::from_secs(60)
 }
 
+/// Off by default: holding repairs for an operator is a choice made with the group's own
+/// background rate of faults in mind (docs/fleet-scale.md, "Fleet incidents").
+fn default_fingerprint_threshold() -> u32 {
+    0
+}
+
+fn default_pattern_window() -> Duration {
+    Duration::from_secs(3600)
+}
+
+fn default_driver_version_file() -> std::path::PathBuf {
+    std::path::PathBuf::from("/proc/driver/nvidia/version")
+}
+
 fn default_reservation_lifetime() -> Duration {
     Duration::from_secs(30)
 }
@@ -170,6 +196,9 @@ impl Default for FleetConfig {
             retry_after: default_fleet_retry_after(),
             table: None,
             reservation_lifetime: default_reservation_lifetime(),
+            fingerprint_threshold: default_fingerprint_threshold(),
+            pattern_window: default_pattern_window(),
+            driver_version_file: default_driver_version_file(),
         }
     }
 }

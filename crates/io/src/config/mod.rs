@@ -212,7 +212,7 @@ impl Config {
             &self.lifecycle,
         );
         // (section, key, value, floor, ceiling)
-        let table: [(Option<&str>, &str, Duration, Duration, Duration); 26] = [
+        let table: [(Option<&str>, &str, Duration, Duration, Duration); 27] = [
             (
                 Some("diagnose"),
                 "timeout",
@@ -322,6 +322,13 @@ impl Config {
                 "reservation_lifetime",
                 f.reservation_lifetime,
                 ms(100),
+                YEAR,
+            ),
+            (
+                Some("fleet"),
+                "pattern_window",
+                f.pattern_window,
+                Duration::from_secs(60),
                 YEAR,
             ),
             (

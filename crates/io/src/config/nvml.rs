@@ -23,10 +23,15 @@ pub struct NvmlConfig {
     #[serde(default)]
     pub expected_gpus: Option<u32>,
     /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off. `/dev/kmsg` is the
-    /// kernel's own; an XID read only from a syslog file needs a second witness to act
-    /// (docs/operations.md, "Which kernel log to read").
+    /// kernel's own; `"journald"` reads the kernel's records from the systemd journal
+    /// (`_TRANSPORT=kernel`, this boot); an XID read only from a syslog file needs a second
+    /// witness to act (docs/operations.md, "Which kernel log to read").
     #[serde(default = "default_kmsg")]
     pub kmsg: Option<PathBuf>,
+    /// With `kmsg = "journald"`: read the journal files in this directory instead of the
+    /// system journal (`journalctl --directory`: a host journal mounted into a container).
+    #[serde(default)]
+    pub kmsg_journal_directory: Option<PathBuf>,
     /// The share of a task's GPU memory reservation whose crossing is a
     /// `gpu-memory-over-reservation` signal ("100%": using more than reserved).
     #[serde(default = "default_reservation_alert")]
@@ -104,6 +109,7 @@ impl Default for NvmlConfig {
             poll_interval: default_poll(),
             expected_gpus: None,
             kmsg: default_kmsg(),
+            kmsg_journal_directory: None,
             reservation_alert: default_reservation_alert(),
         }
     }

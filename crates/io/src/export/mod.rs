@@ -366,9 +366,11 @@ struct Lane {
     dropped: u64,
 }
 
-/// Backoff after a failed round: doubling from 1 s to 60 s.
+/// Backoff after a failed round: full jitter over a window doubling from 1 s to 60 s
+/// ([`crate::sys::backoff`]): a fleet whose export failed together (an outage of CloudWatch
+/// Logs or EventBridge) does not retry together.
 fn backoff(failures: u32) -> Duration {
-    crate::sys::backoff::doubling(Duration::from_secs(1), failures, Duration::from_secs(60))
+    crate::sys::backoff::full_jitter(Duration::from_secs(1), failures, Duration::from_secs(60))
 }
 
 impl Lane {
@@ -454,13 +456,27 @@ impl Lane {
                 Kind::Logs { logs, ready } => {
                     let logs = logs.clone();
                     if !*ready {
+                        // The stream first: the group exists but for the first instance of a
+                        // cluster (CreateLogGroup is one of Logs' slow-rate actions, and a
+                        // group of 10,000 instances booting together would call it 10,000
+                        // times: docs/fleet-scale.md); the group only when the stream says
+                        // it is missing.
                         let mut calls = Calls::new();
-                        logs.ensure_group(&mut calls, &dest.log_group)
+                        match logs
+                            .ensure_stream(&mut calls, &dest.log_group, &dest.instance_id)
                             .await
-                            .map_err(err)?;
-                        logs.ensure_stream(&mut calls, &dest.log_group, &dest.instance_id)
-                            .await
-                            .map_err(err)?;
+                        {
+                            Ok(()) => {}
+                            Err(e) if crate::aws::logs::is_missing(&e) => {
+                                logs.ensure_group(&mut calls, &dest.log_group)
+                                    .await
+                                    .map_err(err)?;
+                                logs.ensure_stream(&mut calls, &dest.log_group, &dest.instance_id)
+                                    .await
+                                    .map_err(err)?;
+                            }
+                            Err(e) => return Err(err(e)),
+                        }
                         *ready = true;
                     }
                     self.logs_batch(&logs, &dest).await?

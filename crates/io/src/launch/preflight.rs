@@ -41,7 +41,10 @@ pub fn check(cfg: &Config, path: &Path, text: &str, mode: Mode) -> Result<(), Fi
                 ),
             ));
         }
-        if let Some(kmsg) = cfg.nvml.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty())
+        if let Some(kmsg) =
+            cfg.nvml.kmsg.as_ref().filter(|p| {
+                !p.as_os_str().is_empty() && *p != Path::new(crate::probe::kmsg::JOURNALD)
+            })
             && let Err(why) = readable(kmsg)
         {
             return Err(err(

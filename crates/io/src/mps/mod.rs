@@ -6,7 +6,6 @@
 //! daemon's behaviour as measured: docs/mps.md and tests/support/MPS-FACTS.md.
 
 pub mod control;
-pub mod journalctl;
 pub mod procs;
 pub mod systemd;
 

@@ -49,6 +49,10 @@ impl MpsProcess {
 pub struct Found {
     pub daemons: Vec<MpsProcess>,
     pub servers: Vec<MpsProcess>,
+    /// Front-ends talking to the daemon of our pipe directory now: the control binary run
+    /// in client mode (the ECS agent's probe, an operator's query). The daemon serves one
+    /// such session at a time; a second one fails (tests/support/MPS-FACTS.md, section 3).
+    pub clients: Vec<u32>,
 }
 
 impl Found {
@@ -186,7 +190,11 @@ fn scan_with(proc_root: &Path, control_binary: &Path, pipe_dir: &Path) -> Result
         {
             let daemon_mode = cmd.iter().skip(1).any(|a| a == "-d" || a == "-f");
             if !daemon_mode {
-                continue; // a control client, not the daemon
+                // A front-end, not the daemon: one of ours only when it talks to our pipe.
+                if serves(&read_list(&dir.join("environ"), MAX_ENVIRON), &want) {
+                    found.clients.push(pid);
+                }
+                continue;
             }
             Role::Daemon
         } else if named(SERVER_NAME) {

@@ -442,10 +442,18 @@ impl EcsGpuSource {
                     return;
                 }
             }
+            // A failed read: full jitter over a window doubling from 30 s, at most the
+            // interval or 5 minutes; a good one: the interval, spread over [0.5, 1.5) of it so
+            // a fleet started together does not read ECS together (`sys::backoff`).
             let wait = if retry_soon {
-                interval.min(Duration::from_secs(30) * w.failures.clamp(1, 10))
+                crate::sys::backoff::full_jitter(
+                    Duration::from_secs(30),
+                    w.failures.saturating_sub(1),
+                    interval.min(Duration::from_secs(300)),
+                )
+                .min(interval)
             } else {
-                interval
+                crate::sys::backoff::spread(interval)
             };
             let started = tokio::time::Instant::now();
             tokio::select! {

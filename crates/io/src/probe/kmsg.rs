@@ -177,6 +177,48 @@ pub struct KmsgReader {
     /// `[repair] boot_id_path`: where a simulated boot's id is written (a file's records are
     /// placed against the boot it tells, [`super::kernel_record::BootClock::now_for`]).
     pub boot_id_path: Option<PathBuf>,
+    /// With `path` [`JOURNALD`]: read the journal files in this directory instead of the
+    /// system journal (`[nvml] kmsg_journal_directory`).
+    pub journal_directory: Option<PathBuf>,
+}
+
+/// `[nvml] kmsg = "journald"`: the kernel's records read from the systemd journal, only those
+/// of the kernel transport (`_TRANSPORT=kernel`, which journald sets for what it read from
+/// `/dev/kmsg` at kernel facility and no process can write) and of this boot (`_BOOT_ID`).
+pub const JOURNALD: &str = "journald";
+
+/// The journal's kernel records of this boot, for `journalctl` (`boot`: the kernel's boot id,
+/// with or without dashes).
+pub fn journal_spec(boot: &str, directory: Option<PathBuf>) -> crate::sys::journalctl::Spec {
+    let mut matches = vec!["_TRANSPORT=kernel".to_string()];
+    let boot: String = boot.chars().filter(|c| *c != '-').collect();
+    if !boot.is_empty() {
+        matches.push(format!("_BOOT_ID={boot}"));
+    }
+    crate::sys::journalctl::Spec {
+        journalctl: crate::sys::journalctl::default_journalctl().to_path_buf(),
+        unit: String::new(),
+        matches,
+        directory,
+        from_start: true,
+    }
+}
+
+/// A kernel record of the journal as the `/dev/kmsg` record it was read from
+/// (`prio,seq,usec,-;message`), so one reader judges both; `None` for an entry of another
+/// transport or boot (the match excludes them; this holds whatever `journalctl` returns).
+fn journal_record(e: &crate::sys::journalctl::Entry, boot: &str) -> Option<String> {
+    let boot: String = boot.chars().filter(|c| *c != '-').collect();
+    if e.transport.as_deref() != Some("kernel")
+        || (!boot.is_empty() && e.boot_id.as_deref() != Some(boot.as_str()))
+    {
+        return None;
+    }
+    let prio = u64::from(e.facility.unwrap_or(0)) * 8 + u64::from(e.priority.unwrap_or(6));
+    let usec = e.monotonic_us.unwrap_or(0);
+    // The message is one record: a newline in it would start another line of ours.
+    let message = e.message.replace(['\n', '\r'], " ");
+    Some(format!("{prio},0,{usec},-;{message}"))
 }
 
 /// At most this many dropped duplicates are remembered across a restart.
@@ -335,6 +377,15 @@ struct Record {
     /// A file's record: why it cannot stand alone as the kernel's
     /// ([`super::kernel_record::file_line_doubt`]).
     doubt: Option<String>,
+    /// The journal's cursor of a record read from the journal (`Cursor::token`).
+    token: Option<String>,
+}
+
+/// What a record carries beside its line: why it cannot stand alone, its journal cursor.
+#[derive(Default)]
+struct Extra {
+    doubt: Option<String>,
+    token: Option<String>,
 }
 
 /// What the reader needs of a line as it reads it: its sequence number and, for an XID or
@@ -508,6 +559,12 @@ impl KmsgReader {
         }
         lock(&self.shared).kmsg_active = true;
         let _active = Active(self.shared.clone());
+        if self.path == Path::new(JOURNALD) {
+            lock(&self.shared).kmsg_started = Some(std::time::Instant::now());
+            let mut cursors = Cursors::load(&self.cursor_file, self.committed.clone());
+            self.follow_journal(&mut cursors);
+            return;
+        }
         if let Err(why) = check_path(&self.path) {
             tracing::error!(probe = "kmsg", path = %self.path.display(), "{why}; XIDs come from NVML events only");
             return;
@@ -558,6 +615,82 @@ impl KmsgReader {
             self.follow_file(file, stream, &mut cursors);
         } else {
             self.follow_device(file, &stream, &mut cursors);
+        }
+    }
+
+    /// `[nvml] kmsg = "journald"`: the journal's kernel records of this boot, followed through
+    /// `journalctl` from after the cursor journaled last (this boot's history on a first
+    /// start), each read as the `/dev/kmsg` record it was. Positions are the entries'
+    /// wall-clock stamps, their journal cursors the tokens a restart resumes after.
+    fn follow_journal(&self, cursors: &mut Cursors) {
+        use crate::sys::journalctl::Reader;
+        let boot = self.committed.boot().to_string();
+        let spec = journal_spec(&boot, self.journal_directory.clone());
+        let stream = Stream {
+            id: StreamId::journald("kernel"),
+            file: false,
+            writers: None,
+            born: None,
+        };
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            tracing::error!(
+                probe = "kmsg",
+                "no runtime to follow the journal; XIDs come from NVML events only"
+            );
+            return;
+        };
+        tracing::info!(probe = "kmsg", boot = %boot, "reading the kernel's own records from the systemd journal (_TRANSPORT=kernel, this boot)");
+        let mut after = self.committed.token(&stream.id).map(str::to_string);
+        let mut reader: Option<Reader> = None;
+        let mut backlog = Backlog::default();
+        let mut warned = false;
+        while !self.stop.load(Ordering::Relaxed) {
+            if reader.is_none() {
+                let _in = rt.enter();
+                match Reader::spawn(&spec, after.as_deref()) {
+                    Ok(r) => reader = Some(r),
+                    Err(e) => {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::error!(
+                                probe = "kmsg",
+                                "{e}; the kernel's records in the journal are not read (trying again)"
+                            );
+                        }
+                        rt.block_on(async { tokio::time::sleep(Duration::from_secs(5)).await });
+                        continue;
+                    }
+                }
+            }
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+            let entries = match reader.as_mut().map(Reader::drain) {
+                Some(Ok(e)) => e,
+                _ => {
+                    reader = None;
+                    continue;
+                }
+            };
+            for e in entries {
+                after = Some(e.cursor.clone());
+                let Some(line) = journal_record(&e, &boot) else {
+                    continue;
+                };
+                let extra = Extra {
+                    doubt: None,
+                    token: Some(e.cursor),
+                };
+                self.take(line, &stream, e.realtime_us, cursors, &mut backlog, extra);
+            }
+            loop {
+                match self.pump(&mut backlog, &stream, cursors) {
+                    Pump::Gone => return,
+                    Pump::More => {}
+                    Pump::Empty => break,
+                }
+            }
+            cursors.save();
         }
     }
 
@@ -616,7 +749,9 @@ impl KmsgReader {
                     })
                 };
                 match next {
-                    Ok(Some(line)) => self.take(line, stream, 0, cursors, &mut backlog, None),
+                    Ok(Some(line)) => {
+                        self.take(line, stream, 0, cursors, &mut backlog, Extra::default())
+                    }
                     Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                         ended = true;
                     }
@@ -759,7 +894,8 @@ impl KmsgReader {
             stream.writers.as_deref(),
             boot,
         );
-        self.take(text, stream, end, cursors, backlog, doubt);
+        let extra = Extra { doubt, token: None };
+        self.take(text, stream, end, cursors, backlog, extra);
     }
 
     /// Reads a rotated file anew from its start, as a new stream (a new generation); `None`
@@ -837,7 +973,7 @@ impl KmsgReader {
         end: u64,
         cursors: &mut Cursors,
         backlog: &mut Backlog,
-        doubt: Option<String>,
+        extra: Extra,
     ) {
         let Some((seq, signal)) = glance(&line) else {
             return;
@@ -852,7 +988,8 @@ impl KmsgReader {
             line,
             pos,
             ahead: false,
-            doubt,
+            doubt: extra.doubt,
+            token: extra.token,
         };
         backlog.push(record, self.urgency.is_urgent(&signal));
     }
@@ -904,7 +1041,7 @@ impl KmsgReader {
         let cursor = r.pos.map(|pos| crate::model::Cursor {
             stream: stream.id.clone(),
             pos,
-            token: None,
+            token: r.token.clone(),
             ahead: r.ahead,
         });
         if let Some(sx) = super::sxid::parse_line(&r.line) {
@@ -1093,6 +1230,55 @@ pub fn read_since_boot(path: &Path, boot_id: Option<&Path>) -> std::io::Result<S
             Err(e) => return Err(e),
         }
     }
+    Ok(out)
+}
+
+/// [`read_since_boot`] for `[nvml] kmsg = "journald"`: the journal's kernel records of this
+/// boot (`boot`: its id), read once through `journalctl` (at most
+/// [`crate::sys::limits::MAX_KMSG_SCAN`] bytes of its output). Only the kernel writes them:
+/// none is doubted.
+pub fn read_journal_since_boot(
+    boot: &str,
+    directory: Option<PathBuf>,
+) -> std::io::Result<SinceBoot> {
+    use std::io::{BufRead, Read};
+    let spec = journal_spec(boot, directory);
+    let mut args: Vec<String> = vec!["--output=json".into(), "--no-pager".into()];
+    args.extend(spec.matches.iter().cloned());
+    if let Some(d) = &spec.directory {
+        args.push("--directory".into());
+        args.push(d.display().to_string());
+    }
+    let mut child = std::process::Command::new(&spec.journalctl)
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .env("SYSTEMD_COLORS", "0")
+        .spawn()?;
+    let mut out = SinceBoot::default();
+    if let Some(stdout) = child.stdout.take() {
+        let r = BufReader::new(stdout.take(crate::sys::limits::MAX_KMSG_SCAN));
+        for line in r.split(b'\n') {
+            let Ok(line) = line else { break };
+            let Some(entry) = crate::sys::journalctl::parse_entry(&line) else {
+                continue;
+            };
+            let Some(record) = journal_record(&entry, boot) else {
+                continue;
+            };
+            if let Some(x) = parse_line(&record) {
+                out.xids.push((x, None));
+            } else if let Some(sx) = super::sxid::parse_line(&record) {
+                if out.sxids.len() >= MAX_SXIDS_SINCE_BOOT {
+                    out.sxids.pop_front();
+                }
+                out.sxids.push_back((sx, None));
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
     Ok(out)
 }
 
@@ -1364,6 +1550,7 @@ mod tests {
                 None,
             )),
             boot_id_path: None,
+            journal_directory: None,
         };
         let t = std::thread::spawn(move || reader.run());
         let mut out = Vec::new();

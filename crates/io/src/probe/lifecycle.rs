@@ -43,13 +43,20 @@ pub fn signal_for(target: &str) -> Option<LifecycleState> {
     }
 }
 
-/// The delay before the next poll after `failures` consecutive errors.
+/// The delay before the next poll after `failures` consecutive errors: the interval, plus a
+/// full-jitter backoff ([`crate::sys::backoff`]) from the interval doubling per failure, the
+/// whole at most 8 intervals or [`MAX_BACKOFF`]. Never below the interval: an error never
+/// makes the poller look faster than it does when all is well.
 pub fn backoff(interval: Duration, failures: u32) -> Duration {
-    crate::sys::backoff::doubling(
-        interval,
-        failures,
-        interval.saturating_mul(8).min(MAX_BACKOFF),
-    )
+    if failures == 0 {
+        return interval;
+    }
+    let extra = interval
+        .saturating_mul(8)
+        .min(MAX_BACKOFF)
+        .saturating_sub(interval);
+    interval
+        .saturating_add(crate::sys::backoff::full_jitter(interval, failures - 1, extra).min(extra))
 }
 
 /// The IMDS lifecycle watcher for `gpu-medic run`.
@@ -157,14 +164,22 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_up_to_its_cap() {
+    fn backoff_waits_the_interval_plus_a_jittered_doubling_up_to_its_cap() {
         let s = Duration::from_secs;
-        assert_eq!(backoff(s(5), 1), s(10));
-        assert_eq!(backoff(s(5), 2), s(20));
-        assert_eq!(backoff(s(5), 3), s(30));
-        assert_eq!(backoff(s(5), 40), s(30));
         let ms = Duration::from_millis;
-        assert_eq!(backoff(ms(200), 10), ms(1600));
-        assert_eq!(backoff(s(60), 3), s(60), "never below the interval");
+        assert_eq!(backoff(s(5), 0), s(5));
+        for _ in 0..200 {
+            let one = backoff(s(5), 1);
+            assert!(one >= s(5) && one <= s(10), "{one:?}");
+            let three = backoff(s(5), 3);
+            assert!(three >= s(5) && three <= s(25), "{three:?}");
+            assert!(backoff(s(5), 40) <= s(30));
+            assert!(backoff(ms(200), 10) <= ms(1600));
+            assert_eq!(backoff(s(60), 3), s(60), "never below the interval");
+        }
+        // Jittered: a fleet failing together does not come back together.
+        let draws: std::collections::BTreeSet<Duration> =
+            (0..50).map(|_| backoff(s(5), 4)).collect();
+        assert!(draws.len() > 40, "{draws:?}");
     }
 }

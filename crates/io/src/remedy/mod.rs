@@ -12,6 +12,7 @@ pub mod calls;
 pub mod diagnose;
 pub mod evidence;
 pub mod mps;
+pub mod mps_clients;
 pub mod recorder;
 
 use std::future::Future;
@@ -94,6 +95,19 @@ impl RemedyError {
 pub trait MpsRemedy: Send + Sync + 'static {
     /// Restarts the daemon and returns once it answers a probe again (or fails).
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// Has the daemon terminate those of `pids` that are its clients
+    /// ([`mps_clients::terminate_clients`]); says per pid what was done.
+    fn terminate_clients<'a>(
+        &'a self,
+        pids: &'a [u32],
+    ) -> BoxFuture<'a, Result<Done, RemedyError>> {
+        let _ = pids;
+        Box::pin(async {
+            Err(RemedyError::fatal(
+                "this MPS remedy cannot terminate single clients",
+            ))
+        })
+    }
 }
 
 /// The reboot rung's hands (crates/io/src/remedy/aws/reboot.rs): the reboot itself and the check
@@ -217,6 +231,19 @@ impl Executor for Remedies {
                         )),
                     ),
                 };
+            }
+            if let Command::StopTasks { pids, .. } = &order.command
+                && !pids.is_empty()
+                && let Some(mps) = &self.mps
+            {
+                let r = mps_clients::stop_finest(
+                    mps.as_ref(),
+                    self.control_plane.as_deref(),
+                    &order,
+                    pids,
+                )
+                .await;
+                return outcome(&order, r);
             }
             let result = match &order.command {
                 Command::RestartMps => match &self.mps {

@@ -21,7 +21,7 @@
 //!    which every restart resets, and read them back;
 //! 6. verify with a full probe.
 //!
-//! A failed attempt is retried once after an exponential, jittered delay (`backon`); more
+//! A failed attempt is retried once after a full-jitter delay (`sys::backoff`); more
 //! would second-guess the engine, which owns the restart budget and the fallback when it
 //! runs out. Errors say whether trying again can help: a missing binary, an unknown unit, a
 //! pipe directory that cannot be created, a default the daemon rejects are `Fatal`; a daemon
@@ -29,8 +29,6 @@
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-use backon::{ExponentialBuilder, Retryable};
 
 use super::{BoxFuture, Done, MpsRemedy, RemedyError};
 use crate::config::{MpsConfig, MpsManage};
@@ -107,32 +105,32 @@ impl MpsDaemon {
     /// The whole restart, with its internal retry.
     pub async fn restart_now(&self) -> Result<Done, RemedyError> {
         let guard = self.client.lock().await;
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(self.min_delay)
-            .with_max_delay(self.min_delay * 8)
-            .with_factor(2.0)
-            .with_jitter()
-            .with_max_times(self.attempts - 1);
-        let tries = std::sync::atomic::AtomicUsize::new(0);
-        let result = (|| {
-            tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.attempt(&guard)
-        })
-        .retry(backoff)
-        .when(|e: &RemedyError| matches!(e, RemedyError::Retryable { .. }))
-        .notify(|e: &RemedyError, delay: Duration| {
-            tracing::warn!(
-                pipe_dir = %self.cfg.pipe_directory.display(),
-                "MPS restart attempt failed: {e}; retrying in {delay:?}"
-            );
-        })
-        .await;
+        let mut tries = 0usize;
+        let result = loop {
+            tries += 1;
+            match self.attempt(&guard).await {
+                Err(e @ RemedyError::Retryable { .. }) if tries < self.attempts => {
+                    // Full jitter over a window doubling from min_delay to 8x it.
+                    let delay = crate::sys::backoff::full_jitter(
+                        self.min_delay,
+                        u32::try_from(tries - 1).unwrap_or(u32::MAX),
+                        self.min_delay.saturating_mul(8),
+                    );
+                    tracing::warn!(
+                        pipe_dir = %self.cfg.pipe_directory.display(),
+                        "MPS restart attempt failed: {e}; retrying in {delay:?}"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+                other => break other,
+            }
+        };
         result.map_err(|e| {
             let message = format!(
                 "MPS control daemon restart failed ({} mode, pipe directory {}, {} attempt(s)): {e}",
                 self.mode(),
                 self.cfg.pipe_directory.display(),
-                tries.load(std::sync::atomic::Ordering::Relaxed)
+                tries
             );
             match e {
                 RemedyError::Fatal { .. } => RemedyError::fatal(message),
@@ -675,6 +673,17 @@ fn close_inherited_fds_on_exec(cmd: &mut tokio::process::Command) {
 }
 
 impl MpsRemedy for MpsDaemon {
+    fn terminate_clients<'a>(
+        &'a self,
+        pids: &'a [u32],
+    ) -> BoxFuture<'a, Result<Done, RemedyError>> {
+        Box::pin(super::mps_clients::terminate_clients(
+            &self.client,
+            self.cfg.probe_timeout,
+            pids,
+        ))
+    }
+
     fn restart(&self, order: &Order) -> BoxFuture<'_, Result<Done, RemedyError>> {
         let (incident, attempt, deadline) = (order.incident, order.attempt, order.deadline);
         Box::pin(async move {

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod error;
 pub mod fds;
 pub mod fs;
+pub mod journalctl;
 pub mod limits;
 pub mod lines;
 pub mod procfs;

@@ -11,13 +11,13 @@
 //! not replayed). A fault block still open at the end of a poll keeps the cursor back, so a
 //! restart reads its first lines again. Within one run a `journalctl` that exits is started
 //! again after the last entry read. A `journalctl` that cannot be run is a self-fault
-//! (component `mps-journal`), reported once; the reader is the adapter [`crate::mps::journalctl`].
+//! (component `mps-journal`), reported once; the reader is the adapter [`crate::sys::journalctl`].
 
 use std::time::{Duration, Instant};
 
 use super::logs::{Parser, ServerFailures, observe};
 use crate::model::{Cursor, Observation, Signal};
-use crate::mps::journalctl::{Reader, Spec};
+use crate::sys::journalctl::{Reader, Spec};
 
 /// The self-fault component of a journal that cannot be read.
 pub const COMPONENT: &str = "mps-journal";
@@ -66,7 +66,11 @@ impl JournalFollow {
     }
 
     /// Reads what is new; starts the reader first when none runs.
-    pub fn poll(&mut self, crashes: &mut ServerFailures) -> Vec<Observation> {
+    pub fn poll(
+        &mut self,
+        crashes: &mut ServerFailures,
+        sessions: &mut Vec<super::logs::Session>,
+    ) -> Vec<Observation> {
         let mut out = Vec::new();
         if self.reader.is_none() {
             if self.not_before.is_some_and(|t| Instant::now() < t) {
@@ -142,7 +146,7 @@ impl JournalFollow {
             self.parser.feed(&e.message, &mut events);
             last = Some((e.cursor, e.realtime_us));
         }
-        let mut obs = observe(events, crashes);
+        let mut obs = observe(events, crashes, sessions);
         if let Some((cursor, realtime_us)) = last {
             if !self.parser.in_block()
                 && let Some(o) = obs.last_mut()

@@ -36,6 +36,9 @@ pub const MAX_READ: u64 = 8 * 1024 * 1024;
 /// with a warning, down to this much of the file's end: a fault line written now is read at
 /// the next poll, not minutes later.
 pub const BACKLOG_KEEP: u64 = 1024 * 1024;
+/// Sessions kept between two looks of the probe (the rest of a flood is not needed to
+/// learn a cadence).
+pub const MAX_SESSIONS: usize = 64;
 /// A line longer than this is dropped.
 const MAX_LINE: usize = 16 * 1024;
 
@@ -130,7 +133,23 @@ pub enum LogEvent {
         devices: Vec<u32>,
         clients: Vec<u32>,
     },
+    /// A front-end session the control daemon served (`NEW UI`, its `Cmd:` lines, `UI
+    /// closed`): gpu-medic's own probe, the ECS agent's, an operator's. Not a finding; the
+    /// probe learns from them when others talk to the daemon ([`super::cadence`]).
+    Session(Session),
 }
+
+/// One front-end session as the control daemon logged it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// When it opened (`NEW UI`), in the log's own local, zone-less milliseconds.
+    pub at_ms: i64,
+    /// Its commands as typed (at most [`MAX_SESSION_COMMANDS`]).
+    pub commands: Vec<String>,
+}
+
+/// The commands of one session kept; a front-end that types more is still one session.
+pub const MAX_SESSION_COMMANDS: usize = 8;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 enum Block {
@@ -151,6 +170,8 @@ pub struct Parser {
     block: Block,
     /// The tag and pid of the line that began the block.
     owner: Option<(String, u32)>,
+    /// The front-end session the control daemon serves now.
+    session: Option<Session>,
 }
 
 impl Parser {
@@ -160,6 +181,9 @@ impl Parser {
             return;
         };
         let msg = line.msg.trim();
+        if line.tag == "Control" && self.session_line(&line, msg, out) {
+            return;
+        }
         if let Some((tag, pid)) = &self.owner
             && (tag != line.tag || *pid != line.pid)
         {
@@ -203,6 +227,36 @@ impl Parser {
         } else if let Some(ev) = single_line_event(&line, msg) {
             out.push(ev);
         }
+    }
+
+    /// A control daemon line that opens, adds to or closes a front-end session; `false` for
+    /// any other line. A session never closed (the daemon died) ends when the next opens.
+    fn session_line(&mut self, line: &LogLine<'_>, msg: &str, out: &mut Vec<LogEvent>) -> bool {
+        if msg == "NEW UI" {
+            if let Some(open) = self.session.take() {
+                out.push(LogEvent::Session(open));
+            }
+            self.session = Some(Session {
+                at_ms: line.at_ms,
+                commands: Vec::new(),
+            });
+            return true;
+        }
+        if msg == "UI closed" {
+            if let Some(open) = self.session.take() {
+                out.push(LogEvent::Session(open));
+            }
+            return true;
+        }
+        if let Some(cmd) = msg.strip_prefix("Cmd:")
+            && let Some(open) = &mut self.session
+        {
+            if open.commands.len() < MAX_SESSION_COMMANDS {
+                open.commands.push(cmd.trim().chars().take(128).collect());
+            }
+            return true;
+        }
+        false
     }
 
     /// Ends a block in progress (the file went quiet).
@@ -287,11 +341,20 @@ impl ServerFailures {
     }
 }
 
-/// Turns events into observations.
-pub fn observe(events: Vec<LogEvent>, crashes: &mut ServerFailures) -> Vec<Observation> {
+/// Turns events into observations; the sessions go to `sessions`.
+pub fn observe(
+    events: Vec<LogEvent>,
+    crashes: &mut ServerFailures,
+    sessions: &mut Vec<Session>,
+) -> Vec<Observation> {
     let mut out = Vec::new();
     for ev in events {
         match ev {
+            LogEvent::Session(s) => {
+                if sessions.len() < MAX_SESSIONS {
+                    sessions.push(s);
+                }
+            }
             LogEvent::ServerExited { status: 0, .. } => {}
             LogEvent::ServerExited { at_ms, pid, status } => out.extend(crashes.record(
                 at_ms,
@@ -322,6 +385,53 @@ pub fn observe(events: Vec<LogEvent>, crashes: &mut ServerFailures) -> Vec<Obser
         }
     }
     out
+}
+
+/// How much of the control log's end is read once for the sessions in it.
+pub const SESSION_BACKLOG: u64 = 64 * 1024;
+
+/// The front-end sessions in the last [`SESSION_BACKLOG`] bytes of a control log (only
+/// sessions: the faults there were the tail's to read, and it starts at the file's end).
+/// Nothing when the file cannot be read.
+pub fn recent_sessions(path: &Path) -> Vec<Session> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = crate::sys::limits::open_checked(
+        path,
+        crate::sys::limits::Kind::Regular,
+        u64::MAX,
+        "an MPS log",
+    ) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let from = len.saturating_sub(SESSION_BACKLOG);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err()
+        || f.take(SESSION_BACKLOG).read_to_end(&mut buf).is_err()
+    {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let mut lines = text.lines();
+    if from > 0 {
+        lines.next(); // the tail of a line cut by the window
+    }
+    let mut parser = Parser::default();
+    let mut events = Vec::new();
+    for l in lines {
+        parser.feed(l, &mut events);
+    }
+    parser.flush(&mut events);
+    let mut sessions: Vec<Session> = events
+        .into_iter()
+        .filter_map(|e| match e {
+            LogEvent::Session(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    let extra = sessions.len().saturating_sub(MAX_SESSIONS);
+    sessions.drain(..extra);
+    sessions
 }
 
 /// Follows one file by offset.
@@ -517,6 +627,9 @@ pub struct LogWatch {
     files: Vec<(Tail, Parser)>,
     journal: Option<super::journald::JournalFollow>,
     crashes: ServerFailures,
+    sessions: Vec<Session>,
+    /// The control log whose recent sessions are read once, at the first poll.
+    backlog: Option<PathBuf>,
 }
 
 impl LogWatch {
@@ -529,6 +642,8 @@ impl LogWatch {
                 .collect(),
             journal: None,
             crashes: ServerFailures::default(),
+            sessions: Vec::new(),
+            backlog: Some(log_dir.join("control.log")),
         }
     }
 
@@ -537,11 +652,14 @@ impl LogWatch {
         let mut w = LogWatch::new(&cfg.log_directory);
         if !cfg.reads_files() {
             w.files.clear();
+            w.backlog = None;
         }
         if cfg.reads_journal() {
             w.journal = Some(super::journald::JournalFollow::new(
-                crate::mps::journalctl::Spec {
-                    journalctl: crate::mps::journalctl::default_journalctl().to_path_buf(),
+                crate::sys::journalctl::Spec {
+                    matches: Vec::new(),
+                    from_start: false,
+                    journalctl: crate::sys::journalctl::default_journalctl().to_path_buf(),
                     unit: cfg.unit.clone(),
                     directory: cfg.journal_directory.clone(),
                 },
@@ -553,7 +671,9 @@ impl LogWatch {
     /// Uses another `journalctl` (tests: a missing one).
     pub fn with_journalctl(mut self, journalctl: &Path) -> Self {
         if let Some(j) = self.journal.take() {
-            let spec = crate::mps::journalctl::Spec {
+            let spec = crate::sys::journalctl::Spec {
+                matches: Vec::new(),
+                from_start: false,
                 journalctl: journalctl.to_path_buf(),
                 ..j.spec().clone()
             };
@@ -578,6 +698,9 @@ impl LogWatch {
     /// still open (its first lines must be read again after a restart).
     pub fn poll(&mut self) -> Vec<Observation> {
         let mut out = Vec::new();
+        if let Some(path) = self.backlog.take() {
+            self.sessions.extend(recent_sessions(&path));
+        }
         for (tail, parser) in &mut self.files {
             let mut events = Vec::new();
             let lines = tail.read_new();
@@ -587,7 +710,7 @@ impl LogWatch {
             for (l, _) in &lines {
                 parser.feed(l, &mut events);
             }
-            let mut obs = observe(events, &mut self.crashes);
+            let mut obs = observe(events, &mut self.crashes, &mut self.sessions);
             if !parser.in_block()
                 && let (Some(last), Some(stream)) = (obs.last_mut(), tail.stream())
             {
@@ -601,9 +724,14 @@ impl LogWatch {
             out.append(&mut obs);
         }
         if let Some(j) = &mut self.journal {
-            out.extend(j.poll(&mut self.crashes));
+            out.extend(j.poll(&mut self.crashes, &mut self.sessions));
         }
         out
+    }
+
+    /// The front-end sessions read since the last call.
+    pub fn take_sessions(&mut self) -> Vec<Session> {
+        std::mem::take(&mut self.sessions)
     }
 }
 
@@ -697,7 +825,7 @@ mod tests {
                 clients: vec![11641, 11643]
             }]
         );
-        let obs = observe(ev, &mut ServerFailures::default());
+        let obs = observe(ev, &mut ServerFailures::default(), &mut Vec::new());
         assert_eq!(obs.len(), 2);
         for (o, gpu) in obs.iter().zip([0, 1]) {
             assert_eq!(o.signal, Signal::MpsServerFault);
@@ -705,6 +833,64 @@ mod tests {
             assert_eq!(o.pids, vec![11641, 11643]);
             assert_eq!(o.source, "mps");
         }
+    }
+
+    /// The control daemon's session lines as it writes them (tests/support/MPS-FACTS.md,
+    /// section 4): one session per `NEW UI`, its commands in order; a fault block whose lines
+    /// a session interleaves stays whole.
+    #[test]
+    fn sessions_are_read_with_their_commands() {
+        let mut lines = vec![
+            "[2026-11-30 05:40:05.351 Control 13020] Accepting connection...",
+            "[2026-11-30 05:40:05.351 Control 13020] NEW UI",
+            "[2026-11-30 05:40:05.351 Control 13020] Cmd:get_default_active_thread_percentage",
+            "[2026-11-30 05:40:05.351 Control 13020] 100.0",
+        ];
+        lines.extend_from_slice(&FAULT_BLOCK[..5]);
+        lines.extend_from_slice(&[
+            "[2026-11-30 05:40:05.352 Control 13020] Cmd:get_server_list",
+            "[2026-11-30 05:40:05.352 Control 13020] UI closed",
+        ]);
+        lines.extend_from_slice(&FAULT_BLOCK[5..]);
+        lines.extend_from_slice(&[
+            "[2026-11-30 05:40:35.000 Control 13020] NEW UI",
+            "[2026-11-30 05:40:35.000 Control 13020] Cmd:get_default_active_thread_percentage",
+        ]);
+        // The daemon died mid-session: the next one ends it.
+        lines.extend_from_slice(&[
+            "[2026-11-30 05:41:00.000 Control 13999] NEW UI",
+            "[2026-11-30 05:41:00.000 Control 13999] UI closed",
+        ]);
+        let ev = events(&lines);
+        let at = |s: &str| parse_line(s).unwrap().at_ms;
+        let session = |t: &str, cmds: &[&str]| {
+            LogEvent::Session(Session {
+                at_ms: at(t),
+                commands: cmds.iter().map(|c| c.to_string()).collect(),
+            })
+        };
+        assert_eq!(
+            ev,
+            vec![
+                session(
+                    lines[1],
+                    &["get_default_active_thread_percentage", "get_server_list"]
+                ),
+                LogEvent::Fault {
+                    devices: vec![0, 1],
+                    clients: vec![11641, 11643]
+                },
+                session(
+                    lines[lines.len() - 4],
+                    &["get_default_active_thread_percentage"]
+                ),
+                session(lines[lines.len() - 2], &[]),
+            ]
+        );
+        let mut sessions = Vec::new();
+        let obs = observe(ev, &mut ServerFailures::default(), &mut sessions);
+        assert_eq!(obs.len(), 2, "a session is no finding: {obs:?}");
+        assert_eq!(sessions.len(), 3);
     }
 
     #[test]
@@ -783,7 +969,7 @@ mod tests {
     #[test]
     fn every_failed_server_is_one_crash() {
         let mut crashes = ServerFailures::default();
-        let obs = observe(events(CRASH_LOOP), &mut crashes);
+        let obs = observe(events(CRASH_LOOP), &mut crashes, &mut Vec::new());
         let crashed: Vec<_> = obs
             .iter()
             .filter(|o| o.signal == Signal::MpsCrash)
@@ -816,14 +1002,25 @@ mod tests {
             })
             .collect();
         let clean: Vec<&str> = clean.iter().map(String::as_str).collect();
-        assert!(observe(events(&clean), &mut ServerFailures::default()).is_empty());
+        assert!(
+            observe(
+                events(&clean),
+                &mut ServerFailures::default(),
+                &mut Vec::new()
+            )
+            .is_empty()
+        );
         // A server's own failure line and its exit line are one failure.
         let dup = [
             "[2026-11-30 06:00:00.000 Legacy Server 425] Failed to start : invalid argument",
             "[2026-11-30 06:00:00.100 Control 7] Server 425 exited with status 1",
             "[2026-11-30 06:00:01.000 Other 426] MPS server failed to start",
         ];
-        let obs = observe(events(&dup), &mut ServerFailures::default());
+        let obs = observe(
+            events(&dup),
+            &mut ServerFailures::default(),
+            &mut Vec::new(),
+        );
         assert_eq!(obs.len(), 2, "servers 425 and 426: {obs:?}");
         // The same pid long after is a new failure (a reused pid).
         let later = [
@@ -831,7 +1028,12 @@ mod tests {
             "[2026-11-30 06:05:00.000 Control 7] Server 9 exited with status 1",
         ];
         assert_eq!(
-            observe(events(&later), &mut ServerFailures::default()).len(),
+            observe(
+                events(&later),
+                &mut ServerFailures::default(),
+                &mut Vec::new()
+            )
+            .len(),
             2
         );
     }

@@ -35,6 +35,7 @@
 //! ([`super::tasks`]). Process identity: [`procs`]. The control client
 //! and its lock are shared with the remedy ([`control`]).
 
+pub mod cadence;
 pub mod journald;
 pub mod logs;
 
@@ -76,6 +77,8 @@ pub struct MpsProbe {
     unit: Option<UnitWatch>,
     /// Names the ECS tasks of a server fault's clients.
     namer: TaskNamer,
+    /// When others (the ECS agent) talk to the daemon.
+    cadence: cadence::Cadence,
 }
 
 /// systemd's own restarts of the daemon's unit.
@@ -170,6 +173,7 @@ impl MpsProbe {
             unit: (cfg.manage == MpsManage::Systemd)
                 .then(|| UnitWatch::new(Systemctl::new("systemctl", &cfg.unit, cfg.probe_timeout))),
             namer: TaskNamer::new(None),
+            cadence: cadence::Cadence::default(),
             cfg,
         }
     }
@@ -197,12 +201,19 @@ impl MpsProbe {
         self.failures
     }
 
-    /// One turn: the unit, the daemon probe, then the logs.
+    /// One turn: the unit, the logs, then the daemon probe.
     pub async fn tick(&mut self) -> Vec<Observation> {
         let looped = match &mut self.unit {
             Some(u) => u.look().await,
             None => Vec::new(),
         };
+        // The logs first: the sessions in them say when others talk to the daemon.
+        let mut read = self.logs.poll();
+        let sessions = self.logs.take_sessions();
+        if !sessions.is_empty() {
+            let offset = crate::probe::kernel_record::BootClock::now().map_or(0, |c| c.utc_offset);
+            self.cadence.seen(&sessions, offset);
+        }
         let mut seen = self.probe().await;
         if let Some(o) = &seen
             && o.signal == Signal::MpsDown
@@ -221,20 +232,50 @@ impl MpsProbe {
         let mut out: Vec<Observation> = self.recovered.take().into_iter().collect();
         out.extend(looped);
         out.extend(seen);
-        let mut read = self.logs.poll();
         self.namer.name(&mut read).await;
         out.extend(read);
         out
     }
 
     /// Probes the daemon once. `None`: a restart holds the control lock, no verdict.
+    ///
+    /// One prober on one pipe: the daemon serves one front-end session at a time, and a
+    /// second one fails (tests/support/MPS-FACTS.md, section 3): the ECS agent probes the
+    /// same daemon (`get_default_active_thread_percentage`, 3 s deadline, instance impaired
+    /// after 3 failures). So the probe waits while another front-end of our pipe talks to
+    /// the daemon (up to [`FRONT_END_WAIT`]), and a failure that a concurrent session
+    /// causes (refused, an empty reply) is tried once more after a jittered pause before it
+    /// counts. A deadline passed or no daemon at all counts at once.
     pub async fn probe(&mut self) -> Option<Observation> {
         let timeout = self.cfg.probe_timeout;
+        let hold = self.cadence.hold(now_ms(), AGENT_GUARD);
+        if !hold.is_zero() {
+            tracing::debug!(
+                probe = "mps",
+                ?hold,
+                "another prober's session is due; keeping away from it"
+            );
+            tokio::time::sleep(hold).await;
+        }
         let guard = self.client.lock_within(timeout).await?;
-        let sent = self
+        self.wait_for_other_front_ends().await;
+        let mut sent = self
             .client
             .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)
             .await;
+        let busy = match &sent {
+            Ok(reply) => parse_reply(&reply.stdout).is_err(),
+            Err(ControlError::Failed { .. }) => true,
+            Err(_) => false,
+        };
+        if busy {
+            tokio::time::sleep(jitter(RETRY_PAUSE)).await;
+            self.wait_for_other_front_ends().await;
+            sent = self
+                .client
+                .send(&guard, &[PROBE_COMMAND, SERVER_LIST_COMMAND], timeout)
+                .await;
+        }
         drop(guard);
         if let Err(ControlError::Spawn {
             missing: true,
@@ -282,6 +323,24 @@ impl MpsProbe {
             Err(e) => Failure::Control(e),
         };
         Some(self.down_or_unresponsive(failure).await)
+    }
+
+    /// Waits, at most [`FRONT_END_WAIT`], while another front-end talks to the daemon of
+    /// our pipe (our own cannot: the control lock is held).
+    async fn wait_for_other_front_ends(&mut self) {
+        let until = tokio::time::Instant::now() + FRONT_END_WAIT;
+        loop {
+            match self.scanner.scan().await {
+                Ok(found) if !found.clients.is_empty() => {
+                    tracing::debug!(probe = "mps", clients = ?found.clients, "another front-end talks to the MPS daemon; waiting for it");
+                }
+                _ => return,
+            }
+            if tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     fn up(&mut self, answer: &Answer, latency: Duration) -> Observation {
@@ -333,10 +392,20 @@ impl MpsProbe {
                         format!("{} (state {}{stopped})", d.pid, d.state)
                     })
                     .collect();
+                let held = if found.clients.is_empty() {
+                    String::new()
+                } else {
+                    let pids: Vec<String> =
+                        found.clients.iter().take(8).map(u32::to_string).collect();
+                    format!(
+                        "; another front-end holds a session with it: pid {}",
+                        pids.join(", ")
+                    )
+                };
                 (
                     Signal::MpsUnresponsive,
                     format!(
-                        "{why}; daemon for {pipe} is running: pid {}",
+                        "{why}; daemon for {pipe} is running: pid {}{held}",
                         states.join(", ")
                     ),
                 )
@@ -388,6 +457,34 @@ impl std::fmt::Display for Failure {
             Failure::Reply(why) => f.write_str(why),
         }
     }
+}
+
+/// How far a probe keeps from another prober's next session (its cadence learnt from the
+/// daemon's log, [`cadence`]): the agent's probe takes milliseconds, its schedule drifts.
+pub const AGENT_GUARD: Duration = Duration::from_secs(1);
+
+/// Now, in milliseconds since the epoch (UTC).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// How long a probe waits while another front-end (the ECS agent's probe: 3 s at most) talks
+/// to the daemon.
+pub const FRONT_END_WAIT: Duration = Duration::from_secs(4);
+/// The pause before a probe that a concurrent session may have failed is tried again: a
+/// random part of it (full jitter), so two probers that collided do not collide again.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// A pause drawn uniformly from `[0, most]`: the process's random hasher keys seeded each
+/// draw apart (no clock: two processes started together still draw differently).
+fn jitter(most: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(most.as_nanos() as u64);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    most.mul_f64(unit)
 }
 
 /// The continuous MPS probe for `gpu-medic run`.

@@ -294,6 +294,7 @@ impl NvmlSource {
                     .with_mps(self.installed.clone()),
                 ),
                 boot_id_path: self.boot_id_path.clone(),
+                journal_directory: self.cfg.kmsg_journal_directory.clone(),
             })
     }
 
@@ -594,10 +595,13 @@ pub struct NvmlSnapshot {
 impl NvmlSnapshot {
     /// The kernel log's XIDs and SXids of this boot as observations (a file's records of
     /// earlier boots skipped and noted, a record that cannot stand alone marked unwitnessed).
+    /// `expected`, `counted`: the GPUs the node should have (when known) and those NVML
+    /// counted.
     fn since_boot(
         &self,
         path: &std::path::Path,
         shared: &SharedState,
+        (expected, counted): (Option<u32>, u32),
         observations: &mut Vec<Observation>,
         notes: &mut Vec<String>,
     ) {
@@ -607,7 +611,17 @@ impl NvmlSnapshot {
                 path.display()
             ));
         }
-        let since = match kmsg::read_since_boot(path, self.boot_id_path.as_deref()) {
+        let read = if path == std::path::Path::new(kmsg::JOURNALD) {
+            let boot = self
+                .boot_id_path
+                .as_deref()
+                .and_then(|p| crate::sys::limits::read_boot_id(p).ok())
+                .unwrap_or_default();
+            kmsg::read_journal_since_boot(&boot, self.cfg.kmsg_journal_directory.clone())
+        } else {
+            kmsg::read_since_boot(path, self.boot_id_path.as_deref())
+        };
+        let since = match read {
             Ok(since) => since,
             Err(e) => {
                 tracing::warn!(
@@ -625,6 +639,8 @@ impl NvmlSnapshot {
                 since.earlier
             ));
         }
+        // Every GPU the node should have is listed: an XID at another address is no GPU's.
+        let all_listed = expected.is_some_and(|e| counted >= e);
         let s = poll::lock(shared);
         for (x, doubt) in since.xids {
             let index = s
@@ -632,11 +648,19 @@ impl NvmlSnapshot {
                 .values()
                 .find(|g| kmsg::same_pci(&x.pci, &g.pci_bus_id))
                 .map(|g| g.index);
+            if index.is_none() && all_listed {
+                notes.push(format!(
+                    "XID {} at PCI {}: no GPU is at that address and every expected GPU is listed; not judged",
+                    x.code, x.pci
+                ));
+                continue;
+            }
             let mut obs = kmsg::observation(
                 &x,
                 format!("kernel log since boot (PCI {}): {}", x.pci, x.text),
             );
-            // A device NVML no longer lists (fallen off the bus) is judged for the node.
+            // A device NVML no longer lists while GPUs are missing (fallen off the bus) is
+            // judged for the node.
             if let Some(index) = index {
                 obs = s.annotate(obs, index);
             }
@@ -735,7 +759,8 @@ impl Snapshot for NvmlSnapshot {
         // only in the kernel log.
         let mut notes = Vec::new();
         if let Some(path) = self.cfg.kmsg.as_ref().filter(|p| !p.as_os_str().is_empty()) {
-            self.since_boot(path, &shared, &mut report.observations, &mut notes);
+            let count = (report.expected, report.counted);
+            self.since_boot(path, &shared, count, &mut report.observations, &mut notes);
         }
         Ok(SnapshotReport {
             observations: report.observations,

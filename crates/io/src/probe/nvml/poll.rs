@@ -254,6 +254,10 @@ pub struct PollReport {
     /// The MPS clients of ECS tasks with the limits they run with, for the accounting wing's
     /// comparison with their reservations.
     pub clients: Vec<contract::ClientLimits>,
+    /// How many GPUs the node should have, when known (`[nvml] expected_gpus`, ECS, the
+    /// instance type), and how many NVML counted.
+    pub expected: Option<u32>,
+    pub counted: u32,
 }
 
 /// The self-fault component of an `[nvml] expected_gpus` that contradicts the instance type.
@@ -396,6 +400,8 @@ impl Poller {
         };
         self.say_expected_mistake(resolved.mistake, &mut report);
         let expected = resolved.expected;
+        report.expected = expected.as_ref().map(|e| e.count);
+        report.counted = count;
         if let Some(expected) = expected
             && count < expected.count
         {

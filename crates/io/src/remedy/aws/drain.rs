@@ -270,6 +270,22 @@ impl Drain<'_> {
         // Auto Scaling is terminating the instance (the engine knew): its drain takes no
         // budget slot and no kill switch holds it.
         let terminating = matches!(self.order.command, Command::Drain { terminating: true });
+        if !terminating && !self.order.planned {
+            // A fleet incident of this fingerprint holds the drain for an operator; then a
+            // budget full by its own record alone defers before anything else is read (a
+            // waiting fleet reads the slot table only: docs/fleet-scale.md).
+            if let Some(signal) = h.first_signal(self.order.incident) {
+                let gate = h.budget.fleet_gate(id, &signal).await;
+                h.mark_held(id, &self.ecs, gate.as_ref().map(|(f, _)| f.as_str()))
+                    .await;
+                if let Some((_, held)) = gate {
+                    return Err(held);
+                }
+            }
+            if let Some(deferred) = h.budget.precheck(id).await {
+                return Err(deferred);
+            }
+        }
         let mut calls = Calls::new();
         let mut hook_calls = Calls::new();
         let own = self.ecs.describe_one(&mut calls, arn, false);

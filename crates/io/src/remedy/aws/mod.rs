@@ -59,6 +59,11 @@ pub(crate) struct Hands {
     budget: Arc<dyn FleetBudget>,
     /// The incident export, flushed before the instance goes away (none: export is off).
     flush: Option<Arc<dyn JournalFlush>>,
+    /// The journal's incidents (a drain's fleet gate asks for its incident's first signal);
+    /// none: no fleet gate.
+    records: Option<Arc<dyn crate::remedy::evidence::Records>>,
+    /// The fleet incident this instance's `<prefix>.held` mark names, when it set one.
+    held: std::sync::Mutex<Option<String>>,
 }
 
 impl Hands {
@@ -72,6 +77,41 @@ impl Hands {
 
     fn now(&self) -> Timestamp {
         Timestamp(self.clock.now_ms())
+    }
+
+    /// Marks the container instance as held by fleet incident `fleet` (`<prefix>.held`), or,
+    /// with None, removes a mark set before; each change is one call, done once.
+    async fn mark_held(&self, id: &Identity, ecs: &Ecs, fleet: Option<&str>) {
+        let now = self.held.lock().map(|h| h.clone()).unwrap_or_default();
+        if now.as_deref() == fleet {
+            return;
+        }
+        let name = self.budget.held_attr();
+        if name.is_empty() {
+            return;
+        }
+        let mut calls = Calls::new();
+        let arn = &id.container_instance_arn;
+        let r = match fleet {
+            Some(f) => ecs.put_attribute(&mut calls, arn, &name, Some(f)).await,
+            None => ecs.delete_attribute(&mut calls, arn, &name).await,
+        };
+        match r {
+            Ok(()) => {
+                if let Ok(mut h) = self.held.lock() {
+                    *h = fleet.map(str::to_string);
+                }
+            }
+            Err(e) => tracing::warn!(container_instance = %arn, "cannot set {name}: {e}"),
+        }
+    }
+
+    /// The first signal of `incident` as the journal says it (`xid 79`), when the journal's
+    /// incidents were handed in: what a drain's fleet gate fingerprints.
+    fn first_signal(&self, incident: crate::model::IncidentId) -> Option<String> {
+        let records = self.records.as_ref()?;
+        let signal = records.incident(incident)?.signal;
+        (!signal.is_empty()).then_some(signal)
     }
 
     /// Delivers the journal before the instance goes away, waiting `[export] flush_wait` at
@@ -120,6 +160,8 @@ impl AwsControlPlane {
                 budget: budget::for_config(sdk, cfg, clock.clone()),
                 clock,
                 flush: None,
+                records: None,
+                held: std::sync::Mutex::new(None),
             },
             identity: OnceCell::new(),
         }
@@ -129,6 +171,12 @@ impl AwsControlPlane {
     /// instance Unhealthy (shared with the exporter).
     pub fn with_flush(mut self, flush: impl JournalFlush) -> Self {
         self.hands.flush = Some(Arc::new(flush));
+        self
+    }
+
+    /// The journal's incidents, for the fleet gate of a drain (the incident's first signal).
+    pub fn with_records(mut self, records: Arc<dyn crate::remedy::evidence::Records>) -> Self {
+        self.hands.records = Some(records);
         self
     }
 

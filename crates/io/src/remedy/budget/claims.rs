@@ -169,7 +169,11 @@ impl FleetBudget for ClaimBudget {
         first: FirstReads,
         _order: &'a Order,
     ) -> BoxFuture<'a, Result<Slot, RemedyError>> {
-        Box::pin(self.acquire_claim(calls, here, first))
+        Box::pin(async move {
+            let slot = self.acquire_claim(calls, here, first).await;
+            self.c.settled(&slot);
+            slot
+        })
     }
 
     fn note<'a>(

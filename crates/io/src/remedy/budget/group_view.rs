@@ -48,6 +48,9 @@ pub struct Member {
     /// Auto Scaling lifecycle state and health; None: not in the group (ECS-only view).
     pub lifecycle: Option<String>,
     pub asg_health: Option<String>,
+    /// Its drain is held for an operator by a fleet incident (the `<prefix>.held` attribute):
+    /// it counts as unhealthy, but the breaker never waits for it to go first.
+    pub held: bool,
 }
 
 /// The group and its kill switches.
@@ -365,7 +368,8 @@ impl GroupView {
     /// The circuit breaker: in a group of more than 5, more unhealthy instances (ourselves
     /// included) than `max_unhealthy` holds new remediation. It never holds every repair: with
     /// nothing of the group in remediation (no drain, no Unhealthy, no replacement, no live
-    /// claim), the waiting instance (quarantined: `faulted`) with the lowest id goes ahead,
+    /// claim), the waiting instance (quarantined: `faulted`, and not held for an operator by a
+    /// fleet incident) with the lowest id goes ahead,
     /// one at a time, as ECS Managed Instances drain one at a time in small groups; the budget
     /// and its protocol still decide after this.
     fn breaker(&self, me: &str, now_ms: u64, cfg: &FleetConfig) -> Result<(), Denial> {
@@ -382,10 +386,13 @@ impl GroupView {
             return Ok(());
         }
         let in_progress = self.members.iter().any(|m| m.instance_id != me && busy(m));
+        // An instance held for an operator (a fleet incident) will not go: the breaker's one
+        // repair goes to the next (issue 51: otherwise a held instance with the lowest id
+        // holds every other repair of the group).
         let first = self
             .members
             .iter()
-            .filter(|m| waiting(m) && !busy(m))
+            .filter(|m| waiting(m) && !busy(m) && !m.held)
             .map(|m| m.instance_id.as_str())
             .chain(std::iter::once(me))
             .min();
@@ -575,6 +582,24 @@ mod tests {
         f.members[at].health = None;
         let next = ids.iter().filter(|id| **id != first).min().unwrap();
         assert!(f.admit(next, NOW, &c).is_ok(), "{next} next");
+    }
+
+    /// An instance held for an operator (a fleet incident) with the lowest id does not keep
+    /// the breaker's one repair from the others: it still counts as unhealthy.
+    #[test]
+    fn a_held_instance_never_holds_the_breakers_one_repair() {
+        let mut f = fleet(8);
+        let mut c = cfg(1);
+        c.max_unhealthy = FleetLimit::Percent(20.0);
+        for i in [1, 3, 5] {
+            f.members[i].health = Some("faulted".into());
+        }
+        f.members[1].held = true;
+        assert!(f.admit("i-3", NOW, &c).is_ok(), "i-1 is held: i-3 goes");
+        assert!(matches!(
+            f.admit("i-5", NOW, &c),
+            Err(Denial::Breaker { unhealthy: 3, .. })
+        ));
     }
 
     #[test]

@@ -10,14 +10,17 @@
 //! Both judge the group through [`group_view`] (kill switches, the circuit breaker, the budget
 //! of desired capacity), pure rules over what ECS and Auto Scaling say. A budget only
 //! decides and records whether a slot is held; the drain or replacement is the caller's.
+//! With the table, fleet incidents ([`patterns`], [`fleet_gate`]) may hold a drain for an
+//! operator first: one fingerprint on many instances is one incident, not many drains.
 
 pub mod claims;
+pub mod fleet_gate;
 pub mod group_view;
+pub mod patterns;
 pub mod slot_rules;
 pub mod slot_table;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use aws_config::SdkConfig;
 use tokio_util::sync::CancellationToken;
@@ -90,6 +93,33 @@ pub trait FleetBudget: Send + Sync {
     /// The reads `acquire` needs first, all at once (no call depends on another).
     fn first_reads<'a>(&'a self, id: &'a Identity, ecs: &'a Ecs) -> BoxFuture<'a, FirstReads>;
 
+    /// Before anything else a drain does: a fleet incident (the same fingerprint, `signal` the
+    /// order's incident's first signal, on many instances of the group) may hold it for an
+    /// operator (`Deferred`, naming the incident). Only with the slot table.
+    /// Some: the fleet incident's id and the deferral.
+    fn fleet_gate<'a>(
+        &'a self,
+        _id: &'a Identity,
+        _signal: &'a str,
+    ) -> BoxFuture<'a, Option<(String, RemedyError)>> {
+        Box::pin(async { None })
+    }
+
+    /// The attribute that marks an instance whose drain a fleet incident holds
+    /// (`<prefix>.held`; the breaker's one repair never waits for it).
+    fn held_attr(&self) -> String {
+        String::new()
+    }
+
+    /// Before any other read of a drain's attempt: a deferral the budget can tell from its
+    /// own record alone, or None (the attempt goes on and reads the group). The slot table's
+    /// item full of other holders is one (docs/fleet-scale.md, "A waiting fleet reads the
+    /// table only"): a waiting instance then costs one GetItem per attempt, not the group's
+    /// Auto Scaling and ECS state. It only ever defers where a full attempt would defer too.
+    fn precheck<'a>(&'a self, _id: &'a Identity) -> BoxFuture<'a, Option<RemedyError>> {
+        Box::pin(async { None })
+    }
+
     /// A slot for this instance's drain or replacement, or why not (`Deferred`). An instance
     /// that already holds one (DRAINING, Unhealthy, a live claim or a committed entry from
     /// before a restart) keeps it.
@@ -140,12 +170,17 @@ pub fn for_config(sdk: &SdkConfig, cfg: &Config, clock: SharedClock) -> Arc<dyn 
         asg: Asg::new(aws_sdk_autoscaling::Client::new(sdk)),
         clock,
         last: std::sync::Mutex::new(None),
+        deferrals: std::sync::atomic::AtomicU32::new(0),
     };
     match &cfg.fleet.table {
         Some(t) => Arc::new(slot_table::SlotBudget::new(sdk, t, common)),
         None => Arc::new(claims::ClaimBudget::new(common)),
     }
 }
+
+/// The longest deferral window, in `retry_after`s (8: one minute's retry_after grows to at
+/// most eight minutes, drawn uniformly below it).
+pub const DEFERRAL_CAP: u32 = 8;
 
 /// What both protocols work with.
 pub(crate) struct Common {
@@ -154,6 +189,9 @@ pub(crate) struct Common {
     pub clock: SharedClock,
     /// The group as the last admission read it, until the order's outcome takes it.
     pub last: std::sync::Mutex<Option<crate::model::FleetBudgetView>>,
+    /// Deferrals in a row since a step last got its slot (or failed otherwise): the window
+    /// of the next deferral's full jitter doubles with each ([`Common::defer`]).
+    pub deferrals: std::sync::atomic::AtomicU32,
 }
 
 impl Common {
@@ -170,18 +208,39 @@ impl Common {
         format!("{}.slot", self.prefix())
     }
 
-    /// A deferral with jitter, so a fleet of waiting instances does not re-read in lockstep.
+    /// `<prefix>.held`: the fleet incident that holds this instance's drain for an operator.
+    pub(crate) fn held_attr(&self) -> String {
+        format!("{}.held", self.prefix())
+    }
+
+    /// A deferral, retried after a full-jitter delay ([`crate::sys::backoff`]) over a window
+    /// that starts at `retry_after` and doubles with each deferral in a row, up to
+    /// [`DEFERRAL_CAP`] × `retry_after`: a fleet of waiting instances neither re-reads in
+    /// lockstep nor keeps reading the group at the rate of its first retry while the wait
+    /// goes on (docs/fleet-scale.md, "Deferrals").
     fn defer(&self, message: String) -> RemedyError {
         tracing::info!("{message}");
+        let n = self
+            .deferrals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = self.cfg.fleet.retry_after;
         RemedyError::Deferred {
             message,
-            retry_after: self.jittered(self.cfg.fleet.retry_after),
+            retry_after: crate::sys::backoff::full_jitter(
+                base,
+                n,
+                base.saturating_mul(DEFERRAL_CAP),
+            ),
         }
     }
 
-    /// `d` scaled by a factor in [0.5, 1.5), from the clock's milliseconds (no RNG needed).
-    fn jittered(&self, d: Duration) -> Duration {
-        d.mul_f64(0.5 + (self.clock.now_ms() % 1000) as f64 / 1000.0)
+    /// An attempt ended other than deferred (a slot, or a failure): the next deferral's
+    /// window starts again at `retry_after`.
+    fn settled(&self, r: &Result<Slot, RemedyError>) {
+        if !matches!(r, Err(RemedyError::Deferred { .. })) {
+            self.deferrals
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The Auto Scaling group and the cluster's container instances, read together.
@@ -216,6 +275,7 @@ impl Common {
             agent_connected: s.agent_connected,
             lifecycle: None,
             asg_health: None,
+            held: s.attribute(&self.held_attr()).is_some(),
         }
     }
 
@@ -298,11 +358,11 @@ impl Common {
             return Ok(0);
         };
         let head = format!("{}.claim.", self.prefix());
-        let slot_attr = self.slot_attr();
+        let (slot_attr, held_attr) = (self.slot_attr(), self.held_attr());
         let marks: Vec<&String> = me
             .attributes
             .iter()
-            .filter(|(n, _)| n.starts_with(&head) || *n == slot_attr)
+            .filter(|(n, _)| n.starts_with(&head) || *n == slot_attr || *n == held_attr)
             .map(|(n, _)| n)
             .collect();
         for name in &marks {

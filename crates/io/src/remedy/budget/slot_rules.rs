@@ -232,7 +232,7 @@ pub fn decide(item: &SlotItem, f: &Facts<'_>) -> Decision {
 }
 
 /// "fleet budget full: ..." with every holder, for the incident.
-fn full(item: &SlotItem, budget: u32) -> String {
+pub(crate) fn full(item: &SlotItem, budget: u32) -> String {
     let held: Vec<String> = item
         .holders
         .iter()

@@ -45,6 +45,15 @@ struct Steps<'a> {
 
 /// Lost races in a row (the item changed between our read and our write) before deferring.
 const MAX_CONFLICTS: u32 = 4;
+/// A holder EC2 said was not terminated is not asked about again for this long.
+const ALIVE_FOR: Duration = Duration::from_secs(10);
+/// The first window of the full-jitter wait after a lost race, before the re-read (doubling
+/// with each race lost in a row, at most [`CONFLICT_CAP`]).
+const CONFLICT_BACKOFF: Duration = Duration::from_millis(50);
+const CONFLICT_CAP: Duration = Duration::from_secs(1);
+/// One attempt in this many, while deferred, reads the group in full instead of the item
+/// alone ([`SlotBudget::item_full`]).
+const FULL_READ_EVERY: u32 = 4;
 /// Decisions in one attempt: reserve, commit, act, removals of terminated holders, re-reads.
 const MAX_STEPS: u32 = 16;
 
@@ -60,17 +69,24 @@ pub struct SlotBudget {
     swept: Mutex<Option<Instant>>,
     /// Why the last check for terminated holders failed (for the next deferral's reason).
     ec2_note: Mutex<Option<String>>,
+    /// Fleet incidents: the group's fleet document beside its slot item.
+    gate: super::fleet_gate::FleetGate,
+    /// Holders EC2 said were not terminated, and when (by the monotonic clock).
+    alive: Mutex<std::collections::BTreeMap<String, Instant>>,
 }
 
 impl SlotBudget {
     pub(crate) fn new(sdk: &SdkConfig, table: &str, c: Common) -> Self {
+        let slots = SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table);
         SlotBudget {
+            gate: super::fleet_gate::FleetGate::new(sdk, &c.cfg, slots.clone(), c.clock.clone()),
             c,
-            table: SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table),
+            table: slots,
             ec2: Ec2::new(sdk),
             seen: Mutex::new(slots::Seen::default()),
             swept: Mutex::new(None),
             ec2_note: Mutex::new(None),
+            alive: Mutex::new(std::collections::BTreeMap::new()),
         }
     }
 
@@ -289,6 +305,14 @@ impl SlotBudget {
                                     table.table
                                 )));
                             }
+                            // Of the writers that read one version one wins; the others
+                            // spread their re-reads instead of meeting again at once.
+                            tokio::time::sleep(crate::sys::backoff::full_jitter(
+                                CONFLICT_BACKOFF,
+                                conflicts - 1,
+                                CONFLICT_CAP,
+                            ))
+                            .await;
                             item = self.read_item(calls, group).await?;
                             if item
                                 .holders
@@ -309,6 +333,35 @@ impl SlotBudget {
             "slot table {}: no decision for group {group} after {MAX_STEPS} steps; retrying",
             table.table
         )))
+    }
+
+    /// The precheck: a deferral when the group's item alone shows the budget full (other
+    /// holders at least `max_parallel` of the group size the item records, ours not among
+    /// them), read with one consistent GetItem. Every [`FULL_READ_EVERY`]th attempt in a row
+    /// skips it and reads the group in full (a terminated holder removed, a grown group's
+    /// budget seen), and so does any attempt the item cannot settle (no item, no size, ours
+    /// in it, a read that failed: the full attempt says why).
+    async fn item_full(&self, id: &Identity) -> Option<RemedyError> {
+        let group = id.auto_scaling_group.as_deref()?;
+        let deferred = self.c.deferrals.load(std::sync::atomic::Ordering::Relaxed);
+        if deferred % FULL_READ_EVERY == FULL_READ_EVERY - 1 {
+            return None;
+        }
+        let mut calls = Calls::new();
+        let item = self.table.read(&mut calls, group).await.ok()?;
+        self.observe(group, &item);
+        if !item.exists || item.holders.contains_key(&id.instance_id) {
+            return None;
+        }
+        let budget = self.c.cfg.fleet.max_parallel.of(item.members?).max(1);
+        let held = u32::try_from(item.holders.len()).unwrap_or(u32::MAX);
+        (held >= budget).then(|| {
+            self.c.defer(format!(
+                "{} (group {group} of {} as the table records it; only the table was read)",
+                slots::full(&item, budget),
+                item.members.unwrap_or_default()
+            ))
+        })
     }
 
     /// Removes our entry (remediation over: restored). The text for the order's detail.
@@ -368,18 +421,24 @@ impl SlotBudget {
         Err(fail(&TableError::Conflict))
     }
 
-    /// Rule 1 on its own, every `retry_after x ceil(members / SWEEPS_PER_PERIOD)` (jittered)
-    /// until `shutdown`, `members` being the group size the item records: entries held by
-    /// terminated instances are removed even when no instance of the group wants a slot.
-    /// Only with `[fleet] table` and an Auto Scaling group; failures are logged and retried.
+    /// Rule 1 on its own, every `retry_after x ceil(members / SWEEPS_PER_PERIOD)` (drawn from
+    /// half to one and a half times that) until `shutdown`, `members` being the group size the
+    /// item records: entries held by terminated instances are removed even when no instance
+    /// of the group wants a slot. A sweep that finds no other holder has nothing to do, and
+    /// the next waits twice as long, up to [`MAX_SWEEP_PERIOD`] (a group at rest costs a few
+    /// reads an hour, not one per instance per `retry_after`: docs/fleet-scale.md); a holder
+    /// seen brings the pace back. Only with `[fleet] table` and an Auto Scaling group;
+    /// failures are logged and retried.
     async fn sweep(&self, who: &dyn Whoami, shutdown: CancellationToken) {
         // The group's size as the item last recorded it: the whole group sweeps about
         // SWEEPS_PER_PERIOD times per retry_after, whatever its size.
         let mut members: u32 = 1;
+        let mut idle: u32 = 0;
         loop {
-            let period = self
-                .c
-                .jittered(sweep_period(self.c.cfg.fleet.retry_after, members));
+            let period = crate::sys::backoff::spread(idle_sweep_period(
+                sweep_period(self.c.cfg.fleet.retry_after, members),
+                idle,
+            ));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
@@ -395,11 +454,14 @@ impl SlotBudget {
                 .and_then(|s| *s)
                 .is_some_and(|t| self.instant().saturating_duration_since(t) < longest);
             if recent {
+                idle = 0;
                 continue;
             }
             match self.sweep_once(who).await {
-                Ok(Some(m)) => members = m,
-                Ok(None) => {}
+                Ok((m, others)) => {
+                    members = m.unwrap_or(members);
+                    idle = if others { 0 } else { idle.saturating_add(1) };
+                }
                 Err(why) => {
                     tracing::warn!(
                         "fleet slot table: removal of terminated holders not done: {why}"
@@ -409,15 +471,16 @@ impl SlotBudget {
         }
     }
 
-    /// One pass of rule 1; the group size the item records (for pacing), when it has one.
-    async fn sweep_once(&self, who: &dyn Whoami) -> Result<Option<u32>, String> {
+    /// One pass of rule 1: the group size the item records (for pacing), when it has one,
+    /// and whether another instance held an entry.
+    async fn sweep_once(&self, who: &dyn Whoami) -> Result<(Option<u32>, bool), String> {
         let table = &self.table;
         let Some(id) = who.whoami().await else {
             tracing::debug!("fleet slot table: no identity yet");
-            return Ok(None);
+            return Ok((None, true));
         };
         let Some(group) = id.auto_scaling_group.as_deref() else {
-            return Ok(None);
+            return Ok((None, false));
         };
         let me = id.instance_id.as_str();
         let mut calls = Calls::new();
@@ -429,11 +492,11 @@ impl SlotBudget {
             self.observe(group, &item);
             let members = item.members;
             if !item.holders.keys().any(|h| h != me) {
-                return Ok(members);
+                return Ok((members, false));
             }
             let terminated = self.terminated_holders(&mut calls, &item, me, None).await;
             let Some((gone, holders)) = slots::remove_terminated(&item, me, &terminated) else {
-                return Ok(members);
+                return Ok((members, true));
             };
             let new = SlotItem {
                 version: item.version.saturating_add(1),
@@ -452,7 +515,7 @@ impl SlotBudget {
                 Err(e) => return Err(e.to_string()),
             }
         }
-        Ok(None)
+        Ok((None, true))
     }
 
     /// A consistent read of the group's item, taken in (reservations seen, status); a failure
@@ -512,8 +575,34 @@ impl SlotBudget {
                     .collect()
             })
             .unwrap_or_default();
-        let note = match self.ec2.terminated(calls, &others).await {
+        // Holders EC2 said were running a moment ago are not asked again (a burst of
+        // instances racing for the item re-reads it after every lost race: issue 51 measured
+        // 1,413 DescribeInstances for 30 claims at N = 100). Asking later only delays the
+        // removal of a terminated holder, never makes it wrong.
+        let now = self.instant();
+        let ask: Vec<String> = match self.alive.lock() {
+            Ok(alive) => others
+                .iter()
+                .filter(|h| {
+                    alive
+                        .get(*h)
+                        .is_none_or(|t| now.saturating_duration_since(*t) >= ALIVE_FOR)
+                })
+                .cloned()
+                .collect(),
+            Err(_) => others.clone(),
+        };
+        if ask.is_empty() {
+            return out;
+        }
+        let note = match self.ec2.terminated(calls, &ask).await {
             Ok(t) => {
+                if let Ok(mut alive) = self.alive.lock() {
+                    alive.retain(|h, _| others.contains(h));
+                    for h in ask.iter().filter(|h| !t.contains(*h)) {
+                        alive.insert(h.clone(), now);
+                    }
+                }
                 out.extend(t);
                 None
             }
@@ -598,6 +687,22 @@ impl FleetBudget for SlotBudget {
         })
     }
 
+    fn precheck<'a>(&'a self, id: &'a Identity) -> BoxFuture<'a, Option<RemedyError>> {
+        Box::pin(self.item_full(id))
+    }
+
+    fn fleet_gate<'a>(
+        &'a self,
+        id: &'a Identity,
+        signal: &'a str,
+    ) -> BoxFuture<'a, Option<(String, RemedyError)>> {
+        Box::pin(self.gate.check(id, signal, |m| self.c.defer(m)))
+    }
+
+    fn held_attr(&self) -> String {
+        self.c.held_attr()
+    }
+
     fn acquire<'a>(
         &'a self,
         calls: &'a mut Calls,
@@ -605,7 +710,11 @@ impl FleetBudget for SlotBudget {
         first: FirstReads,
         order: &'a Order,
     ) -> BoxFuture<'a, Result<Slot, RemedyError>> {
-        Box::pin(self.table_slot(calls, here, first, order))
+        Box::pin(async move {
+            let slot = self.table_slot(calls, here, first, order).await;
+            self.c.settled(&slot);
+            slot
+        })
     }
 
     fn note<'a>(
@@ -673,6 +782,13 @@ fn sweep_period(retry_after: Duration, members: u32) -> Duration {
         .min(MAX_SWEEP_PERIOD.max(retry_after))
 }
 
+/// The wait after `idle` sweeps in a row found no other holder: `base` doubled with each, at
+/// most [`MAX_SWEEP_PERIOD`] (or `base`, when that is longer).
+fn idle_sweep_period(base: Duration, idle: u32) -> Duration {
+    base.saturating_mul(1 << idle.min(16))
+        .min(MAX_SWEEP_PERIOD.max(base))
+}
+
 /// The longest wait between two sweeps of one instance: `members` is a number read from the
 /// table (any writer's), and a group of billions must not stop the sweep for centuries. Past
 /// about 1,800 instances at the default `retry_after` the group sweeps more often than
@@ -682,6 +798,20 @@ const MAX_SWEEP_PERIOD: Duration = Duration::from_secs(6 * 3600);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group at rest (nobody holds a slot) sweeps less and less: at the default
+    /// retry_after one instance's sweeps are 6 h apart after 9 idle ones, and any holder seen
+    /// brings back the base pace.
+    #[test]
+    fn a_group_at_rest_sweeps_less_and_less() {
+        let r = Duration::from_secs(60);
+        assert_eq!(idle_sweep_period(r, 0), r);
+        assert_eq!(idle_sweep_period(r, 3), r * 8);
+        assert_eq!(idle_sweep_period(r, 9), MAX_SWEEP_PERIOD);
+        assert_eq!(idle_sweep_period(r, u32::MAX), MAX_SWEEP_PERIOD);
+        let long = Duration::from_secs(7 * 3600);
+        assert_eq!(idle_sweep_period(long, 5), long);
+    }
 
     #[test]
     fn the_group_sweeps_about_five_times_per_retry_after_whatever_its_size() {

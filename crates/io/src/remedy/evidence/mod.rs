@@ -671,7 +671,7 @@ impl Evidence {
             || (matches!(m.logs, MpsLogs::Auto) && m.manage == crate::config::MpsManage::Systemd);
         if journal {
             let mut cmd =
-                tokio::process::Command::new(crate::mps::journalctl::default_journalctl());
+                tokio::process::Command::new(crate::sys::journalctl::default_journalctl());
             cmd.args([
                 "--no-pager",
                 "--output=short-iso-precise",

@@ -1,13 +1,11 @@
 //! Uploading a spooled archive (docs/evidence.md): PutObject below the multipart threshold,
 //! else a multipart upload in parts read from the file by range (aborted on failure so no
 //! orphan parts stay billed). Transient failures (throttling, 5xx, timeouts, an unreachable
-//! endpoint) are retried with exponential, jittered backoff up to `upload_attempts` and never
+//! endpoint) are retried with full-jitter backoff (`sys::backoff`) up to `upload_attempts` and never
 //! past the caller's deadline; a refusal (AccessDenied, NoSuchBucket, a KMS key we may not
 //! use) is not retried: it is recorded once and waits for the next start.
 
 use std::time::{Duration, Instant};
-
-use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::spool::Entry;
 use crate::aws::calls::{CallError, Calls};
@@ -57,13 +55,8 @@ impl Uploader<'_> {
         file: &std::path::Path,
         until: Instant,
     ) -> Result<Vec<String>, UploadError> {
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(500))
-            .with_max_delay(Duration::from_secs(20))
-            .with_factor(2.0)
-            .with_jitter()
-            .with_max_times(self.attempts.saturating_sub(1) as usize)
-            .build();
+        // Full jitter over a window doubling from 500 ms to 20 s (`sys::backoff`).
+        let mut retries = 0u32;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -84,9 +77,15 @@ impl Uploader<'_> {
             };
             // A refusal is not retried; nor is anything once the attempts are spent or the
             // next wait would end past the deadline (the caller must hear before it).
-            let Some(delay) = delays.next().filter(|_| e.retryable) else {
+            if !e.retryable || retries.saturating_add(1) >= self.attempts {
                 return Err(e);
-            };
+            }
+            let delay = crate::sys::backoff::full_jitter(
+                Duration::from_millis(500),
+                retries,
+                Duration::from_secs(20),
+            );
+            retries += 1;
             if Instant::now() + delay >= until {
                 return Err(e);
             }

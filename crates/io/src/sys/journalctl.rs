@@ -1,13 +1,13 @@
-//! The daemon's lines in the systemd journal, read through `journalctl`.
-//!
-//! Under the ECS GPU AMI's `nvidia-mps.service` the daemon runs with `-f` and writes every
-//! control and server line to stdout, which systemd hands to journald; nothing reaches
-//! `CUDA_MPS_LOG_DIRECTORY` (docs/mps.md#logging-under--f). This reader follows one unit's
-//! entries with
+//! Entries of the systemd journal, read through `journalctl`: the MPS daemon's lines (under
+//! the ECS GPU AMI's `nvidia-mps.service` the daemon runs with `-f` and writes every control
+//! and server line to stdout, which systemd hands to journald; nothing reaches
+//! `CUDA_MPS_LOG_DIRECTORY`, docs/mps.md#logging-under--f), and the kernel's own records
+//! (`_TRANSPORT=kernel`, which only the kernel writes: `[nvml] kmsg = "journald"`). This
+//! reader follows one unit's entries, or those matching fields, with
 //!
 //! ```text
-//! journalctl --output=json --follow --no-pager --unit <unit> [--directory <dir>]
-//!            (--after-cursor <cursor> --lines=all | --lines=0)
+//! journalctl --output=json --follow --no-pager [--unit <unit>] [FIELD=value ...]
+//!            [--directory <dir>] (--after-cursor <cursor> --lines=all | --lines=0 | --lines=all)
 //! ```
 //!
 //! as a supervised child: its own process group, `PR_SET_PDEATHSIG=SIGKILL`, killed with the
@@ -34,24 +34,38 @@ pub const MAX_LINE: usize = 64 * 1024;
 /// Entries that may wait between two polls before the reader stops reading its pipe.
 pub const QUEUE: usize = 4096;
 
-/// One journal entry of the unit.
+/// One journal entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The line as the daemon wrote it.
+    /// The line as its writer wrote it.
     pub message: String,
     /// journald's opaque position of this entry (`__CURSOR`).
     pub cursor: String,
     /// `__REALTIME_TIMESTAMP`, microseconds since the epoch.
     pub realtime_us: u64,
+    /// The kernel's fields, which journald sets and no writer can: `_TRANSPORT`, `_BOOT_ID`,
+    /// and for a kernel record its own stamp (`_SOURCE_MONOTONIC_TIMESTAMP`, microseconds
+    /// after boot), `PRIORITY` and `SYSLOG_FACILITY`.
+    pub transport: Option<String>,
+    pub boot_id: Option<String>,
+    pub monotonic_us: Option<u64>,
+    pub priority: Option<u8>,
+    pub facility: Option<u8>,
 }
 
 /// What to follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
     pub journalctl: PathBuf,
+    /// The unit whose entries are followed; empty: any (then `matches` select).
     pub unit: String,
+    /// Field matches (`_TRANSPORT=kernel`, `_BOOT_ID=<id>`), all of which an entry meets.
+    pub matches: Vec<String>,
     /// Read the journal files in this directory instead of the system journal.
     pub directory: Option<PathBuf>,
+    /// Without a cursor, read the journal's history too (`--lines=all`), not only what
+    /// comes from now on.
+    pub from_start: bool,
 }
 
 /// Why the reader could not start; `missing` when trying again cannot help until the
@@ -88,15 +102,23 @@ pub fn parse_entry(line: &[u8]) -> Option<Entry> {
         _ => return None,
     };
     let cursor = v.get("__CURSOR")?.as_str()?.to_string();
-    let realtime_us = v
-        .get("__REALTIME_TIMESTAMP")
-        .and_then(|t| t.as_str())
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0);
+    let text = |k: &str| v.get(k).and_then(|t| t.as_str()).map(str::to_string);
+    let number = |k: &str| {
+        v.get(k)
+            .and_then(|t| t.as_str())
+            .and_then(|t| t.parse::<u64>().ok())
+    };
+    let small = |k: &str| number(k).and_then(|n| u8::try_from(n).ok());
     Some(Entry {
         message,
         cursor,
-        realtime_us,
+        realtime_us: number("__REALTIME_TIMESTAMP").unwrap_or(0),
+        transport: text("_TRANSPORT"),
+        boot_id: text("_BOOT_ID"),
+        monotonic_us: number("_SOURCE_MONOTONIC_TIMESTAMP")
+            .or_else(|| number("__MONOTONIC_TIMESTAMP")),
+        priority: small("PRIORITY"),
+        facility: small("SYSLOG_FACILITY"),
     })
 }
 
@@ -107,9 +129,12 @@ impl Spec {
             "--output=json".into(),
             "--follow".into(),
             "--no-pager".into(),
-            "--unit".into(),
-            self.unit.clone(),
         ];
+        if !self.unit.is_empty() {
+            a.push("--unit".into());
+            a.push(self.unit.clone());
+        }
+        a.extend(self.matches.iter().cloned());
         if let Some(d) = &self.directory {
             a.push("--directory".into());
             a.push(d.display().to_string());
@@ -121,6 +146,7 @@ impl Spec {
                 a.push(format!("--after-cursor={c}"));
                 a.push("--lines=all".into());
             }
+            None if self.from_start => a.push("--lines=all".into()),
             None => a.push("--lines=0".into()),
         }
         a
@@ -263,10 +289,25 @@ mod tests {
         let spec = Spec {
             journalctl: "journalctl".into(),
             unit: "nvidia-mps.service".into(),
+            matches: Vec::new(),
             directory: Some("/j".into()),
+            from_start: false,
         };
         let a = spec.args(None);
         assert!(a.contains(&"--lines=0".to_string()));
+        // The kernel's records: no unit, the matches, this boot's history too.
+        let kernel = Spec {
+            unit: String::new(),
+            matches: vec!["_TRANSPORT=kernel".into(), "_BOOT_ID=ab".into()],
+            from_start: true,
+            ..spec.clone()
+        };
+        let k = kernel.args(None);
+        assert!(!k.contains(&"--unit".to_string()), "{k:?}");
+        assert!(
+            k.contains(&"_TRANSPORT=kernel".to_string()) && k.contains(&"--lines=all".to_string()),
+            "{k:?}"
+        );
         assert!(a.windows(2).any(|w| w[0] == "--directory" && w[1] == "/j"));
         let a = spec.args(Some("s=x;i=3"));
         assert!(a.contains(&"--after-cursor=s=x;i=3".to_string()));

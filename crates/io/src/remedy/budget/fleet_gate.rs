@@ -1,0 +1,239 @@
+//! The fleet-incident gate of a drain (with `[fleet] table` and `fingerprint_threshold` > 0):
+//! before anything else a drain does, this instance's fingerprint (the incident's first
+//! signal, the driver's version, the AMI, the instance type) is recorded in the group's fleet
+//! document ([`patterns`], the item `<group>#fleet` of the slot table), by a conditional write.
+//! When the fingerprint has reached the threshold within the window, the write that crosses
+//! it opens ONE fleet incident (exactly one writer wins the conditional write), and that
+//! writer pages once (EventBridge `GPU Medic Fleet Incident Opened`, with `[export] events`).
+//! While the incident is not acknowledged (`gpu-medic fleet ack <id>`), a drain of that
+//! fingerprint is deferred with the incident's words: its result enters the engine as the
+//! order's outcome. Anything that keeps the gate from deciding (the table unreachable, a
+//! document it cannot read) lets the drain go on to the budget, which says what is wrong:
+//! the gate never holds a repair because of its own trouble.
+
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_sdk_ecs::config::SharedHttpClient;
+
+use super::patterns::{self, Doc, FleetIncident, Pattern};
+use crate::aws::calls::Calls;
+use crate::aws::dynamo::{SlotTable, TableError};
+use crate::aws::events::{Event, Events};
+use crate::aws::identity::Identity;
+use crate::config::Config;
+use crate::remedy::RemedyError;
+use crate::sys::clock::SharedClock;
+
+/// The EventBridge detail-type of the page.
+pub const OPENED: &str = "GPU Medic Fleet Incident Opened";
+/// Lost races in a row before the gate gives up (and lets the drain go on).
+const MAX_CONFLICTS: u32 = 4;
+
+/// What makes this instance's fingerprint besides the signal, read once per process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub driver: String,
+    pub ami: String,
+    pub instance_type: String,
+}
+
+pub struct FleetGate {
+    table: SlotTable,
+    cfg: Config,
+    http: SharedHttpClient,
+    clock: SharedClock,
+    events: Option<Events>,
+    facts: tokio::sync::OnceCell<NodeFacts>,
+}
+
+impl FleetGate {
+    pub fn new(sdk: &SdkConfig, cfg: &Config, table: SlotTable, clock: SharedClock) -> Self {
+        let events = (cfg.export.enabled && cfg.export.events)
+            .then(|| Events::new(sdk, cfg.export.event_bus.clone()));
+        FleetGate {
+            table,
+            cfg: cfg.clone(),
+            http: sdk.http_client().unwrap_or_else(crate::aws::http_client),
+            clock,
+            events,
+            facts: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// This instance's driver version, AMI and instance type (IMDS, each bounded to 2 s;
+    /// what cannot be read is "unknown", and counts as one value).
+    async fn facts(&self) -> &NodeFacts {
+        self.facts
+            .get_or_init(|| async {
+                let imds = crate::aws::imds::imds_client(self.http.clone(), 1);
+                let ask = |path: &'static str| {
+                    let imds = imds.clone();
+                    async move {
+                        match tokio::time::timeout(
+                            Duration::from_secs(2),
+                            crate::aws::imds::get(&imds, path),
+                        )
+                        .await
+                        {
+                            Ok(Ok(Some(v))) => v.trim().to_string(),
+                            _ => "unknown".to_string(),
+                        }
+                    }
+                };
+                let (ami, instance_type) = tokio::join!(
+                    ask("/latest/meta-data/ami-id"),
+                    ask(crate::aws::imds::INSTANCE_TYPE_PATH)
+                );
+                NodeFacts {
+                    driver: driver_version(&self.cfg.fleet.driver_version_file),
+                    ami,
+                    instance_type,
+                }
+            })
+            .await
+    }
+
+    /// Records this instance's fingerprint for `signal`; the fleet incident's id and a
+    /// deferral (made by `defer`) when an unacknowledged fleet incident of that fingerprint
+    /// holds the drain.
+    pub async fn check(
+        &self,
+        id: &Identity,
+        signal: &str,
+        defer: impl Fn(String) -> RemedyError,
+    ) -> Option<(String, RemedyError)> {
+        let threshold = self.cfg.fleet.fingerprint_threshold;
+        let group = id.auto_scaling_group.as_deref()?;
+        if threshold == 0 {
+            return None;
+        }
+        let f = self.facts().await;
+        let p = Pattern::fingerprint(signal, &f.driver, &f.ami, &f.instance_type);
+        let me = id.instance_id.as_str();
+        let window = u64::try_from(self.cfg.fleet.pattern_window.as_millis()).unwrap_or(u64::MAX);
+        for _ in 0..MAX_CONFLICTS {
+            let mut calls = Calls::new();
+            let read = match self.table.read_fleet(&mut calls, group).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(
+                        instance_id = me,
+                        "fleet incidents: cannot read the fleet document: {e}"
+                    );
+                    return None;
+                }
+            };
+            let doc: Doc = match serde_json::from_str(&read.doc) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(
+                        instance_id = me,
+                        "fleet incidents: the fleet document of group {group} is unreadable ({e}); not judged"
+                    );
+                    return None;
+                }
+            };
+            let s = patterns::sight(&doc, &p, me, self.clock.now_ms(), window, threshold);
+            if let Some(next) = &s.write {
+                let text = match serde_json::to_string(next) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!("fleet incidents: cannot encode the fleet document: {e}");
+                        return None;
+                    }
+                };
+                match self
+                    .table
+                    .write_fleet(&mut calls, group, &read, &text, me)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(TableError::Conflict) => continue,
+                    Err(e) => {
+                        tracing::warn!(
+                            instance_id = me,
+                            "fleet incidents: cannot write the fleet document: {e}"
+                        );
+                        return None;
+                    }
+                }
+            }
+            if let Some(inc) = &s.opens {
+                tracing::error!(instance_id = me, fleet_incident = %inc.id, "{}", inc.summary());
+                self.page(id, inc).await;
+            }
+            return s.held.map(|inc| (inc.id.clone(), defer(held(&inc))));
+        }
+        tracing::warn!(
+            instance_id = me,
+            "fleet incidents: {MAX_CONFLICTS} writes in a row lost the race; not judged this time"
+        );
+        None
+    }
+
+    /// The page: one EventBridge event, sent by the instance whose write opened the incident.
+    async fn page(&self, id: &Identity, inc: &FleetIncident) {
+        let Some(events) = &self.events else {
+            tracing::warn!(fleet_incident = %inc.id, "fleet incident not paged: [export] events is off");
+            return;
+        };
+        let detail = serde_json::json!({
+            "fleet_incident": inc,
+            "summary": inc.summary(),
+            "cluster": id.cluster,
+            "auto_scaling_group": id.auto_scaling_group,
+            "ack": format!("gpu-medic fleet ack {}", inc.id),
+        });
+        let event = Event {
+            detail_type: OPENED,
+            detail: detail.to_string(),
+            time_ms: self.clock.now_ms(),
+            resources: Vec::new(),
+        };
+        let mut calls = Calls::new();
+        if let Err(e) = events.put(&mut calls, std::slice::from_ref(&event)).await {
+            tracing::warn!(fleet_incident = %inc.id, "fleet incident not paged: {e}");
+        }
+    }
+}
+
+/// The deferral's words for a drain held by a fleet incident.
+pub fn held(inc: &FleetIncident) -> String {
+    format!(
+        "held for an operator: {}; `gpu-medic fleet ack {}` lets the drains of this fingerprint go on (within the budget); staying quarantined",
+        inc.summary(),
+        inc.id
+    )
+}
+
+/// The driver's version from the first line of `path` (`/proc/driver/nvidia/version`: "NVRM
+/// version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  ..."): its first token that is
+/// digits and dots with at least one dot; the whole line when none is; "unknown" when the
+/// file cannot be read.
+pub fn driver_version(path: &std::path::Path) -> String {
+    let Ok(text) = crate::sys::limits::read_text(path, 64 * 1024, "driver version") else {
+        return "unknown".into();
+    };
+    let line = text.lines().next().unwrap_or("").trim();
+    line.split_whitespace()
+        .find(|t| t.contains('.') && t.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        .unwrap_or(line)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_driver_version_is_read_from_the_drivers_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("version");
+        std::fs::write(&p, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  Tue Jul  8 18:21:20 UTC 2025\nGCC version: gcc 11\n").unwrap();
+        assert_eq!(driver_version(&p), "570.172.08");
+        std::fs::write(&p, "580.82\n").unwrap();
+        assert_eq!(driver_version(&p), "580.82");
+        assert_eq!(driver_version(&dir.path().join("none")), "unknown");
+    }
+}
