@@ -7,8 +7,8 @@
 #
 #   1. at rest, with the production intervals (retry_after 60 s, NVML every 10 s, tick 1 s):
 #      the steady state's calls per node-hour by API;
-#   2. the scenarios (default a,e,c,f: correlated XID 79 with restarts, control-plane trouble,
-#      a fingerprint held for an operator, a source outage), with test-sized retry_after (2 s)
+#   2. the scenarios (default a,e,c,b,d,f: correlated XID 79 with restarts, control-plane
+#      trouble, a fingerprint held for an operator, a poison task, a bad image, a source outage), with test-sized retry_after (2 s)
 #      and drains that last a minute (one standalone task per node, standalone_grace 60 s):
 #      the invariants, the costs of each
 #      event, the time from the burst to every slot in use (the breaker opened at 50 %, so
@@ -21,7 +21,7 @@
 # Usage: bash scripts/fleet-sim.sh [-n N] [--scenarios a,e,f] [--idle-s S] [--skip-idle]
 #                                  [--mixed]
 #   -n N         daemons (default 100)
-#   --scenarios  the scenarios of pass 2 (default a,e,c,f)
+#   --scenarios  the scenarios of pass 2 (default a,e,c,b,d,f)
 #   --idle-s S   how long pass 1 watches the fleet at rest (default 300)
 #   --skip-idle  pass 2 only
 #   --mixed      scenario g: half the nodes run the gpu-medic of the commit this branch left
@@ -33,7 +33,7 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
 N=100
-SCENARIOS="a,e,c,f"
+SCENARIOS="a,e,c,b,d,f"
 IDLE_S=300
 SKIP_IDLE=0
 MIXED=0

@@ -550,6 +550,370 @@ async fn scenario_c(
     )
 }
 
+/// Node `i`'s fleet status, as JSON, and the fleet incident `id` in it.
+fn status_shows(f: &Fleet, i: usize, id: &str) -> serde_json::Value {
+    let out = f.nodes[i].cli(&["fleet", "status", "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    st["fleet_incidents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} not in fleet status: {st:#}"))
+}
+
+/// The pages (EventBridge `GPU Medic Fleet Incident Opened`) that name fleet incident `id`.
+fn pages_of(f: &Fleet, id: &str) -> usize {
+    f.proxy
+        .calls()
+        .iter()
+        .filter(|c| {
+            c.op == "PutEvents"
+                && c.body.contains("GPU Medic Fleet Incident Opened")
+                && c.body.contains(id)
+        })
+        .count()
+}
+
+/// Waits (up to `limit`) for the group's fleet document to hold an incident of `kind` and
+/// `key`.
+async fn wait_fleet_incident(
+    f: &Fleet,
+    kind: gpu_medic::remedy::budget::patterns::Kind,
+    key: &str,
+    limit: Duration,
+) -> Option<gpu_medic::remedy::budget::patterns::FleetIncident> {
+    let t = std::time::Instant::now();
+    loop {
+        let found = fleet_doc(f)
+            .await
+            .incidents
+            .into_values()
+            .find(|i| i.kind == kind && i.key == key);
+        if found.is_some() || t.elapsed() > limit {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Scenario b: a poison task. One task definition's application XID (13, at a GPC/TPC) on
+/// `threshold` nodes, each in a task of that definition on that node (real processes in
+/// ECS-shaped cgroups, named by the shared ECS agent): ONE fleet incident naming the task
+/// definition, paged once, `fleet status` showing it, acknowledged by `fleet ack`; no node
+/// drained or marked Unhealthy for it, each ACTIVE. The driver's line names the process
+/// `decoy:9`: the definition is gpu-medic's own attribution (cgroup, agent), never that name.
+async fn scenario_b(
+    f: &mut Fleet,
+    rng: &mut Rng,
+    used: &BTreeSet<usize>,
+    threshold: usize,
+) -> serde_json::Value {
+    use gpu_medic::remedy::budget::patterns::Kind;
+    use gpu_medic_testkit::proc::EcsTaskProcs;
+    let n = f.nodes.len();
+    let t0 = now_ms();
+    let nodes = pick(rng, n, used, threshold);
+    assert_eq!(nodes.len(), threshold, "too few nodes left for scenario b");
+    // One task of definition `poison:1` per node, its process in the task's cgroup.
+    let task_id = |i: usize| format!("{:016x}{:016x}", std::process::id(), 0xb000 + i);
+    let container = |i: usize| {
+        format!(
+            "{:08x}{:08x}{}",
+            std::process::id(),
+            0xb000 + i,
+            "b0".repeat(24)
+        )
+    };
+    let procs: Vec<(usize, EcsTaskProcs)> = nodes
+        .iter()
+        .map(|i| {
+            let p = EcsTaskProcs::start(&task_id(*i), &container(*i), 1).unwrap_or_else(|e| {
+                panic!("scenario b needs root and a cgroup v1 pids hierarchy: {e}")
+            });
+            (*i, p)
+        })
+        .collect();
+    let arns: Vec<String> = nodes
+        .iter()
+        .map(|i| {
+            format!(
+                "arn:aws:ecs:us-east-1:123456789012:task/{}/{}",
+                f.s.cluster,
+                task_id(*i)
+            )
+        })
+        .collect();
+    let containers: Vec<[(String, &str); 1]> =
+        nodes.iter().map(|i| [(container(*i), "main")]).collect();
+    let c: Vec<Vec<(&str, &str)>> = containers
+        .iter()
+        .map(|x| x.iter().map(|(a, b)| (a.as_str(), *b)).collect())
+        .collect();
+    let listed: Vec<gpu_medic_testkit::imds::AgentTask> = arns
+        .iter()
+        .zip(&c)
+        .map(|(a, c)| (a.as_str(), "poison", &c[..]))
+        .collect();
+    f.agent.set_tasks(&listed);
+    for (i, p) in &procs {
+        let line = format!(
+            "4,{},{},-;NVRM: Xid (PCI:0000:1b:00): 13, pid={}, name=decoy:9, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+            1000 + i,
+            gpu_medic_testkit::proc::uptime_usec(),
+            p.pids()[0]
+        );
+        f.nodes[*i].kmsg_append(&[line]);
+    }
+    let inc = wait_fleet_incident(f, Kind::Task, "poison:1", Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "a fleet incident for task definition poison:1; the nodes' incidents: {:#?}\nlogs: {}",
+                nodes.iter().map(|i| incidents(f, *i)).collect::<Vec<_>>(),
+                nodes
+                    .iter()
+                    .map(|i| f.nodes[*i]
+                        .run_log()
+                        .lines()
+                        .filter(|l| l.contains("xid") || l.contains("kmsg") || l.contains("fleet") || l.contains("ERROR") || l.contains("WARN"))
+                        .collect::<Vec<_>>()
+                        .join("\n"))
+                    .collect::<Vec<_>>()
+                    .join("\n---\n")
+            )
+        });
+    let opened_s = (inc.opened_ms as f64 - t0) / 1000.0;
+    let ids: BTreeSet<String> = nodes
+        .iter()
+        .map(|i| f.s.nodes[*i].instance_id.clone())
+        .collect();
+    assert_eq!(
+        inc.instances.iter().cloned().collect::<BTreeSet<_>>(),
+        ids,
+        "{inc:?}"
+    );
+    // Each node judged it the application's: an incident naming the definition, verdict log.
+    for i in &nodes {
+        assert!(
+            journal_says(f, *i, &["\"definition\":\"poison:1\""]),
+            "node {i}: {:#?}",
+            incidents(f, *i)
+        );
+    }
+    // Paged once; nothing in the document keyed by the process's own name.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let doc = fleet_doc(f).await;
+    let ours: Vec<_> = doc
+        .incidents
+        .values()
+        .filter(|i| i.kind == Kind::Task)
+        .collect();
+    assert_eq!(ours.len(), 1, "{doc:?}");
+    assert!(
+        !serde_json::to_string(&doc).unwrap().contains("decoy"),
+        "{doc:?}"
+    );
+    assert_eq!(pages_of(f, &inc.id), 1, "paged once");
+    // No node drained or marked Unhealthy for it; each ACTIVE.
+    let touched: Vec<_> = f
+        .record()
+        .episodes()
+        .into_iter()
+        .filter(|e| ids.contains(&e.instance) && e.start_ms >= t0)
+        .collect();
+    assert!(touched.is_empty(), "drained for a poison task: {touched:?}");
+    for i in &nodes {
+        let (status, _, _) = aws::instance(&f.moto, &f.s.cluster, &f.s.nodes[*i].arn).await;
+        assert_eq!(status, "ACTIVE", "node {i}");
+    }
+    // `fleet status` shows it unacknowledged; `fleet ack` acknowledges it.
+    let asker = *nodes.iter().next().unwrap();
+    assert!(status_shows(f, asker, &inc.id)["acked"].is_null());
+    let text =
+        String::from_utf8_lossy(&f.nodes[asker].cli(&["fleet", "status"]).stdout).to_string();
+    assert!(
+        text.contains("task definition poison:1") && text.contains("NOT acknowledged"),
+        "{text}"
+    );
+    let out = f.nodes[asker].cli(&["fleet", "ack", &inc.id, "--by", "owner"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(status_shows(f, asker, &inc.id)["acked"]["by"], "owner");
+    drop(procs);
+    eprintln!(
+        "scenario b: {} (task definition poison:1 on {} instances) opened {opened_s:.1} s after the faults, paged once, no node drained",
+        inc.id,
+        inc.instances.len()
+    );
+    serde_json::json!({"threshold": threshold, "opened_after_s": opened_s, "fleet_incident": inc.id})
+}
+
+/// Scenario d: a bad image. The group gains new instances from `ami-0badbad0` whose GPUs
+/// fail the launch gate (XID 79 in the kernel log since boot): each runs
+/// `gpu-medic check --lifecycle`; an abandoned launch is terminated and its successor launched
+/// (played here, desired capacity kept), as Auto Scaling does. The launch-failure breaker
+/// (`abandon_limit`) trips at the next one: that instance is kept, quarantined, and the
+/// replacements stop. ONE fleet incident for the AMI, paged once (a second tripped launch
+/// opens nothing new), shown by `fleet status`; no instance launched after the trip.
+async fn scenario_d(f: &mut Fleet, abandon_limit: u32) -> serde_json::Value {
+    use gpu_medic::remedy::budget::patterns::Kind;
+    use gpu_medic_testkit::imds::FakeImds;
+    const HOOK: &str = "gpu-medic-launch";
+    const AMI: &str = "ami-0badbad0";
+    let t0 = now_ms();
+    let asg = aws_sdk_autoscaling::Client::new(&f.moto);
+    aws::put_hook(
+        &f.moto,
+        &f.s.asg,
+        HOOK,
+        "autoscaling:EC2_INSTANCE_LAUNCHING",
+        30,
+        "ABANDON",
+    )
+    .await;
+    let members = || async { aws::asg_instance_ids(&f.moto, &f.s.asg).await };
+    let desired = aws::asg_group(&f.moto, &f.s.asg)
+        .await
+        .desired_capacity()
+        .unwrap_or(0);
+    // Two new instances asked for (a scale-out); each launch that is abandoned is replaced.
+    let before: BTreeSet<String> = members().await.into_iter().collect();
+    asg.set_desired_capacity()
+        .auto_scaling_group_name(&f.s.asg)
+        .desired_capacity(desired + 2)
+        .send()
+        .await
+        .unwrap();
+    let mut seen = before.clone();
+    let mut launches: Vec<(String, String)> = Vec::new(); // (instance, decision)
+    let mut waiting: Vec<String> = members()
+        .await
+        .into_iter()
+        .filter(|i| !before.contains(i))
+        .collect();
+    seen.extend(waiting.iter().cloned());
+    let most = abandon_limit as usize + 4;
+    while let Some(id) = waiting.pop() {
+        assert!(launches.len() < most, "churn: {launches:?}");
+        let imds = FakeImds::start(&id).await;
+        imds.set_target(Some("Pending:Wait"));
+        imds.set_instance_type(Some("t2.micro"));
+        imds.set_doc("ami-id", Some(AMI));
+        let key = format!("LAUNCH{:02}", launches.len());
+        let d = fleet::launching(
+            &f.s,
+            &id,
+            &key,
+            &f.proxy.url,
+            &f.table,
+            &imds.url,
+            abandon_limit,
+        );
+        d.kmsg_append(&["4,812,91000000,-;NVRM: Xid (PCI:0000:10:00): 79, pid=1234, name=python3, GPU has fallen off the bus."]);
+        f.proxy.lifecycle_wait(HOOK, &id);
+        let out = d
+            .command()
+            .args(["check", "--lifecycle", "--json", "--config"])
+            .arg(d.config())
+            .output()
+            .unwrap();
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{e}: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let decision = r["decision"].as_str().unwrap_or("").to_string();
+        launches.push((id.clone(), decision.clone()));
+        if decision == "abandon" {
+            // Auto Scaling terminates an abandoned launch and launches another.
+            asg.terminate_instance_in_auto_scaling_group()
+                .instance_id(&id)
+                .should_decrement_desired_capacity(false)
+                .send()
+                .await
+                .unwrap();
+            let next: Vec<String> = members()
+                .await
+                .into_iter()
+                .filter(|i| !seen.contains(i))
+                .collect();
+            seen.extend(next.iter().cloned());
+            waiting.extend(next);
+        } else {
+            assert_eq!(decision, "quarantine", "{r:#}");
+            assert_eq!(r["breaker"]["tripped"], true, "{r:#}");
+            assert!(
+                r["fleet_incident"]
+                    .as_str()
+                    .is_some_and(|x| x.starts_with("img-")),
+                "{r:#}"
+            );
+        }
+    }
+    // The first `abandon_limit` launches abandoned, every later one kept: the two asked for
+    // and the abandoned ones' successors, no more.
+    let abandoned = launches.iter().filter(|(_, d)| d == "abandon").count();
+    assert_eq!(abandoned, abandon_limit as usize, "{launches:?}");
+    assert_eq!(launches.len(), abandon_limit as usize + 2, "{launches:?}");
+    // No churn: nothing launched since the last gate.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after: BTreeSet<String> = members().await.into_iter().collect();
+    assert!(
+        after.is_subset(&seen),
+        "launched after the breaker tripped: {:?}",
+        after.difference(&seen).collect::<Vec<_>>()
+    );
+    let inc = wait_fleet_incident(f, Kind::Image, AMI, Duration::from_secs(5))
+        .await
+        .expect("a fleet incident for the AMI");
+    let doc = fleet_doc(f).await;
+    let ours: Vec<_> = doc
+        .incidents
+        .values()
+        .filter(|i| i.kind == Kind::Image)
+        .collect();
+    assert_eq!(ours.len(), 1, "once: {doc:?}");
+    assert_eq!(
+        inc.instances.len(),
+        launches.len(),
+        "every failed launch named: {inc:?}"
+    );
+    assert_eq!(pages_of(f, &inc.id), 1, "paged once");
+    let st = status_shows(f, 0, &inc.id);
+    assert!(st["acked"].is_null(), "{st:#}");
+    // The operator's part, played: the quarantined launches are removed and the group's size
+    // put back with them (a SetDesiredCapacity would let Auto Scaling pick which to end).
+    for (id, d) in &launches {
+        if d == "quarantine" {
+            asg.terminate_instance_in_auto_scaling_group()
+                .instance_id(id)
+                .should_decrement_desired_capacity(true)
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(
+        aws::asg_group(&f.moto, &f.s.asg).await.desired_capacity(),
+        Some(desired)
+    );
+    eprintln!(
+        "scenario d: {} ({AMI}): {abandoned} launches abandoned, then the breaker kept {} quarantined; paged once; no launch after the trip ({:.0} s)",
+        inc.id,
+        launches.len() - abandoned,
+        (now_ms() - t0) / 1000.0
+    );
+    serde_json::json!({"abandon_limit": abandon_limit, "launches": launches.len(), "fleet_incident": inc.id})
+}
+
 /// Scenario f: a source outage (NVML, the ECS agent, IMDS) on 30 % of the other nodes for
 /// 90 s: none is taken out of service, and each is back to healthy after (no operator).
 async fn scenario_f(f: &mut Fleet, rng: &mut Rng, used: &BTreeSet<usize>) -> serde_json::Value {
@@ -582,7 +946,7 @@ async fn scenario_f(f: &mut Fleet, rng: &mut Rng, used: &BTreeSet<usize>) -> ser
                 .iter()
                 .all(|(i, b)| f.nodes[*i].nvml_polls() >= b + 3)
         },
-        || String::new(),
+        String::new,
     );
     let r = f.record();
     let ids: BTreeSet<String> = dark
@@ -627,13 +991,17 @@ async fn scenario_f(f: &mut Fleet, rng: &mut Rng, used: &BTreeSet<usize>) -> ser
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_of_n_daemons() {
     let n: usize = env_or("GM_FLEET_N", 20);
-    let scenarios: String = env_or("GM_FLEET_SCENARIOS", "idle,a,e,c,f".to_string());
+    let scenarios: String = env_or("GM_FLEET_SCENARIOS", "idle,a,e,c,b,d,f".to_string());
     let has = |s: &str| scenarios.split(',').any(|x| x.trim() == s);
     let mut o = Opts::new(n);
     // Fleet incidents: a fingerprint on more instances than scenario a faults (30 %) and the
     // one other XID 79 of scenario c (a and c must not meet: XID 79 is a's fingerprint).
     let threshold = (n * 3).div_ceil(10) + 2;
-    o.fleet_extra = format!("fingerprint_threshold = {threshold}\npattern_window = \"1h\"\n");
+    // A poison task (scenario b): one task definition's application faults on this many.
+    let task_threshold: usize = env_or("GM_FLEET_TASK_THRESHOLD", 3);
+    o.fleet_extra = format!(
+        "fingerprint_threshold = {threshold}\ntask_threshold = {task_threshold}\npattern_window = \"1h\"\n"
+    );
     o.budget = env_or("GM_FLEET_BUDGET", "\"20%\"".to_string());
     o.breaker = env_or("GM_FLEET_BREAKER", "\"20%\"".to_string());
     o.retry_after = env_or("GM_FLEET_RETRY_AFTER", o.retry_after.clone());
@@ -718,6 +1086,26 @@ async fn a_fleet_of_n_daemons() {
             to: now_ms(),
         });
         extra.insert("c".into(), x);
+    }
+    if has("b") {
+        let from = now_ms();
+        let x = scenario_b(&mut f, &mut rng, &used, task_threshold).await;
+        phases.push(Phase {
+            name: "b",
+            from,
+            to: now_ms(),
+        });
+        extra.insert("b".into(), x);
+    }
+    if has("d") {
+        let from = now_ms();
+        let x = scenario_d(&mut f, env_or("GM_FLEET_ABANDON_LIMIT", 3)).await;
+        phases.push(Phase {
+            name: "d",
+            from,
+            to: now_ms(),
+        });
+        extra.insert("d".into(), x);
     }
     if has("f") {
         let from = now_ms();

@@ -18,10 +18,12 @@ use crate::remedy::budget::patterns::{self, Doc, FleetIncident};
 #[derive(Debug, clap::Subcommand)]
 pub enum FleetCommand {
     /// The group's fleet budget: capacity and slots in use, the breaker as this instance
-    /// last saw it, kill switches, and the fleet incidents (fingerprints) with whether each
-    /// is acknowledged. Read live from the slot table and Auto Scaling.
+    /// last saw it, kill switches, and the fleet incidents (fingerprints, poison task
+    /// definitions, bad images) with whether each is acknowledged. Read live from the slot
+    /// table and Auto Scaling.
     Status(StatusArgs),
-    /// Acknowledge a fleet incident: the drains it holds go on, within the budget.
+    /// Acknowledge a fleet incident: the drains a fingerprint's holds go on, within the
+    /// budget; a poison task's or a bad image's is marked seen.
     Ack(AckArgs),
 }
 
@@ -39,7 +41,7 @@ pub struct StatusArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct AckArgs {
-    /// The fleet incident's id (`fp-…`, from `fleet status`).
+    /// The fleet incident's id (`fp-…`, `task-…`, `img-…`, from `fleet status`).
     pub id: String,
     /// Who acknowledges (default: $USER).
     #[arg(long)]
@@ -279,10 +281,14 @@ fn ack(a: &AckArgs) -> Result<(), CliError> {
                 .map_err(|e| CliError::Runtime(format!("cannot encode the fleet document: {e}")))?;
             match t.write_fleet(&mut calls, &group, &read, &text, &by).await {
                 Ok(()) => {
-                    println!(
-                        "{} acknowledged by {by}: the drains it held go on, within the budget",
-                        a.id
-                    );
+                    if inc.holds_drains() {
+                        println!(
+                            "{} acknowledged by {by}: the drains it held go on, within the budget",
+                            a.id
+                        );
+                    } else {
+                        println!("{} acknowledged by {by}: it held nothing", a.id);
+                    }
                     return Ok(());
                 }
                 Err(TableError::Conflict) => continue,

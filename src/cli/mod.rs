@@ -138,8 +138,10 @@ pub enum Command {
     ///
     /// `status` (text or --json): the budget's capacity and slots in use, the breaker, kill
     /// switches, and the fleet incidents (one fingerprint on many instances: probably the
-    /// driver or the image) with whether each is acknowledged; `ack <id>`: the drains a fleet
-    /// incident holds go on, within the budget. Needs [fleet] table.
+    /// driver or the image; one task definition's application faults on many instances: a
+    /// poison task; new instances of one AMI tripping the launch-failure breaker: a bad image)
+    /// with whether each is acknowledged; `ack <id>`: the drains a fingerprint's incident
+    /// holds go on, within the budget. Needs [fleet] table.
     #[command(subcommand)]
     Fleet(fleet_admin::FleetCommand),
     /// GPU memory per ECS task definition: observed peak, p99, reservation, suggested size.

@@ -265,6 +265,9 @@ struct Keeper {
     /// The reboot ledger (`reboots.json`) as last written or read: it is written again when
     /// the repair history differs.
     ledger: Option<Vec<crate::model::repair::Repair>>,
+    /// Records of this batch the executor is shown ([`Executor::observe`]): the openings of
+    /// application faults (a poison task across the fleet, docs/fleet-scale.md).
+    observed: Vec<Record>,
 }
 
 /// A journal or state write that fails (a full disk under `state_dir`, an I/O error) is a
@@ -461,6 +464,9 @@ impl Supervisor {
             for order in engine.handle_batch(batch)? {
                 dispatch(&mut orders, &self.executor, &out_tx, order);
             }
+            for record in engine.observed.drain(..) {
+                self.executor.observe(&record);
+            }
             pace.took(stepped, t0.elapsed());
         }
 
@@ -561,6 +567,7 @@ impl Keeper {
             seq: 0,
             unsaved: Unsaved::default(),
             ledger,
+            observed: Vec::new(),
         };
         engine.recover(resumed_state)?;
         match journal::save_state(&cfg.state_path(), &engine.state) {
@@ -1003,6 +1010,11 @@ impl Keeper {
                     Action::Log(record) => {
                         trace_record(&record);
                         self.incidents.write(&record)?;
+                        if crate::export::detail_type(&record.event)
+                            == Some(crate::export::APPLICATION_FAULT)
+                        {
+                            self.observed.push(record);
+                        }
                     }
                     Action::Execute(order) => orders.push(order),
                 }

@@ -222,6 +222,50 @@ pub fn node(s: &Seeded, i: usize, proxy: &str, table: &str, agent: &str, o: &Opt
     d
 }
 
+/// `gpu-medic check --lifecycle` of a new instance `instance_id` of the fleet's group (not
+/// run): its own fake GPUs, kernel log and IMDS (`imds`, the caller's), the access key `key`,
+/// the group's slot table (its fleet document), the launch-failure breaker at `abandon_limit`.
+pub fn launching(
+    s: &Seeded,
+    instance_id: &str,
+    key: &str,
+    proxy: &str,
+    table: &str,
+    imds: &str,
+    abandon_limit: u32,
+) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = dir.path().join("driver-version");
+    std::fs::write(
+        &driver,
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  Tue Jul  8 18:21:20 UTC 2025\n",
+    )
+    .unwrap();
+    let config = format!(
+        "state_dir = \"state\"\npolicy = \"{policy}\"\n\
+         [nvml]\nlibrary = \"{lib}\"\nexpected_gpus = 4\nkmsg = \"{kmsg}\"\n\
+         [mps]\nenabled = false\n\
+         [identity]\ninstance_id = \"{instance_id}\"\ncluster = \"{cluster}\"\nauto_scaling_group = \"{group}\"\n\
+         [ecs]\nagent_url = \"http://127.0.0.1:9\"\nagent_wait = \"100ms\"\n\
+         [lifecycle]\ncheck_deadline = \"2s\"\ncheck_retry_delay = \"300ms\"\n\
+         abandon_limit = {abandon_limit}\nabandon_window = \"1h\"\n\
+         [fleet]\ntable = \"{table}\"\npattern_window = \"1h\"\ndriver_version_file = \"{driver}\"\n\
+         [export]\nenabled = true\n",
+        policy = crate::default_policy().display(),
+        lib = crate::fake_nvml().display(),
+        kmsg = dir.path().join("kmsg").display(),
+        cluster = s.cluster,
+        group = s.asg,
+        driver = driver.display(),
+    );
+    let mut d = Daemon::in_temp(dir, &config);
+    d.aws(Some(proxy))
+        .env("AWS_ACCESS_KEY_ID", key)
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
+        .gpus(crate::FOUR_GPUS);
+    d
+}
+
 // ---------------------------------------------------------------------------------------------
 // Auto Scaling and the ECS agent of successors, played
 

@@ -47,6 +47,11 @@ pub struct FleetConfig {
     /// turns it off.
     #[serde(default = "default_fingerprint_threshold")]
     pub fingerprint_threshold: u32,
+    /// Fleet incidents (with `table`): application faults (judged the program's own) charged
+    /// to the same ECS task definition on this many instances within `pattern_window` are ONE
+    /// fleet incident naming it (a poison task), paged once; nothing is held. 0 turns it off.
+    #[serde(default = "default_task_threshold")]
+    pub task_threshold: u32,
     #[serde(default = "default_pattern_window", with = "humantime_serde")]
     pub pattern_window: Duration,
     /// Where the driver's version is read for the fingerprint (its first line).
@@ -153,6 +158,12 @@ fn default_fingerprint_threshold() -> u32 {
     0
 }
 
+/// On by default: it holds nothing, and three instances of one task definition faulting
+/// within the window is the application's pattern (issue 51, scenario b).
+fn default_task_threshold() -> u32 {
+    3
+}
+
 fn default_pattern_window() -> Duration {
     Duration::from_secs(3600)
 }
@@ -197,6 +208,7 @@ impl Default for FleetConfig {
             table: None,
             reservation_lifetime: default_reservation_lifetime(),
             fingerprint_threshold: default_fingerprint_threshold(),
+            task_threshold: default_task_threshold(),
             pattern_window: default_pattern_window(),
             driver_version_file: default_driver_version_file(),
         }

@@ -21,7 +21,10 @@
 //!    - could not tell: `on_unknown = "continue"` (default) CONTINUEs with
 //!      `<prefix>.health=pending`: in service, but no GPU placement under the
 //!      `== ok` constraint until a later `check --lifecycle` passes; `"abandon"` treats it as
-//!      unhealthy (breaker included).
+//!      unhealthy (breaker included);
+//!    - with `[fleet] table`, every unhealthy launch is also recorded in the group's fleet
+//!      document under its AMI, and the breaker's trip opens ONE fleet incident for that AMI
+//!      (a bad image; paged once, shown by `gpu-medic fleet status`, docs/fleet-scale.md).
 //! 4. The attribute is set before a quarantined CONTINUE (and after a healthy one) when the
 //!    ECS agent has registered the instance; if it has not, the report says so (register the
 //!    agent with `ECS_INSTANCE_ATTRIBUTES`, packaging/LIFECYCLE.md).
@@ -110,6 +113,10 @@ pub struct LaunchReport<T> {
     pub heartbeats: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breaker: Option<Breaker>,
+    /// The bad-image fleet incident of this instance's AMI, when one is open (`[fleet]
+    /// table`): its id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet_incident: Option<String>,
     pub notes: Vec<String>,
     pub request_ids: Vec<String>,
     pub exit_code: i32,
@@ -135,6 +142,7 @@ where
 {
     let mut g = Gate {
         cfg,
+        sdk: None,
         asg: None,
         ecs: None,
         calls: Calls::new(),
@@ -145,6 +153,7 @@ where
 
 struct Gate<'a> {
     cfg: &'a Config,
+    sdk: Option<aws_config::SdkConfig>,
     asg: Option<Asg>,
     ecs: Option<aws_sdk_ecs::Client>,
     calls: Calls,
@@ -223,6 +232,7 @@ impl Gate<'_> {
         let asg = Asg::new(aws_sdk_autoscaling::Client::new(&sdk));
         self.asg = Some(asg.clone());
         self.ecs = Some(aws_sdk_ecs::Client::new(&sdk));
+        self.sdk = Some(sdk);
 
         let me = match self.who_am_i(&asg, deadline).await {
             Ok(me) => Some(me),
@@ -269,6 +279,7 @@ impl Gate<'_> {
             attempts,
             heartbeats,
             breaker: None,
+            fleet_incident: None,
             notes: Vec::new(),
             request_ids: Vec::new(),
             exit_code: 0,
@@ -472,6 +483,9 @@ impl Gate<'_> {
             window: humantime::format_duration(lc.abandon_window).to_string(),
             tripped,
         });
+        report.fleet_incident = self
+            .bad_image(&group, &me.instance_id, tripped.then_some(lc.abandon_limit))
+            .await;
         if tripped {
             let text = format!(
                 "LAUNCH-FAILURE BREAKER TRIPPED: {} launches of group {group} were abandoned within {}; this unhealthy instance is kept in service QUARANTINED (health=faulted) instead of abandoned. A bad AMI, driver or instance type? An operator is needed (clear the {ABANDON_TAG} tag to re-arm).",
@@ -494,6 +508,31 @@ impl Gate<'_> {
             }
         }
         Decision::Abandon
+    }
+
+    /// With `[fleet] table` (not in a dry run): records this unhealthy launch under its AMI
+    /// in the group's fleet document; with the breaker `tripped` (at `limit` abandons), opens
+    /// the AMI's fleet incident (once: the conditional write lets one gate in, which pages).
+    /// The incident's id when one is open.
+    async fn bad_image(&mut self, group: &str, me: &str, tripped: Option<u32>) -> Option<String> {
+        let cfg = self.cfg;
+        let table = cfg.fleet.table.as_deref()?;
+        if cfg.dry_run {
+            return None;
+        }
+        let sdk = self.sdk.as_ref()?;
+        let slots = crate::aws::dynamo::SlotTable::new(aws_sdk_dynamodb::Client::new(sdk), table);
+        let gate = crate::remedy::budget::fleet_gate::FleetGate::new(
+            sdk,
+            cfg,
+            slots,
+            crate::sys::clock::SystemClock::shared(),
+        );
+        let inc = gate
+            .image(group, me, cfg.identity.cluster.as_deref(), tripped)
+            .await?;
+        self.note(inc.summary());
+        Some(inc.id)
     }
 
     /// CompleteLifecycleAction, retrying what may pass for up to half the heartbeat timeout.

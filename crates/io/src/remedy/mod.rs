@@ -33,6 +33,13 @@ pub trait Executor: Send + Sync + 'static {
     fn capabilities(&self) -> crate::model::Capabilities {
         crate::model::Capabilities::default()
     }
+    /// Shown each journaled opening of an application fault (a record the export sends as
+    /// `GPU Medic Application Fault`), after the engine decided it: what it does there decides
+    /// nothing on this node (a fleet incident for a poison task, docs/fleet-scale.md). Must
+    /// not block: work is spawned.
+    fn observe(&self, record: &crate::model::Record) {
+        let _ = record;
+    }
 }
 
 /// What a remedy did, for the journal.
@@ -163,6 +170,12 @@ pub trait ControlPlane: Send + Sync + 'static {
         hook: LifecycleHook,
         result: LifecycleResult,
     ) -> BoxFuture<'_, Result<Done, RemedyError>>;
+    /// An application fault of this instance was charged to task definition `definition`
+    /// (`family:revision`): the fleet's poison-task pattern (with `[fleet] table`).
+    fn application_fault(&self, definition: String) -> BoxFuture<'_, ()> {
+        let _ = definition;
+        Box::pin(async {})
+    }
     /// The group as the fleet budget last read it for a drain or replacement, taken (None:
     /// no read since): the order's outcome carries it.
     fn take_fleet_view(&self) -> Option<crate::model::FleetBudgetView> {
@@ -191,6 +204,31 @@ impl Executor for Remedies {
             evidence: self.evidence.as_ref().map(|e| e.plan()),
             reboot: self.control_plane.is_some() && self.repair.is_some(),
             diagnose: self.diagnose.as_ref().map(|d| d.level()),
+        }
+    }
+
+    /// An application fault charged to a named ECS task's definition (by the kernel's facts:
+    /// the pid's cgroup, the ECS agent's record of that task; never the process's own name)
+    /// is shown to the control plane for the fleet's poison-task pattern.
+    fn observe(&self, record: &crate::model::Record) {
+        let crate::model::IncidentEvent::Opened { observation, .. } = &record.event else {
+            return;
+        };
+        let Some(c) = observation.culprit() else {
+            return;
+        };
+        let (Some(definition), Some(_), true) = (
+            c.definition.clone(),
+            c.task.as_ref(),
+            c.via != crate::model::attribution::Via::MpsAmbiguous,
+        ) else {
+            return;
+        };
+        let Some(cp) = self.control_plane.clone() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { cp.application_fault(definition).await });
         }
     }
 

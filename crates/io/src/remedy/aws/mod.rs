@@ -274,6 +274,18 @@ impl ControlPlane for AwsControlPlane {
         self.hands.budget.take_view()
     }
 
+    fn application_fault(&self, definition: String) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            match self.identity().await {
+                Ok(id) => self.hands.budget.task_pattern(id, &definition).await,
+                Err(e) => tracing::warn!(
+                    task_definition = %definition,
+                    "fleet incidents: application fault not recorded for the fleet: {e}"
+                ),
+            }
+        })
+    }
+
     fn complete_lifecycle(
         &self,
         _order: &Order,

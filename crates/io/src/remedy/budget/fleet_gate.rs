@@ -1,4 +1,5 @@
-//! The fleet-incident gate of a drain (with `[fleet] table` and `fingerprint_threshold` > 0):
+//! The fleet-incident gate (with `[fleet] table`). Of a drain (with a `fingerprint_threshold`
+//! above 0):
 //! before anything else a drain does, this instance's fingerprint (the incident's first
 //! signal, the driver's version, the AMI, the instance type) is recorded in the group's fleet
 //! document ([`patterns`], the item `<group>#fleet` of the slot table), by a conditional write.
@@ -10,6 +11,11 @@
 //! order's outcome. Anything that keeps the gate from deciding (the table unreachable, a
 //! document it cannot read) lets the drain go on to the budget, which says what is wrong:
 //! the gate never holds a repair because of its own trouble.
+//!
+//! The same document and page serve the other fleet incidents ([`patterns`]): a poison task
+//! ([`FleetGate::task`], after an application fault charged to a task definition: nothing is
+//! held) and a bad image ([`FleetGate::image`], from the launch gate, when the launch-failure
+//! breaker trips).
 
 use std::time::Duration;
 
@@ -110,7 +116,73 @@ impl FleetGate {
         }
         let f = self.facts().await;
         let p = Pattern::fingerprint(signal, &f.driver, &f.ami, &f.instance_type);
-        let me = id.instance_id.as_str();
+        let s = self
+            .judge(
+                group,
+                &id.instance_id,
+                Some(&id.cluster),
+                &p,
+                Open::AtCount(threshold),
+            )
+            .await?;
+        s.held.map(|inc| (inc.id.clone(), defer(held(&inc))))
+    }
+
+    /// A poison task: records that an application fault of this instance was charged to task
+    /// definition `definition` (`family:revision`, as the ECS agent named the task the
+    /// pid's cgroup is in); `task_threshold` instances within the window open ONE fleet
+    /// incident naming it (paged once). It holds nothing. The incident when it is open.
+    pub async fn task(&self, id: &Identity, definition: &str) -> Option<FleetIncident> {
+        let threshold = self.cfg.fleet.task_threshold;
+        let group = id.auto_scaling_group.as_deref()?;
+        if threshold == 0 || definition.is_empty() {
+            return None;
+        }
+        let p = Pattern::task(definition);
+        let s = self
+            .judge(
+                group,
+                &id.instance_id,
+                Some(&id.cluster),
+                &p,
+                Open::AtCount(threshold),
+            )
+            .await?;
+        s.opens.or(s.known)
+    }
+
+    /// A bad image: this new instance (`me`, of `group`) failed the launch gate. Recorded per
+    /// AMI; when the launch-failure breaker `tripped` (with `limit` abandons), this opens ONE
+    /// fleet incident for the AMI (paged once; not again while the document keeps it). The
+    /// incident when it is open.
+    pub async fn image(
+        &self,
+        group: &str,
+        me: &str,
+        cluster: Option<&str>,
+        tripped: Option<u32>,
+    ) -> Option<FleetIncident> {
+        let f = self.facts().await;
+        let p = Pattern::image(&f.ami);
+        let open = match tripped {
+            Some(limit) => Open::Now(limit),
+            None => Open::AtCount(0),
+        };
+        let s = self.judge(group, me, cluster, &p, open).await?;
+        s.opens.or(s.known)
+    }
+
+    /// Records `me`'s sighting of `p` in `group`'s fleet document (conditionally on the
+    /// version read, again after a lost race), and pages when this write opened its
+    /// incident. None when it could not be judged (said in the log).
+    async fn judge(
+        &self,
+        group: &str,
+        me: &str,
+        cluster: Option<&str>,
+        p: &Pattern,
+        open: Open,
+    ) -> Option<Judged> {
         let window = u64::try_from(self.cfg.fleet.pattern_window.as_millis()).unwrap_or(u64::MAX);
         for _ in 0..MAX_CONFLICTS {
             let mut calls = Calls::new();
@@ -134,7 +206,11 @@ impl FleetGate {
                     return None;
                 }
             };
-            let s = patterns::sight(&doc, &p, me, self.clock.now_ms(), window, threshold);
+            let now = self.clock.now_ms();
+            let s = match open {
+                Open::AtCount(t) => patterns::sight(&doc, p, me, now, window, t),
+                Open::Now(limit) => patterns::trip(&doc, p, me, now, window, limit),
+            };
             if let Some(next) = &s.write {
                 let text = match serde_json::to_string(next) {
                     Ok(t) => t,
@@ -161,9 +237,20 @@ impl FleetGate {
             }
             if let Some(inc) = &s.opens {
                 tracing::error!(instance_id = me, fleet_incident = %inc.id, "{}", inc.summary());
-                self.page(id, inc).await;
+                self.page(cluster, group, inc).await;
             }
-            return s.held.map(|inc| (inc.id.clone(), defer(held(&inc))));
+            let known = s
+                .write
+                .as_ref()
+                .unwrap_or(&doc)
+                .incidents
+                .get(&p.id())
+                .cloned();
+            return Some(Judged {
+                opens: s.opens,
+                held: s.held,
+                known,
+            });
         }
         tracing::warn!(
             instance_id = me,
@@ -173,7 +260,7 @@ impl FleetGate {
     }
 
     /// The page: one EventBridge event, sent by the instance whose write opened the incident.
-    async fn page(&self, id: &Identity, inc: &FleetIncident) {
+    async fn page(&self, cluster: Option<&str>, group: &str, inc: &FleetIncident) {
         let Some(events) = &self.events else {
             tracing::warn!(fleet_incident = %inc.id, "fleet incident not paged: [export] events is off");
             return;
@@ -181,8 +268,8 @@ impl FleetGate {
         let detail = serde_json::json!({
             "fleet_incident": inc,
             "summary": inc.summary(),
-            "cluster": id.cluster,
-            "auto_scaling_group": id.auto_scaling_group,
+            "cluster": cluster,
+            "auto_scaling_group": group,
             "ack": format!("gpu-medic fleet ack {}", inc.id),
         });
         let event = Event {
@@ -196,6 +283,25 @@ impl FleetGate {
             tracing::warn!(fleet_incident = %inc.id, "fleet incident not paged: {e}");
         }
     }
+}
+
+/// How a sighting may open its pattern's incident.
+#[derive(Debug, Clone, Copy)]
+enum Open {
+    /// At this many instances within the window (0: never).
+    AtCount(u32),
+    /// Now (something else decided: the launch-failure breaker, at this many abandons).
+    Now(u32),
+}
+
+/// What a judged sighting found.
+struct Judged {
+    /// The incident this write opened (and paged).
+    opens: Option<FleetIncident>,
+    /// The unacknowledged incident that holds a drain of the pattern.
+    held: Option<FleetIncident>,
+    /// The pattern's incident as the document now holds it.
+    known: Option<FleetIncident>,
 }
 
 /// The deferral's words for a drain held by a fleet incident.

@@ -105,6 +105,13 @@ pub trait FleetBudget: Send + Sync {
         Box::pin(async { None })
     }
 
+    /// An application fault of this instance charged to task definition `definition`: the
+    /// poison-task pattern (a fleet incident naming it at `[fleet] task_threshold`
+    /// instances; holds nothing). Only with the slot table.
+    fn task_pattern<'a>(&'a self, _id: &'a Identity, _definition: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
     /// The attribute that marks an instance whose drain a fleet incident holds
     /// (`<prefix>.held`; the breaker's one repair never waits for it).
     fn held_attr(&self) -> String {

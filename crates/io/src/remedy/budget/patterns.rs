@@ -4,6 +4,17 @@
 //! incident, opened by one conditional write, and further drains for that fingerprint wait
 //! for an operator (`gpu-medic fleet ack <id>`) while other faults go on within the budget.
 //!
+//! Two more patterns open fleet incidents of the same shape (one document, one page, one
+//! `fleet ack`):
+//! - **a poison task**: application XIDs (13/31/43…, judged the program's own) charged to
+//!   the same ECS task definition (gpu-medic's own attribution: the pid's cgroup names the
+//!   task, the ECS agent its definition) on `task_threshold` instances within the window: ONE
+//!   fleet incident naming the task definition. It holds nothing: no instance is drained for
+//!   an application's fault anyway.
+//! - **a bad image**: the launch-failure breaker tripping (new instances failing the launch
+//!   gate) opens ONE fleet incident for the AMI of the instance that tripped it, naming the
+//!   instances of that AMI that failed the gate within the window.
+//!
 //! This module is pure: the group's fleet document in, what to write and what it means out.
 //! The document lives beside the group's slot item in the slot table (partition key
 //! `<group>#fleet`, [`crate::aws::dynamo::FleetTable`]); every write is conditional on the
@@ -29,12 +40,18 @@ pub const MAX_INCIDENTS: usize = 64;
 pub enum Kind {
     /// The same fatal signal, driver version, AMI and instance type.
     Fingerprint,
+    /// Application faults charged to one ECS task definition (`family:revision`).
+    Task,
+    /// New instances of one AMI failing the launch gate (the launch-failure breaker).
+    Image,
 }
 
 impl Kind {
     fn prefix(self) -> &'static str {
         match self {
             Kind::Fingerprint => "fp",
+            Kind::Task => "task",
+            Kind::Image => "img",
         }
     }
 }
@@ -52,6 +69,23 @@ impl Pattern {
         Pattern {
             kind: Kind::Fingerprint,
             key: format!("{signal} | {driver} | {ami} | {instance_type}"),
+        }
+    }
+
+    /// A poison task: the task definition (`family:revision`) application faults were
+    /// charged to.
+    pub fn task(definition: &str) -> Pattern {
+        Pattern {
+            kind: Kind::Task,
+            key: definition.to_string(),
+        }
+    }
+
+    /// A bad image: the AMI of instances failing the launch gate.
+    pub fn image(ami: &str) -> Pattern {
+        Pattern {
+            kind: Kind::Image,
+            key: ami.to_string(),
         }
     }
 
@@ -99,21 +133,34 @@ pub struct FleetIncident {
 impl FleetIncident {
     /// What it says, for the deferral, `fleet status` and the page.
     pub fn summary(&self) -> String {
+        let n = self.instances.len();
+        let who = self
+            .instances
+            .iter()
+            .take(8)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
         match self.kind {
             Kind::Fingerprint => format!(
-                "fleet incident {}: {} on {} instances within the window ({}): probably the driver or image, not {} GPUs",
-                self.id,
-                self.key,
-                self.instances.len(),
-                self.instances
-                    .iter()
-                    .take(8)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                self.instances.len()
+                "fleet incident {}: {} on {n} instances within the window ({who}): probably the driver or image, not {n} GPUs",
+                self.id, self.key,
+            ),
+            Kind::Task => format!(
+                "fleet incident {}: task definition {} faulted (application XIDs) on {n} instances within the window ({who}): a poison task, the application's fault, not {n} GPUs; no instance is drained for it; page the task definition's owner",
+                self.id, self.key,
+            ),
+            Kind::Image => format!(
+                "fleet incident {}: new instances from {} failed the launch gate ({n} within the window: {who}) and the launch-failure breaker tripped: probably the image; unhealthy launches are kept quarantined, not abandoned, so no replacement follows (clear the group's gpu-medic/abandoned-launches tag to re-arm)",
+                self.id, self.key,
             ),
         }
+    }
+
+    /// Whether it holds the drains of its pattern while not acknowledged (a fingerprint's
+    /// only: a poison task drains nothing, a bad image's launches are held by the breaker).
+    pub fn holds_drains(&self) -> bool {
+        self.kind == Kind::Fingerprint
     }
 }
 
@@ -151,6 +198,26 @@ pub fn sight(
     window_ms: u64,
     threshold: u32,
 ) -> Sighting {
+    record(doc, p, me, now_ms, window_ms, threshold, false)
+}
+
+/// `me` sees `p` at `now_ms` and something else already decided that it is a fleet incident
+/// (the launch-failure breaker tripped, with `limit` abandons): the sighting is recorded and,
+/// when `p` has no incident yet, this write opens it, whatever the count. Once opened it is
+/// not opened again (an acknowledged one neither) while the document keeps it.
+pub fn trip(doc: &Doc, p: &Pattern, me: &str, now_ms: u64, window_ms: u64, limit: u32) -> Sighting {
+    record(doc, p, me, now_ms, window_ms, limit, true)
+}
+
+fn record(
+    doc: &Doc,
+    p: &Pattern,
+    me: &str,
+    now_ms: u64,
+    window_ms: u64,
+    threshold: u32,
+    force: bool,
+) -> Sighting {
     let mut next = doc.clone();
     let cutoff = now_ms.saturating_sub(window_ms);
     for seen in next.sightings.values_mut() {
@@ -174,12 +241,13 @@ pub fn sight(
     let id = p.id();
     let mut opens = None;
     match next.incidents.get_mut(&id) {
-        Some(inc) => {
-            if !inc.instances.iter().any(|i| i == me) && inc.instances.len() < MAX_SIGHTINGS {
-                inc.instances.push(me.to_string());
-            }
+        Some(inc)
+            if !inc.instances.iter().any(|i| i == me) && inc.instances.len() < MAX_SIGHTINGS =>
+        {
+            inc.instances.push(me.to_string());
         }
-        None if threshold > 0 && count >= threshold as usize => {
+        Some(_) => {}
+        None if force || (threshold > 0 && count >= threshold as usize) => {
             let inc = FleetIncident {
                 id: id.clone(),
                 kind: p.kind,
@@ -199,7 +267,7 @@ pub fn sight(
     let held = next
         .incidents
         .get(&id)
-        .filter(|i| i.acked.is_none())
+        .filter(|i| i.acked.is_none() && i.holds_drains())
         .cloned();
     // A sighting already recorded (same instance, within the window) writes nothing new
     // but its time: only a changed membership or incident is worth a write.
@@ -332,6 +400,104 @@ mod tests {
                 .unwrap();
         }
         assert!(doc.incidents.is_empty(), "threshold 0: off");
+    }
+
+    /// A poison task: the same task definition's application faults on 3 instances open ONE
+    /// incident naming it; the same instance faulting again and again is one instance; it
+    /// holds nothing; another revision is another task definition.
+    #[test]
+    fn a_task_definition_faulting_on_three_instances_is_one_incident_that_holds_nothing() {
+        let poison = Pattern::task("trainer:7");
+        let mut doc = Doc::default();
+        for t in 0..5 {
+            let s = sight(&doc, &poison, "i-0", 1000 + t, H, 3);
+            assert!(s.opens.is_none(), "one instance, however often: {s:?}");
+            if let Some(w) = s.write {
+                doc = w;
+            }
+        }
+        doc = sight(&doc, &poison, "i-1", 1010, H, 3).write.unwrap();
+        // The fingerprint and the task are apart, even with the same key text.
+        let fp = sight(
+            &doc,
+            &Pattern::fingerprint("trainer:7", "", "", ""),
+            "i-2",
+            1011,
+            H,
+            3,
+        );
+        assert!(fp.opens.is_none());
+        let other = sight(&doc, &Pattern::task("trainer:8"), "i-2", 1012, H, 3);
+        assert!(other.opens.is_none(), "another revision: {other:?}");
+        let third = sight(&doc, &poison, "i-2", 1013, H, 3);
+        let inc = third.opens.clone().expect("the third instance opens it");
+        assert_eq!(inc.kind, Kind::Task);
+        assert!(
+            inc.id.starts_with("task-") && inc.id.len() == 13,
+            "{}",
+            inc.id
+        );
+        assert_eq!(inc.instances, vec!["i-0", "i-1", "i-2"]);
+        assert!(third.held.is_none(), "a poison task holds no drain");
+        let words = inc.summary();
+        assert!(
+            words.contains("task definition trainer:7") && words.contains("no instance is drained"),
+            "{words}"
+        );
+        doc = third.write.unwrap();
+        let fourth = sight(&doc, &poison, "i-3", 1014, H, 3);
+        assert!(fourth.opens.is_none() && fourth.held.is_none());
+        doc = fourth.write.unwrap();
+        assert_eq!(doc.incidents.len(), 1);
+        assert_eq!(doc.incidents[&inc.id].instances.len(), 4);
+        // Acknowledged like any fleet incident; never opened again.
+        let acked = ack(&doc, &inc.id, "owner", 2000).unwrap();
+        assert!(sight(&acked, &poison, "i-9", 2001, H, 3).opens.is_none());
+        // Three instances spread wider than the window: no incident.
+        let mut doc = Doc::default();
+        for i in 0..3u64 {
+            if let Some(w) = sight(&doc, &poison, &format!("i-{i}"), i * H, H / 2, 3).write {
+                doc = w;
+            }
+        }
+        assert!(doc.incidents.is_empty(), "{doc:?}");
+    }
+
+    /// A bad image: failing launches are recorded per AMI without opening anything; the
+    /// breaker's trip opens ONE incident for the AMI, naming them; a second trip (another
+    /// instance, another gate run) does not open another.
+    #[test]
+    fn the_launch_breaker_opens_one_incident_for_the_ami() {
+        let bad = Pattern::image("ami-0bad");
+        let mut doc = Doc::default();
+        for i in 0..3 {
+            let s = sight(&doc, &bad, &format!("i-{i}"), 1000 + i, H, 0);
+            assert!(s.opens.is_none() && s.held.is_none());
+            doc = s.write.unwrap();
+        }
+        let t = trip(&doc, &bad, "i-3", 1003, H, 3);
+        let inc = t.opens.clone().expect("the trip opens it");
+        assert_eq!((inc.kind, inc.threshold), (Kind::Image, 3));
+        assert!(inc.id.starts_with("img-"), "not an AMI id: {}", inc.id);
+        assert_eq!(inc.instances.len(), 4);
+        assert!(
+            t.held.is_none(),
+            "the breaker holds launches, not the incident"
+        );
+        assert!(
+            inc.summary().contains("new instances from ami-0bad"),
+            "{}",
+            inc.summary()
+        );
+        doc = t.write.unwrap();
+        let again = trip(&doc, &bad, "i-4", 1004, H, 3);
+        assert!(again.opens.is_none(), "once");
+        doc = again.write.unwrap();
+        assert_eq!(doc.incidents.len(), 1);
+        assert_eq!(doc.incidents[&inc.id].instances.len(), 5);
+        // A trip with another instance's AMI is that AMI's own incident.
+        let other = trip(&doc, &Pattern::image("ami-0other"), "i-5", 1005, H, 3);
+        assert!(other.opens.is_some());
     }
 
     #[test]

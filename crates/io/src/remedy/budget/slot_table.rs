@@ -699,6 +699,12 @@ impl FleetBudget for SlotBudget {
         Box::pin(self.gate.check(id, signal, |m| self.c.defer(m)))
     }
 
+    fn task_pattern<'a>(&'a self, id: &'a Identity, definition: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.gate.task(id, definition).await;
+        })
+    }
+
     fn held_attr(&self) -> String {
         self.c.held_attr()
     }
