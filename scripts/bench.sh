@@ -41,6 +41,9 @@
 #                       GPUs, CUDA tier on the fake libcuda, DCGM off) and `check --json`: median,
 #                       p99, the CUDA tier's time, what a diagnosis adds to the check (BENCH_RUNS,
 #                       default 10; GPU_MEDIC_BIN=path)
+#   journal_caps        `gpu-medic run`'s start and `incidents list` over a 2 GB incidents.jsonl
+#                       (sparse and dense) far over its cap, state.json present and lost
+#                       (BENCH_RUNS, default 5; BENCH_GB, default 2; GPU_MEDIC_BIN=path)
 #   two_probers         a fake ECS agent probing NVIDIA's real MPS daemon on a fixed cadence beside
 #                       gpu-medic's probe, and beside a plain one: failures on each side and the
 #                       restarts they would cause (BENCH_WINDOW_S, default 600;
@@ -52,7 +55,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
-    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps incidents_list diagnose two_probers)
+    benches=(detection_latency action_latency steady_state engine_throughput storm task_accounting fleet_budget mps_systemd_detection link_poll metrics_endpoint file_caps incidents_list diagnose two_probers journal_caps)
 fi
 cargo build --release --workspace --locked
 for b in "${benches[@]}"; do

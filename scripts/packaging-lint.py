@@ -245,6 +245,17 @@ def main() -> int:
             "iam-policy.json: ec2:RebootInstances only with ArnEquals ec2:SourceInstanceARN = "
             "the target's ARN (.../instance/${ec2:InstanceID}): an instance reboots only itself",
         )
+    # The reboot count's tag: the instance tags only itself, and only with gpu-medic's key.
+    tags = [s for s in statements if "ec2:CreateTags" in as_list(s.get("Action", []))]
+    check(len(tags) == 1, "iam-policy.json: one statement allows ec2:CreateTags")
+    for s in tags:
+        cond = s.get("Condition", {})
+        check(
+            as_list(s.get("Action")) == ["ec2:CreateTags"]
+            and cond.get("ArnEquals", {}).get("ec2:SourceInstanceARN", "").endswith(":instance/${ec2:InstanceID}")
+            and as_list(cond.get("ForAllValues:StringEquals", {}).get("aws:TagKeys")) == ["gpu-medic:reboots"],
+            "iam-policy.json: ec2:CreateTags only on the instance itself and only the key gpu-medic:reboots",
+        )
     dyn = sorted(a for s in statements for a in as_list(s.get("Action", [])) if a.startswith("dynamodb:"))
     check(dyn == ["dynamodb:GetItem", "dynamodb:PutItem"], f"iam-policy.json: DynamoDB actions are GetItem and PutItem only, not {dyn}")
     check(

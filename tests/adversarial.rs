@@ -335,9 +335,18 @@ proptest! {
             Ok(None) => prop_assert!(false, "a state file read as none"),
             Err(e) => prop_assert!(e.to_string().contains("state"), "{e}"),
         }
-        // The daemon's path: a refused state is set aside, never a refusal to start.
-        let (st, set_aside) = journal::load_state_or_set_aside(&path, Timestamp(T0)).unwrap();
-        prop_assert!(st.is_some() != set_aside.is_some());
+        // The daemon's path: a refused state is set aside, never a refusal to start; a
+        // number that makes the file a newer gpu-medic's (its `format`) is refused, never
+        // set aside, and read as this version can when the operator accepts it.
+        match journal::load_state_or_set_aside(&path, Timestamp(T0), journal::Newer::Refuse) {
+            Ok(l) => prop_assert!(l.state.is_some() != l.set_aside.is_some()),
+            Err(e) => {
+                prop_assert!(matches!(e, gpu_medic::sys::error::JournalError::Newer { .. }), "{e}");
+                prop_assert!(path.exists(), "a newer state is never set aside");
+                let l = journal::load_state_or_set_aside(&path, Timestamp(T0), journal::Newer::Accept).unwrap();
+                prop_assert!(l.state.is_some() != l.set_aside.is_some());
+            }
+        }
     }
 
     /// inputs.jsonl lines with any number changed: replay (what a restart does) never panics,
@@ -385,7 +394,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("incidents.jsonl");
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-        let st = journal::rebuild_from_journal(&path, Timestamp(now), Duration::ZERO).unwrap();
+        let (st, _) = journal::rebuild_from_journal(&path, Timestamp(now), Duration::ZERO, journal::read_cap(64)).unwrap();
         prop_assert!(st.check_ranges().is_ok(), "rebuilt out of range: {:?}", st.check_ranges());
         exercise_state(st, now, dir.path())?;
         let _ = journal::last_records::<Record>(&path, 5).unwrap();
@@ -620,8 +629,8 @@ fn readers() -> Vec<(&'static str, &'static str, Reader)> {
             r(Box::new(|p| {
                 format!(
                     "{:?}",
-                    journal::load_state_or_set_aside(p, Timestamp(T0))
-                        .map(|(s, a)| (s.is_some(), a))
+                    journal::load_state_or_set_aside(p, Timestamp(T0), journal::Newer::Refuse)
+                        .map(|l| (l.state.is_some(), l.set_aside))
                 )
             })),
         ),
@@ -642,8 +651,13 @@ fn readers() -> Vec<(&'static str, &'static str, Reader)> {
                 format!(
                     "{:?} {:?}",
                     journal::last_records::<Record>(p, 3).map(|r| r.len()),
-                    journal::rebuild_from_journal(p, Timestamp(T0), Duration::ZERO)
-                        .map(|s| s.incidents.last_id)
+                    journal::rebuild_from_journal(
+                        p,
+                        Timestamp(T0),
+                        Duration::ZERO,
+                        journal::read_cap(64)
+                    )
+                    .map(|(s, _)| s.incidents.last_id)
                 )
             })),
         ),

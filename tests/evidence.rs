@@ -179,6 +179,14 @@ async fn xid_79_with_evidence_on_leaves_an_archive_of_every_part_in_the_bucket()
     let tmp = tempfile::tempdir().unwrap();
     let double = bug_report_double(tmp.path(), "exit 0");
     let mut d = daemon(&s, &proxy.url, &b, &double, "deadline = \"30s\"");
+    // A secret in a comment of the config: never in the archive (the config is archived
+    // parsed and written again, comments left out).
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        format!("# aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYSECRETKEY\n{cfg}"),
+    )
+    .unwrap();
     start(&mut d);
     fault(&mut d);
     let inc = d.wait_closed(1, Duration::from_secs(60));
@@ -213,7 +221,16 @@ async fn xid_79_with_evidence_on_leaves_an_archive_of_every_part_in_the_bucket()
     assert_eq!(incident["signal"], "xid 79");
     let inputs = String::from_utf8_lossy(member(&m, "inputs.jsonl")).to_string();
     assert!(inputs.contains("\"code\":79"), "{inputs}");
-    assert!(String::from_utf8_lossy(member(&m, "config.toml")).contains("[evidence]"));
+    let config = String::from_utf8_lossy(member(&m, "config.toml")).to_string();
+    assert!(config.contains("[evidence]"), "{config}");
+    assert!(
+        !config.contains("SECRETKEY") && !config.contains("aws_secret_access_key"),
+        "{config}"
+    );
+    assert!(
+        !bytes.windows(b"SECRETKEY".len()).any(|w| w == b"SECRETKEY"),
+        "nowhere in the archive"
+    );
     assert!(String::from_utf8_lossy(member(&m, "policy.toml")).contains("[[rule]]"));
     let ident: Value = serde_json::from_slice(member(&m, "identity.json")).unwrap();
     assert_eq!(ident["instance_id"], s.nodes[0].instance_id.as_str());
@@ -829,5 +846,129 @@ async fn only_archives_gpu_medic_made_leave_the_node_under_its_own_keys() {
         std::fs::read(&secret).unwrap(),
         secret_bytes,
         "the secret untouched"
+    );
+}
+
+/// Bytes of every file under `dir`, walked whole (the test's own count, not gpu-medic's).
+fn tree_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        let m = e.path().symlink_metadata().unwrap();
+        total += if m.is_dir() {
+            tree_bytes(&e.path())
+        } else {
+            m.len()
+        };
+    }
+    total
+}
+
+/// Every file in the spool counts against its cap: an 8 MiB spool already holding 5 MiB of
+/// files gpu-medic did not make (one in a folder named like scratch), 2 MiB of scratch a
+/// crashed collection left and an older archive of its own; an XID 79 whose bug report is
+/// 3 MiB of noise. gpu-medic drops its own older archive and the stale scratch, leaves the
+/// others' files alone and names them in the incident, and cuts the archive to the room
+/// left: the spool ends within its cap (before: the folders named like scratch were not
+/// counted, and it ended over). Then the others' files fill it: an on-demand collection is
+/// refused, saying why, and the spool is still within its cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_full_of_foreign_files_stays_within_its_cap() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "ev-spool", 2).await;
+    let c = s3(&proxy.url).await;
+    let b = bucket(&c, "ev-spool").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let double = bug_report_double(tmp.path(), "head -c 3145728 /dev/urandom > \"$out.gz\"");
+    let mut d = daemon(
+        &s,
+        &proxy.url,
+        &b,
+        &double,
+        "deadline = \"8s\"\nspool_max_mib = 8\narchive_max_mib = 8\npart_max_mib = 4",
+    );
+    let spool = d.path("state/evidence");
+    std::fs::create_dir_all(spool.join("work-junk/a")).unwrap();
+    std::fs::write(spool.join("core.dump"), vec![1u8; 4 << 20]).unwrap();
+    std::fs::write(spool.join("work-junk/a/x"), vec![1u8; 1 << 20]).unwrap();
+    std::fs::create_dir_all(spool.join("work-99")).unwrap();
+    std::fs::write(
+        spool.join("work-99/nvidia-bug-report.log.gz"),
+        vec![1u8; 2 << 20],
+    )
+    .unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+    std::fs::File::open(spool.join("work-99"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let archive = vec![2u8; 1 << 20];
+    std::fs::write(spool.join("77.tar.gz"), &archive).unwrap();
+    std::fs::write(
+        spool.join("77.json"),
+        spool_record("77", &b, "ev/x/77.tar.gz", &archive, 1),
+    )
+    .unwrap();
+    // S3 unreachable: nothing leaves the spool meanwhile, what is in it is what was made.
+    d.env("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9");
+    start(&mut d);
+    fault(&mut d);
+    // The collection's record (it may follow the replacement, which waits for it only up to
+    // the deadline).
+    wait_sync(
+        "the collection's record",
+        Duration::from_secs(60),
+        || d.incident(1)["evidence"].is_object(),
+        || d.log(),
+    );
+    let inc = d.incident(1);
+    let missing = inc["evidence"]["missing"].to_string();
+    assert!(
+        missing.contains("gpu-medic did not make") && missing.contains("core.dump"),
+        "{inc:#}"
+    );
+    let used = tree_bytes(&spool);
+    assert!(
+        used <= 8 << 20,
+        "the spool holds {used} bytes, over its 8 MiB cap"
+    );
+    assert!(spool.join("core.dump").exists() && spool.join("work-junk").exists());
+    assert!(
+        !spool.join("work-99").exists(),
+        "a crashed collection's scratch is swept"
+    );
+    assert!(
+        !spool.join("77.tar.gz").exists(),
+        "the older archive made room"
+    );
+    assert!(
+        spool.join("1.tar.gz").exists(),
+        "the new archive waits for S3"
+    );
+    d.stop(Duration::from_secs(30));
+
+    // Files gpu-medic did not make fill the spool: no archive, and the reason names them.
+    std::fs::write(spool.join("more.bin"), vec![1u8; 3 << 20]).unwrap();
+    let out = d.cli(&["evidence", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no room in the evidence spool") && err.contains("more.bin"),
+        "{err}"
+    );
+    let used = tree_bytes(&spool);
+    assert!(used <= (8 << 20) + (3 << 20), "{used}");
+    assert_eq!(
+        std::fs::read_dir(&spool)
+            .unwrap()
+            .filter(|e| e
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains("on-demand"))
+            .count(),
+        0,
+        "no archive made"
     );
 }

@@ -251,9 +251,15 @@ fn a_pcie_link_downtrained_from_gen5_x16_to_gen4_x8_is_recorded() {
 /// A `systemctl` double printing `systemctl show` output from `fm-state` in the node's dir,
 /// written into the node's config; its count of calls (gpu-medic's looks at the unit).
 fn systemctl_double(d: &Daemon, state: &str) -> Looks {
-    let script = d.path("systemctl");
     std::fs::write(d.path("fm-state"), state).unwrap();
-    let looks = Looks::script(&script, &format!("cat '{}'", d.path("fm-state").display()));
+    systemctl_script(d, &format!("cat '{}'", d.path("fm-state").display()))
+}
+
+/// A `systemctl` double running `body` (shell), written into the node's config; its count of
+/// calls.
+fn systemctl_script(d: &Daemon, body: &str) -> Looks {
+    let script = d.path("systemctl");
+    let looks = Looks::script(&script, body);
     let cfg = std::fs::read_to_string(d.config()).unwrap();
     std::fs::write(
         d.config(),
@@ -339,6 +345,82 @@ fn an_unreadable_systemctl_answer_is_a_self_fault_not_fabric_manager_down() {
         !d.records().iter().any(|r| r["event"] == "action-started"),
         "nothing drained: {:#?}",
         d.records()
+    );
+}
+
+/// Fabric Manager's state is only ever running, stopped (systemd's words) or could not tell:
+/// on a p5, a `systemctl` answering words systemd has not (`ActiveState=banana`, a load state
+/// of its own), `active` with no main process, and a `systemctl` that fails ("Failed to
+/// connect to bus", exit 1) each leave the node in service. gpu-medic says once that it could
+/// not tell, naming what it read (the self-fault's detail, and `check`), and recovers at the
+/// next readable answer; before, the first two read as stopped and drained on the second look.
+#[test]
+fn garbage_from_systemctl_is_could_not_tell_never_fabric_manager_down() {
+    let mut d = node("instance_type = \"p5.48xlarge\"");
+    std::fs::write(d.path("fm-state"), FM_RUNNING).unwrap();
+    std::fs::write(d.path("fm-exit"), "0").unwrap();
+    let looks = systemctl_script(
+        &d,
+        &format!(
+            "cat '{}'; exit \"$(cat '{}')\"",
+            d.path("fm-state").display(),
+            d.path("fm-exit").display()
+        ),
+    );
+    d.start();
+    d.wait_polled();
+    looks.wait_more("looks at a running unit", 2, || d.log());
+    let garbage = [
+        "LoadState=loaded\nActiveState=banana\nSubState=running\nMainPID=0\nNRestarts=0\n",
+        "LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=0\nNRestarts=0\n",
+        "LoadState=very-loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\n",
+    ];
+    for g in garbage {
+        std::fs::write(d.path("fm-state"), g).unwrap();
+        looks.wait_more("looks at the garbage", 4, || d.log());
+    }
+    std::fs::write(
+        d.path("fm-state"),
+        "Failed to connect to bus: No such file or directory\n",
+    )
+    .unwrap();
+    std::fs::write(d.path("fm-exit"), "1").unwrap();
+    looks.wait_more("looks at a failing systemctl", 4, || d.log());
+    // `check` on the same answer: could not tell, saying what it read.
+    let (code, v) = check(&d);
+    assert_eq!(code, Some(2), "{v}");
+    assert!(
+        v.to_string()
+            .contains("could not tell whether Fabric Manager runs"),
+        "{v}"
+    );
+    std::fs::write(d.path("fm-exit"), "0").unwrap();
+    std::fs::write(d.path("fm-state"), FM_RUNNING).unwrap();
+    d.wait_record("the recovery", Duration::from_secs(30), "signal", |r| {
+        is_kind(r, "self-recovered") && r["observation"]["signal"]["component"] == "fabric-manager"
+    });
+    d.stop(Duration::from_secs(30));
+    let records = d.records();
+    assert!(
+        !records.iter().any(|r| is_kind(r, "fabric-manager-down")),
+        "{records:#?}"
+    );
+    assert!(
+        !records.iter().any(|r| r["event"] == "action-started"),
+        "nothing drained: {records:#?}"
+    );
+    let faults: Vec<&Value> = records
+        .iter()
+        .filter(|r| {
+            r["event"] == "opened" && r["observation"]["signal"]["component"] == "fabric-manager"
+        })
+        .collect();
+    assert_eq!(faults.len(), 1, "said once: {faults:#?}");
+    let detail = faults[0]["observation"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("could not tell whether Fabric Manager runs")
+            && detail.contains("ActiveState=banana"),
+        "{detail}"
     );
 }
 

@@ -110,6 +110,28 @@ fn wait_signal(d: &Daemon, kind: &str) -> Value {
     find().unwrap_or_default()
 }
 
+/// Nothing that replaces was journaled (`device-count-mismatch`, `ecs-gpu-missing`), every
+/// incident only logged, and `status` does not expect ECS's count of `ecs`.
+fn assert_only_logged(d: &Daemon, what: &str, ecs: usize) {
+    let records = d.records();
+    for kind in ["device-count-mismatch", "ecs-gpu-missing"] {
+        assert!(
+            !records
+                .iter()
+                .any(|r| r["observation"]["signal"]["kind"] == kind),
+            "{what}: no {kind}: {records:#?}"
+        );
+    }
+    assert!(
+        !records
+            .iter()
+            .any(|r| r["event"] == "opened" && r["verdict"] != "log"),
+        "{what}: only logged: {records:#?}"
+    );
+    let status = stdout(&d.cli(&["status"]));
+    assert!(!status.contains(&format!("expected {ecs} ")), "{status}");
+}
+
 fn detail(o: &Value) -> &str {
     o["detail"].as_str().unwrap_or_default()
 }
@@ -213,10 +235,16 @@ async fn memory_ecs_believes_free_that_nvml_shows_in_use_is_a_signal() {
     d.stop(Duration::from_secs(20));
 }
 
+/// An instance type the table does not know (IMDS names none) and ECS registering four GPUs
+/// where NVML sees three: ECS's registration is an orchestrator's record, not the hardware
+/// (the agent keeps it across reboots), so it is never the expected count. The disagreement
+/// is `ecs-gpu-count-mismatch` (logged, saying the type's count is not known), never
+/// `device-count-mismatch` nor `ecs-gpu-missing` (both replace): a wrong expected count must
+/// not replace a healthy node. With `[nvml] expected_gpus = 4` (the operator knows the
+/// hardware) the same missing GPU is caught by both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gpu_missing_at_boot_is_caught_with_the_count_ecs_registered() {
-    // No instance type (IMDS has none the table knows): ECS's registration is the count.
-    let (_proxy, _s, _imds, mut d) = node("gpuview-boot", idle(), None).await;
+async fn on_an_unknown_type_ecs_count_alone_is_logged_and_a_set_count_catches_a_missing_gpu() {
+    let (proxy, _s, _imds, mut d) = node("gpuview-boot", idle(), None).await;
     // NVML sees three of the four GPUs ECS registered; expected_gpus is not set.
     let three = FOUR_GPUS.replace(
         ",\n  {\"uuid\": \"GPU-33333333-aaaa-bbbb-cccc-333333333333\", \"pci_bus_id\": \"00000000:40:00.0\", \"serial\": \"S3\"}",
@@ -225,21 +253,33 @@ async fn a_gpu_missing_at_boot_is_caught_with_the_count_ecs_registered() {
     assert_ne!(three, FOUR_GPUS);
     d.gpus(&three);
     d.start();
+    let o = wait_signal(&d, "ecs-gpu-count-mismatch");
+    assert!(
+        detail(&o).contains("ECS registered 4 GPU(s) for this instance, NVML counts 3")
+            && detail(&o).contains("is not known"),
+        "{o:#}"
+    );
+    more_looks(&proxy, &d).await;
+    d.stop(Duration::from_secs(20));
+    assert_only_logged(&d, "ECS's count alone", 4);
+
+    // The operator sets the hardware's count: the missing GPU is caught.
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replacen("[nvml]\n", "[nvml]\nexpected_gpus = 4\n", 1),
+    )
+    .unwrap();
+    d.start();
     let o = wait_signal(&d, "device-count-mismatch");
     assert!(
-        detail(&o).contains("expected 4 GPUs (registered with ECS), NVML sees 3"),
+        detail(&o).contains("expected 4 GPUs ([nvml] expected_gpus), NVML sees 3"),
         "{o:#}"
     );
     let o = wait_signal(&d, "ecs-gpu-missing");
     assert!(
         detail(&o).contains(UUIDS[3]) && detail(&o).contains("NVML does not see"),
         "{o:#}"
-    );
-    let status = stdout(&d.cli(&["status"]));
-    assert!(
-        status.contains("ECS lists 4, NVML counts 3; expected 4 (registered with ECS)")
-            && status.contains(&format!("{}: NVML missing", UUIDS[3])),
-        "{status}"
     );
     d.stop(Duration::from_secs(20));
 }
@@ -287,23 +327,7 @@ async fn an_orchestrator_count_is_not_the_hardware(
     );
     more_looks(&proxy, &d).await;
     d.stop(Duration::from_secs(20));
-    let records = d.records();
-    for kind in ["device-count-mismatch", "ecs-gpu-missing"] {
-        assert!(
-            !records
-                .iter()
-                .any(|r| r["observation"]["signal"]["kind"] == kind),
-            "{name}: no {kind} while all 4 GPUs are there: {records:#?}"
-        );
-    }
-    assert!(
-        !records
-            .iter()
-            .any(|r| r["event"] == "opened" && r["verdict"] != "log"),
-        "{name}: only logged: {records:#?}"
-    );
-    let status = stdout(&d.cli(&["status"]));
-    assert!(!status.contains(&format!("expected {ecs} ")), "{status}");
+    assert_only_logged(&d, name, ecs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -759,3 +759,115 @@ async fn a_state_lost_during_the_reboot_does_not_reboot_again() {
     assert_back_in_service(&sdk, &s).await;
     d.stop(Duration::from_secs(10));
 }
+
+/// The ladder survives anything short of the disk, and with `[aws]` on, the disk too:
+/// after a repaired reboot, `state.json` is deleted and the journal rotated away by
+/// gpu-medic itself (`[journal] keep_files = 0`, a journal padded past its 1 MiB cap); the
+/// rebuilt state knows no reboot, but the reboot ledger (`state/reboots.json`) does, so the
+/// second XID 79 is replaced, not rebooted. Then the whole state directory is lost (a new
+/// disk): the instance's tag `gpu-medic:reboots` (set before the reboot call, read back with
+/// DescribeTags at start) still counts it. One RebootInstances in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reboot_count_outlives_a_lost_state_a_rotated_journal_and_a_lost_disk() {
+    let proxy = Proxy::start().await;
+    let sdk = aws::sdk(&proxy.url).await;
+    let s = aws::seed(&sdk, "rb-lost", 2).await;
+    let mut d = node(&s, &proxy, "10m");
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        format!("{cfg}\n[journal]\nmax_file_size_mib = 1\nkeep_files = 0\n"),
+    )
+    .unwrap();
+    fault_until_rebooted(&mut d).await;
+    assert_eq!(
+        proxy.count_with("CreateTags", "gpu-medic%3Areboots"),
+        1,
+        "the tag set before the call"
+    );
+    boot(&mut d, "boot-2");
+    let inc = d.wait_closed(1, Duration::from_secs(30));
+    assert_eq!(inc["state"], "repaired", "{inc:#}");
+    d.stop(Duration::from_secs(30));
+    let ledger = std::fs::read_to_string(d.path("state/reboots.json")).unwrap();
+    assert!(ledger.contains("\"boot_after\": \"boot-2\""), "{ledger}");
+
+    // Padded past its cap: the next start's first commit rotates the journal, and with
+    // keep_files = 0 the rotated file (the reboot's records) is deleted.
+    let journal = d.path("state/incidents.jsonl");
+    let mut pad = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
+    let summary = "x".repeat(1000);
+    for i in 0..1200 {
+        use std::io::Write;
+        writeln!(
+            pad,
+            r#"{{"at":"2026-12-01T00:00:00.000Z","incident":{},"event":"closed","state":"logged","summary":"{summary}"}}"#,
+            100 + i
+        )
+        .unwrap();
+    }
+    drop(pad);
+    start(&mut d);
+    d.stop(Duration::from_secs(30));
+    let left = std::fs::read_to_string(&journal).unwrap_or_default();
+    assert!(
+        !left.contains("xid-fallen-off-bus") && !d.path("state/incidents.jsonl.1").exists(),
+        "the reboot's records were rotated away"
+    );
+    std::fs::remove_file(d.path("state/state.json")).unwrap();
+    start(&mut d);
+    assert!(
+        state(&d)["repair"]["history"][0]["boot_after"] == "boot-2",
+        "the ledger gave the reboot back: {:#}",
+        state(&d)["repair"]
+    );
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    let replaced = |d: &Daemon| {
+        let st = state(d);
+        async move { st["remediation"]["goal"] == "replace" }
+    };
+    wait_for("the second fault replaced", Duration::from_secs(30), || {
+        replaced(&d)
+    })
+    .await;
+    let why: Vec<String> = d
+        .records()
+        .iter()
+        .filter(|r| r["event"] == "escalated")
+        .map(|r| format!("{}: {}", r["rule"], r["reason"]))
+        .collect();
+    assert!(
+        why.iter()
+            .any(|w| w.contains("reboot-ladder") && w.contains("allows 1 reboot")),
+        "{why:#?}"
+    );
+    d.stop(Duration::from_secs(30));
+    assert_eq!(reboots(&proxy, &s), 1, "no second reboot");
+
+    // A new disk: nothing under state_dir. The tag still counts the reboot.
+    std::fs::remove_dir_all(d.path("state")).unwrap();
+    boot(&mut d, "boot-3");
+    wait_for("the tag read at start", Duration::from_secs(30), || {
+        let st = state(&d);
+        async move { st["repair"]["history"][0]["result"] == "unknown" }
+    })
+    .await;
+    assert!(proxy.count("DescribeTags") >= 1);
+    d.wait_polled();
+    d.inject(r#"{"gpu": 0, "xid": 79}"#);
+    wait_for(
+        "the fault after the lost disk replaced",
+        Duration::from_secs(30),
+        || replaced(&d),
+    )
+    .await;
+    d.stop(Duration::from_secs(30));
+    assert_eq!(
+        reboots(&proxy, &s),
+        1,
+        "no second reboot after the lost disk"
+    );
+}

@@ -79,19 +79,15 @@ pub fn examine(cfg: &crate::config::Config, policy: &Policy) -> CheckReport {
     if let Some((Some(read), nvml_view, expected)) = &view
         && let Some(nvml) = nvml_view.latest()
     {
-        let hardware = expected.by_type().map(|e| e.count);
-        let (found, lines) = crate::probe::ecs_gpus::compare(read, &nvml, hardware);
+        // The hardware's count, as `run` holds ECS's list to it: the instance type's, or a
+        // set `[nvml] expected_gpus` the type does not contradict; never ECS's.
+        let hardware = expected.resolve(cfg.nvml.expected_gpus).expected;
+        let (found, lines) = crate::probe::ecs_gpus::compare(read, &nvml, hardware.as_ref());
         extra.extend(found);
         ecs_gpus = Some(EcsGpuCheck {
             ecs_count: read.count(),
             nvml_count: nvml.count,
-            expected: match cfg.nvml.expected_gpus {
-                Some(n) => Some(crate::probe::nvml::view::Expected {
-                    count: n,
-                    source: "[nvml] expected_gpus".into(),
-                }),
-                None => expected.get(),
-            },
+            expected: hardware,
             gpus: lines,
         });
     }
@@ -226,7 +222,7 @@ fn print_report(report: &CheckReport, config: &std::path::Path) {
     }
 }
 
-/// "ECS lists 4, NVML counts 3; expected 4 (registered with ECS)", as `check` and `status`
+/// "ECS lists 4, NVML counts 3; expected 4 (instance type g5.12xlarge)", as `check` and `status`
 /// print it.
 pub fn counts_line(
     ecs: u32,

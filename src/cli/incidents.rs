@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::policy::event_line;
 use super::{CliError, ConfigArg, exit, print_json};
-use crate::journal::{Entry, journal_files, stream_jsonl, submit_request};
+use crate::journal::{self, Entry, journal_files, stream_journal, submit_request};
 use crate::model::{
     GpuId, Incident, IncidentEvent, IncidentId, IncidentState, OperatorRequest, Record, Timestamp,
 };
@@ -509,18 +509,38 @@ fn abort(id: u64, config: &ConfigArg, by: String, wait: Duration) -> Result<i32,
     Ok(exit::UNKNOWN)
 }
 
-/// Streams the journal (every rotated file, oldest first), warning (never failing) on
-/// unreadable lines.
+/// Streams the journal (every rotated file, oldest first, each within its cap:
+/// `journal::read_cap`), warning (never failing) on unreadable lines, on what a file over its
+/// cap had skipped, and on records whose incident id is out of range (over
+/// `MAX_REBUILT_ID`: no journal of gpu-medic's holds one; a forged one would otherwise hide
+/// every incident after it, taken for an id already listed).
 fn stream_records(config: &ConfigArg, mut f: impl FnMut(Record)) -> Result<(), CliError> {
     let cfg = config.load()?;
     let files = journal_files(&cfg.incidents_path());
-    stream_jsonl::<Record>(&files, None, |e| {
-        match e {
-            Entry::Item(r) => f(r),
-            Entry::Skipped { path, line } => eprintln!("warning: {}: {line}", path.display()),
-        }
-        true
-    })?;
+    let mut out_of_range = 0u64;
+    stream_journal::<Record>(
+        &files,
+        journal::read_cap(cfg.journal.max_file_size_mib),
+        |e| {
+            match e {
+                Entry::Item(r) if r.incident.0 > crate::model::MAX_REBUILT_ID => {
+                    out_of_range += 1;
+                }
+                Entry::Item(r) => f(r),
+                Entry::Skipped { path, line } if line.line == 0 => {
+                    eprintln!("warning: {}: {}", path.display(), line.message);
+                }
+                Entry::Skipped { path, line } => eprintln!("warning: {}: {line}", path.display()),
+            }
+            true
+        },
+    )?;
+    if out_of_range > 0 {
+        eprintln!(
+            "warning: {out_of_range} record(s) with out-of-range incident ids (over {}) skipped: not written by gpu-medic",
+            crate::model::MAX_REBUILT_ID
+        );
+    }
     Ok(())
 }
 
@@ -593,6 +613,18 @@ impl Folder {
         {
             let i = first.remove();
             self.closed.remove(&i.id);
+            f(i);
+        }
+        // More open than the daemon keeps: the oldest is handed over as the daemon would
+        // have closed it (`abandoned`), so memory stays bounded whatever the journal holds.
+        if self.pending.len() - self.closed.len() > crate::model::MAX_OPEN_INCIDENTS
+            && let Some(mut i) = self.pending.pop_first().map(|(_, i)| i)
+        {
+            i.state = IncidentState::Abandoned;
+            i.summary = format!(
+                "abandoned: more than {} incidents open at once in the journal; this, the oldest, is listed as the daemon would have closed it",
+                crate::model::MAX_OPEN_INCIDENTS
+            );
             f(i);
         }
         // Too many closed ones behind an open one: all of them go now (each incident is

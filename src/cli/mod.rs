@@ -239,6 +239,13 @@ impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Config(_) => exit::CONFIG,
+            // A newer gpu-medic's state: the operator's decision, like a configuration.
+            CliError::Journal(e)
+            | CliError::Supervisor(crate::supervisor::SupervisorError::Journal(e))
+                if e.is_newer() =>
+            {
+                exit::CONFIG
+            }
             CliError::NotFound(_) => exit::NOT_FOUND,
             CliError::Usage(_) => exit::UNKNOWN,
             CliError::Journal(_) | CliError::Supervisor(_) | CliError::Runtime(_) => {

@@ -27,6 +27,10 @@ pub struct RunArgs {
     /// Log format: auto (journald under systemd, else text), text, json, journald.
     #[arg(long, default_value = "auto", value_parser = ["auto", "text", "json", "journald"])]
     log_format: String,
+    /// Read a state.json written by a newer gpu-medic (refused otherwise, exit 78): what this
+    /// version does not know is dropped, and the file is written back in its format.
+    #[arg(long)]
+    accept_newer_state: bool,
 }
 
 /// `GPU_MEDIC_LOG`'s directives, or `default` when it is unset or does not parse.
@@ -129,13 +133,18 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         .map_err(|e| CliError::Runtime(format!("cannot start the runtime: {e}")))?;
     let config_arg = a.config.clone();
     let config_arg_path = a.config.config.clone();
+    let newer = if a.accept_newer_state {
+        crate::journal::Newer::Accept
+    } else {
+        crate::journal::Newer::Refuse
+    };
     let result = rt.block_on(async move {
         let control = Control::default();
         spawn_signal_handler(control.clone(), config_arg)?;
         let mut current = Some((cfg, policy));
         while let Some((cfg, policy)) = current.take() {
             let shutdown = control.begin();
-            serve(cfg, policy, shutdown, &config_arg_path).await?;
+            serve(cfg, policy, shutdown, &config_arg_path, newer).await?;
             current = control.take_reload();
             if current.is_some() {
                 tracing::info!("configuration and policy reloaded; supervisor restarted");
@@ -175,6 +184,7 @@ async fn serve(
     policy: Policy,
     shutdown: CancellationToken,
     config_file: &Path,
+    newer: crate::journal::Newer,
 ) -> Result<(), CliError> {
     // Handed to both sides: the MPS probe and remedy share one control client (and its lock).
     let mps_client = ControlClient::new(&cfg.mps);
@@ -232,7 +242,9 @@ async fn serve(
     let metrics_cfg = cfg.metrics.clone();
     let link_views = cfg.files();
     let flush_wait = cfg.export.flush_wait;
+    let tagged = tagged_reboots(&cfg).await;
     let mut supervisor = Supervisor::new(cfg, policy, Arc::new(remedies));
+    supervisor.opening(crate::supervisor::Opening { newer, tagged });
     supervisor.with_clock(clock);
     supervisor.notify_gpu_signals(gpu_signal);
     for s in sources {
@@ -263,6 +275,38 @@ async fn serve(
         x.finish(flush_wait).await;
     }
     Ok(())
+}
+
+/// How long the start waits for the instance's reboots tag (IMDS, one EC2 call).
+const TAG_READ: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The reboots the instance's tag keeps, read only when the state directory has no reboot
+/// ledger (a first start, or a lost disk) and the reboot rung is on with `[aws]`: the ladder
+/// then still counts the reboots this instance had (docs/repair.md). Bounded; a failure is
+/// said and the start goes on without it.
+async fn tagged_reboots(cfg: &crate::config::Config) -> Option<Vec<crate::model::repair::Repair>> {
+    let rung = cfg.aws.enabled && cfg.repair.reboot != crate::config::RebootMethod::Off;
+    if !rung || cfg.files().reboots().exists() {
+        return None;
+    }
+    match crate::remedy::aws::reboot::read_tag(cfg, TAG_READ).await {
+        Ok(Some(r)) => {
+            tracing::warn!(
+                reboots = r.len(),
+                "no reboot ledger in the state directory: the reboots this instance had are read from its tag {}",
+                crate::model::repair::REBOOTS_TAG
+            );
+            Some(r)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(
+                "no reboot ledger in the state directory, and the instance's tag {} cannot be read ({e}): reboots before a lost disk are not counted",
+                crate::model::repair::REBOOTS_TAG
+            );
+            None
+        }
+    }
 }
 
 /// With `[evidence] enabled`: the evidence remedy, its spool swept now (archives made before

@@ -1,6 +1,7 @@
 //! The journal as the evidence remedy reads it (crates/io/src/remedy/evidence): the incident, the
 //! inputs of the window and gpu-medic's own NVML readings, each read from `state_dir` with a
-//! bound on the bytes read. Handed to the remedy at construction, so the remedy never imports
+//! bound on the bytes read: each journal file within its cap (`journal::read_cap`; a file far
+//! over it is read in its last part, as every reader does). Handed to the remedy at construction, so the remedy never imports
 //! the journal.
 
 use std::path::PathBuf;
@@ -10,15 +11,13 @@ use crate::journal::{self, Entry, JournaledInput};
 use crate::model::{Incident, IncidentId, Input, Record, Timestamp};
 use crate::remedy::evidence::Records;
 
-/// Bound on the journal bytes read for one part of one collection.
-const MAX_JOURNAL_READ: u64 = 512 * 1024 * 1024;
-
-/// The journal files under one `state_dir`.
+/// The journal files under one `state_dir`, and how much of each is read.
 #[derive(Debug, Clone)]
 pub struct JournalRecords {
     incidents: PathBuf,
     inputs: PathBuf,
     state: PathBuf,
+    cap: u64,
 }
 
 impl JournalRecords {
@@ -28,6 +27,7 @@ impl JournalRecords {
             incidents: files.incidents(),
             inputs: files.inputs(),
             state: files.state(),
+            cap: journal::read_cap(cfg.journal.max_file_size_mib),
         }
     }
 }
@@ -37,7 +37,7 @@ impl Records for JournalRecords {
         let mut found: Option<Incident> = None;
         let files = journal::journal_files(&self.incidents);
         // A torn or unreadable journal still yields the records read before the fault.
-        let _ = journal::stream_jsonl::<Record>(&files, Some(MAX_JOURNAL_READ), |e| {
+        let _ = journal::stream_journal::<Record>(&files, self.cap, |e| {
             if let Entry::Item(r) = e
                 && r.incident == id
             {
@@ -64,7 +64,7 @@ impl Records for JournalRecords {
         let (mut written, mut cut) = (0u64, false);
         let mut failed: Option<String> = None;
         let files = journal::journal_files(&self.inputs);
-        journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
+        journal::stream_journal::<JournaledInput>(&files, self.cap, |e| {
             if let Entry::Item(i) = e
                 && i.stamped.at >= since
                 && let Ok(mut line) = serde_json::to_vec(&i)
@@ -95,7 +95,7 @@ impl Records for JournalRecords {
         let mut observations = Vec::new();
         let mut size = 0u64;
         let files = journal::journal_files(&self.inputs);
-        let read = journal::stream_jsonl::<JournaledInput>(&files, Some(MAX_JOURNAL_READ), |e| {
+        let read = journal::stream_journal::<JournaledInput>(&files, self.cap, |e| {
             if let Entry::Item(i) = e
                 && i.stamped.at >= since
                 && let Input::Observation(o) = &i.stamped.input

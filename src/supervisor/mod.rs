@@ -48,6 +48,26 @@ pub struct Supervisor {
     gpu_signal: Option<Arc<tokio::sync::Notify>>,
     /// The clock every input is stamped with (the engine reads none of its own).
     clock: SharedClock,
+    /// What the start does with `state.json` and the reboots kept outside it.
+    opening: Opening,
+}
+
+/// How the start opens the state: whether it reads a newer gpu-medic's `state.json`
+/// (`gpu-medic run --accept-newer-state`), and the reboots read from the instance's tag
+/// (`[aws]` on, `reboots.json` missing: a lost disk), handed in by `run`.
+#[derive(Debug, Clone)]
+pub struct Opening {
+    pub newer: journal::Newer,
+    pub tagged: Option<Vec<crate::model::repair::Repair>>,
+}
+
+impl Default for Opening {
+    fn default() -> Self {
+        Opening {
+            newer: journal::Newer::Refuse,
+            tagged: None,
+        }
+    }
 }
 
 /// This boot's id, read once: for the engine (only with the reboot rung, which is all that
@@ -75,11 +95,12 @@ enum LostState {
 
 /// `state.json` could not be read and was set aside, or was missing (or empty of any history)
 /// beside a journal that has some: journaled as a self-fault that is already over (the state
-/// was rebuilt from the incident journal).
+/// was rebuilt from the incident journal), saying what the rebuild left out.
 fn report_lost_state(
     engine: &mut Keeper,
     cfg: &Config,
     lost: &LostState,
+    rebuilt: Option<&journal::Rebuilt>,
 ) -> Result<(), SupervisorError> {
     let what = match lost {
         LostState::SetAside(aside) => {
@@ -97,8 +118,12 @@ fn report_lost_state(
             why.clone()
         }
     };
+    let left_out = rebuilt
+        .map(ToString::to_string)
+        .filter(|t| !t.is_empty())
+        .map_or(String::new(), |t| format!("; left out: {t}"));
     let detail = format!(
-        "{} {what}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, {} reboot(s) in the repair history, next incident id {}, node {}",
+        "{} {what}; resumed from the incident journal: {} open incident(s), {} order(s) in flight, {} reboot(s) in the repair history, next incident id {}, node {}{left_out}",
         cfg.state_path().display(),
         engine.state.incidents.open.len(),
         engine.state.orders.in_flight.len(),
@@ -106,6 +131,81 @@ fn report_lost_state(
         engine.state.incidents.last_id.saturating_add(1),
         engine.state.node.phase.as_str()
     );
+    report_state_file(
+        engine,
+        detail,
+        "started from the journal; a new state.json is written",
+    )
+}
+
+/// Why the loaded state cannot be trusted and is rebuilt from the journal, if it cannot. A
+/// state with no history (none, or one that never counted an incident) beside a journal that
+/// has records was lost (deleted, replaced by `{}`): it is rebuilt like an unreadable one, so
+/// no guarantee (the reboot ladder, the incident ids) starts over. A state saved before the
+/// first input (a crash before the first commit) is no loss: the inputs journaled right after
+/// it explain the records, and the replay steps them again.
+fn lost_state(cfg: &Config, loaded: &journal::Loaded) -> Option<LostState> {
+    let journal_has = || journal::has_records(&cfg.incidents_path());
+    let explained = |s: &State| {
+        let applied = s.delivery.applied;
+        journal::inputs_after(&cfg.inputs_path(), applied, 1).is_ok_and(|(tail, last)| {
+            tail.first().map(|e| e.seq) == Some(applied + 1) && last - applied <= REPLAY_MAX as u64
+        })
+    };
+    match (&loaded.state, &loaded.set_aside) {
+        (_, Some(aside)) => Some(LostState::SetAside(aside.clone())),
+        (None, None) if journal_has() => Some(LostState::Missing("is missing".into())),
+        (Some(s), None)
+            if s.incidents.last_id == 0
+                && s.orders.last_id == 0
+                && journal_has()
+                && !explained(s) =>
+        {
+            Some(LostState::Missing("holds no history".into()))
+        }
+        _ => None,
+    }
+}
+
+/// Reboots kept outside the state, with where they were read.
+type Kept = (Vec<crate::model::repair::Repair>, String);
+
+/// The reboots kept outside `state.json` for the engine (`Input::Reboots`): the state
+/// directory's ledger, else (it is gone: a lost disk) those `run` read from the instance's
+/// tag. Also the ledger as read, so the first commit rewrites it only when it changes.
+fn kept_reboots(
+    cfg: &Config,
+    tagged: Option<Vec<crate::model::repair::Repair>>,
+) -> (Option<Kept>, Option<Vec<crate::model::repair::Repair>>) {
+    let files = cfg.files();
+    let from_tag = |t| {
+        (
+            t,
+            format!("the instance tag {}", crate::model::repair::REBOOTS_TAG),
+        )
+    };
+    match files.load_reboots() {
+        Ok(Some(r)) => (
+            Some((r.clone(), files.reboots().display().to_string())),
+            Some(r),
+        ),
+        Ok(None) => (tagged.map(from_tag), None),
+        Err(why) => {
+            tracing::error!(
+                "the reboot ledger cannot be read ({why}); it is written anew from the state"
+            );
+            (tagged.map(from_tag), None)
+        }
+    }
+}
+
+/// A self-fault of component `state-file` that is already over (`detail` says what was
+/// found and done), journaled with the start.
+fn report_state_file(
+    engine: &mut Keeper,
+    detail: String,
+    done: &str,
+) -> Result<(), SupervisorError> {
     let component = "state-file".to_string();
     let fault = Observation::new(crate::model::Signal::SelfFault {
         component: component.clone(),
@@ -113,13 +213,39 @@ fn report_lost_state(
     .with_detail(detail)
     .from_source("journal");
     let ok = Observation::new(crate::model::Signal::SelfRecovered { component })
-        .with_detail("started from the journal; a new state.json is written")
+        .with_detail(done)
         .from_source("journal");
     engine.handle_batch(Batch {
         observations: vec![fault, ok],
         ..Batch::default()
     })?;
     Ok(())
+}
+
+/// A newer gpu-medic's `state.json` read because the operator said so
+/// (`--accept-newer-state`): journaled, so the incident says what was done and by whom.
+fn report_newer_state(
+    engine: &mut Keeper,
+    cfg: &Config,
+    writer: &str,
+) -> Result<(), SupervisorError> {
+    let ours = format!(
+        "{} (state format {})",
+        engine::writer(),
+        engine::STATE_FORMAT
+    );
+    tracing::warn!(
+        "{} was written by {writer}; read as {ours} because of --accept-newer-state: what this version does not know is dropped",
+        cfg.state_path().display()
+    );
+    report_state_file(
+        engine,
+        format!(
+            "{} was written by {writer}; read as {ours} because gpu-medic run was started with --accept-newer-state: what this version does not know was dropped",
+            cfg.state_path().display()
+        ),
+        "started from it; it is written back in this version's format",
+    )
 }
 
 /// The task that owns the state and both journals: it steps the engine over each batch.
@@ -136,6 +262,9 @@ struct Keeper {
     seq: u64,
     /// While the journal or the state cannot be written (a full disk): see [`Unsaved`].
     unsaved: Unsaved,
+    /// The reboot ledger (`reboots.json`) as last written or read: it is written again when
+    /// the repair history differs.
+    ledger: Option<Vec<crate::model::repair::Repair>>,
     /// Records of this batch the executor is shown ([`Executor::observe`]): the openings of
     /// application faults (a poison task across the fleet, docs/fleet-scale.md).
     observed: Vec<Record>,
@@ -216,7 +345,13 @@ impl Supervisor {
             metrics: None,
             gpu_signal: None,
             clock: SystemClock::shared(),
+            opening: Opening::default(),
         }
+    }
+
+    /// How the start opens the state (see [`Opening`]).
+    pub fn opening(&mut self, opening: Opening) {
+        self.opening = opening;
     }
 
     /// Stamps inputs with `clock` instead of the system's (a test's clock follows tokio's
@@ -258,6 +393,7 @@ impl Supervisor {
                 self.gpu_signal,
                 self.clock,
                 capabilities,
+                self.opening,
             )
         });
         let Some((mut engine, boot_read)) = started_or_stopped(starting, &shutdown).await? else {
@@ -385,8 +521,9 @@ async fn started_or_stopped(
 
 impl Keeper {
     /// Loads the state (or sets a bad one aside and rebuilds it from the journal), opens both
-    /// journals, replays what was not applied, saves the state and steps the start: this
-    /// boot's id and what the remedies can do. Also returns the boot id as read, for sources.
+    /// journals, replays what was not applied, saves the state and steps the start: the
+    /// reboots kept outside the state, this boot's id and what the remedies can do. Also
+    /// returns the boot id as read, for sources.
     fn start(
         cfg: Config,
         policy: Policy,
@@ -394,51 +531,30 @@ impl Keeper {
         gpu_signal: Option<Arc<tokio::sync::Notify>>,
         clock: SharedClock,
         capabilities: crate::model::Capabilities,
+        opening: Opening,
     ) -> Result<(Keeper, String), SupervisorError> {
         let started = Timestamp(clock.now_ms());
-        let (loaded, set_aside) = journal::load_state_or_set_aside(&cfg.state_path(), started)?;
-        // A state with no history (none, or one that never counted an incident) beside a
-        // journal that has records was lost (deleted, replaced by `{}`): it is rebuilt from
-        // the journal like an unreadable one, so no guarantee (the reboot ladder, the incident
-        // ids) starts over.
-        // A state saved before the first input (a crash before the first commit) is no loss:
-        // the inputs journaled right after it explain the records, and the replay below
-        // steps them again.
-        let journal_has = || journal::has_records(&cfg.incidents_path());
-        let explained = |s: &State| {
-            let applied = s.delivery.applied;
-            journal::inputs_after(&cfg.inputs_path(), applied, 1).is_ok_and(|(tail, last)| {
-                tail.first().map(|e| e.seq) == Some(applied + 1)
-                    && last - applied <= REPLAY_MAX as u64
-            })
-        };
-        let lost = match (&loaded, set_aside) {
-            (_, Some(aside)) => Some(LostState::SetAside(aside)),
-            (None, None) if journal_has() => Some(LostState::Missing("is missing".into())),
-            (Some(s), None)
-                if s.incidents.last_id == 0
-                    && s.orders.last_id == 0
-                    && journal_has()
-                    && !explained(s) =>
-            {
-                Some(LostState::Missing("holds no history".into()))
+        let loaded = journal::load_state_or_set_aside(&cfg.state_path(), started, opening.newer)?;
+        let lost = lost_state(&cfg, &loaded);
+        let resumed_state = loaded.state.is_some() && lost.is_none();
+        let (state, rebuilt) = match (loaded.state, &lost) {
+            (_, Some(_)) => {
+                let (s, r) = journal::rebuild_from_journal(
+                    &cfg.incidents_path(),
+                    started,
+                    policy.deadlines.reboot,
+                    journal::read_cap(cfg.journal.max_file_size_mib),
+                )?;
+                (s, Some(r))
             }
-            _ => None,
-        };
-        let resumed_state = loaded.is_some() && lost.is_none();
-        let state = match (loaded, &lost) {
-            (_, Some(_)) => journal::rebuild_from_journal(
-                &cfg.incidents_path(),
-                started,
-                policy.deadlines.reboot,
-            )?,
-            (Some(s), None) => s,
-            (None, None) => State::default(),
+            (Some(s), None) => (s, None),
+            (None, None) => (State::default(), None),
         };
         let rotation = journal::Rotation {
             max_bytes: cfg.journal.max_file_size_mib.saturating_mul(1024 * 1024),
             keep: cfg.journal.keep_files,
         };
+        let (kept, ledger) = kept_reboots(&cfg, opening.tagged);
         let mut engine = Keeper {
             incidents: JsonlWriter::open_rotating(&cfg.incidents_path(), rotation)?,
             inputs: JsonlWriter::open_rotating(&cfg.inputs_path(), rotation)?,
@@ -450,6 +566,7 @@ impl Keeper {
             clock,
             seq: 0,
             unsaved: Unsaved::default(),
+            ledger,
             observed: Vec::new(),
         };
         engine.recover(resumed_state)?;
@@ -462,15 +579,20 @@ impl Keeper {
             Err(e) => return Err(e.into()),
         }
         // The kernel's boot id, stepped before any order is resumed: a reboot the engine
-        // ordered that has happened is finished here, never handed out again.
+        // ordered that has happened is finished here, never handed out again. The reboots
+        // kept outside the state before it, so the ladder counts them from the first fault.
         let (boot, boot_read) = boot_id(&cfg, capabilities.reboot);
         engine.handle_batch(Batch {
+            reboots: kept,
             started: Some(capabilities),
             boot,
             ..Batch::default()
         })?;
         if let Some(lost) = lost {
-            report_lost_state(&mut engine, &cfg, &lost)?;
+            report_lost_state(&mut engine, &cfg, &lost, rebuilt.as_ref())?;
+        }
+        if let Some(writer) = loaded.newer {
+            report_newer_state(&mut engine, &cfg, &writer)?;
         }
         tracing::info!(
             policy = %engine.policy.origin,
@@ -549,7 +671,9 @@ impl Keeper {
 /// judged after the outcome, as a new fault.
 #[derive(Default)]
 struct Batch {
-    /// The remedies this supervisor has (first, once, at start).
+    /// The reboots kept outside the state, and where they were read (first, once, at start).
+    reboots: Option<Kept>,
+    /// The remedies this supervisor has (once, at start).
     started: Option<crate::model::Capabilities>,
     /// The kernel's boot id (right after `started`, once, at start).
     boot: Option<String>,
@@ -575,8 +699,12 @@ impl Batch {
         let started = self
             .started
             .map(|capabilities| Input::Started { capabilities });
-        let inputs = started
+        let reboots = self
+            .reboots
+            .map(|(reboots, from)| Input::Reboots { reboots, from });
+        let inputs = reboots
             .into_iter()
+            .chain(started)
             .chain(self.boot.map(|id| Input::Boot { id }))
             .chain(self.requests.into_iter().map(Input::Operator))
             .chain(first.into_iter().map(Input::Observation))
@@ -916,7 +1044,8 @@ impl Keeper {
             .inputs
             .commit()
             .and_then(|_| self.incidents.commit())
-            .and_then(|_| journal::save_state(&self.cfg.state_path(), &self.state));
+            .and_then(|_| journal::save_state(&self.cfg.state_path(), &self.state))
+            .and_then(|_| self.save_ledger());
         match committed {
             Ok(()) => {
                 self.unsaved.batch.clear();
@@ -940,6 +1069,26 @@ impl Keeper {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Writes the reboot ledger when the repair history changed since it was last written
+    /// (a reboot ordered, its boot seen, its end): before the batch's orders are handed out,
+    /// so a reboot is on disk, outside the state and the journal, before it is called.
+    fn save_ledger(&mut self) -> Result<(), JournalError> {
+        let history: &[crate::model::repair::Repair] = &self.state.repair.history;
+        let unchanged = match &self.ledger {
+            Some(l) => l.as_slice() == history,
+            None => history.is_empty(),
+        };
+        if unchanged {
+            return Ok(());
+        }
+        let files = self.cfg.files();
+        files
+            .save_reboots(history)
+            .map_err(|e| JournalError::io(&files.reboots(), e))?;
+        self.ledger = Some(history.to_vec());
+        Ok(())
     }
 
     /// A commit failed: said once in full (why, which inputs and how many records wait), then
@@ -1273,6 +1422,7 @@ mod tests {
             None,
             SystemClock::shared(),
             caps,
+            Opening::default(),
         )
         .unwrap();
         let blocker = crate::sys::fs::temp_path(&cfg.state_path());
@@ -1400,6 +1550,7 @@ mod tests {
                 None,
                 SystemClock::shared(),
                 crate::model::Capabilities::default(),
+                Opening::default(),
             )
             .unwrap()
             .0

@@ -10,12 +10,12 @@ use super::{
     Cx, LOG_REPEAT_WINDOW, MAX_ATTACHED_PER_INCIDENT, MAX_RECENT_LOGS, RULE_LAUNCH_GATE,
     RULE_SELF_FAULT, attach_key,
 };
-use crate::model::Timestamp;
 use crate::model::bounded::BoundedMap;
 use crate::model::{
     Action, Command, IncidentEvent, IncidentId, IncidentState, LifecycleState, Observation, Order,
     Record, Signal, Verdict,
 };
+use crate::model::{MAX_OPEN_INCIDENTS, Timestamp};
 
 /// The incidents' state: the last id handed out, the incidents not yet closed and the
 /// signals each holds, the log-only classes a repeat joins, and gpu-medic's own faults.
@@ -170,7 +170,50 @@ impl Cx<'_> {
         }
         self.corroborate(id, obs);
         self.st.app.remember_xid(obs, id, self.now);
+        self.abandon_excess();
         id
+    }
+
+    /// More than [`MAX_OPEN_INCIDENTS`] open: the oldest that no work holds is closed
+    /// `abandoned`, saying why. The engine never comes near the bound by its own work (one
+    /// node remediation, one MPS restart, stop-tasks per GPU, its own faults): only a state
+    /// or journal it did not write gets there, and memory and `state.json` stay bounded.
+    fn abandon_excess(&mut self) {
+        while self.st.incidents.open.len() > MAX_OPEN_INCIDENTS {
+            let Some(id) = self
+                .st
+                .incidents
+                .open
+                .keys()
+                .copied()
+                .find(|id| !self.holds(*id))
+            else {
+                return;
+            };
+            self.close(
+                id,
+                IncidentState::Abandoned,
+                format!(
+                    "abandoned: more than {MAX_OPEN_INCIDENTS} incidents were open at once (no work of gpu-medic's opens that many); this was the oldest that no order, remediation or fault held, closed so the state stays bounded"
+                ),
+            );
+        }
+    }
+
+    /// Whether some work holds incident `id`: the node's remediation or withheld decision,
+    /// the MPS restart, a GPU's stop-tasks, one of gpu-medic's own faults, an order in flight
+    /// or scheduled, an evidence collection.
+    fn holds(&self, id: IncidentId) -> bool {
+        let st = &self.st;
+        st.node.incident == Some(id)
+            || st.node.remediation.is_some_and(|r| r.incident == id)
+            || st.node.withheld.as_ref().is_some_and(|w| w.incident == id)
+            || st.mps.incident == Some(id)
+            || st.gpus.jobs.values().any(|i| *i == id)
+            || st.incidents.self_faults.values().any(|f| f.incident == id)
+            || st.orders.in_flight.values().any(|o| o.incident == id)
+            || st.orders.scheduled.iter().any(|o| o.incident == id)
+            || st.evidence.as_ref().is_some_and(|e| e.incident == id)
     }
 
     /// Whether an order of `incident` is only journaled: observe-only, or an observe drill.

@@ -45,7 +45,7 @@ pub use incidents::{Incidents, OpenIncident, RecentLog, SelfFault};
 pub use mps::{MpsPhase, MpsState, OwnExit};
 pub use node::{Goal, Node, NodePhase, Remediation, Step, Withheld};
 pub use orders::{Orders, Scheduled};
-pub use state::{Delivery, MAX_COUNTER, Sightings, State, StreamCursor};
+pub use state::{Delivery, MAX_COUNTER, STATE_FORMAT, Sightings, State, StreamCursor, writer};
 
 use std::time::Duration;
 
@@ -104,6 +104,7 @@ pub fn step(state: &State, input: Input, now: Timestamp, policy: &Policy) -> (St
         Input::Outcome(outcome) => cx.outcome(outcome),
         Input::Tick => cx.tick(),
         Input::Boot { id } => cx.boot(id),
+        Input::Reboots { reboots, .. } => cx.st.repair.merge(reboots),
         Input::Started { capabilities } => cx.st.capabilities = capabilities,
         Input::Operator(OperatorRequest::Abort { incident, by }) => cx.abort(incident, &by),
         Input::Operator(OperatorRequest::LaunchGate {

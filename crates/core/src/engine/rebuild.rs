@@ -23,8 +23,8 @@ use super::{
     SelfFault, State, Step,
 };
 use crate::model::{
-    ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Observation, Order,
-    OutcomeStatus, Record, Signal, Timestamp, Verdict,
+    ActionId, Command, GpuId, IncidentEvent, IncidentId, IncidentState, MAX_OPEN_INCIDENTS,
+    MAX_REBUILT_ID, Observation, Order, OutcomeStatus, Record, Signal, Timestamp, Verdict,
 };
 
 fn insert_capped(set: &mut BTreeSet<IncidentId>, id: IncidentId) {
@@ -34,13 +34,16 @@ fn insert_capped(set: &mut BTreeSet<IncidentId>, id: IncidentId) {
     set.insert(id);
 }
 
-/// Folds journal records, oldest first, into a state.
+/// Folds journal records, oldest first, into a state. Memory is bounded whatever the journal
+/// holds: at most [`MAX_OPEN_INCIDENTS`] open incidents (past it the oldest is left out,
+/// counted as abandoned: [`Rebuild::abandoned`]) and [`MAX_TRACKED`] of each kind of order.
 #[derive(Default)]
 pub struct Rebuild {
     st: State,
     first: BTreeMap<IncidentId, Observation>,
     orders: BTreeMap<ActionId, Order>,
     skipped: u64,
+    abandoned: Abandoned,
     /// Reboot orders handed out, by action: their incident.
     reboots: BTreeMap<ActionId, IncidentId>,
     /// Reboot calls accepted (no new boot seen since), by incident: when.
@@ -51,6 +54,37 @@ pub struct Rebuild {
     /// Every non-dry-run order seen, by action: its incident and command, for outcomes.
     started: BTreeMap<ActionId, (IncidentId, StartedKind)>,
     reboot_deadline: Duration,
+}
+
+/// Incidents open in the journal beyond the newest [`MAX_OPEN_INCIDENTS`]: left out of the
+/// rebuilt state (the engine would have closed them `abandoned`), counted with the first and
+/// last of their ids.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Abandoned {
+    pub count: u64,
+    pub first: Option<IncidentId>,
+    pub last: Option<IncidentId>,
+}
+
+impl Abandoned {
+    fn add(&mut self, id: IncidentId) {
+        self.count = self.count.saturating_add(1);
+        self.first = Some(self.first.map_or(id, |f| f.min(id)));
+        self.last = Some(self.last.map_or(id, |l| l.max(id)));
+    }
+}
+
+impl std::fmt::Display for Abandoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.first, self.last) {
+            (Some(a), Some(b)) => write!(
+                f,
+                "{} incident(s) open in the journal beyond the newest {MAX_OPEN_INCIDENTS} left out as abandoned (ids {a} to {b})",
+                self.count
+            ),
+            _ => write!(f, "no incident abandoned"),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -137,8 +171,11 @@ impl Rebuild {
     }
 
     /// Folds one record. A record whose incident or action id is beyond
-    /// [`MAX_COUNTER`](super::MAX_COUNTER) is not one this journal wrote (a counter there
-    /// could never advance): it is left out and counted in [`skipped`](Self::skipped).
+    /// [`MAX_REBUILT_ID`] (half of [`MAX_COUNTER`](super::MAX_COUNTER)) is not one a
+    /// journal of this engine's holds: it is left out and counted in
+    /// [`skipped`](Self::skipped), so the rebuilt counters keep room to advance (a forged id
+    /// near the ceiling would otherwise push the next one past it, and the state would be set
+    /// aside again at every start).
     pub fn add(&mut self, r: &Record) {
         let id = r.incident;
         let action = match &r.event {
@@ -147,7 +184,7 @@ impl Rebuild {
             IncidentEvent::DeadlineMissed { action, .. } => Some(*action),
             _ => None,
         };
-        if id.0 > super::MAX_COUNTER || action.is_some_and(|a| a.0 > super::MAX_COUNTER) {
+        if id.0 > MAX_REBUILT_ID || action.is_some_and(|a| a.0 > MAX_REBUILT_ID) {
             self.skipped += 1;
             return;
         }
@@ -169,11 +206,21 @@ impl Rebuild {
                     },
                 );
                 self.first.insert(id, observation.clone());
+                while self.st.incidents.open.len() > MAX_OPEN_INCIDENTS {
+                    let Some((old, _)) = self.st.incidents.open.pop_first() else {
+                        break;
+                    };
+                    self.first.remove(&old);
+                    self.abandoned.add(old);
+                }
             }
             IncidentEvent::Escalated { verdict, rule, .. } => self.escalated(id, *verdict, rule),
             IncidentEvent::ActionStarted { order, dry_run } => {
                 self.st.orders.last_id = self.st.orders.last_id.max(order.id.0);
                 if !dry_run {
+                    if self.orders.len() >= MAX_TRACKED {
+                        self.orders.pop_first();
+                    }
                     self.orders.insert(order.id, order.clone());
                     let kind = match order.command {
                         Command::Quarantine => StartedKind::Quarantine,
@@ -200,6 +247,9 @@ impl Rebuild {
                         _ => {}
                     }
                     if self.reboots.contains_key(&outcome.action) {
+                        if self.accepted.len() >= MAX_TRACKED {
+                            self.accepted.pop_first();
+                        }
                         self.accepted.insert(id, r.at);
                     }
                 }
@@ -267,6 +317,11 @@ impl Rebuild {
     /// Records left out: their ids are out of range (see [`add`](Self::add)).
     pub fn skipped(&self) -> u64 {
         self.skipped
+    }
+
+    /// Incidents left out because more than [`MAX_OPEN_INCIDENTS`] were open.
+    pub fn abandoned(&self) -> Abandoned {
+        self.abandoned
     }
 
     /// The state, with work for open incidents resumed or scheduled at `now`.
@@ -559,5 +614,96 @@ mod tests {
                 && st.node.remediation.is_none()
         );
         assert_eq!(st.node.phase, NodePhase::Replaced);
+    }
+
+    fn opened(id: u64, verdict: Verdict) -> Record {
+        Record {
+            at: Timestamp(id),
+            incident: IncidentId(id),
+            drill: None,
+            event: IncidentEvent::Opened {
+                observation: Observation::new(Signal::xid(13)).from_source("test"),
+                rule: "r".into(),
+                reason: String::new(),
+                verdict,
+            },
+        }
+    }
+
+    /// A forged line at the counters' ceiling (or at `u64::MAX`) is left out: the rebuilt
+    /// counter has room, and the state the engine saves after its next incident reads back
+    /// (before, it was past the ceiling and set aside at every start).
+    #[test]
+    fn forged_ids_at_the_ceiling_leave_the_counters_room_to_advance() {
+        let p = policy();
+        let mut r = Rebuild::new();
+        r.add(&opened(7, Verdict::Log));
+        for id in [
+            crate::model::MAX_COUNTER,
+            crate::model::MAX_REBUILT_ID + 1,
+            u64::MAX,
+        ] {
+            r.add(&opened(id, Verdict::Log));
+        }
+        assert_eq!(r.skipped(), 3);
+        let st = r.finish(Timestamp(9));
+        assert_eq!(st.incidents.last_id, 7);
+        let (st, _) = step(
+            &st,
+            Input::Observation(Observation::new(Signal::xid(13)).from_source("nvml")),
+            Timestamp(10),
+            &p,
+        );
+        assert_eq!(st.incidents.last_id, 8);
+        st.check_ranges().unwrap();
+        // The most a rebuild trusts still leaves 2^61 ids of room.
+        let mut r = Rebuild::new();
+        r.add(&opened(crate::model::MAX_REBUILT_ID, Verdict::Log));
+        let st = r.finish(Timestamp(9));
+        let (st, _) = step(
+            &st,
+            Input::Observation(Observation::new(Signal::xid(13)).from_source("nvml")),
+            Timestamp(10),
+            &p,
+        );
+        st.check_ranges().unwrap();
+    }
+
+    /// A journal of incidents that never closed: the newest `MAX_OPEN_INCIDENTS` stay open,
+    /// the rest are counted (with their first and last ids), and the state passes its own
+    /// size check.
+    #[test]
+    fn the_newest_open_incidents_are_kept_and_the_rest_counted_abandoned() {
+        let mut r = Rebuild::new();
+        let n = MAX_OPEN_INCIDENTS as u64 + 500;
+        for id in 1..=n {
+            r.add(&opened(id, Verdict::Log));
+        }
+        let a = r.abandoned();
+        assert_eq!(
+            (a.count, a.first, a.last),
+            (500, Some(IncidentId(1)), Some(IncidentId(500)))
+        );
+        assert!(
+            a.to_string()
+                .contains("500 incident(s) open in the journal beyond the newest 1024")
+        );
+        let st = r.finish(Timestamp(1));
+        assert_eq!(st.incidents.open.len(), MAX_OPEN_INCIDENTS);
+        assert_eq!(st.incidents.open.keys().next(), Some(&IncidentId(501)));
+        assert_eq!(st.incidents.last_id, n);
+        st.check_ranges().unwrap();
+        // One more than the engine keeps is refused as it is read.
+        let mut over = st.clone();
+        over.incidents.open.insert(
+            IncidentId(n + 1),
+            crate::engine::OpenIncident {
+                opened_at: Timestamp(1),
+                verdict: Verdict::Log,
+                rule: "r".into(),
+                gpu: None,
+            },
+        );
+        assert!(over.check_ranges().unwrap_err().contains("open holds 1025"));
     }
 }

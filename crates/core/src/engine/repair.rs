@@ -20,6 +20,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Cx, Goal, NodePhase, Step};
+pub use crate::model::repair::{Repair, RepairResult};
 use crate::model::{
     Command, IncidentEvent, IncidentId, IncidentState, Outcome, OutcomeStatus, Signal, Timestamp,
     Verdict,
@@ -44,53 +45,6 @@ pub struct Ledger {
     pub history: crate::model::bounded::BoundedVec<Repair, MAX_HISTORY>,
 }
 
-/// One reboot ordered for one incident.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Repair {
-    pub incident: IncidentId,
-    /// The rule that asked for it (without `/escalated`).
-    pub rule: String,
-    /// When the reboot was ordered.
-    pub at: Timestamp,
-    pub boot_before: String,
-    /// The boot id after the reboot; none while it has not happened (or never did).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub boot_after: Option<String>,
-    /// When the node went back into service after it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub back_at: Option<Timestamp>,
-    pub result: RepairResult,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub why: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RepairResult {
-    /// Ordered; the reboot or the check after it is under way.
-    Pending,
-    /// Back in service after the boot check.
-    Repaired,
-    /// Rebooted, but the check after the boot failed (or the fault came back): replaced.
-    Escalated,
-    /// The reboot did not happen (refused, or the node stayed up): replaced.
-    NotRebooted,
-    /// An operator stopped the repair.
-    Aborted,
-}
-
-impl RepairResult {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RepairResult::Pending => "pending",
-            RepairResult::Repaired => "repaired",
-            RepairResult::Escalated => "escalated",
-            RepairResult::NotRebooted => "not-rebooted",
-            RepairResult::Aborted => "aborted",
-        }
-    }
-}
-
 impl Ledger {
     /// The pending repair of `incident` ends with `result` (and why); a repaired one records
     /// when the node came back.
@@ -108,6 +62,38 @@ impl Ledger {
                 r.back_at = Some(now);
             }
         }
+    }
+
+    /// Takes in the reboots kept outside `state.json` (`Input::Reboots`): one the history
+    /// lacks (the same incident ordered at the same time) is added; one it has is completed
+    /// with what the kept copy knows and the history does not (the boot after it, the return
+    /// to service, a settled result where the history still says pending: a rebuilt history
+    /// may have lost the records that said so). The newest [`MAX_HISTORY`] stay, oldest first.
+    /// The engine's own history is never made to forget a reboot.
+    pub fn merge(&mut self, kept: Vec<Repair>) {
+        let mut all: Vec<Repair> = self.history.to_vec();
+        for k in kept {
+            match all
+                .iter_mut()
+                .find(|r| r.incident == k.incident && r.at == k.at)
+            {
+                Some(r) => {
+                    if r.boot_after.is_none() {
+                        r.boot_after = k.boot_after;
+                    }
+                    if r.back_at.is_none() {
+                        r.back_at = k.back_at;
+                    }
+                    if r.result == RepairResult::Pending && k.result != RepairResult::Pending {
+                        r.result = k.result;
+                        r.why = k.why;
+                    }
+                }
+                None => all.push(k),
+            }
+        }
+        all.sort_by_key(|r| r.at);
+        self.history = crate::model::bounded::BoundedVec::newest(&all);
     }
 
     /// The repair of `incident` still under way.
@@ -170,7 +156,7 @@ impl Cx<'_> {
             .repair
             .history
             .iter()
-            .filter(|r| r.boot_after.is_some() && now.since(r.at) <= lad.window)
+            .filter(|r| r.rebooted() && now.since(r.at) <= lad.window)
             .collect();
         let window = humantime::format_duration(lad.window);
         let n = u32::try_from(rebooted.len()).unwrap_or(u32::MAX);

@@ -104,10 +104,27 @@ struct StateFile {
     app: AppFaults,
 }
 
+/// The format of `state.json` this engine writes. It goes up whenever a release writes
+/// something an older one would drop or misread (a new field that holds a guarantee, a new
+/// word in a field): an older release refuses a newer format instead of losing it silently
+/// (`journal::load_state`; `gpu-medic run --accept-newer-state` reads it anyway).
+///
+/// 1: every release before the field (a file without `format`). 2: `format` and
+/// `written_by`; a repair result `unknown` (a reboot known only from the instance's tag).
+pub const STATE_FORMAT: u32 = 2;
+
+/// Who wrote a `state.json`: `gpu-medic <version>` (the workspace's version; the core's
+/// equals it, a test keeps them equal).
+pub fn writer() -> String {
+    format!("gpu-medic {}", env!("CARGO_PKG_VERSION"))
+}
+
 /// `state.json` as it is written: [`StateFile`]'s fields, in its order, borrowed from the
-/// parts.
+/// parts, after the format and the writer.
 #[derive(Serialize)]
 struct StateFileRef<'a> {
+    format: u32,
+    written_by: String,
     next_incident: u64,
     next_action: u64,
     node: NodePhase,
@@ -140,6 +157,8 @@ struct StateFileRef<'a> {
 impl Serialize for State {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         StateFileRef {
+            format: STATE_FORMAT,
+            written_by: writer(),
             next_incident: self.incidents.last_id,
             next_action: self.orders.last_id,
             node: self.node.phase,
@@ -255,6 +274,11 @@ impl State {
                 Ok(())
             }
         };
+        bounded(
+            "open",
+            self.incidents.open.len(),
+            crate::model::MAX_OPEN_INCIDENTS,
+        )?;
         for a in self.incidents.attached.values() {
             bounded(
                 "an incident's attached signals",

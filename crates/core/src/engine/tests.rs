@@ -1290,3 +1290,63 @@ fn step_bounds_what_comes_in_and_what_goes_out_for_every_caller() {
         }
     }
 }
+
+/// More than `MAX_OPEN_INCIDENTS` open (a state the engine did not write: here filled by
+/// hand): the next incident closes the oldest one no work holds `abandoned`, with a record
+/// saying why; the one a remediation holds stays open whatever its age.
+#[test]
+fn past_the_open_bound_the_oldest_unheld_incident_is_abandoned() {
+    let p = default_policy();
+    let mut st = State::default();
+    let (s, _) = step(&st, obs(Signal::GpuLost), Timestamp(1), &p);
+    st = s;
+    let held = st.node.remediation.map(|r| r.incident).unwrap();
+    for i in 1..crate::model::MAX_OPEN_INCIDENTS as u64 {
+        st.incidents.last_id += 1;
+        st.incidents.open.insert(
+            IncidentId(st.incidents.last_id),
+            OpenIncident {
+                opened_at: Timestamp(2 + i),
+                verdict: Verdict::Log,
+                rule: "by-hand".into(),
+                gpu: None,
+            },
+        );
+    }
+    let (st, out) = step(
+        &st,
+        Input::Observation(Observation::new(Signal::SelfFault {
+            component: "c".into(),
+        })),
+        Timestamp(5_000),
+        &p,
+    );
+    assert_eq!(st.incidents.open.len(), crate::model::MAX_OPEN_INCIDENTS);
+    assert!(
+        st.incidents.open.contains_key(&held),
+        "held by the remediation"
+    );
+    let abandoned: Vec<(IncidentId, String)> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Log(Record {
+                incident,
+                event:
+                    IncidentEvent::Closed {
+                        state: IncidentState::Abandoned,
+                        summary,
+                    },
+                ..
+            }) => Some((*incident, summary.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(abandoned.len(), 1, "{out:#?}");
+    assert_eq!(abandoned[0].0, IncidentId(held.0 + 1), "the oldest unheld");
+    assert!(
+        abandoned[0]
+            .1
+            .contains("more than 1024 incidents were open")
+    );
+    st.check_ranges().unwrap();
+}

@@ -225,7 +225,6 @@ impl<T, const N: usize> BoundedVec<T, N> {
 
 impl<T: Clone, const N: usize> BoundedVec<T, N> {
     /// The newest `N` of `items`.
-    #[cfg(test)]
     pub fn newest(items: &[T]) -> Self {
         BoundedVec(items[items.len().saturating_sub(N)..].to_vec())
     }

@@ -23,6 +23,16 @@ pub const MAX_ITEMS: usize = 256;
 /// (2^62 inputs), far enough below `u64::MAX` that every counter can still advance. A larger
 /// value is corruption, refused where it is read, never saturated later.
 pub const MAX_COUNTER: u64 = 1 << 62;
+/// The largest incident or action id a rebuild from the journal trusts: half the ceiling. A
+/// journal line numbered above it (forged, corrupt) is left out of the rebuild, so a rebuilt
+/// counter keeps 2^61 ids of room below [`MAX_COUNTER`]: a start after a rebuild never writes
+/// a counter the next start refuses (which would set the state aside on every start).
+pub const MAX_REBUILT_ID: u64 = 1 << 61;
+/// Incidents open at once, at most. The engine never comes near it (a node remediation, an MPS
+/// restart, stop-tasks per GPU, gpu-medic's own faults); past it the oldest open incident no
+/// work holds is closed `abandoned` with a reason, and a rebuild keeps the newest this many, so
+/// `state.json` and memory stay bounded whatever the journal holds.
+pub const MAX_OPEN_INCIDENTS: usize = 1024;
 /// Repairs (reboots) of a node the engine remembers, the oldest forgotten first; far more than
 /// any window counts. The policy bounds `[reboot] limit` and a rule's `reboots` by it.
 pub const MAX_REBOOT_HISTORY: usize = 32;
@@ -147,6 +157,17 @@ impl Observation {
     }
 }
 
+impl super::repair::Repair {
+    pub fn bound(&mut self) {
+        cut(&mut self.rule, MAX_NAME);
+        cut(&mut self.boot_before, MAX_NAME);
+        if let Some(b) = &mut self.boot_after {
+            cut(b, MAX_NAME);
+        }
+        cut(&mut self.why, MAX_TEXT);
+    }
+}
+
 impl Outcome {
     pub fn bound(&mut self) {
         cut(&mut self.detail, MAX_TEXT);
@@ -230,6 +251,15 @@ impl Input {
             Input::Operator(r) => r.bound(),
             Input::Boot { id } => {
                 cut(id, MAX_NAME);
+            }
+            Input::Reboots { reboots, from } => {
+                // The newest, as many as the history keeps.
+                let gone = reboots.len().saturating_sub(MAX_REBOOT_HISTORY);
+                reboots.drain(..gone);
+                for r in reboots.iter_mut() {
+                    r.bound();
+                }
+                cut(from, MAX_NAME);
             }
             Input::Started { .. } | Input::Tick => {}
         }

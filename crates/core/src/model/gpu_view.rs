@@ -10,8 +10,9 @@ use super::{Observation, Timestamp};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Expected {
     pub count: u32,
-    /// `config`, `ecs` (the GPUs ECS registered for the instance) or `instance type
-    /// p5.48xlarge`.
+    /// `[nvml] expected_gpus` (set in the config) or `instance type p5.48xlarge`; never ECS's
+    /// registered count (crates/io/src/probe/ecs_gpus.rs). Older views may say `registered
+    /// with ECS`.
     pub source: String,
 }
 

@@ -27,11 +27,13 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 mod bounds;
 
 pub use bounds::{
-    MAX_COMPOSED, MAX_COUNTER, MAX_ITEMS, MAX_NAME, MAX_REBOOT_HISTORY, MAX_TEXT, cut,
+    MAX_COMPOSED, MAX_COUNTER, MAX_ITEMS, MAX_NAME, MAX_OPEN_INCIDENTS, MAX_REBOOT_HISTORY,
+    MAX_REBUILT_ID, MAX_TEXT, cut,
 };
 mod evidence;
 pub use evidence::{EvidenceMode, EvidencePlan, EvidenceRef, MissingPart};
 pub mod planned;
+pub mod repair;
 pub use planned::{AgentVerdict, EventClass, EventState, ScheduledEvent};
 
 /// A point in time, in milliseconds since the Unix epoch. The engine never reads a clock:
@@ -1022,6 +1024,16 @@ pub enum Input {
     },
     /// A person asked for something (`gpu-medic incidents abort`).
     Operator(OperatorRequest),
+    /// The reboots kept outside `state.json`, read by the supervisor at start: the state
+    /// directory's reboot ledger (`reboots.json`) or, when that is gone too, the instance's
+    /// tag. Merged into the repair history, so that a lost `state.json` and a rotated journal
+    /// never give back a reboot the ladder counts (docs/repair.md).
+    Reboots {
+        reboots: Vec<repair::Repair>,
+        /// Where they were read (for the journal and the log).
+        #[serde(default)]
+        from: String,
+    },
 }
 
 /// Requests from an operator, delivered through `state_dir/requests/`.
@@ -1150,6 +1162,9 @@ pub enum IncidentState {
     Repaired,
     /// gpu-medic gave up; an operator is needed.
     Failed,
+    /// Left behind: more than [`MAX_OPEN_INCIDENTS`] incidents were open, and this was the
+    /// oldest that no work held (the close's summary says so).
+    Abandoned,
 }
 
 impl IncidentState {
@@ -1165,6 +1180,7 @@ impl IncidentState {
             IncidentState::Aborted => "aborted",
             IncidentState::Repaired => "repaired",
             IncidentState::Failed => "failed",
+            IncidentState::Abandoned => "abandoned",
         }
     }
 }

@@ -1,5 +1,7 @@
 //! The one EC2 fact the fleet budget's slot table needs: which instances are terminated;
-//! and the one EC2 action the reboot rung takes: `RebootInstances` on this instance.
+//! the one EC2 action the reboot rung takes: `RebootInstances` on this instance; and the tag
+//! that keeps this instance's reboots beyond its disk (`CreateTags` on itself, one key;
+//! `DescribeTags` to read it back at start).
 //!
 //! `DescribeInstances` by id: state `terminated`, or the id unknown to EC2
 //! (`InvalidInstanceID.NotFound`: a terminated instance stays visible for about an hour, then
@@ -78,6 +80,56 @@ impl Ec2 {
             ));
         }
         Ok(())
+    }
+
+    /// Sets tag `key` = `value` on instance `id` (IAM lets an instance tag only itself, and
+    /// only with gpu-medic's key: packaging/iam-policy.json).
+    pub async fn tag(
+        &self,
+        calls: &mut Calls,
+        id: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), CallError> {
+        let params = [
+            ("ResourceId.1".to_string(), id),
+            ("Tag.1.Key".to_string(), key),
+            ("Tag.1.Value".to_string(), value),
+        ];
+        let r = self
+            .call(calls, "CreateTags", &form("CreateTags", &params))
+            .await?;
+        if parse_return(&r.body) == Some(false) {
+            return Err(CallError::terminal(
+                "CreateTags",
+                "EC2 answered return=false",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The value of tag `key` on instance `id`; `None` when it has no such tag.
+    pub async fn tag_value(
+        &self,
+        calls: &mut Calls,
+        id: &str,
+        key: &str,
+    ) -> Result<Option<String>, CallError> {
+        let params = [
+            ("Filter.1.Name".to_string(), "resource-id"),
+            ("Filter.1.Value.1".to_string(), id),
+            ("Filter.2.Name".to_string(), "key"),
+            ("Filter.2.Value.1".to_string(), key),
+        ];
+        let r = self
+            .call(calls, "DescribeTags", &form("DescribeTags", &params))
+            .await?;
+        parse_tag(&r.body, id, key).map_err(|e| {
+            CallError::terminal(
+                "DescribeTags",
+                format!("unreadable response (HTTP {}): {e}", r.status),
+            )
+        })
     }
 
     async fn describe(
@@ -166,6 +218,35 @@ fn parse_terminated(xml: &str) -> Result<BTreeSet<String>, XmlDecodeError> {
         }
     }
     Ok(out)
+}
+
+/// The value of tag `key` of resource `id` in a `DescribeTagsResponse`
+/// (`tagSet/item/{resourceId, key, value}`); `None` when it lists none.
+fn parse_tag(xml: &str, id: &str, key: &str) -> Result<Option<String>, XmlDecodeError> {
+    let mut doc = Document::new(xml);
+    let mut root = doc.root_element()?;
+    while let Some(mut set) = root.next_tag() {
+        if !set.start_el().local().eq("tagSet") {
+            continue;
+        }
+        while let Some(mut item) = set.next_tag() {
+            let (mut rid, mut k, mut v) = (None, None, None);
+            while let Some(mut field) = item.next_tag() {
+                let name = field.start_el().local().to_string();
+                let text = try_data(&mut field)?.into_owned();
+                match name.as_str() {
+                    "resourceId" => rid = Some(text),
+                    "key" => k = Some(text),
+                    "value" => v = Some(text),
+                    _ => {}
+                }
+            }
+            if rid.as_deref() == Some(id) && k.as_deref() == Some(key) {
+                return Ok(Some(v.unwrap_or_default()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// One instance's id and state name.
@@ -297,6 +378,36 @@ mod tests {
             parse_terminated("<DescribeInstancesResponse/>")
                 .unwrap()
                 .is_empty()
+        );
+    }
+
+    /// Only the tag of this instance with this key is read (a filter EC2 ignored does not
+    /// hand over another's).
+    #[test]
+    fn the_tag_read_is_this_instances_key_only() {
+        let xml = r#"<DescribeTagsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+  <requestId>r</requestId>
+  <tagSet>
+    <item><resourceId>i-other</resourceId><resourceType>instance</resourceType><key>gpu-medic:reboots</key><value>9/9/x</value></item>
+    <item><resourceId>i-me</resourceId><resourceType>instance</resourceType><key>Name</key><value>n</value></item>
+    <item><resourceId>i-me</resourceId><resourceType>instance</resourceType><key>gpu-medic:reboots</key><value>1/2/r</value></item>
+  </tagSet>
+</DescribeTagsResponse>"#;
+        assert_eq!(
+            parse_tag(xml, "i-me", "gpu-medic:reboots")
+                .unwrap()
+                .as_deref(),
+            Some("1/2/r")
+        );
+        assert_eq!(parse_tag(xml, "i-none", "gpu-medic:reboots").unwrap(), None);
+        assert_eq!(
+            parse_tag(
+                "<DescribeTagsResponse><tagSet/></DescribeTagsResponse>",
+                "i-me",
+                "k"
+            )
+            .unwrap(),
+            None
         );
     }
 

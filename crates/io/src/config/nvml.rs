@@ -17,8 +17,9 @@ pub struct NvmlConfig {
     pub library: String,
     #[serde(default = "default_poll", with = "humantime_serde")]
     pub poll_interval: Duration,
-    /// How many GPUs this instance type has; fewer is a fault. Unset: what ECS registered for
-    /// the instance, else the instance type's count (`[ecs] gpu_view`, `[aws]` enabled).
+    /// How many GPUs this instance type has; fewer is a fault. Unset: the instance type's count
+    /// (`[ecs] gpu_view`, `[aws]` enabled), else not checked; ECS's registered count is never
+    /// used (it is not the hardware's: crates/io/src/probe/ecs_gpus.rs).
     #[serde(default)]
     pub expected_gpus: Option<u32>,
     /// The kernel log, read for `NVRM: Xid` lines; `""` turns it off. `/dev/kmsg` is the

@@ -15,6 +15,7 @@
 //! | `evidence/` | the evidence remedy (archives waiting for S3, their records) | the same remedy's upload sweep at start and every five minutes |
 //! | `links.json` | the NVML poll (fabric, NVLink, PCIe per GPU) | `status`, the exporter's metrics |
 //! | `ports.json` | the EFA / RDMA port watch | `status`, the exporter's metrics |
+//! | `reboots.json` | the supervisor, when the repair history changes (durably, before a reboot order is handed out) | the supervisor at start (`Input::Reboots`), the reboot remedy (the instance tag) |
 //!
 //! Only this type joins a file name onto `state_dir` (`tests/layout.rs` checks it). The status
 //! views (`ecs-gpus.json`, `fleet.json`, `slots.json`, `links.json`, `ports.json`) are also
@@ -168,6 +169,47 @@ impl StateDir {
         self.root.join("mps-view.json")
     }
 
+    /// The reboot ledger: the repair history kept outside `state.json` and the journal, so
+    /// that neither a lost state nor a rotation forgets a reboot the ladder counts.
+    pub fn reboots(&self) -> PathBuf {
+        self.root.join("reboots.json")
+    }
+
+    /// Writes the reboot ledger, atomically and durably (a reboot is counted before it
+    /// happens: the supervisor hands the order out only after this returned).
+    pub fn save_reboots(&self, reboots: &[crate::model::repair::Repair]) -> std::io::Result<()> {
+        crate::sys::fs::write_json_atomic(
+            &self.reboots(),
+            &RebootLedger {
+                format: REBOOTS_FORMAT,
+                reboots: reboots.to_vec(),
+            },
+            crate::sys::fs::Durability::Durable,
+        )
+    }
+
+    /// The reboot ledger: `Ok(None)` when there is none (a first start, or a lost disk),
+    /// `Err` saying why when it cannot be read (not a regular file, over its cap, not the
+    /// ledger's JSON, a newer format): the caller says so and goes on without it.
+    pub fn load_reboots(&self) -> Result<Option<Vec<crate::model::repair::Repair>>, String> {
+        let path = self.reboots();
+        let text = match crate::sys::limits::read_text(&path, MAX_REBOOTS_BYTES, "reboot ledger") {
+            Ok(t) => t,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let ledger: RebootLedger = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not the reboot ledger: {e}", path.display()))?;
+        if ledger.format > REBOOTS_FORMAT {
+            return Err(format!(
+                "{}: format {} is newer than this gpu-medic's ({REBOOTS_FORMAT})",
+                path.display(),
+                ledger.format
+            ));
+        }
+        Ok(Some(ledger.reboots))
+    }
+
     /// Where `view` is kept.
     pub fn view(&self, view: View) -> PathBuf {
         match view {
@@ -210,6 +252,18 @@ impl StateDir {
     }
 }
 
+/// `reboots.json`: the format, and the reboots oldest first.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RebootLedger {
+    format: u32,
+    reboots: Vec<crate::model::repair::Repair>,
+}
+
+/// The reboot ledger's format.
+const REBOOTS_FORMAT: u32 = 1;
+/// No ledger gpu-medic writes is larger (32 reboots of a few hundred bytes each).
+const MAX_REBOOTS_BYTES: u64 = 1024 * 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +287,7 @@ mod tests {
             d.evidence(),
             d.links(),
             d.ports(),
+            d.reboots(),
         ];
         let names: Vec<String> = names
             .iter()
@@ -261,6 +316,7 @@ mod tests {
                 "evidence",
                 "links.json",
                 "ports.json",
+                "reboots.json",
             ]
         );
     }

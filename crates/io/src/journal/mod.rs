@@ -290,7 +290,7 @@ pub fn stream_jsonl<T: DeserializeOwned>(
     max_bytes: Option<u64>,
     f: impl FnMut(Entry<T>) -> bool,
 ) -> Result<(), JournalError> {
-    stream_jsonl_from(files, max_bytes, None, f)
+    stream_jsonl_from(files, max_bytes, Window::Whole, f)
 }
 
 /// [`stream_jsonl`] over the last `tail` bytes of each file only (from the first line that
@@ -301,17 +301,72 @@ pub fn stream_jsonl_tail<T: DeserializeOwned>(
     tail: u64,
     f: impl FnMut(Entry<T>) -> bool,
 ) -> Result<(), JournalError> {
-    stream_jsonl_from(files, None, Some(tail), f)
+    stream_jsonl_from(files, None, Window::Tail(tail), f)
+}
+
+/// The most of one journal file a reader reads: the file's own cap (`[journal]
+/// max_file_size_mib`) plus one batch that waited in memory ([`MAX_PENDING`]); the writer
+/// rotates a file before it grows past that, so only a file it did not write alone is longer
+/// (a hand's, a corrupt one's: 2 GB of zeros).
+pub fn read_cap(max_file_size_mib: u64) -> u64 {
+    max_file_size_mib
+        .saturating_mul(1024 * 1024)
+        .saturating_add(MAX_PENDING as u64)
+}
+
+/// [`stream_jsonl`] over journal files each read within `cap` ([`read_cap`]): a file longer
+/// than that is not the writer's alone (it rotates a file before it grows past `cap`) and is
+/// read from the first whole line of its last [`OVER_CAP_READ`] bytes (or `cap`, when less),
+/// and an `Entry::Skipped` (line 0) first says how much was skipped. Work and time are
+/// bounded by `cap` per file whatever the files hold, and by [`OVER_CAP_READ`] for a file
+/// over it (a 2 GB file: `gpu-medic run`'s start and `incidents list` stay within their
+/// seconds, BENCHMARKS.md).
+pub fn stream_journal<T: DeserializeOwned>(
+    files: &[PathBuf],
+    cap: u64,
+    f: impl FnMut(Entry<T>) -> bool,
+) -> Result<(), JournalError> {
+    stream_jsonl_from(files, None, Window::Capped(cap), f)
+}
+
+/// How much of each file a stream reads.
+#[derive(Debug, Clone, Copy)]
+enum Window {
+    /// All of it.
+    Whole,
+    /// Its last bytes only, quietly (a replay needs the file's last lines).
+    Tail(u64),
+    /// At most its last bytes, saying what was skipped (a journal file over its cap).
+    Capped(u64),
+}
+
+/// The most of a journal file over its cap that a capped reader reads: its last 8 MiB. Such
+/// a file is not the writer's alone (a hand's, a corrupt one's), and reading the whole cap
+/// of it (80 MiB of records by default) took a start 4.7 s and `incidents list` 13.5 s in
+/// the dev profile (BENCHMARKS.md, "A journal file far over its cap").
+pub const OVER_CAP_READ: u64 = 8 * 1024 * 1024;
+
+impl Window {
+    /// The window into a file of `len` bytes.
+    fn tail(self, len: u64) -> Option<u64> {
+        match self {
+            Window::Whole => None,
+            Window::Tail(t) => Some(t),
+            Window::Capped(c) if len > c => Some(c.min(OVER_CAP_READ)),
+            Window::Capped(c) => Some(c),
+        }
+    }
 }
 
 /// Opens one journal file (`stream`: a pipe is allowed too) and, with `tail`, moves to the
-/// first whole line of its last `tail` bytes; `None` when it does not exist.
+/// first whole line of its last `tail` bytes; `None` when it does not exist. Also returns the
+/// file's length and how many bytes were skipped.
 fn open_window(
     path: &Path,
     stream: bool,
-    tail: Option<u64>,
+    window: Window,
     buf: &mut Vec<u8>,
-) -> Result<Option<BufReader<std::fs::File>>, JournalError> {
+) -> Result<Option<(BufReader<std::fs::File>, u64, u64)>, JournalError> {
     // Journals under state_dir are regular files; an input given to `policy simulate`
     // (capped) may also be a pipe.
     let kind = if stream {
@@ -331,37 +386,49 @@ fn open_window(
         }
     };
     let mut reader = BufReader::new(file);
-    if let Some(t) = tail {
-        let len = reader
-            .get_ref()
-            .metadata()
-            .map_err(|e| JournalError::io(path, e))?
-            .len();
-        if len > t {
-            reader
-                .seek(SeekFrom::Start(len - t - 1))
-                .map_err(|e| JournalError::io(path, e))?;
-            // The line the window begins in is not whole: skipped (found within the
-            // window, or the window is one overlong line and nothing is read).
-            read_capped_line(&mut reader, buf, 0, t.saturating_add(1))
-                .map_err(|e| JournalError::io(path, e))?;
-        }
+    let len = reader
+        .get_ref()
+        .metadata()
+        .map_err(|e| JournalError::io(path, e))?
+        .len();
+    let mut skipped = 0;
+    if let Some(t) = window.tail(len)
+        && len > t
+    {
+        skipped = len - t - 1;
+        reader
+            .seek(SeekFrom::Start(skipped))
+            .map_err(|e| JournalError::io(path, e))?;
+        // The line the window begins in is not whole: skipped (found within the
+        // window, or the window is one overlong line and nothing is read).
+        read_capped_line(&mut reader, buf, 0, t.saturating_add(1))
+            .map_err(|e| JournalError::io(path, e))?;
     }
-    Ok(Some(reader))
+    Ok(Some((reader, len, skipped)))
 }
 
 fn stream_jsonl_from<T: DeserializeOwned>(
     files: &[PathBuf],
     max_bytes: Option<u64>,
-    tail: Option<u64>,
+    window: Window,
     mut f: impl FnMut(Entry<T>) -> bool,
 ) -> Result<(), JournalError> {
     let mut total: u64 = 0;
     let mut buf = Vec::new();
     for path in files {
-        let Some(mut reader) = open_window(path, max_bytes.is_some(), tail, &mut buf)? else {
+        let Some((mut reader, len, skipped)) =
+            open_window(path, max_bytes.is_some(), window, &mut buf)?
+        else {
             continue;
         };
+        if let (Window::Capped(cap), true) = (window, skipped > 0)
+            && !f(Entry::Skipped {
+                path: path.clone(),
+                line: over_cap(skipped, len, cap),
+            })
+        {
+            return Ok(());
+        }
         let mut n = 0;
         loop {
             let max_scan = max_bytes.map_or(u64::MAX, |m| m.saturating_sub(total) + 1);
@@ -435,6 +502,21 @@ fn stream_jsonl_from<T: DeserializeOwned>(
         }
     }
     Ok(())
+}
+
+/// What a reader says of a journal file over its cap (see [`stream_journal`]).
+fn over_cap(skipped: u64, len: u64, cap: u64) -> SkippedLine {
+    use crate::sys::limits::human_bytes;
+    SkippedLine {
+        line: 0,
+        message: format!(
+            "the first {} of {} skipped: the file is over its cap of {} ([journal] max_file_size_mib and one batch), so only its last {} are read",
+            human_bytes(skipped),
+            human_bytes(len),
+            human_bytes(cap),
+            human_bytes(len.saturating_sub(skipped).saturating_sub(1))
+        ),
+    }
 }
 
 fn too_much(path: &Path, line: usize, max: u64) -> JournalError {
@@ -546,8 +628,27 @@ pub fn save_state(path: &Path, state: &State) -> Result<(), JournalError> {
 /// Reads `state.json`; `None` when there is none yet (first start).
 /// Anything that is not a readable state (not a regular file, over its cap, not UTF-8, not
 /// the state's JSON, a number out of range, a collection larger than the engine keeps) is
-/// `Corrupt`, which the daemon sets aside.
+/// `Corrupt`, which the daemon sets aside. One written by a newer gpu-medic is `Newer`
+/// ([`read_newer`]), never read.
 pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
+    load_state_as(path, Newer::Refuse).map(|s| s.map(|(s, _)| s))
+}
+
+/// What to do with a `state.json` a newer gpu-medic wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Newer {
+    /// Refuse it (`JournalError::Newer`): the default.
+    Refuse,
+    /// Read it as this version can (`gpu-medic run --accept-newer-state`).
+    Accept,
+}
+
+/// [`load_state`], with what to do about a newer file; an accepted newer file is returned
+/// with its writer (`gpu-medic X.Y.Z (state format N)`).
+pub fn load_state_as(
+    path: &Path,
+    newer: Newer,
+) -> Result<Option<(State, Option<String>)>, JournalError> {
     let corrupt = |line, message| JournalError::Corrupt {
         path: path.to_path_buf(),
         line,
@@ -568,12 +669,69 @@ pub fn load_state(path: &Path) -> Result<Option<State>, JournalError> {
         }
         Err(e) => return Err(corrupt(0, format!("state file unreadable: {e}"))),
     };
+    // Before anything else: a newer file may not parse as this version's state at all, and
+    // must not be set aside as corrupt for that.
+    let accepted = match (read_newer(&text), newer) {
+        (None, _) => None,
+        (Some(found), Newer::Accept) => Some(found),
+        (Some(found), Newer::Refuse) => {
+            return Err(JournalError::Newer {
+                path: path.to_path_buf(),
+                found,
+                ours: format!(
+                    "{} (state format {})",
+                    crate::engine::writer(),
+                    crate::engine::STATE_FORMAT
+                ),
+            });
+        }
+    };
     let state: State = serde_json::from_str(&text)
         .map_err(|e| corrupt(e.line(), format!("state file unreadable: {e}")))?;
     state
         .check_ranges()
         .map_err(|why| corrupt(0, format!("state file out of range: {why}")))?;
-    Ok(Some(state))
+    Ok(Some((state, accepted)))
+}
+
+/// The writer of a state file newer than this gpu-medic (`gpu-medic X.Y.Z (state format
+/// N)`): a later state format than [`crate::engine::STATE_FORMAT`], or a later version than
+/// this one (`written_by`, compared as numbers `major.minor.patch`). `None` for this
+/// version's files, an older one's (format 1 has neither field), or a file whose header
+/// cannot be read (the full read says what is wrong with it).
+pub fn read_newer(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Header {
+        #[serde(default = "first_format")]
+        format: u32,
+        #[serde(default)]
+        written_by: String,
+    }
+    fn first_format() -> u32 {
+        1
+    }
+    let h: Header = serde_json::from_str(text).ok()?;
+    let version = |w: &str| -> Option<Vec<u64>> {
+        let v = w.strip_prefix("gpu-medic ")?;
+        let core = v.split(['-', '+']).next()?;
+        core.split('.').map(|n| n.parse().ok()).collect()
+    };
+    let newer_version = match (version(&h.written_by), version(&crate::engine::writer())) {
+        (Some(theirs), Some(ours)) => theirs > ours,
+        _ => false,
+    };
+    (h.format > crate::engine::STATE_FORMAT || newer_version).then(|| {
+        let who = if h.written_by.is_empty() {
+            "an unnamed gpu-medic".to_string()
+        } else {
+            crate::model::escape::escape(&h.written_by)
+                .to_string()
+                .chars()
+                .take(80)
+                .collect()
+        };
+        format!("{who} (state format {})", h.format)
+    })
 }
 
 /// A `state.json` that could not be read, moved out of the way.
@@ -585,56 +743,123 @@ pub struct SetAside {
     pub why: String,
 }
 
+/// What the daemon's start found in `state.json` ([`load_state_or_set_aside`]).
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The state, when one could be read.
+    pub state: Option<State>,
+    /// An unreadable file, moved out of the way.
+    pub set_aside: Option<SetAside>,
+    /// A newer gpu-medic's file read anyway ([`Newer::Accept`]): its writer.
+    pub newer: Option<String>,
+}
+
 /// [`load_state`] for the daemon: an unreadable (corrupt) state file does not keep it from
 /// starting. The file is renamed `state.json.corrupt-<unix ms>` (kept for a post-mortem) and
-/// `None` is returned with what was done; the caller rebuilds from the journal
+/// no state is returned, with what was done; the caller rebuilds from the journal
 /// ([`rebuild_from_journal`]). Anything but a file left at the state's temporary path (a
 /// directory a crashed tool left) is set aside too: the atomic write never deletes it, and
 /// every save would fail on it. Errors are only those a restart cannot fix either (the folder
-/// cannot be read or written).
+/// cannot be read or written), and a newer gpu-medic's file unless `newer` accepts it (it
+/// is never set aside: the version that wrote it may still be started).
 pub fn load_state_or_set_aside(
     path: &Path,
     now: crate::model::Timestamp,
-) -> Result<(Option<State>, Option<SetAside>), JournalError> {
+    newer: Newer,
+) -> Result<Loaded, JournalError> {
     let tmp = crate::sys::fs::temp_path(path);
     crate::sys::limits::set_aside_unless_regular(&tmp).map_err(|e| JournalError::io(&tmp, e))?;
-    match load_state(path) {
-        Ok(s) => Ok((s, None)),
+    match load_state_as(path, newer) {
+        Ok(s) => {
+            let (state, newer) = s.map_or((None, None), |(s, n)| (Some(s), n));
+            Ok(Loaded {
+                state,
+                set_aside: None,
+                newer,
+            })
+        }
         Err(JournalError::Corrupt { message, .. }) => {
             let mut name = path.as_os_str().to_os_string();
             name.push(format!(".corrupt-{}", now.0));
             let moved_to = PathBuf::from(name);
             std::fs::rename(path, &moved_to).map_err(|e| JournalError::io(path, e))?;
-            Ok((
-                None,
-                Some(SetAside {
+            Ok(Loaded {
+                set_aside: Some(SetAside {
                     moved_to,
                     why: message,
                 }),
-            ))
+                ..Loaded::default()
+            })
         }
         Err(e) => Err(e),
     }
 }
 
+/// What a rebuild from the journal left out, for the `state-file` self-fault.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Records whose ids are out of range (`engine::rebuild::Rebuild::add`).
+    pub out_of_range: u64,
+    /// Incidents open beyond the newest `MAX_OPEN_INCIDENTS`.
+    pub abandoned: crate::engine::rebuild::Abandoned,
+    /// Journal files read only in part (over their cap), each as the reader said it.
+    pub partial: Vec<String>,
+}
+
+impl std::fmt::Display for Rebuilt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.out_of_range > 0 {
+            parts.push(format!(
+                "{} record(s) with out-of-range ids (over {}) left out",
+                self.out_of_range,
+                crate::model::MAX_REBUILT_ID
+            ));
+        }
+        if self.abandoned.count > 0 {
+            parts.push(self.abandoned.to_string());
+        }
+        parts.extend(self.partial.iter().cloned());
+        write!(f, "{}", parts.join("; "))
+    }
+}
+
+/// At most this many files read in part are named in [`Rebuilt::partial`].
+const MAX_PARTIAL_NAMED: usize = 8;
+
 /// The engine state the incident journal implies (see `engine::rebuild`), streamed one line
-/// at a time across its rotated files, oldest first; unreadable lines are skipped.
+/// at a time across its rotated files, oldest first, each read within `cap`
+/// ([`read_cap`]); unreadable lines are skipped. Also what was left out.
 pub fn rebuild_from_journal(
     incidents: &Path,
     now: crate::model::Timestamp,
     reboot_deadline: std::time::Duration,
-) -> Result<State, JournalError> {
+    cap: u64,
+) -> Result<(State, Rebuilt), JournalError> {
     let mut rebuild = crate::engine::rebuild::Rebuild::new().with_reboot_deadline(reboot_deadline);
-    stream_jsonl::<crate::model::Record>(&journal_files(incidents), None, |e| {
-        if let Entry::Item(r) = e {
-            rebuild.add(&r);
+    let mut partial = Vec::new();
+    stream_journal::<crate::model::Record>(&journal_files(incidents), cap, |e| {
+        match e {
+            Entry::Item(r) => rebuild.add(&r),
+            Entry::Skipped { path, line } if line.line == 0 => {
+                tracing::warn!(path = %path.display(), "{}", line.message);
+                if partial.len() < MAX_PARTIAL_NAMED {
+                    partial.push(format!("{}: {}", path.display(), line.message));
+                }
+            }
+            Entry::Skipped { .. } => {}
         }
         true
     })?;
     if rebuild.skipped() > 0 {
         tracing::warn!(path = %incidents.display(), records = rebuild.skipped(), "records with out-of-range ids left out of the rebuilt state");
     }
-    Ok(rebuild.finish(now))
+    let report = Rebuilt {
+        out_of_range: rebuild.skipped(),
+        abandoned: rebuild.abandoned(),
+        partial,
+    };
+    Ok((rebuild.finish(now), report))
 }
 
 /// Whether the incident journal (any of its files) holds anything: a start with no state
@@ -856,6 +1081,132 @@ pub(crate) mod tests {
         assert!(!p.with_extension("json.tmp").exists());
         std::fs::write(&p, "{ not json").unwrap();
         assert!(!load_state(&p).unwrap_err().is_retryable());
+    }
+
+    /// Newer is a later format or a later version; this version's, an older one's (format 1
+    /// has neither field) and an unreadable header are not.
+    #[test]
+    fn a_newer_state_is_told_by_its_format_or_its_writer() {
+        let ours = crate::engine::writer();
+        assert_eq!(read_newer("{}"), None);
+        assert_eq!(read_newer("not json"), None);
+        assert_eq!(
+            read_newer(&format!(r#"{{"format":2,"written_by":"{ours}"}}"#)),
+            None
+        );
+        assert_eq!(
+            read_newer(r#"{"format":2,"written_by":"gpu-medic 0.0.9"}"#),
+            None
+        );
+        let newer = read_newer(r#"{"format":99,"written_by":"gpu-medic 0.0.1"}"#).unwrap();
+        assert!(newer.contains("state format 99"), "{newer}");
+        let newer = read_newer(r#"{"format":2,"written_by":"gpu-medic 0.10.0"}"#).unwrap();
+        assert_eq!(newer, "gpu-medic 0.10.0 (state format 2)");
+        // Refused, never set aside; accepted, read with its writer.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        let mut v = serde_json::to_value(State::default()).unwrap();
+        v["format"] = serde_json::json!(99);
+        std::fs::write(&p, v.to_string()).unwrap();
+        let e = load_state_or_set_aside(&p, crate::model::Timestamp(1), Newer::Refuse).unwrap_err();
+        assert!(e.is_newer() && !e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("--accept-newer-state"), "{e}");
+        let l = load_state_or_set_aside(&p, crate::model::Timestamp(1), Newer::Accept).unwrap();
+        assert!(l.state.is_some() && l.set_aside.is_none());
+        assert!(l.newer.unwrap().contains("format 99"));
+    }
+
+    /// A file over its cap is read in its last `cap` bytes; the reader says what it skipped
+    /// first, and the records there are read.
+    #[test]
+    fn a_journal_file_over_its_cap_is_read_in_its_last_part_saying_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        let mut body = vec![0u8; 100_000];
+        body.push(b'\n');
+        for i in 1..=3 {
+            body.extend_from_slice(&serde_json::to_vec(&rec(i)).unwrap());
+            body.push(b'\n');
+        }
+        std::fs::write(&p, &body).unwrap();
+        let (mut items, mut said) = (Vec::new(), Vec::new());
+        stream_journal::<Record>(std::slice::from_ref(&p), 4096, |e| {
+            match e {
+                Entry::Item(r) => items.push(r.incident.0),
+                Entry::Skipped { line, .. } => said.push(line),
+            }
+            true
+        })
+        .unwrap();
+        assert_eq!(items, [1, 2, 3]);
+        assert_eq!(said[0].line, 0);
+        assert!(
+            said[0].message.contains("over its cap of 4 KiB"),
+            "{}",
+            said[0]
+        );
+        // Within its cap: read whole, nothing said.
+        let (mut n, mut skipped) = (0, 0);
+        stream_journal::<Record>(&[p], 1 << 20, |e| {
+            match e {
+                Entry::Item(_) => n += 1,
+                Entry::Skipped { .. } => skipped += 1,
+            }
+            true
+        })
+        .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(
+            skipped, 1,
+            "the line of zeros, too long, is the only one skipped"
+        );
+    }
+
+    /// A file over a cap larger than [`OVER_CAP_READ`] is read in its last `OVER_CAP_READ`
+    /// bytes only: it is not the writer's alone, and its size must not set the reader's time.
+    #[test]
+    fn a_file_over_a_large_cap_is_read_in_its_last_eight_mib_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("incidents.jsonl");
+        let line = |i: u64| {
+            let mut l = serde_json::to_vec(&rec(i)).unwrap();
+            l.push(b'\n');
+            l
+        };
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&p).unwrap());
+        let mut written = 0u64;
+        let mut i = 0;
+        while written < 3 * OVER_CAP_READ {
+            i += 1;
+            let l = line(i);
+            written += l.len() as u64;
+            w.write_all(&l).unwrap();
+        }
+        drop(w);
+        let (mut items, mut said) = (Vec::new(), Vec::new());
+        let cap = 2 * OVER_CAP_READ;
+        stream_journal::<Record>(&[p], cap, |e| {
+            match e {
+                Entry::Item(r) => items.push(r.incident.0),
+                Entry::Skipped { line, .. } => said.push(line),
+            }
+            true
+        })
+        .unwrap();
+        let per_line = line(i).len() as u64;
+        let read = items.len() as u64 * per_line;
+        assert!(
+            read <= OVER_CAP_READ && read + 2 * per_line > OVER_CAP_READ,
+            "{read} bytes of records read"
+        );
+        assert_eq!(items.last(), Some(&i), "the newest records are read");
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].message.contains("over its cap of 16 MiB")
+                && said[0].message.contains("only its last 8 MiB are read"),
+            "{}",
+            said[0]
+        );
     }
 
     #[test]

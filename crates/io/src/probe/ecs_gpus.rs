@@ -14,13 +14,18 @@
 //!   tolerance).
 //!
 //! It also gives `[nvml] expected_gpus` its default while the key is unset ([`ExpectedGpus`]):
-//! the instance type's count (`crate::aws::instance_types`, from IMDS `instance-type`), else
-//! the GPUs ECS registered for the instance. ECS's count is an orchestrator's, not the
-//! hardware's: where the instance type is known it never becomes the expected count, and a
-//! count beyond any instance type's is never used. A disagreement between ECS and the
-//! hardware is `ecs-gpu-count-mismatch` (logged), never `device-count-mismatch`; GPUs ECS lists
-//! that NVML does not see, on an instance where NVML sees every GPU the type has (or with an
-//! ECS count no instance has), are that count mismatch, not `ecs-gpu-missing`.
+//! the instance type's count (`crate::aws::instance_types`, from IMDS `instance-type`), and
+//! nothing else. ECS's count is an orchestrator's record, not a reading of the hardware: the
+//! agent registered it once, and keeps the registration across reboots (its state under
+//! `/var/lib/ecs/data`), so it can say more GPUs than the instance has now without any GPU
+//! having failed. It never becomes the expected count: a wrong expected count would replace a
+//! healthy node (`device-count-mismatch`). On a type the table does not know, with
+//! `[nvml] expected_gpus` unset, the count is not checked; NVML's own signals (a GPU lost, XID
+//! 79) still act on any type. A disagreement between ECS and NVML is `ecs-gpu-count-mismatch`
+//! (logged), never `device-count-mismatch`; GPUs ECS lists that NVML does not see are that
+//! count mismatch, not `ecs-gpu-missing` (which replaces), unless the hardware's count (the
+//! type's, or the one the operator set) says a GPU is missing; a GPU NVML reports lost is
+//! `ecs-gpu-missing` on any type (NVML's fact).
 //!
 //! A read that fails (throttled, denied, unreachable) is never a GPU signal: it is retried, and
 //! after 3 failures in a row (or one that cannot succeed) it is a self-fault of component
@@ -126,12 +131,13 @@ fn memory_in_use(
 
 /// Compares ECS's view with NVML's: the observations (every disagreement, each a finding,
 /// never a routine reading) and a line per GPU ECS lists. Nothing is compared when ECS lists
-/// no GPU (it then places no GPU task here). `hardware`: the instance type's GPU count, when
-/// known.
+/// no GPU (it then places no GPU task here). `hardware`: the hardware's GPU count, when known
+/// (the instance type's, or a set `[nvml] expected_gpus`: [`ExpectedGpus::resolve`]), never
+/// ECS's.
 pub fn compare(
     read: &EcsRead,
     nvml: &ViewSnapshot,
-    hardware: Option<u32>,
+    hardware: Option<&Expected>,
 ) -> (Vec<Observation>, Vec<GpuLine>) {
     let mut found = Vec::new();
     let mut lines = Vec::new();
@@ -182,10 +188,14 @@ pub fn compare(
     }
     let ecs = read.count();
     let implausible = !instance_types::plausible_gpu_count(ecs);
-    // NVML sees every GPU the instance type has (or ECS counts more GPUs than any instance
-    // has): what ECS lists beyond them is ECS's registration, not hardware that went missing.
-    let all_there = hardware.is_some_and(|h| nvml.count >= h && unnamed_lost == 0);
-    let not_hardware = !unseen.is_empty() && (all_there || implausible);
+    // NVML sees every GPU the hardware's count says (or ECS counts more GPUs than any
+    // instance has, or no hardware count is known to hold ECS's list to): what ECS lists
+    // beyond them is ECS's registration, not hardware that went missing.
+    let all_there = hardware.is_some_and(|h| nvml.count >= h.count && unnamed_lost == 0);
+    // With no hardware count, NVML reporting a GPU lost that it cannot name is NVML's own
+    // fact, and what ECS lists beyond what NVML sees may be that GPU.
+    let unknown = hardware.is_none() && unnamed_lost == 0;
+    let not_hardware = !unseen.is_empty() && (all_there || implausible || unknown);
     if !unseen.is_empty() && !not_hardware {
         // One observation for all of them: they have no NVML index to tell them apart, and
         // two in one read must not count as a repeat.
@@ -209,8 +219,14 @@ pub fn compare(
             "ECS registered {ecs} GPU(s) for this instance, NVML counts {}",
             nvml.count
         );
-        if let Some(h) = hardware {
-            detail.push_str(&format!("; the instance type has {h}"));
+        match hardware {
+            Some(h) if h.source.starts_with("instance type") => {
+                detail.push_str(&format!("; the {} has {}", h.source, h.count));
+            }
+            Some(h) => detail.push_str(&format!("; {} = {}", h.source, h.count)),
+            None => detail.push_str(
+                "; the hardware's GPU count is not known (neither an instance type in docs/gpu-instance-types.md nor a usable [nvml] expected_gpus), so ECS's registration alone is not taken for the hardware",
+            ),
         }
         if implausible {
             detail.push_str(&format!(
@@ -278,10 +294,9 @@ fn cap_list(items: &[String]) -> String {
 }
 
 /// Sets the GPUs ECS gave whole to one container ([`ExpectedGpus::dedicated`]) and the
-/// expected GPU count: the instance type's (the hardware's), else ECS's registered
-/// GPUs when that is a count some instance could have; and the instance type's apart, which a
-/// set `[nvml] expected_gpus` is checked against. ECS's count never overrides the type's: an
-/// orchestrator's registration is not the hardware.
+/// expected GPU count: the instance type's (the hardware's), kept apart too, which a set
+/// `[nvml] expected_gpus` is checked against. ECS's registered count is never the expected
+/// count (see the module's doc: a wrong one would replace a healthy node).
 fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type: Option<&str>) {
     if let Some(r) = read {
         expected.set_dedicated(
@@ -292,14 +307,8 @@ fn learn_expected(expected: &ExpectedGpus, read: Option<&EcsRead>, instance_type
                 .collect(),
         );
     }
-    let by_type = learn_type_count(expected, instance_type);
-    let ecs = read.map(EcsRead::count).filter(|n| *n > 0);
-    match (by_type, ecs) {
-        (Some((t, n)), _) => expected.set(n, format!("instance type {t}")),
-        (None, Some(n)) if instance_types::plausible_gpu_count(n) => {
-            expected.set(n, "registered with ECS");
-        }
-        _ => {}
+    if let Some((t, n)) = learn_type_count(expected, instance_type) {
+        expected.set(n, format!("instance type {t}"));
     }
 }
 
@@ -463,13 +472,14 @@ impl EcsGpuSource {
 
     /// ECS's view against NVML's latest, saved for `status`; the mismatches found.
     fn compare_and_save(&self, read: &EcsRead, nvml: &ViewSnapshot) -> Vec<Observation> {
-        let hardware = self.expected.by_type().map(|e| e.count);
-        let (found, gpus) = compare(read, nvml, hardware);
+        // The hardware's count: the instance type's, or the one the operator set.
+        let expected = self.expected.resolve(self.cfg.nvml.expected_gpus).expected;
+        let (found, gpus) = compare(read, nvml, expected.as_ref());
         let kept = Comparison {
             observed_at: Timestamp::now(),
             ecs_count: read.count(),
             nvml_count: nvml.count,
-            expected: self.expected.resolve(self.cfg.nvml.expected_gpus).expected,
+            expected,
             gpus,
             observations: found.clone(),
         };
@@ -729,9 +739,17 @@ pub fn learn_expected_once(cfg: &Config, read: Option<&EcsRead>, expected: &Expe
 mod tests {
     use super::*;
     use crate::model::GpuId;
-    use crate::probe::nvml::view::GpuView;
+    use crate::probe::nvml::view::{self, GpuView};
 
     const GIB: u64 = 1024 * MIB;
+
+    /// The count of instance type g5.12xlarge as [`ExpectedGpus::resolve`] gives it.
+    fn by_type(count: u32) -> Expected {
+        Expected {
+            count,
+            source: "instance type g5.12xlarge".into(),
+        }
+    }
 
     /// (index, uuid, lost, (used, total) bytes).
     type Gpu<'a> = (u32, &'a str, bool, Option<(u64, u64)>);
@@ -828,7 +846,18 @@ mod tests {
             agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None)], 1);
-        let (found, lines) = compare(&read, &v, None);
+        // No hardware count: ECS's list alone is a count mismatch (logged), naming them.
+        let (found, _) = compare(&read, &v, None);
+        assert_eq!(kinds(&found), ["ecs-gpu-count-mismatch"]);
+        assert!(
+            found[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("GPU-b") && d.contains("not hardware missing")),
+            "{found:?}"
+        );
+        // The instance type has 3: two are missing.
+        let (found, lines) = compare(&read, &v, Some(&by_type(3)));
         assert_eq!(kinds(&found), ["ecs-gpu-missing", "ecs-gpu-count-mismatch"]);
         assert!(found[0].gpu.is_none());
         assert_eq!(found[0].value, 2);
@@ -848,6 +877,7 @@ mod tests {
             agent_health: None,
         };
         let v = nvml(&[(0, "GPU-a", false, None), (1, "", true, None)], 2);
+        // No hardware count is needed: NVML itself reports the GPU lost.
         let (found, lines) = compare(&read, &v, None);
         assert_eq!(kinds(&found), ["ecs-gpu-missing"]);
         assert!(
@@ -907,7 +937,7 @@ mod tests {
     }
 
     #[test]
-    fn the_expected_count_comes_from_the_instance_type_else_a_plausible_ecs_count() {
+    fn the_expected_count_comes_from_the_instance_type_never_from_ecs() {
         let e = ExpectedGpus::new();
         learn_expected(&e, None, Some("m5.large"));
         assert_eq!(e.get(), None, "a type without GPUs sets nothing");
@@ -931,9 +961,12 @@ mod tests {
         assert_eq!(e.get(), None, "a count beyond any instance type is ignored");
         learn_expected(&e, Some(&read(4)), Some("an-unknown.type"));
         assert_eq!(
-            e.get().map(|x| (x.count, x.source)),
-            Some((4, "registered with ECS".into()))
+            e.get(),
+            None,
+            "an unknown type: ECS's count is not the hardware's"
         );
+        learn_expected(&e, Some(&read(4)), None);
+        assert_eq!(e.get(), None, "no type at all: the same");
     }
 
     /// ECS lists GPUs NVML does not see on an instance where NVML sees every GPU the type
@@ -953,20 +986,45 @@ mod tests {
             registered: (0..8).map(|i| format!("GPU-{i}")).collect(),
             ..EcsRead::default()
         };
-        let (found, _) = compare(&read, &v, Some(4));
+        let (found, _) = compare(&read, &v, Some(&by_type(4)));
         assert_eq!(found.len(), 1, "{found:#?}");
         assert_eq!(found[0].signal, Signal::EcsGpuCountMismatch, "{found:#?}");
         assert!(
             found[0]
                 .detail
                 .as_deref()
-                .is_some_and(|d| d.contains("the instance type has 4")),
+                .is_some_and(|d| d.contains("the instance type g5.12xlarge has 4")),
             "{found:#?}"
         );
         let (found, _) = compare(&read, &v, None);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert_eq!(
+            found[0].signal,
+            Signal::EcsGpuCountMismatch,
+            "type unknown: ECS's list alone is not missing hardware"
+        );
+        assert!(
+            found[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("is not known")),
+            "{found:#?}"
+        );
+        let set = Expected {
+            count: 8,
+            source: view::CONFIGURED.into(),
+        };
+        let (found, _) = compare(&read, &v, Some(&set));
         assert!(
             found.iter().any(|o| o.signal == Signal::EcsGpuMissing),
-            "type unknown: ECS's plausible count may be missing hardware"
+            "the hardware's count says GPUs are missing: {found:#?}"
+        );
+        assert!(
+            found.iter().any(|o| o
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("; [nvml] expected_gpus = 8"))),
+            "{found:#?}"
         );
         let huge = EcsRead {
             registered: (0..10_000).map(|i| format!("GPU-{i}")).collect(),

@@ -4,12 +4,20 @@
 //! read through the same `systemctl show` adapter as the MPS daemon's
 //! ([`crate::sys::systemd`]).
 //!
-//! - not running (`active` with a main process): `fabric-manager-down` on every look, value
-//!   the consecutive looks (the policy confirms on the second);
-//! - systemd restarting it `[links] fabric_manager_flaps` times within
-//!   `fabric_manager_flap_window`: `fabric-manager-flapping`;
-//! - a `systemctl` that cannot run is gpu-medic's fault (`self-fault fabric-manager`), never
-//!   Fabric Manager's.
+//! Its state is one of three, read only from systemd's own words ([`Activity`]):
+//! - running: `active` with a main process;
+//! - stopped: `inactive` or `failed`, or a unit that cannot run (`not-found`, `masked`, ...):
+//!   `fabric-manager-down` on every look, value the consecutive looks (the policy confirms on
+//!   the second);
+//! - could not tell: `systemctl` that cannot run, fails, hangs or answers what is not
+//!   systemd's words (garbage, `active` with no process): gpu-medic's own fault
+//!   (`self-fault fabric-manager`, its detail naming what was read), never Fabric Manager's,
+//!   never a drain; recovered by the next readable answer.
+//!
+//! systemd starting or stopping it (`activating`, `deactivating`) is none of them: not judged
+//! on that look (a start that hangs ends `failed` at the unit's timeout). systemd restarting
+//! it `[links] fabric_manager_flaps` times within `fabric_manager_flap_window`:
+//! `fabric-manager-flapping`.
 //!
 //! On other instance types, or when the type is unknown (`[links] instance_type` empty and
 //! `[aws]` off), nothing is checked and nothing is reported about Fabric Manager.
@@ -24,7 +32,7 @@ use super::{ProbeError, Snapshot, SnapshotReport, Source};
 use crate::aws::instance_types;
 use crate::config::Config;
 use crate::model::{Observation, Signal};
-use crate::sys::systemd::{RestartWindow, Systemctl, SystemctlError, UnitState};
+use crate::sys::systemd::{Activity, RestartWindow, Systemctl, SystemctlError, UnitState};
 
 /// The self-fault component of a `systemctl` that cannot be run for Fabric Manager.
 pub const COMPONENT: &str = "fabric-manager";
@@ -54,16 +62,110 @@ pub fn expected(cfg: &Config, instance_type: Option<&str>) -> bool {
 enum Look {
     Running,
     Down(String),
+    /// systemd is starting or stopping it: not judged on this look.
+    Changing(String),
+    /// What could not be read, for the self-fault.
+    CouldNotTell(String),
 }
 
 fn judge(unit: &str, state: &UnitState) -> Look {
-    if !state.exists() {
-        return Look::Down(format!("{unit} is not installed ({})", state.load_state));
+    match state.activity(unit) {
+        Activity::Running => Look::Running,
+        Activity::Stopped(why) => Look::Down(why),
+        Activity::Changing(why) => Look::Changing(why),
+        Activity::Unknown(why) => Look::CouldNotTell(why),
     }
-    if state.running() {
-        Look::Running
-    } else {
-        Look::Down(state.describe(unit))
+}
+
+/// What the watch remembers between looks, and what each look reports.
+struct Watch {
+    restarts: RestartWindow,
+    /// Consecutive looks that found it stopped.
+    down: u64,
+    /// Since when gpu-medic could not tell (a self-fault is open).
+    blind: bool,
+    flaps: u32,
+    flap_window: std::time::Duration,
+}
+
+impl Watch {
+    fn new(flaps: u32, flap_window: std::time::Duration) -> Watch {
+        Watch {
+            restarts: RestartWindow::new(flap_window),
+            down: 0,
+            blind: false,
+            flaps,
+            flap_window,
+        }
+    }
+
+    /// The observations of one look: `show` is `systemctl show`'s answer, `binary` and `unit`
+    /// name what was asked.
+    fn look(
+        &mut self,
+        show: Result<UnitState, SystemctlError>,
+        unit: &str,
+        now: std::time::Instant,
+    ) -> Vec<Observation> {
+        let mut out = Vec::new();
+        let look = match &show {
+            Ok(state) => judge(unit, state),
+            Err(e) => Look::CouldNotTell(e.to_string()),
+        };
+        if let Look::CouldNotTell(why) = &look {
+            if !std::mem::replace(&mut self.blind, true) {
+                tracing::error!(
+                    probe = "fabric-manager",
+                    "could not tell whether Fabric Manager runs ({why}): not watched until systemctl answers in systemd's words (self-fault)"
+                );
+                out.push(
+                    Observation::new(Signal::SelfFault {
+                        component: COMPONENT.into(),
+                    })
+                    .with_detail(format!("could not tell whether Fabric Manager runs: {why}")),
+                );
+            }
+            return out;
+        }
+        if std::mem::take(&mut self.blind) {
+            out.push(
+                Observation::new(Signal::SelfRecovered {
+                    component: COMPONENT.into(),
+                })
+                .with_detail(format!("systemctl answers again for {unit}")),
+            );
+        }
+        match look {
+            Look::Running => self.down = 0,
+            Look::Down(why) => {
+                self.down += 1;
+                out.push(
+                    Observation::new(Signal::FabricManagerDown)
+                        .with_value(self.down)
+                        .with_detail(format!("Fabric Manager is not running: {why}")),
+                );
+            }
+            Look::Changing(why) => {
+                tracing::debug!(probe = "fabric-manager", "not judged this look: {why}");
+            }
+            Look::CouldNotTell(_) => {}
+        }
+        if let Ok(state) = &show {
+            let n = self.restarts.observe(state.n_restarts, now);
+            if n >= self.flaps as usize {
+                self.restarts.clear();
+                out.push(
+                    Observation::new(Signal::FabricManagerFlapping)
+                        .with_value(n as u64)
+                        .with_detail(format!(
+                            "systemd restarted Fabric Manager {n} times within {}: {}",
+                            humantime::format_duration(self.flap_window),
+                            state.describe(unit)
+                        )),
+                );
+            }
+        }
+        out
     }
 }
 
@@ -108,70 +210,10 @@ impl Source for FabricManagerSource {
                 &links.fabric_manager_unit,
                 std::time::Duration::from_secs(10),
             );
-            let mut restarts = RestartWindow::new(links.fabric_manager_flap_window);
-            let mut down = 0u64;
-            let mut unrunnable = false;
+            let mut watch =
+                Watch::new(links.fabric_manager_flaps, links.fabric_manager_flap_window);
             loop {
-                let mut out = Vec::new();
-                match sc.show().await {
-                    Ok(state) => {
-                        if std::mem::take(&mut unrunnable) {
-                            out.push(
-                                Observation::new(Signal::SelfRecovered {
-                                    component: COMPONENT.into(),
-                                })
-                                .with_detail(format!("{} runs again", sc.binary().display())),
-                            );
-                        }
-                        match judge(sc.unit(), &state) {
-                            Look::Running => down = 0,
-                            Look::Down(why) => {
-                                down += 1;
-                                out.push(
-                                    Observation::new(Signal::FabricManagerDown)
-                                        .with_value(down)
-                                        .with_detail(format!(
-                                            "Fabric Manager is not running: {why}"
-                                        )),
-                                );
-                            }
-                        }
-                        let n = restarts.observe(state.n_restarts, std::time::Instant::now());
-                        if n >= links.fabric_manager_flaps as usize {
-                            restarts.clear();
-                            out.push(
-                                Observation::new(Signal::FabricManagerFlapping)
-                                    .with_value(n as u64)
-                                    .with_detail(format!(
-                                        "systemd restarted Fabric Manager {n} times within {}: {}",
-                                        humantime::format_duration(
-                                            links.fabric_manager_flap_window
-                                        ),
-                                        state.describe(sc.unit())
-                                    )),
-                            );
-                        }
-                    }
-                    // Unrunnable, or its answer unreadable: gpu-medic cannot see the unit,
-                    // which says nothing about Fabric Manager (never a drain).
-                    Err(e @ (SystemctlError::Spawn { .. } | SystemctlError::Unreadable { .. })) => {
-                        if !std::mem::replace(&mut unrunnable, true) {
-                            tracing::error!(
-                                probe = "fabric-manager",
-                                "{e}: Fabric Manager is not watched (self-fault)"
-                            );
-                            out.push(
-                                Observation::new(Signal::SelfFault {
-                                    component: COMPONENT.into(),
-                                })
-                                .with_detail(e.to_string()),
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(probe = "fabric-manager", "cannot read the unit: {e}");
-                    }
-                }
+                let out = watch.look(sc.show().await, sc.unit(), std::time::Instant::now());
                 for o in out {
                     if tx.send(o.from_source("fabric-manager")).await.is_err() {
                         return;
@@ -225,19 +267,24 @@ impl Snapshot for FabricManagerSnapshot {
                 &cfg.links.fabric_manager_unit,
                 std::time::Duration::from_secs(10),
             );
-            match sc.show().await {
-                Ok(state) => {
-                    if let Look::Down(why) = judge(sc.unit(), &state) {
-                        report
-                            .problems
-                            .push(format!("Fabric Manager is not running: {why}"));
-                    }
+            let state = sc.show().await.map_err(|e| ProbeError {
+                probe: "fabric-manager",
+                message: format!("could not tell whether Fabric Manager runs: {e}"),
+                retryable: e.retryable(),
+            })?;
+            match judge(sc.unit(), &state) {
+                Look::Down(why) => {
+                    report
+                        .problems
+                        .push(format!("Fabric Manager is not running: {why}"));
                     Ok(report)
                 }
-                Err(e) => Err(ProbeError {
+                Look::Running => Ok(report),
+                // Starting (at boot), or not systemd's words: not a verdict on the node.
+                Look::Changing(why) | Look::CouldNotTell(why) => Err(ProbeError {
                     probe: "fabric-manager",
-                    message: e.to_string(),
-                    retryable: e.retryable(),
+                    message: format!("could not tell whether Fabric Manager runs: {why}"),
+                    retryable: true,
                 }),
             }
         })
@@ -258,6 +305,45 @@ pub fn snapshot_enabled(cfg: &Config) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Garbage, a failing systemctl and a word systemd has not are one self-fault (its detail
+    /// naming what was read), never `fabric-manager-down`; a readable answer recovers it;
+    /// starting is not judged, and does not reset the count of stopped looks.
+    #[test]
+    fn what_cannot_be_told_is_a_self_fault_never_down() {
+        let t0 = std::time::Instant::now();
+        let mut w = Watch::new(3, std::time::Duration::from_secs(600));
+        let kinds = |o: &[Observation]| o.iter().map(|o| o.signal.to_string()).collect::<Vec<_>>();
+        let word = |a: &str| {
+            UnitState::parse(&format!(
+                "LoadState=loaded\nActiveState={a}\nSubState=x\nMainPID=0\n"
+            ))
+        };
+        let out = w.look(Ok(word("banana")), "fm", t0);
+        assert_eq!(kinds(&out), ["self-fault fabric-manager"]);
+        assert!(
+            out[0]
+                .detail
+                .as_deref()
+                .unwrap()
+                .contains("ActiveState=banana")
+        );
+        let failed = Err(SystemctlError::Failed {
+            binary: "systemctl".into(),
+            args: "show".into(),
+            status: "exit status: 1".into(),
+            output: "Failed to connect to bus".into(),
+        });
+        assert!(w.look(failed, "fm", t0).is_empty(), "said once");
+        let out = w.look(Ok(word("inactive")), "fm", t0);
+        assert_eq!(
+            kinds(&out),
+            ["self-recovered fabric-manager", "fabric-manager-down"]
+        );
+        assert!(w.look(Ok(word("activating")), "fm", t0).is_empty());
+        let out = w.look(Ok(word("failed")), "fm", t0);
+        assert_eq!(out[0].value, 2, "the second look that found it stopped");
+    }
 
     #[test]
     fn a_unit_that_is_missing_or_stopped_is_down() {

@@ -20,6 +20,20 @@ pub enum JournalError {
         line: usize,
         message: String,
     },
+    /// `state.json` written by a newer gpu-medic (a later state format or version): reading
+    /// it could drop what this version does not know, so it is refused (never set aside).
+    /// Not retried: the operator starts the version that wrote it, or opts in
+    /// (`gpu-medic run --accept-newer-state`). `run` exits 78 on it.
+    #[error(
+        "{path}: written by {found}; this is {ours}: it may hold what this version would drop, so it is not read. Start the gpu-medic that wrote it, or run `gpu-medic run --accept-newer-state` to read it as this version can (what it does not know is dropped, and the file is written back in this version's format)"
+    )]
+    Newer {
+        path: PathBuf,
+        /// `gpu-medic X.Y.Z (state format N)` as the file says.
+        found: String,
+        /// This version and the newest format it reads.
+        ours: String,
+    },
 }
 
 impl JournalError {
@@ -30,9 +44,14 @@ impl JournalError {
         }
     }
 
-    /// A full disk or a busy file may clear; a corrupt file will not.
+    /// A full disk or a busy file may clear; a corrupt file will not, nor a newer one.
     pub fn is_retryable(&self) -> bool {
         matches!(self, JournalError::Io { .. })
+    }
+
+    /// A state file of a newer gpu-medic: a decision for the operator (exit 78), not a fault.
+    pub fn is_newer(&self) -> bool {
+        matches!(self, JournalError::Newer { .. })
     }
 
     /// The file system is full, or the quota reached (`ENOSPC`, `EDQUOT`): space may come

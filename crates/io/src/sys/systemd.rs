@@ -84,6 +84,49 @@ pub struct UnitState {
     pub environment: String,
 }
 
+/// systemd's words for a unit's load state: `systemctl --state=help` lists them, from
+/// systemd's own table (`unit_load_state_table`, src/basic/unit-def.c).
+pub const LOAD_STATES: &[&str] = &[
+    "stub",
+    "loaded",
+    "not-found",
+    "bad-setting",
+    "error",
+    "merged",
+    "masked",
+];
+
+/// systemd's words for a unit's active state (`systemctl --state=help`;
+/// `unit_active_state_table`, src/basic/unit-def.c; systemctl(1), `is-active`).
+pub const ACTIVE_STATES: &[&str] = &[
+    "active",
+    "reloading",
+    "inactive",
+    "failed",
+    "activating",
+    "deactivating",
+    "maintenance",
+    "refreshing",
+];
+
+/// What a unit's state says of its service, in systemd's own words only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Activity {
+    /// `active` (or reloading, refreshing) with a main process.
+    Running,
+    /// Stopped, by systemd's words: `inactive` or `failed`, or a unit that cannot run
+    /// (`not-found`, `masked`, `bad-setting`, `error`); the words, for the journal.
+    Stopped(String),
+    /// systemd is starting or stopping it (`activating`, `deactivating`, `maintenance`,
+    /// loading `stub`/`merged`): neither, for now. A start that hangs ends `failed` at the
+    /// unit's start timeout, and restarts are counted apart (`NRestarts`).
+    Changing(String),
+    /// Not systemd's words (a state no systemd prints), or words that contradict each other
+    /// (`active` with no main process): gpu-medic could not tell. What it read, for the
+    /// self-fault.
+    Unknown(String),
+}
+
 /// `systemctl show` output this long or longer is not an answer (it prints a few lines).
 pub const MAX_SHOW: usize = 16 * 1024;
 
@@ -166,6 +209,37 @@ impl UnitState {
             || self.sub_state == "start"
     }
 
+    /// The unit's service as systemd's words say it ([`Activity`]): anything but those words
+    /// is [`Activity::Unknown`], never stopped.
+    pub fn activity(&self, unit: &str) -> Activity {
+        let (load, active) = (self.load_state.as_str(), self.active_state.as_str());
+        if !LOAD_STATES.contains(&load) || !ACTIVE_STATES.contains(&active) {
+            return Activity::Unknown(format!(
+                "{unit}: LoadState={} ActiveState={} are not systemd's words",
+                clip(load, 40),
+                clip(active, 40)
+            ));
+        }
+        match (load, active) {
+            ("not-found", _) => {
+                Activity::Stopped(format!("{unit} is not installed (LoadState={load})"))
+            }
+            ("masked" | "bad-setting" | "error", _) => {
+                Activity::Stopped(format!("{unit} cannot run (LoadState={load})"))
+            }
+            ("stub" | "merged", _) => {
+                Activity::Changing(format!("{unit} is being loaded (LoadState={load})"))
+            }
+            (_, "inactive" | "failed") => Activity::Stopped(self.describe(unit)),
+            (_, "active" | "reloading" | "refreshing") if self.main_pid != 0 => Activity::Running,
+            (_, "active" | "reloading" | "refreshing") => Activity::Unknown(format!(
+                "{} (ActiveState={active} with no main process)",
+                self.describe(unit)
+            )),
+            _ => Activity::Changing(self.describe(unit)),
+        }
+    }
+
     /// Whether the unit runs a main process.
     pub fn running(&self) -> bool {
         self.active_state == "active" && self.main_pid != 0
@@ -182,12 +256,12 @@ impl UnitState {
     pub fn describe(&self, unit: &str) -> String {
         format!(
             "{unit}: {}/{} (main pid {}, NRestarts {}, last exit status {}, result {})",
-            self.active_state,
-            self.sub_state,
+            clip(&self.active_state, 40),
+            clip(&self.sub_state, 40),
             self.main_pid,
             self.n_restarts,
             self.exec_main_status,
-            self.result
+            clip(&self.result, 40)
         )
     }
 }
@@ -352,6 +426,40 @@ mod tests {
         assert!(s.running() && !s.restarting());
         assert_eq!(s.n_restarts, 0);
         assert_eq!(UnitState::parse(""), UnitState::default());
+    }
+
+    /// Only systemd's words: active with a main process runs; inactive, failed or a unit that
+    /// cannot load is stopped; starting or stopping is neither; anything else (a word systemd
+    /// has not, active without a process) could not be told, never stopped.
+    #[test]
+    fn only_systemds_words_say_running_or_stopped() {
+        let a = |t: &str| UnitState::parse(t).activity("fm");
+        assert_eq!(
+            a("LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=9\n"),
+            Activity::Running
+        );
+        for stopped in [
+            "LoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\n",
+            "LoadState=loaded\nActiveState=failed\nSubState=failed\nMainPID=0\n",
+            "LoadState=not-found\nActiveState=inactive\n",
+            "LoadState=masked\nActiveState=inactive\n",
+        ] {
+            assert!(matches!(a(stopped), Activity::Stopped(_)), "{stopped}");
+        }
+        for changing in [
+            "LoadState=loaded\nActiveState=activating\nSubState=auto-restart\nMainPID=0\n",
+            "LoadState=loaded\nActiveState=deactivating\nSubState=stop-sigterm\nMainPID=9\n",
+        ] {
+            assert!(matches!(a(changing), Activity::Changing(_)), "{changing}");
+        }
+        for unknown in [
+            "LoadState=loaded\nActiveState=banana\nMainPID=0\n",
+            "LoadState=kaputt\nActiveState=inactive\n",
+            "LoadState=loaded\nActiveState=Inactive\n",
+            "LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=0\n",
+        ] {
+            assert!(matches!(a(unknown), Activity::Unknown(_)), "{unknown}");
+        }
     }
 
     /// Unreadable is not down: bytes that are not text, an answer far too long, one with no

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::super::*;
-use super::{RULE_LADDER, RepairResult};
+use super::{Ledger, RULE_LADDER, Repair, RepairResult};
 use crate::model::{
     Capabilities, Command, GpuId, IncidentEvent, IncidentId, IncidentState, Observation, Order,
     Outcome, OutcomeStatus, Record, RecoveryAction,
@@ -485,4 +485,81 @@ impl Run {
             })
             .collect()
     }
+}
+
+/// The state lost and the journal rotated: the history is empty, but the reboot ledger
+/// (`Input::Reboots`) gives back the reboot this instance had, so a second XID 79 within the
+/// window is replaced, not rebooted. The same from the instance's tag (result `unknown`). A
+/// history that already has the reboot is not doubled, and a kept copy completes it.
+#[test]
+fn reboots_kept_outside_the_state_stop_a_second_reboot() {
+    let mut first = Run::new();
+    let out = first.xid(79);
+    first.repair(out, "boot-2");
+    let kept: Vec<Repair> = first.st.repair.history.to_vec();
+    assert_eq!(kept.len(), 1);
+
+    // What a rebuild from a rotated journal knows: nothing about the reboot.
+    let mut r = Run::new();
+    r.now = first.now.plus(Duration::from_secs(3600));
+    r.feed(Input::Reboots {
+        reboots: kept.clone(),
+        from: "reboots.json".into(),
+    });
+    assert_eq!(r.st.repair.history.to_vec(), kept);
+    r.xid(79);
+    let inc = r.st.incidents.open.values().next().unwrap();
+    assert_eq!(inc.verdict, Verdict::Replace);
+    assert!(
+        r.escalations()
+            .iter()
+            .any(|(rule, why)| rule == RULE_LADDER && why.contains("allows 1 reboot")),
+        "{:#?}",
+        r.escalations()
+    );
+
+    // From the tag: counted as done, never pending.
+    let tagged = crate::model::repair::from_tag(&crate::model::repair::tag_value(&kept));
+    let mut t = Run::new();
+    t.now = r.now;
+    t.feed(Input::Reboots {
+        reboots: tagged,
+        from: "tag".into(),
+    });
+    t.xid(79);
+    assert_eq!(
+        t.st.incidents.open.values().next().unwrap().verdict,
+        Verdict::Replace
+    );
+
+    // Merged twice, or into a history that has it: once. A pending copy is completed.
+    let mut pending = kept[0].clone();
+    pending.boot_after = None;
+    pending.back_at = None;
+    pending.result = RepairResult::Pending;
+    let mut l = Ledger::default();
+    l.merge(vec![pending]);
+    l.merge(kept.clone());
+    l.merge(kept.clone());
+    assert_eq!(l.history.to_vec(), kept);
+}
+
+/// More reboots kept than the history holds: the newest stay, oldest first.
+#[test]
+fn a_merge_keeps_the_newest_reboots() {
+    let mut l = Ledger::default();
+    let one = |i: u64| Repair {
+        incident: IncidentId(i),
+        rule: "r".into(),
+        at: Timestamp(i),
+        boot_before: "b".into(),
+        boot_after: Some("c".into()),
+        back_at: None,
+        result: RepairResult::Repaired,
+        why: String::new(),
+    };
+    l.merge((0..40).rev().map(one).collect());
+    assert_eq!(l.history.len(), super::MAX_HISTORY);
+    assert_eq!(l.history[0].at, Timestamp(40 - super::MAX_HISTORY as u64));
+    assert_eq!(l.history.last().unwrap().at, Timestamp(39));
 }

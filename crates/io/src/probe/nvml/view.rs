@@ -239,7 +239,7 @@ mod tests {
         );
         early.type_asked();
         assert_eq!(early.resolve(Some(8)).expected.map(|x| x.count), Some(8));
-        e.set(7, "registered with ECS");
+        e.set(7, "a learnt count");
         e.set_type(8, "p5.48xlarge");
         assert_eq!(e.resolve(None).expected.map(|x| x.count), Some(7));
         let agrees = e.resolve(Some(8));

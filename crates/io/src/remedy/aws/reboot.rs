@@ -7,6 +7,12 @@
 //! happened (gpu-medic stopped before it could say so), and nothing is rebooted again. An
 //! unreadable boot id is a refusal: a reboot gpu-medic could not tell apart is never made.
 //!
+//! Before the call, the instance's tag `gpu-medic:reboots` is set from the state directory's
+//! reboot ledger (the supervisor wrote it, with this reboot in it, before handing the order
+//! out): the count of reboots then outlives a lost disk, as long as the instance keeps its
+//! tags ([`read_tag`] gives it back at start; docs/repair.md). A tag that cannot be written
+//! does not hold the reboot (the ledger on disk still counts it); the outcome says so.
+//!
 //! The check after the boot: the same checks as the launch gate (`gpu-medic check`),
 //! handed in by the caller as a function, run every `[repair] check_interval` until the node
 //! is healthy. Within `[repair] settle` of the first look a finding is looked at again (the
@@ -75,10 +81,11 @@ impl Rebooter {
             RebootMethod::Ec2 => {
                 let id = self.control_plane.identity().await?;
                 let mut calls = Calls::new();
+                let tagged = self.tag(&mut calls, &id.instance_id).await;
                 tracing::warn!(instance_id = %id.instance_id, incident_id = order.incident.0, "rebooting the instance (EC2 RebootInstances)");
                 match self.ec2.reboot(&mut calls, &id.instance_id).await {
                     Ok(()) => Ok(calls.done(format!(
-                        "RebootInstances accepted for {} (boot {now}): EC2 reboots it, hard after about four minutes if the OS does not shut down",
+                        "RebootInstances accepted for {} (boot {now}): EC2 reboots it, hard after about four minutes if the OS does not shut down; {tagged}",
                         id.instance_id
                     ))),
                     Err(e) => Err(calls.fail(e)),
@@ -88,6 +95,10 @@ impl Rebooter {
                 let argv = &self.cfg.repair.command;
                 let Some((program, args)) = argv.split_first() else {
                     return Err(RemedyError::fatal("[repair] command is empty"));
+                };
+                let tagged = match self.control_plane.identity().await {
+                    Ok(id) => self.tag(&mut Calls::new(), &id.instance_id).await,
+                    Err(e) => format!("the reboot count is not in the instance's tags: {e}"),
                 };
                 tracing::warn!(command = %argv.join(" "), incident_id = order.incident.0, "rebooting the instance (the OS's reboot)");
                 let mut cmd = tokio::process::Command::new(program);
@@ -101,7 +112,7 @@ impl Rebooter {
                 .await
                 {
                     Ok(out) if out.status.success() => Ok(Done::new(format!(
-                        "`{shown}` accepted (boot {now}): the OS reboots"
+                        "`{shown}` accepted (boot {now}): the OS reboots; {tagged}"
                     ))),
                     Ok(out) => Err(RemedyError::fatal(format!(
                         "`{shown}` refused the reboot ({}): {}",
@@ -113,6 +124,40 @@ impl Rebooter {
                     ))),
                     Err(e) => Err(RemedyError::retryable(format!("`{shown}`: {e}"))),
                 }
+            }
+        }
+    }
+
+    /// Sets the instance's reboots tag from the reboot ledger; says what was done, for the
+    /// outcome (a failure is said, never a refusal of the reboot).
+    async fn tag(&self, calls: &mut Calls, instance_id: &str) -> String {
+        let history = match self.cfg.files().load_reboots() {
+            Ok(Some(h)) => h,
+            Ok(None) => return "no reboot ledger to copy into the instance's tags".into(),
+            Err(e) => return format!("the reboot count is not in the instance's tags: {e}"),
+        };
+        let value = crate::model::repair::tag_value(&history);
+        match self
+            .ec2
+            .tag(
+                calls,
+                instance_id,
+                crate::model::repair::REBOOTS_TAG,
+                &value,
+            )
+            .await
+        {
+            Ok(()) => format!(
+                "the instance's tag {} now keeps its reboots",
+                crate::model::repair::REBOOTS_TAG
+            ),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot keep the reboot count in the instance's tags ({e}); the state directory's reboot ledger keeps it"
+                );
+                format!(
+                    "the reboot count is not in the instance's tags ({e}); the state directory's reboot ledger keeps it"
+                )
             }
         }
     }
@@ -156,6 +201,30 @@ impl Rebooter {
             tokio::time::sleep(r.check_interval).await;
         }
     }
+}
+
+/// The reboots this instance's tag keeps (`gpu-medic:reboots`), read at start when the state
+/// directory has no reboot ledger (a lost disk): `Ok(None)` when the instance has no such
+/// tag; an error says why it could not be read (the caller logs it and goes on without).
+/// Bounded by `within` (IMDS for the instance id, one DescribeTags).
+pub async fn read_tag(
+    cfg: &Config,
+    within: Duration,
+) -> Result<Option<Vec<crate::model::repair::Repair>>, String> {
+    let read = async {
+        let deadline = Instant::now() + within;
+        let id =
+            crate::aws::identity::instance_id(cfg, crate::aws::http_client(), deadline).await?;
+        let sdk = crate::aws::loader(&cfg.aws).load().await;
+        let value = Ec2::new(&sdk)
+            .tag_value(&mut Calls::new(), &id, crate::model::repair::REBOOTS_TAG)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(value.map(|v| crate::model::repair::from_tag(&v)))
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| format!("no answer within {}", humantime::format_duration(within)))?
 }
 
 impl RepairRemedy for Rebooter {

@@ -348,13 +348,76 @@ fn open_regular(src: &Path) -> Result<std::fs::File, String> {
     .map_err(|e| format!("{}: {e}", src.display()))
 }
 
-/// Copies at most `cap` bytes of a regular file (config, policy, MPS log files).
-pub fn copy_capped(src: &Path, out: &Path, cap: u64) -> Result<bool, String> {
-    let f = open_regular(src)?;
-    let meta = f.metadata().map_err(|e| e.to_string())?;
-    let mut o = std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let n = std::io::copy(&mut f.take(cap), &mut o).map_err(|e| e.to_string())?;
-    Ok(n < meta.len())
+/// Words that make a key's value a secret wherever it is (`aws_secret_access_key`,
+/// `password`, `token`, ...): a config file is archived without them.
+const SECRET_WORDS: &[&str] = &[
+    "secret",
+    "password",
+    "passwd",
+    "token",
+    "credential",
+    "private_key",
+    "access_key",
+    "api_key",
+    "apikey",
+    "auth",
+];
+
+/// What a secret's value is replaced with.
+pub const REMOVED: &str = "(removed by gpu-medic)";
+
+/// A TOML file (the config, the policy) for the archive: parsed and written again, so no
+/// comment survives (a comment may hold anything: a key pasted "for later"), with the value
+/// of every key whose name says it is a secret ([`SECRET_WORDS`]) replaced by [`REMOVED`].
+/// At most [`crate::sys::limits::MAX_CONFIG_BYTES`] are read; a file that is not TOML is not
+/// archived at all (never copied as it is). Returns how many values were removed.
+pub fn scrubbed_toml(src: &Path, out: &Path) -> Result<usize, String> {
+    let text = crate::sys::limits::read_text(src, crate::sys::limits::MAX_CONFIG_BYTES, "config")
+        .map_err(|e| e.to_string())?;
+    let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        format!(
+            "{}: not archived, it does not parse as TOML (never copied as it is, a comment may hold a secret): {}",
+            src.display(),
+            e.message()
+        )
+    })?;
+    let removed = scrub_table(&mut doc);
+    let body = toml::to_string(&doc).map_err(|e| e.to_string())?;
+    std::fs::write(
+        out,
+        format!(
+            "# {}, parsed and written again by gpu-medic for the evidence archive: comments left out, {removed} secret value(s) removed\n{body}",
+            src.display()
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(removed)
+}
+
+fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    SECRET_WORDS.iter().any(|w| k.contains(w))
+}
+
+fn scrub_table(t: &mut toml::Table) -> usize {
+    let mut n = 0;
+    for (k, v) in t.iter_mut() {
+        if is_secret(k) {
+            *v = toml::Value::String(REMOVED.into());
+            n += 1;
+        } else {
+            n += scrub_value(v);
+        }
+    }
+    n
+}
+
+fn scrub_value(v: &mut toml::Value) -> usize {
+    match v {
+        toml::Value::Table(t) => scrub_table(t),
+        toml::Value::Array(a) => a.iter_mut().map(scrub_value).sum(),
+        _ => 0,
+    }
 }
 
 /// The tail (at most `cap` bytes) of a regular file appended to `out`.
@@ -371,6 +434,31 @@ pub fn append_tail(src: &Path, out: &mut std::fs::File, cap: u64) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Comments are gone, secret-named keys' values replaced at any depth, the rest kept as
+    /// it reads; a file that is not TOML is refused, not copied.
+    #[test]
+    fn a_config_is_archived_without_comments_or_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("config.toml");
+        std::fs::write(
+            &src,
+            "# aws_secret_access_key = AKIAEXAMPLESECRET\nstate_dir = \"/var/lib/gpu-medic\" # token ghp_inline\n[aws]\nenabled = true\n[x]\napi_token = \"abc123\"\n[[y]]\npassword = \"hunter2\"\n",
+        )
+        .unwrap();
+        let out = dir.path().join("out.toml");
+        assert_eq!(scrubbed_toml(&src, &out).unwrap(), 2);
+        let text = std::fs::read_to_string(&out).unwrap();
+        for secret in ["AKIAEXAMPLESECRET", "ghp_inline", "abc123", "hunter2"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        let back: toml::Table = text.parse().unwrap();
+        assert_eq!(back["state_dir"].as_str(), Some("/var/lib/gpu-medic"));
+        assert_eq!(back["x"]["api_token"].as_str(), Some(REMOVED));
+        std::fs::write(&src, "# secret\nnot = toml = at all\n").unwrap();
+        let e = scrubbed_toml(&src, &out).unwrap_err();
+        assert!(e.contains("not archived"), "{e}");
+    }
 
     #[test]
     fn kernel_log_keeps_a_saved_log_whole_within_its_cap() {

@@ -250,6 +250,7 @@ impl Evidence {
         self.spool
             .ensure()
             .map_err(|err| RemedyError::fatal(format!("{}: {err}", self.spool.dir().display())))?;
+        self.spool.sweep_scratch(name);
         let work = self.spool.work_dir(name);
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(&work)
@@ -266,7 +267,13 @@ impl Evidence {
 
         let archive_path = self.spool.archive_path(name);
         let max = e.archive_max_mib * MIB;
-        let room = self.spool.make_room(max, name);
+        let (room, spooled) = match self.room_for(name, max) {
+            Ok(r) => r,
+            Err(why) => {
+                let _ = std::fs::remove_dir_all(&work);
+                return Err(RemedyError::fatal(why));
+            }
+        };
         let archiving = Instant::now();
         let (finished, mut missing) = tokio::task::spawn_blocking({
             let archive_path = archive_path.clone();
@@ -275,7 +282,8 @@ impl Evidence {
             move || {
                 build(
                     &archive_path,
-                    max.min(room),
+                    // gzip's worst case (stored blocks) is a little larger than its input.
+                    max.min(room.saturating_sub(room / 128 + 64 * 1024)),
                     part_cap,
                     &parts,
                     &ident,
@@ -287,6 +295,16 @@ impl Evidence {
         .map_err(|err| RemedyError::fatal(format!("archive: {err}")))?
         .map_err(|err| RemedyError::fatal(format!("archive {}: {err}", archive_path.display())))?;
         let _ = std::fs::remove_dir_all(&work);
+        let foreign = spooled.foreign_note(self.spool.max_bytes());
+        if !foreign.is_empty() {
+            missing.push(MissingPart {
+                part: "spool".into(),
+                why: format!(
+                    "{foreign}; the archive had {} of room",
+                    crate::sys::limits::human_bytes(room)
+                ),
+            });
+        }
         tracing::info!(
             incident_id = id.0,
             bytes = finished.bytes,
@@ -327,6 +345,44 @@ impl Evidence {
             },
             ids,
         ))
+    }
+
+    /// The room the spool has for archive `name` (at most `max`), every file in it counted,
+    /// and what is in it; `Err` saying why no archive is made: less than [`spool::MIN_ROOM`]
+    /// left once gpu-medic's own older archives are dropped (files it did not make take the
+    /// rest: named), or a spool too large to count.
+    fn room_for(&self, name: &str, max: u64) -> Result<(u64, spool::Usage), String> {
+        let (room, usage) = self.spool.make_room(max, name);
+        let cap = self.spool.max_bytes();
+        if !usage.complete {
+            return Err(format!(
+                "could not count the evidence spool {} (more entries or deeper folders than gpu-medic walks); no archive is made, so the spool cannot go over its {} cap",
+                self.spool.dir().display(),
+                crate::sys::limits::human_bytes(cap)
+            ));
+        }
+        if room < spool::MIN_ROOM {
+            let foreign = usage.foreign_note(cap);
+            tracing::error!(
+                "evidence: no room in the spool ({} of {} used): {foreign}",
+                crate::sys::limits::human_bytes(usage.bytes),
+                crate::sys::limits::human_bytes(cap)
+            );
+            return Err(format!(
+                "no room in the evidence spool: {} of its {} cap used{}; no archive is made",
+                crate::sys::limits::human_bytes(usage.bytes),
+                crate::sys::limits::human_bytes(cap),
+                if foreign.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({foreign})")
+                }
+            ));
+        }
+        if usage.foreign > 0 {
+            tracing::warn!("evidence: {}", usage.foreign_note(cap));
+        }
+        Ok((room, usage))
     }
 
     /// One upload of a spooled archive, serialized with the others.
@@ -502,13 +558,11 @@ impl Evidence {
                     Duration::ZERO,
                 ),
                 Some(p) => {
+                    // Parsed and written again: no comment (which may hold a secret) and no
+                    // secret-named value leaves the node.
                     let out = work.join(name);
-                    match collect::copy_capped(&p, &out, cap) {
-                        Ok(false) => Part::ok(name, out, t.elapsed()),
-                        Ok(true) => Part {
-                            problem: Some(format!("cut at {cap} bytes")),
-                            ..Part::ok(name, out, t.elapsed())
-                        },
+                    match collect::scrubbed_toml(&p, &out) {
+                        Ok(_) => Part::ok(name, out, t.elapsed()),
                         Err(why) => Part::failed(name, why, t.elapsed()),
                     }
                 }

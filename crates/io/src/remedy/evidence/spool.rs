@@ -10,8 +10,17 @@
 //! its own file name; the S3 key and bucket are derived again at upload, never taken from
 //! it), and the archive is uploaded only when it is a regular file in the spool (not a
 //! symlink, not a hard link to a file elsewhere), owned by gpu-medic's user, of the size and
-//! SHA-256 its record says ([`Spool::verify`]). Files gpu-medic did not make count against
-//! the spool's cap like its own.
+//! SHA-256 its record says ([`Spool::verify`]).
+//!
+//! Every file in the spool counts against its cap ([`Spool::usage`]): gpu-medic's archives,
+//! records and collections' scratch folders, and files it did not make, which are reported
+//! (never deleted: they are someone's) and leave less room for the archive. Making room drops
+//! gpu-medic's own oldest waiting archives, and scratch folders a crashed collection left
+//! ([`STALE_SCRATCH`]); what is still not room enough cuts the archive to what is left, and
+//! with less than [`MIN_ROOM`] left (or a spool too large to count) no archive is made and the
+//! collection says why. The only bytes not counted are the running collection's own parts,
+//! each within `part_max_mib`, which exist for the minutes of the collection and are removed
+//! once the archive is made.
 
 use std::path::{Path, PathBuf};
 
@@ -68,6 +77,80 @@ const MAX_SCAN: usize = 4 * MAX_ENTRIES;
 const KEEP_UPLOADED: usize = 64;
 /// Bound on one record's size.
 const MAX_RECORD: u64 = 64 * 1024;
+/// A collection's scratch folder older than this was left by a collection that crashed (one
+/// runs for its deadline, minutes): gpu-medic's own, removed when room is made.
+pub const STALE_SCRATCH: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Less room than this left for an archive: none is made (the collection says why).
+pub const MIN_ROOM: u64 = 1024 * 1024;
+/// Files gpu-medic did not make named in a report (the rest are counted).
+const FOREIGN_NAMED: usize = 8;
+
+/// What is in the spool, every file counted ([`Spool::usage`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes of everything counted.
+    pub bytes: u64,
+    /// Entries gpu-medic did not make: how many, their bytes, the first few names.
+    pub foreign: u64,
+    pub foreign_bytes: u64,
+    pub foreign_named: Vec<String>,
+    /// Whether every entry was looked at (a spool of more than [`MAX_SCAN`] entries, or
+    /// folders deeper or larger than the walk's bound, cannot be counted whole).
+    pub complete: bool,
+}
+
+impl Usage {
+    /// One line on the files gpu-medic did not make, for the log and the incident; empty
+    /// when there are none.
+    pub fn foreign_note(&self, max_bytes: u64) -> String {
+        if self.foreign == 0 {
+            return String::new();
+        }
+        let more = self.foreign.saturating_sub(self.foreign_named.len() as u64);
+        format!(
+            "the evidence spool holds {} file(s) gpu-medic did not make, {} of its {} cap ({}{}); they count against the cap and are left alone",
+            self.foreign,
+            crate::sys::limits::human_bytes(self.foreign_bytes),
+            crate::sys::limits::human_bytes(max_bytes),
+            self.foreign_named.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// What an entry of the spool is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// An archive, a record or an atomic write's temporary: gpu-medic's.
+    Own,
+    /// A collection's scratch folder (`work-<name>`).
+    Scratch,
+    Foreign,
+}
+
+fn kind_of(name: &str) -> Kind {
+    let own_file = |n: &str| {
+        n.strip_suffix(".tar.gz")
+            .or_else(|| n.strip_suffix(".json"))
+            .is_some_and(valid_name)
+    };
+    if name.strip_prefix("work-").is_some_and(valid_name) {
+        Kind::Scratch
+    } else if own_file(name)
+        || name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .is_some_and(own_file)
+    {
+        Kind::Own
+    } else {
+        Kind::Foreign
+    }
+}
 
 impl Spool {
     pub fn new(dir: PathBuf, max_bytes: u64) -> Spool {
@@ -76,6 +159,11 @@ impl Spool {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The spool's cap, in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     pub fn archive_path(&self, name: &str) -> PathBuf {
@@ -161,26 +249,88 @@ impl Spool {
         }
     }
 
-    /// Bytes in the spool: its archives, records and anything else in it (a file gpu-medic
-    /// did not make counts against the cap too), symlinks by their own size, folders but the
-    /// collections' scratch ones by what they hold (a bounded walk).
+    /// Bytes in the spool, every entry counted ([`Spool::usage`]).
     pub fn used(&self) -> u64 {
+        self.usage("").bytes
+    }
+
+    /// What the spool holds: archives, records, scratch folders (but `work-<collecting>`,
+    /// the running collection's own) and anything else in it, files gpu-medic did not make
+    /// named; symlinks by their own size, folders by what they hold (a bounded walk).
+    pub fn usage(&self, collecting: &str) -> Usage {
+        let mut u = Usage {
+            complete: true,
+            ..Usage::default()
+        };
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return 0;
+            return u;
         };
         let mut budget = MAX_SCAN;
-        let mut total = 0u64;
-        for d in rd.filter_map(Result::ok).take(MAX_SCAN) {
-            let scratch = d.file_name().to_string_lossy().starts_with("work-");
-            match d.path().symlink_metadata() {
-                Ok(m) if m.is_dir() && !scratch => {
-                    total = total.saturating_add(dir_bytes(&d.path(), 4, &mut budget));
+        let mut seen = 0usize;
+        let own_scratch = format!("work-{collecting}");
+        for d in rd.filter_map(Result::ok) {
+            seen += 1;
+            if seen > MAX_SCAN {
+                u.complete = false;
+                break;
+            }
+            let name = d.file_name().to_string_lossy().into_owned();
+            if !collecting.is_empty() && name == own_scratch {
+                continue;
+            }
+            let bytes = match d.path().symlink_metadata() {
+                Ok(m) if m.is_dir() => dir_bytes(&d.path(), 4, &mut budget, &mut u.complete),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            };
+            u.bytes = u.bytes.saturating_add(bytes);
+            if kind_of(&name) == Kind::Foreign {
+                u.foreign += 1;
+                u.foreign_bytes = u.foreign_bytes.saturating_add(bytes);
+                if u.foreign_named.len() < FOREIGN_NAMED {
+                    u.foreign_named.push(format!(
+                        "{} ({})",
+                        crate::model::escape::escape(&name)
+                            .to_string()
+                            .chars()
+                            .take(80)
+                            .collect::<String>(),
+                        crate::sys::limits::human_bytes(bytes)
+                    ));
                 }
-                Ok(m) if !m.is_dir() => total = total.saturating_add(m.len()),
-                _ => {}
             }
         }
-        total
+        u
+    }
+
+    /// Removes the scratch folders of collections that crashed (`work-<name>` older than
+    /// [`STALE_SCRATCH`], never `work-<keep>`): gpu-medic's own leftovers, which would
+    /// otherwise take the spool's room for ever.
+    pub fn sweep_scratch(&self, keep: &str) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for d in rd.filter_map(Result::ok).take(MAX_SCAN) {
+            let name = d.file_name().to_string_lossy().into_owned();
+            let stale = d
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= STALE_SCRATCH);
+            if kind_of(&name) == Kind::Scratch && name != format!("work-{keep}") && stale {
+                match std::fs::remove_dir_all(d.path()) {
+                    Ok(()) => tracing::warn!(
+                        path = %d.path().display(),
+                        "evidence: removed the scratch folder of a collection that did not finish"
+                    ),
+                    Err(e) => tracing::warn!(
+                        path = %d.path().display(),
+                        "evidence: cannot remove a stale scratch folder: {e}"
+                    ),
+                }
+            }
+        }
     }
 
     /// The archive of `e`, opened for upload when it is gpu-medic's own: a regular file (the
@@ -257,9 +407,11 @@ impl Spool {
     }
 
     /// Makes room for `need` more bytes: drops the oldest waiting archives (never `keep`)
-    /// with a log line each. Returns how much room there is now.
-    pub fn make_room(&self, need: u64, keep: &str) -> u64 {
-        let mut used = self.used();
+    /// with a log line each. Returns how much room there is now, every file in the spool
+    /// counted but `keep`'s own scratch folder (the parts being archived), and what is in it.
+    pub fn make_room(&self, need: u64, keep: &str) -> (u64, Usage) {
+        let mut usage = self.usage(keep);
+        let mut used = usage.bytes;
         for e in self.entries() {
             if used.saturating_add(need) <= self.max_bytes {
                 break;
@@ -288,7 +440,8 @@ impl Spool {
                 );
             }
         }
-        self.max_bytes.saturating_sub(used)
+        usage.bytes = used;
+        (self.max_bytes.saturating_sub(used), usage)
     }
 
     /// Marks an archive uploaded and removes its file.
@@ -303,22 +456,24 @@ impl Spool {
 }
 
 /// Bytes under `dir`, at most `depth` folders down and `budget` entries in all; symlinks by
-/// their own size.
-fn dir_bytes(dir: &Path, depth: u32, budget: &mut usize) -> u64 {
+/// their own size. `complete` turns false when a bound stopped the walk.
+fn dir_bytes(dir: &Path, depth: u32, budget: &mut usize, complete: &mut bool) -> u64 {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return 0;
     };
     let mut total = 0u64;
     for d in rd.filter_map(Result::ok) {
         if *budget == 0 {
+            *complete = false;
             break;
         }
         *budget -= 1;
         match d.path().symlink_metadata() {
             Ok(m) if m.is_dir() && depth > 0 => {
-                total = total.saturating_add(dir_bytes(&d.path(), depth - 1, budget));
+                total = total.saturating_add(dir_bytes(&d.path(), depth - 1, budget, complete));
             }
-            Ok(m) if !m.is_dir() => total = total.saturating_add(m.len()),
+            Ok(m) if m.is_dir() => *complete = false,
+            Ok(m) => total = total.saturating_add(m.len()),
             _ => {}
         }
     }
@@ -374,7 +529,7 @@ mod tests {
         let s = Spool::new(dir.path().to_path_buf(), 25 + records);
         // 10 more bytes need one archive out: the oldest waiting, 1.
         let r1 = std::fs::metadata(s.record_path("1")).unwrap().len();
-        assert_eq!(s.make_room(10, "9"), 15 + r1);
+        assert_eq!(s.make_room(10, "9").0, 15 + r1);
         assert!(!s.archive_path("1").exists() && s.load("1").is_none());
         assert!(s.archive_path("2").exists());
         assert!(s.load("3").unwrap().uploaded, "the uploaded record stays");
@@ -418,5 +573,56 @@ mod tests {
             "kept: the newest uploaded, the waiting one and its archive"
         );
         assert!(s.load("1").is_some_and(|e| !e.uploaded));
+    }
+
+    /// Every entry counts: archives, records, other collections' scratch and files gpu-medic
+    /// did not make (named), but the running collection's own scratch; a crashed
+    /// collection's scratch is swept, a running one's is not.
+    #[test]
+    fn every_file_counts_and_foreign_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::new(dir.path().to_path_buf(), 1 << 20);
+        s.ensure().unwrap();
+        std::fs::write(s.archive_path("3"), [0u8; 100]).unwrap();
+        std::fs::write(dir.path().join(".3.json.tmp"), [0u8; 10]).unwrap();
+        std::fs::write(dir.path().join("core.dump"), [0u8; 1000]).unwrap();
+        std::fs::create_dir_all(dir.path().join("work-junk/a/b")).unwrap();
+        std::fs::write(dir.path().join("work-junk/a/b/x"), [0u8; 500]).unwrap();
+        std::fs::create_dir_all(s.work_dir("7")).unwrap();
+        std::fs::write(s.work_dir("7").join("part"), [0u8; 2000]).unwrap();
+        std::fs::create_dir_all(s.work_dir("8")).unwrap();
+        std::fs::write(s.work_dir("8").join("part"), [0u8; 4000]).unwrap();
+        let u = s.usage("7");
+        assert!(u.complete);
+        assert_eq!(u.bytes, 100 + 10 + 1000 + 500 + 4000, "all but work-7");
+        assert_eq!((u.foreign, u.foreign_bytes), (2, 1500));
+        let note = u.foreign_note(1 << 20);
+        assert!(
+            note.contains("2 file(s) gpu-medic did not make") && note.contains("core.dump"),
+            "{note}"
+        );
+        assert_eq!(
+            s.used(),
+            u.bytes + 2000,
+            "without a collection running: everything"
+        );
+        // work-8 is fresh (a running collection's): kept; an old one is swept.
+        s.sweep_scratch("7");
+        assert!(s.work_dir("8").exists() && dir.path().join("work-junk").exists());
+        let old = std::time::SystemTime::now() - STALE_SCRATCH - std::time::Duration::from_secs(1);
+        std::fs::File::open(s.work_dir("8"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        s.sweep_scratch("7");
+        assert!(
+            !s.work_dir("8").exists(),
+            "a crashed collection's scratch is swept"
+        );
+        assert!(
+            dir.path().join("work-junk").exists(),
+            "not gpu-medic's: left alone"
+        );
+        assert!(s.work_dir("7").exists());
     }
 }
