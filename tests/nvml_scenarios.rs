@@ -615,10 +615,7 @@ fn explain_decode(code: u32, decode: &str) -> Value {
 }
 
 fn opened(node: &Daemon) -> Vec<Value> {
-    node.records()
-        .into_iter()
-        .filter(|r| r["event"] == "opened")
-        .collect()
+    gpu_medic_testkit::journal::events(&node.records(), "opened")
 }
 
 /// The fake raises the NVML event first and prints the driver's line second (FAKE_NVML_KMSG):

@@ -56,9 +56,9 @@ fn of_this_test(r: &Value) -> bool {
 }
 
 fn opened(d: &Daemon) -> Vec<Value> {
-    d.records()
+    gpu_medic_testkit::journal::events(&d.records(), "opened")
         .into_iter()
-        .filter(|r| r["event"] == "opened" && of_this_test(r))
+        .filter(of_this_test)
         .collect()
 }
 

@@ -95,11 +95,7 @@ fn only_the_drivers_own_records_are_xids_or_sxids() {
     );
     let got = wait_inputs(&d, "the driver's XID 13", 1);
     assert_eq!(got, [("xid".to_string(), 13, Some(2))], "{}", d.log());
-    let opened: Vec<Value> = d
-        .records()
-        .into_iter()
-        .filter(|r| r["event"] == "opened")
-        .collect();
+    let opened = gpu_medic_testkit::journal::events(&d.records(), "opened");
     assert!(
         opened
             .iter()
