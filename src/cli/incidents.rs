@@ -858,12 +858,25 @@ mod tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), n as usize);
-        let open: Vec<u64> = got
-            .iter()
-            .filter(|g| g.1 == IncidentState::Open)
-            .map(|g| g.0)
-            .collect();
-        assert_eq!(open.len(), (n as usize - 1) / 3);
+        let of = |state: IncidentState| -> Vec<u64> {
+            got.iter().filter(|g| g.1 == state).map(|g| g.0).collect()
+        };
+        let (open, abandoned) = (of(IncidentState::Open), of(IncidentState::Abandoned));
+        // Never more open at once than the daemon keeps: the oldest past the bound are handed
+        // over as abandoned, in id order, each older than every one still open.
+        assert_eq!(open.len() + abandoned.len(), (n as usize - 1) / 3);
+        assert!(
+            open.len() <= crate::model::MAX_OPEN_INCIDENTS,
+            "{}",
+            open.len()
+        );
+        assert!(
+            open.len() + 2 >= crate::model::MAX_OPEN_INCIDENTS,
+            "{}",
+            open.len()
+        );
+        assert!(abandoned.windows(2).all(|w| w[0] < w[1]));
+        assert!(abandoned.last() < open.first());
         // The open ones come last, in id order.
         let tail = &got[got.len() - open.len()..];
         assert!(tail.iter().all(|g| g.1 == IncidentState::Open));
@@ -880,9 +893,11 @@ mod tests {
         // the time is the bench's (benches/incidents_list.rs), this checks the result.
         let got = fold_all(&records);
         assert_eq!(got.len(), 100_000);
-        assert!(
-            got.windows(2)
-                .all(|w| w[0].0 < w[1].0 && w[0].1 == IncidentState::Open)
-        );
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "in id order");
+        // The newest MAX_OPEN_INCIDENTS stay open; the older ones were handed over as the
+        // daemon would have closed them.
+        let (old, newest) = got.split_at(100_000 - crate::model::MAX_OPEN_INCIDENTS);
+        assert!(old.iter().all(|g| g.1 == IncidentState::Abandoned));
+        assert!(newest.iter().all(|g| g.1 == IncidentState::Open));
     }
 }

@@ -239,6 +239,13 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         }
         return Ok(exit::OK);
     }
+    print_sizes(&sizes);
+    Ok(exit::OK)
+}
+
+/// The sizes as `gpu-medic tasks` prints them: a row per container (and the whole task), then
+/// what each column means and the minutes the history covers.
+fn print_sizes(sizes: &[Sizing]) {
     println!(
         "{:<32} {:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9} {:>7} {:>6} {:>6}",
         "FAMILY:REVISION",
@@ -255,7 +262,7 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
         "SM LIM"
     );
     let dash = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |r| r.to_string());
-    for s in &sizes {
+    for s in sizes {
         let reserved = dash(s.reserved_mib);
         let note = if s.over_reservation {
             "  peak over reservation"
@@ -300,7 +307,6 @@ pub fn run(a: TasksArgs) -> Result<i32, CliError> {
             .max()
             .unwrap_or("")
     );
-    Ok(exit::OK)
 }
 
 #[cfg(test)]

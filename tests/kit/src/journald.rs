@@ -73,7 +73,7 @@ impl JournalDir {
             .duration_since(std::time::UNIX_EPOCH)
             .expect("clock")
             .as_micros() as u64;
-        let up = (crate::proc::uptime_secs() * 1e6) as u64;
+        let up = crate::proc::uptime_usec();
         let mut export = Vec::new();
         for l in lines {
             self.written += 1;

@@ -129,6 +129,42 @@ fn memory_in_use(
     })
 }
 
+/// What an `ecs-gpu-count` finding says: both counts, the hardware's when known, and why
+/// ECS's registration is not a count of hardware where it is not (`unseen`: what ECS lists
+/// beyond NVML when that is ECS's registration, not hardware missing).
+fn count_detail(
+    ecs: u32,
+    nvml: u32,
+    hardware: Option<&Expected>,
+    implausible: bool,
+    unseen: Option<&[String]>,
+) -> String {
+    let mut detail = format!("ECS registered {ecs} GPU(s) for this instance, NVML counts {nvml}");
+    match hardware {
+        Some(h) if h.source.starts_with("instance type") => {
+            detail.push_str(&format!("; the {} has {}", h.source, h.count));
+        }
+        Some(h) => detail.push_str(&format!("; {} = {}", h.source, h.count)),
+        None => detail.push_str(
+            "; the hardware's GPU count is not known (neither an instance type in docs/gpu-instance-types.md nor a usable [nvml] expected_gpus), so ECS's registration alone is not taken for the hardware",
+        ),
+    }
+    if implausible {
+        detail.push_str(&format!(
+            " (ECS's count is more than any instance type has, {}: not a count of hardware)",
+            instance_types::max_gpu_count()
+        ));
+    }
+    if let Some(unseen) = unseen {
+        detail.push_str(&format!(
+            "; ECS lists {} GPU(s) NVML does not see, not hardware missing: {}",
+            unseen.len(),
+            cap_list(unseen)
+        ));
+    }
+    detail
+}
+
 /// Compares ECS's view with NVML's: the observations (every disagreement, each a finding,
 /// never a routine reading) and a line per GPU ECS lists. Nothing is compared when ECS lists
 /// no GPU (it then places no GPU task here). `hardware`: the hardware's GPU count, when known
@@ -215,36 +251,11 @@ pub fn compare(
         );
     }
     if ecs != nvml.count {
-        let mut detail = format!(
-            "ECS registered {ecs} GPU(s) for this instance, NVML counts {}",
-            nvml.count
-        );
-        match hardware {
-            Some(h) if h.source.starts_with("instance type") => {
-                detail.push_str(&format!("; the {} has {}", h.source, h.count));
-            }
-            Some(h) => detail.push_str(&format!("; {} = {}", h.source, h.count)),
-            None => detail.push_str(
-                "; the hardware's GPU count is not known (neither an instance type in docs/gpu-instance-types.md nor a usable [nvml] expected_gpus), so ECS's registration alone is not taken for the hardware",
-            ),
-        }
-        if implausible {
-            detail.push_str(&format!(
-                " (ECS's count is more than any instance type has, {}: not a count of hardware)",
-                instance_types::max_gpu_count()
-            ));
-        }
-        if not_hardware {
-            detail.push_str(&format!(
-                "; ECS lists {} GPU(s) NVML does not see, not hardware missing: {}",
-                unseen.len(),
-                cap_list(&unseen)
-            ));
-        }
+        let unseen = not_hardware.then_some(&unseen[..]);
         found.push(
             Observation::new(Signal::EcsGpuCountMismatch)
                 .with_value(u64::from(ecs.abs_diff(nvml.count)))
-                .with_detail(detail),
+                .with_detail(count_detail(ecs, nvml.count, hardware, implausible, unseen)),
         );
     }
     let found = found.into_iter().map(|o| o.from_source(SOURCE)).collect();

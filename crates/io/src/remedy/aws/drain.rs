@@ -275,11 +275,15 @@ impl Drain<'_> {
             // budget full by its own record alone defers before anything else is read (a
             // waiting fleet reads the slot table only: docs/fleet-scale.md).
             if let Some(signal) = h.first_signal(self.order.incident) {
-                let gate = h.budget.fleet_gate(id, &signal).await;
-                h.mark_held(id, &self.ecs, gate.as_ref().map(|(f, _)| f.as_str()))
-                    .await;
-                if let Some((_, held)) = gate {
-                    return Err(held);
+                match h.budget.fleet_gate(id, &signal).await {
+                    Some((held_by, deferred)) => {
+                        // Not yet sighted (a busy document) leaves the mark as it was.
+                        if let Some(f) = held_by {
+                            h.mark_held(id, &self.ecs, Some(&f)).await;
+                        }
+                        return Err(deferred);
+                    }
+                    None => h.mark_held(id, &self.ecs, None).await,
                 }
             }
             if let Some(deferred) = h.budget.precheck(id).await {

@@ -33,10 +33,12 @@ use crate::sys::clock::SharedClock;
 
 /// The EventBridge detail-type of the page.
 pub const OPENED: &str = "GPU Medic Fleet Incident Opened";
-/// Lost races in a row before the gate gives up (and lets the drain go on, its sighting
-/// unrecorded). Each lost race waits a full-jitter draw before the re-read, as the slot
-/// table's do: at N = 100, 32 instances of one fingerprint re-reading at once after 4
-/// immediate retries left most sightings unrecorded and the incident never opened.
+/// Lost races in a row before one attempt gives up. Each lost race waits a full-jitter draw
+/// before the re-read, as the slot table's do. A fingerprint's sighting that still lost
+/// defers its drain (the next attempt sights again) rather than letting it go on unrecorded:
+/// at N = 100, 32 instances of one fingerprint faulting within 10 s left 2 sightings
+/// unrecorded after 8 lost races each, those 2 were replaced, and with a threshold of 32 the
+/// incident never opened.
 const MAX_CONFLICTS: u32 = 8;
 
 /// What makes this instance's fingerprint besides the signal, read once per process.
@@ -103,15 +105,18 @@ impl FleetGate {
             .await
     }
 
-    /// Records this instance's fingerprint for `signal`; the fleet incident's id and a
-    /// deferral (made by `defer`) when an unacknowledged fleet incident of that fingerprint
-    /// holds the drain.
+    /// Records this instance's fingerprint for `signal`. A deferral (made by `defer`) when an
+    /// unacknowledged fleet incident of that fingerprint holds the drain (with the incident's
+    /// id), or when the sighting lost every race for the fleet document this time (no id: the
+    /// drain's next attempt sights again, so no sighting is lost to a busy document). None:
+    /// the drain goes on (also when the document cannot be read or written at all, said in
+    /// the log; the slot claim that follows needs the same table).
     pub async fn check(
         &self,
         id: &Identity,
         signal: &str,
         defer: impl Fn(String) -> RemedyError,
-    ) -> Option<(String, RemedyError)> {
+    ) -> Option<(Option<String>, RemedyError)> {
         let threshold = self.cfg.fleet.fingerprint_threshold;
         let group = id.auto_scaling_group.as_deref()?;
         if threshold == 0 {
@@ -119,7 +124,7 @@ impl FleetGate {
         }
         let f = self.facts().await;
         let p = Pattern::fingerprint(signal, &f.driver, &f.ami, &f.instance_type);
-        let s = self
+        let s = match self
             .judge(
                 group,
                 &id.instance_id,
@@ -127,8 +132,21 @@ impl FleetGate {
                 &p,
                 Open::AtCount(threshold),
             )
-            .await?;
-        s.held.map(|inc| (inc.id.clone(), defer(held(&inc))))
+            .await
+        {
+            Ok(s) => s,
+            Err(Unjudged::Busy) => {
+                return Some((
+                    None,
+                    defer(format!(
+                        "fleet incidents: this instance's sighting of {} lost {MAX_CONFLICTS} races in a row for the fleet document of group {group}; the drain waits and sights again (staying quarantined)",
+                        p.key
+                    )),
+                ));
+            }
+            Err(Unjudged::Failed) => return None,
+        };
+        s.held.map(|inc| (Some(inc.id.clone()), defer(held(&inc))))
     }
 
     /// A poison task: records that an application fault of this instance was charged to task
@@ -150,7 +168,8 @@ impl FleetGate {
                 &p,
                 Open::AtCount(threshold),
             )
-            .await?;
+            .await
+            .ok()?;
         s.opens.or(s.known)
     }
 
@@ -171,13 +190,13 @@ impl FleetGate {
             Some(limit) => Open::Now(limit),
             None => Open::AtCount(0),
         };
-        let s = self.judge(group, me, cluster, &p, open).await?;
+        let s = self.judge(group, me, cluster, &p, open).await.ok()?;
         s.opens.or(s.known)
     }
 
     /// Records `me`'s sighting of `p` in `group`'s fleet document (conditionally on the
     /// version read, again after a lost race), and pages when this write opened its
-    /// incident. None when it could not be judged (said in the log).
+    /// incident. Unjudged when it could not be (said in the log).
     async fn judge(
         &self,
         group: &str,
@@ -185,7 +204,7 @@ impl FleetGate {
         cluster: Option<&str>,
         p: &Pattern,
         open: Open,
-    ) -> Option<Judged> {
+    ) -> Result<Judged, Unjudged> {
         let window = u64::try_from(self.cfg.fleet.pattern_window.as_millis()).unwrap_or(u64::MAX);
         for lost in 0..MAX_CONFLICTS {
             if lost > 0 {
@@ -206,7 +225,7 @@ impl FleetGate {
                         instance_id = me,
                         "fleet incidents: cannot read the fleet document: {e}"
                     );
-                    return None;
+                    return Err(Unjudged::Failed);
                 }
             };
             let doc: Doc = match serde_json::from_str(&read.doc) {
@@ -216,7 +235,7 @@ impl FleetGate {
                         instance_id = me,
                         "fleet incidents: the fleet document of group {group} is unreadable ({e}); not judged"
                     );
-                    return None;
+                    return Err(Unjudged::Failed);
                 }
             };
             let now = self.clock.now_ms();
@@ -229,7 +248,7 @@ impl FleetGate {
                     Ok(t) => t,
                     Err(e) => {
                         tracing::warn!("fleet incidents: cannot encode the fleet document: {e}");
-                        return None;
+                        return Err(Unjudged::Failed);
                     }
                 };
                 match self
@@ -244,7 +263,7 @@ impl FleetGate {
                             instance_id = me,
                             "fleet incidents: cannot write the fleet document: {e}"
                         );
-                        return None;
+                        return Err(Unjudged::Failed);
                     }
                 }
             }
@@ -259,7 +278,7 @@ impl FleetGate {
                 .incidents
                 .get(&p.id())
                 .cloned();
-            return Some(Judged {
+            return Ok(Judged {
                 opens: s.opens,
                 held: s.held,
                 known,
@@ -269,7 +288,7 @@ impl FleetGate {
             instance_id = me,
             "fleet incidents: {MAX_CONFLICTS} writes in a row lost the race; not judged this time"
         );
-        None
+        Err(Unjudged::Busy)
     }
 
     /// The page: one EventBridge event, sent by the instance whose write opened the incident.
@@ -305,6 +324,14 @@ enum Open {
     AtCount(u32),
     /// Now (something else decided: the launch-failure breaker, at this many abandons).
     Now(u32),
+}
+
+/// Why a sighting was not judged.
+enum Unjudged {
+    /// Every write lost its race for the document (others are writing it): try again later.
+    Busy,
+    /// The document could not be read, decoded or written (said in the log).
+    Failed,
 }
 
 /// What a judged sighting found.

@@ -96,12 +96,13 @@ pub trait FleetBudget: Send + Sync {
     /// Before anything else a drain does: a fleet incident (the same fingerprint, `signal` the
     /// order's incident's first signal, on many instances of the group) may hold it for an
     /// operator (`Deferred`, naming the incident). Only with the slot table.
-    /// Some: the fleet incident's id and the deferral.
+    /// Some: the deferral, with the fleet incident's id when one holds the drain (none when
+    /// this instance's sighting could not be recorded yet: it is tried again).
     fn fleet_gate<'a>(
         &'a self,
         _id: &'a Identity,
         _signal: &'a str,
-    ) -> BoxFuture<'a, Option<(String, RemedyError)>> {
+    ) -> BoxFuture<'a, Option<(Option<String>, RemedyError)>> {
         Box::pin(async { None })
     }
 

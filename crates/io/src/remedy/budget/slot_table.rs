@@ -695,7 +695,7 @@ impl FleetBudget for SlotBudget {
         &'a self,
         id: &'a Identity,
         signal: &'a str,
-    ) -> BoxFuture<'a, Option<(String, RemedyError)>> {
+    ) -> BoxFuture<'a, Option<(Option<String>, RemedyError)>> {
         Box::pin(self.gate.check(id, signal, |m| self.c.defer(m)))
     }
 

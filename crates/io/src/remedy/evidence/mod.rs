@@ -247,14 +247,7 @@ impl Evidence {
             .incident(id)
             .ok_or_else(|| RemedyError::fatal(format!("no incident {id} in the journal")))?;
         let ident = self.identity().await.clone();
-        self.spool
-            .ensure()
-            .map_err(|err| RemedyError::fatal(format!("{}: {err}", self.spool.dir().display())))?;
-        self.spool.sweep_scratch(name);
-        let work = self.spool.work_dir(name);
-        let _ = std::fs::remove_dir_all(&work);
-        std::fs::create_dir_all(&work)
-            .map_err(|err| RemedyError::fatal(format!("{}: {err}", work.display())))?;
+        let work = self.fresh_work_dir(name)?;
 
         let now = Instant::now();
         let total = until.saturating_duration_since(now);
@@ -295,16 +288,7 @@ impl Evidence {
         .map_err(|err| RemedyError::fatal(format!("archive: {err}")))?
         .map_err(|err| RemedyError::fatal(format!("archive {}: {err}", archive_path.display())))?;
         let _ = std::fs::remove_dir_all(&work);
-        let foreign = spooled.foreign_note(self.spool.max_bytes());
-        if !foreign.is_empty() {
-            missing.push(MissingPart {
-                part: "spool".into(),
-                why: format!(
-                    "{foreign}; the archive had {} of room",
-                    crate::sys::limits::human_bytes(room)
-                ),
-            });
-        }
+        missing.extend(self.foreign_part(&spooled, room));
         tracing::info!(
             incident_id = id.0,
             bytes = finished.bytes,
@@ -345,6 +329,33 @@ impl Evidence {
             },
             ids,
         ))
+    }
+
+    /// The spool made, crashed collections' scratch swept, and `name`'s own scratch folder
+    /// empty and ready.
+    fn fresh_work_dir(&self, name: &str) -> Result<std::path::PathBuf, RemedyError> {
+        self.spool
+            .ensure()
+            .map_err(|err| RemedyError::fatal(format!("{}: {err}", self.spool.dir().display())))?;
+        self.spool.sweep_scratch(name);
+        let work = self.spool.work_dir(name);
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work)
+            .map_err(|err| RemedyError::fatal(format!("{}: {err}", work.display())))?;
+        Ok(work)
+    }
+
+    /// The evidence's note on files in the spool gpu-medic did not make (they took `room`
+    /// from the archive), when there are any.
+    fn foreign_part(&self, spooled: &spool::Usage, room: u64) -> Option<MissingPart> {
+        let foreign = spooled.foreign_note(self.spool.max_bytes());
+        (!foreign.is_empty()).then(|| MissingPart {
+            part: "spool".into(),
+            why: format!(
+                "{foreign}; the archive had {} of room",
+                crate::sys::limits::human_bytes(room)
+            ),
+        })
     }
 
     /// The room the spool has for archive `name` (at most `max`), every file in it counted,
