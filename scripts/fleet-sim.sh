@@ -25,8 +25,13 @@
 #   --idle-s S   how long pass 1 watches the fleet at rest (default 300)
 #   --skip-idle  pass 2 only
 #   --mixed      scenario g: half the nodes run the gpu-medic of the commit this branch left
-#                main at (built once, in debug, under target/fleet-sim/prev: a second build
-#                of every dependency, several minutes on 2 cores). Not in CI.
+#                main at, or of --prev REV (built once, in debug, under target/fleet-sim/prev:
+#                a second build of every dependency, several minutes on 2 cores). Not in CI.
+#                The old nodes get the same config and policy as the new ones, so REV must
+#                read them: a release older than the [fleet] keys the harness writes
+#                (driver_version_file, fingerprint_threshold, ...) or the policy's signals
+#                refuses them at start (per-version configs are not written yet).
+#   --prev REV   the older gpu-medic for --mixed (required on main itself)
 # Needs moto (scripts/test.sh installs it, as root) and, for --mixed, git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +42,7 @@ SCENARIOS="a,e,c,b,d,f"
 IDLE_S=300
 SKIP_IDLE=0
 MIXED=0
+PREV=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) N="${2:?-n needs a number}"; shift ;;
@@ -44,6 +50,7 @@ while [ $# -gt 0 ]; do
         --idle-s) IDLE_S="${2:?--idle-s needs seconds}"; shift ;;
         --skip-idle) SKIP_IDLE=1 ;;
         --mixed) MIXED=1 ;;
+        --prev) PREV="${2:?--prev needs a revision}"; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "fleet-sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -59,7 +66,11 @@ cargo test --test fleet_sim --locked --no-run 2>&1 | tail -2
 
 OLD_BIN=""
 if [ "$MIXED" = 1 ]; then
-    base="$(git merge-base HEAD main)"
+    base="$(git rev-parse --verify "${PREV:-$(git merge-base HEAD main)}^{commit}")"
+    if [ "$base" = "$(git rev-parse HEAD)" ]; then
+        echo "fleet-sim.sh: --mixed on main's own head has no older version to mix; name one with --prev REV" >&2
+        exit 2
+    fi
     prev="$OUT/prev"
     if [ ! -x "$prev/target/debug/gpu-medic" ] || [ "$(cat "$prev/COMMIT" 2>/dev/null)" != "$base" ]; then
         echo "building gpu-medic at $base (the commit this branch left main at) once, in $prev"
