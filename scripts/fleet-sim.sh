@@ -27,10 +27,10 @@
 #   --mixed      scenario g: half the nodes run the gpu-medic of the commit this branch left
 #                main at, or of --prev REV (built once, in debug, under target/fleet-sim/prev:
 #                a second build of every dependency, several minutes on 2 cores). Not in CI.
-#                The old nodes get the same config and policy as the new ones, so REV must
-#                read them: a release older than the [fleet] keys the harness writes
-#                (driver_version_file, fingerprint_threshold, ...) or the policy's signals
-#                refuses them at start (per-version configs are not written yet).
+#                The old nodes run with REV's own policy and a config without the [fleet]
+#                keys of fleet incidents (driver_version_file, fingerprint_threshold, ...),
+#                which a release before them refuses. Scenarios that need fleet incidents
+#                on every node (c, b, d) count the new half only: run --scenarios a,e,f.
 #   --prev REV   the older gpu-medic for --mixed (required on main itself)
 # Needs moto (scripts/test.sh installs it, as root) and, for --mixed, git.
 set -euo pipefail
@@ -65,6 +65,7 @@ ulimit -n 65536 2>/dev/null || true
 cargo test --test fleet_sim --locked --no-run 2>&1 | tail -2
 
 OLD_BIN=""
+OLD_POLICY=""
 if [ "$MIXED" = 1 ]; then
     base="$(git rev-parse --verify "${PREV:-$(git merge-base HEAD main)}^{commit}")"
     if [ "$base" = "$(git rev-parse HEAD)" ]; then
@@ -82,6 +83,10 @@ if [ "$MIXED" = 1 ]; then
         echo "$base" >"$prev/COMMIT"
     fi
     OLD_BIN="$prev/target/debug/gpu-medic"
+    # Its own policy, as an instance still running it has (the old nodes' config leaves out
+    # the [fleet] keys of fleet incidents, which it does not know).
+    git show "$base:policies/default.toml" >"$prev/policy.toml"
+    OLD_POLICY="$prev/policy.toml"
     SCENARIOS="$SCENARIOS"
 fi
 
@@ -92,7 +97,7 @@ run() {
     local t0 t1
     t0=$(date +%s)
     env "$@" GM_FLEET_N="$N" GM_FLEET_REPORT="$OUT/$name-$N.json" \
-        ${OLD_BIN:+GM_FLEET_OLD_BIN="$OLD_BIN"} \
+        ${OLD_BIN:+GM_FLEET_OLD_BIN="$OLD_BIN" GM_FLEET_OLD_POLICY="$OLD_POLICY"} \
         cargo test --test fleet_sim --locked a_fleet_of_n_daemons -- --nocapture 2>&1 |
         grep -v '^\s*$' | grep -vE '^(running|test result|     Running|    Finished)' || true
     t1=$(date +%s)

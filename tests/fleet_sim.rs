@@ -1076,6 +1076,7 @@ async fn a_fleet_of_n_daemons() {
     // Mixed versions (scenario g, not in CI): the even nodes run an older gpu-medic.
     if let Ok(old) = std::env::var("GM_FLEET_OLD_BIN") {
         o.binary_old = Some(old.into());
+        o.policy_old = std::env::var("GM_FLEET_OLD_POLICY").ok().map(Into::into);
         o.old = (0..n).step_by(2).collect();
     }
     let pct = |s: &str| {

@@ -47,9 +47,12 @@ pub struct Opts {
     pub ecs_extra: String,
     /// The gpu-medic binary (None: this build's).
     pub binary: Option<std::path::PathBuf>,
-    /// Nodes (by index) that run `binary_old` instead (mixed versions).
+    /// Nodes (by index) that run `binary_old` instead (mixed versions), with the policy
+    /// `policy_old` shipped with it, and a config without the `[fleet]` keys of fleet
+    /// incidents (`fleet_extra`, `driver_version_file`), which an older gpu-medic refuses.
     pub old: BTreeSet<usize>,
     pub binary_old: Option<std::path::PathBuf>,
+    pub policy_old: Option<std::path::PathBuf>,
 }
 
 impl Opts {
@@ -67,6 +70,7 @@ impl Opts {
             binary: None,
             old: BTreeSet::new(),
             binary_old: None,
+            policy_old: None,
         }
     }
 }
@@ -186,6 +190,20 @@ pub fn node(s: &Seeded, i: usize, proxy: &str, table: &str, agent: &str, o: &Opt
         format!("{:08x}-0000-4000-8000-{:012x}\n", i, now_ms() as u64),
     )
     .unwrap();
+    let old = o.old.contains(&i);
+    let policy = match &o.policy_old {
+        Some(p) if old => p.clone(),
+        _ => crate::default_policy(),
+    };
+    let fleet_lines = if old {
+        String::new()
+    } else {
+        format!(
+            "driver_version_file = \"{}\"\n{}",
+            driver.display(),
+            o.fleet_extra
+        )
+    };
     let config = format!(
         "state_dir = \"state\"\npolicy = \"{policy}\"\ntick_interval = {tick}\n\
          [nvml]\nlibrary = \"{lib}\"\npoll_interval = {poll}\nkmsg = \"{kmsg}\"\n\
@@ -195,10 +213,10 @@ pub fn node(s: &Seeded, i: usize, proxy: &str, table: &str, agent: &str, o: &Opt
          standalone_grace = {grace}\nforce_stop_lead = \"5s\"\n{ecs}\n\
          [fleet]\nwarmup = \"0s\"\ntable = \"{table}\"\nmax_parallel = {budget}\n\
          max_unhealthy = {breaker}\nretry_after = {retry}\nreservation_lifetime = \"5s\"\n\
-         driver_version_file = \"{driver}\"\n{fleet}\n\
+         {fleet_lines}\n\
          [repair]\nreboot = \"off\"\nboot_id_path = \"{boot}\"\n\
          [export]\nenabled = true\ninterval = \"2s\"\n",
-        policy = crate::default_policy().display(),
+        policy = policy.display(),
         tick = o.tick,
         poll = o.nvml_poll,
         lib = crate::fake_nvml().display(),
@@ -209,13 +227,10 @@ pub fn node(s: &Seeded, i: usize, proxy: &str, table: &str, agent: &str, o: &Opt
         budget = o.budget,
         breaker = o.breaker,
         retry = o.retry_after,
-        fleet = o.fleet_extra,
         boot = boot_id.display(),
-        driver = driver.display(),
     );
     let mut d = Daemon::in_temp(dir, &config);
     d.aws(Some(proxy)).env("AWS_ACCESS_KEY_ID", key(i));
-    let old = o.old.contains(&i);
     if let Some(b) = if old { &o.binary_old } else { &o.binary } {
         d.binary(b.clone());
     }
