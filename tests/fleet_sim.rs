@@ -480,7 +480,7 @@ async fn scenario_c(
         .collect();
     let open_ms = inc.opened_ms as f64;
     let t = std::time::Instant::now();
-    let unsettled = loop {
+    let (unsettled, passes) = loop {
         let passes = last_passes(f, "fp:xid 48 |").await;
         let eps = f.record().episodes();
         let unsettled: Vec<usize> = ids
@@ -495,12 +495,11 @@ async fn scenario_c(
             .map(|(i, _)| *i)
             .collect();
         if unsettled.is_empty() || t.elapsed() >= limit {
-            break unsettled;
+            break (unsettled, passes);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     if !unsettled.is_empty() {
-        let passes = last_passes(f, "fp:xid 48 |").await;
         let report: Vec<String> = unsettled
             .iter()
             .map(|i| {

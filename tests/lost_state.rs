@@ -292,12 +292,7 @@ fn a_state_file_from_a_newer_gpu_medic_is_refused_unless_accepted() {
     st["a_field_of_the_future"] = serde_json::json!({"kept": "nowhere"});
     let body = serde_json::to_vec_pretty(&st).unwrap();
     std::fs::write(&path, &body).unwrap();
-    let out = d
-        .command()
-        .args(["run", "--config"])
-        .arg(d.config())
-        .output()
-        .unwrap();
+    let out = d.cli(&["run"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(

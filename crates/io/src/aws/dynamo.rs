@@ -244,12 +244,7 @@ impl SlotTable {
             group: key.clone(),
             why: why.to_string(),
         };
-        let version = item
-            .get(attr::VERSION)
-            .and_then(|v| v.as_n().ok())
-            .and_then(|n| n.parse::<u64>().ok())
-            .filter(|v| *v <= MAX_VERSION)
-            .ok_or_else(|| bad("no readable version"))?;
+        let version = fencing_version(item.get(attr::VERSION)).map_err(|why| bad(&why))?;
         let doc = item
             .get(attr::DOC)
             .and_then(|v| v.as_s().ok())
@@ -286,7 +281,8 @@ impl SlotTable {
             (attr::GROUP.to_string(), AttributeValue::S(key)),
             (
                 attr::VERSION.to_string(),
-                AttributeValue::N(read.version.saturating_add(1).to_string()),
+                // `read.version` is below MAX_VERSION (`fencing_version`): it advances.
+                AttributeValue::N((read.version + 1).to_string()),
             ),
             (attr::DOC.to_string(), AttributeValue::S(doc.to_string())),
             (
@@ -365,6 +361,26 @@ pub fn item_attributes(group: &str, item: &SlotItem) -> HashMap<String, Attribut
 /// beyond could not advance for long, and u64::MAX not at all.
 pub const MAX_VERSION: u64 = 1 << 62;
 
+/// An item's `version` (the slot item's and the fleet document's alike): a whole number
+/// below [`MAX_VERSION`]. The fencing token is the version a write makes: one that cannot
+/// advance would let every writer's conditional write "succeed" with the same token.
+/// Refused, never saturated.
+fn fencing_version(v: Option<&AttributeValue>) -> Result<u64, String> {
+    let v = v.ok_or("no `version`")?;
+    let version = v
+        .as_n()
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .ok_or_else(|| format!("version is not a whole number: {v:?}"))?;
+    if version >= MAX_VERSION {
+        return Err(format!(
+            "version {version} cannot advance (at most {} is accepted)",
+            MAX_VERSION - 1
+        ));
+    }
+    Ok(version)
+}
+
 /// The item as GetItem returned it. Strict about what the protocol relies on (`version`, each
 /// holder's `state` and `token`); lenient about what is for people only.
 pub fn parse_item(
@@ -381,18 +397,7 @@ pub fn parse_item(
             .and_then(|n| n.parse::<u64>().ok())
             .ok_or_else(|| bad(format!("{what} is not a whole number: {v:?}")))
     };
-    let version = item
-        .get(attr::VERSION)
-        .ok_or_else(|| bad("no `version`".into()))
-        .and_then(|v| number(v, "version"))?;
-    // The fencing token is the version a write makes: one that cannot advance would let every
-    // writer's conditional write "succeed" with the same token. Refused, never saturated.
-    if version >= MAX_VERSION {
-        return Err(bad(format!(
-            "version {version} cannot advance (at most {} is accepted)",
-            MAX_VERSION - 1
-        )));
-    }
+    let version = fencing_version(item.get(attr::VERSION)).map_err(bad)?;
     let mut holders = BTreeMap::new();
     if let Some(h) = item.get(attr::HOLDERS) {
         let map = h
@@ -506,7 +511,14 @@ mod tests {
                 "{e}"
             );
             assert!(e.to_string().contains("cannot advance"), "{e}");
+            // The fleet document's version is read by the same rule.
+            let e = fencing_version(Some(&AttributeValue::N(v.to_string()))).unwrap_err();
+            assert!(e.contains("cannot advance"), "{e}");
         }
+        assert_eq!(
+            fencing_version(Some(&AttributeValue::N((MAX_VERSION - 1).to_string()))),
+            Ok(MAX_VERSION - 1)
+        );
         let mut item = sample();
         item.version = 40;
         let e = parse_item("g", &item_attributes("g", &item)).unwrap_err();
